@@ -1,0 +1,104 @@
+// Tensor views: a pointer with dtype, shape and strides (in elements), on a device. A view never
+// owns memory; `Tensor` owns a host buffer and hands out views.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace tern {
+
+enum class Device : uint8_t { cpu, cuda };
+
+constexpr int kMaxDims = 6;
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  explicit Shape(const std::vector<int64_t>& dims);
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const { return dims_[i]; }
+  int64_t& operator[](int i) { return dims_[i]; }
+  int64_t numel() const;
+  bool operator==(const Shape& o) const;
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+  std::vector<int64_t> to_vector() const { return {dims_.begin(), dims_.begin() + rank_}; }
+  std::string str() const;  // "[2, 3]"
+
+ private:
+  std::array<int64_t, kMaxDims> dims_{};
+  int rank_ = 0;
+};
+
+class TensorView {
+ public:
+  TensorView() = default;
+  // Contiguous (row-major) view.
+  TensorView(void* data, DType dtype, Shape shape, Device device = Device::cpu);
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int i) const { return shape_[i < 0 ? i + rank() : i]; }
+  int64_t stride(int i) const { return strides_[i < 0 ? i + rank() : i]; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const;  // of the contiguous extent
+  Device device() const { return device_; }
+  bool is_contiguous() const;
+  bool empty() const { return data_ == nullptr; }
+
+  // Sub-view of rows [begin, end) along dimension 0.
+  TensorView rows(int64_t begin, int64_t end) const;
+  // Same bytes, another shape with the same number of elements (contiguous views only).
+  TensorView reshape(Shape shape) const;
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  std::array<int64_t, kMaxDims> strides_{};
+  Device device_ = Device::cpu;
+};
+
+// A host tensor that owns its (64-byte aligned, zero-initialised) buffer.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape);
+  static Tensor zeros(DType dtype, Shape shape) { return Tensor(dtype, shape); }
+
+  const TensorView& view() const { return view_; }
+  operator const TensorView&() const { return view_; }
+  template <typename T>
+  T* data() const {
+    return view_.data_as<T>();
+  }
+  DType dtype() const { return view_.dtype(); }
+  const Shape& shape() const { return view_.shape(); }
+  int64_t dim(int i) const { return view_.dim(i); }
+  int64_t numel() const { return view_.numel(); }
+  size_t nbytes() const { return view_.nbytes(); }
+  bool empty() const { return view_.empty(); }
+
+ private:
+  std::shared_ptr<std::byte[]> buffer_;
+  TensorView view_;
+};
+
+// Bytes needed for `numel` elements of `dtype` (rounded up for sub-byte types).
+size_t dtype_bytes(DType dtype, int64_t numel);
+
+}  // namespace tern
