@@ -1,0 +1,343 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <random>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/text_stream.h"
+
+namespace tern::engine {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    case FinishReason::error: return "error";
+  }
+  return "?";
+}
+
+const char* request_state_name(RequestState s) {
+  switch (s) {
+    case RequestState::waiting: return "waiting";
+    case RequestState::prefilling: return "prefilling";
+    case RequestState::decoding: return "decoding";
+    case RequestState::finished: return "finished";
+    case RequestState::aborted: return "aborted";
+  }
+  return "?";
+}
+
+struct Engine::Sequence {
+  uint64_t id = 0;
+  GenerationRequest request;
+  UpdateSink sink;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;
+  int64_t generated = 0;  // completion tokens, stop tokens included
+  RequestState state = RequestState::waiting;
+  std::mt19937_64 rng;
+  TokenHistory history;
+  TextStream text;
+  Clock::time_point arrival, last_token;
+};
+
+Engine::Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options)
+    : runner_(std::move(runner)),
+      options_(std::move(options)),
+      pool_(make_geometry(runner_->state_layout(), options_.tokens_per_page), options_.state_memory_bytes) {
+  TERN_CHECK(options_.token_bytes, "engine: token_bytes is required");
+  vocab_ = runner_->vocab_size();
+  max_context_ = runner_->state_layout().max_context;
+  TERN_CHECK(pool_.total_pages() >= pool_.geometry().pages_for(1),
+             "state memory of ", options_.state_memory_bytes, " bytes cannot hold one sequence (", 
+             pool_.geometry().pages_for(1) * pool_.geometry().page_bytes, " bytes needed): raise --state-memory");
+  auto& l = options_.limits;
+  l.token_budget = std::max<int64_t>(l.token_budget, l.max_running);  // every running sequence can decode
+  publish_gauges();
+}
+
+Engine::~Engine() { stop(); }
+
+std::string Engine::memory_plan() const {
+  const auto& g = pool_.geometry();
+  const int64_t per_seq_4k = g.pages_for(4096) * g.page_bytes;
+  const int64_t logits = options_.limits.max_running * vocab_ * 4;
+  return cat("weights ", runner_->weight_bytes() >> 20, " MiB; state pool ", pool_.total_bytes() >> 20, " MiB = ",
+             pool_.total_pages(), " pages of ", g.page_bytes, " B (", g.fixed_bytes, " B fixed + ", g.bytes_per_token,
+             " B/token per sequence; ", per_seq_4k > 0 ? pool_.total_bytes() / per_seq_4k : 0,
+             " sequences of 4096 tokens); logits workspace up to ", logits >> 20, " MiB (", options_.limits.max_running,
+             " rows); step budget ", options_.limits.token_budget, " tokens, ", options_.limits.max_running,
+             " sequences");
+}
+
+uint64_t Engine::submit(GenerationRequest request, UpdateSink sink) {
+  const auto& p = request.prompt;
+  TERN_CHECK(!p.empty(), "the prompt is empty");
+  for (int32_t t : p) TERN_CHECK(t >= 0 && t < vocab_, "token id ", t, " is outside the vocabulary [0, ", vocab_, ")");
+  const auto n = static_cast<int64_t>(p.size());
+  TERN_CHECK(n < max_context_, "the prompt has ", n, " tokens; the model's context is ", max_context_, " tokens");
+  TERN_CHECK(pool_.geometry().pages_for(n + 1) <= pool_.total_pages(), "the prompt has ", n,
+             " tokens; the state memory holds at most ", pool_.total_bytes(), " bytes for one sequence");
+  TERN_CHECK(request.stop.max_tokens >= 1, "max_tokens must be at least 1");
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = p;
+  seq->prompt_len = n;
+  seq->rng.seed(request.sampling.seed ? *request.sampling.seed : std::random_device{}());
+  if (request.sampling.repetition_penalty != 1.0f) seq->history.add_prompt(p, vocab_);
+  seq->text = TextStream(request.stop.stop);
+  seq->request = std::move(request);
+  seq->sink = std::move(sink);
+  seq->arrival = Clock::now();
+  std::lock_guard lock(inbox_mutex_);
+  TERN_CHECK(!stopping_, "the server is shutting down");
+  seq->id = next_id_++;
+  const uint64_t id = seq->id;
+  inbox_.push_back(std::move(seq));
+  ++live_;
+  inbox_cv_.notify_one();
+  return id;
+}
+
+void Engine::abort(uint64_t id) {
+  std::lock_guard lock(inbox_mutex_);
+  aborts_.push_back(id);
+  inbox_cv_.notify_one();
+}
+
+void Engine::abort_all() {
+  std::lock_guard lock(inbox_mutex_);
+  abort_everything_ = true;
+  inbox_cv_.notify_one();
+}
+
+bool Engine::idle() const {
+  std::lock_guard lock(inbox_mutex_);
+  return live_ == 0;
+}
+
+void Engine::start() {
+  TERN_CHECK(!thread_.joinable(), "engine: already started");
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    stopping_ = true;
+    abort_everything_ = true;
+    inbox_cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(inbox_mutex_);
+      inbox_cv_.wait(lock, [&] { return stopping_ || live_ > 0; });
+      if (stopping_ && live_ == 0) break;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A failed step is a bug or a broken backend: fail every request in it, keep serving.
+      log::error("engine step failed: ", e.what());
+      for (auto id : std::vector<uint64_t>(running_)) {
+        RequestUpdate u;
+        u.error = e.what();
+        finish(*seqs_.at(id), FinishReason::error, std::move(u));
+      }
+    }
+  }
+}
+
+void Engine::drain_inbox() {
+  std::vector<std::unique_ptr<Sequence>> fresh;
+  std::vector<uint64_t> aborts;
+  bool everything = false;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    fresh.swap(inbox_);
+    aborts.swap(aborts_);
+    everything = abort_everything_;
+    abort_everything_ = false;
+  }
+  for (auto& s : fresh) {
+    waiting_.push_back(s->id);
+    seqs_.emplace(s->id, std::move(s));
+  }
+  if (everything) {
+    aborts.clear();
+    for (const auto& [id, s] : seqs_) aborts.push_back(id);
+  }
+  for (uint64_t id : aborts) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) finish(*it->second, FinishReason::abort, {});
+  }
+}
+
+std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids) const {
+  std::vector<SchedSeq> out;
+  out.reserve(ids.size());
+  for (uint64_t id : ids) {
+    const Sequence& s = *seqs_.at(id);
+    out.push_back({id, static_cast<int64_t>(s.tokens.size()), s.num_computed, pool_.pages_held(id)});
+  }
+  return out;
+}
+
+bool Engine::step() {
+  const auto t0 = Clock::now();
+  drain_inbox();
+  const auto running = sched_view(running_);
+  const auto waiting = sched_view(std::vector<uint64_t>(waiting_.begin(), waiting_.end()));
+  SchedulerInput in{running, waiting, pool_.free_pages(), pool_.geometry(), options_.limits};
+  in.limits.admission_reserve_pages = static_cast<int64_t>(running_.size()) / 8;
+  const BatchPlan plan = schedule(in);
+  apply_plan(plan);
+  if (!plan.chunks.empty()) run_batch(plan);
+  publish_gauges();
+  if (plan.chunks.empty()) return !plan.empty();
+  std::lock_guard lock(metrics_mutex_);
+  ++metrics_.steps_total;
+  metrics_.batch_size.observe(static_cast<double>(plan.chunks.size()));
+  metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+  return true;
+}
+
+void Engine::apply_plan(const BatchPlan& plan) {
+  for (uint64_t id : plan.out_of_memory) {
+    log::warn("request ", id, " cannot grow within the state memory: finished with length");
+    finish(*seqs_.at(id), FinishReason::length, {});
+  }
+  for (uint64_t id : plan.preempted) {
+    Sequence& s = *seqs_.at(id);
+    free_state(s);
+    s.num_computed = 0;
+    s.state = RequestState::waiting;
+    std::erase(running_, id);
+    waiting_.push_front(id);
+  }
+  if (!plan.preempted.empty()) {
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.preemptions_total += plan.preempted.size();
+  }
+  for (uint64_t id : plan.admitted) {
+    TERN_CHECK(!waiting_.empty() && waiting_.front() == id, "scheduler admitted out of order");
+    waiting_.pop_front();
+    runner_->open_sequence(id);
+    seqs_.at(id)->state = RequestState::prefilling;
+    running_.insert(std::upper_bound(running_.begin(), running_.end(), id), id);
+  }
+}
+
+void Engine::run_batch(const BatchPlan& plan) {
+  batch_.clear();
+  for (const auto& c : plan.chunks) {
+    Sequence& s = *seqs_.at(c.id);
+    TERN_CHECK(pool_.reserve(c.id, c.start + c.count), "state pool: the plan does not fit (scheduler bug)");
+    batch_.chunks.push_back({c.id, c.start, static_cast<int32_t>(c.count), c.sample ? 1 : 0,
+                             static_cast<int64_t>(batch_.tokens.size())});
+    batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.count);
+  }
+  const auto rows = static_cast<size_t>(batch_.num_logits());
+  if (logits_.size() < rows * vocab_) logits_.resize(rows * vocab_);
+  runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
+  size_t row = 0;
+  for (const auto& c : plan.chunks) {
+    Sequence& s = *seqs_.at(c.id);
+    s.num_computed += c.count;
+    if (!c.sample) continue;
+    std::span<const float> logits(logits_.data() + row++ * vocab_, static_cast<size_t>(vocab_));
+    const SampleResult r = sampler_.sample(logits, s.request.sampling, s.history, s.rng);
+    RequestUpdate update;
+    after_sample(s, r, update);
+  }
+}
+
+// Appends the sampled token, applies the stop rules and delivers the update.
+void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& update) {
+  const auto& stop = s.request.stop;
+  s.tokens.push_back(r.token);
+  ++s.generated;
+  s.state = RequestState::decoding;
+  if (s.request.sampling.presence_penalty != 0 || s.request.sampling.frequency_penalty != 0 ||
+      s.request.sampling.repetition_penalty != 1)
+    s.history.add_output(r.token, vocab_);
+  const bool is_eos = !stop.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                                                    r.token) != options_.eos_token_ids.end();
+  const bool is_stop_id = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), r.token) !=
+                          stop.stop_token_ids.end();
+  if (is_eos || is_stop_id) return finish(s, FinishReason::stop, std::move(update));
+  update.tokens.push_back({r.token, r.logprob, r.top});
+  bool stopped = false;
+  update.text = s.text.push(options_.token_bytes(r.token), &stopped);
+  if (stopped) return finish(s, FinishReason::stop, std::move(update));
+  if (s.generated >= stop.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_)
+    return finish(s, FinishReason::length, std::move(update));
+  deliver(s, std::move(update));
+}
+
+void Engine::deliver(Sequence& s, RequestUpdate update) {
+  const auto now = Clock::now();
+  update.prompt_tokens = s.prompt_len;
+  update.completion_tokens = s.generated;
+  if (!update.tokens.empty()) {
+    std::lock_guard lock(metrics_mutex_);
+    if (s.last_token == Clock::time_point{})
+      metrics_.time_to_first_token_seconds.observe(std::chrono::duration<double>(now - s.arrival).count());
+    else
+      metrics_.inter_token_latency_seconds.observe(std::chrono::duration<double>(now - s.last_token).count());
+    s.last_token = now;
+  }
+  if (s.sink) s.sink(std::move(update));
+}
+
+void Engine::free_state(Sequence& s) {
+  if (s.state == RequestState::prefilling || s.state == RequestState::decoding) runner_->close_sequence(s.id);
+  pool_.release(s.id);
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, RequestUpdate update) {
+  free_state(s);
+  std::erase(running_, s.id);
+  std::erase(waiting_, s.id);
+  if (reason != FinishReason::abort && reason != FinishReason::error) update.text += s.text.finish();
+  update.finish = reason;
+  s.state = reason == FinishReason::abort ? RequestState::aborted : RequestState::finished;
+  {
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.finished_total[static_cast<size_t>(reason)]++;
+    metrics_.generation_tokens_total += static_cast<uint64_t>(s.generated);
+    metrics_.prompt_tokens_total += static_cast<uint64_t>(s.prompt_len);
+    metrics_.e2e_request_latency_seconds.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
+  }
+  deliver(s, std::move(update));
+  const uint64_t id = s.id;
+  seqs_.erase(id);  // s is gone from here on
+  std::lock_guard lock(inbox_mutex_);
+  --live_;
+}
+
+void Engine::publish_gauges() {
+  std::lock_guard lock(metrics_mutex_);
+  metrics_.num_running = static_cast<int64_t>(running_.size());
+  metrics_.num_waiting = static_cast<int64_t>(waiting_.size());
+  metrics_.state_used_bytes = pool_.used_bytes();
+  metrics_.state_total_bytes = pool_.total_bytes();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard lock(metrics_mutex_);
+  EngineMetrics m = metrics_;
+  std::lock_guard inbox(inbox_mutex_);
+  m.num_waiting += static_cast<int64_t>(inbox_.size());
+  return m;
+}
+
+}  // namespace tern::engine

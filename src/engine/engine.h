@@ -1,0 +1,104 @@
+// The executor: owns the model runner, the state pool and every live request, and runs steps
+// (schedule -> forward -> sample -> deliver) on its own thread. submit() and abort() may be called from
+// any thread; a request's sink is called from the engine thread and must not block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/metrics.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/state_pool.h"
+
+namespace tern::engine {
+
+struct EngineOptions {
+  int64_t state_memory_bytes = int64_t{512} << 20;
+  int64_t tokens_per_page = 64;
+  SchedulerLimits limits;
+  std::vector<int32_t> eos_token_ids;
+  // The bytes a token adds to the output text ("" for special tokens). Required.
+  std::function<std::string(int32_t)> token_bytes;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates (throws tern::Error with a message for the client) and queues the request.
+  uint64_t submit(GenerationRequest request, UpdateSink sink);
+  // The request ends with FinishReason::abort and its state is freed at the start of the next step.
+  void abort(uint64_t id);
+  void abort_all();
+
+  void start();  // runs steps on the engine thread until stop()
+  void stop();   // aborts what is left and joins the thread
+  // One step on the caller's thread (when not started); false when there was nothing to do.
+  bool step();
+  bool idle() const;  // no request waiting or running
+
+  EngineMetrics metrics() const;
+  const ModelRunner& runner() const { return *runner_; }
+  const StatePool& pool() const { return pool_; }
+  const EngineOptions& options() const { return options_; }
+  std::string memory_plan() const;  // human-readable, for the startup log
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence;
+
+  void loop();
+  void drain_inbox();
+  void apply_plan(const BatchPlan& plan);
+  void run_batch(const BatchPlan& plan);
+  void after_sample(Sequence& seq, const SampleResult& result, RequestUpdate& update);
+  void finish(Sequence& seq, FinishReason reason, RequestUpdate update);
+  void deliver(Sequence& seq, RequestUpdate update);
+  void free_state(Sequence& seq);
+  void publish_gauges();
+  std::vector<SchedSeq> sched_view(const std::vector<uint64_t>& ids) const;
+
+  std::shared_ptr<ModelRunner> runner_;
+  EngineOptions options_;
+  StatePool pool_;
+  Sampler sampler_;
+  int64_t vocab_ = 0;
+  int64_t max_context_ = 0;
+
+  // Engine-thread state.
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  std::deque<uint64_t> waiting_;
+  std::vector<uint64_t> running_;  // oldest (smallest id) first
+  StepBatch batch_;
+  std::vector<float> logits_;
+
+  // Shared with submit/abort callers.
+  mutable std::mutex inbox_mutex_;
+  std::condition_variable inbox_cv_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::vector<uint64_t> aborts_;
+  bool abort_everything_ = false;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  size_t live_ = 0;  // submitted and not yet finished
+
+  mutable std::mutex metrics_mutex_;
+  EngineMetrics metrics_;
+  std::thread thread_;
+};
+
+}  // namespace tern::engine

@@ -1,0 +1,47 @@
+// The engine's counters, gauges and histograms, read by the server's /metrics (Prometheus text).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace tern::engine {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds = {});
+  void observe(double v);
+  const std::vector<double>& bounds() const { return bounds_; }
+  const std::vector<uint64_t>& counts() const { return counts_; }  // per bucket, last is +Inf
+  double sum() const { return sum_; }
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct EngineMetrics {
+  // gauges, as of the last step
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t state_used_bytes = 0;
+  int64_t state_total_bytes = 0;
+  // counters
+  uint64_t prompt_tokens_total = 0;
+  uint64_t generation_tokens_total = 0;
+  uint64_t preemptions_total = 0;
+  uint64_t steps_total = 0;
+  std::array<uint64_t, 5> finished_total{};  // by FinishReason
+  // histograms
+  Histogram time_to_first_token_seconds;
+  Histogram inter_token_latency_seconds;
+  Histogram e2e_request_latency_seconds;
+  Histogram batch_size;  // sequences per step
+  Histogram step_seconds;
+  EngineMetrics();
+};
+
+}  // namespace tern::engine

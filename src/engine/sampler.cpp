@@ -1,0 +1,138 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace tern::engine {
+
+void TokenHistory::add_prompt(std::span<const int32_t> tokens, int64_t vocab) {
+  seen.resize(static_cast<size_t>(vocab), 0);
+  for (int32_t t : tokens)
+    if (t >= 0 && t < vocab) seen[t] = 1;
+}
+
+void TokenHistory::add_output(int32_t token, int64_t vocab) {
+  seen.resize(static_cast<size_t>(vocab), 0);
+  ++output_counts[token];
+  if (token >= 0 && token < vocab) seen[token] = 1;
+}
+
+int32_t argmax(std::span<const float> v) {
+  int32_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[best]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+void Sampler::apply_penalties(const SamplingParams& p, const TokenHistory& h) {
+  if (p.repetition_penalty != 1.0f) {
+    for (size_t t = 0; t < h.seen.size() && t < work_.size(); ++t) {
+      if (!h.seen[t]) continue;
+      float& l = work_[t];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    for (const auto& [t, n] : h.output_counts) {
+      if (t < 0 || static_cast<size_t>(t) >= work_.size()) continue;
+      work_[t] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(n);
+    }
+  }
+}
+
+// Draws from softmax(work_ / T) restricted by top-k, min-p and top-p. Candidates are visited in a
+// fixed order (index order without top-k/top-p; else probability descending, index ascending on ties),
+// so the draw is reproducible.
+int32_t Sampler::draw(const SamplingParams& p, std::mt19937_64& rng) {
+  const float inv_t = 1.0f / p.temperature;
+  const float max_l = *std::max_element(work_.begin(), work_.end());
+  double z = 0;
+  for (float& l : work_) {
+    l = std::exp((l - max_l) * inv_t);  // unnormalised probability, max is 1
+    z += l;
+  }
+  const int64_t n = (p.top_k > 0 || p.top_p < 1.0f) ? sorted_candidates(p, z) : all_candidates(p);
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += work_[order_[i]];
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += work_[order_[i]];
+    if (u < acc) return order_[i];
+  }
+  return order_[n - 1];
+}
+
+// Every token with p >= min_p * p_max (p_max is 1 here), in index order.
+int64_t Sampler::all_candidates(const SamplingParams& p) {
+  order_.clear();
+  for (size_t i = 0; i < work_.size(); ++i)
+    if (work_[i] >= p.min_p) order_.push_back(static_cast<int32_t>(i));
+  return static_cast<int64_t>(order_.size());
+}
+
+// Sorts only as far as the filters reach: the top-k, else a growing prefix until the top-p mass is
+// covered; then min-p cuts the sorted prefix (the best token always stays).
+int64_t Sampler::sorted_candidates(const SamplingParams& p, double z) {
+  const auto vocab = static_cast<int64_t>(work_.size());
+  auto by_prob = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
+  order_.resize(static_cast<size_t>(vocab));
+  std::iota(order_.begin(), order_.end(), 0);
+  int64_t n = vocab;
+  int64_t k = std::min<int64_t>(n, 256);
+  if (p.top_k > 0) {  // top-p then applies to the renormalised top-k (as vLLM and HF do)
+    n = k = std::min<int64_t>(p.top_k, vocab);
+    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_prob);
+    z = 0;
+    for (int64_t i = 0; i < k; ++i) z += work_[order_[i]];
+  }
+  for (;; k = std::min<int64_t>(n, k * 4)) {
+    if (p.top_k <= 0) std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_prob);
+    double mass = 0;
+    int64_t cut = k;
+    for (int64_t i = 0; i < k && p.top_p < 1.0f; ++i) {
+      mass += work_[order_[i]] / z;
+      if (mass >= p.top_p) { cut = i + 1; break; }
+    }
+    if (cut < k || k == n) { n = cut; break; }
+  }
+  int64_t keep = 1;
+  while (keep < n && work_[order_[keep]] >= p.min_p) ++keep;
+  return keep;
+}
+
+void Sampler::fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out) {
+  const float max_l = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l - max_l));
+  const auto log_z = static_cast<float>(max_l + std::log(z));
+  out.logprob = logits[out.token] - log_z;
+  if (top_n <= 0) return;
+  order_.resize(logits.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  const auto k = std::min<size_t>(static_cast<size_t>(top_n), logits.size());
+  std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  out.top.clear();
+  for (size_t i = 0; i < k; ++i) out.top.push_back({order_[i], logits[order_[i]] - log_z});
+}
+
+SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
+                             std::mt19937_64& rng) {
+  SampleResult out;
+  const bool penalised = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                         params.frequency_penalty != 0.0f;
+  if (params.greedy() && !penalised) {
+    out.token = argmax(logits);
+  } else {
+    work_.assign(logits.begin(), logits.end());
+    apply_penalties(params, history);
+    out.token = params.greedy() ? argmax(work_) : draw(params, rng);
+  }
+  if (params.top_logprobs >= 0) fill_logprobs(logits, params.top_logprobs, out);
+  return out;
+}
+
+}  // namespace tern::engine

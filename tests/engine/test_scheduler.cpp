@@ -1,0 +1,127 @@
+#include <gtest/gtest.h>
+
+#include "engine/scheduler.h"
+
+namespace tern::engine {
+namespace {
+
+PageGeometry geometry() {
+  PageGeometry g;
+  g.page_bytes = 100;
+  g.fixed_bytes = 100;  // one page per sequence
+  g.bytes_per_token = 10;  // 10 tokens per page
+  return g;
+}
+
+SchedulerInput input(const std::vector<SchedSeq>& running, const std::vector<SchedSeq>& waiting, int64_t free_pages,
+                     int64_t budget = 64) {
+  SchedulerInput in{running, waiting, free_pages, geometry(), {}};
+  in.limits.token_budget = budget;
+  in.limits.max_chunk = 32;
+  in.limits.max_running = 4;
+  return in;
+}
+
+TEST(Scheduler, AdmitsFirstComeFirstServedInChunks) {
+  std::vector<SchedSeq> waiting{{1, 100, 0, 0}, {2, 5, 0, 0}};
+  const auto plan = schedule(input({}, waiting, 100));
+  ASSERT_EQ(plan.admitted, (std::vector<uint64_t>{1, 2}));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].count, 32);  // max_chunk
+  EXPECT_FALSE(plan.chunks[0].sample);
+  EXPECT_EQ(plan.chunks[1].count, 5);
+  EXPECT_TRUE(plan.chunks[1].sample);
+}
+
+TEST(Scheduler, DecodesComeBeforePrefillChunks) {
+  std::vector<SchedSeq> running{{1, 200, 100, 12}, {2, 51, 50, 7}};
+  const auto plan = schedule(input(running, {}, 100, 20));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 2u);
+  EXPECT_EQ(plan.chunks[0].count, 1);
+  EXPECT_TRUE(plan.chunks[0].sample);
+  EXPECT_EQ(plan.chunks[1].id, 1u);
+  EXPECT_EQ(plan.chunks[1].start, 100);
+  EXPECT_EQ(plan.chunks[1].count, 19);  // what the budget leaves
+  EXPECT_EQ(plan.num_tokens(), 20);
+}
+
+TEST(Scheduler, RespectsTokenBudgetAndRunningCap) {
+  std::vector<SchedSeq> waiting;
+  for (uint64_t i = 1; i <= 6; ++i) waiting.push_back({i, 10, 0, 0});
+  auto plan = schedule(input({}, waiting, 1000, 25));
+  EXPECT_EQ(plan.admitted.size(), 3u);  // 10 + 10 + 5
+  EXPECT_EQ(plan.chunks.back().count, 5);
+  EXPECT_EQ(plan.num_tokens(), 25);
+  plan = schedule(input({}, waiting, 1000, 1000));
+  EXPECT_EQ(plan.admitted.size(), 4u);  // max_running
+}
+
+TEST(Scheduler, HeadOfQueueThatDoesNotFitBlocksAdmission) {
+  std::vector<SchedSeq> waiting{{1, 30, 0, 0}, {2, 1, 0, 0}};
+  const auto plan = schedule(input({}, waiting, 3));  // 1 needs 1 + 3 pages
+  EXPECT_TRUE(plan.admitted.empty());
+  EXPECT_TRUE(plan.chunks.empty());
+}
+
+TEST(Scheduler, PreemptsYoungestWhenAPageIsMissing) {
+  // Both at a page boundary: each decode needs one more page, one is free.
+  std::vector<SchedSeq> running{{1, 11, 10, 2}, {2, 21, 20, 3}, {3, 31, 30, 4}};
+  const auto plan = schedule(input(running, {{9, 5, 0, 0}}, 1));
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{3}));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 1u);
+  EXPECT_EQ(plan.chunks[1].id, 2u);
+  EXPECT_TRUE(plan.admitted.empty());  // no admission while preempting
+}
+
+TEST(Scheduler, PreemptsItselfWhenItIsTheYoungest) {
+  std::vector<SchedSeq> running{{1, 15, 14, 3}, {2, 11, 10, 2}};
+  const auto plan = schedule(input(running, {}, 0));
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{2}));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].id, 1u);
+}
+
+TEST(Scheduler, ScheduledChunkOfAVictimIsDropped) {
+  // 2 decodes first (fits), then 1's prefill chunk needs pages: 2 is preempted and its chunk removed.
+  std::vector<SchedSeq> running{{1, 40, 10, 2}, {2, 6, 5, 2}};
+  const auto plan = schedule(input(running, {}, 1));
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{2}));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].id, 1u);
+  EXPECT_EQ(plan.chunks[0].count, 30);
+}
+
+TEST(Scheduler, SequenceThatCannotGrowAloneIsOutOfMemory) {
+  std::vector<SchedSeq> running{{1, 11, 10, 2}};
+  const auto plan = schedule(input(running, {}, 0));
+  EXPECT_EQ(plan.out_of_memory, (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(plan.chunks.empty());
+}
+
+TEST(Scheduler, PreemptedSequenceIsReadmittedWithItsTokens) {
+  std::vector<SchedSeq> waiting{{3, 31, 0, 0}};
+  const auto plan = schedule(input({}, waiting, 100));
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].count, 31 > 32 ? 32 : 31);
+  EXPECT_TRUE(plan.chunks[0].sample);
+}
+
+TEST(StatePool, BlockTablesTakeAndReturnWholePages) {
+  StatePool pool(geometry(), 1000);
+  EXPECT_EQ(pool.total_pages(), 10);
+  EXPECT_TRUE(pool.reserve(1, 25));  // 1 + 3 pages
+  EXPECT_EQ(pool.pages_held(1), 4);
+  EXPECT_TRUE(pool.reserve(1, 26));
+  EXPECT_EQ(pool.pages_held(1), 4);
+  EXPECT_FALSE(pool.reserve(2, 100));
+  EXPECT_EQ(pool.pages_held(2), 0);
+  EXPECT_EQ(pool.free_pages(), 6);
+  pool.release(1);
+  EXPECT_EQ(pool.free_pages(), 10);
+  EXPECT_EQ(pool.used_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace tern::engine
