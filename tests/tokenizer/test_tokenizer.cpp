@@ -1,0 +1,3 @@
+#include <gtest/gtest.h>
+#include "tokenizer/tokenizer.h"
+TEST(Placeholder, Builds) { SUCCEED(); }
