@@ -1,0 +1,116 @@
+// The model's weights as views into mapped checkpoint files, bound by name and checked against the
+// config (shapes, dtypes) at load. Nothing here computes: src/ops and the backends do.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace tern::model {
+
+enum class WeightFormat : uint8_t {
+  f32,
+  bf16,
+  fp8_block,  // e4m3 [out, in] + e8m0 scale [ceil(out/128), ceil(in/128)]: W = w * scale per block
+  mxfp4,      // e2m1 packed [out, in/2] (low nibble first) + e8m0 scale [out, in/32]
+  nvfp4,      // e2m1 packed [out, in/2] + ue4m3 scale [out, in/16] + fp32 global scale
+};
+
+std::string_view weight_format_name(WeightFormat f);  // "f32", "bf16", "fp8", "mxfp4", "nvfp4"
+
+// One linear map y = W x with W of shape [out, in] in one of the formats above.
+struct Linear {
+  WeightFormat format = WeightFormat::bf16;
+  int64_t out = 0, in = 0;
+  TensorView weight;
+  TensorView scale;          // empty for f32 / bf16
+  float global_scale = 1.0f;  // nvfp4 only
+  std::string name;          // checkpoint name, for messages and kernel-path reports
+};
+
+struct CompressorWeights {
+  int ratio = 0;
+  int64_t width = 0;  // output row width: head_dim for attention, index_head_dim for the indexer
+  bool overlap = false;  // CSA: wkv/wgate/ape have 2*width channels (two overlapping series)
+  Linear wkv, wgate;     // [width or 2*width, hidden]
+  TensorView ape;        // f32 [ratio, width or 2*width]
+  TensorView norm;       // [width]
+};
+
+struct IndexerWeights {
+  Linear wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
+  Linear weights_proj;  // [index_n_heads, hidden]
+  CompressorWeights compressor;
+};
+
+struct AttentionWeights {
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;  // wo_a: [o_groups * o_lora_rank, heads*head_dim/o_groups]
+  TensorView q_norm, kv_norm;
+  TensorView attn_sink;  // f32 [heads]
+  std::optional<CompressorWeights> compressor;  // CSA and HCA layers
+  std::optional<IndexerWeights> indexer;        // CSA layers
+};
+
+struct ExpertWeights {
+  Linear w1, w2, w3;  // gate [inter, hidden], down [hidden, inter], up [inter, hidden]
+};
+
+struct MoEWeights {
+  Linear gate;                // [n_routed_experts, hidden]
+  TensorView gate_bias;       // f32 [n_routed_experts], score-routed layers only
+  TensorView tid2eid;         // i64 (or i32) [vocab, experts_per_token], hash-routed layers only
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+};
+
+struct HyperConnWeights {
+  TensorView fn;     // f32 [(2 + hc) * hc, hc * hidden] (hc_head: [hc, hc * hidden])
+  TensorView base;   // f32 [(2 + hc) * hc] (hc_head: [hc])
+  TensorView scale;  // f32 [3] (hc_head: [1])
+};
+
+struct LayerWeights {
+  int index = 0;
+  AttnKind attn_kind = AttnKind::sliding;
+  bool hash_routed = false;
+  TensorView attn_norm, ffn_norm;
+  HyperConnWeights hc_attn, hc_ffn;
+  AttentionWeights attn;
+  MoEWeights ffn;
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  TensorView embed;  // [vocab, hidden]
+  Linear head;       // [vocab, hidden]
+  TensorView norm;   // [hidden]
+  HyperConnWeights hc_head;
+  std::vector<LayerWeights> layers;
+  // Keeps the mapped files (or synthesized buffers) alive for as long as the views are used.
+  std::shared_ptr<const void> storage;
+  // Where the weights came from (for `tern inspect` and logs).
+  std::string naming;         // "official" or "transformers"
+  int64_t num_tensors = 0;    // tensors in the checkpoint
+  uint64_t num_bytes = 0;     // bytes of tensor data in the checkpoint
+  int num_files = 0;          // safetensors files mapped
+};
+
+// Loads a checkpoint directory (config.json + model.safetensors or model.safetensors.index.json
+// with its shards), official or transformers tensor names. Throws tern::Error naming the file and
+// tensor on anything missing, mis-shaped, mis-typed, truncated or corrupt. The returned config's
+// expert_format and fp8_dense describe the tensors actually found. docs/checkpoints.md lists the
+// accepted dtypes per tensor (views keep the file's dtype, except that fields documented f32 above
+// are always f32: bf16/f16 files are widened into owned buffers).
+ModelWeights load_model(const std::string& dir);
+
+// The transformers name of an official tensor name (transformers' conversion_mapping.py,
+// "deepseek_v4"), e.g. "layers.0.attn.wq_a.weight" -> "model.layers.0.self_attn.q_a_proj.weight".
+// Routed experts have no per-expert transformers name (they are stacked); not for "*.experts.*".
+std::string transformers_name(const std::string& official);
+
+}  // namespace tern::model
