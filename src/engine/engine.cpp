@@ -230,8 +230,9 @@ void Engine::apply_plan(const BatchPlan& plan) {
   for (uint64_t id : plan.admitted) {
     TERN_CHECK(!waiting_.empty() && waiting_.front() == id, "scheduler admitted out of order");
     waiting_.pop_front();
-    runner_->open_sequence(id);
-    seqs_.at(id)->state = RequestState::prefilling;
+    Sequence& s = *seqs_.at(id);
+    runner_->open_sequence(id, std::min(s.prompt_len + s.request.stop.max_tokens, max_context_));
+    s.state = RequestState::prefilling;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), id), id);
   }
 }

@@ -45,8 +45,9 @@ class ModelRunner {
   virtual int64_t weight_bytes() const = 0;
   // "op: kernel path" lines for the startup log.
   virtual std::vector<std::string> kernel_paths() const = 0;
-  // A fresh, fully reset state for `seq` (never a previous sequence's leftovers).
-  virtual void open_sequence(uint64_t seq) = 0;
+  // A fresh, fully reset state for `seq` (never a previous sequence's leftovers) that will hold at
+  // most `max_tokens` positions.
+  virtual void open_sequence(uint64_t seq, int64_t max_tokens) = 0;
   virtual void close_sequence(uint64_t seq) = 0;
   // Runs the batch; writes batch.num_logits() rows of vocab_size() floats to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;

@@ -20,9 +20,11 @@ class FakeRunner : public ModelRunner {
   StateLayout state_layout() const override { return {1024, bytes_per_token_, max_context_}; }
   int64_t weight_bytes() const override { return 0; }
   std::vector<std::string> kernel_paths() const override { return {"fake: host"}; }
-  void open_sequence(uint64_t seq) override {
+  void open_sequence(uint64_t seq, int64_t max_tokens) override {
+    TERN_CHECK(max_tokens > 0 && max_tokens <= max_context_, "fake runner: bad capacity ", max_tokens);
     TERN_CHECK(!states_.count(seq), "fake runner: sequence ", seq, " opened twice");
     states_[seq] = {};
+    states_[seq].capacity = max_tokens;
     ++opened;
   }
   void close_sequence(uint64_t seq) override {
@@ -34,6 +36,7 @@ class FakeRunner : public ModelRunner {
     for (const auto& c : batch.chunks) {
       auto& st = states_.at(c.seq);
       TERN_CHECK(st.length == c.start, "fake runner: chunk starts at ", c.start, ", state has ", st.length);
+      TERN_CHECK(c.start + c.count <= st.capacity, "fake runner: sequence ", c.seq, " beyond its capacity");
       for (int32_t i = 0; i < c.count; ++i) {
         st.hash = (st.hash ^ static_cast<uint64_t>(batch.tokens[c.token_offset + i] + 1)) * 0x100000001b3ULL;
         st.length++;
@@ -49,6 +52,7 @@ class FakeRunner : public ModelRunner {
   struct State {
     uint64_t hash = 0xcbf29ce484222325ULL;
     int64_t length = 0;
+    int64_t capacity = 0;
   };
   void write_row(uint64_t h, std::span<float> row) const {
     for (int64_t j = 0; j < vocab_; ++j) {

@@ -1,0 +1,22 @@
+// /metrics: the engine's and the HTTP layer's numbers in Prometheus text format, prefixed `tern:`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/metrics.h"
+
+namespace tern::server {
+
+struct ServerCounters {
+  uint64_t http_requests_total = 0;
+  uint64_t http_errors_4xx_total = 0;
+  uint64_t http_errors_5xx_total = 0;
+  uint64_t client_disconnects_total = 0;
+  uint64_t request_timeouts_total = 0;
+  int64_t open_connections = 0;
+};
+
+std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model);
+
+}  // namespace tern::server

@@ -1,0 +1,68 @@
+// Every JSON shape of the API: parsing requests into api_types.h (with OpenAI-style 400s naming the
+// bad field) and rendering responses, stream chunks, errors, models and metrics-free bodies.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/request.h"
+#include "server/api_types.h"
+
+namespace tern::server {
+
+struct ParseLimits {
+  std::string model;        // the served model name; requests naming another get 404
+  int64_t vocab_size = 0;
+  int max_n = 16;
+  int max_top_logprobs = 20;
+  size_t max_stop = 16;
+  size_t max_prompts = 64;  // completions: prompts in one request
+};
+
+CompletionRequest parse_completion(std::string_view body, const ParseLimits& limits);
+ChatRequest parse_chat(std::string_view body, const ParseLimits& limits);
+TokenizeRequest parse_tokenize(std::string_view body, const ParseLimits& limits);
+DetokenizeRequest parse_detokenize(std::string_view body, const ParseLimits& limits);
+
+// One choice's output (whole, or one stream chunk's delta).
+struct ChoiceOut {
+  int index = 0;
+  std::string text;       // completions text / chat content
+  std::string reasoning;  // chat reasoning_content
+  std::vector<ToolCall> tool_calls;
+  int tool_call_base = 0;  // stream: index of the first tool call in this delta
+  bool logprobs = false;
+  std::vector<engine::GeneratedToken> tokens;  // their logprobs, when `logprobs`
+  std::optional<std::string> finish;           // finish_reason
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+// The names the logprobs fields show for a token: its bytes (raw) and text (valid UTF-8).
+using TokenBytes = std::function<std::string(int32_t)>;
+
+struct ResponseHead {
+  std::string id, model;
+  int64_t created = 0;
+};
+
+std::string render_completion(const ResponseHead& head, const std::vector<ChoiceOut>& choices, const Usage& usage,
+                              const TokenBytes& bytes);
+std::string render_completion_chunk(const ResponseHead& head, const ChoiceOut& choice, const TokenBytes& bytes);
+std::string render_chat(const ResponseHead& head, const std::vector<ChoiceOut>& choices, const Usage& usage,
+                        const TokenBytes& bytes);
+// `first`: the choice's first chunk, which carries the role together with its first content.
+std::string render_chat_chunk(const ResponseHead& head, const ChoiceOut& choice, bool first, const TokenBytes& bytes);
+// The final include_usage chunk (choices empty); `object` is text_completion or chat.completion.chunk.
+std::string render_usage_chunk(const ResponseHead& head, const char* object, const Usage& usage);
+std::string render_error(const ApiError& e);
+std::string render_models(const std::string& model, int64_t created, int64_t max_model_len);
+std::string render_tokenize(const std::vector<int32_t>& tokens, int64_t max_model_len);
+std::string render_detokenize(const std::string& text);
+
+}  // namespace tern::server

@@ -1,0 +1,194 @@
+#include "server/service.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/job.h"
+
+namespace tern::server {
+
+namespace {
+
+constexpr const char* kJson = "application/json";
+constexpr size_t kMaxLiveJobs = 8192;  // beyond this: 429
+
+// Compares in time independent of where the strings differ.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
+}
+
+std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
+
+}  // namespace
+
+ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options)
+    : engine_(engine), codec_(codec), http_(http), options_(std::move(options)) {
+  limits_.model = options_.model_name;
+  limits_.vocab_size = codec_.vocab_size();
+}
+
+void ApiService::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange) {
+  ++counters_.http_requests_total;
+  try {
+    route(request, exchange);
+  } catch (const ApiError& e) {
+    fail(*exchange, e);
+  } catch (const Error& e) {
+    fail(*exchange, ApiError(400, e.what()));
+  } catch (const std::exception& e) {
+    log::error("internal error on ", request.method, " ", request.target, ": ", e.what());
+    fail(*exchange, ApiError(500, cat("internal error: ", e.what()), "", "internal_server_error"));
+  }
+}
+
+void ApiService::answer(Exchange& exchange, int status, std::string body, const Headers& headers) {
+  if (status >= 500) ++counters_.http_errors_5xx_total;
+  else if (status >= 400) ++counters_.http_errors_4xx_total;
+  exchange.reply(status, kJson, std::move(body), headers);
+}
+
+void ApiService::fail(Exchange& exchange, const ApiError& e) {
+  Headers headers;
+  if (e.status == 429 || e.status == 503) headers.emplace_back("Retry-After", "1");
+  if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
+  answer(exchange, e.status, render_error(e), headers);
+}
+
+bool ApiService::authorized(const HttpRequest& request) const {
+  if (options_.api_key.empty()) return true;
+  const std::string prefix = "Bearer ";
+  const std::string& h = request.authorization;
+  const std::string given = h.compare(0, prefix.size(), prefix) == 0 ? h.substr(prefix.size()) : std::string();
+  return constant_time_equal(given, options_.api_key);
+}
+
+void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+  const std::string path = path_of(request.target);
+  const std::string& m = request.method;
+  if (path == "/health") {
+    if (m != "GET") throw ApiError(405, "use GET /health");
+    if (!ready_ || draining_) throw ApiError(503, ready_ ? "the server is shutting down" : "the model is loading", "", "unavailable");
+    return answer(*exchange, 200, R"({"status":"ok"})");
+  }
+  if (path == "/metrics") {
+    if (m != "GET") throw ApiError(405, "use GET /metrics");
+    return exchange->reply(200, "text/plain; version=0.0.4", metrics());
+  }
+  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
+                     path == "/tokenize" || path == "/detokenize";
+  if (!known) throw ApiError(404, cat("no route ", m, " ", path), "", "not_found_error");
+  if (!authorized(request)) throw ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error", "invalid_api_key");
+  if (!ready_) throw ApiError(503, "the model is loading", "", "unavailable");
+  if (draining_) throw ApiError(503, "the server is shutting down", "", "unavailable");
+  if (path == "/v1/models") {
+    if (m != "GET") throw ApiError(405, "use GET /v1/models");
+    return answer(*exchange, 200, render_models(options_.model_name, options_.created, options_.max_model_len));
+  }
+  if (m != "POST") throw ApiError(405, cat("use POST ", path));
+  if (path == "/tokenize") return tokenize(request, *exchange);
+  if (path == "/detokenize") return detokenize(request, *exchange);
+  if (live_jobs_ >= kMaxLiveJobs) throw ApiError(429, "too many requests in flight; retry later", "", "rate_limit_error");
+  if (path == "/v1/completions") return completions(request, exchange);
+  chat(request, exchange);
+}
+
+void ApiService::check_length(const GenerationParams& p, const std::vector<int32_t>& prompt) const {
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (n >= options_.max_model_len)
+    throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; the prompt has ", n,
+                            " tokens"), "messages", "invalid_request_error", "context_length_exceeded");
+  if (p.max_tokens_given && n + p.stop.max_tokens > options_.max_model_len)
+    throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; you requested ",
+                            n + p.stop.max_tokens, " tokens (", n, " in the prompt, ", p.stop.max_tokens,
+                            " for the completion)"), "max_tokens", "invalid_request_error", "context_length_exceeded");
+}
+
+// Without max_tokens: 16 for completions (OpenAI's default), the rest of the context for chat.
+void ApiService::fill_max_tokens(GenerationParams& p, const std::vector<int32_t>& prompt, bool chat) const {
+  check_length(p, prompt);
+  if (!p.max_tokens_given)
+    p.stop.max_tokens = chat ? options_.max_model_len - static_cast<int64_t>(prompt.size()) : 16;
+}
+
+ResponseHead ApiService::head(const char* prefix, const std::string& model) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return {cat(prefix, std::chrono::duration_cast<std::chrono::microseconds>(now).count(), "-", next_id_++), model,
+          std::chrono::duration_cast<std::chrono::seconds>(now).count()};
+}
+
+void ApiService::run_job(const std::shared_ptr<GenerationJob>& job, const std::shared_ptr<Exchange>& exchange) {
+  ++live_jobs_;
+  try {
+    job->start();
+  } catch (...) {
+    --live_jobs_;
+    throw;
+  }
+  std::weak_ptr<GenerationJob> weak = job;
+  exchange->on_client_gone([this, weak] {
+    if (auto j = weak.lock(); j && !j->finished()) {
+      ++counters_.client_disconnects_total;
+      j->abort(false);
+    }
+  });
+  http_.schedule(options_.request_timeout, [this, weak] {
+    if (auto j = weak.lock(); j && !j->finished()) {
+      ++counters_.request_timeouts_total;
+      j->abort(true);
+    }
+  });
+}
+
+void ApiService::completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+  CompletionRequest r = parse_completion(request.body, limits_);
+  std::vector<std::vector<int32_t>> prompts = std::move(r.token_prompts);
+  for (const auto& t : r.text_prompts) prompts.push_back(codec_.encode(t, true));
+  for (const auto& p : prompts) {
+    if (p.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+    check_length(r.params, p);
+  }
+  if (!r.params.max_tokens_given) r.params.stop.max_tokens = 16;
+  auto job = std::make_shared<GenerationJob>(GenerationJob::Kind::completion, head("cmpl-", r.params.model), r.params,
+                                             exchange, JobContext{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); },
+                                                                  [this](int) { --live_jobs_; }});
+  for (auto& p : prompts) job->add_prompt(std::move(p), nullptr);
+  run_job(job, exchange);
+}
+
+void ApiService::chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+  ChatRequest r = parse_chat(request.body, limits_);
+  std::vector<int32_t> prompt = codec_.chat_prompt(r);
+  fill_max_tokens(r.params, prompt, true);
+  auto job = std::make_shared<GenerationJob>(GenerationJob::Kind::chat, head("chatcmpl-", r.params.model), r.params,
+                                             exchange, JobContext{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); },
+                                                                  [this](int) { --live_jobs_; }});
+  job->add_prompt(std::move(prompt), [&] { return codec_.output_parser(r); });
+  run_job(job, exchange);
+}
+
+void ApiService::tokenize(const HttpRequest& request, Exchange& exchange) {
+  TokenizeRequest r = parse_tokenize(request.body, limits_);
+  const auto tokens = r.chat ? codec_.chat_prompt(*r.chat) : codec_.encode(r.prompt, r.add_special_tokens);
+  answer(exchange, 200, render_tokenize(tokens, options_.max_model_len));
+}
+
+void ApiService::detokenize(const HttpRequest& request, Exchange& exchange) {
+  DetokenizeRequest r = parse_detokenize(request.body, limits_);
+  answer(exchange, 200, render_detokenize(codec_.decode(r.tokens)));
+}
+
+std::string ApiService::metrics() const {
+  ServerCounters c = counters_;
+  c.open_connections = static_cast<int64_t>(http_.connections());
+  return render_metrics(engine_.metrics(), c, options_.model_name);
+}
+
+}  // namespace tern::server

@@ -1,0 +1,64 @@
+// The API: routes, authentication, readiness and the handlers of serving.md's endpoints. Handlers run
+// on the IO thread, parse with schemas.h, hand generation to the engine through GenerationJob, and
+// never block.
+#pragma once
+
+#include <chrono>
+#include <list>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/http.h"
+#include "server/metrics_text.h"
+#include "server/schemas.h"
+#include "server/text_codec.h"
+
+namespace tern::server {
+
+class GenerationJob;
+
+struct ServiceOptions {
+  std::string model_name = "deepseek-v4-flash";
+  std::string api_key;  // empty: no authentication
+  std::chrono::milliseconds request_timeout{600000};
+  int64_t max_model_len = 0;
+  int64_t created = 0;  // model creation time shown by /v1/models
+};
+
+class ApiService {
+ public:
+  ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options);
+  void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
+  void set_ready() { ready_ = true; }
+  void set_draining() { draining_ = true; }
+  size_t live_jobs() const { return live_jobs_; }
+  std::string metrics() const;
+
+ private:
+  void route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
+  void answer(Exchange& exchange, int status, std::string body, const Headers& headers = {});
+  void fail(Exchange& exchange, const ApiError& e);
+  bool authorized(const HttpRequest& request) const;
+  void completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
+  void chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
+  void tokenize(const HttpRequest& request, Exchange& exchange);
+  void detokenize(const HttpRequest& request, Exchange& exchange);
+  void run_job(const std::shared_ptr<GenerationJob>& job, const std::shared_ptr<Exchange>& exchange);
+  void check_length(const GenerationParams& p, const std::vector<int32_t>& prompt) const;
+  void fill_max_tokens(GenerationParams& p, const std::vector<int32_t>& prompt, bool chat) const;
+  ResponseHead head(const char* prefix, const std::string& model);
+
+  engine::Engine& engine_;
+  const TextCodec& codec_;
+  HttpServer& http_;
+  ServiceOptions options_;
+  ParseLimits limits_;
+  bool ready_ = false;
+  bool draining_ = false;
+  size_t live_jobs_ = 0;
+  uint64_t next_id_ = 1;
+  ServerCounters counters_;
+};
+
+}  // namespace tern::server
