@@ -112,10 +112,12 @@ RopeConfig parse_rope(const Fields& f, double theta_fallback) {
   }
   if (r.yarn) {
     r.factor = f.number("factor", 1.0);
+    if (r.factor < 1) f.bad("factor", "a number >= 1", f.at("factor"));
     if (!f.has("original_max_position_embeddings")) f.missing("original_max_position_embeddings", "a positive number");
     r.original_max_position = f.number("original_max_position_embeddings", 0);
     r.beta_fast = f.number("beta_fast", 32.0);
     r.beta_slow = f.number("beta_slow", 1.0);
+    if (r.beta_fast <= r.beta_slow) f.bad("beta_fast", cat("a number above beta_slow (", r.beta_slow, ")"), json(r.beta_fast));
   }
   return r;
 }

@@ -106,7 +106,10 @@ class Binder {
         l.format = WeightFormat::fp8_block;
         l.weight = raw(l.name, {DType::e4m3}, Shape{out, in});
         const Shape s{ceil_div(out, 128), ceil_div(in, 128)};
-        const std::string sn = ck_.has(base + "scale") ? base + "scale" : base + "weight_scale_inv";
+        // Official: .scale (e8m0); transformers' FP8: .weight_scale_inv (f32 powers of two).
+        std::string sn = naming_ == Naming::official ? base + "scale" : base + "weight_scale_inv";
+        if (!ck_.has(sn) && ck_.has(base + "scale")) sn = base + "scale";
+        if (!ck_.has(sn) && ck_.has(base + "weight_scale_inv")) sn = base + "weight_scale_inv";
         if (ck_.has(sn) && ck_.entry(sn).dtype == DType::f32) {
           l.scale = pow2_scales_to_e8m0(raw(sn, {DType::f32}, s), sn);
         } else {

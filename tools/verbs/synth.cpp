@@ -15,6 +15,7 @@ struct SynthArgs {
   std::string shape = "tiny";
   int layers = 0;
   int routed_experts = 0;
+  int64_t vocab = 0;
   std::string experts = "mxfp4";
   uint64_t seed = 1;
   int shards = 1;
@@ -42,6 +43,7 @@ int run_synth(const SynthArgs& a) {
     TERN_CHECK(c.experts_per_token <= a.routed_experts, "--routed-experts: expected at least num_experts_per_tok (",
                c.experts_per_token, "), found ", a.routed_experts);
   }
+  if (a.vocab > 0) c.vocab_size = a.vocab;
   SynthOptions o;
   TERN_CHECK(parse_expert_format(a.experts, &o.experts), "--experts: expected mxfp4, nvfp4, bf16 or f32, found \"",
              a.experts, "\"");
@@ -66,6 +68,7 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--shape", a->shape, "tiny or v4-flash")->capture_default_str();
        app.add_option("--layers", a->layers, "Keep only the first N layers (0: all)");
        app.add_option("--routed-experts", a->routed_experts, "Override the number of routed experts (0: the shape's)");
+       app.add_option("--vocab", a->vocab, "Override the vocabulary size (0: the shape's)");
        app.add_option("--experts", a->experts, "Routed expert format: mxfp4, nvfp4, bf16 or f32")->capture_default_str();
        app.add_option("--seed", a->seed, "Random seed")->capture_default_str();
        app.add_option("--shards", a->shards, "Number of safetensors shards")->capture_default_str();
