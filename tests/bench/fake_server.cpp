@@ -65,27 +65,39 @@ struct FakeServer::Impl {
     co_return nlohmann::json::parse(buf.substr(head, length), nullptr, false);
   }
 
+  // Every event is built before co_await: GCC 12 miscompiles brace-initialised JSON inside co_await.
   awaitable<void> stream(tcp::socket& s, const nlohmann::json& req, const std::string& mode) {
     co_await write(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
     int n = req.value("max_tokens", 16);
-    if (mode == "role-first") co_await write(s, event({{"choices", {{{"delta", {{"role", "assistant"}}}}}}}));
+    if (mode == "role-first") {
+      std::string role = event(nlohmann::json::parse(R"({"choices":[{"delta":{"role":"assistant"}}]})"));
+      co_await write(s, role);
+    }
     co_await sleep(options.ttft);
     if (mode == "malformed") co_return co_await write(s, http_chunk("data: {not json\n\n"));
-    if (mode == "error-chunk") co_return co_await write(s, event({{"error", {{"message", "engine died"}}}}));
+    if (mode == "error-chunk") {
+      std::string err = event(nlohmann::json::parse(R"({"error":{"message":"engine died"}})"));
+      co_return co_await write(s, err);
+    }
     for (int i = 0; i < n; ++i) {
       if (i > 0) co_await sleep(options.itl);
+      std::string chunk = event(content_chunk(" tok" + std::to_string(i)));
       if (i == 0) {
         std::lock_guard lock(mutex);
         first_chunk[req.value("user", "")] = Clock::now();
       }
-      co_await write(s, event(content_chunk(" tok" + std::to_string(i))));
+      co_await write(s, chunk);
       if (mode == "stall") co_await sleep(std::chrono::hours(1));
       if (mode == "close" && i == 2) co_return;
     }
-    if (mode != "no-usage")
-      co_await write(s, event({{"choices", nlohmann::json::array()},
-                               {"usage", {{"prompt_tokens", options.prompt_tokens}, {"completion_tokens", n}}}}));
+    if (mode != "no-usage") co_await write(s, usage_event(n));
     co_await write(s, http_chunk("data: [DONE]\n\n") + "0\r\n\r\n");
+  }
+
+  std::string usage_event(int n) const {
+    nlohmann::json usage = {{"prompt_tokens", options.prompt_tokens}, {"completion_tokens", n}};
+    nlohmann::json j = {{"choices", nlohmann::json::array()}, {"usage", usage}};
+    return event(j);
   }
 
   awaitable<void> session(tcp::socket s) {

@@ -109,7 +109,9 @@ TEST(Client, UnreachableServerFailsEveryRequestQuickly) {
   }
   Target t;
   t.port = std::to_string(port);
-  RunOutput out = run_requests(t, requests(50, 4), {{}, 4});
+  RunOptions options;
+  options.max_concurrency = 4;
+  RunOutput out = run_requests(t, requests(50, 4), options);
   Summary s = summarize(out.results, {});
   EXPECT_EQ(s.failures["connect"], 50);
   EXPECT_NE(out.results[0].error.find("cannot connect to 127.0.0.1:"), std::string::npos);
