@@ -1,0 +1,47 @@
+// The CPU backend: the reference implementation of every op. Plain loops, fp32 arithmetic with fp32 (or
+// wider) accumulation, threaded with tern::parallel_for over output rows, tokens or heads. GPU kernels
+// are tested against these.
+#pragma once
+
+#include "ops/backend.h"
+
+namespace tern::cpu {
+
+// Installs the CPU backend for Device::cpu (idempotent). Call once at startup, before any op.
+void register_backend();
+
+class CpuBackend final : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+
+  void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) override;
+  void add(const TensorView& x, const TensorView& y) override;
+  void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) override;
+  void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) override;
+  void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
+  void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
+  void dequantize(const ops::Weight& w, const TensorView& out) override;
+  void hc_pre(const ops::HcPreArgs& a) override;
+  void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
+               const TensorView& out) override;
+  void hc_head(const ops::HcHeadArgs& a) override;
+  void hc_expand(const TensorView& x, const TensorView& streams) override;
+  void kv_pack(const TensorView& x, const ops::KvRowFormat& f, const TensorView& rows) override;
+  void kv_unpack(const TensorView& rows, const ops::KvRowFormat& f, const TensorView& x) override;
+  int64_t compressor_update(const ops::CompressorArgs& a) override;
+  void indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) override;
+  void indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) override;
+  void sparse_attention(const ops::AttentionArgs& a, const TensorView& out) override;
+  void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
+                    const TensorView& weights) override;
+  void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                  float routed_scale, const TensorView& indices, const TensorView& weights) override;
+  void moe_experts(const ops::MoeExpertsArgs& a) override;
+
+ private:
+  void require_f32(std::string_view op, std::initializer_list<const TensorView*> views) const;
+};
+
+}  // namespace tern::cpu

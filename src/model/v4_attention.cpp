@@ -1,0 +1,138 @@
+// The attention sub-layer of a V4 layer (SWA, CSA or HCA), its compressors and the lightning indexer.
+#include <cmath>
+
+#include "model/v4_batch.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/indexer.h"
+#include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace tern::model {
+
+void Model::attention_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
+  const ModelConfig& c = w_.config;
+  const AttentionWeights& A = w_.layers[l].attn;
+  const LayerOps& o = layer_ops_[l];
+  const int64_t N = b.tokens, H = c.num_heads, hd = c.head_dim, G = c.o_groups;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const TensorView inv_freq = c.attn_kind(l) == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
+
+  // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p
+  Tensor cq(DType::f32, {N, c.q_lora_rank});
+  ops::linear(h, o.wq_a, cq);
+  ops::rms_norm(cq, A.q_norm, eps, cq);
+  Tensor q(DType::f32, {N, H, hd});
+  ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
+  ops::rms_norm(q, {}, eps, q);
+  ops::rope(q, b.positions, inv_freq);
+
+  // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
+  Tensor kv(DType::f32, {N, hd});
+  ops::linear(h, o.wkv, kv);
+  ops::rms_norm(kv, A.kv_norm, eps, kv);
+  ops::rope(kv, b.positions, inv_freq);
+  const ops::KvRowFormat format = kv_format();
+  Tensor kv_rows(DType::u8, {N, format.row_bytes()});
+  ops::kv_pack(kv, format, kv_rows);
+
+  // The compressed rows (and indexer keys) first take in every window this chunk completes.
+  std::vector<Tensor> selected(b.seqs.size());
+  if (A.compressor) compress(l, b, h, /*indexer=*/false);
+  if (A.indexer) {
+    compress(l, b, h, /*indexer=*/true);
+    indexer_select(l, b, h, cq, selected);
+  }
+
+  // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
+  Tensor heads(DType::f32, {N, H, hd});
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const Batch::Seq& s = b.seqs[i];
+    ops::AttentionArgs args;
+    args.q = b.rows(q, s);
+    args.start = s.start;
+    args.format = format;
+    args.chunk_rows = b.rows(kv_rows, s);
+    args.ring = s.state->ring(l);
+    args.window = c.sliding_window;
+    args.ratio = c.compress_ratio(l);
+    if (args.ratio > 0) {
+      args.compressed = s.state->compressed_rows(l);
+      args.num_compressed = s.state->layout().entries(l, s.start + s.n);
+    }
+    args.selected = selected[i].empty() ? TensorView() : selected[i].view();
+    args.sinks = A.attn_sink;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ops::sparse_attention(args, b.rows(heads, s));
+    s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
+  }
+  ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
+
+  // out = wo_b . concat_g(wo_a[g] . heads of group g)
+  Tensor grouped(DType::f32, {N, G, c.o_lora_rank});
+  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
+  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
+}
+
+// Runs the attention compressor (or the indexer's) over the batch and appends the completed entries,
+// RMSNorm'ed and RoPE'd at position w * ratio, to each sequence's compressed rows (or indexer keys).
+void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
+  const ModelConfig& c = w_.config;
+  const AttentionWeights& A = w_.layers[l].attn;
+  const LayerOps& o = layer_ops_[l];
+  const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
+  const int ratio = c.compress_ratio(l);
+  const int64_t N = b.tokens, width = cw.width;
+  const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
+  Tensor kv(DType::f32, {N, wkv.out}), gate(DType::f32, {N, wkv.out});
+  ops::linear(h, wkv, kv);
+  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, gate);
+  // Indexer keys stay exact; attention rows follow the KV mode.
+  const ops::KvRowFormat format =
+      indexer ? ops::KvRowFormat{ops::KvFormat::f32, width, c.rope_dim} : kv_format();
+  for (const Batch::Seq& s : b.seqs) {
+    const int64_t emit = ops::compressor_emit_count(s.start, s.n, ratio);
+    Tensor emitted(DType::f32, {emit, width});
+    const TensorView acc = (indexer ? s.state->indexer_acc(l) : s.state->compressor_acc(l))
+                               .reshape({cw.overlap ? 2 : 1, 3, width});
+    ops::compressor_update({acc, b.rows(kv, s), b.rows(gate, s), cw.ape, s.start, ratio, cw.overlap, emitted});
+    if (emit == 0) continue;
+    ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
+    const int64_t first = s.start / ratio;  // entry index of the first emitted row
+    Tensor positions(DType::i64, {emit});
+    for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (first + e) * ratio;
+    ops::rope(emitted, positions, inv_freq_compress_);
+    const TensorView dest = indexer ? s.state->index_keys(l) : s.state->compressed_rows(l);
+    ops::kv_pack(emitted, format, dest.rows(first, first + emit));
+  }
+}
+
+// CSA: qI = indexer.wq_b cq (RoPE at p), w = weights_proj h; each query keeps its top-k visible entries.
+void Model::indexer_select(int l, const Batch& b, const TensorView& h, const TensorView& cq,
+                           std::vector<Tensor>& selected) {
+  const ModelConfig& c = w_.config;
+  const LayerOps& o = layer_ops_[l];
+  const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
+  Tensor qi(DType::f32, {N, Hi, di});
+  ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
+  ops::rope(qi, b.positions, inv_freq_compress_);
+  Tensor weights(DType::f32, {N, Hi});
+  ops::linear(h, o.idx_weights_proj, weights);
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const Batch::Seq& s = b.seqs[i];
+    const TensorView key_bytes = s.state->index_keys(l);
+    ops::IndexerArgs args;
+    args.q = b.rows(qi, s);
+    args.weights = b.rows(weights, s);
+    args.keys = TensorView(key_bytes.data(), DType::f32, {key_bytes.dim(0), di});
+    args.num_keys = s.state->layout().entries(l, s.start + s.n);
+    args.positions = b.rows(b.positions, s);
+    args.ratio = c.compress_ratio(l);
+    selected[i] = Tensor(DType::i32, {s.n, c.index_topk});
+    ops::indexer_topk(args, c.index_topk, selected[i]);
+  }
+}
+
+}  // namespace tern::model

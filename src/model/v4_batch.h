@@ -1,0 +1,29 @@
+// The token layout of one forward() call (internal to the V4 forward).
+#pragma once
+
+#include <vector>
+
+#include "model/v4_model.h"
+
+namespace tern::model {
+
+struct Model::Batch {
+  struct Seq {
+    cache::SequenceState* state = nullptr;
+    int64_t begin = 0;  // first row of this sequence's tokens in the batch
+    int64_t n = 0;      // its new tokens
+    int64_t start = 0;  // position of its first new token
+    LogitsFor logits = LogitsFor::last;
+  };
+  int64_t tokens = 0;   // N: all new tokens of the batch
+  Tensor ids;           // i64 [N]
+  Tensor positions;     // i64 [N]
+  std::vector<Seq> seqs;
+
+  TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }
+};
+
+// ops::Weight view of a checkpoint-bound Linear.
+ops::Weight op_weight(const Linear& l);
+
+}  // namespace tern::model

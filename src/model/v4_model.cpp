@@ -1,0 +1,171 @@
+// The V4 forward: embedding, the layers (each an attention and a MoE sub-layer wrapped in mHC), hc_head,
+// final norm and head. deepseek-v4.md section 2, as op calls.
+#include <unordered_set>
+
+#include "model/v4_batch.h"
+#include "ops/elementwise.h"
+#include "ops/mhc.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace tern::model {
+
+ops::Weight op_weight(const Linear& l) {
+  ops::WeightFormat f = ops::WeightFormat::f32;
+  switch (l.format) {
+    case WeightFormat::f32: f = ops::WeightFormat::f32; break;
+    case WeightFormat::bf16: f = ops::WeightFormat::bf16; break;
+    case WeightFormat::fp8_block: f = ops::WeightFormat::fp8_block; break;
+    case WeightFormat::mxfp4: f = ops::WeightFormat::mxfp4; break;
+    case WeightFormat::nvfp4: f = ops::WeightFormat::nvfp4; break;
+  }
+  return ops::Weight{f, l.out, l.in, l.weight, l.scale, l.global_scale, l.name};
+}
+
+namespace {
+
+ops::Expert op_expert(const ExpertWeights& e) { return {op_weight(e.w1), op_weight(e.w2), op_weight(e.w3)}; }
+
+LayerOps layer_ops(const LayerWeights& L) {
+  LayerOps o;
+  const AttentionWeights& a = L.attn;
+  o.wq_a = op_weight(a.wq_a), o.wq_b = op_weight(a.wq_b), o.wkv = op_weight(a.wkv);
+  o.wo_a = op_weight(a.wo_a), o.wo_b = op_weight(a.wo_b);
+  if (a.compressor) o.comp_wkv = op_weight(a.compressor->wkv), o.comp_wgate = op_weight(a.compressor->wgate);
+  if (a.indexer) {
+    o.idx_wq_b = op_weight(a.indexer->wq_b), o.idx_weights_proj = op_weight(a.indexer->weights_proj);
+    o.idx_wkv = op_weight(a.indexer->compressor.wkv), o.idx_wgate = op_weight(a.indexer->compressor.wgate);
+  }
+  o.gate = op_weight(L.ffn.gate);
+  for (const ExpertWeights& e : L.ffn.experts) o.experts.push_back(op_expert(e));
+  o.shared = op_expert(L.ffn.shared);
+  return o;
+}
+
+ops::RopeParams rope_params(const RopeConfig& r, int64_t rope_dim) {
+  return {r.theta, rope_dim, r.yarn, r.factor, r.original_max_position, r.beta_fast, r.beta_slow};
+}
+
+}  // namespace
+
+Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(mode) {
+  const ModelConfig& c = w_.config;
+  TERN_CHECK(static_cast<int>(w_.layers.size()) == c.num_layers, "model: ", w_.layers.size(), " layers bound, config ",
+             "says ", c.num_layers);
+  TERN_CHECK(c.n_shared_experts == 1, "model: n_shared_experts = ", c.n_shared_experts, " (only 1 is supported)");
+  kv_format().check();
+  for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
+  head_ = op_weight(w_.head);
+  inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
+  inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
+}
+
+ops::KvRowFormat Model::kv_format() const {
+  const ModelConfig& c = w_.config;
+  return {mode_ == KvMode::fp8 ? ops::KvFormat::fp8_ds : ops::KvFormat::f32, c.head_dim, c.rope_dim};
+}
+
+std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens) const {
+  const ModelConfig& c = w_.config;
+  std::vector<cache::LayerSpec> specs;
+  for (int l = 0; l < c.num_layers; ++l) {
+    cache::LayerSpec s;
+    s.window = c.sliding_window;
+    s.kv_row_bytes = kv_format().row_bytes();
+    s.ratio = c.compress_ratio(l);
+    const AttnKind kind = c.attn_kind(l);
+    if (kind != AttnKind::sliding) s.compressor_acc_floats = (kind == AttnKind::csa ? 2 : 1) * 3 * c.head_dim;
+    if (kind == AttnKind::csa) {
+      s.index_row_bytes = c.index_head_dim * static_cast<int64_t>(sizeof(float));
+      s.indexer_acc_floats = 2 * 3 * c.index_head_dim;
+    }
+    specs.push_back(s);
+  }
+  return std::make_shared<const cache::StateLayout>(std::move(specs), max_tokens);
+}
+
+cache::SequenceState Model::new_state(int64_t max_tokens) const {
+  return cache::SequenceState(state_layout(max_tokens));
+}
+
+// One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk X_j.
+template <typename Sublayer>
+void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
+                     Sublayer&& sublayer) {
+  const ModelConfig& c = w_.config;
+  const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
+  Tensor post(DType::f32, {N, H}), comb(DType::f32, {N, H, H}), h(DType::f32, {N, D});
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h});
+  ops::rms_norm(h, norm, static_cast<float>(c.rms_norm_eps), h);  // attn_norm / ffn_norm
+  Tensor a(DType::f32, {N, D});
+  sublayer(h.view(), a.view());
+  Tensor next(DType::f32, {N, H, D});
+  ops::hc_post(streams, a, post, comb, next);
+  streams = std::move(next);
+}
+
+Tensor Model::forward(std::span<const StepSequence> batch) {
+  const ModelConfig& c = w_.config;
+  Batch b;
+  std::unordered_set<const cache::SequenceState*> seen;
+  for (const StepSequence& s : batch) {
+    TERN_CHECK(s.state != nullptr && !s.tokens.empty(), "forward: every sequence needs a state and >= 1 token");
+    TERN_CHECK(seen.insert(s.state).second, "forward: a state appears twice in one batch");
+    TERN_CHECK(s.state->layout().fingerprint() == state_layout(s.state->layout().max_tokens())->fingerprint(),
+               "forward: the state's layout does not belong to this model and KV mode");
+    TERN_CHECK(s.state->position() + static_cast<int64_t>(s.tokens.size()) <= s.state->layout().max_tokens(),
+               "forward: ", s.state->position() + s.tokens.size(), " tokens exceed the state's capacity of ",
+               s.state->layout().max_tokens());
+    b.seqs.push_back({s.state, b.tokens, static_cast<int64_t>(s.tokens.size()), s.state->position(), s.logits});
+    b.tokens += static_cast<int64_t>(s.tokens.size());
+  }
+  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
+  b.ids = Tensor(DType::i64, {N});
+  b.positions = Tensor(DType::i64, {N});
+  std::vector<int64_t> wanted;  // batch rows whose logits are returned
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Batch::Seq& s = b.seqs[i];
+    for (int64_t t = 0; t < s.n; ++t) {
+      b.ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
+      b.positions.data<int64_t>()[s.begin + t] = s.start + t;
+      if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1)) wanted.push_back(s.begin + t);
+    }
+  }
+  if (N == 0) return Tensor(DType::f32, {0, c.vocab_size});
+
+  Tensor x(DType::f32, {N, D});  // X = hc copies of embed(token)
+  ops::embedding(w_.embed, b.ids, x);
+  Tensor streams(DType::f32, {N, H, D});
+  ops::hc_expand(x, streams);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    residual(L.hc_attn, L.attn_norm, b, streams, [&](const TensorView& h, const TensorView& out) {
+      attention_block(l, b, h, out);
+    });
+    residual(L.hc_ffn, L.ffn_norm, b, streams, [&](const TensorView& h, const TensorView& out) {
+      moe_block(l, b, h, out);
+    });
+  }
+
+  // logits = head(norm(hc_head(X))) for the wanted rows only
+  const auto R = static_cast<int64_t>(wanted.size());
+  if (R == 0) {
+    for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
+    return Tensor(DType::f32, {0, c.vocab_size});
+  }
+  Tensor rows(DType::i64, {R});
+  std::copy(wanted.begin(), wanted.end(), rows.data<int64_t>());
+  Tensor picked(DType::f32, {R, H, D});
+  ops::gather_rows(streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
+  Tensor y(DType::f32, {R, D});
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
+  ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
+  Tensor logits(DType::f32, {R, c.vocab_size});
+  ops::linear(y, head_, logits);
+  for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
+  return logits;
+}
+
+}  // namespace tern::model

@@ -1,0 +1,101 @@
+// The DeepSeek-V4 forward pass as a sequence of op calls (deepseek-v4.md section 2), over a batch of
+// sequences that each bring their own state and a chunk of new tokens.
+//
+//   Model model(weights, KvMode::exact);
+//   cache::SequenceState state = model.new_state(/*max_tokens=*/4096);
+//   Tensor logits = model.forward({{&state, prompt, LogitsFor::last}});   // f32 [1, vocab]
+//
+// One forward() call mixes prefill chunks and single decode tokens freely: every linear layer runs over
+// all tokens of the batch at once; attention, the compressors and the indexer run per sequence against
+// its state. Each state is advanced by its chunk's length.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cache/sequence_state.h"
+#include "core/tensor.h"
+#include "model/weights.h"
+#include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+
+namespace tern::model {
+
+// exact: window and compressed rows kept in fp32. fp8: DeepSeek's FP8 rows (ops/kv_row.h), so attention
+// sees the official reference's rounding.
+enum class KvMode : uint8_t { exact, fp8 };
+
+enum class LogitsFor : uint8_t { none, last, all };
+
+struct StepSequence {
+  cache::SequenceState* state = nullptr;  // advanced by forward()
+  std::span<const int64_t> tokens;        // the new tokens, at positions state->position() + i
+  LogitsFor logits = LogitsFor::last;
+};
+
+// Per-layer weights in the form the ops take (built once).
+struct LayerOps {
+  ops::Weight wq_a, wq_b, wkv, wo_a, wo_b;
+  ops::Weight comp_wkv, comp_wgate;                              // CSA / HCA
+  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate;    // CSA
+  ops::Weight gate;
+  std::vector<ops::Expert> experts;
+  ops::Expert shared;
+};
+
+class Model {
+ public:
+  Model(ModelWeights weights, KvMode mode);
+
+  const ModelConfig& config() const { return w_.config; }
+  const ModelWeights& weights() const { return w_; }
+  KvMode kv_mode() const { return mode_; }
+  ops::KvRowFormat kv_format() const;
+
+  // The state layout of one sequence of at most max_tokens tokens, and a fresh (empty) state.
+  std::shared_ptr<const cache::StateLayout> state_layout(int64_t max_tokens) const;
+  cache::SequenceState new_state(int64_t max_tokens) const;
+
+  // Runs the batch; returns logits f32 [rows, vocab]: each sequence's requested rows, in batch order
+  // (all: one per token, last: one, none: nothing).
+  Tensor forward(std::span<const StepSequence> batch);
+
+ private:
+  struct Batch;
+  void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
+  void moe_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
+  void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
+  void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
+                      std::vector<Tensor>& selected);
+  template <typename Sublayer>
+  void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
+                Sublayer&& sublayer);
+
+  ModelWeights w_;
+  KvMode mode_;
+  std::vector<LayerOps> layer_ops_;
+  ops::Weight head_;
+  Tensor inv_freq_main_, inv_freq_compress_;
+};
+
+// Generation helpers for tests and `tern run`: prefill the prompt (in chunks of `chunk` tokens; 0 = all at
+// once), then decode one token at a time. temperature <= 0 is greedy.
+struct GenerateOptions {
+  int64_t max_new_tokens = 32;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  int64_t prefill_chunk = 0;
+  int64_t stop_token = -1;  // stop after emitting it (< 0: never)
+};
+struct GenerateResult {
+  std::vector<int64_t> tokens;  // the generated tokens
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+GenerateResult generate(Model& model, cache::SequenceState& state, std::span<const int64_t> prompt,
+                        const GenerateOptions& options);
+std::vector<int64_t> greedy_generate(Model& model, std::span<const int64_t> prompt, int64_t max_new_tokens);
+
+}  // namespace tern::model

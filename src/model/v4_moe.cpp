@@ -1,0 +1,38 @@
+// The MoE sub-layer: routing (hash or scored), the routed experts and the shared expert.
+#include "model/v4_batch.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+
+namespace tern::model {
+
+void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& L = w_.layers[l];
+  const LayerOps& o = layer_ops_[l];
+  const int64_t N = b.tokens, k = c.experts_per_token;
+  const auto limit = static_cast<float>(c.swiglu_limit);
+  const auto routed_scale = static_cast<float>(c.routed_scaling_factor);
+
+  // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
+  Tensor logits(DType::f32, {N, o.gate.out});
+  ops::linear(h, o.gate, logits);
+  Tensor picked(DType::i32, {N, k}), weights(DType::f32, {N, k});
+  if (L.hash_routed)
+    ops::route_hash(logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
+  else
+    ops::route_scored(logits, L.ffn.gate_bias, routed_scale, picked, weights);
+
+  // y = sum_k w_k E_k(h) + E_shared(h)
+  ops::moe_experts({h, picked, weights, o.experts, limit, out});
+  const ops::Expert& shared = o.shared;
+  Tensor gate(DType::f32, {N, shared.w1.out}), up(DType::f32, {N, shared.w3.out});
+  ops::linear(h, shared.w1, gate);
+  ops::linear(h, shared.w3, up);
+  ops::swiglu(gate, up, limit, gate);
+  Tensor y(DType::f32, {N, c.hidden_size});
+  ops::linear(gate, shared.w2, y);
+  ops::add(y, out);
+}
+
+}  // namespace tern::model

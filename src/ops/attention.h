@@ -1,0 +1,36 @@
+// V4 attention of one sequence's chunk of queries: shared-KV MQA (K = V = one row per key) over the
+// sliding window and the compressed rows, with a learned sink per head in the softmax denominator.
+//   o_h = sum_j e^{s_hj} K_j / (sum_j e^{s_hj} + e^{sink_h}),  s_hj = scale * q_h . K_j
+// Keys of query i at position p = start + i:
+//   window:     positions max(0, p-window+1) .. p; rows >= start come from chunk_rows, older ones from the
+//               ring (position j at slot j % window).
+//   compressed: entries w < (p+1)/ratio; all of them (HCA) or only selected[i] (CSA, -1 = none).
+// The output keeps K's RoPE rotation on its rope dims: the caller applies the inverse RoPE.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/kv_row.h"
+
+namespace tern::ops {
+
+struct AttentionArgs {
+  TensorView q;            // f32 [n, heads, head_dim]
+  int64_t start = 0;       // position of q[0]; q[i] is at start + i
+  KvRowFormat format;
+  TensorView chunk_rows;   // u8 [n, row_bytes]: the chunk's own kv rows
+  TensorView ring;         // u8 [window, row_bytes]
+  int64_t window = 0;
+  TensorView compressed;   // u8 [>= num_compressed, row_bytes], or empty
+  int64_t num_compressed = 0;
+  int ratio = 0;           // 0: no compressed rows
+  TensorView selected;     // i32 [n, k] or empty (all visible compressed rows)
+  TensorView sinks;        // f32 [heads]
+  float scale = 1.0f;      // softmax scale, head_dim^-0.5
+};
+
+// out f32 [n, heads, head_dim]
+void sparse_attention(const AttentionArgs& a, const TensorView& out);
+
+}  // namespace tern::ops

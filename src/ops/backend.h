@@ -1,0 +1,78 @@
+// The one interface every backend implements, and the registry that picks a backend by device.
+//
+// Each op in ops/<family>.h is a free function that checks shapes, finds the backend of its tensors'
+// device and calls the matching method here. A backend overrides the methods it has kernels for; the
+// defaults throw "no <device> kernel for op <name> (<dtype>)" so a missing kernel is loud, never a silent
+// fallback to another device.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/elementwise.h"
+#include "ops/indexer.h"
+#include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace tern::ops {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // elementwise.h
+  virtual void embedding(const TensorView& table, const TensorView& ids, const TensorView& out);
+  virtual void add(const TensorView& x, const TensorView& y);
+  virtual void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out);
+  virtual void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out);
+  // norm.h
+  virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
+  // rope.h
+  virtual void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse);
+  // linear.h
+  virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
+  virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
+  virtual void dequantize(const Weight& w, const TensorView& out);
+  // mhc.h
+  virtual void hc_pre(const HcPreArgs& a);
+  virtual void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,
+                       const TensorView& comb, const TensorView& out);
+  virtual void hc_head(const HcHeadArgs& a);
+  virtual void hc_expand(const TensorView& x, const TensorView& streams);
+  // kv_row.h
+  virtual void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows);
+  virtual void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x);
+  // compressor.h
+  virtual int64_t compressor_update(const CompressorArgs& a);
+  // indexer.h
+  virtual void indexer_scores(const IndexerArgs& a, const TensorView& scores);
+  virtual void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices);
+  // attention.h
+  virtual void sparse_attention(const AttentionArgs& a, const TensorView& out);
+  // moe.h
+  virtual void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                            const TensorView& indices, const TensorView& weights);
+  virtual void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                          float routed_scale, const TensorView& indices, const TensorView& weights);
+  virtual void moe_experts(const MoeExpertsArgs& a);
+
+ protected:
+  [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;
+  [[noreturn]] void no_kernel(std::string_view op, std::string_view what) const;
+};
+
+// Installs `backend` for `device` (replacing any earlier one). The backend must outlive its use.
+void register_backend(Device device, Backend* backend);
+// The backend of `device`; throws naming the device when none is registered.
+Backend& backend_for(Device device);
+
+}  // namespace tern::ops

@@ -1,0 +1,110 @@
+// Entry points of the generic ops: check arguments, then call the backend of the tensors' device.
+#include "ops/backend.h"
+#include "ops/check.h"
+
+namespace tern::ops {
+
+using detail::common_device;
+using detail::expect_dtype;
+using detail::expect_shape;
+
+void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
+  expect_dtype("embedding", "table", table, {DType::bf16, DType::f32});
+  expect_shape("embedding", "table", table, {-1, -1});
+  expect_dtype("embedding", "ids", ids, {DType::i64});
+  expect_shape("embedding", "ids", ids, {-1});
+  expect_shape("embedding", "out", out, {ids.dim(0), table.dim(1)});
+  backend_for(common_device("embedding", {&table, &ids, &out})).embedding(table, ids, out);
+}
+
+void add(const TensorView& x, const TensorView& y) {
+  TERN_CHECK(x.shape() == y.shape(), "add: shapes differ: ", x.shape().str(), " vs ", y.shape().str());
+  detail::expect_contiguous("add", "x", x);
+  detail::expect_contiguous("add", "y", y);
+  backend_for(common_device("add", {&x, &y})).add(x, y);
+}
+
+void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
+  TERN_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "swiglu: shapes differ: gate ",
+             gate.shape().str(), ", up ", up.shape().str(), ", out ", out.shape().str());
+  backend_for(common_device("swiglu", {&gate, &up, &out})).swiglu(gate, up, limit, out);
+}
+
+void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  expect_shape("gather_rows", "x", x, {-1, -1});
+  expect_dtype("gather_rows", "rows", rows, {DType::i64});
+  expect_shape("gather_rows", "rows", rows, {-1});
+  expect_shape("gather_rows", "out", out, {rows.dim(0), x.dim(1)});
+  backend_for(common_device("gather_rows", {&x, &rows, &out})).gather_rows(x, rows, out);
+}
+
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  TERN_CHECK(x.rank() >= 1 && x.shape() == out.shape(), "rms_norm: x ", x.shape().str(), " and out ",
+             out.shape().str(), " must have one shape");
+  detail::expect_contiguous("rms_norm", "x", x);
+  detail::expect_contiguous("rms_norm", "out", out);
+  if (!weight.empty()) {
+    expect_dtype("rms_norm", "weight", weight, {DType::bf16, DType::f32});
+    expect_shape("rms_norm", "weight", weight, {x.dim(-1)});
+  }
+  backend_for(common_device("rms_norm", {&x, &weight, &out})).rms_norm(x, weight, eps, out);
+}
+
+void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
+  TERN_CHECK(x.rank() == 2 || x.rank() == 3, "rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ",
+             x.shape().str());
+  detail::expect_contiguous("rope", "x", x);
+  expect_dtype("rope", "positions", positions, {DType::i64});
+  expect_shape("rope", "positions", positions, {x.dim(0)});
+  expect_dtype("rope", "inv_freq", inv_freq, {DType::f32});
+  expect_shape("rope", "inv_freq", inv_freq, {-1});
+  TERN_CHECK(2 * inv_freq.dim(0) <= x.dim(-1), "rope: rope dim ", 2 * inv_freq.dim(0), " exceeds head_dim ",
+             x.dim(-1));
+  backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
+}
+
+void linear(const TensorView& x, const Weight& w, const TensorView& y) {
+  check_weight(w);
+  expect_shape(cat("linear ", w.name), "x", x, {-1, w.in});
+  expect_shape(cat("linear ", w.name), "y", y, {x.dim(0), w.out});
+  backend_for(common_device("linear", {&x, &w.weight, &w.scale, &y})).linear(x, w, y);
+}
+
+void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
+  check_weight(w);
+  const std::string op = cat("grouped_linear ", w.name);
+  detail::expect_rank(op, "x", x, 3);
+  const int64_t groups = x.dim(1);
+  TERN_CHECK(groups > 0 && w.out % groups == 0, op, ": ", w.out, " output rows do not split into ", groups,
+             " groups");
+  expect_shape(op, "x", x, {-1, groups, w.in});
+  expect_shape(op, "y", y, {x.dim(0), groups, w.out / groups});
+  backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
+}
+
+void dequantize(const Weight& w, const TensorView& out) {
+  check_weight(w);
+  expect_dtype("dequantize", "out", out, {DType::f32});
+  expect_shape("dequantize", "out", out, {w.out, w.in});
+  backend_for(common_device("dequantize", {&w.weight, &w.scale, &out})).dequantize(w, out);
+}
+
+void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
+  f.check();
+  expect_dtype("kv_pack", "x", x, {DType::f32});
+  expect_shape("kv_pack", "x", x, {-1, f.head_dim});
+  expect_dtype("kv_pack", "rows", rows, {DType::u8});
+  expect_shape("kv_pack", "rows", rows, {x.dim(0), f.row_bytes()});
+  backend_for(common_device("kv_pack", {&x, &rows})).kv_pack(x, f, rows);
+}
+
+void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
+  f.check();
+  expect_dtype("kv_unpack", "rows", rows, {DType::u8});
+  expect_shape("kv_unpack", "rows", rows, {-1, f.row_bytes()});
+  expect_dtype("kv_unpack", "x", x, {DType::f32});
+  expect_shape("kv_unpack", "x", x, {rows.dim(0), f.head_dim});
+  backend_for(common_device("kv_unpack", {&x, &rows})).kv_unpack(rows, f, x);
+}
+
+}  // namespace tern::ops

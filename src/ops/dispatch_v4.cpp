@@ -1,0 +1,178 @@
+// Entry points of the DeepSeek-V4 specific ops: check arguments, then call the backend.
+#include "ops/backend.h"
+#include "ops/check.h"
+
+namespace tern::ops {
+
+using detail::common_device;
+using detail::expect_dtype;
+using detail::expect_rank;
+using detail::expect_shape;
+
+void hc_pre(const HcPreArgs& a) {
+  expect_rank("hc_pre", "streams", a.streams, 3);
+  const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2);
+  expect_shape("hc_pre", "streams", a.streams, {T, hc, D});
+  expect_shape("hc_pre", "fn", a.fn, {(2 + hc) * hc, hc * D});
+  expect_shape("hc_pre", "base", a.base, {(2 + hc) * hc});
+  expect_shape("hc_pre", "scale", a.scale, {3});
+  expect_shape("hc_pre", "post", a.post, {T, hc});
+  expect_shape("hc_pre", "comb", a.comb, {T, hc, hc});
+  expect_shape("hc_pre", "collapsed", a.collapsed, {T, D});
+  for (const TensorView* t : {&a.fn, &a.base, &a.scale}) expect_dtype("hc_pre", "fn/base/scale", *t, {DType::f32});
+  TERN_CHECK(a.params.sinkhorn_iters >= 1, "hc_pre: sinkhorn_iters must be >= 1");
+  backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
+}
+
+void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
+             const TensorView& out) {
+  expect_rank("hc_post", "streams", streams, 3);
+  const int64_t T = streams.dim(0), hc = streams.dim(1), D = streams.dim(2);
+  expect_shape("hc_post", "a", a, {T, D});
+  expect_shape("hc_post", "post", post, {T, hc});
+  expect_shape("hc_post", "comb", comb, {T, hc, hc});
+  expect_shape("hc_post", "out", out, {T, hc, D});
+  TERN_CHECK(out.data() != streams.data() || T == 0, "hc_post: out must not alias streams");
+  backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out})).hc_post(streams, a, post, comb, out);
+}
+
+void hc_head(const HcHeadArgs& a) {
+  expect_rank("hc_head", "streams", a.streams, 3);
+  const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2);
+  expect_shape("hc_head", "fn", a.fn, {hc, hc * D});
+  expect_shape("hc_head", "base", a.base, {hc});
+  expect_shape("hc_head", "scale", a.scale, {1});
+  expect_shape("hc_head", "out", a.out, {T, D});
+  for (const TensorView* t : {&a.fn, &a.base, &a.scale}) expect_dtype("hc_head", "fn/base/scale", *t, {DType::f32});
+  backend_for(common_device("hc_head", {&a.streams, &a.fn, &a.out})).hc_head(a);
+}
+
+void hc_expand(const TensorView& x, const TensorView& streams) {
+  expect_shape("hc_expand", "x", x, {-1, -1});
+  expect_shape("hc_expand", "streams", streams, {x.dim(0), -1, x.dim(1)});
+  backend_for(common_device("hc_expand", {&x, &streams})).hc_expand(x, streams);
+}
+
+int64_t compressor_update(const CompressorArgs& a) {
+  TERN_CHECK(a.ratio > 0, "compressor_update: ratio must be positive");
+  TERN_CHECK(a.start_pos >= 0, "compressor_update: negative start position");
+  expect_rank("compressor_update", "acc", a.acc, 3);
+  const int64_t width = a.acc.dim(2), channels = width * (a.overlap ? 2 : 1), n = a.kv.dim(0);
+  expect_shape("compressor_update", "acc", a.acc, {a.overlap ? 2 : 1, 3, width});
+  expect_shape("compressor_update", "kv", a.kv, {-1, channels});
+  expect_shape("compressor_update", "gate", a.gate, {n, channels});
+  expect_shape("compressor_update", "ape", a.ape, {a.ratio, channels});
+  expect_dtype("compressor_update", "ape", a.ape, {DType::f32});
+  const int64_t emit = compressor_emit_count(a.start_pos, n, a.ratio);
+  expect_rank("compressor_update", "emitted", a.emitted, 2);
+  TERN_CHECK(a.emitted.dim(0) >= emit && a.emitted.dim(1) == width, "compressor_update: emitted must hold ", emit,
+             " rows of ", width, ", found ", a.emitted.shape().str());
+  return backend_for(common_device("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted}))
+      .compressor_update(a);
+}
+
+static void check_indexer(const char* op, const IndexerArgs& a) {
+  expect_rank(op, "q", a.q, 3);
+  const int64_t n = a.q.dim(0), heads = a.q.dim(1), dim = a.q.dim(2);
+  expect_shape(op, "q", a.q, {n, heads, dim});
+  expect_shape(op, "weights", a.weights, {n, heads});
+  expect_rank(op, "keys", a.keys, 2);
+  TERN_CHECK(a.num_keys >= 0 && (a.num_keys == 0 || (a.keys.dim(0) >= a.num_keys && a.keys.dim(1) == dim)), op,
+             ": keys ", a.keys.shape().str(), " must hold ", a.num_keys, " rows of ", dim);
+  expect_dtype(op, "positions", a.positions, {DType::i64});
+  expect_shape(op, "positions", a.positions, {n});
+  TERN_CHECK(a.ratio > 0, op, ": ratio must be positive");
+}
+
+void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
+  check_indexer("indexer_scores", a);
+  expect_shape("indexer_scores", "scores", scores, {a.q.dim(0), a.num_keys});
+  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys, &scores})).indexer_scores(a, scores);
+}
+
+void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
+  check_indexer("indexer_topk", a);
+  TERN_CHECK(topk > 0, "indexer_topk: topk must be positive");
+  expect_dtype("indexer_topk", "indices", indices, {DType::i32});
+  expect_shape("indexer_topk", "indices", indices, {a.q.dim(0), topk});
+  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys, &indices})).indexer_topk(a, topk, indices);
+}
+
+void sparse_attention(const AttentionArgs& a, const TensorView& out) {
+  const char* op = "sparse_attention";
+  a.format.check();
+  expect_rank(op, "q", a.q, 3);
+  const int64_t n = a.q.dim(0), heads = a.q.dim(1), rb = a.format.row_bytes();
+  expect_shape(op, "q", a.q, {n, heads, a.format.head_dim});
+  expect_shape(op, "out", out, {n, heads, a.format.head_dim});
+  expect_dtype(op, "chunk_rows", a.chunk_rows, {DType::u8});
+  expect_shape(op, "chunk_rows", a.chunk_rows, {n, rb});
+  TERN_CHECK(a.window > 0, op, ": window must be positive");
+  expect_shape(op, "ring", a.ring, {a.window, rb});
+  expect_shape(op, "sinks", a.sinks, {heads});
+  expect_dtype(op, "sinks", a.sinks, {DType::f32});
+  TERN_CHECK(a.start >= 0, op, ": negative start position");
+  if (a.ratio > 0 && a.num_compressed > 0) {
+    expect_rank(op, "compressed", a.compressed, 2);
+    TERN_CHECK(a.compressed.dim(0) >= a.num_compressed && a.compressed.dim(1) == rb, op, ": compressed ",
+               a.compressed.shape().str(), " must hold ", a.num_compressed, " rows of ", rb, " bytes");
+    TERN_CHECK(a.num_compressed <= (a.start + n) / a.ratio, op, ": ", a.num_compressed,
+               " compressed rows but only ", (a.start + n) / a.ratio, " windows are complete");
+  }
+  if (!a.selected.empty()) {
+    expect_dtype(op, "selected", a.selected, {DType::i32});
+    expect_shape(op, "selected", a.selected, {n, -1});
+  }
+  backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed, &a.sinks, &out}))
+      .sparse_attention(a, out);
+}
+
+static void check_route(const char* op, const TensorView& logits, const TensorView& indices,
+                        const TensorView& weights) {
+  expect_shape(op, "logits", logits, {-1, -1});
+  expect_dtype(op, "indices", indices, {DType::i32});
+  expect_shape(op, "indices", indices, {logits.dim(0), -1});
+  TERN_CHECK(indices.dim(1) > 0 && indices.dim(1) <= logits.dim(1), op, ": cannot pick ", indices.dim(1), " of ",
+             logits.dim(1), " experts");
+  expect_shape(op, "weights", weights, {logits.dim(0), indices.dim(1)});
+}
+
+void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
+                  const TensorView& weights) {
+  check_route("route_scored", logits, indices, weights);
+  expect_dtype("route_scored", "bias", bias, {DType::f32});
+  expect_shape("route_scored", "bias", bias, {logits.dim(1)});
+  backend_for(common_device("route_scored", {&logits, &bias, &indices, &weights}))
+      .route_scored(logits, bias, routed_scale, indices, weights);
+}
+
+void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids, float routed_scale,
+                const TensorView& indices, const TensorView& weights) {
+  check_route("route_hash", logits, indices, weights);
+  expect_dtype("route_hash", "tid2eid", tid2eid, {DType::i64, DType::i32});
+  expect_shape("route_hash", "tid2eid", tid2eid, {-1, indices.dim(1)});
+  expect_dtype("route_hash", "token_ids", token_ids, {DType::i64});
+  expect_shape("route_hash", "token_ids", token_ids, {logits.dim(0)});
+  backend_for(common_device("route_hash", {&logits, &tid2eid, &token_ids, &indices, &weights}))
+      .route_hash(logits, tid2eid, token_ids, routed_scale, indices, weights);
+}
+
+void moe_experts(const MoeExpertsArgs& a) {
+  expect_shape("moe_experts", "x", a.x, {-1, -1});
+  const int64_t T = a.x.dim(0), D = a.x.dim(1);
+  expect_dtype("moe_experts", "indices", a.indices, {DType::i32});
+  expect_shape("moe_experts", "indices", a.indices, {T, -1});
+  expect_shape("moe_experts", "weights", a.weights, {T, a.indices.dim(1)});
+  expect_shape("moe_experts", "out", a.out, {T, D});
+  TERN_CHECK(!a.experts.empty(), "moe_experts: no experts");
+  for (const Expert& e : a.experts) {
+    check_weight(e.w1);
+    check_weight(e.w2);
+    check_weight(e.w3);
+    TERN_CHECK(e.w1.in == D && e.w3.in == D && e.w2.out == D && e.w1.out == e.w3.out && e.w2.in == e.w1.out,
+               "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
+  }
+  backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
+}
+
+}  // namespace tern::ops

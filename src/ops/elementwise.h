@@ -1,0 +1,20 @@
+// Small ops around the big ones: embedding lookup, residual add, clamped SwiGLU, row gather.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tern::ops {
+
+// out[t] = table[ids[t]].  table bf16|f32 [vocab, D], ids i64 [T], out f32 [T, D].
+void embedding(const TensorView& table, const TensorView& ids, const TensorView& out);
+
+// y += x.  f32, same shape.
+void add(const TensorView& x, const TensorView& y);
+
+// out = silu(min(gate, limit)) * clamp(up, -limit, limit).  f32, same shape; out may alias gate or up.
+void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out);
+
+// out[i] = x[rows[i]].  x f32 [R, D], rows i64 [n], out f32 [n, D].
+void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out);
+
+}  // namespace tern::ops

@@ -1,0 +1,20 @@
+// y = x W^T for weights in every checkpoint format; quantized formats are dequantized exactly inside the
+// kernel (no dequantized copy of the matrix is kept).
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/weight.h"
+
+namespace tern::ops {
+
+// x f32 [T, in], y f32 [T, out].
+void linear(const TensorView& x, const Weight& w, const TensorView& y);
+
+// Block-diagonal (V4's wo_a): W [G * out_g, in_g] holds G matrices [out_g, in_g]; group g maps x[:, g]
+// to y[:, g].  x f32 [T, G, in_g], y f32 [T, G, out_g].
+void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
+
+// The whole matrix as f32 [out, in] (tests and tools; the forward never materialises it).
+void dequantize(const Weight& w, const TensorView& out);
+
+}  // namespace tern::ops

@@ -1,0 +1,52 @@
+// Manifold-constrained hyper-connections (mHC): hc residual streams mixed around each sub-layer.
+//   m    = fn . flat(X) * rsqrt(mean(flat(X)^2) + norm_eps)                       [(2+hc)*hc]
+//   pre  = sigmoid(m[0:hc] * scale0 + base[0:hc]) + hc_eps                         [hc]
+//   post = 2 * sigmoid(m[hc:2hc] * scale1 + base[hc:2hc])                          [hc]
+//   C    = softmax_rows(m[2hc:].view(hc,hc) * scale2 + base[2hc:]) + hc_eps, then Sinkhorn:
+//          C /= colsum + hc_eps; (iters-1) x { C /= rowsum + hc_eps; C /= colsum + hc_eps }
+//   collapsed = sum_i pre_i X_i                                                     [D]
+//   X'_k = post_k * a + sum_j C[j,k] X_j            (hc_post; C is applied transposed)
+//   hc_head: y = sum_i (sigmoid(m_i * scale + base_i) + hc_eps) X_i with its own fn [hc, hc*D]
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tern::ops {
+
+struct HcParams {
+  int sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;  // rms_norm_eps of the unweighted input norm
+};
+
+struct HcPreArgs {
+  TensorView streams;    // f32 [T, hc, D]
+  TensorView fn;         // f32 [(2+hc)*hc, hc*D]
+  TensorView base;       // f32 [(2+hc)*hc]
+  TensorView scale;      // f32 [3]
+  HcParams params;
+  TensorView post;       // out f32 [T, hc]
+  TensorView comb;       // out f32 [T, hc, hc]
+  TensorView collapsed;  // out f32 [T, D]
+};
+void hc_pre(const HcPreArgs& a);
+
+// out f32 [T, hc, D] = post * a + C^T X.  streams [T, hc, D], a [T, D], post [T, hc], comb [T, hc, hc];
+// out must not alias streams.
+void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
+             const TensorView& out);
+
+struct HcHeadArgs {
+  TensorView streams;  // f32 [T, hc, D]
+  TensorView fn;       // f32 [hc, hc*D]
+  TensorView base;     // f32 [hc]
+  TensorView scale;    // f32 [1]
+  HcParams params;
+  TensorView out;      // f32 [T, D]
+};
+void hc_head(const HcHeadArgs& a);
+
+// streams[t, i] = x[t] for every stream i.  x f32 [T, D], streams f32 [T, hc, D].
+void hc_expand(const TensorView& x, const TensorView& streams);
+
+}  // namespace tern::ops

@@ -1,0 +1,37 @@
+// A weight matrix W [out, in] in one of the checkpoint formats, as the ops see it. The model maps its
+// checkpoint-bound `model::Linear` onto this (ops may not include model headers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace tern::ops {
+
+enum class WeightFormat : uint8_t {
+  f32,        // weight f32 [out, in]
+  bf16,       // weight bf16 [out, in]
+  fp8_block,  // weight e4m3 [out, in] + scale e8m0 (or f32) [ceil(out/128), ceil(in/128)]
+  mxfp4,      // weight e2m1 [out, in] or i8/u8 [out, in/2] (low nibble first) + scale e8m0 [out, in/32]
+  nvfp4,      // as mxfp4 + scale ue4m3 [out, in/16] + global_scale: W = e2m1 * scale * global_scale
+};
+
+std::string_view weight_format_name(WeightFormat f);
+
+struct Weight {
+  WeightFormat format = WeightFormat::f32;
+  int64_t out = 0, in = 0;
+  TensorView weight;
+  TensorView scale;           // empty for f32 / bf16
+  float global_scale = 1.0f;  // nvfp4 only
+  std::string name;           // for messages
+
+  Device device() const { return weight.device(); }
+};
+
+// Throws tern::Error naming the weight when its views do not describe a [out, in] matrix of its format.
+void check_weight(const Weight& w);
+
+}  // namespace tern::ops

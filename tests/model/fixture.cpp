@@ -1,0 +1,59 @@
+#include "fixture.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace tern::test {
+
+static const bool registered = (cpu::register_backend(), true);
+
+std::vector<std::string> Fixture::names() { return {"tiny-mxfp4", "tiny-nvfp4"}; }
+
+const Fixture& Fixture::get(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Fixture>> cache;
+  std::lock_guard lock(mu);
+  auto& slot = cache[name];
+  if (!slot) {
+    auto f = std::make_unique<Fixture>();
+    const std::string dir = std::string(TERN_FIXTURES_DIR) + "/" + name;
+    f->name_ = name;
+    f->weights_ = model::load_model(dir);
+    f->ref_ = model::SafetensorsFile::open(dir + "/reference.safetensors");
+    while (f->ref_->find("prompt." + std::to_string(f->num_prompts_) + ".ids")) ++f->num_prompts_;
+    TERN_CHECK(f->num_prompts_ > 0, dir, "/reference.safetensors has no prompts");
+    slot = std::move(f);
+  }
+  return *slot;
+}
+
+TensorView Fixture::tensor(const std::string& key) const {
+  const model::SafetensorsEntry* e = ref_->find(key);
+  return e ? ref_->view(*e) : TensorView();
+}
+
+static std::vector<int64_t> ints(const TensorView& v) {
+  TERN_CHECK(!v.empty() && v.dtype() == DType::i64, "fixture: missing i64 tensor");
+  return {v.data_as<const int64_t>(), v.data_as<const int64_t>() + v.numel()};
+}
+
+std::vector<int64_t> Fixture::ids(int prompt) const { return ints(tensor("prompt." + std::to_string(prompt) + ".ids")); }
+std::vector<int64_t> Fixture::greedy(int prompt) const {
+  return ints(tensor("prompt." + std::to_string(prompt) + ".greedy"));
+}
+
+Diff diff(const float* got, const float* want, int64_t n) {
+  Diff d;
+  for (int64_t i = 0; i < n; ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(got[i] - want[i]));
+    if (std::isnan(got[i])) d.max_abs = INFINITY;
+    d.ref_max = std::max(d.ref_max, std::fabs(want[i]));
+  }
+  return d;
+}
+
+}  // namespace tern::test

@@ -1,0 +1,42 @@
+// The reference fixtures (tests/fixtures/<name>/): the checkpoint, loaded once per process, and the
+// reference outputs of reference.safetensors.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/safetensors.h"
+#include "model/v4_model.h"
+
+namespace tern::test {
+
+class Fixture {
+ public:
+  static const Fixture& get(const std::string& name);  // "tiny-mxfp4", "tiny-nvfp4"
+  static std::vector<std::string> names();
+
+  const std::string& name() const { return name_; }
+  const model::ModelWeights& weights() const { return weights_; }
+  int num_prompts() const { return num_prompts_; }
+  std::vector<int64_t> ids(int prompt) const;
+  std::vector<int64_t> greedy(int prompt) const;
+  // f32 [T, vocab] (or [steps, vocab]); empty view when absent
+  TensorView tensor(const std::string& key) const;
+
+ private:
+  std::string name_;
+  model::ModelWeights weights_;
+  std::shared_ptr<model::SafetensorsFile> ref_;
+  int num_prompts_ = 0;
+};
+
+// max |a - b| over n values, and max |b|.
+struct Diff {
+  float max_abs = 0, ref_max = 0;
+  float rel() const { return ref_max > 0 ? max_abs / ref_max : max_abs; }
+};
+Diff diff(const float* got, const float* want, int64_t n);
+
+}  // namespace tern::test

@@ -1,0 +1,152 @@
+// Incremental decoding: chunked prefill, token-by-token decode, mixed batches, state roll back and
+// transfer all give the full forward's logits.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+#include "fixture.h"
+
+namespace tern::test {
+namespace {
+
+constexpr float kTolerance = 1e-4f;
+
+// Full-forward logits of a prompt in our own model (the FP8 mode's reference for incremental runs: the
+// FP8 rounding is discontinuous, so our full forward, not the PyTorch run, is what chunking must match
+// exactly; test_parity.cpp compares the full forward with PyTorch).
+Tensor own_full_forward(model::Model& m, const std::vector<int64_t>& ids) {
+  cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size()));
+  const model::StepSequence s{&state, ids, model::LogitsFor::all};
+  return m.forward({&s, 1});
+}
+
+struct Checker {
+  const Fixture& f;
+  model::Model* own = nullptr;  // set: compare with this model's full forward instead of the fixture
+  float worst = 0;
+  std::map<int, Tensor> own_logits;
+
+  TensorView reference(int p) {
+    if (!own) return f.tensor("prompt." + std::to_string(p) + ".logits");
+    auto it = own_logits.find(p);
+    if (it == own_logits.end()) it = own_logits.emplace(p, own_full_forward(*own, f.ids(p))).first;
+    return it->second.view();
+  }
+  // got: logits of positions [begin, begin + rows) of prompt p
+  void check(int p, int64_t begin, const float* got, int64_t rows, const char* what) {
+    const TensorView want = reference(p);
+    const int64_t vocab = want.dim(1);
+    const Diff d = diff(got, want.data_as<const float>() + begin * vocab, rows * vocab);
+    worst = std::max(worst, d.rel());
+    EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << what << ": prompt " << p << " rows " << begin << "+" << rows;
+  }
+};
+
+// Feeds prompt p in chunks of `chunk` tokens, checking every row's logits.
+void run_chunked(model::Model& m, Checker& c, int p, int64_t chunk) {
+  const std::vector<int64_t> ids = c.f.ids(p);
+  cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size()));
+  for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size()) - begin);
+    const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+    const Tensor logits = m.forward({&s, 1});
+    c.check(p, begin, logits.data<float>(), n, "chunked");
+  }
+}
+
+class Incremental : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Incremental, ChunkedPrefillAndTokenByTokenDecode) {
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::exact);
+  for (int64_t chunk : {1, 3, 7}) {
+    Checker c{f};
+    for (int p = 0; p < f.num_prompts(); ++p) run_chunked(m, c, p, chunk);
+    std::printf("[%s] chunks of %ld: max|d|/max|ref| = %.3g\n", GetParam().c_str(), long(chunk), c.worst);
+  }
+}
+
+TEST_P(Incremental, Fp8KvTokenByToken) {
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::fp8);
+  Checker c{f, &m};
+  for (int p = 0; p < f.num_prompts(); ++p) run_chunked(m, c, p, p % 2 ? 1 : 5);
+  std::printf("[%s] fp8 kv, chunks of 1 and 5 vs full forward: max|d|/max|ref| = %.3g\n", GetParam().c_str(),
+              c.worst);
+}
+
+TEST_P(Incremental, MixedBatchOfSequences) {
+  // Several sequences in one forward() call, each with its own chunk size per step (prefill chunks and
+  // single tokens mixed), against each prompt's reference.
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::exact);
+  Checker c{f};
+  const std::vector<int> prompts = {f.num_prompts() - 1, f.num_prompts() - 2, 3, f.num_prompts() / 2};
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<cache::SequenceState> states;
+  std::vector<int64_t> done(prompts.size(), 0);
+  for (int p : prompts) {
+    ids.push_back(f.ids(p));
+    states.push_back(m.new_state(static_cast<int64_t>(ids.back().size())));
+  }
+  for (int step = 0;; ++step) {
+    std::vector<model::StepSequence> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t left = static_cast<int64_t>(ids[i].size()) - done[i];
+      if (left == 0) continue;
+      const int64_t n = std::min<int64_t>(left, (step + static_cast<int64_t>(i)) % 3 == 0 ? 9 : 1);
+      batch.push_back({&states[i], std::span<const int64_t>(ids[i]).subspan(done[i], n), model::LogitsFor::all});
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    const Tensor logits = m.forward(batch);
+    int64_t row = 0;
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const auto n = static_cast<int64_t>(batch[j].tokens.size());
+      c.check(prompts[who[j]], done[who[j]], logits.data<float>() + row * logits.dim(1), n, "batched");
+      done[who[j]] += n;
+      row += n;
+    }
+  }
+  std::printf("[%s] mixed batch: max|d|/max|ref| = %.3g\n", GetParam().c_str(), c.worst);
+}
+
+TEST_P(Incremental, SnapshotRestoreAndTransfer) {
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::fp8);
+  const int p = f.num_prompts() - 1;
+  const std::vector<int64_t> ids = f.ids(p);
+  const auto T = static_cast<int64_t>(ids.size()), split = T / 2 + 1;
+  Checker c{f, &m};
+  auto feed = [&](cache::SequenceState& s, int64_t begin, int64_t n, bool check) {
+    const model::StepSequence step{&s, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+    const Tensor logits = m.forward({&step, 1});
+    if (check) c.check(p, begin, logits.data<float>(), n, "after restore");
+  };
+  cache::SequenceState state = m.new_state(T);
+  feed(state, 0, split, false);
+  const cache::Snapshot snap = state.snapshot();
+  const std::vector<std::byte> wire = state.serialize();
+  // speculative tokens that get rejected: other tokens, crossing compression windows
+  const std::vector<int64_t> junk = {7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const model::StepSequence wrong{&state, junk, model::LogitsFor::none};
+  m.forward({&wrong, 1});
+  state.restore(snap);
+  for (int64_t b = split; b < T; ++b) feed(state, b, 1, true);
+  // the serialized state continues identically in a fresh state
+  cache::SequenceState moved = m.new_state(T);
+  moved.deserialize(wire);
+  feed(moved, split, T - split, true);
+  // and a reset state is as good as new (no stale ring rows)
+  state.reset();
+  for (int64_t b = 0; b < T; b += 16) feed(state, b, std::min<int64_t>(16, T - b), true);
+  std::printf("[%s] snapshot/restore/transfer/reset: max|d|/max|ref| = %.3g\n", GetParam().c_str(), c.worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Incremental, ::testing::ValuesIn(Fixture::names()),
+                         [](const auto& info) { return info.param == "tiny-mxfp4" ? "mxfp4" : "nvfp4"; });
+
+}  // namespace
+}  // namespace tern::test

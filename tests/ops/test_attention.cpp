@@ -1,0 +1,184 @@
+// sparse_attention against softmax-with-sink over explicit key lists; the indexer's scores and top-k
+// against brute force, with its causality rule.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "ops/attention.h"
+#include "ops/indexer.h"
+#include "ops/kv_row.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+constexpr int64_t kHeads = 3, kHd = 128, kRope = 64, kWindow = 8, kRatio = 4;
+
+struct Scene {
+  ops::KvRowFormat fmt;
+  int64_t start = 0, n = 0;
+  Tensor q, sinks;
+  Tensor all_rows;    // packed rows of positions 0 .. start+n-1
+  Tensor ring;        // packed rows of positions start-window .. start-1 at slot p % window
+  Tensor compressed;  // packed compressed rows
+  int64_t num_compressed = 0;
+};
+
+Scene make_scene(ops::KvFormat f, int64_t start, int64_t n, test::Random& rng) {
+  Scene s;
+  s.fmt = {f, kHd, kRope};
+  s.start = start, s.n = n;
+  s.q = rng.tensor({n, kHeads, kHd});
+  s.sinks = rng.tensor({kHeads});
+  const int64_t rb = s.fmt.row_bytes(), total = start + n;
+  Tensor rows = rng.tensor({total, kHd}, 2.0f);
+  s.all_rows = Tensor(DType::u8, {total, rb});
+  ops::kv_pack(rows, s.fmt, s.all_rows);
+  s.ring = Tensor(DType::u8, {kWindow, rb});
+  for (int64_t p = std::max<int64_t>(0, start - kWindow); p < start; ++p)
+    std::copy_n(s.all_rows.data<uint8_t>() + p * rb, rb, s.ring.data<uint8_t>() + (p % kWindow) * rb);
+  s.num_compressed = total / kRatio;
+  Tensor comp = rng.tensor({std::max<int64_t>(s.num_compressed, 1), kHd}, 2.0f);
+  s.compressed = Tensor(DType::u8, {std::max<int64_t>(s.num_compressed, 1), rb});
+  ops::kv_pack(comp, s.fmt, s.compressed);
+  return s;
+}
+
+std::vector<float> decoded(const Tensor& rows, const ops::KvRowFormat& f, int64_t r) {
+  std::vector<float> x(f.head_dim);
+  ops::decode_kv_row(rows.data<std::byte>() + r * f.row_bytes(), f, x.data());
+  return x;
+}
+
+// o = sum_j softmax_with_sink(q.K_j * scale) K_j over the given key rows.
+float check_against_formula(const Scene& s, const Tensor& selected, const Tensor& out) {
+  float worst = 0;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t p = s.start + i;
+    std::vector<std::vector<float>> keys;
+    for (int64_t j = std::max<int64_t>(0, p - kWindow + 1); j <= p; ++j) keys.push_back(decoded(s.all_rows, s.fmt, j));
+    const int64_t visible = (p + 1) / kRatio;
+    if (selected.empty()) {
+      for (int64_t w = 0; w < visible; ++w) keys.push_back(decoded(s.compressed, s.fmt, w));
+    } else {
+      for (int64_t j = 0; j < selected.dim(1); ++j)
+        if (int32_t w = selected.data<int32_t>()[i * selected.dim(1) + j]; w >= 0)
+          keys.push_back(decoded(s.compressed, s.fmt, w));
+    }
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const float* q = s.q.data<float>() + (i * kHeads + h) * kHd;
+      std::vector<double> e;
+      double denom = std::exp(double(s.sinks.data<float>()[h]));
+      for (auto& k : keys) {
+        double d = 0;
+        for (int64_t x = 0; x < kHd; ++x) d += double(q[x]) * k[x];
+        e.push_back(std::exp(d / std::sqrt(double(kHd))));
+        denom += e.back();
+      }
+      for (int64_t x = 0; x < kHd; ++x) {
+        double want = 0;
+        for (size_t j = 0; j < keys.size(); ++j) want += e[j] / denom * keys[j][x];
+        worst = std::max(worst, float(std::fabs(want - out.data<float>()[(i * kHeads + h) * kHd + x])));
+      }
+    }
+  }
+  return worst;
+}
+
+Tensor run(const Scene& s, const Tensor& selected) {
+  ops::AttentionArgs a;
+  a.q = s.q;
+  a.start = s.start;
+  a.format = s.fmt;
+  a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
+  a.ring = s.ring;
+  a.window = kWindow;
+  a.compressed = s.compressed;
+  a.num_compressed = s.num_compressed;
+  a.ratio = kRatio;
+  if (!selected.empty()) a.selected = selected;
+  a.sinks = s.sinks;
+  a.scale = 1.0f / std::sqrt(float(kHd));
+  Tensor out(DType::f32, {s.n, kHeads, kHd});
+  ops::sparse_attention(a, out);
+  return out;
+}
+
+TEST(SparseAttention, WindowRingAndAllCompressedRows) {
+  for (ops::KvFormat f : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
+    for (auto [start, n] : {std::pair<int64_t, int64_t>{0, 11}, {13, 1}, {21, 6}, {5, 20}}) {
+      test::Random rng(static_cast<uint32_t>(100 + start * 7 + n));
+      const Scene s = make_scene(f, start, n, rng);
+      const float worst = check_against_formula(s, Tensor(), run(s, Tensor()));
+      std::printf("attention %s start %ld n %ld: max|d| %.3g\n", std::string(ops::kv_format_name(f)).c_str(),
+                  long(start), long(n), worst);
+      EXPECT_LE(worst, 2e-5f);
+    }
+}
+
+TEST(SparseAttention, SelectedCompressedRowsOnly) {
+  test::Random rng(7);
+  const Scene s = make_scene(ops::KvFormat::fp8_ds, 17, 9, rng);
+  const int64_t k = 3;
+  Tensor selected(DType::i32, {s.n, k});
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int64_t visible = (s.start + i + 1) / kRatio;
+    for (int64_t j = 0; j < k; ++j)
+      selected.data<int32_t>()[i * k + j] = j < visible ? static_cast<int32_t>(visible - 1 - j) : -1;
+  }
+  EXPECT_LE(check_against_formula(s, selected, run(s, selected)), 2e-5f);
+  selected.data<int32_t>()[0] = static_cast<int32_t>((s.start + 1) / kRatio);  // one past the visible ones
+  EXPECT_THROW(run(s, selected), Error);
+}
+
+TEST(Indexer, ScoresAndCausalTopK) {
+  test::Random rng(9);
+  const int64_t n = 30, heads = 4, dim = 32, S = 9, start = 10;
+  const int topk = 4;
+  Tensor q = rng.tensor({n, heads, dim}), w = rng.tensor({n, heads}), keys = rng.tensor({S, dim});
+  std::vector<int64_t> p(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = start + i;
+  const Tensor pos = test::positions_tensor(p);
+  ops::IndexerArgs a{q, w, keys, S, pos, kRatio};
+  Tensor scores(DType::f32, {n, S});
+  ops::indexer_scores(a, scores);
+  Tensor idx(DType::i32, {n, topk});
+  ops::indexer_topk(a, topk, idx);
+  float worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t visible = std::min<int64_t>(S, (p[i] + 1) / kRatio);
+    std::vector<std::pair<double, int>> want;
+    for (int64_t s = 0; s < S; ++s) {
+      double score = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        double d = 0;
+        for (int64_t x = 0; x < dim; ++x) d += double(q.data<float>()[(i * heads + h) * dim + x]) * keys.data<float>()[s * dim + x];
+        score += w.data<float>()[i * heads + h] / std::sqrt(double(heads)) * std::max(0.0, d) / std::sqrt(double(dim));
+      }
+      const float got = scores.data<float>()[i * S + s];
+      if (s >= visible) {
+        EXPECT_EQ(got, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      worst = std::max(worst, float(std::fabs(score - got)));
+      want.emplace_back(-score, static_cast<int>(s));
+    }
+    std::sort(want.begin(), want.end());
+    for (int j = 0; j < topk; ++j) {
+      const int32_t got = idx.data<int32_t>()[i * topk + j];
+      if (j < visible) {
+        EXPECT_EQ(got, want[j].second) << "query " << i << " rank " << j;
+        EXPECT_LT(got, (p[i] + 1) / kRatio);  // causality
+      } else {
+        EXPECT_EQ(got, -1);
+      }
+    }
+  }
+  EXPECT_LE(worst, 1e-5f);
+}
+
+}  // namespace
+}  // namespace tern

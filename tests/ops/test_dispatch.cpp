@@ -1,0 +1,50 @@
+// Dispatch by device: a missing backend or kernel is a loud error naming the op, never a fallback.
+#include <gtest/gtest.h>
+
+#include "ops/backend.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class StubBackend : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+};
+
+TEST(Dispatch, MissingBackendAndKernelsAreLoud) {
+  float storage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const TensorView on_gpu(storage, DType::f32, {2, 4}, Device::cuda);
+  EXPECT_NE(message_of([&] { ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu); }).find("no backend registered for device cuda"),
+            std::string::npos);
+  StubBackend stub;
+  ops::register_backend(Device::cuda, &stub);
+  const std::string msg = message_of([&] { ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu); });
+  ops::register_backend(Device::cuda, nullptr);
+  EXPECT_EQ(msg, "no cuda kernel for op rms_norm (f32)");
+}
+
+TEST(Dispatch, CpuRejectsDtypesItHasNoKernelFor) {
+  Tensor x(DType::bf16, {2, 4});
+  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, x); }), "no cpu kernel for op rms_norm (bf16)");
+}
+
+TEST(Dispatch, ShapeErrorsNameTheArgument) {
+  Tensor x(DType::f32, {2, 4}), w(DType::f32, {5});
+  EXPECT_EQ(message_of([&] { ops::rms_norm(x, w, 1e-6f, x); }), "rms_norm: weight must have shape [4], found [5]");
+  Tensor mixed(DType::f32, {2, 4});
+  const TensorView gpu_out(mixed.data<float>(), DType::f32, {2, 4}, Device::cuda);
+  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, gpu_out); }), "rms_norm: tensors on different devices");
+}
+
+}  // namespace
+}  // namespace tern

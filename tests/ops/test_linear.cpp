@@ -1,0 +1,141 @@
+// linear / grouped_linear in every weight format against dequantize-by-formula then matmul in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/dtype.h"
+#include "ops/linear.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+// A weight in format f with random bytes, plus its values decoded independently of the kernel.
+struct TestWeight {
+  Tensor weight, scale;
+  ops::Weight w;
+  std::vector<double> values;  // [out, in]
+};
+
+TestWeight make_weight(ops::WeightFormat f, int64_t out, int64_t in, test::Random& rng) {
+  TestWeight t;
+  t.w.format = f, t.w.out = out, t.w.in = in, t.w.name = "test";
+  t.values.resize(out * in);
+  auto byte = [&](int lo, int hi) { return static_cast<uint8_t>(rng.integer(lo, hi)); };
+  switch (f) {
+    case ops::WeightFormat::f32:
+      t.weight = rng.tensor({out, in});
+      for (int64_t i = 0; i < out * in; ++i) t.values[i] = t.weight.data<float>()[i];
+      break;
+    case ops::WeightFormat::bf16:
+      t.weight = Tensor(DType::bf16, {out, in});
+      for (int64_t i = 0; i < out * in; ++i) {
+        t.weight.data<uint16_t>()[i] = f32_to_bf16(rng.normal());
+        t.values[i] = bf16_to_f32(t.weight.data<uint16_t>()[i]);
+      }
+      break;
+    case ops::WeightFormat::fp8_block: {
+      t.weight = Tensor(DType::e4m3, {out, in});
+      t.scale = Tensor(DType::e8m0, {(out + 127) / 128, (in + 127) / 128});
+      for (int64_t i = 0; i < t.scale.numel(); ++i) t.scale.data<uint8_t>()[i] = byte(118, 130);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          uint8_t b = byte(0, 255);
+          if ((b & 0x7f) == 0x7f) b = 0x3c;  // not NaN
+          t.weight.data<uint8_t>()[o * in + i] = b;
+          t.values[o * in + i] =
+              double(e4m3_to_f32(b)) * e8m0_to_f32(t.scale.data<uint8_t>()[(o / 128) * t.scale.dim(1) + i / 128]);
+        }
+      break;
+    }
+    case ops::WeightFormat::mxfp4:
+    case ops::WeightFormat::nvfp4: {
+      const bool mx = f == ops::WeightFormat::mxfp4;
+      const int64_t block = mx ? 32 : 16;
+      t.weight = Tensor(DType::u8, {out, in / 2});
+      t.scale = Tensor(mx ? DType::e8m0 : DType::ue4m3, {out, in / block});
+      t.w.global_scale = mx ? 1.0f : 0.0371f;
+      for (int64_t i = 0; i < t.scale.numel(); ++i) t.scale.data<uint8_t>()[i] = mx ? byte(122, 131) : byte(1, 0x7e);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; i += 2) {
+          const uint8_t b = byte(0, 255);
+          t.weight.data<uint8_t>()[o * (in / 2) + i / 2] = b;
+          const uint8_t s = t.scale.data<uint8_t>()[o * (in / block) + i / block];
+          const double scale = mx ? double(e8m0_to_f32(s)) : double(ue4m3_to_f32(s)) * t.w.global_scale;
+          t.values[o * in + i] = e2m1_to_f32(b & 0xf) * scale;
+          t.values[o * in + i + 1] = e2m1_to_f32(b >> 4) * scale;
+        }
+      break;
+    }
+  }
+  t.w.weight = t.weight.view();
+  if (!t.scale.empty()) t.w.scale = t.scale.view();
+  return t;
+}
+
+class LinearFormats : public ::testing::TestWithParam<ops::WeightFormat> {};
+
+TEST_P(LinearFormats, MatchesDequantizeThenMatmul) {
+  test::Random rng(11 + static_cast<int>(GetParam()));
+  const int64_t out = 200, in = 320, T = 5;  // out and in not multiples of 128: partial FP8 blocks
+  TestWeight tw = make_weight(GetParam(), out, in, rng);
+  Tensor x = rng.tensor({T, in});
+  Tensor y(DType::f32, {T, out});
+  ops::linear(x, tw.w, y);
+  double worst = 0, scale = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < in; ++i) want += double(x.data<float>()[t * in + i]) * tw.values[o * in + i];
+      worst = std::max(worst, std::fabs(want - y.data<float>()[t * out + o]));
+      scale = std::max(scale, std::fabs(want));
+    }
+  std::printf("linear %s: max|dy| = %.3g (max|y| %.3g)\n", std::string(ops::weight_format_name(GetParam())).c_str(),
+              worst, scale);
+  EXPECT_LE(worst, 2e-6 * scale);
+
+  Tensor dense(DType::f32, {out, in});
+  ops::dequantize(tw.w, dense);
+  for (int64_t i = 0; i < out * in; ++i) ASSERT_EQ(dense.data<float>()[i], static_cast<float>(tw.values[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, LinearFormats,
+                         ::testing::Values(ops::WeightFormat::f32, ops::WeightFormat::bf16,
+                                           ops::WeightFormat::fp8_block, ops::WeightFormat::mxfp4,
+                                           ops::WeightFormat::nvfp4));
+
+TEST(GroupedLinear, EachGroupHasItsOwnBlock) {
+  test::Random rng(5);
+  const int64_t T = 3, G = 4, in_g = 64, out_g = 48;
+  TestWeight tw = make_weight(ops::WeightFormat::fp8_block, G * out_g, in_g, rng);
+  Tensor x = rng.tensor({T, G, in_g});
+  Tensor y(DType::f32, {T, G, out_g});
+  ops::grouped_linear(x, tw.w, y);
+  double worst = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t o = 0; o < out_g; ++o) {
+        double want = 0;
+        for (int64_t i = 0; i < in_g; ++i)
+          want += double(x.data<float>()[(t * G + g) * in_g + i]) * tw.values[(g * out_g + o) * in_g + i];
+        worst = std::max(worst, std::fabs(want - y.data<float>()[(t * G + g) * out_g + o]));
+      }
+  EXPECT_LE(worst, 1e-4);
+}
+
+TEST(Linear, RejectsMisshapedWeights) {
+  test::Random rng(1);
+  TestWeight tw = make_weight(ops::WeightFormat::mxfp4, 8, 64, rng);
+  tw.w.in = 96;  // the views say 64
+  Tensor x = rng.tensor({1, 96}), y(DType::f32, {1, 8});
+  try {
+    ops::linear(x, tw.w, y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight test (mxfp4)"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,120 @@
+// Routing (sqrt-softplus scores, bias for selection only, hash tables) and clamped SwiGLU experts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "ops/elementwise.h"
+#include "ops/moe.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+double sqrt_softplus(double x) { return std::sqrt(std::log1p(std::exp(x))); }
+
+TEST(Routing, ScoredPicksTopKOfBiasedScoresAndWeightsUnbiased) {
+  test::Random rng(41);
+  const int64_t T = 6, E = 16, k = 4;
+  Tensor logits = rng.tensor({T, E}, 2.0f), bias = rng.tensor({E}, 0.5f);
+  Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
+  ops::route_scored(logits, bias, 1.5f, idx, w);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<std::pair<double, int>> order;
+    for (int e = 0; e < E; ++e) order.emplace_back(-(sqrt_softplus(logits.data<float>()[t * E + e]) + bias.data<float>()[e]), e);
+    std::sort(order.begin(), order.end());
+    std::set<int> want, got;
+    double sum = 0;
+    for (int j = 0; j < k; ++j) {
+      want.insert(order[j].second);
+      got.insert(idx.data<int32_t>()[t * k + j]);
+      sum += sqrt_softplus(logits.data<float>()[t * E + order[j].second]);
+    }
+    EXPECT_EQ(want, got);
+    for (int j = 0; j < k; ++j) {
+      const int e = idx.data<int32_t>()[t * k + j];
+      EXPECT_NEAR(w.data<float>()[t * k + j], sqrt_softplus(logits.data<float>()[t * E + e]) / sum * 1.5, 1e-6);
+    }
+  }
+}
+
+TEST(Routing, HashUsesTheTableAndStillWeightsByScore) {
+  test::Random rng(42);
+  const int64_t T = 5, E = 8, k = 2, vocab = 20;
+  Tensor logits = rng.tensor({T, E}), table(DType::i64, {vocab, k}), ids(DType::i64, {T});
+  for (int64_t v = 0; v < vocab; ++v) {
+    table.data<int64_t>()[v * k] = v % E;
+    table.data<int64_t>()[v * k + 1] = (v + 3) % E;
+  }
+  for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = rng.integer(0, vocab - 1);
+  Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
+  ops::route_hash(logits, table, ids, 1.5f, idx, w);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t v = ids.data<int64_t>()[t];
+    const double s0 = sqrt_softplus(logits.data<float>()[t * E + v % E]);
+    const double s1 = sqrt_softplus(logits.data<float>()[t * E + (v + 3) % E]);
+    EXPECT_EQ(idx.data<int32_t>()[t * k], v % E);
+    EXPECT_EQ(idx.data<int32_t>()[t * k + 1], (v + 3) % E);
+    EXPECT_NEAR(w.data<float>()[t * k], s0 / (s0 + s1) * 1.5, 1e-6);
+  }
+  table.data<int64_t>()[ids.data<int64_t>()[0] * k] = E;  // names a missing expert
+  EXPECT_THROW(ops::route_hash(logits, table, ids, 1.5f, idx, w), Error);
+}
+
+TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
+  test::Random rng(43);
+  const int64_t T = 7, D = 24, inter = 16, E = 4, k = 2;
+  const float limit = 1.5f;  // small, so the clamps bite
+  std::vector<Tensor> keep;
+  std::vector<ops::Expert> experts;
+  auto weight = [&](int64_t out, int64_t in) {
+    keep.push_back(rng.tensor({out, in}, 0.4f));
+    return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
+  };
+  for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
+  Tensor x = rng.tensor({T, D}), idx(DType::i32, {T, k}), w = rng.tensor({T, k});
+  for (int64_t t = 0; t < T; ++t) idx.data<int32_t>()[t * k] = t % E, idx.data<int32_t>()[t * k + 1] = (t + 1) % E;
+  Tensor out(DType::f32, {T, D});
+  ops::moe_experts({x, idx, w, experts, limit, out});
+  float worst = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> want(D, 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const ops::Expert& ex = experts[idx.data<int32_t>()[t * k + j]];
+      std::vector<double> act(inter);
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          g += double(ex.w1.weight.data_as<float>()[i * D + d]) * x.data<float>()[t * D + d];
+          u += double(ex.w3.weight.data_as<float>()[i * D + d]) * x.data<float>()[t * D + d];
+        }
+        g = std::min<double>(g, limit);
+        u = std::clamp<double>(u, -limit, limit);
+        act[i] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        double y = 0;
+        for (int64_t i = 0; i < inter; ++i) y += double(ex.w2.weight.data_as<float>()[d * inter + i]) * act[i];
+        want[d] += y * w.data<float>()[t * k + j];
+      }
+    }
+    for (int64_t d = 0; d < D; ++d) worst = std::max(worst, float(std::fabs(want[d] - out.data<float>()[t * D + d])));
+  }
+  EXPECT_LE(worst, 1e-5f);
+}
+
+TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {
+  Tensor g(DType::f32, {3}), u(DType::f32, {3}), o(DType::f32, {3});
+  const float gv[] = {20.0f, -1.0f, 0.5f}, uv[] = {-30.0f, 30.0f, 2.0f};
+  std::copy_n(gv, 3, g.data<float>());
+  std::copy_n(uv, 3, u.data<float>());
+  ops::swiglu(g, u, 10.0f, o);
+  auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  EXPECT_NEAR(o.data<float>()[0], silu(10) * -10, 1e-4);
+  EXPECT_NEAR(o.data<float>()[1], silu(-1) * 10, 1e-5);
+  EXPECT_NEAR(o.data<float>()[2], silu(0.5) * 2, 1e-6);
+}
+
+}  // namespace
+}  // namespace tern

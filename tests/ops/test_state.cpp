@@ -1,0 +1,103 @@
+// Sequence state: layout, ring writes, snapshot / restore, serialize / deserialize and their errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cache/sequence_state.h"
+#include "test_util.h"
+
+namespace tern {
+namespace {
+
+std::shared_ptr<const cache::StateLayout> small_layout(int64_t max_tokens = 64) {
+  std::vector<cache::LayerSpec> specs = {
+      {4, 40, 0, 0, 0, 0},         // SWA
+      {4, 40, 4, 2 * 3 * 10, 24, 2 * 3 * 6},  // CSA
+      {4, 40, 8, 3 * 10, 0, 0},    // HCA
+  };
+  return std::make_shared<const cache::StateLayout>(specs, max_tokens);
+}
+
+void scribble(cache::SequenceState& s, test::Random& rng, int64_t n) {
+  // what a forward step of n tokens writes: ring rows, accumulators, new rows; then advance
+  for (int l = 0; l < s.layout().num_layers(); ++l) {
+    Tensor rows(DType::u8, {n, 40});
+    for (int64_t i = 0; i < rows.numel(); ++i) rows.data<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(1, 255));
+    s.store_window_rows(l, s.position(), rows);
+    const TensorView acc = s.compressor_acc(l);
+    for (int64_t i = 0; i < acc.numel(); ++i) acc.data_as<float>()[i] = rng.normal();
+    const int64_t from = s.layout().entries(l, s.position()), to = s.layout().entries(l, s.position() + n);
+    const TensorView comp = s.compressed_rows(l);
+    for (int64_t r = from; r < to; ++r)
+      for (int64_t b = 0; b < comp.dim(1); ++b) comp.data_as<uint8_t>()[r * comp.dim(1) + b] = uint8_t(rng.integer(1, 255));
+  }
+  s.advance(n);
+}
+
+TEST(SequenceState, LayoutCountsFollowThePosition) {
+  const auto layout = small_layout();
+  EXPECT_EQ(layout->regions(1).row_capacity, 16);
+  EXPECT_EQ(layout->regions(2).row_capacity, 8);
+  EXPECT_EQ(layout->entries(1, 7), 1);
+  EXPECT_EQ(layout->entries(2, 7), 0);
+  EXPECT_EQ(layout->entries(0, 7), 0);
+  EXPECT_LT(layout->fixed_bytes(), layout->total_bytes());
+  cache::SequenceState s(layout);
+  EXPECT_EQ(s.position(), 0);
+  EXPECT_THROW(s.advance(65), Error);
+}
+
+TEST(SequenceState, RingKeepsTheLastWindowRows) {
+  cache::SequenceState s(small_layout());
+  Tensor rows(DType::u8, {7, 40});
+  for (int64_t r = 0; r < 7; ++r) std::memset(rows.data<uint8_t>() + r * 40, int(r + 1), 40);
+  s.store_window_rows(0, 5, rows);  // positions 5..11: 8, 9, 10, 11 remain at slots 0..3
+  for (int64_t p = 8; p < 12; ++p) EXPECT_EQ(s.ring(0).data_as<uint8_t>()[(p % 4) * 40], uint8_t(p - 5 + 1));
+}
+
+TEST(SequenceState, SnapshotRestoreRollsBack) {
+  test::Random rng(61);
+  cache::SequenceState s(small_layout());
+  scribble(s, rng, 13);
+  const cache::Snapshot snap = s.snapshot();
+  const std::vector<std::byte> before = s.serialize();
+  scribble(s, rng, 5);
+  scribble(s, rng, 1);
+  EXPECT_EQ(s.position(), 19);
+  s.restore(snap);
+  EXPECT_EQ(s.position(), 13);
+  EXPECT_EQ(s.serialize(), before);
+  cache::SequenceState other(small_layout(32));
+  EXPECT_THROW(other.restore(snap), Error);
+}
+
+TEST(SequenceState, SerializeRoundTripsAndChecksItsInput) {
+  test::Random rng(62);
+  cache::SequenceState s(small_layout());
+  scribble(s, rng, 9);
+  scribble(s, rng, 12);
+  const std::vector<std::byte> bytes = s.serialize();
+  cache::SequenceState copy(small_layout());
+  copy.deserialize(bytes);
+  EXPECT_EQ(copy.position(), 21);
+  EXPECT_EQ(copy.serialize(), bytes);
+  for (int l = 0; l < 3; ++l) {
+    const int64_t used = s.compressed_count(l) * 40;
+    EXPECT_EQ(std::memcmp(s.compressed_rows(l).data(), copy.compressed_rows(l).data(), used), 0);
+  }
+  std::vector<std::byte> cut(bytes.begin(), bytes.end() - 1);
+  EXPECT_THROW(copy.deserialize(cut), Error);
+  std::vector<std::byte> bad = bytes;
+  bad[0] = std::byte{0};
+  EXPECT_THROW(copy.deserialize(bad), Error);
+  cache::SequenceState other(small_layout(128));
+  try {
+    other.deserialize(bytes);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another model or state layout"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tern

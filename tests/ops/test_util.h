@@ -1,0 +1,33 @@
+// Helpers of the op tests: seeded random tensors (never all zeros) and error measures.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tern::test {
+
+class Random {
+ public:
+  explicit Random(uint32_t seed) : gen_(seed) {}
+  float normal(float stddev = 1.0f) { return std::normal_distribution<float>(0.0f, stddev)(gen_); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  int64_t integer(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen_); }
+  // f32 tensor of normal values
+  Tensor tensor(Shape shape, float stddev = 1.0f);
+  std::mt19937& gen() { return gen_; }
+
+ private:
+  std::mt19937 gen_;
+};
+
+float max_abs(const float* a, int64_t n);
+float max_abs_diff(const float* a, const float* b, int64_t n);
+inline float max_abs_diff(const Tensor& a, const Tensor& b) {
+  return max_abs_diff(a.data<float>(), b.data<float>(), a.numel());
+}
+Tensor positions_tensor(const std::vector<int64_t>& p);
+
+}  // namespace tern::test
