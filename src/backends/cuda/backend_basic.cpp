@@ -1,0 +1,120 @@
+// CudaBackend: the generic ops (host checks, then one launch each).
+#include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/elementwise.cuh"
+#include "backends/cuda/kernels/kv_row.cuh"
+#include "backends/cuda/kernels/norm.cuh"
+#include "backends/cuda/kernels/rope.cuh"
+
+namespace tern::cuda {
+
+void CudaBackend::embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
+  require_cuda_f32("embedding", {&out});
+  TERN_CHECK(table.device() == Device::cuda && ids.device() == Device::cuda, "cuda embedding: host tensors");
+  launch_embedding(table.data(), table.dtype() == DType::bf16, table.dim(0), table.dim(1),
+                   ids.data_as<const int64_t>(), ids.dim(0), out.data_as<float>(), impl_->err(), impl_->stream);
+  check_launch("embedding");
+}
+
+void CudaBackend::add(const TensorView& x, const TensorView& y) {
+  require_cuda_f32("add", {&x, &y});
+  launch_add(x.data_as<const float>(), y.data_as<float>(), x.numel(), impl_->stream);
+  check_launch("add");
+}
+
+void CudaBackend::swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
+  require_cuda_f32("swiglu", {&gate, &up, &out});
+  launch_swiglu(gate.data_as<const float>(), up.data_as<const float>(), limit, out.data_as<float>(), gate.numel(),
+                impl_->stream);
+  check_launch("swiglu");
+}
+
+void CudaBackend::gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  require_cuda_f32("gather_rows", {&x, &out});
+  launch_gather_rows(x.data_as<const float>(), x.dim(0), x.dim(1), rows.data_as<const int64_t>(), rows.dim(0),
+                     out.data_as<float>(), impl_->err(), impl_->stream);
+  check_launch("gather_rows");
+}
+
+void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  require_cuda_f32("rms_norm", {&x, &out});
+  const int64_t dim = x.dim(-1), rows = dim > 0 ? x.numel() / dim : 0;
+  NormWeight kind = NormWeight::none;
+  if (!weight.empty()) {
+    TERN_CHECK(weight.device() == Device::cuda, "cuda rms_norm: weight is on the host");
+    kind = weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
+  }
+  launch_rms_norm(x.data_as<const float>(), weight.data(), kind, eps, rows, dim, out.data_as<float>(), impl_->stream);
+  check_launch("rms_norm");
+}
+
+void CudaBackend::rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
+  require_cuda_f32("rope", {&x, &inv_freq});
+  const int64_t heads = x.rank() == 3 ? x.dim(1) : 1;
+  launch_rope(x.data_as<float>(), x.dim(0), heads, x.dim(-1), positions.data_as<const int64_t>(),
+              inv_freq.data_as<const float>(), inv_freq.dim(0), inverse, impl_->stream);
+  check_launch("rope");
+}
+
+namespace {
+
+void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                const TensorView& y) {
+  LinearParams p;
+  p.w = device_mat(w);
+  p.x = x.data_as<const float>();
+  p.T = x.dim(0);
+  p.x_stride = groups * w.in;
+  p.rows_per_group = w.out / groups;
+  p.y = y.data_as<float>();
+  p.num_sms = impl.num_sms;
+  const int64_t want = linear_partial_floats(p);
+  if (want > 0) {
+    p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
+    p.partial_floats = want;
+    p.counters = static_cast<int*>(impl.counters.data());
+    p.num_counters = impl.num_counters;
+  }
+  launch_linear(p, impl.stream);
+  check_launch("linear");
+}
+
+}  // namespace
+
+void CudaBackend::linear(const TensorView& x, const ops::Weight& w, const TensorView& y) {
+  require_cuda_f32("linear", {&x, &y});
+  run_linear(*impl_, x, w, 1, y);
+}
+
+void CudaBackend::grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) {
+  require_cuda_f32("grouped_linear", {&x, &y});
+  run_linear(*impl_, x, w, x.dim(1), y);
+}
+
+void CudaBackend::dequantize(const ops::Weight& w, const TensorView& out) {
+  require_cuda_f32("dequantize", {&out});
+  launch_dequantize(device_mat(w), out.data_as<float>(), impl_->stream);
+  check_launch("dequantize");
+}
+
+void CudaBackend::hc_expand(const TensorView& x, const TensorView& streams) {
+  require_cuda_f32("hc_expand", {&x, &streams});
+  launch_hc_expand(x.data_as<const float>(), x.dim(0), streams.dim(1), x.dim(1), streams.data_as<float>(),
+                   impl_->stream);
+  check_launch("hc_expand");
+}
+
+void CudaBackend::kv_pack(const TensorView& x, const ops::KvRowFormat& f, const TensorView& rows) {
+  require_cuda_f32("kv_pack", {&x});
+  TERN_CHECK(rows.device() == Device::cuda, "cuda kv_pack: rows are on the host");
+  launch_kv_pack(x.data_as<const float>(), x.dim(0), kv_desc(f), rows.data_as<uint8_t>(), impl_->stream);
+  check_launch("kv_pack");
+}
+
+void CudaBackend::kv_unpack(const TensorView& rows, const ops::KvRowFormat& f, const TensorView& x) {
+  require_cuda_f32("kv_unpack", {&x});
+  TERN_CHECK(rows.device() == Device::cuda, "cuda kv_unpack: rows are on the host");
+  launch_kv_unpack(rows.data_as<const uint8_t>(), rows.dim(0), kv_desc(f), x.data_as<float>(), impl_->stream);
+  check_launch("kv_unpack");
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,50 @@
+// CudaBackend's private state, shared by its .cpp files (host compiler; includes the runtime API).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/kv_row.cuh"
+#include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/moe.cuh"
+
+namespace tern::cuda {
+
+struct CudaBackend::Impl {
+  cudaStream_t stream = nullptr;
+  int num_sms = 132;
+  DeviceBuffer workspace;
+  DeviceBuffer counters;  // split-K arrival counters, kept at zero by the kernels
+  int64_t num_counters = 0;
+  DeviceBuffer error_word;
+  // Device tables of expert pointers, keyed by the host span they were built from (and checked against
+  // its first and last weight, so a reused host address rebuilds the table).
+  struct ExpertTable {
+    DeviceBuffer table;
+    const void* first = nullptr;
+    const void* last = nullptr;
+  };
+  std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;
+
+  // At least `bytes` of scratch, valid until the next call (ordered on the stream, so reuse is safe).
+  void* scratch(size_t bytes);
+  int* err() const { return static_cast<int*>(error_word.data()); }
+};
+
+// Host-side helpers of the op implementations.
+void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views);
+DeviceMat device_mat(const ops::Weight& w);
+inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {
+  return KvRowDesc{f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
+}
+inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace tern::cuda

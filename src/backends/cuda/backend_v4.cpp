@@ -1,0 +1,237 @@
+// CudaBackend: the DeepSeek-V4 ops (mHC, compressor, indexer, sparse attention, routing, experts).
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/compressor.cuh"
+#include "backends/cuda/kernels/indexer.cuh"
+#include "backends/cuda/kernels/mhc.cuh"
+
+namespace tern::cuda {
+
+namespace {
+
+HcParams hc_params(const TensorView& streams, const TensorView& fn, const TensorView& base, const TensorView& scale,
+                   const ops::HcParams& hp) {
+  HcParams p;
+  p.streams = streams.data_as<const float>();
+  p.fn = fn.data_as<const float>();
+  p.base = base.data_as<const float>();
+  p.scale = scale.data_as<const float>();
+  p.T = streams.dim(0);
+  p.hc = streams.dim(1);
+  p.D = streams.dim(2);
+  TERN_CHECK(p.hc == 4, "no cuda kernel for mHC with hc_mult ", p.hc, " (the kernels are built for 4)");
+  p.sinkhorn_iters = hp.sinkhorn_iters;
+  p.hc_eps = hp.hc_eps;
+  p.norm_eps = hp.norm_eps;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
+  require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, &a.post, &a.comb, &a.collapsed});
+  HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
+  p.post = a.post.data_as<float>();
+  p.comb = a.comb.data_as<float>();
+  p.collapsed = a.collapsed.data_as<float>();
+  p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
+  launch_hc_pre(p, impl_->stream);
+  check_launch("hc_pre");
+}
+
+void CudaBackend::hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,
+                          const TensorView& comb, const TensorView& out) {
+  require_cuda_f32("hc_post", {&streams, &a, &post, &comb, &out});
+  launch_hc_post(streams.data_as<const float>(), a.data_as<const float>(), post.data_as<const float>(),
+                 comb.data_as<const float>(), streams.dim(0), streams.dim(1), streams.dim(2), out.data_as<float>(),
+                 impl_->stream);
+  check_launch("hc_post");
+}
+
+void CudaBackend::hc_head(const ops::HcHeadArgs& a) {
+  require_cuda_f32("hc_head", {&a.streams, &a.fn, &a.base, &a.scale, &a.out});
+  HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
+  p.out = a.out.data_as<float>();
+  p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, true) * sizeof(float)));
+  launch_hc_head(p, impl_->stream);
+  check_launch("hc_head");
+}
+
+int64_t CudaBackend::compressor_update(const ops::CompressorArgs& a) {
+  require_cuda_f32("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted});
+  const int64_t n = a.kv.dim(0);
+  const int64_t count = ops::compressor_emit_count(a.start_pos, n, a.ratio);
+  TERN_CHECK(count == 0 || (!a.emitted.empty() && a.emitted.dim(0) >= count), "cuda compressor_update: emitted ",
+             a.emitted.shape().str(), " cannot hold ", count, " entries");
+  CompressorParams p;
+  p.acc = a.acc.data_as<float>();
+  p.kv = a.kv.data_as<const float>();
+  p.gate = a.gate.data_as<const float>();
+  p.ape = a.ape.data_as<const float>();
+  p.n = n;
+  p.width = a.acc.dim(2);
+  p.start_pos = a.start_pos;
+  p.ratio = a.ratio;
+  p.overlap = a.overlap;
+  p.emitted = a.emitted.empty() ? nullptr : a.emitted.data_as<float>();
+  launch_compressor(p, impl_->stream);
+  check_launch("compressor_update");
+  return count;
+}
+
+namespace {
+
+IndexerParams indexer_params(const ops::IndexerArgs& a) {
+  IndexerParams p;
+  p.q = a.q.data_as<const float>();
+  p.weights = a.weights.data_as<const float>();
+  p.keys = a.keys.empty() ? nullptr : a.keys.data_as<const float>();
+  p.n = a.q.dim(0);
+  p.heads = a.q.dim(1);
+  p.dim = a.q.dim(2);
+  p.num_keys = a.num_keys;
+  p.positions = a.positions.data_as<const int64_t>();
+  p.ratio = a.ratio;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {
+  require_cuda_f32("indexer_scores", {&a.q, &a.weights, &a.keys, &scores});
+  launch_indexer_scores(indexer_params(a), scores.data_as<float>(), impl_->stream);
+  check_launch("indexer_scores");
+}
+
+void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) {
+  require_cuda_f32("indexer_topk", {&a.q, &a.weights, &a.keys});
+  TERN_CHECK(topk <= kMaxIndexerTopk, "cuda indexer_topk: topk ", topk, " exceeds the kernel's ", kMaxIndexerTopk);
+  const IndexerParams p = indexer_params(a);
+  auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
+  launch_indexer_scores(p, scores, impl_->stream);
+  check_launch("indexer_scores");
+  launch_indexer_topk(p, scores, topk, indices.data_as<int32_t>(), impl_->stream);
+  check_launch("indexer_topk");
+}
+
+void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
+  require_cuda_f32("sparse_attention", {&a.q, &a.sinks, &out});
+  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.compressed, &a.selected})
+    TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda sparse_attention: a tensor is on the host");
+  const int64_t hd = a.format.head_dim;
+  TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op sparse_attention with head_dim ", hd,
+             " (built for 128, 256, 512)");
+  AttentionParams p;
+  p.q = a.q.data_as<const float>();
+  p.n = a.q.dim(0);
+  p.heads = a.q.dim(1);
+  p.start = a.start;
+  p.fmt = kv_desc(a.format);
+  p.chunk_rows = a.chunk_rows.data_as<const uint8_t>();
+  p.ring = a.ring.data_as<const uint8_t>();
+  p.window = a.window;
+  const bool compressed = a.ratio > 0 && a.num_compressed > 0;
+  p.compressed = compressed ? a.compressed.data_as<const uint8_t>() : nullptr;
+  p.num_compressed = compressed ? a.num_compressed : 0;
+  p.ratio = a.ratio;
+  p.selected = a.selected.empty() ? nullptr : a.selected.data_as<const int32_t>();
+  p.k_sel = a.selected.empty() ? 0 : a.selected.dim(1);
+  p.sinks = a.sinks.data_as<const float>();
+  p.scale = a.scale;
+  p.out = out.data_as<float>();
+  p.err = impl_->err();
+  p.num_sms = impl_->num_sms;
+  const int64_t want = attention_partial_floats(p);
+  if (want > 0) p.partial = static_cast<float*>(impl_->scratch(want * sizeof(float)));
+  launch_sparse_attention(p, impl_->stream);
+  check_launch("sparse_attention");
+}
+
+void CudaBackend::route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                               const TensorView& indices, const TensorView& weights) {
+  require_cuda_f32("route_scored", {&logits, &bias, &weights});
+  TERN_CHECK(logits.dim(1) <= 1024 && indices.dim(1) <= 32, "cuda route_scored: at most 1024 experts and 32 picks");
+  launch_route_scored(logits.data_as<const float>(), bias.data_as<const float>(), logits.dim(0), logits.dim(1),
+                      static_cast<int>(indices.dim(1)), routed_scale, indices.data_as<int32_t>(),
+                      weights.data_as<float>(), impl_->stream);
+  check_launch("route_scored");
+}
+
+void CudaBackend::route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                             float routed_scale, const TensorView& indices, const TensorView& weights) {
+  require_cuda_f32("route_hash", {&logits, &weights});
+  TERN_CHECK(tid2eid.device() == Device::cuda && token_ids.device() == Device::cuda,
+             "cuda route_hash: tid2eid and token_ids must be in device memory");
+  TERN_CHECK(indices.dim(1) <= 32, "cuda route_hash: at most 32 picks");
+  launch_route_hash(logits.data_as<const float>(), tid2eid.data(), tid2eid.dtype() == DType::i64, tid2eid.dim(0),
+                    token_ids.data_as<const int64_t>(), logits.dim(0), logits.dim(1),
+                    static_cast<int>(indices.dim(1)), routed_scale, indices.data_as<int32_t>(),
+                    weights.data_as<float>(), impl_->err(), impl_->stream);
+  check_launch("route_hash");
+}
+
+namespace {
+
+// The device table of the experts' pointers, built once per expert list (before any graph capture).
+const ExpertDesc* expert_table(CudaBackend::Impl& impl, std::span<const ops::Expert> experts) {
+  const auto key = std::make_pair(static_cast<const void*>(experts.data()), experts.size());
+  const void* first = experts.front().w1.weight.data();
+  const void* last = experts.back().w2.weight.data();
+  auto it = impl.expert_tables.find(key);
+  if (it != impl.expert_tables.end() && it->second.first == first && it->second.last == last)
+    return static_cast<const ExpertDesc*>(it->second.table.data());
+  std::vector<ExpertDesc> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const ops::Weight* ws[3] = {&experts[e].w1, &experts[e].w2, &experts[e].w3};
+    for (int i = 0; i < 3; ++i) {
+      const DeviceMat m = device_mat(*ws[i]);
+      host[e].w[i] = m.w;
+      host[e].s[i] = m.s;
+      host[e].global_scale[i] = m.global_scale;
+    }
+  }
+  DeviceBuffer buf(host.size() * sizeof(ExpertDesc));
+  TERN_CUDA(cudaMemcpy(buf.data(), host.data(), buf.size(), cudaMemcpyHostToDevice));
+  auto* data = static_cast<const ExpertDesc*>(buf.data());
+  impl.expert_tables[key] = CudaBackend::Impl::ExpertTable{std::move(buf), first, last};
+  return data;
+}
+
+}  // namespace
+
+void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
+  require_cuda_f32("moe_experts", {&a.x, &a.weights, &a.out});
+  TERN_CHECK(a.indices.device() == Device::cuda, "cuda moe_experts: indices are on the host");
+  const ops::Expert& e0 = a.experts[0];
+  const DeviceMat m1 = device_mat(e0.w1), m2 = device_mat(e0.w2);
+  for (const ops::Expert& e : a.experts)
+    TERN_CHECK(e.w1.format == e0.w1.format && e.w2.format == e0.w1.format && e.w3.format == e0.w1.format &&
+                   e.w1.out == e0.w1.out && e.w1.scale.dtype() == e0.w1.scale.dtype(),
+               "cuda moe_experts: every expert must share one format and shape (", e.w1.name, " differs)");
+  MoeParams p;
+  p.x = a.x.data_as<const float>();
+  p.T = a.x.dim(0);
+  p.D = a.x.dim(1);
+  p.inter = e0.w1.out;
+  p.indices = a.indices.data_as<const int32_t>();
+  p.weights = a.weights.data_as<const float>();
+  p.k = static_cast<int>(a.indices.dim(1));
+  p.E = static_cast<int64_t>(a.experts.size());
+  p.kind = m1.kind;
+  p.scale_f32 = m1.scale_f32 || m2.scale_f32;
+  p.limit = a.limit;
+  p.out = a.out.data_as<float>();
+  p.err = impl_->err();
+  TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");
+  TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
+             ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
+  p.experts = expert_table(*impl_, a.experts);
+  void* ws = impl_->scratch(moe_workspace_bytes(p));
+  launch_moe(p, ws, impl_->stream);
+  check_launch("moe_experts");
+}
+
+}  // namespace tern::cuda

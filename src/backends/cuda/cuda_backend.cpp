@@ -1,0 +1,102 @@
+// CudaBackend: device checks at startup, the stream, the workspace and the device error word.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/errors.h"
+
+namespace tern::cuda {
+
+CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
+  TERN_CHECK(device_available(), "the CUDA backend needs a CUDA device, and none was found");
+  int dev = 0;
+  TERN_CUDA(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  TERN_CUDA(cudaGetDeviceProperties(&prop, dev));
+  TERN_CHECK(prop.major == 9 && prop.minor == 0, "the CUDA backend is built for Hopper (sm_90a: H100, H200); this ",
+             prop.name, " is sm_", prop.major, prop.minor, ", which its kernels cannot run on");
+  impl_->num_sms = prop.multiProcessorCount;
+  impl_->error_word = DeviceBuffer(sizeof(int));
+  TERN_CUDA(cudaMemset(impl_->error_word.data(), 0, sizeof(int)));
+  impl_->num_counters = 1 << 16;
+  impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
+  TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
+}
+
+CudaBackend::~CudaBackend() = default;
+
+void* CudaBackend::Impl::scratch(size_t bytes) {
+  if (bytes <= workspace.size()) return workspace.data();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TERN_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  TERN_CHECK(capturing == cudaStreamCaptureStatusNone, "CUDA backend: an op needs ", bytes,
+             " bytes of workspace but only ", workspace.size(),
+             " are reserved, and it cannot grow during graph capture: call reserve_workspace() before capturing");
+  const size_t grown = std::max(bytes, workspace.size() + workspace.size() / 2);
+  workspace = DeviceBuffer();  // frees after a device synchronisation
+  workspace = DeviceBuffer(align_up(static_cast<int64_t>(grown), 1 << 20));
+  return workspace.data();
+}
+
+void CudaBackend::synchronize() { TERN_CUDA(cudaStreamSynchronize(impl_->stream)); }
+
+void CudaBackend::check_device_errors() {
+  TERN_CUDA(cudaDeviceSynchronize());
+  int word = 0;
+  TERN_CUDA(cudaMemcpy(&word, impl_->err(), sizeof(int), cudaMemcpyDeviceToHost));
+  if (word == 0) return;
+  TERN_CUDA(cudaMemset(impl_->err(), 0, sizeof(int)));
+  std::string what;
+  auto add = [&](int bit, const char* msg) {
+    if (word & bit) what += (what.empty() ? "" : "; ") + std::string(msg);
+  };
+  add(kErrTokenId, "a token id outside the embedding or tid2eid table");
+  add(kErrExpertIndex, "an expert index outside [0, n_routed_experts)");
+  add(kErrSelected, "sparse_attention got a selected compressed entry the query cannot see");
+  add(kErrGatherRow, "gather_rows got a row index out of range");
+  fail("CUDA backend: a kernel saw bad input data: ", what);
+}
+
+void CudaBackend::set_stream(void* stream) { impl_->stream = static_cast<cudaStream_t>(stream); }
+void* CudaBackend::stream() const { return impl_->stream; }
+void CudaBackend::reserve_workspace(size_t bytes) { impl_->scratch(bytes); }
+size_t CudaBackend::workspace_bytes() const { return impl_->workspace.size(); }
+int CudaBackend::num_sms() const { return impl_->num_sms; }
+
+CudaBackend& register_backend() {
+  static CudaBackend backend;
+  ops::register_backend(Device::cuda, &backend);
+  return backend;
+}
+
+void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views) {
+  for (const TensorView* v : views) {
+    if (v->empty()) continue;
+    TERN_CHECK(v->device() == Device::cuda, "cuda ", op, ": a tensor is on the host");
+    TERN_CHECK(v->dtype() == DType::f32, "no cuda kernel for op ", op, " (", dtype_name(v->dtype()), ")");
+    TERN_CHECK(v->is_contiguous(), "cuda ", op, ": tensors must be contiguous");
+  }
+}
+
+DeviceMat device_mat(const ops::Weight& w) {
+  DeviceMat m;
+  switch (w.format) {
+    case ops::WeightFormat::f32: m.kind = WeightKind::f32; break;
+    case ops::WeightFormat::bf16: m.kind = WeightKind::bf16; break;
+    case ops::WeightFormat::fp8_block: m.kind = WeightKind::fp8; break;
+    case ops::WeightFormat::mxfp4: m.kind = WeightKind::mxfp4; break;
+    case ops::WeightFormat::nvfp4: m.kind = WeightKind::nvfp4; break;
+  }
+  TERN_CHECK(w.weight.device() == Device::cuda && (w.scale.empty() || w.scale.device() == Device::cuda),
+             "cuda: weight ", w.name, " is not in device memory (upload it with WeightStore)");
+  m.w = w.weight.data();
+  m.s = w.scale.empty() ? nullptr : w.scale.data();
+  m.out = w.out;
+  m.in = w.in;
+  m.s_cols = w.scale.empty() ? 0 : w.scale.dim(1);
+  m.scale_f32 = !w.scale.empty() && w.scale.dtype() == DType::f32;
+  m.global_scale = w.global_scale;
+  return m;
+}
+
+}  // namespace tern::cuda

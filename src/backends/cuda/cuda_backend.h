@@ -1,0 +1,75 @@
+// The CUDA backend for Hopper (sm_90a): every op of ops/backend.h on device tensors (Device::cuda).
+//
+// Ops are asynchronous on the backend's stream (the legacy default stream unless set_stream is called),
+// so consecutive ops and copies are ordered without synchronisation. Each op checks on the host what it
+// can (dtypes, shapes, alignment) and launches; what only the data can tell (a token id outside the
+// vocabulary, an expert index out of range, a selected entry that is not visible) sets a bit in a device
+// error word that check_device_errors() turns into a tern::Error. Scratch memory comes from one
+// workspace that grows on demand and never while a graph is being captured (reserve it first).
+//
+// No CUDA header here: tools and tests include this without the toolkit's headers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ops/backend.h"
+
+namespace tern::cuda {
+
+class CudaBackend final : public ops::Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  std::string_view name() const override { return "cuda"; }
+
+  void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) override;
+  void add(const TensorView& x, const TensorView& y) override;
+  void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) override;
+  void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) override;
+  void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
+  void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
+  void dequantize(const ops::Weight& w, const TensorView& out) override;
+  void hc_pre(const ops::HcPreArgs& a) override;
+  void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
+               const TensorView& out) override;
+  void hc_head(const ops::HcHeadArgs& a) override;
+  void hc_expand(const TensorView& x, const TensorView& streams) override;
+  void kv_pack(const TensorView& x, const ops::KvRowFormat& f, const TensorView& rows) override;
+  void kv_unpack(const TensorView& rows, const ops::KvRowFormat& f, const TensorView& x) override;
+  int64_t compressor_update(const ops::CompressorArgs& a) override;
+  void indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) override;
+  void indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) override;
+  void sparse_attention(const ops::AttentionArgs& a, const TensorView& out) override;
+  void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
+                    const TensorView& weights) override;
+  void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                  float routed_scale, const TensorView& indices, const TensorView& weights) override;
+  void moe_experts(const ops::MoeExpertsArgs& a) override;
+
+  // Waits for every op issued so far.
+  void synchronize();
+  // Synchronises, then throws (and clears the word) if a kernel raised a data error since the last call.
+  void check_device_errors();
+  // cudaStream_t to issue on (nullptr: the legacy default stream).
+  void set_stream(void* stream);
+  void* stream() const;
+  // Grows the scratch workspace now (before a graph capture, say).
+  void reserve_workspace(size_t bytes);
+  size_t workspace_bytes() const;
+  int num_sms() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Installs one CudaBackend for Device::cuda (idempotent) and returns it. Throws with a clear message when
+// there is no CUDA device or it is not a Hopper GPU (sm_90).
+CudaBackend& register_backend();
+
+}  // namespace tern::cuda

@@ -1,0 +1,191 @@
+// Sparse attention, version 1 (CUDA cores, f32): grid (query, group of 8 heads, key split). Each block
+// walks its split of the query's keys in tiles of 16 rows, decoded once into shared memory and shared by
+// the 8 heads (one warp each; a lane holds head_dim/32 dims of q and of the output). Online softmax per
+// head; with several splits the partial (max, sum, rows) go to the workspace and a combine kernel adds
+// the sink. Masked keys (a -1 pick) weigh nothing.
+#include <algorithm>
+
+#include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/kv_row_dev.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+constexpr int kHeadsPerBlock = 8, kTile = 16;
+
+struct KeyList {
+  int64_t p, nwin, count, visible;
+};
+
+__device__ KeyList keys_of(const AttentionParams& a, int64_t i) {
+  KeyList k;
+  k.p = a.start + i;
+  k.nwin = min(a.window, k.p + 1);
+  k.visible = a.ratio > 0 ? min(a.num_compressed, (k.p + 1) / a.ratio) : 0;
+  k.count = a.selected != nullptr ? a.k_sel : k.visible;
+  if (a.ratio == 0) k.count = 0;
+  return k;
+}
+
+// Row of key j of query i, or nullptr when masked.
+__device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const KeyList& k, int64_t j) {
+  const int64_t rb = a.fmt.row_bytes;
+  if (j < k.nwin) {
+    const int64_t pos = k.p - k.nwin + 1 + j;
+    return pos >= a.start ? a.chunk_rows + (pos - a.start) * rb : a.ring + (pos % a.window) * rb;
+  }
+  int64_t w = j - k.nwin;
+  if (a.selected != nullptr) {
+    w = a.selected[i * a.k_sel + w];
+    if (w < 0) return nullptr;
+    if (w >= k.visible) {
+      raise(a.err, kErrSelected);
+      return nullptr;
+    }
+  }
+  return a.compressed + w * rb;
+}
+
+template <int DPL>  // float4 groups per lane: head_dim = 128 * DPL
+__global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int splits, int64_t keys_per_split) {
+  constexpr int HD = 128 * DPL;
+  __shared__ __align__(16) float tile[kTile][HD];
+  __shared__ const uint8_t* rows[kTile];
+  const int64_t i = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t h = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + warp;
+  const int split = blockIdx.z;
+  const KeyList kl = keys_of(a, i);
+  const int64_t total = kl.nwin + kl.count;
+  const int64_t j0 = split * keys_per_split, j1 = min(total, j0 + keys_per_split);
+  const bool active = h < a.heads;
+
+  float4 q[DPL], o[DPL];
+#pragma unroll
+  for (int r = 0; r < DPL; ++r) {
+    q[r] = active ? *reinterpret_cast<const float4*>(a.q + (i * a.heads + h) * HD + 128 * r + 4 * lane)
+                  : make_float4(0, 0, 0, 0);
+    o[r] = make_float4(0, 0, 0, 0);
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t jt = j0; jt < j1; jt += kTile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), j1 - jt));
+    if (threadIdx.x < kTile) rows[threadIdx.x] = threadIdx.x < n ? key_row(a, i, kl, jt + threadIdx.x) : nullptr;
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kTile * HD; idx += blockDim.x) {
+      const int jj = idx / HD, d = idx % HD;
+      tile[jj][d] = rows[jj] != nullptr ? kv_value(rows[jj], a.fmt, d) : 0.0f;
+    }
+    __syncthreads();
+    if (active) {
+      float s[kTile];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int jj = 0; jj < kTile; ++jj) {
+        float part = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DPL; ++r) {
+          const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
+          part += q[r].x * k4.x + q[r].y * k4.y + q[r].z * k4.z + q[r].w * k4.w;
+        }
+        s[jj] = warp_sum(part) * a.scale;
+        if (rows[jj] == nullptr) s[jj] = -INFINITY;
+        tile_max = fmaxf(tile_max, s[jj]);
+      }
+      if (tile_max > -INFINITY) {
+        const float m_new = fmaxf(m, tile_max);
+        const float corr = expf(m - m_new);
+        l *= corr;
+#pragma unroll
+        for (int r = 0; r < DPL; ++r) o[r].x *= corr, o[r].y *= corr, o[r].z *= corr, o[r].w *= corr;
+#pragma unroll
+        for (int jj = 0; jj < kTile; ++jj) {
+          const float pj = expf(s[jj] - m_new);
+          l += pj;
+#pragma unroll
+          for (int r = 0; r < DPL; ++r) {
+            const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
+            o[r].x += pj * k4.x, o[r].y += pj * k4.y, o[r].z += pj * k4.z, o[r].w += pj * k4.w;
+          }
+        }
+        m = m_new;
+      }
+    }
+    __syncthreads();
+  }
+  if (!active) return;
+  if (splits == 1) {
+    const float sink = a.sinks[h];
+    const float top = fmaxf(m, sink);
+    const float keep = expf(m - top);
+    const float inv = 1.0f / (l * keep + expf(sink - top));
+    float* dst = a.out + (i * a.heads + h) * HD;
+#pragma unroll
+    for (int r = 0; r < DPL; ++r) {
+      const float f = keep * inv;
+      *reinterpret_cast<float4*>(dst + 128 * r + 4 * lane) = make_float4(o[r].x * f, o[r].y * f, o[r].z * f, o[r].w * f);
+    }
+    return;
+  }
+  float* part = a.partial + ((i * a.heads + h) * splits + split) * (HD + 2);
+#pragma unroll
+  for (int r = 0; r < DPL; ++r) *reinterpret_cast<float4*>(part + 128 * r + 4 * lane) = o[r];
+  if (lane == 0) part[HD] = m, part[HD + 1] = l;
+}
+
+// One block per (query, head): merge the splits in order with the sink.
+__global__ void attention_combine_kernel(AttentionParams a, int splits, int64_t hd) {
+  const int64_t ih = blockIdx.x, h = ih % a.heads;
+  const float* part = a.partial + ih * splits * (hd + 2);
+  const float sink = a.sinks[h];
+  float top = sink;
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, part[s * (hd + 2) + hd]);
+  float denom = expf(sink - top);
+  for (int s = 0; s < splits; ++s) denom += part[s * (hd + 2) + hd + 1] * expf(part[s * (hd + 2) + hd] - top);
+  const float inv = 1.0f / denom;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) acc += part[s * (hd + 2) + d] * expf(part[s * (hd + 2) + hd] - top);
+    a.out[ih * hd + d] = acc * inv;
+  }
+}
+
+int64_t max_keys(const AttentionParams& p) {
+  const int64_t comp = p.ratio == 0 ? 0 : (p.selected != nullptr ? p.k_sel : p.num_compressed);
+  return std::min(p.window, p.start + p.n) + comp;
+}
+
+}  // namespace
+}  // namespace dev
+
+int attention_splits(const AttentionParams& p) {
+  const int64_t groups = (p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock;
+  const int64_t want = (2LL * p.num_sms + p.n * groups - 1) / std::max<int64_t>(1, p.n * groups);
+  const int64_t most = std::max<int64_t>(1, (dev::max_keys(p) + 63) / 64);
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
+}
+
+int64_t attention_partial_floats(const AttentionParams& p) {
+  const int splits = attention_splits(p);
+  return splits > 1 ? p.n * p.heads * splits * (p.fmt.head_dim + 2) : 0;
+}
+
+void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.n == 0) return;
+  const int splits = attention_splits(p);
+  const int64_t keys = dev::max_keys(p);
+  const int64_t per = std::max<int64_t>(1, (keys + splits - 1) / splits);
+  const dim3 grid(static_cast<unsigned>(p.n), static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock),
+                  static_cast<unsigned>(splits));
+  switch (p.fmt.head_dim) {
+    case 128: dev::attention_kernel<1><<<grid, 256, 0, stream>>>(p, splits, per); break;
+    case 256: dev::attention_kernel<2><<<grid, 256, 0, stream>>>(p, splits, per); break;
+    case 512: dev::attention_kernel<4><<<grid, 256, 0, stream>>>(p, splits, per); break;
+    default: return;  // rejected by the backend's host check
+  }
+  if (splits > 1)
+    dev::attention_combine_kernel<<<static_cast<unsigned>(p.n * p.heads), 128, 0, stream>>>(p, splits, p.fmt.head_dim);
+}
+
+}  // namespace tern::cuda

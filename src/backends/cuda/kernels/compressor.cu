@@ -1,0 +1,89 @@
+// The online compressor: one thread per (channel, window). A block holds 32 channels x 8 window lanes,
+// so every window of its channels is in the block: all threads read the pending accumulators, sync, then
+// compute; only the thread of the chunk's last window writes them back. Each entry folds its candidate
+// tokens in the same order as the CPU reference (the open window's second halves after the previous
+// window's first halves), with the same running (max, sum, weighted sum).
+#include "backends/cuda/kernels/compressor.cuh"
+#include "backends/cuda/kernels/device_common.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+struct Acc {
+  float m = 0.0f, s = 0.0f, v = 0.0f;
+  __device__ void fold(float gate, float kv) {
+    if (s == 0.0f) {
+      m = gate, s = 1.0f, v = kv;
+    } else if (gate > m) {
+      const float shrink = expf(m - gate);
+      s = s * shrink + 1.0f;
+      v = v * shrink + kv;
+      m = gate;
+    } else {
+      const float e = expf(gate - m);
+      s += e;
+      v += kv * e;
+    }
+  }
+};
+
+constexpr int kChannels = 32, kLanes = 8;
+
+__global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + (threadIdx.x % kChannels);
+  const int lane = threadIdx.x / kChannels;
+  const int64_t C = p.width * (p.overlap ? 2 : 1), r = p.ratio;
+  const int64_t s0 = p.start_pos, end = p.start_pos + p.n;
+  const int64_t w0 = s0 / r, wlast = (end - 1) / r;
+  Acc acc0, acc1;
+  if (c < p.width) {
+    acc0 = Acc{p.acc[c], p.acc[p.width + c], p.acc[2 * p.width + c]};
+    if (p.overlap) acc1 = Acc{p.acc[3 * p.width + c], p.acc[4 * p.width + c], p.acc[5 * p.width + c]};
+  }
+  __syncthreads();
+  if (c >= p.width) return;
+  // Folds channel ch of the chunk's tokens in [t0, t1) into a.
+  auto fold_tokens = [&](Acc& a, int64_t t0, int64_t t1, int64_t ch) {
+    for (int64_t t = max(t0, s0); t < min(t1, end); ++t)
+      a.fold(p.gate[(t - s0) * C + ch] + p.ape[(t % r) * C + ch], p.kv[(t - s0) * C + ch]);
+  };
+  for (int64_t w = w0 + lane; w <= wlast; w += kLanes) {
+    const bool complete = (w + 1) * r <= end;
+    Acc open;
+    if (!p.overlap) {
+      if (w == w0) open = acc0;
+      fold_tokens(open, w * r, (w + 1) * r, c);
+    } else {
+      if (w == w0) {
+        open = acc0;
+      } else {
+        if (w == w0 + 1) open = acc1;
+        fold_tokens(open, (w - 1) * r, w * r, c);  // the previous window's first halves
+      }
+      fold_tokens(open, w * r, (w + 1) * r, p.width + c);
+    }
+    if (complete) p.emitted[(w - w0) * p.width + c] = open.v / open.s;
+    if (w != wlast) continue;
+    Acc next0 = complete ? Acc{} : open, next1;
+    if (p.overlap) {
+      Acc firsts = w == w0 ? acc1 : Acc{};
+      fold_tokens(firsts, w * r, (w + 1) * r, c);
+      if (complete) next0 = firsts;
+      else next1 = firsts;
+    }
+    p.acc[c] = next0.m, p.acc[p.width + c] = next0.s, p.acc[2 * p.width + c] = next0.v;
+    if (p.overlap) p.acc[3 * p.width + c] = next1.m, p.acc[4 * p.width + c] = next1.s, p.acc[5 * p.width + c] = next1.v;
+  }
+}
+
+}  // namespace
+}  // namespace dev
+
+void launch_compressor(const CompressorParams& p, cudaStream_t stream) {
+  if (p.n == 0 || p.width == 0) return;
+  const unsigned blocks = static_cast<unsigned>((p.width + dev::kChannels - 1) / dev::kChannels);
+  dev::compressor_kernel<<<blocks, dev::kChannels * dev::kLanes, 0, stream>>>(p);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,26 @@
+// The online KV compressor (host interface; semantics in ops/compressor.h). One thread per (channel,
+// window): each emitted entry is folded independently from the chunk's tokens (and the pending
+// accumulators for the first windows); the thread of the last window writes the new accumulators after a
+// barrier, so no thread reads state another has already replaced.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+struct CompressorParams {
+  float* acc = nullptr;        // [overlap ? 2 : 1, 3, width]
+  const float* kv = nullptr;   // [n, channels]
+  const float* gate = nullptr; // [n, channels]
+  const float* ape = nullptr;  // [ratio, channels]
+  int64_t n = 0, width = 0, start_pos = 0;
+  int ratio = 0;
+  bool overlap = false;
+  float* emitted = nullptr;    // [>= emit count, width]
+};
+
+void launch_compressor(const CompressorParams& p, cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,28 @@
+// The lightning indexer (host interface): f32 scores of every visible compressed key, then an exact
+// top-k per query (radix select on the float bits, ties to the lower index, sorted best first).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+struct IndexerParams {
+  const float* q = nullptr;        // [n, heads, dim]
+  const float* weights = nullptr;  // [n, heads]
+  const float* keys = nullptr;     // [num_keys, dim]
+  int64_t n = 0, heads = 0, dim = 0, num_keys = 0;
+  const int64_t* positions = nullptr;  // [n]
+  int ratio = 4;
+};
+
+constexpr int kMaxIndexerTopk = 2048;
+
+// scores [n, num_keys], -inf where not visible.
+void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t stream);
+// indices [n, topk] from scores [n, num_keys].
+void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,
+                         cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,150 @@
+// Linear dispatch: the tensor-core plan (token tiles, K splits), the exact CUDA-core fallback, dequantize.
+#include <algorithm>
+
+#include "backends/cuda/kernels/linear_impl.cuh"
+
+namespace tern::cuda {
+
+extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<dev::WFmt::fp8>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<dev::WFmt::mxfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<dev::WFmt::nvfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+
+int chunk_of(WeightKind k) { return (k == WeightKind::mxfp4 || k == WeightKind::nvfp4) ? 128 : 64; }
+
+bool linear_mma_ok(const LinearParams& p) {
+  const int64_t chunk = chunk_of(p.w.kind);
+  const auto addr = reinterpret_cast<uintptr_t>(p.x);
+  return p.w.in % chunk == 0 && p.rows_per_group % 32 == 0 && addr % 16 == 0 && p.x_stride % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p.w.w) % 16 == 0 && (p.w.kind != WeightKind::nvfp4 || p.w.s_cols % 2 == 0);
+}
+
+LinearPlan plan_linear(const LinearParams& p) {
+  LinearPlan plan;
+  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : 4;
+  plan.bx = (p.w.out + 127) / 128;
+  plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
+  const int64_t chunks = p.w.in / chunk_of(p.w.kind);
+  // Aim for about 8 blocks of 4 warps per multiprocessor, with at least 2 chunks per split.
+  const int64_t target = 8LL * p.num_sms;
+  int64_t ks = std::max<int64_t>(1, target / std::max<int64_t>(1, plan.bx * plan.bz));
+  ks = std::min(ks, std::max<int64_t>(1, chunks / 2));
+  ks = std::min<int64_t>(ks, 64);
+  plan.chunks_per_split = (chunks + ks - 1) / ks;
+  plan.ksplit = static_cast<int>((chunks + plan.chunks_per_split - 1) / plan.chunks_per_split);
+  if (plan.ksplit > 1 && (plan.bx * plan.bz > p.num_counters ||
+                          static_cast<int64_t>(plan.ksplit) * p.T * p.w.out > p.partial_floats)) {
+    plan.ksplit = 1;
+    plan.chunks_per_split = chunks;
+  }
+  return plan;
+}
+
+int64_t linear_partial_floats(const LinearParams& p) {
+  if (!linear_mma_ok(p)) return 0;
+  LinearParams q = p;
+  q.partial_floats = INT64_MAX;
+  q.num_counters = INT64_MAX;
+  const LinearPlan plan = plan_linear(q);
+  return plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
+}
+
+namespace dev {
+namespace {
+
+struct SimpleMat {
+  int kind;
+  const uint8_t* w;
+  const uint8_t* s;
+  int64_t out, in, s_cols;
+  int scale_f32;
+  float global_scale;
+};
+
+__device__ float weight_at(const SimpleMat& m, int64_t r, int64_t c) {
+  switch (static_cast<WeightKind>(m.kind)) {
+    case WeightKind::f32: return reinterpret_cast<const float*>(m.w)[r * m.in + c];
+    case WeightKind::bf16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(m.w)[r * m.in + c]);
+    case WeightKind::fp8: {
+      const int64_t si = (r / 128) * m.s_cols + c / 128;
+      const float s = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+      return e4m3_to_f32(m.w[r * m.in + c]) * s;
+    }
+    case WeightKind::mxfp4:
+    case WeightKind::nvfp4: {
+      const uint8_t byte = m.w[r * (m.in / 2) + c / 2];
+      const float v = e2m1_to_f32((c & 1) ? byte >> 4 : byte & 0xf);
+      if (static_cast<WeightKind>(m.kind) == WeightKind::mxfp4) return v * e8m0_to_f32(m.s[r * m.s_cols + c / 32]);
+      return v * ue4m3_to_f32(m.s[r * m.s_cols + c / 16]) * m.global_scale;
+    }
+  }
+  return nan_f32();
+}
+
+// One warp per (row, token): exact f32 products, warp-reduced.
+__global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stride, int64_t rows_per_group,
+                                     int64_t T, float* y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int64_t tok = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  if (row >= m.out || tok >= T) return;
+  const float* xr = x + tok * x_stride + (row / rows_per_group) * m.in;
+  float acc = 0.0f;
+  for (int64_t c = lane; c < m.in; c += 32) acc += xr[c] * weight_at(m, row, c);
+  acc = warp_sum(acc);
+  if (lane == 0) y[tok * m.out + row] = acc;
+}
+
+__global__ void dequantize_kernel(SimpleMat m, float* out) {
+  const int64_t n = m.out * m.in;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = weight_at(m, i / m.in, i % m.in);
+}
+
+SimpleMat simple_mat(const DeviceMat& w) {
+  return SimpleMat{static_cast<int>(w.kind), static_cast<const uint8_t*>(w.w), static_cast<const uint8_t*>(w.s),
+                   w.out, w.in, w.s_cols, w.scale_f32 ? 1 : 0, w.global_scale};
+}
+
+}  // namespace
+}  // namespace dev
+
+void launch_linear(const LinearParams& p, cudaStream_t stream) {
+  if (p.T == 0) return;
+  if (!linear_mma_ok(p)) {
+    const dim3 grid(static_cast<unsigned>((p.w.out + 7) / 8), static_cast<unsigned>(p.T));
+    dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group,
+                                                        p.T, p.y);
+    return;
+  }
+  const LinearPlan plan = plan_linear(p);
+  switch (p.w.kind) {
+    case WeightKind::f32: launch_linear_mma<dev::WFmt::f32>(p, plan, stream); return;
+    case WeightKind::bf16: launch_linear_mma<dev::WFmt::bf16>(p, plan, stream); return;
+    case WeightKind::fp8: launch_linear_mma<dev::WFmt::fp8>(p, plan, stream); return;
+    case WeightKind::mxfp4: launch_linear_mma<dev::WFmt::mxfp4>(p, plan, stream); return;
+    case WeightKind::nvfp4: launch_linear_mma<dev::WFmt::nvfp4>(p, plan, stream); return;
+  }
+}
+
+const char* linear_path_name(const LinearParams& p) {
+  if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
+  switch (p.w.kind) {
+    case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";
+    case WeightKind::bf16: return "linear_mma<bf16> (tensor cores)";
+    case WeightKind::fp8: return "linear_mma<fp8 block> (tensor cores)";
+    case WeightKind::mxfp4: return "linear_mma<mxfp4> (tensor cores)";
+    case WeightKind::nvfp4: return "linear_mma<nvfp4> (tensor cores)";
+  }
+  return "?";
+}
+
+void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream) {
+  const int64_t n = w.out * w.in;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  dev::dequantize_kernel<<<blocks, 256, 0, stream>>>(dev::simple_mat(w), out);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,57 @@
+// Linear layers on the GPU (host interface; compiled by the host compiler too, so no device code here).
+//   y[t, r] = sum_i x[t, g(r) * in + i] * W[r, i],  g(r) = r / rows_per_group (0 for a plain linear)
+// Tensor-core path (mma_tile.cuh) for every format when the shape allows it, split over K with a
+// deterministic last-block reduction; an exact f32 CUDA-core path otherwise.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+enum class WeightKind : int { f32, bf16, fp8, mxfp4, nvfp4 };
+
+// A weight matrix in device memory, as the kernels see it.
+struct DeviceMat {
+  WeightKind kind = WeightKind::f32;
+  const void* w = nullptr;
+  const void* s = nullptr;  // scales (fp8: e8m0 or f32 per 128x128; mxfp4: e8m0 per 32; nvfp4: ue4m3 per 16)
+  int64_t out = 0, in = 0;
+  int64_t s_cols = 0;
+  bool scale_f32 = false;
+  float global_scale = 1.0f;  // nvfp4
+};
+
+struct LinearParams {
+  DeviceMat w;
+  const float* x = nullptr;
+  int64_t x_stride = 0;        // floats between token rows of x
+  int64_t rows_per_group = 0;  // == w.out for a plain linear
+  int64_t T = 0;
+  float* y = nullptr;          // [T, w.out]
+  // Split-K workspace (tensor-core path): partial sums and per-tile arrival counters (kept at zero).
+  float* partial = nullptr;
+  int64_t partial_floats = 0;
+  int* counters = nullptr;
+  int64_t num_counters = 0;
+  int num_sms = 132;
+};
+
+// Columns one k-chunk of the tensor-core path covers for this format (its K must be a multiple).
+int chunk_of(WeightKind k);
+
+// True when the tensor-core path takes this product (shape and alignment); otherwise launch_linear uses
+// the exact CUDA-core kernel.
+bool linear_mma_ok(const LinearParams& p);
+// Floats of split-K workspace launch_linear wants for this product (0: none).
+int64_t linear_partial_floats(const LinearParams& p);
+void launch_linear(const LinearParams& p, cudaStream_t stream);
+
+// out f32 [w.out, w.in] = W exactly.
+void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
+
+// Name of the kernel path launch_linear takes (startup report and benchmarks).
+const char* linear_path_name(const LinearParams& p);
+
+}  // namespace tern::cuda

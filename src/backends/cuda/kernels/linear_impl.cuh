@@ -1,0 +1,151 @@
+// The tensor-core linear kernel, instantiated per weight format in linear_<fmt>.cu (nvcc only).
+//
+// Grid: x = 128-row blocks of W (4 warps x 32 rows), y = K splits, z = token tiles of NT*8 tokens.
+// With several K splits each block writes its partial sums; the last block of a (row block, token tile)
+// to arrive adds them in split order, so the result does not depend on scheduling.
+#pragma once
+
+#include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/mma_tile.cuh"
+
+namespace tern::cuda {
+
+struct LinearPlan {
+  int nt = 1;          // n-tiles per warp (tokens per tile = 8 * nt)
+  int64_t bx = 0, bz = 0;
+  int ksplit = 1;
+  int64_t chunks_per_split = 0;
+};
+
+LinearPlan plan_linear(const LinearParams& p);
+
+namespace dev {
+
+struct LinearArgs {
+  MatRef mat;
+  int64_t out, row_bytes, rows_per_group, x_stride, T;
+  const float* x;
+  float* y;
+  float* partial;
+  int* counters;
+  int64_t chunks_per_split;
+};
+
+template <WFmt F, int NT>
+__global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
+  constexpr int kChunk = Fmt<F>::kChunk;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 128 + warp * 32;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.z) * NT * 8;
+  const int ksplit = gridDim.y;
+  const int64_t nch = a.mat.in / kChunk;
+  const int64_t kb = blockIdx.y * a.chunks_per_split * kChunk;
+  const int64_t ke = min(nch, (blockIdx.y + 1) * a.chunks_per_split) * kChunk;
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+
+  if (row0 < a.out && kb < ke) {
+    const MatRef mat[2] = {a.mat, a.mat};
+    const uint8_t* wrow[2][2];
+    const uint8_t* srow[2][2];
+    const int scale_bytes = a.mat.scale_f32 ? 4 : 1;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = row0 + 16 * m + g + 8 * r;
+        const bool in = row < a.out;
+        wrow[m][r] = in ? a.mat.w + row * a.row_bytes : nullptr;
+        if constexpr (F == WFmt::fp8)
+          srow[m][r] = a.mat.s + (row0 / 128) * a.mat.s_cols * scale_bytes;
+        else
+          srow[m][r] = in && a.mat.s != nullptr ? a.mat.s + row * a.mat.s_cols : nullptr;
+      }
+    const int64_t group = row0 / a.rows_per_group;
+    const float* xrow[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int64_t tok = tok0 + 8 * n + g;
+      xrow[n] = tok < a.T ? a.x + tok * a.x_stride + group * a.mat.in : nullptr;
+    }
+    warp_mma<F, 2, NT>(mat, wrow, srow, xrow, kb, ke, acc);
+  }
+
+  float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
+  const float mult = ksplit > 1 ? 1.0f : a.mat.out_mult;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = row0 + 16 * m + g + 8 * (i >> 1);
+        const int64_t tok = tok0 + 8 * n + 2 * t + (i & 1);
+        if (row < a.out && tok < a.T) dst[tok * a.out + row] = acc[m][n][i] * mult;
+      }
+  if (ksplit == 1) return;
+
+  // Last block of this (row block, token tile) adds the partials in split order.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
+  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[counter], 1) == ksplit - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 128 + threadIdx.x;
+  if (row < a.out) {
+    const int64_t tok_end = min(a.T, tok0 + NT * 8);
+    for (int64_t tok = tok0; tok < tok_end; ++tok) {
+      float s = 0.0f;
+      for (int sp = 0; sp < ksplit; ++sp) s += __ldcg(a.partial + (sp * a.T + tok) * a.out + row);
+      a.y[tok * a.out + row] = s * a.mat.out_mult;
+    }
+  }
+  if (threadIdx.x == 0) a.counters[counter] = 0;
+}
+
+}  // namespace dev
+
+template <dev::WFmt F>
+void launch_linear_mma(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream) {
+  dev::LinearArgs a{};
+  a.mat.w = static_cast<const uint8_t*>(p.w.w);
+  a.mat.s = static_cast<const uint8_t*>(p.w.s);
+  a.mat.in = p.w.in;
+  a.mat.s_cols = p.w.s_cols;
+  a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
+  a.mat.out_mult = dev::is_scaled<F>() ? dev::kWeightShift * (F == dev::WFmt::nvfp4 ? p.w.global_scale : 1.0f)
+                                       : 1.0f;
+  a.out = p.w.out;
+  switch (F) {
+    case dev::WFmt::f32: a.row_bytes = p.w.in * 4; break;
+    case dev::WFmt::bf16: a.row_bytes = p.w.in * 2; break;
+    case dev::WFmt::fp8: a.row_bytes = p.w.in; break;
+    case dev::WFmt::mxfp4:
+    case dev::WFmt::nvfp4: a.row_bytes = p.w.in / 2; break;
+  }
+  a.rows_per_group = p.rows_per_group;
+  a.x_stride = p.x_stride;
+  a.T = p.T;
+  a.x = p.x;
+  a.y = p.y;
+  a.partial = p.partial;
+  a.counters = p.counters;
+  a.chunks_per_split = plan.chunks_per_split;
+  const dim3 grid(static_cast<unsigned>(plan.bx), static_cast<unsigned>(plan.ksplit), static_cast<unsigned>(plan.bz));
+  switch (plan.nt) {
+    case 1: dev::linear_mma_kernel<F, 1><<<grid, 128, 0, stream>>>(a); break;
+    case 2: dev::linear_mma_kernel<F, 2><<<grid, 128, 0, stream>>>(a); break;
+    default: dev::linear_mma_kernel<F, 4><<<grid, 128, 0, stream>>>(a); break;
+  }
+}
+
+}  // namespace tern::cuda

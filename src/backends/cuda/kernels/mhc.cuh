@@ -1,0 +1,37 @@
+// mHC (host interface). hc_pre = two kernels: the mixing logits split over the flattened streams
+// (partial dot products and sums of squares), then one block per token that adds the partials in order,
+// runs the sigmoids and Sinkhorn, and writes post, comb and the collapsed stream. hc_head likewise with
+// its own fn; hc_post is one elementwise kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+struct HcParams {
+  const float* streams = nullptr;  // [T, hc, D]
+  const float* fn = nullptr;       // [mix, hc*D]
+  const float* base = nullptr;     // [mix]
+  const float* scale = nullptr;    // [3] (pre) or [1] (head)
+  int64_t T = 0, hc = 0, D = 0;
+  int sinkhorn_iters = 20;
+  float hc_eps = 1e-6f, norm_eps = 1e-6f;
+  // hc_pre outputs
+  float* post = nullptr;       // [T, hc]
+  float* comb = nullptr;       // [T, hc, hc]
+  float* collapsed = nullptr;  // [T, D]
+  // hc_head output
+  float* out = nullptr;        // [T, D]
+  float* partial = nullptr;    // workspace: hc_partial_floats()
+};
+
+int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head);
+void launch_hc_pre(const HcParams& p, cudaStream_t stream);
+void launch_hc_head(const HcParams& p, cudaStream_t stream);
+// out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]
+void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
+                    int64_t hc, int64_t D, float* out, cudaStream_t stream);
+
+}  // namespace tern::cuda

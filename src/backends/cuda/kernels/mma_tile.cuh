@@ -1,0 +1,247 @@
+// The warp-level tensor-core core of every weight-streaming product (linear, grouped linear, MoE
+// experts): one warp computes MT m-tiles of 16 weight rows against NT n-tiles of 8 tokens with
+// mma.sync.m16n8k16 (bf16 operands, f32 accumulation), dequantizing the weights in registers.
+//
+// Weights are the A operand ("swap AB": the many weight rows fill M, the few tokens N), so a decode step
+// with one token wastes no weight bytes. The order of the k (column) index inside one mma does not
+// matter as long as A and B use the same one, so each lane of a quad reads its OWN run of contiguous
+// columns (16 B of FP8 / FP4 per row, 32 B of bf16) and feeds them to the k slots it owns; the x values
+// are picked with the same permutation. Exactness: e4m3, e2m1 and their block scales (e8m0, ue4m3) are
+// converted to bf16 exactly (bit placement, then one exact multiply by a power of two or a 4-bit
+// scale); only x is rounded to bf16. To keep every product inside bf16's range the weights are held as
+// W * 2^-16 and the final sum multiplied by Fmt::out_mult (and NVFP4's global scale).
+#pragma once
+
+#include <utility>
+
+#include "backends/cuda/kernels/device_common.cuh"
+
+namespace tern::cuda::dev {
+
+enum class WFmt : int { f32, bf16, fp8, mxfp4, nvfp4 };
+
+// kChunk: columns one quad (4 lanes) covers per iteration; kLaneCols: columns per lane; kLaneBytes: weight
+// bytes per lane per row; kSteps: mma k-steps per chunk (kLaneCols / 4).
+template <WFmt F> struct Fmt;
+template <> struct Fmt<WFmt::f32> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 64; };
+template <> struct Fmt<WFmt::bf16> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 32; };
+template <> struct Fmt<WFmt::fp8> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 16; };
+template <> struct Fmt<WFmt::mxfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
+template <> struct Fmt<WFmt::nvfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
+
+constexpr float kWeightShift = 65536.0f;  // weights are held as W * 2^-16 in scaled formats
+
+template <WFmt F>
+constexpr bool is_scaled() {
+  return F == WFmt::fp8 || F == WFmt::mxfp4 || F == WFmt::nvfp4;
+}
+
+// One weight matrix as the kernels read it.
+struct MatRef {
+  const uint8_t* w = nullptr;  // row-major raw bytes
+  const uint8_t* s = nullptr;  // scales: fp8 [ceil(out/128), ceil(in/128)] e8m0|f32; fp4 [out, in/block]
+  int64_t in = 0;              // columns
+  int64_t s_cols = 0;          // scale columns
+  int scale_f32 = 0;           // fp8 scales stored as f32
+  float out_mult = 1.0f;       // applied to the sum: 2^16 for scaled formats, times NVFP4's global scale
+};
+
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t bf16_mul2(uint32_t a, uint32_t m) {
+  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a), y = *reinterpret_cast<__nv_bfloat162*>(&m);
+  __nv_bfloat162 r = __hmul2(x, y);
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Two e4m3 bytes (selected by `sel` into bytes 1 and 3) as bf16x2 holding e4m3 * 2^-120, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_raw(uint32_t word, uint32_t sel) {
+  const uint32_t t = prmt(word, 0u, sel);  // [0, b_lo, 0, b_hi]
+  return ((t >> 4) & 0x07F007F0u) | (t & 0x80008000u);
+}
+
+// Nibbles i and i+4 of `word` as bf16x2 holding e2m1 * 2^-126, exactly (nibble i in the low half).
+template <int I>
+__device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_raw(uint32_t word) {
+  constexpr int kMag = 6 - 4 * I, kSign = 12 - 4 * I;
+  const uint32_t mag = kMag >= 0 ? (word << kMag) : (word >> -kMag);
+  const uint32_t sign = word << kSign;
+  return (mag & 0x01C001C0u) | (sign & 0x80008000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_splat(float v) { return pack_bf16(v, v); }
+
+// Raw weight bytes of one lane for one row of one chunk.
+template <WFmt F>
+struct LaneRow {
+  uint4 v[Fmt<F>::kLaneBytes / 16];
+};
+
+template <WFmt F>
+__device__ __forceinline__ void load_lane_row(LaneRow<F>& r, const uint8_t* row, int64_t col) {
+  constexpr int kN = Fmt<F>::kLaneBytes / 16;
+  if (row == nullptr) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) r.v[i] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const uint8_t* p;
+  if constexpr (F == WFmt::f32) p = row + col * 4;
+  else if constexpr (F == WFmt::bf16) p = row + col * 2;
+  else if constexpr (F == WFmt::fp8) p = row + col;
+  else p = row + col / 2;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) r.v[i] = ldg_stream(p + 16 * i);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The A pair (P = 0: k slots 2t,2t+1; P = 1: 2t+8,2t+9) of k-step S from one lane's raw row; `m` holds the
+// bf16x2 scale multiplier(s) of scaled formats (nvfp4: m[0] for the first 16 columns, m[1] for the rest).
+template <WFmt F, int S, int P>
+__device__ __forceinline__ uint32_t a_pair(const LaneRow<F>& r, const uint32_t (&m)[2]) {
+  if constexpr (F == WFmt::f32) {
+    // 16 floats in 4 uint4: pair = floats 4S+2P, 4S+2P+1
+    const uint4& v = r.v[S];
+    return P == 0 ? pack_bf16(__uint_as_float(v.x), __uint_as_float(v.y))
+                  : pack_bf16(__uint_as_float(v.z), __uint_as_float(v.w));
+  } else if constexpr (F == WFmt::bf16) {
+    return word_of(r.v[(2 * S + P) / 4], (2 * S + P) % 4);
+  } else if constexpr (F == WFmt::fp8) {
+    const uint32_t w = word_of(r.v[0], S);
+    return bf16_mul2(e4m3x2_to_bf16x2_raw(w, P == 0 ? 0x1404u : 0x3424u), m[0]);
+  } else {
+    const uint32_t w = word_of(r.v[0], S / 2);
+    const uint32_t raw = e2m1x2_to_bf16x2_raw<2 * (S % 2) + P>(w);
+    if constexpr (F == WFmt::mxfp4) return bf16_mul2(raw, m[0]);
+    else return bf16_mul2(raw, m[S / 4]);
+  }
+}
+
+// Scale multipliers of one row for the chunk at `col0` (lane's first column `lcol`).
+template <WFmt F>
+__device__ __forceinline__ void row_scales(const MatRef& w, const uint8_t* srow, int64_t col0, int64_t lcol,
+                                           uint32_t (&m)[2]) {
+  if constexpr (F == WFmt::fp8) {
+    // srow: the scale row of the warp's 128-row block; one scale per 128 columns.
+    const int64_t j = col0 / 128;
+    const float s = w.scale_f32 ? reinterpret_cast<const float*>(srow)[j] : e8m0_to_f32(srow[j]);
+    m[0] = bf16x2_splat(s * 0x1p104f);  // e4m3 raw is 2^-120: W * 2^-16
+    m[1] = m[0];
+  } else if constexpr (F == WFmt::mxfp4) {
+    if (srow == nullptr) { m[0] = m[1] = 0; return; }
+    m[0] = bf16x2_splat(e8m0_to_f32(srow[lcol / 32]) * 0x1p110f);  // e2m1 raw is 2^-126
+    m[1] = m[0];
+  } else if constexpr (F == WFmt::nvfp4) {
+    if (srow == nullptr) { m[0] = m[1] = 0; return; }
+    const uint8_t* s = srow + lcol / 16;
+    m[0] = bf16x2_splat(ue4m3_to_f32(s[0]) * 0x1p110f);
+    m[1] = bf16x2_splat(ue4m3_to_f32(s[1]) * 0x1p110f);
+  } else {
+    m[0] = m[1] = 0;
+  }
+}
+
+template <typename Fn, int... I>
+__device__ __forceinline__ void static_for_impl(Fn&& fn, std::integer_sequence<int, I...>) {
+  (fn(std::integral_constant<int, I>{}), ...);
+}
+// fn(std::integral_constant<int, i>) for i = 0 .. N-1, unrolled.
+template <int N, typename Fn>
+__device__ __forceinline__ void static_for(Fn&& fn) {
+  static_for_impl(fn, std::make_integer_sequence<int, N>{});
+}
+
+// B pairs of k-step S for one token row (x already offset to the lane's first column).
+template <WFmt F, int S>
+__device__ __forceinline__ void b_pairs(const float* x, uint32_t& b0, uint32_t& b1) {
+  if (x == nullptr) {
+    b0 = b1 = 0;
+    return;
+  }
+  if constexpr (F == WFmt::mxfp4 || F == WFmt::nvfp4) {
+    constexpr int c = 8 * (S / 2) + 2 * (S % 2);
+    const float2 lo = *reinterpret_cast<const float2*>(x + c);
+    const float2 hi = *reinterpret_cast<const float2*>(x + c + 4);
+    b0 = pack_bf16(lo.x, hi.x);
+    b1 = pack_bf16(lo.y, hi.y);
+  } else {
+    const float4 v = *reinterpret_cast<const float4*>(x + 4 * S);
+    b0 = pack_bf16(v.x, v.y);
+    b1 = pack_bf16(v.z, v.w);
+  }
+}
+
+// One warp's product over columns [k_begin, k_end) (multiples of Fmt<F>::kChunk):
+//   acc[m][n] += W_m[rows g, g+8][k] * x_n[k]      (g = lane / 4; C fragment: c0,c1 row g, c2,c3 row g+8,
+//                                                    tokens 2t, 2t+1 of the n-tile, t = lane % 4)
+// wrow[m][r]: start of weight row (g + 8r) of m-tile m, or nullptr past the matrix; srow[m][r]: its scale
+// row (fp4), or the 128-row block's scale row (fp8); xrow[n]: this lane's token row (token 8n + g), offset
+// to the matrix's first column (16-byte aligned), or nullptr for padding tokens.
+template <WFmt F, int MT, int NT>
+__device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t* const (&wrow)[MT][2],
+                                         const uint8_t* const (&srow)[MT][2], const float* const (&xrow)[NT],
+                                         int64_t k_begin, int64_t k_end, float (&acc)[MT][NT][4]) {
+  using Tr = Fmt<F>;
+  constexpr int kSteps = Tr::kLaneCols / 4;
+  const int t = threadIdx.x & 3;
+#pragma unroll 1
+  for (int64_t k = k_begin; k < k_end; k += Tr::kChunk) {
+    const int64_t lcol = k + t * Tr::kLaneCols;
+    LaneRow<F> raw[MT][2];
+    uint32_t msc[MT][2][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) load_lane_row<F>(raw[m][r], wrow[m][r], lcol);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_scales<F>(mat[m], srow[m][r], k, lcol, msc[m][r]);
+    static_for<kSteps>([&](auto sc) {
+      constexpr int S = decltype(sc)::value;
+      uint32_t b[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) b_pairs<F, S>(xrow[n] == nullptr ? nullptr : xrow[n] + lcol, b[n][0], b[n][1]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
+        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
+        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
+        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_bf16(acc[m][n], a0, a1, a2, a3, b[n][0], b[n][1]);
+      }
+    });
+  }
+}
+
+}  // namespace tern::cuda::dev

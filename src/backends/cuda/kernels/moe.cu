@@ -1,0 +1,202 @@
+// Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
+#include "backends/cuda/kernels/moe_impl.cuh"
+
+namespace tern::cuda {
+
+extern template void launch_moe_experts<dev::WFmt::f32>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<dev::WFmt::bf16>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<dev::WFmt::fp8>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+
+namespace dev {
+namespace {
+
+// sqrt(softplus(x)) with torch's threshold (x > 20: softplus(x) = x).
+__device__ __forceinline__ float sqrt_softplus(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x))); }
+
+constexpr int kRouteWarps = 4, kMaxExperts = 1024;
+
+// Warp per token: k rounds of a warp argmax over (score + bias), ties to the lower expert id.
+__global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const float* logits, const float* bias,
+                                                                       int64_t T, int64_t E, int k, float scale,
+                                                                       int32_t* indices, float* weights) {
+  __shared__ float sc[kRouteWarps][kMaxExperts];
+  __shared__ float bi[kRouteWarps][kMaxExperts];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= T) return;
+  for (int64_t e = lane; e < E; e += 32) {
+    sc[warp][e] = sqrt_softplus(logits[t * E + e]);
+    bi[warp][e] = sc[warp][e] + bias[e];
+  }
+  __syncwarp();
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float best = -INFINITY;
+    int best_e = INT32_MAX;
+    for (int e = lane; e < E; e += 32)
+      if (bi[warp][e] > best || (bi[warp][e] == best && e < best_e)) best = bi[warp][e], best_e = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+    }
+    if (lane == 0) {
+      indices[t * k + j] = best_e;
+      weights[t * k + j] = sc[warp][best_e];
+      sum += sc[warp][best_e];
+      bi[warp][best_e] = -INFINITY;
+    }
+    __syncwarp();
+  }
+  if (lane == 0)
+    for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
+}
+
+__global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
+                                  const int64_t* token_ids, int64_t T, int64_t E, int k, float scale, int32_t* indices,
+                                  float* weights, int* err) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const int64_t token = token_ids[t];
+  const bool ok = token >= 0 && token < vocab;
+  if (!ok) raise(err, kErrTokenId);
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int64_t e = !ok ? 0
+                    : i64 ? static_cast<const int64_t*>(tid2eid)[token * k + j]
+                          : static_cast<const int32_t*>(tid2eid)[token * k + j];
+    if (e < 0 || e >= E) {
+      raise(err, kErrExpertIndex);
+      e = 0;
+    }
+    indices[t * k + j] = static_cast<int32_t>(e);
+    sum += weights[t * k + j] = sqrt_softplus(logits[t * E + e]);
+  }
+  for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
+}
+
+constexpr int kPlanThreads = 1024;
+
+// One block: per-expert counts by warp ballots (stable order), offsets, sorted pair list, each pair's
+// sorted slot, and the job list (expert, first slot, count <= tile).
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
+                                                                int* sorted, int* pos, int* jobs, int* num_jobs,
+                                                                int* err) {
+  __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+    const int e = indices[q];
+    if (e < 0 || e >= E) {
+      raise(err, kErrExpertIndex);
+      pos[q] = -1;
+    }
+  }
+  for (int e = warp; e < E; e += warps) {
+    int c = 0;
+    for (int64_t base = 0; base < P; base += 32) {
+      const int64_t q = base + lane;
+      c += __popc(__ballot_sync(0xffffffffu, q < P && indices[q] == e));
+    }
+    if (lane == 0) count[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, joff = 0;
+    for (int e = 0; e < E; ++e) {
+      offset[e] = off;
+      job_off[e] = joff;
+      off += count[e];
+      joff += (count[e] + tile - 1) / tile;
+    }
+    *num_jobs = joff;
+  }
+  __syncthreads();
+  for (int e = warp; e < E; e += warps) {
+    int run = offset[e];
+    for (int64_t base = 0; base < P; base += 32) {
+      const int64_t q = base + lane;
+      const bool mine = q < P && indices[q] == e;
+      const unsigned ball = __ballot_sync(0xffffffffu, mine);
+      if (mine) {
+        const int slot = run + __popc(ball & ((1u << lane) - 1));
+        sorted[slot] = static_cast<int>(q);
+        pos[q] = slot;
+      }
+      run += __popc(ball);
+    }
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    for (int c = 0; c * tile < count[e]; ++c) {
+      int* j = jobs + 3 * (job_off[e] + c);
+      j[0] = e, j[1] = offset[e] + c * tile, j[2] = min(tile, count[e] - c * tile);
+    }
+}
+
+// out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order.
+__global__ void moe_combine_kernel(const float* y, const int* pos, const float* weights, int64_t T, int k, int64_t D,
+                                   float* out) {
+  const int64_t total = T * D;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / D, d = i % D;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int slot = pos[t * k + j];
+      if (slot >= 0) acc += y[static_cast<int64_t>(slot) * D + d] * weights[t * k + j];
+    }
+    out[i] = acc;
+  }
+}
+
+}  // namespace
+}  // namespace dev
+
+void launch_route_scored(const float* logits, const float* bias, int64_t T, int64_t E, int k, float routed_scale,
+                         int32_t* indices, float* weights, cudaStream_t stream) {
+  if (T == 0) return;
+  const unsigned blocks = static_cast<unsigned>((T + dev::kRouteWarps - 1) / dev::kRouteWarps);
+  dev::route_scored_kernel<<<blocks, dev::kRouteWarps * 32, 0, stream>>>(logits, bias, T, E, k, routed_scale, indices,
+                                                                          weights);
+}
+
+void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,
+                       const int64_t* token_ids, int64_t T, int64_t E, int k, float routed_scale, int32_t* indices,
+                       float* weights, int* err, cudaStream_t stream) {
+  if (T == 0) return;
+  dev::route_hash_kernel<<<static_cast<unsigned>((T + 127) / 128), 128, 0, stream>>>(
+      logits, tid2eid, tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
+}
+
+bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
+  const int64_t chunk = chunk_of(kind);
+  return D % chunk == 0 && inter % chunk == 0 && D % 32 == 0 && inter % 16 == 0;
+}
+
+int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
+
+void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
+  if (p.T == 0) return;
+  const MoeLayout L(p);
+  char* ws = static_cast<char*>(workspace);
+  dev::moe_plan_kernel<<<1, dev::kPlanThreads, 0, stream>>>(
+      p.indices, L.P, p.E, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted),
+      reinterpret_cast<int*>(ws + L.pos), reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs),
+      p.err);
+  switch (p.kind) {
+    case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
+    case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
+    case WeightKind::fp8: launch_moe_experts<dev::WFmt::fp8>(p, L, ws, stream); break;
+    case WeightKind::mxfp4: launch_moe_experts<dev::WFmt::mxfp4>(p, L, ws, stream); break;
+    case WeightKind::nvfp4: launch_moe_experts<dev::WFmt::nvfp4>(p, L, ws, stream); break;
+  }
+  const int64_t total = p.T * p.D;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
+  dev::moe_combine_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float*>(ws + L.y),
+                                                      reinterpret_cast<const int*>(ws + L.pos), p.weights, p.T, p.k,
+                                                      p.D, p.out);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,48 @@
+// Routing and the routed experts (host interface).
+// moe: a plan kernel groups the (token, pick) pairs by expert (stable, deterministic) and lists the jobs
+// (expert, up to 8*NT of its pairs); the up kernel runs w1 and w3 of each job's expert on tensor cores
+// with SwiGLU fused, the down kernel w2, and a combine kernel adds each token's weighted pairs in pick
+// order. Weights stay in their checkpoint format (FP4 dequantized in registers).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/linear.cuh"
+
+namespace tern::cuda {
+
+void launch_route_scored(const float* logits, const float* bias, int64_t T, int64_t E, int k, float routed_scale,
+                         int32_t* indices, float* weights, cudaStream_t stream);
+void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,
+                       const int64_t* token_ids, int64_t T, int64_t E, int k, float routed_scale, int32_t* indices,
+                       float* weights, int* err, cudaStream_t stream);
+
+// One expert's three matrices (w1 gate [inter, D], w2 down [D, inter], w3 up [inter, D]).
+struct ExpertDesc {
+  const void* w[3] = {nullptr, nullptr, nullptr};
+  const void* s[3] = {nullptr, nullptr, nullptr};
+  float global_scale[3] = {1.0f, 1.0f, 1.0f};
+};
+
+struct MoeParams {
+  const float* x = nullptr;  // [T, D]
+  int64_t T = 0, D = 0, inter = 0;
+  const int32_t* indices = nullptr;  // [T, k]
+  const float* weights = nullptr;    // [T, k]
+  int k = 0;
+  int64_t E = 0;
+  const ExpertDesc* experts = nullptr;  // device array [E]
+  WeightKind kind = WeightKind::mxfp4;
+  bool scale_f32 = false;
+  float limit = 10.0f;
+  float* out = nullptr;  // [T, D]
+  int* err = nullptr;
+};
+
+bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter);
+int64_t moe_workspace_bytes(const MoeParams& p);
+void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream);
+
+}  // namespace tern::cuda
