@@ -198,7 +198,9 @@ struct Drain {
     poll();
   }
   void poll() {
-    if (service->live_jobs() == 0) {
+    // Done when no request is in flight and every response has been flushed (connections close after
+    // their last response while draining).
+    if (service->live_jobs() == 0 && http->connections() == 0) {
       log::info("drained; exiting");
       return http->stop();
     }

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible API through the official `openai` SDK and curl, against a real `tern serve`."""
+import concurrent.futures
+import json
+import subprocess
+
+import openai
+import pytest
+
+from conftest import TERN_BIN, metric, wait_for
+
+PROMPT = [0, 4871, 1307, 344, 260, 5206, 19, 1435, 2212]  # token ids
+
+
+def test_models_health_tokenize(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.model]
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", server.url + "/health"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "200"
+    tok = json.loads(subprocess.run(["curl", "-s", server.url + "/tokenize", "-d", '{"prompt": "Hello world"}'],
+                                    capture_output=True, text=True, check=True).stdout)
+    assert tok["count"] == len(tok["tokens"]) > 0
+    detok = json.loads(subprocess.run(["curl", "-s", server.url + "/detokenize", "-d",
+                                       json.dumps({"tokens": tok["tokens"]})],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert detok["prompt"] == "Hello world"
+
+
+def test_completion_and_usage(client, server):
+    r = client.completions.create(model=server.model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert len(r.choices) == 1 and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_chat_nonstream_and_stream_agree(client, server):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
+    whole = client.chat.completions.create(model=server.model, messages=msgs, max_tokens=12, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=server.model, messages=msgs, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    # No content-less role chunk first: the first chunk carries the role and content together.
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.content
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_streamed_completion_usage_last(client, server):
+    chunks = list(client.completions.create(model=server.model, prompt=PROMPT, max_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens == len(PROMPT)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_n_choices_and_seeds(client, server):
+    kw = dict(model=server.model, prompt=PROMPT, max_tokens=10, temperature=1.0, top_p=0.9)
+    a = client.completions.create(n=3, seed=1234, **kw)
+    b = client.completions.create(n=3, seed=1234, **kw)
+    c = client.completions.create(n=3, seed=999, **kw)
+    assert sorted(x.index for x in a.choices) == [0, 1, 2]
+    texts = lambda r: [x.text for x in sorted(r.choices, key=lambda x: x.index)]
+    assert texts(a) == texts(b)
+    assert texts(a) != texts(c)
+    assert len(set(texts(a))) > 1  # each choice its own random stream
+    assert a.usage.completion_tokens == 30
+
+
+def test_logprobs(client, server):
+    r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob >= entry.top_logprobs[2].logprob
+    c = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == c.choices[0].text
+
+
+def test_stop_strings_across_tokens(client, server):
+    full = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    assert len(full) > 6
+    stop = full[3:6]  # most likely spans a token boundary or sits inside one: matched either way
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=server.model, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True) if ch.choices)
+    assert streamed == r.choices[0].text
+
+
+def _post(server, path, body):
+    r = subprocess.run(["curl", "-s", server.url + path, "-d", json.dumps(body)], capture_output=True, text=True,
+                       check=True)
+    return json.loads(r.stdout)
+
+
+def test_stop_token_ids_and_ignore_eos(client, server):
+    full = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+    ids = _post(server, "/tokenize", {"prompt": full, "add_special_tokens": False})["tokens"]
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  extra_body={"stop_token_ids": [ids[2]], "ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert full.startswith(r.choices[0].text) and len(r.choices[0].text) < len(full)
+
+
+def test_penalties_and_filters_accepted(client, server):
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=6, temperature=0.7, seed=5,
+                                  presence_penalty=0.5, frequency_penalty=0.5,
+                                  extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1})
+    assert r.usage.completion_tokens == 6
+
+
+def _greedy_ids(server, prompt, n):
+    r = subprocess.run(["curl", "-s", server.url + "/v1/completions", "-d",
+                        json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 0})],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["choices"][0]["text"]
+
+
+def test_batch_invariance_64_concurrent_streams(client, server):
+    """Greedy tokens do not depend on what else is in the batch."""
+    prompts = [[(7 * i + 3 * j) % 5000 + 100 for j in range(3 + i % 13)] for i in range(64)]
+    alone = [_greedy_ids(server, p, 8) for p in prompts[:8]]  # each alone (sequentially)
+
+    def stream(p):
+        s = client.completions.create(model=server.model, prompt=p, max_tokens=8, temperature=0, stream=True)
+        return "".join(ch.choices[0].text for ch in s if ch.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        together = list(pool.map(stream, prompts))
+    assert together[:8] == alone
+    # And the other 56, alone afterwards (a few, to bound the test's time).
+    for i in (13, 29, 47, 63):
+        assert together[i] == _greedy_ids(server, prompts[i], 8)
+
+
+def test_greedy_equals_tern_run(server):
+    if "run" not in subprocess.run([TERN_BIN, "--help"], capture_output=True, text=True).stdout:
+        pytest.skip("tern run is not built")
+    out = subprocess.run([TERN_BIN, "run", "--tokens", ",".join(map(str, PROMPT)), "--max-new-tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ids = [int(t) for t in out.stdout.split() if t.lstrip("-").isdigit()][-8:]
+    detok = subprocess.run(["curl", "-s", server.url + "/detokenize", "-d", json.dumps({"tokens": ids})],
+                           capture_output=True, text=True, check=True)
+    assert json.loads(detok.stdout)["prompt"] == _greedy_ids(server, PROMPT, 8)
+
+
+def test_errors_through_sdk(client, server):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=server.model, prompt="x", max_tokens=-1)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=server.model, prompt=[1] * 3000, max_tokens=2)  # beyond --max-model-len
+    assert metric(server, "num_requests_running") == 0 or wait_for(lambda: metric(server, "num_requests_running") == 0)
