@@ -128,25 +128,26 @@ __global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int s
     }
     return;
   }
-  float* part = a.partial + ((i * a.heads + h) * splits + split) * (HD + 2);
+  float* part = a.partial + ((i * a.heads + h) * splits + split) * (HD + 4);
 #pragma unroll
   for (int r = 0; r < DPL; ++r) *reinterpret_cast<float4*>(part + 128 * r + 4 * lane) = o[r];
   if (lane == 0) part[HD] = m, part[HD + 1] = l;
 }
 
-// One block per (query, head): merge the splits in order with the sink.
+// One block per (query, head): merge the splits in order with the sink. A split's record is its hd
+// weighted-row floats, then max and sum, padded to hd + 4 floats so every record stays 16-byte aligned.
 __global__ void attention_combine_kernel(AttentionParams a, int splits, int64_t hd) {
   const int64_t ih = blockIdx.x, h = ih % a.heads;
-  const float* part = a.partial + ih * splits * (hd + 2);
+  const float* part = a.partial + ih * splits * (hd + 4);
   const float sink = a.sinks[h];
   float top = sink;
-  for (int s = 0; s < splits; ++s) top = fmaxf(top, part[s * (hd + 2) + hd]);
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, part[s * (hd + 4) + hd]);
   float denom = expf(sink - top);
-  for (int s = 0; s < splits; ++s) denom += part[s * (hd + 2) + hd + 1] * expf(part[s * (hd + 2) + hd] - top);
+  for (int s = 0; s < splits; ++s) denom += part[s * (hd + 4) + hd + 1] * expf(part[s * (hd + 4) + hd] - top);
   const float inv = 1.0f / denom;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) acc += part[s * (hd + 2) + d] * expf(part[s * (hd + 2) + hd] - top);
+    for (int s = 0; s < splits; ++s) acc += part[s * (hd + 4) + d] * expf(part[s * (hd + 4) + hd] - top);
     a.out[ih * hd + d] = acc * inv;
   }
 }
@@ -168,7 +169,7 @@ int attention_splits(const AttentionParams& p) {
 
 int64_t attention_partial_floats(const AttentionParams& p) {
   const int splits = attention_splits(p);
-  return splits > 1 ? p.n * p.heads * splits * (p.fmt.head_dim + 2) : 0;
+  return splits > 1 ? p.n * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
 void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {

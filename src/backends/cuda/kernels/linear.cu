@@ -16,7 +16,7 @@ int chunk_of(WeightKind k) { return (k == WeightKind::mxfp4 || k == WeightKind::
 bool linear_mma_ok(const LinearParams& p) {
   const int64_t chunk = chunk_of(p.w.kind);
   const auto addr = reinterpret_cast<uintptr_t>(p.x);
-  return p.w.in % chunk == 0 && p.rows_per_group % 32 == 0 && addr % 16 == 0 && p.x_stride % 4 == 0 &&
+  return p.w.in % chunk == 0 && (p.rows_per_group == p.w.out || p.rows_per_group % 32 == 0) && addr % 16 == 0 && p.x_stride % 4 == 0 &&
          reinterpret_cast<uintptr_t>(p.w.w) % 16 == 0 && (p.w.kind != WeightKind::nvfp4 || p.w.s_cols % 2 == 0);
 }
 

@@ -65,26 +65,28 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* stream
   }
 }
 
-// The token's mixing logits m[0..mix) (already times rsqrt(mean(flat^2) + eps)), from the partials.
+// Threads 0..mix of the block add the partials of one logit (or the sum of squares) each, in split order;
+// then every thread may read m[0..mix), already times rsqrt(mean(flat^2) + eps).
 __device__ void finish_logits(const float* partial, int64_t t, int splits, int mix, int64_t N, float eps, float* m) {
   const float* p = partial + t * splits * (mix + 1);
-  float ss = 0.0f;
-  for (int s = 0; s < splits; ++s) ss += p[s * (mix + 1) + mix];
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(N) + eps);
-  for (int j = 0; j < mix; ++j) {
+  if (threadIdx.x <= mix) {
     float v = 0.0f;
-    for (int s = 0; s < splits; ++s) v += p[s * (mix + 1) + j];
-    m[j] = v * inv;
+    for (int s = 0; s < splits; ++s) v += p[s * (mix + 1) + threadIdx.x];
+    m[threadIdx.x] = v;
   }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(m[mix] / static_cast<float>(N) + eps);
+  __syncthreads();
+  if (threadIdx.x < mix) m[threadIdx.x] *= inv;
+  __syncthreads();
 }
 
 __global__ void hc_pre_finish_kernel(HcParams a, int splits) {
   const int64_t t = blockIdx.x, hc = a.hc, D = a.D;
   __shared__ float pre[kMaxHc];
+  __shared__ float m[(2 + kMaxHc) * kMaxHc + 1];
+  finish_logits(a.partial, t, splits, static_cast<int>((2 + hc) * hc), hc * D, a.norm_eps, m);
   if (threadIdx.x == 0) {
-    float m[(2 + kMaxHc) * kMaxHc];
-    const int mix = static_cast<int>((2 + hc) * hc);
-    finish_logits(a.partial, t, splits, mix, hc * D, a.norm_eps, m);
     for (int i = 0; i < hc; ++i) {
       pre[i] = sigmoidf_(m[i] * a.scale[0] + a.base[i]) + a.hc_eps;
       a.post[t * hc + i] = 2.0f * sigmoidf_(m[hc + i] * a.scale[1] + a.base[hc + i]);
@@ -125,9 +127,9 @@ __global__ void hc_pre_finish_kernel(HcParams a, int splits) {
 __global__ void hc_head_finish_kernel(HcParams a, int splits) {
   const int64_t t = blockIdx.x, hc = a.hc, D = a.D;
   __shared__ float w[kMaxHc];
+  __shared__ float m[kMaxHc + 1];
+  finish_logits(a.partial, t, splits, static_cast<int>(hc), hc * D, a.norm_eps, m);
   if (threadIdx.x == 0) {
-    float m[kMaxHc];
-    finish_logits(a.partial, t, splits, static_cast<int>(hc), hc * D, a.norm_eps, m);
     for (int i = 0; i < hc; ++i) w[i] = sigmoidf_(m[i] * a.scale[0] + a.base[i]) + a.hc_eps;
   }
   __syncthreads();

@@ -1,0 +1,30 @@
+// Device timing for benchmarks and the profiler, with no CUDA header: CUDA events around each run on the
+// backend's stream, after a warm-up; the median of the runs is the figure to report (METHOD.md).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace tern::cuda {
+
+struct Timing {
+  double median_us = 0, min_us = 0, max_us = 0;
+  int runs = 0;
+};
+
+// Times fn() (which issues work on the registered CUDA backend's stream) `runs` times after `warmup` calls.
+Timing time_device(const std::function<void()>& fn, int warmup, int runs);
+
+// Captures fn(0), fn(1), ..., fn(count - 1) into one CUDA graph on a private stream (after one eager run
+// of the same calls, which sizes the workspace and builds per-weight tables) and times the graph's
+// replays; the figures are per call (replay / count). No host work sits between the kernels, as in a
+// captured decode step.
+Timing time_graph(const std::function<void(int)>& fn, int count, int runs);
+
+// Device-to-device copy of `bytes` (cudaMemcpyAsync), in GB/s counting bytes read plus bytes written.
+double copy_bandwidth_gbs(size_t bytes, int runs = 10);
+
+// Copies `bytes` from one device address to another (benchmarks replicate weights on the device).
+void device_copy(void* dst, const void* src, size_t bytes);
+
+}  // namespace tern::cuda

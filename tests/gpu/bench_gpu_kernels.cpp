@@ -1,0 +1,201 @@
+// Micro-benchmark of the key kernels at the real V4-Flash decode shapes, each against its floor.
+// Copy bandwidth is measured first in the same run; weight-streaming kernels rotate over enough weight
+// copies that they never sit in L2, and report weight bytes / time as a share of the copy figure.
+// Usage: tern_gpu_bench [--quick]      (prints one table; every kernel was checked by tern_gpu_tests)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/timing.h"
+#include "core/dtype.h"
+#include "gpu_test_util.h"
+#include "ops/attention.h"
+#include "ops/indexer.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/moe.h"
+
+namespace tern::gputest {
+namespace {
+
+struct Row {
+  std::string kernel, shape;
+  double us = 0, eager_us = 0, gbs = 0, floor_us = 0;
+};
+
+std::vector<Row> g_rows;
+double g_copy_gbs = 0;
+
+// us: per call inside a CUDA graph (device time); eager_us: per call issued from the host one by one.
+void report(const std::string& kernel, const std::string& shape, double us, double eager_us, double bytes) {
+  Row r{kernel, shape, us, eager_us, bytes > 0 ? bytes / (us * 1e3) : 0, bytes > 0 ? bytes / (g_copy_gbs * 1e3) : 0};
+  g_rows.push_back(r);
+  std::printf("%-34s %-28s %9.1f us (eager %7.1f)  %7.0f GB/s  %5.0f%% of copy\n", kernel.c_str(), shape.c_str(), us,
+              eager_us, r.gbs, g_copy_gbs > 0 ? 100.0 * r.gbs / g_copy_gbs : 0.0);
+  std::fflush(stdout);
+}
+
+// Graph and eager timings of call(i) (i cycles over `count` variants, e.g. weight copies).
+void measure(const std::string& kernel, const std::string& shape, double bytes, int count,
+             const std::function<void(int)>& call) {
+  const cuda::Timing g = cuda::time_graph(call, count, 20);
+  int i = 0;
+  const cuda::Timing e = cuda::time_device([&] { call(i++ % count); }, 3, 30);
+  report(kernel, shape, g.median_us, e.median_us, bytes);
+}
+
+// Enough device copies of one weight that cycling through them never hits L2.
+struct Rotation {
+  std::vector<cuda::WeightStore> stores;
+  std::vector<ops::Weight> copies;
+  Rotation(const HostWeight& hw, size_t bytes) {
+    const int n = static_cast<int>(std::clamp<size_t>((512u << 20) / std::max<size_t>(bytes, 1) + 1, 2, 64));
+    stores.resize(n);
+    for (int i = 0; i < n; ++i) copies.push_back(stores[i].upload(hw.w));
+  }
+};
+
+size_t weight_bytes(const ops::Weight& w) {
+  return w.weight.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes());
+}
+
+void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in, std::vector<int64_t> Ts, Rand& r) {
+  const HostWeight hw = random_weight(f, out, in, r, 1.0f / std::sqrt(float(in)), name);
+  const size_t bytes = weight_bytes(hw.w);
+  Rotation rot(hw, bytes);
+  for (int64_t T : Ts) {
+    auto x = upload(random_f32({T, in}, r));
+    cuda::DeviceTensor y(DType::f32, {T, out});
+    measure(cat("linear ", name, " (", ops::weight_format_name(f), ")"), cat(out, "x", in, " T=", T),
+            static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
+            [&](int i) { ops::linear(x, rot.copies[i], y); });
+  }
+}
+
+// One layer's 256 routed experts (one random expert replicated on the device), uniform routing.
+void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
+  const int64_t E = 256, D = 4096, inter = 2048, k = 6;
+  const HostWeight w1 = random_weight(f, inter, D, r, 0.03f, "w1"), w2 = random_weight(f, D, inter, r, 0.02f, "w2");
+  cuda::WeightStore store;
+  std::vector<ops::Expert> experts(E);
+  for (int64_t e = 0; e < E; ++e) experts[e] = ops::Expert{store.upload(w1.w), store.upload(w2.w), store.upload(w1.w)};
+  const double expert_bytes = 2.0 * static_cast<double>(weight_bytes(w1.w)) + static_cast<double>(weight_bytes(w2.w));
+  for (int64_t T : Ts) {
+    Tensor idx(DType::i32, {T, k});
+    std::vector<char> used(E, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        std::swap(all[j], all[j + r.index(E - j)]);
+        idx.data<int32_t>()[t * k + j] = all[j];
+        used[all[j]] = 1;
+      }
+    }
+    const int64_t distinct = std::count(used.begin(), used.end(), 1);
+    auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
+    cuda::DeviceTensor out(DType::f32, {T, D});
+    measure(cat("moe_experts (", ops::weight_format_name(f), ")"), cat("T=", T, " experts=", distinct),
+            expert_bytes * static_cast<double>(distinct), 1,
+            [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+  }
+}
+
+void bench_attention(Rand& r, bool quick) {
+  const int64_t H = 64, hd = 512, W = 128, k = 512;
+  const ops::KvRowFormat f{ops::KvFormat::fp8_ds, hd, 64};
+  const int64_t rb = f.row_bytes();
+  for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
+    const int64_t num_c = ctx / 4;
+    auto packed = [&](int64_t rows) {
+      Tensor x = random_f32({rows, hd}, r), p(DType::u8, {rows, rb});
+      ops::kv_pack(x, f, p);
+      return upload(p);
+    };
+    auto ring = packed(W), comp = packed(num_c), chunk = packed(1);
+    Tensor sel(DType::i32, {1, k});
+    for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c));
+    auto dsel = upload(sel), q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
+    cuda::DeviceTensor out(DType::f32, {1, H, hd});
+    ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
+    measure("sparse_attention csa fp8 rows", cat("1 query, 128+512 keys, ctx ", ctx),
+            static_cast<double>((W + k) * rb), 1, [&](int) { ops::sparse_attention(a, out); });
+    // HCA: every compressed row (ctx / 128).
+    ops::AttentionArgs h = a;
+    h.num_compressed = ctx / 128;
+    h.ratio = 128;
+    h.selected = TensorView();
+    measure("sparse_attention hca fp8 rows", cat("1 query, 128+", ctx / 128, " keys"),
+            static_cast<double>((W + ctx / 128) * rb), 1, [&](int) { ops::sparse_attention(h, out); });
+  }
+}
+
+void bench_indexer(Rand& r, bool quick) {
+  for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
+    const int64_t S = ctx / 4, H = 64, dim = 128;
+    auto q = upload(random_f32({1, H, dim}, r)), w = upload(random_f32({1, H}, r));
+    auto keys = upload(random_f32({S, dim}, r));
+    Tensor pos(DType::i64, {1});
+    pos.data<int64_t>()[0] = ctx - 1;
+    auto dpos = upload(pos);
+    cuda::DeviceTensor idx(DType::i32, {1, 512});
+    ops::IndexerArgs a{q, w, keys, S, dpos, 4};
+    measure("indexer scores+top512 (f32)", cat("1 query, ", S, " keys"), static_cast<double>(S * dim * 4), 1,
+            [&](int) { ops::indexer_topk(a, 512, idx); });
+  }
+}
+
+void bench_mhc(Rand& r) {
+  const int64_t D = 4096, hc = 4;
+  auto fn = upload(random_f32({24, hc * D}, r, 0.01f)), base = upload(random_f32({24}, r)),
+       scale = upload(random_f32({3}, r));
+  for (int64_t T : {1, 16, 64}) {
+    auto streams = upload(random_f32({T, hc, D}, r));
+    cuda::DeviceTensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), col(DType::f32, {T, D});
+    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), static_cast<double>(24 * hc * D * 4), 1,
+            [&](int) { ops::hc_pre(ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, col}); });
+  }
+}
+
+}  // namespace
+}  // namespace tern::gputest
+
+int main(int argc, char** argv) {
+  using namespace tern;
+  using namespace tern::gputest;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  if (!gpu_ready()) {
+    std::printf("tern_gpu_bench: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  std::printf("device: %s\n", cuda::device_description().c_str());
+  g_copy_gbs = cuda::copy_bandwidth_gbs(size_t{1} << 30);
+  std::printf("copy bandwidth (1 GiB device-to-device, read+write): %.0f GB/s\n\n", g_copy_gbs);
+  Rand r(12345);
+  using ops::WeightFormat;
+  bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
+  bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 16, 64}, r);
+  bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, {1, 16}, r);
+  bench_linear("shared.w1", WeightFormat::fp8_block, 2048, 4096, {1, 16}, r);
+  bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
+  bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, {1, 16}, r);
+  bench_moe(WeightFormat::mxfp4, quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64}, r);
+  if (!quick) bench_moe(WeightFormat::nvfp4, {1, 16}, r);
+  bench_attention(r, quick);
+  bench_indexer(r, quick);
+  bench_mhc(r);
+  std::printf("\n| kernel | shape | us (graph) | us (eager) | GB/s | %% of copy (%.0f GB/s) |\n"
+              "|---|---|---:|---:|---:|---:|\n", g_copy_gbs);
+  for (const Row& row : g_rows)
+    std::printf("| %s | %s | %.1f | %.1f | %.0f | %.0f%% |\n", row.kernel.c_str(), row.shape.c_str(), row.us,
+                row.eager_us, row.gbs, g_copy_gbs > 0 ? 100.0 * row.gbs / g_copy_gbs : 0.0);
+  return 0;
+}

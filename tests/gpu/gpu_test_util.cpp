@@ -1,0 +1,144 @@
+#include "gpu_test_util.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+namespace tern::gputest {
+
+bool gpu_ready() {
+  static const bool ready = [] {
+    cpu::register_backend();
+    if (!cuda::device_available()) return false;
+    cuda::register_backend();
+    return true;
+  }();
+  return ready;
+}
+
+uint64_t fresh_seed() {
+  static std::atomic<uint64_t> counter{0};
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = info != nullptr ? std::string(info->test_suite_name()) + "." + info->name() : "?";
+  const auto now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const uint64_t seed = std::hash<std::string>{}(name) ^ (now * 0x9e3779b97f4a7c15ull) ^ counter++;
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  return seed;
+}
+
+float Rand::fast(float stddev) {
+  // Uniform on [-sqrt(3), sqrt(3)) * stddev from 24 random bits (std = stddev); fast enough for the
+  // gigabyte-sized weights of the real shapes.
+  state_ += 0x9e3779b97f4a7c15ull;
+  uint64_t z = state_;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f) * 1.7320508f * stddev;
+}
+
+Tensor random_f32(Shape shape, Rand& r, float stddev) {
+  Tensor t(DType::f32, shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = r.fast(stddev);
+  return t;
+}
+
+Tensor random_bf16(Shape shape, Rand& r, float stddev) {
+  Tensor t(DType::bf16, shape);
+  auto* p = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = f32_to_bf16(r.fast(stddev));
+  return t;
+}
+
+HostWeight random_weight(ops::WeightFormat f, int64_t out, int64_t in, Rand& r, float stddev, const char* name) {
+  HostWeight h;
+  ops::Weight& w = h.w;
+  w.format = f;
+  w.out = out;
+  w.in = in;
+  w.name = name;
+  switch (f) {
+    case ops::WeightFormat::f32: h.weight = random_f32({out, in}, r, stddev); break;
+    case ops::WeightFormat::bf16: h.weight = random_bf16({out, in}, r, stddev); break;
+    case ops::WeightFormat::fp8_block: {
+      // e4m3 values of a normal with std 64 (so subnormals, large values and saturation all occur), and
+      // power-of-two block scales around stddev / 64.
+      h.weight = Tensor(DType::e4m3, {out, in});
+      auto* q = h.weight.data<uint8_t>();
+      for (int64_t i = 0; i < out * in; ++i) q[i] = f32_to_e4m3(r.fast(64.0f));
+      h.scale = Tensor(DType::e8m0, {(out + 127) / 128, (in + 127) / 128});
+      auto* s = h.scale.data<uint8_t>();
+      const int base = static_cast<int>(std::floor(std::log2(stddev / 64.0f)));
+      for (int64_t i = 0; i < h.scale.numel(); ++i) s[i] = static_cast<uint8_t>(127 + base + r.index(3) - 1);
+      break;
+    }
+    case ops::WeightFormat::mxfp4:
+    case ops::WeightFormat::nvfp4: {
+      const bool mx = f == ops::WeightFormat::mxfp4;
+      h.weight = Tensor(DType::u8, {out, in / 2});
+      auto* q = h.weight.data<uint8_t>();
+      for (int64_t i = 0; i < out * in / 2; ++i) q[i] = static_cast<uint8_t>(r.bits());
+      const int64_t block = mx ? 32 : 16;
+      h.scale = Tensor(mx ? DType::e8m0 : DType::ue4m3, {out, in / block});
+      auto* s = h.scale.data<uint8_t>();
+      if (mx) {
+        const int base = static_cast<int>(std::floor(std::log2(stddev / 3.0f)));
+        for (int64_t i = 0; i < h.scale.numel(); ++i) s[i] = static_cast<uint8_t>(127 + base + r.index(3) - 1);
+      } else {
+        for (int64_t i = 0; i < h.scale.numel(); ++i) s[i] = f32_to_ue4m3(r.uniform(0.001f, 448.0f));
+        w.global_scale = stddev / 3.0f / 200.0f;
+      }
+      break;
+    }
+  }
+  w.weight = h.weight.view();
+  if (!h.scale.empty()) w.scale = h.scale.view();
+  return h;
+}
+
+cuda::DeviceTensor upload(const TensorView& host) { return cuda::to_device(host); }
+
+cuda::DeviceTensor poisoned(DType dtype, Shape shape) {
+  cuda::DeviceTensor t(dtype, shape);
+  cuda::fill_bytes(t.view(), 0xff);
+  return t;
+}
+
+Compare compare(const TensorView& gpu_device, const TensorView& ref_host) {
+  Compare c;
+  const Tensor got = cuda::to_host(gpu_device);
+  EXPECT_EQ(got.shape(), ref_host.shape());
+  if (got.shape() != ref_host.shape()) return c;
+  const float* g = got.data<float>();
+  const float* r = ref_host.data_as<const float>();
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (!std::isfinite(r[i])) continue;
+    if (!std::isfinite(g[i])) {
+      ++c.bad;
+      continue;
+    }
+    diff += (static_cast<double>(g[i]) - r[i]) * (static_cast<double>(g[i]) - r[i]);
+    norm += static_cast<double>(r[i]) * r[i];
+  }
+  c.ref_norm = std::sqrt(norm);
+  c.rel_err = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return c;
+}
+
+void expect_close(const TensorView& gpu_device, const TensorView& ref_host, double tol, const std::string& what) {
+  const Compare c = compare(gpu_device, ref_host);
+  EXPECT_EQ(c.bad, 0) << what << ": " << c.bad << " output values unwritten or not finite";
+  EXPECT_GT(c.ref_norm, 0.0) << what << ": the reference is all zeros (the test's inputs are degenerate)";
+  EXPECT_LE(c.rel_err, tol) << what << ": normalised error " << c.rel_err << " over " << tol;
+  std::printf("  %-48s rel_err %.3e (tol %.0e)\n", what.c_str(), c.rel_err, tol);
+}
+
+}  // namespace tern::gputest

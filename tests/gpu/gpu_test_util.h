@@ -1,0 +1,73 @@
+// Helpers of the GPU op tests: each op runs on the CPU backend (the reference) and on the CUDA backend
+// with the same fresh random inputs (never zeros); GPU outputs are poisoned (NaN bytes) before the run
+// and must come back fully written; errors are normalised, ||gpu - ref|| / ||ref||, with the thresholds
+// of the GPU machine's METHOD.md (f32 arithmetic far under 1e-3, bf16 operands under 1e-2).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/device_memory.h"
+#include "core/tensor.h"
+#include "ops/weight.h"
+
+namespace tern::gputest {
+
+// Registers the CPU and CUDA backends once; false when there is no usable CUDA device.
+bool gpu_ready();
+
+// GPU tests call this first: with no device the test is reported SKIPPED, never passed.
+#define TERN_REQUIRE_GPU()                                                              \
+  do {                                                                                  \
+    if (!::tern::gputest::gpu_ready()) GTEST_SKIP() << "no CUDA device on this machine"; \
+  } while (0)
+
+constexpr double kTolF32 = 1e-5;   // f32 arithmetic, other summation order
+constexpr double kTolBf16 = 1e-2;  // bf16 operands (tensor-core products)
+
+class Rand {
+ public:
+  explicit Rand(uint64_t seed) : gen_(seed), state_(seed) {}
+  float fast(float stddev = 1.0f);  // never exactly zero in practice; cheap
+  float normal(float stddev = 1.0f) { return std::normal_distribution<float>(0.0f, stddev)(gen_); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  int64_t index(int64_t n) { return std::uniform_int_distribution<int64_t>(0, n - 1)(gen_); }
+  uint64_t bits() { return gen_(); }
+
+ private:
+  std::mt19937_64 gen_;
+  uint64_t state_;
+};
+
+// A fresh seed per test (the test's name hashed with a per-run counter), printed on failure by the caller.
+uint64_t fresh_seed();
+
+Tensor random_f32(Shape shape, Rand& r, float stddev = 1.0f);
+Tensor random_bf16(Shape shape, Rand& r, float stddev = 1.0f);
+
+// A host weight in one checkpoint format with random contents (value std about `stddev`), owning its data.
+struct HostWeight {
+  ops::Weight w;
+  Tensor weight, scale;
+};
+HostWeight random_weight(ops::WeightFormat f, int64_t out, int64_t in, Rand& r, float stddev, const char* name);
+
+// Device copy of a host tensor, and a device tensor poisoned with 0xff bytes (NaN for f32).
+cuda::DeviceTensor upload(const TensorView& host);
+cuda::DeviceTensor poisoned(DType dtype, Shape shape);
+
+struct Compare {
+  double rel_err = 0.0;   // ||gpu - ref|| / ||ref||
+  int64_t bad = 0;        // NaN / inf in the GPU output (unwritten or broken) where ref is finite
+  double ref_norm = 0.0;
+};
+Compare compare(const TensorView& gpu_device, const TensorView& ref_host);
+
+// EXPECTs: fully written and rel_err <= tol; `what` names the case. Records the error as a test property.
+void expect_close(const TensorView& gpu_device, const TensorView& ref_host, double tol, const std::string& what);
+
+}  // namespace tern::gputest

@@ -1,0 +1,252 @@
+// GPU vs CPU: the generic ops (elementwise, norm, rope, kv rows, linear in every format, dequantize).
+#include <cmath>
+#include <cstring>
+
+#include "backends/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "ops/elementwise.h"
+#include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+using ops::WeightFormat;
+
+class GpuBasic : public ::testing::TestWithParam<Shapes> {};
+
+TEST_P(GpuBasic, Elementwise) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  for (int64_t T : {1, 7}) {
+    // embedding: the real row width; the vocabulary cut to 16384 rows to keep the test fast.
+    const int64_t vocab = std::min<int64_t>(s.vocab, 16384);
+    Tensor table = random_bf16({vocab, s.D}, r);
+    Tensor ids(DType::i64, {T});
+    for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = r.index(vocab);
+    Tensor ref(DType::f32, {T, s.D});
+    ops::embedding(table, ids, ref);
+    auto dtable = upload(table), dids = upload(ids);
+    auto out = poisoned(DType::f32, {T, s.D});
+    ops::embedding(dtable, dids, out);
+    expect_close(out, ref, 0.0, "embedding");
+
+    Tensor x = random_f32({T, s.D}, r), y = random_f32({T, s.D}, r);
+    auto dx = upload(x), dy = upload(y);
+    ops::add(x, y);
+    ops::add(dx, dy);
+    expect_close(dy, y, 0.0, "add");
+
+    Tensor gate = random_f32({T, s.inter}, r, 8.0f), up = random_f32({T, s.inter}, r, 8.0f);
+    Tensor sw(DType::f32, {T, s.inter});
+    ops::swiglu(gate, up, 10.0f, sw);
+    auto dg = upload(gate), du = upload(up), dsw = poisoned(DType::f32, {T, s.inter});
+    ops::swiglu(dg, du, 10.0f, dsw);
+    expect_close(dsw, sw, kTolF32, "swiglu");
+
+    Tensor rows(DType::i64, {T + 2});
+    for (int64_t i = 0; i < T + 2; ++i) rows.data<int64_t>()[i] = r.index(T);
+    Tensor g(DType::f32, {T + 2, s.D});
+    ops::gather_rows(x, rows, g);
+    auto drows = upload(rows), dgat = poisoned(DType::f32, {T + 2, s.D});
+    auto dx2 = upload(x);
+    ops::gather_rows(dx2, drows, dgat);
+    expect_close(dgat, g, 0.0, "gather_rows");
+
+    Tensor st(DType::f32, {T, 4, s.D});
+    ops::hc_expand(x, st);
+    auto dst = poisoned(DType::f32, {T, 4, s.D});
+    ops::hc_expand(dx2, dst);
+    expect_close(dst, st, 0.0, "hc_expand");
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+TEST_P(GpuBasic, RmsNorm) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  struct Case {
+    int64_t rows, dim;
+    int weight;  // 0 none, 1 f32, 2 bf16
+  };
+  for (const Case c : {Case{5, s.D, 2}, Case{3 * s.heads, s.head_dim, 0}, Case{4, s.q_rank, 1},
+                       Case{6, s.head_dim, 2}, Case{2, 4 * s.D, 0}}) {
+    Tensor x = random_f32({c.rows, c.dim}, r, 3.0f);
+    Tensor w = c.weight == 2 ? random_bf16({c.dim}, r) : random_f32({c.dim}, r);
+    TensorView wv = c.weight == 0 ? TensorView() : w.view();
+    Tensor ref(DType::f32, {c.rows, c.dim});
+    ops::rms_norm(x, wv, 1e-6f, ref);
+    auto dx = upload(x), dw = upload(w), out = poisoned(DType::f32, {c.rows, c.dim});
+    ops::rms_norm(dx, c.weight == 0 ? TensorView() : dw.view(), 1e-6f, out);
+    expect_close(out, ref, kTolF32, cat("rms_norm dim ", c.dim, " weight ", c.weight));
+  }
+}
+
+TEST_P(GpuBasic, Rope) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  ops::RopeParams swa;
+  swa.dim = s.rope_dim;
+  ops::RopeParams yarn = swa;
+  yarn.theta = 160000.0;
+  yarn.yarn = true;
+  yarn.factor = 16.0;
+  yarn.original_max_position = 65536;
+  for (const ops::RopeParams& rp : {swa, yarn})
+    for (bool inverse : {false, true}) {
+      const int64_t n = 9;
+      Tensor freq = ops::rope_inv_freq(rp);
+      Tensor pos(DType::i64, {n});
+      for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = i < 3 ? i : r.index(1 << 20);
+      Tensor q = random_f32({n, s.heads, s.head_dim}, r);
+      Tensor k = random_f32({n, s.index_dim}, r);
+      auto dq = upload(q), dk = upload(k), dpos = upload(pos), dfreq = upload(freq);
+      ops::rope(q, pos, freq, inverse);
+      ops::rope(k, pos, freq, inverse);
+      ops::rope(dq, dpos, dfreq, inverse);
+      ops::rope(dk, dpos, dfreq, inverse);
+      expect_close(dq, q, kTolF32, cat("rope heads yarn=", rp.yarn, " inverse=", inverse));
+      expect_close(dk, k, kTolF32, cat("rope rows yarn=", rp.yarn, " inverse=", inverse));
+    }
+}
+
+TEST_P(GpuBasic, KvRows) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  for (ops::KvFormat kf : {ops::KvFormat::fp8_ds, ops::KvFormat::f32}) {
+    const ops::KvRowFormat f{kf, s.head_dim, s.rope_dim};
+    const int64_t n = 37;
+    Tensor x = random_f32({n, s.head_dim}, r, 2.0f);
+    for (int64_t d = 0; d < 64; ++d) x.data<float>()[d] *= 1e-6f;  // a block under the 1e-4 amax floor
+    Tensor rows(DType::u8, {n, f.row_bytes()});
+    ops::kv_pack(x, f, rows);
+    auto dx = upload(x), drows = poisoned(DType::u8, {n, f.row_bytes()});
+    ops::kv_pack(dx, f, drows);
+    const Tensor got = cuda::to_host(drows);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      const uint8_t g = got.data<uint8_t>()[i], c = rows.data<uint8_t>()[i];
+      if (g != c && differ++ < 8)
+        std::printf("  kv_pack row %lld byte %lld: gpu %02x cpu %02x\n", static_cast<long long>(i / f.row_bytes()),
+                    static_cast<long long>(i % f.row_bytes()), g, c);
+    }
+    EXPECT_EQ(differ, 0) << "kv_pack " << ops::kv_format_name(kf) << ": bytes differ from the CPU codec";
+    Tensor back(DType::f32, {n, s.head_dim});
+    ops::kv_unpack(rows, f, back);
+    auto dback = poisoned(DType::f32, {n, s.head_dim});
+    ops::kv_unpack(drows, f, dback);
+    expect_close(dback, back, 0.0, cat("kv_unpack ", ops::kv_format_name(kf)));
+  }
+}
+
+struct LinearCase {
+  const char* name;
+  WeightFormat format;
+  int64_t out, in;
+};
+
+std::vector<LinearCase> linear_cases(const Shapes& s) {
+  const int64_t D = s.D;
+  return {
+      {"wq_a", WeightFormat::fp8_block, s.q_rank, D},
+      {"wq_b", WeightFormat::fp8_block, s.heads * s.head_dim, s.q_rank},
+      {"wkv", WeightFormat::fp8_block, s.head_dim, D},
+      {"wo_b", WeightFormat::fp8_block, D, s.groups * s.o_rank},
+      {"idx.wq_b", WeightFormat::fp8_block, s.index_heads * s.index_dim, s.q_rank},
+      {"shared.w1", WeightFormat::fp8_block, s.inter, D},
+      {"shared.w2", WeightFormat::fp8_block, D, s.inter},
+      {"comp.wkv(csa)", WeightFormat::bf16, 2 * s.head_dim, D},
+      {"idx.weights_proj", WeightFormat::bf16, s.index_heads, D},
+      {"gate", WeightFormat::bf16, s.experts, D},
+      {"head", WeightFormat::bf16, s.vocab, D},
+      {"expert.w1 mxfp4", WeightFormat::mxfp4, s.inter, D},
+      {"expert.w2 mxfp4", WeightFormat::mxfp4, D, s.inter},
+      {"expert.w1 nvfp4", WeightFormat::nvfp4, s.inter, D},
+      {"expert.w2 nvfp4", WeightFormat::nvfp4, D, s.inter},
+      {"f32", WeightFormat::f32, 96, D},
+      {"f32 odd in (CUDA-core path)", WeightFormat::f32, 40, 100},
+      {"fp8 odd rows", WeightFormat::fp8_block, 200, D},
+  };
+}
+
+TEST_P(GpuBasic, Linear) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  for (const LinearCase& c : linear_cases(s)) {
+    const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    const ops::Weight dw = store.upload(hw.w);
+    const bool big = c.out * c.in > (64LL << 20);
+    for (int64_t T : big ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 5, 16, 37}) {
+      Tensor x = random_f32({T, c.in}, r);
+      Tensor ref(DType::f32, {T, c.out});
+      ops::linear(x, hw.w, ref);
+      auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
+      ops::linear(dx, dw, y);
+      const bool exact = c.format == WeightFormat::f32 && c.in % 64 != 0;
+      expect_close(y, ref, exact ? kTolF32 : kTolBf16, cat("linear ", c.name, " T=", T));
+    }
+  }
+}
+
+TEST_P(GpuBasic, GroupedLinear) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  const HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
+                                      1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
+  cuda::WeightStore store;
+  const ops::Weight dw = store.upload(hw.w);
+  for (int64_t T : {1, 6, 19}) {
+    Tensor x = random_f32({T, s.groups, in_g}, r);
+    Tensor ref(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(x, hw.w, ref);
+    auto dx = upload(x), y = poisoned(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(dx, dw, y);
+    expect_close(y, ref, kTolBf16, cat("grouped_linear wo_a T=", T));
+  }
+}
+
+TEST_P(GpuBasic, Dequantize) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4,
+                         WeightFormat::nvfp4}) {
+    const HostWeight hw = random_weight(f, 300, s.D, r, 0.05f, "w");
+    Tensor ref(DType::f32, {300, s.D});
+    ops::dequantize(hw.w, ref);
+    auto out = poisoned(DType::f32, {300, s.D});
+    ops::dequantize(store.upload(hw.w), out);
+    expect_close(out, ref, 0.0, cat("dequantize ", ops::weight_format_name(f)));
+  }
+}
+
+TEST(GpuErrors, BadTokenIdIsReported) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Tensor table = random_f32({10, 8}, r);
+  Tensor ids(DType::i64, {2});
+  ids.data<int64_t>()[0] = 3;
+  ids.data<int64_t>()[1] = 10;
+  auto dt = upload(table), di = upload(ids), out = poisoned(DType::f32, {2, 8});
+  ops::embedding(dt, di, out);
+  EXPECT_THROW(cuda::register_backend().check_device_errors(), Error);
+  cuda::register_backend().check_device_errors();  // the word was cleared
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBasic, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest

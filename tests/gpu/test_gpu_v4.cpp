@@ -1,0 +1,271 @@
+// GPU vs CPU: the DeepSeek-V4 ops (mHC, compressor, indexer, sparse attention, routing, experts).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/indexer.h"
+#include "ops/kv_row.h"
+#include "ops/mhc.h"
+#include "ops/moe.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+class GpuV4 : public ::testing::TestWithParam<Shapes> {};
+
+TEST_P(GpuV4, Mhc) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t hc = 4, mix = (2 + hc) * hc;
+  for (int64_t T : {1, 9}) {
+    Tensor streams = random_f32({T, hc, s.D}, r, 2.0f);
+    Tensor fn = random_f32({mix, hc * s.D}, r, 0.02f), base = random_f32({mix}, r, 0.5f);
+    Tensor scale = random_f32({3}, r, 0.5f);
+    Tensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), collapsed(DType::f32, {T, s.D});
+    ops::HcPreArgs a{streams, fn, base, scale, {}, post, comb, collapsed};
+    ops::hc_pre(a);
+    auto ds = upload(streams), dfn = upload(fn), db = upload(base), dsc = upload(scale);
+    auto dpost = poisoned(DType::f32, {T, hc}), dcomb = poisoned(DType::f32, {T, hc, hc});
+    auto dcol = poisoned(DType::f32, {T, s.D});
+    ops::hc_pre(ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol});
+    expect_close(dpost, post, kTolF32, cat("hc_pre post T=", T));
+    expect_close(dcomb, comb, 1e-4, cat("hc_pre comb (Sinkhorn) T=", T));
+    expect_close(dcol, collapsed, kTolF32, cat("hc_pre collapsed T=", T));
+
+    Tensor sub = random_f32({T, s.D}, r), out(DType::f32, {T, hc, s.D});
+    ops::hc_post(streams, sub, post, comb, out);
+    auto dsub = upload(sub), dout = poisoned(DType::f32, {T, hc, s.D});
+    auto hpost = upload(post), hcomb = upload(comb);  // same post / comb on both sides
+    ops::hc_post(ds, dsub, hpost, hcomb, dout);
+    expect_close(dout, out, kTolF32, cat("hc_post T=", T));
+
+    Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
+    Tensor head(DType::f32, {T, s.D});
+    ops::hc_head(ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
+    auto dhfn = upload(hfn), dhb = upload(hbase), dhs = upload(hscale), dhead = poisoned(DType::f32, {T, s.D});
+    ops::hc_head(ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
+    expect_close(dhead, head, kTolF32, cat("hc_head T=", T));
+  }
+}
+
+// Runs the same chunks through the CPU and GPU compressor from an empty state, comparing the emitted
+// entries and the pending accumulators after every chunk.
+void check_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& chunks, Rand& r,
+                      const std::string& name) {
+  const int64_t C = width * (overlap ? 2 : 1), n_acc = overlap ? 2 : 1;
+  Tensor acc(DType::f32, {n_acc, 3, width});
+  auto dacc = upload(acc);
+  Tensor ape = random_f32({ratio, C}, r);
+  auto dape = upload(ape);
+  int64_t pos = 0;
+  for (int64_t n : chunks) {
+    Tensor kv = random_f32({n, C}, r), gate = random_f32({n, C}, r, 2.0f);
+    const int64_t count = ops::compressor_emit_count(pos, n, ratio);
+    Tensor emitted(DType::f32, {std::max<int64_t>(count, 1), width});
+    ops::CompressorArgs a{acc, kv, gate, ape, pos, ratio, overlap, emitted};
+    EXPECT_EQ(ops::compressor_update(a), count);
+    auto dkv = upload(kv), dgate = upload(gate), dem = poisoned(DType::f32, {std::max<int64_t>(count, 1), width});
+    EXPECT_EQ(ops::compressor_update(ops::CompressorArgs{dacc, dkv, dgate, dape, pos, ratio, overlap, dem}), count);
+    if (count > 0) expect_close(dem.view().rows(0, count), emitted.view().rows(0, count), kTolF32,
+                                cat(name, " emitted at ", pos, "+", n));
+    const Tensor got = cuda::to_host(dacc);
+    const Compare c = compare(dacc, acc);
+    EXPECT_LE(c.rel_err, kTolF32) << name << ": accumulators after " << pos << "+" << n;
+    (void)got;
+    pos += n;
+  }
+}
+
+TEST_P(GpuV4, Compressor) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const std::vector<int64_t> chunks = {3, 1, 1, 2, 13, 1, 1, 1, 40, 7, 1, 300, 1, 1};
+  check_compressor(static_cast<int>(s.csa_ratio), true, s.head_dim, chunks, r, "compressor csa");
+  check_compressor(static_cast<int>(s.csa_ratio), true, s.index_dim, chunks, r, "compressor csa indexer");
+  check_compressor(static_cast<int>(s.hca_ratio), false, s.head_dim, chunks, r, "compressor hca");
+}
+
+TEST_P(GpuV4, Indexer) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t H = s.index_heads, dim = s.index_dim;
+  for (int64_t ctx : {s.csa_ratio * 3 + 1, s.csa_ratio * s.index_topk * 4 + 3}) {
+    const int64_t S = ctx / s.csa_ratio, n = 3;
+    Tensor q = random_f32({n, H, dim}, r), w = random_f32({n, H}, r), keys = random_f32({S, dim}, r);
+    Tensor pos(DType::i64, {n});
+    for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - n + i;
+    ops::IndexerArgs a{q, w, keys, S, pos, static_cast<int>(s.csa_ratio)};
+    Tensor scores(DType::f32, {n, S});
+    ops::indexer_scores(a, scores);
+    auto dq = upload(q), dw = upload(w), dk = upload(keys), dpos = upload(pos);
+    ops::IndexerArgs da{dq, dw, dk, S, dpos, static_cast<int>(s.csa_ratio)};
+    auto dscores = poisoned(DType::f32, {n, S});
+    ops::indexer_scores(da, dscores);
+    expect_close(dscores, scores, kTolF32, cat("indexer_scores keys=", S));
+
+    const int topk = static_cast<int>(s.index_topk);
+    Tensor idx(DType::i32, {n, topk});
+    ops::indexer_topk(a, topk, idx);
+    auto didx = poisoned(DType::i32, {n, topk});
+    ops::indexer_topk(da, topk, didx);
+    const Tensor got = cuda::to_host(didx);
+    // Same picks, except where two scores are within f32 noise of each other.
+    int64_t mismatched = 0;
+    for (int64_t i = 0; i < n * topk; ++i) {
+      const int32_t want = idx.data<int32_t>()[i], have = got.data<int32_t>()[i];
+      if (want == have) continue;
+      const int64_t row = i / topk;
+      const float* sc = scores.data<float>() + row * S;
+      if (want < 0 || have < 0 || have >= S || std::fabs(sc[want] - sc[have]) > 1e-5f * std::fabs(sc[want]) + 1e-7f)
+        ++mismatched;
+    }
+    EXPECT_EQ(mismatched, 0) << "indexer_topk keys=" << S;
+    std::printf("  %-48s %lld mismatches\n", cat("indexer_topk keys=", S).c_str(), static_cast<long long>(mismatched));
+  }
+}
+
+TEST_P(GpuV4, SparseAttention) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  struct Case {
+    const char* name;
+    int ratio;
+    bool select;
+    int64_t start, n;
+  };
+  const int64_t W = s.window;
+  const Case cases[] = {{"swa decode", 0, false, 5 * W + 3, 1},      {"swa prefill", 0, false, 0, W + 5},
+                        {"hca decode", static_cast<int>(s.hca_ratio), false, 9 * s.hca_ratio + 7, 1},
+                        {"hca chunk", static_cast<int>(s.hca_ratio), false, 3 * s.hca_ratio - 2, 5},
+                        {"csa decode", static_cast<int>(s.csa_ratio), true, 4 * s.csa_ratio * s.index_topk + 1, 1},
+                        {"csa chunk", static_cast<int>(s.csa_ratio), true, 2 * W + 1, 4}};
+  for (ops::KvFormat kf : {ops::KvFormat::fp8_ds, ops::KvFormat::f32})
+    for (const Case& c : cases) {
+      const ops::KvRowFormat f{kf, s.head_dim, s.rope_dim};
+      const int64_t rb = f.row_bytes(), n = c.n, end = c.start + n;
+      auto pack = [&](int64_t rows) {
+        Tensor x = random_f32({rows, s.head_dim}, r), packed(DType::u8, {rows, rb});
+        ops::kv_pack(x, f, packed);
+        return packed;
+      };
+      Tensor q = random_f32({n, s.heads, s.head_dim}, r, 0.5f), sinks = random_f32({s.heads}, r);
+      Tensor chunk = pack(n), ring = pack(W);
+      const int64_t num_c = c.ratio > 0 ? end / c.ratio : 0;
+      Tensor comp = pack(std::max<int64_t>(num_c, 1));
+      Tensor sel;
+      const int64_t k = c.select ? s.index_topk : 0;
+      if (c.select) {
+        sel = Tensor(DType::i32, {n, k});
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t vis = (c.start + i + 1) / c.ratio;
+          std::vector<int32_t> all(vis);
+          std::iota(all.begin(), all.end(), 0);
+          for (int64_t j = 0; j < k; ++j) {
+            if (j < vis) std::swap(all[j], all[j + r.index(vis - j)]);
+            sel.data<int32_t>()[i * k + j] = j < vis && j % 7 != 3 ? all[j] : -1;  // some -1 picks too
+          }
+        }
+      }
+      ops::AttentionArgs a{q, c.start, f, chunk, ring, W, c.ratio > 0 ? comp.view() : TensorView(), num_c, c.ratio,
+                           c.select ? sel.view() : TensorView(), sinks, 1.0f / std::sqrt(float(s.head_dim))};
+      Tensor ref(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(a, ref);
+      auto dq = upload(q), dsink = upload(sinks), dchunk = upload(chunk), dring = upload(ring), dcomp = upload(comp);
+      cuda::DeviceTensor dsel = c.select ? upload(sel) : cuda::DeviceTensor();
+      ops::AttentionArgs da = a;
+      da.q = dq;
+      da.chunk_rows = dchunk;
+      da.ring = dring;
+      da.compressed = c.ratio > 0 ? dcomp.view() : TensorView();
+      da.selected = c.select ? dsel.view() : TensorView();
+      da.sinks = dsink;
+      auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(da, out);
+      expect_close(out, ref, kTolF32, cat("attention ", c.name, " ", ops::kv_format_name(kf)));
+    }
+  cuda::register_backend().check_device_errors();
+}
+
+TEST_P(GpuV4, Routing) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t T = 37, E = s.experts, k = s.experts_per_token;
+  Tensor logits = random_f32({T, E}, r, 3.0f), bias = random_f32({E}, r, 0.1f);
+  Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
+  ops::route_scored(logits, bias, 1.5f, idx, w);
+  auto dl = upload(logits), db = upload(bias);
+  auto didx = poisoned(DType::i32, {T, k}), dw = poisoned(DType::f32, {T, k});
+  ops::route_scored(dl, db, 1.5f, didx, dw);
+  const Tensor got = cuda::to_host(didx);
+  EXPECT_EQ(std::memcmp(got.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << "route_scored picks differ";
+  expect_close(dw, w, kTolF32, "route_scored weights");
+
+  Tensor tid2eid(DType::i64, {s.vocab, k}), tokens(DType::i64, {T});
+  for (int64_t i = 0; i < s.vocab * k; ++i) tid2eid.data<int64_t>()[i] = r.index(E);
+  for (int64_t t = 0; t < T; ++t) tokens.data<int64_t>()[t] = r.index(s.vocab);
+  ops::route_hash(logits, tid2eid, tokens, 1.5f, idx, w);
+  auto dt = upload(tid2eid), dtok = upload(tokens);
+  auto hidx = poisoned(DType::i32, {T, k}), hw = poisoned(DType::f32, {T, k});
+  ops::route_hash(dl, dt, dtok, 1.5f, hidx, hw);
+  const Tensor got_h = cuda::to_host(hidx);
+  EXPECT_EQ(std::memcmp(got_h.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << "route_hash picks differ";
+  expect_close(hw, w, kTolF32, "route_hash weights");
+  cuda::register_backend().check_device_errors();
+}
+
+TEST_P(GpuV4, MoeExperts) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  // The real width and depth; 16 experts stand for the 256 (the kernels do not depend on their number).
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4, ops::WeightFormat::fp8_block,
+                              ops::WeightFormat::bf16, ops::WeightFormat::f32}) {
+    if (f == ops::WeightFormat::f32 && D > 1024) continue;
+    std::vector<HostWeight> host;
+    std::vector<ops::Expert> hexp(E), dexp(E);
+    cuda::WeightStore store;
+    for (int64_t e = 0; e < E; ++e) {
+      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w1"));
+      host.push_back(random_weight(f, D, inter, r, 1.0f / std::sqrt(float(inter)), "w2"));
+      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w3"));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      hexp[e] = ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w};
+      dexp[e] = ops::Expert{store.upload(hexp[e].w1), store.upload(hexp[e].w2), store.upload(hexp[e].w3)};
+    }
+    for (int64_t T : {1, 5, 70}) {
+      Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx(DType::i32, {T, k});
+      for (int64_t t = 0; t < T; ++t) {  // distinct experts per token, skewed towards the first ones
+        std::vector<int32_t> all(E);
+        std::iota(all.begin(), all.end(), 0);
+        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(std::min<int64_t>(E - j, 4 + j))]);
+        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+      }
+      Tensor ref(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+      auto dx = upload(x), dw = upload(w), didx = upload(idx), out = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+      expect_close(out, ref, kTolBf16, cat("moe_experts ", ops::weight_format_name(f), " T=", T));
+    }
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuV4, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest
