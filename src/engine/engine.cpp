@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "engine/text_stream.h"
 
 namespace tern::engine {
@@ -248,17 +249,46 @@ void Engine::run_batch(const BatchPlan& plan) {
   }
   const auto rows = static_cast<size_t>(batch_.num_logits());
   if (logits_.size() < rows * vocab_) logits_.resize(rows * vocab_);
+  const auto t0 = Clock::now();
   runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
-  size_t row = 0;
+  const auto t1 = Clock::now();
+  // Sample every row (in parallel: each row is independent and owns its RNG), then deliver in order.
+  std::vector<std::pair<Sequence*, size_t>> sampled;  // sequence, logits row
   for (const auto& c : plan.chunks) {
     Sequence& s = *seqs_.at(c.id);
     s.num_computed += c.count;
-    if (!c.sample) continue;
-    std::span<const float> logits(logits_.data() + row++ * vocab_, static_cast<size_t>(vocab_));
-    const SampleResult r = sampler_.sample(logits, s.request.sampling, s.history, s.rng);
-    RequestUpdate update;
-    after_sample(s, r, update);
+    if (c.sample) sampled.emplace_back(&s, sampled.size());
   }
+  results_.resize(sampled.size());
+  parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {
+    std::unique_ptr<Sampler> sampler = take_sampler();
+    for (int64_t i = lo; i < hi; ++i) {
+      Sequence& s = *sampled[i].first;
+      std::span<const float> logits(logits_.data() + sampled[i].second * vocab_, static_cast<size_t>(vocab_));
+      results_[i] = sampler->sample(logits, s.request.sampling, s.history, s.rng);
+    }
+    give_sampler(std::move(sampler));
+  });
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    RequestUpdate update;
+    after_sample(*sampled[i].first, results_[i], update);
+  }
+  std::lock_guard lock(metrics_mutex_);
+  metrics_.forward_seconds.observe(std::chrono::duration<double>(t1 - t0).count());
+  metrics_.sample_seconds.observe(std::chrono::duration<double>(Clock::now() - t1).count());
+}
+
+std::unique_ptr<Sampler> Engine::take_sampler() {
+  std::lock_guard lock(samplers_mutex_);
+  if (samplers_.empty()) return std::make_unique<Sampler>();
+  auto s = std::move(samplers_.back());
+  samplers_.pop_back();
+  return s;
+}
+
+void Engine::give_sampler(std::unique_ptr<Sampler> s) {
+  std::lock_guard lock(samplers_mutex_);
+  samplers_.push_back(std::move(s));
 }
 
 // Appends the sampled token, applies the stop rules and delivers the update.

@@ -70,12 +70,16 @@ class Engine {
   void deliver(Sequence& seq, RequestUpdate update);
   void free_state(Sequence& seq);
   void publish_gauges();
+  std::unique_ptr<Sampler> take_sampler();
+  void give_sampler(std::unique_ptr<Sampler> s);
   std::vector<SchedSeq> sched_view(const std::vector<uint64_t>& ids) const;
 
   std::shared_ptr<ModelRunner> runner_;
   EngineOptions options_;
   StatePool pool_;
-  Sampler sampler_;
+  std::mutex samplers_mutex_;
+  std::vector<std::unique_ptr<Sampler>> samplers_;  // scratch, one per sampling thread
+  std::vector<SampleResult> results_;
   int64_t vocab_ = 0;
   int64_t max_context_ = 0;
 

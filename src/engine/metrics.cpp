@@ -21,6 +21,8 @@ EngineMetrics::EngineMetrics()
       e2e_request_latency_seconds({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                    60.0, 120.0, 240.0}),
       batch_size({1, 2, 4, 8, 16, 32, 64, 128, 256, 512}),
-      step_seconds({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28}) {}
+      step_seconds({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12}),
+      forward_seconds(step_seconds.bounds()),
+      sample_seconds(step_seconds.bounds()) {}
 
 }  // namespace tern::engine

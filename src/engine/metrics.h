@@ -41,6 +41,8 @@ struct EngineMetrics {
   Histogram e2e_request_latency_seconds;
   Histogram batch_size;  // sequences per step
   Histogram step_seconds;
+  Histogram forward_seconds;  // the model's part of a step
+  Histogram sample_seconds;   // sampling and delivery
   EngineMetrics();
 };
 

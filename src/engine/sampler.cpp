@@ -53,7 +53,8 @@ int32_t Sampler::draw(const SamplingParams& p, std::mt19937_64& rng) {
     l = std::exp((l - max_l) * inv_t);  // unnormalised probability, max is 1
     z += l;
   }
-  const int64_t n = (p.top_k > 0 || p.top_p < 1.0f) ? sorted_candidates(p, z) : all_candidates(p);
+  if (p.top_k <= 0 && p.top_p >= 1.0f) return draw_unsorted(p, z, rng);
+  const int64_t n = sorted_candidates(p, z);
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += work_[order_[i]];
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
@@ -65,12 +66,25 @@ int32_t Sampler::draw(const SamplingParams& p, std::mt19937_64& rng) {
   return order_[n - 1];
 }
 
-// Every token with p >= min_p * p_max (p_max is 1 here), in index order.
-int64_t Sampler::all_candidates(const SamplingParams& p) {
-  order_.clear();
-  for (size_t i = 0; i < work_.size(); ++i)
-    if (work_[i] >= p.min_p) order_.push_back(static_cast<int32_t>(i));
-  return static_cast<int64_t>(order_.size());
+// Without top-k / top-p no order is needed: an inverse-CDF scan in index order over the tokens with
+// p >= min_p * p_max (p_max is 1 here).
+int32_t Sampler::draw_unsorted(const SamplingParams& p, double z, std::mt19937_64& rng) {
+  double total = z;
+  if (p.min_p > 0.0f) {
+    total = 0;
+    for (float w : work_)
+      if (w >= p.min_p) total += w;
+  }
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
+  double acc = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < work_.size(); ++i) {
+    if (work_[i] < p.min_p) continue;
+    acc += work_[i];
+    last = static_cast<int32_t>(i);
+    if (u < acc) return last;
+  }
+  return last;
 }
 
 // Sorts only as far as the filters reach: the top-k, else a growing prefix until the top-p mass is

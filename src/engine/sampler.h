@@ -36,7 +36,7 @@ class Sampler {
  private:
   void apply_penalties(const SamplingParams& p, const TokenHistory& h);
   int32_t draw(const SamplingParams& p, std::mt19937_64& rng);
-  int64_t all_candidates(const SamplingParams& p);
+  int32_t draw_unsorted(const SamplingParams& p, double z, std::mt19937_64& rng);
   int64_t sorted_candidates(const SamplingParams& p, double z);
   void fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out);
 

@@ -56,6 +56,8 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   histogram(out, "e2e_request_latency_seconds", "Request latency from arrival to finish.", m.e2e_request_latency_seconds, l);
   histogram(out, "batch_size", "Sequences per engine step.", m.batch_size, l);
   histogram(out, "step_seconds", "Duration of an engine step.", m.step_seconds, l);
+  histogram(out, "model_forward_seconds", "The model's part of a step.", m.forward_seconds, l);
+  histogram(out, "sample_seconds", "Sampling and delivery part of a step.", m.sample_seconds, l);
   // No CUDA graphs or speculative decoding on this backend yet: reported as zero, not omitted.
   scalar(out, "cuda_graph_replays_total", "counter", "Steps replayed from a CUDA graph.", 0, l);
   scalar(out, "eager_steps_total", "counter", "Steps run eagerly.", double(m.steps_total), l);
