@@ -1,0 +1,130 @@
+// `tern run`: generate from token ids on the CPU and print the tokens and the prefill / decode speed.
+// With no --model it runs the embedded tiny model (random weights, the real V4 vocabulary), written
+// deterministically into the cache directory on first use.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/synth.h"
+#include "model/v4_model.h"
+#include "model/weights.h"
+#include "tools/verb.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tern;
+
+struct RunArgs {
+  std::string model, prompt_ids, kv_mode = "exact";
+  int64_t max_tokens = 32, prefill_chunk = 0;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+fs::path cache_root() {
+  if (const char* t = std::getenv("TERN_CACHE")) return t;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "tern";
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/tmp") / ".cache" / "tern";
+}
+
+// The embedded model: ModelConfig::tiny() with synthetic weights (seed 1, MXFP4 experts). Concurrent first
+// runs each write a temporary directory; the first rename wins.
+std::string embedded_model_dir() {
+  const fs::path root = cache_root(), dir = root / "tiny-v4";
+  if (fs::exists(dir / "config.json")) return dir.string();
+  std::fprintf(stderr, "making the embedded tiny model in %s (once)\n", dir.c_str());
+  fs::create_directories(root);
+  const fs::path tmp = root / cat("tiny-v4.tmp.", getpid());
+  fs::remove_all(tmp);
+  model::write_synthetic_checkpoint(model::ModelConfig::tiny(), tmp.string(), model::SynthOptions{});
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp);  // another process got there first
+  return dir.string();
+}
+
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::vector<int64_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TERN_CHECK(used == item.size() && !item.empty(), "--prompt-ids: \"", item, "\" is not a token id");
+    TERN_CHECK(id >= 0 && id < vocab, "--prompt-ids: token ", id, " is outside the vocabulary [0, ", vocab, ")");
+    ids.push_back(id);
+  }
+  TERN_CHECK(!ids.empty(), "--prompt-ids: no token ids");
+  return ids;
+}
+
+// Without --prompt-ids: BOS and 31 ids spread over the vocabulary.
+std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
+  std::vector<int64_t> ids = {c.bos_token_id};
+  for (int64_t i = 1; i < 32; ++i) ids.push_back((i * 7919) % c.vocab_size);
+  return ids;
+}
+
+int run(const RunArgs& a) {
+  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
+  TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
+  if (a.threads > 0) set_thread_count(a.threads);
+  cpu::register_backend();
+  const std::string dir = a.model.empty() ? embedded_model_dir() : a.model;
+  const auto t0 = std::chrono::steady_clock::now();
+  model::ModelWeights weights = model::load_model(dir);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const model::ModelConfig config = weights.config;
+  model::Model m(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
+  const std::vector<int64_t> prompt =
+      a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
+  std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; kv %s; %d CPU threads\n",
+              dir.c_str(), config.num_layers, static_cast<long>(config.hidden_size),
+              static_cast<long>(config.vocab_size), load_s, a.kv_mode.c_str(), thread_count());
+  cache::SequenceState state = m.new_state(static_cast<int64_t>(prompt.size()) + a.max_tokens);
+  model::GenerateOptions o;
+  o.max_new_tokens = a.max_tokens;
+  o.temperature = a.temperature;
+  o.seed = a.seed;
+  o.prefill_chunk = a.prefill_chunk;
+  const model::GenerateResult r = model::generate(m, state, prompt, o);
+  std::printf("prompt: %zu tokens%s\ntokens:", prompt.size(), a.prompt_ids.empty() ? " (default)" : "");
+  for (int64_t t : r.tokens) std::printf(" %ld", static_cast<long>(t));
+  const auto decoded = static_cast<double>(r.tokens.size() - 1);  // the first token comes from the prefill
+  std::printf("\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), r.prefill_seconds,
+              prompt.size() / r.prefill_seconds);
+  if (decoded > 0)
+    std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s)\n", decoded, r.decode_seconds, decoded / r.decode_seconds);
+  return 0;
+}
+
+const bool registered = tern::tools::register_verb(
+    {"run", "Generate from token ids on the CPU (default: the embedded tiny model)",
+     [](CLI::App& app) -> std::function<int()> {
+       auto a = std::make_shared<RunArgs>();
+       app.add_option("--model", a->model, "checkpoint directory (default: the embedded tiny model)");
+       app.add_option("--prompt-ids", a->prompt_ids, "comma-separated token ids (default: 32 fixed ids)");
+       app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
+       app.add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
+       app.add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+       app.add_option("--kv-mode", a->kv_mode, "exact or fp8 (DeepSeek's FP8 KV rows)")->capture_default_str();
+       app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of this many tokens (0 = all)");
+       app.add_option("--threads", a->threads, "CPU threads (default: TERN_THREADS or all cores)");
+       return [a] { return run(*a); };
+     }});
+
+}  // namespace
