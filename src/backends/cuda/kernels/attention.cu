@@ -48,10 +48,11 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
 }
 
 template <int DPL>  // float4 groups per lane: head_dim = 128 * DPL
-__global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int splits, int64_t keys_per_split) {
+__global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, int splits, int64_t keys_per_split) {
   constexpr int HD = 128 * DPL;
   __shared__ __align__(16) float tile[kTile][HD];
   __shared__ const uint8_t* rows[kTile];
+  __shared__ float scores[kHeadsPerBlock][kTile];
   const int64_t i = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t h = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + warp;
@@ -79,9 +80,9 @@ __global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int s
     }
     __syncthreads();
     if (active) {
-      float s[kTile];
+      // Scores of the tile's keys (lane 0 keeps them in shared memory; every lane reads them back).
       float tile_max = -INFINITY;
-#pragma unroll
+#pragma unroll 2
       for (int jj = 0; jj < kTile; ++jj) {
         float part = 0.0f;
 #pragma unroll
@@ -89,19 +90,21 @@ __global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int s
           const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
           part += q[r].x * k4.x + q[r].y * k4.y + q[r].z * k4.z + q[r].w * k4.w;
         }
-        s[jj] = warp_sum(part) * a.scale;
-        if (rows[jj] == nullptr) s[jj] = -INFINITY;
-        tile_max = fmaxf(tile_max, s[jj]);
+        float sj = warp_sum(part) * a.scale;
+        if (rows[jj] == nullptr) sj = -INFINITY;
+        tile_max = fmaxf(tile_max, sj);
+        if (lane == 0) scores[warp][jj] = sj;
       }
+      __syncwarp();
       if (tile_max > -INFINITY) {
         const float m_new = fmaxf(m, tile_max);
         const float corr = expf(m - m_new);
         l *= corr;
 #pragma unroll
         for (int r = 0; r < DPL; ++r) o[r].x *= corr, o[r].y *= corr, o[r].z *= corr, o[r].w *= corr;
-#pragma unroll
+#pragma unroll 2
         for (int jj = 0; jj < kTile; ++jj) {
-          const float pj = expf(s[jj] - m_new);
+          const float pj = expf(scores[warp][jj] - m_new);
           l += pj;
 #pragma unroll
           for (int r = 0; r < DPL; ++r) {
@@ -111,6 +114,7 @@ __global__ void __launch_bounds__(256) attention_kernel(AttentionParams a, int s
         }
         m = m_new;
       }
+      __syncwarp();
     }
     __syncthreads();
   }

@@ -96,14 +96,30 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
       if (shift == 24 || (u >> (shift + 8)) == (prefix >> (shift + 8))) atomicAdd(&hist[(u >> shift) & 255], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int cum = 0, b = 255;
-      for (; b > 0; --b) {
-        if (cum + hist[b] >= remaining_s) break;
-        cum += hist[b];
+    if (threadIdx.x < 32) {
+      // Lane l holds bins 255-8l .. 248-8l (highest first); a warp scan finds the bin holding the
+      // remaining-th largest key.
+      const int lane = threadIdx.x, need = remaining_s;
+      int local[8], sum = 0;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) sum += local[q] = hist[255 - 8 * lane - q];
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
       }
-      remaining_s -= cum;
-      prefix_s = prefix | (static_cast<uint32_t>(b) << shift);
+      const int excl = incl - sum;
+      const unsigned hit = __ballot_sync(0xffffffffu, excl < need && need <= incl);
+      if (lane == __ffs(hit) - 1) {
+        int cum = excl, q = 0;
+        for (; q < 7; ++q) {
+          if (cum + local[q] >= need) break;
+          cum += local[q];
+        }
+        remaining_s = need - cum;
+        prefix_s = prefix | (static_cast<uint32_t>(255 - 8 * lane - q) << shift);
+      }
     }
     __syncthreads();
   }

@@ -36,8 +36,7 @@ __global__ void kv_pack_kernel(const float* x, KvRowDesc f, uint8_t* rows) {
     if (lane == 0) scales[b] = static_cast<uint8_t>(k + 127);
   }
   for (int64_t i = threadIdx.x; i < f.rope_dim; i += blockDim.x) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(src[nope + i]);
-    const uint16_t bits = *reinterpret_cast<const uint16_t*>(&h);
+    const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + i]));
     row[nope + 2 * i] = static_cast<uint8_t>(bits & 0xff);
     row[nope + 2 * i + 1] = static_cast<uint8_t>(bits >> 8);
   }

@@ -81,44 +81,49 @@ __device__ void finish_logits(const float* partial, int64_t t, int splits, int m
   __syncthreads();
 }
 
+// Sums over the 4 lanes of a row (lanes 4j..4j+3) or of a column (lanes k, k+4, k+8, k+12) of the 4x4
+// matrix that lanes 0..15 hold (lanes 16..31 mirror them).
+__device__ __forceinline__ float row_sum4(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float col_sum4(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  return v + __shfl_xor_sync(0xffffffffu, v, 8);
+}
+__device__ __forceinline__ float row_max4(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// hc == 4 (the host checks): warp 0 holds C in lanes (j, k) = (lane / 4 % 4, lane % 4) and runs the
+// softmax and Sinkhorn with shuffles, in the reference's order of operations.
 __global__ void hc_pre_finish_kernel(HcParams a, int splits) {
-  const int64_t t = blockIdx.x, hc = a.hc, D = a.D;
-  __shared__ float pre[kMaxHc];
-  __shared__ float m[(2 + kMaxHc) * kMaxHc + 1];
-  finish_logits(a.partial, t, splits, static_cast<int>((2 + hc) * hc), hc * D, a.norm_eps, m);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < hc; ++i) {
-      pre[i] = sigmoidf_(m[i] * a.scale[0] + a.base[i]) + a.hc_eps;
-      a.post[t * hc + i] = 2.0f * sigmoidf_(m[hc + i] * a.scale[1] + a.base[hc + i]);
+  constexpr int hc = 4;
+  const int64_t t = blockIdx.x, D = a.D;
+  __shared__ float pre[hc];
+  __shared__ float m[(2 + hc) * hc + 1];
+  finish_logits(a.partial, t, splits, (2 + hc) * hc, hc * D, a.norm_eps, m);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, i = lane & 15, j = i / 4, k = i % 4;
+    if (lane < hc) {
+      pre[lane] = sigmoidf_(m[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+      a.post[t * hc + lane] = 2.0f * sigmoidf_(m[hc + lane] * a.scale[1] + a.base[hc + lane]);
     }
-    float c[kMaxHc * kMaxHc];
-    for (int i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * a.scale[2] + a.base[2 * hc + i];
-    for (int j = 0; j < hc; ++j) {  // softmax over each row, + eps
-      float top = c[j * hc];
-      for (int k = 1; k < hc; ++k) top = fmaxf(top, c[j * hc + k]);
-      float sum = 0.0f;
-      for (int k = 0; k < hc; ++k) sum += c[j * hc + k] = expf(c[j * hc + k] - top);
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + a.hc_eps;
-    }
+    float c = m[2 * hc + i] * a.scale[2] + a.base[2 * hc + i];
+    c = expf(c - row_max4(c));
+    c = c / row_sum4(c) + a.hc_eps;
     for (int it = 0; it < a.sinkhorn_iters; ++it) {
-      if (it > 0)
-        for (int j = 0; j < hc; ++j) {  // rows
-          float sum = 0.0f;
-          for (int k = 0; k < hc; ++k) sum += c[j * hc + k];
-          for (int k = 0; k < hc; ++k) c[j * hc + k] /= sum + a.hc_eps;
-        }
-      for (int k = 0; k < hc; ++k) {  // columns
-        float sum = 0.0f;
-        for (int j = 0; j < hc; ++j) sum += c[j * hc + k];
-        for (int j = 0; j < hc; ++j) c[j * hc + k] /= sum + a.hc_eps;
-      }
+      if (it > 0) c /= row_sum4(c) + a.hc_eps;
+      c /= col_sum4(c) + a.hc_eps;
     }
-    for (int i = 0; i < hc * hc; ++i) a.comb[t * hc * hc + i] = c[i];
+    if (lane < 16) a.comb[t * hc * hc + j * hc + k] = c;
   }
   __syncthreads();
   const float* X = a.streams + t * hc * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
+#pragma unroll
     for (int i = 0; i < hc; ++i) acc += pre[i] * X[i * D + d];
     a.collapsed[t * D + d] = acc;
   }

@@ -212,35 +212,54 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
                                          int64_t k_begin, int64_t k_end, float (&acc)[MT][NT][4]) {
   using Tr = Fmt<F>;
   constexpr int kSteps = Tr::kLaneCols / 4;
+  // Chunks whose weight loads are all issued before any of them is used: decode is latency-bound, so a
+  // warp keeps G * MT * 2 * kLaneBytes bytes in flight (4 KB for FP8 / FP4 with MT = 2).
+  constexpr int G = Tr::kLaneBytes <= 16 ? 4 : Tr::kLaneBytes <= 32 ? 2 : 1;
   const int t = threadIdx.x & 3;
 #pragma unroll 1
-  for (int64_t k = k_begin; k < k_end; k += Tr::kChunk) {
-    const int64_t lcol = k + t * Tr::kLaneCols;
-    LaneRow<F> raw[MT][2];
-    uint32_t msc[MT][2][2];
+  for (int64_t k = k_begin; k < k_end; k += G * Tr::kChunk) {
+    LaneRow<F> raw[G][MT][2];
+    uint32_t msc[G][MT][2][2];
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int g = 0; g < G; ++g) {
+      const int64_t kk = k + g * Tr::kChunk;
+      if (kk >= k_end) break;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) load_lane_row<F>(raw[m][r], wrow[m][r], lcol);
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+        for (int r = 0; r < 2; ++r) load_lane_row<F>(raw[g][m][r], wrow[m][r], kk + t * Tr::kLaneCols);
+    }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) row_scales<F>(mat[m], srow[m][r], k, lcol, msc[m][r]);
-    static_for<kSteps>([&](auto sc) {
-      constexpr int S = decltype(sc)::value;
-      uint32_t b[NT][2];
+    for (int g = 0; g < G; ++g) {
+      const int64_t kk = k + g * Tr::kChunk;
+      if (kk >= k_end) break;
 #pragma unroll
-      for (int n = 0; n < NT; ++n) b_pairs<F, S>(xrow[n] == nullptr ? nullptr : xrow[n] + lcol, b[n][0], b[n][1]);
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
-        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
-        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
-        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
+        for (int r = 0; r < 2; ++r) row_scales<F>(mat[m], srow[m][r], kk, kk + t * Tr::kLaneCols, msc[g][m][r]);
+    }
 #pragma unroll
-        for (int n = 0; n < NT; ++n) mma_bf16(acc[m][n], a0, a1, a2, a3, b[n][0], b[n][1]);
-      }
-    });
+    for (int g = 0; g < G; ++g) {
+      const int64_t kk = k + g * Tr::kChunk;
+      if (kk >= k_end) break;
+      const int64_t lcol = kk + t * Tr::kLaneCols;
+      static_for<kSteps>([&](auto sc) {
+        constexpr int S = decltype(sc)::value;
+        uint32_t b[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+          b_pairs<F, S>(xrow[n] == nullptr ? nullptr : xrow[n] + lcol, b[n][0], b[n][1]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const uint32_t a0 = a_pair<F, S, 0>(raw[g][m][0], msc[g][m][0]);
+          const uint32_t a1 = a_pair<F, S, 0>(raw[g][m][1], msc[g][m][1]);
+          const uint32_t a2 = a_pair<F, S, 1>(raw[g][m][0], msc[g][m][0]);
+          const uint32_t a3 = a_pair<F, S, 1>(raw[g][m][1], msc[g][m][1]);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_bf16(acc[m][n], a0, a1, a2, a3, b[n][0], b[n][1]);
+        }
+      });
+    }
   }
 }
 

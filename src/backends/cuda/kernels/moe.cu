@@ -103,15 +103,22 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
     if (lane == 0) count[e] = c;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, joff = 0;
-    for (int e = 0; e < E; ++e) {
-      offset[e] = off;
-      job_off[e] = joff;
-      off += count[e];
-      joff += (count[e] + tile - 1) / tile;
+  {  // exclusive scans of the counts and of the jobs per expert: one expert per thread
+    __shared__ int warp_pairs[32], warp_jobs[32];
+    const int e = threadIdx.x;
+    const int c = e < E ? count[e] : 0, jb = (c + tile - 1) / tile;
+    int ic = c, ij = jb;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int vc = __shfl_up_sync(0xffffffffu, ic, o), vj = __shfl_up_sync(0xffffffffu, ij, o);
+      if (lane >= o) ic += vc, ij += vj;
     }
-    *num_jobs = joff;
+    if (lane == 31) warp_pairs[warp] = ic, warp_jobs[warp] = ij;
+    __syncthreads();
+    int bc = 0, bj = 0;
+    for (int w = 0; w < warp; ++w) bc += warp_pairs[w], bj += warp_jobs[w];
+    if (e < E) offset[e] = bc + ic - c, job_off[e] = bj + ij - jb;
+    if (e == E - 1) *num_jobs = bj + ij;
   }
   __syncthreads();
   for (int e = warp; e < E; e += warps) {
