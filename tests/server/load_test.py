@@ -93,15 +93,19 @@ async def sample_memory(pid, samples, stop):
 
 
 async def run(url, model, pid, clients, duration, warmup, seed, max_tokens_range):
-    """Warm-up load for `warmup` seconds, then the measured `duration`; memory is compared to its level
-    at the end of the warm-up."""
+    """Warm-up load for `warmup` seconds, then the measured `duration`. Memory growth compares the peak
+    resident memory of the second half of the measured run with the peak under warm-up load (after its
+    first third): a leak or fragmentation that grows with requests served shows; the working set of a
+    busy step does not."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
-    if warmup > 0:
-        await asyncio.gather(*[client_loop(client, model, Stats(), time.time() + warmup, random.Random(-1 - i),
-                                           max_tokens_range) for i in range(clients)])
-    stats, samples, stop = Stats(), [], asyncio.Event()
-    start = time.time()
+    samples, stop = [], asyncio.Event()
     mem = asyncio.create_task(sample_memory(pid, samples, stop)) if pid else None
+    warm_start = time.time()
+    if warmup > 0:
+        await asyncio.gather(*[client_loop(client, model, Stats(), warm_start + warmup, random.Random(-1 - i),
+                                           max_tokens_range) for i in range(clients)])
+    stats = Stats()
+    start = time.time()
     await asyncio.gather(*[client_loop(client, model, stats, start + duration, random.Random(seed + i),
                                        max_tokens_range) for i in range(clients)])
     elapsed = time.time() - start
@@ -109,8 +113,9 @@ async def run(url, model, pid, clients, duration, warmup, seed, max_tokens_range
     stop.set()
     if mem:
         await mem
-    base = samples[0][1] if samples else 0
-    peak = max(r for _, r in samples) if samples else 0
+    warm = [r for t, r in samples if warm_start + warmup / 3 <= t <= start]
+    late = [r for t, r in samples if t >= start + elapsed / 2]
+    base, end = (max(warm) if warm else 0), (max(late) if late else 0)
     return {
         "clients": clients, "warmup_s": warmup, "duration_s": round(elapsed, 2), "requests": stats.requests,
         "errors": len(stats.errors), "error_examples": stats.errors[:5], "undelivered_tokens": stats.missing,
@@ -119,8 +124,8 @@ async def run(url, model, pid, clients, duration, warmup, seed, max_tokens_range
         "ttft_p50_s": round(percentile(stats.ttft, 0.5), 4), "ttft_p99_s": round(percentile(stats.ttft, 0.99), 4),
         "itl_p50_s": round(percentile(stats.itl, 0.5), 4), "itl_p90_s": round(percentile(stats.itl, 0.9), 4),
         "itl_p99_s": round(percentile(stats.itl, 0.99), 4),
-        "rss_after_warmup_bytes": base, "rss_peak_bytes": peak,
-        "rss_growth": round((peak - base) / base, 4) if base else None,
+        "rss_warmup_peak_bytes": base, "rss_late_peak_bytes": end, "rss_end_bytes": samples[-1][1] if samples else 0,
+        "rss_growth": round((end - base) / base, 4) if base else None,
     }
 
 

@@ -1,7 +1,9 @@
 // `tern serve`: the OpenAI-compatible HTTP server. With no arguments it serves the embedded tiny
 // model (random weights, the real V4 vocabulary) on the CPU, made on first use.
-#include <sys/stat.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <chrono>
 #include <condition_variable>
@@ -226,7 +228,18 @@ server::HttpLimits http_limits(const ServeArgs& a) {
   return l;
 }
 
+// A server frees per-sequence state and per-step buffers all the time: large blocks go straight to mmap
+// (returned to the system when freed) and few arenas exist, so resident memory stays flat instead of
+// growing with heap fragmentation.
+void set_allocator_policy() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+  mallopt(M_ARENA_MAX, 2);
+#endif
+}
+
 int run_serve(const ServeArgs& a) {
+  set_allocator_policy();
   if (a.threads > 0) set_thread_count(a.threads);
   TERN_CHECK(a.port >= 0 && a.port <= 65535, "--port: expected 0 to 65535, found ", a.port);
   std::shared_ptr<server::ApiService> service;  // touched on the IO thread only
