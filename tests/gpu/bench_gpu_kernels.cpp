@@ -33,6 +33,7 @@ struct Row {
 
 std::vector<Row> g_rows;
 double g_copy_gbs = 0;
+bool g_profile = false;  // --profile: run each call twice, eagerly, and time nothing
 
 // us: per call inside a CUDA graph (device time); eager_us: per call issued from the host one by one.
 void report(const std::string& kernel, const std::string& shape, double us, double eager_us, double bytes) {
@@ -46,6 +47,12 @@ void report(const std::string& kernel, const std::string& shape, double us, doub
 // Graph and eager timings of call(i) (i cycles over `count` variants, e.g. weight copies).
 void measure(const std::string& kernel, const std::string& shape, double bytes, int count,
              const std::function<void(int)>& call) {
+  if (g_profile) {
+    call(0);
+    call(0);
+    cuda::register_backend().synchronize();
+    return;
+  }
   const cuda::Timing g = cuda::time_graph(call, count, 20);
   int i = 0;
   const cuda::Timing e = cuda::time_device([&] { call(i++ % count); }, 3, 30);
@@ -172,6 +179,8 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --profile: each key kernel a few times, eagerly, for a profiler run (ncu -c N tern_gpu_bench --profile).
+  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
   if (!gpu_ready()) {
     std::printf("tern_gpu_bench: no CUDA device, nothing to measure\n");
     return 0;
@@ -181,6 +190,15 @@ int main(int argc, char** argv) {
   std::printf("copy bandwidth (1 GiB device-to-device, read+write): %.0f GB/s\n\n", g_copy_gbs);
   Rand r(12345);
   using ops::WeightFormat;
+  if (profile) {
+    g_profile = true;
+    bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1}, r);
+    bench_moe(WeightFormat::mxfp4, {1}, r);
+    bench_attention(r, true);
+    bench_indexer(r, true);
+    bench_mhc(r);
+    return 0;
+  }
   bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
   bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 16, 64}, r);
   bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, {1, 16}, r);

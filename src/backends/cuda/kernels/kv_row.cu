@@ -36,9 +36,9 @@ __global__ void kv_pack_kernel(const float* x, KvRowDesc f, uint8_t* rows) {
     if (lane == 0) scales[b] = static_cast<uint8_t>(k + 127);
   }
   for (int64_t i = threadIdx.x; i < f.rope_dim; i += blockDim.x) {
-    const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + i]));
-    row[nope + 2 * i] = static_cast<uint8_t>(bits & 0xff);
-    row[nope + 2 * i + 1] = static_cast<uint8_t>(bits >> 8);
+    // One 16-bit store of the bf16 bits (2-byte aligned: nope and the row size are even). Storing the low
+    // byte alone made ptxas 13.0 emit a float-to-u8 conversion of the bf16 register (F2I.U8.F16).
+    *reinterpret_cast<uint16_t*>(row + nope + 2 * i) = __bfloat16_as_ushort(__float2bfloat16_rn(src[nope + i]));
   }
   for (int64_t j = blocks + threadIdx.x; j < (blocks + 7) / 8 * 8; j += blockDim.x) scales[j] = 0;
 }
