@@ -34,6 +34,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   ops::linear(h, o.wkv, kv);
   ops::rms_norm(kv, A.kv_norm, eps, kv);
   ops::rope(kv, b.positions, inv_freq);
+  observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
   Tensor kv_rows(DType::u8, {N, format.row_bytes()});
   ops::kv_pack(kv, format, kv_rows);
@@ -104,6 +105,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     Tensor positions(DType::i64, {emit});
     for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (first + e) * ratio;
     ops::rope(emitted, positions, inv_freq_compress_);
+    observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
     const TensorView dest = indexer ? s.state->index_keys(l) : s.state->compressed_rows(l);
     ops::kv_pack(emitted, format, dest.rows(first, first + emit));
   }
@@ -132,6 +134,7 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
     args.ratio = c.compress_ratio(l);
     selected[i] = Tensor(DType::i32, {s.n, c.index_topk});
     ops::indexer_topk(args, c.index_topk, selected[i]);
+    observe("indexer_topk", l, selected[i]);
   }
 }
 

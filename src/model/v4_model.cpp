@@ -1,5 +1,6 @@
 // The V4 forward: embedding, the layers (each an attention and a MoE sub-layer wrapped in mHC), hc_head,
 // final norm and head. deepseek-v4.md section 2, as op calls.
+#include <string>
 #include <unordered_set>
 
 #include "model/v4_batch.h"
@@ -91,15 +92,17 @@ cache::SequenceState Model::new_state(int64_t max_tokens) const {
 // One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk X_j.
 template <typename Sublayer>
 void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
-                     Sublayer&& sublayer) {
+                     const char* site, int layer, Sublayer&& sublayer) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
   Tensor post(DType::f32, {N, H}), comb(DType::f32, {N, H, H}), h(DType::f32, {N, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
   ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h});
   ops::rms_norm(h, norm, static_cast<float>(c.rms_norm_eps), h);  // attn_norm / ffn_norm
+  if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a(DType::f32, {N, D});
   sublayer(h.view(), a.view());
+  if (observer_) observe(std::string(site) + "_out", layer, a);
   Tensor next(DType::f32, {N, H, D});
   ops::hc_post(streams, a, post, comb, next);
   streams = std::move(next);
@@ -140,12 +143,13 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   ops::hc_expand(x, streams);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
-    residual(L.hc_attn, L.attn_norm, b, streams, [&](const TensorView& h, const TensorView& out) {
+    residual(L.hc_attn, L.attn_norm, b, streams, "attn", l, [&](const TensorView& h, const TensorView& out) {
       attention_block(l, b, h, out);
     });
-    residual(L.hc_ffn, L.ffn_norm, b, streams, [&](const TensorView& h, const TensorView& out) {
+    residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l, [&](const TensorView& h, const TensorView& out) {
       moe_block(l, b, h, out);
     });
+    observe("streams", l, streams);
   }
 
   // logits = head(norm(hc_head(X))) for the wanted rows only
@@ -162,6 +166,7 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
   ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
   ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
+  observe("final_hidden", -1, y);
   Tensor logits(DType::f32, {R, c.vocab_size});
   ops::linear(y, head_, logits);
   for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);

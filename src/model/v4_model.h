@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -63,6 +65,14 @@ class Model {
   // (all: one per token, last: one, none: nothing).
   Tensor forward(std::span<const StepSequence> batch);
 
+  // Intermediates of forward(), for tests and debugging (the views live only during the call):
+  //   "attn_in", "attn_out", "ffn_in", "ffn_out" [N, D]; "streams" [N, hc, D] after the layer;
+  //   "kv" [N, head_dim] window rows before the KV format; "compressed_kv" [n, head_dim] and "index_keys"
+  //   [n, index_head_dim] entries emitted for one sequence (after norm + RoPE); "indexer_topk" i32 [n, k]
+  //   for one sequence; "final_hidden" [rows, D] (layer -1) the head's input. N = all tokens of the batch.
+  using Observer = std::function<void(std::string_view name, int layer, const TensorView& t)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
  private:
   struct Batch;
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
@@ -72,10 +82,15 @@ class Model {
                       std::vector<Tensor>& selected);
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
-                Sublayer&& sublayer);
+                const char* site, int layer, Sublayer&& sublayer);
+
+  void observe(std::string_view name, int layer, const TensorView& t) const {
+    if (observer_) observer_(name, layer, t);
+  }
 
   ModelWeights w_;
   KvMode mode_;
+  Observer observer_;
   std::vector<LayerOps> layer_ops_;
   ops::Weight head_;
   Tensor inv_freq_main_, inv_freq_compress_;

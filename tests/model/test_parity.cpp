@@ -9,13 +9,15 @@ namespace tern::test {
 namespace {
 
 constexpr float kTolerance = 1e-4f;  // max|d| <= 1e-4 * max|ref|
-// FP8 KV mode against PyTorch: rounding to e4m3 is discontinuous, and an element of a kv row that lies
-// within ~1e-7 (relative) of a rounding midpoint can round the other way here than in PyTorch, whose
-// pre-rounding values differ from ours by float summation order. One such flip moves the logits by a few
-// 1e-4 of max|ref| (seen on one prompt of each fixture: layer 0, position 16, an element 1e-6 from a
-// midpoint). So the FP8 comparison allows 2e-3 and reports how many prompts stayed within 1e-4; the FP8
-// incremental paths are held to 1e-4 against our own full forward (test_incremental.cpp).
-constexpr float kFp8Tolerance = 2e-3f;
+// FP8 KV mode against PyTorch: rounding to e4m3 is discontinuous. A kv element within about one f32 ulp
+// of a rounding midpoint rounds one way here and the other way in PyTorch, whose pre-rounding values differ
+// from ours in the last bits (summation order). Seen: mxfp4 prompt 15, layer 1, row 7, dim 139: PyTorch
+// 1.18749976, here 1.18750024, midpoint 1.1875. One flip moves later logits by ~1e-3 of max|ref| (the
+// fixtures' README measured 0.037 absolute with an independent implementation). Such flips are sporadic
+// and get likelier with length; a wrong rounding rule would move every prompt (and FP8 vs fp32 differs by
+// ~0.3 of max|ref|). So: every prompt within kFp8FlipTolerance, and at least half of them within 1e-4.
+// The FP8 incremental paths are held to 1e-4 against our own full forward (test_incremental.cpp).
+constexpr float kFp8FlipTolerance = 5e-3f;
 
 // Logits of every prompt position, prefilling in chunks of `chunk` tokens (0: all at once).
 Tensor prompt_logits(model::Model& m, const std::vector<int64_t>& ids, int64_t chunk) {
@@ -100,8 +102,9 @@ TEST_P(Parity, Fp8KvLogits) {
     const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
     worst = std::max(worst, d.rel());
     tight += d.max_abs <= kTolerance * d.ref_max;
-    EXPECT_LE(d.max_abs, kFp8Tolerance * d.ref_max) << "prompt " << p;
+    EXPECT_LE(d.max_abs, kFp8FlipTolerance * d.ref_max) << "prompt " << p;
   }
+  EXPECT_GE(2 * tight, f.num_prompts()) << "most prompts must match FP8 rounding exactly (within 1e-4)";
   std::printf("[%s] fp8 kv: max|d|/max|ref| = %.3g; %d of %d prompts within 1e-4\n", GetParam().c_str(), worst,
               tight, f.num_prompts());
 }
