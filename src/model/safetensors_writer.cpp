@@ -20,7 +20,9 @@ void SafetensorsWriter::add(std::string name, DType dtype, Shape shape, Fill fil
 void SafetensorsWriter::add_bytes(std::string name, DType dtype, Shape shape, std::vector<std::byte> bytes) {
   TERN_CHECK(bytes.size() == dtype_bytes(dtype, shape.numel()), "tensor \"", name, "\": ", bytes.size(),
              " bytes given for ", shape.str(), " ", dtype_name(dtype));
-  add(std::move(name), dtype, shape, [b = std::move(bytes)](std::byte* dst) { std::memcpy(dst, b.data(), b.size()); });
+  add(std::move(name), dtype, shape, [b = std::move(bytes)](std::byte* dst) {
+    if (!b.empty()) std::memcpy(dst, b.data(), b.size());
+  });
 }
 
 uint64_t SafetensorsWriter::data_bytes() const {

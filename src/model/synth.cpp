@@ -8,7 +8,6 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -375,12 +374,29 @@ class Planner {
   std::vector<Item> items_;
 };
 
+// model-<digits>-of-<digits>.safetensors[.tmp], as the sharded writers name shards.
+bool is_shard_name(const std::string& n) {
+  std::string rest = n;
+  for (const char* suffix : {".tmp", ".safetensors"}) {
+    const std::string sfx = suffix;
+    if (rest.size() > sfx.size() && rest.compare(rest.size() - sfx.size(), sfx.size(), sfx) == 0)
+      rest.resize(rest.size() - sfx.size());
+    else if (sfx == ".safetensors")
+      return false;
+  }
+  const size_t of = rest.find("-of-");
+  if (rest.rfind("model-", 0) != 0 || of == std::string::npos || of <= 6 || of + 4 >= rest.size()) return false;
+  for (size_t i = 6; i < rest.size(); ++i)
+    if (i < of || i >= of + 4)
+      if (rest[i] < '0' || rest[i] > '9') return false;
+  return true;
+}
+
 void remove_old_checkpoint(const std::string& dir) {
-  static const std::regex shard(R"(model-\d+-of-\d+\.safetensors(\.tmp)?)");
   for (const auto& de : fs::directory_iterator(dir)) {
     const std::string n = de.path().filename().string();
     if (n == "model.safetensors" || n == "model.safetensors.index.json" || n == "model.safetensors.tmp" ||
-        std::regex_match(n, shard))
+        is_shard_name(n))
       fs::remove(de.path());
   }
 }
