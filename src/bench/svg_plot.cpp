@@ -122,6 +122,8 @@ std::string line_plot(const PlotSpec& spec, const std::vector<Series>& series) {
   bool log_x = spec.log_x && xlo > 0;
   std::vector<double> yt = nice_ticks(std::min(0.0, ylo), yhi);
   std::vector<double> xt = log_x ? log_ticks(xlo, xhi) : nice_ticks(xlo, xhi);
+  // A sweep's own levels (1, 8, 16, ...) label a log axis better than 1-2-5 steps.
+  if (log_x && series.size() && series.front().x.size() <= 8) xt = series.front().x;
   if (!log_x) xlo = std::min(xlo, xt.front()), xhi = std::max(xhi, xt.back());
   Axis ax{xlo, xhi, log_x, kLeft + 10.0, spec.width - kRight - 10.0};
   Axis ay{yt.front(), std::max(yt.back(), yhi), false, spec.height - static_cast<double>(kBottom), kTop + 0.0};
