@@ -124,6 +124,9 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   const int64_t hd = a.format.head_dim;
   TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op sparse_attention with head_dim ", hd,
              " (built for 128, 256, 512)");
+  TERN_CHECK(a.format.format != ops::KvFormat::fp8_ds || a.format.rope_dim % 4 == 0,
+             "no cuda kernel for op sparse_attention with FP8 rows and rope_dim ", a.format.rope_dim,
+             " (the row decoder reads 8-byte granules: rope_dim must be a multiple of 4)");
   AttentionParams p;
   p.q = a.q.data_as<const float>();
   p.n = a.q.dim(0);

@@ -47,6 +47,71 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
   return a.compressed + w * rb;
 }
 
+// Warp w decodes rows w and w + 8 of the tile into f32, every load of both rows issued before the first
+// use (FP8 rows: 8-byte granules, 8 e4m3 values or 4 bf16 rope values each; f32 rows: float4).
+template <int HD>
+__device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* const* rows, float (*tile)[HD]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kRowsPerWarp = kTile / kHeadsPerBlock;
+  if (!f.fp8) {
+    constexpr int kVec = HD / 4 / 32;
+    float4 v[kRowsPerWarp][kVec];
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u)
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) {
+        const uint8_t* row = rows[warp + kHeadsPerBlock * u];
+        v[u][c] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * c] : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u)
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) *reinterpret_cast<float4*>(&tile[warp + kHeadsPerBlock * u][4 * (lane + 32 * c)]) = v[u][c];
+    return;
+  }
+  const int nope = static_cast<int>(f.head_dim - f.rope_dim), fp8_gran = nope / 8;
+  const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;  // scales are read per granule
+  const int scale_at = nope + 2 * static_cast<int>(f.rope_dim);
+  constexpr int kPer = (HD / 8 + 31) / 32 + 1;  // granules per lane (nope / 8 + rope / 4 <= HD / 8 + HD / 16)
+  uint2 v[kRowsPerWarp][kPer];
+  uint8_t sc[kRowsPerWarp][kPer];
+#pragma unroll
+  for (int u = 0; u < kRowsPerWarp; ++u)
+#pragma unroll
+    for (int c = 0; c < kPer; ++c) {
+      const uint8_t* row = rows[warp + kHeadsPerBlock * u];
+      const int g = lane + 32 * c;
+      v[u][c] = make_uint2(0, 0);
+      sc[u][c] = 127;
+      if (row != nullptr && g < granules) {
+        v[u][c] = reinterpret_cast<const uint2*>(row)[g];
+        if (g < fp8_gran) sc[u][c] = row[scale_at + g / 8];
+      }
+    }
+#pragma unroll
+  for (int u = 0; u < kRowsPerWarp; ++u)
+#pragma unroll
+    for (int c = 0; c < kPer; ++c) {
+      const int g = lane + 32 * c;
+      if (g >= granules) continue;
+      float* dst = tile[warp + kHeadsPerBlock * u];
+      if (g < fp8_gran) {
+        const float s = e8m0_to_f32(sc[u][c]);
+        const uint32_t w[2] = {v[u][c].x, v[u][c].y};
+        float o[8];
+#pragma unroll
+        for (int b = 0; b < 8; ++b) o[b] = e4m3_to_f32(static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)))) * s;
+        *reinterpret_cast<float4*>(dst + 8 * g) = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4*>(dst + 8 * g + 4) = make_float4(o[4], o[5], o[6], o[7]);
+      } else {
+        const int d = nope + 4 * (g - fp8_gran);
+        *reinterpret_cast<float4*>(dst + d) =
+            make_float4(__uint_as_float(v[u][c].x << 16), __uint_as_float(v[u][c].x & 0xffff0000u),
+                        __uint_as_float(v[u][c].y << 16), __uint_as_float(v[u][c].y & 0xffff0000u));
+      }
+    }
+}
+
 template <int DPL>  // float4 groups per lane: head_dim = 128 * DPL
 __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, int splits, int64_t keys_per_split) {
   constexpr int HD = 128 * DPL;
@@ -74,10 +139,7 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
     const int n = static_cast<int>(min(static_cast<int64_t>(kTile), j1 - jt));
     if (threadIdx.x < kTile) rows[threadIdx.x] = threadIdx.x < n ? key_row(a, i, kl, jt + threadIdx.x) : nullptr;
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kTile * HD; idx += blockDim.x) {
-      const int jj = idx / HD, d = idx % HD;
-      tile[jj][d] = rows[jj] != nullptr ? kv_value(rows[jj], a.fmt, d) : 0.0f;
-    }
+    decode_tile<HD>(a.fmt, rows, tile);
     __syncthreads();
     if (active) {
       // Scores of the tile's keys (lane 0 keeps them in shared memory; every lane reads them back).
@@ -138,21 +200,35 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
   if (lane == 0) part[HD] = m, part[HD + 1] = l;
 }
 
-// One block per (query, head): merge the splits in order with the sink. A split's record is its hd
-// weighted-row floats, then max and sum, padded to hd + 4 floats so every record stays 16-byte aligned.
+// One block per (query, head): merge the splits with the sink. A split's record is its hd weighted-row
+// floats, then max and sum, padded to hd + 4 floats so every record stays 16-byte aligned. Warp 0 turns
+// the (max, sum) pairs into one weight per split; then each dim adds its splits' rows in order.
 __global__ void attention_combine_kernel(AttentionParams a, int splits, int64_t hd) {
+  __shared__ float weight[64];
   const int64_t ih = blockIdx.x, h = ih % a.heads;
   const float* part = a.partial + ih * splits * (hd + 4);
-  const float sink = a.sinks[h];
-  float top = sink;
-  for (int s = 0; s < splits; ++s) top = fmaxf(top, part[s * (hd + 4) + hd]);
-  float denom = expf(sink - top);
-  for (int s = 0; s < splits; ++s) denom += part[s * (hd + 4) + hd + 1] * expf(part[s * (hd + 4) + hd] - top);
-  const float inv = 1.0f / denom;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const float sink = a.sinks[h];
+    float m[2], l[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int s = lane + 32 * u;
+      m[u] = s < splits ? part[s * (hd + 4) + hd] : -INFINITY;
+      l[u] = s < splits ? part[s * (hd + 4) + hd + 1] : 0.0f;
+    }
+    const float top = fmaxf(warp_max(fmaxf(m[0], m[1])), sink);
+    const float e0 = expf(m[0] - top), e1 = expf(m[1] - top);
+    const float denom = warp_sum(l[0] * e0 + l[1] * e1) + expf(sink - top);
+    weight[lane] = e0 / denom;
+    weight[lane + 32] = e1 / denom;
+  }
+  __syncthreads();
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) acc += part[s * (hd + 4) + d] * expf(part[s * (hd + 4) + hd] - top);
-    a.out[ih * hd + d] = acc * inv;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) acc += part[s * (hd + 4) + d] * weight[s];
+    a.out[ih * hd + d] = acc;
   }
 }
 

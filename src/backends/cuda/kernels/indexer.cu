@@ -22,10 +22,12 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, fl
   const int64_t visible = (p.positions[i] + 1) / p.ratio;
   float acc[4][4] = {};
   for (int64_t d0 = 0; d0 < p.dim; d0 += kDimChunk) {
+#pragma unroll
     for (int idx = threadIdx.x; idx < kDimChunk * kHeadsMax; idx += blockDim.x) {
       const int h = idx / kDimChunk, d = idx % kDimChunk;
       qs[d][h] = (h < p.heads && d0 + d < p.dim) ? p.q[(i * p.heads + h) * p.dim + d0 + d] : 0.0f;
     }
+#pragma unroll
     for (int idx = threadIdx.x; idx < kDimChunk * kKeysPerBlock; idx += blockDim.x) {
       const int kk = idx / kDimChunk, d = idx % kDimChunk;
       const int64_t s = s0 + kk;
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s;
+#pragma unroll 4
     for (int64_t s = threadIdx.x; s < vis; s += blockDim.x) {
       const uint32_t u = float_key(row[s]);
       if (shift == 24 || (u >> (shift + 8)) == (prefix >> (shift + 8))) atomicAdd(&hist[(u >> shift) & 255], 1);
@@ -128,6 +131,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   if (threadIdx.x == 0) count_s = 0;
   __syncthreads();
   // Larger entries, in any order (sorted below).
+#pragma unroll 4
   for (int64_t s = threadIdx.x; s < vis; s += blockDim.x) {
     const uint32_t u = float_key(row[s]);
     if (u > thresh) {
@@ -140,6 +144,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   const int64_t seg = (vis + blockDim.x - 1) / blockDim.x;
   const int64_t b0 = threadIdx.x * seg, b1 = min(vis, b0 + seg);
   int mine = 0;
+#pragma unroll 4
   for (int64_t s = b0; s < b1; ++s) mine += float_key(row[s]) == thresh;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int incl = mine;

@@ -71,6 +71,7 @@ __device__ void finish_logits(const float* partial, int64_t t, int splits, int m
   const float* p = partial + t * splits * (mix + 1);
   if (threadIdx.x <= mix) {
     float v = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < splits; ++s) v += p[s * (mix + 1) + threadIdx.x];
     m[threadIdx.x] = v;
   }

@@ -80,10 +80,11 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Two e4m3 bytes (selected by `sel` into bytes 1 and 3) as bf16x2 holding e4m3 * 2^-120, exactly.
+// Two e4m3 bytes of `word` as bf16x2 holding e4m3 * 2^-120, exactly. `sel` is a prmt selector giving
+// [b_lo, sign(b_lo) x 8, b_hi, sign(b_hi) x 8] (prmt's sign-replicate mode); shifted left by 4, each half
+// then has the magnitude bits at 4..10 and a copy of the sign at 15, and the mask drops the rest.
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_raw(uint32_t word, uint32_t sel) {
-  const uint32_t t = prmt(word, 0u, sel);  // [0, b_lo, 0, b_hi]
-  return ((t >> 4) & 0x07F007F0u) | (t & 0x80008000u);
+  return (prmt(word, 0u, sel) << 4) & 0x87F087F0u;
 }
 
 // Nibbles i and i+4 of `word` as bf16x2 holding e2m1 * 2^-126, exactly (nibble i in the low half).
@@ -137,7 +138,7 @@ __device__ __forceinline__ uint32_t a_pair(const LaneRow<F>& r, const uint32_t (
     return word_of(r.v[(2 * S + P) / 4], (2 * S + P) % 4);
   } else if constexpr (F == WFmt::fp8) {
     const uint32_t w = word_of(r.v[0], S);
-    return bf16_mul2(e4m3x2_to_bf16x2_raw(w, P == 0 ? 0x1404u : 0x3424u), m[0]);
+    return bf16_mul2(e4m3x2_to_bf16x2_raw(w, P == 0 ? 0x9180u : 0xB3A2u), m[0]);
   } else {
     const uint32_t w = word_of(r.v[0], S / 2);
     const uint32_t raw = e2m1x2_to_bf16x2_raw<2 * (S % 2) + P>(w);
@@ -234,9 +235,15 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
       const int64_t kk = k + g * Tr::kChunk;
       if (kk >= k_end) break;
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) row_scales<F>(mat[m], srow[m][r], kk, kk + t * Tr::kLaneCols, msc[g][m][r]);
+      for (int m = 0; m < MT; ++m) {
+        row_scales<F>(mat[m], srow[m][0], kk, kk + t * Tr::kLaneCols, msc[g][m][0]);
+        if constexpr (F == WFmt::fp8) {  // one scale per 128x128 block: both rows share it
+          msc[g][m][1][0] = msc[g][m][0][0];
+          msc[g][m][1][1] = msc[g][m][0][1];
+        } else {
+          row_scales<F>(mat[m], srow[m][1], kk, kk + t * Tr::kLaneCols, msc[g][m][1]);
+        }
+      }
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {

@@ -78,7 +78,7 @@ __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int 
   for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
 }
 
-constexpr int kPlanThreads = 1024;
+constexpr int kPlanThreads = 1024, kPlanStaged = 6144;
 
 // One block: per-expert counts by warp ballots (stable order), offsets, sorted pair list, each pair's
 // sorted slot, and the job list (expert, first slot, count <= tile).
@@ -86,14 +86,18 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
                                                                 int* sorted, int* pos, int* jobs, int* num_jobs,
                                                                 int* err) {
   __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
+  __shared__ int32_t staged[kPlanStaged];  // the picks, read many times below
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
     const int e = indices[q];
+    if (q < kPlanStaged) staged[q] = e;
     if (e < 0 || e >= E) {
       raise(err, kErrExpertIndex);
       pos[q] = -1;
     }
   }
+  __syncthreads();
+  if (P <= kPlanStaged) indices = staged;
   for (int e = warp; e < E; e += warps) {
     int c = 0;
     for (int64_t base = 0; base < P; base += 32) {
@@ -150,9 +154,18 @@ __global__ void moe_combine_kernel(const float* y, const int* pos, const float* 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / D, d = i % D;
     float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int slot = pos[t * k + j];
-      if (slot >= 0) acc += y[static_cast<int64_t>(slot) * D + d] * weights[t * k + j];
+    for (int j0 = 0; j0 < k; j0 += 8) {  // eight picks' loads in flight at once
+      int slot[8];
+      float w[8], v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        slot[j] = j0 + j < k ? pos[t * k + j0 + j] : -1;
+        w[j] = j0 + j < k ? weights[t * k + j0 + j] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = slot[j] >= 0 ? y[static_cast<int64_t>(slot[j]) * D + d] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc += v[j] * w[j];
     }
     out[i] = acc;
   }
