@@ -326,11 +326,14 @@ void HttpServer::stop() { impl_->io.stop(); }
 
 void HttpServer::post(std::function<void()> fn) { net::post(impl_->io, std::move(fn)); }
 
-void HttpServer::schedule(std::chrono::milliseconds delay, std::function<void()> fn) {
+std::function<void()> HttpServer::schedule(std::chrono::milliseconds delay, std::function<void()> fn) {
   auto timer = std::make_shared<net::steady_timer>(impl_->io, delay);
   timer->async_wait([timer, fn = std::move(fn)](beast::error_code ec) {
     if (!ec) fn();
   });
+  return [weak = std::weak_ptr<net::steady_timer>(timer)] {
+    if (auto t = weak.lock()) t->cancel();
+  };
 }
 
 void HttpServer::on_signal(std::function<void(int)> fn) {

@@ -60,8 +60,8 @@ class HttpServer {
   void stop();
   // Thread-safe: runs fn on the IO thread.
   void post(std::function<void()> fn);
-  // Runs fn on the IO thread after `delay`.
-  void schedule(std::chrono::milliseconds delay, std::function<void()> fn);
+  // Runs fn on the IO thread after `delay`; the returned function (called on the IO thread) cancels it.
+  std::function<void()> schedule(std::chrono::milliseconds delay, std::function<void()> fn);
   // SIGTERM / SIGINT handler, called on the IO thread.
   void on_signal(std::function<void(int)> fn);
   // Closes the listening socket and idle keep-alive connections; in-flight requests finish and then

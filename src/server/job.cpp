@@ -1,5 +1,7 @@
 #include "server/job.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace tern::server {
@@ -158,6 +160,7 @@ void GenerationJob::complete() {
                      kind_ == Kind::chat ? render_chat(head_, outs, usage(), bytes)
                                          : render_completion(head_, outs, usage(), bytes));
   }
+  if (on_complete_) std::exchange(on_complete_, nullptr)();
   if (ctx_.on_done) ctx_.on_done(status);
 }
 

@@ -36,6 +36,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   // Client gone or timed out: aborts every choice; the response is then an error (or nothing).
   void abort(bool timed_out);
   bool finished() const { return remaining_ == 0; }
+  // Called once when the response is complete (e.g. to cancel the request's timeout).
+  void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
 
  private:
   struct Choice {
@@ -67,6 +69,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   bool timed_out_ = false;
   bool failed_ = false;
   std::string error_;
+  std::function<void()> on_complete_;
 };
 
 }  // namespace tern::server

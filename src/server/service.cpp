@@ -139,12 +139,12 @@ void ApiService::run_job(const std::shared_ptr<GenerationJob>& job, const std::s
       j->abort(false);
     }
   });
-  http_.schedule(options_.request_timeout, [this, weak] {
+  job->on_complete(http_.schedule(options_.request_timeout, [this, weak] {
     if (auto j = weak.lock(); j && !j->finished()) {
       ++counters_.request_timeouts_total;
       j->abort(true);
     }
-  });
+  }));
 }
 
 void ApiService::completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {

@@ -69,6 +69,23 @@ def test_n_choices_and_seeds(client, server):
     assert a.usage.completion_tokens == 30
 
 
+def test_thinking_and_tools(client, server):
+    """Thinking mode puts the output before </think> into reasoning_content (the tiny model never closes
+    it, so everything is reasoning); tools are accepted and described to the model."""
+    r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "think"}],
+                                       max_tokens=6, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}})
+    msg = r.choices[0].message
+    assert (msg.model_extra or {}).get("reasoning_content") and not msg.content
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    plain = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "weather?"}],
+                                           max_tokens=4, temperature=0)
+    with_tools = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "weather?"}],
+                                                max_tokens=4, temperature=0, tools=tools, tool_choice="auto")
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens  # the tool schema is in the prompt
+    assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
 def test_logprobs(client, server):
     r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], max_tokens=5,
                                        temperature=0, logprobs=True, top_logprobs=3)
@@ -144,15 +161,18 @@ def test_batch_invariance_64_concurrent_streams(client, server):
 
 
 def test_greedy_equals_tern_run(server):
-    if "run" not in subprocess.run([TERN_BIN, "--help"], capture_output=True, text=True).stdout:
+    """The server's greedy tokens are those of `tern run` (one sequence, no engine) for the same model."""
+    help_text = subprocess.run([TERN_BIN, "--help"], capture_output=True, text=True).stdout
+    if " run " not in help_text and "\n  run" not in help_text:
         pytest.skip("tern run is not built")
-    out = subprocess.run([TERN_BIN, "run", "--tokens", ",".join(map(str, PROMPT)), "--max-new-tokens", "8"],
+    out = subprocess.run([TERN_BIN, "run", "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "8"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    ids = [int(t) for t in out.stdout.split() if t.lstrip("-").isdigit()][-8:]
-    detok = subprocess.run(["curl", "-s", server.url + "/detokenize", "-d", json.dumps({"tokens": ids})],
-                           capture_output=True, text=True, check=True)
-    assert json.loads(detok.stdout)["prompt"] == _greedy_ids(server, PROMPT, 8)
+    line = next(l for l in out.stdout.splitlines() if l.startswith("tokens:"))
+    ids = [int(t) for t in line.split(":")[1].split()]
+    assert len(ids) == 8
+    detok = _post(server, "/detokenize", {"tokens": ids})["prompt"]
+    assert detok == _greedy_ids(server, PROMPT, 8)
 
 
 def test_errors_through_sdk(client, server):

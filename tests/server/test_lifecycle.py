@@ -107,3 +107,16 @@ def _port_from_log(s):
         if "listening on" in line:
             return int(line.split("listening on ")[1].split(";")[0].rsplit(":", 1)[1])
     raise ValueError("not listening yet")
+
+
+def test_request_timeout():
+    s = Server("--request-timeout", "1")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        start = time.time()
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model=s.model, prompt=[5, 6, 7], max_tokens=1000, extra_body={"ignore_eos": True})
+        assert e.value.status_code == 504 and time.time() - start < 30
+        assert client.completions.create(model=s.model, prompt="a", max_tokens=1).usage.completion_tokens == 1
+    finally:
+        assert s.stop() == 0

@@ -19,12 +19,12 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/v4_runner.h"
-#include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "server/http.h"
 #include "server/service.h"
 #include "server/text_codec.h"
+#include "tools/embedded_model.h"
 #include "tools/verb.h"
 
 namespace {
@@ -64,26 +64,6 @@ std::string packaged_tokenizer() {
   return path;
 }
 
-// The embedded tiny model: written once (deterministically) into the cache directory; concurrent
-// first starts each write a temporary directory and the first rename wins.
-std::string embedded_model_dir() {
-  const char* home = std::getenv("HOME");
-  const fs::path root = std::getenv("TERN_CACHE") ? fs::path(std::getenv("TERN_CACHE"))
-                                                  : fs::path(home ? home : "/tmp") / ".cache" / "tern";
-  const fs::path dir = root / "tiny-v4-seed1";
-  if (fs::exists(dir / "config.json") && fs::exists(dir / "tokenizer.json")) return dir.string();
-  log::info("making the embedded tiny model in ", dir.string(), " (once)");
-  fs::create_directories(root);
-  const fs::path tmp = root / cat("tiny-v4-seed1.tmp.", getpid());
-  fs::remove_all(tmp);
-  model::write_synthetic_checkpoint(model::ModelConfig::tiny(), tmp.string(), model::SynthOptions{});
-  fs::copy_file(packaged_tokenizer(), tmp / "tokenizer.json");
-  std::error_code ec;
-  fs::rename(tmp, dir, ec);
-  if (ec) fs::remove_all(tmp);  // another process got there first
-  return dir.string();
-}
-
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -121,7 +101,7 @@ struct Loaded {
 };
 
 Loaded load(const ServeArgs& a) {
-  const std::string dir = a.model.empty() ? embedded_model_dir() : a.model;
+  const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
   const std::string tok = !a.tokenizer.empty() ? a.tokenizer
                           : fs::exists(fs::path(dir) / "tokenizer.json") ? (fs::path(dir) / "tokenizer.json").string()
                                                                           : packaged_tokenizer();
