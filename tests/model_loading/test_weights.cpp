@@ -26,11 +26,11 @@ ModelConfig small_config() {
 }
 
 // Copies a single-file checkpoint, letting `edit` change (or drop, by returning false) each tensor.
-using Edit = std::function<bool(const std::string& name, DType& dtype, Shape& shape, std::vector<std::byte>& bytes)>;
+using Edit = std::function<bool(std::string& name, DType& dtype, Shape& shape, std::vector<std::byte>& bytes)>;
 void rewrite(const std::string& src, const std::string& dst, const Edit& edit) {
   const Checkpoint ck = Checkpoint::open(src);
   SafetensorsWriter w;
-  for (const std::string& n : ck.names()) {
+  for (std::string n : ck.names()) {
     const TensorView v = ck.get(n);
     DType t = v.dtype();
     Shape s = v.shape();
@@ -323,6 +323,38 @@ TEST_F(BindErrors, Bf16AttnSinkIsWidenedToF32) {
   ASSERT_EQ(s.dtype(), DType::f32);
   EXPECT_EQ(s.data_as<const float>()[1], -2.0f);
   EXPECT_EQ(s.data_as<const float>()[3], 3.0f);
+}
+
+// transformers-style FP8 scales: f32 `weight_scale_inv` holding powers of two, converted to e8m0.
+Edit scale_inv_edit(float factor) {
+  return [factor](std::string& n, DType& t, Shape&, std::vector<std::byte>& b) {
+    if (n != "layers.0.attn.wq_a.scale") return true;
+    n = "layers.0.attn.wq_a.weight_scale_inv";
+    std::vector<std::byte> f(b.size() * 4);
+    for (size_t i = 0; i < b.size(); ++i) {
+      const float v = e8m0_to_f32(static_cast<uint8_t>(b[i])) * factor;
+      std::memcpy(f.data() + 4 * i, &v, 4);
+    }
+    t = DType::f32;
+    b = std::move(f);
+    return true;
+  };
+}
+
+TEST_F(BindErrors, F32PowerOfTwoScalesBecomeE8m0) {
+  ScratchDir dst("bind");
+  rewrite(src_->str(), dst.str(), scale_inv_edit(1.0f));
+  const ModelWeights w = load_model(dst.str());
+  const Checkpoint ck = Checkpoint::open(src_->str());
+  const Linear& l = w.layers[0].attn.wq_a;
+  ASSERT_EQ(l.scale.dtype(), DType::e8m0);
+  ASSERT_EQ(l.scale.nbytes(), ck.get("layers.0.attn.wq_a.scale").nbytes());
+  EXPECT_EQ(std::memcmp(l.scale.data(), ck.get("layers.0.attn.wq_a.scale").data(), l.scale.nbytes()), 0);
+}
+
+TEST_F(BindErrors, F32ScalesThatAreNotPowersOfTwo) {
+  expect_load_error(scale_inv_edit(1.5f), {"tensor \"layers.0.attn.wq_a.weight_scale_inv\": element 0 is",
+                                           "not a power of two"});
 }
 
 TEST_F(BindErrors, ConfigDisagreesWithTheTensors) {
