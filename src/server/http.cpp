@@ -142,6 +142,18 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     if (ec) return on_read_error(ec);
+    // curl sends "Expect: 100-continue" with bodies over 1 KiB and waits a second for the go-ahead.
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      auto res = std::make_shared<http::response<http::empty_body>>(http::status::continue_, 11);
+      return http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+        if (ec) return self->on_read_error(ec);
+        self->read_body();
+      });
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_request(ec);
     });

@@ -26,6 +26,16 @@ def test_models_health_tokenize(server, client):
     assert detok["prompt"] == "Hello world"
 
 
+def test_curl_large_body_needs_no_expect_wait(server):
+    """curl sends `Expect: 100-continue` with bodies over 1 KiB; the server answers at once, so curl does
+    not wait its one-second default."""
+    body = json.dumps({"prompt": "hello " * 1000})
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", server.url + "/tokenize",
+                          "-H", "Content-Type: application/json", "-d", body], capture_output=True, text=True, check=True)
+    code, seconds = out.stdout.split()
+    assert code == "200" and float(seconds) < 0.9
+
+
 def test_completion_and_usage(client, server):
     r = client.completions.create(model=server.model, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert len(r.choices) == 1 and r.choices[0].finish_reason == "length"
