@@ -43,6 +43,12 @@ bool one_of(DType t, std::initializer_list<DType> ts) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Scale bytes are bound with the dtype their format defines: U8 (from writers without float8 dtypes), and
+// e4m3 for NVFP4's unsigned scales, are the same bits.
+TensorView as_dtype(const TensorView& v, DType t) {
+  return v.dtype() == DType::f32 ? v : TensorView(v.data(), t, v.shape());
+}
+
 class Binder {
  public:
   Binder(const Checkpoint& ck, ModelConfig& cfg, Naming naming, Storage& storage)
@@ -113,7 +119,7 @@ class Binder {
         if (ck_.has(sn) && ck_.entry(sn).dtype == DType::f32) {
           l.scale = pow2_scales_to_e8m0(raw(sn, {DType::f32}, s), sn);
         } else {
-          l.scale = raw(sn, {DType::e8m0, DType::f32}, s);
+          l.scale = as_dtype(raw(sn, {DType::e8m0, DType::u8, DType::f32}, s), DType::e8m0);
         }
         return l;
       }
@@ -133,13 +139,13 @@ class Binder {
         }
         if (nv) {
           l.format = WeightFormat::nvfp4;
-          const TensorView s = raw(base + "weight_scale", {DType::e4m3, DType::ue4m3}, Shape{out, in / 16});
-          l.scale = TensorView(s.data(), DType::ue4m3, s.shape());
+          l.scale = as_dtype(raw(base + "weight_scale", {DType::e4m3, DType::ue4m3, DType::u8}, Shape{out, in / 16}),
+                             DType::ue4m3);
           l.global_scale = global_scale(base + "weight_scale_2");
           if (ck_.has(base + "input_scale")) used_.insert(base + "input_scale");  // activations stay unscaled
         } else {
           l.format = WeightFormat::mxfp4;
-          l.scale = raw(base + "scale", {DType::e8m0}, Shape{out, in / 32});
+          l.scale = as_dtype(raw(base + "scale", {DType::e8m0, DType::u8}, Shape{out, in / 32}), DType::e8m0);
         }
         return l;
       }

@@ -253,7 +253,7 @@ TEST_F(BindErrors, MissingTensor) {
 
 TEST_F(BindErrors, MissingScale) {
   expect_load_error([](const std::string& n, auto&, auto&, auto&) { return n != "layers.3.attn.wo_b.scale"; },
-                    {"tensor \"layers.3.attn.wo_b.scale\" is missing", "expected F8_E8M0 or F32 [2, 1]"});
+                    {"tensor \"layers.3.attn.wo_b.scale\" is missing", "expected F8_E8M0, U8 or F32 [2, 1]"});
 }
 
 TEST_F(BindErrors, WrongShape) {
@@ -355,6 +355,17 @@ TEST_F(BindErrors, F32PowerOfTwoScalesBecomeE8m0) {
 TEST_F(BindErrors, F32ScalesThatAreNotPowersOfTwo) {
   expect_load_error(scale_inv_edit(1.5f), {"tensor \"layers.0.attn.wq_a.weight_scale_inv\": element 0 is",
                                            "not a power of two"});
+}
+
+TEST_F(BindErrors, U8ScalesAreTheSameBits) {
+  ScratchDir dst("bind");
+  rewrite(src_->str(), dst.str(), [](std::string& n, DType& t, Shape&, std::vector<std::byte>&) {
+    if (n == "layers.2.ffn.experts.0.w1.scale" || n == "layers.2.attn.wkv.scale") t = DType::u8;
+    return true;
+  });
+  const ModelWeights w = load_model(dst.str());
+  EXPECT_EQ(w.layers[2].ffn.experts[0].w1.scale.dtype(), DType::e8m0);
+  EXPECT_EQ(w.layers[2].attn.wkv.scale.dtype(), DType::e8m0);
 }
 
 TEST_F(BindErrors, ConfigDisagreesWithTheTensors) {
