@@ -14,7 +14,9 @@ using detail::kMagic;
 using detail::kVersion;
 constexpr size_t kAlign = 64;
 
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
 
 Region take(size_t& cursor, size_t bytes) {
   Region r{cursor, bytes};
@@ -119,8 +121,8 @@ TensorView SequenceState::index_keys(int l) const {
 
 void SequenceState::store_window_rows(int l, int64_t start, const TensorView& rows) {
   const LayerSpec& s = layout_->spec(l);
-  TERN_CHECK(rows.rank() == 2 && rows.dim(1) == s.kv_row_bytes, "store_window_rows: rows ", rows.shape().str(),
-             " must be [n, ", s.kv_row_bytes, "]");
+  TERN_CHECK(rows.rank() == 2 && rows.dim(1) == s.kv_row_bytes, "store_window_rows: rows ",
+             rows.shape().str(), " must be [n, ", s.kv_row_bytes, "]");
   const int64_t n = rows.dim(0);
   std::byte* ring_bytes = ring(l).data_as<std::byte>();
   for (int64_t i = std::max<int64_t>(0, n - s.window); i < n; ++i)
@@ -128,7 +130,9 @@ void SequenceState::store_window_rows(int l, int64_t start, const TensorView& ro
                 rows.data_as<const std::byte>() + i * s.kv_row_bytes, s.kv_row_bytes);
 }
 
-std::span<std::byte> SequenceState::bytes() { return {buffer_.data<std::byte>(), layout_->total_bytes()}; }
+std::span<std::byte> SequenceState::bytes() {
+  return {buffer_.data<std::byte>(), layout_->total_bytes()};
+}
 std::span<const std::byte> SequenceState::bytes() const {
   return {buffer_.data<const std::byte>(), layout_->total_bytes()};
 }

@@ -55,7 +55,8 @@ void SequenceState::deserialize(std::span<const std::byte> data) {
              " bytes is shorter than the state's fixed region of ", layout_->fixed_bytes());
   std::memcpy(&h, data.data(), sizeof h);
   TERN_CHECK(h.magic == kMagic, "deserialize: not a tern sequence state (bad magic)");
-  TERN_CHECK(h.version == kVersion, "deserialize: state version ", h.version, ", this build reads ", kVersion);
+  TERN_CHECK(h.version == kVersion, "deserialize: state version ", h.version, ", this build reads ",
+             kVersion);
   TERN_CHECK(h.fingerprint == layout_->fingerprint(),
              "deserialize: the state was written for another model or state layout");
   TERN_CHECK(h.position >= 0 && h.position <= layout_->max_tokens(), "deserialize: position ", h.position,

@@ -24,7 +24,8 @@ GenerateResult generate(Model& model, cache::SequenceState& state, std::span<con
   const auto t1 = clock::now();
   const int64_t vocab = model.config().vocab_size;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    const int64_t token = ops::sample({logits.data<float>(), static_cast<size_t>(vocab)}, options.temperature, rng);
+    const int64_t token =
+        ops::sample({logits.data<float>(), static_cast<size_t>(vocab)}, options.temperature, rng);
     result.tokens.push_back(token);
     if (token == options.stop_token || i + 1 == options.max_new_tokens) break;
     const StepSequence step{&state, {&result.tokens.back(), 1}, LogitsFor::last};

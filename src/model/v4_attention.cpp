@@ -98,7 +98,8 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     Tensor emitted(DType::f32, {emit, width});
     const TensorView acc = (indexer ? s.state->indexer_acc(l) : s.state->compressor_acc(l))
                                .reshape({cw.overlap ? 2 : 1, 3, width});
-    ops::compressor_update({acc, b.rows(kv, s), b.rows(gate, s), cw.ape, s.start, ratio, cw.overlap, emitted});
+    ops::compressor_update(
+        {acc, b.rows(kv, s), b.rows(gate, s), cw.ape, s.start, ratio, cw.overlap, emitted});
     if (emit == 0) continue;
     ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
     const int64_t first = s.start / ratio;  // entry index of the first emitted row

@@ -15,9 +15,9 @@ struct Model::Batch {
     int64_t start = 0;  // position of its first new token
     LogitsFor logits = LogitsFor::last;
   };
-  int64_t tokens = 0;   // N: all new tokens of the batch
-  Tensor ids;           // i64 [N]
-  Tensor positions;     // i64 [N]
+  int64_t tokens = 0;  // N: all new tokens of the batch
+  Tensor ids;          // i64 [N]
+  Tensor positions;    // i64 [N]
   std::vector<Seq> seqs;
 
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }

@@ -14,18 +14,30 @@ namespace tern::model {
 ops::Weight op_weight(const Linear& l) {
   ops::WeightFormat f = ops::WeightFormat::f32;
   switch (l.format) {
-    case WeightFormat::f32: f = ops::WeightFormat::f32; break;
-    case WeightFormat::bf16: f = ops::WeightFormat::bf16; break;
-    case WeightFormat::fp8_block: f = ops::WeightFormat::fp8_block; break;
-    case WeightFormat::mxfp4: f = ops::WeightFormat::mxfp4; break;
-    case WeightFormat::nvfp4: f = ops::WeightFormat::nvfp4; break;
+    case WeightFormat::f32:
+      f = ops::WeightFormat::f32;
+      break;
+    case WeightFormat::bf16:
+      f = ops::WeightFormat::bf16;
+      break;
+    case WeightFormat::fp8_block:
+      f = ops::WeightFormat::fp8_block;
+      break;
+    case WeightFormat::mxfp4:
+      f = ops::WeightFormat::mxfp4;
+      break;
+    case WeightFormat::nvfp4:
+      f = ops::WeightFormat::nvfp4;
+      break;
   }
   return ops::Weight{f, l.out, l.in, l.weight, l.scale, l.global_scale, l.name};
 }
 
 namespace {
 
-ops::Expert op_expert(const ExpertWeights& e) { return {op_weight(e.w1), op_weight(e.w2), op_weight(e.w3)}; }
+ops::Expert op_expert(const ExpertWeights& e) {
+  return {op_weight(e.w1), op_weight(e.w2), op_weight(e.w3)};
+}
 
 LayerOps layer_ops(const LayerWeights& L) {
   LayerOps o;
@@ -51,9 +63,10 @@ ops::RopeParams rope_params(const RopeConfig& r, int64_t rope_dim) {
 
 Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(mode) {
   const ModelConfig& c = w_.config;
-  TERN_CHECK(static_cast<int>(w_.layers.size()) == c.num_layers, "model: ", w_.layers.size(), " layers bound, config ",
-             "says ", c.num_layers);
-  TERN_CHECK(c.n_shared_experts == 1, "model: n_shared_experts = ", c.n_shared_experts, " (only 1 is supported)");
+  TERN_CHECK(static_cast<int>(w_.layers.size()) == c.num_layers, "model: ", w_.layers.size(),
+             " layers bound, config ", "says ", c.num_layers);
+  TERN_CHECK(c.n_shared_experts == 1, "model: n_shared_experts = ", c.n_shared_experts,
+             " (only 1 is supported)");
   kv_format().check();
   for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
   head_ = op_weight(w_.head);
@@ -89,14 +102,16 @@ cache::SequenceState Model::new_state(int64_t max_tokens) const {
   return cache::SequenceState(state_layout(max_tokens));
 }
 
-// One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk X_j.
+// One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk
+// X_j.
 template <typename Sublayer>
 void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
                      const char* site, int layer, Sublayer&& sublayer) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
   Tensor post(DType::f32, {N, H}), comb(DType::f32, {N, H, H}), h(DType::f32, {N, D});
-  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
+                             static_cast<float>(c.rms_norm_eps)};
   ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h});
   ops::rms_norm(h, norm, static_cast<float>(c.rms_norm_eps), h);  // attn_norm / ffn_norm
   if (observer_) observe(std::string(site) + "_in", layer, h);
@@ -113,14 +128,16 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   Batch b;
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
-    TERN_CHECK(s.state != nullptr && !s.tokens.empty(), "forward: every sequence needs a state and >= 1 token");
+    TERN_CHECK(s.state != nullptr && !s.tokens.empty(),
+               "forward: every sequence needs a state and >= 1 token");
     TERN_CHECK(seen.insert(s.state).second, "forward: a state appears twice in one batch");
     TERN_CHECK(s.state->layout().fingerprint() == state_layout(s.state->layout().max_tokens())->fingerprint(),
                "forward: the state's layout does not belong to this model and KV mode");
     TERN_CHECK(s.state->position() + static_cast<int64_t>(s.tokens.size()) <= s.state->layout().max_tokens(),
                "forward: ", s.state->position() + s.tokens.size(), " tokens exceed the state's capacity of ",
                s.state->layout().max_tokens());
-    b.seqs.push_back({s.state, b.tokens, static_cast<int64_t>(s.tokens.size()), s.state->position(), s.logits});
+    b.seqs.push_back(
+        {s.state, b.tokens, static_cast<int64_t>(s.tokens.size()), s.state->position(), s.logits});
     b.tokens += static_cast<int64_t>(s.tokens.size());
   }
   const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
@@ -132,7 +149,8 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
     for (int64_t t = 0; t < s.n; ++t) {
       b.ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
       b.positions.data<int64_t>()[s.begin + t] = s.start + t;
-      if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1)) wanted.push_back(s.begin + t);
+      if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
+        wanted.push_back(s.begin + t);
     }
   }
   if (N == 0) return Tensor(DType::f32, {0, c.vocab_size});
@@ -143,12 +161,10 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   ops::hc_expand(x, streams);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
-    residual(L.hc_attn, L.attn_norm, b, streams, "attn", l, [&](const TensorView& h, const TensorView& out) {
-      attention_block(l, b, h, out);
-    });
-    residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l, [&](const TensorView& h, const TensorView& out) {
-      moe_block(l, b, h, out);
-    });
+    residual(L.hc_attn, L.attn_norm, b, streams, "attn", l,
+             [&](const TensorView& h, const TensorView& out) { attention_block(l, b, h, out); });
+    residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l,
+             [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
     observe("streams", l, streams);
   }
 
@@ -163,7 +179,8 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   Tensor picked(DType::f32, {R, H, D});
   ops::gather_rows(streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
   Tensor y(DType::f32, {R, D});
-  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
+                             static_cast<float>(c.rms_norm_eps)};
   ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
   ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
   observe("final_hidden", -1, y);

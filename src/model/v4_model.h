@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string_view>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "cache/sequence_state.h"
@@ -41,8 +41,8 @@ struct StepSequence {
 // Per-layer weights in the form the ops take (built once).
 struct LayerOps {
   ops::Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  ops::Weight comp_wkv, comp_wgate;                              // CSA / HCA
-  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate;    // CSA
+  ops::Weight comp_wkv, comp_wgate;                            // CSA / HCA
+  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate;  // CSA
   ops::Weight gate;
   std::vector<ops::Expert> experts;
   ops::Expert shared;

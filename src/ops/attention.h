@@ -16,18 +16,18 @@
 namespace tern::ops {
 
 struct AttentionArgs {
-  TensorView q;            // f32 [n, heads, head_dim]
-  int64_t start = 0;       // position of q[0]; q[i] is at start + i
+  TensorView q;       // f32 [n, heads, head_dim]
+  int64_t start = 0;  // position of q[0]; q[i] is at start + i
   KvRowFormat format;
-  TensorView chunk_rows;   // u8 [n, row_bytes]: the chunk's own kv rows
-  TensorView ring;         // u8 [window, row_bytes]
+  TensorView chunk_rows;  // u8 [n, row_bytes]: the chunk's own kv rows
+  TensorView ring;        // u8 [window, row_bytes]
   int64_t window = 0;
-  TensorView compressed;   // u8 [>= num_compressed, row_bytes], or empty
+  TensorView compressed;  // u8 [>= num_compressed, row_bytes], or empty
   int64_t num_compressed = 0;
-  int ratio = 0;           // 0: no compressed rows
-  TensorView selected;     // i32 [n, k] or empty (all visible compressed rows)
-  TensorView sinks;        // f32 [heads]
-  float scale = 1.0f;      // softmax scale, head_dim^-0.5
+  int ratio = 0;        // 0: no compressed rows
+  TensorView selected;  // i32 [n, k] or empty (all visible compressed rows)
+  TensorView sinks;     // f32 [heads]
+  float scale = 1.0f;   // softmax scale, head_dim^-0.5
 };
 
 // out f32 [n, heads, head_dim]

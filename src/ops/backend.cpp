@@ -9,7 +9,9 @@ namespace {
 std::mutex g_mu;
 std::array<Backend*, 2> g_backends{};  // indexed by Device
 
-std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+std::string_view device_name(Device d) {
+  return d == Device::cpu ? "cpu" : "cuda";
+}
 
 }  // namespace
 
@@ -26,7 +28,9 @@ Backend& backend_for(Device device) {
   return *b;
 }
 
-void Backend::no_kernel(std::string_view op, DType dtype) const { no_kernel(op, dtype_name(dtype)); }
+void Backend::no_kernel(std::string_view op, DType dtype) const {
+  no_kernel(op, dtype_name(dtype));
+}
 
 void Backend::no_kernel(std::string_view op, std::string_view what) const {
   fail("no ", name(), " kernel for op ", op, " (", what, ")");
@@ -35,7 +39,9 @@ void Backend::no_kernel(std::string_view op, std::string_view what) const {
 void Backend::embedding(const TensorView& table, const TensorView&, const TensorView&) {
   no_kernel("embedding", table.dtype());
 }
-void Backend::add(const TensorView& x, const TensorView&) { no_kernel("add", x.dtype()); }
+void Backend::add(const TensorView& x, const TensorView&) {
+  no_kernel("add", x.dtype());
+}
 void Backend::swiglu(const TensorView& gate, const TensorView&, float, const TensorView&) {
   no_kernel("swiglu", gate.dtype());
 }
@@ -45,30 +51,46 @@ void Backend::gather_rows(const TensorView& x, const TensorView&, const TensorVi
 void Backend::rms_norm(const TensorView& x, const TensorView&, float, const TensorView&) {
   no_kernel("rms_norm", x.dtype());
 }
-void Backend::rope(const TensorView& x, const TensorView&, const TensorView&, bool) { no_kernel("rope", x.dtype()); }
+void Backend::rope(const TensorView& x, const TensorView&, const TensorView&, bool) {
+  no_kernel("rope", x.dtype());
+}
 void Backend::linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("linear", weight_format_name(w.format));
 }
 void Backend::grouped_linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("grouped_linear", weight_format_name(w.format));
 }
-void Backend::dequantize(const Weight& w, const TensorView&) { no_kernel("dequantize", weight_format_name(w.format)); }
-void Backend::hc_pre(const HcPreArgs& a) { no_kernel("hc_pre", a.streams.dtype()); }
+void Backend::dequantize(const Weight& w, const TensorView&) {
+  no_kernel("dequantize", weight_format_name(w.format));
+}
+void Backend::hc_pre(const HcPreArgs& a) {
+  no_kernel("hc_pre", a.streams.dtype());
+}
 void Backend::hc_post(const TensorView& s, const TensorView&, const TensorView&, const TensorView&,
                       const TensorView&) {
   no_kernel("hc_post", s.dtype());
 }
-void Backend::hc_head(const HcHeadArgs& a) { no_kernel("hc_head", a.streams.dtype()); }
-void Backend::hc_expand(const TensorView& x, const TensorView&) { no_kernel("hc_expand", x.dtype()); }
+void Backend::hc_head(const HcHeadArgs& a) {
+  no_kernel("hc_head", a.streams.dtype());
+}
+void Backend::hc_expand(const TensorView& x, const TensorView&) {
+  no_kernel("hc_expand", x.dtype());
+}
 void Backend::kv_pack(const TensorView&, const KvRowFormat& f, const TensorView&) {
   no_kernel("kv_pack", kv_format_name(f.format));
 }
 void Backend::kv_unpack(const TensorView&, const KvRowFormat& f, const TensorView&) {
   no_kernel("kv_unpack", kv_format_name(f.format));
 }
-int64_t Backend::compressor_update(const CompressorArgs& a) { no_kernel("compressor_update", a.kv.dtype()); }
-void Backend::indexer_scores(const IndexerArgs& a, const TensorView&) { no_kernel("indexer_scores", a.q.dtype()); }
-void Backend::indexer_topk(const IndexerArgs& a, int, const TensorView&) { no_kernel("indexer_topk", a.q.dtype()); }
+int64_t Backend::compressor_update(const CompressorArgs& a) {
+  no_kernel("compressor_update", a.kv.dtype());
+}
+void Backend::indexer_scores(const IndexerArgs& a, const TensorView&) {
+  no_kernel("indexer_scores", a.q.dtype());
+}
+void Backend::indexer_topk(const IndexerArgs& a, int, const TensorView&) {
+  no_kernel("indexer_topk", a.q.dtype());
+}
 void Backend::sparse_attention(const AttentionArgs& a, const TensorView&) {
   no_kernel("sparse_attention", kv_format_name(a.format.format));
 }
@@ -76,10 +98,12 @@ void Backend::route_scored(const TensorView& logits, const TensorView&, float, c
                            const TensorView&) {
   no_kernel("route_scored", logits.dtype());
 }
-void Backend::route_hash(const TensorView& logits, const TensorView&, const TensorView&, float, const TensorView&,
-                         const TensorView&) {
+void Backend::route_hash(const TensorView& logits, const TensorView&, const TensorView&, float,
+                         const TensorView&, const TensorView&) {
   no_kernel("route_hash", logits.dtype());
 }
-void Backend::moe_experts(const MoeExpertsArgs& a) { no_kernel("moe_experts", a.x.dtype()); }
+void Backend::moe_experts(const MoeExpertsArgs& a) {
+  no_kernel("moe_experts", a.x.dtype());
+}
 
 }  // namespace tern::ops

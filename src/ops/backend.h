@@ -37,7 +37,8 @@ class Backend {
   // norm.h
   virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
   // rope.h
-  virtual void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse);
+  virtual void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
+                    bool inverse);
   // linear.h
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);

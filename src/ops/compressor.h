@@ -22,14 +22,14 @@
 namespace tern::ops {
 
 struct CompressorArgs {
-  TensorView acc;        // f32 [overlap ? 2 : 1, 3, width], updated in place
-  TensorView kv;         // f32 [n, C] for the tokens at start_pos .. start_pos+n-1; C = width * (overlap ? 2 : 1)
-  TensorView gate;       // f32 [n, C] (without ape)
-  TensorView ape;        // f32 [ratio, C]
+  TensorView acc;   // f32 [overlap ? 2 : 1, 3, width], updated in place
+  TensorView kv;    // f32 [n, C] for the tokens at start_pos .. start_pos+n-1; C = width * (overlap ? 2 : 1)
+  TensorView gate;  // f32 [n, C] (without ape)
+  TensorView ape;   // f32 [ratio, C]
   int64_t start_pos = 0;
   int ratio = 0;
   bool overlap = false;
-  TensorView emitted;    // out f32 [>= emitted count, width]: entries start_pos/ratio, ... in order
+  TensorView emitted;  // out f32 [>= emitted count, width]: entries start_pos/ratio, ... in order
 };
 
 // Number of entries a chunk of n tokens starting at start_pos completes.

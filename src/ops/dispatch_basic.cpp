@@ -51,8 +51,8 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
 }
 
 void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
-  TERN_CHECK(x.rank() == 2 || x.rank() == 3, "rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ",
-             x.shape().str());
+  TERN_CHECK(x.rank() == 2 || x.rank() == 3,
+             "rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ", x.shape().str());
   detail::expect_contiguous("rope", "x", x);
   expect_dtype("rope", "positions", positions, {DType::i64});
   expect_shape("rope", "positions", positions, {x.dim(0)});

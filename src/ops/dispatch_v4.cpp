@@ -19,7 +19,8 @@ void hc_pre(const HcPreArgs& a) {
   expect_shape("hc_pre", "post", a.post, {T, hc});
   expect_shape("hc_pre", "comb", a.comb, {T, hc, hc});
   expect_shape("hc_pre", "collapsed", a.collapsed, {T, D});
-  for (const TensorView* t : {&a.fn, &a.base, &a.scale}) expect_dtype("hc_pre", "fn/base/scale", *t, {DType::f32});
+  for (const TensorView* t : {&a.fn, &a.base, &a.scale})
+    expect_dtype("hc_pre", "fn/base/scale", *t, {DType::f32});
   TERN_CHECK(a.params.sinkhorn_iters >= 1, "hc_pre: sinkhorn_iters must be >= 1");
   backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
 }
@@ -33,7 +34,8 @@ void hc_post(const TensorView& streams, const TensorView& a, const TensorView& p
   expect_shape("hc_post", "comb", comb, {T, hc, hc});
   expect_shape("hc_post", "out", out, {T, hc, D});
   TERN_CHECK(out.data() != streams.data() || T == 0, "hc_post: out must not alias streams");
-  backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out})).hc_post(streams, a, post, comb, out);
+  backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out}))
+      .hc_post(streams, a, post, comb, out);
 }
 
 void hc_head(const HcHeadArgs& a) {
@@ -43,7 +45,8 @@ void hc_head(const HcHeadArgs& a) {
   expect_shape("hc_head", "base", a.base, {hc});
   expect_shape("hc_head", "scale", a.scale, {1});
   expect_shape("hc_head", "out", a.out, {T, D});
-  for (const TensorView* t : {&a.fn, &a.base, &a.scale}) expect_dtype("hc_head", "fn/base/scale", *t, {DType::f32});
+  for (const TensorView* t : {&a.fn, &a.base, &a.scale})
+    expect_dtype("hc_head", "fn/base/scale", *t, {DType::f32});
   backend_for(common_device("hc_head", {&a.streams, &a.fn, &a.out})).hc_head(a);
 }
 
@@ -65,8 +68,8 @@ int64_t compressor_update(const CompressorArgs& a) {
   expect_dtype("compressor_update", "ape", a.ape, {DType::f32});
   const int64_t emit = compressor_emit_count(a.start_pos, n, a.ratio);
   expect_rank("compressor_update", "emitted", a.emitted, 2);
-  TERN_CHECK(a.emitted.dim(0) >= emit && a.emitted.dim(1) == width, "compressor_update: emitted must hold ", emit,
-             " rows of ", width, ", found ", a.emitted.shape().str());
+  TERN_CHECK(a.emitted.dim(0) >= emit && a.emitted.dim(1) == width, "compressor_update: emitted must hold ",
+             emit, " rows of ", width, ", found ", a.emitted.shape().str());
   return backend_for(common_device("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted}))
       .compressor_update(a);
 }
@@ -77,8 +80,8 @@ static void check_indexer(const char* op, const IndexerArgs& a) {
   expect_shape(op, "q", a.q, {n, heads, dim});
   expect_shape(op, "weights", a.weights, {n, heads});
   expect_rank(op, "keys", a.keys, 2);
-  TERN_CHECK(a.num_keys >= 0 && (a.num_keys == 0 || (a.keys.dim(0) >= a.num_keys && a.keys.dim(1) == dim)), op,
-             ": keys ", a.keys.shape().str(), " must hold ", a.num_keys, " rows of ", dim);
+  TERN_CHECK(a.num_keys >= 0 && (a.num_keys == 0 || (a.keys.dim(0) >= a.num_keys && a.keys.dim(1) == dim)),
+             op, ": keys ", a.keys.shape().str(), " must hold ", a.num_keys, " rows of ", dim);
   expect_dtype(op, "positions", a.positions, {DType::i64});
   expect_shape(op, "positions", a.positions, {n});
   TERN_CHECK(a.ratio > 0, op, ": ratio must be positive");
@@ -87,7 +90,8 @@ static void check_indexer(const char* op, const IndexerArgs& a) {
 void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
   check_indexer("indexer_scores", a);
   expect_shape("indexer_scores", "scores", scores, {a.q.dim(0), a.num_keys});
-  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys, &scores})).indexer_scores(a, scores);
+  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys, &scores}))
+      .indexer_scores(a, scores);
 }
 
 void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
@@ -95,7 +99,8 @@ void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
   TERN_CHECK(topk > 0, "indexer_topk: topk must be positive");
   expect_dtype("indexer_topk", "indices", indices, {DType::i32});
   expect_shape("indexer_topk", "indices", indices, {a.q.dim(0), topk});
-  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys, &indices})).indexer_topk(a, topk, indices);
+  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys, &indices}))
+      .indexer_topk(a, topk, indices);
 }
 
 void sparse_attention(const AttentionArgs& a, const TensorView& out) {
@@ -132,13 +137,13 @@ static void check_route(const char* op, const TensorView& logits, const TensorVi
   expect_shape(op, "logits", logits, {-1, -1});
   expect_dtype(op, "indices", indices, {DType::i32});
   expect_shape(op, "indices", indices, {logits.dim(0), -1});
-  TERN_CHECK(indices.dim(1) > 0 && indices.dim(1) <= logits.dim(1), op, ": cannot pick ", indices.dim(1), " of ",
-             logits.dim(1), " experts");
+  TERN_CHECK(indices.dim(1) > 0 && indices.dim(1) <= logits.dim(1), op, ": cannot pick ", indices.dim(1),
+             " of ", logits.dim(1), " experts");
   expect_shape(op, "weights", weights, {logits.dim(0), indices.dim(1)});
 }
 
-void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
-                  const TensorView& weights) {
+void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                  const TensorView& indices, const TensorView& weights) {
   check_route("route_scored", logits, indices, weights);
   expect_dtype("route_scored", "bias", bias, {DType::f32});
   expect_shape("route_scored", "bias", bias, {logits.dim(1)});
@@ -146,8 +151,8 @@ void route_scored(const TensorView& logits, const TensorView& bias, float routed
       .route_scored(logits, bias, routed_scale, indices, weights);
 }
 
-void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids, float routed_scale,
-                const TensorView& indices, const TensorView& weights) {
+void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                float routed_scale, const TensorView& indices, const TensorView& weights) {
   check_route("route_hash", logits, indices, weights);
   expect_dtype("route_hash", "tid2eid", tid2eid, {DType::i64, DType::i32});
   expect_shape("route_hash", "tid2eid", tid2eid, {-1, indices.dim(1)});

@@ -10,9 +10,9 @@
 namespace tern::ops {
 
 struct IndexerArgs {
-  TensorView q;          // f32 [n, heads, dim], RoPE already applied
-  TensorView weights;    // f32 [n, heads]: weights_proj(h), unscaled
-  TensorView keys;       // f32 [>= num_keys, dim]: the sequence's compressed indexer keys
+  TensorView q;        // f32 [n, heads, dim], RoPE already applied
+  TensorView weights;  // f32 [n, heads]: weights_proj(h), unscaled
+  TensorView keys;     // f32 [>= num_keys, dim]: the sequence's compressed indexer keys
   int64_t num_keys = 0;
   TensorView positions;  // i64 [n]
   int ratio = 4;

@@ -10,8 +10,10 @@ namespace tern::ops {
 
 std::string_view kv_format_name(KvFormat f) {
   switch (f) {
-    case KvFormat::f32: return "f32";
-    case KvFormat::fp8_ds: return "fp8_ds";
+    case KvFormat::f32:
+      return "f32";
+    case KvFormat::fp8_ds:
+      return "fp8_ds";
   }
   return "?";
 }
@@ -26,8 +28,10 @@ void KvRowFormat::check() const {
 
 int64_t KvRowFormat::row_bytes() const {
   switch (format) {
-    case KvFormat::f32: return head_dim * 4;
-    case KvFormat::fp8_ds: return nope_dim() + rope_dim * 2 + (scale_count() + 7) / 8 * 8;
+    case KvFormat::f32:
+      return head_dim * 4;
+    case KvFormat::fp8_ds:
+      return nope_dim() + rope_dim * 2 + (scale_count() + 7) / 8 * 8;
   }
   return 0;
 }

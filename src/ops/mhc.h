@@ -20,10 +20,10 @@ struct HcParams {
 };
 
 struct HcPreArgs {
-  TensorView streams;    // f32 [T, hc, D]
-  TensorView fn;         // f32 [(2+hc)*hc, hc*D]
-  TensorView base;       // f32 [(2+hc)*hc]
-  TensorView scale;      // f32 [3]
+  TensorView streams;  // f32 [T, hc, D]
+  TensorView fn;       // f32 [(2+hc)*hc, hc*D]
+  TensorView base;     // f32 [(2+hc)*hc]
+  TensorView scale;    // f32 [3]
   HcParams params;
   TensorView post;       // out f32 [T, hc]
   TensorView comb;       // out f32 [T, hc, hc]
@@ -42,7 +42,7 @@ struct HcHeadArgs {
   TensorView base;     // f32 [hc]
   TensorView scale;    // f32 [1]
   HcParams params;
-  TensorView out;      // f32 [T, D]
+  TensorView out;  // f32 [T, D]
 };
 void hc_head(const HcHeadArgs& a);
 

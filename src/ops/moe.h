@@ -14,23 +14,23 @@
 namespace tern::ops {
 
 // logits f32 [T, E], bias f32 [E]; indices i32 [T, k], weights f32 [T, k] (k from their shape).
-void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
-                  const TensorView& weights);
+void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                  const TensorView& indices, const TensorView& weights);
 // tid2eid i64|i32 [vocab, k], token_ids i64 [T].
-void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids, float routed_scale,
-                const TensorView& indices, const TensorView& weights);
+void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                float routed_scale, const TensorView& indices, const TensorView& weights);
 
 struct Expert {
   Weight w1, w2, w3;  // gate [inter, D], down [D, inter], up [inter, D]
 };
 
 struct MoeExpertsArgs {
-  TensorView x;                    // f32 [T, D]
-  TensorView indices;              // i32 [T, k]
-  TensorView weights;              // f32 [T, k]
+  TensorView x;        // f32 [T, D]
+  TensorView indices;  // i32 [T, k]
+  TensorView weights;  // f32 [T, k]
   std::span<const Expert> experts;
   float limit = 10.0f;
-  TensorView out;                  // f32 [T, D] = sum_k weights[t,k] * expert_{indices[t,k]}(x[t])
+  TensorView out;  // f32 [T, D] = sum_k weights[t,k] * expert_{indices[t,k]}(x[t])
 };
 void moe_experts(const MoeExpertsArgs& a);
 

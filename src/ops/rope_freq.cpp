@@ -28,7 +28,8 @@ Tensor rope_inv_freq(const RopeParams& p) {
     inv[i] = 1.0f / pos_freq;
   }
   if (!p.yarn) return out;
-  TERN_CHECK(p.factor > 0 && p.original_max_position > 0, "rope: YaRN needs factor and original_max_position");
+  TERN_CHECK(p.factor > 0 && p.original_max_position > 0,
+             "rope: YaRN needs factor and original_max_position");
   double low = std::floor(correction_dim(p.beta_fast, p.dim, p.theta, p.original_max_position));
   double high = std::ceil(correction_dim(p.beta_slow, p.dim, p.theta, p.original_max_position));
   low = std::max(low, 0.0);

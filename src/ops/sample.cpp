@@ -22,7 +22,9 @@ uint64_t Rng::next() {
   return z ^ (z >> 31);
 }
 
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 
 int64_t sample(std::span<const float> logits, float temperature, Rng& rng) {
   if (temperature <= 0.0f) return argmax(logits);

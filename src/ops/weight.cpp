@@ -6,11 +6,16 @@ namespace tern::ops {
 
 std::string_view weight_format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::f32: return "f32";
-    case WeightFormat::bf16: return "bf16";
-    case WeightFormat::fp8_block: return "fp8_block";
-    case WeightFormat::mxfp4: return "mxfp4";
-    case WeightFormat::nvfp4: return "nvfp4";
+    case WeightFormat::f32:
+      return "f32";
+    case WeightFormat::bf16:
+      return "bf16";
+    case WeightFormat::fp8_block:
+      return "fp8_block";
+    case WeightFormat::mxfp4:
+      return "mxfp4";
+    case WeightFormat::nvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -30,7 +35,8 @@ void check_packed_fp4(const Weight& w, const std::string& what) {
 }  // namespace
 
 void check_weight(const Weight& w) {
-  const std::string what = cat("weight ", w.name.empty() ? "?" : w.name, " (", weight_format_name(w.format), ")");
+  const std::string what =
+      cat("weight ", w.name.empty() ? "?" : w.name, " (", weight_format_name(w.format), ")");
   TERN_CHECK(w.out > 0 && w.in > 0, what, ": empty shape [", w.out, ", ", w.in, "]");
   switch (w.format) {
     case WeightFormat::f32:

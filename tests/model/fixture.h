@@ -32,6 +32,12 @@ class Fixture {
   int num_prompts_ = 0;
 };
 
+// The prompts the expensive (token-by-token) tests run. Under ASan/UBSan, where those tests check memory
+// safety rather than numerics (the normal build runs them on every prompt), a subset: every third prompt
+// and the longest one.
+std::vector<int> prompts_to_run(const Fixture& f);
+bool sanitized_build();
+
 // max |a - b| over n values, and max |b|.
 struct Diff {
   float max_abs = 0, ref_max = 0;

@@ -25,7 +25,7 @@ struct Checker {
   const Fixture& f;
   model::Model* own = nullptr;  // set: compare with this model's full forward instead of the fixture
   float worst = 0;
-  std::map<int, Tensor> own_logits;
+  std::map<int, Tensor> own_logits = {};
 
   TensorView reference(int p) {
     if (!own) return f.tensor("prompt." + std::to_string(p) + ".logits");
@@ -39,7 +39,8 @@ struct Checker {
     const int64_t vocab = want.dim(1);
     const Diff d = diff(got, want.data_as<const float>() + begin * vocab, rows * vocab);
     worst = std::max(worst, d.rel());
-    EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << what << ": prompt " << p << " rows " << begin << "+" << rows;
+    EXPECT_LE(d.max_abs, kTolerance * d.ref_max)
+        << what << ": prompt " << p << " rows " << begin << "+" << rows;
   }
 };
 
@@ -49,7 +50,8 @@ void run_chunked(model::Model& m, Checker& c, int p, int64_t chunk) {
   cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size()));
   for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += chunk) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size()) - begin);
-    const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+    const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n),
+                                model::LogitsFor::all};
     const Tensor logits = m.forward({&s, 1});
     c.check(p, begin, logits.data<float>(), n, "chunked");
   }
@@ -62,7 +64,7 @@ TEST_P(Incremental, ChunkedPrefillAndTokenByTokenDecode) {
   model::Model m(f.weights(), model::KvMode::exact);
   for (int64_t chunk : {1, 3, 7}) {
     Checker c{f};
-    for (int p = 0; p < f.num_prompts(); ++p) run_chunked(m, c, p, chunk);
+    for (int p : prompts_to_run(f)) run_chunked(m, c, p, chunk);
     std::printf("[%s] chunks of %ld: max|d|/max|ref| = %.3g\n", GetParam().c_str(), long(chunk), c.worst);
   }
 }
@@ -71,7 +73,7 @@ TEST_P(Incremental, Fp8KvTokenByToken) {
   const Fixture& f = Fixture::get(GetParam());
   model::Model m(f.weights(), model::KvMode::fp8);
   Checker c{f, &m};
-  for (int p = 0; p < f.num_prompts(); ++p) run_chunked(m, c, p, p % 2 ? 1 : 5);
+  for (int p : prompts_to_run(f)) run_chunked(m, c, p, p % 2 ? 1 : 5);
   std::printf("[%s] fp8 kv, chunks of 1 and 5 vs full forward: max|d|/max|ref| = %.3g\n", GetParam().c_str(),
               c.worst);
 }
@@ -97,7 +99,8 @@ TEST_P(Incremental, MixedBatchOfSequences) {
       const int64_t left = static_cast<int64_t>(ids[i].size()) - done[i];
       if (left == 0) continue;
       const int64_t n = std::min<int64_t>(left, (step + static_cast<int64_t>(i)) % 3 == 0 ? 9 : 1);
-      batch.push_back({&states[i], std::span<const int64_t>(ids[i]).subspan(done[i], n), model::LogitsFor::all});
+      batch.push_back(
+          {&states[i], std::span<const int64_t>(ids[i]).subspan(done[i], n), model::LogitsFor::all});
       who.push_back(i);
     }
     if (batch.empty()) break;
@@ -121,7 +124,8 @@ TEST_P(Incremental, SnapshotRestoreAndTransfer) {
   const auto T = static_cast<int64_t>(ids.size()), split = T / 2 + 1;
   Checker c{f, &m};
   auto feed = [&](cache::SequenceState& s, int64_t begin, int64_t n, bool check) {
-    const model::StepSequence step{&s, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+    const model::StepSequence step{&s, std::span<const int64_t>(ids).subspan(begin, n),
+                                   model::LogitsFor::all};
     const Tensor logits = m.forward({&step, 1});
     if (check) c.check(p, begin, logits.data<float>(), n, "after restore");
   };

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "fixture.h"
+#include "ops/sample.h"
 
 namespace tern::test {
 namespace {
@@ -27,7 +28,8 @@ Tensor prompt_logits(model::Model& m, const std::vector<int64_t>& ids, int64_t c
   Tensor all(DType::f32, {T, vocab});
   for (int64_t begin = 0; begin < T; begin += step) {
     const int64_t n = std::min(step, T - begin);
-    const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+    const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n),
+                                model::LogitsFor::all};
     const Tensor logits = m.forward({&s, 1});
     std::copy_n(logits.data<float>(), n * vocab, all.data<float>() + begin * vocab);
   }
@@ -54,40 +56,31 @@ TEST_P(Parity, FullForwardLogits) {
 }
 
 TEST_P(Parity, Greedy32Tokens) {
-  const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::exact);
-  for (int p = 0; p < f.num_prompts(); ++p) {
-    const std::vector<int64_t> want = f.greedy(p);
-    const std::vector<int64_t> got = model::greedy_generate(m, f.ids(p), static_cast<int64_t>(want.size()));
-    EXPECT_EQ(got, want) << "prompt " << p;
-  }
-}
-
-TEST_P(Parity, GreedyStepLogits) {
-  // For the prompts that store them: the logits of each decode step (prefill + token-by-token decode).
+  // Prefill, then token-by-token decode of 32 greedy tokens; where the fixture stores them, also the
+  // logits of every step.
   const Fixture& f = Fixture::get(GetParam());
   model::Model m(f.weights(), model::KvMode::exact);
   float worst = 0;
-  int checked = 0;
-  for (int p = 0; p < f.num_prompts(); ++p) {
-    const TensorView want = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
-    if (want.empty()) continue;
-    std::vector<int64_t> ids = f.ids(p);
-    const std::vector<int64_t> greedy = f.greedy(p);
-    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + greedy.size()));
+  for (int p : prompts_to_run(f)) {
+    const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
+    const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
+    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
     const int64_t vocab = m.config().vocab_size;
-    for (int64_t step = 0; step < want.dim(0); ++step) {
+    std::vector<int64_t> got;
+    for (size_t step = 0; step < want.size(); ++step) {
       const std::span<const int64_t> tokens =
-          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&greedy[step - 1], 1);
+          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
       const model::StepSequence s{&state, tokens, model::LogitsFor::last};
       const Tensor logits = m.forward({&s, 1});
-      const Diff d = diff(logits.data<float>(), want.data_as<const float>() + step * vocab, vocab);
+      got.push_back(ops::argmax({logits.data<float>(), static_cast<size_t>(vocab)}));
+      if (step_logits.empty()) continue;
+      const Diff d = diff(logits.data<float>(), step_logits.data_as<const float>() + step * vocab, vocab);
       worst = std::max(worst, d.rel());
       EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " step " << step;
     }
-    ++checked;
+    EXPECT_EQ(got, want) << "prompt " << p;
   }
-  std::printf("[%s] decode-step logits: max|d|/max|ref| = %.3g over %d prompts\n", GetParam().c_str(), worst, checked);
+  std::printf("[%s] greedy decode-step logits: max|d|/max|ref| = %.3g\n", GetParam().c_str(), worst);
 }
 
 TEST_P(Parity, Fp8KvLogits) {
@@ -105,8 +98,8 @@ TEST_P(Parity, Fp8KvLogits) {
     EXPECT_LE(d.max_abs, kFp8FlipTolerance * d.ref_max) << "prompt " << p;
   }
   EXPECT_GE(2 * tight, f.num_prompts()) << "most prompts must match FP8 rounding exactly (within 1e-4)";
-  std::printf("[%s] fp8 kv: max|d|/max|ref| = %.3g; %d of %d prompts within 1e-4\n", GetParam().c_str(), worst,
-              tight, f.num_prompts());
+  std::printf("[%s] fp8 kv: max|d|/max|ref| = %.3g; %d of %d prompts within 1e-4\n", GetParam().c_str(),
+              worst, tight, f.num_prompts());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(Fixture::names()),

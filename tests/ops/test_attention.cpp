@@ -59,7 +59,8 @@ float check_against_formula(const Scene& s, const Tensor& selected, const Tensor
   for (int64_t i = 0; i < s.n; ++i) {
     const int64_t p = s.start + i;
     std::vector<std::vector<float>> keys;
-    for (int64_t j = std::max<int64_t>(0, p - kWindow + 1); j <= p; ++j) keys.push_back(decoded(s.all_rows, s.fmt, j));
+    for (int64_t j = std::max<int64_t>(0, p - kWindow + 1); j <= p; ++j)
+      keys.push_back(decoded(s.all_rows, s.fmt, j));
     const int64_t visible = (p + 1) / kRatio;
     if (selected.empty()) {
       for (int64_t w = 0; w < visible; ++w) keys.push_back(decoded(s.compressed, s.fmt, w));
@@ -155,8 +156,10 @@ TEST(Indexer, ScoresAndCausalTopK) {
       double score = 0;
       for (int64_t h = 0; h < heads; ++h) {
         double d = 0;
-        for (int64_t x = 0; x < dim; ++x) d += double(q.data<float>()[(i * heads + h) * dim + x]) * keys.data<float>()[s * dim + x];
-        score += w.data<float>()[i * heads + h] / std::sqrt(double(heads)) * std::max(0.0, d) / std::sqrt(double(dim));
+        for (int64_t x = 0; x < dim; ++x)
+          d += double(q.data<float>()[(i * heads + h) * dim + x]) * keys.data<float>()[s * dim + x];
+        score += w.data<float>()[i * heads + h] / std::sqrt(double(heads)) * std::max(0.0, d) /
+                 std::sqrt(double(dim));
       }
       const float got = scores.data<float>()[i * S + s];
       if (s >= visible) {

@@ -42,10 +42,12 @@ void check_online_matches_batch(int ratio, bool overlap, uint32_t seed) {
     const int64_t n = std::min<int64_t>(L - start, rng.integer(1, 7));
     const int64_t e = ops::compressor_emit_count(start, n, ratio);
     Tensor out(DType::f32, {e, width});
-    const int64_t got = ops::compressor_update(
-        {acc, kv.view().rows(start, start + n), gate.view().rows(start, start + n), ape, start, ratio, overlap, out});
+    const int64_t got =
+        ops::compressor_update({acc, kv.view().rows(start, start + n), gate.view().rows(start, start + n),
+                                ape, start, ratio, overlap, out});
     ASSERT_EQ(got, e);
-    for (int64_t i = 0; i < e; ++i) emitted.emplace_back(out.data<float>() + i * width, out.data<float>() + (i + 1) * width);
+    for (int64_t i = 0; i < e; ++i)
+      emitted.emplace_back(out.data<float>() + i * width, out.data<float>() + (i + 1) * width);
     start += n;
   }
   ASSERT_EQ(static_cast<int64_t>(emitted.size()), L / ratio);
@@ -58,8 +60,12 @@ void check_online_matches_batch(int ratio, bool overlap, uint32_t seed) {
   EXPECT_LE(worst, 5e-6f);
 }
 
-TEST(Compressor, HcaOnlineMatchesBatchSoftmax) { check_online_matches_batch(8, false, 31); }
-TEST(Compressor, CsaOnlineMatchesBatchSoftmaxWithOverlap) { check_online_matches_batch(4, true, 32); }
+TEST(Compressor, HcaOnlineMatchesBatchSoftmax) {
+  check_online_matches_batch(8, false, 31);
+}
+TEST(Compressor, CsaOnlineMatchesBatchSoftmaxWithOverlap) {
+  check_online_matches_batch(4, true, 32);
+}
 TEST(Compressor, RatioOneAndLargeRatio) {
   check_online_matches_batch(1, false, 33);
   check_online_matches_batch(16, true, 34);

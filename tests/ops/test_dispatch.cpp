@@ -24,7 +24,9 @@ class StubBackend : public ops::Backend {
 TEST(Dispatch, MissingBackendAndKernelsAreLoud) {
   float storage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   const TensorView on_gpu(storage, DType::f32, {2, 4}, Device::cuda);
-  EXPECT_NE(message_of([&] { ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu); }).find("no backend registered for device cuda"),
+  EXPECT_NE(message_of([&] {
+              ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu);
+            }).find("no backend registered for device cuda"),
             std::string::npos);
   StubBackend stub;
   ops::register_backend(Device::cuda, &stub);
@@ -40,10 +42,12 @@ TEST(Dispatch, CpuRejectsDtypesItHasNoKernelFor) {
 
 TEST(Dispatch, ShapeErrorsNameTheArgument) {
   Tensor x(DType::f32, {2, 4}), w(DType::f32, {5});
-  EXPECT_EQ(message_of([&] { ops::rms_norm(x, w, 1e-6f, x); }), "rms_norm: weight must have shape [4], found [5]");
+  EXPECT_EQ(message_of([&] { ops::rms_norm(x, w, 1e-6f, x); }),
+            "rms_norm: weight must have shape [4], found [5]");
   Tensor mixed(DType::f32, {2, 4});
   const TensorView gpu_out(mixed.data<float>(), DType::f32, {2, 4}, Device::cuda);
-  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, gpu_out); }), "rms_norm: tensors on different devices");
+  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, gpu_out); }),
+            "rms_norm: tensors on different devices");
 }
 
 }  // namespace

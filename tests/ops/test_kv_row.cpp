@@ -11,7 +11,8 @@ namespace tern {
 namespace {
 
 TEST(KvRow, Sizes) {
-  EXPECT_EQ((ops::KvRowFormat{ops::KvFormat::fp8_ds, 512, 64}.row_bytes()), 584);  // V4-Flash: 448 + 128 + 7 + 1
+  EXPECT_EQ((ops::KvRowFormat{ops::KvFormat::fp8_ds, 512, 64}.row_bytes()),
+            584);  // V4-Flash: 448 + 128 + 7 + 1
   EXPECT_EQ((ops::KvRowFormat{ops::KvFormat::fp8_ds, 256, 64}.row_bytes()), 192 + 128 + 8);
   EXPECT_EQ((ops::KvRowFormat{ops::KvFormat::f32, 512, 64}.row_bytes()), 2048);
   EXPECT_THROW((ops::KvRowFormat{ops::KvFormat::fp8_ds, 100, 64}.check()), Error);
@@ -23,7 +24,7 @@ TEST(KvRow, Fp8RoundsLikeTheReference) {
   const int64_t n = 4;
   Tensor x = rng.tensor({n, 256}, 3.0f);
   for (int64_t i = 0; i < 64; ++i) x.data<float>()[64 + i] = 1e-7f * rng.normal();  // tiny block: amax clamp
-  for (int64_t i = 0; i < 64; ++i) x.data<float>()[256 + i] *= 1000.0f;           // large block
+  for (int64_t i = 0; i < 64; ++i) x.data<float>()[256 + i] *= 1000.0f;             // large block
   Tensor rows(DType::u8, {n, f.row_bytes()}), y(DType::f32, {n, 256});
   ops::kv_pack(x, f, rows);
   ops::kv_unpack(rows, f, y);

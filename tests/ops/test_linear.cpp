@@ -44,8 +44,8 @@ TestWeight make_weight(ops::WeightFormat f, int64_t out, int64_t in, test::Rando
           uint8_t b = byte(0, 255);
           if ((b & 0x7f) == 0x7f) b = 0x3c;  // not NaN
           t.weight.data<uint8_t>()[o * in + i] = b;
-          t.values[o * in + i] =
-              double(e4m3_to_f32(b)) * e8m0_to_f32(t.scale.data<uint8_t>()[(o / 128) * t.scale.dim(1) + i / 128]);
+          t.values[o * in + i] = double(e4m3_to_f32(b)) *
+                                 e8m0_to_f32(t.scale.data<uint8_t>()[(o / 128) * t.scale.dim(1) + i / 128]);
         }
       break;
     }
@@ -56,7 +56,8 @@ TestWeight make_weight(ops::WeightFormat f, int64_t out, int64_t in, test::Rando
       t.weight = Tensor(DType::u8, {out, in / 2});
       t.scale = Tensor(mx ? DType::e8m0 : DType::ue4m3, {out, in / block});
       t.w.global_scale = mx ? 1.0f : 0.0371f;
-      for (int64_t i = 0; i < t.scale.numel(); ++i) t.scale.data<uint8_t>()[i] = mx ? byte(122, 131) : byte(1, 0x7e);
+      for (int64_t i = 0; i < t.scale.numel(); ++i)
+        t.scale.data<uint8_t>()[i] = mx ? byte(122, 131) : byte(1, 0x7e);
       for (int64_t o = 0; o < out; ++o)
         for (int64_t i = 0; i < in; i += 2) {
           const uint8_t b = byte(0, 255);
@@ -91,13 +92,14 @@ TEST_P(LinearFormats, MatchesDequantizeThenMatmul) {
       worst = std::max(worst, std::fabs(want - y.data<float>()[t * out + o]));
       scale = std::max(scale, std::fabs(want));
     }
-  std::printf("linear %s: max|dy| = %.3g (max|y| %.3g)\n", std::string(ops::weight_format_name(GetParam())).c_str(),
-              worst, scale);
+  std::printf("linear %s: max|dy| = %.3g (max|y| %.3g)\n",
+              std::string(ops::weight_format_name(GetParam())).c_str(), worst, scale);
   EXPECT_LE(worst, 2e-6 * scale);
 
   Tensor dense(DType::f32, {out, in});
   ops::dequantize(tw.w, dense);
-  for (int64_t i = 0; i < out * in; ++i) ASSERT_EQ(dense.data<float>()[i], static_cast<float>(tw.values[i])) << i;
+  for (int64_t i = 0; i < out * in; ++i)
+    ASSERT_EQ(dense.data<float>()[i], static_cast<float>(tw.values[i])) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, LinearFormats,

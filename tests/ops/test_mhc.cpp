@@ -13,7 +13,9 @@ namespace {
 
 constexpr int64_t T = 3, HC = 4, D = 40, MIX = (2 + HC) * HC;
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // m = fn . flat * rsqrt(mean(flat^2) + eps), in double.
 std::vector<double> logits_of(const float* X, const float* fn, int64_t mix) {
@@ -44,7 +46,8 @@ TEST(Mhc, PreMatchesFormulaAndSinkhornIsDoublyStochastic) {
     double C[HC][HC];
     for (int64_t j = 0; j < HC; ++j) {
       double sum = 0;
-      for (int64_t k = 0; k < HC; ++k) sum += C[j][k] = std::exp(m[2 * HC + j * HC + k] * s[2] + b[2 * HC + j * HC + k]);
+      for (int64_t k = 0; k < HC; ++k)
+        sum += C[j][k] = std::exp(m[2 * HC + j * HC + k] * s[2] + b[2 * HC + j * HC + k]);
       for (int64_t k = 0; k < HC; ++k) C[j][k] = C[j][k] / sum + 1e-6;
     }
     for (int it = 0; it < 20; ++it) {
@@ -61,7 +64,8 @@ TEST(Mhc, PreMatchesFormulaAndSinkhornIsDoublyStochastic) {
       }
     }
     for (int64_t i = 0; i < HC; ++i)
-      worst = std::max(worst, float(std::fabs(2 * sigmoid(m[HC + i] * s[1] + b[HC + i]) - post.data<float>()[t * HC + i])));
+      worst = std::max(worst, float(std::fabs(2 * sigmoid(m[HC + i] * s[1] + b[HC + i]) -
+                                              post.data<float>()[t * HC + i])));
     for (int64_t j = 0; j < HC; ++j) {
       double row = 0, col = 0;
       for (int64_t k = 0; k < HC; ++k) {
@@ -78,7 +82,8 @@ TEST(Mhc, PreMatchesFormulaAndSinkhornIsDoublyStochastic) {
       worst = std::max(worst, float(std::fabs(want - collapsed.data<float>()[t * D + d])));
     }
   }
-  std::printf("hc_pre: max|d| %.3g, Sinkhorn |rowsum-1| %.3g, |colsum-1| %.3g\n", worst, worst_row, worst_col);
+  std::printf("hc_pre: max|d| %.3g, Sinkhorn |rowsum-1| %.3g, |colsum-1| %.3g\n", worst, worst_row,
+              worst_col);
   EXPECT_LE(worst, 2e-5f);
   EXPECT_LE(worst_col, 1e-5f);
   EXPECT_LE(worst_row, 1e-3f);
@@ -86,7 +91,8 @@ TEST(Mhc, PreMatchesFormulaAndSinkhornIsDoublyStochastic) {
 
 TEST(Mhc, PostAppliesCombTransposed) {
   test::Random rng(22);
-  Tensor X = rng.tensor({T, HC, D}), a = rng.tensor({T, D}), post = rng.tensor({T, HC}), comb = rng.tensor({T, HC, HC});
+  Tensor X = rng.tensor({T, HC, D}), a = rng.tensor({T, D}), post = rng.tensor({T, HC}),
+         comb = rng.tensor({T, HC, HC});
   Tensor out(DType::f32, {T, HC, D});
   ops::hc_post(X, a, post, comb, out);
   float worst = 0;

@@ -12,7 +12,9 @@
 namespace tern {
 namespace {
 
-double sqrt_softplus(double x) { return std::sqrt(std::log1p(std::exp(x))); }
+double sqrt_softplus(double x) {
+  return std::sqrt(std::log1p(std::exp(x)));
+}
 
 TEST(Routing, ScoredPicksTopKOfBiasedScoresAndWeightsUnbiased) {
   test::Random rng(41);
@@ -22,7 +24,8 @@ TEST(Routing, ScoredPicksTopKOfBiasedScoresAndWeightsUnbiased) {
   ops::route_scored(logits, bias, 1.5f, idx, w);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<std::pair<double, int>> order;
-    for (int e = 0; e < E; ++e) order.emplace_back(-(sqrt_softplus(logits.data<float>()[t * E + e]) + bias.data<float>()[e]), e);
+    for (int e = 0; e < E; ++e)
+      order.emplace_back(-(sqrt_softplus(logits.data<float>()[t * E + e]) + bias.data<float>()[e]), e);
     std::sort(order.begin(), order.end());
     std::set<int> want, got;
     double sum = 0;
@@ -34,7 +37,8 @@ TEST(Routing, ScoredPicksTopKOfBiasedScoresAndWeightsUnbiased) {
     EXPECT_EQ(want, got);
     for (int j = 0; j < k; ++j) {
       const int e = idx.data<int32_t>()[t * k + j];
-      EXPECT_NEAR(w.data<float>()[t * k + j], sqrt_softplus(logits.data<float>()[t * E + e]) / sum * 1.5, 1e-6);
+      EXPECT_NEAR(w.data<float>()[t * k + j], sqrt_softplus(logits.data<float>()[t * E + e]) / sum * 1.5,
+                  1e-6);
     }
   }
 }
@@ -74,7 +78,8 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
   };
   for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
   Tensor x = rng.tensor({T, D}), idx(DType::i32, {T, k}), w = rng.tensor({T, k});
-  for (int64_t t = 0; t < T; ++t) idx.data<int32_t>()[t * k] = t % E, idx.data<int32_t>()[t * k + 1] = (t + 1) % E;
+  for (int64_t t = 0; t < T; ++t)
+    idx.data<int32_t>()[t * k] = t % E, idx.data<int32_t>()[t * k + 1] = (t + 1) % E;
   Tensor out(DType::f32, {T, D});
   ops::moe_experts({x, idx, w, experts, limit, out});
   float worst = 0;
@@ -95,11 +100,13 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
       }
       for (int64_t d = 0; d < D; ++d) {
         double y = 0;
-        for (int64_t i = 0; i < inter; ++i) y += double(ex.w2.weight.data_as<float>()[d * inter + i]) * act[i];
+        for (int64_t i = 0; i < inter; ++i)
+          y += double(ex.w2.weight.data_as<float>()[d * inter + i]) * act[i];
         want[d] += y * w.data<float>()[t * k + j];
       }
     }
-    for (int64_t d = 0; d < D; ++d) worst = std::max(worst, float(std::fabs(want[d] - out.data<float>()[t * D + d])));
+    for (int64_t d = 0; d < D; ++d)
+      worst = std::max(worst, float(std::fabs(want[d] - out.data<float>()[t * D + d])));
   }
   EXPECT_LE(worst, 1e-5f);
 }

@@ -24,11 +24,13 @@ TEST(RmsNorm, WeightedAndUnweighted) {
   float worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += double(x.data<float>()[r * dim + i]) * x.data<float>()[r * dim + i];
+    for (int64_t i = 0; i < dim; ++i)
+      ss += double(x.data<float>()[r * dim + i]) * x.data<float>()[r * dim + i];
     const double inv = 1.0 / std::sqrt(ss / dim + 1e-6);
     for (int64_t i = 0; i < dim; ++i) {
       const double n = x.data<float>()[r * dim + i] * inv;
-      worst = std::max(worst, float(std::fabs(n * bf16_to_f32(w.data<uint16_t>()[i]) - y.data<float>()[r * dim + i])));
+      worst = std::max(
+          worst, float(std::fabs(n * bf16_to_f32(w.data<uint16_t>()[i]) - y.data<float>()[r * dim + i])));
       worst = std::max(worst, float(std::fabs(n - u.data<float>()[r * dim + i])));
     }
   }
@@ -39,10 +41,20 @@ TEST(Rope, InvFreqMatchesTransformers) {
   // transformers 5.17 DeepseekV4RotaryEmbedding, rope_dim 64: "main" (theta 1e4) and "compress" (theta 1.6e5,
   // YaRN factor 16, original 65536, beta 32/1, attention_factor 1).
   const int idx[] = {0, 5, 10, 15, 20, 25, 31};
-  const double main_ref[] = {1.0, 0.23713736236095428, 0.05623412877321243, 0.01333521492779255,
-                             0.003162277862429619, 0.0007498941849917173, 0.0001333521504420787};
-  const double compress_ref[] = {1.0, 0.15376456081867218, 0.02364354021847248, 0.0036355385091155767,
-                                 0.0002969777851831168, 5.372312443796545e-06, 5.680529397977807e-07};
+  const double main_ref[] = {1.0,
+                             0.23713736236095428,
+                             0.05623412877321243,
+                             0.01333521492779255,
+                             0.003162277862429619,
+                             0.0007498941849917173,
+                             0.0001333521504420787};
+  const double compress_ref[] = {1.0,
+                                 0.15376456081867218,
+                                 0.02364354021847248,
+                                 0.0036355385091155767,
+                                 0.0002969777851831168,
+                                 5.372312443796545e-06,
+                                 5.680529397977807e-07};
   const Tensor main = ops::rope_inv_freq({10000.0, 64});
   const Tensor compress = ops::rope_inv_freq({160000.0, 64, true, 16.0, 65536.0, 32.0, 1.0});
   for (int k = 0; k < 7; ++k) {
@@ -70,8 +82,10 @@ TEST(Rope, RotatesTheLastDimsInterleavedAndInverts) {
         // the angle is the fp32 product, as in the reference
         const double angle = inv.data<float>()[i] * static_cast<float>(pos.data<int64_t>()[r]);
         const double x0 = a[hd - rope_dim + 2 * i], x1 = a[hd - rope_dim + 2 * i + 1];
-        worst = std::max(worst, float(std::fabs(x0 * std::cos(angle) - x1 * std::sin(angle) - b[hd - rope_dim + 2 * i])));
-        worst = std::max(worst, float(std::fabs(x1 * std::cos(angle) + x0 * std::sin(angle) - b[hd - rope_dim + 2 * i + 1])));
+        worst = std::max(
+            worst, float(std::fabs(x0 * std::cos(angle) - x1 * std::sin(angle) - b[hd - rope_dim + 2 * i])));
+        worst = std::max(worst, float(std::fabs(x1 * std::cos(angle) + x0 * std::sin(angle) -
+                                                b[hd - rope_dim + 2 * i + 1])));
       }
     }
   EXPECT_LE(worst, 2e-6f);

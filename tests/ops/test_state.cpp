@@ -11,9 +11,9 @@ namespace {
 
 std::shared_ptr<const cache::StateLayout> small_layout(int64_t max_tokens = 64) {
   std::vector<cache::LayerSpec> specs = {
-      {4, 40, 0, 0, 0, 0},         // SWA
+      {4, 40, 0, 0, 0, 0},                    // SWA
       {4, 40, 4, 2 * 3 * 10, 24, 2 * 3 * 6},  // CSA
-      {4, 40, 8, 3 * 10, 0, 0},    // HCA
+      {4, 40, 8, 3 * 10, 0, 0},               // HCA
   };
   return std::make_shared<const cache::StateLayout>(specs, max_tokens);
 }
@@ -22,14 +22,16 @@ void scribble(cache::SequenceState& s, test::Random& rng, int64_t n) {
   // what a forward step of n tokens writes: ring rows, accumulators, new rows; then advance
   for (int l = 0; l < s.layout().num_layers(); ++l) {
     Tensor rows(DType::u8, {n, 40});
-    for (int64_t i = 0; i < rows.numel(); ++i) rows.data<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(1, 255));
+    for (int64_t i = 0; i < rows.numel(); ++i)
+      rows.data<uint8_t>()[i] = static_cast<uint8_t>(rng.integer(1, 255));
     s.store_window_rows(l, s.position(), rows);
     const TensorView acc = s.compressor_acc(l);
     for (int64_t i = 0; i < acc.numel(); ++i) acc.data_as<float>()[i] = rng.normal();
     const int64_t from = s.layout().entries(l, s.position()), to = s.layout().entries(l, s.position() + n);
     const TensorView comp = s.compressed_rows(l);
     for (int64_t r = from; r < to; ++r)
-      for (int64_t b = 0; b < comp.dim(1); ++b) comp.data_as<uint8_t>()[r * comp.dim(1) + b] = uint8_t(rng.integer(1, 255));
+      for (int64_t b = 0; b < comp.dim(1); ++b)
+        comp.data_as<uint8_t>()[r * comp.dim(1) + b] = uint8_t(rng.integer(1, 255));
   }
   s.advance(n);
 }

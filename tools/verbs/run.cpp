@@ -65,7 +65,8 @@ std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
       used = 0;
     }
     TERN_CHECK(used == item.size() && !item.empty(), "--prompt-ids: \"", item, "\" is not a token id");
-    TERN_CHECK(id >= 0 && id < vocab, "--prompt-ids: token ", id, " is outside the vocabulary [0, ", vocab, ")");
+    TERN_CHECK(id >= 0 && id < vocab, "--prompt-ids: token ", id, " is outside the vocabulary [0, ", vocab,
+               ")");
     ids.push_back(id);
   }
   TERN_CHECK(!ids.empty(), "--prompt-ids: no token ids");
@@ -80,7 +81,8 @@ std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
 }
 
 int run(const RunArgs& a) {
-  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
+  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"",
+             a.kv_mode, "\"");
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
   if (a.threads > 0) set_thread_count(a.threads);
   cpu::register_backend();
@@ -108,7 +110,8 @@ int run(const RunArgs& a) {
   std::printf("\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), r.prefill_seconds,
               prompt.size() / r.prefill_seconds);
   if (decoded > 0)
-    std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s)\n", decoded, r.decode_seconds, decoded / r.decode_seconds);
+    std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s)\n", decoded, r.decode_seconds,
+                decoded / r.decode_seconds);
   return 0;
 }
 
@@ -121,7 +124,8 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
        app.add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
        app.add_option("--seed", a->seed, "sampling seed")->capture_default_str();
-       app.add_option("--kv-mode", a->kv_mode, "exact or fp8 (DeepSeek's FP8 KV rows)")->capture_default_str();
+       app.add_option("--kv-mode", a->kv_mode, "exact or fp8 (DeepSeek's FP8 KV rows)")
+           ->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of this many tokens (0 = all)");
        app.add_option("--threads", a->threads, "CPU threads (default: TERN_THREADS or all cores)");
        return [a] { return run(*a); };

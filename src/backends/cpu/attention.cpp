@@ -32,10 +32,13 @@ class KeyRows {
     if (a_.format.format == ops::KvFormat::f32 || count == 0) return;
     const int64_t hd = a_.format.head_dim;
     out.resize(count * hd);
-    parallel_for(0, count, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r)
-        ops::decode_kv_row(rows.data_as<const std::byte>() + r * rb_, a_.format, out.data() + r * hd);
-    }, 16);
+    parallel_for(
+        0, count,
+        [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r)
+            ops::decode_kv_row(rows.data_as<const std::byte>() + r * rb_, a_.format, out.data() + r * hd);
+        },
+        16);
   }
   const float* row(const TensorView& rows, const std::vector<float>& decoded, int64_t r) const {
     if (a_.format.format == ops::KvFormat::f32) return rows.data_as<const float>() + r * a_.format.head_dim;
@@ -116,7 +119,8 @@ void CpuBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& sco
         const float* key = a.keys.data_as<const float>() + s * dim;
         float score = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
-          const float relu = std::max(0.0f, dot(a.q.data_as<const float>() + (i * heads + h) * dim, key, dim));
+          const float relu =
+              std::max(0.0f, dot(a.q.data_as<const float>() + (i * heads + h) * dim, key, dim));
           score += (relu * dot_scale) * (w[h] * head_scale);
         }
         out[s] = score;

@@ -27,7 +27,8 @@ void CpuBackend::embedding(const TensorView& table, const TensorView& ids, const
   const auto* id = ids.data_as<const int64_t>();
   float* o = out.data_as<float>();
   for (int64_t t = 0; t < ids.dim(0); ++t) {
-    TERN_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: token id ", id[t], " outside the vocabulary [0, ", vocab, ")");
+    TERN_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: token id ", id[t], " outside the vocabulary [0, ",
+               vocab, ")");
     if (table.dtype() == DType::f32) {
       std::memcpy(o + t * D, table.data_as<const float>() + id[t] * D, D * sizeof(float));
     } else {
@@ -49,7 +50,8 @@ void CpuBackend::swiglu(const TensorView& gate, const TensorView& up, float limi
   const float* g = gate.data_as<const float>();
   const float* u = up.data_as<const float>();
   float* o = out.data_as<float>();
-  for (int64_t i = 0; i < gate.numel(); ++i) o[i] = silu(std::min(g[i], limit)) * std::clamp(u[i], -limit, limit);
+  for (int64_t i = 0; i < gate.numel(); ++i)
+    o[i] = silu(std::min(g[i], limit)) * std::clamp(u[i], -limit, limit);
 }
 
 void CpuBackend::gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
@@ -69,44 +71,52 @@ void CpuBackend::rms_norm(const TensorView& x, const TensorView& weight, float e
   if (!weight.empty())
     for (int64_t i = 0; i < dim; ++i)
       w[i] = weight.dtype() == DType::f32 ? weight.data_as<const float>()[i]
-                                           : bf16_to_f32(weight.data_as<const uint16_t>()[i]);
+                                          : bf16_to_f32(weight.data_as<const uint16_t>()[i]);
   const float* src = x.data_as<const float>();
   float* dst = out.data_as<float>();
-  parallel_for(0, rows, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      double sum_sq = 0.0;
-      for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(src[r * dim + i]) * src[r * dim + i];
-      const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / dim) + eps);
-      for (int64_t i = 0; i < dim; ++i) dst[r * dim + i] = w[i] * (src[r * dim + i] * inv_rms);
-    }
-  }, 16);
+  parallel_for(
+      0, rows,
+      [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          double sum_sq = 0.0;
+          for (int64_t i = 0; i < dim; ++i)
+            sum_sq += static_cast<double>(src[r * dim + i]) * src[r * dim + i];
+          const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / dim) + eps);
+          for (int64_t i = 0; i < dim; ++i) dst[r * dim + i] = w[i] * (src[r * dim + i] * inv_rms);
+        }
+      },
+      16);
 }
 
-void CpuBackend::rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
+void CpuBackend::rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
+                      bool inverse) {
   require_f32("rope", {&x});
   const int64_t rows = x.dim(0), head_dim = x.dim(-1), heads = x.rank() == 3 ? x.dim(1) : 1;
   const int64_t half = inv_freq.dim(0), first = head_dim - 2 * half;
   const float* freq = inv_freq.data_as<const float>();
   const auto* pos = positions.data_as<const int64_t>();
   float* data = x.data_as<float>();
-  parallel_for(0, rows, [&](int64_t lo, int64_t hi) {
-    std::vector<float> cos_t(half), sin_t(half);
-    for (int64_t r = lo; r < hi; ++r) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = freq[i] * static_cast<float>(pos[r]);  // fp32, as the reference
-        cos_t[i] = std::cos(angle);
-        sin_t[i] = inverse ? -std::sin(angle) : std::sin(angle);
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = data + (r * heads + h) * head_dim + first;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x0 = v[2 * i], x1 = v[2 * i + 1];
-          v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
-          v[2 * i + 1] = x1 * cos_t[i] + x0 * sin_t[i];
+  parallel_for(
+      0, rows,
+      [&](int64_t lo, int64_t hi) {
+        std::vector<float> cos_t(half), sin_t(half);
+        for (int64_t r = lo; r < hi; ++r) {
+          for (int64_t i = 0; i < half; ++i) {
+            const float angle = freq[i] * static_cast<float>(pos[r]);  // fp32, as the reference
+            cos_t[i] = std::cos(angle);
+            sin_t[i] = inverse ? -std::sin(angle) : std::sin(angle);
+          }
+          for (int64_t h = 0; h < heads; ++h) {
+            float* v = data + (r * heads + h) * head_dim + first;
+            for (int64_t i = 0; i < half; ++i) {
+              const float x0 = v[2 * i], x1 = v[2 * i + 1];
+              v[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+              v[2 * i + 1] = x1 * cos_t[i] + x0 * sin_t[i];
+            }
+          }
         }
-      }
-    }
-  }, 4);
+      },
+      4);
 }
 
 void CpuBackend::hc_expand(const TensorView& x, const TensorView& streams) {
@@ -114,25 +124,34 @@ void CpuBackend::hc_expand(const TensorView& x, const TensorView& streams) {
   const int64_t T = x.dim(0), hc = streams.dim(1), D = x.dim(1);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < hc; ++i)
-      std::memcpy(streams.data_as<float>() + (t * hc + i) * D, x.data_as<const float>() + t * D, D * sizeof(float));
+      std::memcpy(streams.data_as<float>() + (t * hc + i) * D, x.data_as<const float>() + t * D,
+                  D * sizeof(float));
 }
 
 void CpuBackend::kv_pack(const TensorView& x, const ops::KvRowFormat& f, const TensorView& rows) {
   require_f32("kv_pack", {&x});
   const int64_t rb = f.row_bytes();
-  parallel_for(0, x.dim(0), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      ops::encode_kv_row(x.data_as<const float>() + r * f.head_dim, f, rows.data_as<std::byte>() + r * rb);
-  }, 8);
+  parallel_for(
+      0, x.dim(0),
+      [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r)
+          ops::encode_kv_row(x.data_as<const float>() + r * f.head_dim, f,
+                             rows.data_as<std::byte>() + r * rb);
+      },
+      8);
 }
 
 void CpuBackend::kv_unpack(const TensorView& rows, const ops::KvRowFormat& f, const TensorView& x) {
   require_f32("kv_unpack", {&x});
   const int64_t rb = f.row_bytes();
-  parallel_for(0, x.dim(0), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      ops::decode_kv_row(rows.data_as<const std::byte>() + r * rb, f, x.data_as<float>() + r * f.head_dim);
-  }, 8);
+  parallel_for(
+      0, x.dim(0),
+      [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r)
+          ops::decode_kv_row(rows.data_as<const std::byte>() + r * rb, f,
+                             x.data_as<float>() + r * f.head_dim);
+      },
+      8);
 }
 
 }  // namespace tern::cpu

@@ -48,29 +48,33 @@ int64_t CpuBackend::compressor_update(const ops::CompressorArgs& a) {
   const float* ape = a.ape.data_as<const float>();
   float* acc = a.acc.data_as<float>();
   float* emitted = a.emitted.data_as<float>();
-  parallel_for(0, width, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) {
-      const Acc open = acc_at(acc, width, 0, c);
-      int64_t e = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = a.start_pos + i, slot = pos % a.ratio;
-        // CSA: channel c + width (Cb) feeds this window's entry, channel c (Ca) the next one.
-        const int64_t own = a.overlap ? width + c : c;
-        open.fold(gate[i * channels + own] + ape[slot * channels + own], kv[i * channels + own]);
-        if (a.overlap) acc_at(acc, width, 1, c).fold(gate[i * channels + c] + ape[slot * channels + c],
-                                                   kv[i * channels + c]);
-        if (slot != a.ratio - 1) continue;
-        emitted[e++ * width + c] = open.value();
-        if (a.overlap) {
-          const Acc next = acc_at(acc, width, 1, c);
-          open.take(next);
-          next.clear();
-        } else {
-          open.clear();
+  parallel_for(
+      0, width,
+      [&](int64_t lo, int64_t hi) {
+        for (int64_t c = lo; c < hi; ++c) {
+          const Acc open = acc_at(acc, width, 0, c);
+          int64_t e = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t pos = a.start_pos + i, slot = pos % a.ratio;
+            // CSA: channel c + width (Cb) feeds this window's entry, channel c (Ca) the next one.
+            const int64_t own = a.overlap ? width + c : c;
+            open.fold(gate[i * channels + own] + ape[slot * channels + own], kv[i * channels + own]);
+            if (a.overlap)
+              acc_at(acc, width, 1, c)
+                  .fold(gate[i * channels + c] + ape[slot * channels + c], kv[i * channels + c]);
+            if (slot != a.ratio - 1) continue;
+            emitted[e++ * width + c] = open.value();
+            if (a.overlap) {
+              const Acc next = acc_at(acc, width, 1, c);
+              open.take(next);
+              next.clear();
+            } else {
+              open.clear();
+            }
+          }
         }
-      }
-    }
-  }, 16);
+      },
+      16);
   return ops::compressor_emit_count(a.start_pos, n, a.ratio);
 }
 

@@ -19,7 +19,8 @@ class CpuBackend final : public ops::Backend {
   void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) override;
   void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
-  void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) override;
+  void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
+            bool inverse) override;
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
@@ -34,8 +35,8 @@ class CpuBackend final : public ops::Backend {
   void indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) override;
   void indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) override;
   void sparse_attention(const ops::AttentionArgs& a, const TensorView& out) override;
-  void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale, const TensorView& indices,
-                    const TensorView& weights) override;
+  void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                    const TensorView& indices, const TensorView& weights) override;
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;

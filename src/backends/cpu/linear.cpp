@@ -50,11 +50,9 @@ void RowDequantizer::row(int64_t r, float* out) const {
       for (int64_t i = 0; i < in; ++i) out[i] = src[i];
       return;
     }
-    case ops::WeightFormat::bf16: {
-      const uint16_t* src = w_.weight.data_as<const uint16_t>() + r * in;
-      for (int64_t i = 0; i < in; ++i) out[i] = bf16_bits_to_f32(src[i]);
+    case ops::WeightFormat::bf16:
+      bf16_row_to_f32(w_.weight.data_as<const uint16_t>() + r * in, in, out);
       return;
-    }
     case ops::WeightFormat::fp8_block: {
       const uint8_t* src = bytes_ + r * in;
       for (int64_t b = 0; b * 128 < in; ++b) {

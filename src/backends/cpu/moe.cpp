@@ -11,7 +11,9 @@ namespace tern::cpu {
 namespace {
 
 // sqrt(softplus(x)) with torch's softplus threshold (x > 20: softplus(x) = x).
-float sqrt_softplus(float x) { return std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x))); }
+float sqrt_softplus(float x) {
+  return std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
+}
 
 // weights[t, j] = score[picked j] / (sum + 1e-20) * routed_scale
 void normalize(const float* scores, const int32_t* picked, int64_t k, float routed_scale, float* weights) {
@@ -50,11 +52,12 @@ void CpuBackend::route_hash(const TensorView& logits, const TensorView& tid2eid,
   std::vector<float> scores(E);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t token = token_ids.data_as<const int64_t>()[t];
-    TERN_CHECK(token >= 0 && token < vocab, "route_hash: token ", token, " outside tid2eid's ", vocab, " rows");
+    TERN_CHECK(token >= 0 && token < vocab, "route_hash: token ", token, " outside tid2eid's ", vocab,
+               " rows");
     int32_t* picked = indices.data_as<int32_t>() + t * k;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = tid2eid.dtype() == DType::i64 ? tid2eid.data_as<const int64_t>()[token * k + j]
-                                                       : tid2eid.data_as<const int32_t>()[token * k + j];
+                                                      : tid2eid.data_as<const int32_t>()[token * k + j];
       TERN_CHECK(e >= 0 && e < E, "route_hash: tid2eid[", token, "] names expert ", e, " of ", E);
       picked[j] = static_cast<int32_t>(e);
     }
