@@ -32,6 +32,8 @@ struct LayerSpec {
   int64_t compressor_acc_floats = 0;  // f32 accumulator state of the attention compressor
   int64_t index_row_bytes = 0;        // bytes of one indexer key; 0: no indexer
   int64_t indexer_acc_floats = 0;     // f32 accumulator state of the indexer's compressor
+
+  bool operator==(const LayerSpec&) const = default;
 };
 
 struct Region {

@@ -21,22 +21,22 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const TensorView inv_freq = c.attn_kind(l) == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p
-  Tensor cq(DType::f32, {N, c.q_lora_rank});
+  Tensor cq(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::linear(h, o.wq_a, cq);
   ops::rms_norm(cq, A.q_norm, eps, cq);
-  Tensor q(DType::f32, {N, H, hd});
+  Tensor q(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
   ops::rms_norm(q, {}, eps, q);
   ops::rope(q, b.positions, inv_freq);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
-  Tensor kv(DType::f32, {N, hd});
+  Tensor kv(DType::f32, {N, hd});  // [N, head_dim]: K = V
   ops::linear(h, o.wkv, kv);
   ops::rms_norm(kv, A.kv_norm, eps, kv);
   ops::rope(kv, b.positions, inv_freq);
   observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
-  Tensor kv_rows(DType::u8, {N, format.row_bytes()});
+  Tensor kv_rows(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]
   ops::kv_pack(kv, format, kv_rows);
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
@@ -48,13 +48,28 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   }
 
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
-  Tensor heads(DType::f32, {N, H, hd});
+  Tensor heads(DType::f32, {N, H, hd});  // [N, heads, head_dim]
+  attend(l, b, q, kv_rows, selected, heads);
+  ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
+
+  // out = wo_b . concat_g(wo_a[g] . heads of group g)
+  Tensor grouped(DType::f32,
+                 {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
+  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
+  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
+}
+
+// Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
+// rows then enter the ring.
+void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows,
+                   const std::vector<Tensor>& selected, const Tensor& heads) {
+  const ModelConfig& c = w_.config;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
     ops::AttentionArgs args;
     args.q = b.rows(q, s);
     args.start = s.start;
-    args.format = format;
+    args.format = kv_format();
     args.chunk_rows = b.rows(kv_rows, s);
     args.ring = s.state->ring(l);
     args.window = c.sliding_window;
@@ -64,17 +79,11 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       args.num_compressed = s.state->layout().entries(l, s.start + s.n);
     }
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
-    args.sinks = A.attn_sink;
-    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    args.sinks = w_.layers[l].attn.attn_sink;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     ops::sparse_attention(args, b.rows(heads, s));
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
   }
-  ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
-
-  // out = wo_b . concat_g(wo_a[g] . heads of group g)
-  Tensor grouped(DType::f32, {N, G, c.o_lora_rank});
-  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
-  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
 }
 
 // Runs the attention compressor (or the indexer's) over the batch and appends the completed entries,
@@ -118,7 +127,7 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
   const ModelConfig& c = w_.config;
   const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
-  Tensor qi(DType::f32, {N, Hi, di});
+  Tensor qi(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
   ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
   ops::rope(qi, b.positions, inv_freq_compress_);
   Tensor weights(DType::f32, {N, Hi});

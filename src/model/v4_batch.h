@@ -19,6 +19,7 @@ struct Model::Batch {
   Tensor ids;          // i64 [N]
   Tensor positions;    // i64 [N]
   std::vector<Seq> seqs;
+  std::vector<int64_t> wanted;  // batch rows whose logits are returned
 
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }
 };

@@ -72,6 +72,7 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
   head_ = op_weight(w_.head);
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
+  layer_specs_ = make_layer_specs();
 }
 
 ops::KvRowFormat Model::kv_format() const {
@@ -79,7 +80,7 @@ ops::KvRowFormat Model::kv_format() const {
   return {mode_ == KvMode::fp8 ? ops::KvFormat::fp8_ds : ops::KvFormat::f32, c.head_dim, c.rope_dim};
 }
 
-std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens) const {
+std::vector<cache::LayerSpec> Model::make_layer_specs() const {
   const ModelConfig& c = w_.config;
   std::vector<cache::LayerSpec> specs;
   for (int l = 0; l < c.num_layers; ++l) {
@@ -95,7 +96,11 @@ std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens
     }
     specs.push_back(s);
   }
-  return std::make_shared<const cache::StateLayout>(std::move(specs), max_tokens);
+  return specs;
+}
+
+std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens) const {
+  return std::make_shared<const cache::StateLayout>(layer_specs_, max_tokens);
 }
 
 cache::SequenceState Model::new_state(int64_t max_tokens) const {
@@ -123,37 +128,44 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   streams = std::move(next);
 }
 
-Tensor Model::forward(std::span<const StepSequence> batch) {
-  const ModelConfig& c = w_.config;
+// Lays the batch's tokens out one after another: ids, positions, and the rows whose logits are wanted.
+Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
   Batch b;
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
     TERN_CHECK(s.state != nullptr && !s.tokens.empty(),
                "forward: every sequence needs a state and >= 1 token");
     TERN_CHECK(seen.insert(s.state).second, "forward: a state appears twice in one batch");
-    TERN_CHECK(s.state->layout().fingerprint() == state_layout(s.state->layout().max_tokens())->fingerprint(),
-               "forward: the state's layout does not belong to this model and KV mode");
-    TERN_CHECK(s.state->position() + static_cast<int64_t>(s.tokens.size()) <= s.state->layout().max_tokens(),
-               "forward: ", s.state->position() + s.tokens.size(), " tokens exceed the state's capacity of ",
-               s.state->layout().max_tokens());
-    b.seqs.push_back(
-        {s.state, b.tokens, static_cast<int64_t>(s.tokens.size()), s.state->position(), s.logits});
-    b.tokens += static_cast<int64_t>(s.tokens.size());
+    const cache::StateLayout& layout = s.state->layout();
+    bool ours = layout.num_layers() == static_cast<int>(layer_specs_.size());
+    for (int l = 0; ours && l < layout.num_layers(); ++l) ours = layout.spec(l) == layer_specs_[l];
+    TERN_CHECK(ours, "forward: the state's layout does not belong to this model and KV mode");
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    TERN_CHECK(s.state->position() + n <= layout.max_tokens(), "forward: ", s.state->position() + n,
+               " tokens exceed the state's capacity of ", layout.max_tokens());
+    b.seqs.push_back({s.state, b.tokens, n, s.state->position(), s.logits});
+    b.tokens += n;
   }
-  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
-  b.ids = Tensor(DType::i64, {N});
-  b.positions = Tensor(DType::i64, {N});
-  std::vector<int64_t> wanted;  // batch rows whose logits are returned
+  b.ids = Tensor(DType::i64, {b.tokens});
+  b.positions = Tensor(DType::i64, {b.tokens});
   for (size_t i = 0; i < batch.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
     for (int64_t t = 0; t < s.n; ++t) {
       b.ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
       b.positions.data<int64_t>()[s.begin + t] = s.start + t;
       if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
-        wanted.push_back(s.begin + t);
+        b.wanted.push_back(s.begin + t);
     }
   }
-  if (N == 0) return Tensor(DType::f32, {0, c.vocab_size});
+  return b;
+}
+
+Tensor Model::forward(std::span<const StepSequence> batch) {
+  const ModelConfig& c = w_.config;
+  const Batch b = make_batch(batch);
+  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
+  Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});
+  if (N == 0) return logits;
 
   Tensor x(DType::f32, {N, D});  // X = hc copies of embed(token)
   ops::embedding(w_.embed, b.ids, x);
@@ -167,15 +179,17 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
              [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
     observe("streams", l, streams);
   }
+  if (!b.wanted.empty()) head(b, streams, logits);
+  for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
+  return logits;
+}
 
-  // logits = head(norm(hc_head(X))) for the wanted rows only
-  const auto R = static_cast<int64_t>(wanted.size());
-  if (R == 0) {
-    for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
-    return Tensor(DType::f32, {0, c.vocab_size});
-  }
+// logits = head(norm(hc_head(X))) for the wanted rows only.
+void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits) {
+  const ModelConfig& c = w_.config;
+  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult, R = logits.dim(0);
   Tensor rows(DType::i64, {R});
-  std::copy(wanted.begin(), wanted.end(), rows.data<int64_t>());
+  std::copy(b.wanted.begin(), b.wanted.end(), rows.data<int64_t>());
   Tensor picked(DType::f32, {R, H, D});
   ops::gather_rows(streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
   Tensor y(DType::f32, {R, D});
@@ -184,10 +198,7 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
   ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
   observe("final_hidden", -1, y);
-  Tensor logits(DType::f32, {R, c.vocab_size});
   ops::linear(y, head_, logits);
-  for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
-  return logits;
 }
 
 }  // namespace tern::model

@@ -75,6 +75,11 @@ class Model {
 
  private:
   struct Batch;
+  Batch make_batch(std::span<const StepSequence> batch) const;
+  std::vector<cache::LayerSpec> make_layer_specs() const;
+  void head(const Batch& b, const Tensor& streams, const TensorView& logits);
+  void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
+              const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   void moe_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
@@ -94,6 +99,7 @@ class Model {
   std::vector<LayerOps> layer_ops_;
   ops::Weight head_;
   Tensor inv_freq_main_, inv_freq_compress_;
+  std::vector<cache::LayerSpec> layer_specs_;
 };
 
 // Generation helpers for tests and `tern run`: prefill the prompt (in chunks of `chunk` tokens; 0 = all at
