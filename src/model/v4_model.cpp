@@ -67,6 +67,9 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
              " layers bound, config ", "says ", c.num_layers);
   TERN_CHECK(c.n_shared_experts == 1, "model: n_shared_experts = ", c.n_shared_experts,
              " (only 1 is supported)");
+  TERN_CHECK(c.scoring_func == "sqrtsoftplus" && c.norm_topk_prob, "model: routing \"", c.scoring_func,
+             "\" with norm_topk_prob = ", c.norm_topk_prob,
+             " is not implemented (only sqrtsoftplus with normalised weights)");
   kv_format().check();
   for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
   head_ = op_weight(w_.head);
