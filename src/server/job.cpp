@@ -39,6 +39,7 @@ void GenerationJob::start() {
       });
     } catch (const Error& e) {
       for (size_t j = 0; j < i; ++j) ctx_.engine->abort(choices_[j].engine_id);
+      for (auto& c : choices_) c.done = true;  // their abort updates are ignored; the caller answers
       remaining_ = 0;
       throw ApiError(400, e.what(), "prompt");
     }
