@@ -120,7 +120,7 @@ int64_t Sampler::sorted_candidates(const SamplingParams& p, double z) {
 void Sampler::fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out) {
   const float max_l = *std::max_element(logits.begin(), logits.end());
   double z = 0;
-  for (float l : logits) z += std::exp(static_cast<double>(l - max_l));
+  for (float l : logits) z += std::exp(l - max_l);  // float exp, double sum
   const auto log_z = static_cast<float>(max_l + std::log(z));
   out.logprob = logits[out.token] - log_z;
   if (top_n <= 0) return;
