@@ -68,8 +68,13 @@ int64_t StateLayout::entries(int layer, int64_t position) const {
   return ratio > 0 ? position / ratio : 0;
 }
 
-SequenceState::SequenceState(std::shared_ptr<const StateLayout> layout)
-    : layout_(std::move(layout)), buffer_(DType::u8, {static_cast<int64_t>(layout_->total_bytes())}) {
+SequenceState::SequenceState(std::shared_ptr<const StateLayout> layout, Device device)
+    : layout_(std::move(layout)),
+      device_(device),
+      buffer_(DType::u8,
+              {static_cast<int64_t>(device == Device::cpu ? layout_->total_bytes() : detail::kHeaderBytes)}) {
+  if (device_ != Device::cpu)
+    device_buffer_ = Tensor(DType::u8, {static_cast<int64_t>(layout_->total_bytes())}, device_);
   reset();
 }
 
@@ -87,12 +92,19 @@ void SequenceState::advance(int64_t n) {
 }
 
 void SequenceState::reset() {
-  std::memset(buffer_.data<std::byte>(), 0, layout_->fixed_bytes());
+  if (device_ != Device::cpu) {
+    device_memory(device_).fill(device_buffer_.data<std::byte>(), 0, layout_->fixed_bytes());
+    std::memset(buffer_.data<std::byte>(), 0, buffer_.nbytes());
+  } else {
+    std::memset(buffer_.data<std::byte>(), 0, layout_->fixed_bytes());
+  }
   const Header h{kMagic, kVersion, layout_->fingerprint(), 0};
   std::memcpy(buffer_.data<std::byte>(), &h, sizeof h);
 }
 
 TensorView SequenceState::view(const Region& r, DType dtype, Shape shape) const {
+  if (device_ != Device::cpu)
+    return TensorView(device_buffer_.data<std::byte>() + r.offset, dtype, shape, device_);
   return TensorView(buffer_.data<std::byte>() + r.offset, dtype, shape);
 }
 
@@ -124,16 +136,29 @@ void SequenceState::store_window_rows(int l, int64_t start, const TensorView& ro
   TERN_CHECK(rows.rank() == 2 && rows.dim(1) == s.kv_row_bytes, "store_window_rows: rows ",
              rows.shape().str(), " must be [n, ", s.kv_row_bytes, "]");
   const int64_t n = rows.dim(0);
-  std::byte* ring_bytes = ring(l).data_as<std::byte>();
+  const TensorView ring_rows = ring(l);
+  if (device_ != Device::cpu || rows.device() != Device::cpu) {
+    // At most two contiguous runs (the ring wraps once).
+    for (int64_t i = std::max<int64_t>(0, n - s.window); i < n;) {
+      const int64_t slot = (start + i) % s.window;
+      const int64_t run = std::min(n - i, s.window - slot);
+      copy_view(rows.rows(i, i + run), ring_rows.rows(slot, slot + run));
+      i += run;
+    }
+    return;
+  }
+  std::byte* ring_bytes = ring_rows.data_as<std::byte>();
   for (int64_t i = std::max<int64_t>(0, n - s.window); i < n; ++i)
     std::memcpy(ring_bytes + ((start + i) % s.window) * s.kv_row_bytes,
                 rows.data_as<const std::byte>() + i * s.kv_row_bytes, s.kv_row_bytes);
 }
 
 std::span<std::byte> SequenceState::bytes() {
+  TERN_CHECK(device_ == Device::cpu, "sequence state: bytes() of a device state (copy it to the host first)");
   return {buffer_.data<std::byte>(), layout_->total_bytes()};
 }
 std::span<const std::byte> SequenceState::bytes() const {
+  TERN_CHECK(device_ == Device::cpu, "sequence state: bytes() of a device state (copy it to the host first)");
   return {buffer_.data<const std::byte>(), layout_->total_bytes()};
 }
 

@@ -80,9 +80,12 @@ struct Snapshot {
 
 class SequenceState {
  public:
-  explicit SequenceState(std::shared_ptr<const StateLayout> layout);
+  explicit SequenceState(std::shared_ptr<const StateLayout> layout, Device device = Device::cpu);
 
   const StateLayout& layout() const { return *layout_; }
+  // Where the rings, accumulators and rows live (the header, with the position, stays on the host). A
+  // device state supports forward() only: bytes(), snapshots and serialization need a host state.
+  Device device() const { return device_; }
   std::shared_ptr<const StateLayout> layout_ptr() const { return layout_; }
   int64_t position() const;
   // Marks n more tokens consumed (the forward step calls this after writing their state).
@@ -117,7 +120,9 @@ class SequenceState {
   TensorView view(const Region& r, DType dtype, Shape shape) const;
 
   std::shared_ptr<const StateLayout> layout_;
-  Tensor buffer_;
+  Device device_ = Device::cpu;
+  Tensor buffer_;         // the whole state on the host; only the header for a device state
+  Tensor device_buffer_;  // the whole state (header bytes unused) for a device state
 };
 
 }  // namespace tern::cache

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <array>
 #include <cstring>
 #include <new>
 
@@ -48,7 +49,9 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, Device device)
   }
 }
 
-size_t TensorView::nbytes() const { return dtype_bytes(dtype_, numel()); }
+size_t TensorView::nbytes() const {
+  return dtype_bytes(dtype_, numel());
+}
 
 bool TensorView::is_contiguous() const {
   int64_t stride = 1;
@@ -76,12 +79,62 @@ TensorView TensorView::reshape(Shape shape) const {
   return TensorView(data_, dtype_, shape, device_);
 }
 
+namespace {
+std::array<DeviceMemory*, 2> g_device_memory{};
+}  // namespace
+
+void set_device_memory(Device device, DeviceMemory* memory) {
+  TERN_CHECK(device != Device::cpu, "set_device_memory: the host needs none");
+  g_device_memory.at(static_cast<size_t>(device)) = memory;
+}
+
+DeviceMemory& device_memory(Device device) {
+  DeviceMemory* m = g_device_memory.at(static_cast<size_t>(device));
+  TERN_CHECK(m != nullptr, "no memory installed for device cuda: register its backend first");
+  return *m;
+}
+
+void copy_view(const TensorView& src, const TensorView& dst) {
+  TERN_CHECK(src.nbytes() == dst.nbytes() && src.is_contiguous() && dst.is_contiguous(),
+             "copy: ", src.shape().str(), " (", src.nbytes(), " bytes) to ", dst.shape().str(), " (",
+             dst.nbytes(), " bytes), both contiguous");
+  if (src.nbytes() == 0) return;
+  if (src.device() == Device::cpu && dst.device() == Device::cpu) {
+    std::memmove(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  const Device dev = src.device() == Device::cpu ? dst.device() : src.device();
+  TERN_CHECK(src.device() == Device::cpu || dst.device() == Device::cpu || src.device() == dst.device(),
+             "copy: between two different devices");
+  device_memory(dev).copy(dst.data(), dst.device(), src.data(), src.device(), src.nbytes());
+}
+
+Tensor::Tensor(DType dtype, Shape shape, Device device) {
+  if (device == Device::cpu) {
+    *this = Tensor(dtype, shape);
+    return;
+  }
+  DeviceMemory& mem = device_memory(device);
+  const size_t bytes = dtype_bytes(dtype, shape.numel());
+  const size_t padded = (bytes + 255) / 256 * 256;
+  auto* raw = static_cast<std::byte*>(mem.allocate(padded == 0 ? 256 : padded));
+  buffer_ = std::shared_ptr<std::byte[]>(raw, [&mem](std::byte* p) { mem.release(p); });
+  view_ = TensorView(raw, dtype, shape, device);
+}
+
+Tensor Tensor::copy_of(const TensorView& src, Device device) {
+  Tensor t(src.dtype(), src.shape(), device);
+  copy_view(src, t.view());
+  return t;
+}
+
 Tensor::Tensor(DType dtype, Shape shape) {
   const size_t bytes = dtype_bytes(dtype, shape.numel());
   const size_t padded = (bytes + 63) / 64 * 64;
   auto* raw = static_cast<std::byte*>(::operator new[](padded == 0 ? 64 : padded, std::align_val_t{64}));
   std::memset(raw, 0, padded == 0 ? 64 : padded);
-  buffer_ = std::shared_ptr<std::byte[]>(raw, [](std::byte* p) { ::operator delete[](p, std::align_val_t{64}); });
+  buffer_ =
+      std::shared_ptr<std::byte[]>(raw, [](std::byte* p) { ::operator delete[](p, std::align_val_t{64}); });
   view_ = TensorView(raw, dtype, shape, Device::cpu);
 }
 

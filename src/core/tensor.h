@@ -73,11 +73,36 @@ class TensorView {
   Device device_ = Device::cpu;
 };
 
-// A host tensor that owns its (64-byte aligned, zero-initialised) buffer.
+// The memory of a non-host device, installed by that device's backend (the CUDA backend does it in
+// cuda::register_backend()). Core knows no device API: Tensors on a device and copies go through this.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Zero-filled bytes on the device (ordered after the work already issued there).
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  // Copies between the host and this device or within this device, ordered after the work issued on the
+  // device; a copy to the host returns when the bytes are there, one from the host when its source may be
+  // reused.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+  virtual void fill(void* p, uint8_t byte, size_t bytes) = 0;
+};
+// Installs (or, with nullptr, removes) the memory of `device` (not Device::cpu).
+void set_device_memory(Device device, DeviceMemory* memory);
+// Throws naming the device when no backend installed one.
+DeviceMemory& device_memory(Device device);
+
+// Copies src into dst (same dtype-independent byte count, both contiguous), across devices as needed.
+void copy_view(const TensorView& src, const TensorView& dst);
+
+// A tensor that owns its (64-byte aligned, zero-initialised) buffer, on the host unless a device is given.
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, Shape shape);
+  Tensor(DType dtype, Shape shape, Device device);
+  // A new tensor on `device` holding a copy of `src` (from any device).
+  static Tensor copy_of(const TensorView& src, Device device);
   static Tensor zeros(DType dtype, Shape shape) { return Tensor(dtype, shape); }
 
   const TensorView& view() const { return view_; }
@@ -92,6 +117,7 @@ class Tensor {
   int64_t numel() const { return view_.numel(); }
   size_t nbytes() const { return view_.nbytes(); }
   bool empty() const { return view_.empty(); }
+  Device device() const { return view_.device(); }
 
  private:
   std::shared_ptr<std::byte[]> buffer_;

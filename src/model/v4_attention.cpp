@@ -21,22 +21,22 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const TensorView inv_freq = c.attn_kind(l) == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p
-  Tensor cq(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
+  Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::linear(h, o.wq_a, cq);
   ops::rms_norm(cq, A.q_norm, eps, cq);
-  Tensor q(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
+  Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
   ops::rms_norm(q, {}, eps, q);
   ops::rope(q, b.positions, inv_freq);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
-  Tensor kv(DType::f32, {N, hd});  // [N, head_dim]: K = V
+  Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
   ops::linear(h, o.wkv, kv);
   ops::rms_norm(kv, A.kv_norm, eps, kv);
   ops::rope(kv, b.positions, inv_freq);
   observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
-  Tensor kv_rows(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]
+  Tensor kv_rows = tensor(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]
   ops::kv_pack(kv, format, kv_rows);
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
@@ -48,13 +48,13 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   }
 
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
-  Tensor heads(DType::f32, {N, H, hd});  // [N, heads, head_dim]
+  Tensor heads = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim]
   attend(l, b, q, kv_rows, selected, heads);
   ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
-  Tensor grouped(DType::f32,
-                 {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
+  Tensor grouped = tensor(
+      DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
   ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
   ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
 }
@@ -96,7 +96,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
   const int ratio = c.compress_ratio(l);
   const int64_t N = b.tokens, width = cw.width;
   const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
-  Tensor kv(DType::f32, {N, wkv.out}), gate(DType::f32, {N, wkv.out});
+  Tensor kv = tensor(DType::f32, {N, wkv.out}), gate = tensor(DType::f32, {N, wkv.out});
   ops::linear(h, wkv, kv);
   ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, gate);
   // Indexer keys stay exact; attention rows follow the KV mode.
@@ -104,7 +104,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
       indexer ? ops::KvRowFormat{ops::KvFormat::f32, width, c.rope_dim} : kv_format();
   for (const Batch::Seq& s : b.seqs) {
     const int64_t emit = ops::compressor_emit_count(s.start, s.n, ratio);
-    Tensor emitted(DType::f32, {emit, width});
+    Tensor emitted = tensor(DType::f32, {emit, width});
     const TensorView acc = (indexer ? s.state->indexer_acc(l) : s.state->compressor_acc(l))
                                .reshape({cw.overlap ? 2 : 1, 3, width});
     ops::compressor_update(
@@ -114,6 +114,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     const int64_t first = s.start / ratio;  // entry index of the first emitted row
     Tensor positions(DType::i64, {emit});
     for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (first + e) * ratio;
+    positions = on_device(std::move(positions));
     ops::rope(emitted, positions, inv_freq_compress_);
     observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
     const TensorView dest = indexer ? s.state->index_keys(l) : s.state->compressed_rows(l);
@@ -127,10 +128,10 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
   const ModelConfig& c = w_.config;
   const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
-  Tensor qi(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
+  Tensor qi = tensor(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
   ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
   ops::rope(qi, b.positions, inv_freq_compress_);
-  Tensor weights(DType::f32, {N, Hi});
+  Tensor weights = tensor(DType::f32, {N, Hi});
   ops::linear(h, o.idx_weights_proj, weights);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
@@ -138,11 +139,11 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
     ops::IndexerArgs args;
     args.q = b.rows(qi, s);
     args.weights = b.rows(weights, s);
-    args.keys = TensorView(key_bytes.data(), DType::f32, {key_bytes.dim(0), di});
+    args.keys = TensorView(key_bytes.data(), DType::f32, {key_bytes.dim(0), di}, key_bytes.device());
     args.num_keys = s.state->layout().entries(l, s.start + s.n);
     args.positions = b.rows(b.positions, s);
     args.ratio = c.compress_ratio(l);
-    selected[i] = Tensor(DType::i32, {s.n, c.index_topk});
+    selected[i] = tensor(DType::i32, {s.n, c.index_topk});
     ops::indexer_topk(args, c.index_topk, selected[i]);
     observe("indexer_topk", l, selected[i]);
   }

@@ -48,8 +48,11 @@ LayerOps layer_ops(const LayerWeights& L) {
   if (a.indexer) {
     o.idx_wq_b = op_weight(a.indexer->wq_b), o.idx_weights_proj = op_weight(a.indexer->weights_proj);
     o.idx_wkv = op_weight(a.indexer->compressor.wkv), o.idx_wgate = op_weight(a.indexer->compressor.wgate);
+    // The indexer's top-k, like the router's, must pick the reference's entries: its inputs stay f32.
+    for (ops::Weight* w : {&o.idx_wq_b, &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate}) w->exact = true;
   }
   o.gate = op_weight(L.ffn.gate);
+  o.gate.exact = true;  // f32 routing logits on every backend: the top-k must agree with the reference
   for (const ExpertWeights& e : L.ffn.experts) o.experts.push_back(op_expert(e));
   o.shared = op_expert(L.ffn.shared);
   return o;
@@ -76,6 +79,55 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
   layer_specs_ = make_layer_specs();
+}
+
+namespace {
+
+void upload_linear(Linear& l, const Model::Upload& up) {
+  l.weight = up(l.weight);
+  l.scale = up(l.scale);
+}
+void upload_compressor(CompressorWeights& c, const Model::Upload& up) {
+  upload_linear(c.wkv, up), upload_linear(c.wgate, up);
+  c.ape = up(c.ape), c.norm = up(c.norm);
+}
+void upload_hc(HyperConnWeights& h, const Model::Upload& up) {
+  h.fn = up(h.fn), h.base = up(h.base), h.scale = up(h.scale);
+}
+
+}  // namespace
+
+void Model::to_device(Device device, const Upload& upload) {
+  TERN_CHECK(device_ == Device::cpu && device != Device::cpu,
+             "Model::to_device: the model is already on a device");
+  const Upload up = [&](const TensorView& v) { return v.empty() ? TensorView() : upload(v); };
+  w_.embed = up(w_.embed), w_.norm = up(w_.norm);
+  upload_linear(w_.head, up);
+  upload_hc(w_.hc_head, up);
+  for (LayerWeights& L : w_.layers) {
+    L.attn_norm = up(L.attn_norm), L.ffn_norm = up(L.ffn_norm);
+    upload_hc(L.hc_attn, up), upload_hc(L.hc_ffn, up);
+    AttentionWeights& a = L.attn;
+    for (Linear* l : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b}) upload_linear(*l, up);
+    a.q_norm = up(a.q_norm), a.kv_norm = up(a.kv_norm), a.attn_sink = up(a.attn_sink);
+    if (a.compressor) upload_compressor(*a.compressor, up);
+    if (a.indexer) {
+      upload_linear(a.indexer->wq_b, up), upload_linear(a.indexer->weights_proj, up);
+      upload_compressor(a.indexer->compressor, up);
+    }
+    MoEWeights& f = L.ffn;
+    upload_linear(f.gate, up);
+    f.gate_bias = up(f.gate_bias), f.tid2eid = up(f.tid2eid);
+    for (ExpertWeights& e : f.experts)
+      upload_linear(e.w1, up), upload_linear(e.w2, up), upload_linear(e.w3, up);
+    upload_linear(f.shared.w1, up), upload_linear(f.shared.w2, up), upload_linear(f.shared.w3, up);
+  }
+  device_ = device;
+  layer_ops_.clear();
+  for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
+  head_ = op_weight(w_.head);
+  inv_freq_main_ = Tensor::copy_of(inv_freq_main_, device_);
+  inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
 }
 
 ops::KvRowFormat Model::kv_format() const {
@@ -107,7 +159,7 @@ std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens
 }
 
 cache::SequenceState Model::new_state(int64_t max_tokens) const {
-  return cache::SequenceState(state_layout(max_tokens));
+  return cache::SequenceState(state_layout(max_tokens), device_);
 }
 
 // One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk
@@ -117,16 +169,17 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
                      const char* site, int layer, Sublayer&& sublayer) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
-  Tensor post(DType::f32, {N, H}), comb(DType::f32, {N, H, H}), h(DType::f32, {N, D});
+  Tensor post = tensor(DType::f32, {N, H}), comb = tensor(DType::f32, {N, H, H}),
+         h = tensor(DType::f32, {N, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
   ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h});
   ops::rms_norm(h, norm, static_cast<float>(c.rms_norm_eps), h);  // attn_norm / ffn_norm
   if (observer_) observe(std::string(site) + "_in", layer, h);
-  Tensor a(DType::f32, {N, D});
+  Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());
   if (observer_) observe(std::string(site) + "_out", layer, a);
-  Tensor next(DType::f32, {N, H, D});
+  Tensor next = tensor(DType::f32, {N, H, D});
   ops::hc_post(streams, a, post, comb, next);
   streams = std::move(next);
 }
@@ -143,6 +196,8 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
     bool ours = layout.num_layers() == static_cast<int>(layer_specs_.size());
     for (int l = 0; ours && l < layout.num_layers(); ++l) ours = layout.spec(l) == layer_specs_[l];
     TERN_CHECK(ours, "forward: the state's layout does not belong to this model and KV mode");
+    TERN_CHECK(s.state->device() == device_,
+               "forward: the state is not on the model's device (make it with new_state())");
     const auto n = static_cast<int64_t>(s.tokens.size());
     TERN_CHECK(s.state->position() + n <= layout.max_tokens(), "forward: ", s.state->position() + n,
                " tokens exceed the state's capacity of ", layout.max_tokens());
@@ -160,6 +215,8 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
         b.wanted.push_back(s.begin + t);
     }
   }
+  b.ids = on_device(std::move(b.ids));
+  b.positions = on_device(std::move(b.positions));
   return b;
 }
 
@@ -167,12 +224,12 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
   const ModelConfig& c = w_.config;
   const Batch b = make_batch(batch);
   const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
-  Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});
+  Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
 
-  Tensor x(DType::f32, {N, D});  // X = hc copies of embed(token)
+  Tensor x = tensor(DType::f32, {N, D});  // X = hc copies of embed(token)
   ops::embedding(w_.embed, b.ids, x);
-  Tensor streams(DType::f32, {N, H, D});
+  Tensor streams = tensor(DType::f32, {N, H, D});
   ops::hc_expand(x, streams);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w_.layers[l];
@@ -182,7 +239,15 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
              [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
     observe("streams", l, streams);
   }
-  if (!b.wanted.empty()) head(b, streams, logits);
+  if (!b.wanted.empty()) {
+    if (device_ == Device::cpu) {
+      head(b, streams, logits);
+    } else {
+      const Tensor device_logits = tensor(DType::f32, logits.shape());
+      head(b, streams, device_logits);
+      ops::copy(device_logits, logits);
+    }
+  }
   for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
   return logits;
 }
@@ -193,9 +258,10 @@ void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits
   const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult, R = logits.dim(0);
   Tensor rows(DType::i64, {R});
   std::copy(b.wanted.begin(), b.wanted.end(), rows.data<int64_t>());
-  Tensor picked(DType::f32, {R, H, D});
+  rows = on_device(std::move(rows));
+  Tensor picked = tensor(DType::f32, {R, H, D});
   ops::gather_rows(streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
-  Tensor y(DType::f32, {R, D});
+  Tensor y = tensor(DType::f32, {R, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
   ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});

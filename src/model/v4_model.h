@@ -52,6 +52,14 @@ class Model {
  public:
   Model(ModelWeights weights, KvMode mode);
 
+  // Moves the model to `device`: every weight view is replaced by `upload(view)` (a copy on the device
+  // that the caller keeps alive, e.g. cuda::WeightStore::upload; empty views stay empty), and from then on
+  // forward() allocates its intermediates there (core's Tensor(dtype, shape, device)), new_state() makes
+  // device states, and only the logits come back to the host. The observer then sees device views.
+  using Upload = std::function<TensorView(const TensorView&)>;
+  void to_device(Device device, const Upload& upload);
+  Device device() const { return device_; }
+
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
@@ -93,8 +101,16 @@ class Model {
     if (observer_) observer_(name, layer, t);
   }
 
+  // An intermediate of forward() on the model's device (zero-filled).
+  Tensor tensor(DType dtype, Shape shape) const { return Tensor(dtype, shape, device_); }
+  // `host` itself on the host, else a device copy of it.
+  Tensor on_device(Tensor host) const {
+    return device_ == Device::cpu ? host : Tensor::copy_of(host, device_);
+  }
+
   ModelWeights w_;
   KvMode mode_;
+  Device device_ = Device::cpu;
   Observer observer_;
   std::vector<LayerOps> layer_ops_;
   ops::Weight head_;

@@ -15,9 +15,9 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   const auto routed_scale = static_cast<float>(c.routed_scaling_factor);
 
   // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
-  Tensor logits(DType::f32, {N, o.gate.out});
+  Tensor logits = tensor(DType::f32, {N, o.gate.out});
   ops::linear(h, o.gate, logits);
-  Tensor picked(DType::i32, {N, k}), weights(DType::f32, {N, k});
+  Tensor picked = tensor(DType::i32, {N, k}), weights = tensor(DType::f32, {N, k});
   if (L.hash_routed)
     ops::route_hash(logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
   else
@@ -26,11 +26,11 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   // y = sum_k w_k E_k(h) + E_shared(h)
   ops::moe_experts({h, picked, weights, o.experts, limit, out});
   const ops::Expert& shared = o.shared;
-  Tensor gate(DType::f32, {N, shared.w1.out}), up(DType::f32, {N, shared.w3.out});
+  Tensor gate = tensor(DType::f32, {N, shared.w1.out}), up = tensor(DType::f32, {N, shared.w3.out});
   ops::linear(h, shared.w1, gate);
   ops::linear(h, shared.w3, up);
   ops::swiglu(gate, up, limit, gate);
-  Tensor y(DType::f32, {N, c.hidden_size});
+  Tensor y = tensor(DType::f32, {N, c.hidden_size});
   ops::linear(gate, shared.w2, y);
   ops::add(y, out);
 }

@@ -17,4 +17,10 @@ void swiglu(const TensorView& gate, const TensorView& up, float limit, const Ten
 // out[i] = x[rows[i]].  x f32 [R, D], rows i64 [n], out f32 [n, D].
 void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out);
 
+// dst = src, byte for byte: host <-> device or within one device (core's DeviceMemory of the device
+// side; host to host is a memmove). Same byte count, both contiguous.
+inline void copy(const TensorView& src, const TensorView& dst) {
+  copy_view(src, dst);
+}
+
 }  // namespace tern::ops

@@ -27,6 +27,9 @@ struct Weight {
   TensorView scale;           // empty for f32 / bf16
   float global_scale = 1.0f;  // nvfp4 only
   std::string name;           // for messages
+  // Compute y in f32 on every backend (the CUDA one otherwise rounds x to bf16 for the tensor cores): set for
+  // the router gates, whose top-k must pick the reference's experts.
+  bool exact = false;
 
   Device device() const { return weight.device(); }
 };

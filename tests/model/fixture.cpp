@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -22,7 +23,9 @@ const Fixture& Fixture::get(const std::string& name) {
   auto& slot = cache[name];
   if (!slot) {
     auto f = std::make_unique<Fixture>();
-    const std::string dir = std::string(TERN_FIXTURES_DIR) + "/" + name;
+    // TERN_FIXTURES overrides the build-time path (binaries carried to another machine).
+    const char* env = std::getenv("TERN_FIXTURES");
+    const std::string dir = std::string(env && *env ? env : TERN_FIXTURES_DIR) + "/" + name;
     f->name_ = name;
     f->weights_ = model::load_model(dir);
     f->ref_ = model::SafetensorsFile::open(dir + "/reference.safetensors");

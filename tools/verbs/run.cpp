@@ -1,4 +1,5 @@
-// `tern run`: generate from token ids on the CPU and print the tokens and the prefill / decode speed.
+// `tern run`: generate from token ids on the CPU (or the GPU: --device cuda) and print the tokens and
+// the prefill / decode speed.
 // With no --model it runs the embedded tiny model (random weights, the real V4 vocabulary), written
 // deterministically into the cache directory on first use.
 #include <unistd.h>
@@ -15,6 +16,10 @@
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "tools/verb.h"
+#if TERN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#endif
 
 namespace {
 
@@ -22,7 +27,7 @@ namespace fs = std::filesystem;
 using namespace tern;
 
 struct RunArgs {
-  std::string model, prompt_ids, kv_mode = "exact";
+  std::string model, prompt_ids, kv_mode = "exact", device = "cpu";
   int64_t max_tokens = 32, prefill_chunk = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
@@ -83,20 +88,43 @@ std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
 int run(const RunArgs& a) {
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"",
              a.kv_mode, "\"");
+  TERN_CHECK(a.device == "cpu" || a.device == "cuda", "--device: expected cpu or cuda, found \"", a.device,
+             "\"");
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
   if (a.threads > 0) set_thread_count(a.threads);
   cpu::register_backend();
+#if TERN_WITH_CUDA
+  std::unique_ptr<cuda::WeightStore> store;
+  if (a.device == "cuda") {
+    TERN_CHECK(cuda::device_available(), "--device cuda: no CUDA device on this machine (",
+               cuda::device_description(), ")");
+    cuda::register_backend();  // throws for a GPU other than sm_90 (Hopper)
+    store = std::make_unique<cuda::WeightStore>();
+  }
+#else
+  TERN_CHECK(a.device == "cpu",
+             "--device cuda: this tern was built without the CUDA backend (configure with ",
+             "-DTERN_CUDA=ON on a machine with the CUDA toolkit)");
+#endif
   const std::string dir = a.model.empty() ? embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const model::ModelConfig config = weights.config;
   model::Model m(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
+  std::string where = cat(thread_count(), " CPU threads");
+#if TERN_WITH_CUDA
+  if (store) {
+    m.to_device(Device::cuda, [&](const TensorView& v) { return store->upload(v); });
+    where = cat("cuda: ", cuda::device_description(), ", ", static_cast<double>(store->bytes()) / (1 << 20),
+                " MiB of weights");
+  }
+#endif
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
-  std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; kv %s; %d CPU threads\n",
-              dir.c_str(), config.num_layers, static_cast<long>(config.hidden_size),
-              static_cast<long>(config.vocab_size), load_s, a.kv_mode.c_str(), thread_count());
+  std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; kv %s; %s\n", dir.c_str(),
+              config.num_layers, static_cast<long>(config.hidden_size), static_cast<long>(config.vocab_size),
+              load_s, a.kv_mode.c_str(), where.c_str());
   cache::SequenceState state = m.new_state(static_cast<int64_t>(prompt.size()) + a.max_tokens);
   model::GenerateOptions o;
   o.max_new_tokens = a.max_tokens;
@@ -116,7 +144,7 @@ int run(const RunArgs& a) {
 }
 
 const bool registered = tern::tools::register_verb(
-    {"run", "Generate from token ids on the CPU (default: the embedded tiny model)",
+    {"run", "Generate from token ids on the CPU or GPU (default: the embedded tiny model)",
      [](CLI::App& app) -> std::function<int()> {
        auto a = std::make_shared<RunArgs>();
        app.add_option("--model", a->model, "checkpoint directory (default: the embedded tiny model)");
@@ -127,6 +155,8 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--kv-mode", a->kv_mode, "exact or fp8 (DeepSeek's FP8 KV rows)")
            ->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of this many tokens (0 = all)");
+       app.add_option("--device", a->device, "cpu or cuda (Hopper GPU, build with -DTERN_CUDA=ON)")
+           ->capture_default_str();
        app.add_option("--threads", a->threads, "CPU threads (default: TERN_THREADS or all cores)");
        return [a] { return run(*a); };
      }});

@@ -55,6 +55,9 @@ void CudaBackend::rope(const TensorView& x, const TensorView& positions, const T
   check_launch("rope");
 }
 
+// kernels/linear.cu: linear_simple_kernel (f32, CUDA cores) whatever the shape.
+void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
+
 namespace {
 
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
@@ -67,6 +70,11 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   p.rows_per_group = w.out / groups;
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
+  if (w.exact) {
+    launch_linear_exact(p, impl.stream);
+    check_launch("linear");
+    return;
+  }
   const int64_t want = linear_partial_floats(p);
   if (want > 0) {
     p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));

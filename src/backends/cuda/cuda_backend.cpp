@@ -63,9 +63,55 @@ void CudaBackend::reserve_workspace(size_t bytes) { impl_->scratch(bytes); }
 size_t CudaBackend::workspace_bytes() const { return impl_->workspace.size(); }
 int CudaBackend::num_sms() const { return impl_->num_sms; }
 
+namespace {
+
+// Device tensors (core's Tensor(dtype, shape, Device::cuda)) and copies, stream-ordered on the backend's
+// stream: cudaMallocAsync from the device's default pool (kept, not trimmed at each synchronisation), so
+// the model's per-forward intermediates are recycled without cudaMalloc / cudaFree round trips.
+class CudaMemory final : public DeviceMemory {
+ public:
+  explicit CudaMemory(CudaBackend& backend) : backend_(backend) {
+    int dev = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    cudaMemPool_t pool = nullptr;
+    TERN_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = UINT64_MAX;
+    TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      fail("cudaMallocAsync of ", bytes, " bytes failed (", cudaGetErrorString(e), "); the device has ", free_b,
+           " of ", total_b, " bytes free");
+    }
+    TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
+    return p;
+  }
+  void release(void* p) override { cudaFreeAsync(p, stream()); }  // no throw from a deleter
+  void copy(void* dst, Device dst_device, const void* src, Device, size_t bytes) override {
+    TERN_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
+    if (dst_device == Device::cpu) TERN_CUDA(cudaStreamSynchronize(stream()));
+  }
+  void fill(void* p, uint8_t byte, size_t bytes) override {
+    TERN_CUDA(cudaMemsetAsync(p, byte, bytes, stream()));
+  }
+
+ private:
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(backend_.stream()); }
+  CudaBackend& backend_;
+};
+
+}  // namespace
+
 CudaBackend& register_backend() {
   static CudaBackend backend;
+  static CudaMemory memory(backend);
   ops::register_backend(Device::cuda, &backend);
+  set_device_memory(Device::cuda, &memory);
   return backend;
 }
 

@@ -129,6 +129,15 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   }
 }
 
+// The exact path whatever the shape (router gates: their top-k must agree with the f32 reference). Declared
+// where it is used (backend_basic.cpp).
+void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
+  if (p.T == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.w.out + 7) / 8), static_cast<unsigned>(p.T));
+  dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group, p.T,
+                                                      p.y);
+}
+
 const char* linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
   switch (p.w.kind) {

@@ -1,0 +1,185 @@
+// The whole model on the GPU (weights uploaded, activations and sequence states in device memory, only
+// the logits copied back) against the PyTorch reference fixtures (tests/fixtures; TERN_FIXTURES overrides
+// the build-time path on the GPU machine). The CUDA linear rounds x to bf16, so the bounds are those of
+// bf16 activations: logits within 2e-2 * max|ref|, top-1 agreement >= 99 % over teacher-forced positions,
+// greedy continuations equal unless they part where the reference's own top-2 margin is within that bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../model/fixture.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#include "gpu_test_util.h"
+#include "model/v4_model.h"
+#include "ops/elementwise.h"
+#include "ops/sample.h"
+
+namespace tern::test {
+namespace {
+
+constexpr float kTolerance = 2e-2f;  // max|d| <= 2e-2 * max|ref|
+constexpr double kTop1 = 0.99;
+
+int64_t argmax_row(const float* row, int64_t n) {
+  return ops::argmax({row, static_cast<size_t>(n)});
+}
+
+// top-1 minus top-2 of a row.
+float margin(const float* row, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return a - b;
+}
+
+struct GpuModel {
+  cuda::WeightStore store;  // outlives the model's views
+  model::Model model;
+  GpuModel(const Fixture& f, model::KvMode mode) : model(f.weights(), mode) {
+    model.to_device(Device::cuda, [this](const TensorView& v) { return store.upload(v); });
+  }
+};
+
+class GpuModel_ : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuModel_, TeacherForcedLogits) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::exact);
+  const int64_t vocab = g.model.config().vocab_size;
+  float worst = 0;
+  int64_t positions = 0, agree = 0;
+  for (int p = 0; p < f.num_prompts(); ++p) {
+    const std::vector<int64_t> ids = f.ids(p);
+    cache::SequenceState state = g.model.new_state(static_cast<int64_t>(ids.size()) + 1);
+    ASSERT_EQ(state.device(), Device::cuda);
+    const model::StepSequence s{&state, ids, model::LogitsFor::all};
+    const Tensor got = g.model.forward({&s, 1});
+    const TensorView want = f.tensor("prompt." + std::to_string(p) + ".logits");
+    ASSERT_EQ(want.numel(), got.numel());
+    const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
+    worst = std::max(worst, d.rel());
+    EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " (length " << ids.size() << ")";
+    for (int64_t t = 0; t < static_cast<int64_t>(ids.size()); ++t, ++positions)
+      agree += argmax_row(got.data<float>() + t * vocab, vocab) ==
+               argmax_row(want.data_as<const float>() + t * vocab, vocab);
+  }
+  cuda::register_backend().check_device_errors();
+  const double top1 = static_cast<double>(agree) / static_cast<double>(positions);
+  EXPECT_GE(top1, kTop1);
+  std::printf(
+      "[gpu %s] teacher-forced logits: max|d|/max|ref| = %.3g over %d prompts; top-1 %lld/%lld = %.4f\n",
+      GetParam().c_str(), worst, f.num_prompts(), static_cast<long long>(agree),
+      static_cast<long long>(positions), top1);
+}
+
+TEST_P(GpuModel_, GreedyDecode) {
+  // Prefill, then token-by-token decode (one forward per token, device state carried between steps).
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::exact);
+  const int64_t vocab = g.model.config().vocab_size;
+  float worst = 0;
+  int equal = 0, parted_close = 0;
+  for (int p = 0; p < f.num_prompts(); ++p) {
+    const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
+    const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
+    cache::SequenceState state = g.model.new_state(static_cast<int64_t>(ids.size() + want.size()));
+    std::vector<int64_t> got;
+    bool parted = false;
+    for (size_t step = 0; step < want.size(); ++step) {
+      const std::span<const int64_t> tokens =
+          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
+      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
+      const Tensor logits = g.model.forward({&s, 1});
+      got.push_back(argmax_row(logits.data<float>(), vocab));
+      const float* ref = step_logits.empty() ? nullptr : step_logits.data_as<const float>() + step * vocab;
+      const Diff d = ref ? diff(logits.data<float>(), ref, vocab) : Diff{};
+      worst = std::max(worst, d.rel());
+      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " step " << step;
+      if (got.back() != want[step]) {
+        if (!ref) {
+          ADD_FAILURE() << "prompt " << p << " step " << step << ": GPU picked " << got.back()
+                        << ", reference " << want[step] << " (no reference step logits to judge the margin)";
+          parted = true;
+          break;
+        }
+        // Allowed only where the reference's own top-2 are within the logits tolerance.
+        const float m = margin(ref, vocab);
+        EXPECT_LE(m, 2 * d.max_abs) << "prompt " << p << " step " << step << ": GPU picked " << got.back()
+                                    << ", reference " << want[step] << " with margin " << m;
+        std::printf("[gpu %s] prompt %d parts at step %zu: reference margin %.3g, max|d| %.3g\n",
+                    GetParam().c_str(), p, step, m, d.max_abs);
+        parted = true;
+        break;  // the continuations differ from here on
+      }
+    }
+    equal += !parted;
+    parted_close += parted;
+  }
+  cuda::register_backend().check_device_errors();
+  std::printf(
+      "[gpu %s] greedy %zu-token continuations: %d of %d equal, %d part at a near-tie; step logits "
+      "max|d|/max|ref| = %.3g\n",
+      GetParam().c_str(), f.greedy(0).size(), equal, f.num_prompts(), parted_close, worst);
+}
+
+// Diagnostics: the GPU and the CPU model side by side on a few prompts, layer by layer (the observer's
+// views, copied to the host): where the two part, and whether the indexer picked the same entries.
+TEST_P(GpuModel_, LayerReport) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::exact);
+  model::Model cpu_model(f.weights(), model::KvMode::exact);
+  for (int p : {4, 9, f.num_prompts() - 1}) {
+    if (p >= f.num_prompts()) continue;
+    std::vector<std::pair<std::string, Tensor>> seen[2];
+    auto record = [&](int which) {
+      return [&seen, which](std::string_view name, int layer, const TensorView& t) {
+        Tensor h(t.dtype(), t.shape());
+        ops::copy(t, h);
+        seen[which].emplace_back(std::string(name) + "." + std::to_string(layer), std::move(h));
+      };
+    };
+    g.model.set_observer(record(0));
+    cpu_model.set_observer(record(1));
+    const std::vector<int64_t> ids = f.ids(p);
+    cache::SequenceState gs = g.model.new_state(static_cast<int64_t>(ids.size()) + 1);
+    cache::SequenceState cs = cpu_model.new_state(static_cast<int64_t>(ids.size()) + 1);
+    const model::StepSequence a{&gs, ids, model::LogitsFor::all}, b{&cs, ids, model::LogitsFor::all};
+    g.model.forward({&a, 1});
+    cpu_model.forward({&b, 1});
+    ASSERT_EQ(seen[0].size(), seen[1].size());
+    std::string line;
+    for (size_t i = 0; i < seen[0].size(); ++i) {
+      const Tensor& x = seen[0][i].second;
+      const Tensor& y = seen[1][i].second;
+      if (x.dtype() == DType::f32) {
+        line += cat(" ", seen[0][i].first, "=", diff(x.data<float>(), y.data<float>(), x.numel()).rel());
+      } else {
+        line += cat(" ", seen[0][i].first,
+                    std::memcmp(x.data<int32_t>(), y.data<int32_t>(), x.nbytes()) == 0 ? "=same" : "=DIFF");
+      }
+    }
+    std::printf("[gpu %s] prompt %d (length %zu) GPU vs CPU by layer:%s\n", GetParam().c_str(), p, ids.size(),
+                line.c_str());
+    g.model.set_observer({});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel_, ::testing::ValuesIn(Fixture::names()),
+                         [](const auto& info) { return info.param == "tiny-mxfp4" ? "mxfp4" : "nvfp4"; });
+
+}  // namespace
+}  // namespace tern::test
