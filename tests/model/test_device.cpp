@@ -5,14 +5,18 @@
 // model's bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/dtype.h"
 #include "fixture.h"
 #include "ops/backend.h"
+#include "ops/elementwise.h"
 
 namespace tern::test {
 namespace {
@@ -72,6 +76,121 @@ TEST_F(StandInDevice, ForwardEqualsHostBitForBit) {
     EXPECT_EQ(ds.position(), hs.position());
     EXPECT_THROW(ds.snapshot(), Error);
   }
+}
+
+// The CPU backend with the CUDA backend's one rounding: x of every linear, grouped linear and expert rounded
+// to bf16 (exact weights keep f32 x). Run as the stand-in device, it tells how far bf16 activations alone
+// move the fixture logits (the GPU model test's figures are compared with these, results.md).
+class Bf16XBackend final : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cpu-bf16x"; }
+  static Tensor rounded(const TensorView& x) {
+    Tensor r(DType::f32, x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i)
+      r.data<float>()[i] = bf16_to_f32(f32_to_bf16(x.data_as<const float>()[i]));
+    Tensor dev(DType::f32, x.shape(), x.device());
+    ops::copy(r, dev);
+    return dev;
+  }
+  void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override {
+    if (w.exact) return c.linear(x, w, y);
+    c.linear(rounded(x), w, y);
+  }
+  void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override {
+    c.grouped_linear(rounded(x), w, y);
+  }
+  void moe_experts(const ops::MoeExpertsArgs& a) override {
+    ops::MoeExpertsArgs b = a;
+    const Tensor x = rounded(a.x);
+    b.x = x;
+    c.moe_experts(b);
+  }
+  void embedding(const TensorView& t, const TensorView& i, const TensorView& o) override {
+    c.embedding(t, i, o);
+  }
+  void add(const TensorView& x, const TensorView& y) override { c.add(x, y); }
+  void swiglu(const TensorView& g, const TensorView& u, float l, const TensorView& o) override {
+    c.swiglu(g, u, l, o);
+  }
+  void gather_rows(const TensorView& x, const TensorView& r, const TensorView& o) override {
+    c.gather_rows(x, r, o);
+  }
+  void rms_norm(const TensorView& x, const TensorView& w, float e, const TensorView& o) override {
+    c.rms_norm(x, w, e, o);
+  }
+  void rope(const TensorView& x, const TensorView& p, const TensorView& f, bool inv) override {
+    c.rope(x, p, f, inv);
+  }
+  void dequantize(const ops::Weight& w, const TensorView& o) override { c.dequantize(w, o); }
+  void hc_pre(const ops::HcPreArgs& a) override { c.hc_pre(a); }
+  void hc_post(const TensorView& s, const TensorView& a, const TensorView& p, const TensorView& cm,
+               const TensorView& o) override {
+    c.hc_post(s, a, p, cm, o);
+  }
+  void hc_head(const ops::HcHeadArgs& a) override { c.hc_head(a); }
+  void hc_expand(const TensorView& x, const TensorView& s) override { c.hc_expand(x, s); }
+  void kv_pack(const TensorView& x, const ops::KvRowFormat& f, const TensorView& r) override {
+    c.kv_pack(x, f, r);
+  }
+  void kv_unpack(const TensorView& r, const ops::KvRowFormat& f, const TensorView& x) override {
+    c.kv_unpack(r, f, x);
+  }
+  int64_t compressor_update(const ops::CompressorArgs& a) override { return c.compressor_update(a); }
+  void indexer_scores(const ops::IndexerArgs& a, const TensorView& s) override { c.indexer_scores(a, s); }
+  void indexer_topk(const ops::IndexerArgs& a, int k, const TensorView& i) override {
+    c.indexer_topk(a, k, i);
+  }
+  void sparse_attention(const ops::AttentionArgs& a, const TensorView& o) override {
+    c.sparse_attention(a, o);
+  }
+  void route_scored(const TensorView& l, const TensorView& b, float s, const TensorView& i,
+                    const TensorView& w) override {
+    c.route_scored(l, b, s, i, w);
+  }
+  void route_hash(const TensorView& l, const TensorView& t, const TensorView& ids, float s,
+                  const TensorView& i, const TensorView& w) override {
+    c.route_hash(l, t, ids, s, i, w);
+  }
+
+ private:
+  cpu::CpuBackend c;
+};
+
+// Prints (does not judge) how far the fixture logits move with bf16 x in the linears, on the CPU.
+TEST(Bf16Activations, FixtureLogitsReport) {
+  Bf16XBackend backend;
+  HostAsDevice memory;
+  ops::register_backend(Device::cuda, &backend);
+  set_device_memory(Device::cuda, &memory);
+  for (const std::string& name : Fixture::names()) {
+    const Fixture& f = Fixture::get(name);
+    std::vector<Tensor> uploads;
+    model::Model m(f.weights(), model::KvMode::exact);
+    m.to_device(Device::cuda, [&](const TensorView& v) {
+      uploads.push_back(Tensor::copy_of(v, Device::cuda));
+      return uploads.back().view();
+    });
+    const int64_t vocab = m.config().vocab_size;
+    float worst = 0;
+    int64_t agree = 0, positions = 0;
+    for (int p = 0; p < f.num_prompts(); ++p) {
+      const std::vector<int64_t> ids = f.ids(p);
+      cache::SequenceState st = m.new_state(static_cast<int64_t>(ids.size()) + 1);
+      const model::StepSequence s{&st, ids, model::LogitsFor::all};
+      const Tensor got = m.forward({&s, 1});
+      const TensorView want = f.tensor("prompt." + std::to_string(p) + ".logits");
+      worst = std::max(worst, diff(got.data<float>(), want.data_as<const float>(), got.numel()).rel());
+      for (size_t t = 0; t < ids.size(); ++t, ++positions) {
+        const float* g = got.data<float>() + t * vocab;
+        const float* w = want.data_as<const float>() + t * vocab;
+        agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+      }
+    }
+    std::printf("[cpu bf16-x %s] teacher-forced logits: max|d|/max|ref| = %.3g; top-1 %lld/%lld\n",
+                name.c_str(), worst, static_cast<long long>(agree), static_cast<long long>(positions));
+  }
+  ops::register_backend(Device::cuda, nullptr);
+  set_device_memory(Device::cuda, nullptr);
 }
 
 }  // namespace
