@@ -2,11 +2,9 @@
 // the prefill / decode speed.
 // With no --model it runs the embedded tiny model (random weights, the real V4 vocabulary), written
 // deterministically into the cache directory on first use.
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <sstream>
 
 #include "backends/cpu/cpu_backend.h"
@@ -15,6 +13,7 @@
 #include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
+#include "tools/embedded_model.h"
 #include "tools/verb.h"
 #if TERN_WITH_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -23,7 +22,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using namespace tern;
 
 struct RunArgs {
@@ -33,29 +31,6 @@ struct RunArgs {
   uint64_t seed = 0;
   int threads = 0;
 };
-
-fs::path cache_root() {
-  if (const char* t = std::getenv("TERN_CACHE")) return t;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "tern";
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/tmp") / ".cache" / "tern";
-}
-
-// The embedded model: ModelConfig::tiny() with synthetic weights (seed 1, MXFP4 experts). Concurrent first
-// runs each write a temporary directory; the first rename wins.
-std::string embedded_model_dir() {
-  const fs::path root = cache_root(), dir = root / "tiny-v4";
-  if (fs::exists(dir / "config.json")) return dir.string();
-  std::fprintf(stderr, "making the embedded tiny model in %s (once)\n", dir.c_str());
-  fs::create_directories(root);
-  const fs::path tmp = root / cat("tiny-v4.tmp.", getpid());
-  fs::remove_all(tmp);
-  model::write_synthetic_checkpoint(model::ModelConfig::tiny(), tmp.string(), model::SynthOptions{});
-  std::error_code ec;
-  fs::rename(tmp, dir, ec);
-  if (ec) fs::remove_all(tmp);  // another process got there first
-  return dir.string();
-}
 
 std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
   std::vector<int64_t> ids;
@@ -106,7 +81,7 @@ int run(const RunArgs& a) {
              "--device cuda: this tern was built without the CUDA backend (configure with ",
              "-DTERN_CUDA=ON on a machine with the CUDA toolkit)");
 #endif
-  const std::string dir = a.model.empty() ? embedded_model_dir() : a.model;
+  const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
