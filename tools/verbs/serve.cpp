@@ -259,8 +259,9 @@ int run_serve(const ServeArgs& a) {
   http.post([&] {
     service = std::make_shared<server::ApiService>(*l.engine, *l.codec, http, so);
     drain = Drain{&http, service.get(), l.engine.get(), std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000))};
-    service->set_ready();
+    // The ready line goes out before /health turns 200, so a watcher of the log is never behind /health.
     log::info("ready: serving ", l.name, " at ", http.address(), " (OpenAI API under /v1)", a.api_key.empty() ? "" : ", API key required");
+    service->set_ready();
   });
   io.join();
   l.engine->stop();
