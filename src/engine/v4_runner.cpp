@@ -18,15 +18,7 @@ V4Runner::V4Runner(std::shared_ptr<model::Model> model, std::string name, int64_
   layout_.max_context = max_context;
 }
 
-std::vector<std::string> V4Runner::kernel_paths() const {
-  const std::string backend(ops::backend_for(Device::cpu).name());
-  std::vector<std::string> out;
-  for (const char* op : {"embedding", "rms_norm", "rope", "linear (fp8 block / bf16)", "grouped_linear", "hc_pre / hc_post",
-                         "compressor_update", "indexer_scores / indexer_topk", "sparse_attention", "moe route",
-                         "moe_experts (mxfp4 / nvfp4)"})
-    out.push_back(cat(op, ": ", backend, " reference (fp32 accumulation, threaded loops)"));
-  return out;
-}
+std::vector<std::string> V4Runner::kernel_paths() const { return ops::backend_for(model_->device()).kernel_paths(); }
 
 void V4Runner::open_sequence(uint64_t seq, int64_t max_tokens) {
   states_.erase(seq);

@@ -8,7 +8,9 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/attention.h"
@@ -28,6 +30,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // "op: kernel (units, precision)" for each op this backend runs, for the startup log.
+  virtual std::vector<std::string> kernel_paths() const;
 
   // elementwise.h
   virtual void embedding(const TensorView& table, const TensorView& ids, const TensorView& out);

@@ -1,7 +1,8 @@
 """Fixtures for the server tests: real `tern serve` processes on loopback (the embedded tiny model).
 
-TERN_BIN names the tern executable (CTest sets it). Each server picks a free port (--port 0) and is
-ready when it logs its "ready: ... at http://127.0.0.1:PORT" line.
+TERN_BIN names the tern executable (CTest sets it); TERN_DEVICE=cuda runs every server (and `tern run`)
+on the GPU (scripts/gpu-check does). Each server picks a free port (--port 0) and is ready when it logs its
+"ready: ... at http://127.0.0.1:PORT" line.
 """
 import os
 import re
@@ -13,12 +14,13 @@ import time
 import pytest
 
 TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
+DEVICE_ARGS = ["--device", os.environ["TERN_DEVICE"]] if os.environ.get("TERN_DEVICE") else []
 READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+)")
 
 
 class Server:
     def __init__(self, *args, env=None, wait=True, timeout=600):
-        self.args = [TERN_BIN, "serve", "--port", "0", *args]
+        self.args = [TERN_BIN, "serve", "--port", "0", *DEVICE_ARGS, *args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
         self.lines = []

@@ -6,7 +6,7 @@ import subprocess
 import openai
 import pytest
 
-from conftest import TERN_BIN, metric, wait_for
+from conftest import DEVICE_ARGS, TERN_BIN, metric, wait_for
 
 PROMPT = [0, 4871, 1307, 344, 260, 5206, 19, 1435, 2212]  # token ids
 
@@ -173,7 +173,7 @@ def test_greedy_equals_tern_run(server):
     help_text = subprocess.run([TERN_BIN, "--help"], capture_output=True, text=True).stdout
     if " run " not in help_text and "\n  run" not in help_text:
         pytest.skip("tern run is not built")
-    out = subprocess.run([TERN_BIN, "run", "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "8"],
+    out = subprocess.run([TERN_BIN, "run", *DEVICE_ARGS, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "8"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if l.startswith("tokens:"))

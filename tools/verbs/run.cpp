@@ -7,18 +7,14 @@
 #include <cstdio>
 #include <sstream>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "tools/embedded_model.h"
+#include "tools/placement.h"
 #include "tools/verb.h"
-#if TERN_WITH_CUDA
-#include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/device_memory.h"
-#endif
 
 namespace {
 
@@ -63,38 +59,17 @@ std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
 int run(const RunArgs& a) {
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"",
              a.kv_mode, "\"");
-  TERN_CHECK(a.device == "cpu" || a.device == "cuda", "--device: expected cpu or cuda, found \"", a.device,
-             "\"");
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
   if (a.threads > 0) set_thread_count(a.threads);
-  cpu::register_backend();
-#if TERN_WITH_CUDA
-  std::unique_ptr<cuda::WeightStore> store;
-  if (a.device == "cuda") {
-    TERN_CHECK(cuda::device_available(), "--device cuda: no CUDA device on this machine (",
-               cuda::device_description(), ")");
-    cuda::register_backend();  // throws for a GPU other than sm_90 (Hopper)
-    store = std::make_unique<cuda::WeightStore>();
-  }
-#else
-  TERN_CHECK(a.device == "cpu",
-             "--device cuda: this tern was built without the CUDA backend (configure with ",
-             "-DTERN_CUDA=ON on a machine with the CUDA toolkit)");
-#endif
+  tools::prepare_device(a.device);
   const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const model::ModelConfig config = weights.config;
   model::Model m(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
-  std::string where = cat(thread_count(), " CPU threads");
-#if TERN_WITH_CUDA
-  if (store) {
-    m.to_device(Device::cuda, [&](const TensorView& v) { return store->upload(v); });
-    where = cat("cuda: ", cuda::device_description(), ", ", static_cast<double>(store->bytes()) / (1 << 20),
-                " MiB of weights");
-  }
-#endif
+  const tools::Placement placed = tools::place_model(m, a.device);
+  const std::string& where = placed.description;
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
   std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; kv %s; %s\n", dir.c_str(),

@@ -13,7 +13,6 @@
 #include <mutex>
 #include <thread>
 
-#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -25,6 +24,7 @@
 #include "server/service.h"
 #include "server/text_codec.h"
 #include "tools/embedded_model.h"
+#include "tools/placement.h"
 #include "tools/verb.h"
 
 namespace {
@@ -34,6 +34,7 @@ using namespace tern;
 
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
+  std::string device = "cpu";
   int port = 8000;
   int threads = 0;
   int max_running = 256;
@@ -64,23 +65,14 @@ std::string packaged_tokenizer() {
   return path;
 }
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return int64_t{4} << 30;
-}
-
-// "512M", "2G", "1048576" (bytes) or a fraction of the available memory ("0.25").
-int64_t parse_memory(const std::string& s) {
+// "512M", "2G", "1048576" (bytes) or a fraction of the free memory where the states live ("0.25").
+int64_t parse_memory(const std::string& s, const std::string& device) {
   TERN_CHECK(!s.empty(), "--state-memory is empty");
   size_t used = 0;
   const double v = std::stod(s, &used);
   const std::string suffix = s.substr(used);
-  if (suffix.empty() && v > 0 && v < 1) return static_cast<int64_t>(v * static_cast<double>(available_memory_bytes()));
+  if (suffix.empty() && v > 0 && v < 1)
+    return static_cast<int64_t>(v * static_cast<double>(tools::free_state_memory(device)));
   const double scale = suffix == "" ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20 : suffix == "G" ? 1 << 30 : -1;
   TERN_CHECK(scale > 0 && v > 0, "--state-memory: expected bytes (e.g. 512M, 2G) or a fraction (0.25), found \"", s, "\"");
   return static_cast<int64_t>(v * scale);
@@ -96,6 +88,7 @@ int64_t checkpoint_bytes(const std::string& dir) {
 struct Loaded {
   std::shared_ptr<engine::Engine> engine;
   std::unique_ptr<server::TextCodec> codec;
+  tools::Placement placed;  // keeps the device weights alive
   std::string name;
   int64_t max_model_len = 0;
 };
@@ -107,21 +100,22 @@ Loaded load(const ServeArgs& a) {
                                                                           : packaged_tokenizer();
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
-  cpu::register_backend();
+  tools::prepare_device(a.device);
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
   auto weights = model::load_model(dir);
   const auto config = weights.config;
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);
   auto m = std::make_shared<model::Model>(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
+  l.placed = tools::place_model(*m, a.device);
   l.name = !a.served_name.empty() ? a.served_name : a.model.empty() ? "tern-tiny-v4" : fs::path(dir).filename().string();
   l.max_model_len = a.max_model_len > 0 ? a.max_model_len : std::min<int64_t>(config.max_position_embeddings, 8192);
   log::info("model: ", l.name, " from ", dir, " (", config.num_layers, " layers, hidden ", config.hidden_size,
             ", vocab ", config.vocab_size, ", ", config.n_routed_experts, " routed experts), tokenizer ", tok,
-            ", max model length ", l.max_model_len, ", ", thread_count(), " CPU threads");
+            ", max model length ", l.max_model_len, "; ", l.placed.description);
   auto runner = std::make_shared<engine::V4Runner>(m, l.name, checkpoint_bytes(dir), l.max_model_len);
   engine::EngineOptions o;
-  o.state_memory_bytes = parse_memory(a.state_memory);
+  o.state_memory_bytes = parse_memory(a.state_memory, a.device);
   o.limits.max_running = a.max_running;
   o.limits.token_budget = a.token_budget;
   o.limits.max_chunk = a.max_chunk;
@@ -278,6 +272,7 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--state-memory", a.state_memory, "Sequence state budget: bytes (512M, 2G) or a fraction of free memory")
       ->capture_default_str();
   app.add_option("--kv-mode", a.kv_mode, "State rows: exact (fp32) or fp8")->capture_default_str();
+  app.add_option("--device", a.device, "cpu or cuda (Hopper GPU; a build with -DTERN_CUDA=ON)")->capture_default_str();
   app.add_option("--max-running", a.max_running, "Sequences in a step at most")->capture_default_str();
   app.add_option("--token-budget", a.token_budget, "New tokens per step at most")->capture_default_str();
   app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();

@@ -16,6 +16,16 @@ void register_backend() {
   ops::register_backend(Device::cpu, &backend);
 }
 
+std::vector<std::string> CpuBackend::kernel_paths() const {
+  std::vector<std::string> out;
+  for (const char* op : {"embedding", "rms_norm", "rope", "linear / grouped_linear (f32, bf16, fp8 block, mxfp4, nvfp4)",
+                         "hc_pre / hc_post / hc_head", "kv_pack / kv_unpack", "compressor_update",
+                         "indexer_scores / indexer_topk", "sparse_attention", "route_scored / route_hash",
+                         "moe_experts (mxfp4 / nvfp4 / fp8 / bf16)"})
+    out.push_back(cat(op, ": cpu reference (fp32 accumulation, threaded loops, ", thread_count(), " threads)"));
+  return out;
+}
+
 void CpuBackend::require_f32(std::string_view op, std::initializer_list<const TensorView*> views) const {
   for (const TensorView* v : views)
     if (!v->empty() && v->dtype() != DType::f32) no_kernel(op, v->dtype());

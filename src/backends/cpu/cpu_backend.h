@@ -13,6 +13,7 @@ void register_backend();
 class CpuBackend final : public ops::Backend {
  public:
   std::string_view name() const override { return "cpu"; }
+  std::vector<std::string> kernel_paths() const override;
 
   void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) override;
   void add(const TensorView& x, const TensorView& y) override;

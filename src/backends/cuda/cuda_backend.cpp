@@ -107,6 +107,23 @@ class CudaMemory final : public DeviceMemory {
 
 }  // namespace
 
+std::vector<std::string> CudaBackend::kernel_paths() const {
+  // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
+  return {
+      "linear / grouped_linear (bf16, fp8 block, mxfp4, nvfp4): linear_mma_kernel, tensor cores (mma.sync bf16, "
+      "f32 accumulate), x rounded to bf16; exact weights (router gate, indexer) and odd shapes: "
+      "linear_simple_kernel, CUDA cores, f32",
+      "moe_experts (mxfp4, nvfp4, fp8, bf16): moe_plan + moe_expert up/down + moe_combine, tensor cores",
+      "route_scored / route_hash: route kernels, CUDA cores, f32",
+      "sparse_attention: attention_kernel + attention_combine_kernel, CUDA cores, f32 (version 1)",
+      "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select",
+      "compressor_update: compressor_kernel, CUDA cores, f32",
+      "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32",
+      "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores",
+      "sampling: on the host (the logits are copied back each step)",
+  };
+}
+
 CudaBackend& register_backend() {
   static CudaBackend backend;
   static CudaMemory memory(backend);

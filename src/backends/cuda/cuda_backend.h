@@ -23,6 +23,7 @@ class CudaBackend final : public ops::Backend {
   CudaBackend();
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
+  std::vector<std::string> kernel_paths() const override;
 
   void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) override;
   void add(const TensorView& x, const TensorView& y) override;

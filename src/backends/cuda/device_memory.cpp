@@ -27,6 +27,12 @@ std::string device_description() {
              static_cast<double>(total_b) / (1 << 30), " GiB (", static_cast<double>(free_b) / (1 << 30), " free)");
 }
 
+DeviceMemoryInfo device_memory_info() {
+  size_t free_b = 0, total_b = 0;
+  TERN_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return {static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
   const cudaError_t e = cudaMalloc(&data_, bytes);

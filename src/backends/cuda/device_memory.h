@@ -16,6 +16,11 @@ namespace tern::cuda {
 bool device_available();
 // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.1 GiB" (or why there is none).
 std::string device_description();
+// Free and total bytes of the current device (cudaMemGetInfo).
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0, total_bytes = 0;
+};
+DeviceMemoryInfo device_memory_info();
 
 // cudaMalloc'd bytes, freed on destruction (synchronising the device first, so no kernel still uses them).
 class DeviceBuffer {

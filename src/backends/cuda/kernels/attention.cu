@@ -3,6 +3,11 @@
 // the 8 heads (one warp each; a lane holds head_dim/32 dims of q and of the output). Online softmax per
 // head; with several splits the partial (max, sum, rows) go to the workspace and a combine kernel adds
 // the sink. Masked keys (a -1 pick) weigh nothing.
+//
+// Batch invariance: how a query's keys are cut into splits depends on its own key count only (runs of
+// kKeysPerSplit keys, at most kMaxSplits runs), never on how many queries share the launch, so a query's
+// output is the same bits in a prefill chunk of any size and in a decode step. A launch covers at most
+// kMaxPartialFloats of partials; longer chunks are launched in query ranges.
 #include <algorithm>
 
 #include "backends/cuda/kernels/attention.cuh"
@@ -13,6 +18,19 @@ namespace dev {
 namespace {
 
 constexpr int kHeadsPerBlock = 8, kTile = 16;
+constexpr int64_t kKeysPerSplit = 64, kMaxSplits = 64, kMaxPartialFloats = int64_t{1} << 25;
+
+struct SplitPlan {
+  int splits;
+  int64_t per;
+};
+
+__host__ __device__ inline SplitPlan split_plan(int64_t keys) {
+  int64_t s = (keys + kKeysPerSplit - 1) / kKeysPerSplit;
+  s = s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
+  const int64_t per = (keys + s - 1) / s;
+  return {static_cast<int>(s), per < 1 ? 1 : per};
+}
 
 struct KeyList {
   int64_t p, nwin, count, visible;
@@ -113,18 +131,21 @@ __device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* c
 }
 
 template <int DPL>  // float4 groups per lane: head_dim = 128 * DPL
-__global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, int splits, int64_t keys_per_split) {
+__global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, int64_t q0, int zsplits) {
   constexpr int HD = 128 * DPL;
   __shared__ __align__(16) float tile[kTile][HD];
   __shared__ const uint8_t* rows[kTile];
   __shared__ float scores[kHeadsPerBlock][kTile];
-  const int64_t i = blockIdx.x;
+  const int64_t i = q0 + blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t h = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + warp;
   const int split = blockIdx.z;
   const KeyList kl = keys_of(a, i);
   const int64_t total = kl.nwin + kl.count;
-  const int64_t j0 = split * keys_per_split, j1 = min(total, j0 + keys_per_split);
+  const SplitPlan plan = split_plan(total);
+  if (split >= plan.splits) return;  // the whole block: the plan is the query's
+  const int splits = plan.splits;
+  const int64_t j0 = split * plan.per, j1 = min(total, j0 + plan.per);
   const bool active = h < a.heads;
 
   float4 q[DPL], o[DPL];
@@ -194,7 +215,7 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
     }
     return;
   }
-  float* part = a.partial + ((i * a.heads + h) * splits + split) * (HD + 4);
+  float* part = a.partial + ((static_cast<int64_t>(blockIdx.x) * a.heads + h) * zsplits + split) * (HD + 4);
 #pragma unroll
   for (int r = 0; r < DPL; ++r) *reinterpret_cast<float4*>(part + 128 * r + 4 * lane) = o[r];
   if (lane == 0) part[HD] = m, part[HD + 1] = l;
@@ -203,10 +224,13 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
 // One block per (query, head): merge the splits with the sink. A split's record is its hd weighted-row
 // floats, then max and sum, padded to hd + 4 floats so every record stays 16-byte aligned. Warp 0 turns
 // the (max, sum) pairs into one weight per split; then each dim adds its splits' rows in order.
-__global__ void attention_combine_kernel(AttentionParams a, int splits, int64_t hd) {
-  __shared__ float weight[64];
-  const int64_t ih = blockIdx.x, h = ih % a.heads;
-  const float* part = a.partial + ih * splits * (hd + 4);
+__global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zsplits, int64_t hd) {
+  __shared__ float weight[kMaxSplits];
+  const int64_t ih = blockIdx.x, h = ih % a.heads, i = q0 + ih / a.heads;
+  const KeyList kl = keys_of(a, i);
+  const int splits = split_plan(kl.nwin + kl.count).splits;
+  if (splits == 1) return;  // written by the attention kernel
+  const float* part = a.partial + ih * zsplits * (hd + 4);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const float sink = a.sinks[h];
@@ -228,7 +252,7 @@ __global__ void attention_combine_kernel(AttentionParams a, int splits, int64_t 
     float acc = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < splits; ++s) acc += part[s * (hd + 4) + d] * weight[s];
-    a.out[ih * hd + d] = acc;
+    a.out[(q0 * a.heads + ih) * hd + d] = acc;
   }
 }
 
@@ -240,33 +264,40 @@ int64_t max_keys(const AttentionParams& p) {
 }  // namespace
 }  // namespace dev
 
-int attention_splits(const AttentionParams& p) {
-  const int64_t groups = (p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock;
-  const int64_t want = (2LL * p.num_sms + p.n * groups - 1) / std::max<int64_t>(1, p.n * groups);
-  const int64_t most = std::max<int64_t>(1, (dev::max_keys(p) + 63) / 64);
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
+int attention_splits(const AttentionParams& p) { return dev::split_plan(dev::max_keys(p)).splits; }
+
+namespace {
+// Queries per launch: all of them unless their partials would pass kMaxPartialFloats.
+int64_t queries_per_launch(const AttentionParams& p, int splits) {
+  if (splits == 1) return p.n;
+  const int64_t per_query = p.heads * splits * (p.fmt.head_dim + 4);
+  return std::clamp<int64_t>(dev::kMaxPartialFloats / per_query, 1, p.n);
 }
+}  // namespace
 
 int64_t attention_partial_floats(const AttentionParams& p) {
   const int splits = attention_splits(p);
-  return splits > 1 ? p.n * p.heads * splits * (p.fmt.head_dim + 4) : 0;
+  return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
 void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return;
   const int splits = attention_splits(p);
-  const int64_t keys = dev::max_keys(p);
-  const int64_t per = std::max<int64_t>(1, (keys + splits - 1) / splits);
-  const dim3 grid(static_cast<unsigned>(p.n), static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock),
-                  static_cast<unsigned>(splits));
-  switch (p.fmt.head_dim) {
-    case 128: dev::attention_kernel<1><<<grid, 256, 0, stream>>>(p, splits, per); break;
-    case 256: dev::attention_kernel<2><<<grid, 256, 0, stream>>>(p, splits, per); break;
-    case 512: dev::attention_kernel<4><<<grid, 256, 0, stream>>>(p, splits, per); break;
-    default: return;  // rejected by the backend's host check
+  const int64_t step = queries_per_launch(p, splits);
+  const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);
+  for (int64_t q0 = 0; q0 < p.n; q0 += step) {
+    const int64_t nq = std::min(step, p.n - q0);
+    const dim3 grid(static_cast<unsigned>(nq), groups, static_cast<unsigned>(splits));
+    switch (p.fmt.head_dim) {
+      case 128: dev::attention_kernel<1><<<grid, 256, 0, stream>>>(p, q0, splits); break;
+      case 256: dev::attention_kernel<2><<<grid, 256, 0, stream>>>(p, q0, splits); break;
+      case 512: dev::attention_kernel<4><<<grid, 256, 0, stream>>>(p, q0, splits); break;
+      default: return;  // rejected by the backend's host check
+    }
+    if (splits > 1)
+      dev::attention_combine_kernel<<<static_cast<unsigned>(nq * p.heads), 128, 0, stream>>>(p, q0, splits,
+                                                                                            p.fmt.head_dim);
   }
-  if (splits > 1)
-    dev::attention_combine_kernel<<<static_cast<unsigned>(p.n * p.heads), 128, 0, stream>>>(p, splits, p.fmt.head_dim);
 }
 
 }  // namespace tern::cuda

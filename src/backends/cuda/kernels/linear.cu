@@ -20,24 +20,27 @@ bool linear_mma_ok(const LinearParams& p) {
          reinterpret_cast<uintptr_t>(p.w.w) % 16 == 0 && (p.w.kind != WeightKind::nvfp4 || p.w.s_cols % 2 == 0);
 }
 
+// Batch invariance: the K range of W is cut into groups that depend on the weight's shape only (as many
+// as one token tile would want), and every output is (((0 + g0) + g1) + ...) over those groups, whether
+// each group is its own K split (partials added in order by the last block) or one block walks them all.
+// So a token's result never depends on how many other tokens share the call.
 LinearPlan plan_linear(const LinearParams& p) {
   LinearPlan plan;
   plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : 4;
   plan.bx = (p.w.out + 127) / 128;
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
   const int64_t chunks = p.w.in / chunk_of(p.w.kind);
-  // Aim for about 8 blocks of 4 warps per multiprocessor, with at least 2 chunks per split.
+  // Aim for about 8 blocks of 4 warps per multiprocessor at one token tile, with at least 2 chunks per group.
   const int64_t target = 8LL * p.num_sms;
-  int64_t ks = std::max<int64_t>(1, target / std::max<int64_t>(1, plan.bx * plan.bz));
+  int64_t ks = std::max<int64_t>(1, target / std::max<int64_t>(1, plan.bx));
   ks = std::min(ks, std::max<int64_t>(1, chunks / 2));
   ks = std::min<int64_t>(ks, 64);
   plan.chunks_per_split = (chunks + ks - 1) / ks;
   plan.ksplit = static_cast<int>((chunks + plan.chunks_per_split - 1) / plan.chunks_per_split);
-  if (plan.ksplit > 1 && (plan.bx * plan.bz > p.num_counters ||
-                          static_cast<int64_t>(plan.ksplit) * p.T * p.w.out > p.partial_floats)) {
-    plan.ksplit = 1;
-    plan.chunks_per_split = chunks;
-  }
+  const bool fits = plan.bx * plan.bz <= p.num_counters &&
+                    static_cast<int64_t>(plan.ksplit) * p.T * p.w.out <= p.partial_floats;
+  // Many token tiles already fill the machine (or the partials do not fit): one block walks the groups.
+  if (plan.ksplit > 1 && (!fits || plan.bx * plan.bz >= target)) plan.ksplit = 1;
   return plan;
 }
 

@@ -39,8 +39,9 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
   const int64_t tok0 = static_cast<int64_t>(blockIdx.z) * NT * 8;
   const int ksplit = gridDim.y;
   const int64_t nch = a.mat.in / kChunk;
+  // chunks_per_split is the group size; with one split the block walks every group.
   const int64_t kb = blockIdx.y * a.chunks_per_split * kChunk;
-  const int64_t ke = min(nch, (blockIdx.y + 1) * a.chunks_per_split) * kChunk;
+  const int64_t ke = ksplit == 1 ? nch * kChunk : min(nch, (blockIdx.y + 1) * a.chunks_per_split) * kChunk;
 
   float acc[2][NT][4];
 #pragma unroll
@@ -74,7 +75,21 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
       const int64_t tok = tok0 + 8 * n + g;
       xrow[n] = tok < a.T ? a.x + tok * a.x_stride + group * a.mat.in : nullptr;
     }
-    warp_mma<F, 2, NT>(mat, wrow, srow, xrow, kb, ke, acc);
+    if (ksplit > 1 || ke - kb <= a.chunks_per_split * kChunk) {
+      warp_mma<F, 2, NT>(mat, wrow, srow, xrow, kb, ke, acc);
+    } else {
+      // One block, several groups: add each group's sum in group order, as the split combine does.
+      for (int64_t gb = kb; gb < ke; gb += a.chunks_per_split * kChunk) {
+        float part[2][NT][4] = {};
+        warp_mma<F, 2, NT>(mat, wrow, srow, xrow, gb, min(ke, gb + a.chunks_per_split * kChunk), part);
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] += part[m][n][i];
+      }
+    }
   }
 
   float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;

@@ -1,0 +1,68 @@
+#include "tools/placement.h"
+
+#include <fstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#if TERN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#endif
+
+namespace tern::tools {
+namespace {
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t{4} << 30;
+}
+
+}  // namespace
+
+void prepare_device(const std::string& device) {
+  TERN_CHECK(device == "cpu" || device == "cuda", "--device: expected cpu or cuda, found \"", device, "\"");
+  cpu::register_backend();
+  if (device == "cpu") return;
+#if TERN_WITH_CUDA
+  TERN_CHECK(cuda::device_available(), "--device cuda: no CUDA device on this machine (",
+             cuda::device_description(), ")");
+  cuda::register_backend();  // throws for a GPU other than sm_90 (Hopper)
+#else
+  fail("--device cuda: this tern was built without the CUDA backend (configure with -DTERN_CUDA=ON on a "
+       "machine with the CUDA toolkit)");
+#endif
+}
+
+Placement place_model(model::Model& m, const std::string& device) {
+  Placement p;
+  p.device = device;
+  p.description = cat(thread_count(), " CPU threads");
+  if (device == "cpu") return p;
+#if TERN_WITH_CUDA
+  auto store = std::make_shared<cuda::WeightStore>();
+  m.to_device(Device::cuda, [&](const TensorView& v) { return store->upload(v); });
+  p.weight_bytes = static_cast<int64_t>(store->bytes());
+  p.description = cat("cuda: ", cuda::device_description(), ", ", static_cast<double>(p.weight_bytes) / (1 << 20),
+                      " MiB of weights on the device");
+  p.keep = std::move(store);
+#else
+  (void)m;
+  prepare_device(device);  // throws
+#endif
+  return p;
+}
+
+int64_t free_state_memory(const std::string& device) {
+#if TERN_WITH_CUDA
+  if (device == "cuda") return cuda::device_memory_info().free_bytes;
+#endif
+  (void)device;
+  return host_available_bytes();
+}
+
+}  // namespace tern::tools

@@ -1,0 +1,28 @@
+// Where a verb runs the model (--device cpu | cuda): the checks, the backend registration and the weight
+// upload that `tern run` and `tern serve` share.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/v4_model.h"
+
+namespace tern::tools {
+
+struct Placement {
+  std::string device = "cpu";
+  std::string description;       // "2 CPU threads" or "cuda: NVIDIA H200, ..., 123 MiB of weights"
+  int64_t weight_bytes = 0;      // bytes uploaded to the device (0 on the CPU)
+  std::shared_ptr<void> keep;    // owns the device copies of the weights: keep it alive with the model
+};
+
+// Registers the backends for `device` ("cpu" or "cuda"), or throws saying why it cannot run here: an
+// unknown name, no GPU, a GPU other than Hopper, a build without the CUDA backend. Call before loading.
+void prepare_device(const std::string& device);
+// Moves the model to the device prepared above (no-op on the CPU).
+Placement place_model(model::Model& m, const std::string& device);
+// Bytes free where the sequence states will live: the GPU's free memory, or the host's available memory.
+int64_t free_state_memory(const std::string& device);
+
+}  // namespace tern::tools
