@@ -25,9 +25,10 @@ namespace {
 #define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
 constexpr int64_t kOut = 8192, kIn = 4096, kT = 4;
-// 64 MiB of bf16 weights (more than L2): no HBM streams them faster than 10 TB/s (twice the H200's peak).
+// 64 MiB of bf16 weights (more than L2): nothing on an H200 streams them faster than 20 TB/s (four times its
+// HBM peak, L2 hits included), so a shorter linear means the timestamps are wrong.
 constexpr double kWeightBytes = 2.0 * kOut * kIn;
-constexpr double kMinLinearNs = kWeightBytes / 10e12 * 1e9;
+constexpr double kMinLinearNs = kWeightBytes / 20e12 * 1e9;
 
 // One linear and one norm over fixed device buffers (no allocation, so it can be captured in a graph).
 struct Work {
@@ -66,9 +67,11 @@ Seen find(const cuda::ProfileRecords& r, const std::string& base) {
   return s;
 }
 
-int64_t total_count(const cuda::ProfileRecords& r) {
+// Records of every kind, or of kernels only (copy records are named "[memcpy ...]", "[memset]").
+int64_t total_count(const cuda::ProfileRecords& r, bool kernels_only = false) {
   int64_t n = 0;
-  for (const cuda::KernelTime& k : r.kernels) n += k.count;
+  for (const cuda::KernelTime& k : r.kernels)
+    if (!kernels_only || k.name.rfind("[", 0) != 0) n += k.count;
   return n;
 }
 
@@ -80,12 +83,13 @@ std::string listing(const cuda::ProfileRecords& r) {
   return s;
 }
 
-// The records of `calls` (linear, norm) pairs: counts, names, categories, graph attribution.
-void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph) {
+// The records of `calls` (linear, norm) pairs: counts, names, categories, graph attribution. Copies are
+// allowed only where the driver may add its own (a graph's first launch uploads it).
+void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph, bool allow_copies = false) {
   const Seen lin = find(r, "linear_mma_kernel"), norm = find(r, "rms_norm_block_kernel");
   EXPECT_EQ(lin.count, calls) << listing(r);
   EXPECT_EQ(norm.count, calls) << listing(r);
-  EXPECT_EQ(total_count(r), 2 * calls) << "only these kernels ran:\n" << listing(r);
+  EXPECT_EQ(total_count(r, allow_copies), 2 * calls) << "only these kernels ran:\n" << listing(r);
   EXPECT_EQ(lin.graph_count, from_graph ? calls : 0) << listing(r);
   EXPECT_EQ(norm.graph_count, from_graph ? calls : 0) << listing(r);
   ASSERT_EQ(lin.names.size(), 1u) << listing(r);
@@ -93,6 +97,8 @@ void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph)
   for (const cuda::KernelTime& k : r.kernels)
     if (cuda::kernel_base_name(k.name) == "linear_mma_kernel") {
       EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::dense_gemm);
+    } else if (k.name.rfind("[", 0) == 0) {
+      EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::memcpy);
     } else {
       EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::mhc_norm_rope);
     }
@@ -261,7 +267,7 @@ TEST(GpuProfiler, GraphCapturedInsideTheSession) {
   cudaGraphExec_t exec = capture(work, kPerGraph, stream);  // capturing runs nothing
   for (int i = 0; i < kReplays; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
   p.stop();
-  expect_pairs(p.records(), kPerGraph * kReplays, /*from_graph=*/true);
+  expect_pairs(p.records(), kPerGraph * kReplays, /*from_graph=*/true, /*allow_copies=*/true);
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(stream);
 }
