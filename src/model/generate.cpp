@@ -21,6 +21,8 @@ GenerateResult generate(Model& model, cache::SequenceState& state, std::span<con
     const StepSequence step{&state, prompt.subspan(begin, n), last ? LogitsFor::last : LogitsFor::none};
     logits = model.forward({&step, 1});
   }
+  const auto t1_prefill = clock::now();
+  if (options.before_decode) options.before_decode();
   const auto t1 = clock::now();
   const int64_t vocab = model.config().vocab_size;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
@@ -32,7 +34,8 @@ GenerateResult generate(Model& model, cache::SequenceState& state, std::span<con
     logits = model.forward({&step, 1});
   }
   const auto t2 = clock::now();
-  result.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  if (options.after_decode) options.after_decode();
+  result.prefill_seconds = std::chrono::duration<double>(t1_prefill - t0).count();
   result.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
   return result;
 }

@@ -126,6 +126,9 @@ struct GenerateOptions {
   uint64_t seed = 0;
   int64_t prefill_chunk = 0;
   int64_t stop_token = -1;  // stop after emitting it (< 0: never)
+  // Called after the prefill, before the first decode forward, and after the last decode forward, outside
+  // the timed decode span (`tern run --profile` profiles the decode steps alone with them). May be empty.
+  std::function<void()> before_decode, after_decode;
 };
 struct GenerateResult {
   std::vector<int64_t> tokens;  // the generated tokens

@@ -1,12 +1,15 @@
 // Micro-benchmark of the key kernels at the real V4-Flash decode shapes, each against its floor.
 // Copy bandwidth is measured first in the same run; weight-streaming kernels rotate over enough weight
 // copies that they never sit in L2, and report weight bytes / time as a share of the copy figure.
-// Usage: tern_gpu_bench [--quick]      (prints one table; every kernel was checked by tern_gpu_tests)
+// Usage: tern_gpu_bench [--quick] [--profile-report]      (prints one table; every kernel was checked by
+// tern_gpu_tests). --profile-report also records the whole run with the built-in profiler (cuda::Profiler)
+// and prints its per-kernel totals: its us/call of each kernel is a cross-check of the table's figures.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
@@ -178,9 +182,21 @@ void bench_mhc(Rand& r) {
 int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  // --profile: each key kernel a few times, eagerly, for a profiler run (ncu -c N tern_gpu_bench --profile).
-  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
+  bool quick = false, profile = false, profile_report = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--profile") == 0) {
+      // Each key kernel a few times, eagerly, for an external profiler (ncu -c N tern_gpu_bench --profile).
+      profile = true;
+    } else if (std::strcmp(argv[i], "--profile-report") == 0) {
+      profile_report = true;
+    } else {
+      std::fprintf(stderr, "tern_gpu_bench: unknown argument %s (expected --quick, --profile, --profile-report)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
   if (!gpu_ready()) {
     std::printf("tern_gpu_bench: no CUDA device, nothing to measure\n");
     return 0;
@@ -199,6 +215,11 @@ int main(int argc, char** argv) {
     bench_mhc(r);
     return 0;
   }
+  std::unique_ptr<cuda::Profiler> profiler;
+  if (profile_report) {
+    profiler = std::make_unique<cuda::Profiler>();
+    profiler->start();
+  }
   bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
   bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 16, 64}, r);
   bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, {1, 16}, r);
@@ -215,5 +236,11 @@ int main(int argc, char** argv) {
   for (const Row& row : g_rows)
     std::printf("| %s | %s | %.1f | %.1f | %.0f | %.0f%% |\n", row.kernel.c_str(), row.shape.c_str(), row.us,
                 row.eager_us, row.gbs, g_copy_gbs > 0 ? 100.0 * row.gbs / g_copy_gbs : 0.0);
+  if (profiler) {
+    profiler->stop();
+    // The whole run as one "step": warm-ups, eager runs and graph replays of every row above together.
+    std::printf("\nbuilt-in profiler over the whole benchmark run (all shapes, eager and graph runs together):\n%s",
+                cuda::format_report(cuda::categorize(profiler->records()), 1, 25, "run").c_str());
+  }
   return 0;
 }

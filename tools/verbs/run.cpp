@@ -1,10 +1,12 @@
 // `tern run`: generate from token ids on the CPU (or the GPU: --device cuda) and print the tokens and
 // the prefill / decode speed.
 // With no --model it runs the embedded tiny model (random weights, the real V4 vocabulary), written
-// deterministically into the cache directory on first use.
+// deterministically into the cache directory on first use. --profile (with --device cuda) prints the GPU
+// profile of the decode steps (not the prefill): op categories and top kernels per decode step.
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
@@ -15,17 +17,21 @@
 #include "tools/embedded_model.h"
 #include "tools/placement.h"
 #include "tools/verb.h"
+#if TERN_WITH_CUDA
+#include "backends/cuda/profiler.h"
+#endif
 
 namespace {
 
 using namespace tern;
 
 struct RunArgs {
-  std::string model, prompt_ids, kv_mode = "exact", device = "cpu";
+  std::string model, prompt_ids, kv_mode = "exact", device = "cpu", profile_json;
   int64_t max_tokens = 32, prefill_chunk = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
   int threads = 0;
+  bool profile = false;
 };
 
 std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
@@ -56,12 +62,37 @@ std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
   return ids;
 }
 
+#if TERN_WITH_CUDA
+// The decode steps' GPU profile: the table on stdout, the JSON form to `json_path` when given.
+void print_profile(const cuda::Profiler& profiler, int64_t steps, const std::string& json_path) {
+  if (steps == 0) {
+    std::printf("profile: no decode step ran (--max-tokens 1 decodes nothing); nothing to report\n");
+    return;
+  }
+  const cuda::ProfileReport report = cuda::categorize(profiler.records());
+  std::printf("\nprofile of the %ld decode steps (the prefill is not profiled):\n", static_cast<long>(steps));
+  std::fputs(cuda::format_report(report, steps, 15, "decode step").c_str(), stdout);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << cuda::format_report_json(report, steps, 50) << "\n";
+    TERN_CHECK(out.good(), "--profile-json: cannot write ", json_path);
+    std::printf("profile JSON written to %s\n", json_path.c_str());
+  }
+}
+#endif
+
 int run(const RunArgs& a) {
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"",
              a.kv_mode, "\"");
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
+  const bool profile = a.profile || !a.profile_json.empty();
+  TERN_CHECK(!profile || a.device == "cuda", "--profile measures GPU kernels: use it with --device cuda");
   if (a.threads > 0) set_thread_count(a.threads);
   tools::prepare_device(a.device);
+#if TERN_WITH_CUDA
+  std::unique_ptr<cuda::Profiler> profiler;
+  if (profile) profiler = std::make_unique<cuda::Profiler>();  // CUPTI refusing is an error before the load
+#endif
   const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
@@ -81,6 +112,12 @@ int run(const RunArgs& a) {
   o.temperature = a.temperature;
   o.seed = a.seed;
   o.prefill_chunk = a.prefill_chunk;
+#if TERN_WITH_CUDA
+  if (profiler) {
+    o.before_decode = [&] { profiler->start(); };
+    o.after_decode = [&] { profiler->stop(); };
+  }
+#endif
   const model::GenerateResult r = model::generate(m, state, prompt, o);
   std::printf("prompt: %zu tokens%s\ntokens:", prompt.size(), a.prompt_ids.empty() ? " (default)" : "");
   for (int64_t t : r.tokens) std::printf(" %ld", static_cast<long>(t));
@@ -88,8 +125,11 @@ int run(const RunArgs& a) {
   std::printf("\nprefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), r.prefill_seconds,
               prompt.size() / r.prefill_seconds);
   if (decoded > 0)
-    std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s)\n", decoded, r.decode_seconds,
-                decoded / r.decode_seconds);
+    std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s%s)\n", decoded, r.decode_seconds,
+                decoded / r.decode_seconds, profile ? ", with the profiler's overhead" : "");
+#if TERN_WITH_CUDA
+  if (profiler) print_profile(*profiler, static_cast<int64_t>(decoded), a.profile_json);
+#endif
   return 0;
 }
 
@@ -108,6 +148,10 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--device", a->device, "cpu or cuda (Hopper GPU, build with -DTERN_CUDA=ON)")
            ->capture_default_str();
        app.add_option("--threads", a->threads, "CPU threads (default: TERN_THREADS or all cores)");
+       app.add_flag("--profile", a->profile,
+                    "with --device cuda: GPU profile (CUPTI) of the decode steps, per step: op categories, top "
+                    "kernels, GPU busy / wall");
+       app.add_option("--profile-json", a->profile_json, "also write the profile as JSON to this file (implies --profile)");
        return [a] { return run(*a); };
      }});
 

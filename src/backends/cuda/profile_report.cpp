@@ -1,0 +1,278 @@
+#include "backends/cuda/profile_report.h"
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+namespace tern::cuda {
+
+namespace {
+
+enum class Match { exact, prefix, contains };
+
+struct Rule {
+  std::string_view pattern;
+  Match how;
+  OpCategory category;
+};
+
+// Kernel base name -> category; the first rule that matches wins. Every kernel of src/backends/cuda/kernels
+// is named here on purpose (test_profile_report checks that none falls through to "other" unnamed); the
+// family prefixes also take new kernels of a family.
+constexpr Rule kRules[] = {
+    // Sparse attention over window + compressed rows, its split combine, and the KV row pack / unpack
+    // (the attention's cache rows; the compressor's emitted rows use kv_pack too).
+    {"attention_", Match::prefix, OpCategory::attention},
+    {"kv_pack_kernel", Match::exact, OpCategory::attention},
+    {"kv_unpack_kernel", Match::exact, OpCategory::attention},
+    {"flash", Match::prefix, OpCategory::attention},  // FlashMLA-style kernels, if one is adopted
+    // Lightning indexer: scores and top-k.
+    {"indexer_", Match::prefix, OpCategory::indexer},
+    // Compressor's online accumulators.
+    {"compressor_", Match::prefix, OpCategory::compressor},
+    // Routed experts with their routing (scored / hash), plan and combine.
+    {"moe_", Match::prefix, OpCategory::moe},
+    {"route_", Match::prefix, OpCategory::moe},
+    // Dense products: every linear kernel (tensor-core and exact paths), and library GEMMs (cuBLAS(Lt)
+    // kernels are named *gemm* or nvjet_*).
+    {"linear_", Match::prefix, OpCategory::dense_gemm},
+    {"nvjet", Match::prefix, OpCategory::dense_gemm},
+    {"gemm", Match::contains, OpCategory::dense_gemm},
+    // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
+    {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
+    {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
+    {"rope", Match::prefix, OpCategory::mhc_norm_rope},
+    // Sampling on the device (none yet: the host samples today).
+    {"sample", Match::prefix, OpCategory::sampling},
+    {"sampling", Match::prefix, OpCategory::sampling},
+    {"argmax", Match::prefix, OpCategory::sampling},
+    // Named on purpose as "other": the embedding lookup, the shared expert's SwiGLU and residual add,
+    // the head's row gather, and weight dequantization (not on the decode path).
+    {"embedding_kernel", Match::exact, OpCategory::other},
+    {"add_kernel", Match::exact, OpCategory::other},
+    {"swiglu_kernel", Match::exact, OpCategory::other},
+    {"gather_rows_kernel", Match::exact, OpCategory::other},
+    {"dequantize_kernel", Match::exact, OpCategory::other},
+};
+
+bool matches(const Rule& r, std::string_view base) {
+  switch (r.how) {
+    case Match::exact: return base == r.pattern;
+    case Match::prefix: return base.starts_with(r.pattern);
+    case Match::contains: return base.find(r.pattern) != std::string_view::npos;
+  }
+  return false;
+}
+
+// Index of the bracket that opens the group ending at s[end] (s[end] is `close`), or npos.
+size_t matching_open(std::string_view s, size_t end, char open, char close) {
+  int depth = 0;
+  for (size_t i = end + 1; i-- > 0;) {
+    if (s[i] == close) ++depth;
+    if (s[i] == open && --depth == 0) return i;
+  }
+  return std::string_view::npos;
+}
+
+// Splits "R ns::name<targs>(params)" into the qualified name and "<targs>" (empty without).
+void split_name(std::string_view s, std::string_view& qualified, std::string_view& targs) {
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  if (!s.empty() && s.back() == ')') {
+    const size_t open = matching_open(s, s.size() - 1, '(', ')');
+    if (open != std::string_view::npos && open > 0) s = s.substr(0, open);
+  }
+  targs = {};
+  if (!s.empty() && s.back() == '>') {
+    const size_t open = matching_open(s, s.size() - 1, '<', '>');
+    if (open != std::string_view::npos && open > 0) {
+      targs = s.substr(open);
+      s = s.substr(0, open);
+    }
+  }
+  const size_t colons = s.rfind("::");
+  if (colons != std::string_view::npos) {
+    s = s.substr(colons + 2);
+  } else {
+    const size_t space = s.rfind(' ');  // the return type of a template function
+    if (space != std::string_view::npos) s = s.substr(space + 1);
+  }
+  qualified = s;
+}
+
+// dev::WFmt in kernels/mma_tile.cuh, in order (test_profile_report reads that header to check this).
+constexpr std::string_view kWeightFormats[] = {"f32", "bf16", "fp8", "mxfp4", "nvfp4"};
+
+std::string per_step(int64_t ns, int64_t steps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(ns) / 1e3 / static_cast<double>(steps));
+  return buf;
+}
+
+std::string share(int64_t ns, int64_t total) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", total > 0 ? 100.0 * static_cast<double>(ns) / static_cast<double>(total) : 0.0);
+  return buf;
+}
+
+std::string count_per_step(int64_t count, int64_t steps) {
+  char buf[32];
+  const double v = static_cast<double>(count) / static_cast<double>(steps);
+  std::snprintf(buf, sizeof buf, v == static_cast<double>(static_cast<int64_t>(v)) ? "%.0f" : "%.2f", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string_view category_name(OpCategory c) {
+  switch (c) {
+    case OpCategory::attention: return "attention";
+    case OpCategory::indexer: return "indexer";
+    case OpCategory::compressor: return "compressor";
+    case OpCategory::moe: return "moe experts";
+    case OpCategory::dense_gemm: return "dense gemm";
+    case OpCategory::mhc_norm_rope: return "mhc/norm/rope";
+    case OpCategory::sampling: return "sampling";
+    case OpCategory::memcpy: return "memcpy/memset";
+    case OpCategory::other: return "other";
+  }
+  return "other";
+}
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "?";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
+  return status == 0 && out ? std::string(out.get()) : std::string(name);
+}
+
+std::string kernel_base_name(std::string_view demangled) {
+  if (demangled.starts_with("[")) return std::string(demangled);
+  std::string_view q, t;
+  split_name(demangled, q, t);
+  return std::string(q);
+}
+
+std::string kernel_display_name(std::string_view demangled) {
+  if (demangled.starts_with("[")) return std::string(demangled);
+  std::string_view q, t;
+  split_name(demangled, q, t);
+  std::string targs(t);
+  static const std::regex anon(R"(\(anonymous namespace\)::)"), qualifier(R"([A-Za-z_][A-Za-z0-9_]*::)"),
+      wfmt(R"(\(WFmt\)([0-9]+))");
+  targs = std::regex_replace(targs, anon, "");
+  targs = std::regex_replace(targs, qualifier, "");
+  std::string out;
+  std::smatch m;
+  while (std::regex_search(targs, m, wfmt)) {
+    const size_t i = std::stoul(m[1].str());
+    out += m.prefix().str();
+    out += i < std::size(kWeightFormats) ? std::string(kWeightFormats[i]) : m[0].str();
+    targs = m.suffix().str();
+  }
+  return std::string(q) + out + targs;
+}
+
+KernelClass classify_kernel(std::string_view demangled) {
+  if (demangled.starts_with("[memcpy") || demangled.starts_with("[memset")) return {OpCategory::memcpy, true};
+  const std::string base = kernel_base_name(demangled);
+  for (const Rule& r : kRules)
+    if (matches(r, base)) return {r.category, true};
+  return {OpCategory::other, false};
+}
+
+ProfileReport categorize(const ProfileRecords& records) {
+  ProfileReport r;
+  r.busy_ns = records.busy_ns;
+  r.span_ns = records.span_ns;
+  r.dropped = records.dropped;
+  r.bad_timestamps = records.bad_timestamps;
+  for (const KernelTime& k : records.kernels) {
+    const OpCategory c = categorize_kernel(k.name);
+    CategoryTime& ct = r.categories[static_cast<int>(c)];
+    ct.count += k.count;
+    ct.total_ns += k.total_ns;
+    r.total_ns += k.total_ns;
+    r.kernels.push_back(CategorizedKernel{k, c, kernel_display_name(k.name)});
+  }
+  std::stable_sort(r.kernels.begin(), r.kernels.end(), [](const CategorizedKernel& a, const CategorizedKernel& b) {
+    return a.time.total_ns > b.time.total_ns;
+  });
+  return r;
+}
+
+std::string format_report(const ProfileReport& r, int64_t steps, int top, std::string_view what) {
+  steps = std::max<int64_t>(steps, 1);
+  std::string s;
+  const std::string per = std::string(what);
+  s += "GPU profile (CUPTI activity records), per " + per + ", " + std::to_string(steps) + " " + per +
+       (steps == 1 ? "" : "s") + ":\n";
+  s += "| category | us/" + per + " | share | kernels/" + per + " |\n|---|---:|---:|---:|\n";
+  for (int i = 0; i < kNumOpCategories; ++i) {
+    const CategoryTime& c = r.categories[i];
+    s += "| " + std::string(category_name(static_cast<OpCategory>(i))) + " | " + per_step(c.total_ns, steps) + " | " +
+         share(c.total_ns, r.total_ns) + " | " + count_per_step(c.count, steps) + " |\n";
+  }
+  int64_t count = 0;
+  for (const CategoryTime& c : r.categories) count += c.count;
+  s += "| total | " + per_step(r.total_ns, steps) + " | " + share(r.total_ns, r.total_ns) + " | " +
+       count_per_step(count, steps) + " |\n\n";
+  s += "GPU busy " + per_step(r.busy_ns, steps) + " us of " + per_step(r.span_ns, steps) + " us wall per " + per +
+       " (" + share(r.busy_ns, r.span_ns) +
+       "; wall = first GPU activity start to last end; the rest is launch gaps, host work and syncs)\n";
+  if (r.dropped > 0)
+    s += "WARNING: CUPTI dropped " + std::to_string(r.dropped) + " activity records: the times above are too low\n";
+  if (r.bad_timestamps > 0)
+    s += "WARNING: " + std::to_string(r.bad_timestamps) + " records had no valid timestamps and are left out\n";
+  const int n = std::min<int>(top, static_cast<int>(r.kernels.size()));
+  s += "\ntop " + std::to_string(n) + " kernels by GPU time:\n";
+  s += "| kernel | category | us/" + per + " | share | calls/" + per + " | us/call |\n|---|---|---:|---:|---:|---:|\n";
+  for (int i = 0; i < n; ++i) {
+    const CategorizedKernel& k = r.kernels[i];
+    s += "| " + k.display + " | " + std::string(category_name(k.category)) + " | " + per_step(k.time.total_ns, steps) +
+         " | " + share(k.time.total_ns, r.total_ns) + " | " + count_per_step(k.time.count, steps) + " | " +
+         per_step(k.time.total_ns, std::max<int64_t>(k.time.count, 1)) + " |\n";
+  }
+  return s;
+}
+
+std::string format_report_json(const ProfileReport& r, int64_t steps, int top) {
+  steps = std::max<int64_t>(steps, 1);
+  const auto us = [&](int64_t ns) { return static_cast<double>(ns) / 1e3 / static_cast<double>(steps); };
+  const auto frac = [](int64_t a, int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  nlohmann::json j;
+  j["steps"] = steps;
+  j["total_us_per_step"] = us(r.total_ns);
+  j["gpu_busy_us_per_step"] = us(r.busy_ns);
+  j["wall_us_per_step"] = us(r.span_ns);
+  j["busy_fraction"] = frac(r.busy_ns, r.span_ns);
+  j["dropped_records"] = r.dropped;
+  j["bad_timestamps"] = r.bad_timestamps;
+  j["categories"] = nlohmann::json::array();
+  for (int i = 0; i < kNumOpCategories; ++i) {
+    const CategoryTime& c = r.categories[i];
+    j["categories"].push_back({{"name", category_name(static_cast<OpCategory>(i))},
+                               {"us_per_step", us(c.total_ns)},
+                               {"share", frac(c.total_ns, r.total_ns)},
+                               {"kernels_per_step", static_cast<double>(c.count) / static_cast<double>(steps)}});
+  }
+  j["kernels"] = nlohmann::json::array();
+  const int n = std::min<int>(top, static_cast<int>(r.kernels.size()));
+  for (int i = 0; i < n; ++i) {
+    const CategorizedKernel& k = r.kernels[i];
+    j["kernels"].push_back({{"name", k.display},
+                            {"demangled", k.time.name},
+                            {"category", category_name(k.category)},
+                            {"us_per_step", us(k.time.total_ns)},
+                            {"share", frac(k.time.total_ns, r.total_ns)},
+                            {"calls_per_step", static_cast<double>(k.time.count) / static_cast<double>(steps)},
+                            {"graph_calls_per_step", static_cast<double>(k.time.graph_count) / static_cast<double>(steps)}});
+  }
+  return j.dump(2);
+}
+
+}  // namespace tern::cuda

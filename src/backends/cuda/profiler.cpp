@@ -1,0 +1,264 @@
+// cuda::Profiler over CUPTI's activity API (host code; CUPTI and the CUDA runtime stay inside this file).
+//
+// CUPTI hands completed activity buffers to buffer_completed() (on its worker thread or inside
+// cuptiActivityFlushAll); the records are folded at once into per-name totals and a list of intervals, under
+// one mutex. The callbacks are registered once per process and never unregistered: CUPTI is never torn down
+// (cuptiFinalize), since tearing it down and re-initialising it has crashed CUDA-graph programs in the past.
+#include "backends/cuda/profiler.h"
+
+#include <cuda_runtime.h>
+#include <cupti.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/device_memory.h"
+#include "core/error.h"
+
+namespace tern::cuda {
+
+namespace {
+
+constexpr size_t kBufferBytes = size_t{8} << 20;
+constexpr size_t kRecordAlignment = 8;  // CUPTI's ACTIVITY_RECORD_ALIGNMENT
+
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET};
+
+struct Totals {
+  int64_t count = 0, total_ns = 0, graph_count = 0;
+};
+
+// What the callbacks fill; one per process.
+struct Collector {
+  std::mutex mutex;
+  std::unordered_map<std::string, Totals> by_name;  // raw (mangled) names
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  uint64_t first_start = std::numeric_limits<uint64_t>::max(), last_end = 0;
+  int64_t dropped = 0, bad_timestamps = 0;
+  bool out_of_memory = false;
+
+  void clear() {
+    by_name.clear();
+    intervals.clear();
+    first_start = std::numeric_limits<uint64_t>::max();
+    last_end = 0;
+    dropped = bad_timestamps = 0;
+    out_of_memory = false;
+  }
+  void add(const char* name, uint64_t start, uint64_t end, bool from_graph) {
+    if (start == 0 || end < start) {
+      ++bad_timestamps;
+      return;
+    }
+    Totals& t = by_name[name];
+    ++t.count;
+    t.total_ns += static_cast<int64_t>(end - start);
+    if (from_graph) ++t.graph_count;
+    intervals.emplace_back(start, end);
+    first_start = std::min(first_start, start);
+    last_end = std::max(last_end, end);
+  }
+};
+
+Collector& collector() {
+  static Collector c;
+  return c;
+}
+
+std::atomic<const Profiler*> g_owner{nullptr};
+
+const char* memcpy_name(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[memcpy HtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[memcpy DtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[memcpy DtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "[memcpy HtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "[memcpy PtoP]";
+    default: return "[memcpy other]";
+  }
+}
+
+void add_record(Collector& c, const CUpti_Activity* r) {
+  switch (r->kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+      c.add(k->name != nullptr ? k->name : "[unnamed kernel]", k->start, k->end, k->graphId != 0);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+      c.add(memcpy_name(m->copyKind), m->start, m->end, m->graphId != 0);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
+      c.add("[memset]", m->start, m->end, m->graphId != 0);
+      break;
+    }
+    default: break;  // other kinds are not enabled
+  }
+}
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(kRecordAlignment, kBufferBytes));
+  *size = *buffer != nullptr ? kBufferBytes : 0;  // 0: CUPTI drops records (counted as dropped)
+  *max_records = 0;                              // as many as fit
+}
+
+void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+  Collector& c = collector();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    try {
+      CUpti_Activity* record = nullptr;
+      while (buffer != nullptr && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS)
+        add_record(c, record);
+    } catch (...) {  // no exception may cross into CUPTI (std::bad_alloc from the maps)
+      c.out_of_memory = true;
+    }
+    size_t dropped = 0;
+    if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS)
+      c.dropped += static_cast<int64_t>(dropped);
+  }
+  std::free(buffer);
+}
+
+void check_cupti(CUptiResult r, const char* what) {
+  if (r == CUPTI_SUCCESS) return;
+  const char* text = nullptr;
+  if (cuptiGetResultString(r, &text) != CUPTI_SUCCESS || text == nullptr) text = "unknown CUPTI error";
+  const char* hint = "";
+  switch (r) {
+    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
+      hint = ": another tool holds CUPTI (nsys, ncu, compute-sanitizer or a second profiler); run without it";
+      break;
+    case CUPTI_ERROR_INSUFFICIENT_PRIVILEGES:
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES:
+      hint = ": this user may not trace the GPU (driver setting NVreg_RestrictProfilingToAdminUsers)";
+      break;
+    case CUPTI_ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED:
+    case CUPTI_ERROR_NOT_SUPPORTED:
+    case CUPTI_ERROR_MIG_DEVICE_NOT_SUPPORTED:
+    case CUPTI_ERROR_CONFIDENTIAL_COMPUTING_NOT_SUPPORTED:
+      hint = ": CUPTI cannot trace this device or environment (virtualised GPU, MIG slice, sandboxed runtime)";
+      break;
+    case CUPTI_ERROR_NOT_INITIALIZED:
+    case CUPTI_ERROR_NOT_COMPATIBLE:
+      hint = ": libcupti does not match the CUDA driver (use the CUPTI of the toolkit the driver supports)";
+      break;
+    default: break;
+  }
+  fail("cuda::Profiler: ", what, " failed: ", text, hint);
+}
+
+void check_runtime(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("cuda::Profiler: ", what, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+// Registers the buffer callbacks once per process; throws (every time) if that failed.
+void register_callbacks() {
+  static const CUptiResult result = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+  check_cupti(result, "cuptiActivityRegisterCallbacks");
+}
+
+void disable_all() {
+  for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
+}
+
+ProfileRecords collect(Collector& c) {
+  std::lock_guard<std::mutex> lock(c.mutex);
+  TERN_CHECK(!c.out_of_memory, "cuda::Profiler: out of host memory while collecting activity records");
+  ProfileRecords out;
+  for (const auto& [name, t] : c.by_name)
+    out.kernels.push_back(KernelTime{demangle(name.c_str()), t.count, t.total_ns, t.graph_count});
+  std::sort(out.kernels.begin(), out.kernels.end(),
+            [](const KernelTime& a, const KernelTime& b) { return a.total_ns > b.total_ns; });
+  std::sort(c.intervals.begin(), c.intervals.end());
+  uint64_t busy = 0, open_start = 0, open_end = 0;
+  bool open = false;
+  for (const auto& [s, e] : c.intervals) {
+    if (open && s <= open_end) {
+      open_end = std::max(open_end, e);
+      continue;
+    }
+    if (open) busy += open_end - open_start;
+    open = true;
+    open_start = s;
+    open_end = e;
+  }
+  if (open) busy += open_end - open_start;
+  out.busy_ns = static_cast<int64_t>(busy);
+  out.span_ns = c.last_end > c.first_start ? static_cast<int64_t>(c.last_end - c.first_start) : 0;
+  out.dropped = c.dropped;
+  out.bad_timestamps = c.bad_timestamps;
+  c.clear();
+  return out;
+}
+
+}  // namespace
+
+Profiler::Profiler() {
+  TERN_CHECK(device_available(), "cuda::Profiler: no usable CUDA device (", device_description(), ")");
+  uint32_t version = 0;
+  check_cupti(cuptiGetVersion(&version), "cuptiGetVersion (is libcupti loadable?)");
+  register_callbacks();
+}
+
+Profiler::~Profiler() {
+  if (!running_) return;
+  try {
+    stop();
+  } catch (...) {  // a destructor never throws: the records are simply lost
+    disable_all();
+    g_owner.store(nullptr);
+  }
+}
+
+void Profiler::start() {
+  TERN_CHECK(!running_, "cuda::Profiler::start: already recording");
+  const Profiler* expected = nullptr;
+  TERN_CHECK(g_owner.compare_exchange_strong(expected, this),
+             "cuda::Profiler::start: another Profiler is recording (CUPTI's activity state is process-wide)");
+  try {
+    check_runtime(cudaDeviceSynchronize(), "cudaDeviceSynchronize before recording");
+    // Anything CUPTI still holds from before (nothing is enabled between sessions) is dropped with the clear;
+    // a failure here only means there was nothing to flush.
+    (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    {
+      Collector& c = collector();
+      std::lock_guard<std::mutex> lock(c.mutex);
+      c.clear();
+    }
+    for (CUpti_ActivityKind k : kKinds) check_cupti(cuptiActivityEnable(k), "cuptiActivityEnable");
+  } catch (...) {
+    disable_all();
+    g_owner.store(nullptr);
+    throw;
+  }
+  records_ = ProfileRecords{};
+  running_ = true;
+}
+
+void Profiler::stop() {
+  TERN_CHECK(running_, "cuda::Profiler::stop: not recording (call start() first)");
+  running_ = false;
+  const cudaError_t sync = cudaDeviceSynchronize();  // every recorded activity has finished
+  disable_all();
+  const CUptiResult flush = cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  g_owner.store(nullptr);
+  check_runtime(sync, "cudaDeviceSynchronize before collecting");
+  check_cupti(flush, "cuptiActivityFlushAll");
+  records_ = collect(collector());
+}
+
+}  // namespace tern::cuda

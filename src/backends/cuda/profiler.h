@@ -1,0 +1,45 @@
+// The built-in GPU profiler, with no CUDA or CUPTI header (tools and tests include this): CUPTI's activity
+// API records every kernel, memcpy and memset that runs on the device between start() and stop(), with GPU
+// timestamps. Kernels replayed from CUDA graphs are recorded one per kernel node per replay (the profiler
+// enables CONCURRENT_KERNEL and never GRAPH_TRACE, which would fold a replay into one record), whether the
+// graph was captured before start() or inside the session.
+//
+//   cuda::Profiler p;          // throws tern::Error saying why when CUPTI cannot be used
+//   p.start();                 // waits for the device, then records
+//   ... work ...
+//   p.stop();                  // waits for the device, stops recording, flushes CUPTI's buffers
+//   std::cout << cuda::format_report(cuda::categorize(p.records()), steps);   // profile_report.h
+//
+// One profiler records at a time per process (CUPTI's activity state is process-wide); start() on a second
+// one while the first runs throws. Overhead: CUPTI adds host time to each launch and writes one record
+// (about 200 bytes) per kernel into 8 MiB buffers, which the profiler folds into per-kernel totals as they
+// fill; it keeps 16 bytes per record for the busy-time union. docs/cuda-backend.md ("Profiler") has more.
+#pragma once
+
+#include "backends/cuda/profile_report.h"
+
+namespace tern::cuda {
+
+class Profiler {
+ public:
+  Profiler();
+  ~Profiler();  // stops a running session; never throws
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // Synchronises the device (work issued before start() is not recorded), clears the previous records and
+  // starts recording. Throws if this or another Profiler is already recording, or CUPTI refuses.
+  void start();
+  // Synchronises the device, stops recording and collects the records (CUPTI buffers flushed). Throws when
+  // not recording or when the device reports an error.
+  void stop();
+  bool running() const { return running_; }
+  // The last session's results (empty before the first stop()).
+  const ProfileRecords& records() const { return records_; }
+
+ private:
+  bool running_ = false;
+  ProfileRecords records_;
+};
+
+}  // namespace tern::cuda

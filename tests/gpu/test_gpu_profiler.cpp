@@ -1,0 +1,325 @@
+// The built-in profiler on the GPU: known kernels (ops::linear with bf16 weights -> linear_mma_kernel,
+// ops::rms_norm over 8192 columns -> rms_norm_block_kernel) run eagerly and from CUDA graphs must each
+// appear with the exact count, the right category and graph attribution, and the profiler's times must agree
+// with CUDA-event timing of the same work (its GPU span inside the events' interval, its busy time most of
+// it, each linear at least as long as streaming its weight at twice the HBM peak would take).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/profile_report.h"
+#include "backends/cuda/profiler.h"
+#include "backends/cuda/timing.h"
+#include "core/error.h"
+#include "gpu_test_util.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+
+namespace tern::gputest {
+namespace {
+
+#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+constexpr int64_t kOut = 8192, kIn = 4096, kT = 4;
+// 64 MiB of bf16 weights (more than L2): nothing on an H200 streams them faster than 20 TB/s (four times its
+// HBM peak, L2 hits included), so a shorter linear means the timestamps are wrong.
+constexpr double kWeightBytes = 2.0 * kOut * kIn;
+constexpr double kMinLinearNs = kWeightBytes / 20e12 * 1e9;
+
+// One linear and one norm over fixed device buffers (no allocation, so it can be captured in a graph).
+struct Work {
+  HostWeight host;
+  cuda::WeightStore store;
+  ops::Weight w;
+  cuda::DeviceTensor x, y, norm_w, z;
+  explicit Work(Rand& r)
+      : host(random_weight(ops::WeightFormat::bf16, kOut, kIn, r, 0.02f, "profiled.w")),
+        w(store.upload(host.w)),
+        x(upload(random_f32({kT, kIn}, r))),
+        y(DType::f32, {kT, kOut}),
+        norm_w(upload(random_f32({kOut}, r))),
+        z(DType::f32, {kT, kOut}) {}
+  void issue() {
+    ops::linear(x, w, y);
+    ops::rms_norm(y, norm_w, 1e-6f, z);
+  }
+};
+
+struct Seen {
+  int64_t count = 0, total_ns = 0, graph_count = 0;
+  std::vector<std::string> names;  // display names
+};
+
+// Every record whose base name is `base`, summed.
+Seen find(const cuda::ProfileRecords& r, const std::string& base) {
+  Seen s;
+  for (const cuda::KernelTime& k : r.kernels) {
+    if (cuda::kernel_base_name(k.name) != base) continue;
+    s.count += k.count;
+    s.total_ns += k.total_ns;
+    s.graph_count += k.graph_count;
+    s.names.push_back(cuda::kernel_display_name(k.name));
+  }
+  return s;
+}
+
+// Records of every kind, or of kernels only (copy records are named "[memcpy ...]", "[memset]").
+int64_t total_count(const cuda::ProfileRecords& r, bool kernels_only = false) {
+  int64_t n = 0;
+  for (const cuda::KernelTime& k : r.kernels)
+    if (!kernels_only || k.name.rfind("[", 0) != 0) n += k.count;
+  return n;
+}
+
+std::string listing(const cuda::ProfileRecords& r) {
+  std::string s;
+  for (const cuda::KernelTime& k : r.kernels)
+    s += "  " + cuda::kernel_display_name(k.name) + " x" + std::to_string(k.count) + " (" + std::to_string(k.total_ns) +
+         " ns, " + std::to_string(k.graph_count) + " from graphs)\n";
+  return s;
+}
+
+// The records of `calls` (linear, norm) pairs: counts, names, categories, graph attribution. Copies are
+// allowed only where the driver may add its own (a graph's first launch uploads it).
+void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph, bool allow_copies = false) {
+  const Seen lin = find(r, "linear_mma_kernel"), norm = find(r, "rms_norm_block_kernel");
+  EXPECT_EQ(lin.count, calls) << listing(r);
+  EXPECT_EQ(norm.count, calls) << listing(r);
+  EXPECT_EQ(total_count(r, allow_copies), 2 * calls) << "only these kernels ran:\n" << listing(r);
+  EXPECT_EQ(lin.graph_count, from_graph ? calls : 0) << listing(r);
+  EXPECT_EQ(norm.graph_count, from_graph ? calls : 0) << listing(r);
+  ASSERT_EQ(lin.names.size(), 1u) << listing(r);
+  EXPECT_EQ(lin.names[0].rfind("linear_mma_kernel<bf16, ", 0), 0u) << lin.names[0];  // the WFmt table is right
+  for (const cuda::KernelTime& k : r.kernels)
+    if (cuda::kernel_base_name(k.name) == "linear_mma_kernel") {
+      EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::dense_gemm);
+    } else if (k.name.rfind("[", 0) == 0) {
+      EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::memcpy);
+    } else {
+      EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::mhc_norm_rope);
+    }
+  EXPECT_GE(static_cast<double>(lin.total_ns) / static_cast<double>(lin.count), kMinLinearNs)
+      << "a 64 MiB linear cannot take less: the timestamps are wrong";
+  EXPECT_EQ(r.dropped, 0);
+  EXPECT_EQ(r.bad_timestamps, 0);
+}
+
+// Profiler figures against the CUDA events recorded around the same work in the same session: the GPU span
+// lies inside the events' interval (small slack for the two clocks), nothing overlaps on one stream (busy =
+// summed kernel time), and the GPU is busy for most of it.
+void expect_consistent(const cuda::ProfileRecords& r, double event_ns, double min_busy_fraction) {
+  int64_t sum = 0;
+  for (const cuda::KernelTime& k : r.kernels) sum += k.total_ns;
+  const double busy = static_cast<double>(r.busy_ns), span = static_cast<double>(r.span_ns);
+  std::printf("[profiler] events %.1f us, span %.1f us, busy %.1f us, summed %.1f us\n", event_ns / 1e3, span / 1e3,
+              busy / 1e3, static_cast<double>(sum) / 1e3);
+  EXPECT_GT(busy, 0.0);
+  EXPECT_LE(busy, span);
+  EXPECT_NEAR(busy, static_cast<double>(sum), 0.01 * static_cast<double>(sum) + 1e3);
+  EXPECT_LE(span, event_ns * 1.02 + 20e3);
+  EXPECT_GE(busy, min_busy_fraction * event_ns);
+}
+
+class Events {
+ public:
+  Events() {
+    cudaEventCreate(&a_);
+    cudaEventCreate(&b_);
+  }
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  void begin(cudaStream_t s) { cudaEventRecord(a_, s); }
+  void end(cudaStream_t s) { cudaEventRecord(b_, s); }
+  double ns() {
+    cudaEventSynchronize(b_);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a_, b_);
+    return ms * 1e6;
+  }
+
+ private:
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+// `count` x work.issue() captured into one graph on `stream` (the backend issues on it while capturing).
+cudaGraphExec_t capture(Work& work, int count, cudaStream_t stream) {
+  cuda::CudaBackend& backend = cuda::register_backend();
+  void* const previous = backend.stream();
+  backend.set_stream(stream);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < count; ++i) work.issue();
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  backend.set_stream(previous);
+  if (end != cudaSuccess) fail("graph capture failed: ", cudaGetErrorString(end));
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) fail("graph instantiate failed");
+  cudaGraphDestroy(graph);
+  return exec;
+}
+
+// A first session, so that CUPTI's one-time costs (first enable, first records of a context) do not open a
+// gap at the start of the measured one.
+void warm_up(cuda::Profiler& p, Work& work) {
+  p.start();
+  work.issue();
+  p.stop();
+}
+
+TEST(GpuProfiler, EagerKernelsCountedAndTimed) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();  // sizes the workspace; nothing allocates from here on
+  cuda::register_backend().synchronize();
+  auto stream = static_cast<cudaStream_t>(cuda::register_backend().stream());
+  constexpr int kCalls = 50;
+
+  cuda::Profiler p;
+  warm_up(p, work);
+  Events ev;
+  p.start();
+  ev.begin(stream);
+  for (int i = 0; i < kCalls; ++i) work.issue();
+  ev.end(stream);
+  p.stop();
+  const double event_ns = ev.ns();
+  const cuda::ProfileRecords& rec = p.records();
+  expect_pairs(rec, kCalls, /*from_graph=*/false);
+  // Eager: the host's launches (op checks included) leave gaps; the GPU is still busy for most of it.
+  expect_consistent(rec, event_ns, 0.4);
+
+  // The same pairs timed with CUDA events alone (no profiler): per pair within a loose factor.
+  const cuda::Timing t = cuda::time_device([&] { work.issue(); }, 3, 30);
+  int64_t sum = 0;
+  for (const cuda::KernelTime& k : rec.kernels) sum += k.total_ns;
+  const double profiled_us = static_cast<double>(sum) / kCalls / 1e3;
+  std::printf("[profiler] per pair: profiler %.1f us of kernels, CUDA events (no profiler) %.1f us\n", profiled_us,
+              t.median_us);
+  EXPECT_LE(profiled_us, 1.5 * t.median_us + 5.0);
+  EXPECT_GE(profiled_us, 0.4 * t.median_us);
+
+  const cuda::ProfileReport rep = cuda::categorize(rec);
+  EXPECT_EQ(rep.categories[static_cast<int>(cuda::OpCategory::dense_gemm)].count, kCalls);
+  EXPECT_EQ(rep.categories[static_cast<int>(cuda::OpCategory::mhc_norm_rope)].count, kCalls);
+  const std::string table = cuda::format_report(rep, kCalls, 5, "pair");
+  std::printf("%s", table.c_str());
+  EXPECT_NE(table.find("| linear_mma_kernel<bf16, "), std::string::npos) << table;
+  EXPECT_NE(table.find("| rms_norm_block_kernel | mhc/norm/rope |"), std::string::npos) << table;
+}
+
+TEST(GpuProfiler, GraphReplaysCountedPerKernelNode) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();
+  cuda::register_backend().synchronize();
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kPerGraph = 3, kReplays = 10;
+  // Captured and instantiated before the profiler exists (as a server captures its buckets at startup).
+  cudaGraphExec_t exec = capture(work, kPerGraph, stream);
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));  // upload the graph outside the session
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+
+  cuda::Profiler p;
+  warm_up(p, work);
+  Events ev;
+  p.start();
+  ev.begin(stream);
+  for (int i = 0; i < kReplays; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  ev.end(stream);
+  p.stop();
+  expect_pairs(p.records(), kPerGraph * kReplays, /*from_graph=*/true);
+  // Replays leave only the graph launches' gaps.
+  expect_consistent(p.records(), ev.ns(), 0.7);
+
+  // Per pair, against time_graph's CUDA-event figure for the same pair (without the profiler).
+  const cuda::Timing t = cuda::time_graph([&](int) { work.issue(); }, kPerGraph, 10);
+  int64_t sum = 0;
+  for (const cuda::KernelTime& k : p.records().kernels) sum += k.total_ns;
+  const double profiled_us = static_cast<double>(sum) / (kPerGraph * kReplays) / 1e3;
+  std::printf("[profiler] graph, per pair: profiler %.1f us, CUDA events %.1f us\n", profiled_us, t.median_us);
+  EXPECT_LE(profiled_us, 1.3 * t.median_us + 2.0);
+  EXPECT_GE(profiled_us, 0.5 * t.median_us);
+
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuProfiler, GraphCapturedInsideTheSession) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();
+  cuda::register_backend().synchronize();
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int kPerGraph = 2, kReplays = 4;
+  cuda::Profiler p;
+  p.start();
+  cudaGraphExec_t exec = capture(work, kPerGraph, stream);  // capturing runs nothing
+  for (int i = 0; i < kReplays; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  p.stop();
+  expect_pairs(p.records(), kPerGraph * kReplays, /*from_graph=*/true, /*allow_copies=*/true);
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuProfiler, CopiesSessionsAndMisuse) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();
+  cuda::register_backend().synchronize();
+  cuda::Profiler p;
+  EXPECT_THROW(p.stop(), Error);  // not recording
+
+  // A copy up and a memset are recorded as such.
+  Tensor host = random_f32({1024}, r);
+  cuda::DeviceTensor dev(DType::f32, {1024});
+  p.start();
+  EXPECT_THROW(p.start(), Error);  // already recording
+  cuda::Profiler other;
+  EXPECT_THROW(other.start(), Error);  // one profiler at a time
+  cuda::copy_to_device(host, dev);
+  cuda::fill_bytes(dev, 0);
+  p.stop();
+  const cuda::ProfileRecords& rec = p.records();
+  const Seen up = find(rec, "[memcpy HtoD]"), set = find(rec, "[memset]");
+  EXPECT_GE(up.count, 1) << listing(rec);  // a pageable copy may be staged in pieces
+  EXPECT_EQ(set.count, 1) << listing(rec);
+  EXPECT_EQ(total_count(rec), up.count + set.count) << "no kernel ran:\n" << listing(rec);
+  EXPECT_EQ(cuda::categorize_kernel("[memcpy HtoD]"), cuda::OpCategory::memcpy);
+
+  // Each session starts empty.
+  p.start();
+  work.issue();
+  p.stop();
+  expect_pairs(p.records(), 1, false);
+  p.start();
+  work.issue();
+  work.issue();
+  p.stop();
+  expect_pairs(p.records(), 2, false);
+
+  // After p's session another profiler may record; a destroyed running profiler releases CUPTI.
+  {
+    cuda::Profiler q;
+    q.start();
+    work.issue();
+  }
+  other.start();
+  work.issue();
+  other.stop();
+  expect_pairs(other.records(), 1, false);
+}
+
+}  // namespace
+}  // namespace tern::gputest
