@@ -54,9 +54,10 @@ struct FakeServer::Impl {
            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   }
 
-  awaitable<nlohmann::json> read_request(tcp::socket& s) {
+  awaitable<nlohmann::json> read_request(tcp::socket& s, bool& models_request) {
     std::string buf;
     std::size_t head = co_await asio::async_read_until(s, asio::dynamic_buffer(buf), "\r\n\r\n", use_awaitable);
+    models_request = buf.rfind("GET /v1/models ", 0) == 0;
     std::size_t at = buf.find("Content-Length: ");
     std::size_t length = at == std::string::npos ? 0 : std::stoul(buf.substr(at + 16));
     if (buf.size() < head + length)
@@ -100,9 +101,20 @@ struct FakeServer::Impl {
     return event(j);
   }
 
+  std::string models_response() const {
+    nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array()}};
+    for (const auto& m : options.models) list["data"].push_back({{"id", m}, {"object", "model"}});
+    std::string error = R"({"error":{"message":"no models for you","type":"auth","param":null,"code":401}})";
+    return simple_response(options.models_status, "application/json",
+                           options.models_status == 200 ? list.dump() : error);
+  }
+
   awaitable<void> session(tcp::socket s) {
     try {
-      nlohmann::json req = co_await read_request(s);
+      bool models_request = false;
+      nlohmann::json req = co_await read_request(s, models_request);
+      if (models_request && options.models_status == 0) co_return co_await sleep(std::chrono::hours(1));
+      if (models_request) co_return co_await write(s, models_response());
       {
         std::lock_guard lock(mutex);
         ++seen;

@@ -10,6 +10,8 @@
 //   stall       headers and one chunk, then silence until the client gives up
 //   close       a few chunks, then the connection closes without [DONE]
 //   json        HTTP 200 with a plain JSON body instead of a stream
+// GET /v1/models lists `models` with `models_status` 200, answers an OpenAI error with any other
+// status, and never answers with 0.
 #pragma once
 
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace tern::bench::testing {
 
@@ -24,6 +27,8 @@ struct FakeServerOptions {
   std::chrono::microseconds ttft{2000};       // request received -> first content chunk
   std::chrono::microseconds itl{1000};        // between content chunks
   int prompt_tokens = 7;                      // reported in usage
+  std::vector<std::string> models{"ok"};      // GET /v1/models
+  int models_status = 200;
 };
 
 class FakeServer {
