@@ -54,10 +54,10 @@ struct FakeServer::Impl {
            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   }
 
-  awaitable<nlohmann::json> read_request(tcp::socket& s, bool& models_request) {
+  awaitable<nlohmann::json> read_request(tcp::socket& s, std::string& request_line) {
     std::string buf;
     std::size_t head = co_await asio::async_read_until(s, asio::dynamic_buffer(buf), "\r\n\r\n", use_awaitable);
-    models_request = buf.rfind("GET /v1/models ", 0) == 0;
+    request_line = buf.substr(0, buf.find("\r\n"));
     std::size_t at = buf.find("Content-Length: ");
     std::size_t length = at == std::string::npos ? 0 : std::stoul(buf.substr(at + 16));
     if (buf.size() < head + length)
@@ -111,8 +111,13 @@ struct FakeServer::Impl {
 
   awaitable<void> session(tcp::socket s) {
     try {
-      bool models_request = false;
-      nlohmann::json req = co_await read_request(s, models_request);
+      std::string request_line;
+      nlohmann::json req = co_await read_request(s, request_line);
+      bool models_request = request_line.rfind("GET /v1/models ", 0) == 0;
+      if (!models_request && request_line.rfind("POST ", 0) != 0) {
+        std::string missing = R"({"error":{"message":"not found","type":"not_found","param":null,"code":404}})";
+        co_return co_await write(s, simple_response(404, "application/json", missing));
+      }
       if (models_request && options.models_status == 0) co_return co_await sleep(std::chrono::hours(1));
       if (models_request) co_return co_await write(s, models_response());
       {

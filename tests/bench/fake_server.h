@@ -11,7 +11,7 @@
 //   close       a few chunks, then the connection closes without [DONE]
 //   json        HTTP 200 with a plain JSON body instead of a stream
 // GET /v1/models lists `models` with `models_status` 200, answers an OpenAI error with any other
-// status, and never answers with 0.
+// status, and never answers with 0. Any other GET is a 404.
 #pragma once
 
 #include <chrono>
