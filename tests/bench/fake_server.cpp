@@ -69,7 +69,7 @@ struct FakeServer::Impl {
   // Every event is built before co_await: GCC 12 miscompiles brace-initialised JSON inside co_await.
   awaitable<void> stream(tcp::socket& s, const nlohmann::json& req, const std::string& mode) {
     co_await write(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-    int n = req.value("max_tokens", 16);
+    int n = req.value("max_tokens", req.value("max_completion_tokens", 16));
     if (mode == "role-first") {
       std::string role = event(nlohmann::json::parse(R"({"choices":[{"delta":{"role":"assistant"}}]})"));
       co_await write(s, role);

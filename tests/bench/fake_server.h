@@ -1,6 +1,6 @@
 // A small OpenAI-style streaming server on loopback for tests: real sockets, an Asio loop on its own
 // thread, and faults on demand. The request's "model" picks the behaviour:
-//   ok          stream max_tokens content chunks (chunked encoding), usage, [DONE]
+//   ok          stream max_tokens (or max_completion_tokens) content chunks (chunked encoding), usage, [DONE]
 //   no-usage    as ok without the usage chunk
 //   role-first  a content-less role chunk first (must not count as the first token)
 //   http500     HTTP 500 with an OpenAI error body
