@@ -14,7 +14,7 @@ struct Target {
   std::string port = "30000";
   std::string path = "/v1/chat/completions";
   Api api = Api::chat;
-  std::string model = "default";
+  std::string model;             // empty: run_benchmark asks GET /v1/models
   std::string api_key;           // sent as "Authorization: Bearer KEY" when set
   bool ignore_eos = false;
   nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 
 #include "bench/client.h"
 #include "bench/codec.h"
+#include "bench/discover.h"
 #include "core/error.h"
 
 namespace tern::bench {
@@ -100,7 +102,13 @@ RunReport run_once(const BenchConfig& config, const std::vector<RequestSpec>& re
   return report;
 }
 
-BenchOutcome run_benchmark(const BenchConfig& config, std::ostream& out) {
+BenchOutcome run_benchmark(const BenchConfig& given, std::ostream& out) {
+  BenchConfig config = given;
+  if (config.target.model.empty()) {
+    constexpr double kDiscoveryTimeoutS = 30;
+    config.target.model = discover_model(config.target, std::min(config.target.timeout_s, kDiscoveryTimeoutS));
+    out << "Model: " << config.target.model << " (the first of GET /v1/models)\n";
+  }
   auto codec = make_codec(config.tokenizer);
   BenchOutcome outcome{context_of(config, *codec), {}};
   std::vector<RequestSpec> requests = build_workload(config.workload, *codec);

@@ -34,7 +34,8 @@ struct BenchOutcome {
   std::vector<RunReport> runs;
 };
 
-// Runs the benchmark, printing summaries (and the sweep table) to `out` and progress to stderr.
+// Runs the benchmark, printing summaries (and the sweep table) to `out` and progress to stderr. Without
+// a model name it asks the server (discover_model); that failing throws tern::Error.
 BenchOutcome run_benchmark(const BenchConfig& config, std::ostream& out);
 // One run of a prepared workload (used by run_benchmark and by tests).
 RunReport run_once(const BenchConfig& config, const std::vector<RequestSpec>& requests, int max_concurrency,

@@ -54,9 +54,10 @@ struct FakeServer::Impl {
            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   }
 
-  awaitable<nlohmann::json> read_request(tcp::socket& s) {
+  awaitable<nlohmann::json> read_request(tcp::socket& s, std::string& request_line) {
     std::string buf;
     std::size_t head = co_await asio::async_read_until(s, asio::dynamic_buffer(buf), "\r\n\r\n", use_awaitable);
+    request_line = buf.substr(0, buf.find("\r\n"));
     std::size_t at = buf.find("Content-Length: ");
     std::size_t length = at == std::string::npos ? 0 : std::stoul(buf.substr(at + 16));
     if (buf.size() < head + length)
@@ -68,7 +69,7 @@ struct FakeServer::Impl {
   // Every event is built before co_await: GCC 12 miscompiles brace-initialised JSON inside co_await.
   awaitable<void> stream(tcp::socket& s, const nlohmann::json& req, const std::string& mode) {
     co_await write(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-    int n = req.value("max_tokens", 16);
+    int n = req.value("max_tokens", req.value("max_completion_tokens", 16));
     if (mode == "role-first") {
       std::string role = event(nlohmann::json::parse(R"({"choices":[{"delta":{"role":"assistant"}}]})"));
       co_await write(s, role);
@@ -100,9 +101,25 @@ struct FakeServer::Impl {
     return event(j);
   }
 
+  std::string models_response() const {
+    nlohmann::json list = {{"object", "list"}, {"data", nlohmann::json::array()}};
+    for (const auto& m : options.models) list["data"].push_back({{"id", m}, {"object", "model"}});
+    std::string error = R"({"error":{"message":"no models for you","type":"auth","param":null,"code":401}})";
+    return simple_response(options.models_status, "application/json",
+                           options.models_status == 200 ? list.dump() : error);
+  }
+
   awaitable<void> session(tcp::socket s) {
     try {
-      nlohmann::json req = co_await read_request(s);
+      std::string request_line;
+      nlohmann::json req = co_await read_request(s, request_line);
+      bool models_request = request_line.rfind("GET /v1/models ", 0) == 0;
+      if (!models_request && request_line.rfind("POST ", 0) != 0) {
+        std::string missing = R"({"error":{"message":"not found","type":"not_found","param":null,"code":404}})";
+        co_return co_await write(s, simple_response(404, "application/json", missing));
+      }
+      if (models_request && options.models_status == 0) co_return co_await sleep(std::chrono::hours(1));
+      if (models_request) co_return co_await write(s, models_response());
       {
         std::lock_guard lock(mutex);
         ++seen;

@@ -1,6 +1,6 @@
 // A small OpenAI-style streaming server on loopback for tests: real sockets, an Asio loop on its own
 // thread, and faults on demand. The request's "model" picks the behaviour:
-//   ok          stream max_tokens content chunks (chunked encoding), usage, [DONE]
+//   ok          stream max_tokens (or max_completion_tokens) content chunks (chunked encoding), usage, [DONE]
 //   no-usage    as ok without the usage chunk
 //   role-first  a content-less role chunk first (must not count as the first token)
 //   http500     HTTP 500 with an OpenAI error body
@@ -10,6 +10,8 @@
 //   stall       headers and one chunk, then silence until the client gives up
 //   close       a few chunks, then the connection closes without [DONE]
 //   json        HTTP 200 with a plain JSON body instead of a stream
+// GET /v1/models lists `models` with `models_status` 200, answers an OpenAI error with any other
+// status, and never answers with 0. Any other GET is a 404.
 #pragma once
 
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace tern::bench::testing {
 
@@ -24,6 +27,8 @@ struct FakeServerOptions {
   std::chrono::microseconds ttft{2000};       // request received -> first content chunk
   std::chrono::microseconds itl{1000};        // between content chunks
   int prompt_tokens = 7;                      // reported in usage
+  std::vector<std::string> models{"ok"};      // GET /v1/models
+  int models_status = 200;
 };
 
 class FakeServer {

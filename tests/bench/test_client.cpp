@@ -4,6 +4,7 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "bench/client.h"
@@ -175,8 +176,9 @@ TEST(Client, TwoThousandStreamsDoNotDistortTtft) {
               "%.4f p99 %.4f max %.4f (%zu chunks)\n",
               d.mean, d.median, d.p99, d.max, overhead.mean, overhead.p99, overhead.max, overhead.count);
   ::testing::Test::RecordProperty("ttft_distortion_mean_ms", std::to_string(d.mean));
-  EXPECT_LT(d.mean, 1.0);
+  EXPECT_LT(std::abs(d.mean), 1.0);
   EXPECT_LT(d.median, 1.0);
+  EXPECT_LT(d.p99, 1.0);  // 99% of the 2 000 first chunks are timed within 1 ms of when they were written
 }
 
 }  // namespace

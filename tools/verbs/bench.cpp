@@ -28,7 +28,7 @@ void add_target_options(CLI::App& app, Cli& c) {
   app.add_option("--api", c.api, "chat (/v1/chat/completions) or completions (/v1/completions)")
       ->check(CLI::IsMember({"chat", "completions"}))->capture_default_str();
   app.add_option("--endpoint", t.path, "Request path (default: the API's)");
-  app.add_option("--model", t.model, "Model name sent in each request")->capture_default_str();
+  app.add_option("--model", t.model, "Model name sent in each request (default: the first of GET /v1/models)");
   app.add_option("--api-key", t.api_key, "Bearer key (default: $OPENAI_API_KEY)");
   app.add_flag("--ignore-eos", t.ignore_eos, "Ask the server to ignore EOS so every request gets max_tokens");
   app.add_option("--extra-request-body", c.extra_body, "JSON object merged into every request body");
