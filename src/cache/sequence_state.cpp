@@ -15,12 +15,17 @@ SequenceState::SequenceState(std::shared_ptr<PagePool> pool, int64_t tokens) : p
   const int64_t need = l.pages_for(tokens);
   TERN_CHECK(pool_->take(need, table_), "state pool: a sequence of ", tokens, " tokens needs ", need,
              " pages of ", l.page_bytes(), " B, ", pool_->free_pages(), " of ", pool_->total_pages(), " are free");
-  if (device() != Device::cpu) {
-    device_table_ = Tensor(DType::i32, {std::max<int64_t>(1, l.row_pages_for(l.max_tokens()))}, device());
-    const int64_t rows = row_pages_held();
-    copy_view(TensorView(table_.data() + l.fixed_pages(), DType::i32, {rows}), device_table_.view().rows(0, rows));
+  try {
+    if (device() != Device::cpu) {
+      device_table_ = Tensor(DType::i32, {std::max<int64_t>(1, l.row_pages_for(l.max_tokens()))}, device());
+      const int64_t rows = row_pages_held();
+      copy_view(TensorView(table_.data() + l.fixed_pages(), DType::i32, {rows}), device_table_.view().rows(0, rows));
+    }
+    reset();
+  } catch (...) {
+    release();
+    throw;
   }
-  reset();
 }
 
 SequenceState::SequenceState(std::shared_ptr<const StateLayout> layout, Device device)

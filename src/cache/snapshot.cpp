@@ -76,7 +76,7 @@ void SequenceState::restore(const Snapshot& s) {
 
 std::vector<std::byte> SequenceState::serialize() const {
   std::vector<std::byte> out(layout().serialized_bytes(position_));
-  const Header h{kMagic, kVersion, layout().fingerprint(), position_, layout().tokens_per_page(), layout().page_bytes()};
+  const Header h{kMagic, kVersion, layout().fingerprint(), position_, 0, 0};  // no page geometry: not paged
   std::memcpy(out.data(), &h, sizeof h);
   size_t cursor = kHeaderBytes;
   for_each_part(*this, position_, [&](const TensorView& part) {
@@ -109,15 +109,23 @@ std::vector<std::byte> SequenceState::export_header() const {
   return out;
 }
 
+// The checks of import_header(); returns the header's position.
+static int64_t check_import(const SequenceState& s, std::span<const std::byte> header, const char* what) {
+  TERN_CHECK(header.size() >= kHeaderBytes, what, ": ", header.size(), " bytes is shorter than the ", kHeaderBytes,
+             "-byte header");
+  const StateLayout& l = s.layout();
+  const Header h = read_header(header, what, l);
+  TERN_CHECK(h.tokens_per_page == l.tokens_per_page() && h.page_bytes == l.page_bytes(), what, ": pages of ",
+             h.page_bytes, " B for ", h.tokens_per_page, " tokens, this state's are ", l.page_bytes(), " B for ",
+             l.tokens_per_page());
+  TERN_CHECK(h.position <= s.capacity(), what, ": the state has ", h.position, " tokens; this one has pages for ",
+             s.capacity(), " (reserve(", h.position, ") first)");
+  return h.position;
+}
+
 void SequenceState::import_header(std::span<const std::byte> header) {
   TERN_CHECK(header.size() == kHeaderBytes, "import_header: ", header.size(), " bytes, expected ", kHeaderBytes);
-  const Header h = read_header(header, "import_header", layout());
-  TERN_CHECK(h.tokens_per_page == layout().tokens_per_page() && h.page_bytes == layout().page_bytes(),
-             "import_header: pages of ", h.page_bytes, " B for ", h.tokens_per_page, " tokens, this state's are ",
-             layout().page_bytes(), " B for ", layout().tokens_per_page());
-  TERN_CHECK(h.position <= capacity(), "import_header: the state has ", h.position,
-             " tokens; this one has pages for ", capacity(), " (reserve(", h.position, ") first)");
-  position_ = h.position;
+  position_ = check_import(*this, header, "import_header");
 }
 
 std::vector<std::byte> SequenceState::export_pages() const {
@@ -130,17 +138,15 @@ std::vector<std::byte> SequenceState::export_pages() const {
 }
 
 void SequenceState::import_pages(std::span<const std::byte> data) {
-  TERN_CHECK(data.size() >= kHeaderBytes, "import_pages: ", data.size(), " bytes is shorter than the header");
-  const auto header = data.first(kHeaderBytes);
-  const int64_t position = read_header(header, "import_pages", layout()).position;
+  const int64_t position = check_import(*this, data, "import_pages");
   const auto page_bytes = static_cast<size_t>(layout().page_bytes());
   const int64_t pages = layout().pages_for(position);
   TERN_CHECK(data.size() == kHeaderBytes + static_cast<size_t>(pages) * page_bytes, "import_pages: expected ",
              kHeaderBytes + static_cast<size_t>(pages) * page_bytes, " bytes (", pages, " pages) for position ",
              position, ", found ", data.size());
-  import_header(header);  // checks the geometry and the reserved pages, takes the position
   for (int64_t i = 0; i < pages; ++i)
     copy_view(host_bytes(data.data() + kHeaderBytes + static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
+  position_ = position;
 }
 
 }  // namespace tern::cache
