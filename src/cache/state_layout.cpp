@@ -71,12 +71,15 @@ StateLayout::StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int6
   row_page_used_ = cursor;
   page_bytes_ = align_up(std::max(row_page_used_, largest_fixed));
 
-  // Fixed pages: the parts in order, first fit, none straddling a page.
-  int64_t page = 0, offset = 0;
+  // Fixed pages: the parts in order, each in the first page with room (so small accumulators fill the gaps
+  // the rings leave), none straddling a page.
+  std::vector<int64_t> used;  // bytes taken in each fixed page
   auto place = [&](int64_t bytes) {
-    if (offset + bytes > page_bytes_) ++page, offset = 0;
-    const PagePlace at{page, offset, bytes};
-    offset = align_up(offset + bytes);
+    size_t page = 0;
+    while (page < used.size() && used[page] + bytes > page_bytes_) ++page;
+    if (page == used.size()) used.push_back(0);
+    const PagePlace at{static_cast<int64_t>(page), used[page], bytes};
+    used[page] = align_up(used[page] + bytes);
     fixed_bytes_ += static_cast<size_t>(bytes);
     return at;
   };
@@ -87,7 +90,7 @@ StateLayout::StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int6
     places_[l].compressor_acc = place(s.compressor_acc_floats * static_cast<int64_t>(sizeof(float)));
     places_[l].indexer_acc = place(s.indexer_acc_floats * static_cast<int64_t>(sizeof(float)));
   }
-  fixed_pages_ = page + (offset > 0 ? 1 : 0);
+  fixed_pages_ = static_cast<int64_t>(used.size());
 }
 
 int64_t StateLayout::row_pages_for(int64_t tokens) const {
