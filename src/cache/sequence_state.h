@@ -1,18 +1,15 @@
-// Per-sequence state of DeepSeek-V4 incremental decoding, as plain bytes described by a layout.
+// Per-sequence state of DeepSeek-V4 incremental decoding, in pages of a PagePool (layout: state_layout.h).
 //
-// One sequence owns one buffer:
-//   [header 64 B: magic, version, layout fingerprint, position]
-//   [fixed region, per layer: sliding-window ring (window rows), compressor accumulators, indexer
-//    compressor accumulators]                                  -- rewritten as tokens arrive
-//   [row region, per layer: compressed rows, indexer keys]    -- append-only, entry w at row w
-// Every count is a function of the position (tokens consumed): the ring holds positions
-// max(0, pos-window) .. pos-1 at slot p % window; a layer with ratio c has pos / c compressed rows. So a
-// snapshot is the header plus the fixed region, and rolling back is copying it back: rows appended after
-// the snapshot are simply beyond the restored count. An all-zero buffer is the empty sequence (an
-// accumulator with sum 0 is empty), so pages can be reset with memset.
+// A sequence owns its block table: its fixed pages (rings, accumulators), then one row page per
+// tokens_per_page tokens (compressed rows, indexer keys), taken from the pool as it grows and given back
+// when the state is destroyed. Every count is a function of the position (tokens consumed, kept here on
+// the host): the ring holds positions max(0, pos-window) .. pos-1 at slot p % window; a layer with ratio c
+// has pos / c compressed rows. So a snapshot is the position plus the fixed pages, and rolling back is
+// copying them back: rows appended after the snapshot are simply beyond the restored count. All-zero fixed
+// pages are the empty sequence (an accumulator with sum 0 is empty), so reset() is a memset.
 //
-// The cache knows bytes and row counts only; what a row or an accumulator means is the model's business
-// (model/v4_state.cpp builds the LayerSpecs from the config and the KV mode).
+// Host and device states behave alike: the pages are on the pool's device, the block table and position on
+// the host (and, for a device state, the row part of the block table mirrored on the device for the ops).
 #pragma once
 
 #include <cstddef>
@@ -21,108 +18,106 @@
 #include <span>
 #include <vector>
 
+#include "cache/page_pool.h"
+#include "cache/state_layout.h"
+#include "core/paged_rows.h"
 #include "core/tensor.h"
 
 namespace tern::cache {
 
-struct LayerSpec {
-  int64_t window = 0;                 // ring rows
-  int64_t kv_row_bytes = 0;           // bytes of one window row / compressed row
-  int ratio = 0;                      // compression ratio; 0: no compressor
-  int64_t compressor_acc_floats = 0;  // f32 accumulator state of the attention compressor
-  int64_t index_row_bytes = 0;        // bytes of one indexer key; 0: no indexer
-  int64_t indexer_acc_floats = 0;     // f32 accumulator state of the indexer's compressor
-
-  bool operator==(const LayerSpec&) const = default;
-};
-
-struct Region {
-  size_t offset = 0;
-  size_t bytes = 0;
-};
-
-class StateLayout {
- public:
-  StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens);
-
-  struct LayerRegions {
-    Region ring, compressor_acc, indexer_acc;  // fixed region
-    Region compressed, index_keys;             // row region
-    int64_t row_capacity = 0;                  // compressed rows (and indexer keys) that fit
-  };
-
-  int num_layers() const { return static_cast<int>(layers_.size()); }
-  const LayerSpec& spec(int layer) const { return layers_.at(layer); }
-  const LayerRegions& regions(int layer) const { return regions_.at(layer); }
-  int64_t max_tokens() const { return max_tokens_; }
-  // Header + fixed region: what a snapshot copies.
-  size_t fixed_bytes() const { return fixed_bytes_; }
-  size_t total_bytes() const { return total_bytes_; }
-  // Identifies the layout: states only move between equal layouts.
-  uint64_t fingerprint() const { return fingerprint_; }
-  // Compressed rows of `layer` after `position` tokens.
-  int64_t entries(int layer, int64_t position) const;
-
- private:
-  std::vector<LayerSpec> layers_;
-  std::vector<LayerRegions> regions_;
-  int64_t max_tokens_;
-  size_t fixed_bytes_ = 0, total_bytes_ = 0;
-  uint64_t fingerprint_ = 0;
-};
-
-// The saved fixed region of a state (for speculative decoding's roll back).
+// The saved fixed pages of a state (for speculative decoding's roll back).
 struct Snapshot {
   uint64_t fingerprint = 0;
   int64_t position = 0;
-  std::vector<std::byte> fixed;
+  std::vector<std::byte> fixed;  // the fixed pages, in block-table order
+};
+
+// A run of rows [first, first + rows.dim(0)) that lie in one page: u8 [n, row_bytes] (for writing rows).
+struct RowRun {
+  int64_t first = 0;
+  TensorView rows;
 };
 
 class SequenceState {
  public:
+  // A fresh (reset) state in `pool`'s pages, with row pages for `tokens` positions; throws naming the
+  // pages needed and free when the pool is short.
+  explicit SequenceState(std::shared_ptr<PagePool> pool, int64_t tokens = 0);
+  // A standalone state for up to layout->max_tokens() positions: its own pool of exactly the pages it needs.
   explicit SequenceState(std::shared_ptr<const StateLayout> layout, Device device = Device::cpu);
+  ~SequenceState();  // gives the pages back
+  SequenceState(SequenceState&& other) noexcept;
+  SequenceState& operator=(SequenceState&& other) noexcept;
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
 
-  const StateLayout& layout() const { return *layout_; }
-  // Where the rings, accumulators and rows live (the header, with the position, stays on the host). A
-  // device state supports forward() only: bytes(), snapshots and serialization need a host state.
-  Device device() const { return device_; }
-  std::shared_ptr<const StateLayout> layout_ptr() const { return layout_; }
-  int64_t position() const;
+  const StateLayout& layout() const { return pool_->layout(); }
+  std::shared_ptr<const StateLayout> layout_ptr() const { return pool_->layout_ptr(); }
+  const PagePool& pool() const { return *pool_; }
+  Device device() const { return pool_->device(); }
+  int64_t position() const { return position_; }
   // Marks n more tokens consumed (the forward step calls this after writing their state).
   void advance(int64_t n);
-  // Back to the empty sequence.
+  // Back to the empty sequence (its pages stay reserved).
   void reset();
 
-  TensorView ring(int layer) const;             // u8 [window, kv_row_bytes]
-  TensorView compressor_acc(int layer) const;   // f32 [compressor_acc_floats]
-  TensorView indexer_acc(int layer) const;      // f32 [indexer_acc_floats]
-  TensorView compressed_rows(int layer) const;  // u8 [row_capacity, kv_row_bytes]
-  TensorView index_keys(int layer) const;       // u8 [row_capacity, index_row_bytes]
-  int64_t compressed_count(int layer) const { return layout_->entries(layer, position()); }
+  // Grows the row pages to hold `tokens` positions; false (and no change) when the pool has too few free
+  // pages. Throws beyond the layout's max_tokens.
+  bool reserve(int64_t tokens);
+  // Positions the reserved pages hold.
+  int64_t capacity() const;
+  // Fixed pages, then row pages.
+  const std::vector<int32_t>& block_table() const { return table_; }
+  int64_t pages_held() const { return static_cast<int64_t>(table_.size()); }
+
+  TensorView ring(int layer) const;            // u8 [window, kv_row_bytes]
+  TensorView compressor_acc(int layer) const;  // f32 [compressor_acc_floats]
+  TensorView indexer_acc(int layer) const;     // f32 [indexer_acc_floats]
+  // The reserved rows, paged (block table on the state's device); empty for a layer without compressor.
+  PagedRows compressed_rows(int layer) const;  // rows of kv_row_bytes
+  PagedRows index_keys(int layer) const;       // rows of index_row_bytes
+  // Rows [begin, end) of compressed_rows (keys false) or index_keys (true), as runs within one page each.
+  std::vector<RowRun> row_runs(int layer, bool keys, int64_t begin, int64_t end) const;
+  int64_t compressed_count(int layer) const { return layout().entries(layer, position()); }
 
   // Copies the rows of positions start .. start+n-1 (rows u8 [n, kv_row_bytes]) into the ring; only the
   // last `window` of them land.
   void store_window_rows(int layer, int64_t start, const TensorView& rows);
 
-  std::span<std::byte> bytes();
-  std::span<const std::byte> bytes() const;
-
   Snapshot snapshot() const;
-  // Throws unless the snapshot comes from a state of the same layout.
+  // Throws unless the snapshot comes from a state of the same layout and fits the reserved pages.
   void restore(const Snapshot& s);
 
-  // A self-contained copy: header, fixed region, and the used rows of the row region.
+  // A self-contained copy that does not depend on pages: header, fixed parts, and the used rows.
   std::vector<std::byte> serialize() const;
-  // Replaces this state by a serialized one; throws naming what does not match.
+  // Replaces this state by a serialized one (of equal layer specs; pages for its position must be reserved
+  // first); throws naming what does not match, changing nothing.
   void deserialize(std::span<const std::byte> data);
 
- private:
-  TensorView view(const Region& r, DType dtype, Shape shape) const;
+  // Page-wise transfer: a 64-byte header (position, layout fingerprint, page geometry), then the first
+  // pages_used() pages of the block table (fixed pages, then the row pages holding the used rows), whole.
+  // A transfer reads page(i) on one side and writes page(i) of a state that reserved the position on the
+  // other, then calls import_header().
+  int64_t pages_used() const { return layout().pages_for(position()); }
+  TensorView page(int64_t i) const;  // u8 [page_bytes] of block-table entry i, on the state's device
+  std::vector<std::byte> export_header() const;
+  // Checks a header from export_header() against this state (layout, page geometry, reserved pages) and
+  // takes its position; throws naming what does not match, changing nothing.
+  void import_header(std::span<const std::byte> header);
+  // Header and pages in one host buffer, and back (through page() and import_header()).
+  std::vector<std::byte> export_pages() const;
+  void import_pages(std::span<const std::byte> data);
 
-  std::shared_ptr<const StateLayout> layout_;
-  Device device_ = Device::cpu;
-  Tensor buffer_;         // the whole state on the host; only the header for a device state
-  Tensor device_buffer_;  // the whole state (header bytes unused) for a device state
+ private:
+  TensorView fixed_part(const PagePlace& p, DType dtype, Shape shape) const;
+  PagedRows paged(int layer, bool keys) const;
+  int64_t row_pages_held() const { return pages_held() - layout().fixed_pages(); }
+  void release();
+
+  std::shared_ptr<PagePool> pool_;
+  std::vector<int32_t> table_;
+  Tensor device_table_;  // i32 [row pages for max_tokens]: the row part of table_, for a device state
+  int64_t position_ = 0;
 };
 
 }  // namespace tern::cache

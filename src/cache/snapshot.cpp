@@ -1,77 +1,152 @@
-// Snapshot / restore (speculative decoding's roll back) and serialization (moving a state to another
-// process): both rely on every count being a function of the position (see sequence_state.h).
+// Snapshot / restore (speculative decoding's roll back), serialization (moving a state to another process)
+// and page-wise export / import: all rely on every count being a function of the position
+// (sequence_state.h). Copies go through core's copy_view, so device states work the same.
 #include <cstring>
 
 #include "cache/sequence_state.h"
 #include "cache/state_header.h"
+#include "core/error.h"
 
 namespace tern::cache {
 namespace {
 
+using detail::Header;
+using detail::kHeaderBytes;
 using detail::kMagic;
 using detail::kVersion;
 
-// Bytes of the row region in use after `position` tokens, per layer and kind, in serialization order.
-template <typename Fn>
-void for_used_rows(const StateLayout& layout, int64_t position, Fn&& fn) {
-  for (int l = 0; l < layout.num_layers(); ++l) {
-    const int64_t entries = layout.entries(l, position);
-    const auto& r = layout.regions(l);
-    fn(r.compressed.offset, static_cast<size_t>(entries * layout.spec(l).kv_row_bytes));
-    fn(r.index_keys.offset, static_cast<size_t>(entries * layout.spec(l).index_row_bytes));
-  }
+TensorView host_bytes(const std::byte* p, size_t n) {
+  return TensorView(const_cast<std::byte*>(p), DType::u8, {static_cast<int64_t>(n)});
+}
+
+Header read_header(std::span<const std::byte> data, const char* what, const StateLayout& layout) {
+  Header h{};
+  TERN_CHECK(data.size() >= kHeaderBytes, what, ": ", data.size(), " bytes is shorter than the ", kHeaderBytes,
+             "-byte header");
+  std::memcpy(&h, data.data(), sizeof h);
+  TERN_CHECK(h.magic == kMagic, what, ": not a tern sequence state (bad magic)");
+  TERN_CHECK(h.version == kVersion, what, ": state version ", h.version, ", this build reads ", kVersion);
+  TERN_CHECK(h.fingerprint == layout.fingerprint(), what, ": the state was written for another model or state layout");
+  TERN_CHECK(h.position >= 0 && h.position <= layout.max_tokens(), what, ": position ", h.position, " outside [0, ",
+             layout.max_tokens(), "]");
+  return h;
 }
 
 }  // namespace
 
+// The state's parts in serialization order: the fixed parts, then per layer its used compressed rows and
+// indexer keys (as runs within a page). fn(view) gets each as a contiguous view on the state's device.
+template <typename Fn>
+static void for_each_part(const SequenceState& s, int64_t position, Fn&& fn) {
+  const StateLayout& l = s.layout();
+  for (int layer = 0; layer < l.num_layers(); ++layer)
+    for (const TensorView& v : {s.ring(layer), s.compressor_acc(layer), s.indexer_acc(layer)})
+      if (v.nbytes() > 0) fn(TensorView(v.data(), DType::u8, {static_cast<int64_t>(v.nbytes())}, v.device()));
+  for (int layer = 0; layer < l.num_layers(); ++layer) {
+    const int64_t n = l.entries(layer, position);
+    for (bool keys : {false, true}) {
+      if ((keys ? l.spec(layer).index_row_bytes : l.spec(layer).kv_row_bytes) == 0 || n == 0) continue;
+      for (const RowRun& run : s.row_runs(layer, keys, 0, n)) fn(run.rows);
+    }
+  }
+}
+
 Snapshot SequenceState::snapshot() const {
   Snapshot s;
-  s.fingerprint = layout_->fingerprint();
-  s.position = position();
-  const auto all = bytes();
-  s.fixed.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(layout_->fixed_bytes()));
+  s.fingerprint = layout().fingerprint();
+  s.position = position_;
+  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
+  s.fixed.resize(static_cast<size_t>(layout().fixed_pages()) * page_bytes);
+  for (int64_t i = 0; i < layout().fixed_pages(); ++i)
+    copy_view(page(i), host_bytes(s.fixed.data() + static_cast<size_t>(i) * page_bytes, page_bytes));
   return s;
 }
 
 void SequenceState::restore(const Snapshot& s) {
-  TERN_CHECK(s.fingerprint == layout_->fingerprint() && s.fixed.size() == layout_->fixed_bytes(),
+  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
+  TERN_CHECK(s.fingerprint == layout().fingerprint() &&
+                 s.fixed.size() == static_cast<size_t>(layout().fixed_pages()) * page_bytes,
              "restore: the snapshot was taken from a state of another layout");
-  std::memcpy(bytes().data(), s.fixed.data(), s.fixed.size());
+  TERN_CHECK(s.position >= 0 && s.position <= capacity(), "restore: position ", s.position,
+             " beyond the state's capacity of ", capacity());
+  for (int64_t i = 0; i < layout().fixed_pages(); ++i)
+    copy_view(host_bytes(s.fixed.data() + static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
+  position_ = s.position;
 }
 
 std::vector<std::byte> SequenceState::serialize() const {
-  const auto all = bytes();
-  std::vector<std::byte> out(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(layout_->fixed_bytes()));
-  for_used_rows(*layout_, position(), [&](size_t offset, size_t n) {
-    out.insert(out.end(), all.begin() + static_cast<std::ptrdiff_t>(offset),
-               all.begin() + static_cast<std::ptrdiff_t>(offset + n));
+  std::vector<std::byte> out(layout().serialized_bytes(position_));
+  const Header h{kMagic, kVersion, layout().fingerprint(), position_, 0, 0};  // no page geometry: not paged
+  std::memcpy(out.data(), &h, sizeof h);
+  size_t cursor = kHeaderBytes;
+  for_each_part(*this, position_, [&](const TensorView& part) {
+    copy_view(part, host_bytes(out.data() + cursor, part.nbytes()));
+    cursor += part.nbytes();
   });
+  TERN_CHECK(cursor == out.size(), "serialize: wrote ", cursor, " of ", out.size(), " bytes (layout bug)");
   return out;
 }
 
 void SequenceState::deserialize(std::span<const std::byte> data) {
-  detail::Header h{};
-  TERN_CHECK(data.size() >= layout_->fixed_bytes(), "deserialize: ", data.size(),
-             " bytes is shorter than the state's fixed region of ", layout_->fixed_bytes());
-  std::memcpy(&h, data.data(), sizeof h);
-  TERN_CHECK(h.magic == kMagic, "deserialize: not a tern sequence state (bad magic)");
-  TERN_CHECK(h.version == kVersion, "deserialize: state version ", h.version, ", this build reads ",
-             kVersion);
-  TERN_CHECK(h.fingerprint == layout_->fingerprint(),
-             "deserialize: the state was written for another model or state layout");
-  TERN_CHECK(h.position >= 0 && h.position <= layout_->max_tokens(), "deserialize: position ", h.position,
-             " outside [0, ", layout_->max_tokens(), "]");
-  size_t expected = layout_->fixed_bytes();
-  for_used_rows(*layout_, h.position, [&](size_t, size_t n) { expected += n; });
+  const Header h = read_header(data, "deserialize", layout());
+  const size_t expected = layout().serialized_bytes(h.position);
   TERN_CHECK(data.size() == expected, "deserialize: expected ", expected, " bytes for position ", h.position,
              ", found ", data.size());
-  const auto all = bytes();
-  std::memcpy(all.data(), data.data(), layout_->fixed_bytes());
-  size_t cursor = layout_->fixed_bytes();
-  for_used_rows(*layout_, h.position, [&](size_t offset, size_t n) {
-    std::memcpy(all.data() + offset, data.data() + cursor, n);
-    cursor += n;
+  TERN_CHECK(h.position <= capacity(), "deserialize: the state has ", h.position, " tokens; this one has pages for ",
+             capacity(), " (reserve(", h.position, ") first)");
+  size_t cursor = kHeaderBytes;
+  for_each_part(*this, h.position, [&](const TensorView& part) {
+    copy_view(host_bytes(data.data() + cursor, part.nbytes()), part);
+    cursor += part.nbytes();
   });
+  position_ = h.position;
+}
+
+std::vector<std::byte> SequenceState::export_header() const {
+  std::vector<std::byte> out(kHeaderBytes);
+  const Header h{kMagic, kVersion, layout().fingerprint(), position_, layout().tokens_per_page(), layout().page_bytes()};
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+// The checks of import_header(); returns the header's position.
+static int64_t check_import(const SequenceState& s, std::span<const std::byte> header, const char* what) {
+  TERN_CHECK(header.size() >= kHeaderBytes, what, ": ", header.size(), " bytes is shorter than the ", kHeaderBytes,
+             "-byte header");
+  const StateLayout& l = s.layout();
+  const Header h = read_header(header, what, l);
+  TERN_CHECK(h.tokens_per_page == l.tokens_per_page() && h.page_bytes == l.page_bytes(), what, ": pages of ",
+             h.page_bytes, " B for ", h.tokens_per_page, " tokens, this state's are ", l.page_bytes(), " B for ",
+             l.tokens_per_page());
+  TERN_CHECK(h.position <= s.capacity(), what, ": the state has ", h.position, " tokens; this one has pages for ",
+             s.capacity(), " (reserve(", h.position, ") first)");
+  return h.position;
+}
+
+void SequenceState::import_header(std::span<const std::byte> header) {
+  TERN_CHECK(header.size() == kHeaderBytes, "import_header: ", header.size(), " bytes, expected ", kHeaderBytes);
+  position_ = check_import(*this, header, "import_header");
+}
+
+std::vector<std::byte> SequenceState::export_pages() const {
+  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
+  std::vector<std::byte> out = export_header();
+  out.resize(kHeaderBytes + static_cast<size_t>(pages_used()) * page_bytes);
+  for (int64_t i = 0; i < pages_used(); ++i)
+    copy_view(page(i), host_bytes(out.data() + kHeaderBytes + static_cast<size_t>(i) * page_bytes, page_bytes));
+  return out;
+}
+
+void SequenceState::import_pages(std::span<const std::byte> data) {
+  const int64_t position = check_import(*this, data, "import_pages");
+  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
+  const int64_t pages = layout().pages_for(position);
+  TERN_CHECK(data.size() == kHeaderBytes + static_cast<size_t>(pages) * page_bytes, "import_pages: expected ",
+             kHeaderBytes + static_cast<size_t>(pages) * page_bytes, " bytes (", pages, " pages) for position ",
+             position, ", found ", data.size());
+  for (int64_t i = 0; i < pages; ++i)
+    copy_view(host_bytes(data.data() + kHeaderBytes + static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
+  position_ = position;
 }
 
 }  // namespace tern::cache

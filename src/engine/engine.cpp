@@ -50,13 +50,10 @@ struct Engine::Sequence {
 Engine::Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options)
     : runner_(std::move(runner)),
       options_(std::move(options)),
-      pool_(make_geometry(runner_->state_layout(), options_.tokens_per_page), options_.state_memory_bytes) {
+      pool_(runner_->state_layout(options_.tokens_per_page), options_.state_memory_bytes, runner_->state_device()) {
   TERN_CHECK(options_.token_bytes, "engine: token_bytes is required");
   vocab_ = runner_->vocab_size();
-  max_context_ = runner_->state_layout().max_context;
-  TERN_CHECK(pool_.total_pages() >= pool_.geometry().pages_for(1),
-             "state memory of ", options_.state_memory_bytes, " bytes cannot hold one sequence (", 
-             pool_.geometry().pages_for(1) * pool_.geometry().page_bytes, " bytes needed): raise --state-memory");
+  max_context_ = runner_->max_context();
   auto& l = options_.limits;
   l.token_budget = std::max<int64_t>(l.token_budget, l.max_running);  // every running sequence can decode
   publish_gauges();
@@ -65,15 +62,16 @@ Engine::Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options)
 Engine::~Engine() { stop(); }
 
 std::string Engine::memory_plan() const {
-  const auto& g = pool_.geometry();
-  const int64_t per_seq_4k = g.pages_for(4096) * g.page_bytes;
+  const PageGeometry g = pool_.geometry();
+  const int64_t per_seq_4k = g.pages_for(4096);
   const int64_t logits = options_.limits.max_running * vocab_ * 4;
   return cat("weights ", runner_->weight_bytes() >> 20, " MiB; state pool ", pool_.total_bytes() >> 20, " MiB = ",
-             pool_.total_pages(), " pages of ", g.page_bytes, " B (", g.fixed_bytes, " B fixed + ", g.bytes_per_token,
-             " B/token per sequence; ", per_seq_4k > 0 ? pool_.total_bytes() / per_seq_4k : 0,
-             " sequences of 4096 tokens); logits workspace up to ", logits >> 20, " MiB (", options_.limits.max_running,
-             " rows); step budget ", options_.limits.token_budget, " tokens, ", options_.limits.max_running,
-             " sequences");
+             pool_.total_pages(), " pages of ", g.page_bytes, " B in ",
+             runner_->state_device() == Device::cpu ? "host" : "device", " memory",
+             " (a sequence holds ", g.fixed_pages, " fixed pages + 1 page per ", g.tokens_per_page, " tokens; ",
+             pool_.total_pages() / per_seq_4k, " sequences of 4096 tokens); logits workspace up to ", logits >> 20,
+             " MiB (", options_.limits.max_running, " rows); step budget ", options_.limits.token_budget,
+             " tokens, ", options_.limits.max_running, " sequences");
 }
 
 uint64_t Engine::submit(GenerationRequest request, UpdateSink sink) {
@@ -232,7 +230,6 @@ void Engine::apply_plan(const BatchPlan& plan) {
     TERN_CHECK(!waiting_.empty() && waiting_.front() == id, "scheduler admitted out of order");
     waiting_.pop_front();
     Sequence& s = *seqs_.at(id);
-    runner_->open_sequence(id, std::min(s.prompt_len + s.request.stop.max_tokens, max_context_));
     s.state = RequestState::prefilling;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), id), id);
   }
@@ -243,7 +240,7 @@ void Engine::run_batch(const BatchPlan& plan) {
   for (const auto& c : plan.chunks) {
     Sequence& s = *seqs_.at(c.id);
     TERN_CHECK(pool_.reserve(c.id, c.start + c.count), "state pool: the plan does not fit (scheduler bug)");
-    batch_.chunks.push_back({c.id, c.start, static_cast<int32_t>(c.count), c.sample ? 1 : 0,
+    batch_.chunks.push_back({c.id, &pool_.state(c.id), c.start, static_cast<int32_t>(c.count), c.sample ? 1 : 0,
                              static_cast<int64_t>(batch_.tokens.size())});
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.count);
   }
@@ -329,10 +326,7 @@ void Engine::deliver(Sequence& s, RequestUpdate update) {
   if (s.sink) s.sink(std::move(update));
 }
 
-void Engine::free_state(Sequence& s) {
-  if (s.state == RequestState::prefilling || s.state == RequestState::decoding) runner_->close_sequence(s.id);
-  pool_.release(s.id);
-}
+void Engine::free_state(Sequence& s) { pool_.release(s.id); }
 
 void Engine::finish(Sequence& s, FinishReason reason, RequestUpdate update) {
   free_state(s);

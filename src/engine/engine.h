@@ -25,7 +25,7 @@ namespace tern::engine {
 
 struct EngineOptions {
   int64_t state_memory_bytes = int64_t{512} << 20;
-  int64_t tokens_per_page = 64;
+  int64_t tokens_per_page = 0;  // tokens of context per state page; 0: the cache's default (cache/README.md)
   SchedulerLimits limits;
   std::vector<int32_t> eos_token_ids;
   // The bytes a token adds to the output text ("" for special tokens). Required.

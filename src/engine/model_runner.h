@@ -1,28 +1,26 @@
-// The narrow interface the engine drives a model through: per-sequence state slots and one forward step
-// over a batch of chunks (prefill chunks and decode tokens mixed). The CPU model implements it now; a
-// CUDA runner later takes the same flat step description with one upload and no host sync inside.
+// The narrow interface the engine drives a model through: the layout of a sequence's state (the engine
+// keeps every state in pages of its StatePool) and one forward step over a batch of chunks (prefill chunks
+// and decode tokens mixed). The CPU and CUDA V4 models implement it (v4_runner.h); the step description is
+// flat so a GPU runner uploads it once, with no host sync inside.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-namespace tern::engine {
+#include "cache/sequence_state.h"
+#include "cache/state_layout.h"
 
-// How a sequence's state grows, for the memory plan and admission: fixed bytes (window rings,
-// compressor accumulators) plus bytes per token of context (compressed rows, indexer keys).
-struct StateLayout {
-  int64_t fixed_bytes = 0;
-  int64_t bytes_per_token = 0;
-  int64_t max_context = 0;  // positions the model supports
-};
+namespace tern::engine {
 
 // One sequence's part of a step: `count` new tokens at positions [start, start + count) appended to
 // the state of `seq`; logits wanted for the last `num_logits` of them (1 for a decode or a prompt's
 // last chunk, 0 for a middle prefill chunk, k + 1 when verifying k draft tokens).
 struct StepChunk {
   uint64_t seq = 0;
+  cache::SequenceState* state = nullptr;  // the engine's state of seq, with pages for start + count tokens
   int64_t start = 0;
   int32_t count = 0;
   int32_t num_logits = 0;
@@ -41,15 +39,16 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
   virtual std::string name() const = 0;
   virtual int64_t vocab_size() const = 0;
-  virtual StateLayout state_layout() const = 0;
+  virtual int64_t max_context() const = 0;  // positions the model supports
+  // The layout of one sequence's state (at most max_context() positions) in pages of tokens_per_page tokens
+  // (0: the cache's default), and the device its pages must be on.
+  virtual std::shared_ptr<const cache::StateLayout> state_layout(int64_t tokens_per_page) const = 0;
+  virtual Device state_device() const = 0;
   virtual int64_t weight_bytes() const = 0;
   // "op: kernel path" lines for the startup log.
   virtual std::vector<std::string> kernel_paths() const = 0;
-  // A fresh, fully reset state for `seq` (never a previous sequence's leftovers) that will hold at
-  // most `max_tokens` positions.
-  virtual void open_sequence(uint64_t seq, int64_t max_tokens) = 0;
-  virtual void close_sequence(uint64_t seq) = 0;
-  // Runs the batch; writes batch.num_logits() rows of vocab_size() floats to `logits`, in chunk order.
+  // Runs the batch (advancing each chunk's state); writes batch.num_logits() rows of vocab_size() floats
+  // to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
 };
 

@@ -1,8 +1,7 @@
 #include "engine/state_pool.h"
 
-#include <algorithm>
-
 #include "core/error.h"
+#include "engine/model_runner.h"
 
 namespace tern::engine {
 
@@ -13,55 +12,51 @@ int64_t StepBatch::num_logits() const {
 }
 
 int64_t PageGeometry::pages_for(int64_t tokens) const {
-  const int64_t bytes = fixed_bytes + tokens * bytes_per_token;
-  return (bytes + page_bytes - 1) / page_bytes;
+  const int64_t rows = tokens_per_page > 0 && tokens > 0 ? (tokens + tokens_per_page - 1) / tokens_per_page : 0;
+  return fixed_pages + rows;
 }
 
-PageGeometry make_geometry(const StateLayout& layout, int64_t tokens_per_page) {
-  TERN_CHECK(layout.fixed_bytes >= 0 && layout.bytes_per_token >= 0, "state layout: negative sizes");
-  PageGeometry g;
-  g.fixed_bytes = layout.fixed_bytes;
-  g.bytes_per_token = layout.bytes_per_token;
-  g.page_bytes = std::max<int64_t>(4096, layout.bytes_per_token * tokens_per_page);
-  return g;
+namespace {
+
+std::shared_ptr<cache::PagePool> make_pool(std::shared_ptr<const cache::StateLayout> layout, int64_t budget,
+                                           Device device) {
+  TERN_CHECK(layout != nullptr, "state pool: no layout");
+  const int64_t pages = cache::PagePool::pages_in(*layout, budget), need = layout->pages_for(1);
+  TERN_CHECK(pages >= need, "state memory of ", budget, " bytes cannot hold one sequence (", need, " pages of ",
+             layout->page_bytes(), " B = ", need * layout->page_bytes(), " bytes needed): raise --state-memory");
+  return std::make_shared<cache::PagePool>(std::move(layout), pages, device);
 }
 
-StatePool::StatePool(PageGeometry geometry, int64_t budget_bytes) : geometry_(geometry) {
-  TERN_CHECK(geometry_.page_bytes > 0, "state pool: page size must be positive");
-  pages_ = static_cast<size_t>(std::max<int64_t>(0, budget_bytes / geometry_.page_bytes));
-  free_.reserve(pages_);
-  // Hand out low page numbers first (pop from the back).
-  for (size_t i = pages_; i-- > 0;) free_.push_back(static_cast<int32_t>(i));
+}  // namespace
+
+StatePool::StatePool(std::shared_ptr<const cache::StateLayout> layout, int64_t budget_bytes, Device device)
+    : pool_(make_pool(std::move(layout), budget_bytes, device)) {}
+
+PageGeometry StatePool::geometry() const {
+  const cache::StateLayout& l = layout();
+  return {l.page_bytes(), l.fixed_pages(), l.row_page_used_bytes() > 0 ? l.tokens_per_page() : 0};
 }
 
 bool StatePool::reserve(uint64_t seq, int64_t tokens) {
-  auto& table = tables_[seq];
-  const int64_t need = geometry_.pages_for(tokens) - static_cast<int64_t>(table.size());
-  if (need <= 0) return true;
-  if (need > free_pages()) {
-    if (table.empty()) tables_.erase(seq);
-    return false;
-  }
-  for (int64_t i = 0; i < need; ++i) {
-    table.push_back(free_.back());
-    free_.pop_back();
-  }
+  auto it = states_.find(seq);
+  if (it != states_.end()) return it->second.reserve(tokens);
+  if (layout().pages_for(tokens) > free_pages()) return false;
+  states_.emplace(seq, cache::SequenceState(pool_, tokens));
   return true;
 }
 
-void StatePool::release(uint64_t seq) {
-  auto it = tables_.find(seq);
-  if (it == tables_.end()) return;
-  free_.insert(free_.end(), it->second.rbegin(), it->second.rend());
-  tables_.erase(it);
+void StatePool::release(uint64_t seq) { states_.erase(seq); }
+
+cache::SequenceState& StatePool::state(uint64_t seq) {
+  auto it = states_.find(seq);
+  TERN_CHECK(it != states_.end(), "state pool: sequence ", seq, " holds no state");
+  return it->second;
 }
 
 const std::vector<int32_t>& StatePool::block_table(uint64_t seq) const {
   static const std::vector<int32_t> empty;
-  auto it = tables_.find(seq);
-  return it == tables_.end() ? empty : it->second;
+  auto it = states_.find(seq);
+  return it == states_.end() ? empty : it->second.block_table();
 }
-
-int64_t StatePool::pages_held(uint64_t seq) const { return static_cast<int64_t>(block_table(seq).size()); }
 
 }  // namespace tern::engine

@@ -8,39 +8,25 @@
 namespace tern::engine {
 
 V4Runner::V4Runner(std::shared_ptr<model::Model> model, std::string name, int64_t weight_bytes, int64_t max_context)
-    : model_(std::move(model)), name_(std::move(name)), weight_bytes_(weight_bytes) {
-  // Per-token growth measured from the layout of a long sequence: the fixed part (window rings,
-  // accumulators) plus the compressed rows and indexer keys, spread over the tokens.
-  constexpr int64_t probe = 1 << 16;
-  const auto l = model_->state_layout(probe);
-  layout_.fixed_bytes = static_cast<int64_t>(l->fixed_bytes());
-  layout_.bytes_per_token = (static_cast<int64_t>(l->total_bytes()) - layout_.fixed_bytes + probe - 1) / probe;
-  layout_.max_context = max_context;
+    : model_(std::move(model)), name_(std::move(name)), weight_bytes_(weight_bytes), max_context_(max_context) {
+  TERN_CHECK(max_context_ > 0, "V4 runner: max_context must be positive, found ", max_context_);
 }
 
 std::vector<std::string> V4Runner::kernel_paths() const { return ops::backend_for(model_->device()).kernel_paths(); }
-
-void V4Runner::open_sequence(uint64_t seq, int64_t max_tokens) {
-  states_.erase(seq);
-  states_.emplace(seq, model_->new_state(max_tokens));
-}
-
-void V4Runner::close_sequence(uint64_t seq) { states_.erase(seq); }
 
 void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   tokens_.assign(batch.tokens.begin(), batch.tokens.end());
   steps_.clear();
   for (const auto& c : batch.chunks) {
-    auto it = states_.find(c.seq);
-    TERN_CHECK(it != states_.end(), "V4 runner: sequence ", c.seq, " has no state");
-    TERN_CHECK(it->second.position() == c.start, "V4 runner: sequence ", c.seq, " is at position ",
-               it->second.position(), ", the step starts at ", c.start);
+    TERN_CHECK(c.state != nullptr, "V4 runner: sequence ", c.seq, " has no state");
+    TERN_CHECK(c.state->position() == c.start, "V4 runner: sequence ", c.seq, " is at position ",
+               c.state->position(), ", the step starts at ", c.start);
     TERN_CHECK(c.num_logits == 0 || c.num_logits == 1 || c.num_logits == c.count,
                "V4 runner: logits for ", c.num_logits, " of ", c.count, " tokens are not supported");
     const model::LogitsFor want = c.num_logits == 0   ? model::LogitsFor::none
                                   : c.num_logits == 1 ? model::LogitsFor::last
                                                       : model::LogitsFor::all;
-    steps_.push_back({&it->second, std::span<const int64_t>(tokens_.data() + c.token_offset, c.count), want});
+    steps_.push_back({c.state, std::span<const int64_t>(tokens_.data() + c.token_offset, c.count), want});
   }
   const Tensor out = model_->forward(steps_);
   const size_t n = static_cast<size_t>(out.view().numel());

@@ -117,8 +117,9 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     positions = on_device(std::move(positions));
     ops::rope(emitted, positions, inv_freq_compress_);
     observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
-    const TensorView dest = indexer ? s.state->index_keys(l) : s.state->compressed_rows(l);
-    ops::kv_pack(emitted, format, dest.rows(first, first + emit));
+    // The state's rows live in pages: pack each run of rows that share a page straight into it.
+    for (const cache::RowRun& run : s.state->row_runs(l, indexer, first, first + emit))
+      ops::kv_pack(emitted.view().rows(run.first, run.first + run.rows.dim(0)), format, run.rows);
   }
 }
 
@@ -135,11 +136,10 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
   ops::linear(h, o.idx_weights_proj, weights);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
-    const TensorView key_bytes = s.state->index_keys(l);
     ops::IndexerArgs args;
     args.q = b.rows(qi, s);
     args.weights = b.rows(weights, s);
-    args.keys = TensorView(key_bytes.data(), DType::f32, {key_bytes.dim(0), di}, key_bytes.device());
+    args.keys = s.state->index_keys(l);
     args.num_keys = s.state->layout().entries(l, s.start + s.n);
     args.positions = b.rows(b.positions, s);
     args.ratio = c.compress_ratio(l);

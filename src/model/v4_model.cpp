@@ -154,8 +154,8 @@ std::vector<cache::LayerSpec> Model::make_layer_specs() const {
   return specs;
 }
 
-std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens) const {
-  return std::make_shared<const cache::StateLayout>(layer_specs_, max_tokens);
+std::shared_ptr<const cache::StateLayout> Model::state_layout(int64_t max_tokens, int64_t tokens_per_page) const {
+  return std::make_shared<const cache::StateLayout>(layer_specs_, max_tokens, tokens_per_page);
 }
 
 cache::SequenceState Model::new_state(int64_t max_tokens) const {
@@ -199,8 +199,8 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
     TERN_CHECK(s.state->device() == device_,
                "forward: the state is not on the model's device (make it with new_state())");
     const auto n = static_cast<int64_t>(s.tokens.size());
-    TERN_CHECK(s.state->position() + n <= layout.max_tokens(), "forward: ", s.state->position() + n,
-               " tokens exceed the state's capacity of ", layout.max_tokens());
+    TERN_CHECK(s.state->position() + n <= s.state->capacity(), "forward: ", s.state->position() + n,
+               " tokens exceed the state's capacity of ", s.state->capacity(), " (reserve its pages first)");
     b.seqs.push_back({s.state, b.tokens, n, s.state->position(), s.logits});
     b.tokens += n;
   }

@@ -65,8 +65,10 @@ class Model {
   KvMode kv_mode() const { return mode_; }
   ops::KvRowFormat kv_format() const;
 
-  // The state layout of one sequence of at most max_tokens tokens, and a fresh (empty) state.
-  std::shared_ptr<const cache::StateLayout> state_layout(int64_t max_tokens) const;
+  // The state layout of one sequence of at most max_tokens tokens in pages of tokens_per_page tokens (0: the
+  // cache's default), and a fresh (empty) standalone state with pages for max_tokens on the model's device.
+  // A server makes one cache::PagePool of state_layout(max_context) on device() and its states from it.
+  std::shared_ptr<const cache::StateLayout> state_layout(int64_t max_tokens, int64_t tokens_per_page = 0) const;
   cache::SequenceState new_state(int64_t max_tokens) const;
 
   // Runs the batch; returns logits f32 [rows, vocab]: each sequence's requested rows, in batch order

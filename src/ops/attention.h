@@ -4,12 +4,14 @@
 // Keys of query i at position p = start + i:
 //   window:     positions max(0, p-window+1) .. p; rows >= start come from chunk_rows, older ones from the
 //               ring (position j at slot j % window).
-//   compressed: entries w < (p+1)/ratio; all of them (HCA) or only selected[i] (CSA, -1 = none).
+//   compressed: entries w < (p+1)/ratio; all of them (HCA) or only selected[i] (CSA, -1 = none). They live
+//               in pages of the state pool (core/paged_rows.h): entry w is compressed.row(w).
 // The output keeps K's RoPE rotation on its rope dims: the caller applies the inverse RoPE.
 #pragma once
 
 #include <cstdint>
 
+#include "core/paged_rows.h"
 #include "core/tensor.h"
 #include "ops/kv_row.h"
 
@@ -22,7 +24,7 @@ struct AttentionArgs {
   TensorView chunk_rows;  // u8 [n, row_bytes]: the chunk's own kv rows
   TensorView ring;        // u8 [window, row_bytes]
   int64_t window = 0;
-  TensorView compressed;  // u8 [>= num_compressed, row_bytes], or empty
+  PagedRows compressed;   // rows of row_bytes covering >= num_compressed entries, or empty
   int64_t num_compressed = 0;
   int ratio = 0;        // 0: no compressed rows
   TensorView selected;  // i32 [n, k] or empty (all visible compressed rows)

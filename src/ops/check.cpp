@@ -36,6 +36,30 @@ void expect_contiguous(std::string_view op, std::string_view arg, const TensorVi
   TERN_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous");
 }
 
+void expect_paged(std::string_view op, std::string_view arg, const PagedRows& r, int64_t count, int64_t row_bytes) {
+  if (count == 0) return;
+  TERN_CHECK(!r.empty(), op, ": ", arg, " is empty but must hold ", count, " rows");
+  expect_dtype(op, arg, r.pool, {DType::u8});
+  expect_shape(op, arg, r.pool, {-1, -1});
+  expect_dtype(op, arg, r.block_table, {DType::i32});
+  expect_shape(op, arg, r.block_table, {-1});
+  TERN_CHECK(r.block_table.device() == r.pool.device(), op, ": ", arg, "'s block table is not on its pool's device");
+  TERN_CHECK(r.row_bytes == row_bytes, op, ": ", arg, " has rows of ", r.row_bytes, " bytes, expected ", row_bytes);
+  TERN_CHECK(r.rows_per_page > 0 && r.offset_in_page >= 0 &&
+                 r.offset_in_page + r.rows_per_page * r.row_bytes <= r.page_bytes(),
+             op, ": ", arg, ": ", r.rows_per_page, " rows of ", r.row_bytes, " bytes at offset ", r.offset_in_page,
+             " do not fit a page of ", r.page_bytes());
+  TERN_CHECK(r.capacity() >= count, op, ": ", arg, "'s block table covers ", r.capacity(), " rows, ", count,
+             " needed");
+  if (r.block_table.device() != Device::cpu) return;
+  const int64_t used = (count + r.rows_per_page - 1) / r.rows_per_page, pages = r.pool.dim(0);
+  for (int64_t i = 0; i < used; ++i) {
+    const int32_t page = r.block_table.data_as<const int32_t>()[i];
+    TERN_CHECK(page >= 0 && page < pages, op, ": ", arg, "'s block table entry ", i, " is page ", page,
+               " outside the pool's ", pages);
+  }
+}
+
 Device common_device(std::string_view op, std::initializer_list<const TensorView*> views) {
   bool found = false;
   Device dev = Device::cpu;

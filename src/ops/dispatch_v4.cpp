@@ -6,6 +6,7 @@ namespace tern::ops {
 
 using detail::common_device;
 using detail::expect_dtype;
+using detail::expect_paged;
 using detail::expect_rank;
 using detail::expect_shape;
 
@@ -79,9 +80,8 @@ static void check_indexer(const char* op, const IndexerArgs& a) {
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), dim = a.q.dim(2);
   expect_shape(op, "q", a.q, {n, heads, dim});
   expect_shape(op, "weights", a.weights, {n, heads});
-  expect_rank(op, "keys", a.keys, 2);
-  TERN_CHECK(a.num_keys >= 0 && (a.num_keys == 0 || (a.keys.dim(0) >= a.num_keys && a.keys.dim(1) == dim)),
-             op, ": keys ", a.keys.shape().str(), " must hold ", a.num_keys, " rows of ", dim);
+  TERN_CHECK(a.num_keys >= 0, op, ": negative num_keys");
+  expect_paged(op, "keys", a.keys, a.num_keys, dim * static_cast<int64_t>(sizeof(float)));
   expect_dtype(op, "positions", a.positions, {DType::i64});
   expect_shape(op, "positions", a.positions, {n});
   TERN_CHECK(a.ratio > 0, op, ": ratio must be positive");
@@ -90,7 +90,7 @@ static void check_indexer(const char* op, const IndexerArgs& a) {
 void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
   check_indexer("indexer_scores", a);
   expect_shape("indexer_scores", "scores", scores, {a.q.dim(0), a.num_keys});
-  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys, &scores}))
+  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys.pool, &scores}))
       .indexer_scores(a, scores);
 }
 
@@ -99,7 +99,7 @@ void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
   TERN_CHECK(topk > 0, "indexer_topk: topk must be positive");
   expect_dtype("indexer_topk", "indices", indices, {DType::i32});
   expect_shape("indexer_topk", "indices", indices, {a.q.dim(0), topk});
-  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys, &indices}))
+  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys.pool, &indices}))
       .indexer_topk(a, topk, indices);
 }
 
@@ -118,9 +118,7 @@ void sparse_attention(const AttentionArgs& a, const TensorView& out) {
   expect_dtype(op, "sinks", a.sinks, {DType::f32});
   TERN_CHECK(a.start >= 0, op, ": negative start position");
   if (a.ratio > 0 && a.num_compressed > 0) {
-    expect_rank(op, "compressed", a.compressed, 2);
-    TERN_CHECK(a.compressed.dim(0) >= a.num_compressed && a.compressed.dim(1) == rb, op, ": compressed ",
-               a.compressed.shape().str(), " must hold ", a.num_compressed, " rows of ", rb, " bytes");
+    expect_paged(op, "compressed", a.compressed, a.num_compressed, rb);
     TERN_CHECK(a.num_compressed <= (a.start + n) / a.ratio, op, ": ", a.num_compressed,
                " compressed rows but only ", (a.start + n) / a.ratio, " windows are complete");
   }
@@ -128,7 +126,7 @@ void sparse_attention(const AttentionArgs& a, const TensorView& out) {
     expect_dtype(op, "selected", a.selected, {DType::i32});
     expect_shape(op, "selected", a.selected, {n, -1});
   }
-  backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed, &a.sinks, &out}))
+  backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out}))
       .sparse_attention(a, out);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/paged_rows.h"
 #include "core/tensor.h"
 
 namespace tern::ops {
@@ -12,7 +13,7 @@ namespace tern::ops {
 struct IndexerArgs {
   TensorView q;        // f32 [n, heads, dim], RoPE already applied
   TensorView weights;  // f32 [n, heads]: weights_proj(h), unscaled
-  TensorView keys;     // f32 [>= num_keys, dim]: the sequence's compressed indexer keys
+  PagedRows keys;      // rows of dim f32 (row_bytes = 4 dim) covering >= num_keys: the sequence's indexer keys
   int64_t num_keys = 0;
   TensorView positions;  // i64 [n]
   int ratio = 4;

@@ -78,7 +78,7 @@ TEST_F(EngineTest, GeneratesMaxTokensAndFreesState) {
   EXPECT_EQ(out[0].tokens.size(), 10u);
   EXPECT_EQ(out[0].text.size(), 10u);
   EXPECT_EQ(out[0].finish, FinishReason::length);
-  EXPECT_EQ(runner->live(), 0u);
+  EXPECT_EQ(engine->pool().live(), 0u);
   EXPECT_EQ(engine->pool().used_bytes(), 0);
   const auto m = engine->metrics();
   EXPECT_EQ(m.generation_tokens_total, 10u);
@@ -102,7 +102,7 @@ TEST_F(EngineTest, OutputDoesNotDependOnTheBatch) {
     for (int i = 0; i < 24; ++i) submit(prompt(10 + i * 9, i), 20, i % 2 ? 0.8f : 0.0f, 100 + i);
     run_to_end();
     for (int i = 0; i < 24; ++i) EXPECT_EQ(out[i].tokens, alone[i]) << "request " << i << " memory " << memory;
-    EXPECT_EQ(runner->live(), 0u);
+    EXPECT_EQ(engine->pool().live(), 0u);
     if (memory < (int64_t{1} << 20)) EXPECT_GT(engine->metrics().preemptions_total, 0u);
   }
 }
@@ -113,11 +113,11 @@ TEST_F(EngineTest, AbortFreesStateWithinOneStep) {
   submit(prompt(50, 2), 5);
   engine->step();
   engine->step();
-  EXPECT_EQ(runner->live(), 2u);
+  EXPECT_EQ(engine->pool().live(), 2u);
   engine->abort(a);
   engine->step();
   EXPECT_EQ(out[0].finish, FinishReason::abort);
-  EXPECT_EQ(runner->live(), 1u);
+  EXPECT_EQ(engine->pool().live(), 1u);
   run_to_end();
   EXPECT_EQ(out[1].finish, FinishReason::length);
   EXPECT_EQ(engine->pool().used_bytes(), 0);
@@ -195,7 +195,7 @@ TEST_F(EngineTest, ThreadedLoopServesConcurrentSubmits) {
   for (int i = 0; i < 2000 && done < 8; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(done.load(), 8);
   engine->stop();
-  EXPECT_EQ(runner->live(), 0u);
+  EXPECT_EQ(engine->pool().live(), 0u);
 }
 
 }  // namespace

@@ -8,8 +8,8 @@ namespace {
 PageGeometry geometry() {
   PageGeometry g;
   g.page_bytes = 100;
-  g.fixed_bytes = 100;  // one page per sequence
-  g.bytes_per_token = 10;  // 10 tokens per page
+  g.fixed_pages = 1;       // one page per sequence
+  g.tokens_per_page = 10;  // and one per 10 tokens
   return g;
 }
 
@@ -106,21 +106,6 @@ TEST(Scheduler, PreemptedSequenceIsReadmittedWithItsTokens) {
   ASSERT_EQ(plan.chunks.size(), 1u);
   EXPECT_EQ(plan.chunks[0].count, 31 > 32 ? 32 : 31);
   EXPECT_TRUE(plan.chunks[0].sample);
-}
-
-TEST(StatePool, BlockTablesTakeAndReturnWholePages) {
-  StatePool pool(geometry(), 1000);
-  EXPECT_EQ(pool.total_pages(), 10);
-  EXPECT_TRUE(pool.reserve(1, 25));  // 1 + 3 pages
-  EXPECT_EQ(pool.pages_held(1), 4);
-  EXPECT_TRUE(pool.reserve(1, 26));
-  EXPECT_EQ(pool.pages_held(1), 4);
-  EXPECT_FALSE(pool.reserve(2, 100));
-  EXPECT_EQ(pool.pages_held(2), 0);
-  EXPECT_EQ(pool.free_pages(), 6);
-  pool.release(1);
-  EXPECT_EQ(pool.free_pages(), 10);
-  EXPECT_EQ(pool.used_bytes(), 0);
 }
 
 }  // namespace

@@ -131,12 +131,16 @@ void bench_attention(Rand& r, bool quick) {
       ops::kv_pack(x, f, p);
       return upload(p);
     };
-    auto ring = packed(W), comp = packed(num_c), chunk = packed(1);
+    auto ring = packed(W), chunk = packed(1);
+    // The compressed rows in shuffled pages of 64 rows (256 tokens of CSA), as the state pool holds them.
+    Tensor comp_x = random_f32({num_c, hd}, r), comp_host(DType::u8, {num_c, rb});
+    ops::kv_pack(comp_x, f, comp_host);
+    const PagedPair comp = paged_pair(comp_host, 64, r);
     Tensor sel(DType::i32, {1, k});
     for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c));
     auto dsel = upload(sel), q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
     cuda::DeviceTensor out(DType::f32, {1, H, hd});
-    ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
+    ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp.device, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
     measure("sparse_attention csa fp8 rows", cat("1 query, 128+512 keys, ctx ", ctx),
             static_cast<double>((W + k) * rb), 1, [&](int) { ops::sparse_attention(a, out); });
     // HCA: every compressed row (ctx / 128).
@@ -153,12 +157,12 @@ void bench_indexer(Rand& r, bool quick) {
   for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
     const int64_t S = ctx / 4, H = 64, dim = 128;
     auto q = upload(random_f32({1, H, dim}, r)), w = upload(random_f32({1, H}, r));
-    auto keys = upload(random_f32({S, dim}, r));
+    const PagedPair keys = paged_pair(random_f32({S, dim}, r), 64, r);  // in shuffled pages of 64 keys
     Tensor pos(DType::i64, {1});
     pos.data<int64_t>()[0] = ctx - 1;
     auto dpos = upload(pos);
     cuda::DeviceTensor idx(DType::i32, {1, 512});
-    ops::IndexerArgs a{q, w, keys, S, dpos, 4};
+    ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
     measure("indexer scores+top512 (f32)", cat("1 query, ", S, " keys"), static_cast<double>(S * dim * 4), 1,
             [&](int) { ops::indexer_topk(a, 512, idx); });
   }

@@ -1,10 +1,13 @@
 #include "gpu_test_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
@@ -109,6 +112,27 @@ cuda::DeviceTensor poisoned(DType dtype, Shape shape) {
   cuda::DeviceTensor t(dtype, shape);
   cuda::fill_bytes(t.view(), 0xff);
   return t;
+}
+
+PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r) {
+  const int64_t n = rows.dim(0), row_bytes = static_cast<int64_t>(rows.nbytes()) / std::max<int64_t>(1, n);
+  const int64_t used = std::max<int64_t>(1, (n + rows_per_page - 1) / rows_per_page), pages = used + 3;
+  const int64_t offset = 64, page_bytes = (offset + rows_per_page * row_bytes + 64 + 255) / 256 * 256;
+  PagedPair p;
+  p.host_pool = Tensor(DType::u8, {pages, page_bytes});
+  for (int64_t i = 0; i < p.host_pool.numel(); ++i) p.host_pool.data<uint8_t>()[i] = static_cast<uint8_t>(r.bits());
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(r.index(static_cast<int64_t>(i)))]);
+  p.host_table = Tensor(DType::i32, {used});
+  std::copy_n(order.begin(), used, p.host_table.data<int32_t>());
+  p.host = {p.host_pool, p.host_table, offset, rows_per_page, row_bytes};
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(p.host.row(i), rows.data_as<const std::byte>() + i * row_bytes, static_cast<size_t>(row_bytes));
+  p.device_pool = upload(p.host_pool);
+  p.device_table = upload(p.host_table);
+  p.device = {p.device_pool.view(), p.device_table.view(), offset, rows_per_page, row_bytes};
+  return p;
 }
 
 Compare compare(const TensorView& gpu_device, const TensorView& ref_host) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cuda/device_memory.h"
+#include "core/paged_rows.h"
 #include "core/tensor.h"
 #include "ops/weight.h"
 
@@ -59,6 +60,16 @@ HostWeight random_weight(ops::WeightFormat f, int64_t out, int64_t in, Rand& r, 
 // Device copy of a host tensor, and a device tensor poisoned with 0xff bytes (NaN for f32).
 cuda::DeviceTensor upload(const TensorView& host);
 cuda::DeviceTensor poisoned(DType dtype, Shape shape);
+
+// Rows (host, [n, ...]) in pages as the state pool holds them: rows_per_page per page at a byte offset,
+// the pages in shuffled order among spare ones filled with noise. `host` is that on the host (the CPU
+// reference reads it), `device` the same pages and block table in device memory.
+struct PagedPair {
+  Tensor host_pool, host_table;
+  cuda::DeviceTensor device_pool, device_table;
+  PagedRows host, device;
+};
+PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r);
 
 struct Compare {
   double rel_err = 0.0;   // ||gpu - ref|| / ||ref||

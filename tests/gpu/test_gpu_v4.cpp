@@ -104,11 +104,13 @@ TEST_P(GpuV4, Indexer) {
     Tensor q = random_f32({n, H, dim}, r), w = random_f32({n, H}, r), keys = random_f32({S, dim}, r);
     Tensor pos(DType::i64, {n});
     for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - n + i;
-    ops::IndexerArgs a{q, w, keys, S, pos, static_cast<int>(s.csa_ratio)};
+    // The keys in shuffled pages (as the state pool holds them), 5 per page.
+    const PagedPair paged = paged_pair(keys, 5, r);
+    ops::IndexerArgs a{q, w, paged.host, S, pos, static_cast<int>(s.csa_ratio)};
     Tensor scores(DType::f32, {n, S});
     ops::indexer_scores(a, scores);
-    auto dq = upload(q), dw = upload(w), dk = upload(keys), dpos = upload(pos);
-    ops::IndexerArgs da{dq, dw, dk, S, dpos, static_cast<int>(s.csa_ratio)};
+    auto dq = upload(q), dw = upload(w), dpos = upload(pos);
+    ops::IndexerArgs da{dq, dw, paged.device, S, dpos, static_cast<int>(s.csa_ratio)};
     auto dscores = poisoned(DType::f32, {n, S});
     ops::indexer_scores(da, dscores);
     expect_close(dscores, scores, kTolF32, cat("indexer_scores keys=", S));
@@ -177,17 +179,19 @@ TEST_P(GpuV4, SparseAttention) {
           }
         }
       }
-      ops::AttentionArgs a{q, c.start, f, chunk, ring, W, c.ratio > 0 ? comp.view() : TensorView(), num_c, c.ratio,
+      // The compressed rows in shuffled pages (as the state pool holds them), 7 per page.
+      const PagedPair paged = paged_pair(comp, 7, r);
+      ops::AttentionArgs a{q, c.start, f, chunk, ring, W, c.ratio > 0 ? paged.host : PagedRows(), num_c, c.ratio,
                            c.select ? sel.view() : TensorView(), sinks, 1.0f / std::sqrt(float(s.head_dim))};
       Tensor ref(DType::f32, {n, s.heads, s.head_dim});
       ops::sparse_attention(a, ref);
-      auto dq = upload(q), dsink = upload(sinks), dchunk = upload(chunk), dring = upload(ring), dcomp = upload(comp);
+      auto dq = upload(q), dsink = upload(sinks), dchunk = upload(chunk), dring = upload(ring);
       cuda::DeviceTensor dsel = c.select ? upload(sel) : cuda::DeviceTensor();
       ops::AttentionArgs da = a;
       da.q = dq;
       da.chunk_rows = dchunk;
       da.ring = dring;
-      da.compressed = c.ratio > 0 ? dcomp.view() : TensorView();
+      da.compressed = c.ratio > 0 ? paged.device : PagedRows();
       da.selected = c.select ? dsel.view() : TensorView();
       da.sinks = dsink;
       auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});

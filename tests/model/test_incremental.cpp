@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "fixture.h"
@@ -147,6 +148,42 @@ TEST_P(Incremental, SnapshotRestoreAndTransfer) {
   state.reset();
   for (int64_t b = 0; b < T; b += 16) feed(state, b, std::min<int64_t>(16, T - b), true);
   std::printf("[%s] snapshot/restore/transfer/reset: max|d|/max|ref| = %.3g\n", GetParam().c_str(), c.worst);
+}
+
+// States in a shared pool with small pages (8 tokens), growing together one token at a time so their pages
+// interleave, give the logits of a standalone state bit for bit; a page-wise copy into another pool's
+// reserved pages continues identically.
+TEST_P(Incremental, PooledStatesInScatteredPagesEqualStandalone) {
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::fp8);
+  const std::vector<int64_t> a = f.ids(0), b = f.ids(f.num_prompts() - 1);
+  const auto T = static_cast<int64_t>(std::min(a.size(), b.size()));
+  auto pool = std::make_shared<cache::PagePool>(m.state_layout(256, 8), 64);
+  cache::SequenceState pa(pool), pb(pool);
+  cache::SequenceState sa = m.new_state(T), sb = m.new_state(T);
+  for (int64_t t = 0; t < T; ++t) {
+    ASSERT_TRUE(pa.reserve(t + 1) && pb.reserve(t + 1));
+    const model::StepSequence pooled[2] = {{&pa, {&a[t], 1}, model::LogitsFor::last},
+                                           {&pb, {&b[t], 1}, model::LogitsFor::last}};
+    const model::StepSequence alone[2] = {{&sa, {&a[t], 1}, model::LogitsFor::last},
+                                          {&sb, {&b[t], 1}, model::LogitsFor::last}};
+    const Tensor got = m.forward(pooled), want = m.forward(alone);
+    ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), want.nbytes()), 0) << "position " << t;
+  }
+  bool scattered = false;
+  for (size_t i = 1; i < pa.block_table().size(); ++i) scattered |= pa.block_table()[i] != pa.block_table()[i - 1] + 1;
+  EXPECT_TRUE(scattered);
+  EXPECT_EQ(pa.serialize(), sa.serialize());
+  // Transfer page by page into states that reserved room for two more tokens, and continue.
+  auto other = std::make_shared<cache::PagePool>(m.state_layout(256, 8), 64);
+  cache::SequenceState filler(other, 20), moved(other, T + 2);
+  for (int64_t i = 0; i < pa.pages_used(); ++i) copy_view(pa.page(i), moved.page(i));
+  moved.import_header(pa.export_header());
+  const int64_t next[2] = {5, 6};
+  ASSERT_TRUE(pa.reserve(T + 2));
+  const model::StepSequence x{&moved, next, model::LogitsFor::all}, y{&pa, next, model::LogitsFor::all};
+  const Tensor got = m.forward({&x, 1}), want = m.forward({&y, 1});
+  EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), want.nbytes()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Incremental, ::testing::ValuesIn(Fixture::names()),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "ops/attention.h"
@@ -25,6 +26,7 @@ struct Scene {
   Tensor ring;        // packed rows of positions start-window .. start-1 at slot p % window
   Tensor compressed;  // packed compressed rows
   int64_t num_compressed = 0;
+  test::PagedCopy paged;  // the same rows in shuffled pages, as the state pool holds them
 };
 
 Scene make_scene(ops::KvFormat f, int64_t start, int64_t n, test::Random& rng) {
@@ -44,6 +46,7 @@ Scene make_scene(ops::KvFormat f, int64_t start, int64_t n, test::Random& rng) {
   Tensor comp = rng.tensor({std::max<int64_t>(s.num_compressed, 1), kHd}, 2.0f);
   s.compressed = Tensor(DType::u8, {std::max<int64_t>(s.num_compressed, 1), rb});
   ops::kv_pack(comp, s.fmt, s.compressed);
+  s.paged = test::paged_copy(s.compressed, 3, rng);
   return s;
 }
 
@@ -89,7 +92,9 @@ float check_against_formula(const Scene& s, const Tensor& selected, const Tensor
   return worst;
 }
 
-Tensor run(const Scene& s, const Tensor& selected) {
+// With the compressed rows in shuffled pages, or (contiguous) all in one page.
+Tensor run(const Scene& s, const Tensor& selected, bool contiguous = false) {
+  const test::PagedCopy one = contiguous ? test::one_page(s.compressed) : test::PagedCopy{};
   ops::AttentionArgs a;
   a.q = s.q;
   a.start = s.start;
@@ -97,7 +102,7 @@ Tensor run(const Scene& s, const Tensor& selected) {
   a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
   a.ring = s.ring;
   a.window = kWindow;
-  a.compressed = s.compressed;
+  a.compressed = contiguous ? one.view : s.paged.view;
   a.num_compressed = s.num_compressed;
   a.ratio = kRatio;
   if (!selected.empty()) a.selected = selected;
@@ -135,6 +140,55 @@ TEST(SparseAttention, SelectedCompressedRowsOnly) {
   EXPECT_THROW(run(s, selected), Error);
 }
 
+// The paged rows are read exactly as contiguous ones: same keys, same order, same bits.
+TEST(SparseAttention, PagedRowsEqualContiguousBitForBit) {
+  for (ops::KvFormat f : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
+    for (bool select : {false, true}) {
+      test::Random rng(static_cast<uint32_t>(31 + select));
+      const Scene s = make_scene(f, 29, 7, rng);
+      Tensor selected;
+      if (select) {
+        selected = Tensor(DType::i32, {s.n, 4});
+        for (int64_t i = 0; i < s.n; ++i)
+          for (int64_t j = 0; j < 4; ++j)
+            selected.data<int32_t>()[i * 4 + j] = static_cast<int32_t>((i * 3 + j * 5) % ((s.start + i + 1) / kRatio));
+      }
+      const Tensor paged = run(s, selected), contiguous = run(s, selected, true);
+      EXPECT_EQ(std::memcmp(paged.data<float>(), contiguous.data<float>(), paged.nbytes()), 0)
+          << ops::kv_format_name(f) << " select " << select;
+    }
+}
+
+TEST(SparseAttention, RejectsBadPagedRows) {
+  test::Random rng(8);
+  const Scene s = make_scene(ops::KvFormat::f32, 21, 6, rng);
+  ops::AttentionArgs a;
+  a.q = s.q;
+  a.start = s.start;
+  a.format = s.fmt;
+  a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
+  a.ring = s.ring;
+  a.window = kWindow;
+  a.num_compressed = s.num_compressed;
+  a.ratio = kRatio;
+  a.sinks = s.sinks;
+  Tensor out(DType::f32, {s.n, kHeads, kHd});
+  test::PagedCopy p = test::paged_copy(s.compressed, 3, rng);
+  a.compressed = p.view;
+  EXPECT_NO_THROW(ops::sparse_attention(a, out));
+  a.compressed.block_table = p.table.view().rows(0, p.view.block_table.numel() - 1);  // one page short
+  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  a.compressed = p.view;
+  p.table.data<int32_t>()[1] = static_cast<int32_t>(p.pool.dim(0));  // a page outside the pool
+  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  p.table.data<int32_t>()[1] = 0;
+  a.compressed.rows_per_page = 1000;  // rows beyond the page
+  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  a.compressed = p.view;
+  a.compressed.row_bytes = 8;
+  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+}
+
 TEST(Indexer, ScoresAndCausalTopK) {
   test::Random rng(9);
   const int64_t n = 30, heads = 4, dim = 32, S = 9, start = 10;
@@ -143,11 +197,20 @@ TEST(Indexer, ScoresAndCausalTopK) {
   std::vector<int64_t> p(n);
   for (int64_t i = 0; i < n; ++i) p[i] = start + i;
   const Tensor pos = test::positions_tensor(p);
-  ops::IndexerArgs a{q, w, keys, S, pos, kRatio};
+  const test::PagedCopy paged = test::paged_copy(keys, 2, rng), one = test::one_page(keys);
+  ops::IndexerArgs a{q, w, paged.view, S, pos, kRatio};
   Tensor scores(DType::f32, {n, S});
   ops::indexer_scores(a, scores);
   Tensor idx(DType::i32, {n, topk});
   ops::indexer_topk(a, topk, idx);
+  // Keys in shuffled pages give the bits of contiguous keys.
+  ops::IndexerArgs c = a;
+  c.keys = one.view;
+  Tensor scores_c(DType::f32, {n, S}), idx_c(DType::i32, {n, topk});
+  ops::indexer_scores(c, scores_c);
+  ops::indexer_topk(c, topk, idx_c);
+  EXPECT_EQ(std::memcmp(scores.data<float>(), scores_c.data<float>(), scores.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(idx.data<int32_t>(), idx_c.data<int32_t>(), idx.nbytes()), 0);
   float worst = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t visible = std::min<int64_t>(S, (p[i] + 1) / kRatio);

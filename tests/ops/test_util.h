@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "core/paged_rows.h"
 #include "core/tensor.h"
 
 namespace tern::test {
@@ -29,5 +30,16 @@ inline float max_abs_diff(const Tensor& a, const Tensor& b) {
   return max_abs_diff(a.data<float>(), b.data<float>(), a.numel());
 }
 Tensor positions_tensor(const std::vector<int64_t>& p);
+
+// Rows (host, [n, ...], row_bytes = bytes of one row) in pages of their own pool: rows_per_page per page at
+// byte `offset`, the pages in shuffled order among `spare` unused ones whose bytes are random (a
+// non-contiguous block table), or all in one page at offset 0 (the contiguous case).
+struct PagedCopy {
+  Tensor pool, table;
+  PagedRows view;
+};
+PagedCopy paged_copy(const TensorView& rows, int64_t rows_per_page, Random& rng, int64_t offset = 24,
+                     int64_t spare = 3);
+PagedCopy one_page(const TensorView& rows);
 
 }  // namespace tern::test

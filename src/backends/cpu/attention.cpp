@@ -17,31 +17,37 @@ namespace {
 class KeyRows {
  public:
   explicit KeyRows(const ops::AttentionArgs& a) : a_(a), rb_(a.format.row_bytes()) {
-    decode_all(a.chunk_rows, a.q.dim(0), chunk_);
-    decode_all(a.ring, a.window, ring_);
-    if (a.ratio > 0) decode_all(a.compressed, a.num_compressed, compressed_);
+    decode_all([&](int64_t r) { return contiguous(a.chunk_rows, r); }, a.q.dim(0), chunk_);
+    decode_all([&](int64_t r) { return contiguous(a.ring, r); }, a.window, ring_);
+    if (a.ratio > 0) decode_all([&](int64_t r) { return paged(r); }, a.num_compressed, compressed_);
   }
   // Row of the window key at position j (start - window <= j < start + n).
   const float* window_row(int64_t j) const {
-    return j >= a_.start ? row(a_.chunk_rows, chunk_, j - a_.start) : row(a_.ring, ring_, j % a_.window);
+    return j >= a_.start ? row(contiguous(a_.chunk_rows, j - a_.start), chunk_, j - a_.start)
+                         : row(contiguous(a_.ring, j % a_.window), ring_, j % a_.window);
   }
-  const float* compressed_row(int64_t w) const { return row(a_.compressed, compressed_, w); }
+  const float* compressed_row(int64_t w) const { return row(paged(w), compressed_, w); }
 
  private:
-  void decode_all(const TensorView& rows, int64_t count, std::vector<float>& out) {
+  const std::byte* contiguous(const TensorView& rows, int64_t r) const {
+    return rows.data_as<const std::byte>() + r * rb_;
+  }
+  const std::byte* paged(int64_t w) const { return a_.compressed.row(w); }
+  template <typename RowAt>
+  void decode_all(RowAt&& row_at, int64_t count, std::vector<float>& out) {
     if (a_.format.format == ops::KvFormat::f32 || count == 0) return;
     const int64_t hd = a_.format.head_dim;
     out.resize(count * hd);
     parallel_for(
         0, count,
         [&](int64_t lo, int64_t hi) {
-          for (int64_t r = lo; r < hi; ++r)
-            ops::decode_kv_row(rows.data_as<const std::byte>() + r * rb_, a_.format, out.data() + r * hd);
+          for (int64_t r = lo; r < hi; ++r) ops::decode_kv_row(row_at(r), a_.format, out.data() + r * hd);
         },
         16);
   }
-  const float* row(const TensorView& rows, const std::vector<float>& decoded, int64_t r) const {
-    if (a_.format.format == ops::KvFormat::f32) return rows.data_as<const float>() + r * a_.format.head_dim;
+  // f32 rows are used in place; FP8 rows from their decoded copy.
+  const float* row(const std::byte* bytes, const std::vector<float>& decoded, int64_t r) const {
+    if (a_.format.format == ops::KvFormat::f32) return reinterpret_cast<const float*>(bytes);
     return decoded.data() + r * a_.format.head_dim;
   }
 
@@ -102,7 +108,7 @@ void CpuBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView&
 }
 
 void CpuBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {
-  require_f32("indexer_scores", {&a.q, &a.weights, &a.keys, &scores});
+  require_f32("indexer_scores", {&a.q, &a.weights, &scores});
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), dim = a.q.dim(2), S = a.num_keys;
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   const float dot_scale = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -116,7 +122,7 @@ void CpuBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& sco
           out[s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const float* key = a.keys.data_as<const float>() + s * dim;
+        const auto* key = reinterpret_cast<const float*>(a.keys.row(s));
         float score = 0.0f;
         for (int64_t h = 0; h < heads; ++h) {
           const float relu =

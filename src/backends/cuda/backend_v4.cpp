@@ -84,11 +84,20 @@ int64_t CudaBackend::compressor_update(const ops::CompressorArgs& a) {
 
 namespace {
 
-IndexerParams indexer_params(const ops::IndexerArgs& a) {
+// The kernels' view of paged rows; the block table must be in device memory (the ops checked the rest).
+PagedRowsDesc paged_desc(const char* op, const PagedRows& r) {
+  if (r.empty()) return {};
+  TERN_CHECK(r.pool.device() == Device::cuda && r.block_table.device() == Device::cuda, "cuda ", op,
+             ": paged rows and their block table must be in device memory");
+  return {r.pool.data_as<const uint8_t>(), r.block_table.data_as<const int32_t>(), r.page_bytes(), r.offset_in_page,
+          r.rows_per_page, r.row_bytes};
+}
+
+IndexerParams indexer_params(const char* op, const ops::IndexerArgs& a) {
   IndexerParams p;
   p.q = a.q.data_as<const float>();
   p.weights = a.weights.data_as<const float>();
-  p.keys = a.keys.empty() ? nullptr : a.keys.data_as<const float>();
+  p.keys = a.num_keys > 0 ? paged_desc(op, a.keys) : PagedRowsDesc{};
   p.n = a.q.dim(0);
   p.heads = a.q.dim(1);
   p.dim = a.q.dim(2);
@@ -101,15 +110,15 @@ IndexerParams indexer_params(const ops::IndexerArgs& a) {
 }  // namespace
 
 void CudaBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {
-  require_cuda_f32("indexer_scores", {&a.q, &a.weights, &a.keys, &scores});
-  launch_indexer_scores(indexer_params(a), scores.data_as<float>(), impl_->stream);
+  require_cuda_f32("indexer_scores", {&a.q, &a.weights, &scores});
+  launch_indexer_scores(indexer_params("indexer_scores", a), scores.data_as<float>(), impl_->stream);
   check_launch("indexer_scores");
 }
 
 void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) {
-  require_cuda_f32("indexer_topk", {&a.q, &a.weights, &a.keys});
+  require_cuda_f32("indexer_topk", {&a.q, &a.weights});
   TERN_CHECK(topk <= kMaxIndexerTopk, "cuda indexer_topk: topk ", topk, " exceeds the kernel's ", kMaxIndexerTopk);
-  const IndexerParams p = indexer_params(a);
+  const IndexerParams p = indexer_params("indexer_topk", a);
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
   launch_indexer_scores(p, scores, impl_->stream);
   check_launch("indexer_scores");
@@ -119,7 +128,7 @@ void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const Tensor
 
 void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
   require_cuda_f32("sparse_attention", {&a.q, &a.sinks, &out});
-  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.compressed, &a.selected})
+  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.selected})
     TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda sparse_attention: a tensor is on the host");
   const int64_t hd = a.format.head_dim;
   TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op sparse_attention with head_dim ", hd,
@@ -137,7 +146,7 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   p.ring = a.ring.data_as<const uint8_t>();
   p.window = a.window;
   const bool compressed = a.ratio > 0 && a.num_compressed > 0;
-  p.compressed = compressed ? a.compressed.data_as<const uint8_t>() : nullptr;
+  p.compressed = compressed ? paged_desc("sparse_attention", a.compressed) : PagedRowsDesc{};
   p.num_compressed = compressed ? a.num_compressed : 0;
   p.ratio = a.ratio;
   p.selected = a.selected.empty() ? nullptr : a.selected.data_as<const int32_t>();

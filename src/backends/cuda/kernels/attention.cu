@@ -62,7 +62,7 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
       return nullptr;
     }
   }
-  return a.compressed + w * rb;
+  return paged_row(a.compressed, w);
 }
 
 // Warp w decodes rows w and w + 8 of the tile into f32, every load of both rows issued before the first

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backends/cuda/kernels/kv_row.cuh"
+#include "backends/cuda/kernels/paged_rows.cuh"
 
 namespace tern::cuda {
 
@@ -18,7 +19,7 @@ struct AttentionParams {
   const uint8_t* chunk_rows = nullptr;  // [n, row_bytes]
   const uint8_t* ring = nullptr;        // [window, row_bytes]
   int64_t window = 0;
-  const uint8_t* compressed = nullptr;  // [>= num_compressed, row_bytes]
+  PagedRowsDesc compressed;             // >= num_compressed rows of row_bytes, in pages
   int64_t num_compressed = 0;
   int ratio = 0;
   const int32_t* selected = nullptr;    // [n, k_sel] or null

@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, fl
     for (int idx = threadIdx.x; idx < kDimChunk * kKeysPerBlock; idx += blockDim.x) {
       const int kk = idx / kDimChunk, d = idx % kDimChunk;
       const int64_t s = s0 + kk;
-      ks[d][kk] = (s < p.num_keys && d0 + d < p.dim) ? p.keys[s * p.dim + d0 + d] : 0.0f;
+      ks[d][kk] = (s < p.num_keys && d0 + d < p.dim) ? reinterpret_cast<const float*>(paged_row(p.keys, s))[d0 + d]
+                                                      : 0.0f;
     }
     __syncthreads();
 #pragma unroll 4

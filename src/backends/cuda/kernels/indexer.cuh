@@ -6,12 +6,14 @@
 
 #include <cstdint>
 
+#include "backends/cuda/kernels/paged_rows.cuh"
+
 namespace tern::cuda {
 
 struct IndexerParams {
   const float* q = nullptr;        // [n, heads, dim]
   const float* weights = nullptr;  // [n, heads]
-  const float* keys = nullptr;     // [num_keys, dim]
+  PagedRowsDesc keys;              // num_keys rows of dim floats, in pages
   int64_t n = 0, heads = 0, dim = 0, num_keys = 0;
   const int64_t* positions = nullptr;  // [n]
   int ratio = 4;
