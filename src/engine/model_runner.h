@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,12 @@ struct StepChunk {
   int64_t token_offset = 0;  // into StepBatch::tokens
 };
 
+// Which path the runner's steps took: replayed CUDA graphs, and eager steps by reason.
+struct StepPaths {
+  uint64_t graph_steps = 0;
+  std::map<std::string, uint64_t> eager_steps;
+};
+
 struct StepBatch {
   std::vector<int32_t> tokens;  // all chunks' new tokens, concatenated
   std::vector<StepChunk> chunks;
@@ -51,6 +58,8 @@ class ModelRunner {
   virtual void close_sequence(uint64_t seq) = 0;
   // Runs the batch; writes batch.num_logits() rows of vocab_size() floats to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
+  // Counts of the steps run so far by path (a runner without graphs: every step eager, "no graphs").
+  virtual StepPaths step_paths() const { return {}; }
 };
 
 }  // namespace tern::engine

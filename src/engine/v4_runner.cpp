@@ -18,6 +18,23 @@ V4Runner::V4Runner(std::shared_ptr<model::Model> model, std::string name, int64_
   layout_.max_context = max_context;
 }
 
+void V4Runner::enable_decode_graphs(model::DecodeGraphOptions options) {
+  if (options.max_tokens <= 0) options.max_tokens = layout_.max_context;
+  graphs_ = std::make_unique<model::DecodeGraphs>(*model_, std::move(options));
+  graphs_->prepare();
+}
+
+StepPaths V4Runner::step_paths() const {
+  StepPaths p;
+  if (!graphs_) {
+    if (steps_without_graphs_ > 0) p.eager_steps["cuda graphs not enabled"] = steps_without_graphs_;
+    return p;
+  }
+  p.graph_steps = graphs_->stats().graph_steps;
+  p.eager_steps = graphs_->stats().eager_steps;
+  return p;
+}
+
 std::vector<std::string> V4Runner::kernel_paths() const { return ops::backend_for(model_->device()).kernel_paths(); }
 
 void V4Runner::open_sequence(uint64_t seq, int64_t max_tokens) {
@@ -42,7 +59,13 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
                                                       : model::LogitsFor::all;
     steps_.push_back({&it->second, std::span<const int64_t>(tokens_.data() + c.token_offset, c.count), want});
   }
-  const Tensor out = model_->forward(steps_);
+  Tensor out;
+  if (graphs_) {
+    out = graphs_->forward(steps_);
+  } else {
+    out = model_->forward(steps_);
+    ++steps_without_graphs_;
+  }
   const size_t n = static_cast<size_t>(out.view().numel());
   TERN_CHECK(n == logits.size(), "V4 runner: the model returned ", n, " logits, expected ", logits.size());
   std::memcpy(logits.data(), out.view().data(), n * sizeof(float));

@@ -29,6 +29,13 @@ struct AttentionParams {
   float* partial = nullptr;             // workspace: attention_partial_floats()
   int* err = nullptr;
   int num_sms = 132;
+  // Decode mode (positions != null): n slots of one query each. Slot i's query is at positions[i] (-1: an
+  // inert padding slot, which writes zeros and reads nothing), its own row is chunk_rows row i, its ring
+  // and compressed rows start at the addresses rings[i] and comps[i], and it sees (positions[i] + 1) /
+  // ratio compressed rows; num_compressed is then only the bound that sizes the launch.
+  const int64_t* positions = nullptr;
+  const uint64_t* rings = nullptr;
+  const uint64_t* comps = nullptr;
 };
 
 int attention_splits(const AttentionParams& p);

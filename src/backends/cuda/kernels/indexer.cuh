@@ -15,6 +15,10 @@ struct IndexerParams {
   int64_t n = 0, heads = 0, dim = 0, num_keys = 0;
   const int64_t* positions = nullptr;  // [n]
   int ratio = 4;
+  // Decode mode (key_tables != null): query i is slot i of its own sequence, whose keys start at the
+  // address key_tables[i] and number (positions[i] + 1) / ratio (positions[i] = -1: inert, all picks -1);
+  // num_keys is then the bound that sizes the launch and strides the scores.
+  const uint64_t* key_tables = nullptr;
 };
 
 constexpr int kMaxIndexerTopk = 2048;

@@ -1,0 +1,31 @@
+// One block per slot: the device decides whether and where the slot's row lands.
+#include "backends/cuda/kernels/decode_rows.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+__global__ void store_rows_kernel(StoreRowsParams p) {
+  const int64_t slot = blockIdx.x, pos = p.positions[slot];
+  if (pos < 0) return;
+  int64_t row = 0;
+  if (p.ratio > 0) {
+    if ((pos + 1) % p.ratio != 0) return;
+    row = pos / p.ratio;
+  } else {
+    row = pos % p.window;
+  }
+  const uint8_t* src = p.src + slot * p.row_bytes;
+  uint8_t* dst = reinterpret_cast<uint8_t*>(p.dest[slot]) + row * p.row_bytes;
+  for (int64_t b = threadIdx.x; b < p.row_bytes; b += blockDim.x) dst[b] = src[b];
+}
+
+}  // namespace
+}  // namespace dev
+
+void launch_store_rows(const StoreRowsParams& p, cudaStream_t stream) {
+  if (p.slots == 0 || p.row_bytes == 0) return;
+  dev::store_rows_kernel<<<static_cast<unsigned>(p.slots), 128, 0, stream>>>(p);
+}
+
+}  // namespace tern::cuda
