@@ -69,7 +69,10 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
   const Fixture& f = Fixture::get(Fixture::names().front());
   model::Model m(f.weights(), model::KvMode::exact);
   cache::SequenceState a = m.new_state(32), b = m.new_state(32);
-  const std::vector<int64_t> prompt = f.ids(0);
+  int p = 0;
+  while (p + 1 < f.num_prompts() && f.ids(p).size() < 2) ++p;
+  const std::vector<int64_t> prompt = f.ids(p);
+  ASSERT_GE(prompt.size(), 2u);
   const model::StepSequence pa{&a, prompt, model::LogitsFor::last}, pb{&b, prompt, model::LogitsFor::last};
   EXPECT_EQ(m.decode_refusal({&pa, 1}, 32), "prefill in the step");
   const int64_t tok = 5;
