@@ -57,7 +57,8 @@ void DecodeGraphs::prepare() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t largest = buckets_.back();
   try {
-    staging_ = Tensor(DType::i64, {model_.decode_words(largest)});
+    const int64_t words = model_.decode_words(largest);
+    staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
     tables_ = Tensor(DType::i64, {model_.decode_words(largest)}, model_.device());
     // Dry run at the largest bucket, every slot inert: sizes the arena, grows the backend's workspace
     // and builds its tables before any capture.
@@ -87,9 +88,10 @@ void DecodeGraphs::prepare() {
 }
 
 void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots) {
-  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data<int64_t>(), staging_.numel()));
+  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()));
   const int64_t words = model_.decode_words(slots);
-  copy_view(staging_.view().rows(0, words), tables_.view().rows(0, words));  // one H2D copy
+  // One H2D copy from page-locked memory. The previous step's copy is done: its logits came back since.
+  copy_view(staging_.rows(0, words), tables_.view().rows(0, words));
 }
 
 void DecodeGraphs::record(size_t i) {

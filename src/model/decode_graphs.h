@@ -66,7 +66,7 @@ class DecodeGraphs {
   std::vector<int64_t> buckets_;
   ops::StepGraphs* graphs_ = nullptr;
   std::string disabled_;
-  Tensor staging_;  // host i64 [decode_words(largest)]
+  TensorView staging_;  // host i64 [decode_words(largest)], page-locked (ops::StepGraphs::pinned_host)
   Tensor tables_;   // device copy
   std::vector<int> handles_;     // per bucket; -1: not recorded
   std::vector<Tensor> logits_;   // per bucket: the recorded step's device logits (arena)

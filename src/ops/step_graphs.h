@@ -39,6 +39,9 @@ class StepGraphs {
   // Changes whenever an address a recorded step may hold moves (the arena, the backend's workspace):
   // steps recorded under another generation must be recorded again.
   virtual uint64_t generation() const = 0;
+  // Page-locked host memory of at least `bytes` (the per-step tables' staging, so their copy is one DMA),
+  // owned by the graphs; valid until a larger request or the graphs' end.
+  virtual void* pinned_host(size_t bytes) = 0;
 };
 
 // Installs (or removes, with nullptr) the step graphs of `device`; nullptr from step_graphs() when none.

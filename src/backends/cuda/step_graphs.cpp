@@ -17,6 +17,18 @@ CudaStepGraphs::CudaStepGraphs(CudaBackend& backend) : backend_(backend) {
 CudaStepGraphs::~CudaStepGraphs() {
   for (cudaGraphExec_t e : execs_) cudaGraphExecDestroy(e);
   if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+}
+
+void* CudaStepGraphs::pinned_host(size_t bytes) {
+  if (bytes <= pinned_bytes_) return pinned_;
+  backend_.synchronize();  // no copy may still read the old staging
+  if (pinned_ != nullptr) TERN_CUDA(cudaFreeHost(pinned_));
+  pinned_ = nullptr;
+  pinned_bytes_ = 0;
+  TERN_CUDA(cudaMallocHost(&pinned_, bytes));
+  pinned_bytes_ = bytes;
+  return pinned_;
 }
 
 void CudaStepGraphs::arena_begin(bool measure) {

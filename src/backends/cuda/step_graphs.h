@@ -27,6 +27,7 @@ class CudaStepGraphs final : public ops::StepGraphs {
   void drop_all() override;
   size_t graph_bytes() const override { return graph_bytes_; }
   uint64_t generation() const override;
+  void* pinned_host(size_t bytes) override;
 
   // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
   // measuring scope, counts `bytes` and returns nullptr (the pool serves it).
@@ -40,6 +41,8 @@ class CudaStepGraphs final : public ops::StepGraphs {
   bool open_ = false, measure_ = false;
   uint64_t arena_generation_ = 0;
   size_t graph_bytes_ = 0;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
   cudaStream_t capture_stream_ = nullptr;
   std::vector<cudaGraphExec_t> execs_;
 };
