@@ -2,11 +2,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/log.h"
 
 namespace tern::model {
+
+namespace {
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+bool is_power_of_10(uint64_t n) {
+  while (n % 10 == 0 && n > 1) n /= 10;
+  return n == 1;
+}
+}  // namespace
 
 std::vector<int64_t> default_decode_buckets(int64_t max_batch) {
   TERN_CHECK(max_batch >= 1, "decode graphs: the largest batch must be >= 1, not ", max_batch);
@@ -83,8 +96,9 @@ void DecodeGraphs::prepare() {
   std::string list;
   for (int64_t b : buckets_) list += (list.empty() ? "" : " ") + std::to_string(b);
   log::info("cuda graphs: decode steps recorded at startup for batch buckets [", list, "] in ", secs,
-            " s; activation arena ", stats_.arena_bytes >> 20, " MiB, graphs ", stats_.graph_bytes >> 20,
-            " MiB; mixed prefill+decode steps and batches above ", largest, " run eagerly");
+            " s; activation arena ", mib(stats_.arena_bytes), " MiB, graphs ", mib(stats_.graph_bytes),
+            " MiB (free device memory drop); mixed prefill+decode steps and batches above ", largest,
+            " run eagerly");
 }
 
 void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots) {
@@ -113,7 +127,9 @@ void DecodeGraphs::record(size_t i) {
 }
 
 Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason) {
-  if (++stats_.eager_steps[reason] == 1) log::info("decode graphs: a step runs eagerly: ", reason);
+  const uint64_t n = ++stats_.eager_steps[reason];
+  if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
+  else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
   return model_.forward(batch);
 }
 
