@@ -58,7 +58,7 @@ class ModelRunner {
   virtual void close_sequence(uint64_t seq) = 0;
   // Runs the batch; writes batch.num_logits() rows of vocab_size() floats to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
-  // Counts of the steps run so far by path (a runner without graphs: every step eager, "no graphs").
+  // Counts of the steps run so far by path (the default counts nothing: a runner that tracks no paths).
   virtual StepPaths step_paths() const { return {}; }
 };
 
