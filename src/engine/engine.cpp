@@ -202,8 +202,10 @@ bool Engine::step() {
   if (!plan.chunks.empty()) run_batch(plan);
   publish_gauges();
   if (plan.chunks.empty()) return !plan.empty();
+  StepPaths paths = runner_->step_paths();  // on the engine thread, like the runner's steps
   std::lock_guard lock(metrics_mutex_);
   ++metrics_.steps_total;
+  metrics_.step_paths = std::move(paths);
   metrics_.batch_size.observe(static_cast<double>(plan.chunks.size()));
   metrics_.step_seconds.observe(std::chrono::duration<double>(Clock::now() - t0).count());
   return true;

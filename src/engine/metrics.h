@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model_runner.h"
+
 namespace tern::engine {
 
 class Histogram {
@@ -35,6 +37,7 @@ struct EngineMetrics {
   uint64_t preemptions_total = 0;
   uint64_t steps_total = 0;
   std::array<uint64_t, 5> finished_total{};  // by FinishReason
+  StepPaths step_paths;  // the runner's steps: CUDA graph replays, eager steps by reason
   // histograms
   Histogram time_to_first_token_seconds;
   Histogram inter_token_latency_seconds;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -25,6 +26,12 @@ struct StepChunk {
   int32_t count = 0;
   int32_t num_logits = 0;
   int64_t token_offset = 0;  // into StepBatch::tokens
+};
+
+// Which path the runner's steps took: replayed CUDA graphs, and eager steps by reason.
+struct StepPaths {
+  uint64_t graph_steps = 0;
+  std::map<std::string, uint64_t> eager_steps;
 };
 
 struct StepBatch {
@@ -50,6 +57,8 @@ class ModelRunner {
   // Runs the batch (advancing each chunk's state); writes batch.num_logits() rows of vocab_size() floats
   // to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
+  // Counts of the steps run so far by path (the default counts nothing: a runner that tracks no paths).
+  virtual StepPaths step_paths() const { return {}; }
 };
 
 }  // namespace tern::engine

@@ -12,6 +12,23 @@ V4Runner::V4Runner(std::shared_ptr<model::Model> model, std::string name, int64_
   TERN_CHECK(max_context_ > 0, "V4 runner: max_context must be positive, found ", max_context_);
 }
 
+void V4Runner::enable_decode_graphs(model::DecodeGraphOptions options) {
+  if (options.max_tokens <= 0) options.max_tokens = max_context_;
+  graphs_ = std::make_unique<model::DecodeGraphs>(*model_, std::move(options));
+  graphs_->prepare();
+}
+
+StepPaths V4Runner::step_paths() const {
+  StepPaths p;
+  if (!graphs_) {
+    if (steps_without_graphs_ > 0) p.eager_steps["cuda graphs not enabled"] = steps_without_graphs_;
+    return p;
+  }
+  p.graph_steps = graphs_->stats().graph_steps;
+  p.eager_steps = graphs_->stats().eager_steps;
+  return p;
+}
+
 std::vector<std::string> V4Runner::kernel_paths() const { return ops::backend_for(model_->device()).kernel_paths(); }
 
 void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
@@ -28,7 +45,13 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
                                                       : model::LogitsFor::all;
     steps_.push_back({c.state, std::span<const int64_t>(tokens_.data() + c.token_offset, c.count), want});
   }
-  const Tensor out = model_->forward(steps_);
+  Tensor out;
+  if (graphs_) {
+    out = graphs_->forward(steps_);
+  } else {
+    out = model_->forward(steps_);
+    ++steps_without_graphs_;
+  }
   const size_t n = static_cast<size_t>(out.view().numel());
   TERN_CHECK(n == logits.size(), "V4 runner: the model returned ", n, " logits, expected ", logits.size());
   std::memcpy(logits.data(), out.view().data(), n * sizeof(float));

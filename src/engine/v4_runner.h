@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "engine/model_runner.h"
+#include "model/decode_graphs.h"
 #include "model/v4_model.h"
 
 namespace tern::engine {
@@ -23,6 +24,10 @@ class V4Runner : public ModelRunner {
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::vector<std::string> kernel_paths() const override;
   void forward(const StepBatch& batch, std::span<float> logits) override;
+  StepPaths step_paths() const override;
+  // Decode-only steps replay CUDA graphs (model/decode_graphs.h), recorded now (startup); without this
+  // call every step runs eagerly, counted as "cuda graphs not enabled".
+  void enable_decode_graphs(model::DecodeGraphOptions options);
 
  private:
   std::shared_ptr<model::Model> model_;
@@ -31,6 +36,8 @@ class V4Runner : public ModelRunner {
   int64_t max_context_;
   std::vector<int64_t> tokens_;  // the batch's tokens widened to the model's id type
   std::vector<model::StepSequence> steps_;
+  std::unique_ptr<model::DecodeGraphs> graphs_;
+  uint64_t steps_without_graphs_ = 0;
 };
 
 }  // namespace tern::engine

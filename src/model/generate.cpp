@@ -31,7 +31,7 @@ GenerateResult generate(Model& model, cache::SequenceState& state, std::span<con
     result.tokens.push_back(token);
     if (token == options.stop_token || i + 1 == options.max_new_tokens) break;
     const StepSequence step{&state, {&result.tokens.back(), 1}, LogitsFor::last};
-    logits = model.forward({&step, 1});
+    logits = options.decode_forward ? options.decode_forward({&step, 1}) : model.forward({&step, 1});
   }
   const auto t2 = clock::now();
   if (options.after_decode) options.after_decode();

@@ -40,16 +40,25 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   ops::kv_pack(kv, format, kv_rows);
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
-  std::vector<Tensor> selected(b.seqs.size());
-  if (A.compressor) compress(l, b, h, /*indexer=*/false);
-  if (A.indexer) {
-    compress(l, b, h, /*indexer=*/true);
-    indexer_select(l, b, h, cq, selected);
-  }
-
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
   Tensor heads = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim]
-  attend(l, b, q, kv_rows, selected, heads);
+  if (b.decode != nullptr) {  // one launch per op for every slot (model/v4_decode.cpp)
+    Tensor selected;
+    if (A.compressor) compress_decode(l, b, h, /*indexer=*/false);
+    if (A.indexer) {
+      compress_decode(l, b, h, /*indexer=*/true);
+      selected = indexer_decode(l, b, h, cq);
+    }
+    attend_decode(l, b, q, kv_rows, selected, heads);
+  } else {
+    std::vector<Tensor> selected(b.seqs.size());
+    if (A.compressor) compress(l, b, h, /*indexer=*/false);
+    if (A.indexer) {
+      compress(l, b, h, /*indexer=*/true);
+      indexer_select(l, b, h, cq, selected);
+    }
+    attend(l, b, q, kv_rows, selected, heads);
+  }
   ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)

@@ -15,10 +15,15 @@ struct Model::Batch {
     int64_t start = 0;  // position of its first new token
     LogitsFor logits = LogitsFor::last;
   };
-  int64_t tokens = 0;  // N: all new tokens of the batch
-  Tensor ids;          // i64 [N]
-  Tensor positions;    // i64 [N]
+  int64_t tokens = 0;    // N: all new tokens of the batch
+  TensorView ids;        // i64 [N]
+  TensorView positions;  // i64 [N]
+  Tensor ids_storage, positions_storage;  // what ids / positions view in an eager batch
   std::vector<Seq> seqs;
+  // A decode step (decode_body): N slots of one token each, per-slot state addresses in these tables;
+  // seqs is then empty, and every sequence's state has `layout`'s page geometry and at most its max_tokens.
+  const DecodeTables* decode = nullptr;
+  const cache::StateLayout* layout = nullptr;
   std::vector<int64_t> wanted;  // batch rows whose logits are returned
 
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }

@@ -204,29 +204,47 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
     b.seqs.push_back({s.state, b.tokens, n, s.state->position(), s.logits});
     b.tokens += n;
   }
-  b.ids = Tensor(DType::i64, {b.tokens});
-  b.positions = Tensor(DType::i64, {b.tokens});
+  Tensor ids(DType::i64, {b.tokens}), positions(DType::i64, {b.tokens});
   for (size_t i = 0; i < batch.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
     for (int64_t t = 0; t < s.n; ++t) {
-      b.ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
-      b.positions.data<int64_t>()[s.begin + t] = s.start + t;
+      ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
+      positions.data<int64_t>()[s.begin + t] = s.start + t;
       if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
         b.wanted.push_back(s.begin + t);
     }
   }
-  b.ids = on_device(std::move(b.ids));
-  b.positions = on_device(std::move(b.positions));
+  b.ids_storage = on_device(std::move(ids));
+  b.positions_storage = on_device(std::move(positions));
+  b.ids = b.ids_storage.view();
+  b.positions = b.positions_storage.view();
   return b;
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch) {
   const ModelConfig& c = w_.config;
   const Batch b = make_batch(batch);
-  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
+  const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
+  const Tensor streams = run_layers(b);
+  if (!b.wanted.empty()) {
+    if (device_ == Device::cpu) {
+      head(b, streams, logits);
+    } else {
+      const Tensor device_logits = tensor(DType::f32, logits.shape());
+      head(b, streams, device_logits);
+      ops::copy(device_logits, logits);
+    }
+  }
+  for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
+  return logits;
+}
 
+// The embedding and every layer: the streams [N, hc, D] the head reads.
+Tensor Model::run_layers(const Batch& b) {
+  const ModelConfig& c = w_.config;
+  const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
   Tensor x = tensor(DType::f32, {N, D});  // X = hc copies of embed(token)
   ops::embedding(w_.embed, b.ids, x);
   Tensor streams = tensor(DType::f32, {N, H, D});
@@ -239,17 +257,7 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
              [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
     observe("streams", l, streams);
   }
-  if (!b.wanted.empty()) {
-    if (device_ == Device::cpu) {
-      head(b, streams, logits);
-    } else {
-      const Tensor device_logits = tensor(DType::f32, logits.shape());
-      head(b, streams, device_logits);
-      ops::copy(device_logits, logits);
-    }
-  }
-  for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);
-  return logits;
+  return streams;
 }
 
 // logits = head(norm(hc_head(X))) for the wanted rows only.

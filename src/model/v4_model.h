@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -82,11 +83,45 @@ class Model {
   //   for one sequence; "final_hidden" [rows, D] (layer -1) the head's input. N = all tokens of the batch.
   using Observer = std::function<void(std::string_view name, int layer, const TensorView& t)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }
+  bool has_observer() const { return static_cast<bool>(observer_); }
+
+  // Batched decode steps (model/v4_decode.cpp), what the CUDA graphs record (model/decode_graphs.h): every
+  // sequence brings exactly one token and wants its logits; the step is laid out in `slots` slots (the
+  // sequences first, then inert padding at position -1), and each op runs once for all slots, reading
+  // per-slot positions and state addresses from device tables. Same arithmetic per token as forward().
+  //
+  // The tables, i64 [decode_words(slots)] on the device: array k of `slots` words at k * slots; 0 token
+  // ids, 1 positions, 2 the state's page pool and 3 its row block table on the device (addresses: every
+  // layer's compressed rows and indexer keys are rows of those pages), then per layer l at 4 + 4 l: ring,
+  // compressor accumulators, indexer accumulators (addresses; 0 where the layer has none), and the position
+  // of the compressed entry the token would close ((p / ratio) * ratio).
+  struct DecodeTables {
+    TensorView ids, positions, pools, row_tables;
+    struct Layer {
+      TensorView ring, compressor_acc, indexer_acc, entry_positions;
+    };
+    std::vector<Layer> layers;
+  };
+  int64_t decode_words(int64_t slots) const { return (4 + 4 * static_cast<int64_t>(layer_specs_.size())) * slots; }
+  // Why `batch` cannot run as a decode step recorded for states of `layout` (at most its max_tokens tokens,
+  // in pages of its geometry); empty: it can.
+  std::string decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout) const;
+  // Writes the host image of the tables (decode_words(slots) words) for `batch` padded to `slots`.
+  void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const;
+  // Views of the device tables.
+  DecodeTables decode_tables(const TensorView& words, int64_t slots) const;
+  // The device work of one decode step: no host synchronisation, no host data, every shape a function of
+  // the slots alone (so it can be captured once and replayed). Returns the device logits f32 [slots,
+  // vocab] (padding rows are garbage-free but meaningless). Does not advance the states (decode_done).
+  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout);
+  // After the step ran: each sequence of the batch has consumed its token.
+  static void decode_done(std::span<const StepSequence> batch);
 
  private:
   struct Batch;
   Batch make_batch(std::span<const StepSequence> batch) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
+  Tensor run_layers(const Batch& b);
   void head(const Batch& b, const Tensor& streams, const TensorView& logits);
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
               const std::vector<Tensor>& selected, const Tensor& heads);
@@ -95,6 +130,11 @@ class Model {
   void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
   void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
                       std::vector<Tensor>& selected);
+  void compress_decode(int layer, const Batch& b, const TensorView& h, bool indexer);
+  Tensor indexer_decode(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
+  void attend_decode(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows, const Tensor& selected,
+                     const Tensor& heads);
+  void check_state(const cache::SequenceState& state) const;
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
                 const char* site, int layer, Sublayer&& sublayer);
@@ -131,6 +171,8 @@ struct GenerateOptions {
   // Called after the prefill, before the first decode forward, and after the last decode forward, outside
   // the timed decode span (`tern run --profile` profiles the decode steps alone with them). May be empty.
   std::function<void()> before_decode, after_decode;
+  // Runs the decode steps instead of model.forward when set (DecodeGraphs::forward, say).
+  std::function<Tensor(std::span<const StepSequence>)> decode_forward;
 };
 struct GenerateResult {
   std::vector<int64_t> tokens;  // the generated tokens

@@ -1,4 +1,5 @@
 #include "ops/backend.h"
+#include "ops/step_graphs.h"
 
 #include <array>
 #include <mutex>
@@ -38,6 +39,22 @@ void Backend::no_kernel(std::string_view op, DType dtype) const {
 
 void Backend::no_kernel(std::string_view op, std::string_view what) const {
   fail("no ", name(), " kernel for op ", op, " (", what, ")");
+}
+
+void Backend::decode_attention(const DecodeAttentionArgs&, const TensorView&) {
+  no_kernel("decode_attention", "batched decode steps");
+}
+void Backend::decode_compressor(const DecodeCompressorArgs&) {
+  no_kernel("decode_compressor", "batched decode steps");
+}
+void Backend::decode_indexer_topk(const DecodeIndexerArgs&, int, const TensorView&) {
+  no_kernel("decode_indexer_topk", "batched decode steps");
+}
+void Backend::store_ring_rows(const TensorView&, const TensorView&, const TensorView&, int64_t) {
+  no_kernel("store_ring_rows", "batched decode steps");
+}
+void Backend::store_paged_rows(const TensorView&, const DecodePagedRows&, const TensorView&, int) {
+  no_kernel("store_paged_rows", "batched decode steps");
 }
 
 void Backend::embedding(const TensorView& table, const TensorView&, const TensorView&) {
@@ -110,4 +127,12 @@ void Backend::moe_experts(const MoeExpertsArgs& a) {
   no_kernel("moe_experts", a.x.dtype());
 }
 
+}  // namespace tern::ops
+
+namespace tern::ops {
+namespace {
+StepGraphs* g_step_graphs[8] = {};
+}
+void register_step_graphs(Device device, StepGraphs* graphs) { g_step_graphs[static_cast<int>(device)] = graphs; }
+StepGraphs* step_graphs(Device device) { return g_step_graphs[static_cast<int>(device)]; }
 }  // namespace tern::ops

@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
+#include "ops/decode.h"
 #include "ops/elementwise.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
@@ -69,6 +70,14 @@ class Backend {
   virtual void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                           float routed_scale, const TensorView& indices, const TensorView& weights);
   virtual void moe_experts(const MoeExpertsArgs& a);
+  // decode.h (batched decode steps)
+  virtual void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
+  virtual void decode_compressor(const DecodeCompressorArgs& a);
+  virtual void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
+  virtual void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                               int64_t window);
+  virtual void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions,
+                                int ratio);
 
  protected:
   [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;

@@ -58,9 +58,18 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   histogram(out, "step_seconds", "Duration of an engine step.", m.step_seconds, l);
   histogram(out, "model_forward_seconds", "The model's part of a step.", m.forward_seconds, l);
   histogram(out, "sample_seconds", "Sampling and delivery part of a step.", m.sample_seconds, l);
-  // No CUDA graphs or speculative decoding on this backend yet: reported as zero, not omitted.
-  scalar(out, "cuda_graph_replays_total", "counter", "Steps replayed from a CUDA graph.", 0, l);
-  scalar(out, "eager_steps_total", "counter", "Steps run eagerly.", double(m.steps_total), l);
+  scalar(out, "cuda_graph_replays_total", "counter", "Steps replayed from a CUDA graph.",
+         double(m.step_paths.graph_steps), l);
+  uint64_t eager = 0;
+  for (const auto& [reason, n] : m.step_paths.eager_steps) eager += n;
+  scalar(out, "eager_steps_total", "counter", "Steps run eagerly (not from a CUDA graph).", double(eager), l);
+  header(out, "eager_steps_by_reason_total", "counter", "Steps run eagerly, by why they could not replay a graph.");
+  for (const auto& [reason, n] : m.step_paths.eager_steps) {
+    std::string r;
+    for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
+    out += fmt::format("tern:eager_steps_by_reason_total{{{},reason=\"{}\"}} {}\n", l, r, n);
+  }
+  // No speculative decoding yet: reported as zero, not omitted.
   scalar(out, "spec_decode_num_drafted_tokens_total", "counter", "Draft tokens proposed.", 0, l);
   scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", 0, l);
   scalar(out, "http_requests_total", "counter", "HTTP requests received.", double(s.http_requests_total), l);

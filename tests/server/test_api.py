@@ -192,3 +192,17 @@ def test_errors_through_sdk(client, server):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=server.model, prompt=[1] * 3000, max_tokens=2)  # beyond --max-model-len
     assert metric(server, "num_requests_running") == 0 or wait_for(lambda: metric(server, "num_requests_running") == 0)
+
+
+def test_step_paths_in_metrics(client, server):
+    """Every engine step is counted once: replayed from a CUDA graph or eager, eager ones by reason."""
+    client.completions.create(model=server.model, prompt="count the steps", max_tokens=6, temperature=0)
+    steps = metric(server, "engine_steps_total")
+    graphs = metric(server, "cuda_graph_replays_total")
+    eager = metric(server, "eager_steps_total")
+    assert steps > 0 and graphs + eager == steps
+    assert metric(server, "eager_steps_by_reason_total") == eager
+    if not DEVICE_ARGS or "cpu" in DEVICE_ARGS:
+        assert graphs == 0  # the CPU model runs every step eagerly ("the model is on the CPU")
+    else:
+        assert graphs > 0  # the decode steps of a lone request replay graphs

@@ -32,6 +32,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::attention_combine_kernel(tern::cuda::AttentionParams, int, long)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::kv_pack_kernel(float const*, tern::cuda::KvRowDesc, unsigned char*)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::kv_unpack_kernel(unsigned char const*, long, tern::cuda::KvRowDesc, float*)", C::attention},
+    {"tern::cuda::dev::(anonymous namespace)::store_rows_kernel(tern::cuda::StoreRowsParams)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::indexer_scores_kernel(tern::cuda::IndexerParams, float*)", C::indexer},
     {"tern::cuda::dev::(anonymous namespace)::indexer_topk_kernel(tern::cuda::IndexerParams, float const*, int, int*)", C::indexer},
     {"tern::cuda::dev::(anonymous namespace)::compressor_kernel(tern::cuda::CompressorParams)", C::compressor},

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/decode_graphs.h"
 #include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
@@ -26,7 +27,8 @@ namespace {
 using namespace tern;
 
 struct RunArgs {
-  std::string model, prompt_ids, kv_mode = "exact", device = "cpu", profile_json;
+  std::string model, prompt_ids, kv_mode = "exact", device = "cpu", profile_json, cuda_graphs = "on";
+  bool no_cuda_graphs = false;
   int64_t max_tokens = 32, prefill_chunk = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
@@ -112,6 +114,16 @@ int run(const RunArgs& a) {
   o.temperature = a.temperature;
   o.seed = a.seed;
   o.prefill_chunk = a.prefill_chunk;
+  TERN_CHECK(a.cuda_graphs == "on" || a.cuda_graphs == "off", "--cuda-graphs: expected on or off, found \"",
+             a.cuda_graphs, "\"");
+  model::DecodeGraphOptions go;
+  go.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
+  go.buckets = {1};
+  go.max_tokens = state.layout().max_tokens();
+  go.tokens_per_page = state.layout().tokens_per_page();
+  model::DecodeGraphs graphs(m, go);
+  graphs.prepare();  // startup: records the one-sequence decode step (or logs why every step is eager)
+  o.decode_forward = [&](std::span<const model::StepSequence> b) { return graphs.forward(b); };
 #if TERN_WITH_CUDA
   if (profiler) {
     o.before_decode = [&] { profiler->start(); };
@@ -127,6 +139,12 @@ int run(const RunArgs& a) {
   if (decoded > 0)
     std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s%s)\n", decoded, r.decode_seconds,
                 decoded / r.decode_seconds, profile ? ", with the profiler's overhead" : "");
+  const model::DecodeGraphStats& gs = graphs.stats();
+  std::string why;
+  for (const auto& [reason, n] : gs.eager_steps) why += (why.empty() ? "" : "; ") + reason + ": " + std::to_string(n);
+  std::printf("decode steps: %llu replayed from a CUDA graph, %llu eager%s%s%s\n",
+              static_cast<unsigned long long>(gs.graph_steps), static_cast<unsigned long long>(gs.eager_total()),
+              why.empty() ? "" : " (", why.c_str(), why.empty() ? "" : ")");
 #if TERN_WITH_CUDA
   if (profiler) print_profile(*profiler, static_cast<int64_t>(decoded), a.profile_json);
 #endif
@@ -148,6 +166,9 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--device", a->device, "cpu or cuda (Hopper GPU, build with -DTERN_CUDA=ON)")
            ->capture_default_str();
        app.add_option("--threads", a->threads, "CPU threads (default: TERN_THREADS or all cores)");
+       app.add_option("--cuda-graphs", a->cuda_graphs, "on or off: decode steps replayed as a CUDA graph (--device cuda)")
+           ->capture_default_str();
+       app.add_flag("--no-cuda-graphs", a->no_cuda_graphs, "same as --cuda-graphs off");
        app.add_flag("--profile", a->profile,
                     "with --device cuda: GPU profile (CUPTI) of the decode steps, per step: op categories, top "
                     "kernels, GPU busy / wall");

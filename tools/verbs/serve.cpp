@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/v4_runner.h"
+#include "model/decode_graphs.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "server/http.h"
@@ -34,7 +35,9 @@ using namespace tern;
 
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
-  std::string device = "cpu";
+  std::string device = "cpu", cuda_graphs = "on";
+  bool no_cuda_graphs = false;
+  int64_t cuda_graph_max_batch = 0;
   int port = 8000;
   int threads = 0;
   int max_running = 256;
@@ -114,6 +117,12 @@ Loaded load(const ServeArgs& a) {
             ", vocab ", config.vocab_size, ", ", config.n_routed_experts, " routed experts), tokenizer ", tok,
             ", max model length ", l.max_model_len, "; ", l.placed.description);
   auto runner = std::make_shared<engine::V4Runner>(m, l.name, checkpoint_bytes(dir), l.max_model_len);
+  TERN_CHECK(a.cuda_graphs == "on" || a.cuda_graphs == "off", "--cuda-graphs: expected on or off, found \"",
+             a.cuda_graphs, "\"");
+  model::DecodeGraphOptions graphs;
+  graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
+  graphs.max_batch = a.cuda_graph_max_batch > 0 ? a.cuda_graph_max_batch : std::min(a.max_running, 128);
+  runner->enable_decode_graphs(graphs);  // records the decode buckets now (startup), or logs why not
   engine::EngineOptions o;
   o.state_memory_bytes = parse_memory(a.state_memory, a.device);
   o.limits.max_running = a.max_running;
@@ -273,6 +282,11 @@ void add_options(CLI::App& app, ServeArgs& a) {
       ->capture_default_str();
   app.add_option("--kv-mode", a.kv_mode, "State rows: exact (fp32) or fp8")->capture_default_str();
   app.add_option("--device", a.device, "cpu or cuda (Hopper GPU; a build with -DTERN_CUDA=ON)")->capture_default_str();
+  app.add_option("--cuda-graphs", a.cuda_graphs, "on or off: decode steps replayed as CUDA graphs (--device cuda)")
+      ->capture_default_str();
+  app.add_flag("--no-cuda-graphs", a.no_cuda_graphs, "same as --cuda-graphs off");
+  app.add_option("--cuda-graph-max-batch", a.cuda_graph_max_batch,
+                 "largest decode batch recorded as a graph (default: min(--max-running, 128))");
   app.add_option("--max-running", a.max_running, "Sequences in a step at most")->capture_default_str();
   app.add_option("--token-budget", a.token_budget, "New tokens per step at most")->capture_default_str();
   app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/errors.h"
+#include "backends/cuda/step_graphs.h"
 
 namespace tern::cuda {
 
@@ -70,7 +71,7 @@ namespace {
 // the model's per-forward intermediates are recycled without cudaMalloc / cudaFree round trips.
 class CudaMemory final : public DeviceMemory {
  public:
-  explicit CudaMemory(CudaBackend& backend) : backend_(backend) {
+  CudaMemory(CudaBackend& backend, CudaStepGraphs& graphs) : backend_(backend), graphs_(graphs) {
     int dev = 0;
     TERN_CUDA(cudaGetDevice(&dev));
     cudaMemPool_t pool = nullptr;
@@ -79,7 +80,11 @@ class CudaMemory final : public DeviceMemory {
     TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   void* allocate(size_t bytes) override {
-    void* p = nullptr;
+    void* p = graphs_.allocate(bytes);  // the activation arena while a step scope is open
+    if (p != nullptr) {
+      TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
+      return p;
+    }
     const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -91,7 +96,9 @@ class CudaMemory final : public DeviceMemory {
     TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
     return p;
   }
-  void release(void* p) override { cudaFreeAsync(p, stream()); }  // no throw from a deleter
+  void release(void* p) override {  // no throw from a deleter
+    if (!graphs_.owns(p)) cudaFreeAsync(p, stream());
+  }
   void copy(void* dst, Device dst_device, const void* src, Device, size_t bytes) override {
     TERN_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
     if (dst_device == Device::cpu) TERN_CUDA(cudaStreamSynchronize(stream()));
@@ -103,6 +110,7 @@ class CudaMemory final : public DeviceMemory {
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(backend_.stream()); }
   CudaBackend& backend_;
+  CudaStepGraphs& graphs_;
 };
 
 }  // namespace
@@ -120,16 +128,27 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "compressor_update: compressor_kernel, CUDA cores, f32",
       "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32",
       "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores",
+      "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
+      "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
+      "replayed as "
+      "CUDA graphs per batch bucket (docs/cuda-backend.md, \"CUDA graphs\")",
       "sampling: on the host (the logits are copied back each step)",
   };
 }
 
 CudaBackend& register_backend() {
   static CudaBackend backend;
-  static CudaMemory memory(backend);
+  static CudaStepGraphs graphs(backend);
+  static CudaMemory memory(backend, graphs);
   ops::register_backend(Device::cuda, &backend);
+  ops::register_step_graphs(Device::cuda, &graphs);
   set_device_memory(Device::cuda, &memory);
   return backend;
+}
+
+CudaStepGraphs& step_graphs() {
+  register_backend();
+  return *static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));
 }
 
 void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views) {

@@ -50,6 +50,14 @@ class CudaBackend final : public ops::Backend {
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
+  // Batched decode steps (backend_decode.cpp)
+  void decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) override;
+  void decode_compressor(const ops::DecodeCompressorArgs& a) override;
+  void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) override;
+  void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                       int64_t window) override;
+  void store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest, const TensorView& positions,
+                        int ratio) override;
 
   // Waits for every op issued so far.
   void synchronize();

@@ -30,6 +30,8 @@ constexpr Rule kRules[] = {
     {"attention_", Match::prefix, OpCategory::attention},
     {"kv_pack_kernel", Match::exact, OpCategory::attention},
     {"kv_unpack_kernel", Match::exact, OpCategory::attention},
+    // Decode steps: each slot's new row into its ring or compressed rows (the attention's cache rows).
+    {"store_rows_kernel", Match::exact, OpCategory::attention},
     {"flash", Match::prefix, OpCategory::attention},  // FlashMLA-style kernels, if one is adopted
     // Lightning indexer: scores and top-k.
     {"indexer_", Match::prefix, OpCategory::indexer},

@@ -34,13 +34,37 @@ __host__ __device__ inline SplitPlan split_plan(int64_t keys) {
 
 struct KeyList {
   int64_t p, nwin, count, visible;
+  int64_t start;               // position of the first row of chunk
+  const uint8_t* chunk;        // this query's chunk rows (row of position start first)
+  const uint8_t* ring;
+  PagedRowsDesc compressed;    // this query's compressed rows
 };
 
+// Query i's keys. Eager mode: the launch's one sequence; decode mode: slot i's own sequence (same counts
+// for the same position, so the same split plan and the same bits).
 __device__ KeyList keys_of(const AttentionParams& a, int64_t i) {
   KeyList k;
-  k.p = a.start + i;
-  k.nwin = min(a.window, k.p + 1);
-  k.visible = a.ratio > 0 ? min(a.num_compressed, (k.p + 1) / a.ratio) : 0;
+  int64_t num_compressed = a.num_compressed;
+  if (a.positions != nullptr) {
+    k.p = a.positions[i];
+    k.start = k.p;
+    k.chunk = a.chunk_rows + i * a.fmt.row_bytes;
+    k.ring = reinterpret_cast<const uint8_t*>(a.rings[i]);
+    k.compressed = a.compressed;  // the page geometry; the slot's pool and block table:
+    if (a.ratio > 0) {
+      k.compressed.pool = reinterpret_cast<const uint8_t*>(a.pools[i]);
+      k.compressed.table = reinterpret_cast<const int32_t*>(a.comp_tables[i]);
+    }
+    num_compressed = a.ratio > 0 && k.p >= 0 ? (k.p + 1) / a.ratio : 0;
+  } else {
+    k.p = a.start + i;
+    k.start = a.start;
+    k.chunk = a.chunk_rows;
+    k.ring = a.ring;
+    k.compressed = a.compressed;
+  }
+  k.nwin = max(int64_t{0}, min(a.window, k.p + 1));
+  k.visible = a.ratio > 0 ? min(num_compressed, (k.p + 1) / a.ratio) : 0;
   k.count = a.selected != nullptr ? a.k_sel : k.visible;
   if (a.ratio == 0) k.count = 0;
   return k;
@@ -51,7 +75,7 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
   const int64_t rb = a.fmt.row_bytes;
   if (j < k.nwin) {
     const int64_t pos = k.p - k.nwin + 1 + j;
-    return pos >= a.start ? a.chunk_rows + (pos - a.start) * rb : a.ring + (pos % a.window) * rb;
+    return pos >= k.start ? k.chunk + (pos - k.start) * rb : k.ring + (pos % a.window) * rb;
   }
   int64_t w = j - k.nwin;
   if (a.selected != nullptr) {
@@ -62,7 +86,7 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
       return nullptr;
     }
   }
-  return paged_row(a.compressed, w);
+  return paged_row(k.compressed, w);
 }
 
 // Warp w decodes rows w and w + 8 of the tile into f32, every load of both rows issued before the first
@@ -141,6 +165,11 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
   const int64_t h = static_cast<int64_t>(blockIdx.y) * kHeadsPerBlock + warp;
   const int split = blockIdx.z;
   const KeyList kl = keys_of(a, i);
+  if (kl.p < 0) {  // an inert decode slot: zeros, no reads
+    if (split == 0 && h < a.heads)
+      for (int d = lane; d < HD; d += 32) a.out[(i * a.heads + h) * HD + d] = 0.0f;
+    return;
+  }
   const int64_t total = kl.nwin + kl.count;
   const SplitPlan plan = split_plan(total);
   if (split >= plan.splits) return;  // the whole block: the plan is the query's
@@ -229,7 +258,7 @@ __global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zspl
   const int64_t ih = blockIdx.x, h = ih % a.heads, i = q0 + ih / a.heads;
   const KeyList kl = keys_of(a, i);
   const int splits = split_plan(kl.nwin + kl.count).splits;
-  if (splits == 1) return;  // written by the attention kernel
+  if (splits == 1 || kl.p < 0) return;  // written by the attention kernel
   const float* part = a.partial + ih * zsplits * (hd + 4);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
@@ -258,6 +287,7 @@ __global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zspl
 
 int64_t max_keys(const AttentionParams& p) {
   const int64_t comp = p.ratio == 0 ? 0 : (p.selected != nullptr ? p.k_sel : p.num_compressed);
+  if (p.positions != nullptr) return p.window + comp;  // decode mode: the bound over any position
   return std::min(p.window, p.start + p.n) + comp;
 }
 

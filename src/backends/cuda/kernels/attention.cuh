@@ -30,6 +30,15 @@ struct AttentionParams {
   float* partial = nullptr;             // workspace: attention_partial_floats()
   int* err = nullptr;
   int num_sms = 132;
+  // Decode mode (positions != null): n slots of one query each. Slot i's query is at positions[i] (-1: an
+  // inert padding slot, which writes zeros and reads nothing), its own row is chunk_rows row i, its ring
+  // starts at the address rings[i], its compressed rows are in the pages of the pool at pools[i] through the
+  // block table at comp_tables[i] (compressed gives only the page geometry), and it sees (positions[i] + 1) /
+  // ratio compressed rows; num_compressed is then only the bound that sizes the launch.
+  const int64_t* positions = nullptr;
+  const uint64_t* rings = nullptr;
+  const uint64_t* pools = nullptr;
+  const uint64_t* comp_tables = nullptr;
 };
 
 int attention_splits(const AttentionParams& p);

@@ -31,6 +31,16 @@ struct Acc {
 constexpr int kChannels = 32, kLanes = 8;
 
 __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
+  if (p.positions != nullptr) {  // decode mode: this block's slot as a one-token chunk of its own sequence
+    const int64_t slot = blockIdx.y, C = p.width * (p.overlap ? 2 : 1);
+    p.start_pos = p.positions[slot];
+    if (p.start_pos < 0) return;
+    p.n = 1;
+    p.acc = reinterpret_cast<float*>(p.accs[slot]);
+    p.kv += slot * C;
+    p.gate += slot * C;
+    p.emitted += slot * p.width;
+  }
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + (threadIdx.x % kChannels);
   const int lane = threadIdx.x / kChannels;
   const int64_t C = p.width * (p.overlap ? 2 : 1), r = p.ratio;
@@ -81,8 +91,10 @@ __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(Compresso
 }  // namespace dev
 
 void launch_compressor(const CompressorParams& p, cudaStream_t stream) {
-  if (p.n == 0 || p.width == 0) return;
-  const unsigned blocks = static_cast<unsigned>((p.width + dev::kChannels - 1) / dev::kChannels);
+  const int64_t slots = p.positions != nullptr ? p.slots : 1;
+  if ((p.positions == nullptr && p.n == 0) || slots == 0 || p.width == 0) return;
+  const dim3 blocks(static_cast<unsigned>((p.width + dev::kChannels - 1) / dev::kChannels),
+                    static_cast<unsigned>(slots));
   dev::compressor_kernel<<<blocks, dev::kChannels * dev::kLanes, 0, stream>>>(p);
 }
 

@@ -19,6 +19,12 @@ struct CompressorParams {
   int ratio = 0;
   bool overlap = false;
   float* emitted = nullptr;    // [>= emit count, width]
+  // Decode mode (positions != null): blockIdx.y is a slot of one token at positions[slot] (-1: inert,
+  // touches nothing); its accumulators start at the address accs[slot], its kv / gate are row `slot`, and
+  // an entry it completes goes to emitted row `slot`. n, start_pos and acc are then unused.
+  const int64_t* positions = nullptr;
+  const uint64_t* accs = nullptr;
+  int64_t slots = 0;
 };
 
 void launch_compressor(const CompressorParams& p, cudaStream_t stream);

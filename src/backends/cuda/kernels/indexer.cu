@@ -9,6 +9,19 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
+// Query i's keys and how many there are (eager: the launch's; decode: slot i's own).
+__device__ __forceinline__ PagedRowsDesc keys_of(const IndexerParams& p, int64_t i, int64_t& count) {
+  PagedRowsDesc k = p.keys;
+  if (p.key_tables == nullptr) {
+    count = p.num_keys;
+    return k;
+  }
+  count = p.positions[i] < 0 ? 0 : min(p.num_keys, (p.positions[i] + 1) / p.ratio);
+  k.pool = reinterpret_cast<const uint8_t*>(p.pools[i]);
+  k.table = reinterpret_cast<const int32_t*>(p.key_tables[i]);
+  return k;
+}
+
 constexpr int kKeysPerBlock = 64, kHeadsMax = 64, kDimChunk = 64;
 
 // Block per (query, 64 keys). Thread (kg, hg) accumulates 4 keys x 4 heads over the dims, which pass
@@ -20,6 +33,9 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, fl
   const int64_t i = blockIdx.y, s0 = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock;
   const int kg = threadIdx.x % 16, hg = threadIdx.x / 16;
   const int64_t visible = (p.positions[i] + 1) / p.ratio;
+  int64_t num_keys = 0;
+  const PagedRowsDesc keys = keys_of(p, i, num_keys);
+  if (s0 >= num_keys) return;  // decode mode: beyond this slot's keys (the whole block)
   float acc[4][4] = {};
   for (int64_t d0 = 0; d0 < p.dim; d0 += kDimChunk) {
 #pragma unroll
@@ -31,8 +47,7 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, fl
     for (int idx = threadIdx.x; idx < kDimChunk * kKeysPerBlock; idx += blockDim.x) {
       const int kk = idx / kDimChunk, d = idx % kDimChunk;
       const int64_t s = s0 + kk;
-      ks[d][kk] = (s < p.num_keys && d0 + d < p.dim) ? reinterpret_cast<const float*>(paged_row(p.keys, s))[d0 + d]
-                                                      : 0.0f;
+      ks[d][kk] = (s < num_keys && d0 + d < p.dim) ? reinterpret_cast<const float*>(paged_row(keys, s))[d0 + d] : 0.0f;
     }
     __syncthreads();
 #pragma unroll 4
@@ -61,7 +76,7 @@ __global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, fl
   __syncthreads();
   if (threadIdx.x < kKeysPerBlock) {
     const int64_t s = s0 + threadIdx.x;
-    if (s < p.num_keys) {
+    if (s < num_keys) {
       float total = 0.0f;
       for (int g = 0; g < 16; ++g) total += red[g][threadIdx.x];
       scores[i * p.num_keys + s] = s < visible ? total : -INFINITY;
@@ -83,7 +98,9 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   __shared__ int warp_tot[kTopkThreads / 32];
   const int64_t i = blockIdx.x;
   const float* row = scores + i * p.num_keys;
-  const int64_t vis = min(p.num_keys, (p.positions[i] + 1) / p.ratio);
+  int64_t num_keys = 0;
+  keys_of(p, i, num_keys);
+  const int64_t vis = max(int64_t{0}, min(num_keys, (p.positions[i] + 1) / p.ratio));
   const int keep = static_cast<int>(min(static_cast<int64_t>(topk), vis));
   int32_t* out = indices + i * topk;
   for (int j = keep + threadIdx.x; j < topk; j += blockDim.x) out[j] = -1;

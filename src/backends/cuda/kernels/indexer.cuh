@@ -17,6 +17,12 @@ struct IndexerParams {
   int64_t n = 0, heads = 0, dim = 0, num_keys = 0;
   const int64_t* positions = nullptr;  // [n]
   int ratio = 4;
+  // Decode mode (key_tables != null): query i is slot i of its own sequence, whose keys are in the pages
+  // of the pool at pools[i] through the block table at key_tables[i] (keys gives only the page geometry)
+  // and number (positions[i] + 1) / ratio (positions[i] = -1: inert, all picks -1); num_keys is then the
+  // bound that sizes the launch and strides the scores.
+  const uint64_t* pools = nullptr;
+  const uint64_t* key_tables = nullptr;
 };
 
 constexpr int kMaxIndexerTopk = 2048;

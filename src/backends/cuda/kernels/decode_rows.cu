@@ -1,0 +1,33 @@
+// One block per slot: the device decides whether and where the slot's row lands.
+#include "backends/cuda/kernels/decode_rows.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+__global__ void store_rows_kernel(StoreRowsParams p) {
+  const int64_t slot = blockIdx.x, pos = p.positions[slot];
+  if (pos < 0) return;
+  uint8_t* dst = nullptr;
+  if (p.ratio > 0) {
+    if ((pos + 1) % p.ratio != 0) return;
+    PagedRowsDesc d = p.paged;
+    d.pool = reinterpret_cast<const uint8_t*>(p.pools[slot]);
+    d.table = reinterpret_cast<const int32_t*>(p.tables[slot]);
+    dst = const_cast<uint8_t*>(paged_row(d, pos / p.ratio));
+  } else {
+    dst = reinterpret_cast<uint8_t*>(p.rings[slot]) + (pos % p.window) * p.row_bytes;
+  }
+  const uint8_t* src = p.src + slot * p.row_bytes;
+  for (int64_t b = threadIdx.x; b < p.row_bytes; b += blockDim.x) dst[b] = src[b];
+}
+
+}  // namespace
+}  // namespace dev
+
+void launch_store_rows(const StoreRowsParams& p, cudaStream_t stream) {
+  if (p.slots == 0 || p.row_bytes == 0) return;
+  dev::store_rows_kernel<<<static_cast<unsigned>(p.slots), 128, 0, stream>>>(p);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,53 @@
+// The CUDA backend's recorded steps (ops/step_graphs.h): the activation arena that core's device tensors
+// come from while a scope is open, and CUDA graph capture / replay on the backend's stream.
+// Host compiler; includes the runtime API (internal to the backend).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
+#include "ops/step_graphs.h"
+
+namespace tern::cuda {
+
+class CudaStepGraphs final : public ops::StepGraphs {
+ public:
+  explicit CudaStepGraphs(CudaBackend& backend);
+  ~CudaStepGraphs() override;
+
+  void arena_begin(bool measure) override;
+  size_t arena_end() override;
+  void arena_reserve(size_t bytes) override;
+  size_t arena_bytes() const override { return arena_.size(); }
+  int capture(const std::function<void()>& body) override;
+  void replay(int handle) override;
+  void drop_all() override;
+  size_t graph_bytes() const override { return graph_bytes_; }
+  uint64_t generation() const override;
+  void* pinned_host(size_t bytes) override;
+
+  // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
+  // measuring scope, counts `bytes` and returns nullptr (the pool serves it).
+  void* allocate(size_t bytes);
+  bool owns(const void* p) const;
+
+ private:
+  CudaBackend& backend_;
+  DeviceBuffer arena_;
+  size_t used_ = 0;
+  bool open_ = false, measure_ = false;
+  uint64_t arena_generation_ = 0;
+  size_t graph_bytes_ = 0;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  cudaStream_t capture_stream_ = nullptr;
+  std::vector<cudaGraphExec_t> execs_;
+};
+
+// The backend's instance (created and registered for Device::cuda by register_backend()).
+CudaStepGraphs& step_graphs();
+
+}  // namespace tern::cuda

@@ -1,0 +1,172 @@
+#include "model/decode_graphs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace tern::model {
+
+namespace {
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+bool is_power_of_10(uint64_t n) {
+  while (n % 10 == 0 && n > 1) n /= 10;
+  return n == 1;
+}
+}  // namespace
+
+std::vector<int64_t> default_decode_buckets(int64_t max_batch) {
+  TERN_CHECK(max_batch >= 1, "decode graphs: the largest batch must be >= 1, not ", max_batch);
+  std::vector<int64_t> b;
+  for (int64_t s : {1, 2, 4, 8, 16, 24, 32})
+    if (s < max_batch) b.push_back(s);
+  for (int64_t s = 48; s < max_batch; s += 16) b.push_back(s);
+  b.push_back(max_batch);
+  return b;
+}
+
+int64_t pick_decode_bucket(std::span<const int64_t> buckets, int64_t batch) {
+  const auto it = std::lower_bound(buckets.begin(), buckets.end(), batch);
+  return it == buckets.end() ? -1 : *it;
+}
+
+uint64_t DecodeGraphStats::eager_total() const {
+  uint64_t n = 0;
+  for (const auto& [reason, count] : eager_steps) n += count;
+  return n;
+}
+
+DecodeGraphs::DecodeGraphs(Model& model, DecodeGraphOptions options)
+    : model_(model), options_(std::move(options)) {
+  buckets_ = options_.buckets.empty() ? default_decode_buckets(options_.max_batch) : options_.buckets;
+  TERN_CHECK(!buckets_.empty() && buckets_.front() >= 1 && std::is_sorted(buckets_.begin(), buckets_.end()) &&
+                 std::adjacent_find(buckets_.begin(), buckets_.end()) == buckets_.end(),
+             "decode graphs: buckets must be ascending, distinct and >= 1");
+  TERN_CHECK(options_.max_tokens >= 1, "decode graphs: max_tokens (the longest sequence) must be set");
+  layout_ = model_.state_layout(options_.max_tokens, options_.tokens_per_page);
+  handles_.assign(buckets_.size(), -1);
+  logits_.resize(buckets_.size());
+}
+
+void DecodeGraphs::prepare() {
+  if (prepared_) return;
+  prepared_ = true;
+  if (!options_.enabled) {
+    disabled_ = "cuda graphs disabled (--cuda-graphs off)";
+  } else if (model_.device() == Device::cpu) {
+    disabled_ = "the model is on the CPU";
+  } else if ((graphs_ = ops::step_graphs(model_.device())) == nullptr) {
+    disabled_ = "the device backend cannot record steps";
+  }
+  if (!disabled_.empty()) {
+    log::info("decode steps run eagerly: ", disabled_);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t largest = buckets_.back();
+  try {
+    const int64_t words = model_.decode_words(largest);
+    staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
+    tables_ = Tensor(DType::i64, {model_.decode_words(largest)}, model_.device());
+    // Dry run at the largest bucket, every slot inert: sizes the arena, grows the backend's workspace
+    // and builds its tables before any capture.
+    upload_tables({}, largest);
+    graphs_->arena_begin(/*measure=*/true);
+    try {
+      const Model::DecodeTables t = model_.decode_tables(tables_, largest);
+      (void)model_.decode_body(t, *layout_);
+    } catch (...) {
+      graphs_->arena_end();
+      throw;
+    }
+    graphs_->arena_reserve(graphs_->arena_end());
+    stats_.arena_bytes = graphs_->arena_bytes();
+    for (size_t i = 0; i < buckets_.size(); ++i) record(i);
+  } catch (const std::exception& e) {
+    disabled_ = std::string("capture failed: ") + e.what();
+    log::warn("decode steps run eagerly: ", disabled_);
+    return;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string list;
+  for (int64_t b : buckets_) list += (list.empty() ? "" : " ") + std::to_string(b);
+  log::info("cuda graphs: decode steps recorded at startup for batch buckets [", list, "] in ", secs,
+            " s; activation arena ", mib(stats_.arena_bytes), " MiB, graphs ", mib(stats_.graph_bytes),
+            " MiB (free device memory drop); mixed prefill+decode steps and batches above ", largest,
+            " run eagerly");
+}
+
+void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots) {
+  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()));
+  const int64_t words = model_.decode_words(slots);
+  // One H2D copy from page-locked memory. The previous step's copy is done: its logits came back since.
+  copy_view(staging_.rows(0, words), tables_.view().rows(0, words));
+}
+
+void DecodeGraphs::record(size_t i) {
+  const int64_t slots = buckets_[i];
+  const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+  Tensor logits;
+  graphs_->arena_begin(/*measure=*/false);
+  try {
+    handles_[i] = graphs_->capture([&] { logits = model_.decode_body(t, *layout_); });
+  } catch (...) {
+    graphs_->arena_end();
+    throw;
+  }
+  graphs_->arena_end();
+  logits_[i] = std::move(logits);
+  generation_ = graphs_->generation();
+  stats_.graph_bytes = graphs_->graph_bytes();
+  ++stats_.captures;
+}
+
+Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason) {
+  const uint64_t n = ++stats_.eager_steps[reason];
+  if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
+  else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
+  return model_.forward(batch);
+}
+
+Tensor DecodeGraphs::forward(std::span<const StepSequence> batch) {
+  prepare();
+  if (!disabled_.empty()) return eager(batch, disabled_);
+  const std::string refusal = model_.decode_refusal(batch, *layout_);
+  if (!refusal.empty()) return eager(batch, refusal);
+  const auto B = static_cast<int64_t>(batch.size());
+  const int64_t slots = pick_decode_bucket(buckets_, B);
+  if (slots < 0) return eager(batch, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")");
+  const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), slots) - buckets_.begin());
+  if (graphs_->generation() != generation_) {  // the workspace or the arena moved: record again
+    log::info("decode graphs: the backend's workspace moved; recording the buckets again as they are used");
+    graphs_->drop_all();
+    std::fill(handles_.begin(), handles_.end(), -1);
+    for (Tensor& t : logits_) t = Tensor();
+    generation_ = graphs_->generation();
+  }
+  if (handles_[i] < 0) {
+    try {
+      record(i);
+    } catch (const std::exception& e) {
+      disabled_ = std::string("capture failed: ") + e.what();
+      log::warn("decode steps run eagerly from now on: ", disabled_);
+      return eager(batch, disabled_);
+    }
+  }
+  upload_tables(batch, slots);
+  graphs_->replay(handles_[i]);
+  const int64_t vocab = model_.config().vocab_size;
+  Tensor logits(DType::f32, {B, vocab});
+  copy_view(logits_[i].view().rows(0, B), logits);
+  Model::decode_done(batch);
+  ++stats_.graph_steps;
+  return logits;
+}
+
+}  // namespace tern::model

@@ -1,0 +1,81 @@
+// Decode steps as CUDA graphs (docs/cuda-backend.md, "CUDA graphs"): one recorded decode step per batch
+// bucket, replayed for every decode-only step whose batch fits a bucket (padded with inert slots to the
+// smallest bucket not below it). Everything else runs Model::forward eagerly, counted by reason.
+//
+//   DecodeGraphs graphs(model, {.max_tokens = 4096});
+//   graphs.prepare();                       // dry run at the largest bucket, arena, capture every bucket
+//   Tensor logits = graphs.forward(batch);  // as Model::forward: host logits, states advanced
+//
+// Device-agnostic: the recording goes through ops::StepGraphs, installed by the device's backend.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/v4_model.h"
+#include "ops/step_graphs.h"
+
+namespace tern::model {
+
+// 1, 2, 4, 8, 16, 24, 32, then steps of 16 up to max_batch (max_batch itself always included).
+std::vector<int64_t> default_decode_buckets(int64_t max_batch);
+// The smallest bucket >= batch (buckets ascending), or -1 when the batch is above the largest.
+int64_t pick_decode_bucket(std::span<const int64_t> buckets, int64_t batch);
+
+struct DecodeGraphOptions {
+  bool enabled = true;         // false: every step eager (--cuda-graphs off)
+  int64_t max_batch = 32;      // the largest bucket (when buckets is empty)
+  std::vector<int64_t> buckets;  // ascending; empty: default_decode_buckets(max_batch)
+  int64_t max_tokens = 0;      // bound on any sequence's capacity (sizes the indexer and attention launches)
+  int64_t tokens_per_page = 0;  // the states' page geometry (cache::StateLayout; 0: the cache's default)
+};
+
+struct DecodeGraphStats {
+  uint64_t graph_steps = 0;
+  std::map<std::string, uint64_t> eager_steps;  // by reason
+  uint64_t captures = 0;                        // graphs recorded (startup and re-recordings)
+  size_t arena_bytes = 0, graph_bytes = 0;
+  uint64_t eager_total() const;
+};
+
+class DecodeGraphs {
+ public:
+  DecodeGraphs(Model& model, DecodeGraphOptions options);
+  // Sizes the activation arena by a dry run at the largest bucket (every slot inert, so no state is
+  // touched) and records every bucket, logging the time and memory. Graphs off, a CPU model or a failure
+  // leaves every step eager, with the reason logged and counted.
+  void prepare();
+  // As Model::forward (host logits, states advanced): a graph replay when the batch is decode-only and
+  // fits a bucket, else the eager forward.
+  Tensor forward(std::span<const StepSequence> batch);
+
+  const DecodeGraphStats& stats() const { return stats_; }
+  const std::vector<int64_t>& buckets() const { return buckets_; }
+  // Empty while graphs run; else why every step is eager.
+  const std::string& disabled_reason() const { return disabled_; }
+
+ private:
+  Tensor eager(std::span<const StepSequence> batch, const std::string& reason);
+  void upload_tables(std::span<const StepSequence> batch, int64_t slots);
+  void record(size_t bucket);
+
+  Model& model_;
+  DecodeGraphOptions options_;
+  std::shared_ptr<const cache::StateLayout> layout_;  // the states the graphs serve: bound and page geometry
+  std::vector<int64_t> buckets_;
+  ops::StepGraphs* graphs_ = nullptr;
+  std::string disabled_;
+  TensorView staging_;  // host i64 [decode_words(largest)], page-locked (ops::StepGraphs::pinned_host)
+  Tensor tables_;   // device copy
+  std::vector<int> handles_;     // per bucket; -1: not recorded
+  std::vector<Tensor> logits_;   // per bucket: the recorded step's device logits (arena)
+  uint64_t generation_ = 0;
+  bool prepared_ = false;
+  DecodeGraphStats stats_;
+};
+
+}  // namespace tern::model

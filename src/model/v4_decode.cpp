@@ -1,0 +1,209 @@
+// Batched decode steps (v4_model.h, "Batched decode steps"): the forward of forward() with the
+// per-sequence ops (compressors, indexer, attention, window-ring store) replaced by one launch for all
+// slots, which reads each slot's position and state addresses from device tables.
+#include <cmath>
+#include <unordered_set>
+
+#include "model/v4_batch.h"
+#include "ops/decode.h"
+#include "ops/elementwise.h"
+#include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace tern::model {
+
+namespace {
+constexpr int kGlobalWords = 4, kWordsPerLayer = 4;
+int64_t address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
+
+// Slot rows of layer l (compressed rows, or indexer keys) in pages of `layout`'s geometry.
+ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::StateLayout& layout, int l, bool keys) {
+  const cache::StateLayout::LayerPlaces& pl = layout.places(l);
+  const cache::LayerSpec& spec = layout.spec(l);
+  ops::DecodePagedRows r;
+  r.pools = t.pools;
+  r.tables = t.row_tables;
+  r.page_bytes = layout.page_bytes();
+  r.offset_in_page = keys ? pl.index_keys_offset : pl.compressed_offset;
+  r.rows_per_page = pl.rows_per_page;
+  r.row_bytes = keys ? spec.index_row_bytes : spec.kv_row_bytes;
+  return r;
+}
+}  // namespace
+
+void Model::check_state(const cache::SequenceState& state) const {
+  const cache::StateLayout& layout = state.layout();
+  bool ours = layout.num_layers() == static_cast<int>(layer_specs_.size());
+  for (int l = 0; ours && l < layout.num_layers(); ++l) ours = layout.spec(l) == layer_specs_[l];
+  TERN_CHECK(ours, "forward: the state's layout does not belong to this model and KV mode");
+  TERN_CHECK(state.device() == device_, "forward: the state is not on the model's device (make it with new_state())");
+}
+
+std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout) const {
+  if (observer_) return "an observer is set";
+  if (batch.empty()) return "an empty batch";
+  std::unordered_set<const cache::SequenceState*> seen;
+  for (const StepSequence& s : batch) {
+    if (s.tokens.size() != 1) return "prefill in the step";
+    if (s.logits != LogitsFor::last) return "a decode token without logits";
+    if (s.state == nullptr || !seen.insert(s.state).second) return "a missing or repeated state";
+    const cache::StateLayout& l = s.state->layout();
+    if (l.max_tokens() > layout.max_tokens()) return "a sequence longer than the graphs' bound";
+    if (l.page_bytes() != layout.page_bytes() || l.tokens_per_page() != layout.tokens_per_page())
+      return "a state in pages of another geometry";
+    if (s.state->capacity() < s.state->position() + 1) return "a state without pages for its next token";
+  }
+  return {};
+}
+
+void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const {
+  const int64_t S = slots, B = static_cast<int64_t>(batch.size());
+  TERN_CHECK(B <= S && static_cast<int64_t>(words.size()) >= decode_words(S), "fill_decode_tables: ", B,
+             " sequences in ", S, " slots, ", words.size(), " words");
+  std::fill(words.begin(), words.begin() + decode_words(S), int64_t{0});
+  for (int64_t i = 0; i < S; ++i) words[S + i] = -1;  // inert padding
+  for (int64_t i = 0; i < B; ++i) {
+    const StepSequence& s = batch[i];
+    TERN_CHECK(s.state != nullptr && s.tokens.size() == 1, "fill_decode_tables: slot ", i,
+               " needs a state and exactly one token");
+    check_state(*s.state);
+    const int64_t pos = s.state->position();
+    TERN_CHECK(pos + 1 <= s.state->layout().max_tokens(), "forward: ", pos + 1,
+               " tokens exceed the state's capacity of ", s.state->layout().max_tokens());
+    TERN_CHECK(s.state->capacity() >= pos + 1, "fill_decode_tables: slot ", i, "'s state holds pages for ",
+               s.state->capacity(), " positions, not ", pos + 1, " (reserve() first)");
+    words[i] = s.tokens[0];
+    words[S + i] = pos;
+    for (int l = 0; l < static_cast<int>(layer_specs_.size()); ++l) {
+      int64_t* w = words.data() + (kGlobalWords + kWordsPerLayer * l) * S + i;
+      const int ratio = layer_specs_[l].ratio;
+      w[0 * S] = address(s.state->ring(l));
+      if (ratio > 0) {
+        const PagedRows rows = s.state->compressed_rows(l);  // every layer's rows: the same pool and table
+        words[2 * S + i] = address(rows.pool);
+        words[3 * S + i] = address(rows.block_table);
+        w[1 * S] = address(s.state->compressor_acc(l));
+        w[3 * S] = pos / ratio * ratio;
+      }
+      if (layer_specs_[l].index_row_bytes > 0) w[2 * S] = address(s.state->indexer_acc(l));
+    }
+  }
+}
+
+Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots) const {
+  const int64_t S = slots;
+  TERN_CHECK(words.dtype() == DType::i64 && words.numel() >= decode_words(S), "decode_tables: ",
+             words.shape().str(), " holds fewer than ", decode_words(S), " words");
+  auto array = [&](int64_t k) {
+    return TensorView(words.data_as<int64_t>() + k * S, DType::i64, {S}, words.device());
+  };
+  DecodeTables t;
+  t.ids = array(0), t.positions = array(1), t.pools = array(2), t.row_tables = array(3);
+  for (int64_t l = 0; l < static_cast<int64_t>(layer_specs_.size()); ++l) {
+    const int64_t k = kGlobalWords + kWordsPerLayer * l;
+    t.layers.push_back({array(k), array(k + 1), array(k + 2), array(k + 3)});
+  }
+  return t;
+}
+
+void Model::decode_done(std::span<const StepSequence> batch) {
+  for (const StepSequence& s : batch) s.state->advance(1);
+}
+
+Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout) {
+  const ModelConfig& c = w_.config;
+  Batch b;
+  b.tokens = t.ids.numel();
+  b.ids = t.ids;
+  b.positions = t.positions;
+  b.decode = &t;
+  b.layout = &layout;
+  const int64_t N = b.tokens, D = c.hidden_size;
+  const Tensor streams = run_layers(b);
+  // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the
+  // same bits either way, every kernel here being per row).
+  Tensor y = tensor(DType::f32, {N, D});
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  ops::hc_head({streams, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
+  ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
+  Tensor logits = tensor(DType::f32, {N, c.vocab_size});
+  ops::linear(y, head_, logits);
+  return logits;
+}
+
+// compress() for every slot: the entry a slot's token closes is normed, RoPE'd at its position and stored
+// by the device (store_rows decides whether the token closes a window).
+void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool indexer) {
+  const ModelConfig& c = w_.config;
+  const AttentionWeights& A = w_.layers[l].attn;
+  const LayerOps& o = layer_ops_[l];
+  const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
+  const DecodeTables::Layer& t = b.decode->layers[l];
+  const int ratio = c.compress_ratio(l);
+  const int64_t N = b.tokens, width = cw.width;
+  const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
+  Tensor kv = tensor(DType::f32, {N, wkv.out}), gate = tensor(DType::f32, {N, wkv.out});
+  ops::linear(h, wkv, kv);
+  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, gate);
+  const ops::KvRowFormat format =
+      indexer ? ops::KvRowFormat{ops::KvFormat::f32, width, c.rope_dim} : kv_format();
+  Tensor emitted = tensor(DType::f32, {N, width});
+  ops::decode_compressor({indexer ? t.indexer_acc : t.compressor_acc, kv, gate, cw.ape, b.positions, ratio,
+                          cw.overlap, width, emitted});
+  ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
+  ops::rope(emitted, t.entry_positions, inv_freq_compress_);
+  Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
+  ops::kv_pack(emitted, format, rows);
+  ops::store_paged_rows(rows, paged_rows(*b.decode, *b.layout, l, indexer), b.positions, ratio);
+}
+
+// indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.
+Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
+  const ModelConfig& c = w_.config;
+  const LayerOps& o = layer_ops_[l];
+  const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
+  Tensor qi = tensor(DType::f32, {N, Hi, di});
+  ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
+  ops::rope(qi, b.positions, inv_freq_compress_);
+  Tensor weights = tensor(DType::f32, {N, Hi});
+  ops::linear(h, o.idx_weights_proj, weights);
+  ops::DecodeIndexerArgs args;
+  args.q = qi;
+  args.weights = weights;
+  args.keys = paged_rows(*b.decode, *b.layout, l, /*keys=*/true);
+  args.positions = b.positions;
+  args.ratio = c.compress_ratio(l);
+  args.max_keys = b.layout->max_tokens() / args.ratio;
+  Tensor selected = tensor(DType::i32, {N, c.index_topk});
+  ops::decode_indexer_topk(args, c.index_topk, selected);
+  return selected;
+}
+
+// attend() for every slot, then each slot's row enters its ring.
+void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows, const Tensor& selected,
+                          const Tensor& heads) {
+  const ModelConfig& c = w_.config;
+  const DecodeTables::Layer& t = b.decode->layers[l];
+  ops::DecodeAttentionArgs args;
+  args.q = q;
+  args.positions = b.positions;
+  args.format = kv_format();
+  args.rows = kv_rows;
+  args.rings = t.ring;
+  args.window = c.sliding_window;
+  args.ratio = c.compress_ratio(l);
+  if (args.ratio > 0) {
+    args.compressed = paged_rows(*b.decode, *b.layout, l, /*keys=*/false);
+    args.max_compressed = b.layout->max_tokens() / args.ratio;
+  }
+  args.selected = selected.empty() ? TensorView() : selected.view();
+  args.sinks = w_.layers[l].attn.attn_sink;
+  args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ops::decode_attention(args, heads);
+  ops::store_ring_rows(kv_rows, t.ring, b.positions, c.sliding_window);
+}
+
+}  // namespace tern::model

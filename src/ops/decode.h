@@ -1,0 +1,73 @@
+// Batched decode-step ops: every slot of the batch brings exactly one token of its own sequence, and one
+// launch serves all slots. What differs per slot (the token's position, where its state lives) is read
+// on the device from per-step arrays, so a step can be recorded once (a CUDA graph) and replayed with new
+// arrays. A slot at position -1 is inert padding: it reads no state, writes none, raises no error.
+//
+// Address tables are i64 [slots] tensors holding device addresses (0 for inert slots): each slot's ring or
+// accumulators. Compressed rows and indexer keys are paged (DecodePagedRows): per slot the address of its
+// sequence's pool and row block table, and one page geometry for all slots.
+// Each op computes per slot exactly what its eager counterpart computes for a one-token chunk (same
+// kernels, same reduction orders), so a decode step gives the eager forward's bits.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/kv_row.h"
+
+namespace tern::ops {
+
+// Each slot's paged rows (compressed rows or indexer keys; core/paged_rows.h): row r of slot i is at
+// offset_in_page + (r % rows_per_page) * row_bytes of page tables[i][r / rows_per_page] of the pool at
+// pools[i] (pages of page_bytes).
+struct DecodePagedRows {
+  TensorView pools, tables;  // i64 [slots]: addresses (u8 pool, i32 row block table on the device)
+  int64_t page_bytes = 0, offset_in_page = 0, rows_per_page = 0, row_bytes = 0;
+};
+
+struct DecodeAttentionArgs {
+  TensorView q;          // f32 [slots, heads, head_dim]
+  TensorView positions;  // i64 [slots]
+  KvRowFormat format;
+  TensorView rows;        // u8 [slots, row_bytes]: each slot's own new row (not yet in its ring)
+  TensorView rings;       // i64 [slots]: ring addresses (u8 [window, row_bytes] each)
+  DecodePagedRows compressed;  // each slot's compressed rows (ratio > 0)
+  int64_t window = 0;
+  int ratio = 0;
+  int64_t max_compressed = 0;  // bound on any slot's compressed rows (sizes the launch)
+  TensorView selected;         // i32 [slots, k] (CSA) or empty
+  TensorView sinks;            // f32 [heads]
+  float scale = 1.0f;
+};
+void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
+
+struct DecodeCompressorArgs {
+  TensorView accs;       // i64 [slots]: accumulator addresses (f32 [overlap ? 2 : 1, 3, width] each)
+  TensorView kv, gate;   // f32 [slots, channels]
+  TensorView ape;        // f32 [ratio, channels]
+  TensorView positions;  // i64 [slots]
+  int ratio = 0;
+  bool overlap = false;
+  int64_t width = 0;
+  TensorView emitted;  // f32 [slots, width]: row i written only when slot i's token closes a window
+};
+void decode_compressor(const DecodeCompressorArgs& a);
+
+struct DecodeIndexerArgs {
+  TensorView q;          // f32 [slots, index_heads, dim]
+  TensorView weights;    // f32 [slots, index_heads]
+  DecodePagedRows keys;  // each slot's indexer keys (rows of dim f32)
+  TensorView positions;  // i64 [slots]
+  int ratio = 4;
+  int64_t max_keys = 0;  // bound on any slot's keys (sizes the launch)
+};
+// indices i32 [slots, topk]: as indexer_topk for each slot's one query (-1 padded).
+void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
+
+// Stores row i of `rows` (u8 [slots, row_bytes]) into slot i's window ring (at rings[i], ring slot
+// position % window).
+void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions, int64_t window);
+// Stores row i of `rows` into slot i's paged rows as entry position / ratio, when the token closes a window.
+void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio);
+
+}  // namespace tern::ops

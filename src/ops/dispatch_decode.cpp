@@ -1,0 +1,96 @@
+// Entry points of the batched decode-step ops (ops/decode.h): check arguments, then call the backend.
+#include "ops/backend.h"
+#include "ops/check.h"
+#include "ops/decode.h"
+
+namespace tern::ops {
+
+using detail::common_device;
+using detail::expect_dtype;
+using detail::expect_shape;
+
+namespace {
+void expect_table(std::string_view op, std::string_view arg, const TensorView& t, int64_t slots) {
+  expect_shape(op, arg, t, {slots});
+  expect_dtype(op, arg, t, {DType::i64});
+}
+void expect_paged_tables(std::string_view op, std::string_view arg, const DecodePagedRows& r, int64_t slots) {
+  expect_table(op, arg, r.pools, slots);
+  expect_table(op, arg, r.tables, slots);
+  TERN_CHECK(r.page_bytes > 0 && r.rows_per_page > 0 && r.row_bytes > 0 && r.offset_in_page >= 0 &&
+                 r.offset_in_page + r.rows_per_page * r.row_bytes <= r.page_bytes,
+             op, ": ", arg, " page geometry (", r.rows_per_page, " rows of ", r.row_bytes, " bytes at ",
+             r.offset_in_page, ") does not fit a page of ", r.page_bytes, " bytes");
+}
+}  // namespace
+
+void decode_attention(const DecodeAttentionArgs& a, const TensorView& out) {
+  const int64_t S = a.q.dim(0);
+  expect_table("decode_attention", "positions", a.positions, S);
+  expect_table("decode_attention", "rings", a.rings, S);
+  if (a.ratio > 0) {
+    expect_paged_tables("decode_attention", "compressed", a.compressed, S);
+    TERN_CHECK(a.compressed.row_bytes == a.format.row_bytes(), "decode_attention: compressed rows of ",
+               a.compressed.row_bytes, " bytes, KV rows of ", a.format.row_bytes());
+  }
+  expect_shape("decode_attention", "rows", a.rows, {S, a.format.row_bytes()});
+  TERN_CHECK(a.q.rank() == 3 && out.shape() == a.q.shape(), "decode_attention: out ", out.shape().str(),
+             " must match q ", a.q.shape().str());
+  TERN_CHECK(a.window > 0, "decode_attention: window must be > 0");
+  if (!a.selected.empty()) {
+    TERN_CHECK(a.selected.rank() == 2 && a.selected.dim(0) == S, "decode_attention: selected ",
+               a.selected.shape().str(), " must be [", S, ", k]");
+    expect_dtype("decode_attention", "selected", a.selected, {DType::i32});
+  }
+  backend_for(common_device("decode_attention", {&a.q, &a.positions, &a.rows, &out})).decode_attention(a, out);
+}
+
+void decode_compressor(const DecodeCompressorArgs& a) {
+  const int64_t S = a.positions.dim(0), C = a.width * (a.overlap ? 2 : 1);
+  expect_table("decode_compressor", "positions", a.positions, S);
+  expect_table("decode_compressor", "accs", a.accs, S);
+  expect_shape("decode_compressor", "kv", a.kv, {S, C});
+  expect_shape("decode_compressor", "gate", a.gate, {S, C});
+  expect_shape("decode_compressor", "ape", a.ape, {a.ratio, C});
+  expect_shape("decode_compressor", "emitted", a.emitted, {S, a.width});
+  TERN_CHECK(a.ratio > 0, "decode_compressor: ratio must be > 0");
+  backend_for(common_device("decode_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).decode_compressor(a);
+}
+
+void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices) {
+  const int64_t S = a.q.dim(0);
+  expect_table("decode_indexer_topk", "positions", a.positions, S);
+  expect_paged_tables("decode_indexer_topk", "keys", a.keys, S);
+  TERN_CHECK(a.keys.row_bytes == a.q.dim(2) * 4, "decode_indexer_topk: keys of ", a.keys.row_bytes,
+             " bytes for queries of ", a.q.dim(2), " f32");
+  expect_shape("decode_indexer_topk", "weights", a.weights, {S, a.q.dim(1)});
+  expect_shape("decode_indexer_topk", "indices", indices, {S, topk});
+  expect_dtype("decode_indexer_topk", "indices", indices, {DType::i32});
+  TERN_CHECK(a.ratio > 0 && topk > 0, "decode_indexer_topk: ratio and topk must be > 0");
+  backend_for(common_device("decode_indexer_topk", {&a.q, &a.weights, &a.positions, &indices}))
+      .decode_indexer_topk(a, topk, indices);
+}
+
+void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions, int64_t window) {
+  const int64_t S = rows.dim(0);
+  expect_table("store_ring_rows", "rings", rings, S);
+  expect_table("store_ring_rows", "positions", positions, S);
+  expect_dtype("store_ring_rows", "rows", rows, {DType::u8});
+  TERN_CHECK(window > 0, "store_ring_rows: a ring needs window > 0");
+  backend_for(common_device("store_ring_rows", {&rows, &rings, &positions}))
+      .store_ring_rows(rows, rings, positions, window);
+}
+
+void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio) {
+  const int64_t S = rows.dim(0);
+  expect_paged_tables("store_paged_rows", "dest", dest, S);
+  expect_table("store_paged_rows", "positions", positions, S);
+  expect_dtype("store_paged_rows", "rows", rows, {DType::u8});
+  TERN_CHECK(rows.rank() == 2 && rows.dim(1) == dest.row_bytes, "store_paged_rows: rows ", rows.shape().str(),
+             " for destination rows of ", dest.row_bytes, " bytes");
+  TERN_CHECK(ratio > 0, "store_paged_rows: ratio must be > 0");
+  backend_for(common_device("store_paged_rows", {&rows, &dest.pools, &dest.tables, &positions}))
+      .store_paged_rows(rows, dest, positions, ratio);
+}
+
+}  // namespace tern::ops

@@ -1,0 +1,51 @@
+// Recorded steps on a device (CUDA graphs): an activation arena, so that a recorded step allocates
+// nothing and finds its intermediates at the same addresses every replay, and capture / replay of a
+// step's device work. Installed by a device backend that supports it (the CUDA backend does); the model's
+// decode-graph driver (model/decode_graphs.h) uses it and knows no device API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tern::ops {
+
+class StepGraphs {
+ public:
+  virtual ~StepGraphs() = default;
+
+  // While an arena scope is open, every Tensor(dtype, shape, device) comes from the arena: a bump
+  // allocator reset at begin, zero-filled on the device like any device tensor, released with the arena.
+  // measure = true: allocations come from the ordinary pool and are only counted (the dry run that
+  // sizes the arena). Outside measure mode, running past the arena's size throws.
+  virtual void arena_begin(bool measure) = 0;
+  // Closes the scope; returns the bytes the scope allocated (aligned).
+  virtual size_t arena_end() = 0;
+  // (Re)allocates the arena; every recorded step is dropped (their addresses are gone).
+  virtual void arena_reserve(size_t bytes) = 0;
+  virtual size_t arena_bytes() const = 0;
+
+  // Records `body`'s device work (nothing runs); returns a handle. Throws, saying why, when the body or
+  // the capture fails (the capture is then abandoned and nothing is recorded).
+  virtual int capture(const std::function<void()>& body) = 0;
+  // Runs recorded step `handle` (ordered after the device work issued so far, and before what follows).
+  virtual void replay(int handle) = 0;
+  virtual void drop_all() = 0;
+  // Device memory the recorded steps took (the drop in free device memory across their instantiation).
+  virtual size_t graph_bytes() const = 0;
+  // Changes whenever an address a recorded step may hold moves (the arena, the backend's workspace):
+  // steps recorded under another generation must be recorded again.
+  virtual uint64_t generation() const = 0;
+  // Page-locked host memory of at least `bytes` (the per-step tables' staging, so their copy is one DMA),
+  // owned by the graphs; valid until a larger request or the graphs' end.
+  virtual void* pinned_host(size_t bytes) = 0;
+};
+
+// Installs (or removes, with nullptr) the step graphs of `device`; nullptr from step_graphs() when none.
+void register_step_graphs(Device device, StepGraphs* graphs);
+StepGraphs* step_graphs(Device device);
+
+}  // namespace tern::ops

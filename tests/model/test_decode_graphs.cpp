@@ -1,0 +1,117 @@
+// The decode-graph driver's host side (model/decode_graphs.h): bucket choice and padding, the per-step
+// tables, which steps may replay a graph, and the eager path (with its reason) where graphs cannot run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "fixture.h"
+#include "model/decode_graphs.h"
+
+namespace tern::test {
+namespace {
+
+using model::default_decode_buckets;
+using model::pick_decode_bucket;
+
+TEST(DecodeBuckets, Defaults) {
+  EXPECT_EQ(default_decode_buckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(default_decode_buckets(5), (std::vector<int64_t>{1, 2, 4, 5}));
+  EXPECT_EQ(default_decode_buckets(32), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32}));
+  EXPECT_EQ(default_decode_buckets(100), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100}));
+  EXPECT_THROW(default_decode_buckets(0), Error);
+}
+
+TEST(DecodeBuckets, PadsToTheSmallestBucketNotBelow) {
+  const std::vector<int64_t> b = default_decode_buckets(32);
+  EXPECT_EQ(pick_decode_bucket(b, 1), 1);
+  EXPECT_EQ(pick_decode_bucket(b, 3), 4);
+  EXPECT_EQ(pick_decode_bucket(b, 4), 4);
+  EXPECT_EQ(pick_decode_bucket(b, 5), 8);
+  EXPECT_EQ(pick_decode_bucket(b, 17), 24);
+  EXPECT_EQ(pick_decode_bucket(b, 32), 32);
+  EXPECT_EQ(pick_decode_bucket(b, 33), -1);
+}
+
+TEST(DecodeTables, PaddingSlotsAreInert) {
+  const Fixture& f = Fixture::get(Fixture::names().front());
+  model::Model m(f.weights(), model::KvMode::exact);
+  const model::ModelConfig& c = m.config();
+  std::vector<cache::SequenceState> states;
+  for (int k = 0; k < 3; ++k) states.push_back(m.new_state(64));
+  for (int k = 0; k < 3; ++k) states[k].advance(5 + 4 * k);  // positions 5, 9, 13
+  const std::vector<int64_t> ids = {11, 22, 33};
+  std::vector<model::StepSequence> batch;
+  for (int k = 0; k < 3; ++k) batch.push_back({&states[k], std::span<const int64_t>(&ids[k], 1)});
+  const int64_t S = pick_decode_bucket(default_decode_buckets(8), 3);
+  ASSERT_EQ(S, 4);
+  std::vector<int64_t> w(m.decode_words(S), 7);
+  m.fill_decode_tables(batch, S, w);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(w[k], ids[k]);
+    EXPECT_EQ(w[S + k], 5 + 4 * k);
+  }
+  EXPECT_EQ(w[3], 0);       // padding: token 0
+  EXPECT_EQ(w[S + 3], -1);  // padding: inert
+  for (int k = 0; k < 3; ++k) {  // each state's own pool and row block table (standalone states: own pools)
+    const PagedRows rows = states[k].compressed_rows(1);
+    EXPECT_EQ(w[2 * S + k], reinterpret_cast<intptr_t>(rows.pool.data()));
+    EXPECT_EQ(w[3 * S + k], reinterpret_cast<intptr_t>(rows.block_table.data()));
+    EXPECT_EQ(rows.block_table.data(), states[k].index_keys(1).block_table.data());
+  }
+  EXPECT_EQ(w[2 * S + 3], 0);
+  EXPECT_EQ(w[3 * S + 3], 0);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int64_t* L = w.data() + (4 + 4 * l) * S;
+    const int r = c.compress_ratio(l);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(L[k], reinterpret_cast<intptr_t>(states[k].ring(l).data()));
+      EXPECT_EQ(L[S + k], r > 0 ? reinterpret_cast<intptr_t>(states[k].compressor_acc(l).data()) : 0);
+      EXPECT_EQ(L[3 * S + k], r > 0 ? (5 + 4 * k) / r * r : 0);
+    }
+    for (int a = 0; a < 4; ++a) EXPECT_EQ(L[a * S + 3], 0) << "layer " << l << " array " << a;
+  }
+}
+
+TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
+  const Fixture& f = Fixture::get(Fixture::names().front());
+  model::Model m(f.weights(), model::KvMode::exact);
+  cache::SequenceState a = m.new_state(32), b = m.new_state(32);
+  int p = 0;
+  while (p + 1 < f.num_prompts() && f.ids(p).size() < 2) ++p;
+  const std::vector<int64_t> prompt = f.ids(p);
+  ASSERT_GE(prompt.size(), 2u);
+  const model::StepSequence pa{&a, prompt, model::LogitsFor::last}, pb{&b, prompt, model::LogitsFor::last};
+  const auto l32 = m.state_layout(32), l16 = m.state_layout(16), other = m.state_layout(32, 128);
+  EXPECT_EQ(m.decode_refusal({&pa, 1}, *l32), "prefill in the step");
+  const int64_t tok = 5;
+  const model::StepSequence none{&a, std::span<const int64_t>(&tok, 1), model::LogitsFor::none};
+  EXPECT_EQ(m.decode_refusal({&none, 1}, *l32), "a decode token without logits");
+  const model::StepSequence one{&a, std::span<const int64_t>(&tok, 1), model::LogitsFor::last};
+  EXPECT_EQ(m.decode_refusal({&one, 1}, *l32), "");
+  EXPECT_EQ(m.decode_refusal({&one, 1}, *l16), "a sequence longer than the graphs' bound");
+  EXPECT_EQ(m.decode_refusal({&one, 1}, *other), "a state in pages of another geometry");
+
+  model::DecodeGraphOptions o;
+  o.max_tokens = 32;
+  model::DecodeGraphs graphs(m, o);
+  graphs.prepare();
+  EXPECT_EQ(graphs.disabled_reason(), "the model is on the CPU");
+  const Tensor want = m.forward({&pa, 1});
+  const Tensor got = graphs.forward({&pb, 1});
+  ASSERT_EQ(want.numel(), got.numel());
+  EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0);
+  EXPECT_EQ(b.position(), static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(graphs.stats().graph_steps, 0u);
+  EXPECT_EQ(graphs.stats().eager_steps.at("the model is on the CPU"), 1u);
+
+  model::DecodeGraphOptions off;
+  off.enabled = false;
+  off.max_tokens = 32;
+  model::DecodeGraphs disabled(m, off);
+  disabled.prepare();
+  EXPECT_EQ(disabled.disabled_reason(), "cuda graphs disabled (--cuda-graphs off)");
+}
+
+}  // namespace
+}  // namespace tern::test
