@@ -3,6 +3,7 @@
 // CUDA runner later takes the same flat step description with one upload and no host sync inside.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -51,6 +52,12 @@ class ModelRunner {
   virtual void close_sequence(uint64_t seq) = 0;
   // Runs the batch; writes batch.num_logits() rows of vocab_size() floats to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
+  // Prefill-decode disaggregation: a self-contained copy of an open sequence's state, and its import
+  // into a sequence opened with the same capacity on another runner of the same model. import_state
+  // throws (naming what does not match) unless the state is at `position`; the sequence is then unusable
+  // until closed. A runner that cannot move states throws from both.
+  virtual std::vector<std::byte> export_state(uint64_t seq) const;
+  virtual void import_state(uint64_t seq, std::span<const std::byte> state, int64_t position);
 };
 
 }  // namespace tern::engine

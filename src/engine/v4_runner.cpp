@@ -35,6 +35,20 @@ void V4Runner::open_sequence(uint64_t seq, int64_t max_tokens) {
 
 void V4Runner::close_sequence(uint64_t seq) { states_.erase(seq); }
 
+std::vector<std::byte> V4Runner::export_state(uint64_t seq) const {
+  auto it = states_.find(seq);
+  TERN_CHECK(it != states_.end(), "V4 runner: sequence ", seq, " has no state to export");
+  return it->second.serialize();
+}
+
+void V4Runner::import_state(uint64_t seq, std::span<const std::byte> state, int64_t position) {
+  auto it = states_.find(seq);
+  TERN_CHECK(it != states_.end(), "V4 runner: sequence ", seq, " has no state to import into");
+  it->second.deserialize(state);
+  TERN_CHECK(it->second.position() == position, "V4 runner: the imported state is at position ",
+             it->second.position(), ", the request's prompt has ", position, " tokens");
+}
+
 void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   tokens_.assign(batch.tokens.begin(), batch.tokens.end());
   steps_.clear();

@@ -23,6 +23,8 @@ class V4Runner : public ModelRunner {
   void open_sequence(uint64_t seq, int64_t max_tokens) override;
   void close_sequence(uint64_t seq) override;
   void forward(const StepBatch& batch, std::span<float> logits) override;
+  std::vector<std::byte> export_state(uint64_t seq) const override;
+  void import_state(uint64_t seq, std::span<const std::byte> state, int64_t position) override;
 
  private:
   std::shared_ptr<model::Model> model_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -43,6 +44,22 @@ class FakeRunner : public ModelRunner {
         if (i >= c.count - c.num_logits) write_row(st.hash, logits.subspan(row++ * vocab_, vocab_));
       }
     }
+  }
+  // The state as bytes: hash, length, capacity.
+  std::vector<std::byte> export_state(uint64_t seq) const override {
+    const auto& st = states_.at(seq);
+    std::vector<std::byte> out(sizeof(State));
+    std::memcpy(out.data(), &st, sizeof st);
+    return out;
+  }
+  void import_state(uint64_t seq, std::span<const std::byte> bytes, int64_t position) override {
+    auto& st = states_.at(seq);
+    TERN_CHECK(bytes.size() == sizeof(State), "fake runner: a state is ", sizeof(State), " bytes, found ", bytes.size());
+    State in;
+    std::memcpy(&in, bytes.data(), sizeof in);
+    TERN_CHECK(in.capacity == st.capacity, "fake runner: capacity ", in.capacity, " != ", st.capacity);
+    TERN_CHECK(in.length == position, "fake runner: state at ", in.length, ", expected ", position);
+    st = in;
   }
   size_t live() const { return states_.size(); }
   int opened = 0;
