@@ -365,9 +365,11 @@ void Engine::deliver(Sequence& s, RequestUpdate update) {
   if (s.sink) s.sink(std::move(update));
 }
 
-int64_t Engine::capacity(const Sequence& s) const {
-  return std::min(s.prompt_len + s.request.stop.max_tokens, max_context_);
+int64_t Engine::capacity_for(int64_t prompt_len, int64_t max_tokens) const {
+  return std::min(prompt_len + max_tokens, max_context_);
 }
+
+int64_t Engine::capacity(const Sequence& s) const { return capacity_for(s.prompt_len, s.request.stop.max_tokens); }
 
 void Engine::open_state(Sequence& s) {
   runner_->open_sequence(s.id, capacity(s));

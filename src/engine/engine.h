@@ -66,6 +66,9 @@ class Engine {
   bool idle() const;  // no request waiting or running
 
   EngineMetrics metrics() const;
+  // State positions a request's sequence is opened with (prompt + max_tokens, within the context): a
+  // prefill and a decode engine must agree on it to move the state.
+  int64_t capacity_for(int64_t prompt_len, int64_t max_tokens) const;
   const ModelRunner& runner() const { return *runner_; }
   const StatePool& pool() const { return pool_; }
   const EngineOptions& options() const { return options_; }

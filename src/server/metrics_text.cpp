@@ -36,6 +36,8 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   std::string out;
   scalar(out, "num_requests_running", "gauge", "Requests with state in the engine.", double(m.num_running), l);
   scalar(out, "num_requests_waiting", "gauge", "Requests waiting for admission.", double(m.num_waiting), l);
+  scalar(out, "num_requests_transferring", "gauge", "Requests holding reserved state memory while their state arrives.",
+         double(m.num_transferring), l);
   scalar(out, "state_memory_used_bytes", "gauge", "Sequence state memory in use (pages).", double(m.state_used_bytes), l);
   scalar(out, "state_memory_total_bytes", "gauge", "Sequence state memory budget.", double(m.state_total_bytes), l);
   scalar(out, "state_memory_usage_perc", "gauge", "Fraction of the state memory in use.",
@@ -48,7 +50,7 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   scalar(out, "engine_steps_total", "counter", "Engine steps that ran the model.", double(m.steps_total), l);
   header(out, "request_success_total", "counter", "Finished requests by finish reason.");
   for (auto r : {engine::FinishReason::stop, engine::FinishReason::length, engine::FinishReason::abort,
-                 engine::FinishReason::error})
+                 engine::FinishReason::error, engine::FinishReason::handover})
     out += fmt::format("tern:request_success_total{{{},finished_reason=\"{}\"}} {}\n", l, engine::finish_reason_name(r),
                        m.finished_total[static_cast<size_t>(r)]);
   histogram(out, "time_to_first_token_seconds", "Time to the first generated token.", m.time_to_first_token_seconds, l);
@@ -71,6 +73,21 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   scalar(out, "request_timeouts_total", "counter", "Requests aborted by the per-request timeout.",
          double(s.request_timeouts_total), l);
   scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(s.open_connections), l);
+  return out;
+}
+
+std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, const std::string& model) {
+  const std::string l = fmt::format("model_name=\"{}\",side=\"{}\"", model, side);
+  std::string out;
+  scalar(out, "pd_transfers_total", "counter", "State transfers that completed.", double(m.transfers_ok), l);
+  header(out, "pd_transfers_failed_total", "counter", "State transfers that failed, by reason.");
+  for (size_t r = 0; r < m.failed.size(); ++r)
+    out += fmt::format("tern:pd_transfers_failed_total{{{},reason=\"{}\"}} {}\n", l,
+                       transfer::fail_reason_name(static_cast<transfer::FailReason>(r)), m.failed[r]);
+  scalar(out, "pd_transfer_bytes_total", "counter", "State bytes moved.", double(m.bytes), l);
+  scalar(out, "pd_transfers_in_progress", "gauge", "Transfers (rooms) in progress.", double(m.rooms), l);
+  scalar(out, "pd_landing_bytes", "gauge", "Landing memory held for states on their way.", double(m.landed_bytes), l);
+  histogram(out, "pd_transfer_seconds", "Offer to ack (prefill side), ready to import (decode side).", m.seconds, l);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/metrics.h"
+#include "transfer/pd_common.h"
 
 namespace tern::server {
 
@@ -18,5 +19,7 @@ struct ServerCounters {
 };
 
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model);
+// Prefill-decode transfers of a prefill or decode server (`side`).
+std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, const std::string& model);
 
 }  // namespace tern::server

@@ -39,6 +39,8 @@ class PrefillRooms {
   PrefillRooms(boost::asio::io_context& io, const std::string& host, uint16_t port, PdOptions options, Backend& backend);
   ~PrefillRooms();
   uint16_t port() const;
+  // The served model's name (known once loaded): decode servers must serve the same.
+  void set_model(std::string model) { options_.model = std::move(model); }
   // Registers the router's half; throws tern::Error when the room is already registered.
   void expect(PrefillRequest request);
   // The engine ran the prompt and sampled the first token.
