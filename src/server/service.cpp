@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/auth.h"
 #include "server/job.h"
 
 namespace tern::server {
@@ -12,18 +13,6 @@ namespace {
 
 constexpr const char* kJson = "application/json";
 constexpr size_t kMaxLiveJobs = 8192;  // beyond this: 429
-
-// Compares in time independent of where the strings differ.
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  const size_t n = std::max(a.size(), b.size());
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
-  }
-  return diff == 0;
-}
 
 std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
 
@@ -64,11 +53,7 @@ void ApiService::fail(Exchange& exchange, const ApiError& e) {
 }
 
 bool ApiService::authorized(const HttpRequest& request) const {
-  if (options_.api_key.empty()) return true;
-  const std::string prefix = "Bearer ";
-  const std::string& h = request.authorization;
-  const std::string given = h.compare(0, prefix.size(), prefix) == 0 ? h.substr(prefix.size()) : std::string();
-  return constant_time_equal(given, options_.api_key);
+  return bearer_authorized(request.authorization, options_.api_key);
 }
 
 void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
@@ -235,6 +220,20 @@ std::string ApiService::metrics() const {
   if (pd_.prefill) out += render_pd_metrics(pd_.prefill->metrics(), "prefill", options_.model_name);
   if (pd_.decode) out += render_pd_metrics(pd_.decode->metrics(), "decode", options_.model_name);
   return out;
+}
+
+bool bearer_authorized(const std::string& authorization, const std::string& key) {
+  if (key.empty()) return true;
+  const std::string prefix = "Bearer ";
+  const std::string given = authorization.compare(0, prefix.size(), prefix) == 0 ? authorization.substr(prefix.size()) : "";
+  const size_t n = std::max(given.size(), key.size());
+  unsigned char diff = given.size() == key.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    const unsigned char y = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
 }
 
 }  // namespace tern::server

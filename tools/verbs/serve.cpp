@@ -336,7 +336,10 @@ int run_serve(const ServeArgs& a) {
   http.post([&] {
     pd.start(http, *l.engine, l.name);
     service = std::make_shared<server::ApiService>(*l.engine, *l.codec, http, so, pd.context);
-    drain = Drain{&http, service.get(), l.engine.get(), std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000))};
+    drain.http = &http;
+    drain.service = service.get();
+    drain.engine = l.engine.get();
+    drain.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000));
     if (pd.prefill) drain.on_begin = [&pd] { pd.prefill->close(); };
     // The ready line goes out before /health turns 200, so a watcher of the log is never behind /health.
     log::info("ready: serving ", l.name, " at ", http.address(), " (OpenAI API under /v1)", a.api_key.empty() ? "" : ", API key required",
