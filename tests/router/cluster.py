@@ -75,7 +75,9 @@ class Proc:
 
 def serve(role="both", *args, port=0, wait=True, wrap=()):
     extra = ["--role", role] if role != "both" else []
-    return Proc(["serve", "--port", str(port), "--max-model-len", "2048", "--header-timeout", "5", *extra, *args],
+    if "--max-model-len" not in args:
+        extra += ["--max-model-len", "2048"]
+    return Proc(["serve", "--port", str(port), "--header-timeout", "5", *extra, *args],
                 SERVE_READY, wait=wait, wrap=wrap)
 
 
