@@ -246,7 +246,7 @@ Descriptor parse(const std::string& s) {
     d.port = static_cast<uint16_t>(port);
     d.key = parse_room(rest.substr(a + 1, b - a - 1));
     d.size = std::stoull(rest.substr(b + 1));
-  } catch (const std::logic_error&) {
+  } catch (const std::exception&) {  // bad numbers, a bad key
     throw Error(bad);
   }
   return d;
