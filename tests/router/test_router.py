@@ -1,6 +1,7 @@
 """`tern route` in plain mode (a pool of `both` servers) and its lifecycle: policies, health checks that
 remove and re-add servers, limits, API keys, client disconnects passed on as aborts, a taken port,
 readiness, SIGTERM drain, bad flags."""
+import os
 import signal
 import socket
 import subprocess
@@ -222,3 +223,12 @@ def test_not_ready_until_a_server_is_up_then_drains_on_sigterm(pool):
         r.stop()
         if late:
             late.stop()
+
+
+def test_pd_example_script_runs():
+    """scripts/pd-example starts prefill, decode and router, streams one answer, stops them."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    p = subprocess.run([os.path.join(root, "scripts", "pd-example"), "--once", "--port", "0"], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TERN_BIN": os.path.abspath(TERN_BIN)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "data: [DONE]" in p.stdout and 'tern:pd_transfers_total{model_name="tern-tiny-v4",side="decode"} 1' in p.stdout
