@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <thread>
