@@ -29,7 +29,9 @@ def cluster():
 def restart(procs, name):
     old = procs[name]
     procs[name] = serve("decode" if name.startswith("d") else "prefill", port=old.port)
+    ready = time.time()
     assert wait_for(lambda: metric(procs["router"].url, "router_server_up", server=old.url) == 1, timeout=10)
+    print(f"[measured] {name} restarted: back in the router's rotation {time.time() - ready:.3f} s after its ready line")
 
 
 def test_kill_decode_mid_stream(cluster):
@@ -52,6 +54,8 @@ def test_kill_decode_mid_stream(cluster):
     for s in failed:  # an error event, [DONE], a closed stream: within 5 s of the kill
         assert "mid-stream" in s.error and s.done, s.error
         assert s.closed_at - killed_at < 5.0, s.closed_at - killed_at
+    print(f"[measured] decode killed: its streams closed with an error event after "
+          f"{max(s.closed_at for s in failed) - killed_at:.3f} s")
     for s in streams:
         if not s.error:
             assert s.done and len(s.text()) > 0 and s.events[-1]["choices"][0]["finish_reason"] == "length"
@@ -106,7 +110,8 @@ def test_kill_prefill_mid_transfer_frees_decode_memory(cluster):
         c.join(60)
     for i, (status, j) in results.items():
         assert status == 500 and "state transfer failed" in j["error"]["message"], (i, status, j)
-    assert wait_for(lambda: metric(d2.url, "state_memory_used_bytes") == 0, timeout=5)
+    assert wait_for(lambda: metric(d2.url, "state_memory_used_bytes") == 0, timeout=5, interval=0.01)
+    print(f"[measured] prefill killed: decode memory free and requests failed after {time.time() - killed_at:.3f} s")
     assert time.time() - killed_at < 5
     assert metric(d2.url, "num_requests_transferring") == 0 and metric(d2.url, "pd_landing_bytes") == 0
     assert metric(d2.url, "pd_transfers_in_progress") == 0
