@@ -13,6 +13,8 @@ using nlohmann::json;
 
 RouteInfo route_info(const std::string& target, const std::string& body) {
   RouteInfo info;
+  const std::string path = target.substr(0, target.find('?'));
+  info.generation = path == "/v1/completions" || path == "/v1/chat/completions";
   info.load_tokens = static_cast<int64_t>(body.size() / 4) + 16;
   const json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return info;
@@ -48,7 +50,7 @@ void ProxyJob::attempt() {
   ++attempts_;
   const auto now = Clock::now();
   Pool* pool = router_.stream_pool();
-  Pool* prefill_pool = router_.prefill_pool();
+  Pool* prefill_pool = info_.generation ? router_.prefill_pool() : nullptr;
   ServerState* p = prefill_pool ? prefill_pool->pick(info_.affinity_key, avoid_, now) : nullptr;
   ServerState* s = pool->pick(info_.affinity_key, avoid_, now);
   if (!s || (prefill_pool && !p)) {
@@ -217,8 +219,9 @@ void ProxyJob::release_prefill(bool ok, bool blame, const std::string& why) {
   ServerState& p = *a.prefill;
   --p.in_flight;
   p.load_tokens -= info_.load_tokens;
-  if (ok) router_.prefill_pool()->succeeded(p);
-  else if (blame) router_.prefill_pool()->failed(p, why, Clock::now());
+  Pool* pool = router_.prefill_pool();
+  if (ok) pool->succeeded(p);
+  else if (blame) pool->failed(p, why, Clock::now());
   else if (p.open) p.trial = false;
   if (!ok) avoid_.push_back(&p);
 }

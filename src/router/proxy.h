@@ -25,6 +25,7 @@ namespace tern::router {
 struct RouteInfo {
   std::string affinity_key;
   int64_t load_tokens = 0;
+  bool generation = false;  // completions / chat: in PD mode a prefill server takes part
 };
 RouteInfo route_info(const std::string& target, const std::string& body);
 

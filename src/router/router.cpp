@@ -172,9 +172,8 @@ void Router::route(const server::HttpRequest& request, const std::shared_ptr<ser
     ++metrics_.rejected;
     return reply_error(*exchange, 429, "too many requests in flight (--max-requests); retry later", "rate_limit_error");
   }
-  server::HttpRequest copy = request;
-  if (!generation) copy.tern_room.clear();
-  auto job = std::make_shared<ProxyJob>(*this, std::move(copy), exchange, route_info(request.target, request.body));
+  // The client's own X-Tern-* headers are never forwarded: the router sets them per attempt.
+  auto job = std::make_shared<ProxyJob>(*this, request, exchange, route_info(request.target, request.body));
   jobs_.push_back(job);
   std::weak_ptr<ProxyJob> weak = job;
   exchange->on_client_gone([weak] {

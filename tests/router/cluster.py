@@ -123,12 +123,14 @@ def post(url, path, body, headers=None, timeout=300):
 class SseStream:
     """A streaming request read event by event (http.client, so a broken stream is seen as it is)."""
 
-    def __init__(self, url, path, body, timeout=300):
+    def __init__(self, url, path, body, timeout=300, wait_head=True):
+        """Sends the request; reads the response head unless `wait_head` is False (the router sends it with
+        the first event, after the prompt ran)."""
         host, port = url[len("http://"):].rsplit(":", 1)
         self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
         self.conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
-        self.resp = self.conn.getresponse()
-        self.status = self.resp.status
+        self.resp = self.conn.getresponse() if wait_head else None
+        self.status = self.resp.status if self.resp else None
         self.events = []
         self.error = None      # an error event's message
         self.done = False      # [DONE] seen

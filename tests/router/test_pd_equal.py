@@ -140,3 +140,32 @@ def test_roles_refuse_what_is_not_theirs(pd_cluster):
     status, j = post(pd_cluster["decode"].url, "/v1/completions", body, {"X-Tern-Room": "0abc"})
     assert status == 400 and "X-Tern-Bootstrap" in j["error"]["message"]
     assert metric(pd_cluster["decode"].url, "state_memory_used_bytes") == 0
+
+
+def test_client_disconnect_aborts_both_sides(pd_cluster):
+    """Mid-stream and mid-transfer: the decode request and the prefill room end, no memory is left."""
+    from cluster import SseStream, wait_for
+    r, p, d = pd_cluster["router"].url, pd_cluster["prefill"].url, pd_cluster["decode"].url
+    gone = metric(d, "client_disconnects_total")
+    s = SseStream(r, "/v1/completions", {"prompt": prompt(30, 9), "max_tokens": 500, "ignore_eos": True})
+    assert s.next_event() is not None
+    s.conn.close()
+    assert wait_for(lambda: metric(d, "client_disconnects_total") == gone + 1, timeout=5)
+    # Before the first token: the prefill server is still running the prompt when the client leaves.
+    # Either side may notice first: the prefill room ends "aborted" (its router connection closed) or
+    # "peer_error" (the decode side, aborted by its own closed connection, said so).
+    failed = metric(p, "pd_transfers_failed_total")
+    s = SseStream(r, "/v1/completions", {"prompt": prompt(1500, 10), "max_tokens": 5}, wait_head=False)
+    assert wait_for(lambda: metric(p, "num_requests_running") >= 1, timeout=30, interval=0.02)
+    s.conn.close()
+    assert wait_for(lambda: metric(p, "pd_transfers_failed_total") == failed + 1, timeout=5)
+    assert metric(p, "pd_transfers_failed_total", reason="aborted") + \
+        metric(p, "pd_transfers_failed_total", reason="peer_error") >= 1
+    for url in (p, d):
+        assert wait_for(lambda: metric(url, "state_memory_used_bytes") == 0 and metric(url, "pd_transfers_in_progress") == 0
+                        and metric(url, "num_requests_running") == 0, timeout=5), url
+
+
+def test_tokenize_through_the_pd_router(pd_cluster):
+    body = {"prompt": "a few words to count"}
+    assert post(pd_cluster["router"].url, "/tokenize", body) == post(pd_cluster["both"].url, "/tokenize", body)
