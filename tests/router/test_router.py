@@ -182,6 +182,22 @@ def test_port_in_use_exits_quickly_saying_so(pool):
     assert "in use" in p.stderr
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_taken_transfer_port_exits_quickly_saying_so(role):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    try:
+        start = time.time()
+        p = subprocess.run([TERN_BIN, "serve", "--port", "0", "--role", role, "--pd-port", str(blocker.getsockname()[1])],
+                           capture_output=True, text=True, timeout=30)
+        elapsed = time.time() - start
+    finally:
+        blocker.close()
+    assert p.returncode != 0 and elapsed < 1.0, (p.returncode, elapsed, p.stderr)
+    assert "in use" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--server", "http://127.0.0.1:1", "--prefill", "http://127.0.0.1:2"], "cannot be mixed"),
     (["--prefill", "http://127.0.0.1:2"], "at least one --prefill and one --decode"),

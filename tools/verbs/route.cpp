@@ -98,6 +98,7 @@ int run_route(const RouteArgs& a) {
     });
   });
   http.run();
+  r.reset();  // before the HttpServer's io_context goes
   return 0;
 }
 
