@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "router/pool.h"
 #include "router/policy.h"
+#include "router/proxy.h"
 
 namespace tern::router {
 namespace {
@@ -134,6 +135,25 @@ TEST(Pool, UnhealthyServersAreNeverPickedAndAvoidedOnesOnlyAsALastResort) {
   EXPECT_EQ(pool.pick("", avoid, Clock::now()), pool.servers()[2].get());
   avoid.push_back(pool.servers()[2].get());
   EXPECT_NE(pool.pick("", avoid, Clock::now()), nullptr);  // all failed once: any up server
+}
+
+TEST(RouteInfo, ReadsPromptLoadAndKindAndNeverThrows) {
+  const auto chat = route_info("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"n":2})");
+  EXPECT_TRUE(chat.generation);
+  EXPECT_EQ(chat.affinity_key.rfind("/v1/chat/completions\n[{", 0), 0u) << chat.affinity_key;
+  EXPECT_GE(chat.load_tokens, 200);
+  const auto text = route_info("/v1/completions?x=1", R"({"prompt":"abc"})");
+  EXPECT_TRUE(text.generation);
+  EXPECT_EQ(text.affinity_key, "/v1/completions\nabc");
+  EXPECT_EQ(text.load_tokens, 16);  // no max_tokens: 16
+  // Same first 256 bytes, same key: the affinity follows the prefix.
+  const std::string p(300, 'x');
+  EXPECT_EQ(route_info("/v1/completions", R"({"prompt":")" + p + "a\"}").affinity_key,
+            route_info("/v1/completions", R"({"prompt":")" + p + "b\"}").affinity_key);
+  const auto junk = route_info("/v1/completions", "not json");
+  EXPECT_EQ(junk.affinity_key, "");
+  EXPECT_GT(junk.load_tokens, 0);
+  EXPECT_FALSE(route_info("/tokenize", R"({"prompt":"abc"})").generation);
 }
 
 }  // namespace
