@@ -15,7 +15,8 @@ RouteInfo route_info(const std::string& target, const std::string& body) {
   RouteInfo info;
   const std::string path = target.substr(0, target.find('?'));
   info.generation = path == "/v1/completions" || path == "/v1/chat/completions";
-  info.load_tokens = static_cast<int64_t>(body.size() / 4) + 16;
+  info.prompt_tokens = static_cast<int64_t>(body.size() / 4);
+  info.load_tokens = info.prompt_tokens + 16;
   const json j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return info;
   std::string prompt;
@@ -27,7 +28,8 @@ RouteInfo route_info(const std::string& target, const std::string& body) {
     if (auto t = j.find(k); t != j.end() && t->is_number_integer()) max_tokens = t->get<int64_t>();
   int64_t n = 1;
   if (auto t = j.find("n"); t != j.end() && t->is_number_integer()) n = std::max<int64_t>(1, t->get<int64_t>());
-  info.load_tokens = static_cast<int64_t>(prompt.size() / 4) + std::clamp<int64_t>(max_tokens, 0, 1 << 20) * n;
+  info.prompt_tokens = static_cast<int64_t>(prompt.size() / 4) * n;
+  info.load_tokens = info.prompt_tokens + std::clamp<int64_t>(max_tokens, 0, 1 << 20) * n;
   return info;
 }
 
@@ -66,7 +68,7 @@ void ProxyJob::attempt() {
     if (!x) continue;
     ++x->in_flight;
     ++x->requests;
-    x->load_tokens += info_.load_tokens;
+    x->load_tokens += x == p ? info_.prompt_tokens : info_.load_tokens;
   }
   const uint64_t room = p ? router_.new_room() : 0;
   auto self = shared_from_this();
@@ -218,7 +220,7 @@ void ProxyJob::release_prefill(bool ok, bool blame, const std::string& why) {
   a.prefill_released = true;
   ServerState& p = *a.prefill;
   --p.in_flight;
-  p.load_tokens -= info_.load_tokens;
+  p.load_tokens -= info_.prompt_tokens;
   Pool* pool = router_.prefill_pool();
   if (ok) pool->succeeded(p);
   else if (blame) pool->failed(p, why, Clock::now());

@@ -20,11 +20,13 @@
 
 namespace tern::router {
 
-// What the router reads from a request body: the prompt's first bytes (affinity) and a load estimate
-// (prompt bytes / 4 + max_tokens). Never throws: a body the router cannot read goes to a server as is.
+// What the router reads from a request body: the prompt's first bytes (affinity) and load estimates
+// (prompt: bytes / 4; whole request: prompt + max_tokens x n). Never throws: a body the router cannot
+// read goes to a server as is.
 struct RouteInfo {
   std::string affinity_key;
-  int64_t load_tokens = 0;
+  int64_t load_tokens = 0;    // what a plain or decode server carries
+  int64_t prompt_tokens = 0;  // what a prefill server carries
   bool generation = false;  // completions / chat: in PD mode a prefill server takes part
 };
 RouteInfo route_info(const std::string& target, const std::string& body);
