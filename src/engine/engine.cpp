@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
-#include "engine/text_stream.h"
+#include "engine/engine_sequence.h"
 
 namespace tern::engine {
 
@@ -17,6 +17,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::length: return "length";
     case FinishReason::abort: return "abort";
     case FinishReason::error: return "error";
+    case FinishReason::handover: return "handover";
   }
   return "?";
 }
@@ -24,6 +25,7 @@ const char* finish_reason_name(FinishReason r) {
 const char* request_state_name(RequestState s) {
   switch (s) {
     case RequestState::waiting: return "waiting";
+    case RequestState::transferring: return "transferring";
     case RequestState::prefilling: return "prefilling";
     case RequestState::decoding: return "decoding";
     case RequestState::finished: return "finished";
@@ -31,21 +33,6 @@ const char* request_state_name(RequestState s) {
   }
   return "?";
 }
-
-struct Engine::Sequence {
-  uint64_t id = 0;
-  GenerationRequest request;
-  UpdateSink sink;
-  std::vector<int32_t> tokens;  // prompt, then generated
-  int64_t prompt_len = 0;
-  int64_t num_computed = 0;
-  int64_t generated = 0;  // completion tokens, stop tokens included
-  RequestState state = RequestState::waiting;
-  std::mt19937_64 rng;
-  TokenHistory history;
-  TextStream text;
-  Clock::time_point arrival, last_token;
-};
 
 Engine::Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options)
     : runner_(std::move(runner)),
@@ -74,7 +61,7 @@ std::string Engine::memory_plan() const {
              " tokens, ", options_.limits.max_running, " sequences");
 }
 
-uint64_t Engine::submit(GenerationRequest request, UpdateSink sink) {
+std::unique_ptr<Engine::Sequence> Engine::make_sequence(GenerationRequest request, UpdateSink sink) {
   const auto& p = request.prompt;
   TERN_CHECK(!p.empty(), "the prompt is empty");
   for (int32_t t : p) TERN_CHECK(t >= 0 && t < vocab_, "token id ", t, " is outside the vocabulary [0, ", vocab_, ")");
@@ -92,25 +79,43 @@ uint64_t Engine::submit(GenerationRequest request, UpdateSink sink) {
   seq->request = std::move(request);
   seq->sink = std::move(sink);
   seq->arrival = Clock::now();
+  return seq;
+}
+
+uint64_t Engine::enqueue(std::unique_ptr<Sequence> seq) {
   std::lock_guard lock(inbox_mutex_);
   TERN_CHECK(!stopping_, "the server is shutting down");
   seq->id = next_id_++;
   const uint64_t id = seq->id;
   inbox_.push_back(std::move(seq));
   ++live_;
+  ++events_;
   inbox_cv_.notify_one();
   return id;
+}
+
+uint64_t Engine::submit(GenerationRequest request, UpdateSink sink) {
+  return enqueue(make_sequence(std::move(request), std::move(sink)));
 }
 
 void Engine::abort(uint64_t id) {
   std::lock_guard lock(inbox_mutex_);
   aborts_.push_back(id);
+  ++events_;
   inbox_cv_.notify_one();
 }
 
 void Engine::abort_all() {
   std::lock_guard lock(inbox_mutex_);
   abort_everything_ = true;
+  ++events_;
+  inbox_cv_.notify_one();
+}
+
+void Engine::fail(uint64_t id, std::string message) {
+  std::lock_guard lock(inbox_mutex_);
+  failures_.emplace_back(id, std::move(message));
+  ++events_;
   inbox_cv_.notify_one();
 }
 
@@ -129,20 +134,26 @@ void Engine::stop() {
     std::lock_guard lock(inbox_mutex_);
     stopping_ = true;
     abort_everything_ = true;
+    ++events_;
     inbox_cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
 }
 
+// Steps while there is work; sleeps until the inbox changes when there is none (e.g. only remote
+// requests waiting for their state).
 void Engine::loop() {
+  bool busy = false;
+  uint64_t seen = 0;
   for (;;) {
     {
       std::unique_lock lock(inbox_mutex_);
-      inbox_cv_.wait(lock, [&] { return stopping_ || live_ > 0; });
+      inbox_cv_.wait(lock, [&] { return stopping_ || (live_ > 0 && (busy || events_ != seen)); });
       if (stopping_ && live_ == 0) break;
+      seen = events_;
     }
     try {
-      step();
+      busy = step();
     } catch (const std::exception& e) {
       // A failed step is a bug or a broken backend: fail every request in it, keep serving.
       log::error("engine step failed: ", e.what());
@@ -151,6 +162,7 @@ void Engine::loop() {
         u.error = e.what();
         finish(*seqs_.at(id), FinishReason::error, std::move(u));
       }
+      busy = true;
     }
   }
 }
@@ -158,26 +170,38 @@ void Engine::loop() {
 void Engine::drain_inbox() {
   std::vector<std::unique_ptr<Sequence>> fresh;
   std::vector<uint64_t> aborts;
+  std::vector<std::pair<uint64_t, std::string>> failures;
+  std::vector<Provided> provided;
   bool everything = false;
   {
     std::lock_guard lock(inbox_mutex_);
     fresh.swap(inbox_);
     aborts.swap(aborts_);
+    failures.swap(failures_);
+    provided.swap(provided_);
     everything = abort_everything_;
     abort_everything_ = false;
   }
   for (auto& s : fresh) {
-    waiting_.push_back(s->id);
+    (s->remote ? remote_ : waiting_).push_back(s->id);
     seqs_.emplace(s->id, std::move(s));
   }
   if (everything) {
     aborts.clear();
     for (const auto& [id, s] : seqs_) aborts.push_back(id);
   }
+  for (auto& [id, message] : failures) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    RequestUpdate u;
+    u.error = std::move(message);
+    finish(*it->second, FinishReason::error, std::move(u));
+  }
   for (uint64_t id : aborts) {
     auto it = seqs_.find(id);
     if (it != seqs_.end()) finish(*it->second, FinishReason::abort, {});
   }
+  for (const auto& p : provided) import_state(p);
 }
 
 std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids) const {
@@ -193,6 +217,7 @@ std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids) const
 bool Engine::step() {
   const auto t0 = Clock::now();
   drain_inbox();
+  reserve_remote();
   const auto running = sched_view(running_);
   const auto waiting = sched_view(std::vector<uint64_t>(waiting_.begin(), waiting_.end()));
   SchedulerInput in{running, waiting, pool_.free_pages(), pool_.geometry(), options_.limits};
@@ -293,6 +318,17 @@ void Engine::give_sampler(std::unique_ptr<Sampler> s) {
 // Appends the sampled token, applies the stop rules and delivers the update.
 void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& update) {
   const auto& stop = s.request.stop;
+  if (s.request.handover) {  // prefill role: the state and this token go to a decode engine
+    auto h = std::make_shared<Handover>();
+    h->prompt.assign(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
+    h->capacity = capacity(s);
+    h->state = pool_.state(s.id).serialize();
+    h->first = {r.token, r.logprob, r.top};
+    h->rng = rng_text(s.rng);
+    update.handover = std::move(h);
+    ++s.generated;
+    return finish(s, FinishReason::handover, std::move(update));
+  }
   s.tokens.push_back(r.token);
   ++s.generated;
   s.state = RequestState::decoding;
@@ -328,13 +364,25 @@ void Engine::deliver(Sequence& s, RequestUpdate update) {
   if (s.sink) s.sink(std::move(update));
 }
 
-void Engine::free_state(Sequence& s) { pool_.release(s.id); }
+int64_t Engine::capacity_for(int64_t prompt_len, int64_t max_tokens) const {
+  return std::min(prompt_len + max_tokens, max_context_);
+}
+
+int64_t Engine::capacity(const Sequence& s) const { return capacity_for(s.prompt_len, s.request.stop.max_tokens); }
+
+void Engine::free_state(Sequence& s) {
+  if (s.reserved) --reserved_;
+  s.reserved = false;
+  pool_.release(s.id);
+}
 
 void Engine::finish(Sequence& s, FinishReason reason, RequestUpdate update) {
   free_state(s);
   std::erase(running_, s.id);
   std::erase(waiting_, s.id);
-  if (reason != FinishReason::abort && reason != FinishReason::error) update.text += s.text.finish();
+  std::erase(remote_, s.id);
+  const bool has_text = reason != FinishReason::abort && reason != FinishReason::error && reason != FinishReason::handover;
+  if (has_text) update.text += s.text.finish();
   update.finish = reason;
   s.state = reason == FinishReason::abort ? RequestState::aborted : RequestState::finished;
   {
@@ -354,7 +402,8 @@ void Engine::finish(Sequence& s, FinishReason reason, RequestUpdate update) {
 void Engine::publish_gauges() {
   std::lock_guard lock(metrics_mutex_);
   metrics_.num_running = static_cast<int64_t>(running_.size());
-  metrics_.num_waiting = static_cast<int64_t>(waiting_.size());
+  metrics_.num_waiting = static_cast<int64_t>(waiting_.size() + remote_.size());
+  metrics_.num_transferring = reserved_;
   metrics_.state_used_bytes = pool_.used_bytes();
   metrics_.state_total_bytes = pool_.total_bytes();
 }

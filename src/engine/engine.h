@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/handover.h"
 #include "engine/metrics.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -44,6 +45,19 @@ class Engine {
   // The request ends with FinishReason::abort and its state is freed at the start of the next step.
   void abort(uint64_t id);
   void abort_all();
+  // The request ends with FinishReason::error and this message (e.g. its state transfer failed); its
+  // state memory is freed at the start of the next step.
+  void fail(uint64_t id, std::string message);
+
+  // Decode role (prefill-decode disaggregation; engine_remote.cpp). A request whose prompt another
+  // engine runs: validated as submit() does, then state memory for its prompt and first token is
+  // reserved (in arrival order, before new prompts are admitted) and `on_reserved` is called on the
+  // engine thread (it must not block). provide_state() then hands over the prompt's state and first
+  // token; the request decodes like any other from there, with output identical to running it here.
+  uint64_t submit_remote(GenerationRequest request, UpdateSink sink, std::function<void()> on_reserved);
+  // Imports the state on the engine thread and calls `done` there with "" or why it was refused (the
+  // request then finishes with FinishReason::error and that message).
+  void provide_state(uint64_t id, std::shared_ptr<const Handover> handover, std::function<void(std::string)> done);
 
   void start();  // runs steps on the engine thread until stop()
   void stop();   // aborts what is left and joins the thread
@@ -52,6 +66,9 @@ class Engine {
   bool idle() const;  // no request waiting or running
 
   EngineMetrics metrics() const;
+  // State positions a request's sequence is opened with (prompt + max_tokens, within the context): a
+  // prefill and a decode engine must agree on it to move the state.
+  int64_t capacity_for(int64_t prompt_len, int64_t max_tokens) const;
   const ModelRunner& runner() const { return *runner_; }
   const StatePool& pool() const { return pool_; }
   const EngineOptions& options() const { return options_; }
@@ -61,8 +78,19 @@ class Engine {
   using Clock = std::chrono::steady_clock;
   struct Sequence;
 
+  struct Provided {
+    uint64_t id = 0;
+    std::shared_ptr<const Handover> handover;
+    std::function<void(std::string)> done;
+  };
+
   void loop();
   void drain_inbox();
+  std::unique_ptr<Sequence> make_sequence(GenerationRequest request, UpdateSink sink);
+  uint64_t enqueue(std::unique_ptr<Sequence> seq);
+  int64_t capacity(const Sequence& s) const;
+  void reserve_remote();
+  void import_state(const Provided& p);
   void apply_plan(const BatchPlan& plan);
   void run_batch(const BatchPlan& plan);
   void after_sample(Sequence& seq, const SampleResult& result, RequestUpdate& update);
@@ -87,6 +115,8 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> running_;  // oldest (smallest id) first
+  std::deque<uint64_t> remote_;    // submit_remote requests waiting for state memory, in arrival order
+  int64_t reserved_ = 0;           // remote requests holding state memory, awaiting their state
   StepBatch batch_;
   std::vector<float> logits_;
 
@@ -95,6 +125,9 @@ class Engine {
   std::condition_variable inbox_cv_;
   std::vector<std::unique_ptr<Sequence>> inbox_;
   std::vector<uint64_t> aborts_;
+  std::vector<std::pair<uint64_t, std::string>> failures_;
+  std::vector<Provided> provided_;
+  uint64_t events_ = 0;  // inbox changes, so the loop sleeps while only transfers are pending
   bool abort_everything_ = false;
   bool stopping_ = false;
   uint64_t next_id_ = 1;

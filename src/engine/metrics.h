@@ -28,7 +28,8 @@ class Histogram {
 struct EngineMetrics {
   // gauges, as of the last step
   int64_t num_running = 0;
-  int64_t num_waiting = 0;
+  int64_t num_waiting = 0;       // remote requests waiting for state memory included
+  int64_t num_transferring = 0;  // remote requests holding reserved state memory, awaiting their state
   int64_t state_used_bytes = 0;
   int64_t state_total_bytes = 0;
   // counters
@@ -36,7 +37,7 @@ struct EngineMetrics {
   uint64_t generation_tokens_total = 0;
   uint64_t preemptions_total = 0;
   uint64_t steps_total = 0;
-  std::array<uint64_t, 5> finished_total{};  // by FinishReason
+  std::array<uint64_t, 6> finished_total{};  // by FinishReason
   StepPaths step_paths;  // the runner's steps: CUDA graph replays, eager steps by reason
   // histograms
   Histogram time_to_first_token_seconds;

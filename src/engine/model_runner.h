@@ -4,6 +4,7 @@
 // flat so a GPU runner uploads it once, with no host sync inside.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,14 +36,20 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   StopParams stop;
+  // Prefill role: after the prompt, sample the first token, export the state (RequestUpdate::handover)
+  // and finish with FinishReason::handover; a decode engine continues it (engine/handover.h).
+  bool handover = false;
 };
 
-enum class FinishReason : uint8_t { none, stop, length, abort, error };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+// handover: the request's state and first token moved to another engine (prefill role).
+enum class FinishReason : uint8_t { none, stop, length, abort, error, handover };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error", "handover"
 
 // Lifecycle: waiting -> prefilling -> decoding -> finished | aborted. A preempted request goes back to
-// waiting with its generated tokens kept and its state recomputed from them.
-enum class RequestState : uint8_t { waiting, prefilling, decoding, finished, aborted };
+// waiting with its generated tokens kept and its state recomputed from them. A request prefilled by
+// another engine (Engine::submit_remote) starts transferring (state memory reserved, state on its way)
+// and goes to decoding when its state has been imported.
+enum class RequestState : uint8_t { waiting, transferring, prefilling, decoding, finished, aborted };
 const char* request_state_name(RequestState s);
 
 struct TokenLogprob {
@@ -59,6 +66,8 @@ struct GeneratedToken {
 // One step's news for a request. `text` is valid UTF-8 with stop strings removed; bytes held back
 // while a stop string might still match (or a UTF-8 character is incomplete) come with a later update.
 // A stop token or EOS counts in completion_tokens but is not in `tokens` or `text`.
+struct Handover;  // engine/handover.h
+
 struct RequestUpdate {
   std::vector<GeneratedToken> tokens;
   std::string text;
@@ -66,6 +75,7 @@ struct RequestUpdate {
   std::string error;  // when finish == error
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  std::shared_ptr<const Handover> handover;  // with FinishReason::handover
 };
 
 using UpdateSink = std::function<void(RequestUpdate&&)>;

@@ -185,6 +185,8 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     r.target = std::string(req.target());
     r.authorization = std::string(req[http::field::authorization]);
     r.content_type = std::string(req[http::field::content_type]);
+    r.tern_room = std::string(req["X-Tern-Room"]);
+    r.tern_bootstrap = std::string(req["X-Tern-Bootstrap"]);
     r.body = std::move(req.body());
     watch_client();
     server_->handler(std::move(r), shared_from_this());
@@ -337,6 +339,8 @@ void HttpServer::run() {
 void HttpServer::stop() { impl_->io.stop(); }
 
 void HttpServer::post(std::function<void()> fn) { net::post(impl_->io, std::move(fn)); }
+
+net::io_context& HttpServer::io_context() { return impl_->io; }
 
 std::function<void()> HttpServer::schedule(std::chrono::milliseconds delay, std::function<void()> fn) {
   auto timer = std::make_shared<net::steady_timer>(impl_->io, delay);

@@ -12,6 +12,10 @@
 #include <utility>
 #include <vector>
 
+namespace boost::asio {
+class io_context;
+}
+
 namespace tern::server {
 
 struct HttpLimits {
@@ -28,6 +32,9 @@ struct HttpRequest {
   std::string authorization;
   std::string content_type;
   std::string body;
+  // Prefill-decode disaggregation (set by `tern route`): X-Tern-Room (the transfer's room id, hex) and
+  // X-Tern-Bootstrap (decode side: the prefill server's bootstrap host:port).
+  std::string tern_room, tern_bootstrap;
 };
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
@@ -60,6 +67,9 @@ class HttpServer {
   void stop();
   // Thread-safe: runs fn on the IO thread.
   void post(std::function<void()> fn);
+  // The IO thread's context, for other asynchronous work on the same thread (transfers, the router's
+  // upstream connections).
+  boost::asio::io_context& io_context();
   // Runs fn on the IO thread after `delay`; the returned function (called on the IO thread) cancels it.
   std::function<void()> schedule(std::chrono::milliseconds delay, std::function<void()> fn);
   // SIGTERM / SIGINT handler, called on the IO thread.

@@ -34,9 +34,11 @@ void GenerationJob::start() {
     if (r.sampling.seed && i > 0) r.sampling.seed = *r.sampling.seed + i;
     r.stop = params_.stop;
     try {
-      choices_[i].engine_id = ctx_.engine->submit(std::move(r), [self, i](engine::RequestUpdate&& u) {
+      engine::UpdateSink sink = [self, i](engine::RequestUpdate&& u) {
         self->ctx_.post([self, i, u = std::move(u)]() mutable { self->on_update(i, std::move(u)); });
-      });
+      };
+      choices_[i].engine_id = ctx_.submit ? ctx_.submit(i, std::move(r), std::move(sink))
+                                          : ctx_.engine->submit(std::move(r), std::move(sink));
     } catch (const Error& e) {
       for (size_t j = 0; j < i; ++j) ctx_.engine->abort(choices_[j].engine_id);
       for (auto& c : choices_) c.done = true;  // their abort updates are ignored; the caller answers
@@ -161,7 +163,7 @@ void GenerationJob::complete() {
                      kind_ == Kind::chat ? render_chat(head_, outs, usage(), bytes)
                                          : render_completion(head_, outs, usage(), bytes));
   }
-  if (on_complete_) std::exchange(on_complete_, nullptr)();
+  completed();
   if (ctx_.on_done) ctx_.on_done(status);
 }
 

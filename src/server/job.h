@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <utility>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,9 +22,32 @@ struct JobContext {
   const TextCodec* codec = nullptr;
   std::function<void(std::function<void()>)> post;  // to the IO thread
   std::function<void(int status)> on_done;           // status answered (200 for a finished stream)
+  // Decode role: submits choice i's engine request in place of engine->submit (its state comes from a
+  // prefill server; pd_service.cpp). Returns the engine id; throws like submit.
+  std::function<uint64_t(size_t choice, engine::GenerationRequest, engine::UpdateSink)> submit;
 };
 
-class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
+// A request in flight, as the service drives it: started once, aborted when the client goes or the
+// request times out, complete when it has answered.
+class Job {
+ public:
+  virtual ~Job() = default;
+  virtual void start() = 0;  // throws ApiError when refused (nothing is left running then)
+  virtual void abort(bool timed_out) = 0;
+  virtual bool finished() const = 0;
+  // Called once when the response is complete (e.g. to cancel the request's timeout).
+  void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+
+ protected:
+  void completed() {
+    if (on_complete_) std::exchange(on_complete_, nullptr)();
+  }
+
+ private:
+  std::function<void()> on_complete_;
+};
+
+class GenerationJob : public Job, public std::enable_shared_from_this<GenerationJob> {
  public:
   enum class Kind { completion, chat };
   GenerationJob(Kind kind, ResponseHead head, GenerationParams params, std::shared_ptr<Exchange> exchange,
@@ -32,12 +56,10 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   // A prompt and its n choices; `parser` makes the chat output parser of each choice.
   void add_prompt(std::vector<int32_t> prompt, const std::function<std::unique_ptr<OutputParser>()>& parser);
   // Submits every choice (throws ApiError when the engine refuses one; none is left running then).
-  void start();
+  void start() override;
   // Client gone or timed out: aborts every choice; the response is then an error (or nothing).
-  void abort(bool timed_out);
-  bool finished() const { return remaining_ == 0; }
-  // Called once when the response is complete (e.g. to cancel the request's timeout).
-  void on_complete(std::function<void()> fn) { on_complete_ = std::move(fn); }
+  void abort(bool timed_out) override;
+  bool finished() const override { return remaining_ == 0; }
 
  private:
   struct Choice {
@@ -69,7 +91,6 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   bool timed_out_ = false;
   bool failed_ = false;
   std::string error_;
-  std::function<void()> on_complete_;
 };
 
 }  // namespace tern::server

@@ -6,20 +6,18 @@
 
 namespace tern::server {
 
-namespace {
-
-void header(std::string& out, const char* name, const char* type, const char* help) {
+void prom_header(std::string& out, const char* name, const char* type, const char* help) {
   out += fmt::format("# HELP tern:{} {}\n# TYPE tern:{} {}\n", name, help, name, type);
 }
 
-void scalar(std::string& out, const char* name, const char* type, const char* help, double v, const std::string& labels) {
-  header(out, name, type, help);
+void prom_scalar(std::string& out, const char* name, const char* type, const char* help, double v, const std::string& labels) {
+  prom_header(out, name, type, help);
   out += fmt::format("tern:{}{{{}}} {}\n", name, labels, v);
 }
 
-void histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
-               const std::string& labels) {
-  header(out, name, "histogram", help);
+void prom_histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
+                    const std::string& labels) {
+  prom_header(out, name, "histogram", help);
   uint64_t cum = 0;
   for (size_t i = 0; i < h.counts().size(); ++i) {
     cum += h.counts()[i];
@@ -29,57 +27,72 @@ void histogram(std::string& out, const char* name, const char* help, const engin
   out += fmt::format("tern:{}_sum{{{}}} {}\ntern:{}_count{{{}}} {}\n", name, labels, h.sum(), name, labels, h.count());
 }
 
-}  // namespace
-
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model) {
   const std::string l = fmt::format("model_name=\"{}\"", model);
   std::string out;
-  scalar(out, "num_requests_running", "gauge", "Requests with state in the engine.", double(m.num_running), l);
-  scalar(out, "num_requests_waiting", "gauge", "Requests waiting for admission.", double(m.num_waiting), l);
-  scalar(out, "state_memory_used_bytes", "gauge", "Sequence state memory in use (pages).", double(m.state_used_bytes), l);
-  scalar(out, "state_memory_total_bytes", "gauge", "Sequence state memory budget.", double(m.state_total_bytes), l);
-  scalar(out, "state_memory_usage_perc", "gauge", "Fraction of the state memory in use.",
+  prom_scalar(out, "num_requests_running", "gauge", "Requests with state in the engine.", double(m.num_running), l);
+  prom_scalar(out, "num_requests_waiting", "gauge", "Requests waiting for admission.", double(m.num_waiting), l);
+  prom_scalar(out, "num_requests_transferring", "gauge", "Requests holding reserved state memory while their state arrives.",
+         double(m.num_transferring), l);
+  prom_scalar(out, "state_memory_used_bytes", "gauge", "Sequence state memory in use (pages).", double(m.state_used_bytes), l);
+  prom_scalar(out, "state_memory_total_bytes", "gauge", "Sequence state memory budget.", double(m.state_total_bytes), l);
+  prom_scalar(out, "state_memory_usage_perc", "gauge", "Fraction of the state memory in use.",
          m.state_total_bytes ? double(m.state_used_bytes) / double(m.state_total_bytes) : 0.0, l);
-  scalar(out, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(m.prompt_tokens_total), l);
-  scalar(out, "generation_tokens_total", "counter", "Generated tokens of finished requests.",
+  prom_scalar(out, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(m.prompt_tokens_total), l);
+  prom_scalar(out, "generation_tokens_total", "counter", "Generated tokens of finished requests.",
          double(m.generation_tokens_total), l);
-  scalar(out, "num_preemptions_total", "counter", "Requests preempted (state recomputed later).",
+  prom_scalar(out, "num_preemptions_total", "counter", "Requests preempted (state recomputed later).",
          double(m.preemptions_total), l);
-  scalar(out, "engine_steps_total", "counter", "Engine steps that ran the model.", double(m.steps_total), l);
-  header(out, "request_success_total", "counter", "Finished requests by finish reason.");
+  prom_scalar(out, "engine_steps_total", "counter", "Engine steps that ran the model.", double(m.steps_total), l);
+  prom_header(out, "request_success_total", "counter", "Finished requests by finish reason.");
   for (auto r : {engine::FinishReason::stop, engine::FinishReason::length, engine::FinishReason::abort,
-                 engine::FinishReason::error})
+                 engine::FinishReason::error, engine::FinishReason::handover})
     out += fmt::format("tern:request_success_total{{{},finished_reason=\"{}\"}} {}\n", l, engine::finish_reason_name(r),
                        m.finished_total[static_cast<size_t>(r)]);
-  histogram(out, "time_to_first_token_seconds", "Time to the first generated token.", m.time_to_first_token_seconds, l);
-  histogram(out, "inter_token_latency_seconds", "Time between generated tokens.", m.inter_token_latency_seconds, l);
-  histogram(out, "e2e_request_latency_seconds", "Request latency from arrival to finish.", m.e2e_request_latency_seconds, l);
-  histogram(out, "batch_size", "Sequences per engine step.", m.batch_size, l);
-  histogram(out, "step_seconds", "Duration of an engine step.", m.step_seconds, l);
-  histogram(out, "model_forward_seconds", "The model's part of a step.", m.forward_seconds, l);
-  histogram(out, "sample_seconds", "Sampling and delivery part of a step.", m.sample_seconds, l);
-  scalar(out, "cuda_graph_replays_total", "counter", "Steps replayed from a CUDA graph.",
+  prom_histogram(out, "time_to_first_token_seconds", "Time to the first generated token.", m.time_to_first_token_seconds, l);
+  prom_histogram(out, "inter_token_latency_seconds", "Time between generated tokens.", m.inter_token_latency_seconds, l);
+  prom_histogram(out, "e2e_request_latency_seconds", "Request latency from arrival to finish.", m.e2e_request_latency_seconds, l);
+  prom_histogram(out, "batch_size", "Sequences per engine step.", m.batch_size, l);
+  prom_histogram(out, "step_seconds", "Duration of an engine step.", m.step_seconds, l);
+  prom_histogram(out, "model_forward_seconds", "The model's part of a step.", m.forward_seconds, l);
+  prom_histogram(out, "sample_seconds", "Sampling and delivery part of a step.", m.sample_seconds, l);
+  prom_scalar(out, "cuda_graph_replays_total", "counter", "Steps replayed from a CUDA graph.",
          double(m.step_paths.graph_steps), l);
   uint64_t eager = 0;
   for (const auto& [reason, n] : m.step_paths.eager_steps) eager += n;
-  scalar(out, "eager_steps_total", "counter", "Steps run eagerly (not from a CUDA graph).", double(eager), l);
-  header(out, "eager_steps_by_reason_total", "counter", "Steps run eagerly, by why they could not replay a graph.");
+  prom_scalar(out, "eager_steps_total", "counter", "Steps run eagerly (not from a CUDA graph).", double(eager), l);
+  prom_header(out, "eager_steps_by_reason_total", "counter", "Steps run eagerly, by why they could not replay a graph.");
   for (const auto& [reason, n] : m.step_paths.eager_steps) {
     std::string r;
     for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
     out += fmt::format("tern:eager_steps_by_reason_total{{{},reason=\"{}\"}} {}\n", l, r, n);
   }
   // No speculative decoding yet: reported as zero, not omitted.
-  scalar(out, "spec_decode_num_drafted_tokens_total", "counter", "Draft tokens proposed.", 0, l);
-  scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", 0, l);
-  scalar(out, "http_requests_total", "counter", "HTTP requests received.", double(s.http_requests_total), l);
-  scalar(out, "http_client_errors_total", "counter", "HTTP 4xx answers.", double(s.http_errors_4xx_total), l);
-  scalar(out, "http_server_errors_total", "counter", "HTTP 5xx answers.", double(s.http_errors_5xx_total), l);
-  scalar(out, "client_disconnects_total", "counter", "Requests aborted by a client disconnect.",
+  prom_scalar(out, "spec_decode_num_drafted_tokens_total", "counter", "Draft tokens proposed.", 0, l);
+  prom_scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", 0, l);
+  prom_scalar(out, "http_requests_total", "counter", "HTTP requests received.", double(s.http_requests_total), l);
+  prom_scalar(out, "http_client_errors_total", "counter", "HTTP 4xx answers.", double(s.http_errors_4xx_total), l);
+  prom_scalar(out, "http_server_errors_total", "counter", "HTTP 5xx answers.", double(s.http_errors_5xx_total), l);
+  prom_scalar(out, "client_disconnects_total", "counter", "Requests aborted by a client disconnect.",
          double(s.client_disconnects_total), l);
-  scalar(out, "request_timeouts_total", "counter", "Requests aborted by the per-request timeout.",
+  prom_scalar(out, "request_timeouts_total", "counter", "Requests aborted by the per-request timeout.",
          double(s.request_timeouts_total), l);
-  scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(s.open_connections), l);
+  prom_scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(s.open_connections), l);
+  return out;
+}
+
+std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, const std::string& model) {
+  const std::string l = fmt::format("model_name=\"{}\",side=\"{}\"", model, side);
+  std::string out;
+  prom_scalar(out, "pd_transfers_total", "counter", "State transfers that completed.", double(m.transfers_ok), l);
+  prom_header(out, "pd_transfers_failed_total", "counter", "State transfers that failed, by reason.");
+  for (size_t r = 0; r < m.failed.size(); ++r)
+    out += fmt::format("tern:pd_transfers_failed_total{{{},reason=\"{}\"}} {}\n", l,
+                       transfer::fail_reason_name(static_cast<transfer::FailReason>(r)), m.failed[r]);
+  prom_scalar(out, "pd_transfer_bytes_total", "counter", "State bytes moved.", double(m.bytes), l);
+  prom_scalar(out, "pd_transfers_in_progress", "gauge", "Transfers (rooms) in progress.", double(m.rooms), l);
+  prom_scalar(out, "pd_landing_bytes", "gauge", "Landing memory held for states on their way.", double(m.landed_bytes), l);
+  prom_histogram(out, "pd_transfer_seconds", "Offer to ack (prefill side), ready to import (decode side).", m.seconds, l);
   return out;
 }
 

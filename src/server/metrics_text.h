@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/metrics.h"
+#include "transfer/pd_common.h"
 
 namespace tern::server {
 
@@ -17,6 +18,14 @@ struct ServerCounters {
   int64_t open_connections = 0;
 };
 
+// Prometheus text helpers (names get the `tern:` prefix; `labels` is `k="v",...`).
+void prom_header(std::string& out, const char* name, const char* type, const char* help);
+void prom_scalar(std::string& out, const char* name, const char* type, const char* help, double v, const std::string& labels);
+void prom_histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
+                    const std::string& labels);
+
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model);
+// Prefill-decode transfers of a prefill or decode server (`side`).
+std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, const std::string& model);
 
 }  // namespace tern::server

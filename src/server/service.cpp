@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/auth.h"
 #include "server/job.h"
 
 namespace tern::server {
@@ -13,24 +14,13 @@ namespace {
 constexpr const char* kJson = "application/json";
 constexpr size_t kMaxLiveJobs = 8192;  // beyond this: 429
 
-// Compares in time independent of where the strings differ.
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  const size_t n = std::max(a.size(), b.size());
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
-  }
-  return diff == 0;
-}
-
 std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
 
 }  // namespace
 
-ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options)
-    : engine_(engine), codec_(codec), http_(http), options_(std::move(options)) {
+ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
+                       PdContext pd)
+    : engine_(engine), codec_(codec), http_(http), options_(std::move(options)), pd_(std::move(pd)) {
   limits_.model = options_.model_name;
   limits_.vocab_size = codec_.vocab_size();
 }
@@ -63,11 +53,7 @@ void ApiService::fail(Exchange& exchange, const ApiError& e) {
 }
 
 bool ApiService::authorized(const HttpRequest& request) const {
-  if (options_.api_key.empty()) return true;
-  const std::string prefix = "Bearer ";
-  const std::string& h = request.authorization;
-  const std::string given = h.compare(0, prefix.size(), prefix) == 0 ? h.substr(prefix.size()) : std::string();
-  return constant_time_equal(given, options_.api_key);
+  return bearer_authorized(request.authorization, options_.api_key);
 }
 
 void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
@@ -81,6 +67,10 @@ void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchang
   if (path == "/metrics") {
     if (m != "GET") throw ApiError(405, "use GET /metrics");
     return exchange->reply(200, "text/plain; version=0.0.4", metrics());
+  }
+  if (path == "/pd/info") {  // for `tern route`: this server's role and bootstrap address
+    if (m != "GET") throw ApiError(405, "use GET /pd/info");
+    return answer(*exchange, 200, pd_info());
   }
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/tokenize" || path == "/detokenize";
@@ -124,7 +114,7 @@ ResponseHead ApiService::head(const char* prefix, const std::string& model) {
           std::chrono::duration_cast<std::chrono::seconds>(now).count()};
 }
 
-void ApiService::run_job(const std::shared_ptr<GenerationJob>& job, const std::shared_ptr<Exchange>& exchange) {
+void ApiService::run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<Exchange>& exchange) {
   ++live_jobs_;
   try {
     job->start();
@@ -132,7 +122,7 @@ void ApiService::run_job(const std::shared_ptr<GenerationJob>& job, const std::s
     --live_jobs_;
     throw;
   }
-  std::weak_ptr<GenerationJob> weak = job;
+  std::weak_ptr<Job> weak = job;
   exchange->on_client_gone([this, weak] {
     if (auto j = weak.lock(); j && !j->finished()) {
       ++counters_.client_disconnects_total;
@@ -156,22 +146,60 @@ void ApiService::completions(const HttpRequest& request, const std::shared_ptr<E
     check_length(r.params, p);
   }
   if (!r.params.max_tokens_given) r.params.stop.max_tokens = 16;
-  auto job = std::make_shared<GenerationJob>(GenerationJob::Kind::completion, head("cmpl-", r.params.model), r.params,
-                                             exchange, JobContext{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); },
-                                                                  [this](int) { --live_jobs_; }});
-  for (auto& p : prompts) job->add_prompt(std::move(p), nullptr);
-  run_job(job, exchange);
+  generate(false, request, exchange, std::move(r.params), std::move(prompts), nullptr);
 }
 
 void ApiService::chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   ChatRequest r = parse_chat(request.body, limits_);
   std::vector<int32_t> prompt = codec_.chat_prompt(r);
   fill_max_tokens(r.params, prompt, true);
-  auto job = std::make_shared<GenerationJob>(GenerationJob::Kind::chat, head("chatcmpl-", r.params.model), r.params,
-                                             exchange, JobContext{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); },
-                                                                  [this](int) { --live_jobs_; }});
-  job->add_prompt(std::move(prompt), [&] { return codec_.output_parser(r); });
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.push_back(std::move(prompt));
+  generate(true, request, exchange, std::move(r.params), std::move(prompts), [&] { return codec_.output_parser(r); });
+}
+
+void ApiService::generate(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+                          GenerationParams params, std::vector<std::vector<int32_t>> prompts,
+                          const std::function<std::unique_ptr<OutputParser>()>& parser) {
+  const bool pd = !request.tern_room.empty();
+  if (pd && pd_.role == Role::both)
+    throw ApiError(400, "this server does not take part in prefill-decode disaggregation (--role both) but got X-Tern-Room");
+  if (!pd && pd_.role != Role::both)
+    throw ApiError(400, cat("this is a ", role_name(pd_.role), " server (--role ", role_name(pd_.role),
+                            "): requests come through `tern route` with X-Tern-Room"), "", "invalid_request_error");
+  JobContext ctx{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); }, [this](int) { --live_jobs_; }, nullptr};
+  uint64_t room = 0;
+  if (pd) {
+    try {
+      room = transfer::parse_room(request.tern_room);
+    } catch (const Error& e) {
+      throw ApiError(400, cat("X-Tern-Room: ", e.what()));
+    }
+  }
+  if (pd_.role == Role::prefill) {
+    auto job = std::make_shared<PrefillJob>(room, std::move(params), exchange, std::move(ctx), *pd_.prefill);
+    for (auto& p : prompts) job->add_prompt(std::move(p));
+    return run_job(job, exchange);
+  }
+  if (pd_.role == Role::decode) {
+    try {
+      transfer::parse_host_port(request.tern_bootstrap);
+    } catch (const Error& e) {
+      throw ApiError(400, cat("X-Tern-Bootstrap: ", e.what()));
+    }
+    ctx.submit = remote_submit(engine_, *pd_.decode, ctx.post, room, request.tern_bootstrap);
+  }
+  const auto kind = chat ? GenerationJob::Kind::chat : GenerationJob::Kind::completion;
+  auto job = std::make_shared<GenerationJob>(kind, head(chat ? "chatcmpl-" : "cmpl-", params.model), params, exchange,
+                                             std::move(ctx));
+  for (auto& p : prompts) job->add_prompt(std::move(p), parser);
   run_job(job, exchange);
+}
+
+std::string ApiService::pd_info() const {
+  return cat(R"({"role":")", role_name(pd_.role), R"(","bootstrap":)",
+             pd_.bootstrap.empty() ? std::string("null") : cat('"', pd_.bootstrap, '"'), R"(,"model":")",
+             options_.model_name, R"(","max_model_len":)", options_.max_model_len, "}");
 }
 
 void ApiService::tokenize(const HttpRequest& request, Exchange& exchange) {
@@ -188,7 +216,24 @@ void ApiService::detokenize(const HttpRequest& request, Exchange& exchange) {
 std::string ApiService::metrics() const {
   ServerCounters c = counters_;
   c.open_connections = static_cast<int64_t>(http_.connections());
-  return render_metrics(engine_.metrics(), c, options_.model_name);
+  std::string out = render_metrics(engine_.metrics(), c, options_.model_name);
+  if (pd_.prefill) out += render_pd_metrics(pd_.prefill->metrics(), "prefill", options_.model_name);
+  if (pd_.decode) out += render_pd_metrics(pd_.decode->metrics(), "decode", options_.model_name);
+  return out;
+}
+
+bool bearer_authorized(const std::string& authorization, const std::string& key) {
+  if (key.empty()) return true;
+  const std::string prefix = "Bearer ";
+  const std::string given = authorization.compare(0, prefix.size(), prefix) == 0 ? authorization.substr(prefix.size()) : "";
+  const size_t n = std::max(given.size(), key.size());
+  unsigned char diff = given.size() == key.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    const unsigned char y = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
 }
 
 }  // namespace tern::server

@@ -11,12 +11,13 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics_text.h"
+#include "server/pd_jobs.h"
 #include "server/schemas.h"
 #include "server/text_codec.h"
 
 namespace tern::server {
 
-class GenerationJob;
+class Job;
 
 struct ServiceOptions {
   std::string model_name = "deepseek-v4-flash";
@@ -28,7 +29,8 @@ struct ServiceOptions {
 
 class ApiService {
  public:
-  ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options);
+  ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
+             PdContext pd = {});
   void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
   void set_ready() { ready_ = true; }
   void set_draining() { draining_ = true; }
@@ -44,7 +46,12 @@ class ApiService {
   void chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
   void tokenize(const HttpRequest& request, Exchange& exchange);
   void detokenize(const HttpRequest& request, Exchange& exchange);
-  void run_job(const std::shared_ptr<GenerationJob>& job, const std::shared_ptr<Exchange>& exchange);
+  void run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<Exchange>& exchange);
+  // Starts a generation as this server's role has it: here (both), its prompts only (prefill) or its
+  // decoding only (decode).
+  void generate(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange, GenerationParams params,
+                std::vector<std::vector<int32_t>> prompts, const std::function<std::unique_ptr<OutputParser>()>& parser);
+  std::string pd_info() const;
   void check_length(const GenerationParams& p, const std::vector<int32_t>& prompt) const;
   void fill_max_tokens(GenerationParams& p, const std::vector<int32_t>& prompt, bool chat) const;
   ResponseHead head(const char* prefix, const std::string& model);
@@ -53,6 +60,7 @@ class ApiService {
   const TextCodec& codec_;
   HttpServer& http_;
   ServiceOptions options_;
+  PdContext pd_;
   ParseLimits limits_;
   bool ready_ = false;
   bool draining_ = false;

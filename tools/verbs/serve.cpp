@@ -23,7 +23,11 @@
 #include "model/weights.h"
 #include "server/http.h"
 #include "server/service.h"
+#include "server/pd_jobs.h"
 #include "server/text_codec.h"
+#include "transfer/decode_rooms.h"
+#include "transfer/prefill_rooms.h"
+#include "transfer/tcp_backend.h"
 #include "tools/embedded_model.h"
 #include "tools/placement.h"
 #include "tools/verb.h"
@@ -43,6 +47,10 @@ struct ServeArgs {
   int max_running = 256;
   int64_t token_budget = 2048, max_chunk = 512, max_model_len = 0;
   double body_limit_mb = 8, header_timeout_s = 10, idle_timeout_s = 60, request_timeout_s = 600, drain_timeout_s = 30;
+  // prefill-decode disaggregation (docs/disaggregation.md)
+  std::string role = "both", pd_host, pd_backend = "tcp";
+  int pd_port = 0;
+  double pd_heartbeat_s = 1, pd_peer_timeout_s = 10, pd_rendezvous_timeout_s = 30, pd_transfer_timeout_s = 30;
 };
 
 std::string run_and_read(const std::string& command) {
@@ -172,10 +180,12 @@ struct Drain {
   std::chrono::milliseconds timeout{30000};
   Clock::time_point deadline;
   bool started = false, aborted = false;
+  std::function<void()> on_begin;
 
   void begin(int sig) {
     if (started) return;
     started = true;
+    if (on_begin) on_begin();
     log::info("signal ", sig, ": draining (", service->live_jobs(), " requests in flight, up to ", timeout.count(), " ms)");
     service->set_draining();
     http->stop_accepting();
@@ -221,6 +231,71 @@ void set_allocator_policy() {
 #endif
 }
 
+std::chrono::milliseconds seconds_option(double s, const char* name) {
+  TERN_CHECK(s > 0, name, ": expected a positive number of seconds, found ", s);
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+transfer::PdOptions pd_options(const ServeArgs& a) {
+  transfer::PdOptions o;
+  o.channel.heartbeat = seconds_option(a.pd_heartbeat_s, "--pd-heartbeat");
+  o.channel.peer_timeout = seconds_option(a.pd_peer_timeout_s, "--pd-peer-timeout");
+  o.channel.connect_timeout = std::min(o.channel.peer_timeout, std::chrono::milliseconds(5000));
+  o.rendezvous_timeout = seconds_option(a.pd_rendezvous_timeout_s, "--pd-rendezvous-timeout");
+  o.transfer_timeout = seconds_option(a.pd_transfer_timeout_s, "--pd-transfer-timeout");
+  TERN_CHECK(o.channel.heartbeat * 2 <= o.channel.peer_timeout, "--pd-peer-timeout must be at least twice --pd-heartbeat");
+  return o;
+}
+
+// The transfer side of a prefill or decode server: bound at startup (a taken port fails at once), on
+// the HTTP server's IO thread. Declared after the HttpServer so that it goes before its io_context.
+struct PdParts {
+  std::unique_ptr<transfer::Backend> backend;
+  std::unique_ptr<transfer::PrefillRooms> prefill;
+  std::unique_ptr<transfer::DecodeRooms> decode;
+  server::PdContext context;
+  transfer::PdOptions options;
+
+  void bind(const ServeArgs& a, server::HttpServer& http) {
+    context.role = server::parse_role(a.role);
+    if (context.role == server::Role::both) return;
+    TERN_CHECK(a.pd_backend == "tcp", "--pd-backend: ", a.pd_backend,
+               " cannot serve yet (the engine's states live on the host; cuda-ipc and nccl move device memory, "
+               "see docs/disaggregation.md); use tcp");
+    TERN_CHECK(a.pd_port >= 0 && a.pd_port <= 65535, "--pd-port: expected 0 to 65535, found ", a.pd_port);
+    options = pd_options(a);
+    const std::string host = a.pd_host.empty() ? a.host : a.pd_host;
+    transfer::TcpBackendOptions t;
+    t.bind_host = host;
+    t.port = static_cast<uint16_t>(a.pd_port);
+    t.listen = context.role == server::Role::decode;
+    t.connect_timeout = options.channel.connect_timeout;
+    t.stall_timeout = options.channel.peer_timeout;
+    backend = transfer::make_tcp_backend(http.io_context(), t);
+    if (context.role == server::Role::prefill) {
+      prefill = std::make_unique<transfer::PrefillRooms>(http.io_context(), host, static_cast<uint16_t>(a.pd_port), options,
+                                                         *backend);
+      context.prefill = prefill.get();
+      const bool v6 = host.find(':') != std::string::npos;
+      context.bootstrap = cat(v6 ? "[" : "", host, v6 ? "]" : "", ":", prefill->port());
+    }
+  }
+  // After the model is loaded (the decode side needs the engine).
+  void start(server::HttpServer& http, engine::Engine& engine, const std::string& model) {
+    options.model = model;
+    if (prefill) prefill->set_model(model);
+    if (context.role == server::Role::decode) {
+      decode = std::make_unique<transfer::DecodeRooms>(http.io_context(), options, *backend, engine);
+      context.decode = decode.get();
+    }
+  }
+  std::string describe() const {
+    if (context.role == server::Role::both) return "";
+    return cat(", role ", server::role_name(context.role),
+               context.role == server::Role::prefill ? cat(", bootstrap ", context.bootstrap) : std::string());
+  }
+};
+
 int run_serve(const ServeArgs& a) {
   set_allocator_policy();
   if (a.threads > 0) set_thread_count(a.threads);
@@ -233,6 +308,8 @@ int run_serve(const ServeArgs& a) {
                             const server::ApiError e(503, "the model is loading", "", "unavailable");
                             ex->reply(e.status, "application/json", server::render_error(e), {{"Retry-After", "1"}});
                           });
+  PdParts pd;
+  pd.bind(a, http);
   http.on_signal([&](int sig) {
     if (!service) {  // still loading: nothing to drain
       log::info("signal ", sig, " while loading; exiting");
@@ -241,7 +318,7 @@ int run_serve(const ServeArgs& a) {
     }
     drain.begin(sig);
   });
-  log::info("listening on ", http.address(), "; loading the model");
+  log::info("listening on ", http.address(), pd.describe(), "; loading the model");
   std::thread io([&] { http.run(); });
   Loaded l;
   try {
@@ -260,10 +337,16 @@ int run_serve(const ServeArgs& a) {
   so.max_model_len = l.max_model_len;
   so.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   http.post([&] {
-    service = std::make_shared<server::ApiService>(*l.engine, *l.codec, http, so);
-    drain = Drain{&http, service.get(), l.engine.get(), std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000))};
+    pd.start(http, *l.engine, l.name);
+    service = std::make_shared<server::ApiService>(*l.engine, *l.codec, http, so, pd.context);
+    drain.http = &http;
+    drain.service = service.get();
+    drain.engine = l.engine.get();
+    drain.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000));
+    if (pd.prefill) drain.on_begin = [&pd] { pd.prefill->close(); };
     // The ready line goes out before /health turns 200, so a watcher of the log is never behind /health.
-    log::info("ready: serving ", l.name, " at ", http.address(), " (OpenAI API under /v1)", a.api_key.empty() ? "" : ", API key required");
+    log::info("ready: serving ", l.name, " at ", http.address(), " (OpenAI API under /v1)", a.api_key.empty() ? "" : ", API key required",
+              pd.describe());
     service->set_ready();
   });
   io.join();
@@ -297,6 +380,16 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--idle-timeout", a.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->capture_default_str();
   app.add_option("--request-timeout", a.request_timeout_s, "Seconds a generation may take")->capture_default_str();
   app.add_option("--drain-timeout", a.drain_timeout_s, "Seconds to finish requests after SIGTERM")->capture_default_str();
+  app.add_option("--role", a.role, "both (prompt and decoding), prefill or decode (behind `tern route`)")->capture_default_str();
+  app.add_option("--pd-host", a.pd_host, "Address of the transfer port (default: --host)");
+  app.add_option("--pd-port", a.pd_port, "Transfer port: prefill bootstrap, decode data (0: any free port)")->capture_default_str();
+  app.add_option("--pd-backend", a.pd_backend, "State transfer backend (tcp)")->capture_default_str();
+  app.add_option("--pd-heartbeat", a.pd_heartbeat_s, "Seconds between transfer heartbeats")->capture_default_str();
+  app.add_option("--pd-peer-timeout", a.pd_peer_timeout_s, "Seconds of peer silence that fail a transfer")->capture_default_str();
+  app.add_option("--pd-rendezvous-timeout", a.pd_rendezvous_timeout_s,
+                 "Seconds a prefill room waits for its router request and decode server")->capture_default_str();
+  app.add_option("--pd-transfer-timeout", a.pd_transfer_timeout_s, "Seconds from the prefill offer to the decode import")
+      ->capture_default_str();
 }
 
 const bool registered = tern::tools::register_verb(

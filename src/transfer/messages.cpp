@@ -1,0 +1,114 @@
+#include "transfer/messages.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tern::transfer {
+
+using nlohmann::json;
+
+std::string room_hex(uint64_t room) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, room >>= 4) s[i] = digits[room & 15];
+  return s;
+}
+
+uint64_t parse_room(std::string_view hex) {
+  TERN_CHECK(!hex.empty() && hex.size() <= 16, "room id: expected 1 to 16 hex digits, found \"", hex, "\"");
+  uint64_t v = 0;
+  for (char c : hex) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    TERN_CHECK(d >= 0, "room id: expected hex digits, found \"", hex, "\"");
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  return v;
+}
+
+std::string RoomKey::name() const { return cat(room_hex(room), "/", index); }
+
+namespace {
+
+json parse(std::string_view text, const char* what) {
+  json j = json::parse(text, nullptr, false);
+  TERN_CHECK(!j.is_discarded() && j.is_object(), "malformed ", what, " message: not a JSON object");
+  return j;
+}
+
+template <typename T>
+T field(const json& j, const char* name, const char* what) {
+  auto it = j.find(name);
+  TERN_CHECK(it != j.end(), "malformed ", what, " message: no \"", name, "\"");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw Error(cat("malformed ", what, " message: \"", name, "\" has the wrong type"));
+  }
+}
+
+}  // namespace
+
+std::string encode(const Hello& m) {
+  return json{{"version", m.version},       {"room", room_hex(m.key.room)}, {"index", m.key.index},
+              {"prompt_len", m.prompt_len}, {"prompt_hash", m.prompt_hash}, {"capacity", m.capacity},
+              {"model", m.model},           {"backend", m.backend}}
+      .dump();
+}
+
+Hello decode_hello(std::string_view text) {
+  const json j = parse(text, "hello");
+  Hello m;
+  m.version = field<int>(j, "version", "hello");
+  TERN_CHECK(m.version == kProtocolVersion, "the decode server speaks transfer protocol version ", m.version,
+             ", this server ", kProtocolVersion);
+  m.key.room = parse_room(field<std::string>(j, "room", "hello"));
+  m.key.index = field<uint32_t>(j, "index", "hello");
+  m.prompt_len = field<int64_t>(j, "prompt_len", "hello");
+  m.prompt_hash = field<uint64_t>(j, "prompt_hash", "hello");
+  m.capacity = field<int64_t>(j, "capacity", "hello");
+  m.model = field<std::string>(j, "model", "hello");
+  m.backend = field<std::string>(j, "backend", "hello");
+  return m;
+}
+
+std::string encode(const Offer& m) {
+  json top = json::array();
+  for (const auto& t : m.first.top) top.push_back({t.token, t.logprob});
+  return json{{"state_bytes", m.state_bytes},
+              {"token", m.first.token},
+              {"logprob", m.first.logprob},
+              {"top", std::move(top)},
+              {"rng", m.rng}}
+      .dump();
+}
+
+Offer decode_offer(std::string_view text) {
+  const json j = parse(text, "offer");
+  Offer m;
+  m.state_bytes = field<int64_t>(j, "state_bytes", "offer");
+  TERN_CHECK(m.state_bytes > 0, "malformed offer message: state_bytes ", m.state_bytes);
+  m.first.token = field<int32_t>(j, "token", "offer");
+  m.first.logprob = field<float>(j, "logprob", "offer");
+  for (const auto& t : field<json>(j, "top", "offer")) {
+    TERN_CHECK(t.is_array() && t.size() == 2 && t[0].is_number_integer() && t[1].is_number(),
+               "malformed offer message: top logprobs");
+    m.first.top.push_back({t[0].get<int32_t>(), t[1].get<float>()});
+  }
+  m.rng = field<std::string>(j, "rng", "offer");
+  return m;
+}
+
+uint64_t prompt_hash(std::span<const int32_t> tokens) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t t : tokens) {
+    const auto u = static_cast<uint32_t>(t);
+    for (int i = 0; i < 4; ++i) {
+      h ^= (u >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace tern::transfer

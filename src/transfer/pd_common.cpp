@@ -1,0 +1,23 @@
+#include "transfer/pd_common.h"
+
+namespace tern::transfer {
+
+const char* fail_reason_name(FailReason r) {
+  switch (r) {
+    case FailReason::connect: return "connect";
+    case FailReason::peer_closed: return "peer_closed";
+    case FailReason::peer_timeout: return "peer_timeout";
+    case FailReason::rendezvous_timeout: return "rendezvous_timeout";
+    case FailReason::transfer_timeout: return "transfer_timeout";
+    case FailReason::refused: return "refused";
+    case FailReason::peer_error: return "peer_error";
+    case FailReason::aborted: return "aborted";
+    case FailReason::count_: break;
+  }
+  return "?";
+}
+
+PdMetrics::PdMetrics()
+    : seconds({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0}) {}
+
+}  // namespace tern::transfer

@@ -1,0 +1,181 @@
+"""Real `tern serve` (any role) and `tern route` processes on loopback for the router and PD tests.
+
+TERN_BIN names the tern executable (CTest sets it). Every process picks a free port (--port 0) and is
+ready when it logs its ready line; `wrap` runs a process inside something else (e.g. `ip netns exec`).
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
+SERVE_READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+?)( |$)")
+ROUTE_READY = re.compile(r"ready: routing (\S+) at (http://[^\s]+?)( |$)")
+LISTENING = re.compile(r"listening on (http://[^\s;]+)")
+BOOTSTRAP = re.compile(r"bootstrap (\S+)")
+
+
+class Proc:
+    """A tern process whose output is collected; ready when `ready` matches a line."""
+
+    def __init__(self, args, ready, wait=True, timeout=600, wrap=()):
+        self.args = [*wrap, TERN_BIN, *args]
+        self.ready_re = ready
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self.url = self.model = self.listen_url = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if wait:
+            self.wait_ready(timeout)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = LISTENING.search(line)
+            if m and not self.listen_url:
+                self.listen_url = m.group(1)
+            m = self.ready_re.search(line)
+            if m and not self.url:
+                self.model, self.url = m.group(1), m.group(2).rstrip(",")
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout=600):
+        self._ready.wait(timeout)
+        assert self.url, f"{self.args} did not become ready:\n" + self.log()
+
+    def log(self):
+        return "".join(self.lines)
+
+    @property
+    def port(self):
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def serve(role="both", *args, port=0, wait=True, wrap=()):
+    extra = ["--role", role] if role != "both" else []
+    if "--max-model-len" not in args:
+        extra += ["--max-model-len", "2048"]
+    return Proc(["serve", "--port", str(port), "--header-timeout", "5", *extra, *args],
+                SERVE_READY, wait=wait, wrap=wrap)
+
+
+def route(*args, wait=True, port=0):
+    return Proc(["route", "--port", str(port), "--health-interval", "0.25", "--health-timeout", "1", *args], ROUTE_READY,
+                wait=wait)
+
+
+def metric(url, name, **labels):
+    """tern:<name> from url/metrics, summed over the label sets that include `labels`."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    total, want = 0.0, [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        if line.startswith("tern:" + name + "{") and all(w in line for w in want):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_for(predicate, timeout=30, interval=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def post(url, path, body, headers=None, timeout=300):
+    """POST JSON; returns (status, parsed JSON or text)."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        text = e.read().decode()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text
+
+
+class SseStream:
+    """A streaming request read event by event (http.client, so a broken stream is seen as it is)."""
+
+    def __init__(self, url, path, body, timeout=300, wait_head=True):
+        """Sends the request; reads the response head unless `wait_head` is False (the router sends it with
+        the first event, after the prompt ran)."""
+        host, port = url[len("http://"):].rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        self.conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+        self.resp = self.conn.getresponse() if wait_head else None
+        self.status = self.resp.status if self.resp else None
+        self.events = []
+        self.error = None      # an error event's message
+        self.done = False      # [DONE] seen
+        self.closed_at = None  # when the stream ended (EOF or [DONE] then EOF)
+
+    def next_event(self):
+        """The next event's data, or None at the end of the stream."""
+        data = []
+        while True:
+            line = self.resp.readline()
+            if not line:
+                self.closed_at = time.time()
+                return None
+            line = line.decode().rstrip("\r\n")
+            if line.startswith("data: "):
+                data.append(line[6:])
+            elif line == "" and data:
+                d = "\n".join(data)
+                if d == "[DONE]":
+                    self.done = True
+                else:
+                    j = json.loads(d)
+                    if "error" in j:
+                        self.error = j["error"]["message"]
+                    self.events.append(j)
+                return d
+
+    def read_all(self):
+        try:
+            while self.next_event() is not None:
+                pass
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            self.error = self.error or repr(e)
+            self.closed_at = time.time()
+        self.conn.close()
+        return self
+
+    def text(self):
+        return "".join(c.get("text", "") or c.get("delta", {}).get("content", "") or ""
+                       for e in self.events for c in e.get("choices", []))
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
