@@ -57,6 +57,20 @@ Placement place_model(model::Model& m, const std::string& device) {
   return p;
 }
 
+std::string device_memory_report(const Placement& p) {
+#if TERN_WITH_CUDA
+  if (p.device == "cuda") {
+    const auto m = cuda::device_memory_info();
+    const auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+    const auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+    return cat(gib(m.total_bytes), " GiB total: ", mib(p.weight_bytes), " MiB weights, ",
+               mib(static_cast<int64_t>(cuda::register_backend().workspace_bytes())), " MiB op workspace, ",
+               gib(m.free_bytes), " GiB free (sequence states and activations come from the rest)");
+  }
+#endif
+  return "host memory (no device)";
+}
+
 int64_t free_state_memory(const std::string& device) {
 #if TERN_WITH_CUDA
   if (device == "cuda") return cuda::device_memory_info().free_bytes;

@@ -22,6 +22,8 @@ struct Placement {
 void prepare_device(const std::string& device);
 // Moves the model to the device prepared above (no-op on the CPU).
 Placement place_model(model::Model& m, const std::string& device);
+// "141.0 GiB total: 1.2 GiB weights, 64 MiB workspace, 120.3 GiB free" for a device placement.
+std::string device_memory_report(const Placement& p);
 // Bytes free where the sequence states will live: the GPU's free memory, or the host's available memory.
 int64_t free_state_memory(const std::string& device);
 

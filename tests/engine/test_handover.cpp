@@ -158,7 +158,7 @@ TEST(Handover, FailureFreesTheReservation) {
   const uint64_t ib = decode.submit_remote(request(40, 2, 8, 0), collect(b), nullptr);
   decode.step();
   EXPECT_EQ(decode.metrics().num_transferring, 2);
-  EXPECT_EQ(d_runner->live(), 2u);
+  EXPECT_EQ(decode.pool().live(), 2u);
   decode.fail(ia, "prefill server gone");
   decode.step();
   EXPECT_EQ(a.finish, FinishReason::error);

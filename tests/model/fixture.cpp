@@ -29,8 +29,7 @@ const Fixture& Fixture::get(const std::string& name) {
     f->name_ = name;
     f->weights_ = model::load_model(dir);
     f->ref_ = model::SafetensorsFile::open(dir + "/reference.safetensors");
-    while (f->ref_->find("prompt." + std::to_string(f->num_prompts_) + ".ids")) ++f->num_prompts_;
-    TERN_CHECK(f->num_prompts_ > 0, dir, "/reference.safetensors has no prompts");
+    TERN_CHECK(f->num_prompts() > 0, dir, "/reference.safetensors has no prompts");
     slot = std::move(f);
   }
   return *slot;
@@ -46,11 +45,16 @@ static std::vector<int64_t> ints(const TensorView& v) {
   return {v.data_as<const int64_t>(), v.data_as<const int64_t>() + v.numel()};
 }
 
-std::vector<int64_t> Fixture::ids(int prompt) const {
-  return ints(tensor("prompt." + std::to_string(prompt) + ".ids"));
+int Fixture::num_prompts(const std::string& set) const {
+  int n = 0;
+  while (ref_->find(set + "." + std::to_string(n) + ".ids")) ++n;
+  return n;
 }
-std::vector<int64_t> Fixture::greedy(int prompt) const {
-  return ints(tensor("prompt." + std::to_string(prompt) + ".greedy"));
+std::vector<int64_t> Fixture::ids(int prompt, const std::string& set) const {
+  return ints(tensor(set + "." + std::to_string(prompt) + ".ids"));
+}
+std::vector<int64_t> Fixture::greedy(int prompt, const std::string& set) const {
+  return ints(tensor(set + "." + std::to_string(prompt) + ".greedy"));
 }
 
 bool sanitized_build() {

@@ -19,9 +19,12 @@ class Fixture {
 
   const std::string& name() const { return name_; }
   const model::ModelWeights& weights() const { return weights_; }
-  int num_prompts() const { return num_prompts_; }
-  std::vector<int64_t> ids(int prompt) const;
-  std::vector<int64_t> greedy(int prompt) const;
+  // Prompt sets: "prompt" (the main set: f32 parity) and "bf16.prompt" (prompts whose reference run keeps
+  // every router / indexer decision and greedy token under bf16 activations: the GPU's bounds apply there).
+  // Tensors of prompt p of set s are "<s>.<p>.ids", ".logits", ".greedy", ".greedy_logits".
+  int num_prompts(const std::string& set = "prompt") const;
+  std::vector<int64_t> ids(int prompt, const std::string& set = "prompt") const;
+  std::vector<int64_t> greedy(int prompt, const std::string& set = "prompt") const;
   // f32 [T, vocab] (or [steps, vocab]); empty view when absent
   TensorView tensor(const std::string& key) const;
 
@@ -29,7 +32,6 @@ class Fixture {
   std::string name_;
   model::ModelWeights weights_;
   std::shared_ptr<model::SafetensorsFile> ref_;
-  int num_prompts_ = 0;
 };
 
 // The prompts the expensive (token-by-token) tests run. Under ASan/UBSan, where those tests check memory

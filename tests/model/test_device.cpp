@@ -162,8 +162,10 @@ class Bf16XBackend final : public ops::Backend {
   cpu::CpuBackend c;
 };
 
-// Prints (does not judge) how far the fixture logits move with bf16 x in the linears, on the CPU.
-TEST(Bf16Activations, FixtureLogitsReport) {
+// The CPU with the CUDA backend's bf16 rounding of x: on the fixtures' bf16 set the GPU's bounds hold
+// (logits within 2e-2 * max|ref|, top-1 >= 99 %); on the main set the distance is printed (its long prompts
+// part under bf16 activations in the reference itself).
+TEST(Bf16Activations, FixtureLogits) {
   Bf16XBackend backend;
   HostAsDevice memory;
   ops::register_backend(Device::cuda, &backend);
@@ -177,23 +179,32 @@ TEST(Bf16Activations, FixtureLogitsReport) {
       return uploads.back().view();
     });
     const int64_t vocab = m.config().vocab_size;
-    float worst = 0;
-    int64_t agree = 0, positions = 0;
-    for (int p = 0; p < f.num_prompts(); ++p) {
-      const std::vector<int64_t> ids = f.ids(p);
-      cache::SequenceState st = m.new_state(static_cast<int64_t>(ids.size()) + 1);
-      const model::StepSequence s{&st, ids, model::LogitsFor::all};
-      const Tensor got = m.forward({&s, 1});
-      const TensorView want = f.tensor("prompt." + std::to_string(p) + ".logits");
-      worst = std::max(worst, diff(got.data<float>(), want.data_as<const float>(), got.numel()).rel());
-      for (size_t t = 0; t < ids.size(); ++t, ++positions) {
-        const float* g = got.data<float>() + t * vocab;
-        const float* w = want.data_as<const float>() + t * vocab;
-        agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+    for (const std::string set : {"bf16.prompt", "prompt"}) {
+      const bool judge = set == "bf16.prompt";
+      if (judge) ASSERT_GT(f.num_prompts(set), 0) << name << ": no bf16 set (regenerate the fixtures)";
+      float worst = 0;
+      int64_t agree = 0, positions = 0;
+      for (int p = 0; p < f.num_prompts(set); ++p) {
+        if (sanitized_build() && p % 3 != 0) continue;
+        const std::vector<int64_t> ids = f.ids(p, set);
+        cache::SequenceState st = m.new_state(static_cast<int64_t>(ids.size()) + 1);
+        const model::StepSequence s{&st, ids, model::LogitsFor::all};
+        const Tensor got = m.forward({&s, 1});
+        const TensorView want = f.tensor(set + "." + std::to_string(p) + ".logits");
+        const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
+        worst = std::max(worst, d.rel());
+        if (judge) EXPECT_LE(d.max_abs, 2e-2f * d.ref_max) << name << " " << set << " " << p;
+        for (size_t t = 0; t < ids.size(); ++t, ++positions) {
+          const float* g = got.data<float>() + t * vocab;
+          const float* w = want.data_as<const float>() + t * vocab;
+          agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
+        }
       }
+      if (judge) EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions)) << name;
+      std::printf("[cpu bf16-x %s] %s set%s: teacher-forced max|d|/max|ref| = %.3g; top-1 %lld/%lld\n",
+                  name.c_str(), set.c_str(), judge ? "" : " (reported)", worst, static_cast<long long>(agree),
+                  static_cast<long long>(positions));
     }
-    std::printf("[cpu bf16-x %s] teacher-forced logits: max|d|/max|ref| = %.3g; top-1 %lld/%lld\n",
-                name.c_str(), worst, static_cast<long long>(agree), static_cast<long long>(positions));
   }
   ops::register_backend(Device::cuda, nullptr);
   set_device_memory(Device::cuda, nullptr);

@@ -325,6 +325,7 @@ int run_serve(const ServeArgs& a) {
     l = load(a);
     l.engine->start();
     warm_up(*l.engine);
+    if (a.device != "cpu") log::info("device memory after the warm-up step: ", tools::device_memory_report(l.placed));
   } catch (...) {
     http.stop();
     io.join();
