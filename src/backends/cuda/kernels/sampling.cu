@@ -12,6 +12,7 @@
 
 namespace tern::cuda {
 namespace dev {
+namespace {
 
 using sampling::SampledRow;
 using sampling::SampleRowDesc;
@@ -402,6 +403,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   }
 }
 
+}  // namespace
 }  // namespace dev
 
 void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const void* packed, float* work,
