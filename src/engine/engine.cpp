@@ -272,27 +272,41 @@ void Engine::run_batch(const BatchPlan& plan) {
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.count);
   }
   const auto rows = static_cast<size_t>(batch_.num_logits());
-  if (logits_.size() < rows * vocab_) logits_.resize(rows * vocab_);
-  const auto t0 = Clock::now();
-  runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
-  const auto t1 = Clock::now();
-  // Sample every row (in parallel: each row is independent and owns its RNG), then deliver in order.
   std::vector<std::pair<Sequence*, size_t>> sampled;  // sequence, logits row
-  for (const auto& c : plan.chunks) {
-    Sequence& s = *seqs_.at(c.id);
-    s.num_computed += c.count;
-    if (c.sample) sampled.emplace_back(&s, sampled.size());
-  }
+  for (const auto& c : plan.chunks)
+    if (c.sample) sampled.emplace_back(seqs_.at(c.id).get(), sampled.size());
   results_.resize(sampled.size());
-  parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {
-    std::unique_ptr<Sampler> sampler = take_sampler();
-    for (int64_t i = lo; i < hi; ++i) {
+  const auto t0 = Clock::now();
+  if (runner_->samples_on_device()) {
+    // The runner samples where the logits are; the uniforms come from each request's generator here,
+    // as the host sampler would draw them (same count, same order).
+    uniforms_.resize(sampled.size() * kMaxUniformsPerSample);
+    sample_requests_.resize(sampled.size());
+    for (size_t i = 0; i < sampled.size(); ++i) {
       Sequence& s = *sampled[i].first;
-      std::span<const float> logits(logits_.data() + sampled[i].second * vocab_, static_cast<size_t>(vocab_));
-      results_[i] = sampler->sample(logits, s.request.sampling, s.history, s.rng);
+      std::span<double> u(uniforms_.data() + i * kMaxUniformsPerSample, kMaxUniformsPerSample);
+      const int n = draw_uniforms(s.request.sampling, s.rng, u);
+      sample_requests_[i] = {&s.request.sampling, &s.history, u.first(static_cast<size_t>(n))};
     }
-    give_sampler(std::move(sampler));
-  });
+    runner_->forward_sample(batch_, sample_requests_, results_);
+  } else {
+    if (logits_.size() < rows * vocab_) logits_.resize(rows * vocab_);
+    runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
+  }
+  const auto t1 = Clock::now();
+  for (const auto& c : plan.chunks) seqs_.at(c.id)->num_computed += c.count;
+  if (!runner_->samples_on_device()) {
+    // Sample every row (in parallel: each row is independent and owns its RNG), then deliver in order.
+    parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {
+      std::unique_ptr<Sampler> sampler = take_sampler();
+      for (int64_t i = lo; i < hi; ++i) {
+        Sequence& s = *sampled[i].first;
+        std::span<const float> logits(logits_.data() + sampled[i].second * vocab_, static_cast<size_t>(vocab_));
+        results_[i] = sampler->sample(logits, s.request.sampling, s.history, s.rng);
+      }
+      give_sampler(std::move(sampler));
+    });
+  }
   for (size_t i = 0; i < sampled.size(); ++i) {
     RequestUpdate update;
     after_sample(*sampled[i].first, results_[i], update);

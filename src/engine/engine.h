@@ -108,6 +108,8 @@ class Engine {
   std::mutex samplers_mutex_;
   std::vector<std::unique_ptr<Sampler>> samplers_;  // scratch, one per sampling thread
   std::vector<SampleResult> results_;
+  std::vector<double> uniforms_;                 // device sampling: the rows' uniforms
+  std::vector<SampleRequest> sample_requests_;   // device sampling: the rows' requests
   int64_t vocab_ = 0;
   int64_t max_context_ = 0;
 

@@ -14,6 +14,7 @@
 
 #include "cache/sequence_state.h"
 #include "cache/state_layout.h"
+#include "engine/sampler.h"
 
 namespace tern::engine {
 
@@ -33,6 +34,14 @@ struct StepChunk {
 struct StepPaths {
   uint64_t graph_steps = 0;
   std::map<std::string, uint64_t> eager_steps;
+};
+
+// One sampled row's request for ModelRunner::forward_sample: what the host sampler takes, with the
+// uniforms already drawn from the request's generator (draw_uniforms).
+struct SampleRequest {
+  const SamplingParams* params = nullptr;
+  const TokenHistory* history = nullptr;
+  std::span<const double> uniforms;
 };
 
 struct StepBatch {
@@ -58,6 +67,13 @@ class ModelRunner {
   // Runs the batch (advancing each chunk's state); writes batch.num_logits() rows of vocab_size() floats
   // to `logits`, in chunk order.
   virtual void forward(const StepBatch& batch, std::span<float> logits) = 0;
+  // Whether the runner samples where its logits are (forward_sample); the engine samples on the host
+  // (Sampler over forward's logits) otherwise.
+  virtual bool samples_on_device() const { return false; }
+  // forward, then samples the batch.num_logits() rows where the logits are: one request and one result
+  // per row, in chunk order. The results equal Sampler::sample_drawn's on the same logits.
+  virtual void forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
+                              std::span<SampleResult> results);
   // Counts of the steps run so far by path (the default counts nothing: a runner that tracks no paths).
   virtual StepPaths step_paths() const { return {}; }
 };

@@ -5,6 +5,9 @@
 #include <limits>
 #include <numeric>
 
+#include "core/error.h"
+#include "ops/sampling_math.h"
+
 namespace tern::engine {
 
 void TokenHistory::add_prompt(std::span<const int32_t> tokens, int64_t vocab) {
@@ -19,6 +22,48 @@ void TokenHistory::add_output(int32_t token, int64_t vocab) {
   if (token >= 0 && token < vocab) seen[token] = 1;
 }
 
+int uniforms_per_sample(const SamplingParams& params) { return params.greedy() ? 0 : 1; }
+
+int draw_uniforms(const SamplingParams& params, std::mt19937_64& rng, std::span<double> out) {
+  const int n = uniforms_per_sample(params);
+  TERN_CHECK(out.size() >= static_cast<size_t>(n), "draw_uniforms: room for ", out.size(), " of ", n, " numbers");
+  for (int i = 0; i < n; ++i) out[i] = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  return n;
+}
+
+namespace {
+
+// work[i] = exp((work[i] - max_l) * inv_t), summed in index order (double). The exp is
+// sampling::exp_weight (glibc's expf as built for FMA CPUs, shared with the CUDA kernel); compiled for
+// FMA where the CPU has it, else through libm's fma (same bits, slower).
+double exp_weights_body(std::span<float> work, float max_l, float inv_t) {
+  double z = 0;
+  for (float& l : work) {
+    l = sampling::exp_weight(sampling::fmul(sampling::fsub(l, max_l), inv_t));  // unnormalised, max is 1
+    z += l;
+  }
+  return z;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("fma"))) double exp_weights_fma(std::span<float> work, float max_l, float inv_t) {
+  double z = 0;
+  for (float& l : work) {
+    l = sampling::exp_weight(sampling::fmul(sampling::fsub(l, max_l), inv_t));
+    z += l;
+  }
+  return z;
+}
+#endif
+double exp_weights(std::span<float> work, float max_l, float inv_t) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has_fma = __builtin_cpu_supports("fma");
+  if (has_fma) return exp_weights_fma(work, max_l, inv_t);
+#endif
+  return exp_weights_body(work, max_l, inv_t);
+}
+
+}  // namespace
+
 int32_t argmax(std::span<const float> v) {
   int32_t best = 0;
   for (size_t i = 1; i < v.size(); ++i)
@@ -30,14 +75,13 @@ void Sampler::apply_penalties(const SamplingParams& p, const TokenHistory& h) {
   if (p.repetition_penalty != 1.0f) {
     for (size_t t = 0; t < h.seen.size() && t < work_.size(); ++t) {
       if (!h.seen[t]) continue;
-      float& l = work_[t];
-      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      work_[t] = sampling::repetition_penalised(work_[t], p.repetition_penalty);
     }
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     for (const auto& [t, n] : h.output_counts) {
       if (t < 0 || static_cast<size_t>(t) >= work_.size()) continue;
-      work_[t] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(n);
+      work_[t] = sampling::count_penalised(work_[t], p.presence_penalty, p.frequency_penalty, n);
     }
   }
 }
@@ -45,19 +89,17 @@ void Sampler::apply_penalties(const SamplingParams& p, const TokenHistory& h) {
 // Draws from softmax(work_ / T) restricted by top-k, min-p and top-p. Candidates are visited in a
 // fixed order (index order without top-k/top-p; else probability descending, index ascending on ties),
 // so the draw is reproducible.
-int32_t Sampler::draw(const SamplingParams& p, std::mt19937_64& rng) {
+// The arithmetic is shared with the CUDA kernel (ops/sampling_math.h, kernels/sampling.cu): keep them in
+// step.
+int32_t Sampler::draw(const SamplingParams& p, double uniform) {
   const float inv_t = 1.0f / p.temperature;
   const float max_l = *std::max_element(work_.begin(), work_.end());
-  double z = 0;
-  for (float& l : work_) {
-    l = std::exp((l - max_l) * inv_t);  // unnormalised probability, max is 1
-    z += l;
-  }
-  if (p.top_k <= 0 && p.top_p >= 1.0f) return draw_unsorted(p, z, rng);
+  const double z = exp_weights(work_, max_l, inv_t);
+  if (p.top_k <= 0 && p.top_p >= 1.0f) return draw_unsorted(p, z, uniform);
   const int64_t n = sorted_candidates(p, z);
   double total = 0;
   for (int64_t i = 0; i < n; ++i) total += work_[order_[i]];
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
+  const double u = uniform * total;
   double acc = 0;
   for (int64_t i = 0; i < n; ++i) {
     acc += work_[order_[i]];
@@ -68,14 +110,14 @@ int32_t Sampler::draw(const SamplingParams& p, std::mt19937_64& rng) {
 
 // Without top-k / top-p no order is needed: an inverse-CDF scan in index order over the tokens with
 // p >= min_p * p_max (p_max is 1 here).
-int32_t Sampler::draw_unsorted(const SamplingParams& p, double z, std::mt19937_64& rng) {
+int32_t Sampler::draw_unsorted(const SamplingParams& p, double z, double uniform) {
   double total = z;
   if (p.min_p > 0.0f) {
     total = 0;
     for (float w : work_)
       if (w >= p.min_p) total += w;
   }
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
+  const double u = uniform * total;
   double acc = 0;
   int32_t last = 0;
   for (size_t i = 0; i < work_.size(); ++i) {
@@ -135,6 +177,15 @@ void Sampler::fill_logprobs(std::span<const float> logits, int top_n, SampleResu
 
 SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
                              std::mt19937_64& rng) {
+  double u[kMaxUniformsPerSample];
+  const int n = draw_uniforms(params, rng, u);
+  return sample_drawn(logits, params, history, std::span<const double>(u, static_cast<size_t>(n)));
+}
+
+SampleResult Sampler::sample_drawn(std::span<const float> logits, const SamplingParams& params,
+                                   const TokenHistory& history, std::span<const double> uniforms) {
+  TERN_CHECK(uniforms.size() == static_cast<size_t>(uniforms_per_sample(params)), "sampler: ", uniforms.size(),
+             " uniforms given, the request takes ", uniforms_per_sample(params));
   SampleResult out;
   const bool penalised = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
                          params.frequency_penalty != 0.0f;
@@ -143,7 +194,7 @@ SampleResult Sampler::sample(std::span<const float> logits, const SamplingParams
   } else {
     work_.assign(logits.begin(), logits.end());
     apply_penalties(params, history);
-    out.token = params.greedy() ? argmax(work_) : draw(params, rng);
+    out.token = params.greedy() ? argmax(work_) : draw(params, uniforms[0]);
   }
   if (params.top_logprobs >= 0) fill_logprobs(logits, params.top_logprobs, out);
   return out;

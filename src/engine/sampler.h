@@ -21,6 +21,15 @@ struct TokenHistory {
   void add_output(int32_t token, int64_t vocab);
 };
 
+// The uniform numbers a sample takes from the request's generator: none for greedy, else one
+// (std::uniform_real_distribution<double>(0, 1)), drawn before anything else. The host sampler and a
+// device sampler (ModelRunner::forward_sample) both take them from here, so a request's generator ends
+// a step in the same state whichever samples it.
+inline constexpr int kMaxUniformsPerSample = 1;
+int uniforms_per_sample(const SamplingParams& params);
+// Draws uniforms_per_sample(params) numbers into `out` (size >= kMaxUniformsPerSample); returns the count.
+int draw_uniforms(const SamplingParams& params, std::mt19937_64& rng, std::span<double> out);
+
 struct SampleResult {
   int32_t token = 0;
   float logprob = 0.0f;
@@ -32,11 +41,14 @@ class Sampler {
   // `logits` is one row of vocab floats; `scratch` is reused between calls (one per engine thread).
   SampleResult sample(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
                       std::mt19937_64& rng);
+  // The same with the uniforms already drawn (draw_uniforms): sample() is draw_uniforms + this.
+  SampleResult sample_drawn(std::span<const float> logits, const SamplingParams& params,
+                            const TokenHistory& history, std::span<const double> uniforms);
 
  private:
   void apply_penalties(const SamplingParams& p, const TokenHistory& h);
-  int32_t draw(const SamplingParams& p, std::mt19937_64& rng);
-  int32_t draw_unsorted(const SamplingParams& p, double z, std::mt19937_64& rng);
+  int32_t draw(const SamplingParams& p, double uniform);
+  int32_t draw_unsorted(const SamplingParams& p, double z, double uniform);
   int64_t sorted_candidates(const SamplingParams& p, double z);
   void fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out);
 

@@ -11,6 +11,10 @@ int64_t StepBatch::num_logits() const {
   return n;
 }
 
+void ModelRunner::forward_sample(const StepBatch&, std::span<const SampleRequest>, std::span<SampleResult>) {
+  TERN_CHECK(false, "runner ", name(), " does not sample on its device (samples_on_device() is false)");
+}
+
 int64_t PageGeometry::pages_for(int64_t tokens) const {
   const int64_t rows = tokens_per_page > 0 && tokens > 0 ? (tokens + tokens_per_page - 1) / tokens_per_page : 0;
   return fixed_pages + rows;

@@ -29,9 +29,17 @@ StepPaths V4Runner::step_paths() const {
   return p;
 }
 
-std::vector<std::string> V4Runner::kernel_paths() const { return ops::backend_for(model_->device()).kernel_paths(); }
+std::vector<std::string> V4Runner::kernel_paths() const {
+  std::vector<std::string> paths = ops::backend_for(model_->device()).kernel_paths();
+  paths.push_back(samples_on_device()
+                      ? "sampling: on the device (ops::sample_rows; only tokens and logprobs come back)"
+                      : "sampling: on the host (engine Sampler; the logits are copied back each step)");
+  return paths;
+}
 
-void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
+bool V4Runner::samples_on_device() const { return device_sampling_ && model_->device() != Device::cpu; }
+
+void V4Runner::prepare_steps(const StepBatch& batch) {
   tokens_.assign(batch.tokens.begin(), batch.tokens.end());
   steps_.clear();
   for (const auto& c : batch.chunks) {
@@ -45,6 +53,10 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
                                                       : model::LogitsFor::all;
     steps_.push_back({c.state, std::span<const int64_t>(tokens_.data() + c.token_offset, c.count), want});
   }
+}
+
+void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
+  prepare_steps(batch);
   Tensor out;
   if (graphs_) {
     out = graphs_->forward(steps_);
@@ -55,6 +67,69 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   const size_t n = static_cast<size_t>(out.view().numel());
   TERN_CHECK(n == logits.size(), "V4 runner: the model returned ", n, " logits, expected ", logits.size());
   std::memcpy(logits.data(), out.view().data(), n * sizeof(float));
+}
+
+void V4Runner::forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
+                              std::span<SampleResult> results) {
+  TERN_CHECK(samples_on_device(), "V4 runner: device sampling is off or the model is on the host");
+  TERN_CHECK(requests.size() == results.size() && static_cast<int64_t>(requests.size()) == batch.num_logits(),
+             "V4 runner: ", requests.size(), " sample requests, ", results.size(), " results, ", batch.num_logits(),
+             " rows of logits");
+  prepare_steps(batch);
+  Tensor hold;
+  TensorView logits;
+  if (graphs_) {
+    logits = graphs_->forward_device(steps_, hold);
+  } else {
+    hold = model_->forward(steps_, /*logits_on_device=*/true);
+    logits = hold.view();
+    ++steps_without_graphs_;
+  }
+  const size_t rows = requests.size();
+  TERN_CHECK(logits.rank() == 2 && static_cast<size_t>(logits.dim(0)) == rows &&
+                 logits.dim(1) == model_->config().vocab_size,
+             "V4 runner: the model returned logits of another shape than ", rows, " x ", model_->config().vocab_size);
+  if (rows == 0) return;
+  seen_.resize(rows);
+  counts_.resize(rows);
+  specs_.resize(rows);
+  sampled_.resize(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    const SampleRequest& q = requests[r];
+    TERN_CHECK(q.params != nullptr && q.history != nullptr, "V4 runner: sample request ", r, " is incomplete");
+    const SamplingParams& p = *q.params;
+    TERN_CHECK(q.uniforms.size() == static_cast<size_t>(uniforms_per_sample(p)), "V4 runner: sample request ", r,
+               " has ", q.uniforms.size(), " uniforms, it takes ", uniforms_per_sample(p));
+    ops::SampleRowDesc d;
+    d.temperature = p.temperature;
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
+    d.presence = p.presence_penalty;
+    d.frequency = p.frequency_penalty;
+    d.repetition = p.repetition_penalty;
+    d.top_logprobs = p.top_logprobs;
+    d.uniform = q.uniforms.empty() ? 0.0 : q.uniforms[0];
+    seen_[r].clear();
+    counts_[r].clear();
+    if (p.repetition_penalty != 1.0f) {
+      const auto& seen = q.history->seen;
+      for (size_t t = 0; t < seen.size(); ++t)
+        if (seen[t]) seen_[r].push_back(static_cast<int32_t>(t));
+    }
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+      counts_[r].assign(q.history->output_counts.begin(), q.history->output_counts.end());
+    specs_[r] = {d, seen_[r], counts_[r]};
+  }
+  ops::sample_rows(logits, specs_, std::span<ops::SampledRow>(sampled_.data(), rows));
+  for (size_t r = 0; r < rows; ++r) {
+    const ops::SampledRow& o = sampled_[r];
+    SampleResult& res = results[r];
+    res.token = o.token;
+    res.logprob = o.logprob;
+    res.top.clear();
+    for (int i = 0; i < o.num_top; ++i) res.top.push_back({o.top_tokens[i], o.top_logprobs[i]});
+  }
 }
 
 }  // namespace tern::engine

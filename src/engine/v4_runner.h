@@ -7,6 +7,7 @@
 #include "engine/model_runner.h"
 #include "model/decode_graphs.h"
 #include "model/v4_model.h"
+#include "ops/sampling.h"
 
 namespace tern::engine {
 
@@ -24,6 +25,12 @@ class V4Runner : public ModelRunner {
   int64_t weight_bytes() const override { return weight_bytes_; }
   std::vector<std::string> kernel_paths() const override;
   void forward(const StepBatch& batch, std::span<float> logits) override;
+  // On a CUDA model (unless set_device_sampling(false)): the logits stay on the device and
+  // ops::sample_rows samples them there.
+  bool samples_on_device() const override;
+  void forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
+                      std::span<SampleResult> results) override;
+  void set_device_sampling(bool on) { device_sampling_ = on; }
   StepPaths step_paths() const override;
   // Decode-only steps replay CUDA graphs (model/decode_graphs.h), recorded now (startup); without this
   // call every step runs eagerly, counted as "cuda graphs not enabled".
@@ -38,6 +45,14 @@ class V4Runner : public ModelRunner {
   std::vector<model::StepSequence> steps_;
   std::unique_ptr<model::DecodeGraphs> graphs_;
   uint64_t steps_without_graphs_ = 0;
+  bool device_sampling_ = true;
+  // forward_sample's per-step buffers.
+  std::vector<std::vector<int32_t>> seen_;
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> counts_;
+  std::vector<ops::SampleRowSpec> specs_;
+  std::vector<ops::SampledRow> sampled_;
+
+  void prepare_steps(const StepBatch& batch);
 };
 
 }  // namespace tern::engine

@@ -127,21 +127,33 @@ void DecodeGraphs::record(size_t i) {
   ++stats_.captures;
 }
 
-Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason) {
+Tensor DecodeGraphs::forward(std::span<const StepSequence> batch) { return step(batch, false, nullptr); }
+
+TensorView DecodeGraphs::forward_device(std::span<const StepSequence> batch, Tensor& hold) {
+  TensorView view;
+  hold = step(batch, true, &view);
+  return view;
+}
+
+Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device,
+                           TensorView* view) {
   const uint64_t n = ++stats_.eager_steps[reason];
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
-  return model_.forward(batch);
+  Tensor logits = model_.forward(batch, on_device);
+  if (view != nullptr) *view = logits.view();
+  return logits;
 }
 
-Tensor DecodeGraphs::forward(std::span<const StepSequence> batch) {
+Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view) {
   prepare();
-  if (!disabled_.empty()) return eager(batch, disabled_);
+  if (!disabled_.empty()) return eager(batch, disabled_, on_device, view);
   const std::string refusal = model_.decode_refusal(batch, *layout_);
-  if (!refusal.empty()) return eager(batch, refusal);
+  if (!refusal.empty()) return eager(batch, refusal, on_device, view);
   const auto B = static_cast<int64_t>(batch.size());
   const int64_t slots = pick_decode_bucket(buckets_, B);
-  if (slots < 0) return eager(batch, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")");
+  if (slots < 0)
+    return eager(batch, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")", on_device, view);
   const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), slots) - buckets_.begin());
   if (graphs_->generation() != generation_) {  // the workspace or the arena moved: record again
     log::info("decode graphs: the backend's workspace moved; recording the buckets again as they are used");
@@ -156,14 +168,19 @@ Tensor DecodeGraphs::forward(std::span<const StepSequence> batch) {
     } catch (const std::exception& e) {
       disabled_ = std::string("capture failed: ") + e.what();
       log::warn("decode steps run eagerly from now on: ", disabled_);
-      return eager(batch, disabled_);
+      return eager(batch, disabled_, on_device, view);
     }
   }
   upload_tables(batch, slots);
   graphs_->replay(handles_[i]);
   const int64_t vocab = model_.config().vocab_size;
-  Tensor logits(DType::f32, {B, vocab});
-  copy_view(logits_[i].view().rows(0, B), logits);
+  Tensor logits;
+  if (on_device) {
+    *view = logits_[i].view().rows(0, B);  // read (sampled) before the next replay
+  } else {
+    logits = Tensor(DType::f32, {B, vocab});
+    copy_view(logits_[i].view().rows(0, B), logits);
+  }
   Model::decode_done(batch);
   ++stats_.graph_steps;
   return logits;

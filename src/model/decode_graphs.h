@@ -52,6 +52,9 @@ class DecodeGraphs {
   // As Model::forward (host logits, states advanced): a graph replay when the batch is decode-only and
   // fits a bucket, else the eager forward.
   Tensor forward(std::span<const StepSequence> batch);
+  // The same with the logits left on the device: a view valid until the next step (the replayed step's
+  // rows, or the eager step's logits, which `hold` keeps).
+  TensorView forward_device(std::span<const StepSequence> batch, Tensor& hold);
 
   const DecodeGraphStats& stats() const { return stats_; }
   const std::vector<int64_t>& buckets() const { return buckets_; }
@@ -59,7 +62,9 @@ class DecodeGraphs {
   const std::string& disabled_reason() const { return disabled_; }
 
  private:
-  Tensor eager(std::span<const StepSequence> batch, const std::string& reason);
+  // A step; with on_device the logits stay on the device and *view shows them.
+  Tensor step(std::span<const StepSequence> batch, bool on_device, TensorView* view);
+  Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view);
   void upload_tables(std::span<const StepSequence> batch, int64_t slots);
   void record(size_t bucket);
 

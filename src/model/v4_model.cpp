@@ -221,7 +221,7 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
   return b;
 }
 
-Tensor Model::forward(std::span<const StepSequence> batch) {
+Tensor Model::forward(std::span<const StepSequence> batch, bool logits_on_device) {
   const ModelConfig& c = w_.config;
   const Batch b = make_batch(batch);
   const int64_t N = b.tokens;
@@ -232,9 +232,10 @@ Tensor Model::forward(std::span<const StepSequence> batch) {
     if (device_ == Device::cpu) {
       head(b, streams, logits);
     } else {
-      const Tensor device_logits = tensor(DType::f32, logits.shape());
+      Tensor device_logits = tensor(DType::f32, logits.shape());
       head(b, streams, device_logits);
-      ops::copy(device_logits, logits);
+      if (logits_on_device) logits = std::move(device_logits);
+      else ops::copy(device_logits, logits);
     }
   }
   for (const Batch::Seq& s : b.seqs) s.state->advance(s.n);

@@ -73,8 +73,9 @@ class Model {
   cache::SequenceState new_state(int64_t max_tokens) const;
 
   // Runs the batch; returns logits f32 [rows, vocab]: each sequence's requested rows, in batch order
-  // (all: one per token, last: one, none: nothing).
-  Tensor forward(std::span<const StepSequence> batch);
+  // (all: one per token, last: one, none: nothing). On the host, or with logits_on_device on the model's
+  // device (no copy back: a device sampler reads them there).
+  Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
 
   // Intermediates of forward(), for tests and debugging (the views live only during the call):
   //   "attn_in", "attn_out", "ffn_in", "ffn_out" [N, D]; "streams" [N, hc, D] after the layer;

@@ -57,6 +57,10 @@ void Backend::store_paged_rows(const TensorView&, const DecodePagedRows&, const 
   no_kernel("store_paged_rows", "batched decode steps");
 }
 
+void Backend::sample_rows(const TensorView& logits, std::span<const SampleRowSpec>, std::span<SampledRow>) {
+  no_kernel("sample_rows", logits.dtype());
+}
+
 void Backend::embedding(const TensorView& table, const TensorView&, const TensorView&) {
   no_kernel("embedding", table.dtype());
 }

@@ -24,6 +24,7 @@
 #include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
+#include "ops/sampling.h"
 
 namespace tern::ops {
 
@@ -78,6 +79,9 @@ class Backend {
                                int64_t window);
   virtual void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions,
                                 int ratio);
+  // sampling.h (specs checked and counted by ops::sample_rows; results on the host on return)
+  virtual void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs,
+                           std::span<SampledRow> out);
 
  protected:
   [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;

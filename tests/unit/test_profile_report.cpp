@@ -54,6 +54,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::rms_norm_warp_kernel(float const*, void const*, tern::cuda::NormWeight, float, long, long, float*)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::rms_norm_block_kernel(float const*, void const*, tern::cuda::NormWeight, float, long, float*)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::rope_kernel(float*, long, long, long, long const*, float const*, long, int)", C::mhc_norm_rope},
+    {"tern::cuda::dev::(anonymous namespace)::sample_rows_kernel(float const*, int, unsigned char const*, int, float*, tern::sampling::SampledRow*)", C::sampling},
     {"tern::cuda::dev::(anonymous namespace)::embedding_kernel(void const*, int, long, long, long const*, long, float*, int*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::add_kernel(float const*, float*, long)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::swiglu_kernel(float const*, float const*, float, float*, long)", C::other},

@@ -39,7 +39,7 @@ using namespace tern;
 
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
-  std::string device = "cpu", cuda_graphs = "on";
+  std::string device = "cpu", cuda_graphs = "on", sampling = "device";
   bool no_cuda_graphs = false;
   int64_t cuda_graph_max_batch = 0;
   int port = 8000;
@@ -131,6 +131,9 @@ Loaded load(const ServeArgs& a) {
   graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
   graphs.max_batch = a.cuda_graph_max_batch > 0 ? a.cuda_graph_max_batch : std::min(a.max_running, 128);
   runner->enable_decode_graphs(graphs);  // records the decode buckets now (startup), or logs why not
+  TERN_CHECK(a.sampling == "device" || a.sampling == "host", "--sampling: expected device or host, found \"",
+             a.sampling, "\"");
+  runner->set_device_sampling(a.sampling == "device");  // a CPU model samples on the host either way
   engine::EngineOptions o;
   o.state_memory_bytes = parse_memory(a.state_memory, a.device);
   o.limits.max_running = a.max_running;
@@ -369,6 +372,9 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--cuda-graphs", a.cuda_graphs, "on or off: decode steps replayed as CUDA graphs (--device cuda)")
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", a.no_cuda_graphs, "same as --cuda-graphs off");
+  app.add_option("--sampling", a.sampling,
+                 "device or host: where a CUDA model's logits are sampled (a CPU model: always the host)")
+      ->capture_default_str();
   app.add_option("--cuda-graph-max-batch", a.cuda_graph_max_batch,
                  "largest decode batch recorded as a graph (default: min(--max-running, 128))");
   app.add_option("--max-running", a.max_running, "Sequences in a step at most")->capture_default_str();

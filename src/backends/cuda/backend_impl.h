@@ -25,6 +25,7 @@ struct CudaBackend::Impl {
   DeviceBuffer counters;  // split-K arrival counters, kept at zero by the kernels
   int64_t num_counters = 0;
   DeviceBuffer error_word;
+  DeviceBuffer sample_buffer;  // sample_rows: packed requests, results, weights (grown as needed)
   // Device tables of expert pointers, keyed by the host span they were built from (and checked against
   // its first and last weight, so a reused host address rebuilds the table).
   struct ExpertTable {

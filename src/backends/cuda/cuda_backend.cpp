@@ -132,7 +132,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
       "replayed as "
       "CUDA graphs per batch bucket (docs/cuda-backend.md, \"CUDA graphs\")",
-      "sampling: on the host (the logits are copied back each step)",
+      "sample_rows (device sampling: penalties, temperature, top-k / top-p / min-p, seeded draw, logprobs): "
+      "sample_rows_kernel, one block per row, radix select + bitonic sort of candidate tiers, the host "
+      "sampler's arithmetic (f64 sums in its order) so tokens equal the host's",
   };
 }
 

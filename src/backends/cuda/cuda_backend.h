@@ -58,6 +58,8 @@ class CudaBackend final : public ops::Backend {
                        int64_t window) override;
   void store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest, const TensorView& positions,
                         int ratio) override;
+  void sample_rows(const TensorView& logits, std::span<const ops::SampleRowSpec> specs,
+                   std::span<ops::SampledRow> out) override;
 
   // Waits for every op issued so far.
   void synchronize();

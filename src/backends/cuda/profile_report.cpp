@@ -49,7 +49,7 @@ constexpr Rule kRules[] = {
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
     {"rope", Match::prefix, OpCategory::mhc_norm_rope},
-    // Sampling on the device (none yet: the host samples today).
+    // Sampling on the device (kernels/sampling.cu: sample_rows_kernel).
     {"sample", Match::prefix, OpCategory::sampling},
     {"sampling", Match::prefix, OpCategory::sampling},
     {"argmax", Match::prefix, OpCategory::sampling},
