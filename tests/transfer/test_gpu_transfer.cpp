@@ -5,10 +5,12 @@
 // needs two GPUs (one rank per GPU) and libnccl.so.2.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
@@ -68,6 +70,9 @@ int send_main(char** argv) {
     const auto* p = static_cast<const std::byte*>(src);
     std::string result = "pending";
     const auto t0 = Clock::now();
+    // The backend posts completion from its worker thread: keep the io_context from running out of work
+    // (a run_one() with nothing queued would stop it, and the posted completion would never run).
+    auto work = boost::asio::make_work_guard(io);
     backend->send(descriptor, {Segment(p, half), Segment(p + half, bytes - half)}, [&](std::string e) { result = std::move(e); });
     while (result == "pending") io.run_one();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -104,7 +109,16 @@ Transfer transfer(const std::string& kind, size_t bytes, int land_device, int se
   pid_t pid = 0;
   EXPECT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ), 0);
   int status = 0;
-  waitpid(pid, &status, 0);
+  const auto limit = Clock::now() + std::chrono::seconds(120);  // a hung sender fails the test, never the run
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > limit) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << kind << " sender still running after 120 s: killed";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   Transfer t;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << kind << " sender failed";
   const auto deadline = Clock::now() + std::chrono::seconds(30);
