@@ -181,6 +181,7 @@ TEST(GpuTransfer, CudaIpcRefusesAnotherHostsDescriptorAndWrongSizes) {
   const auto data = pattern(1024, 3);
   auto send = [&](const std::string& descriptor, size_t n) {
     std::string result = "pending";
+    auto work = boost::asio::make_work_guard(io);  // see send_main
     backend->send(descriptor, {Segment(data.data(), n)}, [&](std::string e) { result = std::move(e); });
     while (result == "pending") io.run_one();
     return result;
