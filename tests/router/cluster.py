@@ -7,70 +7,25 @@ import http.client
 import json
 import os
 import re
-import signal
-import subprocess
-import threading
+import sys
 import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
+from tern_process import TernProcess  # noqa: E402  (tests/server/tern_process.py)
+
 TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
 SERVE_READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+?)( |$)")
 ROUTE_READY = re.compile(r"ready: routing (\S+) at (http://[^\s]+?)( |$)")
-LISTENING = re.compile(r"listening on (http://[^\s;]+)")
 BOOTSTRAP = re.compile(r"bootstrap (\S+)")
 
 
-class Proc:
-    """A tern process whose output is collected; ready when `ready` matches a line."""
+class Proc(TernProcess):
+    """A tern process (`wrap` runs it inside something else, e.g. `ip netns exec`)."""
 
     def __init__(self, args, ready, wait=True, timeout=600, wrap=()):
-        self.args = [*wrap, TERN_BIN, *args]
-        self.ready_re = ready
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        self.url = self.model = self.listen_url = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if wait:
-            self.wait_ready(timeout)
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = LISTENING.search(line)
-            if m and not self.listen_url:
-                self.listen_url = m.group(1)
-            m = self.ready_re.search(line)
-            if m and not self.url:
-                self.model, self.url = m.group(1), m.group(2).rstrip(",")
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout=600):
-        self._ready.wait(timeout)
-        assert self.url, f"{self.args} did not become ready:\n" + self.log()
-
-    def log(self):
-        return "".join(self.lines)
-
-    @property
-    def port(self):
-        return int(self.url.rsplit(":", 1)[1])
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def kill9(self):
-        self.proc.kill()
-        self.proc.wait()
+        super().__init__([*wrap, TERN_BIN, *args], ready, wait=wait, timeout=timeout)
 
 
 def serve(role="both", *args, port=0, wait=True, wrap=()):

@@ -96,7 +96,7 @@ def test_health_checks_remove_and_readd_a_server(pool):
         assert wait_for(lambda: metric(r.url, "router_server_healthy", server=extra.url) == 0, timeout=5)
         for _ in range(4):  # every request still answered (a first attempt at the dead server is retried)
             assert post(r.url, "/v1/completions", {"prompt": "a b c", "max_tokens": 2})[0] == 200
-        assert "is down" in r.log()
+        assert wait_for(lambda: "is down" in r.log(), timeout=5), r.log()  # the log line arrives through a pipe
         extra = serve("both", "--api-key", KEY, port=port)
         assert wait_for(lambda: metric(r.url, "router_server_up", server=extra.url) == 1, timeout=10)
         before = served(r, extra)

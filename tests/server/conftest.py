@@ -6,60 +6,21 @@ on the GPU (scripts/gpu-check does). Each server picks a free port (--port 0) an
 """
 import os
 import re
-import signal
-import subprocess
-import threading
 import time
 
 import pytest
+
+from tern_process import TernProcess
 
 TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
 DEVICE_ARGS = ["--device", os.environ["TERN_DEVICE"]] if os.environ.get("TERN_DEVICE") else []
 READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+)")
 
 
-class Server:
+class Server(TernProcess):
     def __init__(self, *args, env=None, wait=True, timeout=600):
-        self.args = [TERN_BIN, "serve", "--port", "0", *DEVICE_ARGS, *args]
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
-        self.lines = []
-        self.url = None
-        self.model = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if wait:
-            self.wait_ready(timeout)
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = READY.search(line)
-            if m:
-                self.model, self.url = m.group(1), m.group(2)
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout=600):
-        self._ready.wait(timeout)
-        assert self.url, "server did not become ready:\n" + self.log()
-
-    def log(self):
-        return "".join(self.lines)
-
-    @property
-    def port(self):
-        return int(self.url.rsplit(":", 1)[1])
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__([TERN_BIN, "serve", "--port", "0", *DEVICE_ARGS, *args], READY,
+                         env={**os.environ, **(env or {})}, wait=wait, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
