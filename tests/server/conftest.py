@@ -36,10 +36,15 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
-def metric(server, name):
-    """The value of tern:<name> (summed over label sets) from /metrics."""
+def metrics_text(server):
     import urllib.request
-    text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+    return urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+
+
+def metric(server, name, text=None):
+    """The value of tern:<name> (summed over label sets) from /metrics (or from `text`, one snapshot)."""
+    if text is None:
+        text = metrics_text(server)
     total = 0.0
     for line in text.splitlines():
         if line.startswith("tern:" + name + "{") or line.startswith("tern:" + name + " "):

@@ -6,7 +6,7 @@ import subprocess
 import openai
 import pytest
 
-from conftest import DEVICE_ARGS, TERN_BIN, metric, wait_for
+from conftest import DEVICE_ARGS, TERN_BIN, metric, metrics_text, wait_for
 
 PROMPT = [0, 4871, 1307, 344, 260, 5206, 19, 1435, 2212]  # token ids
 
@@ -197,11 +197,15 @@ def test_errors_through_sdk(client, server):
 def test_step_paths_in_metrics(client, server):
     """Every engine step is counted once: replayed from a CUDA graph or eager, eager ones by reason."""
     client.completions.create(model=server.model, prompt="count the steps", max_tokens=6, temperature=0)
-    steps = metric(server, "engine_steps_total")
-    graphs = metric(server, "cuda_graph_replays_total")
-    eager = metric(server, "eager_steps_total")
+    # One snapshot of an idle server (requests of earlier tests may still be finishing: each fetch of /metrics
+    # between their steps would see other counts).
+    assert wait_for(lambda: metric(server, "num_requests_running") == 0 and metric(server, "num_requests_waiting") == 0)
+    text = metrics_text(server)
+    steps = metric(server, "engine_steps_total", text)
+    graphs = metric(server, "cuda_graph_replays_total", text)
+    eager = metric(server, "eager_steps_total", text)
     assert steps > 0 and graphs + eager == steps
-    assert metric(server, "eager_steps_by_reason_total") == eager
+    assert metric(server, "eager_steps_by_reason_total", text) == eager
     if not DEVICE_ARGS or "cpu" in DEVICE_ARGS:
         assert graphs == 0  # the CPU model runs every step eagerly ("the model is on the CPU")
     else:
