@@ -97,20 +97,30 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
 
 // Runs the attention compressor (or the indexer's) over the batch and appends the completed entries,
 // RMSNorm'ed and RoPE'd at position w * ratio, to each sequence's compressed rows (or indexer keys).
-void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
+Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
   const AttentionWeights& A = w_.layers[l].attn;
   const LayerOps& o = layer_ops_[l];
-  const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
-  const int ratio = c.compress_ratio(l);
-  const int64_t N = b.tokens, width = cw.width;
+  CompressorInputs in;
+  in.weights = indexer ? &A.indexer->compressor : &*A.compressor;
   const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
-  Tensor kv = tensor(DType::f32, {N, wkv.out}), gate = tensor(DType::f32, {N, wkv.out});
-  ops::linear(h, wkv, kv);
-  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, gate);
-  // Indexer keys stay exact; attention rows follow the KV mode.
-  const ops::KvRowFormat format =
-      indexer ? ops::KvRowFormat{ops::KvFormat::f32, width, c.rope_dim} : kv_format();
+  const int64_t N = h.dim(0);
+  in.kv = tensor(DType::f32, {N, wkv.out});
+  in.gate = tensor(DType::f32, {N, wkv.out});
+  ops::linear(h, wkv, in.kv);
+  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, in.gate);
+  in.format = indexer ? ops::KvRowFormat{ops::KvFormat::f32, in.weights->width, c.rope_dim} : kv_format();
+  return in;
+}
+
+void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
+  const ModelConfig& c = w_.config;
+  const CompressorInputs in = compressor_inputs(l, h, indexer);
+  const CompressorWeights& cw = *in.weights;
+  const Tensor &kv = in.kv, &gate = in.gate;
+  const ops::KvRowFormat& format = in.format;
+  const int ratio = c.compress_ratio(l);
+  const int64_t width = cw.width;
   for (const Batch::Seq& s : b.seqs) {
     const int64_t emit = ops::compressor_emit_count(s.start, s.n, ratio);
     Tensor emitted = tensor(DType::f32, {emit, width});

@@ -138,18 +138,13 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
 // by the device (store_rows decides whether the token closes a window).
 void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
-  const AttentionWeights& A = w_.layers[l].attn;
-  const LayerOps& o = layer_ops_[l];
-  const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
+  const CompressorInputs in = compressor_inputs(l, h, indexer);
+  const CompressorWeights& cw = *in.weights;
+  const Tensor &kv = in.kv, &gate = in.gate;
+  const ops::KvRowFormat& format = in.format;
   const DecodeTables::Layer& t = b.decode->layers[l];
   const int ratio = c.compress_ratio(l);
   const int64_t N = b.tokens, width = cw.width;
-  const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
-  Tensor kv = tensor(DType::f32, {N, wkv.out}), gate = tensor(DType::f32, {N, wkv.out});
-  ops::linear(h, wkv, kv);
-  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, gate);
-  const ops::KvRowFormat format =
-      indexer ? ops::KvRowFormat{ops::KvFormat::f32, width, c.rope_dim} : kv_format();
   Tensor emitted = tensor(DType::f32, {N, width});
   ops::decode_compressor({indexer ? t.indexer_acc : t.compressor_acc, kv, gate, cw.ape, b.positions, ratio,
                           cw.overlap, width, emitted});

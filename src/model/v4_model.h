@@ -128,6 +128,14 @@ class Model {
               const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   void moe_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
+  // The attention compressor's (or the indexer's) weights, its kv and gate projections of h, and the row
+  // format its entries are stored in (indexer keys stay exact; attention rows follow the KV mode).
+  struct CompressorInputs {
+    const CompressorWeights* weights = nullptr;
+    Tensor kv, gate;
+    ops::KvRowFormat format;
+  };
+  CompressorInputs compressor_inputs(int layer, const TensorView& h, bool indexer);
   void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
   void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
                       std::vector<Tensor>& selected);

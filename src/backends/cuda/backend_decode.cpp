@@ -24,28 +24,11 @@ PagedRowsDesc geometry(const ops::DecodePagedRows& r) {
 }  // namespace
 
 void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) {
-  require_cuda_f32("decode_attention", {&a.q, &a.sinks, &out});
-  const int64_t hd = a.format.head_dim;
-  TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op decode_attention with head_dim ", hd,
-             " (built for 128, 256, 512)");
-  TERN_CHECK(a.format.format != ops::KvFormat::fp8_ds || a.format.rope_dim % 4 == 0,
-             "no cuda kernel for op decode_attention with FP8 rows and rope_dim ", a.format.rope_dim);
-  AttentionParams p;
-  p.q = a.q.data_as<const float>();
-  p.n = a.q.dim(0);
-  p.heads = a.q.dim(1);
-  p.fmt = kv_desc(a.format);
+  AttentionParams p = attention_params("decode_attention", a.q, a.format, a.selected, a.sinks, a.scale, out, *impl_);
   p.chunk_rows = a.rows.data_as<const uint8_t>();
   p.window = a.window;
   p.ratio = a.ratio;
   p.num_compressed = a.ratio > 0 ? a.max_compressed : 0;
-  p.selected = a.selected.empty() ? nullptr : a.selected.data_as<const int32_t>();
-  p.k_sel = a.selected.empty() ? 0 : a.selected.dim(1);
-  p.sinks = a.sinks.data_as<const float>();
-  p.scale = a.scale;
-  p.out = out.data_as<float>();
-  p.err = impl_->err();
-  p.num_sms = impl_->num_sms;
   p.positions = a.positions.data_as<const int64_t>();
   p.rings = table(a.rings);
   if (a.ratio > 0) {
@@ -53,10 +36,7 @@ void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tens
     p.pools = table(a.compressed.pools);
     p.comp_tables = table(a.compressed.tables);
   }
-  const int64_t want = attention_partial_floats(p);
-  if (want > 0) p.partial = static_cast<float*>(impl_->scratch(want * sizeof(float)));
-  launch_sparse_attention(p, impl_->stream);
-  check_launch("decode_attention");
+  launch_attention("decode_attention", p, *impl_);
 }
 
 void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {

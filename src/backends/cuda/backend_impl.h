@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/moe.cuh"
@@ -47,5 +48,11 @@ inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {
   return KvRowDesc{f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
 }
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+// Sparse attention (eager and decode mode): the parameters both share, after checking that a kernel exists
+// for the row format; then the launch with its split workspace.
+AttentionParams attention_params(const char* op, const TensorView& q, const ops::KvRowFormat& format,
+                                 const TensorView& selected, const TensorView& sinks, float scale,
+                                 const TensorView& out, const CudaBackend::Impl& impl);
+void launch_attention(const char* op, AttentionParams& p, CudaBackend::Impl& impl);
 
 }  // namespace tern::cuda

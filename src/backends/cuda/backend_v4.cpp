@@ -126,22 +126,43 @@ void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const Tensor
   check_launch("indexer_topk");
 }
 
-void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
-  require_cuda_f32("sparse_attention", {&a.q, &a.sinks, &out});
-  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.selected})
-    TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda sparse_attention: a tensor is on the host");
-  const int64_t hd = a.format.head_dim;
-  TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op sparse_attention with head_dim ", hd,
+AttentionParams attention_params(const char* op, const TensorView& q, const ops::KvRowFormat& format,
+                                 const TensorView& selected, const TensorView& sinks, float scale,
+                                 const TensorView& out, const CudaBackend::Impl& impl) {
+  require_cuda_f32(op, {&q, &sinks, &out});
+  const int64_t hd = format.head_dim;
+  TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op ", op, " with head_dim ", hd,
              " (built for 128, 256, 512)");
-  TERN_CHECK(a.format.format != ops::KvFormat::fp8_ds || a.format.rope_dim % 4 == 0,
-             "no cuda kernel for op sparse_attention with FP8 rows and rope_dim ", a.format.rope_dim,
+  TERN_CHECK(format.format != ops::KvFormat::fp8_ds || format.rope_dim % 4 == 0, "no cuda kernel for op ", op,
+             " with FP8 rows and rope_dim ", format.rope_dim,
              " (the row decoder reads 8-byte granules: rope_dim must be a multiple of 4)");
   AttentionParams p;
-  p.q = a.q.data_as<const float>();
-  p.n = a.q.dim(0);
-  p.heads = a.q.dim(1);
+  p.q = q.data_as<const float>();
+  p.n = q.dim(0);
+  p.heads = q.dim(1);
+  p.fmt = kv_desc(format);
+  p.selected = selected.empty() ? nullptr : selected.data_as<const int32_t>();
+  p.k_sel = selected.empty() ? 0 : selected.dim(1);
+  p.sinks = sinks.data_as<const float>();
+  p.scale = scale;
+  p.out = out.data_as<float>();
+  p.err = impl.err();
+  p.num_sms = impl.num_sms;
+  return p;
+}
+
+void launch_attention(const char* op, AttentionParams& p, CudaBackend::Impl& impl) {
+  const int64_t want = attention_partial_floats(p);
+  if (want > 0) p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
+  launch_sparse_attention(p, impl.stream);
+  check_launch(op);
+}
+
+void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
+  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.selected})
+    TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda sparse_attention: a tensor is on the host");
+  AttentionParams p = attention_params("sparse_attention", a.q, a.format, a.selected, a.sinks, a.scale, out, *impl_);
   p.start = a.start;
-  p.fmt = kv_desc(a.format);
   p.chunk_rows = a.chunk_rows.data_as<const uint8_t>();
   p.ring = a.ring.data_as<const uint8_t>();
   p.window = a.window;
@@ -149,17 +170,7 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   p.compressed = compressed ? paged_desc("sparse_attention", a.compressed) : PagedRowsDesc{};
   p.num_compressed = compressed ? a.num_compressed : 0;
   p.ratio = a.ratio;
-  p.selected = a.selected.empty() ? nullptr : a.selected.data_as<const int32_t>();
-  p.k_sel = a.selected.empty() ? 0 : a.selected.dim(1);
-  p.sinks = a.sinks.data_as<const float>();
-  p.scale = a.scale;
-  p.out = out.data_as<float>();
-  p.err = impl_->err();
-  p.num_sms = impl_->num_sms;
-  const int64_t want = attention_partial_floats(p);
-  if (want > 0) p.partial = static_cast<float*>(impl_->scratch(want * sizeof(float)));
-  launch_sparse_attention(p, impl_->stream);
-  check_launch("sparse_attention");
+  launch_attention("sparse_attention", p, *impl_);
 }
 
 void CudaBackend::route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,

@@ -68,27 +68,21 @@ __device__ uint64_t block_max_u64(Shared& s, uint64_t v) {
   return r;
 }
 
-__device__ double block_sum(Shared& s, double v) {
+// Block-wide sum through `red` (one slot per warp, summed in warp order on every thread).
+template <typename T>
+__device__ T block_add(T* red, T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) s.red_d[warp] = v;
+  if (lane == 0) red[warp] = v;
   __syncthreads();
-  double r = 0;
-  for (int w = 0; w < kWarps; ++w) r += s.red_d[w];
+  T r = 0;
+  for (int w = 0; w < kWarps; ++w) r += red[w];
   __syncthreads();
   return r;
 }
 
-__device__ int block_count(Shared& s, int v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) s.red_i[warp] = v;
-  __syncthreads();
-  int r = 0;
-  for (int w = 0; w < kWarps; ++w) r += s.red_i[w];
-  __syncthreads();
-  return r;
-}
+__device__ double block_sum(Shared& s, double v) { return block_add(s.red_d, v); }
+__device__ int block_count(Shared& s, int v) { return block_add(s.red_i, v); }
 
 // ---- selection of the largest keys ----
 
