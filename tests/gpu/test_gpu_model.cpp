@@ -74,14 +74,18 @@ void teacher_forced(const Fixture& f, const std::string& set, bool judge) {
     ASSERT_EQ(want.numel(), got.numel());
     const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
     worst = std::max(worst, d.rel());
-    if (judge) EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << set << " " << p << " (length " << ids.size() << ")";
+    if (judge) {
+      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << set << " " << p << " (length " << ids.size() << ")";
+    }
     for (int64_t t = 0; t < static_cast<int64_t>(ids.size()); ++t, ++positions)
       agree += argmax_row(got.data<float>() + t * vocab, vocab) ==
                argmax_row(want.data_as<const float>() + t * vocab, vocab);
   }
   cuda::register_backend().check_device_errors();
   const double top1 = static_cast<double>(agree) / static_cast<double>(positions);
-  if (judge) EXPECT_GE(top1, kTop1);
+  if (judge) {
+    EXPECT_GE(top1, kTop1);
+  }
   std::printf("[gpu %s] teacher-forced logits, %s set%s: max|d|/max|ref| = %.3g over %d prompts; top-1 "
               "%lld/%lld = %.4f\n",
               f.name().c_str(), set.c_str(), judge ? "" : " (reported, not judged)", worst, n,

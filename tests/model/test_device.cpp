@@ -181,7 +181,9 @@ TEST(Bf16Activations, FixtureLogits) {
     const int64_t vocab = m.config().vocab_size;
     for (const std::string set : {"bf16.prompt", "prompt"}) {
       const bool judge = set == "bf16.prompt";
-      if (judge) ASSERT_GT(f.num_prompts(set), 0) << name << ": no bf16 set (regenerate the fixtures)";
+      if (judge) {
+        ASSERT_GT(f.num_prompts(set), 0) << name << ": no bf16 set (regenerate the fixtures)";
+      }
       float worst = 0;
       int64_t agree = 0, positions = 0;
       for (int p = 0; p < f.num_prompts(set); ++p) {
@@ -193,14 +195,18 @@ TEST(Bf16Activations, FixtureLogits) {
         const TensorView want = f.tensor(set + "." + std::to_string(p) + ".logits");
         const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
         worst = std::max(worst, d.rel());
-        if (judge) EXPECT_LE(d.max_abs, 2e-2f * d.ref_max) << name << " " << set << " " << p;
+        if (judge) {
+          EXPECT_LE(d.max_abs, 2e-2f * d.ref_max) << name << " " << set << " " << p;
+        }
         for (size_t t = 0; t < ids.size(); ++t, ++positions) {
           const float* g = got.data<float>() + t * vocab;
           const float* w = want.data_as<const float>() + t * vocab;
           agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
         }
       }
-      if (judge) EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions)) << name;
+      if (judge) {
+        EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(positions)) << name;
+      }
       std::printf("[cpu bf16-x %s] %s set%s: teacher-forced max|d|/max|ref| = %.3g; top-1 %lld/%lld\n",
                   name.c_str(), set.c_str(), judge ? "" : " (reported)", worst, static_cast<long long>(agree),
                   static_cast<long long>(positions));
