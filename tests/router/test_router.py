@@ -92,6 +92,8 @@ def test_health_checks_remove_and_readd_a_server(pool):
     r = plain_router([pool[0], extra], "--policy", "round-robin")
     try:
         port = extra.port
+        # Down only after it was up: killed before its first health check, it is never reported "down".
+        assert wait_for(lambda: metric(r.url, "router_server_up", server=extra.url) == 1, timeout=10)
         extra.kill9()
         assert wait_for(lambda: metric(r.url, "router_server_healthy", server=extra.url) == 0, timeout=5)
         for _ in range(4):  # every request still answered (a first attempt at the dead server is retried)
