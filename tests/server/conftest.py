@@ -1,7 +1,7 @@
 """Fixtures for the server tests: real `tern serve` processes on loopback (the embedded tiny model).
 
 TERN_BIN names the tern executable (CTest sets it); TERN_DEVICE=cuda runs every server (and `tern run`)
-on the GPU (scripts/gpu-check does). Each server picks a free port (--port 0) and is ready when it logs its
+on the GPU (scripts/gpu-check does); TERN_SAMPLING=device|host adds `--sampling` to every `tern serve`. Each server picks a free port (--port 0) and is ready when it logs its
 "ready: ... at http://127.0.0.1:PORT" line.
 """
 import os
@@ -14,12 +14,13 @@ from tern_process import TernProcess
 
 TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
 DEVICE_ARGS = ["--device", os.environ["TERN_DEVICE"]] if os.environ.get("TERN_DEVICE") else []
+SERVE_ARGS = DEVICE_ARGS + (["--sampling", os.environ["TERN_SAMPLING"]] if os.environ.get("TERN_SAMPLING") else [])
 READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+)")
 
 
 class Server(TernProcess):
     def __init__(self, *args, env=None, wait=True, timeout=600):
-        super().__init__([TERN_BIN, "serve", "--port", "0", *DEVICE_ARGS, *args], READY,
+        super().__init__([TERN_BIN, "serve", "--port", "0", *SERVE_ARGS, *args], READY,
                          env={**os.environ, **(env or {})}, wait=wait, timeout=timeout)
 
 
