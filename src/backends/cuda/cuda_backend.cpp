@@ -80,11 +80,9 @@ class CudaMemory final : public DeviceMemory {
     TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   void* allocate(size_t bytes) override {
-    void* p = graphs_.allocate(bytes);  // the activation arena while a step scope is open
-    if (p != nullptr) {
-      TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
-      return p;
-    }
+    // The activation arena while a step is being recorded: zeroed by the graph's first node at each replay.
+    void* p = graphs_.allocate(bytes);
+    if (p != nullptr) return p;
     const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
     if (e != cudaSuccess) {
       cudaGetLastError();

@@ -30,15 +30,18 @@ class CudaStepGraphs final : public ops::StepGraphs {
   void* pinned_host(size_t bytes) override;
 
   // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
-  // measuring scope, counts `bytes` and returns nullptr (the pool serves it).
+  // measuring scope, counts `bytes` and returns nullptr (the pool serves it). Arena blocks are handed out
+  // only inside capture() and not zeroed here: the recorded graph's first node zeroes them all.
   void* allocate(size_t bytes);
   bool owns(const void* p) const;
 
  private:
+  void zero_arena_first(cudaGraph_t graph);
+
   CudaBackend& backend_;
   DeviceBuffer arena_;
   size_t used_ = 0;
-  bool open_ = false, measure_ = false;
+  bool open_ = false, measure_ = false, capturing_ = false;
   uint64_t arena_generation_ = 0;
   size_t graph_bytes_ = 0;
   void* pinned_ = nullptr;
