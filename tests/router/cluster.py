@@ -2,6 +2,8 @@
 
 TERN_BIN names the tern executable (CTest sets it). Every process picks a free port (--port 0) and is
 ready when it logs its ready line; `wrap` runs a process inside something else (e.g. `ip netns exec`).
+TERN_DEVICE=cuda runs every server on the GPU, TERN_PD_BACKEND picks the prefill and decode servers'
+--pd-backend (scripts/gpu-check sets both).
 """
 import http.client
 import json
@@ -30,6 +32,10 @@ class Proc(TernProcess):
 
 def serve(role="both", *args, port=0, wait=True, wrap=()):
     extra = ["--role", role] if role != "both" else []
+    if os.environ.get("TERN_DEVICE"):
+        extra += ["--device", os.environ["TERN_DEVICE"]]
+    if role != "both" and os.environ.get("TERN_PD_BACKEND"):
+        extra += ["--pd-backend", os.environ["TERN_PD_BACKEND"]]
     if "--max-model-len" not in args:
         extra += ["--max-model-len", "2048"]
     return Proc(["serve", "--port", str(port), "--header-timeout", "5", *extra, *args],

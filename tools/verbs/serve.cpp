@@ -28,6 +28,12 @@
 #include "transfer/decode_rooms.h"
 #include "transfer/prefill_rooms.h"
 #include "transfer/tcp_backend.h"
+#if TERN_WITH_CUDA
+#include "transfer/cuda_ipc_backend.h"
+#if TERN_HAVE_NCCL
+#include "transfer/nccl_backend.h"
+#endif
+#endif
 #include "tools/embedded_model.h"
 #include "tools/placement.h"
 #include "tools/verb.h"
@@ -262,19 +268,10 @@ struct PdParts {
   void bind(const ServeArgs& a, server::HttpServer& http) {
     context.role = server::parse_role(a.role);
     if (context.role == server::Role::both) return;
-    TERN_CHECK(a.pd_backend == "tcp", "--pd-backend: ", a.pd_backend,
-               " cannot serve yet (the engine's states live on the host; cuda-ipc and nccl move device memory, "
-               "see docs/disaggregation.md); use tcp");
     TERN_CHECK(a.pd_port >= 0 && a.pd_port <= 65535, "--pd-port: expected 0 to 65535, found ", a.pd_port);
     options = pd_options(a);
     const std::string host = a.pd_host.empty() ? a.host : a.pd_host;
-    transfer::TcpBackendOptions t;
-    t.bind_host = host;
-    t.port = static_cast<uint16_t>(a.pd_port);
-    t.listen = context.role == server::Role::decode;
-    t.connect_timeout = options.channel.connect_timeout;
-    t.stall_timeout = options.channel.peer_timeout;
-    backend = transfer::make_tcp_backend(http.io_context(), t);
+    backend = make_backend(a, host, http);
     if (context.role == server::Role::prefill) {
       prefill = std::make_unique<transfer::PrefillRooms>(http.io_context(), host, static_cast<uint16_t>(a.pd_port), options,
                                                          *backend);
@@ -282,6 +279,34 @@ struct PdParts {
       const bool v6 = host.find(':') != std::string::npos;
       context.bootstrap = cat(v6 ? "[" : "", host, v6 ? "]" : "", ":", prefill->port());
     }
+  }
+  // The data path of the transfers (docs/disaggregation.md, "Transfer backends"): tcp everywhere; cuda-ipc
+  // (same host) and nccl (GPU to GPU) in CUDA builds, for a model on the GPU.
+  std::unique_ptr<transfer::Backend> make_backend(const ServeArgs& a, const std::string& host, server::HttpServer& http) {
+    if (a.pd_backend == "tcp") {
+      transfer::TcpBackendOptions t;
+      t.bind_host = host;
+      t.port = static_cast<uint16_t>(a.pd_port);
+      t.listen = context.role == server::Role::decode;
+      t.connect_timeout = options.channel.connect_timeout;
+      t.stall_timeout = options.channel.peer_timeout;
+      return transfer::make_tcp_backend(http.io_context(), t);
+    }
+    TERN_CHECK(a.pd_backend == "cuda-ipc" || a.pd_backend == "nccl", "--pd-backend: expected tcp, cuda-ipc or nccl, found \"",
+               a.pd_backend, "\"");
+    TERN_CHECK(a.device == "cuda", "--pd-backend ", a.pd_backend, " moves device memory: it needs --device cuda");
+#if TERN_WITH_CUDA
+    if (a.pd_backend == "cuda-ipc") return transfer::make_cuda_ipc_backend(http.io_context(), {});
+#if TERN_HAVE_NCCL
+    transfer::NcclOptions n;
+    n.timeout = options.transfer_timeout;
+    return transfer::make_nccl_backend(http.io_context(), n);
+#else
+    fail("--pd-backend nccl: this tern was built without NCCL (no nccl.h when it was configured)");
+#endif
+#else
+    fail("--pd-backend ", a.pd_backend, ": this tern was built without the CUDA backend");
+#endif
   }
   // After the model is loaded (the decode side needs the engine).
   void start(server::HttpServer& http, engine::Engine& engine, const std::string& model) {
@@ -391,7 +416,7 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--role", a.role, "both (prompt and decoding), prefill or decode (behind `tern route`)")->capture_default_str();
   app.add_option("--pd-host", a.pd_host, "Address of the transfer port (default: --host)");
   app.add_option("--pd-port", a.pd_port, "Transfer port: prefill bootstrap, decode data (0: any free port)")->capture_default_str();
-  app.add_option("--pd-backend", a.pd_backend, "State transfer backend (tcp)")->capture_default_str();
+  app.add_option("--pd-backend", a.pd_backend, "State transfer backend: tcp, cuda-ipc (same host) or nccl (GPU to GPU); the last two need --device cuda")->capture_default_str();
   app.add_option("--pd-heartbeat", a.pd_heartbeat_s, "Seconds between transfer heartbeats")->capture_default_str();
   app.add_option("--pd-peer-timeout", a.pd_peer_timeout_s, "Seconds of peer silence that fail a transfer")->capture_default_str();
   app.add_option("--pd-rendezvous-timeout", a.pd_rendezvous_timeout_s,
