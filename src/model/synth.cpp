@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "model/safetensors_writer.h"
 #include "model/weights.h"
+#include "ops/synth_values.h"
 
 namespace tern::model {
 
@@ -23,18 +24,8 @@ namespace {
 // ---- random numbers: splitmix64 streams, Box-Muller normals (no std:: distributions: their output
 // is implementation-defined) ------------------------------------------------------------------
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
+using synth::fnv1a;
+using synth::splitmix;
 
 class Rng {
  public:

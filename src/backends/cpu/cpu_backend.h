@@ -41,6 +41,7 @@ class CpuBackend final : public ops::Backend {
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
+  void synth_fill(const ops::SynthFillArgs& a) override;  // synth.cpp
 
  private:
   void require_f32(std::string_view op, std::initializer_list<const TensorView*> views) const;

@@ -60,6 +60,7 @@ class CudaBackend final : public ops::Backend {
                         int ratio) override;
   void sample_rows(const TensorView& logits, std::span<const ops::SampleRowSpec> specs,
                    std::span<ops::SampledRow> out) override;
+  void synth_fill(const ops::SynthFillArgs& a) override;  // backend_synth.cpp
 
   // Waits for every op issued so far.
   void synchronize();

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `tern bench-step` on the CPU with the tiny shape: decode rows per batch and context, prefill rows, the
+# ceilings measured in the same run, the table last and the JSON form, with figures that hold together.
+set -euo pipefail
+TERN=$1
+OUT=$2
+mkdir -p "$OUT"
+"$TERN" bench-step --config tiny --batches 1,3 --contexts 40,70 --prefill 40,100 --steps 2 --warmup 1 \
+  --json "$OUT/bench-step.json" >"$OUT/bench-step.log" 2>&1 || { cat "$OUT/bench-step.log"; exit 1; }
+cat "$OUT/bench-step.log"
+grep -q '^== bench-step results (tiny, mxfp4 experts, kv fp8, cpu' "$OUT/bench-step.log"
+grep -q '^no shared storage: every layer has its own routed experts' "$OUT/bench-step.log"
+# The table comes last: its final line is the 100-token prefill row.
+tail -1 "$OUT/bench-step.log" | grep -q '^| 100 | '
+python3 - "$OUT/bench-step.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["config"] == "tiny" and j["device"] == "cpu" and not j["shared_expert_storage"], j
+assert j["copy_gbs"] > 0 and j["gemm_tflops"]["bf16"] > 0 and j["gemm_tflops"]["fp8"] > 0, j
+rows = {(r["batch"], r["context"]): r for r in j["decode"]}
+assert sorted(rows) == [(1, 40), (1, 70), (3, 40), (3, 70)], sorted(rows)
+for r in rows.values():
+    assert 0 < r["min_ms"] <= r["step_ms"] <= r["max_ms"], r
+    assert abs(r["tokens_per_s"] - r["batch"] / (r["step_ms"] / 1e3)) < 1e-6 * r["tokens_per_s"], r
+    assert abs(r["gbs"] - r["bytes_per_step"] / (r["step_ms"] / 1e3) / 1e9) < 1e-6 * r["gbs"], r
+    assert abs(r["of_copy"] - r["gbs"] / j["copy_gbs"]) < 1e-9, r
+    assert r["note"] == "(eager: CPU)", r
+# More sequences touch more distinct experts: more bytes per step.
+assert rows[(3, 40)]["bytes_per_step"] > rows[(1, 40)]["bytes_per_step"]
+pre = {r["tokens"]: r for r in j["prefill"]}
+assert sorted(pre) == [40, 100], sorted(pre)
+assert pre[100]["flops"] > 2 * pre[40]["flops"] and all(r["seconds"] > 0 and r["tflops"] > 0 for r in pre.values())
+print("bench-step CLI test: ok")
+PY

@@ -1,0 +1,41 @@
+// What `tern bench-step` measures on the device itself, in the same run as the model (docs/bench-step.md):
+// step timing (CUDA events on the GPU, the wall clock on the CPU), the copy bandwidth and a big GEMM through
+// tern's own linear op, and the GPU profiler's per-category breakdown.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace tern::tools {
+
+struct StepTiming {
+  double median_us = 0, min_us = 0, max_us = 0;
+  int runs = 0;
+};
+// fn() `warmup` times, then `runs` timed calls; per call. On the GPU each call is bracketed by CUDA events on
+// the backend's stream (what fn issues there, and the host gaps between its launches); on the CPU, wall clock.
+StepTiming time_steps(const std::string& device, const std::function<void()>& fn, int warmup, int runs);
+
+// Device-to-device copy bandwidth (read + write counted) of a `bytes` buffer; on the CPU, memcpy.
+double copy_bandwidth_gbs(const std::string& device, int64_t bytes);
+
+// y [n, n] = x [n, n] W^T through ops::linear with W bf16 or fp8_block (fp8 true), random values: TFLOP/s.
+double linear_tflops(const std::string& device, int64_t n, bool fp8);
+
+// The GPU profiler (CUPTI) around a few steps; throws on the CPU or when CUPTI is unavailable.
+class StepProfiler {
+ public:
+  explicit StepProfiler(const std::string& device);
+  ~StepProfiler();
+  void start();
+  // Stops and returns the per-step table (op categories, top kernels, busy / wall).
+  std::string stop(int64_t steps, const std::string& what);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tern::tools

@@ -1,0 +1,334 @@
+// `tern bench-step`: the full-depth model's decode step time inside CUDA graphs per batch and context, and
+// its prefill throughput, on a synthetic model built in place (docs/bench-step.md). Every figure is set
+// against what the same run measured: the copy bandwidth (decode streams weights) and a big GEMM through
+// tern's own linear op (prefill is matrix work). Rows are printed as they are measured; the tables again last.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "cache/page_pool.h"
+#include "cache/sequence_state.h"
+#include "core/error.h"
+#include "model/decode_graphs.h"
+#include "model/perf_model.h"
+#include "ops/step_graphs.h"
+#include "ops/synth_values.h"
+#include "tools/bench_step_device.h"
+#include "tools/placement.h"
+#include "tools/synthetic_placement.h"
+#include "tools/verb.h"
+
+namespace {
+
+using namespace tern;
+
+struct Args {
+  std::string device = "cpu", config = "full", experts = "mxfp4", kv_mode = "fp8", json;
+  std::string batches = "1,16,32,64,128,256", contexts = "1024,8192", prefill = "1024,8192";
+  int steps = 10, warmup = 3;
+  bool profile = false;
+  double headroom_gib = 12;
+  uint64_t seed = 1;
+};
+
+std::vector<int64_t> parse_list(const std::string& text, const char* option) {
+  std::vector<int64_t> v;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t x = 0;
+    try {
+      x = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TERN_CHECK(used == item.size() && !item.empty() && x >= 1, option, ": \"", item, "\" is not a positive integer");
+    v.push_back(x);
+  }
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+std::string run_and_read(const char* command) {
+  std::string out;
+  if (FILE* p = popen(command, "r")) {
+    char buf[256];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.empty() ? "?" : out;
+}
+
+void say(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+struct DecodeRow {
+  int64_t batch = 0, context = 0;
+  double step_ms = 0, min_ms = 0, max_ms = 0, tokens_s = 0, bytes = 0, gbs = 0, of_copy = 0;
+  std::string note;
+};
+struct PrefillRow {
+  int64_t tokens = 0;
+  double seconds = 0, tokens_s = 0, flops = 0, tflops = 0, of_gemm = 0;
+};
+
+std::string decode_line(const DecodeRow& r) {
+  if (!r.note.empty() && r.step_ms == 0) return cat("| ", r.batch, " | ", r.context, " | ", r.note, " | | | | |");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "| %ld | %ld | %.3f (%.3f-%.3f) | %.0f | %.2f | %.0f | %.1f%% |%s", static_cast<long>(r.batch),
+                static_cast<long>(r.context), r.step_ms, r.min_ms, r.max_ms, r.tokens_s, r.bytes / 1e9, r.gbs,
+                100 * r.of_copy, r.note.empty() ? "" : (" " + r.note).c_str());
+  return buf;
+}
+std::string prefill_line(const PrefillRow& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "| %ld | %.3f | %.0f | %.1f | %.1f | %.1f%% |", static_cast<long>(r.tokens), r.seconds,
+                r.tokens_s, r.flops / 1e12, r.tflops, 100 * r.of_gemm);
+  return buf;
+}
+const char* kDecodeHeader =
+    "| batch | context | step ms (min-max) | tokens/s | GB/step (model) | GB/s | of copy |\n|---:|---:|---:|---:|---:|---:|---:|";
+const char* kPrefillHeader = "| prompt | s | tokens/s | TFLOP (model) | TFLOP/s | of GEMM |\n|---:|---:|---:|---:|---:|---:|";
+
+// Deterministic token ids in [1, vocab).
+int64_t token(uint64_t stream, uint64_t i, int64_t vocab) {
+  return 1 + static_cast<int64_t>(synth::element_hash(stream, i) % static_cast<uint64_t>(vocab - 1));
+}
+
+int run(const Args& a) {
+  const std::vector<int64_t> batches = parse_list(a.batches, "--batches");
+  const std::vector<int64_t> contexts = parse_list(a.contexts, "--contexts");
+  const std::vector<int64_t> prefills = parse_list(a.prefill, "--prefill");
+  TERN_CHECK(a.steps >= 1 && a.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
+  model::ExpertFormat experts{};
+  TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
+             "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
+  const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
+  const model::ModelConfig config = tools::synthetic_config(a.config);
+  tools::prepare_device(a.device);
+  std::unique_ptr<tools::StepProfiler> profiler;
+  if (a.profile) profiler = std::make_unique<tools::StepProfiler>(a.device);  // refuses before the long build
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const std::string commit = run_and_read("git rev-parse --short HEAD 2>/dev/null");
+  say(cat("== tern bench-step: ", a.config, " config (", config.num_layers, " layers), ", a.experts, " experts, kv ",
+          a.kv_mode, ", device ", a.device, "; commit ", commit, ", ", date));
+
+  // The ceilings, measured first (the model takes the memory afterwards).
+  const bool full = a.config == "full";
+  const double copy_gbs = tools::copy_bandwidth_gbs(a.device, full ? int64_t{1} << 30 : int64_t{64} << 20);
+  const int64_t gemm_n = full ? 8192 : 256;
+  const double gemm_bf16 = tools::linear_tflops(a.device, gemm_n, false);
+  const double gemm_fp8 = tools::linear_tflops(a.device, gemm_n, true);
+  say(cat("copy bandwidth (read+write): ", static_cast<int64_t>(copy_gbs), " GB/s; tern linear ", gemm_n, "^3: bf16 ",
+          gemm_bf16, " TFLOP/s, fp8 ", gemm_fp8, " TFLOP/s (prefill is set against the larger)"));
+  const double gemm_ref = std::max(gemm_bf16, gemm_fp8);
+
+  // Memory: the states of the largest configuration, plus headroom for activations, workspace and graphs.
+  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1);
+  const int64_t max_context = std::max(contexts.back(), prefills.back());
+  const int64_t seq_bytes = tools::state_bytes_per_sequence(config, kv, max_context + margin);
+  const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
+  const int64_t reserve = (batches.back() + 1) * seq_bytes + headroom;
+  tools::SyntheticPlacement placed =
+      tools::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
+  model::Model& m = *placed.model;
+  say(placed.description);
+  say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
+          " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
+          " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
+          " MB (uniform routing; KV reads not counted)"));
+
+  // Warm-up forward (workspace, per-weight tables) before anything is timed.
+  {
+    cache::SequenceState s = m.new_state(64);
+    std::vector<int64_t> ids(32);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = token(7, i, config.vocab_size);
+    const model::StepSequence seq{&s, ids, model::LogitsFor::last};
+    (void)m.forward({&seq, 1});
+  }
+
+  std::vector<DecodeRow> decode_rows;
+  std::vector<PrefillRow> prefill_rows;
+  std::set<int64_t> lengths(contexts.begin(), contexts.end());
+  lengths.insert(prefills.begin(), prefills.end());
+  for (const int64_t L : lengths) {
+    const bool decode = std::binary_search(contexts.begin(), contexts.end(), L);
+    const auto layout = m.state_layout(L + margin);
+    const int64_t pages_per_seq = layout->pages_for(L + margin);
+    // As many sequences as the batches want and the memory holds (2 GiB kept for the graphs' arena).
+    const int64_t avail = std::max<int64_t>(0, tools::free_state_memory(a.device) - (int64_t{2} << 30));
+    const int64_t fit = avail / (pages_per_seq * layout->page_bytes()) - 1;
+    const int64_t want = decode ? batches.back() : 0;
+    const int64_t seqs = std::min(want, fit);
+    TERN_CHECK(fit >= 0, "bench-step: not even one state of ", L + margin, " tokens fits (",
+               static_cast<double>(avail) / (1 << 30), " GiB free)");
+    auto pool = std::make_shared<cache::PagePool>(layout, (seqs + 1) * pages_per_seq, m.device());
+
+    // One real prefill of L tokens (timed), into the state the decode batches clone.
+    cache::SequenceState first(pool, L + margin);
+    std::vector<int64_t> prompt(static_cast<size_t>(L));
+    for (int64_t i = 0; i < L; ++i) prompt[static_cast<size_t>(i)] = token(static_cast<uint64_t>(L), static_cast<uint64_t>(i), config.vocab_size);
+    const model::StepSequence seq{&first, prompt, model::LogitsFor::last};
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)m.forward({&seq, 1});  // host logits: returns when the device is done
+    PrefillRow pr;
+    pr.tokens = L;
+    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pr.tokens_s = static_cast<double>(L) / pr.seconds;
+    pr.flops = model::prefill_flops(config, L);
+    pr.tflops = pr.flops / pr.seconds / 1e12;
+    pr.of_gemm = pr.tflops / gemm_ref;
+    if (std::binary_search(prefills.begin(), prefills.end(), L)) {
+      prefill_rows.push_back(pr);
+      say(cat("prefill ", prefill_line(pr)));
+    }
+    if (!decode) continue;
+
+    // Clone the prefilled state page by page into every sequence of the largest batch that fits.
+    std::vector<cache::SequenceState> states;
+    states.reserve(static_cast<size_t>(seqs));
+    const std::vector<std::byte> header = first.export_header();
+    for (int64_t i = 0; i < seqs; ++i) {
+      states.emplace_back(pool, L + margin);
+      for (int64_t p = 0; p < first.pages_used(); ++p) copy_view(first.page(p), states.back().page(p));
+      states.back().import_header(header);
+    }
+    std::vector<int64_t> fitting;
+    for (int64_t b : batches) {
+      if (b <= seqs) {
+        fitting.push_back(b);
+      } else {
+        DecodeRow r;
+        r.batch = b;
+        r.context = L;
+        r.note = cat("refused: ", b, " states of ", L + margin, " tokens need ",
+                     static_cast<double>(b * pages_per_seq * layout->page_bytes()) / (1 << 30), " GiB, ",
+                     static_cast<double>(avail) / (1 << 30), " GiB free");
+        decode_rows.push_back(r);
+        say(cat("decode ", decode_line(r)));
+      }
+    }
+    if (fitting.empty()) continue;
+    model::DecodeGraphOptions go;
+    go.buckets = fitting;
+    go.max_tokens = layout->max_tokens();
+    go.tokens_per_page = layout->tokens_per_page();
+    model::DecodeGraphs graphs(m, go);
+    graphs.prepare();
+    std::vector<int64_t> ids(static_cast<size_t>(seqs));
+    uint64_t step_no = 0;
+    for (int64_t B : fitting) {
+      std::vector<model::StepSequence> batch;
+      for (int64_t i = 0; i < B; ++i)
+        batch.push_back({&states[static_cast<size_t>(i)], std::span<const int64_t>(&ids[static_cast<size_t>(i)], 1),
+                         model::LogitsFor::last});
+      Tensor hold;
+      auto step = [&] {
+        // A fresh random token per sequence and step: the sequences route differently although their
+        // states are copies.
+        for (int64_t i = 0; i < B; ++i) ids[static_cast<size_t>(i)] = token(1000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i), config.vocab_size);
+        ++step_no;
+        (void)graphs.forward_device(batch, hold);
+      };
+      const uint64_t eager_before = graphs.stats().eager_total();
+      const tools::StepTiming t = tools::time_steps(a.device, step, a.warmup, a.steps);
+      DecodeRow r;
+      r.batch = B;
+      r.context = L;
+      r.step_ms = t.median_us / 1e3;
+      r.min_ms = t.min_us / 1e3;
+      r.max_ms = t.max_us / 1e3;
+      r.tokens_s = static_cast<double>(B) / (r.step_ms / 1e3);
+      r.bytes = model::decode_step_bytes(placed.sizes, config, B);
+      r.gbs = r.bytes / (r.step_ms / 1e3) / 1e9;
+      r.of_copy = r.gbs / copy_gbs;
+      if (graphs.stats().eager_total() != eager_before)
+        r.note = m.device() == Device::cpu ? "(eager: CPU)" : "(EAGER: " + graphs.disabled_reason() + ")";
+      decode_rows.push_back(r);
+      say(cat("decode ", decode_line(r)));
+      if (profiler && (B == 16 || B == 64)) {
+        profiler->start();
+        for (int i = 0; i < a.steps; ++i) step();
+        say(cat("profile at batch ", B, ", context ", L, ":\n",
+                profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"))));
+      }
+    }
+    if (auto* g = ops::step_graphs(m.device())) g->drop_all();
+  }
+
+  say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", ", a.device, "; commit ",
+          commit, ", ", date, ")"));
+  say(placed.sharing.shared() ? cat("SHARED EXPERT STORAGE: ", placed.sharing.description)
+                              : cat("no shared storage: ", placed.sharing.description));
+  say(cat("copy ", static_cast<int64_t>(copy_gbs), " GB/s; GEMM ", gemm_n, "^3 (tern linear): bf16 ", gemm_bf16,
+          " / fp8 ", gemm_fp8, " TFLOP/s"));
+  say(kDecodeHeader);
+  for (const DecodeRow& r : decode_rows) say(decode_line(r));
+  say(kPrefillHeader);
+  for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
+
+  if (!a.json.empty()) {
+    nlohmann::json j;
+    j["commit"] = commit;
+    j["date"] = date;
+    j["config"] = a.config;
+    j["experts"] = a.experts;
+    j["kv_mode"] = a.kv_mode;
+    j["device"] = a.device;
+    j["shared_expert_storage"] = placed.sharing.shared();
+    j["sharing"] = placed.sharing.description;
+    j["copy_gbs"] = copy_gbs;
+    j["gemm_tflops"] = {{"n", gemm_n}, {"bf16", gemm_bf16}, {"fp8", gemm_fp8}};
+    for (const DecodeRow& r : decode_rows)
+      j["decode"].push_back({{"batch", r.batch}, {"context", r.context}, {"step_ms", r.step_ms}, {"min_ms", r.min_ms},
+                             {"max_ms", r.max_ms}, {"tokens_per_s", r.tokens_s}, {"bytes_per_step", r.bytes},
+                             {"gbs", r.gbs}, {"of_copy", r.of_copy}, {"note", r.note}});
+    for (const PrefillRow& r : prefill_rows)
+      j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
+                              {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm}});
+    std::ofstream out(a.json);
+    out << j.dump(2) << "\n";
+    TERN_CHECK(out.good(), "--json: cannot write ", a.json);
+  }
+  return 0;
+}
+
+const bool registered = tern::tools::register_verb(
+    {"bench-step", "Time the full-depth decode step (CUDA graphs) and prefill on a synthetic model",
+     [](CLI::App& app) -> std::function<int()> {
+       auto a = std::make_shared<Args>();
+       app.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+       app.add_option("--config", a->config, "full (V4-Flash) or tiny")->capture_default_str();
+       app.add_option("--experts", a->experts, "routed expert format: mxfp4, nvfp4 or bf16")->capture_default_str();
+       app.add_option("--kv-mode", a->kv_mode, "state rows: fp8 (DeepSeek's) or exact (f32)")->capture_default_str();
+       app.add_option("--batches", a->batches, "decode batch sizes")->capture_default_str();
+       app.add_option("--contexts", a->contexts, "context lengths of the decode rows (one real prefill each)")
+           ->capture_default_str();
+       app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
+       app.add_option("--steps", a->steps, "timed decode steps per row (median reported)")->capture_default_str();
+       app.add_option("--warmup", a->warmup, "untimed decode steps before each row")->capture_default_str();
+       app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the decode steps at batch 16 and 64");
+       app.add_option("--json", a->json, "also write the results as JSON to this file");
+       app.add_option("--headroom-gib", a->headroom_gib,
+                      "GPU memory kept free beyond the largest batch's states (activations, workspace, graphs)")
+           ->capture_default_str();
+       app.add_option("--seed", a->seed, "weights' seed")->capture_default_str();
+       return [a] { return run(*a); };
+     }});
+
+}  // namespace
