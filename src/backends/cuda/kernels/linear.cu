@@ -82,10 +82,17 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
   plan.chunks_per_group = (chunks + groups - 1) / groups;
   const int64_t ngroups = (chunks + plan.chunks_per_group - 1) / plan.chunks_per_group;
   const bool fits = plan.bx * plan.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
-  plan.ksplit = ngroups > 1 && fits && plan.bx * plan.bz < target ? static_cast<int>(ngroups) : 1;
+  // Split when it is cheaper by a rough model: without a split the blocks reach a share of the bandwidth
+  // that grows with their number (one multiprocessor pulls about 1.6x its fair share); a split adds its
+  // partial sums (written and read once, mostly in L2: counted at half).
+  const double wbytes = static_cast<double>(p.w.out) * p.w.in * (p.w.kind == WeightKind::fp8 ? 1.0 : 0.5);
+  const double share = std::min(1.0, static_cast<double>(plan.bx * plan.bz) / (0.6 * p.num_sms));
+  const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
+  const bool cheaper = wbytes + 0.5 * pbytes < wbytes / share;
+  plan.ksplit = ngroups > 1 && fits && cheaper ? static_cast<int>(ngroups) : 1;
   const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
   const int rows = plan.nt * 8;
-  const int64_t fit = ((dev::kStreamXBudget / rows - 64) / 2) / chunk;  // chunks of x the budget holds
+  const int64_t fit = ((dev::stream_x_budget(plan.nt) / rows - 64) / 2) / chunk;  // chunks of x the budget holds
   plan.win_chunks = static_cast<int>(std::clamp<int64_t>(fit, 1, range));
   plan.scale_words = p.w.kind == WeightKind::fp8 ? static_cast<int>(range * chunk / 128 + 2) : 0;
   const int warps = dev::stream_warps(plan.mt);

@@ -29,8 +29,10 @@ StreamPlan plan_linear_stream(const LinearParams& p);
 namespace dev {
 
 constexpr int kStreamRows = 128;                 // weight rows per block
-constexpr int kStreamXBudget = 40 * 1024;        // bytes of x window per block
-constexpr int kStreamMaxSmem = 160 * 1024;       // dynamic shared memory any plan may ask for
+constexpr int kStreamMaxSmem = 200 * 1024;       // dynamic shared memory any plan may ask for
+// Bytes of x window per block for NT n-tiles: small ones leave room for 2-3 blocks per multiprocessor;
+// NT = 8 runs one block per multiprocessor (registers), so its window covers 1024 columns of 64 tokens.
+__host__ __device__ constexpr int stream_x_budget(int nt) { return nt == 8 ? 136 * 1024 : nt == 4 ? 48 * 1024 : 24 * 1024; }
 
 __host__ __device__ constexpr int stream_warps(int mt) { return kStreamRows / (16 * mt); }
 

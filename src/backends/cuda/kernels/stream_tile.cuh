@@ -89,28 +89,38 @@ template <WFmt F, typename RowFn>
 __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, int cols, int stride, RowFn xrow,
                                         int tid, int nthreads) {
   using W = XWindow<F>;
-  const int per_row = cols / 8;
-  for (int p = tid; p < rows * per_row; p += nthreads) {
-    const int row = p / per_row, c = (p % per_row) * 8;
-    const float* src = xrow(row);
-    float v[8];
-    if (src != nullptr) {
-      const float4 a = *reinterpret_cast<const float4*>(src + col0 + c);
-      const float4 b = *reinterpret_cast<const float4*>(src + col0 + c + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
+  constexpr int kBatch = 4;  // pieces whose loads are in flight together (x comes from L2)
+  const int per_row = cols / 8, total = rows * per_row;
+  for (int p0 = tid; p0 < total; p0 += kBatch * nthreads) {
+    float4 v[kBatch][2];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    for (int b = 0; b < kBatch; ++b) {
+      const int p = p0 + b * nthreads;
+      const float* src = p < total ? xrow(p / per_row) : nullptr;
+      if (src != nullptr) {
+        const float* at = src + col0 + (p % per_row) * 8;
+        v[b][0] = __ldg(reinterpret_cast<const float4*>(at));
+        v[b][1] = __ldg(reinterpret_cast<const float4*>(at + 4));
+      } else {
+        v[b][0] = v[b][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
-    uint4 o;
-    if constexpr (is_fp4<F>()) {
-      o = make_uint4(pack_bf16(v[0], v[4]), pack_bf16(v[1], v[5]), pack_bf16(v[2], v[6]), pack_bf16(v[3], v[7]));
-    } else {
-      o = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int p = p0 + b * nthreads;
+      if (p >= total) break;
+      const float4 a = v[b][0], c = v[b][1];
+      uint4 o;
+      if constexpr (is_fp4<F>()) {
+        o = make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
+      } else {
+        o = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
+      }
+      const int row = p / per_row, cc = (p % per_row) * 8;
+      const int chunk = cc / Fmt<F>::kChunk, in_chunk = cc % Fmt<F>::kChunk;
+      const int t = in_chunk / Fmt<F>::kLaneCols, q = (in_chunk % Fmt<F>::kLaneCols) / 8;
+      *reinterpret_cast<uint4*>(win + row * stride + chunk * W::kChunkBytes + q * 64 + t * 16) = o;
     }
-    const int chunk = c / Fmt<F>::kChunk, in_chunk = c % Fmt<F>::kChunk;
-    const int t = in_chunk / Fmt<F>::kLaneCols, q = (in_chunk % Fmt<F>::kLaneCols) / 8;
-    *reinterpret_cast<uint4*>(win + row * stride + chunk * W::kChunkBytes + q * 64 + t * 16) = o;
   }
 }
 
