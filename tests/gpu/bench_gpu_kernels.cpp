@@ -43,8 +43,8 @@ bool g_profile = false;  // --profile: run each call twice, eagerly, and time no
 void report(const std::string& kernel, const std::string& shape, double us, double eager_us, double bytes) {
   Row r{kernel, shape, us, eager_us, bytes > 0 ? bytes / (us * 1e3) : 0, bytes > 0 ? bytes / (g_copy_gbs * 1e3) : 0};
   g_rows.push_back(r);
-  std::printf("%-34s %-28s %9.1f us (eager %7.1f)  %7.0f GB/s  %5.0f%% of copy\n", kernel.c_str(), shape.c_str(), us,
-              eager_us, r.gbs, g_copy_gbs > 0 ? 100.0 * r.gbs / g_copy_gbs : 0.0);
+  std::printf("%-34s %-28s %9.1f us (eager %7.1f, floor %6.1f)  %7.0f GB/s  %5.0f%% of copy\n", kernel.c_str(),
+              shape.c_str(), us, eager_us, r.floor_us, r.gbs, g_copy_gbs > 0 ? 100.0 * r.gbs / g_copy_gbs : 0.0);
   std::fflush(stdout);
 }
 
@@ -78,16 +78,20 @@ size_t weight_bytes(const ops::Weight& w) {
   return w.weight.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes());
 }
 
-void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in, std::vector<int64_t> Ts, Rand& r) {
+// groups > 1: a grouped linear (wo_a): W [out, in] holds `groups` blocks of out/groups rows, x [T, groups, in].
+void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in, std::vector<int64_t> Ts, Rand& r,
+                  int64_t groups = 1) {
   const HostWeight hw = random_weight(f, out, in, r, 1.0f / std::sqrt(float(in)), name);
   const size_t bytes = weight_bytes(hw.w);
   Rotation rot(hw, bytes);
   for (int64_t T : Ts) {
-    auto x = upload(random_f32({T, in}, r));
-    cuda::DeviceTensor y(DType::f32, {T, out});
-    measure(cat("linear ", name, " (", ops::weight_format_name(f), ")"), cat(out, "x", in, " T=", T),
-            static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
-            [&](int i) { ops::linear(x, rot.copies[i], y); });
+    auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
+    cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
+    measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")"),
+            cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
+              if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
+              else ops::linear(x, rot.copies[i], y);
+            });
   }
 }
 
@@ -224,22 +228,29 @@ int main(int argc, char** argv) {
     profiler = std::make_unique<cuda::Profiler>();
     profiler->start();
   }
-  bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
-  bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 16, 64}, r);
-  bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, {1, 16}, r);
-  bench_linear("shared.w1", WeightFormat::fp8_block, 2048, 4096, {1, 16}, r);
+  // Every FP8 projection of a V4-Flash decode step (weight bytes only in the floor; outputs and x are extra).
+  const std::vector<int64_t> dec = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
+  bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, dec, r);
+  bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, dec, r);
+  bench_linear("wkv", WeightFormat::fp8_block, 512, 4096, dec, r);
+  bench_linear("wo_a", WeightFormat::fp8_block, 8192, 4096, dec, r, 8);
+  bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, dec, r);
+  bench_linear("shared.w1/w3", WeightFormat::fp8_block, 2048, 4096, dec, r);
+  bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
+  bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
   bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
   bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, {1, 16}, r);
-  bench_moe(WeightFormat::mxfp4, quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64}, r);
-  if (!quick) bench_moe(WeightFormat::nvfp4, {1, 16}, r);
+  const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
+  bench_moe(WeightFormat::mxfp4, moe_t, r);
+  bench_moe(WeightFormat::nvfp4, moe_t, r);
   bench_attention(r, quick);
   bench_indexer(r, quick);
   bench_mhc(r);
-  std::printf("\n| kernel | shape | us (graph) | us (eager) | GB/s | %% of copy (%.0f GB/s) |\n"
-              "|---|---|---:|---:|---:|---:|\n", g_copy_gbs);
+  std::printf("\n| kernel | shape | us (graph) | us (eager) | floor us (bytes / copy) | GB/s | %% of copy (%.0f GB/s) |\n"
+              "|---|---|---:|---:|---:|---:|---:|\n", g_copy_gbs);
   for (const Row& row : g_rows)
-    std::printf("| %s | %s | %.1f | %.1f | %.0f | %.0f%% |\n", row.kernel.c_str(), row.shape.c_str(), row.us,
-                row.eager_us, row.gbs, g_copy_gbs > 0 ? 100.0 * row.gbs / g_copy_gbs : 0.0);
+    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", row.kernel.c_str(), row.shape.c_str(), row.us,
+                row.eager_us, row.floor_us, row.gbs, g_copy_gbs > 0 ? 100.0 * row.gbs / g_copy_gbs : 0.0);
   if (profiler) {
     profiler->stop();
     // The whole run as one "step": warm-ups, eager runs and graph replays of every row above together.

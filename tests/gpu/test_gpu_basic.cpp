@@ -159,6 +159,7 @@ std::vector<LinearCase> linear_cases(const Shapes& s) {
       {"wq_a", WeightFormat::fp8_block, s.q_rank, D},
       {"wq_b", WeightFormat::fp8_block, s.heads * s.head_dim, s.q_rank},
       {"wkv", WeightFormat::fp8_block, s.head_dim, D},
+      {"wo_a (as one matrix)", WeightFormat::fp8_block, s.groups * s.o_rank, s.heads / s.groups * s.head_dim},
       {"wo_b", WeightFormat::fp8_block, D, s.groups * s.o_rank},
       {"idx.wq_b", WeightFormat::fp8_block, s.index_heads * s.index_dim, s.q_rank},
       {"shared.w1", WeightFormat::fp8_block, s.inter, D},
@@ -186,7 +187,8 @@ TEST_P(GpuBasic, Linear) {
     const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
     const ops::Weight dw = store.upload(hw.w);
     const bool big = c.out * c.in > (64LL << 20);
-    for (int64_t T : big ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 5, 16, 37}) {
+    // 1, 3: one token tile; 16, 64: one tile of 2 / 8 n-tiles; 100: two tiles (the second partly padding).
+    for (int64_t T : big ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 16, 64, 100}) {
       Tensor x = random_f32({T, c.in}, r);
       Tensor ref(DType::f32, {T, c.out});
       ops::linear(x, hw.w, ref);
@@ -194,6 +196,39 @@ TEST_P(GpuBasic, Linear) {
       ops::linear(dx, dw, y);
       const bool exact = c.format == WeightFormat::f32 && c.in % 64 != 0;
       expect_close(y, ref, exact ? kTolF32 : kTolBf16, cat("linear ", c.name, " T=", T));
+    }
+  }
+}
+
+// A token's output bits must not depend on the batch it shares (CUDA graphs pad batches, the server mixes
+// requests): rows of a 100-token product equal, bit for bit, the same rows computed in batches of 1, 3, 16
+// and 64 at other offsets (other token tiles, other K-split choices, other n-tile counts).
+TEST_P(GpuBasic, LinearBatchInvariant) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  const int64_t N = 100;
+  for (const LinearCase& c : linear_cases(s)) {
+    if (c.out * c.in > (64LL << 20)) continue;
+    const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    const ops::Weight dw = store.upload(hw.w);
+    const Tensor x = random_f32({N, c.in}, r);
+    auto dx = upload(x), yall = poisoned(DType::f32, {N, c.out});
+    ops::linear(dx, dw, yall);
+    const Tensor all = cuda::to_host(yall);
+    for (const int64_t T : {1, 3, 16, 64}) {
+      const int64_t off = r.index(N - T + 1);
+      Tensor xs(DType::f32, {T, c.in});
+      std::memcpy(xs.data<float>(), x.data<float>() + off * c.in, T * c.in * sizeof(float));
+      auto dxs = upload(xs), ys = poisoned(DType::f32, {T, c.out});
+      ops::linear(dxs, dw, ys);
+      const Tensor part = cuda::to_host(ys);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < T * c.out; ++i)
+        if (std::memcmp(part.data<float>() + i, all.data<float>() + off * c.out + i, 4) != 0) ++differ;
+      EXPECT_EQ(differ, 0) << "linear " << c.name << ": " << differ << " outputs of tokens " << off << ".."
+                           << off + T - 1 << " differ between a batch of " << T << " and the batch of " << N;
     }
   }
 }
@@ -207,7 +242,7 @@ TEST_P(GpuBasic, GroupedLinear) {
                                       1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
   cuda::WeightStore store;
   const ops::Weight dw = store.upload(hw.w);
-  for (int64_t T : {1, 6, 19}) {
+  for (int64_t T : {1, 6, 19, 64}) {
     Tensor x = random_f32({T, s.groups, in_g}, r);
     Tensor ref(DType::f32, {T, s.groups, s.o_rank});
     ops::grouped_linear(x, hw.w, ref);

@@ -116,10 +116,13 @@ class CudaMemory final : public DeviceMemory {
 std::vector<std::string> CudaBackend::kernel_paths() const {
   // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
   return {
-      "linear / grouped_linear (bf16, fp8 block, mxfp4, nvfp4): linear_mma_kernel, tensor cores (mma.sync bf16, "
-      "f32 accumulate), x rounded to bf16; exact weights (router gate, indexer) and odd shapes: "
+      "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
+      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 / f32 "
+      "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
+      "linear_mma_kernel, same numerics; exact weights (router gate, indexer) and odd shapes: "
       "linear_simple_kernel, CUDA cores, f32",
-      "moe_experts (mxfp4, nvfp4, fp8, bf16): moe_plan + moe_expert up/down + moe_combine, tensor cores",
+      "moe_experts (mxfp4, nvfp4): moe_plan + moe_stream up/down (cp.async weight ring) + moe_combine; "
+      "(fp8, bf16, f32 experts or misaligned fp4 scales): moe_plan + moe_expert up/down + moe_combine; tensor cores",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention: attention_kernel + attention_combine_kernel, CUDA cores, f32 (version 1)",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select",

@@ -2,8 +2,13 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels/linear_impl.cuh"
+#include "backends/cuda/kernels/linear_stream_impl.cuh"
 
 namespace tern::cuda {
+
+extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, cudaStream_t);
+extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
+extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
 
 extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
 extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
@@ -44,11 +49,70 @@ LinearPlan plan_linear(const LinearParams& p) {
   return plan;
 }
 
+namespace {
+
+bool is_streamed(WeightKind k) { return k == WeightKind::fp8 || k == WeightKind::mxfp4 || k == WeightKind::nvfp4; }
+
+}  // namespace
+
+// The streaming kernel (FP8 / FP4 weights): 128-row tiles, whole weight rows copied 16 bytes per lane,
+// FP4 scale words of 4 (mxfp4) or 8 (nvfp4) bytes per row and chunk.
+bool linear_stream_ok(const LinearParams& p) {
+  if (!is_streamed(p.w.kind) || !linear_mma_ok(p)) return false;
+  if (p.rows_per_group != p.w.out && p.rows_per_group % dev::kStreamRows != 0) return false;
+  if (p.w.kind == WeightKind::fp8) return true;
+  const int word = p.w.kind == WeightKind::nvfp4 ? 8 : 4;
+  return p.w.s != nullptr && reinterpret_cast<uintptr_t>(p.w.s) % word == 0 && p.w.s_cols % word == 0;
+}
+
+// Groups of K from the weight's shape alone: as many as one token tile needs to give every
+// multiprocessor two blocks, at least kStages - 1 chunks each (a full pipeline), at most 64. Split over
+// blocks when the row and token tiles alone do not fill the machine and the partials fit.
+StreamPlan plan_linear_stream(const LinearParams& p) {
+  StreamPlan plan;
+  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
+  plan.mt = plan.nt == 8 ? 1 : 2;
+  plan.bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
+  plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
+  const int chunk = chunk_of(p.w.kind);
+  const int64_t chunks = p.w.in / chunk;
+  const int64_t target = 2LL * p.num_sms;
+  int64_t groups = std::max<int64_t>(1, target / plan.bx);
+  groups = std::min<int64_t>({groups, std::max<int64_t>(1, chunks / (dev::kStages - 1)), 64});
+  plan.chunks_per_group = (chunks + groups - 1) / groups;
+  const int64_t ngroups = (chunks + plan.chunks_per_group - 1) / plan.chunks_per_group;
+  const bool fits = plan.bx * plan.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
+  // Split when it is cheaper by a rough model: without a split the blocks reach a share of the bandwidth
+  // that grows with their number (one multiprocessor pulls about 1.6x its fair share); a split adds its
+  // partial sums (written and read once, mostly in L2: counted at half).
+  const double wbytes = static_cast<double>(p.w.out) * p.w.in * (p.w.kind == WeightKind::fp8 ? 1.0 : 0.5);
+  const double share = std::min(1.0, static_cast<double>(plan.bx * plan.bz) / (0.6 * p.num_sms));
+  const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
+  const bool cheaper = wbytes + 0.5 * pbytes < wbytes / share;
+  plan.ksplit = ngroups > 1 && fits && cheaper ? static_cast<int>(ngroups) : 1;
+  const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
+  const int rows = plan.nt * 8;
+  const int64_t fit = ((dev::stream_x_budget(plan.nt) / rows - 64) / 2) / chunk;  // chunks of x the budget holds
+  plan.win_chunks = static_cast<int>(std::clamp<int64_t>(fit, 1, range));
+  plan.scale_words = p.w.kind == WeightKind::fp8 ? static_cast<int>(range * chunk / 128 + 2) : 0;
+  const int warps = dev::stream_warps(plan.mt);
+  const int ring = p.w.kind == WeightKind::fp8 ? (plan.mt == 2 ? dev::ring_bytes<dev::WFmt::fp8, 2>()
+                                                                : dev::ring_bytes<dev::WFmt::fp8, 1>())
+                                               : (plan.mt == 2 ? dev::ring_bytes<dev::WFmt::mxfp4, 2>()
+                                                                : dev::ring_bytes<dev::WFmt::mxfp4, 1>());
+  plan.smem = static_cast<size_t>(warps) * ring + rows * (plan.win_chunks * chunk * 2 + 64) + plan.scale_words * 4;
+  return plan;
+}
+
 int64_t linear_partial_floats(const LinearParams& p) {
   if (!linear_mma_ok(p)) return 0;
   LinearParams q = p;
   q.partial_floats = INT64_MAX;
   q.num_counters = INT64_MAX;
+  if (linear_stream_ok(q)) {
+    const StreamPlan plan = plan_linear_stream(q);
+    return plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
+  }
   const LinearPlan plan = plan_linear(q);
   return plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
 }
@@ -122,6 +186,13 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
                                                         p.T, p.y);
     return;
   }
+  if (linear_stream_ok(p)) {
+    const StreamPlan plan = plan_linear_stream(p);
+    if (p.w.kind == WeightKind::fp8) launch_linear_stream<dev::WFmt::fp8>(p, plan, stream);
+    else if (p.w.kind == WeightKind::mxfp4) launch_linear_stream<dev::WFmt::mxfp4>(p, plan, stream);
+    else launch_linear_stream<dev::WFmt::nvfp4>(p, plan, stream);
+    return;
+  }
   const LinearPlan plan = plan_linear(p);
   switch (p.w.kind) {
     case WeightKind::f32: launch_linear_mma<dev::WFmt::f32>(p, plan, stream); return;
@@ -143,6 +214,13 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 
 const char* linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
+  if (linear_stream_ok(p)) {
+    switch (p.w.kind) {
+      case WeightKind::fp8: return "linear_stream<fp8 block> (tensor cores, cp.async weight ring)";
+      case WeightKind::mxfp4: return "linear_stream<mxfp4> (tensor cores, cp.async weight ring)";
+      default: return "linear_stream<nvfp4> (tensor cores, cp.async weight ring)";
+    }
+  }
   switch (p.w.kind) {
     case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";
     case WeightKind::bf16: return "linear_mma<bf16> (tensor cores)";

@@ -1,7 +1,8 @@
 // Linear layers on the GPU (host interface; compiled by the host compiler too, so no device code here).
 //   y[t, r] = sum_i x[t, g(r) * in + i] * W[r, i],  g(r) = r / rows_per_group (0 for a plain linear)
-// Tensor-core path (mma_tile.cuh) for every format when the shape allows it, split over K with a
-// deterministic last-block reduction; an exact f32 CUDA-core path otherwise.
+// Tensor-core paths when the shape allows it: the streaming kernel (stream_tile.cuh) for FP8 / FP4 weights,
+// the register kernel (mma_tile.cuh) for f32 / bf16 and the shapes the streaming one does not take; both
+// split over K with a deterministic last-block reduction. An exact f32 CUDA-core path otherwise.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,6 +45,8 @@ int chunk_of(WeightKind k);
 // True when the tensor-core path takes this product (shape and alignment); otherwise launch_linear uses
 // the exact CUDA-core kernel.
 bool linear_mma_ok(const LinearParams& p);
+// True when the streaming kernel (FP8 / FP4 weights, linear_stream_impl.cuh) takes this product.
+bool linear_stream_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear wants for this product (0: none).
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);

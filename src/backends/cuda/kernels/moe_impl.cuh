@@ -16,7 +16,7 @@ struct MoeLayout {
 
   MoeLayout(const MoeParams& p) {
     P = p.T * p.k;
-    tile = p.T <= 64 ? 8 : 32;
+    tile = p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;  // pairs per job: most experts get one job
     max_jobs = std::min<int64_t>(P, p.E) + P / tile + 1;
     auto take = [&](size_t bytes) {
       const size_t at = total;
@@ -195,6 +195,9 @@ void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaSt
   if (L.tile == 8) {
     dev::moe_expert_kernel<F, 1, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
     dev::moe_expert_kernel<F, 1, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);
+  } else if (L.tile == 16) {
+    dev::moe_expert_kernel<F, 2, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
+    dev::moe_expert_kernel<F, 2, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);
   } else {
     dev::moe_expert_kernel<F, 4, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
     dev::moe_expert_kernel<F, 4, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);

@@ -1,0 +1,8 @@
+// Instantiations of the streaming linear kernel for: mxfp4 nvfp4 (one file per format family keeps nvcc's
+// compile units small).
+#include "backends/cuda/kernels/linear_stream_impl.cuh"
+
+namespace tern::cuda {
+template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
+template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
+}  // namespace tern::cuda

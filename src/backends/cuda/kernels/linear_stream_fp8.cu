@@ -1,0 +1,7 @@
+// Instantiation of the streaming linear kernel for: fp8 (one file per format family keeps nvcc's compile
+// units small).
+#include "backends/cuda/kernels/linear_stream_impl.cuh"
+
+namespace tern::cuda {
+template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, cudaStream_t);
+}  // namespace tern::cuda

@@ -1,0 +1,225 @@
+// The weight-streaming core of the decode products with FP8 / FP4 weights (linear_stream, moe_stream;
+// nvcc only). Builds on mma_tile.cuh's fragment layout and exact dequantization; what changes is where the
+// bytes wait:
+//
+// - Weights: each lane copies its OWN 16-byte runs (4 rows x 16 B per chunk at MT = 2) into a per-warp ring
+//   of kStages chunks in shared memory with cp.async (no registers held by loads in flight, no barriers:
+//   a lane reads back only what it copied), so a warp keeps (kStages - 1) chunks = 6 KB in flight.
+// - FP4 scales: the 4-byte (mxfp4) / 8-byte (nvfp4) scale word of each row for the chunk, one cp.async per
+//   lane (lane t of row group g copies row r = t), read by the other lanes after a __syncwarp.
+// - x: converted to bf16 once per block into shared memory (XWindow), laid out so that a lane's B fragment of
+//   k-step S is one 8-byte load and a quad's loads fall in distinct banks. Every warp of the block and every
+//   weight row share it: no per-warp conversion, no per-k-step global load.
+//
+// Numerics are those of mma_tile.cuh (weights exact, x rounded to bf16, f32 accumulation); the k order of
+// a token's sum depends only on the chunk sequence, never on how many tokens share the tile.
+#pragma once
+
+#include "backends/cuda/kernels/mma_tile.cuh"
+
+namespace tern::cuda::dev {
+
+constexpr int kStages = 5;  // chunks per warp ring (kStages - 1 in flight while one is consumed)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; zero-filled when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+template <int N>  // 4 or 8 bytes
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(dst)), "l"(src), "n"(N),
+               "r"(valid ? N : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+__device__ __forceinline__ uint4 lds128(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(const void* p) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(smem_addr(p)));
+  return v;
+}
+
+template <WFmt F>
+constexpr bool is_fp4() {
+  return F == WFmt::mxfp4 || F == WFmt::nvfp4;
+}
+// Bytes of one row's scale word per chunk (fp4), copied by one lane.
+template <WFmt F>
+constexpr int scale_word_bytes() {
+  return F == WFmt::nvfp4 ? 8 : 4;
+}
+
+// Shared-memory bytes of one warp's ring: weights (2*MT rows x 32 lanes x 16 B per stage) and fp4 scale
+// words (32 lanes x 8 B per stage).
+template <WFmt F, int MT>
+constexpr int ring_bytes() {
+  return kStages * (2 * MT * 32 * 16 + (is_fp4<F>() ? 32 * 8 : 0));
+}
+
+// x of the block's tokens for a window of columns, bf16, in shared memory. Within each chunk, lane t's
+// columns come in pieces of 8 (piece q at byte q*64 + t*16 of the chunk), so one k-step's B pair is the
+// 8-byte half S%2 of piece S/2; fp4 pieces hold their 8 columns in the order 0,4,1,5,2,6,3,7 (the nibble
+// pairs of e2m1x2_to_bf16x2_raw). Rows are `stride` bytes apart (== 64 mod 128: the two token rows of a
+// quarter-warp's loads fall in different banks).
+template <WFmt F>
+struct XWindow {
+  static constexpr int kChunkBytes = Fmt<F>::kChunk * 2;
+  static constexpr int kPieces = Fmt<F>::kLaneCols / 8;
+  static __host__ __device__ constexpr int stride(int cols) { return cols * 2 + 64; }
+  static __host__ __device__ constexpr int bytes(int rows, int cols) { return rows * stride(cols); }
+};
+
+// Fills the window (rows `stride` bytes apart): rows [0, rows) of the tile are x rows (row i of the tile at
+// xrow(i), nullptr for a padding row: zeros), columns [col0, col0 + cols) of each. Called by all `nthreads`
+// threads of the block.
+template <WFmt F, typename RowFn>
+__device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, int cols, int stride, RowFn xrow,
+                                        int tid, int nthreads) {
+  using W = XWindow<F>;
+  constexpr int kBatch = 4;  // pieces whose loads are in flight together (x comes from L2)
+  const int per_row = cols / 8, total = rows * per_row;
+  for (int p0 = tid; p0 < total; p0 += kBatch * nthreads) {
+    float4 v[kBatch][2];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int p = p0 + b * nthreads;
+      const float* src = p < total ? xrow(p / per_row) : nullptr;
+      if (src != nullptr) {
+        const float* at = src + col0 + (p % per_row) * 8;
+        v[b][0] = __ldg(reinterpret_cast<const float4*>(at));
+        v[b][1] = __ldg(reinterpret_cast<const float4*>(at + 4));
+      } else {
+        v[b][0] = v[b][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int p = p0 + b * nthreads;
+      if (p >= total) break;
+      const float4 a = v[b][0], c = v[b][1];
+      uint4 o;
+      if constexpr (is_fp4<F>()) {
+        o = make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
+      } else {
+        o = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
+      }
+      const int row = p / per_row, cc = (p % per_row) * 8;
+      const int chunk = cc / Fmt<F>::kChunk, in_chunk = cc % Fmt<F>::kChunk;
+      const int t = in_chunk / Fmt<F>::kLaneCols, q = (in_chunk % Fmt<F>::kLaneCols) / 8;
+      *reinterpret_cast<uint4*>(win + row * stride + chunk * W::kChunkBytes + q * 64 + t * 16) = o;
+    }
+  }
+}
+
+// One lane's share of its warp's MT m-tiles: the 2*MT rows it copies (row r = m-tile r/2, row g + 8*(r%2)),
+// and for fp4 the scale row it copies (r = t, when t < 2*MT).
+template <WFmt F, int MT>
+struct LaneSrc {
+  const uint8_t* w[2 * MT];  // start of each weight row (a mapped address when !w_ok)
+  bool w_ok[2 * MT];
+  const uint8_t* s = nullptr;  // fp4: start of the scale row this lane copies
+  bool s_ok = false;
+};
+
+// Issues this lane's copies of chunk `chunk` (matrix column chunk * kChunk) into ring stage `slot`.
+template <WFmt F, int MT>
+__device__ __forceinline__ void issue_chunk(uint8_t* ring, int slot, const LaneSrc<F, MT>& src, int64_t chunk,
+                                            int lane) {
+  constexpr int kRowBytes = 16 * 4;  // bytes of one row per chunk (4 lanes x 16 B)
+  const int t = lane & 3;
+  uint8_t* wst = ring + slot * (2 * MT * 32 * 16);
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r)
+    cp_async16(wst + (r * 32 + lane) * 16, src.w[r] + chunk * kRowBytes + t * 16, src.w_ok[r]);
+  if constexpr (is_fp4<F>()) {
+    constexpr int kWord = scale_word_bytes<F>();
+    uint8_t* sst = ring + kStages * (2 * MT * 32 * 16) + slot * (32 * 8);
+    if (t < 2 * MT) cp_async_small<kWord>(sst + lane * 8, src.s + chunk * kWord, src.s_ok);
+  }
+}
+
+// Scale multiplier(s) of row r (fp4) from the ring's scale words of this row group.
+template <WFmt F>
+__device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_t (&m)[2]) {
+  if constexpr (F == WFmt::mxfp4) {
+    const uint8_t e = static_cast<uint8_t>(word.x >> (8 * t));
+    m[0] = bf16x2_splat(e8m0_to_f32(e) * 0x1p110f);  // e2m1 raw is 2^-126: W * 2^-16
+    m[1] = m[0];
+  } else {
+    const uint32_t w = t < 2 ? word.x : word.y;
+    const int sh = 16 * (t & 1);
+    m[0] = bf16x2_splat(ue4m3_to_f32(static_cast<uint8_t>(w >> sh)) * 0x1p110f);
+    m[1] = bf16x2_splat(ue4m3_to_f32(static_cast<uint8_t>(w >> (sh + 8))) * 0x1p110f);
+  }
+}
+
+// acc[m][n] += the chunk in ring stage `slot` times the x window's chunk `wchunk`, for the n-tiles
+// n < n_live (the rest are all padding). fp8_mult[m]: the bf16x2 scale multiplier of m-tile m for this
+// chunk (fp8 only).
+template <WFmt F, int MT, int NT>
+__device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, const uint8_t* win, int wstride,
+                                              int wchunk, int n_live, const uint32_t (&fp8_mult)[MT],
+                                              float (&acc)[MT][NT][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint8_t* wst = ring + slot * (2 * MT * 32 * 16);
+  LaneRow<F> raw[MT][2];
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) raw[r / 2][r % 2].v[0] = lds128(wst + (r * 32 + lane) * 16);
+  uint32_t msc[MT][2][2];
+  if constexpr (is_fp4<F>()) {
+    const uint8_t* sst = ring + kStages * (2 * MT * 32 * 16) + slot * (32 * 8) + g * 32;
+    uint2 words[4];
+    if constexpr (MT == 2) {
+      const uint4 a = lds128(sst), b = lds128(sst + 16);
+      words[0] = make_uint2(a.x, a.y), words[1] = make_uint2(a.z, a.w);
+      words[2] = make_uint2(b.x, b.y), words[3] = make_uint2(b.z, b.w);
+    } else {
+      const uint4 a = lds128(sst);
+      words[0] = make_uint2(a.x, a.y), words[1] = make_uint2(a.z, a.w);
+    }
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r) fp4_row_scales<F>(words[r], t, msc[r / 2][r % 2]);
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) msc[m][h][0] = msc[m][h][1] = fp8_mult[m];
+  }
+  const uint8_t* xb = win + wchunk * XWindow<F>::kChunkBytes + t * 16 + g * wstride;
+  static_for<XWindow<F>::kPieces>([&](auto qc) {
+    constexpr int Q = decltype(qc)::value;
+    uint4 b[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      if (n < n_live) b[n] = lds128(xb + n * 8 * wstride + Q * 64);
+    static_for<2>([&](auto hc) {
+      constexpr int H = decltype(hc)::value, S = 2 * Q + H;
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
+        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
+        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
+        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+          if (n < n_live)
+            mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
+      }
+    });
+  });
+}
+
+}  // namespace tern::cuda::dev
