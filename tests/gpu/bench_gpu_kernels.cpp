@@ -168,15 +168,28 @@ void bench_indexer(Rand& r, bool quick) {
   }
 }
 
+// hc_pre as the model calls it (with the sub-layer norm) and alone, hc_post; fn rotates over copies so
+// that it comes from memory as in a real step (43 layers x 2 sites x 1.5 MiB do not stay in L2).
 void bench_mhc(Rand& r) {
-  const int64_t D = 4096, hc = 4;
-  auto fn = upload(random_f32({24, hc * D}, r, 0.01f)), base = upload(random_f32({24}, r)),
-       scale = upload(random_f32({3}, r));
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc;
+  const Tensor fn_host = random_f32({mix, hc * D}, r, 0.01f);
+  const int copies = 48;  // 72 MiB of fn
+  std::vector<cuda::DeviceTensor> fns;
+  for (int i = 0; i < copies; ++i) fns.push_back(upload(fn_host));
+  auto base = upload(random_f32({mix}, r)), scale = upload(random_f32({3}, r)), norm = upload(random_bf16({D}, r));
+  const double fn_bytes = static_cast<double>(mix * hc * D * 4);
   for (int64_t T : {1, 16, 64}) {
-    auto streams = upload(random_f32({T, hc, D}, r));
-    cuda::DeviceTensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), col(DType::f32, {T, D});
-    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), static_cast<double>(24 * hc * D * 4), 1,
-            [&](int) { ops::hc_pre(ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, col}); });
+    auto streams = upload(random_f32({T, hc, D}, r)), sub = upload(random_f32({T, D}, r));
+    cuda::DeviceTensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), col(DType::f32, {T, D}),
+        next(DType::f32, {T, hc, D});
+    const double stream_bytes = static_cast<double>(T * hc * D * 4);
+    measure("hc_pre + rms_norm (model's call)", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
+      ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col, true, norm, 1e-6f});
+    });
+    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), fn_bytes + stream_bytes, copies,
+            [&](int i) { ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col}); });
+    measure("hc_post", cat("T=", T), 2.0 * stream_bytes + static_cast<double>(T * D * 4), 1,
+            [&](int) { ops::hc_post(streams, sub, post, comb, next); });
   }
 }
 
