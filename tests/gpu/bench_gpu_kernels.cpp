@@ -153,18 +153,22 @@ void bench_attention(Rand& r, bool quick) {
   }
 }
 
+// n queries at the same position over one sequence's keys (a decode batch reads n sequences' keys: the
+// bytes column counts n x the key bytes, as the step would).
 void bench_indexer(Rand& r, bool quick) {
   for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
     const int64_t S = ctx / 4, H = 64, dim = 128;
-    auto q = upload(random_f32({1, H, dim}, r)), w = upload(random_f32({1, H}, r));
     const PagedPair keys = paged_pair(random_f32({S, dim}, r), 64, r);  // in shuffled pages of 64 keys
-    Tensor pos(DType::i64, {1});
-    pos.data<int64_t>()[0] = ctx - 1;
-    auto dpos = upload(pos);
-    cuda::DeviceTensor idx(DType::i32, {1, 512});
-    ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
-    measure("indexer scores+top512 (f32)", cat("1 query, ", S, " keys"), static_cast<double>(S * dim * 4), 1,
-            [&](int) { ops::indexer_topk(a, 512, idx); });
+    for (int64_t n : ctx > 8192 ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64}) {
+      auto q = upload(random_f32({n, H, dim}, r)), w = upload(random_f32({n, H}, r));
+      Tensor pos(DType::i64, {n});
+      for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - 1;
+      auto dpos = upload(pos);
+      cuda::DeviceTensor idx(DType::i32, {n, 512});
+      ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
+      measure("indexer scores+top512 (f32)", cat(n, " queries, ", S, " keys"), static_cast<double>(n * S * dim * 4),
+              1, [&](int) { ops::indexer_topk(a, 512, idx); });
+    }
   }
 }
 

@@ -133,9 +133,16 @@ TEST_P(GpuV4, Indexer) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t H = s.index_heads, dim = s.index_dim;
-  for (int64_t ctx : {s.csa_ratio * 3 + 1, s.csa_ratio * s.index_topk * 4 + 3}) {
+  // 3 keys; 4 x topk keys (the top-k row cached in shared memory); past the cache (read from L2), with
+  // every key row from 1000 on a copy of an earlier one, so equal scores straddle the top-k boundary.
+  const int64_t cached_keys = 32768;  // kIndexerTopkCachedKeys (kernels/indexer.cuh)
+  for (int64_t ctx : {s.csa_ratio * 3 + 1, s.csa_ratio * s.index_topk * 4 + 3,
+                      s.csa_ratio * (cached_keys + 40) + 2}) {
     const int64_t S = ctx / s.csa_ratio, n = 3;
     Tensor q = random_f32({n, H, dim}, r), w = random_f32({n, H}, r), keys = random_f32({S, dim}, r);
+    if (S > cached_keys)
+      for (int64_t j = 1000; j < S; ++j)
+        std::memcpy(keys.data<float>() + j * dim, keys.data<float>() + (j % 1000) * dim, dim * sizeof(float));
     Tensor pos(DType::i64, {n});
     for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - n + i;
     // The keys in shuffled pages (as the state pool holds them), 5 per page.

@@ -117,10 +117,21 @@ IndexerParams indexer_params(const char* op, const ops::IndexerArgs& a) {
   p.num_keys = a.num_keys;
   p.positions = a.positions.data_as<const int64_t>();
   p.ratio = a.ratio;
+  check_indexer_shape(op, p);
   return p;
 }
 
 }  // namespace
+
+void check_indexer_shape(const char* op, const IndexerParams& p) {
+  TERN_CHECK(p.heads <= kMaxIndexerHeads && p.dim % 4 == 0, "no cuda kernel for op ", op, " with ", p.heads,
+             " heads of ", p.dim, " dims (built for at most ", kMaxIndexerHeads, " heads, dims a multiple of 4)");
+  const PagedRowsDesc& k = p.keys;
+  TERN_CHECK(k.page_bytes % 16 == 0 && k.offset % 16 == 0 && k.row_bytes % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(k.pool) % 16 == 0,
+             "cuda ", op, ": the key rows must be 16-byte aligned (page ", k.page_bytes, " bytes, offset ", k.offset,
+             ", rows of ", k.row_bytes, ")");
+}
 
 void CudaBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {
   require_cuda_f32("indexer_scores", {&a.q, &a.weights, &scores});
