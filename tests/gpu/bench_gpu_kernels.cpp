@@ -136,13 +136,26 @@ void bench_attention(Rand& r, bool quick) {
     Tensor comp_x = random_f32({num_c, hd}, r), comp_host(DType::u8, {num_c, rb});
     ops::kv_pack(comp_x, f, comp_host);
     const PagedPair comp = paged_pair(comp_host, 64, r);
-    Tensor sel(DType::i32, {1, k});
-    for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c));
-    auto dsel = upload(sel), q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
+    auto selection = [&](int64_t n) {
+      Tensor sel(DType::i32, {n, k});
+      for (int64_t j = 0; j < n * k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c - n));
+      return upload(sel);
+    };
+    auto dsel = selection(1);
+    auto q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
     cuda::DeviceTensor out(DType::f32, {1, H, hd});
     ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp.device, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
     measure("sparse_attention csa fp8 rows", cat("1 query, 128+512 keys, ctx ", ctx),
             static_cast<double>((W + k) * rb), 1, [&](int) { ops::sparse_attention(a, out); });
+    // n queries of one sequence at once (a prefill chunk; each reads its own 128 + 512 rows, as n decode
+    // slots would).
+    for (int64_t n : ctx == 8192 ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{}) {
+      auto qn = upload(random_f32({n, H, hd}, r)), seln = selection(n), chunkn = packed(n);
+      cuda::DeviceTensor outn(DType::f32, {n, H, hd});
+      ops::AttentionArgs an{qn, ctx - n, f, chunkn, ring, W, comp.device, num_c, 4, seln, sinks, a.scale};
+      measure("sparse_attention csa fp8 rows", cat(n, " queries, 128+512 keys each"),
+              static_cast<double>(n * (W + k) * rb), 1, [&](int) { ops::sparse_attention(an, outn); });
+    }
     // HCA: every compressed row (ctx / 128).
     ops::AttentionArgs h = a;
     h.num_compressed = ctx / 128;
