@@ -173,8 +173,9 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
          h = tensor(DType::f32, {N, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
-  ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h});
-  ops::rms_norm(h, norm, static_cast<float>(c.rms_norm_eps), h);  // attn_norm / ffn_norm
+  // The collapsed streams through attn_norm / ffn_norm, in the same op.
+  ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h, true, norm,
+               static_cast<float>(c.rms_norm_eps)});
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());

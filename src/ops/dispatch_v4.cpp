@@ -23,6 +23,10 @@ void hc_pre(const HcPreArgs& a) {
   for (const TensorView* t : {&a.fn, &a.base, &a.scale})
     expect_dtype("hc_pre", "fn/base/scale", *t, {DType::f32});
   TERN_CHECK(a.params.sinkhorn_iters >= 1, "hc_pre: sinkhorn_iters must be >= 1");
+  if (a.normed && !a.norm.empty()) {
+    expect_dtype("hc_pre", "norm", a.norm, {DType::bf16, DType::f32});
+    expect_shape("hc_pre", "norm", a.norm, {D});
+  }
   backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
 }
 

@@ -4,7 +4,8 @@
 //   post = 2 * sigmoid(m[hc:2hc] * scale1 + base[hc:2hc])                          [hc]
 //   C    = softmax_rows(m[2hc:].view(hc,hc) * scale2 + base[2hc:]) + hc_eps, then Sinkhorn:
 //          C /= colsum + hc_eps; (iters-1) x { C /= rowsum + hc_eps; C /= colsum + hc_eps }
-//   collapsed = sum_i pre_i X_i                                                     [D]
+//   collapsed = sum_i pre_i X_i                  (then rms_norm when asked: HcPreArgs::normed)  [D]
+//               (then rms_norm with a weight when asked: HcPreArgs::normed)
 //   X'_k = post_k * a + sum_j C[j,k] X_j            (hc_post; C is applied transposed)
 //   hc_head: y = sum_i (sigmoid(m_i * scale + base_i) + hc_eps) X_i with its own fn [hc, hc*D]
 #pragma once
@@ -28,6 +29,11 @@ struct HcPreArgs {
   TensorView post;       // out f32 [T, hc]
   TensorView comb;       // out f32 [T, hc, hc]
   TensorView collapsed;  // out f32 [T, D]
+  // With `normed`, collapsed = rms_norm(sum_i pre_i X_i, norm (f32 or bf16 [D], or empty), rms_eps): the
+  // sub-layer's input norm in the same op (one kernel less on the GPU).
+  bool normed = false;
+  TensorView norm;
+  float rms_eps = 1e-6f;
 };
 void hc_pre(const HcPreArgs& a);
 

@@ -140,13 +140,26 @@ void bench_attention(Rand& r, bool quick) {
     Tensor comp_x = random_f32({num_c, hd}, r), comp_host(DType::u8, {num_c, rb});
     ops::kv_pack(comp_x, f, comp_host);
     const PagedPair comp = paged_pair(comp_host, 64, r);
-    Tensor sel(DType::i32, {1, k});
-    for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c));
-    auto dsel = upload(sel), q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
+    auto selection = [&](int64_t n) {
+      Tensor sel(DType::i32, {n, k});
+      for (int64_t j = 0; j < n * k; ++j) sel.data<int32_t>()[j] = static_cast<int32_t>(r.index(num_c - n));
+      return upload(sel);
+    };
+    auto dsel = selection(1);
+    auto q = upload(random_f32({1, H, hd}, r)), sinks = upload(random_f32({H}, r));
     cuda::DeviceTensor out(DType::f32, {1, H, hd});
     ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp.device, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
     measure("sparse_attention csa fp8 rows", cat("1 query, 128+512 keys, ctx ", ctx),
             static_cast<double>((W + k) * rb), 1, [&](int) { ops::sparse_attention(a, out); });
+    // n queries of one sequence at once (a prefill chunk; each reads its own 128 + 512 rows, as n decode
+    // slots would).
+    for (int64_t n : ctx == 8192 ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{}) {
+      auto qn = upload(random_f32({n, H, hd}, r)), seln = selection(n), chunkn = packed(n);
+      cuda::DeviceTensor outn(DType::f32, {n, H, hd});
+      ops::AttentionArgs an{qn, ctx - n, f, chunkn, ring, W, comp.device, num_c, 4, seln, sinks, a.scale};
+      measure("sparse_attention csa fp8 rows", cat(n, " queries, 128+512 keys each"),
+              static_cast<double>(n * (W + k) * rb), 1, [&](int) { ops::sparse_attention(an, outn); });
+    }
     // HCA: every compressed row (ctx / 128).
     ops::AttentionArgs h = a;
     h.num_compressed = ctx / 128;
@@ -157,30 +170,47 @@ void bench_attention(Rand& r, bool quick) {
   }
 }
 
+// n queries at the same position over one sequence's keys (a decode batch reads n sequences' keys: the
+// bytes column counts n x the key bytes, as the step would).
 void bench_indexer(Rand& r, bool quick) {
   for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
     const int64_t S = ctx / 4, H = 64, dim = 128;
-    auto q = upload(random_f32({1, H, dim}, r)), w = upload(random_f32({1, H}, r));
     const PagedPair keys = paged_pair(random_f32({S, dim}, r), 64, r);  // in shuffled pages of 64 keys
-    Tensor pos(DType::i64, {1});
-    pos.data<int64_t>()[0] = ctx - 1;
-    auto dpos = upload(pos);
-    cuda::DeviceTensor idx(DType::i32, {1, 512});
-    ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
-    measure("indexer scores+top512 (f32)", cat("1 query, ", S, " keys"), static_cast<double>(S * dim * 4), 1,
-            [&](int) { ops::indexer_topk(a, 512, idx); });
+    for (int64_t n : ctx > 8192 ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64}) {
+      auto q = upload(random_f32({n, H, dim}, r)), w = upload(random_f32({n, H}, r));
+      Tensor pos(DType::i64, {n});
+      for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - 1;
+      auto dpos = upload(pos);
+      cuda::DeviceTensor idx(DType::i32, {n, 512});
+      ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
+      measure("indexer scores+top512 (f32)", cat(n, " queries, ", S, " keys"), static_cast<double>(n * S * dim * 4),
+              1, [&](int) { ops::indexer_topk(a, 512, idx); });
+    }
   }
 }
 
+// hc_pre as the model calls it (with the sub-layer norm) and alone, hc_post; fn rotates over copies so
+// that it comes from memory as in a real step (43 layers x 2 sites x 1.5 MiB do not stay in L2).
 void bench_mhc(Rand& r) {
-  const int64_t D = 4096, hc = 4;
-  auto fn = upload(random_f32({24, hc * D}, r, 0.01f)), base = upload(random_f32({24}, r)),
-       scale = upload(random_f32({3}, r));
+  const int64_t D = 4096, hc = 4, mix = (2 + hc) * hc;
+  const Tensor fn_host = random_f32({mix, hc * D}, r, 0.01f);
+  const int copies = 48;  // 72 MiB of fn
+  std::vector<cuda::DeviceTensor> fns;
+  for (int i = 0; i < copies; ++i) fns.push_back(upload(fn_host));
+  auto base = upload(random_f32({mix}, r)), scale = upload(random_f32({3}, r)), norm = upload(random_bf16({D}, r));
+  const double fn_bytes = static_cast<double>(mix * hc * D * 4);
   for (int64_t T : {1, 16, 64}) {
-    auto streams = upload(random_f32({T, hc, D}, r));
-    cuda::DeviceTensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), col(DType::f32, {T, D});
-    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), static_cast<double>(24 * hc * D * 4), 1,
-            [&](int) { ops::hc_pre(ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, col}); });
+    auto streams = upload(random_f32({T, hc, D}, r)), sub = upload(random_f32({T, D}, r));
+    cuda::DeviceTensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), col(DType::f32, {T, D}),
+        next(DType::f32, {T, hc, D});
+    const double stream_bytes = static_cast<double>(T * hc * D * 4);
+    measure("hc_pre + rms_norm (model's call)", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
+      ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col, true, norm, 1e-6f});
+    });
+    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), fn_bytes + stream_bytes, copies,
+            [&](int i) { ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col}); });
+    measure("hc_post", cat("T=", T), 2.0 * stream_bytes + static_cast<double>(T * D * 4), 1,
+            [&](int) { ops::hc_post(streams, sub, post, comb, next); });
   }
 }
 

@@ -25,7 +25,8 @@ TEST_P(GpuV4, Mhc) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t hc = 4, mix = (2 + hc) * hc;
-  for (int64_t T : {1, 9}) {
+  // T = 1, 9 and 64: one partial token group of the mix kernel, two, eight full ones.
+  for (int64_t T : {1, 9, 64}) {
     Tensor streams = random_f32({T, hc, s.D}, r, 2.0f);
     Tensor fn = random_f32({mix, hc * s.D}, r, 0.02f), base = random_f32({mix}, r, 0.5f);
     Tensor scale = random_f32({3}, r, 0.5f);
@@ -39,6 +40,39 @@ TEST_P(GpuV4, Mhc) {
     expect_close(dpost, post, kTolF32, cat("hc_pre post T=", T));
     expect_close(dcomb, comb, 1e-4, cat("hc_pre comb (Sinkhorn) T=", T));
     expect_close(dcol, collapsed, kTolF32, cat("hc_pre collapsed T=", T));
+
+    // With the sub-layer's norm in the same op (bf16 and f32 weights, as checkpoints have either).
+    for (DType wt : {DType::bf16, DType::f32}) {
+      Tensor norm = wt == DType::bf16 ? random_bf16({s.D}, r) : random_f32({s.D}, r);
+      Tensor normed(DType::f32, {T, s.D});
+      ops::HcPreArgs na = a;
+      na.collapsed = normed;
+      na.normed = true;
+      na.norm = norm;
+      na.rms_eps = 1e-5f;
+      ops::hc_pre(na);
+      auto dnorm = upload(norm), dnormed = poisoned(DType::f32, {T, s.D});
+      auto dpost2 = poisoned(DType::f32, {T, hc}), dcomb2 = poisoned(DType::f32, {T, hc, hc});
+      ops::HcPreArgs dna{ds, dfn, db, dsc, {}, dpost2, dcomb2, dnormed, true, dnorm, 1e-5f};
+      ops::hc_pre(dna);
+      expect_close(dnormed, normed, kTolF32, cat("hc_pre + rms_norm (", dtype_name(wt), " weight) T=", T));
+      expect_close(dcomb2, comb, 1e-4, cat("hc_pre + rms_norm comb T=", T));
+    }
+
+    // Batch invariance: the last token alone gives the same bits as in the batch.
+    if (T > 1) {
+      auto one = upload(streams.view().rows(T - 1, T));
+      auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
+      auto x1 = poisoned(DType::f32, {1, s.D});
+      ops::hc_pre(ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
+      const Tensor all_post = cuda::to_host(dpost), all_comb = cuda::to_host(dcomb), all_col = cuda::to_host(dcol);
+      const Tensor one_post = cuda::to_host(p1), one_comb = cuda::to_host(c1), one_col = cuda::to_host(x1);
+      EXPECT_EQ(std::memcmp(one_post.data<float>(), all_post.data<float>() + (T - 1) * hc, hc * 4), 0) << "post T=" << T;
+      EXPECT_EQ(std::memcmp(one_comb.data<float>(), all_comb.data<float>() + (T - 1) * hc * hc, hc * hc * 4), 0)
+          << "comb T=" << T;
+      EXPECT_EQ(std::memcmp(one_col.data<float>(), all_col.data<float>() + (T - 1) * s.D, s.D * 4), 0)
+          << "collapsed T=" << T;
+    }
 
     Tensor sub = random_f32({T, s.D}, r), out(DType::f32, {T, hc, s.D});
     ops::hc_post(streams, sub, post, comb, out);
@@ -99,9 +133,16 @@ TEST_P(GpuV4, Indexer) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t H = s.index_heads, dim = s.index_dim;
-  for (int64_t ctx : {s.csa_ratio * 3 + 1, s.csa_ratio * s.index_topk * 4 + 3}) {
+  // 3 keys; 4 x topk keys (the top-k row cached in shared memory); past the cache (read from L2), with
+  // every key row from 1000 on a copy of an earlier one, so equal scores straddle the top-k boundary.
+  const int64_t cached_keys = 32768;  // kIndexerTopkCachedKeys (kernels/indexer.cuh)
+  for (int64_t ctx : {s.csa_ratio * 3 + 1, s.csa_ratio * s.index_topk * 4 + 3,
+                      s.csa_ratio * (cached_keys + 40) + 2}) {
     const int64_t S = ctx / s.csa_ratio, n = 3;
     Tensor q = random_f32({n, H, dim}, r), w = random_f32({n, H}, r), keys = random_f32({S, dim}, r);
+    if (S > cached_keys)
+      for (int64_t j = 1000; j < S; ++j)
+        std::memcpy(keys.data<float>() + j * dim, keys.data<float>() + (j % 1000) * dim, dim * sizeof(float));
     Tensor pos(DType::i64, {n});
     for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - n + i;
     // The keys in shuffled pages (as the state pool holds them), 5 per page.

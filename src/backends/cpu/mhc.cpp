@@ -78,6 +78,7 @@ void CpuBackend::hc_pre(const ops::HcPreArgs& a) {
       }
     }
   });
+  if (a.normed) rms_norm(a.collapsed, a.norm, a.rms_eps, a.collapsed);
 }
 
 void CpuBackend::hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,

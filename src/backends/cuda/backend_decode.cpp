@@ -72,6 +72,7 @@ void CudaBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk,
   p.keys = geometry(a.keys);
   p.pools = table(a.keys.pools);
   p.key_tables = table(a.keys.tables);
+  check_indexer_shape("decode_indexer_topk", p);
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
   launch_indexer_scores(p, scores, impl_->stream);
   check_launch("decode_indexer_scores");

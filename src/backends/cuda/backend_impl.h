@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/moe.cuh"
@@ -54,5 +55,7 @@ AttentionParams attention_params(const char* op, const TensorView& q, const ops:
                                  const TensorView& selected, const TensorView& sinks, float scale,
                                  const TensorView& out, const CudaBackend::Impl& impl);
 void launch_attention(const char* op, AttentionParams& p, CudaBackend::Impl& impl);
+// The indexer kernels' limits: at most kMaxIndexerHeads heads, dim a multiple of 4, key rows 16-byte aligned.
+void check_indexer_shape(const char* op, const IndexerParams& p);
 
 }  // namespace tern::cuda

@@ -23,6 +23,8 @@ HcParams hc_params(const TensorView& streams, const TensorView& fn, const Tensor
   p.hc = streams.dim(1);
   p.D = streams.dim(2);
   TERN_CHECK(p.hc == 4, "no cuda kernel for mHC with hc_mult ", p.hc, " (the kernels are built for 4)");
+  TERN_CHECK(p.D % 4 == 0 && p.D <= kHcMaxD, "no cuda kernel for mHC with hidden size ", p.D,
+             " (built for multiples of 4 up to ", kHcMaxD, ")");
   p.sinkhorn_iters = hp.sinkhorn_iters;
   p.hc_eps = hp.hc_eps;
   p.norm_eps = hp.norm_eps;
@@ -37,6 +39,15 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   p.post = a.post.data_as<float>();
   p.comb = a.comb.data_as<float>();
   p.collapsed = a.collapsed.data_as<float>();
+  if (a.normed) {
+    p.normed = true;
+    p.rms_eps = a.rms_eps;
+    if (!a.norm.empty()) {
+      TERN_CHECK(a.norm.device() == Device::cuda, "cuda hc_pre: the norm weight is on the host");
+      p.norm_weight = a.norm.data();
+      p.norm_kind = a.norm.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
+    }
+  }
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
   check_launch("hc_pre");
@@ -45,6 +56,8 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
 void CudaBackend::hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,
                           const TensorView& comb, const TensorView& out) {
   require_cuda_f32("hc_post", {&streams, &a, &post, &comb, &out});
+  TERN_CHECK(streams.dim(1) == 4 && streams.dim(2) % 4 == 0, "no cuda kernel for hc_post with ", streams.dim(1),
+             " streams of ", streams.dim(2), " (built for 4 streams, widths a multiple of 4)");
   launch_hc_post(streams.data_as<const float>(), a.data_as<const float>(), post.data_as<const float>(),
                  comb.data_as<const float>(), streams.dim(0), streams.dim(1), streams.dim(2), out.data_as<float>(),
                  impl_->stream);
@@ -104,10 +117,21 @@ IndexerParams indexer_params(const char* op, const ops::IndexerArgs& a) {
   p.num_keys = a.num_keys;
   p.positions = a.positions.data_as<const int64_t>();
   p.ratio = a.ratio;
+  check_indexer_shape(op, p);
   return p;
 }
 
 }  // namespace
+
+void check_indexer_shape(const char* op, const IndexerParams& p) {
+  TERN_CHECK(p.heads <= kMaxIndexerHeads && p.dim % 4 == 0, "no cuda kernel for op ", op, " with ", p.heads,
+             " heads of ", p.dim, " dims (built for at most ", kMaxIndexerHeads, " heads, dims a multiple of 4)");
+  const PagedRowsDesc& k = p.keys;
+  TERN_CHECK(k.page_bytes % 16 == 0 && k.offset % 16 == 0 && k.row_bytes % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(k.pool) % 16 == 0,
+             "cuda ", op, ": the key rows must be 16-byte aligned (page ", k.page_bytes, " bytes, offset ", k.offset,
+             ", rows of ", k.row_bytes, ")");
+}
 
 void CudaBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {
   require_cuda_f32("indexer_scores", {&a.q, &a.weights, &scores});

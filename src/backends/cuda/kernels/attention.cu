@@ -89,76 +89,110 @@ __device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const Key
   return paged_row(k.compressed, w);
 }
 
-// Warp w decodes rows w and w + 8 of the tile into f32, every load of both rows issued before the first
-// use (FP8 rows: 8-byte granules, 8 e4m3 values or 4 bf16 rope values each; f32 rows: float4).
-template <int HD>
-__device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* const* rows, float (*tile)[HD]) {
+// A tile's raw bytes in registers: warp w loads rows w and w + 8 of the tile (FP8 rows: 8-byte granules, 8
+// e4m3 values or 4 bf16 rope values each, and the granule's scale byte; f32 rows: float4), so the loads of
+// the next tile can be in flight while the block computes on this one.
+constexpr int kRowsPerWarp = kTile / kHeadsPerBlock;
+
+// Two e4m3 values (low byte first) as f32, exactly (every e4m3 value, subnormals and NaN included, is an f16).
+__device__ __forceinline__ float2 e4m3x2_to_f32(uint16_t two) {
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3));
+  return __half22float2(h);
+}
+
+template <int HD, bool FP8>
+struct TileRegs {
+  static constexpr int kVec = HD / 4 / 32;             // f32 rows: float4 per lane and row
+  static constexpr int kPer = (HD / 8 + 31) / 32 + 1;  // FP8 rows: granules per lane (nope / 8 + rope / 4)
+  float4 f[FP8 ? 1 : kRowsPerWarp][FP8 ? 1 : kVec];
+  uint2 v[FP8 ? kRowsPerWarp : 1][FP8 ? kPer : 1];
+  uint8_t sc[FP8 ? kRowsPerWarp : 1][FP8 ? kPer : 1];
+};
+
+template <int HD, bool FP8>
+__device__ __forceinline__ void load_tile(const KvRowDesc& f, const uint8_t* const* rows, TileRegs<HD, FP8>& t) {
+  using Regs = TileRegs<HD, FP8>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr int kRowsPerWarp = kTile / kHeadsPerBlock;
-  if (!f.fp8) {
-    constexpr int kVec = HD / 4 / 32;
-    float4 v[kRowsPerWarp][kVec];
+  if constexpr (!FP8) {
 #pragma unroll
     for (int u = 0; u < kRowsPerWarp; ++u)
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) {
+      for (int c = 0; c < Regs::kVec; ++c) {
         const uint8_t* row = rows[warp + kHeadsPerBlock * u];
-        v[u][c] = row != nullptr ? reinterpret_cast<const float4*>(row)[lane + 32 * c] : make_float4(0, 0, 0, 0);
+        t.f[u][c] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row) + lane + 32 * c) : make_float4(0, 0, 0, 0);
       }
-#pragma unroll
-    for (int u = 0; u < kRowsPerWarp; ++u)
-#pragma unroll
-      for (int c = 0; c < kVec; ++c) *reinterpret_cast<float4*>(&tile[warp + kHeadsPerBlock * u][4 * (lane + 32 * c)]) = v[u][c];
-    return;
-  }
+  } else {
   const int nope = static_cast<int>(f.head_dim - f.rope_dim), fp8_gran = nope / 8;
-  const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;  // scales are read per granule
+  const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;
   const int scale_at = nope + 2 * static_cast<int>(f.rope_dim);
-  constexpr int kPer = (HD / 8 + 31) / 32 + 1;  // granules per lane (nope / 8 + rope / 4 <= HD / 8 + HD / 16)
-  uint2 v[kRowsPerWarp][kPer];
-  uint8_t sc[kRowsPerWarp][kPer];
 #pragma unroll
   for (int u = 0; u < kRowsPerWarp; ++u)
 #pragma unroll
-    for (int c = 0; c < kPer; ++c) {
+    for (int c = 0; c < Regs::kPer; ++c) {
       const uint8_t* row = rows[warp + kHeadsPerBlock * u];
       const int g = lane + 32 * c;
-      v[u][c] = make_uint2(0, 0);
-      sc[u][c] = 127;
+      t.v[u][c] = make_uint2(0, 0);
+      t.sc[u][c] = 127;
       if (row != nullptr && g < granules) {
-        v[u][c] = reinterpret_cast<const uint2*>(row)[g];
-        if (g < fp8_gran) sc[u][c] = row[scale_at + g / 8];
+        t.v[u][c] = __ldg(reinterpret_cast<const uint2*>(row) + g);
+        if (g < fp8_gran) t.sc[u][c] = __ldg(row + scale_at + g / 8);
       }
     }
+  }
+}
+
+// The registers of load_tile decoded to f32 into the shared tile.
+template <int HD, bool FP8>
+__device__ __forceinline__ void store_tile(const KvRowDesc& f, const TileRegs<HD, FP8>& t, float (*tile)[HD]) {
+  using Regs = TileRegs<HD, FP8>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if constexpr (!FP8) {
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u)
+#pragma unroll
+      for (int c = 0; c < Regs::kVec; ++c)
+        *reinterpret_cast<float4*>(&tile[warp + kHeadsPerBlock * u][4 * (lane + 32 * c)]) = t.f[u][c];
+  } else {
+  const int nope = static_cast<int>(f.head_dim - f.rope_dim), fp8_gran = nope / 8;
+  const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;
 #pragma unroll
   for (int u = 0; u < kRowsPerWarp; ++u)
 #pragma unroll
-    for (int c = 0; c < kPer; ++c) {
+    for (int c = 0; c < Regs::kPer; ++c) {
       const int g = lane + 32 * c;
       if (g >= granules) continue;
       float* dst = tile[warp + kHeadsPerBlock * u];
       if (g < fp8_gran) {
-        const float s = e8m0_to_f32(sc[u][c]);
-        const uint32_t w[2] = {v[u][c].x, v[u][c].y};
+        const float sc = e8m0_to_f32(t.sc[u][c]);
+        const uint32_t w[2] = {t.v[u][c].x, t.v[u][c].y};
         float o[8];
 #pragma unroll
-        for (int b = 0; b < 8; ++b) o[b] = e4m3_to_f32(static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)))) * s;
+        for (int b = 0; b < 8; b += 2) {  // hardware e4m3x2 -> f16x2 (exact), then f32
+          const float2 v = e4m3x2_to_f32(static_cast<uint16_t>(w[b / 4] >> (8 * (b % 4))));
+          o[b] = v.x * sc;
+          o[b + 1] = v.y * sc;
+        }
         *reinterpret_cast<float4*>(dst + 8 * g) = make_float4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<float4*>(dst + 8 * g + 4) = make_float4(o[4], o[5], o[6], o[7]);
       } else {
         const int d = nope + 4 * (g - fp8_gran);
         *reinterpret_cast<float4*>(dst + d) =
-            make_float4(__uint_as_float(v[u][c].x << 16), __uint_as_float(v[u][c].x & 0xffff0000u),
-                        __uint_as_float(v[u][c].y << 16), __uint_as_float(v[u][c].y & 0xffff0000u));
+            make_float4(__uint_as_float(t.v[u][c].x << 16), __uint_as_float(t.v[u][c].x & 0xffff0000u),
+                        __uint_as_float(t.v[u][c].y << 16), __uint_as_float(t.v[u][c].y & 0xffff0000u));
       }
     }
+  }
 }
 
-template <int DPL>  // float4 groups per lane: head_dim = 128 * DPL
-__global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, int64_t q0, int zsplits) {
+// Keys whose rows are looked up in one go (threads 0..63 in parallel: one round of index / block-table
+// loads per 64 keys instead of one per tile).
+constexpr int kRowsPerRound = 64;
+
+template <int DPL, bool FP8>  // float4 groups per lane: head_dim = 128 * DPL; FP8 or f32 rows
+__global__ void __launch_bounds__(256, FP8 ? 2 : 1) attention_kernel(AttentionParams a, int64_t q0, int zsplits) {
   constexpr int HD = 128 * DPL;
   __shared__ __align__(16) float tile[kTile][HD];
-  __shared__ const uint8_t* rows[kTile];
+  __shared__ const uint8_t* rows[kRowsPerRound];
   __shared__ float scores[kHeadsPerBlock][kTile];
   const int64_t i = q0 + blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -185,50 +219,58 @@ __global__ void __launch_bounds__(256, 2) attention_kernel(AttentionParams a, in
     o[r] = make_float4(0, 0, 0, 0);
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t jt = j0; jt < j1; jt += kTile) {
-    const int n = static_cast<int>(min(static_cast<int64_t>(kTile), j1 - jt));
-    if (threadIdx.x < kTile) rows[threadIdx.x] = threadIdx.x < n ? key_row(a, i, kl, jt + threadIdx.x) : nullptr;
+  TileRegs<HD, FP8> next;
+  for (int64_t jr = j0; jr < j1; jr += kRowsPerRound) {
+    const int nr = static_cast<int>(min(static_cast<int64_t>(kRowsPerRound), j1 - jr));
+    const int tiles = (nr + kTile - 1) / kTile;
+    __syncthreads();  // the previous round's rows are no longer read
+    if (threadIdx.x < kRowsPerRound) rows[threadIdx.x] = threadIdx.x < nr ? key_row(a, i, kl, jr + threadIdx.x) : nullptr;
     __syncthreads();
-    decode_tile<HD>(a.fmt, rows, tile);
-    __syncthreads();
-    if (active) {
-      // Scores of the tile's keys (lane 0 keeps them in shared memory; every lane reads them back).
-      float tile_max = -INFINITY;
-#pragma unroll 2
-      for (int jj = 0; jj < kTile; ++jj) {
-        float part = 0.0f;
-#pragma unroll
-        for (int r = 0; r < DPL; ++r) {
-          const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
-          part += q[r].x * k4.x + q[r].y * k4.y + q[r].z * k4.z + q[r].w * k4.w;
-        }
-        float sj = warp_sum(part) * a.scale;
-        if (rows[jj] == nullptr) sj = -INFINITY;
-        tile_max = fmaxf(tile_max, sj);
-        if (lane == 0) scores[warp][jj] = sj;
-      }
-      __syncwarp();
-      if (tile_max > -INFINITY) {
-        const float m_new = fmaxf(m, tile_max);
-        const float corr = expf(m - m_new);
-        l *= corr;
-#pragma unroll
-        for (int r = 0; r < DPL; ++r) o[r].x *= corr, o[r].y *= corr, o[r].z *= corr, o[r].w *= corr;
+    load_tile<HD, FP8>(a.fmt, rows, next);
+    for (int t = 0; t < tiles; ++t) {
+      const uint8_t* const* trows = rows + kTile * t;
+      store_tile<HD, FP8>(a.fmt, next, tile);
+      __syncthreads();
+      if (t + 1 < tiles) load_tile<HD, FP8>(a.fmt, trows + kTile, next);  // in flight during this tile's math
+      if (active) {
+        // Scores of the tile's keys (lane 0 keeps them in shared memory; every lane reads them back).
+        float tile_max = -INFINITY;
 #pragma unroll 2
         for (int jj = 0; jj < kTile; ++jj) {
-          const float pj = expf(scores[warp][jj] - m_new);
-          l += pj;
+          float part = 0.0f;
 #pragma unroll
           for (int r = 0; r < DPL; ++r) {
             const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
-            o[r].x += pj * k4.x, o[r].y += pj * k4.y, o[r].z += pj * k4.z, o[r].w += pj * k4.w;
+            part += q[r].x * k4.x + q[r].y * k4.y + q[r].z * k4.z + q[r].w * k4.w;
           }
+          float sj = warp_sum(part) * a.scale;
+          if (trows[jj] == nullptr) sj = -INFINITY;
+          tile_max = fmaxf(tile_max, sj);
+          if (lane == 0) scores[warp][jj] = sj;
         }
-        m = m_new;
+        __syncwarp();
+        if (tile_max > -INFINITY) {
+          const float m_new = fmaxf(m, tile_max);
+          const float corr = expf(m - m_new);
+          l *= corr;
+#pragma unroll
+          for (int r = 0; r < DPL; ++r) o[r].x *= corr, o[r].y *= corr, o[r].z *= corr, o[r].w *= corr;
+#pragma unroll 2
+          for (int jj = 0; jj < kTile; ++jj) {
+            const float pj = expf(scores[warp][jj] - m_new);
+            l += pj;
+#pragma unroll
+            for (int r = 0; r < DPL; ++r) {
+              const float4 k4 = *reinterpret_cast<const float4*>(&tile[jj][128 * r + 4 * lane]);
+              o[r].x += pj * k4.x, o[r].y += pj * k4.y, o[r].z += pj * k4.z, o[r].w += pj * k4.w;
+            }
+          }
+          m = m_new;
+        }
+        __syncwarp();
       }
-      __syncwarp();
+      __syncthreads();  // the tile is consumed before the next store
     }
-    __syncthreads();
   }
   if (!active) return;
   if (splits == 1) {
@@ -285,6 +327,14 @@ __global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zspl
   }
 }
 
+template <int DPL>
+void launch_rows(const AttentionParams& p, dim3 grid, int64_t q0, int splits, cudaStream_t stream) {
+  if (p.fmt.fp8)
+    attention_kernel<DPL, true><<<grid, 256, 0, stream>>>(p, q0, splits);
+  else
+    attention_kernel<DPL, false><<<grid, 256, 0, stream>>>(p, q0, splits);
+}
+
 int64_t max_keys(const AttentionParams& p) {
   const int64_t comp = p.ratio == 0 ? 0 : (p.selected != nullptr ? p.k_sel : p.num_compressed);
   if (p.positions != nullptr) return p.window + comp;  // decode mode: the bound over any position
@@ -319,9 +369,9 @@ void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
     const int64_t nq = std::min(step, p.n - q0);
     const dim3 grid(static_cast<unsigned>(nq), groups, static_cast<unsigned>(splits));
     switch (p.fmt.head_dim) {
-      case 128: dev::attention_kernel<1><<<grid, 256, 0, stream>>>(p, q0, splits); break;
-      case 256: dev::attention_kernel<2><<<grid, 256, 0, stream>>>(p, q0, splits); break;
-      case 512: dev::attention_kernel<4><<<grid, 256, 0, stream>>>(p, q0, splits); break;
+      case 128: dev::launch_rows<1>(p, grid, q0, splits, stream); break;
+      case 256: dev::launch_rows<2>(p, grid, q0, splits, stream); break;
+      case 512: dev::launch_rows<4>(p, grid, q0, splits, stream); break;
       default: return;  // rejected by the backend's host check
     }
     if (splits > 1)

@@ -1,5 +1,8 @@
 // Lightning indexer: f32 scores (CUDA cores: the top-k must agree with the CPU reference, so no bf16
 // rounding here), then an exact top-k per query by radix select on order-preserving float keys.
+// Decode cost model (64 heads x 128 dims): scores are 16K FMA per key, f32 at 128 FMA/clk/SM (0.5 us for
+// 2048 keys, 4 us for 16384 on 132 SMs) over 512 B of key each; the top-k is a few passes over the row
+// in shared memory.
 #include <algorithm>
 
 #include "backends/cuda/kernels/device_common.cuh"
@@ -22,105 +25,155 @@ __device__ __forceinline__ PagedRowsDesc keys_of(const IndexerParams& p, int64_t
   return k;
 }
 
-constexpr int kKeysPerBlock = 64, kHeadsMax = 64, kDimChunk = 64;
+constexpr int kKeysPerBlock = 32, kDimChunk = 64, kScoreThreads = 256;
 
-// Block per (query, 64 keys). Thread (kg, hg) accumulates 4 keys x 4 heads over the dims, which pass
-// through shared memory in chunks of 64 (q and keys stored dim-major, so each step is two 16-byte loads).
-__global__ void __launch_bounds__(256) indexer_scores_kernel(IndexerParams p, float* scores) {
-  __shared__ __align__(16) float qs[kDimChunk][kHeadsMax];
+__device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+// Block per (query, 32 keys), all heads. The 32 key rows are looked up once; q and the keys pass through
+// shared memory dim-major in chunks of 64 dims (float4 global loads, conflict-free transposed stores:
+// consecutive threads take consecutive heads / keys). Thread (kg, hg) accumulates keys 2kg, 2kg+1 x heads
+// 4hg..4hg+3; the 16 head groups are added in order through shared memory. The host checks heads <= 64
+// and dim % 4 == 0.
+__global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerParams p, float* scores) {
+  __shared__ __align__(16) float qs[kDimChunk][kMaxIndexerHeads];
   __shared__ __align__(16) float ks[kDimChunk][kKeysPerBlock];
-  __shared__ float red[16][kKeysPerBlock];
+  __shared__ float red[kScoreThreads / 16][kKeysPerBlock];
+  __shared__ const float* rows[kKeysPerBlock];
   const int64_t i = blockIdx.y, s0 = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock;
-  const int kg = threadIdx.x % 16, hg = threadIdx.x / 16;
+  const int tid = threadIdx.x, kg = tid % 16, hg = tid / 16;
   const int64_t visible = (p.positions[i] + 1) / p.ratio;
   int64_t num_keys = 0;
   const PagedRowsDesc keys = keys_of(p, i, num_keys);
   if (s0 >= num_keys) return;  // decode mode: beyond this slot's keys (the whole block)
-  float acc[4][4] = {};
+  if (tid < kKeysPerBlock)
+    rows[tid] = s0 + tid < num_keys ? reinterpret_cast<const float*>(paged_row(keys, s0 + tid)) : nullptr;
+  const float* q = p.q + i * p.heads * p.dim;
+  float acc[2][4] = {};
   for (int64_t d0 = 0; d0 < p.dim; d0 += kDimChunk) {
+    __syncthreads();  // rows written; the previous chunk consumed
+    float4 qv[kDimChunk / 4 * kMaxIndexerHeads / kScoreThreads], kv[kDimChunk / 4 * kKeysPerBlock / kScoreThreads];
 #pragma unroll
-    for (int idx = threadIdx.x; idx < kDimChunk * kHeadsMax; idx += blockDim.x) {
-      const int h = idx / kDimChunk, d = idx % kDimChunk;
-      qs[d][h] = (h < p.heads && d0 + d < p.dim) ? p.q[(i * p.heads + h) * p.dim + d0 + d] : 0.0f;
+    for (int u = 0; u < kDimChunk / 4 * kMaxIndexerHeads / kScoreThreads; ++u) {
+      const int idx = tid + u * kScoreThreads, h = idx % kMaxIndexerHeads;
+      const int64_t d = d0 + 4 * (idx / kMaxIndexerHeads);
+      qv[u] = h < p.heads && d < p.dim ? ld4(q + h * p.dim + d) : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int idx = threadIdx.x; idx < kDimChunk * kKeysPerBlock; idx += blockDim.x) {
-      const int kk = idx / kDimChunk, d = idx % kDimChunk;
-      const int64_t s = s0 + kk;
-      ks[d][kk] = (s < num_keys && d0 + d < p.dim) ? reinterpret_cast<const float*>(paged_row(keys, s))[d0 + d] : 0.0f;
+    for (int u = 0; u < kDimChunk / 4 * kKeysPerBlock / kScoreThreads; ++u) {
+      const int idx = tid + u * kScoreThreads, kk = idx % kKeysPerBlock;
+      const int64_t d = d0 + 4 * (idx / kKeysPerBlock);
+      kv[u] = rows[kk] != nullptr && d < p.dim ? ld4(rows[kk] + d) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kDimChunk / 4 * kMaxIndexerHeads / kScoreThreads; ++u) {
+      const int idx = tid + u * kScoreThreads, h = idx % kMaxIndexerHeads, c = idx / kMaxIndexerHeads;
+      qs[4 * c][h] = qv[u].x, qs[4 * c + 1][h] = qv[u].y, qs[4 * c + 2][h] = qv[u].z, qs[4 * c + 3][h] = qv[u].w;
+    }
+#pragma unroll
+    for (int u = 0; u < kDimChunk / 4 * kKeysPerBlock / kScoreThreads; ++u) {
+      const int idx = tid + u * kScoreThreads, kk = idx % kKeysPerBlock, c = idx / kKeysPerBlock;
+      ks[4 * c][kk] = kv[u].x, ks[4 * c + 1][kk] = kv[u].y, ks[4 * c + 2][kk] = kv[u].z, ks[4 * c + 3][kk] = kv[u].w;
     }
     __syncthreads();
-#pragma unroll 4
+#pragma unroll 16
     for (int d = 0; d < kDimChunk; ++d) {
-      const float4 k4 = *reinterpret_cast<const float4*>(&ks[d][4 * kg]);
+      const float2 k2 = *reinterpret_cast<const float2*>(&ks[d][2 * kg]);
       const float4 q4 = *reinterpret_cast<const float4*>(&qs[d][4 * hg]);
-      const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+      const float kx[2] = {k2.x, k2.y}, qx[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
+      for (int a = 0; a < 2; ++a)
 #pragma unroll
-        for (int b = 0; b < 4; ++b) acc[a][b] += qv[b] * kv[a];
+        for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(qx[b], kx[a], acc[a][b]);
     }
-    __syncthreads();
   }
-  const float head_scale = rsqrtf(static_cast<float>(p.heads)), dot_scale = rsqrtf(static_cast<float>(p.dim));
+  const float head_scale = 1.0f / sqrtf(static_cast<float>(p.heads));
+  const float dot_scale = 1.0f / sqrtf(static_cast<float>(p.dim));
+  float wh[4];
 #pragma unroll
-  for (int a = 0; a < 4; ++a) {
+  for (int b = 0; b < 4; ++b) {
+    const int h = 4 * hg + b;
+    wh[b] = h < p.heads ? p.weights[i * p.heads + h] * head_scale : 0.0f;
+  }
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
     float part = 0.0f;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int h = 4 * hg + b;
-      if (h < p.heads) part += (fmaxf(acc[a][b], 0.0f) * dot_scale) * (p.weights[i * p.heads + h] * head_scale);
-    }
-    red[hg][4 * kg + a] = part;
+    for (int b = 0; b < 4; ++b)
+      if (4 * hg + b < p.heads) part += (fmaxf(acc[a][b], 0.0f) * dot_scale) * wh[b];
+    red[hg][2 * kg + a] = part;
   }
   __syncthreads();
-  if (threadIdx.x < kKeysPerBlock) {
-    const int64_t s = s0 + threadIdx.x;
+  if (tid < kKeysPerBlock) {
+    const int64_t s = s0 + tid;
     if (s < num_keys) {
       float total = 0.0f;
-      for (int g = 0; g < 16; ++g) total += red[g][threadIdx.x];
+      for (int g = 0; g < kScoreThreads / 16; ++g) total += red[g][tid];
       scores[i * p.num_keys + s] = s < visible ? total : -INFINITY;
     }
   }
 }
 
-constexpr int kTopkThreads = 512;
+constexpr int kTopkThreads = 1024, kTopkWarps = kTopkThreads / 32;
 
-// Block per query: radix-select the keep-th largest key, take every larger entry and the lowest-index
-// equal ones, sort them (key descending, index ascending) and pad with -1.
+__device__ __forceinline__ unsigned lanes_below() {
+  unsigned m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+// Block per query: radix-select the keep-th largest key (4 passes of 8 bits; same-bin lanes of a warp
+// meet in __match_any_sync so a shared-memory bin takes one atomic per warp, not up to 32), take every
+// larger entry (warp-aggregated slots) and the lowest-index equal ones, sort them (key descending, index
+// ascending) and pad with -1. CACHED: the row's keys are first copied to shared memory (dynamic, sized
+// by num_keys on the host), so the passes never go back to L2.
+template <bool CACHED>
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParams p, const float* scores, int topk,
                                                                     int32_t* indices) {
+  extern __shared__ uint32_t cache[];
   __shared__ int hist[256];
   __shared__ uint32_t sel_key[kMaxIndexerTopk];
   __shared__ int32_t sel_idx[kMaxIndexerTopk];
   __shared__ uint32_t prefix_s;
   __shared__ int remaining_s, count_s;
-  __shared__ int warp_tot[kTopkThreads / 32];
+  __shared__ int warp_tot[kTopkWarps];
   const int64_t i = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* row = scores + i * p.num_keys;
   int64_t num_keys = 0;
   keys_of(p, i, num_keys);
   const int64_t vis = max(int64_t{0}, min(num_keys, (p.positions[i] + 1) / p.ratio));
   const int keep = static_cast<int>(min(static_cast<int64_t>(topk), vis));
   int32_t* out = indices + i * topk;
-  for (int j = keep + threadIdx.x; j < topk; j += blockDim.x) out[j] = -1;
+  for (int j = keep + tid; j < topk; j += kTopkThreads) out[j] = -1;
   if (keep == 0) return;
+  if (CACHED) {
+#pragma unroll 8
+    for (int64_t s = tid; s < vis; s += kTopkThreads) cache[s] = float_key(row[s]);
+  }
+  auto key_at = [&](int64_t s) -> uint32_t { return CACHED ? cache[s] : float_key(row[s]); };
+  const int64_t span = (vis + kTopkThreads - 1) / kTopkThreads * kTopkThreads;  // whole warps iterate
 
-  if (threadIdx.x == 0) prefix_s = 0, remaining_s = keep;
+  if (tid == 0) prefix_s = 0, remaining_s = keep, count_s = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    for (int b = tid; b < 256; b += kTopkThreads) hist[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s;
 #pragma unroll 4
-    for (int64_t s = threadIdx.x; s < vis; s += blockDim.x) {
-      const uint32_t u = float_key(row[s]);
-      if (shift == 24 || (u >> (shift + 8)) == (prefix >> (shift + 8))) atomicAdd(&hist[(u >> shift) & 255], 1);
+    for (int64_t s = tid; s < span; s += kTopkThreads) {
+      const uint32_t u = s < vis ? key_at(s) : 0u;
+      const bool in = s < vis && (shift == 24 || (u >> (shift + 8)) == (prefix >> (shift + 8)));
+      const unsigned active = __ballot_sync(0xffffffffu, in);
+      if (in) {
+        const uint32_t bin = (u >> shift) & 255u;
+        const unsigned peers = __match_any_sync(active, bin);
+        if (lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      }
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (warp == 0) {
       // Lane l holds bins 255-8l .. 248-8l (highest first); a warp scan finds the bin holding the
       // remaining-th largest key.
-      const int lane = threadIdx.x, need = remaining_s;
+      const int need = remaining_s;
       int local[8], sum = 0;
 #pragma unroll
       for (int q = 0; q < 8; ++q) sum += local[q] = hist[255 - 8 * lane - q];
@@ -146,25 +199,27 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   }
   const uint32_t thresh = prefix_s;
   const int need_equal = remaining_s;  // entries equal to thresh to take, lowest index first
-  if (threadIdx.x == 0) count_s = 0;
-  __syncthreads();
-  // Larger entries, in any order (sorted below).
+  // Larger entries, in any order (sorted below): one slot reservation per warp.
 #pragma unroll 4
-  for (int64_t s = threadIdx.x; s < vis; s += blockDim.x) {
-    const uint32_t u = float_key(row[s]);
-    if (u > thresh) {
-      const int slot = atomicAdd(&count_s, 1);
+  for (int64_t s = tid; s < span; s += kTopkThreads) {
+    const uint32_t u = s < vis ? key_at(s) : 0u;
+    const bool take = s < vis && u > thresh;
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    if (ballot == 0) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(&count_s, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (take) {
+      const int slot = base + __popc(ballot & lanes_below());
       sel_key[slot] = u;
       sel_idx[slot] = static_cast<int32_t>(s);
     }
   }
   // Equal entries: contiguous segments per thread, ranked by a block scan.
-  const int64_t seg = (vis + blockDim.x - 1) / blockDim.x;
-  const int64_t b0 = threadIdx.x * seg, b1 = min(vis, b0 + seg);
+  const int64_t seg = (vis + kTopkThreads - 1) / kTopkThreads;
+  const int64_t b0 = tid * seg, b1 = min(vis, b0 + seg);
   int mine = 0;
-#pragma unroll 4
-  for (int64_t s = b0; s < b1; ++s) mine += float_key(row[s]) == thresh;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t s = b0; s < b1; ++s) mine += key_at(s) == thresh;
   int incl = mine;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -177,7 +232,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   for (int w = 0; w < warp; ++w) rank += warp_tot[w];
   const int base = keep - need_equal;
   for (int64_t s = b0; s < b1 && rank < need_equal; ++s)
-    if (float_key(row[s]) == thresh) {
+    if (key_at(s) == thresh) {
       sel_key[base + rank] = thresh;
       sel_idx[base + rank] = static_cast<int32_t>(s);
       ++rank;
@@ -185,11 +240,11 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   // Bitonic sort of the keep entries (padded to a power of two) by key desc, index asc.
   int size = 1;
   while (size < keep) size <<= 1;
-  for (int j = keep + threadIdx.x; j < size; j += blockDim.x) sel_key[j] = 0, sel_idx[j] = INT32_MAX;
+  for (int j = keep + tid; j < size; j += kTopkThreads) sel_key[j] = 0, sel_idx[j] = INT32_MAX;
   __syncthreads();
   for (int k = 2; k <= size; k <<= 1)
     for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int x = threadIdx.x; x < size; x += blockDim.x) {
+      for (int x = tid; x < size; x += kTopkThreads) {
         const int y = x ^ j;
         if (y <= x) continue;
         const bool x_first = sel_key[x] > sel_key[y] || (sel_key[x] == sel_key[y] && sel_idx[x] < sel_idx[y]);
@@ -203,7 +258,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
       }
       __syncthreads();
     }
-  for (int j = threadIdx.x; j < keep; j += blockDim.x) out[j] = sel_idx[j];
+  for (int j = tid; j < keep; j += kTopkThreads) out[j] = sel_idx[j];
 }
 
 }  // namespace
@@ -213,13 +268,24 @@ void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t s
   if (p.n == 0 || p.num_keys == 0) return;
   const dim3 grid(static_cast<unsigned>((p.num_keys + dev::kKeysPerBlock - 1) / dev::kKeysPerBlock),
                   static_cast<unsigned>(p.n));
-  dev::indexer_scores_kernel<<<grid, 256, 0, stream>>>(p, scores);
+  dev::indexer_scores_kernel<<<grid, dev::kScoreThreads, 0, stream>>>(p, scores);
 }
 
 void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,
                          cudaStream_t stream) {
   if (p.n == 0) return;
-  dev::indexer_topk_kernel<<<static_cast<unsigned>(p.n), dev::kTopkThreads, 0, stream>>>(p, scores, topk, indices);
+  const unsigned grid = static_cast<unsigned>(p.n);
+  if (p.num_keys <= kIndexerTopkCachedKeys) {
+    static const bool opted_in = [] {  // the cache may pass the default 48 KiB of shared memory
+      return cudaFuncSetAttribute(dev::indexer_topk_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kIndexerTopkCachedKeys * sizeof(uint32_t))) == cudaSuccess;
+    }();
+    (void)opted_in;  // a failure shows as the launch's error
+    const size_t smem = static_cast<size_t>(std::max<int64_t>(p.num_keys, 1)) * sizeof(uint32_t);
+    dev::indexer_topk_kernel<true><<<grid, dev::kTopkThreads, smem, stream>>>(p, scores, topk, indices);
+  } else {
+    dev::indexer_topk_kernel<false><<<grid, dev::kTopkThreads, 0, stream>>>(p, scores, topk, indices);
+  }
 }
 
 }  // namespace tern::cuda

@@ -26,6 +26,8 @@ struct IndexerParams {
 };
 
 constexpr int kMaxIndexerTopk = 2048;
+constexpr int kMaxIndexerHeads = 64;                 // the backend checks heads <= 64 and dim % 4 == 0
+constexpr int64_t kIndexerTopkCachedKeys = 32768;    // rows up to this many keys are cached in shared memory
 
 // scores [n, num_keys], -inf where not visible.
 void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t stream);

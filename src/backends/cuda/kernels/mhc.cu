@@ -1,6 +1,10 @@
-// mHC kernels. The mixing logits are (2+hc)*hc dot products of length hc*D per token: hc_mix splits that
-// length over blocks (each block reads its slice of fn once for 4 tokens) and writes partial sums; the
-// finish kernels add them in a fixed order, so results do not depend on scheduling.
+// mHC kernels. The mixing logits are (2+hc)*hc dot products of length hc*D per token (24 x 16384 for
+// V4-Flash): hc_mix splits that length over up to 64 blocks of 256 floats; in a block each warp owns
+// rows of fn (row j: warp j % 8) and each lane a float4 of the slice, so a block reads its slice of fn once
+// for up to 8 tokens and needs one warp reduction per (token, row). The finish kernels add the partials
+// in a fixed order (results do not depend on scheduling nor on the other tokens of the launch), then one
+// warp runs the softmax and Sinkhorn while the others collapse the streams, one float4 of D per thread
+// with every load issued before the first use.
 #include <algorithm>
 
 #include "backends/cuda/kernels/device_common.cuh"
@@ -10,76 +14,182 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kTokensPerBlock = 4;
-constexpr int kMixThreads = 256;
-constexpr int kMaxHc = 8;
+constexpr int kHc = 4;
+constexpr int kMixWarps = 8, kMixThreads = 32 * kMixWarps;
+constexpr int kMixTokens = 8;       // tokens per mix block
+constexpr int64_t kMixSlice = 256;  // floats of the flattened streams per split (before the cap)
+constexpr int64_t kMaxSplits = 64;
+constexpr int kSumLanes = 8;        // lanes adding one logit's partials
+constexpr int kCollapseThreads = 256;
+constexpr int kCollapseVec = static_cast<int>(kHcMaxD / 4 / kCollapseThreads);  // float4 per thread
+constexpr int kPreThreads = kCollapseThreads + 32;                              // + the Sinkhorn warp
 
-int mix_splits(int64_t hc, int64_t D) {
-  const int64_t n = hc * D;
-  return static_cast<int>(std::clamp<int64_t>(n / 512, 1, 32));
+struct MixPlan {
+  int splits;
+  int64_t per;  // floats per split, a multiple of 4
+};
+
+MixPlan mix_plan(int64_t N) {
+  const int64_t s = std::clamp<int64_t>((N + kMixSlice - 1) / kMixSlice, 1, kMaxSplits);
+  const int64_t per = ((N + s - 1) / s + 3) / 4 * 4;
+  return {static_cast<int>(s), per};
 }
 
-// partial[t][split][0..MIX) = fn[j, slice] . flat[t, slice];  partial[t][split][MIX] = sum of squares.
+__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+__device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+// partial[(t * (MIX + 1) + j) * splits + split] = fn[j, slice] . flat(X_t)[slice] (j < MIX) and the slice's
+// sum of squares (j == MIX, summed by the last warp). Every entry is written, empty slices as 0.
 template <int MIX>
-__global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* streams, const float* fn, int64_t T,
-                                                             int64_t N, float* partial) {
+__global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
+                                                             const float* __restrict__ fn, int64_t T, int64_t N,
+                                                             int64_t per, float* __restrict__ partial) {
+  constexpr int R = (MIX + kMixWarps - 1) / kMixWarps;  // rows per warp
   const int split = blockIdx.x, splits = gridDim.x;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokensPerBlock;
-  const int64_t per = (N + splits - 1) / splits;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(kMixTokens), T - t0));
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
-  float acc[kTokensPerBlock][MIX + 1];
+  const bool squares = warp == kMixWarps - 1;
+  float acc[kMixTokens][R], sq[kMixTokens];
 #pragma unroll
-  for (int i = 0; i < kTokensPerBlock; ++i)
+  for (int g = 0; g < kMixTokens; ++g) {
+    sq[g] = 0.0f;
 #pragma unroll
-    for (int j = 0; j <= MIX; ++j) acc[i][j] = 0.0f;
-  for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
-    float x[kTokensPerBlock];
-#pragma unroll
-    for (int i = 0; i < kTokensPerBlock; ++i) {
-      x[i] = t0 + i < T ? streams[(t0 + i) * N + k] : 0.0f;
-      acc[i][MIX] += x[i] * x[i];
-    }
-#pragma unroll
-    for (int j = 0; j < MIX; ++j) {
-      const float w = fn[j * N + k];
-#pragma unroll
-      for (int i = 0; i < kTokensPerBlock; ++i) acc[i][j] += w * x[i];
-    }
+    for (int r = 0; r < R; ++r) acc[g][r] = 0.0f;
   }
-  __shared__ float red[kMixThreads / 32][kTokensPerBlock][MIX + 1];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Two float4 per lane and step (a 256-float slice is one step), both loaded before the first use.
+  for (int64_t kb = k0 + 4 * lane; kb < k1; kb += 256) {
+    float4 x[2][kMixTokens], w[2][R];
 #pragma unroll
-  for (int i = 0; i < kTokensPerBlock; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = kb + 128 * h;
 #pragma unroll
-    for (int j = 0; j <= MIX; ++j) {
-      const float v = warp_sum(acc[i][j]);
-      if (lane == 0) red[warp][i][j] = v;
+      for (int g = 0; g < kMixTokens; ++g)
+        x[h][g] = g < nt && k < k1 ? ld4(streams + (t0 + g) * N + k) : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int j = warp + kMixWarps * r;
+        w[h][r] = j < MIX && k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+      }
     }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kTokensPerBlock * (MIX + 1); idx += blockDim.x) {
-    const int i = idx / (MIX + 1), j = idx % (MIX + 1);
-    if (t0 + i >= T) continue;
-    float s = 0.0f;
-    for (int w = 0; w < kMixThreads / 32; ++w) s += red[w][i][j];
-    partial[((t0 + i) * splits + split) * (MIX + 1) + j] = s;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int g = 0; g < kMixTokens; ++g) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[g][r] = dot4(w[h][r], x[h][g], acc[g][r]);
+        if (squares) sq[g] = dot4(x[h][g], x[h][g], sq[g]);
+      }
+  }
+  float* dst = partial + t0 * (MIX + 1) * splits + split;
+#pragma unroll
+  for (int g = 0; g < kMixTokens; ++g) {
+    if (g >= nt) break;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int j = warp + kMixWarps * r;
+      if (j >= MIX) continue;
+      const float v = warp_sum(acc[g][r]);
+      if (lane == 0) dst[(g * (MIX + 1) + j) * splits] = v;
+    }
+    if (squares) {
+      const float v = warp_sum(sq[g]);
+      if (lane == 0) dst[(g * (MIX + 1) + MIX) * splits] = v;
+    }
   }
 }
 
-// Threads 0..mix of the block add the partials of one logit (or the sum of squares) each, in split order;
-// then every thread may read m[0..mix), already times rsqrt(mean(flat^2) + eps).
-__device__ void finish_logits(const float* partial, int64_t t, int splits, int mix, int64_t N, float eps, float* m) {
-  const float* p = partial + t * splits * (mix + 1);
-  if (threadIdx.x <= mix) {
-    float v = 0.0f;
+// m[v] = sum over the splits of rows[v * splits ..] for v < nv: kSumLanes lanes per value, each adding
+// every kSumLanes-th split in order, then a fixed butterfly. Every thread of the block calls it.
+__device__ void sum_partials(const float* rows, int nv, int splits, float* m) {
+  const int per_pass = blockDim.x / kSumLanes, part = threadIdx.x % kSumLanes;
+  for (int v0 = 0; v0 < nv; v0 += per_pass) {
+    const int v = v0 + static_cast<int>(threadIdx.x) / kSumLanes;
+    float s = 0.0f;
+    if (v < nv) {
 #pragma unroll 8
-    for (int s = 0; s < splits; ++s) v += p[s * (mix + 1) + threadIdx.x];
-    m[threadIdx.x] = v;
+      for (int sp = part; sp < splits; sp += kSumLanes) s += rows[v * splits + sp];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    if (part == 0 && v < nv) m[v] = s;
   }
-  __syncthreads();
-  const float inv = 1.0f / sqrtf(m[mix] / static_cast<float>(N) + eps);
-  __syncthreads();
-  if (threadIdx.x < mix) m[threadIdx.x] *= inv;
-  __syncthreads();
+}
+
+__device__ __forceinline__ float4 norm_weight4(const void* w, NormWeight kind, int64_t d) {
+  if (kind == NormWeight::f32) return ld4(static_cast<const float*>(w) + d);
+  if (kind == NormWeight::bf16) {
+    const uint2 b = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(w) + d));
+    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
+                       __uint_as_float(b.y & 0xffff0000u));
+  }
+  return make_float4(1, 1, 1, 1);
+}
+
+// Threads 0..255: out[d] = sum_i w[i] X[i][d]; with `normed` then out = weight * (out * rsqrt(mean(out^2) +
+// eps)) as rms_norm computes it (the sum of squares meets at named barrier 1, which only these threads use).
+__device__ void collapse_row(const float* X, const float (&w)[kHc], int64_t D, bool normed, const void* weight,
+                             NormWeight kind, float eps, float* out, float* red) {
+  const int tid = threadIdx.x;
+  const int64_t nv = D / 4;
+  float4 x[kCollapseVec][kHc], c[kCollapseVec];
+#pragma unroll
+  for (int u = 0; u < kCollapseVec; ++u) {  // every load first
+    const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) x[u][i] = q < nv ? ld4(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kCollapseVec; ++u) {
+    float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) {
+      acc.x = fmaf(w[i], x[u][i].x, acc.x);
+      acc.y = fmaf(w[i], x[u][i].y, acc.y);
+      acc.z = fmaf(w[i], x[u][i].z, acc.z);
+      acc.w = fmaf(w[i], x[u][i].w, acc.w);
+    }
+    c[u] = acc;
+  }
+  if (normed) {
+    float4 g[kCollapseVec];  // the weights, loaded while the sum of squares meets
+#pragma unroll
+    for (int u = 0; u < kCollapseVec; ++u) {
+      const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
+      g[u] = q < nv ? norm_weight4(weight, kind, 4 * q) : make_float4(1, 1, 1, 1);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kCollapseVec; ++u) ss = dot4(c[u], c[u], ss);  // zero beyond D
+    ss = warp_sum(ss);
+    if ((tid & 31) == 0) red[tid >> 5] = ss;
+    asm volatile("bar.sync 1, %0;" ::"n"(kCollapseThreads) : "memory");
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kCollapseThreads / 32; ++i) total += red[i];
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(D) + eps);
+#pragma unroll
+    for (int u = 0; u < kCollapseVec; ++u) {
+      const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
+      if (q >= nv) break;
+      c[u] = make_float4(g[u].x * (c[u].x * inv), g[u].y * (c[u].y * inv), g[u].z * (c[u].z * inv),
+                         g[u].w * (c[u].w * inv));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kCollapseVec; ++u) {
+    const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
+    if (q >= nv) break;
+    *reinterpret_cast<float4*>(out + 4 * q) = c[u];
+  }
 }
 
 // Sums over the 4 lanes of a row (lanes 4j..4j+3) or of a column (lanes k, k+4, k+8, k+12) of the 4x4
@@ -97,74 +207,85 @@ __device__ __forceinline__ float row_max4(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// hc == 4 (the host checks): warp 0 holds C in lanes (j, k) = (lane / 4 % 4, lane % 4) and runs the
-// softmax and Sinkhorn with shuffles, in the reference's order of operations.
-__global__ void hc_pre_finish_kernel(HcParams a, int splits) {
-  constexpr int hc = 4;
+// One block per token: the logits from the partials (all threads), then the last warp writes post and runs
+// the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
+// operations) while threads 0..255 collapse the streams with pre.
+__global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
+  constexpr int MIX = (2 + kHc) * kHc;
+  __shared__ float m[MIX + 1];
+  __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
-  __shared__ float pre[hc];
-  __shared__ float m[(2 + hc) * hc + 1];
-  finish_logits(a.partial, t, splits, (2 + hc) * hc, hc * D, a.norm_eps, m);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x, i = lane & 15, j = i / 4, k = i % 4;
-    if (lane < hc) {
-      pre[lane] = sigmoidf_(m[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
-      a.post[t * hc + lane] = 2.0f * sigmoidf_(m[hc + lane] * a.scale[1] + a.base[hc + lane]);
-    }
-    float c = m[2 * hc + i] * a.scale[2] + a.base[2 * hc + i];
+  sum_partials(a.partial + t * (MIX + 1) * splits, MIX + 1, splits, m);
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(m[MIX] / static_cast<float>(kHc * D) + a.norm_eps);
+  if (threadIdx.x >= kCollapseThreads) {
+    const int lane = threadIdx.x & 31, i = lane & 15, j = i / 4, k = i % 4;
+    if (lane < kHc) a.post[t * kHc + lane] = 2.0f * sigmoidf_((m[kHc + lane] * inv) * a.scale[1] + a.base[kHc + lane]);
+    float c = (m[2 * kHc + i] * inv) * a.scale[2] + a.base[2 * kHc + i];
     c = expf(c - row_max4(c));
     c = c / row_sum4(c) + a.hc_eps;
     for (int it = 0; it < a.sinkhorn_iters; ++it) {
       if (it > 0) c /= row_sum4(c) + a.hc_eps;
       c /= col_sum4(c) + a.hc_eps;
     }
-    if (lane < 16) a.comb[t * hc * hc + j * hc + k] = c;
+    if (lane < 16) a.comb[t * kHc * kHc + j * kHc + k] = c;
+    return;
   }
-  __syncthreads();
-  const float* X = a.streams + t * hc * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
+  float pre[kHc];
 #pragma unroll
-    for (int i = 0; i < hc; ++i) acc += pre[i] * X[i * D + d];
-    a.collapsed[t * D + d] = acc;
-  }
+  for (int i = 0; i < kHc; ++i) pre[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
+  collapse_row(a.streams + t * kHc * D, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D,
+               red);
 }
 
-__global__ void hc_head_finish_kernel(HcParams a, int splits) {
-  const int64_t t = blockIdx.x, hc = a.hc, D = a.D;
-  __shared__ float w[kMaxHc];
-  __shared__ float m[kMaxHc + 1];
-  finish_logits(a.partial, t, splits, static_cast<int>(hc), hc * D, a.norm_eps, m);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < hc; ++i) w[i] = sigmoidf_(m[i] * a.scale[0] + a.base[i]) + a.hc_eps;
-  }
+__global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
+  __shared__ float m[kHc + 1];
+  __shared__ float red[kCollapseThreads / 32];
+  const int64_t t = blockIdx.x, D = a.D;
+  sum_partials(a.partial + t * (kHc + 1) * splits, kHc + 1, splits, m);
   __syncthreads();
-  const float* X = a.streams + t * hc * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int i = 0; i < hc; ++i) acc += w[i] * X[i * D + d];
-    a.out[t * D + d] = acc;
-  }
+  const float inv = 1.0f / sqrtf(m[kHc] / static_cast<float>(kHc * D) + a.norm_eps);
+  float w[kHc];
+#pragma unroll
+  for (int i = 0; i < kHc; ++i) w[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
+  collapse_row(a.streams + t * kHc * D, w, D, false, nullptr, NormWeight::none, 0.0f, a.out + t * D, red);
 }
 
-__global__ void hc_post_kernel(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
-                               int64_t hc, int64_t D, float* out) {
-  const int64_t total = T * hc * D;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t d = i % D, k = (i / D) % hc, t = i / (hc * D);
-    const float* X = streams + t * hc * D;
-    const float* C = comb + t * hc * hc;
-    float mixed = 0.0f;
-    for (int64_t j = 0; j < hc; ++j) mixed += C[j * hc + k] * X[j * D + d];
-    out[i] = post[t * hc + k] * a[t * D + d] + mixed;
+// Block (token, 256 float4 of D): every output stream of the thread's 4 dims from one read of the inputs.
+__global__ void __launch_bounds__(256) hc_post_kernel(const float* __restrict__ streams, const float* __restrict__ a,
+                                                      const float* __restrict__ post, const float* __restrict__ comb,
+                                                      int64_t D, float* __restrict__ out) {
+  const int64_t t = blockIdx.x, q = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (q >= D / 4) return;
+  const float* X = streams + t * kHc * D;
+  float4 x[kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) x[j] = ld4(X + j * D + 4 * q);
+  const float4 y = ld4(a + t * D + 4 * q);
+  const float* C = comb + t * kHc * kHc;
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) {
+    float4 mixed = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) {
+      const float c = __ldg(C + j * kHc + k);
+      mixed.x = fmaf(c, x[j].x, mixed.x);
+      mixed.y = fmaf(c, x[j].y, mixed.y);
+      mixed.z = fmaf(c, x[j].z, mixed.z);
+      mixed.w = fmaf(c, x[j].w, mixed.w);
+    }
+    const float p = __ldg(post + t * kHc + k);
+    *reinterpret_cast<float4*>(out + (t * kHc + k) * D + 4 * q) =
+        make_float4(fmaf(p, y.x, mixed.x), fmaf(p, y.y, mixed.y), fmaf(p, y.z, mixed.z), fmaf(p, y.w, mixed.w));
   }
 }
 
 template <int MIX>
-void launch_mix(const HcParams& p, int splits, cudaStream_t stream) {
-  const dim3 grid(splits, static_cast<unsigned>((p.T + kTokensPerBlock - 1) / kTokensPerBlock));
-  hc_mix_kernel<MIX><<<grid, kMixThreads, 0, stream>>>(p.streams, p.fn, p.T, p.hc * p.D, p.partial);
+MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
+  const MixPlan plan = mix_plan(p.hc * p.D);
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
+  hc_mix_kernel<MIX><<<grid, kMixThreads, 0, stream>>>(p.streams, p.fn, p.T, p.hc * p.D, plan.per, p.partial);
+  return plan;
 }
 
 }  // namespace
@@ -172,29 +293,26 @@ void launch_mix(const HcParams& p, int splits, cudaStream_t stream) {
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
   const int64_t mix = head ? hc : (2 + hc) * hc;
-  return std::max<int64_t>(1, T * dev::mix_splits(hc, D) * (mix + 1));
+  return std::max<int64_t>(1, T * (mix + 1) * dev::mix_plan(hc * D).splits);
 }
 
 void launch_hc_pre(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  const int splits = dev::mix_splits(p.hc, p.D);
-  dev::launch_mix<24>(p, splits, stream);
-  dev::hc_pre_finish_kernel<<<static_cast<unsigned>(p.T), 256, 0, stream>>>(p, splits);
+  const dev::MixPlan plan = dev::launch_mix<(2 + dev::kHc) * dev::kHc>(p, stream);
+  dev::hc_pre_finish_kernel<<<static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream>>>(p, plan.splits);
 }
 
 void launch_hc_head(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  const int splits = dev::mix_splits(p.hc, p.D);
-  dev::launch_mix<4>(p, splits, stream);
-  dev::hc_head_finish_kernel<<<static_cast<unsigned>(p.T), 256, 0, stream>>>(p, splits);
+  const dev::MixPlan plan = dev::launch_mix<dev::kHc>(p, stream);
+  dev::hc_head_finish_kernel<<<static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream>>>(p, plan.splits);
 }
 
 void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
                     int64_t hc, int64_t D, float* out, cudaStream_t stream) {
-  const int64_t total = T * hc * D;
-  if (total == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
-  dev::hc_post_kernel<<<blocks, 256, 0, stream>>>(streams, a, post, comb, T, hc, D, out);
+  if (T == 0 || D == 0 || hc != dev::kHc) return;  // hc and D % 4 are checked by the backend
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((D / 4 + 255) / 256));
+  dev::hc_post_kernel<<<grid, 256, 0, stream>>>(streams, a, post, comb, D, out);
 }
 
 }  // namespace tern::cuda

@@ -1,12 +1,15 @@
-// mHC (host interface). hc_pre = two kernels: the mixing logits split over the flattened streams
-// (partial dot products and sums of squares), then one block per token that adds the partials in order,
-// runs the sigmoids and Sinkhorn, and writes post, comb and the collapsed stream. hc_head likewise with
-// its own fn; hc_post is one elementwise kernel.
+// mHC (host interface). hc_pre = two kernels: the mixing logits split over the flattened streams (each
+// block reads its slice of fn once for up to 8 tokens and writes partial dot products and sums of squares),
+// then one block per token that adds the partials in a fixed order and, at the same time, runs Sinkhorn in
+// one warp and the collapse (optionally with the RMSNorm that follows it) in the others. hc_head likewise
+// with its own fn; hc_post is one elementwise kernel.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "backends/cuda/kernels/norm.cuh"
 
 namespace tern::cuda {
 
@@ -22,15 +25,23 @@ struct HcParams {
   float* post = nullptr;       // [T, hc]
   float* comb = nullptr;       // [T, hc, hc]
   float* collapsed = nullptr;  // [T, D]
+  // hc_pre: collapsed = rms_norm(sum_i pre_i X_i, rms_eps) * norm_weight when `normed`
+  bool normed = false;
+  const void* norm_weight = nullptr;
+  NormWeight norm_kind = NormWeight::none;
+  float rms_eps = 1e-6f;
   // hc_head output
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
 };
 
+// The kernels' limits (the backend checks them): hc == 4, D a multiple of 4 and at most kHcMaxD.
+constexpr int64_t kHcMaxD = 8192;
+
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head);
 void launch_hc_pre(const HcParams& p, cudaStream_t stream);
 void launch_hc_head(const HcParams& p, cudaStream_t stream);
-// out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]
+// out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]   (hc == 4, D % 4 == 0)
 void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
                     int64_t hc, int64_t D, float* out, cudaStream_t stream);
 
