@@ -40,11 +40,6 @@ TensorView Fixture::tensor(const std::string& key) const {
   return e ? ref_->view(*e) : TensorView();
 }
 
-std::string Fixture::metadata(const std::string& key) const {
-  const auto it = ref_->metadata().find(key);
-  return it == ref_->metadata().end() ? "(absent)" : it->second;
-}
-
 static std::vector<int64_t> ints(const TensorView& v) {
   TERN_CHECK(!v.empty() && v.dtype() == DType::i64, "fixture: missing i64 tensor");
   return {v.data_as<const int64_t>(), v.data_as<const int64_t>() + v.numel()};

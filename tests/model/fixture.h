@@ -27,8 +27,6 @@ class Fixture {
   std::vector<int64_t> greedy(int prompt, const std::string& set = "prompt") const;
   // f32 [T, vocab] (or [steps, vocab]); empty view when absent
   TensorView tensor(const std::string& key) const;
-  // A value of reference.safetensors' metadata; "(absent)" when the generator did not write it.
-  std::string metadata(const std::string& key) const;
 
  private:
   std::string name_;

@@ -120,10 +120,11 @@ void check_greedy(model::Model& m, Device device, const Fixture& f, const std::s
 }
 
 void print_bf16_set_gaps(const Fixture& f, const std::string& who) {
-  std::printf("[%s %s] bf16 set selected with reference bf16-x runs' smallest router top-k gap %s, indexer "
-              "top-k gap %s (relative to max|score|)\n",
-              who.c_str(), f.name().c_str(), f.metadata("bf16_min_router_gap").c_str(),
-              f.metadata("bf16_min_indexer_rel_gap").c_str());
+  const TensorView router = f.tensor("bf16.min_router_gap"), indexer = f.tensor("bf16.min_indexer_rel_gap");
+  ASSERT_FALSE(router.empty() || indexer.empty()) << f.name() << ": no bf16.min_*_gap (regenerate the fixtures)";
+  std::printf("[%s %s] bf16 set: the reference's bf16-x runs' smallest router top-k gap %.3g, indexer top-k gap "
+              "%.3g of max|score|\n",
+              who.c_str(), f.name().c_str(), router.data_as<const float>()[0], indexer.data_as<const float>()[0]);
 }
 
 }  // namespace tern::test

@@ -24,7 +24,7 @@ void check_teacher_forced(model::Model& m, Device device, const Fixture& f, cons
 void check_greedy(model::Model& m, Device device, const Fixture& f, const std::string& set, bool judge,
                   const std::string& who);
 
-// The bf16 set's smallest router / indexer top-k gaps in the reference's bf16 runs (reference metadata).
+// The bf16 set's smallest router / indexer top-k gaps in the reference's bf16 runs (bf16.min_*_gap).
 void print_bf16_set_gaps(const Fixture& f, const std::string& who);
 
 }  // namespace tern::test
