@@ -1,10 +1,11 @@
 // The whole model on the GPU (weights uploaded, activations and sequence states in device memory, only
 // the logits copied back) against the PyTorch reference fixtures (tests/fixtures; TERN_FIXTURES overrides
 // the build-time path on the GPU machine). The CUDA linear rounds x to bf16, so the bounds are those of
-// bf16 activations: logits within 2e-2 * max|ref|, top-1 agreement >= 99 % over teacher-forced positions,
-// greedy continuations equal, on the fixtures' bf16 set (prompts whose reference run keeps every decision under
-// bf16 activations, tools/reference/make_fixtures.py); the main set is reported. Batch invariance: a sequence's logits are the same
-// bits whatever else shares the step and however its prompt is chunked.
+// bf16 activations (tests/model/fixture_checks.h): logits within 2e-2 * max|ref|, top-1 >= 99 % over
+// teacher-forced positions, greedy continuations equal with each step's logits within the same bound, on the
+// fixtures' bf16 set (prompts whose reference bf16 runs keep every decision: make_fixtures.py); the main set
+// is reported. Batch invariance: a sequence's logits are the same bits whatever else shares the step and
+// however its prompt is chunked.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "../model/fixture.h"
+#include "../model/fixture_checks.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "gpu_test_util.h"
@@ -24,25 +26,8 @@
 namespace tern::test {
 namespace {
 
-constexpr float kTolerance = 2e-2f;  // max|d| <= 2e-2 * max|ref|
-constexpr double kTop1 = 0.99;
-
 int64_t argmax_row(const float* row, int64_t n) {
   return ops::argmax({row, static_cast<size_t>(n)});
-}
-
-// top-1 minus top-2 of a row.
-float margin(const float* row, int64_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] > a) {
-      b = a;
-      a = row[i];
-    } else if (row[i] > b) {
-      b = row[i];
-    }
-  }
-  return a - b;
 }
 
 struct GpuModel {
@@ -55,85 +40,18 @@ struct GpuModel {
 
 class GpuModel_ : public ::testing::TestWithParam<std::string> {};
 
-constexpr const char* kBf16Set = "bf16.prompt";  // the prompts judged (fixture.h); "prompt": reported only
-
-// Teacher-forced logits of every prompt of `set`; asserts the bounds when `judge`.
+// Teacher-forced logits of every prompt of `set` (fixture_checks.h); asserts the bounds when `judge`.
 void teacher_forced(const Fixture& f, const std::string& set, bool judge) {
   GpuModel g(f, model::KvMode::exact);
-  const int64_t vocab = g.model.config().vocab_size;
-  float worst = 0;
-  int64_t positions = 0, agree = 0;
-  const int n = f.num_prompts(set);
-  for (int p = 0; p < n; ++p) {
-    const std::vector<int64_t> ids = f.ids(p, set);
-    cache::SequenceState state = g.model.new_state(static_cast<int64_t>(ids.size()) + 1);
-    ASSERT_EQ(state.device(), Device::cuda);
-    const model::StepSequence s{&state, ids, model::LogitsFor::all};
-    const Tensor got = g.model.forward({&s, 1});
-    const TensorView want = f.tensor(set + "." + std::to_string(p) + ".logits");
-    ASSERT_EQ(want.numel(), got.numel());
-    const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
-    worst = std::max(worst, d.rel());
-    if (judge) {
-      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << set << " " << p << " (length " << ids.size() << ")";
-    }
-    for (int64_t t = 0; t < static_cast<int64_t>(ids.size()); ++t, ++positions)
-      agree += argmax_row(got.data<float>() + t * vocab, vocab) ==
-               argmax_row(want.data_as<const float>() + t * vocab, vocab);
-  }
+  check_teacher_forced(g.model, Device::cuda, f, set, judge, "gpu");
   cuda::register_backend().check_device_errors();
-  const double top1 = static_cast<double>(agree) / static_cast<double>(positions);
-  if (judge) {
-    EXPECT_GE(top1, kTop1);
-  }
-  std::printf("[gpu %s] teacher-forced logits, %s set%s: max|d|/max|ref| = %.3g over %d prompts; top-1 "
-              "%lld/%lld = %.4f\n",
-              f.name().c_str(), set.c_str(), judge ? "" : " (reported, not judged)", worst, n,
-              static_cast<long long>(agree), static_cast<long long>(positions), top1);
 }
 
 // Prefill, then token-by-token decode (one forward per token, device state carried between steps).
 void greedy_decode(const Fixture& f, const std::string& set, bool judge) {
   GpuModel g(f, model::KvMode::exact);
-  const int64_t vocab = g.model.config().vocab_size;
-  float worst = 0;
-  int equal = 0, parted = 0;
-  const int n = f.num_prompts(set);
-  for (int p = 0; p < n; ++p) {
-    const std::vector<int64_t> ids = f.ids(p, set), want = f.greedy(p, set);
-    const TensorView step_logits = f.tensor(set + "." + std::to_string(p) + ".greedy_logits");
-    cache::SequenceState state = g.model.new_state(static_cast<int64_t>(ids.size() + want.size()));
-    std::vector<int64_t> got;
-    bool parts = false;
-    for (size_t step = 0; step < want.size(); ++step) {
-      const std::span<const int64_t> tokens =
-          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
-      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
-      const Tensor logits = g.model.forward({&s, 1});
-      got.push_back(argmax_row(logits.data<float>(), vocab));
-      const float* ref = step_logits.empty() ? nullptr : step_logits.data_as<const float>() + step * vocab;
-      const Diff d = ref ? diff(logits.data<float>(), ref, vocab) : Diff{};
-      worst = std::max(worst, d.rel());
-      if (judge && ref) EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << set << " " << p << " step " << step;
-      if (got.back() != want[step]) {
-        const float m = ref ? margin(ref, vocab) : -1.0f;
-        if (judge)
-          ADD_FAILURE() << set << " " << p << " step " << step << ": GPU picked " << got.back() << ", reference "
-                        << want[step] << " (reference margin " << m << ", max|d| " << d.max_abs << ")";
-        std::printf("[gpu %s] %s %d parts at step %zu: reference margin %.3g, max|d| %.3g\n", f.name().c_str(),
-                    set.c_str(), p, step, m, d.max_abs);
-        parts = true;
-        break;  // the continuations differ from here on
-      }
-    }
-    equal += !parts;
-    parted += parts;
-  }
+  check_greedy(g.model, Device::cuda, f, set, judge, "gpu");
   cuda::register_backend().check_device_errors();
-  std::printf("[gpu %s] greedy %zu-token continuations, %s set%s: %d of %d equal, %d part; step logits "
-              "max|d|/max|ref| = %.3g\n",
-              f.name().c_str(), f.greedy(0, set).size(), set.c_str(), judge ? "" : " (reported, not judged)", equal,
-              n, parted, worst);
 }
 
 // The bounds of bf16 activations, judged on the bf16 set; the main set (whose long prompts part under bf16
@@ -142,6 +60,7 @@ TEST_P(GpuModel_, TeacherForcedLogits) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());
   ASSERT_GT(f.num_prompts(kBf16Set), 0) << "the fixtures have no bf16 set: regenerate them (make_fixtures.py)";
+  print_bf16_set_gaps(f, "gpu");
   teacher_forced(f, kBf16Set, true);
   teacher_forced(f, "prompt", false);
 }

@@ -11,6 +11,7 @@ See tools/reference/README.md and tests/fixtures/README.md.
 """
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -64,10 +65,12 @@ MARGIN_REL_MIN = 3e-3  # required min (top1-top2)/max|logit| over every greedy s
 INDEXER_REL_GAP_MIN = 2e-4  # required min gap at the indexer top-k boundary, relative to max|score| of the row
 ROUTER_GAP_MIN = 1e-4  # required min gap between the k-th and (k+1)-th expert selection score
 MAX_PROMPT_TRIES = 1000
-# bf16 activations (the CUDA backend rounds the input of every linear except the router gate and the indexer's
-# projections to bf16): a prompt is kept only if the reference run with that rounding (install_bf16x) keeps
-# every greedy token and teacher-forced top-1 and stays within BF16X_REL_MAX of the f32 logits, so the GPU's
-# 2e-2 bound judges kernels, not near-ties of a 4-layer random model.
+# bf16 activations (the CUDA backend rounds the input of every linear and of both expert products, except the
+# router gate and the indexer's projections, to bf16): a bf16-set prompt is kept only if each bf16-x run of the
+# reference (install_bf16x) keeps every greedy token and teacher-forced top-1, stays within BF16X_REL_MAX of
+# the f32 logits (teacher-forced, per prompt, and every greedy step's row on its own, as the GPU test judges
+# it) and keeps a greedy margin of MARGIN_REL_MIN, so the GPU's 2e-2 bound judges kernels, not near-ties of a
+# 4-layer random model.
 BF16X_REL_MAX = 1e-2
 # The bf16 set: prompts of these lengths (drawn like the main set's first ones) that also pass the bf16-x
 # checks. Longer prompts of this 4-layer random model essentially never do: 0 of 1000 draws of length 64 and
@@ -76,11 +79,20 @@ BF16X_REL_MAX = 1e-2
 # rounding points, another summation order) flipped an expert on both (nvfp4, then mxfp4), so the set
 # stops at length 17 (whose greedy continuations still reach 49 positions: real indexer top-k choices).
 BF16_PROMPT_LENS = PROMPT_LENS[:11]
-# The bf16 set's own (wider) decision gaps: tern's bf16 rounding points match install_bf16x but not its summation
-# order, so a router gap of 2e-4 (kept by the reference's own bf16-x run) still flipped an expert in tern's CPU
-# bf16 path; every other prompt of the set had at least these gaps.
-BF16_ROUTER_GAP_MIN = 3e-4
-BF16_INDEXER_REL_GAP_MIN = 5e-4
+# The bf16 set's decision gaps, measured on each bf16-x run itself (not the f32 one) at every position the GPU
+# tests evaluate: the prompt and every greedy continuation position. Router: k-th minus (k+1)-th selection
+# score (after bias); indexer: 4th minus 5th visible score over max|score| of the row. bf16 rounding noise is
+# chaotic: two runs with the same rounding points and other arithmetic (f32 vs f64 sums) already differ by
+# 8.8e-4 (median) / 2.7e-3 (p99) in router scores, while f32 vs f64 without the rounding differ by 3e-7. So a
+# single bf16-x run is one sample of that noise, the GPU another: BF16X_RUNS samples (f32 and f64 arithmetic)
+# must each pass every check above with gaps of at least these. 3e-3 / 5e-3 kept no length-17 draw in 400.
+# The bf16 set's greedy continuations are BF16_GREEDY_STEPS long (the main set's: GREEDY_STEPS). With 32 steps
+# (up to 48 positions) the f32 continuation itself left the bf16-x runs' bounds in most draws (no length-1
+# draw of 105 kept). Its length-15..17 prompts still reach positions 30..32 (indexer top-k choices from 19 on).
+BF16_GREEDY_STEPS = 16
+BF16_ROUTER_GAP_MIN = 1e-3
+BF16_INDEXER_REL_GAP_MIN = 1e-3
+BF16X_RUNS = 2
 
 HOT_ROWS = 8
 HOT_GAIN = 5.0
@@ -547,8 +559,10 @@ def install_bf16x(model):
     return n
 
 
-def bf16x_logits_check(model, ids, ref_logits):
-    """Relative max distance of the bf16-x teacher-forced logits from the f32 ones, and top-1 agreement."""
+def bf16x_teacher_forced(model, gaps, ids, ref_logits):
+    """The bf16-x teacher-forced run: its logits' max distance from the f32 ones relative to their max|.|,
+    top-1 agreement at every position; `gaps` (reset here) then holds this run's decision gaps."""
+    gaps.reset()
     _BF16X["on"] = True
     try:
         lb = forward_logits(model, ids)
@@ -558,26 +572,52 @@ def bf16x_logits_check(model, ids, ref_logits):
     return rel, bool(torch.equal(lb.argmax(-1), ref_logits.argmax(-1)))
 
 
-def bf16x_greedy_same(model, ids, ref_greedy):
+def bf16x_greedy(model, gaps, ids, ref_greedy, ref_step_logits):
+    """The bf16-x greedy loop (one full forward per step, like the f32 one). Returns whether every token
+    equals the f32 run's, the worst step's max|d| / max|f32 step logits| (each step on its own row, as the
+    GPU test judges it), and the smallest top1-top2 margin relative to the row's max|logit|. `gaps` keeps
+    accumulating: after bf16x_teacher_forced it covers every position the GPU tests evaluate (the prompt,
+    teacher-forced and prefilled, and each continuation position fed back by the greedy loop)."""
     _BF16X["on"] = True
     try:
-        return bool(torch.equal(greedy(model, ids)[0], ref_greedy))
+        toks, step_logits, margins, _ = greedy(model, ids, len(ref_greedy))
     finally:
         _BF16X["on"] = False
+    step_rel = ((step_logits - ref_step_logits).abs().amax(-1) / ref_step_logits.abs().amax(-1)).max().item()
+    return bool(torch.equal(toks, ref_greedy)), step_rel, min(margins)
+
+
+def bf16x_gap_distribution(model, gaps, ids, greedy_toks):
+    """Every decision gap of the bf16-x run at the positions the GPU tests evaluate, once each: one forward
+    of the prompt + the greedy tokens but the last (position T+s-1 chooses greedy[s])."""
+    gaps.reset(record=True)
+    _BF16X["on"] = True
+    try:
+        forward_logits(model, torch.cat([ids, greedy_toks[:-1]]))
+    finally:
+        _BF16X["on"] = False
+    out = (list(gaps.router_all), list(gaps.indexer_rel_all))
+    gaps.reset()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # Instrumentation: discrete-decision gaps (router top-k, indexer top-k) and debug capture
 # ----------------------------------------------------------------------------------------------
 class Gaps:
-    def __init__(self):
+    """Minimum decision gaps over every forward since reset(); with record=True also every single gap
+    (router: one per token per score layer; indexer: one per query with more visible entries than ITOPK)."""
+
+    def __init__(self, record=False):
         self.router = float("inf")
         self.indexer_rel = float("inf")
         self.indexer_abs = float("inf")
         self.indexer_zero_ties = 0
+        self.record = record
+        self.router_all, self.indexer_rel_all = [], []
 
-    def reset(self):
-        self.__init__()
+    def reset(self, record=False):
+        self.__init__(record)
 
 
 def install_gap_hooks(model, gaps):
@@ -589,7 +629,10 @@ def install_gap_hooks(model, gaps):
                 logits = out[0]
                 sel = mod.score_fn(logits) + mod.e_score_correction_bias
                 top = sel.sort(dim=-1, descending=True).values
-                gaps.router = min(gaps.router, (top[:, TOPK_E - 1] - top[:, TOPK_E]).min().item())
+                g = top[:, TOPK_E - 1] - top[:, TOPK_E]
+                gaps.router = min(gaps.router, g.min().item())
+                if gaps.record:
+                    gaps.router_all += g.tolist()
             hs.append(gate.register_forward_hook(rhook))
         comp = layer.self_attn.compressor
         if isinstance(comp, mdv4.DeepseekV4CSACompressor):
@@ -604,8 +647,11 @@ def install_gap_hooks(model, gaps):
                     gap = (s[ITOPK - 1] - s[ITOPK]).item()
                     if gap == 0.0:
                         gaps.indexer_zero_ties += 1
+                    rel = gap / max(s.abs().max().item(), 1e-30)
                     gaps.indexer_abs = min(gaps.indexer_abs, gap)
-                    gaps.indexer_rel = min(gaps.indexer_rel, gap / max(s.abs().max().item(), 1e-30))
+                    gaps.indexer_rel = min(gaps.indexer_rel, rel)
+                    if gaps.record:
+                        gaps.indexer_rel_all.append(rel)
             hs.append(comp.indexer.scorer.register_forward_hook(shook))
     return hs
 
@@ -662,10 +708,10 @@ def forward_logits(model, ids, fp8kv=False):
 
 
 @torch.no_grad()
-def greedy(model, ids):
+def greedy(model, ids, steps=GREEDY_STEPS):
     seq = ids.clone()
     toks, step_logits, margins, abs_margins = [], [], [], []
-    for _ in range(GREEDY_STEPS):
+    for _ in range(steps):
         last = forward_logits(model, seq)[-1]
         top2 = last.topk(2).values
         margins.append(((top2[0] - top2[1]) / last.abs().max()).item())
@@ -736,6 +782,16 @@ def sha256(path):
     return h.hexdigest()
 
 
+def gap_summary(name, values, marks=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2)):
+    """One line: how many gaps, the smallest, a few quantiles and how many fall under each mark."""
+    if not values:
+        return f"{name}: none"
+    v = sorted(values)
+    q = lambda f: v[min(len(v) - 1, int(f * len(v)))]
+    under = " ".join(f"<{m:g}: {sum(x < m for x in v)}" for m in marks)
+    return (f"{name}: n {len(v)} min {v[0]:.2e} p1 {q(0.01):.2e} p5 {q(0.05):.2e} p50 {q(0.5):.2e}; {under}")
+
+
 # ----------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -748,6 +804,9 @@ def main():
                          "acceptable one (run STRIDE of these in parallel, take the smallest)")
     ap.add_argument("--bf16-start-attempts", default="", help="the same for the bf16 set")
     ap.add_argument("--bf16-set", action="store_true", help="--search searches the bf16 set's prompt")
+    ap.add_argument("--bf16-gap-report", action="store_true",
+                    help="only measure the bf16 draws named by --bf16-start-attempts (no selection, nothing written): "
+                         "the bf16-x run's gaps, logits distances and margins, and the gap distributions")
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--offset", type=int, default=0)
     args = ap.parse_args()
@@ -763,7 +822,7 @@ def main():
 
     W = make_master_weights()
     variants = ["mxfp4", "nvfp4"]
-    models, ckpts, gapss = {}, {}, {}
+    models, ckpts, gapss, models64 = {}, {}, {}, {}
     for v in variants:
         ckpt, deq = quantize_checkpoint(W, v)
         model = build_model(deq)
@@ -777,10 +836,20 @@ def main():
         gapss[v] = Gaps()
         install_gap_hooks(model, gapss[v])
         print(f"[{v}] bf16-x hooks on {install_bf16x(model)} linear modules")
+        # The same model in float64 arithmetic (its hooks, copied with it, feed the same gaps object): with
+        # bf16-x on, a second sample of the bf16 rounding noise (see BF16X_RUNS).
+        models64[v] = copy.deepcopy(model).double()
 
     # Prompts: re-draw a prompt (deterministically) until every greedy step of both variants has a
     # comfortable top-1/top-2 margin and no near-tie in the router / indexer top-k decisions; the bf16 set
-    # also requires the bf16-x reference run to keep its decisions (BF16X_REL_MAX above).
+    # also requires the bf16-x reference run to keep its tokens, stay close and have wide gaps itself (above).
+    def reject(i, attempt, v, why):
+        print(f"  bf16 prompt {i} attempt {attempt} [{v}]: {why}: re-draw", flush=True)
+        return None
+
+    def bf16x_runs(v):
+        return [("f32", models[v]), ("f64", models64[v])][:BF16X_RUNS]
+
     def check_draw(i, attempt, T, bf16):
         ids = draw_prompt(i, attempt, T)
         res = {}
@@ -789,36 +858,52 @@ def main():
             logits = forward_logits(models[v], ids)
             gp = gapss[v]
             # Cheap rejections first (the same decisions as checking everything: each is part of the
-            # conjunction below): the teacher-forced gaps, then the bf16-x teacher-forced logits.
-            router_min = BF16_ROUTER_GAP_MIN if bf16 else ROUTER_GAP_MIN
-            indexer_min = BF16_INDEXER_REL_GAP_MIN if bf16 else INDEXER_REL_GAP_MIN
-            if gp.router < router_min or gp.indexer_rel < indexer_min or gp.indexer_zero_ties:
+            # conjunction below): the teacher-forced gaps, then the bf16-x teacher-forced runs.
+            if gp.router < ROUTER_GAP_MIN or gp.indexer_rel < INDEXER_REL_GAP_MIN or gp.indexer_zero_ties:
                 return None
-            bf16x_rel = None
-            if bf16:
-                saved = (gp.router, gp.indexer_rel, gp.indexer_abs, gp.indexer_zero_ties)
-                bf16x_rel, top1_same = bf16x_logits_check(models[v], ids, logits)
-                gp.router, gp.indexer_rel, gp.indexer_abs, gp.indexer_zero_ties = saved
-                if bf16x_rel > BF16X_REL_MAX or not top1_same:
-                    print(f"  bf16 prompt {i} attempt {attempt} [{v}]: bf16-x {bf16x_rel:.1e} top-1 same {top1_same}:"
-                          f" re-draw", flush=True)
-                    return None
-            toks, glog, margins, abs_margins = greedy(models[v], ids)
+            saved = (gp.router, gp.indexer_rel, gp.indexer_abs, gp.indexer_zero_ties)
+            bf16x = {}
+            for run, m in bf16x_runs(v) if bf16 else []:
+                b = bf16x[run] = {}
+                b["rel"], top1_same = bf16x_teacher_forced(m, gp, ids, logits)
+                if b["rel"] > BF16X_REL_MAX or not top1_same:
+                    return reject(i, attempt, v, f"bf16-x/{run} {b['rel']:.1e} top-1 same {top1_same}")
+                if gp.router < BF16_ROUTER_GAP_MIN or gp.indexer_rel < BF16_INDEXER_REL_GAP_MIN or gp.indexer_zero_ties:
+                    return reject(i, attempt, v, f"bf16-x/{run} prompt gaps {gp.router:.1e} / {gp.indexer_rel:.1e}")
+                b["gaps"] = (gp.router, gp.indexer_rel, gp.indexer_zero_ties)
+            gp.reset()
+            gp.router, gp.indexer_rel, gp.indexer_abs, gp.indexer_zero_ties = saved
+            toks, glog, margins, abs_margins = greedy(models[v], ids, BF16_GREEDY_STEPS if bf16 else GREEDY_STEPS)
             res[v] = dict(logits=logits, greedy=toks, greedy_logits=glog, margin=min(margins),
                           abs_margin=min(abs_margins),
                           router_gap=gp.router, indexer_rel_gap=gp.indexer_rel,
-                          indexer_abs_gap=gp.indexer_abs, indexer_zero_ties=gp.indexer_zero_ties,
-                          bf16x_rel=bf16x_rel)
+                          indexer_abs_gap=gp.indexer_abs, indexer_zero_ties=gp.indexer_zero_ties)
             gp.reset()
             res[v]["logits_fp8kv"] = forward_logits(models[v], ids, fp8kv=True)
             res[v]["fp8kv_router_gap"], res[v]["fp8kv_indexer_rel_gap"] = gp.router, gp.indexer_rel
             r = res[v]
-            if (r["margin"] < MARGIN_REL_MIN or r["router_gap"] < router_min
-                    or r["indexer_rel_gap"] < indexer_min or r["indexer_zero_ties"]):
+            if (r["margin"] < MARGIN_REL_MIN or r["router_gap"] < ROUTER_GAP_MIN
+                    or r["indexer_rel_gap"] < INDEXER_REL_GAP_MIN or r["indexer_zero_ties"]):
                 return None
-            if bf16 and not bf16x_greedy_same(models[v], ids, toks):
-                print(f"  bf16 prompt {i} attempt {attempt} [{v}]: bf16-x greedy parts: re-draw", flush=True)
-                return None
+            for run, m in bf16x_runs(v) if bf16 else []:
+                # the bf16-x greedy loop, its gaps added to those of its teacher-forced run
+                b = bf16x[run]
+                gp.reset()
+                gp.router, gp.indexer_rel, gp.indexer_zero_ties = b.pop("gaps")
+                same, b["step_rel"], b["margin"] = bf16x_greedy(m, gp, ids, toks, glog)
+                b["router_gap"], b["indexer_rel_gap"] = gp.router, gp.indexer_rel
+                if not same:
+                    return reject(i, attempt, v, f"bf16-x/{run} greedy parts")
+                if b["step_rel"] > BF16X_REL_MAX:
+                    return reject(i, attempt, v, f"bf16-x/{run} greedy step logits {b['step_rel']:.1e}")
+                if b["margin"] < MARGIN_REL_MIN:
+                    return reject(i, attempt, v, f"bf16-x/{run} greedy margin {b['margin']:.1e}")
+                if gp.router < BF16_ROUTER_GAP_MIN or gp.indexer_rel < BF16_INDEXER_REL_GAP_MIN or gp.indexer_zero_ties:
+                    return reject(i, attempt, v, f"bf16-x/{run} greedy gaps {gp.router:.1e} / {gp.indexer_rel:.1e}")
+            if bf16:
+                r["bf16x"] = {k: max(b[k] for b in bf16x.values()) for k in ("rel", "step_rel")}
+                r["bf16x"].update({k: min(b[k] for b in bf16x.values())
+                                   for k in ("margin", "router_gap", "indexer_rel_gap")})
         return ids, res
 
     def select(lengths, bf16, starts):
@@ -841,16 +926,47 @@ def main():
             print(f"{'bf16 ' if bf16 else ''}prompt {i}: len {T} attempt {attempt} " + " ".join(
                 f"{v}: margin {res[v]['margin']:.4f} router_gap {res[v]['router_gap']:.2e} "
                 f"indexer_rel_gap {res[v]['indexer_rel_gap']:.2e}"
-                + (f" bf16x {res[v]['bf16x_rel']:.1e}" if bf16 else "") for v in variants), flush=True)
+                + (f" bf16x {res[v]['bf16x']['rel']:.1e} step {res[v]['bf16x']['step_rel']:.1e} gaps "
+                   f"{res[v]['bf16x']['router_gap']:.1e} / {res[v]['bf16x']['indexer_rel_gap']:.1e}" if bf16 else "")
+                for v in variants), flush=True)
             if args.search >= 0:
                 print(f"SEARCH prompt {i} first acceptable attempt {attempt}", flush=True)
                 sys.exit(0)
             chosen.append((got[0], attempt, res))
         return chosen
 
+    def bf16_report(attempts):
+        dist = {}
+        for i, attempt in enumerate(attempts):
+            ids = draw_prompt(i, attempt, BF16_PROMPT_LENS[i])
+            for v in variants:
+                gp = gapss[v]
+                gp.reset()
+                logits = forward_logits(models[v], ids)
+                toks, glog, margins, _ = greedy(models[v], ids, BF16_GREEDY_STEPS)
+                line = f"bf16 prompt {i} (len {len(ids)}, attempt {attempt}) [{v}]: f32 gaps {gp.router:.2e} / " \
+                       f"{gp.indexer_rel:.2e}, margin {min(margins):.1e}"
+                for run, m in bf16x_runs(v):
+                    rel, top1 = bf16x_teacher_forced(m, gp, ids, logits)
+                    same, step_rel, bmargin = bf16x_greedy(m, gp, ids, toks, glog)
+                    rg, ig = bf16x_gap_distribution(m, gp, ids, toks)
+                    d = dist.setdefault((v, run), ([], []))
+                    d[0].extend(rg)
+                    d[1].extend(ig)
+                    line += (f"; bf16-x/{run}: gaps {min(rg, default=math.inf):.2e} / {min(ig, default=math.inf):.2e}"
+                             f", teacher-forced {rel:.1e} top-1 {top1}, greedy {same}, steps {step_rel:.1e}, "
+                             f"margin {bmargin:.1e}")
+                print(line, flush=True)
+        for (v, run), (rg, ig) in dist.items():
+            print(f"[{v}] bf16-x/{run} " + gap_summary("router gaps", rg))
+            print(f"[{v}] bf16-x/{run} " + gap_summary("indexer rel gaps", ig))
+
     def ints(text):
         return [int(a) for a in text.split(",")] if text else []
 
+    if args.bf16_gap_report:
+        bf16_report(ints(args.bf16_start_attempts))
+        return
     main_set = select(PROMPT_LENS, False, ints(args.start_attempts))
     bf16_set = select(BF16_PROMPT_LENS, True, ints(args.bf16_start_attempts))
     prompts = [(ids, a) for ids, a, _ in main_set]
@@ -871,6 +987,7 @@ def main():
         "bf16_min_router_gap_required": BF16_ROUTER_GAP_MIN,
         "bf16_min_indexer_rel_gap_required": BF16_INDEXER_REL_GAP_MIN,
         "greedy_steps": GREEDY_STEPS,
+        "bf16_greedy_steps": BF16_GREEDY_STEPS,
         "greedy_logits_prompts": GREEDY_LOGITS_PROMPTS,
         "debug_prompt": DEBUG_PROMPT,
         "variants": {},
@@ -928,15 +1045,34 @@ def main():
             })
         # The bf16 set: ids, teacher-forced logits, greedy tokens and every greedy step's logits.
         bf16_per_prompt = []
+        dist = {run: ([], []) for run, _ in bf16x_runs(v)}
         for i, (ids, attempt, res) in enumerate(bf16_set):
             r = res[v]
             ref[f"bf16.prompt.{i}.ids"] = ids
             ref[f"bf16.prompt.{i}.logits"] = r["logits"]
             ref[f"bf16.prompt.{i}.greedy"] = r["greedy"]
             ref[f"bf16.prompt.{i}.greedy_logits"] = r["greedy_logits"].contiguous()
+            b = r["bf16x"]
             bf16_per_prompt.append({"index": i, "length": len(ids), "attempt": attempt,
-                                    "bf16x_max_rel_diff": r["bf16x_rel"], "min_greedy_margin_rel": r["margin"],
-                                    "min_router_gap": r["router_gap"], "min_indexer_rel_gap": r["indexer_rel_gap"]})
+                                    "min_greedy_margin_rel": r["margin"], "min_router_gap": r["router_gap"],
+                                    "min_indexer_rel_gap": r["indexer_rel_gap"],
+                                    "bf16x_max_rel_diff": b["rel"], "bf16x_max_step_rel_diff": b["step_rel"],
+                                    "bf16x_min_greedy_margin_rel": b["margin"], "bf16x_min_router_gap": b["router_gap"],
+                                    "bf16x_min_indexer_rel_gap": b["indexer_rel_gap"]})
+            for run, m in bf16x_runs(v):
+                rg, ig = bf16x_gap_distribution(m, gapss[v], ids, r["greedy"])
+                dist[run][0].extend(rg)
+                dist[run][1].extend(ig)
+        bf16_gaps = {"bf16_min_router_gap": min(p["bf16x_min_router_gap"] for p in bf16_per_prompt),
+                     "bf16_min_indexer_rel_gap": min(p["bf16x_min_indexer_rel_gap"] for p in bf16_per_prompt)}
+        # as tensors, not safetensors metadata (a hash map there: its key order, hence the file, varies per run)
+        ref["bf16.min_router_gap"] = torch.tensor([bf16_gaps["bf16_min_router_gap"]], dtype=torch.float32)
+        ref["bf16.min_indexer_rel_gap"] = torch.tensor([bf16_gaps["bf16_min_indexer_rel_gap"]], dtype=torch.float32)
+        bf16_dist = {}
+        for run, (rg, ig) in dist.items():
+            bf16_dist[run] = [gap_summary("router gaps", rg), gap_summary("indexer rel gaps", ig)]
+            for line in bf16_dist[run]:
+                print(f"[{v}] bf16 set, bf16-x/{run} run: {line}")
         dbg, dlog = capture_debug(model, prompts[DEBUG_PROMPT][0])
         assert torch.equal(dlog, results[v][DEBUG_PROMPT]["logits"])
         ref.update(dbg)
@@ -953,6 +1089,8 @@ def main():
             "min_router_gap": min(p["min_router_gap"] for p in per_prompt),
             "min_greedy_margin_abs": min(p["min_greedy_margin_abs"] for p in per_prompt),
             "min_indexer_rel_gap": min(p["min_indexer_rel_gap"] for p in per_prompt),
+            **bf16_gaps,
+            "bf16x_gap_distribution": bf16_dist,
             "bf16_prompts": bf16_per_prompt,
             "prompts": per_prompt,
             "reference_tensors": {k: {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}

@@ -1,0 +1,130 @@
+#include "fixture_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <span>
+#include <vector>
+
+#include "ops/sample.h"
+
+namespace tern::test {
+namespace {
+
+int64_t argmax_row(const float* row, int64_t n) {
+  return ops::argmax({row, static_cast<size_t>(n)});
+}
+
+// top-1 minus top-2 of a row.
+float margin(const float* row, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] > a) {
+      b = a;
+      a = row[i];
+    } else if (row[i] > b) {
+      b = row[i];
+    }
+  }
+  return a - b;
+}
+
+const char* judged(bool judge) {
+  return judge ? "" : " (reported, not judged)";
+}
+
+}  // namespace
+
+void check_teacher_forced(model::Model& m, Device device, const Fixture& f, const std::string& set, bool judge,
+                          const std::string& who) {
+  const int64_t vocab = m.config().vocab_size;
+  float worst = 0;
+  int64_t positions = 0, agree = 0;
+  const int n = f.num_prompts(set);
+  for (int p = 0; p < n; ++p) {
+    const std::vector<int64_t> ids = f.ids(p, set);
+    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size()) + 1);
+    ASSERT_EQ(state.device(), device);
+    const model::StepSequence s{&state, ids, model::LogitsFor::all};
+    const Tensor got = m.forward({&s, 1});
+    const TensorView want = f.tensor(set + "." + std::to_string(p) + ".logits");
+    ASSERT_EQ(want.numel(), got.numel());
+    const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
+    worst = std::max(worst, d.rel());
+    if (judge) {
+      EXPECT_LE(d.max_abs, kBf16Tolerance * d.ref_max) << who << " " << set << " " << p << " (length " << ids.size()
+                                                       << ")";
+    }
+    for (int64_t t = 0; t < static_cast<int64_t>(ids.size()); ++t, ++positions)
+      agree += argmax_row(got.data<float>() + t * vocab, vocab) ==
+               argmax_row(want.data_as<const float>() + t * vocab, vocab);
+  }
+  const double top1 = static_cast<double>(agree) / static_cast<double>(positions);
+  if (judge) {
+    EXPECT_GE(top1, kBf16Top1) << who << " " << set;
+  }
+  std::printf("[%s %s] teacher-forced logits, %s set%s: max|d|/max|ref| = %.3g over %d prompts; top-1 "
+              "%lld/%lld = %.4f\n",
+              who.c_str(), f.name().c_str(), set.c_str(), judged(judge), worst, n, static_cast<long long>(agree),
+              static_cast<long long>(positions), top1);
+}
+
+void check_greedy(model::Model& m, Device device, const Fixture& f, const std::string& set, bool judge,
+                  const std::string& who) {
+  const int64_t vocab = m.config().vocab_size;
+  float worst = 0;
+  int equal = 0, parted = 0;
+  const int n = f.num_prompts(set);
+  for (int p = 0; p < n; ++p) {
+    const std::vector<int64_t> ids = f.ids(p, set), want = f.greedy(p, set);
+    const TensorView step_logits = f.tensor(set + "." + std::to_string(p) + ".greedy_logits");
+    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
+    ASSERT_EQ(state.device(), device);
+    std::vector<int64_t> got;
+    bool parts = false;
+    for (size_t step = 0; step < want.size(); ++step) {
+      const std::span<const int64_t> tokens =
+          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
+      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
+      const Tensor logits = m.forward({&s, 1});
+      got.push_back(argmax_row(logits.data<float>(), vocab));
+      // The same tokens so far (the loop stops at the first difference), so the reference's step logits
+      // are those of this very sequence: judged like one teacher-forced row, against that row's max|ref|.
+      const float* ref = step_logits.empty() ? nullptr : step_logits.data_as<const float>() + step * vocab;
+      const Diff d = ref ? diff(logits.data<float>(), ref, vocab) : Diff{};
+      worst = std::max(worst, d.rel());
+      if (judge && ref) {
+        EXPECT_LE(d.max_abs, kBf16Tolerance * d.ref_max) << who << " " << set << " " << p << " step " << step;
+      }
+      if (got.back() != want[step]) {
+        const float mg = ref ? margin(ref, vocab) : -1.0f;
+        if (judge)
+          ADD_FAILURE() << who << " " << set << " " << p << " step " << step << ": picked " << got.back()
+                        << ", reference " << want[step] << " (reference margin " << mg << ", max|d| " << d.max_abs
+                        << ")";
+        std::printf("[%s %s] %s %d parts at step %zu: reference margin %.3g, max|d| %.3g\n", who.c_str(),
+                    f.name().c_str(), set.c_str(), p, step, mg, d.max_abs);
+        parts = true;
+        break;  // the continuations differ from here on
+      }
+    }
+    equal += !parts;
+    parted += parts;
+  }
+  std::printf("[%s %s] greedy %zu-token continuations, %s set%s: %d of %d equal, %d part; step logits "
+              "max|d|/max|ref| = %.3g\n",
+              who.c_str(), f.name().c_str(), f.greedy(0, set).size(), set.c_str(), judged(judge), equal, n, parted,
+              worst);
+}
+
+void print_bf16_set_gaps(const Fixture& f, const std::string& who) {
+  const TensorView router = f.tensor("bf16.min_router_gap"), indexer = f.tensor("bf16.min_indexer_rel_gap");
+  ASSERT_FALSE(router.empty() || indexer.empty()) << f.name() << ": no bf16.min_*_gap (regenerate the fixtures)";
+  std::printf("[%s %s] bf16 set: the reference's bf16-x runs' smallest router top-k gap %.3g, indexer top-k gap "
+              "%.3g of max|score|\n",
+              who.c_str(), f.name().c_str(), router.data_as<const float>()[0], indexer.data_as<const float>()[0]);
+}
+
+}  // namespace tern::test

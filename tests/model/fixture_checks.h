@@ -1,0 +1,30 @@
+// The bf16-activation checks of a whole model against a fixture prompt set, shared by the GPU model test
+// (tests/gpu/test_gpu_model.cpp) and the CPU with the GPU's rounding (Bf16Activations in test_device.cpp):
+// teacher-forced logits within kBf16Tolerance * max|ref| per prompt and top-1 >= kBf16Top1 over the
+// positions; greedy continuations (prefill, then one forward per token) equal to the reference's, each step's
+// logits within kBf16Tolerance * max|that step's ref|. Asserted (gtest) when `judge`, printed always.
+#pragma once
+
+#include <string>
+
+#include "fixture.h"
+#include "model/v4_model.h"
+
+namespace tern::test {
+
+constexpr float kBf16Tolerance = 2e-2f;
+constexpr double kBf16Top1 = 0.99;
+// The prompt set the bounds are judged on (prompts kept only where the reference's bf16 runs keep every
+// decision: make_fixtures.py); "prompt", the main set, is reported only.
+constexpr const char* kBf16Set = "bf16.prompt";
+
+// `who` labels the printed lines ("gpu", "cpu bf16-x"); the sequence states must live on `device`.
+void check_teacher_forced(model::Model& m, Device device, const Fixture& f, const std::string& set, bool judge,
+                          const std::string& who);
+void check_greedy(model::Model& m, Device device, const Fixture& f, const std::string& set, bool judge,
+                  const std::string& who);
+
+// The bf16 set's smallest router / indexer top-k gaps in the reference's bf16 runs (bf16.min_*_gap).
+void print_bf16_set_gaps(const Fixture& f, const std::string& who);
+
+}  // namespace tern::test
