@@ -62,6 +62,10 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::swiglu_kernel(float const*, float const*, float, float*, long)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::gather_rows_kernel(float const*, long, long, long const*, long, float*, int*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::dequantize_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float*)", C::other},
+    {"tern::cuda::dev::(anonymous namespace)::synth_values_kernel(bool, unsigned long, float, float, void*, bool, long)", C::other},
+    {"tern::cuda::dev::(anonymous namespace)::synth_fp8_kernel(unsigned long, float, long, long, unsigned char*, unsigned char*)", C::other},
+    {"void tern::cuda::dev::(anonymous namespace)::synth_fp4_kernel<true>(unsigned long, float, float, long, unsigned char*, unsigned char*)", C::other},
+    {"tern::cuda::dev::(anonymous namespace)::synth_distinct_rows_kernel(unsigned long, long, int, long, long*)", C::other},
 };
 
 TEST(ProfileReport, EveryCurrentKernelHasItsCategory) {

@@ -60,6 +60,8 @@ constexpr Rule kRules[] = {
     {"swiglu_kernel", Match::exact, OpCategory::other},
     {"gather_rows_kernel", Match::exact, OpCategory::other},
     {"dequantize_kernel", Match::exact, OpCategory::other},
+    // The synthetic model's weight fill (kernels/synth.cu: bench-step and serve --synthetic, before any step).
+    {"synth_", Match::prefix, OpCategory::other},
 };
 
 bool matches(const Rule& r, std::string_view base) {

@@ -35,7 +35,7 @@ __device__ __forceinline__ uint8_t f32_to_e2m1(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)) & 15;
 }
 
-__global__ void values_kernel(bool normal, uint64_t seed, float a, float b, void* out, bool out_bf16, int64_t n) {
+__global__ void synth_values_kernel(bool normal, uint64_t seed, float a, float b, void* out, bool out_bf16, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = normal ? synth::normal_value(seed, i, a, b) : synth::uniform_value(seed, i, a, b);
@@ -45,7 +45,7 @@ __global__ void values_kernel(bool normal, uint64_t seed, float a, float b, void
 }
 
 // One 256-thread block per 128x128 block of the weight: amax, scale, then the values again, quantized.
-__global__ void fp8_kernel(uint64_t seed, float sigma, int64_t R, int64_t C, uint8_t* q, uint8_t* scale) {
+__global__ void synth_fp8_kernel(uint64_t seed, float sigma, int64_t R, int64_t C, uint8_t* q, uint8_t* scale) {
   const int64_t bi = (C + 127) / 128, b = blockIdx.x;
   const int64_t r0 = b / bi * 128, c0 = b % bi * 128;
   const int64_t h = R - r0 < 128 ? R - r0 : 128, w = C - c0 < 128 ? C - c0 : 128;
@@ -71,7 +71,7 @@ __global__ void fp8_kernel(uint64_t seed, float sigma, int64_t R, int64_t C, uin
 
 // One thread per scale block (32 values for MXFP4, 16 for NVFP4).
 template <bool kNv>
-__global__ void fp4_kernel(uint64_t seed, float sigma, float global_scale, int64_t blocks, uint8_t* q, uint8_t* scale) {
+__global__ void synth_fp4_kernel(uint64_t seed, float sigma, float global_scale, int64_t blocks, uint8_t* q, uint8_t* scale) {
   constexpr int kBlock = kNv ? 16 : 32;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -108,7 +108,7 @@ __global__ void fp4_kernel(uint64_t seed, float sigma, float global_scale, int64
   }
 }
 
-__global__ void distinct_rows_kernel(uint64_t seed, int64_t rows, int k, int64_t choices, int64_t* out) {
+__global__ void synth_distinct_rows_kernel(uint64_t seed, int64_t rows, int k, int64_t choices, int64_t* out) {
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
     synth::distinct_row(seed, r, k, choices, out + r * k);
@@ -120,28 +120,28 @@ __global__ void distinct_rows_kernel(uint64_t seed, int64_t rows, int k, int64_t
 void launch_synth_values(bool normal, uint64_t seed, float a, float b, void* out, bool out_bf16, int64_t n,
                          cudaStream_t stream) {
   if (n == 0) return;
-  dev::values_kernel<<<dev::grid_for(n), 256, 0, stream>>>(normal, seed, a, b, out, out_bf16, n);
+  dev::synth_values_kernel<<<dev::grid_for(n), 256, 0, stream>>>(normal, seed, a, b, out, out_bf16, n);
 }
 
 void launch_synth_fp8(uint64_t seed, float sigma, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scale,
                       cudaStream_t stream) {
   const int64_t blocks = (rows + 127) / 128 * ((cols + 127) / 128);
   if (blocks == 0) return;
-  dev::fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(seed, sigma, rows, cols, q, scale);
+  dev::synth_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(seed, sigma, rows, cols, q, scale);
 }
 
 void launch_synth_fp4(bool nvfp4, uint64_t seed, float sigma, float global_scale, int64_t rows, int64_t cols,
                       uint8_t* q, uint8_t* scale, cudaStream_t stream) {
   const int64_t blocks = rows * cols / (nvfp4 ? 16 : 32);
   if (blocks == 0) return;
-  if (nvfp4) dev::fp4_kernel<true><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
-  else dev::fp4_kernel<false><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
+  if (nvfp4) dev::synth_fp4_kernel<true><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
+  else dev::synth_fp4_kernel<false><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
 }
 
 void launch_synth_distinct_rows(uint64_t seed, int64_t rows, int k, int64_t choices, int64_t* out,
                                 cudaStream_t stream) {
   if (rows == 0) return;
-  dev::distinct_rows_kernel<<<dev::grid_for(rows), 256, 0, stream>>>(seed, rows, k, choices, out);
+  dev::synth_distinct_rows_kernel<<<dev::grid_for(rows), 256, 0, stream>>>(seed, rows, k, choices, out);
 }
 
 }  // namespace tern::cuda
