@@ -15,6 +15,9 @@
 // slice of the heads over all splits (read from the other blocks' shared memory), in split order, with the
 // sink: out = sum_s O_s 2^(m_s - top) / (sum_s l_s 2^(m_s - top) + 2^(sink - top)).
 //
+// Splits: runs of about kKeysPerSplit keys, at most kMaxSplits (CSA 128 + 512 keys: 5 blocks of 2 tiles).
+// Shared memory at head_dim 512: 224,000 bytes (one block per SM), 254 registers per thread, no spills.
+//
 // Batch invariance: a query's splits depend on its own key count only (mma_split_plan); the cluster size
 // of a launch (the most splits any of its queries may need) only decides which block does which part of
 // the merge and the q load, never the arithmetic, so a query's output is the same bits whatever shares the
@@ -39,7 +42,7 @@ constexpr int kTileKeys = 64;                  // keys per tile
 constexpr int kRound = 256;                    // keys whose rows are looked up at once (one per thread)
 constexpr int kThreads = 256;                  // 8 warps
 constexpr int kMaxSplits = 8;                  // a query's splits are one cluster: the portable cluster size
-constexpr int64_t kKeysPerSplit = 64;
+constexpr int64_t kKeysPerSplit = 128;  // CSA 640 keys: 5 splits of 2 full tiles; HCA 192: 2 splits
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct MmaSplit {
