@@ -318,12 +318,9 @@ int64_t attention_partial_floats(const AttentionParams& p) {
   return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
-void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
-  if (p.n == 0) return;
-  if (attention_path(p) == AttentionPath::bf16_tensor_cores) {
-    launch_attention_mma(p, stream);
-    return;
-  }
+cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  if (attention_path(p) == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
   const int splits = attention_splits(p);
   const int64_t step = queries_per_launch(p, splits);
   const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);
@@ -334,12 +331,13 @@ void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
       case 128: dev::launch_rows<1>(p, grid, q0, splits, stream); break;
       case 256: dev::launch_rows<2>(p, grid, q0, splits, stream); break;
       case 512: dev::launch_rows<4>(p, grid, q0, splits, stream); break;
-      default: return;  // rejected by the backend's host check
+      default: return cudaErrorInvalidValue;  // rejected by the backend's host check
     }
     if (splits > 1)
       dev::attention_combine_kernel<<<static_cast<unsigned>(nq * p.heads), 128, 0, stream>>>(p, q0, splits,
                                                                                             p.fmt.head_dim);
   }
+  return cudaSuccess;
 }
 
 }  // namespace tern::cuda

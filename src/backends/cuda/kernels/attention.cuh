@@ -54,14 +54,15 @@ const char* attention_path_name(AttentionPath path);
 // Splits of the f32 path (the tensor-core path needs no workspace: attention_partial_floats is then 0).
 int attention_splits(const AttentionParams& p);
 int64_t attention_partial_floats(const AttentionParams& p);
-// Launches the path attention_path(p) names.
-void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream);
+// Launches the path attention_path(p) names; returns the launch's error (the cluster launch reports it
+// here, not only through cudaGetLastError).
+cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream);
 
 // The tensor-core path alone (attention_mma.cu); the caller has checked attention_path(p).
 constexpr int kAttentionMmaMaxHeads = 64;
 constexpr size_t kAttentionMmaMaxSmem = 227 * 1024;  // sm_90's shared memory per block (opt-in)
 // Shared memory of the tensor-core kernel for rows of format f (0: no kernel for its head_dim).
 size_t attention_mma_smem_bytes(const KvRowDesc& f);
-void launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
+cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionPar
 }
 
 template <int HD>
-void launch_hd(const AttentionParams& p, int cluster, cudaStream_t stream) {
+cudaError_t launch_hd(const AttentionParams& p, int cluster, cudaStream_t stream) {
   const size_t smem = Smem<HD>::total(p.fmt.row_bytes);
   static std::atomic<size_t> opted_in{0};  // the most shared memory asked for so far
   if (smem > opted_in.load()) {
@@ -405,8 +405,10 @@ void launch_hd(const AttentionParams& p, int cluster, cudaStream_t stream) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, attention_mma_kernel<HD>, p, q0) != cudaSuccess) return;  // reported by the caller
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, attention_mma_kernel<HD>, p, q0);
+    if (err != cudaSuccess) return err;
   }
+  return cudaSuccess;
 }
 
 // Keys of the launch's longest query (decode mode: the bound over any position).
@@ -428,14 +430,14 @@ size_t attention_mma_smem_bytes(const KvRowDesc& f) {
   }
 }
 
-void launch_attention_mma(const AttentionParams& p, cudaStream_t stream) {
-  if (p.n == 0) return;
+cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
   const int cluster = dev::mma_split_plan(dev::max_keys(p)).splits;
   switch (p.fmt.head_dim) {
-    case 128: dev::launch_hd<128>(p, cluster, stream); break;
-    case 256: dev::launch_hd<256>(p, cluster, stream); break;
-    case 512: dev::launch_hd<512>(p, cluster, stream); break;
-    default: break;  // attention_path sends only these here
+    case 128: return dev::launch_hd<128>(p, cluster, stream);
+    case 256: return dev::launch_hd<256>(p, cluster, stream);
+    case 512: return dev::launch_hd<512>(p, cluster, stream);
+    default: return cudaErrorInvalidValue;  // attention_path sends only these here
   }
 }
 
