@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
+#include "ops/decode.h"
 #include "ops/indexer.h"
 #include "ops/linear.h"
 #include "ops/mhc.h"
@@ -170,6 +171,73 @@ void bench_attention(Rand& r, bool quick) {
   }
 }
 
+// Decode steps as the model runs them (decode_attention: one launch for every slot), each slot its own
+// sequence at context 8192 (its ring, its new row, its compressed rows in its own shuffled pages of 64
+// rows, its own picks): CSA 128 + 512 rows and HCA 128 + 64 rows at batch 1 .. 128. The bytes are the rows
+// read plus q and out (f32, 128 KiB each per slot). FlashMLA's V4 kernel on this card (performance.md,
+// 128 + 512 rows) is printed in the shape column.
+void bench_decode_attention(Rand& r, bool quick) {
+  const int64_t H = 64, hd = 512, W = 128, k = 512, ctx = 8192;
+  const ops::KvRowFormat f{ops::KvFormat::fp8_ds, hd, 64};
+  const int64_t rb = f.row_bytes();
+  struct Kind {
+    const char* name;
+    int ratio;
+    bool select;
+  };
+  const std::vector<std::pair<int64_t, double>> batches =
+      quick ? std::vector<std::pair<int64_t, double>>{{1, 14.1}, {64, 46.3}}
+            : std::vector<std::pair<int64_t, double>>{{1, 14.1}, {16, 19.2}, {64, 46.3}, {128, 50.1}};
+  for (const Kind kind : {Kind{"csa", 4, true}, Kind{"hca", 128, false}}) {
+    const int64_t num_c = ctx / kind.ratio;  // a multiple of the 64 rows per page
+    // One sequence's rows, replicated into every slot's own pages.
+    Tensor seq_x = random_f32({num_c + W + 1, hd}, r), seq(DType::u8, {num_c + W + 1, rb});
+    ops::kv_pack(seq_x, f, seq);
+    for (const auto& [B, flashmla] : batches) {
+      Tensor comp(DType::u8, {B * num_c, rb}), rings(DType::u8, {B * W, rb}), rows(DType::u8, {B, rb});
+      for (int64_t b = 0; b < B; ++b) {
+        std::memcpy(comp.data<uint8_t>() + b * num_c * rb, seq.data<uint8_t>(), num_c * rb);
+        std::memcpy(rings.data<uint8_t>() + b * W * rb, seq.data<uint8_t>() + num_c * rb, W * rb);
+        std::memcpy(rows.data<uint8_t>() + b * rb, seq.data<uint8_t>() + (num_c + W) * rb, rb);
+      }
+      const PagedPair pages = paged_pair(comp, 64, r);
+      auto drings = upload(rings), drows = upload(rows);
+      Tensor pos(DType::i64, {B}), ring_at(DType::i64, {B}), pool_at(DType::i64, {B}), table_at(DType::i64, {B});
+      Tensor sel(DType::i32, {B, k});
+      for (int64_t b = 0; b < B; ++b) {
+        pos.data<int64_t>()[b] = ctx - 1;
+        ring_at.data<int64_t>()[b] = reinterpret_cast<int64_t>(drings.view().data_as<uint8_t>() + b * W * rb);
+        pool_at.data<int64_t>()[b] = reinterpret_cast<int64_t>(pages.device.pool.data());
+        table_at.data<int64_t>()[b] =
+            reinterpret_cast<int64_t>(pages.device.block_table.data_as<int32_t>() + b * (num_c / 64));
+        for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[b * k + j] = static_cast<int32_t>(r.index(num_c));
+      }
+      auto dpos = upload(pos), drat = upload(ring_at), dpat = upload(pool_at), dtat = upload(table_at);
+      auto dsel = upload(sel), q = upload(random_f32({B, H, hd}, r)), sinks = upload(random_f32({H}, r));
+      cuda::DeviceTensor out(DType::f32, {B, H, hd});
+      ops::DecodeAttentionArgs a;
+      a.q = q;
+      a.positions = dpos;
+      a.format = f;
+      a.rows = drows;
+      a.rings = drat;
+      a.compressed = {dpat, dtat, pages.device.page_bytes(), pages.device.offset_in_page, 64, rb};
+      a.window = W;
+      a.ratio = kind.ratio;
+      a.max_compressed = num_c;
+      if (kind.select) a.selected = dsel;
+      a.sinks = sinks;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      const int64_t keys = W + (kind.select ? k : num_c);
+      const std::string shape = kind.select ? cat("batch ", B, ", 128+512 rows (FlashMLA ", flashmla, ")")
+                                            : cat("batch ", B, ", 128+", num_c, " rows");
+      measure(cat("decode_attention ", kind.name, " fp8 rows"), shape,
+              static_cast<double>(B * (keys * rb + 2 * H * hd * 4)), 1,
+              [&](int) { ops::decode_attention(a, out); });
+    }
+  }
+}
+
 // n queries at the same position over one sequence's keys (a decode batch reads n sequences' keys: the
 // bytes column counts n x the key bytes, as the step would).
 void bench_indexer(Rand& r, bool quick) {
@@ -249,6 +317,7 @@ int main(int argc, char** argv) {
     bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1}, r);
     bench_moe(WeightFormat::mxfp4, {1}, r);
     bench_attention(r, true);
+    bench_decode_attention(r, true);
     bench_indexer(r, true);
     bench_mhc(r);
     return 0;
@@ -274,6 +343,7 @@ int main(int argc, char** argv) {
   bench_moe(WeightFormat::mxfp4, moe_t, r);
   bench_moe(WeightFormat::nvfp4, moe_t, r);
   bench_attention(r, quick);
+  bench_decode_attention(r, quick);
   bench_indexer(r, quick);
   bench_mhc(r);
   std::printf("\n| kernel | shape | us (graph) | us (eager) | floor us (bytes / copy) | GB/s | %% of copy (%.0f GB/s) |\n"

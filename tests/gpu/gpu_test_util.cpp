@@ -11,6 +11,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/attention.cuh"
 #include "core/dtype.h"
 
 namespace tern::gputest {
@@ -133,6 +134,13 @@ PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r) {
   p.device_table = upload(p.host_table);
   p.device = {p.device_pool.view(), p.device_table.view(), offset, rows_per_page, row_bytes};
   return p;
+}
+
+bool attention_on_tensor_cores(const ops::KvRowFormat& f, int64_t heads) {
+  cuda::AttentionParams p;
+  p.heads = heads;
+  p.fmt = {f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
+  return cuda::attention_path(p) == cuda::AttentionPath::bf16_tensor_cores;
 }
 
 Compare compare(const TensorView& gpu_device, const TensorView& ref_host) {

@@ -14,6 +14,7 @@
 #include "backends/cuda/device_memory.h"
 #include "core/paged_rows.h"
 #include "core/tensor.h"
+#include "ops/kv_row.h"
 #include "ops/weight.h"
 
 namespace tern::gputest {
@@ -70,6 +71,10 @@ struct PagedPair {
   PagedRows host, device;
 };
 PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r);
+
+// Whether the CUDA sparse attention runs on tensor cores (bf16 operands: tolerance kTolBf16) for rows of
+// format f and `heads` heads, or on the exact f32 path (kTolF32).
+bool attention_on_tensor_cores(const ops::KvRowFormat& f, int64_t heads);
 
 struct Compare {
   double rel_err = 0.0;   // ||gpu - ref|| / ||ref||

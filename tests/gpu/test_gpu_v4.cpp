@@ -237,7 +237,9 @@ TEST_P(GpuV4, SparseAttention) {
       da.sinks = dsink;
       auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});
       ops::sparse_attention(da, out);
-      expect_close(out, ref, kTolF32, cat("attention ", c.name, " ", ops::kv_format_name(kf)));
+      const bool mma = attention_on_tensor_cores(f, s.heads);
+      expect_close(out, ref, mma ? kTolBf16 : kTolF32,
+                   cat("attention ", c.name, " ", ops::kv_format_name(kf), mma ? " (tensor cores)" : " (f32)"));
     }
   cuda::register_backend().check_device_errors();
 }

@@ -178,7 +178,7 @@ AttentionParams attention_params(const char* op, const TensorView& q, const ops:
 void launch_attention(const char* op, AttentionParams& p, CudaBackend::Impl& impl) {
   const int64_t want = attention_partial_floats(p);
   if (want > 0) p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
-  launch_sparse_attention(p, impl.stream);
+  check_cuda(launch_sparse_attention(p, impl.stream), op);
   check_launch(op);
 }
 

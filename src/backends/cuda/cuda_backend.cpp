@@ -124,7 +124,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "moe_experts (mxfp4, nvfp4): moe_plan + moe_stream up/down (cp.async weight ring) + moe_combine; "
       "(fp8, bf16, f32 experts or misaligned fp4 scales): moe_plan + moe_expert up/down + moe_combine; tensor cores",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
-      "sparse_attention: attention_kernel + attention_combine_kernel, CUDA cores, f32 (version 1)",
+      "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
+      "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
+      "block cluster; f32 rows (KV mode exact) and other shapes: attention_kernel + attention_combine_kernel, CUDA "
+      "cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select",
       "compressor_update: compressor_kernel, CUDA cores, f32",
       "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32",

@@ -1,4 +1,4 @@
-// Sparse attention, version 1 (CUDA cores, f32): grid (query, group of 8 heads, key split). Each block
+// Sparse attention, the f32 CUDA-core path (f32 rows and shapes the tensor-core path does not take): grid (query, group of 8 heads, key split). Each block
 // walks its split of the query's keys in tiles of 16 rows, decoded once into shared memory and shared by
 // the 8 heads (one warp each; a lane holds head_dim/32 dims of q and of the output). Online softmax per
 // head; with several splits the partial (max, sum, rows) go to the workspace and a combine kernel adds
@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 
 namespace tern::cuda {
@@ -30,63 +31,6 @@ __host__ __device__ inline SplitPlan split_plan(int64_t keys) {
   s = s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
   const int64_t per = (keys + s - 1) / s;
   return {static_cast<int>(s), per < 1 ? 1 : per};
-}
-
-struct KeyList {
-  int64_t p, nwin, count, visible;
-  int64_t start;               // position of the first row of chunk
-  const uint8_t* chunk;        // this query's chunk rows (row of position start first)
-  const uint8_t* ring;
-  PagedRowsDesc compressed;    // this query's compressed rows
-};
-
-// Query i's keys. Eager mode: the launch's one sequence; decode mode: slot i's own sequence (same counts
-// for the same position, so the same split plan and the same bits).
-__device__ KeyList keys_of(const AttentionParams& a, int64_t i) {
-  KeyList k;
-  int64_t num_compressed = a.num_compressed;
-  if (a.positions != nullptr) {
-    k.p = a.positions[i];
-    k.start = k.p;
-    k.chunk = a.chunk_rows + i * a.fmt.row_bytes;
-    k.ring = reinterpret_cast<const uint8_t*>(a.rings[i]);
-    k.compressed = a.compressed;  // the page geometry; the slot's pool and block table:
-    if (a.ratio > 0) {
-      k.compressed.pool = reinterpret_cast<const uint8_t*>(a.pools[i]);
-      k.compressed.table = reinterpret_cast<const int32_t*>(a.comp_tables[i]);
-    }
-    num_compressed = a.ratio > 0 && k.p >= 0 ? (k.p + 1) / a.ratio : 0;
-  } else {
-    k.p = a.start + i;
-    k.start = a.start;
-    k.chunk = a.chunk_rows;
-    k.ring = a.ring;
-    k.compressed = a.compressed;
-  }
-  k.nwin = max(int64_t{0}, min(a.window, k.p + 1));
-  k.visible = a.ratio > 0 ? min(num_compressed, (k.p + 1) / a.ratio) : 0;
-  k.count = a.selected != nullptr ? a.k_sel : k.visible;
-  if (a.ratio == 0) k.count = 0;
-  return k;
-}
-
-// Row of key j of query i, or nullptr when masked.
-__device__ const uint8_t* key_row(const AttentionParams& a, int64_t i, const KeyList& k, int64_t j) {
-  const int64_t rb = a.fmt.row_bytes;
-  if (j < k.nwin) {
-    const int64_t pos = k.p - k.nwin + 1 + j;
-    return pos >= k.start ? k.chunk + (pos - k.start) * rb : k.ring + (pos % a.window) * rb;
-  }
-  int64_t w = j - k.nwin;
-  if (a.selected != nullptr) {
-    w = a.selected[i * a.k_sel + w];
-    if (w < 0) return nullptr;
-    if (w >= k.visible) {
-      raise(a.err, kErrSelected);
-      return nullptr;
-    }
-  }
-  return paged_row(k.compressed, w);
 }
 
 // A tile's raw bytes in registers: warp w loads rows w and w + 8 of the tile (FP8 rows: 8-byte granules, 8
@@ -344,6 +288,19 @@ int64_t max_keys(const AttentionParams& p) {
 }  // namespace
 }  // namespace dev
 
+AttentionPath attention_path(const AttentionParams& p) {
+  const int64_t hd = p.fmt.head_dim;
+  const size_t smem = attention_mma_smem_bytes(p.fmt);
+  const bool mma = p.fmt.fp8 && p.heads <= kAttentionMmaMaxHeads && (hd == 128 || hd == 256 || hd == 512) &&
+                   smem > 0 && smem <= kAttentionMmaMaxSmem;
+  return mma ? AttentionPath::bf16_tensor_cores : AttentionPath::f32_cuda_cores;
+}
+
+const char* attention_path_name(AttentionPath path) {
+  return path == AttentionPath::bf16_tensor_cores ? "bf16 tensor cores (attention_mma_kernel)"
+                                                  : "f32 CUDA cores (attention_kernel + attention_combine_kernel)";
+}
+
 int attention_splits(const AttentionParams& p) { return dev::split_plan(dev::max_keys(p)).splits; }
 
 namespace {
@@ -356,12 +313,14 @@ int64_t queries_per_launch(const AttentionParams& p, int splits) {
 }  // namespace
 
 int64_t attention_partial_floats(const AttentionParams& p) {
+  if (attention_path(p) == AttentionPath::bf16_tensor_cores) return 0;
   const int splits = attention_splits(p);
   return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
-void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
-  if (p.n == 0) return;
+cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  if (attention_path(p) == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
   const int splits = attention_splits(p);
   const int64_t step = queries_per_launch(p, splits);
   const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);
@@ -372,12 +331,13 @@ void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
       case 128: dev::launch_rows<1>(p, grid, q0, splits, stream); break;
       case 256: dev::launch_rows<2>(p, grid, q0, splits, stream); break;
       case 512: dev::launch_rows<4>(p, grid, q0, splits, stream); break;
-      default: return;  // rejected by the backend's host check
+      default: return cudaErrorInvalidValue;  // rejected by the backend's host check
     }
     if (splits > 1)
       dev::attention_combine_kernel<<<static_cast<unsigned>(nq * p.heads), 128, 0, stream>>>(p, q0, splits,
                                                                                             p.fmt.head_dim);
   }
+  return cudaSuccess;
 }
 
 }  // namespace tern::cuda

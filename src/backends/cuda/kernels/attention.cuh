@@ -1,10 +1,16 @@
 // Sparse attention of one sequence's chunk (host interface; semantics in ops/attention.h): all heads of
-// a query share each decoded K=V row; keys are split across blocks (flash-decoding) and the partial
-// (max, sum, weighted rows) merged with the sink by a second kernel.
+// a query share each decoded K=V row; keys are split across blocks (flash-decoding) and the partials
+// (max, sum, weighted rows) merged with the sink. Two paths (attention_path):
+//   bf16 tensor cores (attention_mma.cu): FP8 rows, up to 64 heads, head_dim 128 / 256 / 512. One block per
+//     (query, split) covers all heads; a query's splits form one thread-block cluster and merge through
+//     distributed shared memory. q and the softmax weights are rounded to bf16 (the rows are exact in bf16).
+//   f32 CUDA cores (attention.cu): f32 rows (the exact KV mode) and any other shape; exact f32 arithmetic,
+//     partials through a workspace and attention_combine_kernel.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cuda/kernels/kv_row.cuh"
@@ -41,8 +47,22 @@ struct AttentionParams {
   const uint64_t* comp_tables = nullptr;
 };
 
+enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores };
+AttentionPath attention_path(const AttentionParams& p);
+const char* attention_path_name(AttentionPath path);
+
+// Splits of the f32 path (the tensor-core path needs no workspace: attention_partial_floats is then 0).
 int attention_splits(const AttentionParams& p);
 int64_t attention_partial_floats(const AttentionParams& p);
-void launch_sparse_attention(const AttentionParams& p, cudaStream_t stream);
+// Launches the path attention_path(p) names; returns the launch's error (the cluster launch reports it
+// here, not only through cudaGetLastError).
+cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream);
+
+// The tensor-core path alone (attention_mma.cu); the caller has checked attention_path(p).
+constexpr int kAttentionMmaMaxHeads = 64;
+constexpr size_t kAttentionMmaMaxSmem = 227 * 1024;  // sm_90's shared memory per block (opt-in)
+// Shared memory of the tensor-core kernel for rows of format f (0: no kernel for its head_dim).
+size_t attention_mma_smem_bytes(const KvRowDesc& f);
+cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -1,0 +1,233 @@
+// GPU vs CPU: sparse attention at the real V4-Flash decode shapes (64 heads, 512-d K=V rows of 448 FP8 +
+// 64 bf16 dims, window 128): CSA (128 window + 512 picked compressed rows) and HCA (128 + up to 64
+// compressed rows) through the batched decode op at batch 1, 16, 64 and 128. Every slot has its own
+// position, ring, compressed pages and picks; each is checked against the CPU's eager op over the same rows.
+// Batch invariance: a slot alone gives the same bits as inside a batch of 64 (with inert padding slots)
+// and as the eager op on the same query.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "ops/attention.h"
+#include "ops/decode.h"
+#include "ops/kv_row.h"
+
+namespace tern::gputest {
+namespace {
+
+constexpr int64_t kH = 64, kHd = 512, kRope = 64, kW = 128, kTopk = 512, kRowsPerPage = 64;
+const ops::KvRowFormat kFmt{ops::KvFormat::fp8_ds, kHd, kRope};
+
+Tensor packed_rows(int64_t n, Rand& r) {
+  Tensor x = random_f32({n, kHd}, r), p(DType::u8, {n, kFmt.row_bytes()});
+  ops::kv_pack(x, kFmt, p);
+  return p;
+}
+
+// One decode slot: its query, new row, ring, compressed rows (in shuffled pages) and picks, on the host
+// (the reference) and on the device.
+struct Slot {
+  int64_t position = 0, visible = 0;
+  Tensor q, row, ring, sel;
+  PagedPair comp;
+  cuda::DeviceTensor dq, drow, dring, dsel;
+};
+
+Slot make_slot(int ratio, bool select, int64_t position, Rand& r) {
+  Slot s;
+  s.position = position;
+  s.visible = (position + 1) / ratio;
+  s.q = random_f32({1, kH, kHd}, r);
+  s.row = packed_rows(1, r);
+  s.ring = packed_rows(kW, r);
+  s.comp = paged_pair(packed_rows(std::max<int64_t>(s.visible, 1), r), kRowsPerPage, r);
+  if (select) {
+    s.sel = Tensor(DType::i32, {1, kTopk});
+    std::vector<int32_t> all(static_cast<size_t>(s.visible));
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t j = 0; j < kTopk; ++j) {
+      if (j < s.visible) std::swap(all[j], all[j + r.index(s.visible - j)]);
+      s.sel.data<int32_t>()[j] = j < s.visible ? all[j] : -1;
+    }
+    if (position % 5 == 1)  // some slots with masked picks among the real ones
+      for (int64_t j = 3; j < kTopk; j += 9) s.sel.data<int32_t>()[j] = -1;
+    s.dsel = upload(s.sel);
+  }
+  s.dq = upload(s.q);
+  s.drow = upload(s.row);
+  s.dring = upload(s.ring);
+  return s;
+}
+
+struct Case {
+  const char* name;
+  int ratio;
+  bool select;
+};
+
+class Attention {
+ public:
+  Attention(const Case& c, int64_t slots, Rand& r) : c_(c) {
+    sinks_ = random_f32({kH}, r);
+    dsinks_ = upload(sinks_);
+    for (int64_t i = 0; i < slots; ++i) {
+      // CSA: positions near 2.2K (about 550 visible entries, 512 picked); a few short ones (fewer visible
+      // entries than picks, a window shorter than 128). HCA: 40 .. 64 compressed rows; one slot with none.
+      int64_t pos = c.select ? 2200 + (37 * i) % 800 : 40 * 128 + (211 * i) % (24 * 128);
+      if (i % 23 == 7) pos = c.select ? 50 + i : 100;
+      slots_.push_back(make_slot(c.ratio, c.select, pos, r));
+    }
+  }
+
+  // The CPU's eager op for one slot (a one-token chunk at its position).
+  Tensor reference(int64_t i) const {
+    const Slot& s = slots_[i];
+    ops::AttentionArgs a{s.q, s.position, kFmt, s.row, s.ring, kW, s.comp.host, s.visible, c_.ratio,
+                         c_.select ? s.sel.view() : TensorView(), sinks_, scale()};
+    Tensor ref(DType::f32, {1, kH, kHd});
+    ops::sparse_attention(a, ref);
+    return ref;
+  }
+
+  // The CUDA eager op for one slot.
+  Tensor eager(int64_t i) const {
+    const Slot& s = slots_[i];
+    ops::AttentionArgs a{s.dq, s.position, kFmt, s.drow, s.dring, kW, s.comp.device, s.visible, c_.ratio,
+                         c_.select ? s.dsel.view() : TensorView(), dsinks_, scale()};
+    auto out = poisoned(DType::f32, {1, kH, kHd});
+    ops::sparse_attention(a, out);
+    return cuda::to_host(out);
+  }
+
+  // One decode launch over `which` (slot indices; -1 an inert padding slot). Returns the device output.
+  cuda::DeviceTensor decode(const std::vector<int64_t>& which) const {
+    const int64_t B = static_cast<int64_t>(which.size()), rb = kFmt.row_bytes();
+    Tensor q(DType::f32, {B, kH, kHd}), rows(DType::u8, {B, rb}), pos(DType::i64, {B}), rings(DType::i64, {B});
+    Tensor pools(DType::i64, {B}), tables(DType::i64, {B}), sel(DType::i32, {B, kTopk});
+    Rand noise(99);
+    int64_t max_comp = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t i = which[b];
+      float* qd = q.data<float>() + b * kH * kHd;
+      if (i < 0) {  // inert: nothing of it may be read (its q and row are noise, its addresses 0)
+        for (int64_t k = 0; k < kH * kHd; ++k) qd[k] = noise.fast();
+        std::memset(rows.data<uint8_t>() + b * rb, 0x7f, rb);
+        pos.data<int64_t>()[b] = -1;
+        rings.data<int64_t>()[b] = pools.data<int64_t>()[b] = tables.data<int64_t>()[b] = 0;
+        std::fill_n(sel.data<int32_t>() + b * kTopk, kTopk, 1 << 30);
+        continue;
+      }
+      const Slot& s = slots_[i];
+      std::memcpy(qd, s.q.data<float>(), kH * kHd * sizeof(float));
+      std::memcpy(rows.data<uint8_t>() + b * rb, s.row.data<uint8_t>(), rb);
+      pos.data<int64_t>()[b] = s.position;
+      rings.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.dring.view().data());
+      pools.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.comp.device.pool.data());
+      tables.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.comp.device.block_table.data());
+      if (c_.select) std::memcpy(sel.data<int32_t>() + b * kTopk, s.sel.data<int32_t>(), kTopk * sizeof(int32_t));
+      max_comp = std::max(max_comp, s.visible);
+    }
+    dev_.clear();
+    for (const Tensor* t : {&q, &rows, &pos, &rings, &pools, &tables, &sel}) dev_.push_back(upload(*t));
+    const PagedRows& geo = slots_[0].comp.device;
+    ops::DecodeAttentionArgs a;
+    a.q = dev_[0];
+    a.rows = dev_[1];
+    a.positions = dev_[2];
+    a.rings = dev_[3];
+    a.compressed = {dev_[4], dev_[5], geo.page_bytes(), geo.offset_in_page, geo.rows_per_page, geo.row_bytes};
+    a.format = kFmt;
+    a.window = kW;
+    a.ratio = c_.ratio;
+    a.max_compressed = std::max<int64_t>(max_comp, 1);
+    if (c_.select) a.selected = dev_[6];
+    a.sinks = dsinks_;
+    a.scale = scale();
+    auto out = poisoned(DType::f32, {B, kH, kHd});
+    ops::decode_attention(a, out);
+    return out;
+  }
+
+  int64_t slots() const { return static_cast<int64_t>(slots_.size()); }
+
+ private:
+  static float scale() { return 1.0f / std::sqrt(static_cast<float>(kHd)); }
+  Case c_;
+  Tensor sinks_;
+  cuda::DeviceTensor dsinks_;
+  std::vector<Slot> slots_;
+  mutable std::vector<cuda::DeviceTensor> dev_;
+};
+
+const Case kCases[] = {{"csa", 4, true}, {"hca", 128, false}};
+
+// Row b of a host [B, H, hd] tensor as [1, H, hd].
+Tensor row_of(const Tensor& all, int64_t b) {
+  Tensor one(DType::f32, {1, kH, kHd});
+  std::memcpy(one.data<float>(), all.data<float>() + b * kH * kHd, kH * kHd * sizeof(float));
+  return one;
+}
+
+TEST(GpuAttention, DecodeV4Shapes) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const double tol = attention_on_tensor_cores(kFmt, kH) ? kTolBf16 : kTolF32;
+  std::printf("  attention path: %s\n", attention_on_tensor_cores(kFmt, kH) ? "bf16 tensor cores" : "f32 CUDA cores");
+  for (const Case& c : kCases) {
+    const Attention att(c, 128, r);
+    std::vector<Tensor> refs;
+    for (int64_t i = 0; i < att.slots(); ++i) refs.push_back(att.reference(i));
+    for (int64_t B : {1, 16, 64, 128}) {
+      std::vector<int64_t> which(static_cast<size_t>(B));
+      std::iota(which.begin(), which.end(), 0);
+      const cuda::DeviceTensor out = att.decode(which);
+      Tensor ref(DType::f32, {B, kH, kHd});
+      for (int64_t b = 0; b < B; ++b)
+        std::memcpy(ref.data<float>() + b * kH * kHd, refs[b].data<float>(), kH * kHd * sizeof(float));
+      expect_close(out, ref, tol, cat("decode_attention ", c.name, " batch ", B));
+    }
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+TEST(GpuAttention, BatchInvariance) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  for (const Case& c : kCases) {
+    const Attention att(c, 60, r);
+    // 64 slots: the 60 slots with 4 inert ones among them.
+    std::vector<int64_t> which(60);
+    std::iota(which.begin(), which.end(), 0);
+    for (int64_t k : {0, 13, 40, 63}) which.insert(which.begin() + k, -1);
+    const Tensor batch = cuda::to_host(att.decode(which));
+    int64_t checked = 0, equal = 0;
+    for (int64_t b = 0; b < 64; ++b) {
+      const int64_t i = which[b];
+      if (i < 0) {  // inert slots write zeros
+        const float* z = batch.data<float>() + b * kH * kHd;
+        EXPECT_TRUE(std::all_of(z, z + kH * kHd, [](float v) { return v == 0.0f; })) << c.name << " inert slot " << b;
+        continue;
+      }
+      if (i % 7 != 0 && i % 23 != 7) continue;  // a sample, including the short ones
+      const Tensor alone = cuda::to_host(att.decode({i}));
+      const Tensor eager = att.eager(i);
+      const Tensor mine = row_of(batch, b);
+      const size_t bytes = kH * kHd * sizeof(float);
+      const bool same = std::memcmp(alone.data<float>(), mine.data<float>(), bytes) == 0 &&
+                        std::memcmp(eager.data<float>(), mine.data<float>(), bytes) == 0;
+      EXPECT_TRUE(same) << c.name << ": slot " << i << " alone, eager and in a batch of 64 differ";
+      ++checked;
+      equal += same;
+    }
+    std::printf("  %s: %lld of %lld slots bit-identical alone / eager / in a batch of 64\n", c.name,
+                static_cast<long long>(equal), static_cast<long long>(checked));
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+}  // namespace
+}  // namespace tern::gputest
