@@ -1,8 +1,10 @@
 // The bf16-activation checks of a whole model against a fixture prompt set, shared by the GPU model test
 // (tests/gpu/test_gpu_model.cpp) and the CPU with the GPU's rounding (Bf16Activations in test_device.cpp):
 // teacher-forced logits within kBf16Tolerance * max|ref| per prompt and top-1 >= kBf16Top1 over the
-// positions; greedy continuations (prefill, then one forward per token) equal to the reference's, each step's
-// logits within kBf16Tolerance * max|that step's ref|. Asserted (gtest) when `judge`, printed always.
+// positions; greedy continuations (prefill, then one forward per token) equal to the reference's, and at
+// least kBf16Top1 of their steps with logits within kBf16Tolerance * max|that step's ref| (a near-tie routing
+// or indexer flip that keeps the token moves one step's logits further). Asserted (gtest) when `judge`,
+// printed always.
 #pragma once
 
 #include <string>
