@@ -39,7 +39,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::compressor_kernel(tern::cuda::CompressorParams)", C::compressor},
     {"tern::cuda::dev::(anonymous namespace)::moe_plan_kernel(int const*, long, long, int, int*, int*, int*, int*, int*)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)3, 1, true>(tern::cuda::dev::MoeArgs)", C::moe},
-    {"void tern::cuda::dev::moe_stream_kernel<(tern::cuda::dev::WFmt)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
+    {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_combine_kernel(float const*, int const*, float const*, long, int, long, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_scored_kernel(float const*, float const*, long, long, int, float, int*, float*)", C::moe},

@@ -270,10 +270,6 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.kind = m1.kind;
   p.scale_f32 = m1.scale_f32 || m2.scale_f32;
   p.limit = a.limit;
-  p.fp4_words_aligned = true;
-  for (const ops::Expert& e : a.experts)
-    for (const ops::Weight* w : {&e.w1, &e.w2, &e.w3})
-      p.fp4_words_aligned = p.fp4_words_aligned && reinterpret_cast<uintptr_t>(w->scale.data()) % 8 == 0;
   p.out = a.out.data_as<float>();
   p.err = impl_->err();
   TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");

@@ -121,8 +121,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer) and odd shapes: "
       "linear_simple_kernel, CUDA cores, f32",
-      "moe_experts (mxfp4, nvfp4): moe_plan + moe_stream up/down (cp.async weight ring) + moe_combine; "
-      "(fp8, bf16, f32 experts or misaligned fp4 scales): moe_plan + moe_expert up/down + moe_combine; tensor cores",
+      "moe_experts (mxfp4, nvfp4, fp8, bf16, f32 experts): moe_plan + moe_expert up/down + moe_combine; tensor cores",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"

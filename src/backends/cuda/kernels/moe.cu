@@ -1,5 +1,5 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
-#include "backends/cuda/kernels/moe_stream_impl.cuh"
+#include "backends/cuda/kernels/moe_impl.cuh"
 
 namespace tern::cuda {
 
@@ -9,8 +9,6 @@ extern template void launch_moe_experts<dev::WFmt::fp8>(const MoeParams&, const 
 extern template void launch_moe_experts<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 extern template void launch_moe_experts<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 
-extern template void launch_moe_stream<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_stream<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 
 namespace dev {
 namespace {
@@ -200,14 +198,7 @@ bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
 
 int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
 
-bool moe_stream_ok(const MoeParams& p) {
-  return (p.kind == WeightKind::mxfp4 || p.kind == WeightKind::nvfp4) && p.fp4_words_aligned;
-}
-
-const char* moe_path_name(const MoeParams& p) {
-  return moe_stream_ok(p) ? "moe_plan + moe_stream up/down (cp.async weight ring) + moe_combine"
-                          : "moe_plan + moe_expert up/down + moe_combine";
-}
+const char* moe_path_name(const MoeParams&) { return "moe_plan + moe_expert up/down + moe_combine"; }
 
 void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
   if (p.T == 0) return;
@@ -217,10 +208,7 @@ void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
       p.indices, L.P, p.E, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted),
       reinterpret_cast<int*>(ws + L.pos), reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs),
       p.err);
-  if (moe_stream_ok(p)) {
-    if (p.kind == WeightKind::mxfp4) launch_moe_stream<dev::WFmt::mxfp4>(p, L, ws, stream);
-    else launch_moe_stream<dev::WFmt::nvfp4>(p, L, ws, stream);
-  } else switch (p.kind) {
+  switch (p.kind) {
     case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
     case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
     case WeightKind::fp8: launch_moe_experts<dev::WFmt::fp8>(p, L, ws, stream); break;

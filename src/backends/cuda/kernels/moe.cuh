@@ -37,15 +37,12 @@ struct MoeParams {
   WeightKind kind = WeightKind::mxfp4;
   bool scale_f32 = false;
   float limit = 10.0f;
-  bool fp4_words_aligned = false;  // every expert's fp4 scales 8-byte aligned (the streaming kernels' copies)
   float* out = nullptr;  // [T, D]
   int* err = nullptr;
 };
 
 bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
-// True when the FP4 streaming expert kernels (moe_stream_impl.cuh) take these experts.
-bool moe_stream_ok(const MoeParams& p);
 // Name of the expert kernels launch_moe takes (startup report, benchmarks).
 const char* moe_path_name(const MoeParams& p);
 void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream);

@@ -1,4 +1,4 @@
-// The weight-streaming core of the decode products with FP8 / FP4 weights (linear_stream, moe_stream;
+// The weight-streaming core of the decode products with FP8 / FP4 weights (linear_stream;
 // nvcc only). Builds on mma_tile.cuh's fragment layout and exact dequantization; what changes is where the
 // bytes wait:
 //
