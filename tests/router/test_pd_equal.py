@@ -3,6 +3,7 @@ logprob for logprob: greedy, seeded sampling with penalties and stop strings, n 
 not, for prompts from 1 token to many compression windows (the tiny model: sliding window 16,
 compression ratios 4 (with the indexer) and 8), so every kind of state crosses the wire: window rings,
 compressor and indexer accumulators part full and full, compressed rows and indexer keys."""
+import os
 import random
 
 import pytest
@@ -142,16 +143,26 @@ def test_roles_refuse_what_is_not_theirs(pd_cluster):
     assert metric(pd_cluster["decode"].url, "state_memory_used_bytes") == 0
 
 
-def test_client_disconnect_aborts_both_sides(pd_cluster):
-    """Mid-stream and mid-transfer: the decode request and the prefill room end, no memory is left."""
+def test_client_disconnect_mid_stream_aborts_decode(pd_cluster):
+    """Mid-stream: the decode request ends, no memory is left."""
     from cluster import SseStream, wait_for
-    r, p, d = pd_cluster["router"].url, pd_cluster["prefill"].url, pd_cluster["decode"].url
+    r, d = pd_cluster["router"].url, pd_cluster["decode"].url
     gone = metric(d, "client_disconnects_total")
     s = SseStream(r, "/v1/completions", {"prompt": prompt(30, 9), "max_tokens": 500, "ignore_eos": True})
     assert s.next_event() is not None
     s.conn.close()
     assert wait_for(lambda: metric(d, "client_disconnects_total") == gone + 1, timeout=5)
-    # Before the first token: the prefill server is still running the prompt when the client leaves.
+    assert wait_for(lambda: metric(d, "state_memory_used_bytes") == 0 and metric(d, "num_requests_running") == 0,
+                    timeout=5)
+
+
+@pytest.mark.skipif(os.environ.get("TERN_DEVICE") == "cuda",
+                    reason="the GPU runs the 1500-token prompt in milliseconds: no poll of /metrics sees it running")
+def test_client_disconnect_before_the_first_token_aborts_both_sides(pd_cluster):
+    """Mid-prefill: the prefill room and the decode request end, no memory is left on either side."""
+    from cluster import SseStream, wait_for
+    r, p, d = pd_cluster["router"].url, pd_cluster["prefill"].url, pd_cluster["decode"].url
+    # The prefill server is still running the prompt when the client leaves.
     # Either side may notice first: the prefill room ends "aborted" (its router connection closed) or
     # "peer_error" (the decode side, aborted by its own closed connection, said so).
     failed = metric(p, "pd_transfers_failed_total")

@@ -55,9 +55,6 @@ void CudaBackend::rope(const TensorView& x, const TensorView& positions, const T
   check_launch("rope");
 }
 
-// kernels/linear.cu: linear_simple_kernel (f32, CUDA cores) whatever the shape.
-void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
-
 namespace {
 
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,

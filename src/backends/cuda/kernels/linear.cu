@@ -149,18 +149,37 @@ __device__ float weight_at(const SimpleMat& m, int64_t r, int64_t c) {
   return nan_f32();
 }
 
-// One warp per (row, token): exact f32 products, warp-reduced.
+// Tokens per warp of the exact kernel: each weight element is decoded once for all of them.
+constexpr int kSimpleTokens = 8;
+
+// One warp per (row, kSimpleTokens tokens): exact f32 products, warp-reduced. Each token's sum runs in the
+// same order whatever the other tokens (lane-strided partial sums, then warp_sum): batch invariant.
 __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stride, int64_t rows_per_group,
                                      int64_t T, float* y) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int64_t tok = blockIdx.y;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
   const int lane = threadIdx.x & 31;
-  if (row >= m.out || tok >= T) return;
-  const float* xr = x + tok * x_stride + (row / rows_per_group) * m.in;
-  float acc = 0.0f;
-  for (int64_t c = lane; c < m.in; c += 32) acc += xr[c] * weight_at(m, row, c);
-  acc = warp_sum(acc);
-  if (lane == 0) y[tok * m.out + row] = acc;
+  if (row >= m.out || tok0 >= T) return;
+  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
+  const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
+  float acc[kSimpleTokens];
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
+  for (int64_t c = lane; c < m.in; c += 32) {
+    const float w = weight_at(m, row, c);
+#pragma unroll
+    for (int j = 0; j < kSimpleTokens; ++j)
+      if (j < nt) acc[j] += xr[j * x_stride + c] * w;
+  }
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) {
+    const float sum = warp_sum(acc[j]);
+    if (lane == 0 && j < nt) y[(tok0 + j) * m.out + row] = sum;
+  }
+}
+
+dim3 simple_grid(int64_t out, int64_t T) {
+  return dim3(static_cast<unsigned>((out + 7) / 8), static_cast<unsigned>((T + kSimpleTokens - 1) / kSimpleTokens));
 }
 
 __global__ void dequantize_kernel(SimpleMat m, float* out) {
@@ -180,12 +199,7 @@ SimpleMat simple_mat(const DeviceMat& w) {
 
 void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (!linear_mma_ok(p)) {
-    const dim3 grid(static_cast<unsigned>((p.w.out + 7) / 8), static_cast<unsigned>(p.T));
-    dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group,
-                                                        p.T, p.y);
-    return;
-  }
+  if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
   if (linear_stream_ok(p)) {
     const StreamPlan plan = plan_linear_stream(p);
     if (p.w.kind == WeightKind::fp8) launch_linear_stream<dev::WFmt::fp8>(p, plan, stream);
@@ -203,13 +217,10 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   }
 }
 
-// The exact path whatever the shape (router gates: their top-k must agree with the f32 reference). Declared
-// where it is used (backend_basic.cpp).
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  const dim3 grid(static_cast<unsigned>((p.w.out + 7) / 8), static_cast<unsigned>(p.T));
-  dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group, p.T,
-                                                      p.y);
+  dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(
+      dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group, p.T, p.y);
 }
 
 const char* linear_path_name(const LinearParams& p) {

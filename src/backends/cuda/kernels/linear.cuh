@@ -50,6 +50,9 @@ bool linear_stream_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear wants for this product (0: none).
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);
+// The exact path whatever the shape: linear_simple_kernel, f32 on CUDA cores, up to 8 tokens per weight pass
+// (router gates and the indexer: their top-k must agree with the f32 reference).
+void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
 
 // out f32 [w.out, w.in] = W exactly.
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
