@@ -32,6 +32,7 @@ struct Args {
   std::string batches = "1,16,32,64,128,256", contexts = "1024,8192", prefill = "1024,8192";
   int steps = 10, warmup = 3;
   bool profile = false;
+  std::vector<int64_t> profile_batches{16, 64};
   double headroom_gib = 12;
   uint64_t seed = 1;
 };
@@ -261,7 +262,7 @@ int run(const Args& a) {
         r.note = m.device() == Device::cpu ? "(eager: CPU)" : "(EAGER: " + graphs.disabled_reason() + ")";
       decode_rows.push_back(r);
       say(cat("decode ", decode_line(r)));
-      if (profiler && (B == 16 || B == 64)) {
+      if (profiler && std::find(a.profile_batches.begin(), a.profile_batches.end(), B) != a.profile_batches.end()) {
         profiler->start();
         for (int i = 0; i < a.steps; ++i) step();
         say(cat("profile at batch ", B, ", context ", L, ":\n",
@@ -322,7 +323,10 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
        app.add_option("--steps", a->steps, "timed decode steps per row (median reported)")->capture_default_str();
        app.add_option("--warmup", a->warmup, "untimed decode steps before each row")->capture_default_str();
-       app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the decode steps at batch 16 and 64");
+       app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the decode steps at the --profile-batches");
+       app.add_option("--profile-batches", a->profile_batches, "batches profiled with --profile")
+           ->delimiter(',')
+           ->capture_default_str();
        app.add_option("--json", a->json, "also write the results as JSON to this file");
        app.add_option("--headroom-gib", a->headroom_gib,
                       "GPU memory kept free beyond the largest batch's states (activations, workspace, graphs)")
