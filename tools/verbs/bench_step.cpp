@@ -3,6 +3,7 @@
 // against what the same run measured: the copy bandwidth (decode streams weights) and a big GEMM through
 // tern's own linear op (prefill is matrix work). Rows are printed as they are measured; the tables again last.
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -125,7 +126,10 @@ int run(const Args& a) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  const std::string commit = run_and_read("git rev-parse --short HEAD 2>/dev/null");
+  // $TERN_COMMIT: what the binaries were built from (scripts/gpu-pack -> gpu-check); else this tree's HEAD.
+  const char* built = std::getenv("TERN_COMMIT");
+  const std::string commit = built != nullptr && *built != '\0' ? std::string(built)
+                                                                : run_and_read("git rev-parse --short HEAD 2>/dev/null");
   say(cat("== tern bench-step: ", a.config, " config (", config.num_layers, " layers), ", a.experts, " experts, kv ",
           a.kv_mode, ", device ", a.device, "; commit ", commit, ", ", date));
 
