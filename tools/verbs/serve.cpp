@@ -46,7 +46,7 @@ using namespace tern;
 
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
-  std::string device = "cpu", cuda_graphs = "on", sampling = "host";
+  std::string device = "cpu", cuda_graphs = "on", sampling = "device";
   bool no_cuda_graphs = false;
   // --synthetic: random weights built in place on the device (docs/bench-step.md), no checkpoint
   bool synthetic = false;
@@ -436,8 +436,8 @@ void add_options(CLI::App& app, ServeArgs& a) {
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", a.no_cuda_graphs, "same as --cuda-graphs off");
   app.add_option("--sampling", a.sampling,
-                 "host or device: where a CUDA model's logits are sampled (a CPU model: always the host); device is "
-                 "checked kernel by kernel on an H200 but not yet through the server tests")
+                 "device or host: where a CUDA model's logits are sampled (a CPU model: always the host); the same "
+                 "tokens either way, host copies the logits back each step")
       ->capture_default_str();
   app.add_option("--cuda-graph-max-batch", a.cuda_graph_max_batch,
                  "largest decode batch recorded as a graph (default: min(--max-running, 128))");
