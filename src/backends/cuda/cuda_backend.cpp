@@ -119,9 +119,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
       "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 / f32 "
       "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
-      "linear_mma_kernel, same numerics; exact weights (router gate, indexer): "
-      "linear_exact_rows_kernel (bf16 / fp8 rows of 8-column chunks), else linear_simple_kernel, CUDA cores, f32, "
-      "8 tokens per weight pass; odd shapes: linear_simple_kernel",
+      "linear_mma_kernel, same numerics; exact weights (router gate, indexer) and odd shapes: "
+      "linear_simple_kernel, CUDA cores, f32",
       "moe_experts (mxfp4, nvfp4, fp8, bf16, f32 experts): moe_plan + moe_expert up/down + moe_combine; tensor cores",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
