@@ -2,6 +2,7 @@
 remove and re-add servers, limits, API keys, client disconnects passed on as aborts, a taken port,
 readiness, SIGTERM drain, bad flags."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -250,3 +251,12 @@ def test_pd_example_script_runs():
                        text=True, timeout=300, env={**os.environ, "TERN_BIN": os.path.abspath(TERN_BIN)})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "data: [DONE]" in p.stdout and 'tern:pd_transfers_total{model_name="tern-tiny-v4",side="decode"} 1' in p.stdout
+    # It stopped all three: their ports refuse connections (the servers once outlived the script).
+    urls = re.search(r"prefill (http://\S+), decode (http://\S+), router (http://\S+) ", p.stdout)
+    assert urls, p.stdout
+    def refused(host, port):
+        with socket.socket() as s:
+            return s.connect_ex((host, int(port))) != 0
+    for url in urls.groups():
+        host, port = url[len("http://"):].rsplit(":", 1)
+        assert wait_for(lambda: refused(host, port), timeout=10), url + " still answers"
