@@ -15,9 +15,8 @@ void prom_scalar(std::string& out, const char* name, const char* type, const cha
   out += fmt::format("tern:{}{{{}}} {}\n", name, labels, v);
 }
 
-void prom_histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
-                    const std::string& labels) {
-  prom_header(out, name, "histogram", help);
+// One series of a histogram family (its header written once, before).
+void prom_histogram_series(std::string& out, const char* name, const engine::Histogram& h, const std::string& labels) {
   uint64_t cum = 0;
   for (size_t i = 0; i < h.counts().size(); ++i) {
     cum += h.counts()[i];
@@ -25,6 +24,12 @@ void prom_histogram(std::string& out, const char* name, const char* help, const 
     out += fmt::format("tern:{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le, cum);
   }
   out += fmt::format("tern:{}_sum{{{}}} {}\ntern:{}_count{{{}}} {}\n", name, labels, h.sum(), name, labels, h.count());
+}
+
+void prom_histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
+                    const std::string& labels) {
+  prom_header(out, name, "histogram", help);
+  prom_histogram_series(out, name, h, labels);
 }
 
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model) {
@@ -93,6 +98,11 @@ std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, co
   prom_scalar(out, "pd_transfers_in_progress", "gauge", "Transfers (rooms) in progress.", double(m.rooms), l);
   prom_scalar(out, "pd_landing_bytes", "gauge", "Landing memory held for states on their way.", double(m.landed_bytes), l);
   prom_histogram(out, "pd_transfer_seconds", "Offer to ack (prefill side), ready to import (decode side).", m.seconds, l);
+  prom_header(out, "pd_phase_seconds", "histogram",
+              "Decode side, per completed transfer: connect, handshake, prefill (until the offer), transfer, import.");
+  for (size_t i = 0; i < m.phases.size(); ++i)
+    prom_histogram_series(out, "pd_phase_seconds", m.phases[i],
+                          fmt::format("{},phase=\"{}\"", l, transfer::pd_phase_name(static_cast<transfer::PdPhase>(i))));
   return out;
 }
 

@@ -24,6 +24,9 @@ struct DecodeRooms::Room {
   std::unique_ptr<Landing> landing;
   net::steady_timer timer;
   Clock::time_point ready_at;
+  // When each phase ended (PdPhase order), from the request's arrival at marks[0]: tern:pd_phase_seconds.
+  std::array<Clock::time_point, static_cast<size_t>(PdPhase::count_) + 1> marks{};
+  void mark(PdPhase p) { marks[static_cast<size_t>(p) + 1] = Clock::now(); }
 };
 
 std::pair<std::string, uint16_t> parse_host_port(const std::string& s) {
@@ -61,6 +64,7 @@ void DecodeRooms::begin(DecodeRequest request) {
   TERN_CHECK(!rooms_.count(key), "room ", key.name(), " is already in progress on this server");
   const auto [host, port] = parse_host_port(request.bootstrap);
   auto room = std::make_unique<Room>(io_);
+  room->marks[0] = Clock::now();
   room->request = std::move(request);
   rooms_.emplace(key, std::move(room));
   Channel::connect(io_, host, port, options_.channel, [this, key](std::shared_ptr<Channel> channel, const std::string& error) {
@@ -71,6 +75,7 @@ void DecodeRooms::begin(DecodeRequest request) {
     }
     if (!channel) return end(key, false, FailReason::connect, cat("prefill server: ", error), true);
     Room& room = *it->second;
+    room.mark(PdPhase::connect);
     room.channel = channel;
     channel->start([this, key](Frame type, std::string payload) { on_frame(key, type, std::move(payload)); },
                    [this, key](const std::string& why, bool timeout) {
@@ -96,6 +101,7 @@ void DecodeRooms::reserved(const RoomKey& key) {
   room.reserved = true;
   if (room.phase == DecodePhase::accepted) {
     room.phase = DecodePhase::reserved_sent;
+    room.mark(PdPhase::handshake);
     room.channel->send(Frame::reserved, {});
   }
 }
@@ -116,6 +122,7 @@ void DecodeRooms::on_frame(const RoomKey& key, Frame type, std::string payload) 
       room.phase = DecodePhase::accepted;
       if (room.reserved) {
         room.phase = DecodePhase::reserved_sent;
+        room.mark(PdPhase::handshake);
         room.channel->send(Frame::reserved, {});
       }
       return;
@@ -132,6 +139,7 @@ void DecodeRooms::on_frame(const RoomKey& key, Frame type, std::string payload) 
 
 void DecodeRooms::on_offer(Room& room, const std::string& payload) {
   const RoomKey key = room.request.key;
+  room.mark(PdPhase::prefill);
   try {
     room.offer = decode_offer(payload);
     room.landing = backend_.land(static_cast<size_t>(room.offer->state_bytes), room.channel->local_address());
@@ -149,6 +157,7 @@ void DecodeRooms::on_offer(Room& room, const std::string& payload) {
 
 void DecodeRooms::on_done(Room& room) {
   const RoomKey key = room.request.key;
+  room.mark(PdPhase::transfer);
   if (!room.landing->complete())
     return end(key, false, FailReason::refused, "the prefill server said done but the state has not fully arrived", true);
   auto h = std::make_shared<engine::Handover>();
@@ -171,6 +180,9 @@ void DecodeRooms::imported(const RoomKey& key, const std::string& error) {
   Room& room = *it->second;
   if (!error.empty()) return end(key, false, FailReason::refused, error, false);  // the engine failed the request
   metrics_.seconds.observe(std::chrono::duration<double>(Clock::now() - room.ready_at).count());
+  room.mark(PdPhase::import);
+  for (size_t i = 0; i < metrics_.phases.size(); ++i)
+    metrics_.phases[i].observe(std::chrono::duration<double>(room.marks[i + 1] - room.marks[i]).count());
   if (room.channel) room.channel->send(Frame::ack, {});
   end(key, true, FailReason::count_, "", false);
 }

@@ -1,5 +1,7 @@
 #include "transfer/pd_common.h"
 
+#include <vector>
+
 namespace tern::transfer {
 
 const char* fail_reason_name(FailReason r) {
@@ -17,7 +19,26 @@ const char* fail_reason_name(FailReason r) {
   return "?";
 }
 
-PdMetrics::PdMetrics()
-    : seconds({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0}) {}
+const char* pd_phase_name(PdPhase p) {
+  switch (p) {
+    case PdPhase::connect: return "connect";
+    case PdPhase::handshake: return "handshake";
+    case PdPhase::prefill: return "prefill";
+    case PdPhase::transfer: return "transfer";
+    case PdPhase::import: return "import";
+    case PdPhase::count_: break;
+  }
+  return "?";
+}
+
+namespace {
+std::vector<double> transfer_bounds() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
+}
+}  // namespace
+
+PdMetrics::PdMetrics() : seconds(transfer_bounds()) {
+  for (engine::Histogram& h : phases) h = engine::Histogram(transfer_bounds());
+}
 
 }  // namespace tern::transfer

@@ -35,6 +35,17 @@ enum class FailReason : uint8_t {
 };
 const char* fail_reason_name(FailReason r);
 
+// Where a decode-side transfer's time goes (a label of tern:pd_phase_seconds), in order:
+enum class PdPhase : uint8_t {
+  connect,    // the request arrived -> the control connection to the prefill server is up
+  handshake,  // -> hello accepted and this side's memory reserved (reserved sent)
+  prefill,    // -> the prefill server offers the state (it ran the prompt and exported the state)
+  transfer,   // -> the bytes are in the landing (land, ready, the backend's write, done)
+  import,     // -> the engine imported the state (the first token is delivered with it)
+  count_
+};
+const char* pd_phase_name(PdPhase p);
+
 struct PdMetrics {
   uint64_t transfers_ok = 0;
   std::array<uint64_t, static_cast<size_t>(FailReason::count_)> failed{};
@@ -42,6 +53,8 @@ struct PdMetrics {
   int64_t rooms = 0;          // transfers in progress
   int64_t landed_bytes = 0;   // decode side: landing memory held now
   engine::Histogram seconds;  // offer -> ack (prefill side), ready -> import (decode side)
+  // Decode side: each completed transfer's phases (empty on the prefill side).
+  std::array<engine::Histogram, static_cast<size_t>(PdPhase::count_)> phases;
   PdMetrics();
 };
 

@@ -116,6 +116,11 @@ def test_transfers_all_succeeded_and_memory_is_free(pd_cluster):
     assert metric(d, "state_memory_used_bytes") == 0 and metric(p, "state_memory_used_bytes") == 0
     assert metric(d, "pd_landing_bytes") == 0 and metric(d, "num_requests_transferring") == 0
     assert metric(p, "request_success_total", finished_reason="handover") == ok
+    # Every completed transfer has its phases timed on the decode side, in order, adding up to something.
+    for phase in ("connect", "handshake", "prefill", "transfer", "import"):
+        assert metric(d, "pd_phase_seconds_count", phase=phase) == ok, phase
+        assert metric(p, "pd_phase_seconds_count", phase=phase) == 0, phase
+    assert metric(d, "pd_phase_seconds_sum", phase="prefill") > 0
 
 
 def test_state_grows_with_the_prompt(pd_cluster):

@@ -64,4 +64,8 @@ def test_pd_adds_under_5_percent_to_ttft_of_an_8k_prompt(cluster8k):
     backend = os.environ.get("TERN_PD_BACKEND", "tcp")
     print(f"\n[gpu pd] ttft 8K prompt: both {b * 1e3:.1f} ms, router+prefill+decode ({backend}) {p * 1e3:.1f} ms, "
           f"added {(p - b) / b * 100:+.1f}%; state {state / 2**20:.1f} MiB per request")
+    d = cluster8k["decode"].url
+    phases = {ph: metric(d, "pd_phase_seconds_sum", phase=ph) / max(1.0, metric(d, "pd_phase_seconds_count", phase=ph))
+              for ph in ("connect", "handshake", "prefill", "transfer", "import")}
+    print("[gpu pd] decode-side phases, mean ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in phases.items()))
     assert (p - b) / b < 0.05, (both, pd)
