@@ -181,6 +181,9 @@ TEST(GpuTransfer, CudaIpcRefusesAnotherHostsDescriptorAndWrongSizes) {
   const auto data = pattern(1024, 3);
   auto send = [&](const std::string& descriptor, size_t n) {
     std::string result = "pending";
+    // The previous call's guard, destroyed with no other work left, stopped the io_context: a stopped
+    // context's run_one() returns at once without running the completion (this loop then spun forever).
+    io.restart();
     auto work = boost::asio::make_work_guard(io);  // see send_main
     backend->send(descriptor, {Segment(data.data(), n)}, [&](std::string e) { result = std::move(e); });
     while (result == "pending") io.run_one();
