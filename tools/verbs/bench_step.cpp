@@ -182,7 +182,9 @@ int run(const Args& a) {
     const int64_t seqs = std::min(want, fit);
     TERN_CHECK(fit >= 0, "bench-step: not even one state of ", L + margin, " tokens fits (",
                static_cast<double>(avail) / (1 << 30), " GiB free)");
-    auto pool = std::make_shared<cache::PagePool>(layout, (seqs + 1) * pages_per_seq, m.device());
+    // The prefilled state plus the clones; a profiled prefill needs a second state before any clone exists.
+    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler ? 1 : 0) + 1;
+    auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
 
     // One real prefill of L tokens (timed), into the state the decode batches clone.
     cache::SequenceState first(pool, L + margin);
@@ -201,6 +203,13 @@ int run(const Args& a) {
     if (std::binary_search(prefills.begin(), prefills.end(), L)) {
       prefill_rows.push_back(pr);
       say(cat("prefill ", prefill_line(pr)));
+      if (profiler) {  // the same prompt again into a fresh state, profiled (the timed run above was not)
+        cache::SequenceState again(pool, L + margin);
+        const model::StepSequence seq2{&again, prompt, model::LogitsFor::last};
+        profiler->start();
+        (void)m.forward({&seq2, 1});
+        say(cat("profile of the prefill of ", L, " tokens:\n", profiler->stop(1, cat("prefill (", L, " tokens)"))));
+      }
     }
     if (!decode) continue;
 
@@ -327,7 +336,7 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
        app.add_option("--steps", a->steps, "timed decode steps per row (median reported)")->capture_default_str();
        app.add_option("--warmup", a->warmup, "untimed decode steps before each row")->capture_default_str();
-       app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the decode steps at the --profile-batches");
+       app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the prefills and of the decode steps at the --profile-batches");
        app.add_option("--profile-batches", a->profile_batches, "batches profiled with --profile")
            ->delimiter(',')
            ->capture_default_str();
