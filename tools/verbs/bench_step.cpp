@@ -184,6 +184,8 @@ int run(const Args& a) {
                static_cast<double>(avail) / (1 << 30), " GiB free)");
     // The prefilled state plus the clones; a profiled prefill needs a second state before any clone exists.
     const int64_t pool_seqs = std::max<int64_t>(seqs, profiler ? 1 : 0) + 1;
+    TERN_CHECK(fit + 1 >= pool_seqs, "bench-step: a profiled prefill of ", L, " tokens needs two states of ",
+               L + margin, " tokens; ", static_cast<double>(avail) / (1 << 30), " GiB free holds one");
     auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
 
     // One real prefill of L tokens (timed), into the state the decode batches clone.
