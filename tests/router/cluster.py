@@ -5,6 +5,7 @@ ready when it logs its ready line; `wrap` runs a process inside something else (
 TERN_DEVICE=cuda runs every server on the GPU, TERN_PD_BACKEND picks the prefill and decode servers'
 --pd-backend (scripts/gpu-check sets both).
 """
+import contextlib
 import http.client
 import json
 import os
@@ -45,6 +46,21 @@ def serve(role="both", *args, port=0, wait=True, wrap=()):
 def route(*args, wait=True, port=0):
     return Proc(["route", "--port", str(port), "--health-interval", "0.25", "--health-timeout", "1", *args], ROUTE_READY,
                 wait=wait)
+
+
+@contextlib.contextmanager
+def pd_processes(*args):
+    """One `both` server (the reference), a prefill and a decode server, all with `args`, and a router in PD
+    mode in front of the prefill and decode servers; stopped at the end."""
+    procs = {role: serve(role, *args, wait=False) for role in ("both", "prefill", "decode")}
+    try:
+        for p in procs.values():
+            p.wait_ready()
+        procs["router"] = route("--prefill", procs["prefill"].url, "--decode", procs["decode"].url)
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
 
 
 def metric(url, name, **labels):

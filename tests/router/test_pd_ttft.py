@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cluster import SseStream, metric, route, serve
+from cluster import SseStream, metric, pd_processes
 
 PROMPT_TOKENS = 8192
 RUNS = 5
@@ -19,17 +19,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("TERN_DEVICE") != "cuda", reason=
 
 @pytest.fixture(scope="module")
 def cluster8k():
-    args = ("--max-model-len", str(PROMPT_TOKENS + 64), "--max-chunk", "2048", "--token-budget", "8192")
-    procs = {"both": serve("both", *args, wait=False), "prefill": serve("prefill", *args, wait=False),
-             "decode": serve("decode", *args, wait=False)}
-    try:
-        for p in procs.values():
-            p.wait_ready()
-        procs["router"] = route("--prefill", procs["prefill"].url, "--decode", procs["decode"].url)
+    with pd_processes("--max-model-len", str(PROMPT_TOKENS + 64), "--max-chunk", "2048", "--token-budget", "8192") as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
 
 
 def ttft(url, prompt):
