@@ -353,8 +353,9 @@ void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& upd
                                                     r.token) != options_.eos_token_ids.end();
   const bool is_stop_id = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), r.token) !=
                           stop.stop_token_ids.end();
-  if (is_eos || is_stop_id) return finish(s, FinishReason::stop, std::move(update));
+  // A stop token counts in completion_tokens and shows in logprobs (as vLLM does), never in the text.
   update.tokens.push_back({r.token, r.logprob, r.top});
+  if (is_eos || is_stop_id) return finish(s, FinishReason::stop, std::move(update));
   bool stopped = false;
   update.text = s.text.push(options_.token_bytes(r.token), &stopped);
   if (stopped) return finish(s, FinishReason::stop, std::move(update));

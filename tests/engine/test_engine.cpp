@@ -144,8 +144,11 @@ TEST_F(EngineTest, StopStringsStopTokensAndEos) {
   submit(r);
   run_to_end();
   EXPECT_EQ(out[2].finish, FinishReason::stop);
-  EXPECT_LE(out[2].tokens.size(), 3u);
-  EXPECT_EQ(out[2].completion_tokens, static_cast<int64_t>(out[2].tokens.size()) + 1);
+  // The stop token is delivered (its logprob) and counted, but adds no text.
+  ASSERT_LE(out[2].tokens.size(), 4u);
+  EXPECT_EQ(out[2].tokens.back(), out[0].tokens[3]);
+  EXPECT_EQ(out[2].completion_tokens, static_cast<int64_t>(out[2].tokens.size()));
+  EXPECT_EQ(out[2].text, full.substr(0, out[2].tokens.size() - 1));
 }
 
 TEST_F(EngineTest, EosEndsUnlessIgnored) {

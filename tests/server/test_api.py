@@ -137,6 +137,16 @@ def test_stop_token_ids_and_ignore_eos(client, server):
                                   extra_body={"stop_token_ids": [ids[2]], "ignore_eos": True})
     assert r.choices[0].finish_reason == "stop"
     assert full.startswith(r.choices[0].text) and len(r.choices[0].text) < len(full)
+    # The stop token counts in usage and shows in logprobs (as in vLLM), streamed or not; its text does not.
+    body = dict(model=server.model, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=0,
+                extra_body={"stop_token_ids": [ids[2]], "ignore_eos": True})
+    r = client.completions.create(**body)
+    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    seen, usage = 0, None
+    for ch in client.completions.create(**body, stream=True, stream_options={"include_usage": True}):
+        usage = ch.usage or usage
+        seen += sum(len(c.logprobs.tokens) for c in ch.choices if c.logprobs)
+    assert seen == usage.completion_tokens == r.usage.completion_tokens
 
 
 def test_penalties_and_filters_accepted(client, server):
