@@ -104,9 +104,17 @@ class SequenceState {
   // Checks a header from export_header() against this state (layout, page geometry, reserved pages) and
   // takes its position; throws naming what does not match, changing nothing.
   void import_header(std::span<const std::byte> header);
-  // Header and pages in one host buffer, and back (through page() and import_header()).
-  std::vector<std::byte> export_pages() const;
-  void import_pages(std::span<const std::byte> data);
+  // Header and pages in one buffer, and back: what a prefill-decode transfer moves.
+  size_t export_bytes() const;
+  // Writes the header and pages into `dst` (u8, export_bytes(), on the host or on this state's device) and
+  // returns when they are there. From a device state to the host the pages are gathered on the device
+  // first and cross in one copy (a few hundred small copies to the host would each wait).
+  void export_to(const TensorView& dst) const;
+  // Reads an export (on the host or this state's device; one copy to the device, then page copies there)
+  // and returns when it is in place. Checks as import_header() does, changing nothing when it throws.
+  void import_from(const TensorView& src);
+  std::vector<std::byte> export_pages() const;          // export_to() a host buffer
+  void import_pages(std::span<const std::byte> data);  // import_from() a host buffer
 
  private:
   TensorView fixed_part(const PagePlace& p, DType dtype, Shape shape) const;

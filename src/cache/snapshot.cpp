@@ -128,25 +128,65 @@ void SequenceState::import_header(std::span<const std::byte> header) {
   position_ = check_import(*this, header, "import_header");
 }
 
-std::vector<std::byte> SequenceState::export_pages() const {
+size_t SequenceState::export_bytes() const {
+  return kHeaderBytes + static_cast<size_t>(pages_used()) * static_cast<size_t>(layout().page_bytes());
+}
+
+// Bytes [at, at + n) of a contiguous u8 view, on its device.
+static TensorView byte_range(const TensorView& v, size_t at, size_t n) {
+  return TensorView(v.data_as<std::byte>() + at, DType::u8, {static_cast<int64_t>(n)}, v.device());
+}
+
+static void synchronize(Device d) {
+  if (d != Device::cpu) device_memory(d).synchronize();
+}
+
+void SequenceState::export_to(const TensorView& dst) const {
+  const size_t bytes = export_bytes();
+  TERN_CHECK(dst.nbytes() == bytes && dst.is_contiguous(), "export_to: the buffer holds ", dst.nbytes(),
+             " bytes, the export ", bytes);
+  TERN_CHECK(dst.device() == Device::cpu || dst.device() == device(), "export_to: the buffer is on another device");
   const auto page_bytes = static_cast<size_t>(layout().page_bytes());
-  std::vector<std::byte> out = export_header();
-  out.resize(kHeaderBytes + static_cast<size_t>(pages_used()) * page_bytes);
+  const std::vector<std::byte> header = export_header();
+  copy_view(host_bytes(header.data(), kHeaderBytes), byte_range(dst, 0, kHeaderBytes));
+  const TensorView pages = byte_range(dst, kHeaderBytes, bytes - kHeaderBytes);
+  Tensor staging;  // a device state exported to the host: gathered on the device, then one copy
+  if (dst.device() != device()) staging = Tensor(DType::u8, {static_cast<int64_t>(pages.nbytes())}, device());
+  const TensorView& gather = dst.device() == device() ? pages : staging.view();
   for (int64_t i = 0; i < pages_used(); ++i)
-    copy_view(page(i), host_bytes(out.data() + kHeaderBytes + static_cast<size_t>(i) * page_bytes, page_bytes));
+    copy_view(page(i), byte_range(gather, static_cast<size_t>(i) * page_bytes, page_bytes));
+  if (!staging.empty()) copy_view(staging.view(), pages);
+  synchronize(dst.device());
+}
+
+void SequenceState::import_from(const TensorView& src) {
+  TERN_CHECK(src.is_contiguous() && src.nbytes() >= kHeaderBytes, "import_from: ", src.nbytes(),
+             " bytes is shorter than the ", kHeaderBytes, "-byte header");
+  TERN_CHECK(src.device() == Device::cpu || src.device() == device(), "import_from: the bytes are on another device");
+  std::vector<std::byte> header(kHeaderBytes);
+  copy_view(byte_range(src, 0, kHeaderBytes), host_bytes(header.data(), kHeaderBytes));
+  const int64_t position = check_import(*this, header, "import_from");
+  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
+  const int64_t pages = layout().pages_for(position);
+  const size_t expected = kHeaderBytes + static_cast<size_t>(pages) * page_bytes;
+  TERN_CHECK(src.nbytes() == expected, "import_from: expected ", expected, " bytes (", pages, " pages) for position ",
+             position, ", found ", src.nbytes());
+  const TensorView body = byte_range(src, kHeaderBytes, expected - kHeaderBytes);
+  // Host bytes for a device state cross in one copy, then spread to the pages on the device.
+  const Tensor staging = src.device() == device() ? Tensor() : Tensor::copy_of(body, device());
+  const TensorView& from = staging.empty() ? body : staging.view();
+  for (int64_t i = 0; i < pages; ++i)
+    copy_view(byte_range(from, static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
+  synchronize(device());  // the source may be reused (a transfer's landing) once this returns
+  position_ = position;
+}
+
+std::vector<std::byte> SequenceState::export_pages() const {
+  std::vector<std::byte> out(export_bytes());
+  export_to(host_bytes(out.data(), out.size()));
   return out;
 }
 
-void SequenceState::import_pages(std::span<const std::byte> data) {
-  const int64_t position = check_import(*this, data, "import_pages");
-  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
-  const int64_t pages = layout().pages_for(position);
-  TERN_CHECK(data.size() == kHeaderBytes + static_cast<size_t>(pages) * page_bytes, "import_pages: expected ",
-             kHeaderBytes + static_cast<size_t>(pages) * page_bytes, " bytes (", pages, " pages) for position ",
-             position, ", found ", data.size());
-  for (int64_t i = 0; i < pages; ++i)
-    copy_view(host_bytes(data.data() + kHeaderBytes + static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
-  position_ = position;
-}
+void SequenceState::import_pages(std::span<const std::byte> data) { import_from(host_bytes(data.data(), data.size())); }
 
 }  // namespace tern::cache

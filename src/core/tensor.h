@@ -86,6 +86,8 @@ class DeviceMemory {
   // reused.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
   virtual void fill(void* p, uint8_t byte, size_t bytes) = 0;
+  // Returns when every copy and fill issued so far (device to device ones too) is done.
+  virtual void synchronize() = 0;
 };
 // Installs (or, with nullptr, removes) the memory of `device` (not Device::cpu).
 void set_device_memory(Device device, DeviceMemory* memory);

@@ -336,7 +336,12 @@ void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& upd
     auto h = std::make_shared<Handover>();
     h->prompt.assign(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
     h->capacity = capacity(s);
-    h->state = pool_.state(s.id).serialize();
+    const cache::SequenceState& state = pool_.state(s.id);
+    auto bytes = std::make_shared<Tensor>(DType::u8, Shape{static_cast<int64_t>(state.export_bytes())},
+                                          options_.handover_on_device ? state.device() : Device::cpu);
+    state.export_to(bytes->view());
+    h->state = bytes->view();
+    h->state_owner = std::move(bytes);
     h->first = {r.token, r.logprob, r.top};
     h->rng = rng_text(s.rng);
     update.handover = std::move(h);

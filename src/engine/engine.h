@@ -31,6 +31,9 @@ struct EngineOptions {
   std::vector<int32_t> eos_token_ids;
   // The bytes a token adds to the output text ("" for special tokens). Required.
   std::function<std::string(int32_t)> token_bytes;
+  // Prefill role: the handed-over state stays on the model's device (for a transfer backend that reads
+  // device memory: cuda-ipc, nccl) instead of crossing to the host.
+  bool handover_on_device = false;
 };
 
 class Engine {

@@ -77,7 +77,7 @@ void Engine::import_state(const Provided& p) {
                " is outside the vocabulary");
     const std::mt19937_64 rng = rng_from_text(h.rng);
     cache::SequenceState& state = pool_.state(s.id);
-    state.deserialize(h.state);  // checks the layout; changes nothing when it throws
+    state.import_from(h.state);  // checks the layout and page geometry; changes nothing when it throws
     if (state.position() != s.prompt_len) {
       const int64_t got = state.position();
       state.reset();

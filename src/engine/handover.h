@@ -7,10 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "engine/request.h"
 
 namespace tern::engine {
@@ -18,7 +20,11 @@ namespace tern::engine {
 struct Handover {
   std::vector<int32_t> prompt;   // the decode side checks that it continues the same prompt
   int64_t capacity = 0;          // state positions (prompt + max_tokens, within the context): equal layouts
-  std::vector<std::byte> state;  // cache::SequenceState::serialize() after the prompt (position == prompt.size())
+  // cache::SequenceState::export_to() after the prompt (position == prompt.size()): u8, on the host or the
+  // state's device. `state_owner` keeps it alive where the handover owns it (the prefill side); the
+  // decode side's view into a transfer's landing is valid until provide_state()'s done callback.
+  TensorView state;
+  std::shared_ptr<const void> state_owner;
   GeneratedToken first;          // the first generated token
   std::string rng;               // std::mt19937_64 after drawing it (operator<< text)
 };

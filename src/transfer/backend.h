@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace tern::transfer {
 
 using Segment = std::span<const std::byte>;
@@ -29,8 +31,8 @@ class Landing {
   virtual size_t size() const = 0;
   // True once every byte arrived (checked when the prefill side says `done`).
   virtual bool complete() const = 0;
-  // The bytes, on the host (after complete()).
-  virtual std::vector<std::byte> take() = 0;
+  // The bytes (after complete()), u8 on the host or on the backend's device, valid while the landing lives.
+  virtual TensorView bytes() const = 0;
 };
 
 class Backend {
@@ -47,6 +49,8 @@ class Backend {
                                      std::function<void(std::string)> done) = 0;
   // Bytes of landing memory held now.
   virtual size_t landed_bytes() const = 0;
+  // Whether send() takes segments in device memory (cuda-ipc, nccl) or only host memory (tcp).
+  virtual bool reads_device_memory() const { return false; }
 };
 
 }  // namespace tern::transfer

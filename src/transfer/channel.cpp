@@ -80,6 +80,10 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
     return ec ? std::string() : e.address().to_string();
   }
 
+  std::chrono::steady_clock::duration silent_for() const override {
+    return std::chrono::steady_clock::now() - last_heard_;
+  }
+
   std::string peer() const override {
     error_code ec;
     const auto e = socket_.remote_endpoint(ec);

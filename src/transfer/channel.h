@@ -56,6 +56,8 @@ class Channel {
   virtual bool open() const = 0;
   virtual std::string local_address() const = 0;  // this end's IP address (as the peer reaches it)
   virtual std::string peer() const = 0;           // "ip:port"
+  // Time since the last frame (heartbeats included) came from the peer.
+  virtual std::chrono::steady_clock::duration silent_for() const = 0;
 
   struct Impl;
 };

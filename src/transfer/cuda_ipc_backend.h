@@ -1,9 +1,11 @@
 // The CUDA IPC backend (CUDA builds only; library tern_transfer_gpu): a landing is device memory of the
 // decode process, exported with cudaIpcGetMemHandle; the prefill process (same host, same or another
-// GPU with peer access) opens the handle and copies its segments (device or host memory) into it with
-// one cudaMemcpy each. The descriptor carries the host's boot id, so a prefill process on another host
-// refuses it instead of writing garbage. Copies are synchronous: when send() reports success the bytes
-// are in the decode process's memory, and the control channel's `done` orders the import after them.
+// GPU with peer access) opens the handle and copies its segments (device or host memory) into it on a
+// stream of its own. Landing buffers are reused (their handles stay valid) and the prefill side keeps
+// the handles it opened, so a transfer costs its copy, not an allocation and a mapping. The descriptor
+// carries the host's boot id, so a prefill process on another host refuses it instead of writing
+// garbage. When send() reports success the bytes are in the decode process's memory, and the control
+// channel's `done` orders the import (a device-to-device copy into the state's pages) after them.
 #pragma once
 
 #include <memory>
@@ -22,8 +24,5 @@ struct CudaIpcOptions {
 
 // Throws tern::Error when CUDA is unusable (no device, driver error).
 std::unique_ptr<Backend> make_cuda_ipc_backend(boost::asio::io_context& io, CudaIpcOptions options);
-
-// A landing's device memory (for the tests and a device-side import); nullptr for other backends.
-void* landing_device_pointer(Landing& landing);
 
 }  // namespace tern::transfer

@@ -163,11 +163,10 @@ void DecodeRooms::on_done(Room& room) {
   auto h = std::make_shared<engine::Handover>();
   h->prompt = room.request.prompt;
   h->capacity = room.request.capacity;
-  h->state = room.landing->take();
+  h->state = room.landing->bytes();  // the landing lives until imported() (the room ends there)
   h->first = room.offer->first;
   h->rng = room.offer->rng;
-  metrics_.bytes += h->state.size();
-  room.landing.reset();
+  metrics_.bytes += h->state.nbytes();
   room.phase = DecodePhase::importing;
   engine_.provide_state(room.request.engine_id, std::move(h), [this, key](std::string error) {
     net::post(io_, [this, key, error = std::move(error)] { imported(key, error); });

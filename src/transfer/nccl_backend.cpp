@@ -183,12 +183,9 @@ class NcclLanding : public Landing {
   std::string descriptor() const override { return descriptor_; }
   size_t size() const override { return state_->bytes; }
   bool complete() const override { return state_->complete; }
-  std::vector<std::byte> take() override {
+  TensorView bytes() const override {
     TERN_CHECK(state_->complete, "nccl transfer: the state has not arrived", state_->error.empty() ? "" : ": ", state_->error);
-    std::vector<std::byte> out(state_->bytes);
-    check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaMemcpy(out.data(), state_->ptr, state_->bytes, cudaMemcpyDeviceToHost), "copying the landing to the host");
-    return out;
+    return TensorView(state_->ptr, DType::u8, {static_cast<int64_t>(state_->bytes)}, Device::cuda);
   }
 
  private:
@@ -244,6 +241,7 @@ class NcclBackend : public Backend {
     return [cancelled] { *cancelled = true; };
   }
   size_t landed_bytes() const override { return landed_; }
+  bool reads_device_memory() const override { return true; }
 
  private:
   net::io_context& io_;

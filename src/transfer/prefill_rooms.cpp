@@ -21,6 +21,7 @@ struct PrefillRooms::Room {
   std::optional<Hello> hello;
   PrefillPhase phase = PrefillPhase::matching;
   std::shared_ptr<const engine::Handover> handover;
+  Tensor host_state;  // the handover's device state, copied for a backend that sends host memory
   std::function<void()> cancel_send;
   net::steady_timer timer;
   Clock::time_point offered_at;
@@ -158,7 +159,7 @@ void PrefillRooms::on_frame(const RoomKey& key, Frame type, std::string payload)
       return send_state(room, payload);
     case Frame::ack: {
       if (!expect(PrefillPhase::sent)) return;
-      metrics_.bytes += room.handover->state.size();
+      metrics_.bytes += room.handover->state.nbytes();
       metrics_.seconds.observe(std::chrono::duration<double>(Clock::now() - room.offered_at).count());
       return end(key, true, FailReason::count_, "", false);
     }
@@ -174,7 +175,7 @@ void PrefillRooms::prefilled(const RoomKey& key, std::shared_ptr<const engine::H
   if (room.phase != PrefillPhase::prefilling) return;
   room.handover = std::move(handover);
   Offer offer;
-  offer.state_bytes = static_cast<int64_t>(room.handover->state.size());
+  offer.state_bytes = static_cast<int64_t>(room.handover->state.nbytes());
   offer.first = room.handover->first;
   offer.rng = room.handover->rng;
   room.phase = PrefillPhase::offered;
@@ -186,7 +187,15 @@ void PrefillRooms::prefilled(const RoomKey& key, std::shared_ptr<const engine::H
 void PrefillRooms::send_state(Room& room, const std::string& descriptor) {
   room.phase = PrefillPhase::sending;
   const RoomKey key = room.key;
-  room.cancel_send = backend_.send(descriptor, {Segment(room.handover->state)}, [this, key](std::string error) {
+  TensorView state = room.handover->state;
+  if (state.device() != Device::cpu && !backend_.reads_device_memory()) {  // a device handover over tcp
+    room.host_state = Tensor::copy_of(state, Device::cpu);
+    state = room.host_state.view();
+  }
+  const Segment bytes(state.data_as<std::byte>(), state.nbytes());
+  // The bytes stay alive until done is called, also when the room ends first (a cancelled send).
+  room.cancel_send = backend_.send(descriptor, {bytes}, [this, key, keep = room.handover,
+                                                         keep_host = room.host_state](std::string error) {
     auto it = rooms_.find(key);
     if (it == rooms_.end() || it->second->phase != PrefillPhase::sending) return;
     Room& r = *it->second;
@@ -198,6 +207,18 @@ void PrefillRooms::send_state(Room& room, const std::string& descriptor) {
 }
 
 void PrefillRooms::fail(const RoomKey& key, const std::string& why) {
+  // Given up here while the decode server has been silent for most of the peer timeout (a cut link: its
+  // side timed out first and the router's abort arrived before this side's watchdog fired): the cause is
+  // the silence, and it is reported as such.
+  auto it = rooms_.find(key);
+  if (it != rooms_.end() && it->second->channel) {
+    const auto silent = it->second->channel->silent_for();
+    if (silent >= options_.channel.peer_timeout - options_.channel.heartbeat)
+      return end(key, false, FailReason::peer_timeout,
+                 cat("no heartbeat from the decode server for ",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(), " ms (", why, ")"),
+                 true);
+  }
   end(key, false, FailReason::aborted, why, true);
 }
 

@@ -30,6 +30,7 @@ class HostAsDevice final : public DeviceMemory {
     std::memmove(dst, src, bytes);
   }
   void fill(void* p, uint8_t byte, size_t bytes) override { std::memset(p, byte, bytes); }
+  void synchronize() override {}
 };
 
 class StandInDevice : public ::testing::Test {
@@ -80,8 +81,20 @@ TEST_F(StandInDevice, ForwardEqualsHostBitForBit) {
     EXPECT_EQ(ds.serialize(), hs.serialize());
     EXPECT_EQ(ds.snapshot().fixed, hs.snapshot().fixed);
     cache::SequenceState back = host.new_state(static_cast<int64_t>(ids.size()) + 8);
-    back.import_pages(ds.export_pages());
+    back.import_pages(ds.export_pages());  // device pages gathered, one copy to the host
     EXPECT_EQ(back.serialize(), hs.serialize());
+    // A prefill-decode transfer's paths: an export kept on the device imported by a device state, and
+    // host bytes imported by a device state (one copy up, then page copies on the device).
+    Tensor on_device(DType::u8, {static_cast<int64_t>(ds.export_bytes())}, Device::cuda);
+    ds.export_to(on_device.view());
+    for (bool from_host : {false, true}) {
+      cache::SequenceState moved = dev.new_state(static_cast<int64_t>(ids.size()) + 8);
+      if (from_host)
+        moved.import_pages(hs.export_pages());
+      else
+        moved.import_from(on_device.view());
+      EXPECT_EQ(moved.serialize(), hs.serialize()) << "from host " << from_host;
+    }
   }
 }
 

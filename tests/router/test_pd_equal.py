@@ -124,10 +124,11 @@ def test_transfers_all_succeeded_and_memory_is_free(pd_cluster):
 
 
 def test_state_grows_with_the_prompt(pd_cluster):
-    """More positions, more compressed rows and indexer keys on the wire."""
+    """More positions, more row pages (compressed rows and indexer keys) on the wire: whole pages of 64
+    tokens cross, so the lengths are pages apart."""
     d = pd_cluster["decode"].url
     sizes = []
-    for n in [8, 64, 512]:
+    for n in [8, 200, 512]:
         before = metric(d, "pd_transfer_bytes_total")
         completion(pd_cluster["router"].url, {"prompt": prompt(n, 8), "max_tokens": 1, "temperature": 0})
         sizes.append(metric(d, "pd_transfer_bytes_total") - before)

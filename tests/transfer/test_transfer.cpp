@@ -51,7 +51,9 @@ TEST(TcpBackend, LandsSegmentsBackToBack) {
   ASSERT_TRUE(run_until(io, [&] { return result != "pending"; }));
   EXPECT_EQ(result, "");
   ASSERT_TRUE(landing->complete());
-  auto got = landing->take();
+  const TensorView landed = landing->bytes();
+  ASSERT_EQ(landed.device(), Device::cpu);
+  const std::vector<std::byte> got(landed.data_as<std::byte>(), landed.data_as<std::byte>() + landed.nbytes());
   std::vector<std::byte> want = a;
   want.insert(want.end(), b.begin(), b.end());
   EXPECT_EQ(got, want);

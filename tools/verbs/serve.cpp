@@ -178,6 +178,7 @@ Loaded load(const ServeArgs& a) {
   o.eos_token_ids = l.codec->eos_ids();
   const server::TextCodec* codec = l.codec.get();
   o.token_bytes = [codec](int32_t t) { return codec->token_bytes(t); };
+  o.handover_on_device = a.pd_backend != "tcp";  // cuda-ipc and nccl read the state from the device
   l.engine = std::make_shared<engine::Engine>(runner, std::move(o));
   log::info("memory plan: ", l.engine->memory_plan());
   for (const auto& k : runner->kernel_paths()) log::info("kernel: ", k);

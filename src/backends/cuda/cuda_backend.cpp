@@ -104,6 +104,7 @@ class CudaMemory final : public DeviceMemory {
   void fill(void* p, uint8_t byte, size_t bytes) override {
     TERN_CUDA(cudaMemsetAsync(p, byte, bytes, stream()));
   }
+  void synchronize() override { TERN_CUDA(cudaStreamSynchronize(stream())); }
 
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(backend_.stream()); }
