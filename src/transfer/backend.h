@@ -31,8 +31,10 @@ class Landing {
   virtual size_t size() const = 0;
   // True once every byte arrived (checked when the prefill side says `done`).
   virtual bool complete() const = 0;
-  // The bytes (after complete()), u8 on the host or on the backend's device, valid while the landing lives.
-  virtual TensorView bytes() const = 0;
+  // The bytes, u8 on the host or on the backend's device, valid while the landing lives. Called once the
+  // prefill side said `done` and complete() holds: the write is over, so a backend may reuse the memory
+  // of such a landing for a later transfer (never that of one dropped before).
+  virtual TensorView bytes() = 0;
 };
 
 class Backend {

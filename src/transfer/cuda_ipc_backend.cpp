@@ -127,6 +127,12 @@ class LandingPool {
     b.handle = hex(&h, sizeof h);
     return b;
   }
+  // A block whose transfer did not finish: a late write from the prefill side could still land in it, so
+  // it is never handed to another transfer.
+  void discard(Block b) {
+    cudaSetDevice(device_);
+    cudaFree(b.ptr);
+  }
   // Back for reuse; beyond kKeepFree idle blocks the oldest is freed.
   void give(Block b) {
     std::lock_guard lock(mutex_);
@@ -153,14 +159,19 @@ class IpcLanding : public Landing {
     *counter_ += bytes;
   }
   ~IpcLanding() override {
-    pool_->give(std::move(block_));
+    if (done_)
+      pool_->give(std::move(block_));
+    else
+      pool_->discard(std::move(block_));
     *counter_ -= bytes_;
   }
   std::string descriptor() const override { return descriptor_; }
   size_t size() const override { return bytes_; }
   // Nothing observes a peer's write into this memory: the control channel's `done` is the signal.
   bool complete() const override { return true; }
-  TensorView bytes() const override {
+  // Called once the prefill side said `done`: its write is over, and the block may serve again.
+  TensorView bytes() override {
+    done_ = true;
     return TensorView(block_.ptr, DType::u8, {static_cast<int64_t>(bytes_)}, Device::cuda);
   }
   void* device_pointer() const { return block_.ptr; }
@@ -171,6 +182,7 @@ class IpcLanding : public Landing {
   size_t bytes_;
   std::atomic<size_t>* counter_;
   std::string descriptor_;
+  bool done_ = false;
 };
 
 // The prefill side's opened handles, kept for the next transfer to the same landing block (the decode

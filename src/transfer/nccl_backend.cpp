@@ -183,7 +183,7 @@ class NcclLanding : public Landing {
   std::string descriptor() const override { return descriptor_; }
   size_t size() const override { return state_->bytes; }
   bool complete() const override { return state_->complete; }
-  TensorView bytes() const override {
+  TensorView bytes() override {
     TERN_CHECK(state_->complete, "nccl transfer: the state has not arrived", state_->error.empty() ? "" : ": ", state_->error);
     return TensorView(state_->ptr, DType::u8, {static_cast<int64_t>(state_->bytes)}, Device::cuda);
   }

@@ -58,7 +58,7 @@ class TcpLanding : public Landing {
   std::string descriptor() const override { return descriptor_; }
   size_t size() const override { return size_; }
   bool complete() const override { return state_->complete; }
-  TensorView bytes() const override {
+  TensorView bytes() override {
     TERN_CHECK(state_->complete, "tcp landing: the state has not fully arrived");
     return TensorView(state_->data.data(), DType::u8, {static_cast<int64_t>(state_->data.size())});
   }

@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
     float c = (m[2 * kHc + i] * inv) * a.scale[2] + a.base[2 * kHc + i];
     c = expf(c - row_max4(c));
     c = c / row_sum4(c) + a.hc_eps;
-    for (int it = 0; it < a.sinkhorn_iters; ++it) {
+    const int iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;  // the columns once even at 0 (as the CPU)
+    for (int it = 0; it < iters; ++it) {
       if (it > 0) c /= row_sum4(c) + a.hc_eps;
       c /= col_sum4(c) + a.hc_eps;
     }
