@@ -57,6 +57,34 @@ Placement place_model(model::Model& m, const std::string& device) {
   return p;
 }
 
+std::vector<std::string> tune_kernels(const model::Model& m, const std::string& device, const std::string& mode,
+                                      const std::string& cache_path) {
+  TERN_CHECK(mode == "off" || mode == "cached" || mode == "on", "--tune: expected off, cached or on, found \"", mode,
+             "\"");
+  if (mode == "off" || device != "cuda") return {};
+#if TERN_WITH_CUDA
+  cuda::CudaBackend& b = cuda::register_backend();
+  const std::string device_name = b.tune_device();
+  const std::string path = cache_path.empty() ? cuda::default_tune_path(device_name) : cache_path;
+  cuda::TuneTable table = cuda::TuneTable::load(path, device_name);
+  const std::vector<ops::LinearUse> linears = m.linears();
+  const cuda::CudaBackend::TuneSummary s = b.tune_linears(linears, table, mode == "on");
+  std::vector<std::string> lines;
+  if (s.measured > 0) table.save(path);
+  lines.push_back(cat("tuning (", mode, ", ", path, "): ", s.shapes, " streamed linear shapes over ", s.weights,
+                      " weights; ", s.from_table, " from the table, ", s.measured, " measured in ", s.seconds, " s",
+                      s.shapes - s.from_table - s.measured > 0
+                          ? cat("; ", s.shapes - s.from_table - s.measured, " not in the table keep the built-in rule")
+                          : std::string()));
+  for (const auto& c : s.choices) lines.push_back(cat("tuned ", c));
+  return lines;
+#else
+  (void)m;
+  (void)cache_path;
+  return {};
+#endif
+}
+
 std::string device_memory_report(const Placement& p) {
 #if TERN_WITH_CUDA
   if (p.device == "cuda") {

@@ -23,4 +23,20 @@ struct Verb {
 bool register_verb(Verb verb);
 const std::vector<Verb>& verbs();
 
+// Kernel tuning options of the verbs that run a model on the GPU (placement.h, tune_kernels).
+struct TuneOptions {
+  std::string mode = "off", cache;
+};
+inline void add_tune_options(CLI::App& app, TuneOptions& t) {
+  app.add_option("--tune", t.mode,
+                 "off, cached or on: with --device cuda, run the linear kernels with the configurations measured "
+                 "fastest on this GPU (cached: from the tuning file only; on: also measure what it lacks, a few "
+                 "seconds, and save them)")
+      ->check(CLI::IsMember({"off", "cached", "on"}))
+      ->capture_default_str();
+  app.add_option("--tune-cache", t.cache,
+                 "the tuning file (default: $TERN_CACHE_DIR, $XDG_CACHE_HOME/tern or ~/.cache/tern, "
+                 "tune-<gpu>.json)");
+}
+
 }  // namespace tern::tools

@@ -130,6 +130,19 @@ void Model::to_device(Device device, const Upload& upload) {
   inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
 }
 
+std::vector<ops::LinearUse> Model::linears() const {
+  std::vector<ops::LinearUse> out;
+  for (const LayerOps& o : layer_ops_) {
+    for (const ops::Weight* w : {&o.wq_a, &o.wq_b, &o.wkv, &o.wo_b, &o.comp_wkv, &o.comp_wgate, &o.idx_wq_b,
+                                 &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate, &o.gate, &o.shared.w1, &o.shared.w2,
+                                 &o.shared.w3})
+      if (!w->weight.empty()) out.push_back({w, 1});
+    if (!o.wo_a.weight.empty()) out.push_back({&o.wo_a, config().o_groups});
+  }
+  if (!head_.weight.empty()) out.push_back({&head_, 1});
+  return out;
+}
+
 ops::KvRowFormat Model::kv_format() const {
   const ModelConfig& c = w_.config;
   return {mode_ == KvMode::fp8 ? ops::KvFormat::fp8_ds : ops::KvFormat::f32, c.head_dim, c.rope_dim};

@@ -65,6 +65,8 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
   ops::KvRowFormat kv_format() const;
+  // Every weight forward() passes to linear() or grouped_linear(), with its groups (kernel tuning).
+  std::vector<ops::LinearUse> linears() const;
 
   // The state layout of one sequence of at most max_tokens tokens in pages of tokens_per_page tokens (0: the
   // cache's default), and a fresh (empty) standalone state with pages for max_tokens on the model's device.

@@ -37,4 +37,10 @@ struct Weight {
 // Throws tern::Error naming the weight when its views do not describe a [out, in] matrix of its format.
 void check_weight(const Weight& w);
 
+// A weight as a model uses it: in linear() (groups 1) or grouped_linear() over `groups` groups.
+struct LinearUse {
+  const Weight* weight = nullptr;
+  int64_t groups = 1;
+};
+
 }  // namespace tern::ops

@@ -36,6 +36,7 @@ struct Args {
   std::vector<int64_t> profile_batches{16, 64};
   double headroom_gib = 12;
   uint64_t seed = 1;
+  tern::tools::TuneOptions tune;
 };
 
 std::vector<int64_t> parse_list(const std::string& text, const char* option) {
@@ -153,6 +154,7 @@ int run(const Args& a) {
       tools::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
   model::Model& m = *placed.model;
   say(placed.description);
+  for (const auto& line : tools::tune_kernels(m, a.device, a.tune.mode, a.tune.cache)) say(line);
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
           " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
           " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
@@ -347,6 +349,7 @@ const bool registered = tern::tools::register_verb(
                       "GPU memory kept free beyond the largest batch's states (activations, workspace, graphs)")
            ->capture_default_str();
        app.add_option("--seed", a->seed, "weights' seed")->capture_default_str();
+       tern::tools::add_tune_options(app, a->tune);
        return [a] { return run(*a); };
      }});
 

@@ -29,6 +29,7 @@ using namespace tern;
 struct RunArgs {
   std::string model, prompt_ids, kv_mode = "exact", device = "cpu", profile_json, cuda_graphs = "on";
   bool no_cuda_graphs = false;
+  tern::tools::TuneOptions tune;
   int64_t max_tokens = 32, prefill_chunk = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
@@ -102,6 +103,7 @@ int run(const RunArgs& a) {
   const model::ModelConfig config = weights.config;
   model::Model m(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
   const tools::Placement placed = tools::place_model(m, a.device);
+  for (const auto& line : tools::tune_kernels(m, a.device, a.tune.mode, a.tune.cache)) std::printf("%s\n", line.c_str());
   const std::string& where = placed.description;
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
@@ -169,6 +171,7 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--cuda-graphs", a->cuda_graphs, "on or off: decode steps replayed as a CUDA graph (--device cuda)")
            ->capture_default_str();
        app.add_flag("--no-cuda-graphs", a->no_cuda_graphs, "same as --cuda-graphs off");
+       tern::tools::add_tune_options(app, a->tune);
        app.add_flag("--profile", a->profile,
                     "with --device cuda: GPU profile (CUPTI) of the decode steps, per step: op categories, top "
                     "kernels, GPU busy / wall");

@@ -47,6 +47,7 @@ using namespace tern;
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
   std::string device = "cpu", cuda_graphs = "on", sampling = "device";
+  tools::TuneOptions tune;
   bool no_cuda_graphs = false;
   // --synthetic: random weights built in place on the device (docs/bench-step.md), no checkpoint
   bool synthetic = false;
@@ -149,6 +150,7 @@ Loaded load(const ServeArgs& a) {
     weight_bytes = checkpoint_bytes(dir);
     source = dir;
   }
+  for (const auto& line : tools::tune_kernels(*m, a.device, a.tune.mode, a.tune.cache)) log::info(line);
   const auto& config = m->config();
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);
@@ -436,6 +438,7 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--cuda-graphs", a.cuda_graphs, "on or off: decode steps replayed as CUDA graphs (--device cuda)")
       ->capture_default_str();
   app.add_flag("--no-cuda-graphs", a.no_cuda_graphs, "same as --cuda-graphs off");
+  tools::add_tune_options(app, a.tune);
   app.add_option("--sampling", a.sampling,
                  "device or host: where a CUDA model's logits are sampled (a CPU model: always the host); the same "
                  "tokens either way, host copies the logits back each step")

@@ -55,8 +55,6 @@ void CudaBackend::rope(const TensorView& x, const TensorView& positions, const T
   check_launch("rope");
 }
 
-namespace {
-
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                 const TensorView& y) {
   LinearParams p;
@@ -67,6 +65,7 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   p.rows_per_group = w.out / groups;
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
+  if (auto it = impl.linear_groups.find(p.w.w); it != impl.linear_groups.end()) p.groups = it->second;
   if (w.exact) {
     launch_linear_exact(p, impl.stream);
     check_launch("linear");
@@ -83,15 +82,15 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   check_launch("linear");
 }
 
-}  // namespace
-
 void CudaBackend::linear(const TensorView& x, const ops::Weight& w, const TensorView& y) {
   require_cuda_f32("linear", {&x, &y});
+  impl_->linear_ran.insert(w.weight.data());
   run_linear(*impl_, x, w, 1, y);
 }
 
 void CudaBackend::grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) {
   require_cuda_f32("grouped_linear", {&x, &y});
+  impl_->linear_ran.insert(w.weight.data());
   run_linear(*impl_, x, w, x.dim(1), y);
 }
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -36,6 +38,9 @@ struct CudaBackend::Impl {
     const void* last = nullptr;
   };
   std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;
+  // The streaming linear's K groups per weight (by its device address), from tune_linears.
+  std::unordered_map<const void*, int> linear_groups;
+  std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
 
   // At least `bytes` of scratch, valid until the next call (ordered on the stream, so reuse is safe).
   void* scratch(size_t bytes);
@@ -45,6 +50,8 @@ struct CudaBackend::Impl {
 // Host-side helpers of the op implementations.
 void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views);
 DeviceMat device_mat(const ops::Weight& w);
+// One linear or grouped linear (groups > 1) on the backend's stream, with the tuned K groups of the weight.
+void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups, const TensorView& y);
 inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {
   return KvRowDesc{f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
 }

@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "backends/cuda/tune_table.h"
 #include "ops/backend.h"
 
 namespace tern::cuda {
@@ -73,6 +76,23 @@ class CudaBackend final : public ops::Backend {
   void reserve_workspace(size_t bytes);
   size_t workspace_bytes() const;
   int num_sms() const;
+
+  // Tuning (backend_tune.cpp, docs/cuda-backend.md "Tuning"): the streaming linear kernel's K groups per
+  // weight, measured on this GPU. For each weight the table lacks (when `measure`), every candidate is
+  // timed at 1, 16 and 64 tokens inside a CUDA graph, on copies of the weight that do not fit in L2 (as
+  // decode reads it), and the fastest goes into the table; then every weight the table knows runs with its
+  // entry. Call after the weights are on the device and before they first run (so that no result, graph or
+  // eager, depends on when tuning happened): changing a weight that has run throws.
+  struct TuneSummary {
+    int weights = 0, shapes = 0, measured = 0, from_table = 0, not_streamed = 0;
+    double seconds = 0;                // spent measuring
+    std::vector<std::string> choices;  // "<key>: 8 groups (41.2 us; the rule's 4: 47.0 us)"
+  };
+  TuneSummary tune_linears(std::span<const ops::LinearUse> linears, TuneTable& table, bool measure);
+  // The streaming linear's K groups for a weight from now on (tests; 0: back to the rule).
+  void set_linear_groups(const ops::Weight& w, int groups);
+  // "NVIDIA H200|sm_90|132 SMs": what a tuning table is measured on.
+  std::string tune_device() const;
 
   struct Impl;
 

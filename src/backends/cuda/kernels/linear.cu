@@ -77,7 +77,7 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
   const int chunk = chunk_of(p.w.kind);
   const int64_t chunks = p.w.in / chunk;
   const int64_t target = 2LL * p.num_sms;
-  int64_t groups = std::max<int64_t>(1, target / plan.bx);
+  int64_t groups = p.groups > 0 ? p.groups : std::max<int64_t>(1, target / plan.bx);
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, chunks / (dev::kStages - 1)), 64});
   plan.chunks_per_group = (chunks + groups - 1) / groups;
   const int64_t ngroups = (chunks + plan.chunks_per_group - 1) / plan.chunks_per_group;
@@ -102,6 +102,32 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
                                                                 : dev::ring_bytes<dev::WFmt::mxfp4, 1>());
   plan.smem = static_cast<size_t>(warps) * ring + rows * (plan.win_chunks * chunk * 2 + 64) + plan.scale_words * 4;
   return plan;
+}
+
+std::vector<int> linear_group_candidates(const LinearParams& p) {
+  std::vector<int> out;
+  if (!linear_stream_ok(p)) return out;
+  // Counts that give distinct groupings (chunks per group), up to the rule's limits.
+  const int64_t chunks = p.w.in / chunk_of(p.w.kind);
+  const int64_t most = std::min<int64_t>(std::max<int64_t>(1, chunks / (dev::kStages - 1)), 64);
+  int64_t last_per = -1;
+  for (int64_t g = 1; g <= most; g *= 2) {
+    const int64_t per = (chunks + g - 1) / g;
+    if (per == last_per) continue;
+    last_per = per;
+    out.push_back(static_cast<int>(g));
+  }
+  return out;
+}
+
+int linear_groups_used(const LinearParams& p) {
+  if (!linear_stream_ok(p)) return 0;
+  LinearParams q = p;
+  q.partial_floats = INT64_MAX;
+  q.num_counters = INT64_MAX;
+  const StreamPlan plan = plan_linear_stream(q);
+  const int64_t chunks = p.w.in / chunk_of(p.w.kind);
+  return static_cast<int>((chunks + plan.chunks_per_group - 1) / plan.chunks_per_group);
 }
 
 int64_t linear_partial_floats(const LinearParams& p) {

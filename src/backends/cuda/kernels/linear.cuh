@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace tern::cuda {
 
@@ -37,6 +38,9 @@ struct LinearParams {
   int* counters = nullptr;
   int64_t num_counters = 0;
   int num_sms = 132;
+  // Streaming kernel: the K groups (a function of the weight alone, so results do not depend on the batch),
+  // measured by the tuner (CudaBackend::tune_linears); 0: the built-in rule.
+  int groups = 0;
 };
 
 // Columns one k-chunk of the tensor-core path covers for this format (its K must be a multiple).
@@ -47,6 +51,13 @@ int chunk_of(WeightKind k);
 bool linear_mma_ok(const LinearParams& p);
 // True when the streaming kernel (FP8 / FP4 weights, linear_stream_impl.cuh) takes this product.
 bool linear_stream_ok(const LinearParams& p);
+// The streaming kernel's K group counts worth measuring for this weight (the tuner's candidates; empty when
+// the streaming kernel does not take it), and the count it uses for these params (p.groups or the rule).
+std::vector<int> linear_group_candidates(const LinearParams& p);
+int linear_groups_used(const LinearParams& p);
+// Part of every tuning key of the streaming linear: bump it when a change to the kernel makes old
+// measurements meaningless.
+inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v1";
 // Floats of split-K workspace launch_linear wants for this product (0: none).
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);
