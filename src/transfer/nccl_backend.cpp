@@ -222,15 +222,25 @@ class NcclBackend : public Backend {
         for (const auto& s : segments) total += s.size();
         TERN_CHECK(total == bytes, "nccl transfer: ", total, " bytes to send, the landing holds ", bytes);
         check(cudaSetDevice(o.device), "cudaSetDevice");
-        // NCCL sends device memory: gather the segments (host or device) into one buffer.
-        check(cudaMalloc(&staging, bytes), "cudaMalloc of the staging buffer");
-        size_t at = 0;
-        for (const auto& s : segments) {
-          check(cudaMemcpy(static_cast<char*>(staging) + at, s.data(), s.size(), cudaMemcpyDefault), "staging a segment");
-          at += s.size();
+        // NCCL sends device memory: one device segment (a handover kept on the GPU) goes as it is; host
+        // segments or several are gathered into one buffer first.
+        const void* from = nullptr;
+        cudaPointerAttributes where{};
+        if (segments.size() == 1 && cudaPointerGetAttributes(&where, segments[0].data()) == cudaSuccess &&
+            where.type == cudaMemoryTypeDevice)
+          from = segments[0].data();
+        cudaGetLastError();  // a host pointer may leave an error behind on older drivers
+        if (from == nullptr) {
+          check(cudaMalloc(&staging, bytes), "cudaMalloc of the staging buffer");
+          size_t at = 0;
+          for (const auto& s : segments) {
+            check(cudaMemcpy(static_cast<char*>(staging) + at, s.data(), s.size(), cudaMemcpyDefault), "staging a segment");
+            at += s.size();
+          }
+          from = staging;
         }
         run_p2p(id, 0, o.device, Clock::now() + o.timeout, *cancelled, [&](ncclComm_t comm, cudaStream_t stream) {
-          return nccl().send(staging, bytes, ncclUint8, 1, comm, stream);
+          return nccl().send(from, bytes, ncclUint8, 1, comm, stream);
         });
       } catch (const std::exception& e) {
         error = e.what();
