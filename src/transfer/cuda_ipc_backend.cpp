@@ -174,7 +174,6 @@ class IpcLanding : public Landing {
     done_ = true;
     return TensorView(block_.ptr, DType::u8, {static_cast<int64_t>(bytes_)}, Device::cuda);
   }
-  void* device_pointer() const { return block_.ptr; }
 
  private:
   std::shared_ptr<LandingPool> pool_;

@@ -50,19 +50,19 @@ TEST(TuneTable, FastestIsTheSmallestTimeAndEveryTryIsKept) {
 
 TEST_F(TuneTableFiles, SavedTablesLoadAsTheyWere) {
   TuneTable t("NVIDIA H200|sm_90|132 SMs");
-  t.put("linear_stream.v1/fp8/out=1024/in=4096/rows=1024", {8, 41.25, {{1, 60.5}, {8, 41.25}}});
+  t.put("linear_stream.v1/fp8_block/out=1024/in=4096/rows=1024", {8, 41.25, {{1, 60.5}, {8, 41.25}}});
   t.put("linear_stream.v1/mxfp4/out=4096/in=2048/rows=4096", {2, 12.0, {{2, 12.0}}});
   const std::string file = path("nested/folder/tune.json");
   t.save(file);
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_ / "nested/folder"), {}), 1);  // no temporary left
   const TuneTable back = TuneTable::load(file, t.device());
   ASSERT_EQ(back.entries().size(), 2u);
-  const TuneEntry* e = back.find("linear_stream.v1/fp8/out=1024/in=4096/rows=1024");
+  const TuneEntry* e = back.find("linear_stream.v1/fp8_block/out=1024/in=4096/rows=1024");
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->choice, 8);
   EXPECT_DOUBLE_EQ(e->us, 41.25);
   EXPECT_EQ(e->tried, (std::vector<std::pair<int, double>>{{1, 60.5}, {8, 41.25}}));
-  EXPECT_EQ(back.find("linear_stream.v1/fp8/out=1/in=1/rows=1"), nullptr);
+  EXPECT_EQ(back.find("linear_stream.v1/fp8_block/out=1/in=1/rows=1"), nullptr);
 }
 
 TEST_F(TuneTableFiles, AMissingFileIsAnEmptyTable) {

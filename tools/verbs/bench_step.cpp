@@ -3,9 +3,9 @@
 // against what the same run measured: the copy bandwidth (decode streams weights) and a big GEMM through
 // tern's own linear op (prefill is matrix work). Rows are printed as they are measured; the tables again last.
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/timing.h"
@@ -11,37 +10,25 @@
 namespace tern::cuda {
 namespace {
 
-const char* kind_name(WeightKind k) {
-  switch (k) {
-    case WeightKind::f32: return "f32";
-    case WeightKind::bf16: return "bf16";
-    case WeightKind::fp8: return "fp8";
-    case WeightKind::mxfp4: return "mxfp4";
-    case WeightKind::nvfp4: return "nvfp4";
-  }
-  return "?";
-}
-
 constexpr int64_t kTuneTokens[] = {1, 16, 64};  // decode batch sizes the choice is measured at
 constexpr size_t kBeyondL2 = size_t{256} << 20;  // weight copies cycled per measurement: more than L2 holds
 constexpr int kMaxCopies = 64;
 
-LinearParams params_of(const CudaBackend::Impl& impl, const ops::Weight& w, int64_t groups, int64_t T) {
+// One token of `w` (the plan's K groups depend on the weight alone).
+LinearParams params_of(const CudaBackend::Impl& impl, const ops::Weight& w, int64_t groups) {
   LinearParams p;
   p.w = device_mat(w);
-  p.T = T;
+  p.T = 1;
   p.x_stride = groups * w.in;
   p.rows_per_group = w.out / groups;
   p.num_sms = impl.num_sms;
   return p;
 }
 
-std::string tune_key(const LinearParams& p) {
-  return cat(kLinearStreamTuneVersion, "/", kind_name(p.w.kind), "/out=", p.w.out, "/in=", p.w.in,
-             "/rows=", p.rows_per_group);
+std::string tune_key(const ops::Weight& w, int64_t groups) {
+  return cat(kLinearStreamTuneVersion, "/", ops::weight_format_name(w.format), "/out=", w.out, "/in=", w.in,
+             "/rows=", w.out / groups);
 }
-
-size_t weight_bytes(const ops::Weight& w) { return w.weight.nbytes(); }
 
 }  // namespace
 
@@ -75,12 +62,11 @@ CudaBackend::TuneSummary CudaBackend::tune_linears(std::span<const ops::LinearUs
     TERN_CHECK(l.weight != nullptr && l.groups >= 1 && l.weight->out % l.groups == 0,
                "tune_linears: a weight without its groups");
     if (l.weight->exact) continue;  // the exact path has no groups
-    const LinearParams p = params_of(*impl_, *l.weight, l.groups, 1);
-    if (linear_group_candidates(p).empty()) {
+    if (linear_group_candidates(params_of(*impl_, *l.weight, l.groups)).empty()) {
       ++summary.not_streamed;
       continue;
     }
-    by_key[tune_key(p)].push_back(&l);
+    by_key[tune_key(*l.weight, l.groups)].push_back(&l);
   }
   summary.shapes = static_cast<int>(by_key.size());
   for (const auto& [key, uses] : by_key) {
@@ -90,7 +76,7 @@ CudaBackend::TuneSummary CudaBackend::tune_linears(std::span<const ops::LinearUs
     if (known == nullptr && measure) {
       // Copies of the weight (scales shared: small, and read from L2 in decode too), cycled so that every
       // call streams its weight from memory.
-      const size_t bytes = weight_bytes(w);
+      const size_t bytes = w.weight.nbytes();
       const int copies = static_cast<int>(std::clamp<size_t>((kBeyondL2 + bytes - 1) / std::max<size_t>(bytes, 1), 1, kMaxCopies));
       std::vector<DeviceBuffer> store;
       std::vector<ops::Weight> replicas;
@@ -105,7 +91,7 @@ CudaBackend::TuneSummary CudaBackend::tune_linears(std::span<const ops::LinearUs
       DeviceBuffer xbuf(static_cast<size_t>(most_t * groups * w.in) * sizeof(float));
       DeviceBuffer ybuf(static_cast<size_t>(most_t * w.out) * sizeof(float));
       TERN_CUDA(cudaMemset(xbuf.data(), 0x3c, xbuf.size()));  // x = 0.0115 everywhere: the time does not depend on it
-      const std::vector<int> candidates = linear_group_candidates(params_of(*impl_, w, groups, 1));
+      const std::vector<int> candidates = linear_group_candidates(params_of(*impl_, w, groups));
       const TuneEntry e = TuneTable::fastest(candidates, [&](int g) {
         for (const auto& r : replicas) impl_->linear_groups[r.weight.data()] = g;
         double total = 0;
@@ -124,7 +110,7 @@ CudaBackend::TuneSummary CudaBackend::tune_linears(std::span<const ops::LinearUs
       known = table.find(key);
       ++summary.measured;
       const auto used = [&](int g) {  // the groups a setting gives (0: the rule)
-        LinearParams q = params_of(*impl_, w, groups, 1);
+        LinearParams q = params_of(*impl_, w, groups);
         q.groups = g;
         return linear_groups_used(q);
       };
