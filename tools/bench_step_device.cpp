@@ -6,11 +6,17 @@
 #include <cstring>
 #include <vector>
 
+#include <map>
+#include <numeric>
+#include <tuple>
+
 #include "core/error.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/synth.h"
 #include "ops/synth_values.h"
 #if TERN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #endif
@@ -97,6 +103,91 @@ double linear_tflops(const std::string& device, int64_t n, bool fp8) {
 }
 
 #if TERN_WITH_CUDA
+namespace {
+
+// "layers.3.attn.wq_a.weight" -> "attn.wq_a"
+std::string short_name(const std::string& name) {
+  std::string n = name;
+  if (n.rfind("layers.", 0) == 0) {
+    const size_t dot = n.find('.', 7);
+    if (dot != std::string::npos) n = n.substr(dot + 1);
+  }
+  const std::string suffix = ".weight";
+  if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+    n.resize(n.size() - suffix.size());
+  return n;
+}
+
+}  // namespace
+
+std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::string& device, int64_t T) {
+  if (device != "cuda") return {};
+  cuda::CudaBackend& b = cuda::register_backend();
+  const int reps = 3;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, bool>;
+  std::map<Key, std::pair<const ops::LinearUse*, int>> shapes;
+  const std::vector<ops::LinearUse> uses = m.linears();
+  std::vector<Key> order;
+  for (const ops::LinearUse& u : uses) {
+    const ops::Weight& w = *u.weight;
+    if (w.out > 65536) continue;  // the head: one row per prompt
+    const Key k{static_cast<int>(w.format), w.out, w.in, u.groups, w.exact};
+    auto [it, fresh] = shapes.try_emplace(k, &u, 0);
+    if (fresh) order.push_back(k);
+    ++it->second.second;
+  }
+  std::vector<GemmRate> rows;
+  for (const Key& k : order) {
+    const auto& [use, count] = shapes.at(k);
+    const ops::Weight& w = *use->weight;
+    const int64_t groups = use->groups, in = w.in * groups;
+    Tensor x = random_tensor(DType::f32, {T, in}, Device::cuda, 31, 1.0f), y(DType::f32, {T, w.out}, Device::cuda);
+    const StepTiming t = time_steps(device, [&] {
+      if (groups > 1) ops::grouped_linear(x.view().reshape({T, groups, w.in}), w, y.view().reshape({T, groups, w.out / groups}));
+      else ops::linear(x, w, y);
+    }, 1, reps);
+    GemmRate r;
+    r.what = cat(short_name(w.name), " ", ops::weight_format_name(w.format), w.exact ? " exact" : "", " ", w.out, "x",
+                 w.in, groups > 1 ? cat(" in ", groups, " groups") : std::string(), " (x", count, ")");
+    r.flops = 2.0 * static_cast<double>(T) * static_cast<double>(w.out) * static_cast<double>(w.in);
+    r.op_us = t.median_us;
+    r.library_us = b.library_gemm_us(T, w.out, w.in, w.exact, reps);
+    rows.push_back(r);
+  }
+  // The routed experts of layer 0, uniform random routing (distinct picks per token).
+  const model::ModelConfig& c = m.config();
+  const std::span<const ops::Expert> experts = m.routed_experts(0);
+  if (!experts.empty()) {
+    const int64_t E = static_cast<int64_t>(experts.size()), k = c.experts_per_token, D = c.hidden_size;
+    const int64_t inter = experts[0].w1.out;
+    Tensor idx(DType::i32, {T, k});
+    uint64_t state = 0x1234;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(E));
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap(all[j], all[j + static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(E - j))]);
+        idx.data<int32_t>()[t * k + j] = all[j];
+      }
+    }
+    Tensor didx = Tensor::copy_of(idx, Device::cuda);
+    Tensor x = random_tensor(DType::f32, {T, D}, Device::cuda, 32, 1.0f);
+    Tensor w = random_tensor(DType::f32, {T, k}, Device::cuda, 33, 0.3f), out(DType::f32, {T, D}, Device::cuda);
+    const StepTiming t = time_steps(device, [&] {
+      ops::moe_experts(ops::MoeExpertsArgs{x, didx, w, experts, static_cast<float>(c.swiglu_limit), out});
+    }, 1, reps);
+    GemmRate r;
+    r.what = cat("routed experts ", ops::weight_format_name(experts[0].w1.format), " ", E, " x (w1|w3 ", inter, "x", D,
+                 ", w2 ", D, "x", inter, "), top-", k, " (x", c.num_layers, ")");
+    r.flops = 2.0 * static_cast<double>(T * k) * 3.0 * static_cast<double>(inter) * static_cast<double>(D);
+    r.op_us = t.median_us;
+    r.library_us = b.library_moe_us(T, E, k, D, inter, reps);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 struct StepProfiler::Impl {
   cuda::Profiler profiler;
 };
@@ -110,6 +201,7 @@ std::string StepProfiler::stop(int64_t steps, const std::string& what) {
   return cuda::format_report(cuda::categorize(impl_->profiler.records()), steps, 12, what);
 }
 #else
+std::vector<GemmRate> prefill_gemm_rates(const model::Model&, const std::string&, int64_t) { return {}; }
 struct StepProfiler::Impl {};
 StepProfiler::StepProfiler(const std::string&) {
   fail("--profile measures GPU kernels: this tern was built without the CUDA backend");

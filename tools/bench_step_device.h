@@ -7,6 +7,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "model/v4_model.h"
 
 namespace tern::tools {
 
@@ -23,6 +26,16 @@ double copy_bandwidth_gbs(const std::string& device, int64_t bytes);
 
 // y [n, n] = x [n, n] W^T through ops::linear with W bf16 or fp8_block (fp8 true), random values: TFLOP/s.
 double linear_tflops(const std::string& device, int64_t n, bool fp8);
+
+// Each distinct linear shape of the model (the head excepted: a prefill computes one row of it) and the
+// routed experts of layer 0, at T prompt tokens: the op as the model runs it, against the library's own
+// product on the same shape in the same run (bf16, or f32 for exact weights; for the experts, the grouped
+// products on experts already in bf16). CUDA only; empty elsewhere.
+struct GemmRate {
+  std::string what;  // "wq_a fp8_block 1024x4096 (x43)"
+  double flops = 0, op_us = 0, library_us = 0;
+};
+std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::string& device, int64_t T);
 
 // The GPU profiler (CUPTI) around a few steps; throws on the CPU or when CUPTI is unavailable.
 class StepProfiler {

@@ -57,19 +57,25 @@ Placement place_model(model::Model& m, const std::string& device) {
   return p;
 }
 
-std::vector<std::string> tune_kernels(const model::Model& m, const std::string& device, const std::string& mode,
-                                      const std::string& cache_path) {
+std::vector<std::string> configure_kernels(const model::Model& m, const std::string& device, const std::string& mode,
+                                           const std::string& cache_path, bool batch_invariant) {
   TERN_CHECK(mode == "off" || mode == "cached" || mode == "on", "--tune: expected off, cached or on, found \"", mode,
              "\"");
-  if (mode == "off" || device != "cuda") return {};
+  if (device != "cuda") return {};
 #if TERN_WITH_CUDA
   cuda::CudaBackend& b = cuda::register_backend();
+  b.set_batch_invariant(batch_invariant);
+  std::vector<std::string> lines;
+  lines.push_back(batch_invariant ? std::string("batch invariant: every product on tern's own kernels (a token's "
+                                                "logits do not depend on the other tokens of its step)")
+                                  : std::string("products of >= 512 tokens (prefill chunks) on cuBLAS (library GEMMs; "
+                                                "--batch-invariant keeps them on tern's kernels)"));
+  if (mode == "off") return lines;
   const std::string device_name = b.tune_device();
   const std::string path = cache_path.empty() ? cuda::default_tune_path(device_name) : cache_path;
   cuda::TuneTable table = cuda::TuneTable::load(path, device_name);
   const std::vector<ops::LinearUse> linears = m.linears();
   const cuda::CudaBackend::TuneSummary s = b.tune_linears(linears, table, mode == "on");
-  std::vector<std::string> lines;
   if (s.measured > 0) table.save(path);
   lines.push_back(cat("tuning (", mode, ", ", path, "): ", s.shapes, " streamed linear shapes over ", s.weights,
                       " weights; ", s.from_table, " from the table, ", s.measured, " measured in ", s.seconds, " s",
@@ -81,6 +87,7 @@ std::vector<std::string> tune_kernels(const model::Model& m, const std::string& 
 #else
   (void)m;
   (void)cache_path;
+  (void)batch_invariant;
   return {};
 #endif
 }

@@ -23,12 +23,13 @@ struct Placement {
 void prepare_device(const std::string& device);
 // Moves the model to the device prepared above (no-op on the CPU).
 Placement place_model(model::Model& m, const std::string& device);
-// Kernel tuning (--tune off|cached|on, --tune-cache; docs/cuda-backend.md, "Tuning"). For a model on the
-// GPU: "cached" runs the linears with the tuning table's choices, "on" also measures what the table lacks
-// and saves it, "off" keeps the built-in rule. Returns the lines to log (none on the CPU or with off).
+// Kernel choices for a model on the GPU (none on the CPU): --batch-invariant (every product on tern's own
+// kernels, or products of many tokens on cuBLAS) and tuning (--tune off|cached|on, --tune-cache;
+// docs/cuda-backend.md, "Tuning"): "cached" runs the linears with the tuning table's choices, "on" also
+// measures what the table lacks and saves it, "off" keeps the built-in rule. Returns the lines to log.
 // Call before the model's first forward; throws naming a bad mode or an unusable table file.
-std::vector<std::string> tune_kernels(const model::Model& m, const std::string& device, const std::string& mode,
-                                      const std::string& cache_path);
+std::vector<std::string> configure_kernels(const model::Model& m, const std::string& device, const std::string& mode,
+                                           const std::string& cache_path, bool batch_invariant);
 // "141.0 GiB total: 1.2 GiB weights, 64 MiB workspace, 120.3 GiB free" for a device placement.
 std::string device_memory_report(const Placement& p);
 // Bytes free where the sequence states will live: the GPU's free memory, or the host's available memory.

@@ -23,9 +23,10 @@ struct Verb {
 bool register_verb(Verb verb);
 const std::vector<Verb>& verbs();
 
-// Kernel tuning options of the verbs that run a model on the GPU (placement.h, tune_kernels).
+// Kernel options of the verbs that run a model on the GPU (placement.h, configure_kernels).
 struct TuneOptions {
   std::string mode = "off", cache;
+  bool batch_invariant = false;
 };
 inline void add_tune_options(CLI::App& app, TuneOptions& t) {
   app.add_option("--tune", t.mode,
@@ -34,6 +35,9 @@ inline void add_tune_options(CLI::App& app, TuneOptions& t) {
                  "seconds, and save them)")
       ->check(CLI::IsMember({"off", "cached", "on"}))
       ->capture_default_str();
+  app.add_flag("--batch-invariant", t.batch_invariant,
+               "with --device cuda, run every product on tern's own kernels, so that a token's logits do not depend "
+               "on what else shares its step (off: products of 512 tokens or more, prefill chunks, run on cuBLAS)");
   app.add_option("--tune-cache", t.cache,
                  "the tuning file (default: $TERN_CACHE_DIR, $XDG_CACHE_HOME/tern or ~/.cache/tern, "
                  "tune-<gpu>.json)");

@@ -67,6 +67,8 @@ class Model {
   ops::KvRowFormat kv_format() const;
   // Every weight forward() passes to linear() or grouped_linear(), with its groups (kernel tuning).
   std::vector<ops::LinearUse> linears() const;
+  // The routed experts layer `layer` passes to moe_experts() (benchmarks).
+  std::span<const ops::Expert> routed_experts(int layer) const { return layer_ops_.at(static_cast<size_t>(layer)).experts; }
 
   // The state layout of one sequence of at most max_tokens tokens in pages of tokens_per_page tokens (0: the
   // cache's default), and a fresh (empty) standalone state with pages for max_tokens on the model's device.

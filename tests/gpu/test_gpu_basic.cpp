@@ -151,6 +151,7 @@ struct LinearCase {
   const char* name;
   WeightFormat format;
   int64_t out, in;
+  bool exact = false;  // ops::Weight::exact: f32 products on every backend (router gates, indexer projections)
 };
 
 std::vector<LinearCase> linear_cases(const Shapes& s) {
@@ -175,6 +176,11 @@ std::vector<LinearCase> linear_cases(const Shapes& s) {
       {"f32", WeightFormat::f32, 96, D},
       {"f32 odd in (CUDA-core path)", WeightFormat::f32, 40, 100},
       {"fp8 odd rows", WeightFormat::fp8_block, 200, D},
+      {"gate (exact)", WeightFormat::bf16, s.experts, D, true},
+      {"idx.wq_b (exact)", WeightFormat::fp8_block, s.index_heads * s.index_dim, s.q_rank, true},
+      {"idx.weights_proj (exact)", WeightFormat::bf16, s.index_heads, D, true},
+      {"fp8 odd rows (exact)", WeightFormat::fp8_block, 200, D, true},
+      {"f32 odd in (exact)", WeightFormat::f32, 40, 100, true},
   };
 }
 
@@ -185,7 +191,8 @@ TEST_P(GpuBasic, Linear) {
   cuda::WeightStore store;
   for (const LinearCase& c : linear_cases(s)) {
     const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
-    const ops::Weight dw = store.upload(hw.w);
+    ops::Weight dw = store.upload(hw.w);
+    dw.exact = c.exact;
     const bool big = c.out * c.in > (64LL << 20);
     // 1, 3: one token tile; 16, 64: one tile of 2 / 8 n-tiles; 100: two tiles (the second partly padding).
     for (int64_t T : big ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 16, 64, 100}) {
@@ -194,7 +201,7 @@ TEST_P(GpuBasic, Linear) {
       ops::linear(x, hw.w, ref);
       auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
       ops::linear(dx, dw, y);
-      const bool exact = c.format == WeightFormat::f32 && c.in % 64 != 0;
+      const bool exact = c.exact || (c.format == WeightFormat::f32 && c.in % 64 != 0);
       expect_close(y, ref, exact ? kTolF32 : kTolBf16, cat("linear ", c.name, " T=", T));
     }
   }
@@ -212,7 +219,8 @@ TEST_P(GpuBasic, LinearBatchInvariant) {
   for (const LinearCase& c : linear_cases(s)) {
     if (c.out * c.in > (64LL << 20)) continue;
     const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
-    const ops::Weight dw = store.upload(hw.w);
+    ops::Weight dw = store.upload(hw.w);
+    dw.exact = c.exact;
     const Tensor x = random_f32({N, c.in}, r);
     auto dx = upload(x), yall = poisoned(DType::f32, {N, c.out});
     ops::linear(dx, dw, yall);

@@ -47,6 +47,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)2, 1>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_stream_kernel<(tern::cuda::dev::WFmt)2, 2, 1>(tern::cuda::dev::StreamArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)1, 4>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
+    {"void tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel<true>(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_simple_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<24>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
@@ -67,6 +68,13 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::synth_fp8_kernel(unsigned long, float, long, long, unsigned char*, unsigned char*)", C::other},
     {"void tern::cuda::dev::(anonymous namespace)::synth_fp4_kernel<true>(unsigned long, float, float, long, unsigned char*, unsigned char*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::synth_distinct_rows_kernel(unsigned long, long, int, long, long*)", C::other},
+    {"void tern::cuda::dev::(anonymous namespace)::expand_kernel<unsigned short, false>(tern::cuda::dev::(anonymous namespace)::Mat16, long, unsigned short*)", C::dense_gemm},
+    {"tern::cuda::dev::(anonymous namespace)::round_bf16_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
+    {"tern::cuda::dev::(anonymous namespace)::moe_expand_kernel(tern::cuda::ExpertDesc const*, tern::cuda::WeightKind, int, int const*, int, long, long, unsigned short*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_gather_bf16_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_swiglu_bf16_kernel(float const*, long, long, float, unsigned short*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::fill_random_bf16_kernel(unsigned short*, long, float, unsigned long)", C::other},
+    {"void sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", C::dense_gemm},
 };
 
 TEST(ProfileReport, EveryCurrentKernelHasItsCategory) {

@@ -154,7 +154,7 @@ int run(const Args& a) {
       tools::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
   model::Model& m = *placed.model;
   say(placed.description);
-  for (const auto& line : tools::tune_kernels(m, a.device, a.tune.mode, a.tune.cache)) say(line);
+  for (const auto& line : tools::configure_kernels(m, a.device, a.tune.mode, a.tune.cache, a.tune.batch_invariant)) say(line);
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
           " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
           " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
@@ -289,6 +289,23 @@ int run(const Args& a) {
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
   }
 
+  // Each prefill GEMM at the longest prompt, against the library's rate on its shape (same run).
+  const int64_t gemm_tokens = prefills.back();
+  const std::vector<tools::GemmRate> gemms = tools::prefill_gemm_rates(m, a.device, gemm_tokens);
+  auto gemm_line = [](const tools::GemmRate& g) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "| %s | %.1f | %.0f | %.1f | %.0f | %.0f%% |", g.what.c_str(), g.op_us,
+                  g.flops / (g.op_us * 1e6), g.library_us, g.flops / (g.library_us * 1e6), 100.0 * g.library_us / g.op_us);
+    return std::string(buf);
+  };
+  const char* kGemmHeader = "| product | op us | op TFLOP/s | library us | library TFLOP/s | of library |\n|---|---:|---:|---:|---:|---:|";
+  if (!gemms.empty()) {
+    say(cat("prefill GEMMs at ", gemm_tokens, " tokens (op as the model runs it vs the library's own product on the "
+            "same shape: cuBLAS bf16, f32 for exact weights, grouped bf16 on expanded experts):"));
+    say(kGemmHeader);
+    for (const tools::GemmRate& g : gemms) say(gemm_line(g));
+  }
+
   say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", ", a.device, "; commit ",
           commit, ", ", date, ")"));
   say(placed.sharing.shared() ? cat("SHARED EXPERT STORAGE: ", placed.sharing.description)
@@ -299,6 +316,11 @@ int run(const Args& a) {
   for (const DecodeRow& r : decode_rows) say(decode_line(r));
   say(kPrefillHeader);
   for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
+  if (!gemms.empty()) {
+    say(cat("prefill GEMMs at ", gemm_tokens, " tokens:"));
+    say(kGemmHeader);
+    for (const tools::GemmRate& g : gemms) say(gemm_line(g));
+  }
 
   if (!a.json.empty()) {
     nlohmann::json j;
@@ -319,6 +341,9 @@ int run(const Args& a) {
     for (const PrefillRow& r : prefill_rows)
       j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
                               {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm}});
+    for (const tools::GemmRate& g : gemms)
+      j["prefill_gemms"].push_back({{"tokens", gemm_tokens}, {"what", g.what}, {"flops", g.flops}, {"op_us", g.op_us},
+                                    {"library_us", g.library_us}});
     std::ofstream out(a.json);
     out << j.dump(2) << "\n";
     TERN_CHECK(out.good(), "--json: cannot write ", a.json);

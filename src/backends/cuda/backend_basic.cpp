@@ -57,6 +57,7 @@ void CudaBackend::rope(const TensorView& x, const TensorView& positions, const T
 
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                 const TensorView& y) {
+  if (run_library_linear(impl, x, w, groups, y)) return;
   LinearParams p;
   p.w = device_mat(w);
   p.x = x.data_as<const float>();

@@ -19,6 +19,7 @@
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/moe.cuh"
+#include "backends/cuda/library_gemm.h"
 
 namespace tern::cuda {
 
@@ -42,8 +43,24 @@ struct CudaBackend::Impl {
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
 
+  // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
+  std::unique_ptr<LibraryGemm> library;
+  bool batch_invariant = false;
+  LibraryMoeMode moe_mode = LibraryMoeMode::grouped;
+  DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers, sized once the plan is known
+  void* pinned = nullptr;          // host staging of the library MoE (plan read back, pointer arrays)
+  size_t pinned_bytes = 0;
+  ~Impl();
+
   // At least `bytes` of scratch, valid until the next call (ordered on the stream, so reuse is safe).
   void* scratch(size_t bytes);
+  // The same for the library MoE's second workspace, and for pinned host memory (grown after a
+  // synchronisation: the caller has waited for every earlier use).
+  void* library_scratch(size_t bytes);
+  void* pinned_scratch(size_t bytes);
+  LibraryGemm& lib();
+  // Whether a product of T tokens takes the library path (T large, not batch invariant).
+  bool library_for(int64_t T) const { return !batch_invariant && T >= kLibraryMinTokens; }
   int* err() const { return static_cast<int*>(error_word.data()); }
 };
 
@@ -52,6 +69,11 @@ void require_cuda_f32(std::string_view op, std::initializer_list<const TensorVie
 DeviceMat device_mat(const ops::Weight& w);
 // One linear or grouped linear (groups > 1) on the backend's stream, with the tuned K groups of the weight.
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups, const TensorView& y);
+// The library paths (backend_library.cpp): false when the call is not theirs (few tokens, batch-invariant
+// mode, a shape the expanders do not take), and the caller runs its own kernels.
+bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                        const TensorView& y);
+bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
 inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {
   return KvRowDesc{f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
 }

@@ -276,6 +276,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
   p.experts = expert_table(*impl_, a.experts);
+  if (run_library_moe(*impl_, p, a.experts)) return;
   void* ws = impl_->scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl_->stream);
   check_launch("moe_experts");

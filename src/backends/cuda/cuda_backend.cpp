@@ -26,17 +26,53 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
 
 CudaBackend::~CudaBackend() = default;
 
-void* CudaBackend::Impl::scratch(size_t bytes) {
-  if (bytes <= workspace.size()) return workspace.data();
+CudaBackend::Impl::~Impl() {
+  if (pinned != nullptr) cudaFreeHost(pinned);
+}
+
+namespace {
+
+void* grow(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream) {
+  if (bytes <= buffer.size()) return buffer.data();
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   TERN_CUDA(cudaStreamIsCapturing(stream, &capturing));
   TERN_CHECK(capturing == cudaStreamCaptureStatusNone, "CUDA backend: an op needs ", bytes,
-             " bytes of workspace but only ", workspace.size(),
+             " bytes of workspace but only ", buffer.size(),
              " are reserved, and it cannot grow during graph capture: call reserve_workspace() before capturing");
-  const size_t grown = std::max(bytes, workspace.size() + workspace.size() / 2);
-  workspace = DeviceBuffer();  // frees after a device synchronisation
-  workspace = DeviceBuffer(align_up(static_cast<int64_t>(grown), 1 << 20));
-  return workspace.data();
+  const size_t grown = std::max(bytes, buffer.size() + buffer.size() / 2);
+  buffer = DeviceBuffer();  // frees after a device synchronisation
+  buffer = DeviceBuffer(align_up(static_cast<int64_t>(grown), 1 << 20));
+  return buffer.data();
+}
+
+}  // namespace
+
+void* CudaBackend::Impl::scratch(size_t bytes) { return grow(workspace, bytes, stream); }
+void* CudaBackend::Impl::library_scratch(size_t bytes) { return grow(library_workspace, bytes, stream); }
+
+void* CudaBackend::Impl::pinned_scratch(size_t bytes) {
+  if (bytes <= pinned_bytes) return pinned;
+  if (pinned != nullptr) TERN_CUDA(cudaFreeHost(pinned));
+  pinned = nullptr;
+  pinned_bytes = 0;
+  TERN_CUDA(cudaMallocHost(&pinned, bytes));
+  pinned_bytes = bytes;
+  return pinned;
+}
+
+LibraryGemm& CudaBackend::Impl::lib() {
+  if (!library) library = std::make_unique<LibraryGemm>();
+  return *library;
+}
+
+void CudaBackend::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
+bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
+void CudaBackend::set_library_moe_mode(LibraryMoeMode mode) { impl_->moe_mode = mode; }
+double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
+  return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
+}
+double CudaBackend::library_moe_us(int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps) {
+  return impl_->lib().time_moe_us(impl_->stream, T, E, k, D, inter, reps);
 }
 
 void CudaBackend::synchronize() { TERN_CUDA(cudaStreamSynchronize(impl_->stream)); }
@@ -120,9 +156,15 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
       "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 / f32 "
       "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
-      "linear_mma_kernel, same numerics; exact weights (router gate, indexer) and odd shapes: "
-      "linear_simple_kernel, CUDA cores, f32",
+      "linear_mma_kernel, same numerics; exact weights (router gate, indexer): "
+      "linear_exact_rows_kernel (bf16 / fp8 rows of 8-column chunks), else linear_simple_kernel, CUDA cores, f32, "
+      "8 tokens per weight pass; odd shapes: linear_simple_kernel",
       "moe_experts (mxfp4, nvfp4, fp8, bf16, f32 experts): moe_plan + moe_expert up/down + moe_combine; tensor cores",
+      "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
+      "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
+      "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: plan read back to the host, experts "
+      "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (grouped or one call each), SwiGLU, "
+      "combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"

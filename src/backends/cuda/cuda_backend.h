@@ -21,6 +21,10 @@
 
 namespace tern::cuda {
 
+// How the library MoE issues its per-expert products: one grouped call (cublasGemmGroupedBatchedEx) or one
+// cublasGemmEx per expert. Both give the same bits per product; which is faster is measured (tern_gpu_bench).
+enum class LibraryMoeMode { grouped, per_expert };
+
 class CudaBackend final : public ops::Backend {
  public:
   CudaBackend();
@@ -93,6 +97,19 @@ class CudaBackend final : public ops::Backend {
   void set_linear_groups(const ops::Weight& w, int groups);
   // "NVIDIA H200|sm_90|132 SMs": what a tuning table is measured on.
   std::string tune_device() const;
+
+  // Products of many tokens (>= kLibraryMinTokens, library_gemm.h: prefill chunks) run on library GEMMs
+  // (cuBLAS) unless the backend is batch invariant: then every product runs on tern's own kernels, whose
+  // bits for a token do not depend on the other tokens of the step (docs/cuda-backend.md, "Library GEMMs").
+  void set_batch_invariant(bool on);
+  bool batch_invariant() const;
+  // How the library MoE issues its per-expert products (tests and benchmarks compare the two).
+  void set_library_moe_mode(LibraryMoeMode mode);
+  // The library's own time for a product of T tokens by a [out, in] weight, bf16 (or f32) operands, on
+  // random data: its rate on that shape. And for the MoE's products alone (experts already in bf16, T x k
+  // pairs spread evenly over E experts).
+  double library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps);
+  double library_moe_us(int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
 
   struct Impl;
 

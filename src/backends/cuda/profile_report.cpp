@@ -45,6 +45,11 @@ constexpr Rule kRules[] = {
     {"linear_", Match::prefix, OpCategory::dense_gemm},
     {"nvjet", Match::prefix, OpCategory::dense_gemm},
     {"gemm", Match::contains, OpCategory::dense_gemm},
+    // The library GEMMs' operands (kernels/gemm_prep.cu): weights expanded to bf16 / f32, x rounded to bf16.
+    // (The MoE's library products are cuBLAS kernels too, so a prefill's "dense gemm" holds them; its
+    // moe_expand / moe_gather / moe_swiglu kernels count as moe.)
+    {"expand_kernel", Match::exact, OpCategory::dense_gemm},
+    {"round_bf16_kernel", Match::exact, OpCategory::dense_gemm},
     // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
@@ -62,6 +67,8 @@ constexpr Rule kRules[] = {
     {"dequantize_kernel", Match::exact, OpCategory::other},
     // The synthetic model's weight fill (kernels/synth.cu: bench-step and serve --synthetic, before any step).
     {"synth_", Match::prefix, OpCategory::other},
+    // Random operands of the library-rate benchmark (bench-step's prefill GEMM table).
+    {"fill_random_bf16_kernel", Match::exact, OpCategory::other},
 };
 
 bool matches(const Rule& r, std::string_view base) {

@@ -204,6 +204,66 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
   }
 }
 
+// The exact path for bf16 and FP8-block weights whose rows are whole 8-column chunks (the router gates and the
+// indexer's projections): as linear_simple_kernel, but lane l takes the chunks l, l+32, ...: one 16-byte
+// (bf16) or 8-byte (FP8) load and one block scale per chunk, shifts instead of 64-bit divisions, x as two
+// float4 per token. Each token's sum runs in the same order whatever the other tokens (batch invariant).
+template <bool kFp8>
+__global__ void linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride, int64_t rows_per_group,
+                                         int64_t T, float* y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
+  const int lane = threadIdx.x & 31;
+  if (row >= m.out || tok0 >= T) return;
+  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
+  const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
+  const int chunks = static_cast<int>(m.in >> 3);
+  const int64_t srow = (row >> 7) * m.s_cols;
+  float acc[kSimpleTokens];
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
+  for (int ch = lane; ch < chunks; ch += 32) {
+    float w[8];
+    if constexpr (kFp8) {
+      const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
+      const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
+      const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * i))) * sc;
+        w[4 + i] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * i))) * sc;
+      }
+    } else {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
+      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] & 0xffffu));
+        w[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] >> 16));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kSimpleTokens; ++j) {
+      if (j >= nt) break;
+      const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
+      const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
+      acc[j] += a.x * w[0];
+      acc[j] += a.y * w[1];
+      acc[j] += a.z * w[2];
+      acc[j] += a.w * w[3];
+      acc[j] += b.x * w[4];
+      acc[j] += b.y * w[5];
+      acc[j] += b.z * w[6];
+      acc[j] += b.w * w[7];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) {
+    const float sum = warp_sum(acc[j]);
+    if (lane == 0 && j < nt) y[(tok0 + j) * m.out + row] = sum;
+  }
+}
+
 dim3 simple_grid(int64_t out, int64_t T) {
   return dim3(static_cast<unsigned>((out + 7) / 8), static_cast<unsigned>((T + kSimpleTokens - 1) / kSimpleTokens));
 }
@@ -243,10 +303,24 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   }
 }
 
+// linear_exact_rows_kernel's conditions: bf16 or FP8-block weights, rows of whole 8-column chunks, 16-byte
+// aligned weights and x rows.
+bool linear_exact_rows_ok(const LinearParams& p) {
+  const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return (p.w.kind == WeightKind::bf16 || p.w.kind == WeightKind::fp8) && p.w.in % 8 == 0 && p.w.in < (int64_t{1} << 31) &&
+         p.x_stride % 4 == 0 && aligned16(p.w.w) && aligned16(p.x);
+}
+
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(
-      dev::simple_mat(p.w), p.x, p.x_stride, p.rows_per_group, p.T, p.y);
+  const dim3 grid = dev::simple_grid(p.w.out, p.T);
+  const dev::SimpleMat m = dev::simple_mat(p.w);
+  if (!linear_exact_rows_ok(p))
+    dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
+  else if (p.w.kind == WeightKind::fp8)
+    dev::linear_exact_rows_kernel<true><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
+  else
+    dev::linear_exact_rows_kernel<false><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
 }
 
 const char* linear_path_name(const LinearParams& p) {

@@ -200,14 +200,24 @@ int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(Mo
 
 const char* moe_path_name(const MoeParams&) { return "moe_plan + moe_expert up/down + moe_combine"; }
 
+void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
+                     cudaStream_t stream) {
+  dev::moe_plan_kernel<<<1, dev::kPlanThreads, 0, stream>>>(p.indices, p.T * p.k, p.E, tile, sorted, pos, jobs,
+                                                             num_jobs, p.err);
+}
+
+void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
+  const int64_t total = p.T * p.D;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
+  dev::moe_combine_kernel<<<blocks, 256, 0, stream>>>(y, pos, p.weights, p.T, p.k, p.D, p.out);
+}
+
 void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
   if (p.T == 0) return;
   const MoeLayout L(p);
   char* ws = static_cast<char*>(workspace);
-  dev::moe_plan_kernel<<<1, dev::kPlanThreads, 0, stream>>>(
-      p.indices, L.P, p.E, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted),
-      reinterpret_cast<int*>(ws + L.pos), reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs),
-      p.err);
+  launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
+                  reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);
   switch (p.kind) {
     case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
     case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
@@ -215,11 +225,7 @@ void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
     case WeightKind::mxfp4: launch_moe_experts<dev::WFmt::mxfp4>(p, L, ws, stream); break;
     case WeightKind::nvfp4: launch_moe_experts<dev::WFmt::nvfp4>(p, L, ws, stream); break;
   }
-  const int64_t total = p.T * p.D;
-  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
-  dev::moe_combine_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float*>(ws + L.y),
-                                                      reinterpret_cast<const int*>(ws + L.pos), p.weights, p.T, p.k,
-                                                      p.D, p.out);
+  launch_moe_combine(p, reinterpret_cast<const float*>(ws + L.y), reinterpret_cast<const int*>(ws + L.pos), stream);
 }
 
 }  // namespace tern::cuda

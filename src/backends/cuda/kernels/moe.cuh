@@ -47,4 +47,12 @@ int64_t moe_workspace_bytes(const MoeParams& p);
 const char* moe_path_name(const MoeParams& p);
 void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream);
 
+// The pieces launch_moe is made of, for the library path (backend_library.cpp). The plan: the T*k pairs
+// grouped by expert (stable) into sorted[] (pair ids) and pos[] (each pair's sorted slot), and jobs of at
+// most `tile` pairs, {expert, first slot, count} each, *num_jobs of them. The combine: out[t] = sum over
+// the picks j of weights[t, j] * y[pos[t, j]], in pick order.
+void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
+                     cudaStream_t stream);
+void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream);
+
 }  // namespace tern::cuda

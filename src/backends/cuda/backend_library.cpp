@@ -1,0 +1,172 @@
+// CudaBackend: the library paths of linear, grouped_linear and moe_experts for many tokens (prefill chunks):
+// operands prepared by gemm_prep kernels, products by cuBLAS (library_gemm.h, docs/cuda-backend.md
+// "Library GEMMs").
+#include <algorithm>
+#include <vector>
+
+#include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/gemm_prep.cuh"
+
+namespace tern::cuda {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Carves 256-byte aligned pieces out of one scratch allocation.
+struct Carve {
+  size_t used = 0;
+  size_t take(size_t bytes) {
+    const size_t at = used;
+    used += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
+}  // namespace
+
+bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                        const TensorView& y) {
+  const int64_t T = x.dim(0);
+  if (!impl.library_for(T)) return false;
+  const DeviceMat m = device_mat(w);
+  if (!expand_ok(m) || m.out % groups != 0 || !aligned16(x.data()) || (groups * m.in) % 8 != 0) return false;
+  const int64_t rows = m.out / groups, in = m.in, ldx = groups * in;
+  GemmBatch b;
+  if (groups > 1) b = GemmBatch{static_cast<int>(groups), in, rows * in, rows};
+  cudaStream_t s = impl.stream;
+  float* yp = y.data_as<float>();
+  if (w.exact) {  // f32 throughout: the top-k choices downstream must agree with the reference
+    const float* wf = static_cast<const float*>(m.w);
+    if (m.kind != WeightKind::f32) {
+      float* expanded = static_cast<float*>(impl.scratch(static_cast<size_t>(m.out * in) * 4));
+      launch_expand_f32(m, expanded, s);
+      check_launch("expand_f32");
+      wf = expanded;
+    }
+    impl.lib().f32(s, T, rows, in, x.data_as<const float>(), ldx, wf, in, yp, m.out, b);
+    return true;
+  }
+  Carve c;
+  const size_t xb_at = c.take(static_cast<size_t>(T * ldx) * 2);
+  const size_t wb_at = m.kind == WeightKind::bf16 ? 0 : c.take(static_cast<size_t>(m.out * in) * 2);
+  char* ws = static_cast<char*>(impl.scratch(c.used));
+  auto* xb = reinterpret_cast<uint16_t*>(ws + xb_at);
+  launch_round_bf16(x.data_as<const float>(), T, ldx, ldx, xb, s);
+  check_launch("round_bf16");
+  const void* wb = m.w;
+  if (m.kind != WeightKind::bf16) {
+    launch_expand_bf16(m, reinterpret_cast<uint16_t*>(ws + wb_at), s);
+    check_launch("expand_bf16");
+    wb = ws + wb_at;
+  }
+  const float alpha = m.kind == WeightKind::nvfp4 ? m.global_scale : 1.0f;
+  impl.lib().bf16(s, T, rows, in, xb, ldx, wb, in, yp, m.out, alpha, b);
+  return true;
+}
+
+namespace {
+
+// Expanded experts kept at once: bf16 w1, w3, w2 of one V4-Flash expert are 50 MB.
+constexpr size_t kMoeExpandBudget = size_t{3} << 29;  // 1.5 GiB
+
+struct Job {
+  int expert = 0, first = 0, count = 0;
+};
+
+}  // namespace
+
+// The plan (pairs grouped by expert, one job per expert) is read back to the host: the per-expert products
+// need their token counts there. So this path synchronises once per call and never runs inside a capture.
+bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts) {
+  if (!impl.library_for(p.T) || p.D % 16 != 0 || p.inter % 16 != 0 || p.D % 32 != 0 || p.inter % 32 != 0 ||
+      !aligned16(p.x))
+    return false;
+  for (const ops::Expert& e : experts)
+    if (!aligned16(e.w1.weight.data()) || !aligned16(e.w2.weight.data()) || !aligned16(e.w3.weight.data()))
+      return false;
+  cudaStream_t s = impl.stream;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TERN_CUDA(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return false;
+
+  const int64_t P = p.T * p.k, max_jobs = std::min<int64_t>(P, p.E) + 2;
+  TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");
+  Carve c;
+  const size_t sorted_at = c.take(P * 4), pos_at = c.take(P * 4), jobs_at = c.take(max_jobs * 3 * 4),
+               num_at = c.take(4), ptrs_at = c.take(max_jobs * 9 * sizeof(void*)), xs_at = c.take(P * p.D * 2),
+               y_at = c.take(P * p.D * 4);
+  char* ws = static_cast<char*>(impl.scratch(c.used));
+  auto* sorted = reinterpret_cast<int*>(ws + sorted_at);
+  auto* pos = reinterpret_cast<int*>(ws + pos_at);
+  auto* jobs = reinterpret_cast<int*>(ws + jobs_at);
+  auto* y = reinterpret_cast<float*>(ws + y_at);
+  auto* xs = reinterpret_cast<uint16_t*>(ws + xs_at);
+  launch_moe_plan(p, static_cast<int>(P), sorted, pos, jobs, reinterpret_cast<int*>(ws + num_at), s);
+  launch_moe_gather_bf16(p.x, sorted, P, p.k, p.D, xs, s);
+  check_launch("moe plan + gather");
+
+  // The plan on the host: jobs are in expert order, their pairs contiguous in sorted order.
+  const size_t readback = ((max_jobs * 3 + 1) * 4 + 63) / 64 * 64, staging = max_jobs * 9 * sizeof(void*);
+  char* host = static_cast<char*>(impl.pinned_scratch(readback + staging));
+  TERN_CUDA(cudaMemcpyAsync(host, jobs, max_jobs * 3 * 4, cudaMemcpyDeviceToHost, s));
+  TERN_CUDA(cudaMemcpyAsync(host + max_jobs * 3 * 4, ws + num_at, 4, cudaMemcpyDeviceToHost, s));
+  TERN_CUDA(cudaStreamSynchronize(s));
+  const int* hj = reinterpret_cast<const int*>(host);
+  const int num_jobs = hj[max_jobs * 3];
+  TERN_CHECK(num_jobs >= 0 && num_jobs <= max_jobs, "cuda moe_experts: plan with ", num_jobs, " jobs");
+  std::vector<Job> list(static_cast<size_t>(num_jobs));
+  for (int j = 0; j < num_jobs; ++j) list[j] = Job{hj[3 * j], hj[3 * j + 1], hj[3 * j + 2]};
+
+  // Chunks of jobs whose expanded weights fit the budget; their buffers sized for the largest chunk.
+  const size_t expert_elems = static_cast<size_t>(p.inter * p.D);  // each of w1, w3, w2
+  const int per_chunk = static_cast<int>(std::max<size_t>(1, kMoeExpandBudget / (3 * expert_elems * 2)));
+  int64_t most_pairs = 0;
+  for (int j0 = 0; j0 < num_jobs; j0 += per_chunk) {
+    const int j1 = std::min(num_jobs, j0 + per_chunk);
+    most_pairs = std::max<int64_t>(most_pairs, list[j1 - 1].first + list[j1 - 1].count - list[j0].first);
+  }
+  Carve cc;
+  const size_t wexp_at = cc.take(static_cast<size_t>(std::min(per_chunk, num_jobs)) * 3 * expert_elems * 2),
+               h13_at = cc.take(most_pairs * 2 * p.inter * 4), h_at = cc.take(most_pairs * p.inter * 2);
+  char* lw = static_cast<char*>(impl.library_scratch(cc.used));
+  auto* wexp = reinterpret_cast<uint16_t*>(lw + wexp_at);
+  auto* h13 = reinterpret_cast<float*>(lw + h13_at);
+  auto* h = reinterpret_cast<uint16_t*>(lw + h_at);
+
+  auto** dptrs = reinterpret_cast<void**>(ws + ptrs_at);
+  auto** hptrs = reinterpret_cast<void**>(host + readback);
+  auto gscale = [&](const ops::Weight& w) { return p.kind == WeightKind::nvfp4 ? w.global_scale : 1.0f; };
+  std::vector<GroupedProblem> up, down;
+  for (int j0 = 0; j0 < num_jobs; j0 += per_chunk) {
+    const int j1 = std::min(num_jobs, j0 + per_chunk);
+    const int64_t s0 = list[j0].first, pairs = list[j1 - 1].first + list[j1 - 1].count - s0;
+    launch_moe_expand(p.experts, p.kind, p.scale_f32, jobs, j0, j1 - j0, p.D, p.inter, wexp, s);
+    check_launch("moe_expand");
+    up.clear();
+    down.clear();
+    for (int j = j0; j < j1; ++j) {
+      const Job& jb = list[j];
+      const ops::Expert& e = experts[jb.expert];
+      const uint16_t* w = wexp + static_cast<size_t>(j - j0) * 3 * expert_elems;
+      const uint16_t* xj = xs + static_cast<int64_t>(jb.first) * p.D;
+      float* hj13 = h13 + (jb.first - s0) * 2 * p.inter;
+      up.push_back({w, xj, hj13, jb.count, gscale(e.w1)});
+      up.push_back({w + expert_elems, xj, hj13 + p.inter, jb.count, gscale(e.w3)});
+      down.push_back({w + 2 * expert_elems, h + (jb.first - s0) * p.inter, y + static_cast<int64_t>(jb.first) * p.D,
+                      jb.count, gscale(e.w2)});
+    }
+    // w1 and w3: [pairs, inter] halves of h13; SwiGLU to bf16; w2 into the pairs' rows of y.
+    impl.lib().bf16_grouped(s, impl.moe_mode, up, p.inter, p.D, p.D, p.D, 2 * p.inter, dptrs, hptrs);
+    dptrs += 3 * up.size(), hptrs += 3 * up.size();
+    launch_moe_swiglu_bf16(h13, pairs, p.inter, p.limit, h, s);
+    check_launch("moe_swiglu_bf16");
+    impl.lib().bf16_grouped(s, impl.moe_mode, down, p.D, p.inter, p.inter, p.inter, p.D, dptrs, hptrs);
+    dptrs += 3 * down.size(), hptrs += 3 * down.size();
+  }
+  launch_moe_combine(p, y, pos, s);
+  check_launch("moe_combine");
+  return true;
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,187 @@
+// LibraryGemm over cuBLAS: row-major products as cuBLAS's column-major ones (y^T = W x^T), a workspace of
+// our own (so that cuBLAS never allocates, also inside a graph capture), pointer arrays staged for grouped
+// calls.
+#include "backends/cuda/library_gemm.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/gemm_prep.cuh"
+#include "backends/cuda/timing.h"
+#include "core/error.h"
+
+namespace tern::cuda {
+
+namespace {
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error in ", what, ": ", cublasGetStatusName(s), " (", cublasGetStatusString(s), ")");
+}
+#define TERN_CUBLAS(call) check_cublas((call), #call)
+
+int narrow(int64_t v, const char* what) {
+  TERN_CHECK(v >= 0 && v <= INT32_MAX, "library GEMM: ", what, " = ", v, " does not fit cuBLAS's 32-bit sizes");
+  return static_cast<int>(v);
+}
+
+// cuBLAS's recommended workspace on Hopper.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+}  // namespace
+
+struct LibraryGemm::Impl {
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  Impl() {
+    TERN_CUBLAS(cublasCreate(&handle));
+    workspace = DeviceBuffer(kWorkspaceBytes);
+    TERN_CUBLAS(cublasSetWorkspace(handle, workspace.data(), kWorkspaceBytes));
+  }
+  ~Impl() {
+    if (handle != nullptr) cublasDestroy(handle);
+  }
+  cublasHandle_t on(cudaStream_t s) {
+    TERN_CUBLAS(cublasSetStream(handle, s));
+    return handle;
+  }
+};
+
+LibraryGemm::LibraryGemm() : impl_(std::make_unique<Impl>()) {}
+LibraryGemm::~LibraryGemm() = default;
+
+void LibraryGemm::bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
+                       int64_t ldw, float* y, int64_t ldy, float alpha, GemmBatch b) {
+  if (T == 0) return;
+  const float beta = 0.0f;
+  cublasHandle_t h = impl_->on(s);
+  const int m = narrow(out, "out"), n = narrow(T, "tokens"), k = narrow(in, "in");
+  if (b.batch == 1) {
+    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF, narrow(ldw, "ldw"), x,
+                             CUDA_R_16BF, narrow(ldx, "ldx"), &beta, y, CUDA_R_32F, narrow(ldy, "ldy"),
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  TERN_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF,
+                                         narrow(ldw, "ldw"), b.w_stride, x, CUDA_R_16BF, narrow(ldx, "ldx"),
+                                         b.x_stride, &beta, y, CUDA_R_32F, narrow(ldy, "ldy"), b.y_stride, b.batch,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void LibraryGemm::f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
+                      int64_t ldw, float* y, int64_t ldy, GemmBatch b) {
+  if (T == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasHandle_t h = impl_->on(s);
+  const int m = narrow(out, "out"), n = narrow(T, "tokens"), k = narrow(in, "in");
+  // CUBLAS_COMPUTE_32F_PEDANTIC: f32 products and sums, never TF32 (the exact path: top-k choices).
+  if (b.batch == 1) {
+    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F, narrow(ldw, "ldw"), x,
+                             CUDA_R_32F, narrow(ldx, "ldx"), &beta, y, CUDA_R_32F, narrow(ldy, "ldy"),
+                             CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  TERN_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F,
+                                         narrow(ldw, "ldw"), b.w_stride, x, CUDA_R_32F, narrow(ldx, "ldx"),
+                                         b.x_stride, &beta, y, CUDA_R_32F, narrow(ldy, "ldy"), b.y_stride, b.batch,
+                                         CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+}
+
+void LibraryGemm::bf16_grouped(cudaStream_t s, LibraryMoeMode mode, std::span<const GroupedProblem> problems,
+                               int64_t m, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, void** device_ptrs,
+                               void** host_ptrs) {
+  std::vector<GroupedProblem> live;
+  for (const GroupedProblem& p : problems)
+    if (p.n > 0) live.push_back(p);
+  if (live.empty()) return;
+  cublasHandle_t h = impl_->on(s);
+  const int mi = narrow(m, "m"), ki = narrow(k, "k"), la = narrow(lda, "lda"), lb = narrow(ldb, "ldb"),
+            lc = narrow(ldc, "ldc");
+  const float beta = 0.0f;
+  if (mode == LibraryMoeMode::per_expert) {
+    for (const GroupedProblem& p : live)
+      TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, mi, p.n, ki, &p.alpha, p.a, CUDA_R_16BF, la, p.b,
+                               CUDA_R_16BF, lb, &beta, p.c, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  // One group per problem (their token counts differ); pointer arrays in device memory, the rest on the host.
+  const size_t g = live.size();
+  for (size_t i = 0; i < g; ++i) {
+    host_ptrs[i] = const_cast<void*>(live[i].a);
+    host_ptrs[g + i] = const_cast<void*>(live[i].b);
+    host_ptrs[2 * g + i] = live[i].c;
+  }
+  TERN_CUDA(cudaMemcpyAsync(device_ptrs, host_ptrs, 3 * g * sizeof(void*), cudaMemcpyHostToDevice, s));
+  std::vector<cublasOperation_t> ta(g, CUBLAS_OP_T), tb(g, CUBLAS_OP_N);
+  std::vector<int> ms(g, mi), ns(g), ks(g, ki), las(g, la), lbs(g, lb), lcs(g, lc), sizes(g, 1);
+  std::vector<float> alphas(g), betas(g, beta);
+  for (size_t i = 0; i < g; ++i) ns[i] = live[i].n, alphas[i] = live[i].alpha;
+  TERN_CUBLAS(cublasGemmGroupedBatchedEx(
+      h, ta.data(), tb.data(), ms.data(), ns.data(), ks.data(), alphas.data(),
+      reinterpret_cast<const void* const*>(device_ptrs), CUDA_R_16BF, las.data(),
+      reinterpret_cast<const void* const*>(device_ptrs + g), CUDA_R_16BF, lbs.data(), betas.data(),
+      reinterpret_cast<void* const*>(device_ptrs + 2 * g), CUDA_R_32F, lcs.data(), static_cast<int>(g), sizes.data(),
+      CUBLAS_COMPUTE_32F));
+}
+
+double LibraryGemm::time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps) {
+  const size_t es = f32 ? 4 : 2;
+  DeviceBuffer x(static_cast<size_t>(T * in) * es), w(static_cast<size_t>(out * in) * es),
+      y(static_cast<size_t>(T * out) * 4);
+  // f32 operands: pairs of random bf16 read as one float each (finite, varied; only the timing matters).
+  launch_fill_random_bf16(static_cast<uint16_t*>(x.data()), T * in * static_cast<int64_t>(es / 2), 1.0f, 21, s);
+  launch_fill_random_bf16(static_cast<uint16_t*>(w.data()), out * in * static_cast<int64_t>(es / 2), 0.02f, 22, s);
+  check_launch("fill_random_bf16");
+  auto* yp = static_cast<float*>(y.data());
+  const Timing t = time_device(
+      [&] {
+        if (f32)
+          this->f32(s, T, out, in, static_cast<const float*>(x.data()), in, static_cast<const float*>(w.data()), in,
+                    yp, out);
+        else
+          bf16(s, T, out, in, x.data(), in, w.data(), in, yp, out);
+      },
+      2, reps);
+  return t.median_us;
+}
+
+double LibraryGemm::time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps) {
+  const int64_t P = T * k, per = P / E, copies = std::min<int64_t>(E, 32);
+  const size_t elems = static_cast<size_t>(inter * D);
+  DeviceBuffer w(copies * 3 * elems * 2), xs(static_cast<size_t>(P * D) * 2), h13(static_cast<size_t>(P * 2 * inter) * 4),
+      h(static_cast<size_t>(P * inter) * 2), y(static_cast<size_t>(P * D) * 4), dptrs(9 * E * sizeof(void*));
+  launch_fill_random_bf16(static_cast<uint16_t*>(w.data()), static_cast<int64_t>(copies * 3 * elems), 0.02f, 23, s);
+  launch_fill_random_bf16(static_cast<uint16_t*>(xs.data()), P * D, 1.0f, 24, s);
+  launch_fill_random_bf16(static_cast<uint16_t*>(h.data()), P * inter, 1.0f, 25, s);
+  check_launch("fill_random_bf16");
+  std::vector<GroupedProblem> up, down;
+  const auto* wb = static_cast<const uint16_t*>(w.data());
+  const auto* xb = static_cast<const uint16_t*>(xs.data());
+  const auto* hb = static_cast<const uint16_t*>(h.data());
+  for (int64_t e = 0; e < E; ++e) {
+    const uint16_t* we = wb + (e % copies) * 3 * elems;
+    float* c13 = static_cast<float*>(h13.data()) + e * per * 2 * inter;
+    up.push_back({we, xb + e * per * D, c13, static_cast<int>(per), 1.0f});
+    up.push_back({we + elems, xb + e * per * D, c13 + inter, static_cast<int>(per), 1.0f});
+    down.push_back({we + 2 * elems, hb + e * per * inter, static_cast<float*>(y.data()) + e * per * D,
+                    static_cast<int>(per), 1.0f});
+  }
+  void* pinned = nullptr;
+  TERN_CUDA(cudaMallocHost(&pinned, 9 * E * sizeof(void*)));
+  auto** dp = static_cast<void**>(dptrs.data());
+  auto** hp = static_cast<void**>(pinned);
+  const Timing t = time_device(
+      [&] {
+        bf16_grouped(s, LibraryMoeMode::grouped, up, inter, D, D, D, 2 * inter, dp, hp);
+        bf16_grouped(s, LibraryMoeMode::grouped, down, D, inter, inter, inter, D, dp + 6 * E, hp + 6 * E);
+      },
+      2, reps);
+  TERN_CUDA(cudaStreamSynchronize(s));
+  cudaFreeHost(pinned);
+  return t.median_us;
+}
+
+}  // namespace tern::cuda

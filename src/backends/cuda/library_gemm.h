@@ -1,0 +1,73 @@
+// Library GEMMs (cuBLAS) for products with many tokens: prefill chunks. A decode step streams each weight
+// once for a few tokens (our own kernels, weights in their checkpoint format); a prefill chunk multiplies
+// thousands of tokens by the same weights, which is tensor-core work a library does at its rate. Here the
+// weights are expanded to bf16 (exactly: e4m3, e2m1 times their block scales are bf16 numbers; NVFP4's f32
+// global scale goes into alpha) into scratch, x is rounded to bf16 as our kernels round it, and cuBLAS
+// accumulates in f32: the numerics of the tensor-core kernels, in another summation order.
+//
+// Host code of the CUDA backend (includes the runtime API); no cuBLAS header leaves this file pair.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "backends/cuda/cuda_backend.h"  // LibraryMoeMode
+
+namespace tern::cuda {
+
+// Tokens from which linear / grouped_linear / moe_experts take the library path (unless the backend is
+// batch invariant). Above every decode graph bucket (at most 256), so a captured decode step never does.
+constexpr int64_t kLibraryMinTokens = 512;
+
+
+// One problem of a grouped product: C[n, m] (ldc) = alpha * B[n, k] (ldb) * A[m, k]^T (lda), row-major
+// names; A and B bf16, C f32.
+struct GroupedProblem {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  float* c = nullptr;
+  int n = 0;
+  float alpha = 1.0f;
+};
+
+// Blocks of a batched product: `batch` of them, the operands `*_stride` elements apart.
+struct GemmBatch {
+  int batch = 1;
+  int64_t x_stride = 0, w_stride = 0, y_stride = 0;
+};
+
+class LibraryGemm {
+ public:
+  LibraryGemm();
+  ~LibraryGemm();
+  LibraryGemm(const LibraryGemm&) = delete;
+  LibraryGemm& operator=(const LibraryGemm&) = delete;
+
+  // y[T, out] (row stride ldy) = alpha * x[T, in] (ldx) * W[out, in]^T (ldw), batched over `batch`
+  // blocks (GemmBatch; batch 1 ignores the strides). bf16 x and W, f32 y and accumulation.
+  void bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
+            int64_t ldw, float* y, int64_t ldy, float alpha = 1.0f, GemmBatch b = {});
+  // The same in f32 throughout (the exact path: router gates, indexer projections), no TF32.
+  void f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
+           int64_t ldw, float* y, int64_t ldy, GemmBatch b = {});
+  // Problems sharing m, k and the leading dimensions (the MoE: one or two per expert). `device_ptrs` is
+  // device memory for 3 * problems.size() pointers, unused by per_expert; `host_ptrs` pinned host memory of
+  // the same size (the pointer arrays are staged there and copied on the stream).
+  void bf16_grouped(cudaStream_t s, LibraryMoeMode mode, std::span<const GroupedProblem> problems, int64_t m,
+                    int64_t k, int64_t lda, int64_t ldb, int64_t ldc, void** device_ptrs, void** host_ptrs);
+
+  // Time of bf16(T, out, in) (or f32) on random operands in device memory: the library's rate on a shape.
+  double time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps);
+  // Time of the MoE's products alone on already expanded bf16 experts: T tokens x k picks spread evenly
+  // over E experts, w1 and w3 ([inter, D]) then w2 ([D, inter]) per expert, grouped.
+  double time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tern::cuda

@@ -1,0 +1,168 @@
+// GPU vs CPU: the library paths (cuBLAS) that products of >= kLibraryMinTokens tokens take: linear in every
+// weight format, exact weights in f32, grouped_linear, and the MoE (both ways of issuing its per-expert
+// products); and batch-invariant mode, which keeps such products on tern's own kernels.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+using ops::WeightFormat;
+
+// More tokens than the library threshold (512), not a multiple of any tile.
+constexpr int64_t kTokens = 600;
+
+class GpuLibrary : public ::testing::TestWithParam<Shapes> {
+ protected:
+  void TearDown() override {
+    if (gpu_ready()) {
+      cuda::register_backend().set_batch_invariant(false);
+      cuda::register_backend().set_library_moe_mode(cuda::LibraryMoeMode::grouped);
+    }
+  }
+};
+
+struct Case {
+  const char* name;
+  WeightFormat format;
+  int64_t out, in;
+  bool exact;
+};
+
+std::vector<Case> cases(const Shapes& s) {
+  return {
+      {"wq_a fp8", WeightFormat::fp8_block, s.q_rank, s.D, false},
+      {"wq_b fp8", WeightFormat::fp8_block, s.heads * s.head_dim, s.q_rank, false},
+      {"shared.w2 fp8", WeightFormat::fp8_block, s.D, s.inter, false},
+      {"fp8 odd rows", WeightFormat::fp8_block, 200, s.D, false},
+      {"comp.wkv bf16", WeightFormat::bf16, 2 * s.head_dim, s.D, false},
+      {"expert.w1 mxfp4", WeightFormat::mxfp4, s.inter, s.D, false},
+      {"expert.w2 nvfp4", WeightFormat::nvfp4, s.D, s.inter, false},
+      {"f32", WeightFormat::f32, 96, s.D, false},
+      {"gate bf16 exact", WeightFormat::bf16, s.experts, s.D, true},
+      {"idx.wq_b fp8 exact", WeightFormat::fp8_block, s.index_heads * s.index_dim, s.q_rank, true},
+  };
+}
+
+TEST_P(GpuLibrary, LinearAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  for (const Case& c : cases(s)) {
+    HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    hw.w.exact = c.exact;
+    ops::Weight dw = store.upload(hw.w);
+    dw.exact = c.exact;
+    Tensor x = random_f32({kTokens, c.in}, r);
+    Tensor ref(DType::f32, {kTokens, c.out});
+    ops::linear(x, hw.w, ref);
+    auto dx = upload(x), y = poisoned(DType::f32, {kTokens, c.out});
+    ops::linear(dx, dw, y);
+    expect_close(y, ref, c.exact ? kTolF32 : kTolBf16,
+                 cat("library linear ", c.name, " T=", kTokens));
+  }
+}
+
+TEST_P(GpuLibrary, GroupedLinearAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  const HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
+                                      1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
+  cuda::WeightStore store;
+  const ops::Weight dw = store.upload(hw.w);
+  Tensor x = random_f32({kTokens, s.groups, in_g}, r);
+  Tensor ref(DType::f32, {kTokens, s.groups, s.o_rank});
+  ops::grouped_linear(x, hw.w, ref);
+  auto dx = upload(x), y = poisoned(DType::f32, {kTokens, s.groups, s.o_rank});
+  ops::grouped_linear(dx, dw, y);
+  expect_close(y, ref, kTolBf16, cat("library grouped_linear wo_a T=", kTokens));
+}
+
+// Batch-invariant mode: rows of a 600-token product equal, bit for bit, the same rows computed alone; with
+// the library on they need not (and the test only asks them to be close).
+TEST_P(GpuLibrary, BatchInvariantModeKeepsOwnKernels) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  const HostWeight hw = random_weight(WeightFormat::fp8_block, s.q_rank, s.D, r, 1.0f / std::sqrt(float(s.D)), "wq_a");
+  const ops::Weight dw = store.upload(hw.w);
+  const Tensor x = random_f32({kTokens, s.D}, r);
+  const int64_t off = r.index(kTokens - 3), n = 3;
+  Tensor xs(DType::f32, {n, s.D});
+  std::memcpy(xs.data<float>(), x.data<float>() + off * s.D, n * s.D * sizeof(float));
+  auto dx = upload(x), dxs = upload(xs);
+  for (const bool invariant : {true, false}) {
+    cuda::register_backend().set_batch_invariant(invariant);
+    auto yall = poisoned(DType::f32, {kTokens, s.q_rank}), ys = poisoned(DType::f32, {n, s.q_rank});
+    ops::linear(dx, dw, yall);
+    ops::linear(dxs, dw, ys);
+    const Tensor all = cuda::to_host(yall), part = cuda::to_host(ys);
+    if (invariant) {
+      EXPECT_EQ(std::memcmp(part.data<float>(), all.data<float>() + off * s.q_rank, n * s.q_rank * 4), 0)
+          << "batch-invariant mode: tokens " << off << ".." << off + n - 1 << " differ between a batch of " << n
+          << " and the batch of " << kTokens;
+    } else {
+      expect_close(ys, all.view().rows(off, off + n), kTolBf16, "library rows vs the same rows alone");
+    }
+  }
+}
+
+// The routed experts at V4-Flash width (16 experts stand for the 256), both ways of issuing the products.
+TEST_P(GpuLibrary, MoeAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4, WeightFormat::fp8_block}) {
+    std::vector<HostWeight> host;
+    std::vector<ops::Expert> hexp(E), dexp(E);
+    cuda::WeightStore store;
+    for (int64_t e = 0; e < E; ++e) {
+      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w1"));
+      host.push_back(random_weight(f, D, inter, r, 1.0f / std::sqrt(float(inter)), "w2"));
+      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w3"));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      hexp[e] = ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w};
+      dexp[e] = ops::Expert{store.upload(hexp[e].w1), store.upload(hexp[e].w2), store.upload(hexp[e].w3)};
+    }
+    const int64_t T = kTokens;
+    Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+    Tensor idx(DType::i32, {T, k});
+    for (int64_t t = 0; t < T; ++t) {  // distinct experts per token; one expert left out (no tokens)
+      std::vector<int32_t> all(E - 1);
+      std::iota(all.begin(), all.end(), 1);
+      for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - 1 - j)]);
+      std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+    }
+    Tensor ref(DType::f32, {T, D});
+    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+    auto dx = upload(x), dw = upload(w), didx = upload(idx);
+    for (const auto mode : {cuda::LibraryMoeMode::grouped, cuda::LibraryMoeMode::per_expert}) {
+      cuda::register_backend().set_library_moe_mode(mode);
+      auto out = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+      expect_close(out, ref, kTolBf16,
+                   cat("library moe_experts ", ops::weight_format_name(f), mode == cuda::LibraryMoeMode::grouped
+                                                                            ? " grouped"
+                                                                            : " per expert", " T=", T));
+    }
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuLibrary, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest
