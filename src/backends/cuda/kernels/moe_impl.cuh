@@ -9,6 +9,9 @@
 
 namespace tern::cuda {
 
+// Whether launch_moe takes the bulk-copy kernels for these params (moe.cu).
+bool moe_bulk_taken(const MoeParams& p);
+
 // Byte layout of the MoE workspace for P = T*k pairs.
 struct MoeLayout {
   int64_t P = 0, max_jobs = 0, tile = 8;
@@ -16,7 +19,9 @@ struct MoeLayout {
 
   MoeLayout(const MoeParams& p) {
     P = p.T * p.k;
-    tile = p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;  // pairs per job: most experts get one job
+    // Pairs per job: most experts get one job. The bulk kernels take one n-tile (8 tokens) per job, so their
+    // x window stays small; at up to 64 tokens an expert with more than 8 picks is rare.
+    tile = moe_bulk_taken(p) ? 8 : p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;
     max_jobs = std::min<int64_t>(P, p.E) + P / tile + 1;
     auto take = [&](size_t bytes) {
       const size_t at = total;
