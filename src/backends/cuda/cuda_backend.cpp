@@ -122,7 +122,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer) and odd shapes: "
       "linear_simple_kernel, CUDA cores, f32",
-      "moe_experts (mxfp4, nvfp4, fp8, bf16, f32 experts): moe_plan + moe_expert up/down + moe_combine; tensor cores",
+      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "
+      "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
+      "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "
+      "same K order (so the same bits) in both",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"

@@ -249,14 +249,20 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
   const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
+  const int64_t chunks = in / 128;
   constexpr int64_t kStageWeightBytes = 32 * 1024;  // weight bytes per stage at most (16 rows of 2 KB)
-  // m-tiles per item: the largest power of two with 16 rows each within the stage, at most the consumers.
+  // K slices as moe_expert_kernel takes them; m-tiles per item: the largest power of two whose rows fit the
+  // stage, with at most 8 (m-tile, slice) units, shared out evenly among the consumer warps.
+  const int ks = dev::moe_k_slices(chunks);
   int mt = 1;
-  while (mt * 2 <= consumers && 16 * (mt * 2) * row_bytes <= kStageWeightBytes) mt *= 2;
-  const int ks = consumers / mt;
-  if (16 * row_bytes > kStageWeightBytes || in % (128 * ks) != 0 || out % 16 != 0 || s_cols % 4 != 0) return pl;
+  while (mt * 2 * ks <= 8 && 16 * (mt * 2) * row_bytes <= kStageWeightBytes) mt *= 2;
+  const int units = mt * ks;
+  if (16 * row_bytes > kStageWeightBytes || chunks % ks != 0 || units % consumers != 0 || units / consumers > 2 ||
+      out % 16 != 0 || s_cols % 4 != 0)
+    return pl;
   pl.mt = mt;
   pl.ks = ks;
+  pl.consumers = consumers;
   pl.rows_per_item = (up ? 8 : 16) * mt;
   pl.tiles = static_cast<int>((out + pl.rows_per_item - 1) / pl.rows_per_item);
   pl.row_bytes = static_cast<int>(row_bytes);
@@ -265,7 +271,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.stage_bytes = static_cast<int>((pl.scale_off + 16 * mt * s_cols + 127) / 128 * 128);
   pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
   const int win_bytes = dev::kBulkTile * pl.win_stride;
-  const int red_bytes = 2 * consumers * 4 * 32 * static_cast<int>(sizeof(float));
+  const int red_bytes = 2 * units * 4 * 32 * static_cast<int>(sizeof(float));
   for (int s = stages; s >= 2; --s) {
     const int bar_off = s * pl.stage_bytes + win_bytes + red_bytes;
     const int smem = bar_off + 2 * s * 8;

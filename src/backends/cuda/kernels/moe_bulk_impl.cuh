@@ -26,7 +26,8 @@ namespace tern::cuda {
 // Shared-memory plan of one of the two kernels (host-side, from the shapes and the variant alone).
 struct MoeBulkPlan {
   bool ok = false;
-  int mt = 0, ks = 0;             // m-tiles per item, K slices; consumer warps = mt * ks
+  int mt = 0, ks = 0;             // m-tiles per item, K slices (moe_k_slices): mt * ks units (<= 8)
+  int consumers = 0;              // consumer warps; each takes units w and w + consumers
   int rows_per_item = 0;          // matrix rows per item (of each of w1 and w3 for UP)
   int tiles = 0;                  // items per job
   int row_bytes = 0, s_cols = 0;  // bytes of a weight row, scale bytes of a row
@@ -128,14 +129,14 @@ struct LaneOffsets {
   uint32_t w, s, x;
 };
 
-// acc[h] += the stage's rows x the x window's token g, over `chunks` chunks of 128 columns from the lane's
-// offsets (h: the k-step's parity; two accumulators, so consecutive mmas do not wait on each other). Lane t
-// of a quad owns the 16-byte run t of each chunk's 64 bytes of a row (32 columns, the mma_tile.cuh k
+// acc += the stage's rows x the x window's token g, over `chunks` chunks of 128 columns from the lane's
+// offsets, in chunk and k-step order with one accumulator (the order moe_expert_kernel uses). Lane t of a
+// quad owns the 16-byte run t of each chunk's 64 bytes of a row (32 columns, the mma_tile.cuh k
 // permutation), its scale byte(s) and the same columns of x. Rows of the x window past the job's tokens hold
 // stale values: they only reach output columns that are never stored (mma columns are independent).
 template <WFmt F>
 __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
-                                             uint32_t win, int chunks, float (&acc)[2][4]) {
+                                             uint32_t win, int chunks, float (&acc)[4]) {
   const int t = threadIdx.x & 3;
   constexpr int kWord = scale_word_bytes<F>();  // one row's scale bytes per chunk: 4 (mxfp4), 8 (nvfp4)
   uint32_t w = stage + o.w, s = stage + o.s, x = win + o.x;
@@ -164,7 +165,7 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
         constexpr int H = decltype(hc)::value, S = 2 * Q + H;
         const uint32_t a0 = a_pair<F, S, 0>(r0, m0), a1 = a_pair<F, S, 0>(r1, m1);
         const uint32_t a2 = a_pair<F, S, 1>(r0, m0), a3 = a_pair<F, S, 1>(r1, m1);
-        mma_bf16(acc[H], a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
+        mma_bf16(acc, a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
       });
     });
   }
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
   const MoeParams& p = a.p;
-  const int consumers = pl.mt * pl.ks, threads = consumers * 32;
+  const int consumers = pl.consumers, threads = consumers * 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int items = *a.num_jobs * pl.tiles;
   const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
@@ -195,15 +196,19 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   }
 
   const int64_t in = UP ? p.D : p.inter, out = UP ? p.inter : p.D;
-  const int mtile = warp / pl.ks, slice = warp % pl.ks;
-  const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of this warp's K slice
-  const int srow = 16 * mtile + g;
-  const LaneOffsets lo{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
-                       static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * scale_word_bytes<F>()),
-                       static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
+  const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
+  const int units = pl.mt * pl.ks, mine = units / consumers;      // units of this warp: 1 or 2
+  LaneOffsets lo[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int u = warp + j * consumers, mtile = u / pl.ks, slice = u % pl.ks, srow = 16 * mtile + g;
+    lo[j] = LaneOffsets{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
+                        static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * scale_word_bytes<F>()),
+                        static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
+  }
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
-  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [2][consumers][4][32]
+  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [2][units][4][32]
 
   int cur_job = -1, first = 0, count = 0;
   float mult[2] = {1.0f, 1.0f};
@@ -228,47 +233,60 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
       stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
       named_bar_sync(1, threads);
     }
-    float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     ring.wait_full(idx);
-    bulk_consume<F>(smem0 + ring.slot(idx) * pl.stage_bytes, lo, 8 * pl.row_bytes, 8 * pl.s_cols,
-                    smem0 + pl.win_off, per, acc2);
+    const uint32_t stage = smem0 + ring.slot(idx) * pl.stage_bytes;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (j < mine) bulk_consume<F>(stage, lo[j], 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per, acc[j]);
     ring.release(idx);
-    float acc[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = acc2[0][i] + acc2[1][i];
-
-    if (pl.ks > 1) {  // the K slices of each m-tile meet in shared memory, added in slice order
-      float* mine = red + ((idx & 1) * consumers + warp) * 128;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) mine[i * 32 + lane] = acc[i];
-      named_bar_sync(1, threads);
-      if (slice != 0) continue;
-      const float* parts = red + ((idx & 1) * consumers + mtile * pl.ks) * 128;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float s = 0.0f;
-        for (int sl = 0; sl < pl.ks; ++sl) s += parts[sl * 128 + i * 32 + lane];
-        acc[i] = s;
-      }
-    }
 
     const int64_t tile_row0 = static_cast<int64_t>(item % pl.tiles) * pl.rows_per_item;
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
-      const int slot = 2 * t + q;
-      if (slot >= count) continue;
-      if constexpr (UP) {  // c0, c1: w1 row; c2, c3: w3 row (same matrix row)
-        const int64_t row = tile_row0 + 8 * mtile + g;
-        if (row < out) {
-          const float gate = acc[q] * mult[0], up = acc[2 + q] * mult[1];
-          a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
-              siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
+    for (int j = 0; j < 2; ++j) {
+      if (j >= mine) break;
+      const int u = warp + j * consumers;
+      if (pl.ks > 1) {  // the K slices of each m-tile meet in shared memory, added in slice order
+        float* part = red + ((idx & 1) * units + u) * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[i * 32 + lane] = acc[j][i];
+      }
+    }
+    if (pl.ks > 1) named_bar_sync(1, threads);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j >= mine) break;
+      const int u = warp + j * consumers, mtile = u / pl.ks;
+      if (u % pl.ks != 0) continue;  // the m-tile's slice-0 unit finishes it
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[j][i];  // as the slice sum below: -0 becomes +0
+      if (pl.ks > 1) {
+        const float* parts = red + ((idx & 1) * units + u) * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float s = 0.0f;
+          for (int sl = 0; sl < pl.ks; ++sl) s += parts[sl * 128 + i * 32 + lane];
+          v[i] = s;
         }
-      } else {
-        const int64_t row = tile_row0 + 16 * mtile + g;
-        float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
-        if (row < out) dst[row] = acc[q] * mult[0];
-        if (row + 8 < out) dst[row + 8] = acc[2 + q] * mult[0];
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
+        const int slot = 2 * t + q;
+        if (slot >= count) continue;
+        if constexpr (UP) {  // c0, c1: w1 row; c2, c3: w3 row (same matrix row)
+          const int64_t row = tile_row0 + 8 * mtile + g;
+          if (row < out) {
+            const float gate = v[q] * mult[0], up = v[2 + q] * mult[1];
+            a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
+                siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
+          }
+        } else {
+          const int64_t row = tile_row0 + 16 * mtile + g;
+          float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
+          if (row < out) dst[row] = v[q] * mult[0];
+          if (row + 8 < out) dst[row + 8] = v[2 + q] * mult[0];
+        }
       }
     }
   }
@@ -281,7 +299,7 @@ void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
     return true;
   }();
   (void)attr;
-  const int threads = (a.plan.mt * a.plan.ks + 1) * 32;
+  const int threads = (a.plan.consumers + 1) * 32;
   moe_bulk_kernel<F, UP><<<grid, threads, a.plan.smem, stream>>>(a);
 }
 
