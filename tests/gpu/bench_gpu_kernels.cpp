@@ -119,9 +119,20 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const int64_t distinct = std::count(used.begin(), used.end(), 1);
     auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
     cuda::DeviceTensor out(DType::f32, {T, D});
-    measure(cat("moe_experts (", ops::weight_format_name(f), ")"), cat("T=", T, " experts=", distinct),
-            expert_bytes * static_cast<double>(distinct), 1,
-            [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+    // One row per kernel variant (ring depth, warps, the register kernel) where the bulk kernels take T;
+    // the first is the default.
+    cuda::CudaBackend& be = cuda::register_backend();
+    const int variants = T <= 64 && !g_profile ? cuda::CudaBackend::moe_variants() : 1;
+    for (int v = 0; v < variants; ++v) {
+      be.set_moe_variant(v);
+      const std::string label =
+          variants > 1 ? cat(" v", v, " ", cuda::CudaBackend::moe_variant_name(v)) : std::string();
+      measure(cat("moe_experts (", ops::weight_format_name(f), ")", label), cat("T=", T, " experts=", distinct),
+              expert_bytes * static_cast<double>(distinct), 1,
+              [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+    }
+    be.set_moe_variant(0);
+    std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
   }
 }
 

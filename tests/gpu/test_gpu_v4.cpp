@@ -294,7 +294,11 @@ TEST_P(GpuV4, MoeExperts) {
       dexp[e] = ops::Expert{store.upload(hexp[e].w1), store.upload(hexp[e].w2), store.upload(hexp[e].w3)};
     }
     const bool fp4 = f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
-    // FP4 (the streaming kernels): one job tile of 8, 16 and 32 pairs, and jobs split over tiles.
+    // FP4: the bulk-copy kernels at 1, 3, 16 and 64 tokens (one job tile of 8 pairs, several, experts split
+    // over jobs), 100 tokens on the register kernel; every kernel variant (ring depth, warps, the register
+    // kernel forced) against the same reference. Other formats: the register kernel.
+    cuda::CudaBackend& be = cuda::register_backend();
+    const int variants = fp4 ? cuda::CudaBackend::moe_variants() : 1;
     for (int64_t T : fp4 ? std::vector<int64_t>{1, 3, 16, 64, 100} : std::vector<int64_t>{1, 16, 70}) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});
@@ -306,22 +310,33 @@ TEST_P(GpuV4, MoeExperts) {
       }
       Tensor ref(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
-      auto dx = upload(x), dw = upload(w), didx = upload(idx), out = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
-      expect_close(out, ref, kTolBf16, cat("moe_experts ", ops::weight_format_name(f), " T=", T));
-      if (T < 16) continue;
-      // Batch invariance: tokens off..off+2 alone give the bits they got in the batch of T.
-      const int64_t n = 3, off = r.index(T - n + 1);
-      Tensor xs(DType::f32, {n, D}), ws(DType::f32, {n, k}), is(DType::i32, {n, k});
-      std::memcpy(xs.data<float>(), x.data<float>() + off * D, n * D * 4);
-      std::memcpy(ws.data<float>(), w.data<float>() + off * k, n * k * 4);
-      std::memcpy(is.data<int32_t>(), idx.data<int32_t>() + off * k, n * k * 4);
-      auto dxs = upload(xs), dws = upload(ws), dis = upload(is), outs = poisoned(DType::f32, {n, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dxs, dis, dws, dexp, 10.0f, outs});
-      const Tensor all_h = cuda::to_host(out), part_h = cuda::to_host(outs);
-      EXPECT_EQ(std::memcmp(part_h.data<float>(), all_h.data<float>() + off * D, n * D * 4), 0)
-          << "moe_experts " << ops::weight_format_name(f) << ": tokens " << off << ".." << off + n - 1
-          << " differ between a batch of " << n << " and the batch of " << T;
+      auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      for (int v = 0; v < variants; ++v) {
+        be.set_moe_variant(v);
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
+                                     cuda::CudaBackend::moe_variant_name(v), "; ", path, ")");
+        const bool bulk_expected =
+            fp4 && T <= 64 && cuda::CudaBackend::moe_variant_name(v).starts_with("bulk");
+        EXPECT_EQ(path.find("moe_bulk") != std::string::npos, bulk_expected) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        expect_close(out, ref, kTolBf16, what);
+        if (T < 2) continue;
+        // Batch invariance: tokens off..off+n-1 alone give the bits they got in the batch of T.
+        const int64_t n = std::min<int64_t>(3, T - 1), off = r.index(T - n + 1);
+        Tensor xs(DType::f32, {n, D}), ws(DType::f32, {n, k}), is(DType::i32, {n, k});
+        std::memcpy(xs.data<float>(), x.data<float>() + off * D, n * D * 4);
+        std::memcpy(ws.data<float>(), w.data<float>() + off * k, n * k * 4);
+        std::memcpy(is.data<int32_t>(), idx.data<int32_t>() + off * k, n * k * 4);
+        auto dxs = upload(xs), dws = upload(ws), dis = upload(is), outs = poisoned(DType::f32, {n, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dxs, dis, dws, dexp, 10.0f, outs});
+        const Tensor all_h = cuda::to_host(out), part_h = cuda::to_host(outs);
+        EXPECT_EQ(std::memcmp(part_h.data<float>(), all_h.data<float>() + off * D, n * D * 4), 0)
+            << what << ": tokens " << off << ".." << off + n - 1 << " differ between a batch of " << n
+            << " and the batch of " << T;
+      }
+      be.set_moe_variant(0);
     }
   }
   cuda::register_backend().check_device_errors();

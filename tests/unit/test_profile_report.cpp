@@ -41,6 +41,8 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)3, 1, true>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},
+    {"void tern::cuda::dev::moe_bulk_kernel<(tern::cuda::dev::WFmt)3, true>(tern::cuda::dev::MoeBulkArgs)", C::moe},
+    {"void tern::cuda::dev::moe_bulk_kernel<(tern::cuda::dev::WFmt)4, false>(tern::cuda::dev::MoeBulkArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_combine_kernel(float const*, int const*, float const*, long, int, long, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_scored_kernel(float const*, float const*, long, long, int, float, int*, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_hash_kernel(float const*, void const*, int, long, long const*, long, long, int, float, int*, float*, int*)", C::moe},

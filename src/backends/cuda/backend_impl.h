@@ -37,11 +37,13 @@ struct CudaBackend::Impl {
     DeviceBuffer table;
     const void* first = nullptr;
     const void* last = nullptr;
+    bool aligned = false;  // every matrix and scale pointer 16-byte aligned (the bulk copies need it)
   };
   std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;
   // The streaming linear's K groups per weight (by its device address), from tune_linears.
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
+  int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
 
   // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;

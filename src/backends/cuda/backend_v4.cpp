@@ -223,14 +223,14 @@ void CudaBackend::route_hash(const TensorView& logits, const TensorView& tid2eid
 namespace {
 
 // The device table of the experts' pointers, built once per expert list (before any graph capture).
-const ExpertDesc* expert_table(CudaBackend::Impl& impl, std::span<const ops::Expert> experts) {
+const CudaBackend::Impl::ExpertTable& expert_table(CudaBackend::Impl& impl, std::span<const ops::Expert> experts) {
   const auto key = std::make_pair(static_cast<const void*>(experts.data()), experts.size());
   const void* first = experts.front().w1.weight.data();
   const void* last = experts.back().w2.weight.data();
   auto it = impl.expert_tables.find(key);
-  if (it != impl.expert_tables.end() && it->second.first == first && it->second.last == last)
-    return static_cast<const ExpertDesc*>(it->second.table.data());
+  if (it != impl.expert_tables.end() && it->second.first == first && it->second.last == last) return it->second;
   std::vector<ExpertDesc> host(experts.size());
+  bool aligned = true;
   for (size_t e = 0; e < experts.size(); ++e) {
     const ops::Weight* ws[3] = {&experts[e].w1, &experts[e].w2, &experts[e].w3};
     for (int i = 0; i < 3; ++i) {
@@ -238,13 +238,27 @@ const ExpertDesc* expert_table(CudaBackend::Impl& impl, std::span<const ops::Exp
       host[e].w[i] = m.w;
       host[e].s[i] = m.s;
       host[e].global_scale[i] = m.global_scale;
+      aligned = aligned && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.s) % 16 == 0;
     }
   }
   DeviceBuffer buf(host.size() * sizeof(ExpertDesc));
   TERN_CUDA(cudaMemcpy(buf.data(), host.data(), buf.size(), cudaMemcpyHostToDevice));
-  auto* data = static_cast<const ExpertDesc*>(buf.data());
-  impl.expert_tables[key] = CudaBackend::Impl::ExpertTable{std::move(buf), first, last};
-  return data;
+  auto& table = impl.expert_tables[key];
+  table = CudaBackend::Impl::ExpertTable{std::move(buf), first, last, aligned};
+  return table;
+}
+
+// The params of a moe_experts call as far as the host knows them (no device pointers needed).
+MoeParams moe_shape(const ops::Weight& w1, const ops::Weight& w2, int64_t T, int64_t k) {
+  const DeviceMat m1 = device_mat(w1), m2 = device_mat(w2);
+  MoeParams p;
+  p.T = T;
+  p.D = w1.in;
+  p.inter = w1.out;
+  p.k = static_cast<int>(k);
+  p.kind = m1.kind;
+  p.scale_f32 = m1.scale_f32 || m2.scale_f32;
+  return p;
 }
 
 }  // namespace
@@ -253,33 +267,47 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   require_cuda_f32("moe_experts", {&a.x, &a.weights, &a.out});
   TERN_CHECK(a.indices.device() == Device::cuda, "cuda moe_experts: indices are on the host");
   const ops::Expert& e0 = a.experts[0];
-  const DeviceMat m1 = device_mat(e0.w1), m2 = device_mat(e0.w2);
   for (const ops::Expert& e : a.experts)
     TERN_CHECK(e.w1.format == e0.w1.format && e.w2.format == e0.w1.format && e.w3.format == e0.w1.format &&
                    e.w1.out == e0.w1.out && e.w1.scale.dtype() == e0.w1.scale.dtype(),
                "cuda moe_experts: every expert must share one format and shape (", e.w1.name, " differs)");
-  MoeParams p;
+  MoeParams p = moe_shape(e0.w1, e0.w2, a.x.dim(0), a.indices.dim(1));
   p.x = a.x.data_as<const float>();
-  p.T = a.x.dim(0);
   p.D = a.x.dim(1);
-  p.inter = e0.w1.out;
   p.indices = a.indices.data_as<const int32_t>();
   p.weights = a.weights.data_as<const float>();
-  p.k = static_cast<int>(a.indices.dim(1));
   p.E = static_cast<int64_t>(a.experts.size());
-  p.kind = m1.kind;
-  p.scale_f32 = m1.scale_f32 || m2.scale_f32;
   p.limit = a.limit;
   p.out = a.out.data_as<float>();
   p.err = impl_->err();
   TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
-  p.experts = expert_table(*impl_, a.experts);
+  const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
+  p.experts = static_cast<const ExpertDesc*>(table.table.data());
+  p.experts_aligned = table.aligned;
+  p.variant = impl_->moe_variant;
   if (run_library_moe(*impl_, p, a.experts)) return;
   void* ws = impl_->scratch(moe_workspace_bytes(p));
-  launch_moe(p, ws, impl_->stream);
+  launch_moe(p, ws, impl_->num_sms, impl_->stream);
   check_launch("moe_experts");
+}
+
+int CudaBackend::moe_variants() { return moe_variant_count(); }
+
+std::string CudaBackend::moe_variant_name(int variant) { return cuda::moe_variant_name(variant); }
+
+void CudaBackend::set_moe_variant(int variant) {
+  TERN_CHECK(variant >= 0 && variant < moe_variant_count(), "cuda: no moe variant ", variant);
+  impl_->moe_variant = variant;
+}
+
+std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
+  // Device allocations are 256-byte aligned: what the bulk kernels need of the expert pointers.
+  MoeParams p = moe_shape(w1, w1, T, 1);
+  p.experts_aligned = true;
+  p.variant = impl_->moe_variant;
+  return moe_path_name(p);
 }
 
 }  // namespace tern::cuda

@@ -159,7 +159,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer): "
       "linear_exact_rows_kernel (bf16 / fp8 rows of 8-column chunks), else linear_simple_kernel, CUDA cores, f32, "
       "8 tokens per weight pass; odd shapes: linear_simple_kernel",
-      "moe_experts (mxfp4, nvfp4, fp8, bf16, f32 experts): moe_plan + moe_expert up/down + moe_combine; tensor cores",
+      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "
+      "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
+      "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "
+      "same K order (so the same bits) in both",
       "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
       "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: plan read back to the host, experts "

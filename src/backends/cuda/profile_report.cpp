@@ -37,7 +37,9 @@ constexpr Rule kRules[] = {
     {"indexer_", Match::prefix, OpCategory::indexer},
     // Compressor's online accumulators.
     {"compressor_", Match::prefix, OpCategory::compressor},
-    // Routed experts with their routing (scored / hash), plan and combine.
+    // Routed experts with their routing (scored / hash), plan and combine; the FP4 decode experts on the
+    // bulk-copy ring (moe_bulk_kernel<fmt, up>) and the register kernel (moe_expert_kernel<fmt, NT, up>).
+    {"moe_bulk_kernel", Match::exact, OpCategory::moe},
     {"moe_", Match::prefix, OpCategory::moe},
     {"route_", Match::prefix, OpCategory::moe},
     // Dense products: every linear kernel (tensor-core and exact paths), and library GEMMs (cuBLAS(Lt)

@@ -87,16 +87,39 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_raw(uint32_t word, uint32_t
   return (prmt(word, 0u, sel) << 4) & 0x87F087F0u;
 }
 
-// Nibbles i and i+4 of `word` as bf16x2 holding e2m1 * 2^-126, exactly (nibble i in the low half).
+__device__ __forceinline__ uint32_t bf16x2_splat(float v) { return pack_bf16(v, v); }
+
+// Nibbles i and i+4 of `word` as bf16x2 holding e2m1 * 2^-126, exactly (nibble i in the low half): the
+// magnitude bits go to 6..8 (exponent low bits + top mantissa bit), the sign to 15. The pair sits at bit
+// 4*(i%2) of each half of word (i >= 2: of word >> 8, shared by both); one multiply by 2^a + 2^b places two
+// copies of it, a magnitude copy and a sign copy (the two terms never overlap, so no carry), and the mask
+// keeps those bits: 3 instructions a pair where separate shifts of magnitude and sign take 4.
 template <int I>
 __device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_raw(uint32_t word) {
-  constexpr int kMag = 6 - 4 * I, kSign = 12 - 4 * I;
-  const uint32_t mag = kMag >= 0 ? (word << kMag) : (word >> -kMag);
-  const uint32_t sign = word << kSign;
-  return (mag & 0x01C001C0u) | (sign & 0x80008000u);
+  const uint32_t w = I >= 2 ? word >> 8 : word;
+  const uint32_t v = w & (0x000F000Fu << (4 * (I % 2)));
+  return (v * (I % 2 == 0 ? 0x1040u : 0x104u)) & 0x81C081C0u;  // I%2 == 0: x(2^6 + 2^12), else x(2^2 + 2^8)
 }
 
-__device__ __forceinline__ uint32_t bf16x2_splat(float v) { return pack_bf16(v, v); }
+// bf16x2 multiplier (both halves) of an e8m0 scale for e2m1 raw values (2^-126): 2^(e-127) * 2^110 =
+// 2^(e-17) straight from the bits (exponent field e + 110; inf where the f32 product overflows, e > 144; NaN
+// for 0xff): the bits of bf16x2_splat(e8m0_to_f32(e) * 0x1p110f) without its branches.
+__device__ __forceinline__ uint32_t e8m0_mult_bf16x2(uint32_t e) {
+  const uint32_t h = e == 0xffu ? 0x7fc0u : min(e + 110u, 255u) << 7;
+  return h * 0x10001u;
+}
+
+// Multipliers of two ue4m3 scales (bits 0..7 and 8..15 of `two`) for e2m1 raw values: ue4m3 * 2^110, through
+// the hardware e4m3 -> f16 conversion (exact, subnormals included); a set sign bit (invalid in ue4m3) reads
+// as NaN, as in ue4m3_to_f32.
+__device__ __forceinline__ void ue4m3x2_mult_bf16x2(uint32_t two, uint32_t (&m)[2]) {
+  uint32_t h2;
+  asm("{\n .reg .b16 s;\n cvt.u16.u32 s, %1;\n cvt.rn.f16x2.e4m3x2 %0, s;\n}" : "=r"(h2) : "r"(two));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+  m[0] = bf16x2_splat((two & 0x80u) ? nan_f32() : f.x * 0x1p110f);
+  m[1] = bf16x2_splat((two & 0x8000u) ? nan_f32() : f.y * 0x1p110f);
+}
+
 
 // Raw weight bytes of one lane for one row of one chunk.
 template <WFmt F>
@@ -159,13 +182,12 @@ __device__ __forceinline__ void row_scales(const MatRef& w, const uint8_t* srow,
     m[1] = m[0];
   } else if constexpr (F == WFmt::mxfp4) {
     if (srow == nullptr) { m[0] = m[1] = 0; return; }
-    m[0] = bf16x2_splat(e8m0_to_f32(srow[lcol / 32]) * 0x1p110f);  // e2m1 raw is 2^-126
+    m[0] = e8m0_mult_bf16x2(srow[lcol / 32]);  // e2m1 raw is 2^-126
     m[1] = m[0];
   } else if constexpr (F == WFmt::nvfp4) {
     if (srow == nullptr) { m[0] = m[1] = 0; return; }
     const uint8_t* s = srow + lcol / 16;
-    m[0] = bf16x2_splat(ue4m3_to_f32(s[0]) * 0x1p110f);
-    m[1] = bf16x2_splat(ue4m3_to_f32(s[1]) * 0x1p110f);
+    ue4m3x2_mult_bf16x2(s[0] | (static_cast<uint32_t>(s[1]) << 8), m);
   } else {
     m[0] = m[1] = 0;
   }

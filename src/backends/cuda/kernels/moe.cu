@@ -1,5 +1,5 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
-#include "backends/cuda/kernels/moe_impl.cuh"
+#include "backends/cuda/kernels/moe_bulk_impl.cuh"
 
 namespace tern::cuda {
 
@@ -8,6 +8,10 @@ extern template void launch_moe_experts<dev::WFmt::bf16>(const MoeParams&, const
 extern template void launch_moe_experts<dev::WFmt::fp8>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 extern template void launch_moe_experts<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 extern template void launch_moe_experts<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_bulk<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
+                                                       const MoeBulkPlan&, int, char*, cudaStream_t);
+extern template void launch_moe_bulk<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
+                                                       const MoeBulkPlan&, int, char*, cudaStream_t);
 
 
 namespace dev {
@@ -196,9 +200,102 @@ bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
   return D % chunk == 0 && inter % chunk == 0 && D % 32 == 0 && inter % 16 == 0;
 }
 
+namespace {
+
+// The expert kernel variants: ring stages of the up and down kernels, consumer warps; `bulk` false forces
+// moe_expert_kernel (the baseline the benchmark measures beside the others).
+struct MoeVariant {
+  const char* name;
+  bool bulk;
+  int stages_up, stages_down, consumers;
+};
+constexpr MoeVariant kMoeVariants[] = {
+    {"bulk 4/5 stages, 8 warps", true, 4, 5, 8},
+    {"bulk 3/4 stages, 8 warps", true, 3, 4, 8},
+    {"bulk 4/5 stages, 4 warps", true, 4, 5, 4},
+    {"register kernel", false, 0, 0, 0},
+};
+constexpr int kNumMoeVariants = static_cast<int>(sizeof(kMoeVariants) / sizeof(kMoeVariants[0]));
+
+const MoeVariant& variant_of(const MoeParams& p) {
+  return kMoeVariants[p.variant >= 0 && p.variant < kNumMoeVariants ? p.variant : 0];
+}
+
+struct BulkPlans {
+  MoeBulkPlan up, down;
+  bool ok = false;
+};
+
+BulkPlans bulk_plans(const MoeParams& p) {
+  BulkPlans b;
+  const MoeVariant& v = variant_of(p);
+  if (!v.bulk || (p.kind != WeightKind::mxfp4 && p.kind != WeightKind::nvfp4) || p.T > kMoeBulkMaxTokens ||
+      !p.experts_aligned)
+    return b;
+  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers);
+  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers);
+  b.ok = b.up.ok && b.down.ok;
+  return b;
+}
+
+}  // namespace
+
+int moe_variant_count() { return kNumMoeVariants; }
+const char* moe_variant_name(int variant) {
+  return variant >= 0 && variant < kNumMoeVariants ? kMoeVariants[variant].name : "unknown";
+}
+
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers) {
+  MoeBulkPlan pl;
+  const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
+  const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
+  const int64_t chunks = in / 128;
+  constexpr int64_t kStageWeightBytes = 32 * 1024;  // weight bytes per stage at most (16 rows of 2 KB)
+  // K slices as moe_expert_kernel takes them; m-tiles per item: the largest power of two whose rows fit the
+  // stage, with at most 8 (m-tile, slice) units, shared out evenly among the consumer warps.
+  const int ks = dev::moe_k_slices(chunks);
+  int mt = 1;
+  while (mt * 2 * ks <= 8 && 16 * (mt * 2) * row_bytes <= kStageWeightBytes) mt *= 2;
+  const int units = mt * ks;
+  if (16 * row_bytes > kStageWeightBytes || chunks % ks != 0 || units % consumers != 0 || units / consumers > 2 ||
+      out % 16 != 0 || s_cols % 4 != 0)
+    return pl;
+  pl.mt = mt;
+  pl.ks = ks;
+  pl.consumers = consumers;
+  pl.rows_per_item = (up ? 8 : 16) * mt;
+  pl.tiles = static_cast<int>((out + pl.rows_per_item - 1) / pl.rows_per_item);
+  pl.row_bytes = static_cast<int>(row_bytes);
+  pl.s_cols = static_cast<int>(s_cols);
+  pl.scale_off = static_cast<int>(16 * mt * row_bytes);
+  pl.stage_bytes = static_cast<int>((pl.scale_off + 16 * mt * s_cols + 127) / 128 * 128);
+  pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
+  const int win_bytes = dev::kBulkTile * pl.win_stride;
+  const int red_bytes = 2 * units * 4 * 32 * static_cast<int>(sizeof(float));
+  for (int s = stages; s >= 2; --s) {
+    const int bar_off = s * pl.stage_bytes + win_bytes + red_bytes;
+    const int smem = bar_off + 2 * s * 8;
+    if (smem <= dev::kBulkMaxSmem) {
+      pl.stages = s;
+      pl.win_off = s * pl.stage_bytes;
+      pl.red_off = pl.win_off + win_bytes;
+      pl.bar_off = bar_off;
+      pl.smem = smem;
+      pl.ok = true;
+      return pl;
+    }
+  }
+  return pl;
+}
+
+bool moe_bulk_taken(const MoeParams& p) { return bulk_plans(p).ok; }
+
 int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
 
-const char* moe_path_name(const MoeParams&) { return "moe_plan + moe_expert up/down + moe_combine"; }
+const char* moe_path_name(const MoeParams& p) {
+  return moe_bulk_taken(p) ? "moe_plan + moe_bulk up/down (bulk-copy ring) + moe_combine"
+                           : "moe_plan + moe_expert up/down + moe_combine";
+}
 
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
@@ -212,18 +309,25 @@ void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cuda
   dev::moe_combine_kernel<<<blocks, 256, 0, stream>>>(y, pos, p.weights, p.T, p.k, p.D, p.out);
 }
 
-void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream) {
+void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream) {
   if (p.T == 0) return;
   const MoeLayout L(p);
+  const BulkPlans bulk = bulk_plans(p);
   char* ws = static_cast<char*>(workspace);
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
                   reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);
-  switch (p.kind) {
-    case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
-    case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
-    case WeightKind::fp8: launch_moe_experts<dev::WFmt::fp8>(p, L, ws, stream); break;
-    case WeightKind::mxfp4: launch_moe_experts<dev::WFmt::mxfp4>(p, L, ws, stream); break;
-    case WeightKind::nvfp4: launch_moe_experts<dev::WFmt::nvfp4>(p, L, ws, stream); break;
+  if (bulk.ok && p.kind == WeightKind::mxfp4) {
+    launch_moe_bulk<dev::WFmt::mxfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
+  } else if (bulk.ok) {
+    launch_moe_bulk<dev::WFmt::nvfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
+  } else {
+    switch (p.kind) {
+      case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
+      case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
+      case WeightKind::fp8: launch_moe_experts<dev::WFmt::fp8>(p, L, ws, stream); break;
+      case WeightKind::mxfp4: launch_moe_experts<dev::WFmt::mxfp4>(p, L, ws, stream); break;
+      case WeightKind::nvfp4: launch_moe_experts<dev::WFmt::nvfp4>(p, L, ws, stream); break;
+    }
   }
   launch_moe_combine(p, reinterpret_cast<const float*>(ws + L.y), reinterpret_cast<const int*>(ws + L.pos), stream);
 }

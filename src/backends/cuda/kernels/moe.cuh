@@ -2,7 +2,9 @@
 // moe: a plan kernel groups the (token, pick) pairs by expert (stable, deterministic) and lists the jobs
 // (expert, up to 8*NT of its pairs); the up kernel runs w1 and w3 of each job's expert on tensor cores
 // with SwiGLU fused, the down kernel w2, and a combine kernel adds each token's weighted pairs in pick
-// order. Weights stay in their checkpoint format (FP4 dequantized in registers).
+// order. Weights stay in their checkpoint format. Two families of up/down kernels: at decode sizes with FP4
+// experts the bulk-copy pipeline (moe_bulk_impl.cuh: whole row tiles into shared memory, decoded there),
+// otherwise moe_expert_kernel (moe_impl.cuh: FP4/FP8 dequantized in registers). moe_path_name says which.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,13 +41,26 @@ struct MoeParams {
   float limit = 10.0f;
   float* out = nullptr;  // [T, D]
   int* err = nullptr;
+  // Every expert matrix and scale pointer 16-byte aligned (the bulk copies need it; checked on the host
+  // when the expert table is built).
+  bool experts_aligned = false;
+  int variant = 0;  // index into the moe_variant_* list (0: the default; others for benchmarks and tests)
 };
+
+// Variants of the expert kernels (ring depth, consumer warps, or the register kernel forced): index 0 is
+// what runs by default; the benchmark and the GPU test sweep all of them. Results are batch-invariant within
+// a variant; different variants may differ in the last bits (another K split).
+int moe_variant_count();
+const char* moe_variant_name(int variant);
 
 bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
-// Name of the expert kernels launch_moe takes (startup report, benchmarks).
+// Name of the expert kernels launch_moe takes for these params (startup report, benchmarks, tests).
 const char* moe_path_name(const MoeParams& p);
-void launch_moe(const MoeParams& p, void* workspace, cudaStream_t stream);
+// Up to this many tokens FP4 experts go to the bulk-copy kernels (larger batches: moe_expert_kernel).
+inline constexpr int64_t kMoeBulkMaxTokens = 64;
+// num_sms: the device's multiprocessor count (the bulk kernels run one persistent block on each).
+void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream);
 
 // The pieces launch_moe is made of, for the library path (backend_library.cpp). The plan: the T*k pairs
 // grouped by expert (stable) into sorted[] (pair ids) and pos[] (each pair's sorted slot), and jobs of at

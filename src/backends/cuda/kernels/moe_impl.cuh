@@ -9,6 +9,9 @@
 
 namespace tern::cuda {
 
+// Whether launch_moe takes the bulk-copy kernels for these params (moe.cu).
+bool moe_bulk_taken(const MoeParams& p);
+
 // Byte layout of the MoE workspace for P = T*k pairs.
 struct MoeLayout {
   int64_t P = 0, max_jobs = 0, tile = 8;
@@ -16,7 +19,9 @@ struct MoeLayout {
 
   MoeLayout(const MoeParams& p) {
     P = p.T * p.k;
-    tile = p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;  // pairs per job: most experts get one job
+    // Pairs per job: most experts get one job. The bulk kernels take one n-tile (8 tokens) per job, so their
+    // x window stays small; at up to 64 tokens an expert with more than 8 picks is rare.
+    tile = moe_bulk_taken(p) ? 8 : p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;
     max_jobs = std::min<int64_t>(P, p.E) + P / tile + 1;
     auto take = [&](size_t bytes) {
       const size_t at = total;
@@ -39,6 +44,15 @@ void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaSt
 namespace dev {
 
 constexpr int kMoeWarps = 4;
+constexpr int kMoeMaxSlices = 8;
+
+// K slices of an expert matrix with `chunks` chunks: each output is ((0 + s_0) + s_1) + ... over the slices
+// (each slice summed in chunk order with one accumulator). From the shape alone, and the same in
+// moe_expert_kernel and moe_bulk_kernel, so a token's bits do not depend on which kernel the batch size
+// picks (nor on the variant). Slice i: chunks [i*per, min((i+1)*per, chunks)), per = ceil(chunks / ks).
+__host__ __device__ constexpr int moe_k_slices(int64_t chunks) {
+  return chunks >= 32 ? 8 : chunks >= 16 ? 4 : chunks >= 8 ? 2 : 1;
+}
 
 struct MoeArgs {
   MoeParams p;
@@ -93,7 +107,8 @@ __device__ __forceinline__ void tile_rows(const MatRef& m, int64_t row0, int64_t
 }
 
 // Block (kMoeWarps warps) = one job x 32 weight rows: UP: 16 rows of w1 and the same 16 of w3 (SwiGLU
-// fused), DOWN: 32 rows of w2. The warps split K; partial sums meet in shared memory.
+// fused), DOWN: 32 rows of w2. The warps take the K slices (moe_k_slices); partial sums meet in shared
+// memory and are added in slice order.
 template <WFmt F, int NT, bool UP>
 __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
   const int job = blockIdx.y;
@@ -131,24 +146,28 @@ __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
     }
   }
   constexpr int kChunk = Fmt<F>::kChunk;
-  const int64_t chunks = in / kChunk, per = (chunks + kMoeWarps - 1) / kMoeWarps;
-  const int64_t kb = min(chunks, warp * per) * kChunk, ke = min(chunks, (warp + 1) * per) * kChunk;
-  float acc[2][NT][4];
+  const int64_t chunks = in / kChunk;
+  const int ks = moe_k_slices(chunks);
+  const int64_t per = (chunks + ks - 1) / ks;
+  // Warp w sums slices w, w + kMoeWarps, ... one at a time; the partials meet in shared memory.
+  __shared__ float red[kMoeMaxSlices][2][NT][4][32];
+  for (int sl = warp; sl < ks; sl += kMoeWarps) {
+    const int64_t kb = min(chunks, sl * per) * kChunk, ke = min(chunks, (sl + 1) * per) * kChunk;
+    float acc[2][NT][4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
-  if (kb < ke) warp_mma<F, 2, NT>(mat, wrow, srow, xrow, kb, ke, acc);
-
-  __shared__ float red[kMoeWarps][2][NT][4][32];
+        for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+    if (kb < ke) warp_mma<F, 2, NT>(mat, wrow, srow, xrow, kb, ke, acc);
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][m][n][i][lane] = acc[m][n][i];
+        for (int i = 0; i < 4; ++i) red[sl][m][n][i][lane] = acc[m][n][i];
+  }
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
@@ -159,7 +178,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         float s = 0.0f;
-        for (int w = 0; w < kMoeWarps; ++w) s += red[w][m][n][i][lane];
+        for (int sl = 0; sl < ks; ++sl) s += red[sl][m][n][i][lane];
         v[m] = s * mat[m].out_mult;
       }
       const int slot = 8 * n + 2 * t + (i & 1);

@@ -155,14 +155,11 @@ __device__ __forceinline__ void issue_chunk(uint8_t* ring, int slot, const LaneS
 template <WFmt F>
 __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_t (&m)[2]) {
   if constexpr (F == WFmt::mxfp4) {
-    const uint8_t e = static_cast<uint8_t>(word.x >> (8 * t));
-    m[0] = bf16x2_splat(e8m0_to_f32(e) * 0x1p110f);  // e2m1 raw is 2^-126: W * 2^-16
+    m[0] = e8m0_mult_bf16x2((word.x >> (8 * t)) & 0xffu);  // e2m1 raw is 2^-126: W * 2^-16
     m[1] = m[0];
   } else {
     const uint32_t w = t < 2 ? word.x : word.y;
-    const int sh = 16 * (t & 1);
-    m[0] = bf16x2_splat(ue4m3_to_f32(static_cast<uint8_t>(w >> sh)) * 0x1p110f);
-    m[1] = bf16x2_splat(ue4m3_to_f32(static_cast<uint8_t>(w >> (sh + 8))) * 0x1p110f);
+    ue4m3x2_mult_bf16x2(w >> (16 * (t & 1)), m);
   }
 }
 

@@ -1,0 +1,328 @@
+// The routed experts at decode sizes with FP4 weights (nvcc only; instantiated per format in
+// moe_bulk_<fmt>.cu): a persistent grid whose blocks stream whole weight-row tiles through a ring of shared
+// memory stages filled by bulk copies (bulk_pipe.cuh), and decode them there for tensor-core MMAs.
+//
+// Work items: (job, row tile). UP: 8*mt rows of w1 and the same rows of w3, interleaved per m-tile (stage
+// rows 16j..16j+7 = w1, 16j+8..16j+15 = w3), so one m16n8k16 tile gives a lane w1x (c0, c1) and w3x (c2, c3)
+// of the same output row and SwiGLU is applied in registers. DOWN: 16*mt rows of w2. A stage is one item:
+// every row whole (the full K), so each (m-tile, matrix) segment is ONE contiguous bulk copy (UP at
+// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 32 rows x 1 KB = 32 KB + scales).
+// Block: `mt * ks` consumer warps (warp w: m-tile w / ks, K slice w % ks) + one producer warp. The grid is
+// one block per multiprocessor; block b takes the contiguous item range [b*N/G, (b+1)*N/G) of the N =
+// jobs x tiles items the plan kernel listed (read on the device: the host sizes the grid without a sync),
+// so consecutive items mostly share a job and its x stays staged.
+//
+// Numerics (as mma_tile.cuh): weights exact in bf16, x (UP) and h (DOWN) rounded to bf16 once, in the
+// shared-memory x window (stream_tile.cuh's layout), f32 accumulation. Batch invariance: a token's output
+// row is sum over K slices s = 0..ks-1 (in that order) of the slice's chunks in column order; ks and the
+// slices come from the weight shape and the variant only, never from T, the job or its token count.
+#pragma once
+
+#include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/moe_impl.cuh"
+
+namespace tern::cuda {
+
+// Shared-memory plan of one of the two kernels (host-side, from the shapes and the variant alone).
+struct MoeBulkPlan {
+  bool ok = false;
+  int mt = 0, ks = 0;             // m-tiles per item, K slices (moe_k_slices): mt * ks units (<= 8)
+  int consumers = 0;              // consumer warps; each takes units w and w + consumers
+  int rows_per_item = 0;          // matrix rows per item (of each of w1 and w3 for UP)
+  int tiles = 0;                  // items per job
+  int row_bytes = 0, s_cols = 0;  // bytes of a weight row, scale bytes of a row
+  int stages = 0, stage_bytes = 0, scale_off = 0;
+  int win_off = 0, win_stride = 0, red_off = 0, bar_off = 0;
+  int smem = 0;
+};
+
+// The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
+// at least 2) and `consumers` consumer warps; !ok when the shape does not fit the kernel.
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers);
+
+template <dev::WFmt F>
+void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
+                     int num_sms, char* ws, cudaStream_t stream);
+
+namespace dev {
+
+constexpr int kBulkMaxThreads = 9 * 32;  // 8 consumer warps + the producer
+constexpr int kBulkTile = 8;             // pairs per job: one n-tile of the mma
+constexpr int kBulkMaxSmem = 227 * 1024;  // sm_90's opt-in limit per block
+
+struct MoeBulkArgs {
+  MoeParams p;
+  MoeBulkPlan plan;
+  const int* sorted;  // pair ids grouped by expert
+  const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= kBulkTile)
+  const int* num_jobs;
+  float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
+  float* y;  // [P, D] by sorted slot
+};
+
+// Producer warp: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices and first row),
+// then for each item waits for a free slot, arms it and issues its copies, one per lane: for each m-tile
+// j < mt and matrix m (UP: w1, w3; DOWN: w2), the weight rows and their scale rows.
+template <WFmt F, bool UP>
+__device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRing& ring, uint8_t* smem, int begin,
+                                             int end) {
+  const MoeBulkPlan& pl = a.plan;
+  const int lane = threadIdx.x & 31;
+  constexpr int kMats = UP ? 2 : 1, kSegRows = UP ? 8 : 16;  // matrix rows per copy
+  const int64_t out = UP ? a.p.inter : a.p.D;
+  const uint32_t seg_w = kSegRows * pl.row_bytes, seg_s = kSegRows * pl.s_cols;
+  const int copies = 2 * kMats * pl.mt;  // <= 32 (mt <= 8)
+  for (int b0 = begin; b0 < end; b0 += 32) {
+    unsigned long long wq[kMats], sq[kMats];
+    int row0 = 0;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) wq[m] = sq[m] = 0;
+    if (b0 + lane < end) {
+      const int item = b0 + lane, job = item / pl.tiles;
+      const ExpertDesc& d = a.p.experts[a.jobs[3 * job]];
+      row0 = (item % pl.tiles) * pl.rows_per_item;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const int which = UP ? (m == 0 ? 0 : 2) : 1;
+        wq[m] = reinterpret_cast<unsigned long long>(d.w[which]);
+        sq[m] = reinterpret_cast<unsigned long long>(d.s[which]);
+      }
+    }
+    const int nb = min(32, end - b0);
+    for (int i = 0; i < nb; ++i) {
+      const int idx = b0 + i - begin;  // this block's stage sequence
+      const int r0 = __shfl_sync(0xffffffffu, row0, i);
+      unsigned long long w[kMats], s[kMats];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        w[m] = __shfl_sync(0xffffffffu, wq[m], i);
+        s[m] = __shfl_sync(0xffffffffu, sq[m], i);
+      }
+      // Segments inside the matrix (out is a multiple of 16, so a segment is whole or absent).
+      const int segs = min(pl.mt, static_cast<int>((out - r0 + kSegRows - 1) / kSegRows));
+      ring.wait_free(idx);
+      if (lane == 0) ring.arm(idx, static_cast<uint32_t>(segs * kMats) * (seg_w + seg_s));
+      __syncwarp();
+      if (lane < copies) {
+        const int j = lane % pl.mt, kind = lane / pl.mt, m = kind % kMats;
+        if (j < segs) {
+          uint8_t* stage = smem + ring.slot(idx) * pl.stage_bytes;
+          const int64_t row = r0 + static_cast<int64_t>(kSegRows) * j;
+          const int srow = 16 * j + (UP ? 8 * m : 0);  // first stage row of the segment
+          // (selects, not w[m]: a run-time index would put the arrays in local memory)
+          const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
+          if (kind < kMats)
+            bulk_copy_g2s(stage + srow * pl.row_bytes, reinterpret_cast<const uint8_t*>(wm) + row * pl.row_bytes,
+                          seg_w, ring.full_bar(idx));
+          else
+            bulk_copy_g2s(stage + pl.scale_off + srow * pl.s_cols, reinterpret_cast<const uint8_t*>(sm) + row * pl.s_cols,
+                          seg_s, ring.full_bar(idx));
+        }
+      }
+    }
+  }
+}
+
+// This lane's shared-memory offsets for the consumer loop: its two weight rows (16*mtile + g, +8) at its
+// 16-byte run t of the first chunk of its K slice, their scale bytes, and token g's x at the same columns.
+struct LaneOffsets {
+  uint32_t w, s, x;
+};
+
+// acc += the stage's rows x the x window's token g, over `chunks` chunks of 128 columns from the lane's
+// offsets, in chunk and k-step order with one accumulator (the order moe_expert_kernel uses). Lane t of a
+// quad owns the 16-byte run t of each chunk's 64 bytes of a row (32 columns, the mma_tile.cuh k
+// permutation), its scale byte(s) and the same columns of x. Rows of the x window past the job's tokens hold
+// stale values: they only reach output columns that are never stored (mma columns are independent).
+template <WFmt F>
+__device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
+                                             uint32_t win, int chunks, float (&acc)[4]) {
+  const int t = threadIdx.x & 3;
+  constexpr int kWord = scale_word_bytes<F>();  // one row's scale bytes per chunk: 4 (mxfp4), 8 (nvfp4)
+  uint32_t w = stage + o.w, s = stage + o.s, x = win + o.x;
+#pragma unroll 2
+  for (int c = 0; c < chunks; ++c, w += 64, s += kWord, x += XWindow<F>::kChunkBytes) {
+    LaneRow<F> r0, r1;
+    r0.v[0] = lds128_at(w);
+    r1.v[0] = lds128_at(w + row8_w);
+    uint2 sw0, sw1;
+    if constexpr (kWord == 4) {
+      sw0 = make_uint2(lds32_at(s), 0u);
+      sw1 = make_uint2(lds32_at(s + row8_s), 0u);
+    } else {
+      sw0 = lds64_at(s);
+      sw1 = lds64_at(s + row8_s);
+    }
+    uint32_t m0[2], m1[2];
+    fp4_row_scales<F>(sw0, t, m0);
+    fp4_row_scales<F>(sw1, t, m1);
+    uint4 b[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) b[q] = lds128_at(x + q * 64);
+    static_for<4>([&](auto qc) {
+      constexpr int Q = decltype(qc)::value;
+      static_for<2>([&](auto hc) {
+        constexpr int H = decltype(hc)::value, S = 2 * Q + H;
+        const uint32_t a0 = a_pair<F, S, 0>(r0, m0), a1 = a_pair<F, S, 0>(r1, m1);
+        const uint32_t a2 = a_pair<F, S, 1>(r0, m0), a3 = a_pair<F, S, 1>(r1, m1);
+        mma_bf16(acc, a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
+      });
+    });
+  }
+}
+
+template <WFmt F, bool UP>
+__global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const MoeBulkPlan& pl = a.plan;
+  const MoeParams& p = a.p;
+  const int consumers = pl.consumers, threads = consumers * 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int items = *a.num_jobs * pl.tiles;
+  const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
+  const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x);
+  if (begin >= end) return;  // the whole block: no barrier has been touched yet
+
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
+  const BulkRing ring{bars, bars + pl.stages, pl.stages};
+  if (threadIdx.x == 0) {
+    ring.init(consumers);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (warp == consumers) {
+    bulk_produce<F, UP>(a, ring, smem, begin, end);
+    return;
+  }
+
+  const int64_t in = UP ? p.D : p.inter, out = UP ? p.inter : p.D;
+  const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
+  const int units = pl.mt * pl.ks, mine = units / consumers;      // units of this warp: 1 or 2
+  LaneOffsets lo[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int u = warp + j * consumers, mtile = u / pl.ks, slice = u % pl.ks, srow = 16 * mtile + g;
+    lo[j] = LaneOffsets{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
+                        static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * scale_word_bytes<F>()),
+                        static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
+  }
+  const uint32_t smem0 = smem_addr(smem);
+  uint8_t* win = smem + pl.win_off;
+  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [2][units][4][32]
+
+  int cur_job = -1, first = 0, count = 0;
+  float mult[2] = {1.0f, 1.0f};
+  for (int item = begin; item < end; ++item) {
+    const int idx = item - begin, job = item / pl.tiles;
+    if (job != cur_job) {  // stage the job's x (UP) or h (DOWN) rows as bf16
+      named_bar_sync(1, threads);  // every consumer warp is done with the previous window
+      cur_job = job;
+      const int e = a.jobs[3 * job];
+      first = a.jobs[3 * job + 1];
+      count = a.jobs[3 * job + 2];
+      const ExpertDesc& d = p.experts[e];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int which = UP ? (m == 0 ? 0 : 2) : 1;
+        mult[m] = kWeightShift * (F == WFmt::nvfp4 ? d.global_scale[which] : 1.0f);
+      }
+      auto xrow = [&](int i) -> const float* {
+        if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
+        else return a.h + static_cast<int64_t>(first + i) * p.inter;
+      };
+      stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+      named_bar_sync(1, threads);
+    }
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    ring.wait_full(idx);
+    const uint32_t stage = smem0 + ring.slot(idx) * pl.stage_bytes;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (j < mine) bulk_consume<F>(stage, lo[j], 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per, acc[j]);
+    ring.release(idx);
+
+    const int64_t tile_row0 = static_cast<int64_t>(item % pl.tiles) * pl.rows_per_item;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j >= mine) break;
+      const int u = warp + j * consumers;
+      if (pl.ks > 1) {  // the K slices of each m-tile meet in shared memory, added in slice order
+        float* part = red + ((idx & 1) * units + u) * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[i * 32 + lane] = acc[j][i];
+      }
+    }
+    if (pl.ks > 1) named_bar_sync(1, threads);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j >= mine) break;
+      const int u = warp + j * consumers, mtile = u / pl.ks;
+      if (u % pl.ks != 0) continue;  // the m-tile's slice-0 unit finishes it
+      float v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[j][i];  // as the slice sum below: -0 becomes +0
+      if (pl.ks > 1) {
+        const float* parts = red + ((idx & 1) * units + u) * 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float s = 0.0f;
+          for (int sl = 0; sl < pl.ks; ++sl) s += parts[sl * 128 + i * 32 + lane];
+          v[i] = s;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
+        const int slot = 2 * t + q;
+        if (slot >= count) continue;
+        if constexpr (UP) {  // c0, c1: w1 row; c2, c3: w3 row (same matrix row)
+          const int64_t row = tile_row0 + 8 * mtile + g;
+          if (row < out) {
+            const float gate = v[q] * mult[0], up = v[2 + q] * mult[1];
+            a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
+                siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
+          }
+        } else {
+          const int64_t row = tile_row0 + 16 * mtile + g;
+          float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
+          if (row < out) dst[row] = v[q] * mult[0];
+          if (row + 8 < out) dst[row + 8] = v[2 + q] * mult[0];
+        }
+      }
+    }
+  }
+}
+
+template <WFmt F, bool UP>
+void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
+  static const bool attr = [] {
+    cudaFuncSetAttribute(moe_bulk_kernel<F, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkMaxSmem);
+    return true;
+  }();
+  (void)attr;
+  const int threads = (a.plan.consumers + 1) * 32;
+  moe_bulk_kernel<F, UP><<<grid, threads, a.plan.smem, stream>>>(a);
+}
+
+}  // namespace dev
+
+template <dev::WFmt F>
+void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
+                     int num_sms, char* ws, cudaStream_t stream) {
+  dev::MoeBulkArgs a;
+  a.p = p;
+  a.sorted = reinterpret_cast<const int*>(ws + L.sorted);
+  a.jobs = reinterpret_cast<const int*>(ws + L.jobs);
+  a.num_jobs = reinterpret_cast<const int*>(ws + L.num_jobs);
+  a.h = reinterpret_cast<float*>(ws + L.h);
+  a.y = reinterpret_cast<float*>(ws + L.y);
+  // One block per multiprocessor (blocks past the device-side item count exit at once).
+  auto grid = [&](const MoeBulkPlan& pl) {
+    return static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles));
+  };
+  a.plan = up;
+  dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
+  a.plan = down;
+  dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
+}
+
+}  // namespace tern::cuda
