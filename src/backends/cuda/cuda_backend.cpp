@@ -1,5 +1,6 @@
 // CudaBackend: device checks at startup, the stream, the workspace and the device error word.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/backend_impl.h"
@@ -19,6 +20,9 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->num_sms = prop.multiProcessorCount;
   impl_->error_word = DeviceBuffer(sizeof(int));
   TERN_CUDA(cudaMemset(impl_->error_word.data(), 0, sizeof(int)));
+  // TERN_MOE_VARIANT: a debugging override of the routed-expert kernel variant (CudaBackend::moe_variant_name;
+  // 3 forces the register kernel), e.g. to take a suspect kernel out of a whole-model run.
+  if (const char* v = std::getenv("TERN_MOE_VARIANT"); v != nullptr && *v != '\0') set_moe_variant(std::atoi(v));
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
