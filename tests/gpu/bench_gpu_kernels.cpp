@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   if (profile) {
     g_profile = true;
     bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1}, r);
-    bench_moe(WeightFormat::mxfp4, {1}, r);
+    bench_moe(WeightFormat::mxfp4, {1, 16}, r);
     bench_attention(r, true);
     bench_decode_attention(r, true);
     bench_indexer(r, true);

@@ -1,6 +1,6 @@
 // GPU vs CPU: the library paths (cuBLAS) that products of >= kLibraryMinTokens tokens take: linear in every
-// weight format, exact weights in f32, grouped_linear, and the MoE (both ways of issuing its per-expert
-// products); and batch-invariant mode, which keeps such products on tern's own kernels.
+// weight format, exact weights in f32, grouped_linear, and the MoE; and batch-invariant mode, which keeps
+// such products on tern's own kernels.
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -22,10 +22,7 @@ constexpr int64_t kTokens = 600;
 class GpuLibrary : public ::testing::TestWithParam<Shapes> {
  protected:
   void TearDown() override {
-    if (gpu_ready()) {
-      cuda::register_backend().set_batch_invariant(false);
-      cuda::register_backend().set_library_moe_mode(cuda::LibraryMoeMode::grouped);
-    }
+    if (gpu_ready()) cuda::register_backend().set_batch_invariant(false);
   }
 };
 
@@ -118,7 +115,7 @@ TEST_P(GpuLibrary, BatchInvariantModeKeepsOwnKernels) {
   }
 }
 
-// The routed experts at V4-Flash width (16 experts stand for the 256), both ways of issuing the products.
+// The routed experts at V4-Flash width (16 experts stand for the 256).
 TEST_P(GpuLibrary, MoeAgainstCpu) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
@@ -149,15 +146,9 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
     Tensor ref(DType::f32, {T, D});
     ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
     auto dx = upload(x), dw = upload(w), didx = upload(idx);
-    for (const auto mode : {cuda::LibraryMoeMode::grouped, cuda::LibraryMoeMode::per_expert}) {
-      cuda::register_backend().set_library_moe_mode(mode);
-      auto out = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
-      expect_close(out, ref, kTolBf16,
-                   cat("library moe_experts ", ops::weight_format_name(f), mode == cuda::LibraryMoeMode::grouped
-                                                                            ? " grouped"
-                                                                            : " per expert", " T=", T));
-    }
+    auto out = poisoned(DType::f32, {T, D});
+    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+    expect_close(out, ref, kTolBf16, cat("library moe_experts ", ops::weight_format_name(f), " T=", T));
   }
   cuda::register_backend().check_device_errors();
 }

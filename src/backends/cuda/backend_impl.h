@@ -48,9 +48,8 @@ struct CudaBackend::Impl {
   // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;
   bool batch_invariant = false;
-  LibraryMoeMode moe_mode = LibraryMoeMode::grouped;
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers, sized once the plan is known
-  void* pinned = nullptr;          // host staging of the library MoE (plan read back, pointer arrays)
+  void* pinned = nullptr;          // host staging of the library MoE (its plan, read back)
   size_t pinned_bytes = 0;
   ~Impl();
 

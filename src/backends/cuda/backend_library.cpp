@@ -94,7 +94,7 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");
   Carve c;
   const size_t sorted_at = c.take(P * 4), pos_at = c.take(P * 4), jobs_at = c.take(max_jobs * 3 * 4),
-               num_at = c.take(4), ptrs_at = c.take(max_jobs * 9 * sizeof(void*)), xs_at = c.take(P * p.D * 2),
+               num_at = c.take(4), xs_at = c.take(P * p.D * 2),
                y_at = c.take(P * p.D * 4);
   char* ws = static_cast<char*>(impl.scratch(c.used));
   auto* sorted = reinterpret_cast<int*>(ws + sorted_at);
@@ -107,8 +107,8 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   check_launch("moe plan + gather");
 
   // The plan on the host: jobs are in expert order, their pairs contiguous in sorted order.
-  const size_t readback = ((max_jobs * 3 + 1) * 4 + 63) / 64 * 64, staging = max_jobs * 9 * sizeof(void*);
-  char* host = static_cast<char*>(impl.pinned_scratch(readback + staging));
+  const size_t readback = (max_jobs * 3 + 1) * 4;
+  char* host = static_cast<char*>(impl.pinned_scratch(readback));
   TERN_CUDA(cudaMemcpyAsync(host, jobs, max_jobs * 3 * 4, cudaMemcpyDeviceToHost, s));
   TERN_CUDA(cudaMemcpyAsync(host + max_jobs * 3 * 4, ws + num_at, 4, cudaMemcpyDeviceToHost, s));
   TERN_CUDA(cudaStreamSynchronize(s));
@@ -134,9 +134,11 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   auto* h13 = reinterpret_cast<float*>(lw + h13_at);
   auto* h = reinterpret_cast<uint16_t*>(lw + h_at);
 
-  auto** dptrs = reinterpret_cast<void**>(ws + ptrs_at);
-  auto** hptrs = reinterpret_cast<void**>(host + readback);
   auto gscale = [&](const ops::Weight& w) { return p.kind == WeightKind::nvfp4 ? w.global_scale : 1.0f; };
+  // w1 and w3 are adjacent in the expansion: one [2 inter, D] product per expert, unless NVFP4 gives them
+  // different global scales (then one product each, into the two halves of h13's rows).
+  bool fused = true;
+  for (const Job& jb : list) fused = fused && gscale(experts[jb.expert].w1) == gscale(experts[jb.expert].w3);
   std::vector<GroupedProblem> up, down;
   for (int j0 = 0; j0 < num_jobs; j0 += per_chunk) {
     const int j1 = std::min(num_jobs, j0 + per_chunk);
@@ -152,17 +154,15 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
       const uint16_t* xj = xs + static_cast<int64_t>(jb.first) * p.D;
       float* hj13 = h13 + (jb.first - s0) * 2 * p.inter;
       up.push_back({w, xj, hj13, jb.count, gscale(e.w1)});
-      up.push_back({w + expert_elems, xj, hj13 + p.inter, jb.count, gscale(e.w3)});
+      if (!fused) up.push_back({w + expert_elems, xj, hj13 + p.inter, jb.count, gscale(e.w3)});
       down.push_back({w + 2 * expert_elems, h + (jb.first - s0) * p.inter, y + static_cast<int64_t>(jb.first) * p.D,
                       jb.count, gscale(e.w2)});
     }
-    // w1 and w3: [pairs, inter] halves of h13; SwiGLU to bf16; w2 into the pairs' rows of y.
-    impl.lib().bf16_grouped(s, impl.moe_mode, up, p.inter, p.D, p.D, p.D, 2 * p.inter, dptrs, hptrs);
-    dptrs += 3 * up.size(), hptrs += 3 * up.size();
+    // w1 and w3 into h13 [pairs, 2 inter]; SwiGLU to bf16; w2 into the pairs' rows of y.
+    impl.lib().bf16_each(s, up, fused ? 2 * p.inter : p.inter, p.D, p.D, p.D, 2 * p.inter);
     launch_moe_swiglu_bf16(h13, pairs, p.inter, p.limit, h, s);
     check_launch("moe_swiglu_bf16");
-    impl.lib().bf16_grouped(s, impl.moe_mode, down, p.D, p.inter, p.inter, p.inter, p.D, dptrs, hptrs);
-    dptrs += 3 * down.size(), hptrs += 3 * down.size();
+    impl.lib().bf16_each(s, down, p.D, p.inter, p.inter, p.inter, p.D);
   }
   launch_moe_combine(p, y, pos, s);
   check_launch("moe_combine");

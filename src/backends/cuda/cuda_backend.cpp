@@ -71,7 +71,6 @@ LibraryGemm& CudaBackend::Impl::lib() {
 
 void CudaBackend::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
-void CudaBackend::set_library_moe_mode(LibraryMoeMode mode) { impl_->moe_mode = mode; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }
@@ -170,7 +169,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
       "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: plan read back to the host, experts "
-      "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (grouped or one call each), SwiGLU, "
+      "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), SwiGLU, "
       "combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "

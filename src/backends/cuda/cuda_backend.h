@@ -21,9 +21,6 @@
 
 namespace tern::cuda {
 
-// How the library MoE issues its per-expert products: one grouped call (cublasGemmGroupedBatchedEx) or one
-// cublasGemmEx per expert. Both give the same bits per product; which is faster is measured (tern_gpu_bench).
-enum class LibraryMoeMode { grouped, per_expert };
 
 class CudaBackend final : public ops::Backend {
  public:
@@ -103,8 +100,6 @@ class CudaBackend final : public ops::Backend {
   // bits for a token do not depend on the other tokens of the step (docs/cuda-backend.md, "Library GEMMs").
   void set_batch_invariant(bool on);
   bool batch_invariant() const;
-  // How the library MoE issues its per-expert products (tests and benchmarks compare the two).
-  void set_library_moe_mode(LibraryMoeMode mode);
   // The library's own time for a product of T tokens by a [out, in] weight, bf16 (or f32) operands, on
   // random data: its rate on that shape. And for the MoE's products alone (experts already in bf16, T x k
   // pairs spread evenly over E experts).

@@ -90,41 +90,16 @@ void LibraryGemm::f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const 
                                          CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
 }
 
-void LibraryGemm::bf16_grouped(cudaStream_t s, LibraryMoeMode mode, std::span<const GroupedProblem> problems,
-                               int64_t m, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, void** device_ptrs,
-                               void** host_ptrs) {
-  std::vector<GroupedProblem> live;
-  for (const GroupedProblem& p : problems)
-    if (p.n > 0) live.push_back(p);
-  if (live.empty()) return;
+void LibraryGemm::bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k,
+                            int64_t lda, int64_t ldb, int64_t ldc) {
   cublasHandle_t h = impl_->on(s);
   const int mi = narrow(m, "m"), ki = narrow(k, "k"), la = narrow(lda, "lda"), lb = narrow(ldb, "ldb"),
             lc = narrow(ldc, "ldc");
   const float beta = 0.0f;
-  if (mode == LibraryMoeMode::per_expert) {
-    for (const GroupedProblem& p : live)
+  for (const GroupedProblem& p : problems)
+    if (p.n > 0)
       TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, mi, p.n, ki, &p.alpha, p.a, CUDA_R_16BF, la, p.b,
                                CUDA_R_16BF, lb, &beta, p.c, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return;
-  }
-  // One group per problem (their token counts differ); pointer arrays in device memory, the rest on the host.
-  const size_t g = live.size();
-  for (size_t i = 0; i < g; ++i) {
-    host_ptrs[i] = const_cast<void*>(live[i].a);
-    host_ptrs[g + i] = const_cast<void*>(live[i].b);
-    host_ptrs[2 * g + i] = live[i].c;
-  }
-  TERN_CUDA(cudaMemcpyAsync(device_ptrs, host_ptrs, 3 * g * sizeof(void*), cudaMemcpyHostToDevice, s));
-  std::vector<cublasOperation_t> ta(g, CUBLAS_OP_T), tb(g, CUBLAS_OP_N);
-  std::vector<int> ms(g, mi), ns(g), ks(g, ki), las(g, la), lbs(g, lb), lcs(g, lc), sizes(g, 1);
-  std::vector<float> alphas(g), betas(g, beta);
-  for (size_t i = 0; i < g; ++i) ns[i] = live[i].n, alphas[i] = live[i].alpha;
-  TERN_CUBLAS(cublasGemmGroupedBatchedEx(
-      h, ta.data(), tb.data(), ms.data(), ns.data(), ks.data(), alphas.data(),
-      reinterpret_cast<const void* const*>(device_ptrs), CUDA_R_16BF, las.data(),
-      reinterpret_cast<const void* const*>(device_ptrs + g), CUDA_R_16BF, lbs.data(), betas.data(),
-      reinterpret_cast<void* const*>(device_ptrs + 2 * g), CUDA_R_32F, lcs.data(), static_cast<int>(g), sizes.data(),
-      CUBLAS_COMPUTE_32F));
 }
 
 double LibraryGemm::time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps) {
@@ -152,7 +127,7 @@ double LibraryGemm::time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k,
   const int64_t P = T * k, per = P / E, copies = std::min<int64_t>(E, 32);
   const size_t elems = static_cast<size_t>(inter * D);
   DeviceBuffer w(copies * 3 * elems * 2), xs(static_cast<size_t>(P * D) * 2), h13(static_cast<size_t>(P * 2 * inter) * 4),
-      h(static_cast<size_t>(P * inter) * 2), y(static_cast<size_t>(P * D) * 4), dptrs(9 * E * sizeof(void*));
+      h(static_cast<size_t>(P * inter) * 2), y(static_cast<size_t>(P * D) * 4);
   launch_fill_random_bf16(static_cast<uint16_t*>(w.data()), static_cast<int64_t>(copies * 3 * elems), 0.02f, 23, s);
   launch_fill_random_bf16(static_cast<uint16_t*>(xs.data()), P * D, 1.0f, 24, s);
   launch_fill_random_bf16(static_cast<uint16_t*>(h.data()), P * inter, 1.0f, 25, s);
@@ -163,24 +138,16 @@ double LibraryGemm::time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k,
   const auto* hb = static_cast<const uint16_t*>(h.data());
   for (int64_t e = 0; e < E; ++e) {
     const uint16_t* we = wb + (e % copies) * 3 * elems;
-    float* c13 = static_cast<float*>(h13.data()) + e * per * 2 * inter;
-    up.push_back({we, xb + e * per * D, c13, static_cast<int>(per), 1.0f});
-    up.push_back({we + elems, xb + e * per * D, c13 + inter, static_cast<int>(per), 1.0f});
+    up.push_back({we, xb + e * per * D, static_cast<float*>(h13.data()) + e * per * 2 * inter, static_cast<int>(per), 1.0f});
     down.push_back({we + 2 * elems, hb + e * per * inter, static_cast<float*>(y.data()) + e * per * D,
                     static_cast<int>(per), 1.0f});
   }
-  void* pinned = nullptr;
-  TERN_CUDA(cudaMallocHost(&pinned, 9 * E * sizeof(void*)));
-  auto** dp = static_cast<void**>(dptrs.data());
-  auto** hp = static_cast<void**>(pinned);
   const Timing t = time_device(
       [&] {
-        bf16_grouped(s, LibraryMoeMode::grouped, up, inter, D, D, D, 2 * inter, dp, hp);
-        bf16_grouped(s, LibraryMoeMode::grouped, down, D, inter, inter, inter, D, dp + 6 * E, hp + 6 * E);
+        bf16_each(s, up, 2 * inter, D, D, D, 2 * inter);
+        bf16_each(s, down, D, inter, inter, inter, D);
       },
       2, reps);
-  TERN_CUDA(cudaStreamSynchronize(s));
-  cudaFreeHost(pinned);
   return t.median_us;
 }
 

@@ -14,7 +14,6 @@
 #include <memory>
 #include <span>
 
-#include "backends/cuda/cuda_backend.h"  // LibraryMoeMode
 
 namespace tern::cuda {
 
@@ -23,7 +22,7 @@ namespace tern::cuda {
 constexpr int64_t kLibraryMinTokens = 512;
 
 
-// One problem of a grouped product: C[n, m] (ldc) = alpha * B[n, k] (ldb) * A[m, k]^T (lda), row-major
+// One product of a group: C[n, m] (ldc) = alpha * B[n, k] (ldb) * A[m, k]^T (lda), row-major
 // names; A and B bf16, C f32.
 struct GroupedProblem {
   const void* a = nullptr;
@@ -53,16 +52,16 @@ class LibraryGemm {
   // The same in f32 throughout (the exact path: router gates, indexer projections), no TF32.
   void f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
            int64_t ldw, float* y, int64_t ldy, GemmBatch b = {});
-  // Problems sharing m, k and the leading dimensions (the MoE: one or two per expert). `device_ptrs` is
-  // device memory for 3 * problems.size() pointers, unused by per_expert; `host_ptrs` pinned host memory of
-  // the same size (the pointer arrays are staged there and copied on the stream).
-  void bf16_grouped(cudaStream_t s, LibraryMoeMode mode, std::span<const GroupedProblem> problems, int64_t m,
-                    int64_t k, int64_t lda, int64_t ldb, int64_t ldc, void** device_ptrs, void** host_ptrs);
+  // Products sharing m, k and the leading dimensions (the MoE's, one or two per expert), one cublasGemmEx
+  // each. (cublasGemmGroupedBatchedEx refuses bf16 inputs with f32 outputs: CUBLAS_STATUS_NOT_SUPPORTED on the
+  // H200 with CUDA 13.0, 2026-12-03.)
+  void bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k, int64_t lda,
+                 int64_t ldb, int64_t ldc);
 
   // Time of bf16(T, out, in) (or f32) on random operands in device memory: the library's rate on a shape.
   double time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps);
   // Time of the MoE's products alone on already expanded bf16 experts: T tokens x k picks spread evenly
-  // over E experts, w1 and w3 ([inter, D]) then w2 ([D, inter]) per expert, grouped.
+  // over E experts, w1|w3 ([2 inter, D]) then w2 ([D, inter]) per expert, as the op issues them.
   double time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
 
  private:
