@@ -7,7 +7,9 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
+#include "ops/indexer.h"
 #include "ops/linear.h"
+#include "ops/mhc.h"
 #include "ops/moe.h"
 #include "shapes.h"
 
@@ -151,6 +153,69 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
     expect_close(out, ref, kTolBf16, cat("library moe_experts ", ops::weight_format_name(f), " T=", T));
   }
   cuda::register_backend().check_device_errors();
+}
+
+// mHC's mixing logits on the library (f32), then the usual finish kernels.
+TEST_P(GpuLibrary, MhcAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t hc = 4, mix = (2 + hc) * hc, T = kTokens;
+  Tensor streams = random_f32({T, hc, s.D}, r, 2.0f);
+  Tensor fn = random_f32({mix, hc * s.D}, r, 0.02f), base = random_f32({mix}, r, 0.5f), scale = random_f32({3}, r, 0.5f);
+  Tensor norm = random_bf16({s.D}, r);
+  Tensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), collapsed(DType::f32, {T, s.D});
+  ops::hc_pre(ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, collapsed, true, norm, 1e-5f});
+  auto ds = upload(streams), dfn = upload(fn), db = upload(base), dsc = upload(scale), dnorm = upload(norm);
+  auto dpost = poisoned(DType::f32, {T, hc}), dcomb = poisoned(DType::f32, {T, hc, hc});
+  auto dcol = poisoned(DType::f32, {T, s.D});
+  ops::hc_pre(ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol, true, dnorm, 1e-5f});
+  expect_close(dpost, post, kTolF32, cat("library hc_pre post T=", T));
+  expect_close(dcomb, comb, 1e-4, cat("library hc_pre comb (Sinkhorn) T=", T));
+  expect_close(dcol, collapsed, kTolF32, cat("library hc_pre + rms_norm collapsed T=", T));
+  Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
+  Tensor head(DType::f32, {T, s.D});
+  ops::hc_head(ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
+  auto dhfn = upload(hfn), dhb = upload(hbase), dhs = upload(hscale), dhead = poisoned(DType::f32, {T, s.D});
+  ops::hc_head(ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
+  expect_close(dhead, head, kTolF32, cat("library hc_head T=", T));
+}
+
+// The indexer's top-k of a prefill chunk: scores from a library f32 product. 600 queries late in a long
+// prompt (about 2 000 visible keys each), so the top-k really chooses; picks equal the CPU's except where two
+// scores are within f32 noise of each other.
+TEST_P(GpuLibrary, IndexerTopkAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t H = s.index_heads, dim = s.index_dim, n = kTokens, ratio = s.csa_ratio;
+  const int64_t ctx = ratio * (s.index_topk * 4) + n, S = ctx / ratio;
+  Tensor q = random_f32({n, H, dim}, r), w = random_f32({n, H}, r), keys = random_f32({S, dim}, r);
+  Tensor pos(DType::i64, {n});
+  for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = ctx - n + i;
+  const PagedPair paged = paged_pair(keys, 5, r);
+  ops::IndexerArgs a{q, w, paged.host, S, pos, static_cast<int>(ratio)};
+  Tensor scores(DType::f32, {n, S});
+  ops::indexer_scores(a, scores);
+  const int topk = static_cast<int>(s.index_topk);
+  Tensor idx(DType::i32, {n, topk});
+  ops::indexer_topk(a, topk, idx);
+  auto dq = upload(q), dw = upload(w), dpos = upload(pos);
+  ops::IndexerArgs da{dq, dw, paged.device, S, dpos, static_cast<int>(ratio)};
+  auto didx = poisoned(DType::i32, {n, topk});
+  ops::indexer_topk(da, topk, didx);
+  const Tensor got = cuda::to_host(didx);
+  int64_t mismatched = 0;
+  for (int64_t i = 0; i < n * topk; ++i) {
+    const int32_t want = idx.data<int32_t>()[i], have = got.data<int32_t>()[i];
+    if (want == have) continue;
+    const float* sc = scores.data<float>() + (i / topk) * S;
+    if (want < 0 || have < 0 || have >= S || std::fabs(sc[want] - sc[have]) > 1e-5f * std::fabs(sc[want]) + 1e-7f)
+      ++mismatched;
+  }
+  EXPECT_EQ(mismatched, 0) << "library indexer_topk, " << n << " queries over " << S << " keys";
+  std::printf("  %-48s %lld mismatches\n", cat("library indexer_topk n=", n, " keys=", S).c_str(),
+              static_cast<long long>(mismatched));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuLibrary, ::testing::Values(kFixture, kV4Flash), ShapeName());

@@ -76,6 +76,12 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::moe_gather_bf16_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_swiglu_bf16_kernel(float const*, long, long, float, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::fill_random_bf16_kernel(unsigned short*, long, float, unsigned long)", C::other},
+    {"tern::cuda::dev::(anonymous namespace)::indexer_gather_keys_kernel(tern::cuda::PagedRowsDesc, long, long, float*)", C::indexer},
+    {"tern::cuda::dev::(anonymous namespace)::indexer_reduce_kernel(tern::cuda::IndexerParams, float const*, long, long, float*)", C::indexer},
+    {"tern::cuda::dev::(anonymous namespace)::hc_squares_kernel(float const*, long, long, float*)", C::mhc_norm_rope},
+    {"tern::cuda::dev::(anonymous namespace)::moe_sort_count_kernel(int const*, long, long, int*, int*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_sort_offsets_kernel(int*, int, long, int*, int*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_sort_scatter_kernel(int const*, long, long, int const*, int*, int*)", C::moe},
     {"void sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", C::dense_gemm},
 };
 

@@ -18,6 +18,7 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe.cuh"
 #include "backends/cuda/library_gemm.h"
 
@@ -75,6 +76,9 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
 bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y);
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
+bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head);
+// Writes the scores [n, num_keys] (in `scores`, which must not be the op workspace) when it takes the call.
+bool run_library_indexer(CudaBackend::Impl& impl, const IndexerParams& p, float* scores);
 inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {
   return KvRowDesc{f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
 }

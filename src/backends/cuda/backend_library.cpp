@@ -6,6 +6,8 @@
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/gemm_prep.cuh"
+#include "backends/cuda/kernels/indexer.cuh"
+#include "backends/cuda/kernels/mhc.cuh"
 
 namespace tern::cuda {
 
@@ -65,6 +67,54 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
   return true;
 }
 
+// mHC's mixing logits (fn [mix, hc D] times each token's flattened streams) are a skinny f32 product: at
+// 8 192 tokens hc_mix_kernel took 3 ms a call (12% of the prefill), cuBLAS f32 a fraction of that.
+bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head) {
+  if (!impl.library_for(p.T) || !aligned16(p.streams)) return false;
+  const int64_t mix = head ? p.hc : (2 + p.hc) * p.hc, N = p.hc * p.D;
+  float* partial = static_cast<float*>(impl.scratch(static_cast<size_t>(p.T * (mix + 1)) * 4));
+  impl.lib().f32(impl.stream, p.T, mix, N, p.streams, N, p.fn, N, partial, mix + 1);
+  launch_hc_squares(p.streams, p.T, N, mix + 1, partial + mix, impl.stream);
+  p.partial = partial;
+  launch_hc_finish(p, head, 1, impl.stream);
+  check_launch(head ? "hc_head" : "hc_pre");
+  return true;
+}
+
+// The lightning indexer's scores for a prefill chunk: q . k for every (query, head, key) is one f32 library
+// product per chunk of queries (indexer_scores_kernel took 16 ms a CSA layer at 8 192 queries on CUDA cores),
+// then indexer_reduce_kernel applies ReLU, the scales and the head weights as that kernel does. The queries'
+// positions are read back (one synchronisation) so that a chunk multiplies only the keys it can see.
+bool run_library_indexer(CudaBackend::Impl& impl, const IndexerParams& p, float* scores) {
+  if (!impl.library_for(p.n) || p.key_tables != nullptr || p.num_keys == 0 || p.dim % 4 != 0 || !aligned16(p.q) ||
+      p.heads > kMaxIndexerHeads)
+    return false;
+  cudaStream_t s = impl.stream;
+  auto* pos = static_cast<int64_t*>(impl.pinned_scratch(static_cast<size_t>(p.n) * 8));
+  TERN_CUDA(cudaMemcpyAsync(pos, p.positions, static_cast<size_t>(p.n) * 8, cudaMemcpyDeviceToHost, s));
+  TERN_CUDA(cudaStreamSynchronize(s));
+  // Chunks of queries whose products S [chunk * heads, keys] stay under 256 MiB.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 20) / (p.heads * p.num_keys * 4));
+  Carve c;
+  const size_t keys_at = c.take(static_cast<size_t>(p.num_keys * p.dim) * 4),
+               s_at = c.take(static_cast<size_t>(std::min(chunk, p.n) * p.heads * p.num_keys) * 4);
+  char* lw = static_cast<char*>(impl.library_scratch(c.used));
+  auto* keys = reinterpret_cast<float*>(lw + keys_at);
+  auto* S = reinterpret_cast<float*>(lw + s_at);
+  launch_indexer_gather_keys(p, keys, s);
+  check_launch("indexer_gather_keys");
+  for (int64_t i0 = 0; i0 < p.n; i0 += chunk) {
+    const int64_t count = std::min(chunk, p.n - i0);
+    int64_t cols = 0;
+    for (int64_t i = i0; i < i0 + count; ++i) cols = std::max<int64_t>(cols, (pos[i] + 1) / p.ratio);
+    cols = std::min(cols, p.num_keys);
+    if (cols > 0) impl.lib().f32(s, count * p.heads, cols, p.dim, p.q + i0 * p.heads * p.dim, p.dim, keys, p.dim, S, cols);
+    launch_indexer_reduce(p, S, i0, count, cols, scores, s);
+    check_launch("indexer_reduce");
+  }
+  return true;
+}
+
 namespace {
 
 // Expanded experts kept at once: bf16 w1, w3, w2 of one V4-Flash expert are 50 MB.
@@ -94,7 +144,7 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");
   Carve c;
   const size_t sorted_at = c.take(P * 4), pos_at = c.take(P * 4), jobs_at = c.take(max_jobs * 3 * 4),
-               num_at = c.take(4), xs_at = c.take(P * p.D * 2),
+               num_at = c.take(4), counts_at = c.take(moe_sort_count_ints(P, p.E) * 4), xs_at = c.take(P * p.D * 2),
                y_at = c.take(P * p.D * 4);
   char* ws = static_cast<char*>(impl.scratch(c.used));
   auto* sorted = reinterpret_cast<int*>(ws + sorted_at);
@@ -102,7 +152,7 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   auto* jobs = reinterpret_cast<int*>(ws + jobs_at);
   auto* y = reinterpret_cast<float*>(ws + y_at);
   auto* xs = reinterpret_cast<uint16_t*>(ws + xs_at);
-  launch_moe_plan(p, static_cast<int>(P), sorted, pos, jobs, reinterpret_cast<int*>(ws + num_at), s);
+  launch_moe_sort(p, reinterpret_cast<int*>(ws + counts_at), sorted, pos, jobs, reinterpret_cast<int*>(ws + num_at), s);
   launch_moe_gather_bf16(p.x, sorted, P, p.k, p.D, xs, s);
   check_launch("moe plan + gather");
 

@@ -48,6 +48,7 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
       p.norm_kind = a.norm.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
     }
   }
+  if (run_library_hc(*impl_, p, false)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
   check_launch("hc_pre");
@@ -68,6 +69,7 @@ void CudaBackend::hc_head(const ops::HcHeadArgs& a) {
   require_cuda_f32("hc_head", {&a.streams, &a.fn, &a.base, &a.scale, &a.out});
   HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
   p.out = a.out.data_as<float>();
+  if (run_library_hc(*impl_, p, true)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, true) * sizeof(float)));
   launch_hc_head(p, impl_->stream);
   check_launch("hc_head");
@@ -144,8 +146,10 @@ void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const Tensor
   TERN_CHECK(topk <= kMaxIndexerTopk, "cuda indexer_topk: topk ", topk, " exceeds the kernel's ", kMaxIndexerTopk);
   const IndexerParams p = indexer_params("indexer_topk", a);
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
-  launch_indexer_scores(p, scores, impl_->stream);
-  check_launch("indexer_scores");
+  if (!run_library_indexer(*impl_, p, scores)) {
+    launch_indexer_scores(p, scores, impl_->stream);
+    check_launch("indexer_scores");
+  }
   launch_indexer_topk(p, scores, topk, indices.data_as<int32_t>(), impl_->stream);
   check_launch("indexer_topk");
 }

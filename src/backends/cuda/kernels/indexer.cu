@@ -113,6 +113,41 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerPa
   }
 }
 
+// The library path of a prefill (launch_indexer_gather_keys, launch_indexer_reduce): the keys gathered
+// out of their pages into one [num_keys, dim] matrix, so that q . k for every (query, head, key) is one f32
+// library product S [queries * heads, keys]; then the score of each (query, key) from S as the kernel above
+// computes it from its sums (ReLU, dot scale, weight, heads added in order), -inf where not visible.
+__global__ void indexer_gather_keys_kernel(PagedRowsDesc keys, int64_t num_keys, int64_t dim, float* out) {
+  const int64_t per = dim / 4, n = num_keys * per;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t s = i / per, c = (i - s * per) * 4;
+    *reinterpret_cast<float4*>(out + s * dim + c) = ld4(reinterpret_cast<const float*>(paged_row(keys, s)) + c);
+  }
+}
+
+// grid (key blocks of 128, queries of the chunk): S rows (i - first) * heads + h, `cols` keys computed;
+// scores of query i for every key < num_keys.
+__global__ void __launch_bounds__(128) indexer_reduce_kernel(IndexerParams p, const float* S, int64_t first,
+                                                             int64_t cols, float* scores) {
+  __shared__ float wh[kMaxIndexerHeads];
+  const int64_t i = first + blockIdx.y, s = static_cast<int64_t>(blockIdx.x) * 128 + threadIdx.x;
+  const float head_scale = 1.0f / sqrtf(static_cast<float>(p.heads));
+  const float dot_scale = 1.0f / sqrtf(static_cast<float>(p.dim));
+  for (int h = threadIdx.x; h < p.heads; h += blockDim.x) wh[h] = p.weights[i * p.heads + h] * head_scale;
+  __syncthreads();
+  if (s >= p.num_keys) return;
+  const int64_t visible = (p.positions[i] + 1) / p.ratio;
+  if (s >= visible || s >= cols) {
+    scores[i * p.num_keys + s] = -INFINITY;
+    return;
+  }
+  const float* row = S + static_cast<int64_t>(blockIdx.y) * p.heads * cols + s;
+  float total = 0.0f;
+  for (int h = 0; h < p.heads; ++h) total += (fmaxf(row[h * cols], 0.0f) * dot_scale) * wh[h];
+  scores[i * p.num_keys + s] = total;
+}
+
 constexpr int kTopkThreads = 1024, kTopkWarps = kTopkThreads / 32;
 
 __device__ __forceinline__ unsigned lanes_below() {
@@ -269,6 +304,20 @@ void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t s
   const dim3 grid(static_cast<unsigned>((p.num_keys + dev::kKeysPerBlock - 1) / dev::kKeysPerBlock),
                   static_cast<unsigned>(p.n));
   dev::indexer_scores_kernel<<<grid, dev::kScoreThreads, 0, stream>>>(p, scores);
+}
+
+void launch_indexer_gather_keys(const IndexerParams& p, float* out, cudaStream_t stream) {
+  const int64_t n = p.num_keys * p.dim / 4;
+  if (n == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  dev::indexer_gather_keys_kernel<<<blocks, 256, 0, stream>>>(p.keys, p.num_keys, p.dim, out);
+}
+
+void launch_indexer_reduce(const IndexerParams& p, const float* S, int64_t first, int64_t count, int64_t cols,
+                           float* scores, cudaStream_t stream) {
+  if (count == 0 || p.num_keys == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.num_keys + 127) / 128), static_cast<unsigned>(count));
+  dev::indexer_reduce_kernel<<<grid, 128, 0, stream>>>(p, S, first, cols, scores);
 }
 
 void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,

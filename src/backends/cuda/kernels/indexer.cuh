@@ -31,6 +31,12 @@ constexpr int64_t kIndexerTopkCachedKeys = 32768;    // rows up to this many key
 
 // scores [n, num_keys], -inf where not visible.
 void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t stream);
+// The library path of a prefill (no decode mode): the keys out of their pages into out [num_keys, dim]; then,
+// for queries first .. first+count-1, their scores from S [count * heads, cols] = q . k of the first `cols`
+// keys (cols covers every key these queries see; the rest are -inf).
+void launch_indexer_gather_keys(const IndexerParams& p, float* out, cudaStream_t stream);
+void launch_indexer_reduce(const IndexerParams& p, const float* S, int64_t first, int64_t count, int64_t cols,
+                           float* scores, cudaStream_t stream);
 // indices [n, topk] from scores [n, num_keys].
 void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,
                          cudaStream_t stream);

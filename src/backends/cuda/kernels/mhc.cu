@@ -289,8 +289,36 @@ MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   return plan;
 }
 
+// out[t * ld] = the sum of squares of row t of x [T, N] (one block per token; the library path's mix column
+// MIX, beside the library's product).
+__global__ void __launch_bounds__(256) hc_squares_kernel(const float* __restrict__ x, int64_t N, int64_t ld,
+                                                         float* out) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  float s = 0.0f;
+  for (int64_t k = 4 * static_cast<int64_t>(threadIdx.x); k < N; k += 4 * blockDim.x) {
+    const float4 v = ld4(x + t * N + k);
+    s = dot4(v, v, s);
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[t * ld] = s;
+}
+
 }  // namespace
 }  // namespace dev
+
+void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  dev::hc_squares_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(streams, N, ld, out);
+}
+
+void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream) {
+  if (p.T == 0) return;
+  if (head)
+    dev::hc_head_finish_kernel<<<static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream>>>(p, splits);
+  else
+    dev::hc_pre_finish_kernel<<<static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream>>>(p, splits);
+}
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
   const int64_t mix = head ? hc : (2 + hc) * hc;

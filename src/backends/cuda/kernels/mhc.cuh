@@ -39,6 +39,11 @@ struct HcParams {
 constexpr int64_t kHcMaxD = 8192;
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head);
+// The library path of many tokens (backend_v4.cpp): the mixing logits come from a library product written
+// as partials of one split, [T][mix + 1] with the sum of squares in column mix (launch_hc_squares), then
+// the finish kernel of hc_pre (head false) or hc_head alone.
+void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, float* out, cudaStream_t stream);
+void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream);
 void launch_hc_pre(const HcParams& p, cudaStream_t stream);
 void launch_hc_head(const HcParams& p, cudaStream_t stream);
 // out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]   (hc == 4, D % 4 == 0)

@@ -69,5 +69,10 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream);
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream);
+// The plan for many pairs (moe_sort.cu): the same stable grouping over many blocks, one job per expert that
+// has pairs (jobs as above, in expert order). `counts` holds moe_sort_count_ints(P, E) ints of scratch.
+int64_t moe_sort_count_ints(int64_t P, int64_t E);
+void launch_moe_sort(const MoeParams& p, int* counts, int* sorted, int* pos, int* jobs, int* num_jobs,
+                     cudaStream_t stream);
 
 }  // namespace tern::cuda
