@@ -168,7 +168,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "same K order (so the same bits) in both",
       "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
-      "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: plan read back to the host, experts "
+      "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: multi-block plan (moe_sort) read back, experts "
       "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), SwiGLU, "
       "combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
@@ -176,9 +176,12 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
       "block cluster; f32 rows (KV mode exact) and other shapes: attention_kernel + attention_combine_kernel, CUDA "
       "cores, f32",
-      "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select",
+      "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
+      "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "
+      "+ indexer_reduce_kernel, then the same top-k",
       "compressor_update: compressor_kernel, CUDA cores, f32",
-      "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32",
+      "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32; hc_pre / hc_head of >= 512 "
+      "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels",
       "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores",
       "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
