@@ -49,7 +49,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)2, 1>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_stream_kernel<(tern::cuda::dev::WFmt)2, 2, 1>(tern::cuda::dev::StreamArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)1, 4>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
-    {"void tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel<true>(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
+    {"void tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel<true>(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, int, float*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_simple_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<24>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},

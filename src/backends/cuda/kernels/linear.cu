@@ -205,63 +205,89 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
 }
 
 // The exact path for bf16 and FP8-block weights whose rows are whole 8-column chunks (the router gates and the
-// indexer's projections): as linear_simple_kernel, but lane l takes the chunks l, l+32, ...: one 16-byte
-// (bf16) or 8-byte (FP8) load and one block scale per chunk, shifts instead of 64-bit divisions, x as two
-// float4 per token. Each token's sum runs in the same order whatever the other tokens (batch invariant).
+// indexer's projections): as linear_simple_kernel, but each 8-column chunk is one 16-byte (bf16) or 8-byte
+// (FP8) load with one block scale, and a row is cut into `wpr` K slices, one warp each (wpr from the row's
+// length alone: enough warps that the block's 8 warps stream a row at once; a gate row of 4 096 columns was one
+// warp, 2 loads in flight per lane, 29 us a call at 16 tokens). Lane l of a slice takes its chunks l, l+32, ...;
+// the slice's sum is warp-reduced, and the slices are added in order through shared memory: each token's sum
+// runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
 template <bool kFp8>
-__global__ void linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride, int64_t rows_per_group,
-                                         int64_t T, float* y) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+__global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
+                                                                int64_t rows_per_group, int64_t T, int wpr, float* y) {
+  __shared__ float red[8][kSimpleTokens];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + warp / wpr;
+  const int slice = warp % wpr;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
-  const int lane = threadIdx.x & 31;
-  if (row >= m.out || tok0 >= T) return;
   const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
-  const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
-  const int chunks = static_cast<int>(m.in >> 3);
-  const int64_t srow = (row >> 7) * m.s_cols;
+  const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
+  const int c0 = slice * per, c1 = min(chunks, c0 + per);
   float acc[kSimpleTokens];
 #pragma unroll
   for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
-  for (int ch = lane; ch < chunks; ch += 32) {
-    float w[8];
-    if constexpr (kFp8) {
-      const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
-      const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
-      const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+  if (row < m.out) {
+    const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
+    const int64_t srow = (row >> 7) * m.s_cols;
+#pragma unroll 2
+    for (int ch = c0 + lane; ch < c1; ch += 32) {
+      float w[8];
+      if constexpr (kFp8) {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
+        const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
+        const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * i))) * sc;
-        w[4 + i] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * i))) * sc;
+        for (int i = 0; i < 4; ++i) {
+          w[i] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * i))) * sc;
+          w[4 + i] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * i))) * sc;
+        }
+      } else {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] & 0xffffu));
+          w[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] >> 16));
+        }
       }
-    } else {
-      const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] & 0xffffu));
-        w[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] >> 16));
+      for (int j = 0; j < kSimpleTokens; ++j) {
+        if (j >= nt) break;
+        const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
+        const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
+        acc[j] += a.x * w[0];
+        acc[j] += a.y * w[1];
+        acc[j] += a.z * w[2];
+        acc[j] += a.w * w[3];
+        acc[j] += b.x * w[4];
+        acc[j] += b.y * w[5];
+        acc[j] += b.z * w[6];
+        acc[j] += b.w * w[7];
       }
-    }
-#pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) {
-      if (j >= nt) break;
-      const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
-      const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
-      acc[j] += a.x * w[0];
-      acc[j] += a.y * w[1];
-      acc[j] += a.z * w[2];
-      acc[j] += a.w * w[3];
-      acc[j] += b.x * w[4];
-      acc[j] += b.y * w[5];
-      acc[j] += b.z * w[6];
-      acc[j] += b.w * w[7];
     }
   }
 #pragma unroll
   for (int j = 0; j < kSimpleTokens; ++j) {
     const float sum = warp_sum(acc[j]);
-    if (lane == 0 && j < nt) y[(tok0 + j) * m.out + row] = sum;
+    if (lane == 0) red[warp][j] = sum;
   }
+  __syncthreads();
+  // Thread (row of the block r, token j): the row's slices in order.
+  const int r = threadIdx.x / kSimpleTokens, j = threadIdx.x % kSimpleTokens;
+  const int64_t out_row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + r;
+  if (r < 8 / wpr && j < nt && out_row < m.out) {
+    float total = 0.0f;
+    for (int sl = 0; sl < wpr; ++sl) total += red[r * wpr + sl][j];
+    y[(tok0 + j) * m.out + out_row] = total;
+  }
+}
+
+// Warps per row of linear_exact_rows_kernel: one per 32 chunks of 8 columns (one chunk per lane), at most 8;
+// a power of two so that a block's 8 warps hold whole rows. From the weight's shape alone.
+int exact_rows_wpr(int64_t in) {
+  const int64_t chunks = in / 8;
+  int w = 1;
+  while (w < 8 && static_cast<int64_t>(w) * 32 < chunks) w *= 2;
+  return w;
 }
 
 dim3 simple_grid(int64_t out, int64_t T) {
@@ -313,14 +339,19 @@ bool linear_exact_rows_ok(const LinearParams& p) {
 
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  const dim3 grid = dev::simple_grid(p.w.out, p.T);
   const dev::SimpleMat m = dev::simple_mat(p.w);
-  if (!linear_exact_rows_ok(p))
-    dev::linear_simple_kernel<<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
-  else if (p.w.kind == WeightKind::fp8)
-    dev::linear_exact_rows_kernel<true><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
+  if (!linear_exact_rows_ok(p)) {
+    dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(m, p.x, p.x_stride,
+                                                                                   p.rows_per_group, p.T, p.y);
+    return;
+  }
+  const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
+  const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
+                  static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
+  if (p.w.kind == WeightKind::fp8)
+    dev::linear_exact_rows_kernel<true><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
   else
-    dev::linear_exact_rows_kernel<false><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y);
+    dev::linear_exact_rows_kernel<false><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
 }
 
 const char* linear_path_name(const LinearParams& p) {
