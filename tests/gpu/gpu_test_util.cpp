@@ -173,4 +173,16 @@ void expect_close(const TensorView& gpu_device, const TensorView& ref_host, doub
   std::printf("  %-48s rel_err %.3e (tol %.0e)\n", what.c_str(), c.rel_err, tol);
 }
 
+RandomExperts::RandomExperts(ops::WeightFormat f, int64_t E, int64_t D, int64_t inter, Rand& r) {
+  for (int64_t e = 0; e < E; ++e) {
+    host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(static_cast<float>(D)), "w1"));
+    host.push_back(random_weight(f, D, inter, r, 1.0f / std::sqrt(static_cast<float>(inter)), "w2"));
+    host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(static_cast<float>(D)), "w3"));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    on_host.push_back(ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w});
+    on_device.push_back(ops::Expert{store.upload(on_host[e].w1), store.upload(on_host[e].w2), store.upload(on_host[e].w3)});
+  }
+}
+
 }  // namespace tern::gputest

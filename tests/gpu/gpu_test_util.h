@@ -15,6 +15,7 @@
 #include "core/paged_rows.h"
 #include "core/tensor.h"
 #include "ops/kv_row.h"
+#include "ops/moe.h"
 #include "ops/weight.h"
 
 namespace tern::gputest {
@@ -57,6 +58,15 @@ struct HostWeight {
   Tensor weight, scale;
 };
 HostWeight random_weight(ops::WeightFormat f, int64_t out, int64_t in, Rand& r, float stddev, const char* name);
+
+// E random routed experts of format f (w1, w3 [inter, D], w2 [D, inter]), as the host reference and the
+// device see them.
+struct RandomExperts {
+  std::vector<HostWeight> host;  // w1, w2, w3 of each expert
+  std::vector<ops::Expert> on_host, on_device;
+  cuda::WeightStore store;
+  RandomExperts(ops::WeightFormat f, int64_t E, int64_t D, int64_t inter, Rand& r);
+};
 
 // Device copy of a host tensor, and a device tensor poisoned with 0xff bytes (NaN for f32).
 cuda::DeviceTensor upload(const TensorView& host);

@@ -250,7 +250,8 @@ TEST_P(GpuBasic, GroupedLinear) {
                                       1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
   cuda::WeightStore store;
   const ops::Weight dw = store.upload(hw.w);
-  for (int64_t T : {1, 6, 19, 64}) {
+  // 600: the library path (strided batched cuBLAS) of a prefill chunk.
+  for (int64_t T : {1, 6, 19, 64, 600}) {
     Tensor x = random_f32({T, s.groups, in_g}, r);
     Tensor ref(DType::f32, {T, s.groups, s.o_rank});
     ops::grouped_linear(x, hw.w, ref);

@@ -1,6 +1,6 @@
 // GPU vs CPU: the library paths (cuBLAS) that products of >= kLibraryMinTokens tokens take: linear in every
-// weight format, exact weights in f32, grouped_linear, and the MoE; and batch-invariant mode, which keeps
-// such products on tern's own kernels.
+// weight format, exact weights in f32 (grouped_linear: GpuBasic.GroupedLinear), the MoE, mHC and the indexer;
+// and batch-invariant mode, which keeps such products on tern's own kernels.
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -70,23 +70,6 @@ TEST_P(GpuLibrary, LinearAgainstCpu) {
   }
 }
 
-TEST_P(GpuLibrary, GroupedLinearAgainstCpu) {
-  TERN_REQUIRE_GPU();
-  const Shapes& s = GetParam();
-  Rand r(fresh_seed());
-  const int64_t in_g = s.heads / s.groups * s.head_dim;
-  const HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
-                                      1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
-  cuda::WeightStore store;
-  const ops::Weight dw = store.upload(hw.w);
-  Tensor x = random_f32({kTokens, s.groups, in_g}, r);
-  Tensor ref(DType::f32, {kTokens, s.groups, s.o_rank});
-  ops::grouped_linear(x, hw.w, ref);
-  auto dx = upload(x), y = poisoned(DType::f32, {kTokens, s.groups, s.o_rank});
-  ops::grouped_linear(dx, dw, y);
-  expect_close(y, ref, kTolBf16, cat("library grouped_linear wo_a T=", kTokens));
-}
-
 // Batch-invariant mode: rows of a 600-token product equal, bit for bit, the same rows computed alone; with
 // the library on they need not (and the test only asks them to be close).
 TEST_P(GpuLibrary, BatchInvariantModeKeepsOwnKernels) {
@@ -124,18 +107,9 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
   Rand r(fresh_seed());
   const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4, WeightFormat::fp8_block}) {
-    std::vector<HostWeight> host;
-    std::vector<ops::Expert> hexp(E), dexp(E);
-    cuda::WeightStore store;
-    for (int64_t e = 0; e < E; ++e) {
-      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w1"));
-      host.push_back(random_weight(f, D, inter, r, 1.0f / std::sqrt(float(inter)), "w2"));
-      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w3"));
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      hexp[e] = ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w};
-      dexp[e] = ops::Expert{store.upload(hexp[e].w1), store.upload(hexp[e].w2), store.upload(hexp[e].w3)};
-    }
+    const RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& hexp = experts.on_host;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
     const int64_t T = kTokens;
     Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
     Tensor idx(DType::i32, {T, k});

@@ -281,18 +281,9 @@ TEST_P(GpuV4, MoeExperts) {
   for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4, ops::WeightFormat::fp8_block,
                               ops::WeightFormat::bf16, ops::WeightFormat::f32}) {
     if (f == ops::WeightFormat::f32 && D > 1024) continue;
-    std::vector<HostWeight> host;
-    std::vector<ops::Expert> hexp(E), dexp(E);
-    cuda::WeightStore store;
-    for (int64_t e = 0; e < E; ++e) {
-      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w1"));
-      host.push_back(random_weight(f, D, inter, r, 1.0f / std::sqrt(float(inter)), "w2"));
-      host.push_back(random_weight(f, inter, D, r, 2.0f / std::sqrt(float(D)), "w3"));
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      hexp[e] = ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w};
-      dexp[e] = ops::Expert{store.upload(hexp[e].w1), store.upload(hexp[e].w2), store.upload(hexp[e].w3)};
-    }
+    const RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& hexp = experts.on_host;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
     const bool fp4 = f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
     // FP4: the bulk-copy kernels at 1, 3, 16 and 64 tokens (one job tile of 8 pairs, several, experts split
     // over jobs), 100 tokens on the register kernel; every kernel variant (ring depth, warps, the register

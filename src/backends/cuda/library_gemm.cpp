@@ -53,41 +53,35 @@ struct LibraryGemm::Impl {
 LibraryGemm::LibraryGemm() : impl_(std::make_unique<Impl>()) {}
 LibraryGemm::~LibraryGemm() = default;
 
-void LibraryGemm::bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
-                       int64_t ldw, float* y, int64_t ldy, float alpha, GemmBatch b) {
+namespace {
+
+// y^T [out, T] = W [in, out]^T x^T [in, T] in cuBLAS's column-major terms, once or strided batched.
+void gemm(cublasHandle_t h, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w, int64_t ldw,
+          float* y, int64_t ldy, float alpha, GemmBatch b, cudaDataType_t in_type, cublasComputeType_t compute) {
   if (T == 0) return;
   const float beta = 0.0f;
-  cublasHandle_t h = impl_->on(s);
   const int m = narrow(out, "out"), n = narrow(T, "tokens"), k = narrow(in, "in");
   if (b.batch == 1) {
-    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF, narrow(ldw, "ldw"), x,
-                             CUDA_R_16BF, narrow(ldx, "ldx"), &beta, y, CUDA_R_32F, narrow(ldy, "ldy"),
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_type, narrow(ldw, "ldw"), x, in_type,
+                             narrow(ldx, "ldx"), &beta, y, CUDA_R_32F, narrow(ldy, "ldy"), compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  TERN_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_16BF,
-                                         narrow(ldw, "ldw"), b.w_stride, x, CUDA_R_16BF, narrow(ldx, "ldx"),
-                                         b.x_stride, &beta, y, CUDA_R_32F, narrow(ldy, "ldy"), b.y_stride, b.batch,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  TERN_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_type, narrow(ldw, "ldw"),
+                                         b.w_stride, x, in_type, narrow(ldx, "ldx"), b.x_stride, &beta, y, CUDA_R_32F,
+                                         narrow(ldy, "ldy"), b.y_stride, b.batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
+}  // namespace
+
+void LibraryGemm::bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
+                       int64_t ldw, float* y, int64_t ldy, float alpha, GemmBatch b) {
+  gemm(impl_->on(s), T, out, in, x, ldx, w, ldw, y, ldy, alpha, b, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+}
+
+// CUBLAS_COMPUTE_32F_PEDANTIC: f32 products and sums, never TF32 (the exact path: top-k choices).
 void LibraryGemm::f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
                       int64_t ldw, float* y, int64_t ldy, GemmBatch b) {
-  if (T == 0) return;
-  const float alpha = 1.0f, beta = 0.0f;
-  cublasHandle_t h = impl_->on(s);
-  const int m = narrow(out, "out"), n = narrow(T, "tokens"), k = narrow(in, "in");
-  // CUBLAS_COMPUTE_32F_PEDANTIC: f32 products and sums, never TF32 (the exact path: top-k choices).
-  if (b.batch == 1) {
-    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F, narrow(ldw, "ldw"), x,
-                             CUDA_R_32F, narrow(ldx, "ldx"), &beta, y, CUDA_R_32F, narrow(ldy, "ldy"),
-                             CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-    return;
-  }
-  TERN_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F,
-                                         narrow(ldw, "ldw"), b.w_stride, x, CUDA_R_32F, narrow(ldx, "ldx"),
-                                         b.x_stride, &beta, y, CUDA_R_32F, narrow(ldy, "ldy"), b.y_stride, b.batch,
-                                         CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  gemm(impl_->on(s), T, out, in, x, ldx, w, ldw, y, ldy, 1.0f, b, CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC);
 }
 
 void LibraryGemm::bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k,

@@ -309,12 +309,7 @@ template <dev::WFmt F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
                      int num_sms, char* ws, cudaStream_t stream) {
   dev::MoeBulkArgs a;
-  a.p = p;
-  a.sorted = reinterpret_cast<const int*>(ws + L.sorted);
-  a.jobs = reinterpret_cast<const int*>(ws + L.jobs);
-  a.num_jobs = reinterpret_cast<const int*>(ws + L.num_jobs);
-  a.h = reinterpret_cast<float*>(ws + L.h);
-  a.y = reinterpret_cast<float*>(ws + L.y);
+  point_at_workspace(a, p, L, ws);
   // One block per multiprocessor (blocks past the device-side item count exit at once).
   auto grid = [&](const MoeBulkPlan& pl) {
     return static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles));

@@ -200,15 +200,21 @@ __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
 
 }  // namespace dev
 
-template <dev::WFmt F>
-void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaStream_t stream) {
-  dev::MoeArgs a;
+// The kernels' view of the workspace (MoeArgs, MoeBulkArgs): the plan's outputs and the h / y buffers.
+template <class Args>
+void point_at_workspace(Args& a, const MoeParams& p, const MoeLayout& L, char* ws) {
   a.p = p;
   a.sorted = reinterpret_cast<const int*>(ws + L.sorted);
   a.jobs = reinterpret_cast<const int*>(ws + L.jobs);
   a.num_jobs = reinterpret_cast<const int*>(ws + L.num_jobs);
   a.h = reinterpret_cast<float*>(ws + L.h);
   a.y = reinterpret_cast<float*>(ws + L.y);
+}
+
+template <dev::WFmt F>
+void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaStream_t stream) {
+  dev::MoeArgs a;
+  point_at_workspace(a, p, L, ws);
   const dim3 up(static_cast<unsigned>((p.inter + 15) / 16), static_cast<unsigned>(L.max_jobs));
   const dim3 down(static_cast<unsigned>((p.D + 31) / 32), static_cast<unsigned>(L.max_jobs));
   if (L.tile == 8) {
