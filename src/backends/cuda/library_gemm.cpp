@@ -33,15 +33,40 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
+// Side streams for the per-expert products: one product of a few hundred tokens fills half the machine (at
+// 8 192 prompt tokens an expert's w1|w3 product is 32 x 2 tiles of 128 x 128 for 132 multiprocessors), so they
+// run kSide at a time. Each side stream has its own handle and workspace (a workspace is not shared by
+// kernels that may run at once).
+constexpr int kSide = 4;
+
 struct LibraryGemm::Impl {
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace;
+  cublasHandle_t side_handle[kSide] = {};
+  cudaStream_t side[kSide] = {};
+  cudaEvent_t fork = nullptr, join[kSide] = {};
+  DeviceBuffer side_workspace[kSide];
   Impl() {
     TERN_CUBLAS(cublasCreate(&handle));
     workspace = DeviceBuffer(kWorkspaceBytes);
     TERN_CUBLAS(cublasSetWorkspace(handle, workspace.data(), kWorkspaceBytes));
+    TERN_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (int i = 0; i < kSide; ++i) {
+      TERN_CUDA(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
+      TERN_CUDA(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
+      TERN_CUBLAS(cublasCreate(&side_handle[i]));
+      side_workspace[i] = DeviceBuffer(kWorkspaceBytes);
+      TERN_CUBLAS(cublasSetWorkspace(side_handle[i], side_workspace[i].data(), kWorkspaceBytes));
+      TERN_CUBLAS(cublasSetStream(side_handle[i], side[i]));
+    }
   }
   ~Impl() {
+    for (int i = 0; i < kSide; ++i) {
+      if (side_handle[i] != nullptr) cublasDestroy(side_handle[i]);
+      if (side[i] != nullptr) cudaStreamDestroy(side[i]);
+      if (join[i] != nullptr) cudaEventDestroy(join[i]);
+    }
+    if (fork != nullptr) cudaEventDestroy(fork);
     if (handle != nullptr) cublasDestroy(handle);
   }
   cublasHandle_t on(cudaStream_t s) {
@@ -86,14 +111,24 @@ void LibraryGemm::f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const 
 
 void LibraryGemm::bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k,
                             int64_t lda, int64_t ldb, int64_t ldc) {
-  cublasHandle_t h = impl_->on(s);
   const int mi = narrow(m, "m"), ki = narrow(k, "k"), la = narrow(lda, "lda"), lb = narrow(ldb, "ldb"),
             lc = narrow(ldc, "ldc");
   const float beta = 0.0f;
-  for (const GroupedProblem& p : problems)
-    if (p.n > 0)
-      TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, mi, p.n, ki, &p.alpha, p.a, CUDA_R_16BF, la, p.b,
-                               CUDA_R_16BF, lb, &beta, p.c, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // The side streams start after everything issued on s so far, and s continues after all of them.
+  TERN_CUDA(cudaEventRecord(impl_->fork, s));
+  for (int i = 0; i < kSide; ++i) TERN_CUDA(cudaStreamWaitEvent(impl_->side[i], impl_->fork, 0));
+  int next = 0;
+  for (const GroupedProblem& p : problems) {
+    if (p.n <= 0) continue;
+    cublasHandle_t h = impl_->side_handle[next];
+    next = (next + 1) % kSide;
+    TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, mi, p.n, ki, &p.alpha, p.a, CUDA_R_16BF, la, p.b, CUDA_R_16BF,
+                             lb, &beta, p.c, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  for (int i = 0; i < kSide; ++i) {
+    TERN_CUDA(cudaEventRecord(impl_->join[i], impl_->side[i]));
+    TERN_CUDA(cudaStreamWaitEvent(s, impl_->join[i], 0));
+  }
 }
 
 double LibraryGemm::time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps) {

@@ -53,7 +53,7 @@ class LibraryGemm {
   void f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
            int64_t ldw, float* y, int64_t ldy, GemmBatch b = {});
   // Products sharing m, k and the leading dimensions (the MoE's, one or two per expert), one cublasGemmEx
-  // each. (cublasGemmGroupedBatchedEx refuses bf16 inputs with f32 outputs: CUBLAS_STATUS_NOT_SUPPORTED on the
+  // each, spread over side streams (ordered after everything issued on s before, and s after them). (cublasGemmGroupedBatchedEx refuses bf16 inputs with f32 outputs: CUBLAS_STATUS_NOT_SUPPORTED on the
   // H200 with CUDA 13.0, 2026-12-03.)
   void bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k, int64_t lda,
                  int64_t ldb, int64_t ldc);
