@@ -269,30 +269,38 @@ std::string message_content(const json& v, const std::string& param) {
   return text;
 }
 
+// The history's tool calls, strictly typed: the chat encoder reads them again from the request's JSON.
 std::vector<ToolCall> message_tool_calls(const json& v, const std::string& param, const ParseLimits& limits) {
   if (!v.is_array()) bad(param, cat("'", param, "' must be a list"));
   check_count(v, limits.max_tool_calls, param, "tool calls");
   std::vector<ToolCall> calls;
   for (size_t i = 0; i < v.size(); ++i) {
-    const json& c = v[i];
     const std::string at = cat(param, "[", i, "]");
-    const json* fn = c.is_object() && c.contains("function") ? &c["function"] : nullptr;
-    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
-      bad(at, cat("'", at, "' must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
+    const json* fn = v[i].is_object() ? &v[i] : nullptr;
+    if (fn) fn = v[i].contains("function") && v[i]["function"].is_object() ? &v[i]["function"] : nullptr;
+    if (!fn) bad(at, cat("'", at, "' must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
+    Fields c(v[i], at + ".");
     ToolCall call;
-    call.id = string_member(c, "id");
-    check_length(call.id, limits.max_label_bytes, at + ".id");
-    call.name = (*fn)["name"].get<std::string>();
-    check_length(call.name, limits.max_name_bytes, at + ".function.name");
-    const auto args = fn->find("arguments");
-    if (args == fn->end() || args->is_null()) {
+    call.id = c.string("id", limits.max_label_bytes).value_or("");
+    if (c.string("type").value_or("function") != "function") bad(at + ".type", cat("'", at, ".type' must be function"));
+    c.get("function");
+    c.reject_unknown();
+    Fields f(*fn, at + ".function.");
+    call.name = f.string("name", limits.max_name_bytes).value_or("");
+    if (call.name.empty()) bad(at + ".function.name", cat("'", at, ".function.name' is required"));
+    const json* args = f.get("arguments");
+    if (!args) {
       call.arguments = "{}";
     } else if (args->is_string()) {
       call.arguments = args->get<std::string>();
+      check_text(call.arguments, at + ".function.arguments");
       check_json_text(call.arguments, at + ".function.arguments", limits.json);
-    } else {
+    } else if (args->is_object()) {
       call.arguments = args->dump();  // depth bounded by the parser
+    } else {
+      bad(at + ".function.arguments", cat("'", at, ".function.arguments' must be a JSON string or object"));
     }
+    f.reject_unknown();
     calls.push_back(std::move(call));
   }
   return calls;

@@ -18,12 +18,22 @@ KEY = "router-key"
 
 
 @pytest.fixture(scope="module")
-def plain():
+def plain_processes():
     s = serve("both")
-    r = route("--server", s.url, "--api-key", KEY, "--header-timeout", "2")
-    yield {"server": s, "router": r}
-    r.stop()
+    procs = {"server": s, "router": route("--server", s.url, "--api-key", KEY, "--header-timeout", "2")}
+    yield procs
+    procs["router"].stop()
     s.stop()
+
+
+@pytest.fixture
+def plain(plain_processes):
+    """A server behind a router with an API key; the router is started again when a test crashed it, so
+    that each test is judged alone."""
+    if plain_processes["router"].proc.poll() is not None:
+        plain_processes["router"] = route("--server", plain_processes["server"].url, "--api-key", KEY,
+                                          "--header-timeout", "2")
+    return plain_processes
 
 
 def post_raw(port, path, body, headers):

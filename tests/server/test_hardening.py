@@ -69,8 +69,10 @@ CALL = ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", 
 # body crashed the server in tools' parameters, 200 000 in a tool call's arguments).
 DEEP_CASES = [
     ("tools parameters", X, CHAT_OK + ', "tools": [' + TOOL % deep(50000) + "]}", "tools[0].function.parameters"),
-    ("tool call arguments as text", X, CALL % json.dumps(deep(200000)), "messages[1].tool_calls[0].function.arguments"),
-    ("tool call arguments as JSON", X, CALL % deep(50000), "messages[1].tool_calls[0].function.arguments"),
+    ("tool call arguments as text", X, CALL % json.dumps('{"a":' * 200000 + "1" + "}" * 200000),
+     "messages[1].tool_calls[0].function.arguments"),
+    ("tool call arguments as JSON", X, CALL % ('{"a":' * 200000 + "1" + "}" * 200000),
+     "messages[1].tool_calls[0].function.arguments"),
     ("messages", X, '{"messages": ' + deep(100000) + "}", "messages"),
     ("content", X, '{"messages": [{"role": "user", "content": ' + deep(100000) + "}]}", "messages[0].content"),
     ("metadata", X, CHAT_OK + ', "metadata": ' + deep(100000) + "}", "metadata"),
@@ -93,7 +95,7 @@ def test_deeply_nested_json_is_refused_in_every_field(keyed, name, path, body, p
     assert status == 400, (status, payload[:300], keyed.log()[-2000:])
     err = json.loads(payload)["error"]
     assert "nested deeper than" in err["message"], err
-    assert (err["param"] or "") == param, err
+    assert (err["param"] or "").startswith(param), err  # the field, then (objects) the first keys inside it
     assert alive(keyed)
 
 
@@ -274,11 +276,14 @@ def test_partial_bodies_stay_within_the_buffer_budget():
     from 2.5 to 4.95 GB). Request bodies in all are bounded by --max-buffered-mb (here 128): beyond it a
     request is answered 503 from its headers, so resident memory grows by at most the budget (plus the
     connections' own buffers); with an API key, unauthenticated bodies are never read at all."""
-    s = Server("--max-model-len", "1024", "--state-memory", "64M", "--max-buffered-mb", "128")
-    k = Server("--max-model-len", "1024", "--state-memory", "64M", "--api-key", KEY)
+    k = Server("--max-model-len", "1024", "--state-memory", "64M", "--api-key", KEY)  # default flags: as on main
+    s = None
     socks = []
     try:
-        for srv, budget in [(s, 128 << 20), (k, 0)]:
+        for budget in [0, 128 << 20]:
+            if budget:
+                s = Server("--max-model-len", "1024", "--state-memory", "64M", "--max-buffered-mb", "128")
+            srv = s or k
             time.sleep(0.5)
             before = rss_bytes(srv.proc.pid)
             socks += partial_bodies(srv.port, 400, 8 << 20, 6 << 20)
@@ -296,8 +301,9 @@ def test_partial_bodies_stay_within_the_buffer_budget():
     finally:
         for x in socks:
             x.close()
-        s.stop()
-        k.stop()
+        for srv in (s, k):
+            if srv:
+                srv.stop()
 
 
 # --- admission ---
