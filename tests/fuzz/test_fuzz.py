@@ -8,7 +8,7 @@ replaced, dropped or nested by random JSON, and bodies nested far deeper than an
 over a fresh loopback connection; the process must stay up and never answer 500 (500 is for bugs).
 
 TERN_FUZZ_SECONDS (default 90) is split between the server and the router. The run prints each target's
-inputs tried and time taken. A crash or a 500 fails the run and prints the input as a bytes literal, to be
+inputs tried and time taken (and writes them to TERN_FUZZ_SUMMARY, which scripts/test prints). A crash or a 500 fails the run and prints the input as a bytes literal, to be
 added to regressions.py, which is replayed first on every run.
 """
 import json
@@ -209,7 +209,12 @@ def test_regressions_then_a_bounded_fuzz_run(targets):
         for name, data in CASES:
             t.check(data)
         print(f"[fuzz] {t.name}: {len(CASES)} regression cases pass")
+    lines = []
     for t in targets:
         before = t.inputs
         took = fuzz(t, BUDGET / len(targets))
-        print(f"[fuzz] {t.name}: {t.inputs - before} inputs in {took:.1f} s, no crash, no 500")
+        lines.append(f"[fuzz] {t.name}: {t.inputs - before} inputs in {took:.1f} s, no crash, no 500")
+        print(lines[-1])
+    if os.environ.get("TERN_FUZZ_SUMMARY"):  # scripts/test prints it after the tests (ctest hides passing output)
+        with open(os.environ["TERN_FUZZ_SUMMARY"], "w") as f:
+            f.write("\n".join(lines) + "\n")

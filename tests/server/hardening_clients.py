@@ -7,6 +7,8 @@ import resource
 import socket
 import time
 
+from load_test import rss_bytes  # noqa: F401  (one reader of VmRSS for the server tests)
+
 LOCAL = "127.0.0.1"
 
 
@@ -64,14 +66,6 @@ def sdk(url, source=LOCAL, api_key="none", timeout=120):
     import openai
     http = httpx2.Client(transport=httpx2.HTTPTransport(local_address=source), timeout=timeout)
     return openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=timeout, http_client=http)
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def cpu_seconds(pid):
