@@ -402,6 +402,8 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   size_t reserved_ = 0;  // request-body budget held
   bool keep_alive_ = true, in_exchange_ = false, done_ = false, ending_ = false, writing_ = false;
   bool gone_ = false, watching_ = false, resume_after_watch_ = false;
+  // waiting_: for the first byte of a request (evictable); served_: a request head has arrived (the idle
+  // timeout applies from then on); linger_: the answer refuses a request whose body may still come.
   bool waiting_ = false, served_ = false, closed_ = false, linger_ = false, lingering_ = false;
 };
 

@@ -5,15 +5,13 @@ addresses as distinct clients)."""
 import json
 import re
 import signal
-import socket
-import subprocess
 import threading
 import time
 
 import openai
 import pytest
 
-from conftest import TERN_BIN, Server, metric, wait_for
+from conftest import Server, metric, wait_for
 from hardening_clients import (closed_within, connect, cpu_seconds, exchange, nested, raise_file_limit, rss_bytes,
                                sdk, status_of, timed)
 
@@ -335,7 +333,6 @@ def test_a_client_cannot_hold_more_than_its_token_limit():
     s = Server("--state-memory", "64M", "--max-client-tokens", "3000", "--max-model-len", "1024")
     try:
         a = sdk(s.url, source="127.0.0.2")
-        done = []
         body = dict(model=s.model, prompt="hi", max_tokens=1000, extra_body={"ignore_eos": True}, stream=True)
         streams = [a.completions.create(**body) for _ in range(2)]  # 2 x ~1 001 tokens in flight
         with pytest.raises(openai.RateLimitError) as e:
@@ -345,7 +342,6 @@ def test_a_client_cannot_hold_more_than_its_token_limit():
         assert b.completions.create(model=s.model, prompt="hi", max_tokens=2).usage.completion_tokens == 2
         for st in streams:
             st.close()
-        done.append(True)
     finally:
         s.stop()
 
