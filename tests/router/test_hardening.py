@@ -117,3 +117,25 @@ def test_a_server_back_from_an_open_circuit_takes_every_concurrent_request():
     finally:
         r.stop()
         s.stop()
+
+
+def test_servers_count_tokens_per_client_behind_the_router():
+    """The router appends the client's address to X-Forwarded-For; a server that trusts the router
+    (--forwarded-allow-ips) bounds each client's tokens in flight (--max-client-tokens) on its own, so one
+    client's streams cannot use up another's share."""
+    s = serve("both", "--forwarded-allow-ips", "127.0.0.1", "--max-client-tokens", "3000", "--max-model-len", "1024")
+    r = route("--server", s.url, "--retries", "0")
+    try:
+        from cluster import SseStream
+        body = {"prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
+        held = [SseStream(r.url, "/v1/completions", body, source="127.0.0.2") for _ in range(2)]
+        assert all(h.status == 200 for h in held)
+        status, err = post(r.url, "/v1/completions", {**body, "max_tokens": 1010}, source="127.0.0.2")
+        assert status == 429 and "--max-client-tokens" in err["error"]["message"], err
+        status, _ = post(r.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, source="127.0.0.3")
+        assert status == 200
+        for h in held:
+            h.conn.close()
+    finally:
+        r.stop()
+        s.stop()
