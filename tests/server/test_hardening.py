@@ -352,7 +352,7 @@ def test_a_large_batch_does_not_starve_an_interactive_client():
     fraction of A's time, instead of queueing behind all of A's sequences."""
     s = Server("--state-memory", "64M", "--max-running", "16", "--max-model-len", "1024")
     try:
-        a = sdk(s.url, source="127.0.0.2")
+        a = sdk(s.url, source="127.0.0.2", timeout=600)
         result = {}
 
         def batch():
