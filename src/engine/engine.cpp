@@ -61,6 +61,11 @@ std::string Engine::memory_plan() const {
              " tokens, ", options_.limits.max_running, " sequences");
 }
 
+int64_t Engine::state_capacity_tokens() const {
+  const PageGeometry g = pool_.geometry();
+  return std::max<int64_t>(0, pool_.total_pages() - g.fixed_pages) * g.tokens_per_page;
+}
+
 std::unique_ptr<Engine::Sequence> Engine::make_sequence(GenerationRequest request, UpdateSink sink) {
   const auto& p = request.prompt;
   TERN_CHECK(!p.empty(), "the prompt is empty");
@@ -209,7 +214,7 @@ std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids) const
   out.reserve(ids.size());
   for (uint64_t id : ids) {
     const Sequence& s = *seqs_.at(id);
-    out.push_back({id, static_cast<int64_t>(s.tokens.size()), s.num_computed, pool_.pages_held(id)});
+    out.push_back({id, static_cast<int64_t>(s.tokens.size()), s.num_computed, pool_.pages_held(id), s.request.client});
   }
   return out;
 }
@@ -254,8 +259,8 @@ void Engine::apply_plan(const BatchPlan& plan) {
     metrics_.preemptions_total += plan.preempted.size();
   }
   for (uint64_t id : plan.admitted) {
-    TERN_CHECK(!waiting_.empty() && waiting_.front() == id, "scheduler admitted out of order");
-    waiting_.pop_front();
+    // Admission is fair across clients, so not always the front of the queue.
+    TERN_CHECK(std::erase(waiting_, id) == 1, "scheduler admitted request ", id, ", which is not waiting");
     Sequence& s = *seqs_.at(id);
     s.state = RequestState::prefilling;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), id), id);

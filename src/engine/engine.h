@@ -72,6 +72,9 @@ class Engine {
   // State positions a request's sequence is opened with (prompt + max_tokens, within the context): a
   // prefill and a decode engine must agree on it to move the state.
   int64_t capacity_for(int64_t prompt_len, int64_t max_tokens) const;
+  // Tokens of context the whole state memory holds (one sequence with every page): the default bound of
+  // what one request, and one client, may hold in flight (server/admission.h).
+  int64_t state_capacity_tokens() const;
   const ModelRunner& runner() const { return *runner_; }
   const StatePool& pool() const { return pool_; }
   const EngineOptions& options() const { return options_; }

@@ -39,6 +39,9 @@ struct GenerationRequest {
   // Prefill role: after the prompt, sample the first token, export the state (RequestUpdate::handover)
   // and finish with FinishReason::handover; a decode engine continues it (engine/handover.h).
   bool handover = false;
+  // Who asked (a key of the client, 0: unknown): the scheduler shares running slots fairly between
+  // clients (scheduler.h).
+  uint64_t client = 0;
 };
 
 // handover: the request's state and first token moved to another engine (prefill role).

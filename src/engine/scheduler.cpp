@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <map>
 
 namespace tern::engine {
 
@@ -12,17 +13,39 @@ int64_t BatchPlan::num_tokens() const {
 
 namespace {
 
+// Interleaves `items` (in their order) so that each client's first comes before anyone's second:
+// round r holds the r-th item of every client, clients in the order of their first item.
+template <class ClientOf>
+std::vector<size_t> round_robin(const std::vector<size_t>& items, ClientOf client_of) {
+  std::vector<std::vector<size_t>> by_client;
+  std::map<uint64_t, size_t> slot;
+  for (size_t i : items) {
+    auto [it, fresh] = slot.try_emplace(client_of(i), by_client.size());
+    if (fresh) by_client.emplace_back();
+    by_client[it->second].push_back(i);
+  }
+  std::vector<size_t> out;
+  for (size_t round = 0; out.size() < items.size(); ++round)
+    for (const auto& list : by_client)
+      if (round < list.size()) out.push_back(list[round]);
+  return out;
+}
+
 // Working state of one schedule() call.
 class Planner {
  public:
   explicit Planner(const SchedulerInput& in)
-      : in_(in), free_(in.free_pages), budget_(in.limits.token_budget), slots_(in.running.size()) {}
+      : in_(in), free_(in.free_pages), budget_(in.limits.token_budget), slots_(in.running.size()) {
+    for (const auto& s : in.running) ++running_of_[s.client];
+  }
 
   BatchPlan run() {
-    for (size_t i = 0; i < slots_.size(); ++i)
+    std::vector<size_t> prefilling;
+    for (size_t i = 0; i < slots_.size(); ++i) {
       if (remaining(i) == 1) schedule_running(i);
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (remaining(i) > 1) schedule_running(i);
+      else if (remaining(i) > 1) prefilling.push_back(i);
+    }
+    for (size_t i : round_robin(prefilling, [&](size_t j) { return in_.running[j].client; })) schedule_running(i);
     admit_waiting();
     plan_.chunks.erase(std::remove_if(plan_.chunks.begin(), plan_.chunks.end(),
                                       [](const PlannedChunk& c) { return c.count == 0; }),
@@ -52,21 +75,43 @@ class Planner {
     budget_ -= count;
   }
 
-  // Frees pages by preempting the youngest running sequences until `need` fit. False when `i`
-  // itself had to go (preempted, or out of memory when it was the last one).
+  // The client with the most running sequences now (ties: the one whose youngest is youngest).
+  uint64_t busiest_client() const {
+    uint64_t best = 0;
+    int64_t most = -1;
+    for (size_t j = slots_.size(); j-- > 0;) {
+      if (slots_[j].gone) continue;
+      const uint64_t c = in_.running[j].client;
+      if (running_of_.at(c) > most) {
+        most = running_of_.at(c);
+        best = c;
+      }
+    }
+    return best;
+  }
+
+  // The youngest live running sequence of the busiest client (slots_.size() when none is live).
+  size_t victim() const {
+    const uint64_t c = busiest_client();
+    for (size_t j = slots_.size(); j-- > 0;)
+      if (!slots_[j].gone && in_.running[j].client == c) return j;
+    return slots_.size();
+  }
+
+  // Frees pages by preempting running sequences (victim()) until `need` fit. False when `i` itself
+  // had to go (preempted, or out of memory when it was the last one).
   bool make_room(size_t i, int64_t need) {
     while (need > free_) {
-      size_t victim = slots_.size();
-      for (size_t j = slots_.size(); j-- > 0;)
-        if (!slots_[j].gone) { victim = j; break; }
-      if (victim == i && live_count() == 1) {
+      const size_t v = victim();
+      if (v == i && live_count() == 1) {
         slots_[i].gone = true;
+        --running_of_[in_.running[i].client];
         free_ += in_.running[i].pages_held;
         plan_.out_of_memory.push_back(in_.running[i].id);
         return false;
       }
-      preempt(victim);
-      if (victim == i) return false;
+      preempt(v);
+      if (v == i) return false;
     }
     slots_[i].grown = std::max<int64_t>(need, 0);
     free_ -= slots_[i].grown;
@@ -76,6 +121,7 @@ class Planner {
   void preempt(size_t j) {
     Slot& slot = slots_[j];
     slot.gone = true;
+    --running_of_[in_.running[j].client];
     free_ += in_.running[j].pages_held + slot.grown;
     if (slot.chunk >= 0) {
       budget_ += plan_.chunks[slot.chunk].count;
@@ -88,20 +134,54 @@ class Planner {
     return static_cast<size_t>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.gone; }));
   }
 
+  bool fits(int64_t need, size_t running) const {
+    return running < static_cast<size_t>(in_.limits.max_running) && need <= free_ - in_.limits.admission_reserve_pages;
+  }
+
+  // Fair share for `client`'s next sequence: preempts the busiest client's youngest sequences while it
+  // holds at least two more running sequences than `client`, until `need` pages and a slot are free.
+  bool claim_share(uint64_t client, int64_t need, size_t& running) {
+    while (!fits(need, running)) {
+      const size_t v = victim();
+      if (v == slots_.size()) return false;
+      const uint64_t busiest = in_.running[v].client;
+      if (busiest == client || running_of_[busiest] < running_of_[client] + 2) return false;
+      preempt(v);
+      --running;
+    }
+    return true;
+  }
+
   void admit_waiting() {
     if (!plan_.preempted.empty() || !plan_.out_of_memory.empty()) return;  // memory is tight: no admission
     size_t running = live_count();
-    for (const SchedSeq& w : in_.waiting) {
-      if (running >= static_cast<size_t>(in_.limits.max_running)) break;
-      const int64_t count = chunk_size(w.num_tokens - w.num_computed);
-      if (count <= 0) break;
-      const int64_t need = in_.geometry.pages_for(w.num_computed + count) - w.pages_held;
-      if (need > free_ - in_.limits.admission_reserve_pages) break;
+    // Each client's waiting sequences in queue order; the next admitted always comes from the client
+    // with the fewest running sequences (ties: the one that has waited longest).
+    std::map<uint64_t, std::vector<size_t>> queue;
+    for (size_t w = 0; w < in_.waiting.size(); ++w) queue[in_.waiting[w].client].push_back(w);
+    std::map<uint64_t, size_t> next;
+    for (;;) {
+      const SchedSeq* w = nullptr;
+      for (const auto& [client, list] : queue) {
+        const size_t k = next[client];
+        if (k == list.size()) continue;
+        const SchedSeq* head = &in_.waiting[list[k]];
+        if (!w || running_of_[client] < running_of_[w->client] ||
+            (running_of_[client] == running_of_[w->client] && list[k] < static_cast<size_t>(w - in_.waiting.data())))
+          w = head;
+      }
+      if (!w) return;
+      const int64_t count = chunk_size(w->num_tokens - w->num_computed);
+      if (count <= 0) return;
+      const int64_t need = in_.geometry.pages_for(w->num_computed + count) - w->pages_held;
+      if (!claim_share(w->client, need, running)) return;
       free_ -= need;
       budget_ -= count;
       ++running;
-      plan_.admitted.push_back(w.id);
-      plan_.chunks.push_back({w.id, w.num_computed, count, w.num_computed + count == w.num_tokens});
+      ++running_of_[w->client];
+      ++next[w->client];
+      plan_.admitted.push_back(w->id);
+      plan_.chunks.push_back({w->id, w->num_computed, count, w->num_computed + count == w->num_tokens});
     }
   }
 
@@ -109,6 +189,7 @@ class Planner {
   int64_t free_;
   int64_t budget_;
   std::vector<Slot> slots_;
+  std::map<uint64_t, int64_t> running_of_;  // live running sequences per client, admissions included
   BatchPlan plan_;
 };
 

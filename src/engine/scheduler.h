@@ -1,14 +1,20 @@
 // The scheduler: a pure function from (running and waiting sequences, free state pages, token budget)
 // to the next step's batch plan. No model, no clock, no threads: unit tests drive it with plain structs.
 //
-// Policy (continuous batching with chunked prefill):
+// Policy (continuous batching with chunked prefill, fair across clients):
 //  1. every running sequence that is decoding gets its next token (oldest first);
-//  2. running sequences still prefilling get the next chunk of their prompt, within the token budget;
-//  3. waiting sequences are admitted first come first served while the budget, the running cap and the
-//     free pages allow (admission never preempts; a head that does not fit blocks the queue);
-//  4. when a running sequence needs a page and none is free, the youngest running sequence is preempted
-//     (its pages freed, recomputed later from its tokens); a sequence that cannot grow even alone is
-//     reported out of memory.
+//  2. running sequences still prefilling get the next chunk of their prompt within the token budget,
+//     round-robin across clients (each client's oldest first);
+//  3. waiting sequences are admitted while the budget, the running cap and the free pages allow, the
+//     next one always from the client with the fewest running sequences (first come first served
+//     within a client, and among clients with as many); a head that does not fit blocks admission;
+//  4. fair share: when that client's head finds no running slot or no pages, the youngest sequence of
+//     the client with the most running sequences is preempted for it, as long as that client holds at
+//     least two more than this one, so one client's large batch cannot keep the others waiting;
+//  5. when a running sequence needs a page and none is free, the youngest sequence of the client with
+//     the most running sequences is preempted (its pages freed, recomputed later from its tokens); a
+//     sequence that cannot grow even alone is reported out of memory.
+// With one client (client 0 everywhere) this is first come first served.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@ struct SchedSeq {
   int64_t num_tokens = 0;    // known tokens: prompt + generated so far
   int64_t num_computed = 0;  // tokens already folded into the state
   int64_t pages_held = 0;
+  uint64_t client = 0;  // who asked for it: sequences are shared fairly between clients
 };
 
 struct SchedulerLimits {
@@ -50,8 +57,8 @@ struct PlannedChunk {
 
 struct BatchPlan {
   std::vector<PlannedChunk> chunks;     // running sequences first, then admitted ones
-  std::vector<uint64_t> admitted;       // waiting -> running, in order
-  std::vector<uint64_t> preempted;      // running -> waiting (front), youngest first
+  std::vector<uint64_t> admitted;       // waiting -> running, in order (fair: not always the queue's front)
+  std::vector<uint64_t> preempted;      // running -> waiting (front), in the order they were chosen
   std::vector<uint64_t> out_of_memory;  // cannot grow even alone: finish them
   int64_t num_tokens() const;
   bool empty() const { return chunks.empty() && preempted.empty() && out_of_memory.empty(); }

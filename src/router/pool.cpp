@@ -18,8 +18,7 @@ const char* pool_name(PoolKind k) {
 
 bool ServerState::available(Clock::time_point now, const BreakerOptions& b) const {
   if (!healthy) return false;
-  if (!open) return true;
-  return !trial && now - opened_at >= b.cooldown;
+  return !open || now - opened_at >= b.cooldown;
 }
 
 void parse_server_url(const std::string& url, std::string& host, uint16_t& port) {
@@ -61,15 +60,16 @@ bool Pool::any_available(Clock::time_point now) const {
 }
 
 ServerState* Pool::pick(std::string_view key, const std::vector<const ServerState*>& avoid, Clock::time_point now) {
-  std::vector<Candidate> fresh, all;
+  // Tiers, best first: not avoided and not on trial; not avoided; avoided and not on trial; the rest.
+  std::vector<Candidate> tiers[4];
   for (const auto& s : servers_) {
     if (!s->available(now, breaker_)) continue;
-    const Candidate c{s->url, s->index, s->load_tokens, s->in_flight};
-    all.push_back(c);
-    if (std::find(avoid.begin(), avoid.end(), s.get()) == avoid.end()) fresh.push_back(c);
+    const bool avoided = std::find(avoid.begin(), avoid.end(), s.get()) != avoid.end();
+    tiers[(avoided ? 2 : 0) + (s->on_trial() ? 1 : 0)].push_back({s->url, s->index, s->load_tokens, s->in_flight});
   }
-  auto& from = fresh.empty() ? all : fresh;
-  if (from.empty()) return nullptr;
+  const auto tier = std::find_if(std::begin(tiers), std::end(tiers), [](const auto& t) { return !t.empty(); });
+  if (tier == std::end(tiers)) return nullptr;
+  auto& from = *tier;
   ServerState* s = servers_[from[choose(policy_, from, key, state_)].index].get();
   if (s->open) s->trial = true;
   return s;

@@ -2,8 +2,10 @@
 // of each: health (from /health and /pd/info), a circuit breaker (from request outcomes) and load (from
 // its own in-flight requests). A server is available when healthy and its breaker lets requests through.
 //
-// Circuit breaker: `failures` consecutive failed requests open it for `cooldown`; then one trial request
-// goes through (half-open): success closes it, failure opens it again.
+// Circuit breaker: `failures` consecutive failed requests open it for `cooldown`; then it is half-open:
+// the first request to it is its trial (success closes it, failure opens it again). While the trial
+// runs, other requests go to other servers; when there is none, they join the trial rather than being
+// refused (a server that came back with /health 200 must not answer 503 to all but one request).
 #pragma once
 
 #include <chrono>
@@ -41,7 +43,7 @@ struct ServerState {
   // breaker
   int consecutive_failures = 0;
   bool open = false;
-  bool trial = false;  // half-open: the one trial request is in flight
+  bool trial = false;  // half-open: the trial request is in flight
   Clock::time_point opened_at;
   // load
   int64_t in_flight = 0;
@@ -49,7 +51,9 @@ struct ServerState {
   // counters
   uint64_t requests = 0, failures = 0;
 
+  // Healthy, and its circuit closed or half-open (cooled down).
   bool available(Clock::time_point now, const BreakerOptions& b) const;
+  bool on_trial() const { return open && trial; }
 };
 
 // "http://host:port" (numeric host) -> host, port; throws tern::Error naming the problem.
@@ -63,8 +67,8 @@ class Pool {
   std::vector<std::unique_ptr<ServerState>>& servers() { return servers_; }
   const std::vector<std::unique_ptr<ServerState>>& servers() const { return servers_; }
   bool any_available(Clock::time_point now) const;
-  // An available server, preferring those not in `avoid` (servers that failed this request already);
-  // nullptr when none is available. Marks a half-open server's trial.
+  // An available server, preferring those not in `avoid` (servers that failed this request already),
+  // then those not on trial; nullptr when none is available. Marks a half-open server's trial.
   ServerState* pick(std::string_view affinity_key, const std::vector<const ServerState*>& avoid, Clock::time_point now);
   void succeeded(ServerState& s);
   void failed(ServerState& s, const std::string& why, Clock::time_point now);

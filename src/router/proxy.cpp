@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "server/schemas.h"
@@ -11,13 +12,27 @@ namespace tern::router {
 
 using nlohmann::json;
 
+namespace {
+
+// A request body, a server's answer or a stream event, read under the JSON limits (a discarded value
+// when it is not JSON or is over them).
+json parse_event(std::string_view text) {
+  try {
+    return parse_bounded<json>(text);
+  } catch (const JsonLimitError&) {
+    return json(json::value_t::discarded);
+  }
+}
+
+}  // namespace
+
 RouteInfo route_info(const std::string& target, const std::string& body) {
   RouteInfo info;
   const std::string path = target.substr(0, target.find('?'));
   info.generation = path == "/v1/completions" || path == "/v1/chat/completions";
   info.prompt_tokens = static_cast<int64_t>(body.size() / 4);
   info.load_tokens = info.prompt_tokens + 16;
-  const json j = json::parse(body, nullptr, false);
+  const json j = parse_event(body);  // over the JSON limits: the server answers it (a 400 naming the field)
   if (j.is_discarded() || !j.is_object()) return info;
   std::string prompt;
   if (auto m = j.find("messages"); m != j.end()) prompt = m->dump();
@@ -43,6 +58,10 @@ std::vector<std::pair<std::string, std::string>> ProxyJob::headers(uint64_t room
   std::vector<std::pair<std::string, std::string>> h{{"Content-Type", "application/json"}};
   const auto& key = router_.options().upstream_api_key;
   if (!key.empty()) h.emplace_back("Authorization", "Bearer " + key);
+  // The client as this router saw it, appended as proxies do; servers that list this router in
+  // --forwarded-allow-ips count the request for that client (admission, fair scheduling).
+  h.emplace_back("X-Forwarded-For",
+                 request_.forwarded_for.empty() ? request_.peer : request_.forwarded_for + ", " + request_.peer);
   if (room) h.emplace_back("X-Tern-Room", transfer::room_hex(room));
   if (!bootstrap.empty()) h.emplace_back("X-Tern-Bootstrap", bootstrap);
   return h;
@@ -118,7 +137,7 @@ void ProxyJob::on_body(std::string_view bytes) {
   for (auto& e : events) {
     if (!a_ || done_) return;
     if (!committed_) {
-      const json j = json::parse(e, nullptr, false);
+      const json j = parse_event(e);
       if (j.is_object() && j.contains("error")) {
         const json& err = j["error"];
         const std::string why = err.is_object() ? err.value("message", err.dump()) : err.dump();
@@ -171,7 +190,7 @@ void ProxyJob::on_end(const std::string& error, bool connect_failed) {
     return finish(st == 200);
   }
   const bool blame = st >= 500 && st != 503;
-  const json j = json::parse(a.body, nullptr, false);
+  const json j = parse_event(a.body);
   std::string why = cat("HTTP ", st);
   if (j.is_object() && j.contains("error") && j["error"].is_object()) why += ": " + j["error"].value("message", "");
   release_server(false, blame, why);
@@ -184,7 +203,7 @@ void ProxyJob::on_prefill_end(int status, const std::string& body, const std::st
   if (connect_failed) router_.server_down(*a_->prefill, error);
   std::string why = error;
   if (why.empty()) {
-    const json j = json::parse(body, nullptr, false);
+    const json j = parse_event(body);
     why = cat("HTTP ", status);
     if (j.is_object() && j.contains("error") && j["error"].is_object()) why += ": " + j["error"].value("message", "");
   }

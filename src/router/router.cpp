@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "router/proxy.h"
@@ -86,7 +87,12 @@ void Router::check_server(ServerState& s) {
     if (status != 200) return server_down(s, cat("/health answered ", status));
     fetch("/pd/info", [this, &s](int status, std::string body, std::string error) {
       if (!error.empty() || status != 200) return server_down(s, error.empty() ? cat("/pd/info answered ", status) : error);
-      const json j = json::parse(body, nullptr, false);
+      json j;
+      try {
+        j = parse_bounded<json>(body);
+      } catch (const JsonLimitError& e) {
+        return server_down(s, cat("/pd/info: ", e.what()));
+      }
       if (!j.is_object()) return server_down(s, "/pd/info is not a JSON object");
       server_up(s, j.value("role", ""), j.contains("bootstrap") && j["bootstrap"].is_string() ? j["bootstrap"].get<std::string>() : "",
                 j.value("model", ""), j.value("max_model_len", int64_t{0}));
@@ -126,16 +132,40 @@ void Router::server_down(ServerState& s, const std::string& why) {
 }
 
 void Router::reply_error(server::Exchange& ex, int status, const std::string& message, const std::string& type) {
-  const server::ApiError e(status, message, "", type);
-  server::Headers h;
-  if (status == 429 || status == 503) h.emplace_back("Retry-After", "1");
-  if (status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
-  ex.reply(status, "application/json", server::render_error(e), h);
+  fail(ex, server::ApiError(status, message, "", type));
+}
+
+void Router::fail(server::Exchange& ex, const server::ApiError& e) {
+  ex.reply(e.status, "application/json", server::render_error(e), server::error_headers(e));
+}
+
+void Router::preflight(const server::HttpRequest& request) const {
+  const std::string path = request.target.substr(0, request.target.find('?'));
+  if (path == "/health" || path == "/metrics") return;
+  const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
+                     path == "/detokenize" || path == "/v1/models";
+  if (!known) throw server::ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
+  if (!server::bearer_authorized(request.authorization, options_.api_key))
+    throw server::ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error",
+                           "invalid_api_key");
+  if (draining_) throw server::ApiError(503, "the router is shutting down", "", "unavailable");
+  if (!ready_) throw server::ApiError(503, "no server is up yet", "", "unavailable");
+}
+
+std::optional<server::Refusal> Router::check_head(const server::HttpRequest& head) const {
+  try {
+    preflight(head);
+    return std::nullopt;
+  } catch (const server::ApiError& e) {
+    return server::Refusal{e.status, server::render_error(e), server::error_headers(e)};
+  }
 }
 
 void Router::handle(server::HttpRequest&& request, std::shared_ptr<server::Exchange> exchange) {
   try {
     route(request, exchange);
+  } catch (const server::ApiError& e) {
+    fail(*exchange, e);
   } catch (const std::exception& e) {
     log::error("router: internal error on ", request.method, " ", request.target, ": ", e.what());
     reply_error(*exchange, 500, cat("internal error: ", e.what()), "internal_server_error");
@@ -156,13 +186,7 @@ void Router::route(const server::HttpRequest& request, const std::shared_ptr<ser
     if (m != "GET") return reply_error(*exchange, 405, "use GET /metrics", "invalid_request_error");
     return exchange->reply(200, "text/plain; version=0.0.4", render_metrics());
   }
-  const bool generation = path == "/v1/completions" || path == "/v1/chat/completions";
-  const bool forwarded = generation || path == "/tokenize" || path == "/detokenize";
-  if (!forwarded && path != "/v1/models") return reply_error(*exchange, 404, cat("no route ", m, " ", path), "not_found_error");
-  if (!server::bearer_authorized(request.authorization, options_.api_key))
-    return reply_error(*exchange, 401, "a valid API key is required: Authorization: Bearer <key>", "authentication_error");
-  if (draining_) return reply_error(*exchange, 503, "the router is shutting down", "unavailable");
-  if (!ready_) return reply_error(*exchange, 503, "no server is up yet", "unavailable");
+  preflight(request);
   if (path == "/v1/models") {
     if (m != "GET") return reply_error(*exchange, 405, "use GET /v1/models", "invalid_request_error");
     return exchange->reply(200, "application/json", server::render_models(model_, static_cast<int64_t>(created_), max_model_len_));
@@ -202,6 +226,7 @@ std::string Router::render_metrics() const {
     out += fmt::format("tern:router_requests_total{{{},result=\"{}\"}} {}\n", l, name, v);
   prom_scalar(out, "router_retries_total", "counter", "Attempts retried before the first byte.", double(metrics_.retries), l);
   prom_scalar(out, "router_requests_in_flight", "gauge", "Client requests in flight.", double(jobs_.size()), l);
+  out += server::render_http_metrics(http_.stats(), l);
   server::prom_histogram(out, "router_first_byte_seconds", "Request arrival to the first byte sent to the client.",
                          metrics_.first_byte_seconds, l);
   server::prom_histogram(out, "router_request_seconds", "Request arrival to its end.", metrics_.request_seconds, l);
@@ -217,8 +242,10 @@ std::string Router::render_metrics() const {
        [](const ServerState& s, Clock::time_point t, const BreakerOptions& b) { return s.available(t, b) ? 1.0 : 0.0; }},
       {"router_server_healthy", "gauge", "1 when the last health check passed.",
        [](const ServerState& s, Clock::time_point, const BreakerOptions&) { return s.healthy ? 1.0 : 0.0; }},
-      {"router_server_circuit_open", "gauge", "1 while the circuit breaker is open.",
+      {"router_server_circuit_open", "gauge", "1 while the circuit breaker is open (half-open included).",
        [](const ServerState& s, Clock::time_point, const BreakerOptions&) { return s.open ? 1.0 : 0.0; }},
+      {"router_server_on_trial", "gauge", "1 while a half-open circuit's trial request is in flight.",
+       [](const ServerState& s, Clock::time_point, const BreakerOptions&) { return s.on_trial() ? 1.0 : 0.0; }},
       {"router_server_in_flight", "gauge", "Requests in flight on the server.",
        [](const ServerState& s, Clock::time_point, const BreakerOptions&) { return double(s.in_flight); }},
       {"router_server_load_tokens", "gauge", "Estimated tokens in flight on the server.",

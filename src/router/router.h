@@ -18,6 +18,7 @@
 #include "engine/metrics.h"
 #include "router/pool.h"
 #include "server/http.h"
+#include "server/schemas.h"
 
 namespace tern::router {
 
@@ -50,6 +51,9 @@ class Router {
   Router(RouterOptions options, server::HttpServer& http);
   ~Router();
   void handle(server::HttpRequest&& request, std::shared_ptr<server::Exchange> exchange);
+  // The HTTP layer's check of a request's head (server::HeadCheck): unknown routes, the API key,
+  // readiness and draining are answered before the body is read.
+  std::optional<server::Refusal> check_head(const server::HttpRequest& head) const;
   // Starts the health checks; `on_ready` is called once every pool has a server up.
   void start(std::function<void(const std::string& model)> on_ready);
   void set_draining() { draining_ = true; }
@@ -70,6 +74,8 @@ class Router {
 
  private:
   void route(const server::HttpRequest& request, const std::shared_ptr<server::Exchange>& exchange);
+  // Throws the ApiError a request gets from its head alone, or returns.
+  void preflight(const server::HttpRequest& request) const;
   void check_health();
   void check_server(ServerState& s);
   void server_up(ServerState& s, const std::string& role, const std::string& bootstrap, const std::string& model,
@@ -77,6 +83,7 @@ class Router {
   bool all_pools_up(Clock::time_point now) const;
   std::string render_metrics() const;
   void reply_error(server::Exchange& ex, int status, const std::string& message, const std::string& type);
+  void fail(server::Exchange& ex, const server::ApiError& e);
 
   RouterOptions options_;
   server::HttpServer& http_;

@@ -33,6 +33,7 @@ void GenerationJob::start() {
     // n > 1: each choice its own stream of random numbers, reproducible from the request's seed.
     if (r.sampling.seed && i > 0) r.sampling.seed = *r.sampling.seed + i;
     r.stop = params_.stop;
+    r.client = ctx_.client;
     try {
       engine::UpdateSink sink = [self, i](engine::RequestUpdate&& u) {
         self->ctx_.post([self, i, u = std::move(u)]() mutable { self->on_update(i, std::move(u)); });
@@ -79,7 +80,9 @@ ChoiceOut GenerationJob::delta_of(Choice& c, engine::RequestUpdate& u) {
   }
   d.tool_call_base = c.tool_calls;
   c.tool_calls += static_cast<int>(d.tool_calls.size());
-  if (u.finish != engine::FinishReason::none) {
+  // An aborted choice has no finish_reason ("abort" is not an OpenAI value): the response ends with an
+  // error instead (complete()).
+  if (u.finish == engine::FinishReason::stop || u.finish == engine::FinishReason::length) {
     const bool tools = c.tool_calls > 0 && u.finish == engine::FinishReason::stop;
     d.finish = tools ? "tool_calls" : engine::finish_reason_name(u.finish);
   }
@@ -94,6 +97,7 @@ void GenerationJob::on_update(size_t index, engine::RequestUpdate&& u) {
     failed_ = true;
     error_ = u.error;
   }
+  if (u.finish == engine::FinishReason::abort) aborted_ = true;
   ChoiceOut d = delta_of(c, u);
   if (params_.stream) {
     send_chunk(c, std::move(d));
@@ -138,9 +142,12 @@ Usage GenerationJob::usage() const {
 
 void GenerationJob::complete() {
   int status = 200;
-  if (timed_out_ || failed_) {
-    const ApiError e = failed_ ? ApiError(500, cat("generation failed: ", error_), "", "internal_server_error")
-                               : ApiError(504, "the request timed out (--request-timeout)", "", "timeout_error");
+  if (timed_out_ || failed_ || aborted_) {
+    // A choice aborted without a timeout was cut by shutdown (a client that left reads nothing).
+    const ApiError e = failed_      ? ApiError(500, cat("generation failed: ", error_), "", "internal_server_error")
+                       : timed_out_ ? ApiError(504, "the request timed out (--request-timeout)", "", "timeout_error")
+                                    : ApiError(503, "the server is shutting down: the request was cut short", "",
+                                               "unavailable");
     status = e.status;
     if (params_.stream) {
       exchange_->send(sse(render_error(e)));

@@ -25,6 +25,7 @@ struct JobContext {
   // Decode role: submits choice i's engine request in place of engine->submit (its state comes from a
   // prefill server; pd_service.cpp). Returns the engine id; throws like submit.
   std::function<uint64_t(size_t choice, engine::GenerationRequest, engine::UpdateSink)> submit;
+  uint64_t client = 0;  // the engine's fair-scheduling key of the request's client (admission.h)
 };
 
 // A request in flight, as the service drives it: started once, aborted when the client goes or the
@@ -90,6 +91,7 @@ class GenerationJob : public Job, public std::enable_shared_from_this<Generation
   size_t remaining_ = 0;
   bool timed_out_ = false;
   bool failed_ = false;
+  bool aborted_ = false;  // a choice ended with FinishReason::abort
   std::string error_;
 };
 

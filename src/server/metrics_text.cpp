@@ -82,7 +82,24 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
          double(s.client_disconnects_total), l);
   prom_scalar(out, "request_timeouts_total", "counter", "Requests aborted by the per-request timeout.",
          double(s.request_timeouts_total), l);
-  prom_scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(s.open_connections), l);
+  out += render_http_metrics(s.http, l);
+  prom_scalar(out, "admission_clients", "gauge", "Clients with tokens of state in flight.", double(s.admission_clients), l);
+  return out;
+}
+
+std::string render_http_metrics(const HttpStats& h, const std::string& l) {
+  std::string out;
+  prom_scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(h.open), l);
+  prom_scalar(out, "http_connections_evicted_total", "counter",
+              "Connections waiting for a request closed to make room for new ones (--max-connections).",
+              double(h.evicted_total), l);
+  prom_scalar(out, "http_connections_refused_total", "counter",
+              "New connections answered 503: every open one was inside a request (--max-connections).",
+              double(h.refused_total), l);
+  prom_scalar(out, "http_requests_busy_total", "counter", "Requests answered 503 from their head: no body budget left "
+              "(--max-buffered-mb).", double(h.busy_total), l);
+  prom_scalar(out, "http_buffered_bytes", "gauge", "Request-body bytes reserved now (--max-buffered-mb).",
+              double(h.buffered_bytes), l);
   return out;
 }
 

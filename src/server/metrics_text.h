@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/metrics.h"
+#include "server/http.h"
 #include "transfer/pd_common.h"
 
 namespace tern::server {
@@ -15,7 +16,8 @@ struct ServerCounters {
   uint64_t http_errors_5xx_total = 0;
   uint64_t client_disconnects_total = 0;
   uint64_t request_timeouts_total = 0;
-  int64_t open_connections = 0;
+  HttpStats http;  // the connection table and the request-body budget
+  size_t admission_clients = 0;
 };
 
 // Prometheus text helpers (names get the `tern:` prefix; `labels` is `k="v",...`).
@@ -25,6 +27,8 @@ void prom_histogram(std::string& out, const char* name, const char* help, const 
                     const std::string& labels);
 
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model);
+// The HTTP layer's connection table and request-body budget (`tern serve` and `tern route`).
+std::string render_http_metrics(const HttpStats& h, const std::string& labels);
 // Prefill-decode transfers of a prefill or decode server (`side`).
 std::string render_pd_metrics(const transfer::PdMetrics& m, const char* side, const std::string& model);
 

@@ -98,6 +98,7 @@ void PrefillJob::submit(size_t i) {
   if (r.sampling.seed && i > 0) r.sampling.seed = *r.sampling.seed + i;  // as GenerationJob: choice i, seed + i
   r.stop = params_.stop;
   r.handover = true;
+  r.client = ctx_.client;
   auto self = shared_from_this();
   choices_[i].engine_id = ctx_.engine->submit(std::move(r), [self, i](engine::RequestUpdate&& u) {
     if (u.finish == engine::FinishReason::none) return;

@@ -8,18 +8,27 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bounded_json.h"
 #include "engine/request.h"
 #include "server/api_types.h"
 
 namespace tern::server {
 
+// What one request may hold, field by field (docs/serving.md, "Limits"). The JSON limits hold for every
+// field, the others for the fields they name.
 struct ParseLimits {
   std::string model;        // the served model name; requests naming another get 404
   int64_t vocab_size = 0;
+  JsonLimits json;          // nesting depth, string bytes, array items, members, values (every field)
   int max_n = 16;
   int max_top_logprobs = 20;
   size_t max_stop = 16;
-  size_t max_prompts = 64;  // completions: prompts in one request
+  size_t max_prompts = 64;      // completions: prompts in one request
+  size_t max_messages = 4096;   // chat: messages
+  size_t max_tools = 128;       // chat: tools (OpenAI's limit)
+  size_t max_tool_calls = 128;  // chat: tool calls of one message
+  size_t max_name_bytes = 64;   // function names (OpenAI's limit)
+  size_t max_label_bytes = 256; // model, user, tool_call_id, message names, tool call ids
 };
 
 CompletionRequest parse_completion(std::string_view body, const ParseLimits& limits);
@@ -61,6 +70,8 @@ std::string render_chat_chunk(const ResponseHead& head, const ChoiceOut& choice,
 // The final include_usage chunk (choices empty); `object` is text_completion or chat.completion.chunk.
 std::string render_usage_chunk(const ResponseHead& head, const char* object, const Usage& usage);
 std::string render_error(const ApiError& e);
+// The headers an error answer carries: Retry-After with 429 and 503, WWW-Authenticate with 401.
+std::vector<std::pair<std::string, std::string>> error_headers(const ApiError& e);
 std::string render_models(const std::string& model, int64_t created, int64_t max_model_len);
 std::string render_tokenize(const std::vector<int32_t>& tokens, int64_t max_model_len);
 std::string render_detokenize(const std::string& text);

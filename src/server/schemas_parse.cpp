@@ -24,8 +24,15 @@ namespace {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
 
-json parse_object(std::string_view body) {
-  json j = json::parse(body, nullptr, false);
+// Every body is read by the bounded parser: a field nested or sized beyond the JSON limits is a 400 naming
+// it, and nothing later (dump(), copies) can recurse deeper than the limit.
+json parse_object(std::string_view body, const JsonLimits& limits) {
+  json j;
+  try {
+    j = parse_bounded<json>(body, limits);
+  } catch (const JsonLimitError& e) {
+    bad(e.where, e.what());
+  }
   if (j.is_discarded()) bad("", "the request body is not valid JSON");
   if (!j.is_object()) bad("", "the request body must be a JSON object");
   return j;
@@ -34,6 +41,31 @@ json parse_object(std::string_view body) {
 void check_text(const std::string& s, const std::string& param) {
   size_t tail = 0;
   if (engine::sanitize_utf8(s, false, &tail) != s || tail != 0) bad(param, cat("'", param, "' is not valid UTF-8"));
+}
+
+void check_length(const std::string& s, size_t max, const std::string& param) {
+  if (s.size() > max) bad(param, cat("'", param, "' is longer than ", max, " bytes"));
+}
+
+void check_count(const json& list, size_t max, const std::string& param, const char* what) {
+  if (list.size() > max) bad(param, cat("'", param, "' holds ", list.size(), " ", what, "; at most ", max));
+}
+
+// o[key] when o is an object and it is a string, else "" (json::value() throws on other types).
+std::string string_member(const json& o, const char* key) {
+  if (!o.is_object()) return {};
+  auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// JSON carried as text inside a request (a tool call's arguments) is held to the same limits: the chat
+// encoder parses and re-serialises it. Text that is not JSON is kept as it is.
+void check_json_text(const std::string& text, const std::string& param, const JsonLimits& limits) {
+  try {
+    parse_bounded<json>(text, limits);
+  } catch (const JsonLimitError& e) {
+    bad(param, cat("'", param, "' holds JSON that ", e.what()));
+  }
 }
 
 // Reads fields of one object, remembering which were used, so that unknown ones can be rejected.
@@ -72,11 +104,12 @@ class Fields {
     if (!v->is_boolean()) bad(name(key), cat("'", name(key), "' must be a boolean"));
     return v->get<bool>();
   }
-  std::optional<std::string> string(const std::string& key) {
+  std::optional<std::string> string(const std::string& key, size_t max_bytes = SIZE_MAX) {
     const json* v = get(key);
     if (!v) return std::nullopt;
     if (!v->is_string()) bad(name(key), cat("'", name(key), "' must be a string"));
     auto s = v->get<std::string>();
+    check_length(s, max_bytes, name(key));
     check_text(s, name(key));
     return s;
   }
@@ -109,7 +142,7 @@ std::vector<int32_t> token_list(const json& v, const std::string& param, int64_t
 }
 
 void parse_model(Fields& f, GenerationParams& p, const ParseLimits& limits) {
-  p.model = f.string("model").value_or(limits.model);
+  p.model = f.string("model", limits.max_label_bytes).value_or(limits.model);
   if (p.model != limits.model)
     throw ApiError(404, cat("The model '", p.model, "' does not exist; this server serves '", limits.model, "'"),
                    "model", "not_found_error", "model_not_found");
@@ -168,7 +201,7 @@ void parse_common(Fields& f, GenerationParams& p, const ParseLimits& limits) {
     sf.reject_unknown();
   }
   p.stop.ignore_eos = f.boolean("ignore_eos").value_or(false);
-  p.user = f.string("user").value_or("");
+  p.user = f.string("user", limits.max_label_bytes).value_or("");
   parse_stop(f, p, limits);
   f.default_only("logit_bias", [](const json& v) { return v.is_object() && v.empty(); });
   f.default_only("skip_special_tokens", [](const json& v) { return v == json(true); });
@@ -178,7 +211,7 @@ void parse_common(Fields& f, GenerationParams& p, const ParseLimits& limits) {
 }  // namespace
 
 CompletionRequest parse_completion(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_object(body);
+  const json j = parse_object(body, limits.json);
   Fields f(j);
   CompletionRequest r;
   parse_common(f, r.params, limits);
@@ -228,7 +261,7 @@ std::string message_content(const json& v, const std::string& param) {
   if (!v.is_array()) bad(param, cat("'", param, "' must be a string or a list of text parts"));
   std::string text;
   for (const auto& part : v) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+    if (string_member(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
       bad(param, cat("'", param, "' parts must be {\"type\": \"text\", \"text\": ...} (this model reads text only)"));
     text += part["text"].get<std::string>();
   }
@@ -236,24 +269,44 @@ std::string message_content(const json& v, const std::string& param) {
   return text;
 }
 
-std::vector<ToolCall> message_tool_calls(const json& v, const std::string& param) {
+// The history's tool calls, strictly typed: the chat encoder reads them again from the request's JSON.
+std::vector<ToolCall> message_tool_calls(const json& v, const std::string& param, const ParseLimits& limits) {
   if (!v.is_array()) bad(param, cat("'", param, "' must be a list"));
+  check_count(v, limits.max_tool_calls, param, "tool calls");
   std::vector<ToolCall> calls;
-  for (const auto& c : v) {
-    const json* fn = c.is_object() && c.contains("function") ? &c["function"] : nullptr;
-    if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
-      bad(param, cat("'", param, "' entries must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = cat(param, "[", i, "]");
+    const json* fn = v[i].is_object() ? &v[i] : nullptr;
+    if (fn) fn = v[i].contains("function") && v[i]["function"].is_object() ? &v[i]["function"] : nullptr;
+    if (!fn) bad(at, cat("'", at, "' must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
+    Fields c(v[i], at + ".");
     ToolCall call;
-    call.id = c.value("id", "");
-    call.name = (*fn)["name"].get<std::string>();
-    const json args = fn->value("arguments", json("{}"));
-    call.arguments = args.is_string() ? args.get<std::string>() : args.dump();
+    call.id = c.string("id", limits.max_label_bytes).value_or("");
+    if (c.string("type").value_or("function") != "function") bad(at + ".type", cat("'", at, ".type' must be function"));
+    c.get("function");
+    c.reject_unknown();
+    Fields f(*fn, at + ".function.");
+    call.name = f.string("name", limits.max_name_bytes).value_or("");
+    if (call.name.empty()) bad(at + ".function.name", cat("'", at, ".function.name' is required"));
+    const json* args = f.get("arguments");
+    if (!args) {
+      call.arguments = "{}";
+    } else if (args->is_string()) {
+      call.arguments = args->get<std::string>();
+      check_text(call.arguments, at + ".function.arguments");
+      check_json_text(call.arguments, at + ".function.arguments", limits.json);
+    } else if (args->is_object()) {
+      call.arguments = args->dump();  // depth bounded by the parser
+    } else {
+      bad(at + ".function.arguments", cat("'", at, ".function.arguments' must be a JSON string or object"));
+    }
+    f.reject_unknown();
     calls.push_back(std::move(call));
   }
   return calls;
 }
 
-ChatMessage parse_message(const json& m, size_t i) {
+ChatMessage parse_message(const json& m, size_t i, const ParseLimits& limits) {
   const std::string param = cat("messages[", i, "]");
   if (!m.is_object()) bad(param, cat("'", param, "' must be an object"));
   Fields f(m, param + ".");
@@ -264,27 +317,34 @@ ChatMessage parse_message(const json& m, size_t i) {
   if (const json* c = f.get("content")) msg.content = message_content(*c, param + ".content");
   else if (msg.role != "assistant") bad(param + ".content", cat("'", param, ".content' is required"));
   msg.reasoning_content = f.string("reasoning_content").value_or("");
-  if (const json* tc = f.get("tool_calls")) msg.tool_calls = message_tool_calls(*tc, param + ".tool_calls");
-  msg.tool_call_id = f.string("tool_call_id").value_or("");
-  msg.name = f.string("name").value_or("");
+  if (const json* tc = f.get("tool_calls")) msg.tool_calls = message_tool_calls(*tc, param + ".tool_calls", limits);
+  msg.tool_call_id = f.string("tool_call_id", limits.max_label_bytes).value_or("");
+  msg.name = f.string("name", limits.max_label_bytes).value_or("");
   f.reject_unknown();
   return msg;
 }
 
-std::vector<ToolSpec> parse_tools(const json& v) {
+std::vector<ToolSpec> parse_tools(const json& v, const ParseLimits& limits) {
   if (!v.is_array()) bad("tools", "'tools' must be a list");
+  check_count(v, limits.max_tools, "tools", "tools");
   std::vector<ToolSpec> tools;
   for (size_t i = 0; i < v.size(); ++i) {
     const json& t = v[i];
     const std::string param = cat("tools[", i, "]");
-    if (!t.is_object() || t.value("type", "function") != "function" || !t.contains("function") ||
+    if (!t.is_object() || (t.contains("type") && string_member(t, "type") != "function") || !t.contains("function") ||
         !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string())
       bad(param, cat("'", param, "' must be {\"type\": \"function\", \"function\": {\"name\", ...}}"));
     const json& fn = t["function"];
     ToolSpec spec;
     spec.name = fn["name"].get<std::string>();
-    spec.description = fn.value("description", "");
-    spec.parameters = fn.contains("parameters") ? fn["parameters"].dump() : "{}";
+    check_length(spec.name, limits.max_name_bytes, param + ".function.name");
+    if (fn.contains("description") && !fn["description"].is_string() && !fn["description"].is_null())
+      bad(param + ".function.description", cat("'", param, ".function.description' must be a string"));
+    spec.description = string_member(fn, "description");
+    const json* params = fn.contains("parameters") && !fn["parameters"].is_null() ? &fn["parameters"] : nullptr;
+    if (params && !params->is_object())
+      bad(param + ".function.parameters", cat("'", param, ".function.parameters' must be a JSON schema object"));
+    spec.parameters = params ? params->dump() : "{}";  // depth bounded by the parser
     tools.push_back(std::move(spec));
   }
   return tools;
@@ -306,17 +366,18 @@ std::string parse_tool_choice(const json& v, const std::vector<ToolSpec>& tools)
   bad("tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\"}}");
 }
 
-void keep_ordered_json(std::string_view body, ChatRequest& r) {
-  const auto o = nlohmann::ordered_json::parse(body);
+void keep_ordered_json(std::string_view body, ChatRequest& r, const ParseLimits& limits) {
+  const auto o = parse_bounded<nlohmann::ordered_json>(body, limits.json);  // checked already: within the limits
   r.messages_json = o.at("messages").dump();
   if (o.contains("tools") && !o["tools"].is_null()) r.tools_json = o["tools"].dump();
 }
 
-void parse_chat_fields(Fields& f, ChatRequest& r) {
+void parse_chat_fields(Fields& f, ChatRequest& r, const ParseLimits& limits) {
   const json* messages = f.get("messages");
   if (!messages || !messages->is_array() || messages->empty()) bad("messages", "'messages' must be a non-empty list");
-  for (size_t i = 0; i < messages->size(); ++i) r.messages.push_back(parse_message((*messages)[i], i));
-  if (const json* t = f.get("tools")) r.tools = parse_tools(*t);
+  check_count(*messages, limits.max_messages, "messages", "messages");
+  for (size_t i = 0; i < messages->size(); ++i) r.messages.push_back(parse_message((*messages)[i], i, limits));
+  if (const json* t = f.get("tools")) r.tools = parse_tools(*t, limits);
   if (const json* tc = f.get("tool_choice")) r.tool_choice = parse_tool_choice(*tc, r.tools);
   if (const json* k = f.get("chat_template_kwargs")) {
     if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -330,13 +391,13 @@ void parse_chat_fields(Fields& f, ChatRequest& r) {
     if (!efforts.count(*effort)) bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium, high or max");
     r.reasoning_effort = *effort;
   }
-  f.default_only("response_format", [](const json& v) { return v.is_object() && v.value("type", "") == "text"; });
+  f.default_only("response_format", [](const json& v) { return string_member(v, "type") == "text"; });
 }
 
 }  // namespace
 
 ChatRequest parse_chat(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_object(body);
+  const json j = parse_object(body, limits.json);
   Fields f(j);
   ChatRequest r;
   parse_common(f, r.params, limits);
@@ -344,14 +405,14 @@ ChatRequest parse_chat(std::string_view body, const ParseLimits& limits) {
   const auto top = f.integer("top_logprobs", 0, limits.max_top_logprobs);
   if (top && !r.params.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   if (r.params.logprobs) r.params.sampling.top_logprobs = static_cast<int>(top.value_or(0));
-  parse_chat_fields(f, r);
+  parse_chat_fields(f, r, limits);
   f.reject_unknown();
-  keep_ordered_json(body, r);
+  keep_ordered_json(body, r, limits);
   return r;
 }
 
 TokenizeRequest parse_tokenize(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_object(body);
+  const json j = parse_object(body, limits.json);
   Fields f(j);
   TokenizeRequest r;
   GenerationParams p;
@@ -362,8 +423,8 @@ TokenizeRequest parse_tokenize(std::string_view body, const ParseLimits& limits)
     r.prompt = *prompt;
   } else if (f.get("messages")) {
     ChatRequest chat;
-    parse_chat_fields(f, chat);
-    keep_ordered_json(body, chat);
+    parse_chat_fields(f, chat, limits);
+    keep_ordered_json(body, chat, limits);
     r.chat = std::move(chat);
   } else {
     bad("prompt", "'prompt' (a string) or 'messages' is required");
@@ -373,7 +434,7 @@ TokenizeRequest parse_tokenize(std::string_view body, const ParseLimits& limits)
 }
 
 DetokenizeRequest parse_detokenize(std::string_view body, const ParseLimits& limits) {
-  const json j = parse_object(body);
+  const json j = parse_object(body, limits.json);
   Fields f(j);
   DetokenizeRequest r;
   GenerationParams p;

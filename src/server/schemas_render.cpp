@@ -144,6 +144,13 @@ std::string render_error(const ApiError& e) {
                  {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}});
 }
 
+std::vector<std::pair<std::string, std::string>> error_headers(const ApiError& e) {
+  std::vector<std::pair<std::string, std::string>> h;
+  if (e.status == 429 || e.status == 503) h.emplace_back("Retry-After", "1");
+  if (e.status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
+  return h;
+}
+
 std::string render_models(const std::string& model, int64_t created, int64_t max_model_len) {
   return dump({{"object", "list"},
                {"data", json::array({{{"id", model},

@@ -1,6 +1,9 @@
 #include "server/service.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -20,7 +23,8 @@ std::string path_of(const std::string& target) { return target.substr(0, target.
 
 ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
                        PdContext pd)
-    : engine_(engine), codec_(codec), http_(http), options_(std::move(options)), pd_(std::move(pd)) {
+    : engine_(engine), codec_(codec), http_(http), options_(std::move(options)), pd_(std::move(pd)),
+      admission_(options_.admission) {
   limits_.model = options_.model_name;
   limits_.vocab_size = codec_.vocab_size();
 }
@@ -45,20 +49,36 @@ void ApiService::answer(Exchange& exchange, int status, std::string body, const 
   exchange.reply(status, kJson, std::move(body), headers);
 }
 
-void ApiService::fail(Exchange& exchange, const ApiError& e) {
-  Headers headers;
-  if (e.status == 429 || e.status == 503) headers.emplace_back("Retry-After", "1");
-  if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
-  answer(exchange, e.status, render_error(e), headers);
-}
+void ApiService::fail(Exchange& exchange, const ApiError& e) { answer(exchange, e.status, render_error(e), error_headers(e)); }
 
 bool ApiService::authorized(const HttpRequest& request) const {
   return bearer_authorized(request.authorization, options_.api_key);
 }
 
+void ApiService::preflight(const HttpRequest& request) const {
+  const std::string path = path_of(request.target);
+  if (path == "/health" || path == "/metrics" || path == "/pd/info") return;
+  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
+                     path == "/tokenize" || path == "/detokenize";
+  if (!known) throw ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
+  if (!authorized(request)) throw ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error", "invalid_api_key");
+  if (!ready_) throw ApiError(503, "the model is loading", "", "unavailable");
+  if (draining_) throw ApiError(503, "the server is shutting down", "", "unavailable");
+}
+
+std::optional<Refusal> ApiService::check_head(const HttpRequest& head) const {
+  try {
+    preflight(head);
+    return std::nullopt;
+  } catch (const ApiError& e) {
+    return Refusal{e.status, render_error(e), error_headers(e)};
+  }
+}
+
 void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   const std::string path = path_of(request.target);
   const std::string& m = request.method;
+  preflight(request);
   if (path == "/health") {
     if (m != "GET") throw ApiError(405, "use GET /health");
     if (!ready_ || draining_) throw ApiError(503, ready_ ? "the server is shutting down" : "the model is loading", "", "unavailable");
@@ -72,12 +92,6 @@ void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchang
     if (m != "GET") throw ApiError(405, "use GET /pd/info");
     return answer(*exchange, 200, pd_info());
   }
-  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
-                     path == "/tokenize" || path == "/detokenize";
-  if (!known) throw ApiError(404, cat("no route ", m, " ", path), "", "not_found_error");
-  if (!authorized(request)) throw ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error", "invalid_api_key");
-  if (!ready_) throw ApiError(503, "the model is loading", "", "unavailable");
-  if (draining_) throw ApiError(503, "the server is shutting down", "", "unavailable");
   if (path == "/v1/models") {
     if (m != "GET") throw ApiError(405, "use GET /v1/models");
     return answer(*exchange, 200, render_models(options_.model_name, options_.created, options_.max_model_len));
@@ -90,22 +104,34 @@ void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchang
   chat(request, exchange);
 }
 
-void ApiService::check_length(const GenerationParams& p, const std::vector<int32_t>& prompt) const {
+void ApiService::check_length(const GenerationParams& p, const std::vector<int32_t>& prompt, const char* param) const {
   const auto n = static_cast<int64_t>(prompt.size());
   if (n >= options_.max_model_len)
     throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; the prompt has ", n,
-                            " tokens"), "messages", "invalid_request_error", "context_length_exceeded");
+                            " tokens"), param, "invalid_request_error", "context_length_exceeded");
   if (p.max_tokens_given && n + p.stop.max_tokens > options_.max_model_len)
     throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; you requested ",
                             n + p.stop.max_tokens, " tokens (", n, " in the prompt, ", p.stop.max_tokens,
                             " for the completion)"), "max_tokens", "invalid_request_error", "context_length_exceeded");
 }
 
-// Without max_tokens: 16 for completions (OpenAI's default), the rest of the context for chat.
-void ApiService::fill_max_tokens(GenerationParams& p, const std::vector<int32_t>& prompt, bool chat) const {
-  check_length(p, prompt);
-  if (!p.max_tokens_given)
-    p.stop.max_tokens = chat ? options_.max_model_len - static_cast<int64_t>(prompt.size()) : 16;
+int64_t ApiService::state_tokens(GenerationParams& p, const std::vector<std::vector<int32_t>>& prompts,
+                                 std::string& what) const {
+  int64_t longest = 0;
+  for (const auto& t : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
+  const auto choices = static_cast<int64_t>(prompts.size()) * p.n;
+  const int64_t limit = options_.admission.max_request_tokens;
+  // A chat without max_tokens may use the rest of the context, within what one request may hold (not
+  // behind `tern route`: a prefill and a decode server must agree on max_tokens, and their limits may differ).
+  if (!p.max_tokens_given && limit > 0 && pd_.role == Role::both)
+    p.stop.max_tokens = std::max<int64_t>(1, std::min(p.stop.max_tokens, limit / choices - longest));
+  // A prefill server holds a prompt and its first token; the others its whole generation.
+  const int64_t generated = pd_.role == Role::prefill ? 1 : p.stop.max_tokens;
+  int64_t tokens = 0;
+  for (const auto& t : prompts) tokens += p.n * (static_cast<int64_t>(t.size()) + generated);
+  what = cat(prompts.size(), prompts.size() == 1 ? " prompt" : " prompts", " x n ", p.n, " x (prompt + max_tokens ",
+             generated, "), the longest prompt ", longest, " tokens");
+  return tokens;
 }
 
 ResponseHead ApiService::head(const char* prefix, const std::string& model) {
@@ -143,7 +169,7 @@ void ApiService::completions(const HttpRequest& request, const std::shared_ptr<E
   for (const auto& t : r.text_prompts) prompts.push_back(codec_.encode(t, true));
   for (const auto& p : prompts) {
     if (p.empty()) throw ApiError(400, "the prompt is empty", "prompt");
-    check_length(r.params, p);
+    check_length(r.params, p, "prompt");
   }
   if (!r.params.max_tokens_given) r.params.stop.max_tokens = 16;
   generate(false, request, exchange, std::move(r.params), std::move(prompts), nullptr);
@@ -152,7 +178,8 @@ void ApiService::completions(const HttpRequest& request, const std::shared_ptr<E
 void ApiService::chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   ChatRequest r = parse_chat(request.body, limits_);
   std::vector<int32_t> prompt = codec_.chat_prompt(r);
-  fill_max_tokens(r.params, prompt, true);
+  check_length(r.params, prompt, "messages");
+  if (!r.params.max_tokens_given) r.params.stop.max_tokens = options_.max_model_len - static_cast<int64_t>(prompt.size());
   std::vector<std::vector<int32_t>> prompts;
   prompts.push_back(std::move(prompt));
   generate(true, request, exchange, std::move(r.params), std::move(prompts), [&] { return codec_.output_parser(r); });
@@ -167,7 +194,29 @@ void ApiService::generate(bool chat, const HttpRequest& request, const std::shar
   if (!pd && pd_.role != Role::both)
     throw ApiError(400, cat("this is a ", role_name(pd_.role), " server (--role ", role_name(pd_.role),
                             "): requests come through `tern route` with X-Tern-Room"), "", "invalid_request_error");
-  JobContext ctx{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); }, [this](int) { --live_jobs_; }, nullptr};
+  std::string what;
+  const int64_t tokens = state_tokens(params, prompts, what);
+  const std::string client = client_of(request, options_.admission.trusted_proxies);
+  admission_.admit(client, tokens, what);
+  auto release = [this, client, tokens] { admission_.release(client, tokens); };
+  JobContext ctx{&engine_, &codec_, [this](auto fn) { http_.post(std::move(fn)); },
+                 [this, release](int) {
+                   --live_jobs_;
+                   release();
+                 },
+                 nullptr, client_key(client)};
+  try {
+    start_generation(chat, request, exchange, std::move(params), std::move(prompts), parser, std::move(ctx));
+  } catch (...) {
+    release();  // refused before it ran: nothing of it is in flight
+    throw;
+  }
+}
+
+void ApiService::start_generation(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+                                  GenerationParams params, std::vector<std::vector<int32_t>> prompts,
+                                  const std::function<std::unique_ptr<OutputParser>()>& parser, JobContext ctx) {
+  const bool pd = !request.tern_room.empty();
   uint64_t room = 0;
   if (pd) {
     try {
@@ -215,7 +264,8 @@ void ApiService::detokenize(const HttpRequest& request, Exchange& exchange) {
 
 std::string ApiService::metrics() const {
   ServerCounters c = counters_;
-  c.open_connections = static_cast<int64_t>(http_.connections());
+  c.http = http_.stats();
+  c.admission_clients = admission_.clients();
   std::string out = render_metrics(engine_.metrics(), c, options_.model_name);
   if (pd_.prefill) out += render_pd_metrics(pd_.prefill->metrics(), "prefill", options_.model_name);
   if (pd_.decode) out += render_pd_metrics(pd_.decode->metrics(), "decode", options_.model_name);
@@ -224,8 +274,14 @@ std::string ApiService::metrics() const {
 
 bool bearer_authorized(const std::string& authorization, const std::string& key) {
   if (key.empty()) return true;
-  const std::string prefix = "Bearer ";
-  const std::string given = authorization.compare(0, prefix.size(), prefix) == 0 ? authorization.substr(prefix.size()) : "";
+  // The scheme is case-insensitive (RFC 9110, 11.1); one or more spaces before the token.
+  static constexpr std::string_view scheme = "bearer";
+  const bool bearer = authorization.size() > scheme.size() && authorization[scheme.size()] == ' ' &&
+                      std::equal(scheme.begin(), scheme.end(), authorization.begin(), [](char a, char b) {
+                        return a == std::tolower(static_cast<unsigned char>(b));
+                      });
+  const size_t token = bearer ? authorization.find_first_not_of(' ', scheme.size()) : std::string::npos;
+  const std::string given = token == std::string::npos ? std::string() : authorization.substr(token);
   const size_t n = std::max(given.size(), key.size());
   unsigned char diff = given.size() == key.size() ? 0 : 1;
   for (size_t i = 0; i < n; ++i) {

@@ -9,7 +9,9 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/admission.h"
 #include "server/http.h"
+#include "server/job.h"
 #include "server/metrics_text.h"
 #include "server/pd_jobs.h"
 #include "server/schemas.h"
@@ -25,6 +27,7 @@ struct ServiceOptions {
   std::chrono::milliseconds request_timeout{600000};
   int64_t max_model_len = 0;
   int64_t created = 0;  // model creation time shown by /v1/models
+  AdmissionLimits admission;  // tokens of state per request and per client
 };
 
 class ApiService {
@@ -32,6 +35,9 @@ class ApiService {
   ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
              PdContext pd = {});
   void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
+  // The HTTP layer's check of a request's head, before its body is read (HeadCheck): unknown routes,
+  // the API key, loading and draining are answered from the head.
+  std::optional<Refusal> check_head(const HttpRequest& head) const;
   void set_ready() { ready_ = true; }
   void set_draining() { draining_ = true; }
   size_t live_jobs() const { return live_jobs_; }
@@ -39,6 +45,8 @@ class ApiService {
 
  private:
   void route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
+  // Throws the ApiError a request gets from its head alone (route, key, readiness), or returns.
+  void preflight(const HttpRequest& request) const;
   void answer(Exchange& exchange, int status, std::string body, const Headers& headers = {});
   void fail(Exchange& exchange, const ApiError& e);
   bool authorized(const HttpRequest& request) const;
@@ -51,9 +59,16 @@ class ApiService {
   // decoding only (decode).
   void generate(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange, GenerationParams params,
                 std::vector<std::vector<int32_t>> prompts, const std::function<std::unique_ptr<OutputParser>()>& parser);
+  // After admission: the job of this server's role, started.
+  void start_generation(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+                        GenerationParams params, std::vector<std::vector<int32_t>> prompts,
+                        const std::function<std::unique_ptr<OutputParser>()>& parser, JobContext ctx);
   std::string pd_info() const;
-  void check_length(const GenerationParams& p, const std::vector<int32_t>& prompt) const;
-  void fill_max_tokens(GenerationParams& p, const std::vector<int32_t>& prompt, bool chat) const;
+  // `param` is the request's field that holds the prompt: prompt (completions) or messages (chat).
+  void check_length(const GenerationParams& p, const std::vector<int32_t>& prompt, const char* param) const;
+  // Tokens of state the request may come to hold (prompts x n x (prompt + max_tokens)) and what they are,
+  // for admission; a chat without max_tokens gets the rest of the context within --max-request-tokens.
+  int64_t state_tokens(GenerationParams& p, const std::vector<std::vector<int32_t>>& prompts, std::string& what) const;
   ResponseHead head(const char* prefix, const std::string& model);
 
   engine::Engine& engine_;
@@ -62,6 +77,7 @@ class ApiService {
   ServiceOptions options_;
   PdContext pd_;
   ParseLimits limits_;
+  Admission admission_;
   bool ready_ = false;
   bool draining_ = false;
   size_t live_jobs_ = 0;

@@ -4,6 +4,7 @@
 #include <map>
 #include <vector>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 
 namespace tern::tokenizer {
@@ -247,7 +248,7 @@ std::string encode_arguments(const ordered_json& call, const std::string& where)
     args = raw;
   } else {
     const std::string text = raw.is_string() ? raw.get<std::string>() : raw.dump();
-    args = ordered_json::parse(text, nullptr, false);
+    args = parse_bounded<ordered_json>(text);  // over the JSON limits: an error (re-serialising recurses)
     if (args.is_discarded() || !args.is_object()) args = {{"arguments", text}};  // as the reference falls back
   }
   std::string out;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 
 namespace tern::transfer {
@@ -30,8 +31,26 @@ std::string RoomKey::name() const { return cat(room_hex(room), "/", index); }
 
 namespace {
 
+// A control message is small and flat: the parser's limits are set to what one can hold (the sampler
+// state is the longest string, the top logprobs the largest array), so a peer cannot make the parse or
+// anything after it deep or large.
+JsonLimits message_limits() {
+  JsonLimits l;
+  l.max_depth = 4;
+  l.max_string_bytes = 64 << 10;
+  l.max_array_items = 64;
+  l.max_object_members = 32;
+  l.max_values = 512;
+  return l;
+}
+
 json parse(std::string_view text, const char* what) {
-  json j = json::parse(text, nullptr, false);
+  json j;
+  try {
+    j = parse_bounded<json>(text, message_limits());
+  } catch (const JsonLimitError& e) {
+    throw Error(cat("malformed ", what, " message: ", e.what()));
+  }
   TERN_CHECK(!j.is_discarded() && j.is_object(), "malformed ", what, " message: not a JSON object");
   return j;
 }
@@ -90,7 +109,9 @@ Offer decode_offer(std::string_view text) {
   TERN_CHECK(m.state_bytes > 0, "malformed offer message: state_bytes ", m.state_bytes);
   m.first.token = field<int32_t>(j, "token", "offer");
   m.first.logprob = field<float>(j, "logprob", "offer");
-  for (const auto& t : field<json>(j, "top", "offer")) {
+  const auto top = j.find("top");
+  TERN_CHECK(top != j.end() && top->is_array(), "malformed offer message: \"top\" is not a list");
+  for (const auto& t : *top) {
     TERN_CHECK(t.is_array() && t.size() == 2 && t[0].is_number_integer() && t[1].is_number(),
                "malformed offer message: top logprobs");
     m.first.top.push_back({t[0].get<int32_t>(), t[1].get<float>()});

@@ -108,5 +108,64 @@ TEST(Scheduler, PreemptedSequenceIsReadmittedWithItsTokens) {
   EXPECT_TRUE(plan.chunks[0].sample);
 }
 
+
+// Fairness across clients (the last field of SchedSeq): client 7 has a large batch, client 9 one request.
+
+TEST(Scheduler, AdmissionAlternatesBetweenClients) {
+  std::vector<SchedSeq> waiting{{1, 5, 0, 0, 7}, {2, 5, 0, 0, 7}, {3, 5, 0, 0, 7}, {4, 5, 0, 0, 9}};
+  auto in = input({}, waiting, 100);
+  in.limits.max_running = 2;
+  EXPECT_EQ(schedule(in).admitted, (std::vector<uint64_t>{1, 4}));  // not 1, 2: client 9 has none running
+  in.limits.max_running = 4;
+  EXPECT_EQ(schedule(in).admitted, (std::vector<uint64_t>{1, 4, 2, 3}));
+}
+
+TEST(Scheduler, AClientWithoutSlotsTakesOneFromTheBusiestClient) {
+  std::vector<SchedSeq> running{{1, 51, 50, 6, 7}, {2, 51, 50, 6, 7}, {3, 51, 50, 6, 7}, {4, 51, 50, 6, 7}};
+  const auto plan = schedule(input(running, {{5, 6, 0, 0, 7}, {6, 5, 0, 0, 9}}, 100));
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{4}));  // client 7's youngest
+  EXPECT_EQ(plan.admitted, (std::vector<uint64_t>{6}));
+  ASSERT_EQ(plan.chunks.size(), 4u);  // 1, 2, 3 decode; 6 prefills
+  EXPECT_EQ(plan.chunks.back().id, 6u);
+}
+
+TEST(Scheduler, AClientWithoutPagesTakesThemFromTheBusiestClient) {
+  std::vector<SchedSeq> running{{1, 51, 50, 6, 7}, {2, 51, 50, 6, 7}};
+  const std::vector<SchedSeq> waiting{{6, 25, 0, 0, 9}};
+  auto in = input(running, waiting, 2);  // 1 and 2 take the 2 free pages to grow; 9 needs 1 + 3
+  in.limits.max_running = 8;
+  const auto plan = schedule(in);
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(plan.admitted, (std::vector<uint64_t>{6}));
+}
+
+TEST(Scheduler, FairShareStopsWithinOneSequence) {
+  // Client 7 runs 3, client 9 runs 2: 9's next sequence waits for a free slot like anyone's.
+  std::vector<SchedSeq> running{{1, 51, 50, 6, 7}, {2, 51, 50, 6, 7}, {3, 51, 50, 6, 9}, {4, 51, 50, 6, 7},
+                                {5, 51, 50, 6, 9}};
+  const std::vector<SchedSeq> waiting{{6, 5, 0, 0, 9}};
+  auto in = input(running, waiting, 100);
+  in.limits.max_running = 5;
+  const auto plan = schedule(in);
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_TRUE(plan.admitted.empty());
+}
+
+TEST(Scheduler, PrefillChunksGoRoundRobinAcrossClients) {
+  // Client 7's two prompts are older, but client 9's gets its chunk before 7's second.
+  std::vector<SchedSeq> running{{1, 100, 0, 1, 7}, {2, 100, 0, 1, 7}, {3, 100, 0, 1, 9}};
+  const auto plan = schedule(input(running, {}, 100, 64));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 1u);
+  EXPECT_EQ(plan.chunks[1].id, 3u);
+}
+
+TEST(Scheduler, PagesAreTakenFromTheBusiestClientFirst) {
+  // 3 (client 9) is the youngest, but client 7 holds more: its youngest (2) makes room.
+  std::vector<SchedSeq> running{{1, 11, 10, 2, 7}, {2, 21, 20, 3, 7}, {3, 31, 30, 4, 9}};
+  const auto plan = schedule(input(running, {}, 1));
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{2}));
+}
+
 }  // namespace
 }  // namespace tern::engine

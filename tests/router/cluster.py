@@ -12,7 +12,6 @@ import os
 import re
 import sys
 import time
-import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
@@ -82,29 +81,34 @@ def wait_for(predicate, timeout=30, interval=0.05):
     return predicate()
 
 
-def post(url, path, body, headers=None, timeout=300):
-    """POST JSON; returns (status, parsed JSON or text)."""
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+def connection(url, timeout=300, source=None):
+    """An http.client connection to url, from the loopback address `source` (another client) if given."""
+    host, port = url[len("http://"):].rsplit(":", 1)
+    return http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0) if source else None)
+
+
+def post(url, path, body, headers=None, timeout=300, source=None):
+    """POST JSON (from the loopback address `source` if given); returns (status, parsed JSON or text)."""
+    conn = connection(url, timeout, source)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        text = e.read().decode()
-        try:
-            return e.code, json.loads(text)
-        except ValueError:
-            return e.code, text
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+        r = conn.getresponse()
+        text = r.read().decode()
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(text)
+    except ValueError:
+        return r.status, text
 
 
 class SseStream:
     """A streaming request read event by event (http.client, so a broken stream is seen as it is)."""
 
-    def __init__(self, url, path, body, timeout=300, wait_head=True):
-        """Sends the request; reads the response head unless `wait_head` is False (the router sends it with
-        the first event, after the prompt ran)."""
-        host, port = url[len("http://"):].rsplit(":", 1)
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    def __init__(self, url, path, body, timeout=300, wait_head=True, source=None):
+        """Sends the request (from the loopback address `source` if given); reads the response head unless
+        `wait_head` is False (the router sends it with the first event, after the prompt ran)."""
+        self.conn = connection(url, timeout, source)
         self.conn.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
         self.resp = self.conn.getresponse() if wait_head else None
         self.status = self.resp.status if self.resp else None

@@ -106,11 +106,17 @@ TEST(Pool, CircuitBreakerOpensCoolsDownTriesOnceAndCloses) {
   pool.failed(s0, "x", t0);  // third in a row: open
   EXPECT_FALSE(s0.available(t0, b));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(pool.pick("", {}, t0), pool.servers()[1].get());
-  // After the cooldown one trial request goes through, and only one.
+  // After the cooldown the next request is its trial; while the trial runs, other requests go to the
+  // other server, and join the trial only when nothing else is left (never refused for it).
   const auto t1 = t0 + std::chrono::milliseconds(1001);
   std::vector<const ServerState*> avoid = {pool.servers()[1].get()};
   EXPECT_EQ(pool.pick("", avoid, t1), &s0);
-  EXPECT_FALSE(s0.available(t1, b));
+  EXPECT_TRUE(s0.on_trial());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(pool.pick("", {}, t1), pool.servers()[1].get());
+  EXPECT_EQ(pool.pick("", avoid, t1), &s0);
+  pool.servers()[1]->healthy = false;
+  EXPECT_EQ(pool.pick("", {}, t1), &s0);
+  pool.servers()[1]->healthy = true;
   pool.failed(s0, "x", t1);  // the trial failed: open again from now
   EXPECT_FALSE(s0.available(t1 + std::chrono::milliseconds(999), b));
   EXPECT_EQ(pool.pick("", avoid, t1 + std::chrono::milliseconds(1001)), &s0);

@@ -19,9 +19,9 @@ READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+)")
 
 
 class Server(TernProcess):
-    def __init__(self, *args, env=None, wait=True, timeout=600):
+    def __init__(self, *args, env=None, wait=True, timeout=600, preexec=None):
         super().__init__([TERN_BIN, "serve", "--port", "0", *SERVE_ARGS, *args], READY,
-                         env={**os.environ, **(env or {})}, wait=wait, timeout=timeout)
+                         env={**os.environ, **(env or {})}, wait=wait, timeout=timeout, preexec=preexec)
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,12 @@ LISTENING = re.compile(r"listening on (http://[^\s;]+)")
 
 
 class TernProcess:
-    def __init__(self, argv, ready, env=None, wait=True, timeout=600):
+    def __init__(self, argv, ready, env=None, wait=True, timeout=600, preexec=None):
         self.args = list(argv)
         self.ready_re = ready
+        # preexec: run in the child before exec (e.g. to lower its file limit)
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env)
+                                     env=env, preexec_fn=preexec)
         self.lines = []
         self.url = self.model = self.listen_url = None
         self._ready = threading.Event()

@@ -10,6 +10,7 @@
 #include "router/router.h"
 #include "server/http.h"
 #include "server/schemas.h"
+#include "tools/http_options.h"
 #include "tools/verb.h"
 
 namespace {
@@ -24,7 +25,8 @@ struct RouteArgs {
   int retries = 2, breaker_failures = 3;
   size_t max_requests = 4096;
   double breaker_cooldown_s = 10, connect_timeout_s = 3, request_timeout_s = 600, health_interval_s = 2,
-         health_timeout_s = 2, drain_timeout_s = 30, body_limit_mb = 8, header_timeout_s = 10, idle_timeout_s = 60;
+         health_timeout_s = 2, drain_timeout_s = 30;
+  tools::HttpOptions http;
 };
 
 std::chrono::milliseconds ms(double seconds, const char* name) {
@@ -56,12 +58,11 @@ int run_route(const RouteArgs& a) {
   TERN_CHECK(a.port >= 0 && a.port <= 65535, "--port: expected 0 to 65535, found ", a.port);
   const router::RouterOptions options = router_options(a);  // checked before binding: bad flags change nothing
   std::unique_ptr<router::Router> r;
-  server::HttpLimits limits;
-  limits.body_limit = static_cast<size_t>(a.body_limit_mb * (1 << 20));
-  limits.header_timeout = ms(a.header_timeout_s, "--header-timeout");
-  limits.idle_timeout = ms(a.idle_timeout_s, "--idle-timeout");
-  server::HttpServer http(a.host, static_cast<uint16_t>(a.port), limits,
-                          [&r](server::HttpRequest&& req, std::shared_ptr<server::Exchange> ex) { r->handle(std::move(req), std::move(ex)); });
+  // Each client connection may bring two upstream connections (a prefill and a decode server).
+  server::HttpServer http(
+      a.host, static_cast<uint16_t>(a.port), tools::http_limits(a.http, 3),
+      [&r](server::HttpRequest&& req, std::shared_ptr<server::Exchange> ex) { r->handle(std::move(req), std::move(ex)); },
+      [&r](const server::HttpRequest& head) { return r->check_head(head); });
   r = std::make_unique<router::Router>(options, http);
   // SIGTERM / SIGINT: stop accepting, let requests finish for up to --drain-timeout, then end the rest
   // with an error, and exit 0.
@@ -124,9 +125,7 @@ void add_options(CLI::App& app, RouteArgs& a) {
   app.add_option("--health-interval", a.health_interval_s, "Seconds between health checks")->capture_default_str();
   app.add_option("--health-timeout", a.health_timeout_s, "Seconds a health check may take")->capture_default_str();
   app.add_option("--drain-timeout", a.drain_timeout_s, "Seconds to finish requests after SIGTERM")->capture_default_str();
-  app.add_option("--body-limit-mb", a.body_limit_mb, "Largest request body")->capture_default_str();
-  app.add_option("--header-timeout", a.header_timeout_s, "Seconds to receive a request once started")->capture_default_str();
-  app.add_option("--idle-timeout", a.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->capture_default_str();
+  tools::add_http_options(app, a.http);
 }
 
 const bool registered = tern::tools::register_verb(

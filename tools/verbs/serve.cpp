@@ -35,6 +35,7 @@
 #endif
 #endif
 #include "tools/embedded_model.h"
+#include "tools/http_options.h"
 #include "tools/placement.h"
 #include "tools/synthetic_placement.h"
 #include "tools/verb.h"
@@ -58,7 +59,11 @@ struct ServeArgs {
   int threads = 0;
   int max_running = 256;
   int64_t token_budget = 2048, max_chunk = 512, max_model_len = 0;
-  double body_limit_mb = 8, header_timeout_s = 10, idle_timeout_s = 60, request_timeout_s = 600, drain_timeout_s = 30;
+  double request_timeout_s = 600, drain_timeout_s = 30;
+  tools::HttpOptions http;
+  // admission (docs/serving.md, "Limits")
+  int64_t max_request_tokens = 0, max_client_tokens = 0;  // 0: what the state memory holds
+  std::vector<std::string> forwarded_allow_ips;
   // prefill-decode disaggregation (docs/disaggregation.md)
   std::string role = "both", pd_host, pd_backend = "tcp";
   int pd_port = 0;
@@ -255,11 +260,17 @@ struct Drain {
   }
 };
 
-server::HttpLimits http_limits(const ServeArgs& a) {
-  server::HttpLimits l;
-  l.body_limit = static_cast<size_t>(a.body_limit_mb * (1 << 20));
-  l.header_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.header_timeout_s * 1000));
-  l.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.idle_timeout_s * 1000));
+// Tokens of state a request, and a client, may hold: by default what the state memory holds.
+server::AdmissionLimits admission_limits(const ServeArgs& a, const engine::Engine& engine) {
+  server::AdmissionLimits l;
+  const int64_t state = engine.state_capacity_tokens();
+  TERN_CHECK(a.max_request_tokens >= 0 && a.max_client_tokens >= 0, "--max-request-tokens and --max-client-tokens must not be negative");
+  l.max_request_tokens = a.max_request_tokens > 0 ? a.max_request_tokens : state;
+  l.max_client_tokens = a.max_client_tokens > 0 ? a.max_client_tokens : state;
+  l.trusted_proxies = a.forwarded_allow_ips;
+  log::info("admission: at most ", l.max_request_tokens, " tokens of state a request, ", l.max_client_tokens,
+            " a client", l.trusted_proxies.empty() ? std::string() : cat(" (clients forwarded by ", l.trusted_proxies.size(), " trusted proxies)"),
+            "; running sequences shared fairly between clients");
   return l;
 }
 
@@ -363,12 +374,16 @@ int run_serve(const ServeArgs& a) {
   TERN_CHECK(a.port >= 0 && a.port <= 65535, "--port: expected 0 to 65535, found ", a.port);
   std::shared_ptr<server::ApiService> service;  // touched on the IO thread only
   Drain drain;
-  server::HttpServer http(a.host, static_cast<uint16_t>(a.port), http_limits(a),
-                          [&service](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
-                            if (service) return service->handle(std::move(r), std::move(ex));
-                            const server::ApiError e(503, "the model is loading", "", "unavailable");
-                            ex->reply(e.status, "application/json", server::render_error(e), {{"Retry-After", "1"}});
-                          });
+  const server::ApiError loading(503, "the model is loading", "", "unavailable");
+  server::HttpServer http(
+      a.host, static_cast<uint16_t>(a.port), tools::http_limits(a.http, a.role == "both" ? 1 : 3),
+      [&service](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
+        service->handle(std::move(r), std::move(ex));  // the head check let it through: the service exists
+      },
+      [&service, &loading](const server::HttpRequest& head) -> std::optional<server::Refusal> {
+        if (service) return service->check_head(head);
+        return server::Refusal{loading.status, server::render_error(loading), server::error_headers(loading)};
+      });
   PdParts pd;
   pd.bind(a, http);
   http.on_signal([&](int sig) {
@@ -397,6 +412,7 @@ int run_serve(const ServeArgs& a) {
   so.api_key = a.api_key;
   so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.request_timeout_s * 1000));
   so.max_model_len = l.max_model_len;
+  so.admission = admission_limits(a, *l.engine);
   so.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   http.post([&] {
     pd.start(http, *l.engine, l.name);
@@ -450,11 +466,16 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();
   app.add_option("--max-model-len", a.max_model_len, "Context length served (default: the model's, at most 8192)");
   app.add_option("--threads", a.threads, "CPU threads (default: all)");
-  app.add_option("--body-limit-mb", a.body_limit_mb, "Largest request body")->capture_default_str();
-  app.add_option("--header-timeout", a.header_timeout_s, "Seconds to receive a request once started")->capture_default_str();
-  app.add_option("--idle-timeout", a.idle_timeout_s, "Seconds an idle keep-alive connection stays open")->capture_default_str();
   app.add_option("--request-timeout", a.request_timeout_s, "Seconds a generation may take")->capture_default_str();
   app.add_option("--drain-timeout", a.drain_timeout_s, "Seconds to finish requests after SIGTERM")->capture_default_str();
+  tools::add_http_options(app, a.http);
+  app.add_option("--max-request-tokens", a.max_request_tokens,
+                 "Tokens of state one request may hold, prompts x n x (prompt + max_tokens) (default: what the state memory holds)");
+  app.add_option("--max-client-tokens", a.max_client_tokens,
+                 "Tokens of state one client's requests in flight may hold together (default: what the state memory holds)");
+  app.add_option("--forwarded-allow-ips", a.forwarded_allow_ips,
+                 "Proxies (IP addresses, e.g. the `tern route` host) whose X-Forwarded-For names the client; repeatable")
+      ->delimiter(',');
   app.add_option("--role", a.role, "both (prompt and decoding), prefill or decode (behind `tern route`)")->capture_default_str();
   app.add_option("--pd-host", a.pd_host, "Address of the transfer port (default: --host)");
   app.add_option("--pd-port", a.pd_port, "Transfer port: prefill bootstrap, decode data (0: any free port)")->capture_default_str();
