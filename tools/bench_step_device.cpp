@@ -4,11 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <vector>
-
 #include <map>
 #include <numeric>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/linear.h"

@@ -68,8 +68,9 @@ std::vector<std::string> configure_kernels(const model::Model& m, const std::str
   std::vector<std::string> lines;
   lines.push_back(batch_invariant ? std::string("batch invariant: every product on tern's own kernels (a token's "
                                                 "logits do not depend on the other tokens of its step)")
-                                  : std::string("products of >= 512 tokens (prefill chunks) on cuBLAS (library GEMMs; "
-                                                "--batch-invariant keeps them on tern's kernels)"));
+                                  : cat("products of >= ", cuda::CudaBackend::library_min_tokens(),
+                                        " tokens (prefill chunks) on cuBLAS (library GEMMs; --batch-invariant keeps "
+                                        "them on tern's kernels)"));
   if (mode == "off") return lines;
   const std::string device_name = b.tune_device();
   const std::string path = cache_path.empty() ? cuda::default_tune_path(device_name) : cache_path;

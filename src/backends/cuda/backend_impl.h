@@ -49,15 +49,16 @@ struct CudaBackend::Impl {
   // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;
   bool batch_invariant = false;
-  DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers, sized once the plan is known
-  void* pinned = nullptr;          // host staging of the library MoE (its plan, read back)
+  DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
+  void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;
   ~Impl();
 
   // At least `bytes` of scratch, valid until the next call (ordered on the stream, so reuse is safe).
   void* scratch(size_t bytes);
-  // The same for the library MoE's second workspace, and for pinned host memory (grown after a
-  // synchronisation: the caller has waited for every earlier use).
+  // The same for the library paths' second workspace (for what they need beside a result already in the
+  // op workspace), and for pinned host memory (grown after a synchronisation: the caller has waited for
+  // every earlier use).
   void* library_scratch(size_t bytes);
   void* pinned_scratch(size_t bytes);
   LibraryGemm& lib();

@@ -129,12 +129,9 @@ struct Job {
 // The plan (pairs grouped by expert, one job per expert) is read back to the host: the per-expert products
 // need their token counts there. So this path synchronises once per call and never runs inside a capture.
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts) {
-  if (!impl.library_for(p.T) || p.D % 16 != 0 || p.inter % 16 != 0 || p.D % 32 != 0 || p.inter % 32 != 0 ||
-      !aligned16(p.x))
+  // experts_aligned: every matrix 16-byte aligned (the expert table checks it once per expert list).
+  if (!impl.library_for(p.T) || p.D % 32 != 0 || p.inter % 32 != 0 || !aligned16(p.x) || !p.experts_aligned)
     return false;
-  for (const ops::Expert& e : experts)
-    if (!aligned16(e.w1.weight.data()) || !aligned16(e.w2.weight.data()) || !aligned16(e.w3.weight.data()))
-      return false;
   cudaStream_t s = impl.stream;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   TERN_CUDA(cudaStreamIsCapturing(s, &capturing));

@@ -71,6 +71,7 @@ LibraryGemm& CudaBackend::Impl::lib() {
 
 void CudaBackend::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
+int64_t CudaBackend::library_min_tokens() { return kLibraryMinTokens; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }

@@ -100,6 +100,7 @@ class CudaBackend final : public ops::Backend {
   // bits for a token do not depend on the other tokens of the step (docs/cuda-backend.md, "Library GEMMs").
   void set_batch_invariant(bool on);
   bool batch_invariant() const;
+  static int64_t library_min_tokens();  // kLibraryMinTokens
   // The library's own time for a product of T tokens by a [out, in] weight, bf16 (or f32) operands, on
   // random data: its rate on that shape. And for the MoE's products alone (experts already in bf16, T x k
   // pairs spread evenly over E experts).

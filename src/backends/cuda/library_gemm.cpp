@@ -1,6 +1,5 @@
-// LibraryGemm over cuBLAS: row-major products as cuBLAS's column-major ones (y^T = W x^T), a workspace of
-// our own (so that cuBLAS never allocates, also inside a graph capture), pointer arrays staged for grouped
-// calls.
+// LibraryGemm over cuBLAS: row-major products as cuBLAS's column-major ones (y^T = W x^T), workspaces of
+// our own (so that cuBLAS never allocates, also inside a graph capture), side streams for the MoE's products.
 #include "backends/cuda/library_gemm.h"
 
 #include <cublas_v2.h>

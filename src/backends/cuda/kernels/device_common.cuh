@@ -21,6 +21,12 @@ __device__ __forceinline__ float nan_f32() { return __int_as_float(0x7fc00000); 
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
+// Two floats rounded to nearest-even bf16, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 // e8m0: 2^(b-127); 0xff is NaN; 0 is the subnormal 2^-127.
 __device__ __forceinline__ float e8m0_to_f32(uint8_t b) {
   if (b == 0xff) return nan_f32();
@@ -43,6 +49,12 @@ __device__ __forceinline__ float e2m1_to_f32(uint32_t nib) {
   const uint32_t c = nib & 7;
   const float v = c < 2 ? 0.5f * static_cast<float>(c) : __uint_as_float((((c >> 1) + 126) << 23) | ((c & 1) << 22));
   return (nib & 8) ? -v : v;
+}
+
+// Blocks of 256 threads for a grid-stride loop over n items: enough to fill the machine, at most 4096.
+inline int grid_stride_blocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<int>(b < 1 ? 1 : b > 4096 ? 4096 : b);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -20,11 +20,6 @@ struct Mat16 {
   float global_scale;
 };
 
-__device__ __forceinline__ void bf16x2_to_f32(uint32_t word, float& lo, float& hi) {
-  lo = __uint_as_float(word << 16);
-  hi = __uint_as_float(word & 0xffff0000u);
-}
-
 // Columns col .. col+15 of row `row` (col a multiple of 16), exactly; kGlobal: NVFP4's global scale too.
 template <bool kGlobal>
 __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t col, float (&v)[16]) {
@@ -43,10 +38,12 @@ __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t co
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint4 q = p[i];
-        bf16x2_to_f32(q.x, v[8 * i], v[8 * i + 1]);
-        bf16x2_to_f32(q.y, v[8 * i + 2], v[8 * i + 3]);
-        bf16x2_to_f32(q.z, v[8 * i + 4], v[8 * i + 5]);
-        bf16x2_to_f32(q.w, v[8 * i + 6], v[8 * i + 7]);
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[8 * i + 2 * j] = bf16_bits_to_f32(static_cast<uint16_t>(words[j] & 0xffffu));
+          v[8 * i + 2 * j + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[j] >> 16));
+        }
       }
       return;
     }
@@ -77,14 +74,9 @@ __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t co
   }
 }
 
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
-  __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&p);
-}
-
 __device__ __forceinline__ void store8(uint16_t* out, const float* v) {
   *reinterpret_cast<uint4*>(out) =
-      make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+      make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
 }
 __device__ __forceinline__ void store16(uint16_t* out, const float (&v)[16]) {
   store8(out, v);
@@ -183,11 +175,9 @@ __global__ void fill_random_bf16_kernel(uint16_t* out, int64_t n, float sigma, u
     // The sum of four 16-bit uniforms, centred and scaled to variance 1.
     const float u = static_cast<float>((z & 0xffff) + ((z >> 16) & 0xffff) + ((z >> 32) & 0xffff) + (z >> 48));
     const float v = (u / 65536.0f - 2.0f) * 1.7320508f * sigma;
-    out[i] = static_cast<uint16_t>(bf16_pair(v, 0.0f) & 0xffff);
+    out[i] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffff);
   }
 }
-
-int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + 255) / 256, 1, 8 * 132 * 8)); }
 
 Mat16 mat16(const DeviceMat& w) {
   return Mat16{w.kind, static_cast<const uint8_t*>(w.w), static_cast<const uint8_t*>(w.s), w.in, w.s_cols,
@@ -205,26 +195,26 @@ bool expand_ok(const DeviceMat& w) {
 void launch_expand_bf16(const DeviceMat& w, uint16_t* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in / 16;
   if (n == 0) return;
-  dev::expand_kernel<uint16_t, false><<<dev::blocks_for(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
+  dev::expand_kernel<uint16_t, false><<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
 }
 
 void launch_expand_f32(const DeviceMat& w, float* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in / 16;
   if (n == 0) return;
-  dev::expand_kernel<float, true><<<dev::blocks_for(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
+  dev::expand_kernel<float, true><<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
 }
 
 void launch_round_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * cols / 8;
   if (n == 0) return;
-  dev::round_bf16_kernel<<<dev::blocks_for(n), 256, 0, stream>>>(x, rows, cols, ld, y);
+  dev::round_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(x, rows, cols, ld, y);
 }
 
 void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs,
                             cudaStream_t stream) {
   const int64_t n = P * D / 8;
   if (n == 0) return;
-  dev::moe_gather_bf16_kernel<<<dev::blocks_for(n), 256, 0, stream>>>(x, sorted, P, k, D, xs);
+  dev::moe_gather_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(x, sorted, P, k, D, xs);
 }
 
 void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f32, const int* jobs, int first,
@@ -239,12 +229,12 @@ void launch_moe_swiglu_bf16(const float* h13, int64_t rows, int64_t inter, float
                             cudaStream_t stream) {
   const int64_t n = rows * inter / 8;
   if (n == 0) return;
-  dev::moe_swiglu_bf16_kernel<<<dev::blocks_for(n), 256, 0, stream>>>(h13, rows, inter, limit, h);
+  dev::moe_swiglu_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(h13, rows, inter, limit, h);
 }
 
 void launch_fill_random_bf16(uint16_t* out, int64_t n, float sigma, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return;
-  dev::fill_random_bf16_kernel<<<dev::blocks_for(n), 256, 0, stream>>>(out, n, sigma, seed);
+  dev::fill_random_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(out, n, sigma, seed);
 }
 
 }  // namespace tern::cuda

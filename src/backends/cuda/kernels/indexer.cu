@@ -309,8 +309,7 @@ void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t s
 void launch_indexer_gather_keys(const IndexerParams& p, float* out, cudaStream_t stream) {
   const int64_t n = p.num_keys * p.dim / 4;
   if (n == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  dev::indexer_gather_keys_kernel<<<blocks, 256, 0, stream>>>(p.keys, p.num_keys, p.dim, out);
+  dev::indexer_gather_keys_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(p.keys, p.num_keys, p.dim, out);
 }
 
 void launch_indexer_reduce(const IndexerParams& p, const float* S, int64_t first, int64_t count, int64_t cols,

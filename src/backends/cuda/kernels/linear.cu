@@ -375,8 +375,7 @@ const char* linear_path_name(const LinearParams& p) {
 
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
-  dev::dequantize_kernel<<<blocks, 256, 0, stream>>>(dev::simple_mat(w), out);
+  dev::dequantize_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::simple_mat(w), out);
 }
 
 }  // namespace tern::cuda

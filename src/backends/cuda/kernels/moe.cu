@@ -297,11 +297,15 @@ const char* moe_path_name(const MoeParams& p) {
                            : "moe_plan + moe_expert up/down + moe_combine";
 }
 
+namespace {
+
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
   dev::moe_plan_kernel<<<1, dev::kPlanThreads, 0, stream>>>(p.indices, p.T * p.k, p.E, tile, sorted, pos, jobs,
                                                              num_jobs, p.err);
 }
+
+}  // namespace
 
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
   const int64_t total = p.T * p.D;

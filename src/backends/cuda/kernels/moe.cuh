@@ -62,15 +62,12 @@ inline constexpr int64_t kMoeBulkMaxTokens = 64;
 // num_sms: the device's multiprocessor count (the bulk kernels run one persistent block on each).
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream);
 
-// The pieces launch_moe is made of, for the library path (backend_library.cpp). The plan: the T*k pairs
-// grouped by expert (stable) into sorted[] (pair ids) and pos[] (each pair's sorted slot), and jobs of at
-// most `tile` pairs, {expert, first slot, count} each, *num_jobs of them. The combine: out[t] = sum over
-// the picks j of weights[t, j] * y[pos[t, j]], in pick order.
-void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
-                     cudaStream_t stream);
+// For the library path (backend_library.cpp), the combine launch_moe ends with: out[t] = sum over the picks
+// j of weights[t, j] * y[pos[t, j]], in pick order.
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream);
-// The plan for many pairs (moe_sort.cu): the same stable grouping over many blocks, one job per expert that
-// has pairs (jobs as above, in expert order). `counts` holds moe_sort_count_ints(P, E) ints of scratch.
+// The plan for many pairs (moe_sort.cu): the T*k pairs grouped by expert in pick order (the stable order of
+// launch_moe's one-block plan), over many blocks: sorted[] (pair ids), pos[] (each pair's sorted slot), and
+// one job {expert, first slot, count} per expert that has pairs, in expert order, *num_jobs of them. `counts` holds moe_sort_count_ints(P, E) ints of scratch.
 int64_t moe_sort_count_ints(int64_t P, int64_t E);
 void launch_moe_sort(const MoeParams& p, int* counts, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream);
