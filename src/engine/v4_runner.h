@@ -35,6 +35,11 @@ class V4Runner : public ModelRunner {
   // Decode-only steps replay CUDA graphs (model/decode_graphs.h), recorded now (startup); without this
   // call every step runs eagerly, counted as "cuda graphs not enabled".
   void enable_decode_graphs(model::DecodeGraphOptions options);
+  // Runs one throwaway prefill of `tokens` tokens (the largest step the scheduler may build) on a one-sequence
+  // state pool: the device's stream allocator keeps its peak (activations, library scratch) reserved, so a
+  // state budget taken from the free memory after this call cannot starve a large step (vLLM's profile run
+  // before it sizes the KV cache). Nothing runs for a host model.
+  void reserve_step_memory(int64_t tokens);
 
  private:
   std::shared_ptr<model::Model> model_;

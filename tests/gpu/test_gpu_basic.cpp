@@ -76,7 +76,9 @@ TEST_P(GpuBasic, RmsNorm) {
     int weight;  // 0 none, 1 f32, 2 bf16
   };
   for (const Case c : {Case{5, s.D, 2}, Case{3 * s.heads, s.head_dim, 0}, Case{4, s.q_rank, 1},
-                       Case{6, s.head_dim, 2}, Case{2, 4 * s.D, 0}}) {
+                       Case{6, s.head_dim, 2}, Case{2, 4 * s.D, 0},
+                       // the vectorised widths (128 .. 1024) over several blocks of 8 rows
+                       Case{17, 128, 1}, Case{37, 256, 2}, Case{9, 1024, 0}}) {
     Tensor x = random_f32({c.rows, c.dim}, r, 3.0f);
     Tensor w = c.weight == 2 ? random_bf16({c.dim}, r) : random_f32({c.dim}, r);
     TensorView wv = c.weight == 0 ? TensorView() : w.view();

@@ -177,6 +177,17 @@ Loaded load(const ServeArgs& a) {
   TERN_CHECK(a.sampling == "device" || a.sampling == "host", "--sampling: expected device or host, found \"",
              a.sampling, "\"");
   runner->set_device_sampling(a.sampling == "device");  // a CPU model samples on the host either way
+  if (a.device != "cpu") {
+    // The largest step's activations and library scratch are reserved before the state budget is taken
+    // from what is free, so a fraction like 0.8 leaves room for a full token budget's step.
+    const int64_t step_tokens = std::min<int64_t>(a.token_budget, l.max_model_len);
+    const int64_t free_before = tools::free_state_memory(a.device);
+    runner->reserve_step_memory(step_tokens);
+    const int64_t reserved = free_before - tools::free_state_memory(a.device);
+    log::info("memory: a step of ", step_tokens, " tokens (the token budget) reserved ",
+              static_cast<double>(reserved) / (1 << 30), " GiB of activations and scratch (one prefill at startup); ",
+              static_cast<double>(tools::free_state_memory(a.device)) / (1 << 30), " GiB free for the state pool");
+  }
   engine::EngineOptions o;
   o.state_memory_bytes = parse_memory(a.state_memory, a.device);
   o.limits.max_running = a.max_running;
