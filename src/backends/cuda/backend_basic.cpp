@@ -67,19 +67,15 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
   if (auto it = impl.linear_groups.find(p.w.w); it != impl.linear_groups.end()) p.groups = it->second;
-  if (w.exact) {
-    launch_linear_exact(p, impl.stream);
-    check_launch("linear");
-    return;
-  }
-  const int64_t want = linear_partial_floats(p);
+  const int64_t want = w.exact ? linear_exact_partial_floats(p) : linear_partial_floats(p);
   if (want > 0) {
     p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
     p.partial_floats = want;
     p.counters = static_cast<int*>(impl.counters.data());
     p.num_counters = impl.num_counters;
   }
-  launch_linear(p, impl.stream);
+  if (w.exact) launch_linear_exact(p, impl.stream);
+  else launch_linear(p, impl.stream);
   check_launch("linear");
 }
 

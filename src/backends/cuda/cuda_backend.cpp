@@ -161,7 +161,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 / f32 "
       "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer): "
-      "linear_exact_rows_kernel (bf16 / fp8 rows of 8-column chunks), else linear_simple_kernel, CUDA cores, f32, "
+      "linear_exact_lanes_kernel (bf16 / fp8 rows of 8-column steps, a thread per row, K slices over blocks), "
+      "else linear_simple_kernel, CUDA cores, f32, "
       "8 tokens per weight pass; odd shapes: linear_simple_kernel",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "

@@ -204,116 +204,116 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
   }
 }
 
-// The exact path for bf16 and FP8-block weights whose rows are whole 8-column chunks (the router gates and the
-// indexer's projections): as linear_simple_kernel, but each 8-column chunk is one 16-byte (bf16) or 8-byte
-// (FP8) load with one block scale, and a row is cut into `wpr` K slices, one warp each (wpr from the row's
-// length alone: enough warps that the block's 8 warps stream a row at once). Lane l of a slice takes its chunks
-// l, l+32, ... (at most kCpl of them); the slice's sum is warp-reduced, and the slices are added in order
-// through shared memory: each token's sum runs in an order fixed by the weight's shape, whatever the other
-// tokens (batch invariant).
-// A lane's chunks are the same columns in every row, so it holds their x (kCpl chunks x 8 columns x 8 tokens)
-// in registers and the block walks many rows (`8 / wpr` a round, rounds strided over the grid): x is read once
-// per block, not once per row (the indexer's wq_b re-read 32 KB of x from L1 for every 1 KB row: 57 us a call).
-template <bool kFp8, int kCpl>
-__global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
-                                                                int64_t rows_per_group, int64_t T, int wpr, float* y) {
-  __shared__ float red[2][8][kSimpleTokens];  // double-buffered: round r+1 may write while r is summed
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rows = 8 / wpr, slice = warp % wpr;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
-  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
-  const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
-  const int c0 = slice * per, c1 = min(chunks, c0 + per);
-  const int64_t rounds = (m.out + rows - 1) / rows;
-  float xv[kCpl][kSimpleTokens][8];
-  int64_t x_group = -1;  // the row group whose x columns xv holds
-  int buf = 0;
-  for (int64_t round = blockIdx.x; round < rounds; round += gridDim.x, buf ^= 1) {
-    const int64_t row = round * rows + warp / wpr;
-    float acc[kSimpleTokens];
+// The exact path for bf16 and FP8-block weights (the router gates and the indexer's projections: their top-k
+// must agree with the f32 reference). One thread per weight row, kExactTokens tokens per pass, and the K range
+// cut into slices of kExactSlice columns, one block each (so a 256-row gate still fills the card):
+//   - the block stages its tokens' x for the slice in shared memory; every thread reads the same x element at
+//     the same time (a broadcast), so x costs no bandwidth per row: a warp-per-row kernel re-read 32 KB of x for
+//     every 1 KB row (the indexer's wq_b: 57 us a call) or spent as many shuffles reducing as multiplying;
+//   - a thread walks its row in 8-column steps (one 8-byte FP8 or 16-byte bf16 load, one block scale), one
+//     accumulator per token, in column order; the slices' partial sums are added in slice order by the last
+//     block of the row tile to arrive (arrival counters return to zero).
+// Each token's sum runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
+constexpr int kExactRows = 256;   // rows per block: one per thread
+constexpr int kExactSlice = 256;  // columns per K slice
+constexpr int kExactTokens = 8;   // tokens per pass over the weights
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMat m, const float* x, int64_t x_stride,
+                                                                        int64_t rows_per_group, int64_t T, float* y,
+                                                                        float* partial, int* counters) {
+  __shared__ __align__(16) float xs[kExactTokens][kExactSlice];
+  const int slices = static_cast<int>(gridDim.y), slice = static_cast<int>(blockIdx.y);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kExactRows, row = row0 + threadIdx.x;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.z) * kExactTokens;
+  const int nt = static_cast<int>(min(T - tok0, static_cast<int64_t>(kExactTokens)));
+  const int64_t c0 = static_cast<int64_t>(slice) * kExactSlice;
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kExactSlice), m.in - c0));
+
+  // Every row of the block is in the row group of row0 (a launch condition).
+  const float* xb = x + tok0 * x_stride + (row0 / rows_per_group) * m.in + c0;
+  for (int i = threadIdx.x; i < kExactTokens * kExactSlice / 4; i += kExactRows) {
+    const int j = i / (kExactSlice / 4), c = 4 * (i % (kExactSlice / 4));
+    const float4 v = j < nt && c < cols ? *reinterpret_cast<const float4*>(xb + j * x_stride + c) : make_float4(0, 0, 0, 0);
+    *reinterpret_cast<float4*>(&xs[j][c]) = v;
+  }
+  __syncthreads();
+
+  float acc[kExactTokens];
 #pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
-    if (row < m.out) {
-      const int64_t group = row / rows_per_group;
-      if (group != x_group) {
-        x_group = group;
-        const float* xr = x + tok0 * x_stride + group * m.in;
+  for (int j = 0; j < kExactTokens; ++j) acc[j] = 0.0f;
+  if (row < m.out) {
+    const int64_t srow = (row >> 7) * m.s_cols;
+#pragma unroll 4
+    for (int c = 0; c < cols; c += 8) {
+      float w[8];
+      const int64_t col = c0 + c;
+      if constexpr (kFp8) {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
+        const int64_t si = srow + (col >> 7);
+        const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
 #pragma unroll
-        for (int i = 0; i < kCpl; ++i) {
-          const int ch = c0 + lane + 32 * i;
+        for (int k = 0; k < 4; ++k) {
+          w[k] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * k))) * sc;
+          w[4 + k] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * k))) * sc;
+        }
+      } else {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2));
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-          for (int j = 0; j < kSimpleTokens; ++j) {
-            if (ch < c1 && j < nt) {
-              const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
-              const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
-              xv[i][j][0] = a.x, xv[i][j][1] = a.y, xv[i][j][2] = a.z, xv[i][j][3] = a.w;
-              xv[i][j][4] = b.x, xv[i][j][5] = b.y, xv[i][j][6] = b.z, xv[i][j][7] = b.w;
-            }
-          }
+        for (int k = 0; k < 4; ++k) {
+          w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
+          w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
         }
       }
-      const int64_t srow = (row >> 7) * m.s_cols;
 #pragma unroll
-      for (int i = 0; i < kCpl; ++i) {
-        const int ch = c0 + lane + 32 * i;
-        if (ch >= c1) break;
-        float w[8];
-        if constexpr (kFp8) {
-          const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
-          const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
-          const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            w[k] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * k))) * sc;
-            w[4 + k] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * k))) * sc;
-          }
-        } else {
-          const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
-          const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
-            w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kSimpleTokens; ++j) {
-          if (j >= nt) break;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) acc[j] += xv[i][j][k] * w[k];
-        }
+      for (int j = 0; j < kExactTokens; ++j) {
+        if (j >= nt) break;
+        const float4 a = *reinterpret_cast<const float4*>(&xs[j][c]);
+        const float4 b = *reinterpret_cast<const float4*>(&xs[j][c + 4]);
+        acc[j] += a.x * w[0];
+        acc[j] += a.y * w[1];
+        acc[j] += a.z * w[2];
+        acc[j] += a.w * w[3];
+        acc[j] += b.x * w[4];
+        acc[j] += b.y * w[5];
+        acc[j] += b.z * w[6];
+        acc[j] += b.w * w[7];
       }
-    }
-#pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) {
-      const float sum = warp_sum(acc[j]);
-      if (lane == 0) red[buf][warp][j] = sum;
-    }
-    __syncthreads();
-    // Thread (row of the round r, token j): the row's slices in order.
-    const int r = threadIdx.x / kSimpleTokens, j = threadIdx.x % kSimpleTokens;
-    const int64_t out_row = round * rows + r;
-    if (r < rows && j < nt && out_row < m.out) {
-      float total = 0.0f;
-      for (int sl = 0; sl < wpr; ++sl) total += red[buf][r * wpr + sl][j];
-      y[(tok0 + j) * m.out + out_row] = total;
     }
   }
+  // (unrolled with a guard: a run-time index into acc would put it in local memory)
+  float* dst = slices == 1 ? y + tok0 * m.out : partial + (slice * T + tok0) * m.out;
+  if (row < m.out) {
+#pragma unroll
+    for (int j = 0; j < kExactTokens; ++j)
+      if (j < nt) dst[j * m.out + row] = acc[j];
+  }
+  if (slices == 1) return;
+
+  // The last block of this (row tile, token pass) adds the slices in order.
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[counter], 1) == slices - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (row < m.out)
+    for (int j = 0; j < nt; ++j) {
+      float s = 0.0f;
+      for (int sl = 0; sl < slices; ++sl) s += __ldcg(partial + (sl * T + tok0 + j) * m.out + row);
+      y[(tok0 + j) * m.out + row] = s;
+    }
+  if (threadIdx.x == 0) counters[counter] = 0;
 }
 
-// Warps per row of linear_exact_rows_kernel: one per 32 chunks of 8 columns (one chunk per lane), at most 8;
-// a power of two so that a block's 8 warps hold whole rows. From the weight's shape alone.
-int exact_rows_wpr(int64_t in) {
-  const int64_t chunks = in / 8;
-  int w = 1;
-  while (w < 8 && static_cast<int64_t>(w) * 32 < chunks) w *= 2;
-  return w;
-}
-
-// Chunks of 8 columns each lane of a K slice takes (linear_exact_rows_kernel holds their x in registers).
-int exact_rows_cpl(int64_t in) {
-  const int64_t chunks = in / 8, wpr = exact_rows_wpr(in), per = (chunks + wpr - 1) / wpr;
-  return static_cast<int>((per + 31) / 32);
+// The exact kernel's grid: row tiles, K slices, token passes.
+dim3 exact_grid(const LinearParams& p) {
+  return dim3(static_cast<unsigned>((p.w.out + kExactRows - 1) / kExactRows),
+              static_cast<unsigned>((p.w.in + kExactSlice - 1) / kExactSlice),
+              static_cast<unsigned>((p.T + kExactTokens - 1) / kExactTokens));
 }
 
 dim3 simple_grid(int64_t out, int64_t T) {
@@ -355,32 +355,36 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   }
 }
 
-// linear_exact_rows_kernel's conditions: bf16 or FP8-block weights, rows of whole 8-column chunks (at most 2 per
-// lane of a slice: rows up to 16 384 columns), 16-byte aligned weights and x rows.
-bool linear_exact_rows_ok(const LinearParams& p) {
+// linear_exact_lanes_kernel's conditions: bf16 or FP8-block weights, rows of whole 8-column steps, 16-byte
+// aligned weights and x rows, every 256-row tile inside one row group, and enough arrival counters and
+// partial-sum space for its K slices.
+bool linear_exact_lanes_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  return (p.w.kind == WeightKind::bf16 || p.w.kind == WeightKind::fp8) && p.w.in % 8 == 0 && p.w.in < (int64_t{1} << 31) &&
-         dev::exact_rows_cpl(p.w.in) <= 2 && p.x_stride % 4 == 0 && aligned16(p.w.w) && aligned16(p.x);
+  if ((p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
+      !aligned16(p.w.w) || !aligned16(p.x) || (p.rows_per_group % dev::kExactRows != 0 && p.rows_per_group < p.w.out))
+    return false;
+  const dim3 g = dev::exact_grid(p);
+  if (g.z > 65535) return false;
+  return g.y == 1 || (static_cast<int64_t>(g.x) * g.z <= p.num_counters && p.partial != nullptr &&
+                      static_cast<int64_t>(g.y) * p.T * p.w.out <= p.partial_floats);
+}
+
+int64_t linear_exact_partial_floats(const LinearParams& p) {
+  const dim3 g = dev::exact_grid(p);
+  return g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : 0;
 }
 
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::SimpleMat m = dev::simple_mat(p.w);
-  if (!linear_exact_rows_ok(p)) {
+  if (!linear_exact_lanes_ok(p)) {
     dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(m, p.x, p.x_stride,
                                                                                    p.rows_per_group, p.T, p.y);
     return;
   }
-  const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
-  // Rounds of `rows` rows strided over the grid: about 4 blocks per multiprocessor (each reads its x once), or
-  // fewer when the rows run out.
-  const int64_t rounds = (p.w.out + rows - 1) / rows;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(rounds, 4LL * p.num_sms)),
-                  static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-  const bool fp8 = p.w.kind == WeightKind::fp8, one = dev::exact_rows_cpl(p.w.in) == 1;
-  auto kernel = fp8 ? (one ? dev::linear_exact_rows_kernel<true, 1> : dev::linear_exact_rows_kernel<true, 2>)
-                    : (one ? dev::linear_exact_rows_kernel<false, 1> : dev::linear_exact_rows_kernel<false, 2>);
-  kernel<<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
+  auto kernel = p.w.kind == WeightKind::fp8 ? dev::linear_exact_lanes_kernel<true> : dev::linear_exact_lanes_kernel<false>;
+  kernel<<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y, p.partial,
+                                                             p.counters);
 }
 
 const char* linear_path_name(const LinearParams& p) {

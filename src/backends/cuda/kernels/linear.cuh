@@ -61,8 +61,11 @@ inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v1";
 // Floats of split-K workspace launch_linear wants for this product (0: none).
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);
-// The exact path whatever the shape: linear_simple_kernel, f32 on CUDA cores, up to 8 tokens per weight pass
-// (router gates and the indexer: their top-k must agree with the f32 reference).
+// The exact path whatever the shape (router gates and the indexer: their top-k must agree with the f32
+// reference): f32 on CUDA cores, 8 tokens per weight pass; linear_exact_lanes_kernel (a thread per row, K
+// slices over blocks: partial sums in p.partial, linear_exact_partial_floats of them) for bf16 / FP8 rows,
+// linear_simple_kernel otherwise.
+int64_t linear_exact_partial_floats(const LinearParams& p);
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
 
 // out f32 [w.out, w.in] = W exactly.
