@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #include "core/dtype.h"
@@ -85,14 +86,22 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
   const HostWeight hw = random_weight(f, out, in, r, 1.0f / std::sqrt(float(in)), name);
   const size_t bytes = weight_bytes(hw.w);
   Rotation rot(hw, bytes);
+  // FP8 block and bf16 weights: one row per kernel variant (0 = linear_bulk, 1 = the previous kernels), so one
+  // run compares them on the same shapes.
+  const bool variants = f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::bf16;
   for (int64_t T : Ts) {
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
-    measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")"),
-            cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
-              if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
-              else ops::linear(x, rot.copies[i], y);
-            });
+    for (int v = 0; v < (variants ? 2 : 1); ++v) {
+      if (variants) cuda::set_linear_variant(v);
+      const char* tag = !variants ? "" : v == 0 ? " v0 bulk" : " v1 old";
+      measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
+              cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
+                if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
+                else ops::linear(x, rot.copies[i], y);
+              });
+    }
+    if (variants) cuda::set_linear_variant(0);
   }
 }
 
@@ -349,7 +358,9 @@ int main(int argc, char** argv) {
   bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
   bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
   bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
-  bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, {1, 16}, r);
+  bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
+  bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
+  bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
   bench_moe(WeightFormat::mxfp4, moe_t, r);
   bench_moe(WeightFormat::nvfp4, moe_t, r);

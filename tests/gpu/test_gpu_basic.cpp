@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/linear.cuh"
 #include "gpu_test_util.h"
 #include "ops/elementwise.h"
 #include "ops/kv_row.h"
@@ -168,6 +169,9 @@ std::vector<LinearCase> linear_cases(const Shapes& s) {
       {"shared.w1", WeightFormat::fp8_block, s.inter, D},
       {"shared.w2", WeightFormat::fp8_block, D, s.inter},
       {"comp.wkv(csa)", WeightFormat::bf16, 2 * s.head_dim, D},
+      {"comp.wkv(hca)", WeightFormat::bf16, s.head_dim, D},
+      {"comp 256 rows", WeightFormat::bf16, s.head_dim / 2, D},
+      {"bf16 odd rows", WeightFormat::bf16, 200, D},
       {"idx.weights_proj", WeightFormat::bf16, s.index_heads, D},
       {"gate", WeightFormat::bf16, s.experts, D},
       {"head", WeightFormat::bf16, s.vocab, D},
@@ -243,6 +247,82 @@ TEST_P(GpuBasic, LinearBatchInvariant) {
   }
 }
 
+// Restores the process-wide linear kernel variant (cuda::set_linear_variant) when a test ends.
+struct LinearVariantGuard {
+  int saved = cuda::linear_variant();
+  ~LinearVariantGuard() { cuda::set_linear_variant(saved); }
+};
+
+// The previous kernels (variant 1: linear_stream for FP8, linear_mma for bf16) stay correct against the CPU:
+// the benchmarks compare them with the bulk kernel (variant 0, which the tests above run).
+TEST_P(GpuBasic, LinearOldVariant) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  LinearVariantGuard guard;
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  for (const LinearCase& c : linear_cases(s)) {
+    if (c.exact || (c.format != WeightFormat::fp8_block && c.format != WeightFormat::bf16)) continue;
+    if (c.out * c.in > (64LL << 20)) continue;
+    const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    const ops::Weight dw = store.upload(hw.w);
+    for (int64_t T : {1, 16, 100}) {
+      Tensor x = random_f32({T, c.in}, r);
+      Tensor ref(DType::f32, {T, c.out});
+      ops::linear(x, hw.w, ref);
+      auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
+      cuda::set_linear_variant(1);
+      ops::linear(dx, dw, y);
+      cuda::set_linear_variant(0);
+      expect_close(y, ref, kTolBf16, cat("linear (variant 1) ", c.name, " T=", T));
+    }
+  }
+}
+
+// FP8 products: linear_bulk_kernel uses linear_stream_kernel's tiles, K groups and fragments, so both give the
+// same bits for every T (1, 3: one n-tile; 16, 64: 2 / 8 n-tiles; 100: two token tiles), plain and grouped
+// (wo_a); bf16 products of the bulk kernel are checked against the CPU above and here only for the path name.
+TEST_P(GpuBasic, LinearBulkMatchesStream) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  LinearVariantGuard guard;
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  struct Case {
+    const char* name;
+    int64_t out, in, groups;
+  };
+  std::vector<Case> cases;
+  for (const LinearCase& c : linear_cases(s))
+    if (!c.exact && c.format == WeightFormat::fp8_block && c.out * c.in <= (64LL << 20))
+      cases.push_back({c.name, c.out, c.in, 1});
+  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, in_g, s.groups});
+  for (const Case& c : cases) {
+    const HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r,
+                                        1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    const ops::Weight dw = store.upload(hw.w);
+    for (int64_t T : {1, 3, 16, 64, 100}) {
+      const Tensor x = c.groups > 1 ? random_f32({T, c.groups, c.in}, r) : random_f32({T, c.in}, r);
+      const Shape ys = c.groups > 1 ? Shape{T, c.groups, c.out / c.groups} : Shape{T, c.out};
+      auto dx = upload(x), y0 = poisoned(DType::f32, ys), y1 = poisoned(DType::f32, ys);
+      cuda::set_linear_variant(0);
+      if (c.groups > 1) ops::grouped_linear(dx, dw, y0);
+      else ops::linear(dx, dw, y0);
+      cuda::set_linear_variant(1);
+      if (c.groups > 1) ops::grouped_linear(dx, dw, y1);
+      else ops::linear(dx, dw, y1);
+      cuda::set_linear_variant(0);
+      const Tensor a = cuda::to_host(y0), b = cuda::to_host(y1);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < a.numel(); ++i)
+        if (std::memcmp(a.data<float>() + i, b.data<float>() + i, 4) != 0) ++differ;
+      EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": " << differ << " of " << a.numel()
+                           << " outputs differ between linear_bulk and linear_stream";
+    }
+  }
+}
+
 TEST_P(GpuBasic, GroupedLinear) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
@@ -252,8 +332,8 @@ TEST_P(GpuBasic, GroupedLinear) {
                                       1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
   cuda::WeightStore store;
   const ops::Weight dw = store.upload(hw.w);
-  // 600: the library path (strided batched cuBLAS) of a prefill chunk.
-  for (int64_t T : {1, 6, 19, 64, 600}) {
+  // 600: the library path (strided batched cuBLAS) of a prefill chunk; 100: two token tiles of the bulk kernel.
+  for (int64_t T : {1, 3, 6, 16, 19, 64, 100, 600}) {
     Tensor x = random_f32({T, s.groups, in_g}, r);
     Tensor ref(DType::f32, {T, s.groups, s.o_rank});
     ops::grouped_linear(x, hw.w, ref);

@@ -132,3 +132,33 @@ struct BulkRing {
 };
 
 }  // namespace tern::cuda::dev
+
+namespace tern::cuda::dev {
+
+// A ring owned by ONE warp (linear_bulk_kernel): the warp is both producer and consumer of its slots, so
+// only the full barriers exist (count 1: lane 0's arrive.expect_tx) and a slot is free again as soon as the
+// warp has read it: every lane fences (generic reads before the next async-proxy write), a __syncwarp, and
+// the warp re-arms the slot for the stage S ahead. No cross-warp waits, so warps of a block never stall on
+// each other's copies. Stage i lives in slot i % stages, round i / stages; consumers wait parity round & 1.
+struct WarpRing {
+  uint64_t* full;  // [stages], this warp's
+  int stages;
+
+  // Lane 0 only, then mbar_init_fence() and __syncthreads() by the block.
+  __device__ void init() const {
+    for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);
+  }
+  __device__ int slot(int i) const { return i % stages; }
+  __device__ uint64_t* bar(int i) const { return &full[slot(i)]; }
+  // Lane 0: arms stage i's slot for `bytes` of copies (the warp __syncwarp()s, then issues them on bar(i)).
+  __device__ void arm(int i, uint32_t bytes) const { mbar_arrive_expect_tx(bar(i), bytes); }
+  // All lanes: waits until stage i's bytes have landed.
+  __device__ void wait_full(int i) const { mbar_wait(bar(i), static_cast<uint32_t>((i / stages) & 1)); }
+  // All lanes: done reading stage i's slot; after this the warp may arm and refill it.
+  __device__ void release() const {
+    fence_proxy_async_smem();
+    __syncwarp();
+  }
+};
+
+}  // namespace tern::cuda::dev

@@ -1,6 +1,9 @@
 // Linear dispatch: the tensor-core plan (token tiles, K splits), the exact CUDA-core fallback, dequantize.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 
+#include "backends/cuda/kernels/linear_bulk_impl.cuh"
 #include "backends/cuda/kernels/linear_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
 
@@ -9,6 +12,9 @@ namespace tern::cuda {
 extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, cudaStream_t);
 extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
 extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
+
+extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, cudaStream_t);
+extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, cudaStream_t);
 
 extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
 extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
@@ -65,6 +71,34 @@ bool linear_stream_ok(const LinearParams& p) {
   return p.w.s != nullptr && reinterpret_cast<uintptr_t>(p.w.s) % word == 0 && p.w.s_cols % word == 0;
 }
 
+// The K groups of the streaming kernels (linear_stream and linear_bulk: the same groups, so the same bits),
+// from the weight's shape alone: as many as one token tile needs to give every multiprocessor two 128-row
+// blocks, at least kStages - 1 chunks each, at most 64; or the tuner's count (p.groups).
+int64_t stream_chunks_per_group(const LinearParams& p) {
+  const int64_t bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
+  const int64_t chunks = p.w.in / chunk_of(p.w.kind);
+  const int64_t target = 2LL * p.num_sms;
+  int64_t groups = p.groups > 0 ? p.groups : std::max<int64_t>(1, target / bx);
+  groups = std::min<int64_t>({groups, std::max<int64_t>(1, chunks / (dev::kStages - 1)), 64});
+  return (chunks + groups - 1) / groups;
+}
+
+// Whether the groups run as separate blocks (split K) for this call: when it is cheaper by a rough model:
+// without a split the blocks reach a share of the bandwidth that grows with their number (one multiprocessor
+// pulls about 1.6x its fair share); a split adds its partial sums (written and read once, mostly in L2:
+// counted at half). Both choices give the same bits.
+int stream_ksplit(const LinearParams& p, int64_t bx, int64_t bz, int64_t chunks_per_group) {
+  const int64_t chunks = p.w.in / chunk_of(p.w.kind);
+  const int64_t ngroups = (chunks + chunks_per_group - 1) / chunks_per_group;
+  const bool fits = bx * bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
+  const double per_elem = p.w.kind == WeightKind::fp8 ? 1.0 : p.w.kind == WeightKind::bf16 ? 2.0 : 0.5;
+  const double wbytes = static_cast<double>(p.w.out) * p.w.in * per_elem;
+  const double share = std::min(1.0, static_cast<double>(bx * bz) / (0.6 * p.num_sms));
+  const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
+  const bool cheaper = wbytes + 0.5 * pbytes < wbytes / share;
+  return ngroups > 1 && fits && cheaper ? static_cast<int>(ngroups) : 1;
+}
+
 // Groups of K from the weight's shape alone: as many as one token tile needs to give every
 // multiprocessor two blocks, at least kStages - 1 chunks each (a full pipeline), at most 64. Split over
 // blocks when the row and token tiles alone do not fill the machine and the partials fit.
@@ -76,20 +110,8 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
   const int chunk = chunk_of(p.w.kind);
   const int64_t chunks = p.w.in / chunk;
-  const int64_t target = 2LL * p.num_sms;
-  int64_t groups = p.groups > 0 ? p.groups : std::max<int64_t>(1, target / plan.bx);
-  groups = std::min<int64_t>({groups, std::max<int64_t>(1, chunks / (dev::kStages - 1)), 64});
-  plan.chunks_per_group = (chunks + groups - 1) / groups;
-  const int64_t ngroups = (chunks + plan.chunks_per_group - 1) / plan.chunks_per_group;
-  const bool fits = plan.bx * plan.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
-  // Split when it is cheaper by a rough model: without a split the blocks reach a share of the bandwidth
-  // that grows with their number (one multiprocessor pulls about 1.6x its fair share); a split adds its
-  // partial sums (written and read once, mostly in L2: counted at half).
-  const double wbytes = static_cast<double>(p.w.out) * p.w.in * (p.w.kind == WeightKind::fp8 ? 1.0 : 0.5);
-  const double share = std::min(1.0, static_cast<double>(plan.bx * plan.bz) / (0.6 * p.num_sms));
-  const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
-  const bool cheaper = wbytes + 0.5 * pbytes < wbytes / share;
-  plan.ksplit = ngroups > 1 && fits && cheaper ? static_cast<int>(ngroups) : 1;
+  plan.chunks_per_group = stream_chunks_per_group(p);
+  plan.ksplit = stream_ksplit(p, plan.bx, plan.bz, plan.chunks_per_group);
   const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
   const int rows = plan.nt * 8;
   const int64_t fit = ((dev::stream_x_budget(plan.nt) / rows - 64) / 2) / chunk;  // chunks of x the budget holds
@@ -101,6 +123,91 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
                                                : (plan.mt == 2 ? dev::ring_bytes<dev::WFmt::mxfp4, 2>()
                                                                 : dev::ring_bytes<dev::WFmt::mxfp4, 1>());
   plan.smem = static_cast<size_t>(warps) * ring + rows * (plan.win_chunks * chunk * 2 + 64) + plan.scale_words * 4;
+  return plan;
+}
+
+namespace {
+
+std::atomic<int> g_linear_variant{-1};
+
+}  // namespace
+
+int linear_variant() {
+  int v = g_linear_variant.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TERN_LINEAR_VARIANT");
+    v = e != nullptr && *e != '\0' ? std::atoi(e) : 0;
+    g_linear_variant.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_linear_variant(int variant) { g_linear_variant.store(variant, std::memory_order_relaxed); }
+
+// The bulk-copy kernel (linear_bulk_impl.cuh): FP8-block and bf16 weights, the streaming kernel's tiles (row
+// groups whole 128-row tiles); its copies need 16-byte aligned rows, which linear_mma_ok's 64-column chunks
+// and aligned base give.
+bool linear_bulk_ok(const LinearParams& p) {
+  if (p.w.kind != WeightKind::fp8 && p.w.kind != WeightKind::bf16) return false;
+  if (!linear_mma_ok(p)) return false;
+  return p.rows_per_group == p.w.out || p.rows_per_group % dev::kBulkLinRows == 0;
+}
+
+bool linear_bulk_used(const LinearParams& p) { return linear_variant() == 0 && linear_bulk_ok(p); }
+
+// Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
+// sized for two blocks per multiprocessor (16 warps): the x window first (its budget by token count), then
+// each warp's ring: S stages of 16 rows x SC chunks, the most bytes in flight ((S - 1) * SC chunks) that the
+// rest holds, preferring 4 stages (a stage is released and refilled while 3 fly) unless that leaves copies of
+// under 2 chunks per row.
+BulkLinearPlan plan_linear_bulk(const LinearParams& p) {
+  BulkLinearPlan plan;
+  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
+  plan.bx = (p.w.out + dev::kBulkLinRows - 1) / dev::kBulkLinRows;
+  plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
+  const int64_t chunks = p.w.in / 64;
+  plan.chunks_per_group = stream_chunks_per_group(p);
+  plan.ksplit = stream_ksplit(p, plan.bx, plan.bz, plan.chunks_per_group);
+  const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
+  const int rows = plan.nt * 8;
+  const bool fp8 = p.w.kind == WeightKind::fp8;
+  const int cb = fp8 ? dev::bulk_chunk_bytes<dev::WFmt::fp8>() : dev::bulk_chunk_bytes<dev::WFmt::bf16>();
+  // Two blocks per multiprocessor (227 KB, 1 KB reserved each) up to 32 tokens (64-112 registers); at 64 tokens
+  // the 8 n-tiles' accumulators take ~166 registers, one block fits, and it gets the whole shared memory.
+  const int64_t block_budget = plan.nt == 8 ? 220 * 1024 : 110 * 1024;
+  const int64_t win_budget = plan.nt == 8 ? 64 * 1024 : plan.nt == 4 ? 24 * 1024 : 16 * 1024;
+  const int64_t fit = ((win_budget / rows - 64) / 2) / 64;  // chunks of x (bf16) the window holds
+  plan.win_chunks = static_cast<int>(std::clamp<int64_t>(fit, 1, range));
+  plan.scale_words = fp8 ? static_cast<int>(range * 64 / 128 + 2) : 0;
+  const int64_t win_bytes = static_cast<int64_t>(rows) * (plan.win_chunks * 64 * 2 + 64);
+  const int64_t tab_bytes = (plan.scale_words * 4 + 15) / 16 * 16;
+  // Row stride of a stage: a quarter-warp's A loads cover rows g and g + 1 at the same 16-byte offsets, so
+  // the stride must not be a multiple of 128 bytes (== 64 for FP8's 16-byte lane runs, == 16 for bf16's 32).
+  auto stride_of = [&](int sc) {
+    int st = sc * cb;
+    const int want = fp8 ? 64 : 16;
+    while (st % 128 != want) st += 16;
+    return st;
+  };
+  const int64_t per_warp = (block_budget - win_bytes - tab_bytes - dev::kBulkLinWarps * 4 * 8) / dev::kBulkLinWarps;
+  int best_s = 2, best_sc = 1;
+  int64_t best_score = -1;
+  for (int st = 4; st >= 2; --st) {
+    int sc = 1;
+    while (sc < range && static_cast<int64_t>(st) * 16 * stride_of(sc + 1) <= per_warp) ++sc;
+    const int64_t nst = (range + sc - 1) / sc;
+    const int64_t score = std::min<int64_t>(st - 1, nst) * sc;
+    if (score > best_score && (sc >= 2 || st == 2 || range < 2)) {
+      best_score = score;
+      best_s = st;
+      best_sc = sc;
+    }
+  }
+  plan.stage_chunks = best_sc;
+  plan.stages = static_cast<int>(std::min<int64_t>(best_s, (range + best_sc - 1) / best_sc));
+  plan.row_stride = stride_of(best_sc);
+  plan.smem = static_cast<size_t>(dev::kBulkLinWarps) * plan.stages * 16 * plan.row_stride + win_bytes + tab_bytes +
+              static_cast<size_t>(dev::kBulkLinWarps) * plan.stages * 8;
   return plan;
 }
 
@@ -135,12 +242,18 @@ int64_t linear_partial_floats(const LinearParams& p) {
   LinearParams q = p;
   q.partial_floats = INT64_MAX;
   q.num_counters = INT64_MAX;
+  // The most any variant wants (the variant may change between calls: benchmarks, tests).
+  int64_t most = 0;
+  if (linear_bulk_ok(q)) {
+    const BulkLinearPlan plan = plan_linear_bulk(q);
+    most = plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
+  }
   if (linear_stream_ok(q)) {
     const StreamPlan plan = plan_linear_stream(q);
-    return plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
+    return std::max<int64_t>(most, plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0);
   }
   const LinearPlan plan = plan_linear(q);
-  return plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
+  return std::max<int64_t>(most, plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0);
 }
 
 namespace dev {
@@ -338,6 +451,12 @@ SimpleMat simple_mat(const DeviceMat& w) {
 void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
+  if (linear_bulk_used(p)) {
+    const BulkLinearPlan plan = plan_linear_bulk(p);
+    if (p.w.kind == WeightKind::fp8) launch_linear_bulk<dev::WFmt::fp8>(p, plan, stream);
+    else launch_linear_bulk<dev::WFmt::bf16>(p, plan, stream);
+    return;
+  }
   if (linear_stream_ok(p)) {
     const StreamPlan plan = plan_linear_stream(p);
     if (p.w.kind == WeightKind::fp8) launch_linear_stream<dev::WFmt::fp8>(p, plan, stream);
@@ -389,6 +508,9 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 
 const char* linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
+  if (linear_bulk_used(p))
+    return p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)"
+                                       : "linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)";
   if (linear_stream_ok(p)) {
     switch (p.w.kind) {
       case WeightKind::fp8: return "linear_stream<fp8 block> (tensor cores, cp.async weight ring)";

@@ -1,0 +1,7 @@
+// Instantiation of the bulk-copy linear kernel for: bf16 (one file per format keeps nvcc's compile units
+// small).
+#include "backends/cuda/kernels/linear_bulk_impl.cuh"
+
+namespace tern::cuda {
+template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, cudaStream_t);
+}  // namespace tern::cuda
