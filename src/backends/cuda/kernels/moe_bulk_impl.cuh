@@ -6,12 +6,12 @@
 // rows 16j..16j+7 = w1, 16j+8..16j+15 = w3), so one m16n8k16 tile gives a lane w1x (c0, c1) and w3x (c2, c3)
 // of the same output row and SwiGLU is applied in registers. DOWN: 16*mt rows of w2. A stage is one item:
 // every row whole (the full K), so each (m-tile, matrix) segment is ONE contiguous bulk copy (UP at
-// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 32 rows x 1 KB = 32 KB + scales).
+// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 16*mt rows x 1 KB + scales).
 // Block: `groups` x `mt * ks` consumer warps (each group decodes its own items; warp u of a group: m-tile
-// u / ks, K slice u % ks) + one producer warp. The grid is
-// one block per multiprocessor; block b takes the contiguous item range [b*N/G, (b+1)*N/G) of the N =
-// jobs x tiles items the plan kernel listed (read on the device: the host sizes the grid without a sync),
-// so consecutive items mostly share a job and its x stays staged.
+// u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
+// contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
+// the device: the host sizes the grid without a sync), so consecutive items mostly share a job and its x
+// stays staged.
 //
 // Numerics (as mma_tile.cuh): weights exact in bf16, x (UP) and h (DOWN) rounded to bf16 once, in the
 // shared-memory x window (stream_tile.cuh's layout), f32 accumulation. Batch invariance: a token's output
