@@ -285,12 +285,13 @@ TEST_P(GpuV4, MoeExperts) {
     const std::vector<ops::Expert>& hexp = experts.on_host;
     const std::vector<ops::Expert>& dexp = experts.on_device;
     const bool fp4 = f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
-    // FP4: the bulk-copy kernels at 1, 3, 16 and 64 tokens (one job tile of 8 pairs, several, experts split
-    // over jobs), 100 tokens on the register kernel; every kernel variant (ring depth, warps, the register
+    // FP4: the bulk-copy kernels at 1, 3, 8, 16, 40 and 64 tokens (jobs of 1 to 8 pairs, experts split over
+    // jobs, job changes inside a block while the other warp group still decodes the previous job),
+    // 100 tokens on the register kernel; every kernel variant (ring depth, warps, item size, the register
     // kernel forced) against the same reference. Other formats: the register kernel.
     cuda::CudaBackend& be = cuda::register_backend();
     const int variants = fp4 ? cuda::CudaBackend::moe_variants() : 1;
-    for (int64_t T : fp4 ? std::vector<int64_t>{1, 3, 16, 64, 100} : std::vector<int64_t>{1, 16, 70}) {
+    for (int64_t T : fp4 ? std::vector<int64_t>{1, 3, 8, 16, 40, 64, 100} : std::vector<int64_t>{1, 16, 70}) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});
       for (int64_t t = 0; t < T; ++t) {  // distinct experts per token, skewed towards the first ones

@@ -202,18 +202,20 @@ bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
 
 namespace {
 
-// The expert kernel variants: ring stages of the up and down kernels, consumer warps; `bulk` false forces
-// moe_expert_kernel (the baseline the benchmark measures beside the others).
+// The expert kernel variants: ring stages of the up and down kernels, consumer warps, m-tiles per down item
+// at most; `bulk` false forces moe_expert_kernel (the baseline the benchmark measures beside the others).
+// Up items are one m-tile (8 rows of w1 and w3) x 8 K slices at V4-Flash: 8 warps an item; down items
+// mt m-tiles x 4 slices.
 struct MoeVariant {
   const char* name;
   bool bulk;
-  int stages_up, stages_down, consumers;
+  int stages_up, stages_down, consumers, down_mt;
 };
 constexpr MoeVariant kMoeVariants[] = {
-    {"bulk 4/5 stages, 8 warps", true, 4, 5, 8},
-    {"bulk 3/4 stages, 8 warps", true, 3, 4, 8},
-    {"bulk 4/5 stages, 4 warps", true, 4, 5, 4},
-    {"register kernel", false, 0, 0, 0},
+    {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1},
+    {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2},
+    {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2},
+    {"register kernel", false, 0, 0, 0, 0},
 };
 constexpr int kNumMoeVariants = static_cast<int>(sizeof(kMoeVariants) / sizeof(kMoeVariants[0]));
 
@@ -232,8 +234,8 @@ BulkPlans bulk_plans(const MoeParams& p) {
   if (!v.bulk || (p.kind != WeightKind::mxfp4 && p.kind != WeightKind::nvfp4) || p.T > kMoeBulkMaxTokens ||
       !p.experts_aligned)
     return b;
-  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers);
-  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers);
+  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8);
+  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt);
   b.ok = b.up.ok && b.down.ok;
   return b;
 }
@@ -245,20 +247,21 @@ const char* moe_variant_name(int variant) {
   return variant >= 0 && variant < kNumMoeVariants ? kMoeVariants[variant].name : "unknown";
 }
 
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers) {
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt) {
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
   const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
   const int64_t chunks = in / 128;
   constexpr int64_t kStageWeightBytes = 32 * 1024;  // weight bytes per stage at most (16 rows of 2 KB)
-  // K slices as moe_expert_kernel takes them; m-tiles per item: the largest power of two whose rows fit the
-  // stage, with at most 8 (m-tile, slice) units, shared out evenly among the consumer warps.
+  // K slices as moe_expert_kernel takes them; m-tiles per item: the largest power of two up to max_mt whose
+  // rows fit the stage and whose (m-tile, slice) warps fit the consumers. The consumers form
+  // consumers / (mt * ks) groups that decode separate items.
   const int ks = dev::moe_k_slices(chunks);
   int mt = 1;
-  while (mt * 2 * ks <= 8 && 16 * (mt * 2) * row_bytes <= kStageWeightBytes) mt *= 2;
+  while (mt * 2 <= max_mt && mt * 2 * ks <= consumers && 16 * (mt * 2) * row_bytes <= kStageWeightBytes) mt *= 2;
   const int units = mt * ks;
-  if (16 * row_bytes > kStageWeightBytes || chunks % ks != 0 || units % consumers != 0 || units / consumers > 2 ||
-      out % 16 != 0 || s_cols % 4 != 0)
+  if (16 * row_bytes > kStageWeightBytes || chunks % ks != 0 || consumers > dev::kBulkMaxConsumers ||
+      consumers % units != 0 || out % 16 != 0 || s_cols % 4 != 0)
     return pl;
   pl.mt = mt;
   pl.ks = ks;
@@ -271,14 +274,17 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.stage_bytes = static_cast<int>((pl.scale_off + 16 * mt * s_cols + 127) / 128 * 128);
   pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
   const int win_bytes = dev::kBulkTile * pl.win_stride;
-  const int red_bytes = 2 * units * 4 * 32 * static_cast<int>(sizeof(float));
+  const int red_bytes = units * 4 * 32 * static_cast<int>(sizeof(float));  // per ring slot (ks > 1)
   for (int s = stages; s >= 2; --s) {
-    const int bar_off = s * pl.stage_bytes + win_bytes + red_bytes;
+    const int red_off = s * pl.stage_bytes + win_bytes;
+    const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
+    const int bar_off = cnt_off + (s * 4 + 15) / 16 * 16;
     const int smem = bar_off + 2 * s * 8;
     if (smem <= dev::kBulkMaxSmem) {
       pl.stages = s;
       pl.win_off = s * pl.stage_bytes;
-      pl.red_off = pl.win_off + win_bytes;
+      pl.red_off = red_off;
+      pl.cnt_off = cnt_off;
       pl.bar_off = bar_off;
       pl.smem = smem;
       pl.ok = true;

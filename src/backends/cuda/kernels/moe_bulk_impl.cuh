@@ -6,11 +6,12 @@
 // rows 16j..16j+7 = w1, 16j+8..16j+15 = w3), so one m16n8k16 tile gives a lane w1x (c0, c1) and w3x (c2, c3)
 // of the same output row and SwiGLU is applied in registers. DOWN: 16*mt rows of w2. A stage is one item:
 // every row whole (the full K), so each (m-tile, matrix) segment is ONE contiguous bulk copy (UP at
-// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 32 rows x 1 KB = 32 KB + scales).
-// Block: `mt * ks` consumer warps (warp w: m-tile w / ks, K slice w % ks) + one producer warp. The grid is
-// one block per multiprocessor; block b takes the contiguous item range [b*N/G, (b+1)*N/G) of the N =
-// jobs x tiles items the plan kernel listed (read on the device: the host sizes the grid without a sync),
-// so consecutive items mostly share a job and its x stays staged.
+// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 16*mt rows x 1 KB + scales).
+// Block: `groups` x `mt * ks` consumer warps (each group decodes its own items; warp u of a group: m-tile
+// u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
+// contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
+// the device: the host sizes the grid without a sync), so consecutive items mostly share a job and its x
+// stays staged.
 //
 // Numerics (as mma_tile.cuh): weights exact in bf16, x (UP) and h (DOWN) rounded to bf16 once, in the
 // shared-memory x window (stream_tile.cuh's layout), f32 accumulation. Batch invariance: a token's output
@@ -26,19 +27,20 @@ namespace tern::cuda {
 // Shared-memory plan of one of the two kernels (host-side, from the shapes and the variant alone).
 struct MoeBulkPlan {
   bool ok = false;
-  int mt = 0, ks = 0;             // m-tiles per item, K slices (moe_k_slices): mt * ks units (<= 8)
-  int consumers = 0;              // consumer warps; each takes units w and w + consumers
+  int mt = 0, ks = 0;             // m-tiles per item, K slices (moe_k_slices): mt * ks warps per item
+  int consumers = 0;              // consumer warps: consumers / (mt * ks) groups, each decoding its own items
   int rows_per_item = 0;          // matrix rows per item (of each of w1 and w3 for UP)
   int tiles = 0;                  // items per job
   int row_bytes = 0, s_cols = 0;  // bytes of a weight row, scale bytes of a row
   int stages = 0, stage_bytes = 0, scale_off = 0;
-  int win_off = 0, win_stride = 0, red_off = 0, bar_off = 0;
+  int win_off = 0, win_stride = 0, red_off = 0, cnt_off = 0, bar_off = 0;
   int smem = 0;
 };
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
-// at least 2) and `consumers` consumer warps; !ok when the shape does not fit the kernel.
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers);
+// at least 2), `consumers` consumer warps and at most `max_mt` m-tiles per item; !ok when the shape does
+// not fit the kernel.
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt);
 
 template <dev::WFmt F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
@@ -46,7 +48,8 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
 
 namespace dev {
 
-constexpr int kBulkMaxThreads = 9 * 32;  // 8 consumer warps + the producer
+constexpr int kBulkMaxConsumers = 16;
+constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 1) * 32;  // + the producer; 120 registers a thread
 constexpr int kBulkTile = 8;             // pairs per job: one n-tile of the mma
 constexpr int kBulkMaxSmem = 227 * 1024;  // sm_90's opt-in limit per block
 
@@ -124,16 +127,24 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 }
 
 // This lane's shared-memory offsets for the consumer loop: its two weight rows (16*mtile + g, +8) at its
-// 16-byte run t of the first chunk of its K slice, their scale bytes, and token g's x at the same columns.
+// 16-byte run t of the first chunk of its K slice, its scale byte(s) there, and token g's x at the same
+// columns.
 struct LaneOffsets {
   uint32_t w, s, x;
 };
+
+__device__ __forceinline__ uint32_t lds8_at(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(a));
+  return v;
+}
 
 // acc += the stage's rows x the x window's token g, over `chunks` chunks of 128 columns from the lane's
 // offsets, in chunk and k-step order with one accumulator (the order moe_expert_kernel uses). Lane t of a
 // quad owns the 16-byte run t of each chunk's 64 bytes of a row (32 columns, the mma_tile.cuh k
 // permutation), its scale byte(s) and the same columns of x. Rows of the x window past the job's tokens hold
 // stale values: they only reach output columns that are never stored (mma columns are independent).
+// mxfp4: the lane's offset `s` already points at its own e8m0 byte (one ld.shared.u8, no shift and mask).
 template <WFmt F>
 __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
                                              uint32_t win, int chunks, float (&acc)[4]) {
@@ -145,17 +156,14 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
     LaneRow<F> r0, r1;
     r0.v[0] = lds128_at(w);
     r1.v[0] = lds128_at(w + row8_w);
-    uint2 sw0, sw1;
-    if constexpr (kWord == 4) {
-      sw0 = make_uint2(lds32_at(s), 0u);
-      sw1 = make_uint2(lds32_at(s + row8_s), 0u);
-    } else {
-      sw0 = lds64_at(s);
-      sw1 = lds64_at(s + row8_s);
-    }
     uint32_t m0[2], m1[2];
-    fp4_row_scales<F>(sw0, t, m0);
-    fp4_row_scales<F>(sw1, t, m1);
+    if constexpr (F == WFmt::mxfp4) {
+      m0[0] = m0[1] = e8m0_mult_bf16x2(lds8_at(s));
+      m1[0] = m1[1] = e8m0_mult_bf16x2(lds8_at(s + row8_s));
+    } else {
+      fp4_row_scales<F>(lds64_at(s), t, m0);
+      fp4_row_scales<F>(lds64_at(s + row8_s), t, m1);
+    }
     uint4 b[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) b[q] = lds128_at(x + q * 64);
@@ -171,12 +179,49 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
   }
 }
 
+// Stores m-tile `mtile` of an item from its finished sums v (the mma C fragment of this lane): UP applies
+// SwiGLU (c0, c1: the w1 row, c2, c3: the w3 row, same matrix row) into h, DOWN writes y.
+template <bool UP>
+__device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_row0, int mtile, int first, int count,
+                                           const float (&mult)[2], const float (&v)[4]) {
+  const MoeParams& p = a.p;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t out = UP ? p.inter : p.D;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
+    const int slot = 2 * t + q;
+    if (slot >= count) continue;
+    if constexpr (UP) {
+      const int64_t row = tile_row0 + 8 * mtile + g;
+      if (row < out) {
+        const float gate = v[q] * mult[0], up = v[2 + q] * mult[1];
+        a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
+            siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
+      }
+    } else {
+      const int64_t row = tile_row0 + 16 * mtile + g;
+      float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
+      if (row < out) dst[row] = v[q] * mult[0];
+      if (row + 8 < out) dst[row + 8] = v[2 + q] * mult[0];
+    }
+  }
+}
+
+// Consumer warps come in `groups` groups of `units` = mt * ks warps; group G takes the block's items
+// G, G + groups, ... (so up to `groups` items are decoded at once) and warp u of a group owns (m-tile
+// u / ks, K slice u % ks) of each of its items. The K slices of an m-tile meet in shared memory without
+// a barrier: each warp stores its partial sums in its item's ring slot, then counts itself in with a
+// shared-memory atomic; the warp that arrives last adds the slices in slice order and stores the item
+// (any warp may be last: the sum does not depend on which). The slot's partials are reused only after
+// the ring refilled the slot, i.e. after every warp of the item released it, and warps release only
+// after their count (the last one after its stores).
 template <WFmt F, bool UP>
 __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
   const MoeParams& p = a.p;
   const int consumers = pl.consumers, threads = consumers * 32;
+  const int units = pl.mt * pl.ks, groups = consumers / units;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int items = *a.num_jobs * pl.tiles;
   const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
@@ -184,9 +229,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   if (begin >= end) return;  // the whole block: no barrier has been touched yet
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
+  int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
-    ring.init(consumers);
+    ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
+    for (int s = 0; s < pl.stages; ++s) arrived[s] = 0;
     mbar_init_fence();
   }
   __syncthreads();
@@ -195,26 +242,23 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
     return;
   }
 
-  const int64_t in = UP ? p.D : p.inter, out = UP ? p.inter : p.D;
+  const int64_t in = UP ? p.D : p.inter;
   const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
-  const int units = pl.mt * pl.ks, mine = units / consumers;      // units of this warp: 1 or 2
-  LaneOffsets lo[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int u = warp + j * consumers, mtile = u / pl.ks, slice = u % pl.ks, srow = 16 * mtile + g;
-    lo[j] = LaneOffsets{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
-                        static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * scale_word_bytes<F>()),
-                        static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
-  }
+  const int group = warp / units, u = warp % units, mtile = u / pl.ks, slice = u % pl.ks, srow = 16 * mtile + g;
+  constexpr int kWord = scale_word_bytes<F>();
+  const LaneOffsets lo{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
+                       static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * kWord +
+                                             (F == WFmt::mxfp4 ? t : 0)),
+                       static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
-  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [2][units][4][32]
+  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [stages][units][4][32]
 
   int cur_job = -1, first = 0, count = 0;
   float mult[2] = {1.0f, 1.0f};
   for (int item = begin; item < end; ++item) {
     const int idx = item - begin, job = item / pl.tiles;
-    if (job != cur_job) {  // stage the job's x (UP) or h (DOWN) rows as bf16
+    if (job != cur_job) {  // every consumer warp (all groups): stage the job's x (UP) or h (DOWN) rows as bf16
       named_bar_sync(1, threads);  // every consumer warp is done with the previous window
       cur_job = job;
       const int e = a.jobs[3 * job];
@@ -233,62 +277,45 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
       stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
       named_bar_sync(1, threads);
     }
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    ring.wait_full(idx);
-    const uint32_t stage = smem0 + ring.slot(idx) * pl.stage_bytes;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (j < mine) bulk_consume<F>(stage, lo[j], 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per, acc[j]);
-    ring.release(idx);
+    if (idx % groups != group) continue;  // another group's item
 
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    ring.wait_full(idx);
+    const int slot = ring.slot(idx);
+    bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per,
+                    acc);
     const int64_t tile_row0 = static_cast<int64_t>(item % pl.tiles) * pl.rows_per_item;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (j >= mine) break;
-      const int u = warp + j * consumers;
-      if (pl.ks > 1) {  // the K slices of each m-tile meet in shared memory, added in slice order
-        float* part = red + ((idx & 1) * units + u) * 128;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) part[i * 32 + lane] = acc[j][i];
-      }
-    }
-    if (pl.ks > 1) named_bar_sync(1, threads);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (j >= mine) break;
-      const int u = warp + j * consumers, mtile = u / pl.ks;
-      if (u % pl.ks != 0) continue;  // the m-tile's slice-0 unit finishes it
+    if (pl.ks == 1) {  // one slice: the warp finishes its m-tile ((0 + s0): -0 becomes +0, as the sums below)
       float v[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[j][i];  // as the slice sum below: -0 becomes +0
-      if (pl.ks > 1) {
-        const float* parts = red + ((idx & 1) * units + u) * 128;
+      for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[i];
+      bulk_store<UP>(a, tile_row0, mtile, first, count, mult, v);
+      ring.release(idx);
+      continue;
+    }
+    float* parts = red + slot * units * 128;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) parts[(u * 4 + i) * 32 + lane] = acc[i];
+    __threadfence_block();  // the partials before the count (release), for whichever warp is last
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(&arrived[slot], 1) == units - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) {
+      __threadfence_block();  // every partial of the item after the count (acquire)
+      for (int m = 0; m < pl.mt; ++m) {
+        float v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float s = 0.0f;
-          for (int sl = 0; sl < pl.ks; ++sl) s += parts[sl * 128 + i * 32 + lane];
+          for (int sl = 0; sl < pl.ks; ++sl) s += parts[((m * pl.ks + sl) * 4 + i) * 32 + lane];
           v[i] = s;
         }
+        bulk_store<UP>(a, tile_row0, m, first, count, mult, v);
       }
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
-        const int slot = 2 * t + q;
-        if (slot >= count) continue;
-        if constexpr (UP) {  // c0, c1: w1 row; c2, c3: w3 row (same matrix row)
-          const int64_t row = tile_row0 + 8 * mtile + g;
-          if (row < out) {
-            const float gate = v[q] * mult[0], up = v[2 + q] * mult[1];
-            a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
-                siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
-          }
-        } else {
-          const int64_t row = tile_row0 + 16 * mtile + g;
-          float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
-          if (row < out) dst[row] = v[q] * mult[0];
-          if (row + 8 < out) dst[row + 8] = v[2 + q] * mult[0];
-        }
-      }
+      if (lane == 0) arrived[slot] = 0;  // for the slot's next item (after the ring refilled it)
     }
+    ring.release(idx);
   }
 }
 
