@@ -86,15 +86,18 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
   const HostWeight hw = random_weight(f, out, in, r, 1.0f / std::sqrt(float(in)), name);
   const size_t bytes = weight_bytes(hw.w);
   Rotation rot(hw, bytes);
-  // FP8 block and bf16 weights: one row per kernel variant (0 = linear_bulk, 1 = the previous kernels), so one
-  // run compares them on the same shapes.
+  // FP8 block and bf16 weights: one row per kernel (cuda::set_linear_variant), so one run compares them on the
+  // same shapes.
   const bool variants = f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::bf16;
   for (int64_t T : Ts) {
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
-    for (int v = 0; v < (variants ? 2 : 1); ++v) {
+    // FP8: variant 0 = linear_stream (as 1), 2 = linear_bulk; bf16: 0 = linear_bulk (as 2), 1 = linear_mma.
+    const bool fp8 = f == ops::WeightFormat::fp8_block;
+    const std::vector<int> vs = !variants ? std::vector<int>{0} : fp8 ? std::vector<int>{0, 2} : std::vector<int>{0, 1};
+    for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
-      const char* tag = !variants ? "" : v == 0 ? " v0 bulk" : " v1 old";
+      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : v == 1 ? " v1 old" : " v2 bulk";
       measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
               cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
                 if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);

@@ -1,4 +1,7 @@
 // Linear dispatch: the tensor-core plan (token tiles, K splits), the exact CUDA-core fallback, dequantize.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -153,7 +156,13 @@ bool linear_bulk_ok(const LinearParams& p) {
   return p.rows_per_group == p.w.out || p.rows_per_group % dev::kBulkLinRows == 0;
 }
 
-bool linear_bulk_used(const LinearParams& p) { return linear_variant() == 0 && linear_bulk_ok(p); }
+// Variant 0 sends only bf16 to the bulk kernel: on the H200 (session 7, results.md) its FP8 products ran slower
+// than linear_stream's at T = 1 and 64 on every V4-Flash shape (wq_b 27.3 vs 18.3 us at T = 1), and FP8 gives the
+// same bits in both, so the faster one is kept; bf16 gained 1.8x at 16 tokens over linear_mma.
+bool linear_bulk_used(const LinearParams& p) {
+  const int v = linear_variant();
+  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightKind::bf16));
+}
 
 // Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
 // sized for two blocks per multiprocessor (16 warps): the x window first (its budget by token count), then
@@ -317,8 +326,95 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
   }
 }
 
-// The exact path for bf16 and FP8-block weights (the router gates and the indexer's projections: their top-k
-// must agree with the f32 reference). One thread per weight row, kExactTokens tokens per pass, and the K range
+// The exact path for bf16 weights whose rows are whole 8-column chunks (the router gates, the indexer's
+// weights_proj; FP8 rows take linear_exact_lanes_kernel below, faster there): as linear_simple_kernel, but each
+// 8-column chunk is one 16-byte (bf16) or 8-byte
+// (FP8) load with one block scale, and a row is cut into `wpr` K slices, one warp each (wpr from the row's
+// length alone: enough warps that the block's 8 warps stream a row at once; a gate row of 4 096 columns was one
+// warp, 2 loads in flight per lane, 29 us a call at 16 tokens). Lane l of a slice takes its chunks l, l+32, ...;
+// the slice's sum is warp-reduced, and the slices are added in order through shared memory: each token's sum
+// runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
+template <bool kFp8>
+__global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
+                                                                int64_t rows_per_group, int64_t T, int wpr, float* y) {
+  __shared__ float red[8][kSimpleTokens];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + warp / wpr;
+  const int slice = warp % wpr;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
+  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
+  const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
+  const int c0 = slice * per, c1 = min(chunks, c0 + per);
+  float acc[kSimpleTokens];
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
+  if (row < m.out) {
+    const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
+    const int64_t srow = (row >> 7) * m.s_cols;
+#pragma unroll 2
+    for (int ch = c0 + lane; ch < c1; ch += 32) {
+      float w[8];
+      if constexpr (kFp8) {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
+        const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
+        const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[i] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * i))) * sc;
+          w[4 + i] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * i))) * sc;
+        }
+      } else {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] & 0xffffu));
+          w[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] >> 16));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kSimpleTokens; ++j) {
+        if (j >= nt) break;
+        const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
+        const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
+        acc[j] += a.x * w[0];
+        acc[j] += a.y * w[1];
+        acc[j] += a.z * w[2];
+        acc[j] += a.w * w[3];
+        acc[j] += b.x * w[4];
+        acc[j] += b.y * w[5];
+        acc[j] += b.z * w[6];
+        acc[j] += b.w * w[7];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kSimpleTokens; ++j) {
+    const float sum = warp_sum(acc[j]);
+    if (lane == 0) red[warp][j] = sum;
+  }
+  __syncthreads();
+  // Thread (row of the block r, token j): the row's slices in order.
+  const int r = threadIdx.x / kSimpleTokens, j = threadIdx.x % kSimpleTokens;
+  const int64_t out_row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + r;
+  if (r < 8 / wpr && j < nt && out_row < m.out) {
+    float total = 0.0f;
+    for (int sl = 0; sl < wpr; ++sl) total += red[r * wpr + sl][j];
+    y[(tok0 + j) * m.out + out_row] = total;
+  }
+}
+
+// Warps per row of linear_exact_rows_kernel: one per 32 chunks of 8 columns (one chunk per lane), at most 8;
+// a power of two so that a block's 8 warps hold whole rows. From the weight's shape alone.
+int exact_rows_wpr(int64_t in) {
+  const int64_t chunks = in / 8;
+  int w = 1;
+  while (w < 8 && static_cast<int64_t>(w) * 32 < chunks) w *= 2;
+  return w;
+}
+
+// The exact path for FP8-block weights (the indexer's wq_b: its top-k must agree with the f32 reference). One
+// thread per weight row, kExactTokens tokens per pass, and the K range
 // cut into slices of kExactSlice columns, one block each (so a 256-row gate still fills the card):
 //   - the block stages its tokens' x for the slice in shared memory; every thread reads the same x element at
 //     the same time (a broadcast), so x costs no bandwidth per row: a warp-per-row kernel re-read 32 KB of x for
@@ -328,7 +424,7 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
 //     block of the row tile to arrive (arrival counters return to zero).
 // Each token's sum runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
 constexpr int kExactRows = 256;   // rows per block: one per thread
-constexpr int kExactSlice = 256;  // columns per K slice
+constexpr int kExactSlice = 128;  // columns per K slice (8 slices of a 1024-column row: 2 blocks per SM at T = 1)
 constexpr int kExactTokens = 8;   // tokens per pass over the weights
 
 template <bool kFp8>
@@ -365,10 +461,15 @@ __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMa
         const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
         const int64_t si = srow + (col >> 7);
         const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+        // The hardware e4m3x2 -> f16x2 conversion (exact, subnormals and NaN included): the values of
+        // e4m3_to_f32 in 3 instructions a byte pair instead of ~10 a byte.
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          w[k] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * k))) * sc;
-          w[4 + k] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * k))) * sc;
+          const uint32_t word = k < 2 ? q.x : q.y;
+          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+          w[2 * k] = f.x * sc;
+          w[2 * k + 1] = f.y * sc;
         }
       } else {
         const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2));
@@ -474,14 +575,16 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   }
 }
 
-// linear_exact_lanes_kernel's conditions: bf16 or FP8-block weights, rows of whole 8-column steps, 16-byte
-// aligned weights and x rows, every 256-row tile inside one row group, and enough arrival counters and
-// partial-sum space for its K slices.
+// The exact kernels' conditions: bf16 (linear_exact_rows_kernel) or FP8-block (linear_exact_lanes_kernel)
+// weights, rows of whole 8-column steps, 16-byte aligned weights and x rows; for FP8 also every 256-row tile
+// inside one row group and enough arrival counters and partial-sum space for its K slices.
 bool linear_exact_lanes_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if ((p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
-      !aligned16(p.w.w) || !aligned16(p.x) || (p.rows_per_group % dev::kExactRows != 0 && p.rows_per_group < p.w.out))
+      !aligned16(p.w.w) || !aligned16(p.x))
     return false;
+  if (p.w.kind == WeightKind::bf16) return p.w.in < (int64_t{1} << 31);  // linear_exact_rows_kernel
+  if (p.rows_per_group % dev::kExactRows != 0 && p.rows_per_group < p.w.out) return false;
   const dim3 g = dev::exact_grid(p);
   if (g.z > 65535) return false;
   return g.y == 1 || (static_cast<int64_t>(g.x) * g.z <= p.num_counters && p.partial != nullptr &&
@@ -489,6 +592,7 @@ bool linear_exact_lanes_ok(const LinearParams& p) {
 }
 
 int64_t linear_exact_partial_floats(const LinearParams& p) {
+  if (p.w.kind != WeightKind::fp8) return 0;
   const dim3 g = dev::exact_grid(p);
   return g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : 0;
 }
@@ -501,9 +605,15 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
                                                                                    p.rows_per_group, p.T, p.y);
     return;
   }
-  auto kernel = p.w.kind == WeightKind::fp8 ? dev::linear_exact_lanes_kernel<true> : dev::linear_exact_lanes_kernel<false>;
-  kernel<<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, p.y, p.partial,
-                                                             p.counters);
+  if (p.w.kind == WeightKind::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
+    const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
+    const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
+                    static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
+    dev::linear_exact_rows_kernel<false><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
+    return;
+  }
+  dev::linear_exact_lanes_kernel<true><<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(
+      m, p.x, p.x_stride, p.rows_per_group, p.T, p.y, p.partial, p.counters);
 }
 
 const char* linear_path_name(const LinearParams& p) {

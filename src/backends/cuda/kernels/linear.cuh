@@ -57,15 +57,16 @@ std::vector<int> linear_group_candidates(const LinearParams& p);
 int linear_groups_used(const LinearParams& p);
 // Part of every tuning key of the streaming linear: bump it when a change to the kernel makes old
 // measurements meaningless.
-inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // v2: linear_bulk runs FP8
+inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // v2: K groups shared with linear_bulk
 // The kernel variant of FP8-block and bf16 products (process-wide; benchmarks and tests compare them on the
-// same shapes): 0 = linear_bulk_kernel (cp.async.bulk warp rings, the default), 1 = the previous kernels
-// (linear_stream for FP8, linear_mma for bf16). FP8 gives the same bits in both; bf16 does not (its K order
-// differs). Initialised from TERN_LINEAR_VARIANT; linear_path_name says which kernel runs.
+// same shapes): 0 (default) = linear_bulk_kernel (cp.async.bulk warp rings) for bf16, linear_stream for FP8;
+// 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both. FP8
+// gives the same bits in every variant; bf16 does not (linear_mma's K order differs). Initialised from
+// TERN_LINEAR_VARIANT; linear_path_name says which kernel runs.
 int linear_variant();
 void set_linear_variant(int variant);
 // True when the bulk-copy kernel can take this product (FP8 block or bf16, the streaming kernel's tiles), and
-// when launch_linear will use it (that and variant 0).
+// when launch_linear will use it (that, and bf16 in variant 0 or any in variant 2).
 bool linear_bulk_ok(const LinearParams& p);
 bool linear_bulk_used(const LinearParams& p);
 // Floats of split-K workspace launch_linear wants for this product (0: none).
