@@ -9,6 +9,7 @@
 #include "ops/kv_row.h"
 #include "ops/linear.h"
 #include "ops/mhc.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 #include "shapes.h"
@@ -372,6 +373,31 @@ TEST(GpuErrors, BadTokenIdIsReported) {
   auto dt = upload(table), di = upload(ids), out = poisoned(DType::f32, {2, 8});
   ops::embedding(dt, di, out);
   EXPECT_THROW(cuda::register_backend().check_device_errors(), Error);
+  cuda::register_backend().check_device_errors();  // the word was cleared
+}
+
+// A token whose router scores are all NaN has no best expert: route_scored reports it (and writes expert 0
+// to stay in bounds) instead of an index past the table that the MoE plan would then report as out of range.
+TEST(GpuErrors, NanRouterScoresAreReported) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const int64_t T = 3, E = 64, k = 6;
+  Tensor logits = random_f32({T, E}, r), bias = random_f32({E}, r);
+  for (int64_t e = 0; e < E; ++e) logits.data<float>()[1 * E + e] = std::nanf("");
+  auto dl = upload(logits), db = upload(bias);
+  auto idx = poisoned(DType::i32, {T, k}), w = poisoned(DType::f32, {T, k});
+  ops::route_scored(dl, db, 1.0f, idx, w);
+  try {
+    cuda::register_backend().check_device_errors();
+    ADD_FAILURE() << "no device error for NaN router scores";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router scores are all NaN"), std::string::npos) << e.what();
+  }
+  const Tensor hi = cuda::to_host(idx);
+  for (int64_t i = 0; i < T * k; ++i) {
+    EXPECT_GE(hi.data<int32_t>()[i], 0);
+    EXPECT_LT(hi.data<int32_t>()[i], E);
+  }
   cuda::register_backend().check_device_errors();  // the word was cleared
 }
 

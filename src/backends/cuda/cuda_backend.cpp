@@ -95,6 +95,7 @@ void CudaBackend::check_device_errors() {
   add(kErrExpertIndex, "an expert index outside [0, n_routed_experts)");
   add(kErrSelected, "sparse_attention got a selected compressed entry the query cannot see");
   add(kErrGatherRow, "gather_rows got a row index out of range");
+  add(kErrRouterScore, "route_scored got a token whose router scores are all NaN");
   fail("CUDA backend: a kernel saw bad input data: ", what);
 }
 

@@ -9,6 +9,7 @@ enum DeviceErrorBit : int {
   kErrExpertIndex = 2,  // moe_experts / route_hash: expert index out of range
   kErrSelected = 4,     // sparse_attention: a selected compressed entry is not visible
   kErrGatherRow = 8,    // gather_rows: row index out of range
+  kErrRouterScore = 16,  // route_scored: a token whose every score is NaN (no expert compares)
 };
 
 }  // namespace tern::cuda

@@ -25,7 +25,7 @@ constexpr int kRouteWarps = 4, kMaxExperts = 1024;
 // Warp per token: k rounds of a warp argmax over (score + bias), ties to the lower expert id.
 __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const float* logits, const float* bias,
                                                                        int64_t T, int64_t E, int k, float scale,
-                                                                       int32_t* indices, float* weights) {
+                                                                       int32_t* indices, float* weights, int* err) {
   __shared__ float sc[kRouteWarps][kMaxExperts];
   __shared__ float bi[kRouteWarps][kMaxExperts];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -47,6 +47,13 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const fl
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);
       const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
       if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+    }
+    // No expert compared (every score NaN): best_e would index past the rows and the MoE plan would report an
+    // expert index out of range; say what happened instead (the intermittent graph-test failure of sessions
+    // 6 and 7 is this or a real out-of-range index), and keep the memory accesses in bounds.
+    if (best_e == INT32_MAX) {
+      if (lane == 0) raise(err, kErrRouterScore);
+      best_e = 0;
     }
     if (lane == 0) {
       indices[t * k + j] = best_e;
@@ -180,11 +187,11 @@ __global__ void moe_combine_kernel(const float* y, const int* pos, const float* 
 }  // namespace dev
 
 void launch_route_scored(const float* logits, const float* bias, int64_t T, int64_t E, int k, float routed_scale,
-                         int32_t* indices, float* weights, cudaStream_t stream) {
+                         int32_t* indices, float* weights, int* err, cudaStream_t stream) {
   if (T == 0) return;
   const unsigned blocks = static_cast<unsigned>((T + dev::kRouteWarps - 1) / dev::kRouteWarps);
   dev::route_scored_kernel<<<blocks, dev::kRouteWarps * 32, 0, stream>>>(logits, bias, T, E, k, routed_scale, indices,
-                                                                          weights);
+                                                                          weights, err);
 }
 
 void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,

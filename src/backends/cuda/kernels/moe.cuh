@@ -16,7 +16,7 @@
 namespace tern::cuda {
 
 void launch_route_scored(const float* logits, const float* bias, int64_t T, int64_t E, int k, float routed_scale,
-                         int32_t* indices, float* weights, cudaStream_t stream);
+                         int32_t* indices, float* weights, int* err, cudaStream_t stream);
 void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,
                        const int64_t* token_ids, int64_t T, int64_t E, int k, float routed_scale, int32_t* indices,
                        float* weights, int* err, cudaStream_t stream);
