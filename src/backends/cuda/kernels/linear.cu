@@ -326,6 +326,49 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
   }
 }
 
+// Eight weights of row `row` at columns col .. col + 7 (col a multiple of 8) as f32, exactly: one 8-byte FP8
+// load with its 128x128 block scale (the hardware e4m3x2 -> f16x2 conversion, exact, subnormals and NaN
+// included: 3 instructions a byte pair instead of ~10 a byte) or one 16-byte bf16 load.
+template <bool kFp8>
+__device__ __forceinline__ void exact_weights8(const SimpleMat& m, int64_t row, int64_t col, float (&w)[8]) {
+  if constexpr (kFp8) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
+    const int64_t si = (row >> 7) * m.s_cols + (col >> 7);
+    const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t word = k < 2 ? q.x : q.y;
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+      w[2 * k] = f.x * sc;
+      w[2 * k + 1] = f.y * sc;
+    }
+  } else {
+    const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2));
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
+      w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
+    }
+  }
+}
+
+// acc += x[0..7] . w[0..7], one product at a time in column order (the exact kernels' per-token order); x is
+// 16-byte aligned (global or shared memory).
+__device__ __forceinline__ void dot8(float& acc, const float* x, const float (&w)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(x);
+  const float4 b = *reinterpret_cast<const float4*>(x + 4);
+  acc += a.x * w[0];
+  acc += a.y * w[1];
+  acc += a.z * w[2];
+  acc += a.w * w[3];
+  acc += b.x * w[4];
+  acc += b.y * w[5];
+  acc += b.z * w[6];
+  acc += b.w * w[7];
+}
+
 // The exact path for bf16 weights whose rows are whole 8-column chunks (the router gates, the indexer's
 // weights_proj; FP8 rows take linear_exact_lanes_kernel below, faster there): as linear_simple_kernel, but each
 // 8-column chunk is one 16-byte (bf16) or 8-byte
@@ -350,41 +393,14 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
   for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
   if (row < m.out) {
     const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
-    const int64_t srow = (row >> 7) * m.s_cols;
 #pragma unroll 2
     for (int ch = c0 + lane; ch < c1; ch += 32) {
       float w[8];
-      if constexpr (kFp8) {
-        const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in) + ch);
-        const int64_t si = srow + (ch >> 4);  // 128 columns = 16 chunks per scale block
-        const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          w[i] = e4m3_to_f32(static_cast<uint8_t>(q.x >> (8 * i))) * sc;
-          w[4 + i] = e4m3_to_f32(static_cast<uint8_t>(q.y >> (8 * i))) * sc;
-        }
-      } else {
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + row * m.in * 2) + ch);
-        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          w[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] & 0xffffu));
-          w[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[i] >> 16));
-        }
-      }
+      exact_weights8<kFp8>(m, row, 8 * static_cast<int64_t>(ch), w);
 #pragma unroll
       for (int j = 0; j < kSimpleTokens; ++j) {
         if (j >= nt) break;
-        const float4 a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
-        const float4 b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
-        acc[j] += a.x * w[0];
-        acc[j] += a.y * w[1];
-        acc[j] += a.z * w[2];
-        acc[j] += a.w * w[3];
-        acc[j] += b.x * w[4];
-        acc[j] += b.y * w[5];
-        acc[j] += b.z * w[6];
-        acc[j] += b.w * w[7];
+        dot8(acc[j], xr + j * x_stride + 8 * ch, w);
       }
     }
   }
@@ -452,47 +468,14 @@ __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMa
 #pragma unroll
   for (int j = 0; j < kExactTokens; ++j) acc[j] = 0.0f;
   if (row < m.out) {
-    const int64_t srow = (row >> 7) * m.s_cols;
 #pragma unroll 4
     for (int c = 0; c < cols; c += 8) {
       float w[8];
-      const int64_t col = c0 + c;
-      if constexpr (kFp8) {
-        const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
-        const int64_t si = srow + (col >> 7);
-        const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
-        // The hardware e4m3x2 -> f16x2 conversion (exact, subnormals and NaN included): the values of
-        // e4m3_to_f32 in 3 instructions a byte pair instead of ~10 a byte.
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t word = k < 2 ? q.x : q.y;
-          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
-          w[2 * k] = f.x * sc;
-          w[2 * k + 1] = f.y * sc;
-        }
-      } else {
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2));
-        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
-          w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
-        }
-      }
+      exact_weights8<kFp8>(m, row, c0 + c, w);
 #pragma unroll
       for (int j = 0; j < kExactTokens; ++j) {
         if (j >= nt) break;
-        const float4 a = *reinterpret_cast<const float4*>(&xs[j][c]);
-        const float4 b = *reinterpret_cast<const float4*>(&xs[j][c + 4]);
-        acc[j] += a.x * w[0];
-        acc[j] += a.y * w[1];
-        acc[j] += a.z * w[2];
-        acc[j] += a.w * w[3];
-        acc[j] += b.x * w[4];
-        acc[j] += b.y * w[5];
-        acc[j] += b.z * w[6];
-        acc[j] += b.w * w[7];
+        dot8(acc[j], &xs[j][c], w);
       }
     }
   }
@@ -505,22 +488,8 @@ __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMa
   }
   if (slices == 1) return;
 
-  // The last block of this (row tile, token pass) adds the slices in order.
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[counter], 1) == slices - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (row < m.out)
-    for (int j = 0; j < nt; ++j) {
-      float s = 0.0f;
-      for (int sl = 0; sl < slices; ++sl) s += __ldcg(partial + (sl * T + tok0 + j) * m.out + row);
-      y[(tok0 + j) * m.out + row] = s;
-    }
-  if (threadIdx.x == 0) counters[counter] = 0;
+  finish_split_k(partial, y, counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, slices, row0,
+                 kExactRows, m.out, T, tok0, tok0 + nt, 1.0f);
 }
 
 // The exact kernel's grid: row tiles, K slices, token passes.

@@ -106,25 +106,8 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
       }
   if (ksplit == 1) return;
 
-  // Last block of this (row block, token tile) adds the partials in split order.
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
-  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[counter], 1) == ksplit - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 128 + threadIdx.x;
-  if (row < a.out) {
-    const int64_t tok_end = min(a.T, tok0 + NT * 8);
-    for (int64_t tok = tok0; tok < tok_end; ++tok) {
-      float s = 0.0f;
-      for (int sp = 0; sp < ksplit; ++sp) s += __ldcg(a.partial + (sp * a.T + tok) * a.out + row);
-      a.y[tok * a.out + row] = s * a.mat.out_mult;
-    }
-  }
-  if (threadIdx.x == 0) a.counters[counter] = 0;
+  finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
+                 static_cast<int64_t>(blockIdx.x) * 128, 128, a.out, a.T, tok0, min(a.T, tok0 + NT * 8), a.mat.out_mult);
 }
 
 }  // namespace dev

@@ -92,18 +92,7 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     return tok < a.T ? a.x + tok * a.x_stride + xcol0 : nullptr;
   };
   const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
-  if constexpr (F == WFmt::fp8) {
-    const int64_t srow = tile_row0 / 128;
-    for (int j = threadIdx.x; j < a.scale_words; j += blockDim.x) {
-      const int64_t col = sb0 + j;
-      float s = 0.0f;
-      if (col < a.mat.s_cols) {
-        const int64_t i = srow * a.mat.s_cols + col;
-        s = a.mat.scale_f32 ? reinterpret_cast<const float*>(a.mat.s)[i] : e8m0_to_f32(a.mat.s[i]);
-      }
-      fp8_tab[j] = bf16x2_splat(s * 0x1p104f);  // e4m3 raw is 2^-120: W * 2^-16
-    }
-  }
+  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
 
   float acc[MT][NT][4], part[MT][NT][4];
 #pragma unroll
@@ -163,24 +152,8 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
       }
   if (ksplit == 1) return;
 
-  // The last block of this (row tile, token tile) adds the partials in split order.
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
-  if (threadIdx.x == 0) is_last = atomicAdd(&a.counters[counter], 1) == ksplit - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const int64_t row = tile_row0 + threadIdx.x % kStreamRows;
-  if (row < a.out) {
-    for (int64_t tok = tok0 + threadIdx.x / kStreamRows; tok < tok0 + live_toks; tok += blockDim.x / kStreamRows) {
-      float s = 0.0f;
-      for (int sp = 0; sp < ksplit; ++sp) s += __ldcg(a.partial + (sp * a.T + tok) * a.out + row);
-      a.y[tok * a.out + row] = s * a.mat.out_mult;
-    }
-  }
-  if (threadIdx.x == 0) a.counters[counter] = 0;
+  finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
+                 tile_row0, kStreamRows, a.out, a.T, tok0, tok0 + live_toks, a.mat.out_mult);
 }
 
 template <WFmt F, int MT, int NT>

@@ -287,4 +287,30 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
   }
 }
 
+// Split-K without atomics on the sums: every block of a (row tile, token tile) stores its K split's partial
+// sums (partial[split][T][out]), then the LAST block to arrive adds the splits in split order (times `mult`)
+// into y and returns the tile's arrival counter to zero, so the result is the same bits whichever block
+// arrives last (graph replays equal eager runs). Called by every thread of the block; thread i sums row
+// tile_row0 + i % rows_per_tile for the tokens i / rows_per_tile, + blockDim.x / rows_per_tile, ...
+__device__ __forceinline__ void finish_split_k(const float* partial, float* y, int* counters, int64_t counter,
+                                               int ksplit, int64_t tile_row0, int rows_per_tile, int64_t out,
+                                               int64_t T, int64_t tok0, int64_t tok_end, float mult) {
+  __shared__ int is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[counter], 1) == ksplit - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int64_t row = tile_row0 + static_cast<int>(threadIdx.x) % rows_per_tile;
+  if (row < out)
+    for (int64_t tok = tok0 + static_cast<int>(threadIdx.x) / rows_per_tile; tok < tok_end;
+         tok += static_cast<int>(blockDim.x) / rows_per_tile) {
+      float s = 0.0f;
+      for (int sp = 0; sp < ksplit; ++sp) s += __ldcg(partial + (sp * T + tok) * out + row);
+      y[tok * out + row] = s * mult;
+    }
+  if (threadIdx.x == 0) counters[counter] = 0;
+}
+
 }  // namespace tern::cuda::dev

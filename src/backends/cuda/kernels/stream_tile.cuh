@@ -124,6 +124,22 @@ __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, in
   }
 }
 
+// The FP8 scale multipliers of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128
+// columns; zero past the matrix) as bf16x2: e4m3 raw is 2^-120, so W * 2^-16. All threads of the block.
+__device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile_row0, int64_t sb0, int words,
+                                                 uint32_t* tab) {
+  const int64_t srow = tile_row0 / 128;
+  for (int j = threadIdx.x; j < words; j += blockDim.x) {
+    const int64_t col = sb0 + j;
+    float s = 0.0f;
+    if (col < mat.s_cols) {
+      const int64_t i = srow * mat.s_cols + col;
+      s = mat.scale_f32 ? reinterpret_cast<const float*>(mat.s)[i] : e8m0_to_f32(mat.s[i]);
+    }
+    tab[j] = bf16x2_splat(s * 0x1p104f);
+  }
+}
+
 // One lane's share of its warp's MT m-tiles: the 2*MT rows it copies (row r = m-tile r/2, row g + 8*(r%2)),
 // and for fp4 the scale row it copies (r = t, when t < 2*MT).
 template <WFmt F, int MT>
