@@ -334,6 +334,36 @@ TEST_P(GpuV4, MoeExperts) {
   cuda::register_backend().check_device_errors();
 }
 
+// The device table of expert pointers is cached per expert list: replacing a middle expert of the same list
+// (the same host vector, the same first and last weights, as a new model at reused addresses can) must
+// rebuild it. A table checked only at its ends kept pointing at the old expert (freed weights in the graph
+// tests: NaN router scores).
+TEST_P(GpuV4, MoeExpertTableFollowsItsExperts) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 8), k = std::min<int64_t>(s.experts_per_token, E), D = s.D,
+                inter = s.inter, T = 4;
+  const RandomExperts a(ops::WeightFormat::mxfp4, E, D, inter, r), b(ops::WeightFormat::mxfp4, E, D, inter, r);
+  std::vector<ops::Expert> hexp = a.on_host, dexp = a.on_device;
+  Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f), idx(DType::i32, {T, k});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[t * k + j] = static_cast<int32_t>((j + t) % E);
+  auto dx = upload(x), dw = upload(w), didx = upload(idx);
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {  // expert 1 (tokens 0 and 1 pick it) becomes b's expert 1, in place
+      hexp[1] = b.on_host[1];
+      dexp[1] = b.on_device[1];
+    }
+    Tensor ref(DType::f32, {T, D});
+    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+    auto out = poisoned(DType::f32, {T, D});
+    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+    expect_close(out, ref, kTolBf16, cat("moe_experts after ", round, " in-place expert swaps"));
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuV4, ::testing::Values(kFixture, kV4Flash), ShapeName());
 
 }  // namespace

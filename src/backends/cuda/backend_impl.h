@@ -32,12 +32,13 @@ struct CudaBackend::Impl {
   int64_t num_counters = 0;
   DeviceBuffer error_word;
   DeviceBuffer sample_buffer;  // sample_rows: packed requests, results, weights (grown as needed)
-  // Device tables of expert pointers, keyed by the host span they were built from (and checked against
-  // its first and last weight, so a reused host address rebuilds the table).
+  // Device tables of expert pointers, keyed by the host span they were built from and checked against the
+  // whole host copy at every use: a new model may reuse the span's host address and some device addresses
+  // (checking only the first and last weight let a stale table point into freed weights: NaN router scores
+  // in the graph tests of sessions 6 and 7, about 1 run in 25).
   struct ExpertTable {
     DeviceBuffer table;
-    const void* first = nullptr;
-    const void* last = nullptr;
+    std::vector<ExpertDesc> host;  // what `table` holds
     bool aligned = false;  // every matrix and scale pointer 16-byte aligned (the bulk copies need it)
   };
   std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;

@@ -226,13 +226,21 @@ void CudaBackend::route_hash(const TensorView& logits, const TensorView& tid2eid
 
 namespace {
 
-// The device table of the experts' pointers, built once per expert list (before any graph capture).
+// Field by field (a memcmp would also compare the struct's padding bytes).
+bool same_descs(const std::vector<ExpertDesc>& a, const std::vector<ExpertDesc>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t e = 0; e < a.size(); ++e)
+    for (int i = 0; i < 3; ++i)
+      if (a[e].w[i] != b[e].w[i] || a[e].s[i] != b[e].s[i] || a[e].global_scale[i] != b[e].global_scale[i])
+        return false;
+  return true;
+}
+
+// The device table of the experts' pointers: rebuilt whenever any pointer or scale of the list differs from
+// what the cached table holds (host work only, 3 descriptors an expert), never while a graph is recorded
+// (the graph would keep the table it saw).
 const CudaBackend::Impl::ExpertTable& expert_table(CudaBackend::Impl& impl, std::span<const ops::Expert> experts) {
   const auto key = std::make_pair(static_cast<const void*>(experts.data()), experts.size());
-  const void* first = experts.front().w1.weight.data();
-  const void* last = experts.back().w2.weight.data();
-  auto it = impl.expert_tables.find(key);
-  if (it != impl.expert_tables.end() && it->second.first == first && it->second.last == last) return it->second;
   std::vector<ExpertDesc> host(experts.size());
   bool aligned = true;
   for (size_t e = 0; e < experts.size(); ++e) {
@@ -245,10 +253,17 @@ const CudaBackend::Impl::ExpertTable& expert_table(CudaBackend::Impl& impl, std:
       aligned = aligned && reinterpret_cast<uintptr_t>(m.w) % 16 == 0 && reinterpret_cast<uintptr_t>(m.s) % 16 == 0;
     }
   }
+  auto it = impl.expert_tables.find(key);
+  if (it != impl.expert_tables.end() && same_descs(it->second.host, host)) return it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TERN_CUDA(cudaStreamIsCapturing(impl.stream, &capturing));
+  TERN_CHECK(capturing == cudaStreamCaptureStatusNone,
+             "cuda moe_experts: the expert table must be built before a CUDA graph is recorded (run the layer "
+             "eagerly once first)");
   DeviceBuffer buf(host.size() * sizeof(ExpertDesc));
   TERN_CUDA(cudaMemcpy(buf.data(), host.data(), buf.size(), cudaMemcpyHostToDevice));
   auto& table = impl.expert_tables[key];
-  table = CudaBackend::Impl::ExpertTable{std::move(buf), first, last, aligned};
+  table = CudaBackend::Impl::ExpertTable{std::move(buf), std::move(host), aligned};
   return table;
 }
 
