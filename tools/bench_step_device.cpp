@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -195,9 +196,21 @@ StepProfiler::StepProfiler(const std::string& device) {
   impl_ = std::make_unique<Impl>();
 }
 void StepProfiler::start() { impl_->profiler.start(); }
-std::string StepProfiler::stop(int64_t steps, const std::string& what) {
+std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t layers) {
   impl_->profiler.stop();
-  return cuda::format_report(cuda::categorize(impl_->profiler.records()), steps, 12, what);
+  const cuda::ProfileReport r = cuda::categorize(impl_->profiler.records());
+  std::string s = cuda::format_report(r, steps, 12, what);
+  if (layers > 0 && steps > 0) {
+    int64_t launches = 0;
+    for (const cuda::CategoryTime& c : r.categories) launches += c.count;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "kernel launches: %.0f per %s, %.1f per layer (%ld layers)\n",
+                  static_cast<double>(launches) / static_cast<double>(steps), what.c_str(),
+                  static_cast<double>(launches) / static_cast<double>(steps) / static_cast<double>(layers),
+                  static_cast<long>(layers));
+    s += buf;
+  }
+  return s;
 }
 #else
 std::vector<GemmRate> prefill_gemm_rates(const model::Model&, const std::string&, int64_t) { return {}; }
@@ -206,7 +219,7 @@ StepProfiler::StepProfiler(const std::string&) {
   fail("--profile measures GPU kernels: this tern was built without the CUDA backend");
 }
 void StepProfiler::start() {}
-std::string StepProfiler::stop(int64_t, const std::string&) { return {}; }
+std::string StepProfiler::stop(int64_t, const std::string&, int64_t) { return {}; }
 #endif
 StepProfiler::~StepProfiler() = default;
 

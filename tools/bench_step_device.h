@@ -43,8 +43,9 @@ class StepProfiler {
   explicit StepProfiler(const std::string& device);
   ~StepProfiler();
   void start();
-  // Stops and returns the per-step table (op categories, top kernels, busy / wall).
-  std::string stop(int64_t steps, const std::string& what);
+  // Stops and returns the per-step table (op categories, top kernels, busy / wall); with `layers` > 0 also
+  // the kernel launches per step and per layer (launch gaps are what a small batch loses between kernels).
+  std::string stop(int64_t steps, const std::string& what, int64_t layers = 0);
 
  private:
   struct Impl;

@@ -295,7 +295,7 @@ int run(const Args& a) {
         profiler->start();
         for (int i = 0; i < a.steps; ++i) step();
         say(cat("profile at batch ", B, ", context ", L, ":\n",
-                profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"))));
+                profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"), config.num_layers)));
       }
     }
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
