@@ -51,7 +51,22 @@ void* grow(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream) {
 
 }  // namespace
 
-void* CudaBackend::Impl::scratch(size_t bytes) { return grow(workspace, bytes, stream); }
+// TERN_POISON_SCRATCH=1 (a diagnostic): every scratch() call fills the bytes it hands out with 0xff (NaN for
+// f32) first, so an op that reads scratch it did not write this call sees NaN at once instead of another op's
+// stale values. Recorded graphs get the fill as a node.
+static bool poison_scratch() {
+  static const bool on = [] {
+    const char* e = std::getenv("TERN_POISON_SCRATCH");
+    return e != nullptr && std::atoi(e) == 1;
+  }();
+  return on;
+}
+
+void* CudaBackend::Impl::scratch(size_t bytes) {
+  void* p = grow(workspace, bytes, stream);
+  if (poison_scratch() && bytes > 0) TERN_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream));
+  return p;
+}
 void* CudaBackend::Impl::library_scratch(size_t bytes) { return grow(library_workspace, bytes, stream); }
 
 void* CudaBackend::Impl::pinned_scratch(size_t bytes) {
