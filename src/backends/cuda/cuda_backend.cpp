@@ -5,7 +5,7 @@
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/errors.h"
-#include "backends/cuda/step_graphs.h"
+#include "backends/cuda/cuda_step_graphs.h"
 
 namespace tern::cuda {
 

@@ -1,4 +1,4 @@
-#include "backends/cuda/step_graphs.h"
+#include "backends/cuda/cuda_step_graphs.h"
 
 #include "backends/cuda/cuda_check.h"
 #include "core/error.h"
