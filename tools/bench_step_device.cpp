@@ -201,8 +201,7 @@ std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t l
   const cuda::ProfileReport r = cuda::categorize(impl_->profiler.records());
   std::string s = cuda::format_report(r, steps, 12, what);
   if (layers > 0 && steps > 0) {
-    int64_t launches = 0;
-    for (const cuda::CategoryTime& c : r.categories) launches += c.count;
+    const int64_t launches = cuda::total_count(r);
     char buf[160];
     std::snprintf(buf, sizeof buf, "kernel launches: %.0f per %s, %.1f per layer (%ld layers)\n",
                   static_cast<double>(launches) / static_cast<double>(steps), what.c_str(),

@@ -22,16 +22,14 @@ void V4Runner::enable_decode_graphs(model::DecodeGraphOptions options) {
 void V4Runner::reserve_step_memory(int64_t tokens) {
   if (model_->device() == Device::cpu || tokens <= 0) return;
   tokens = std::min(tokens, max_context_);
-  {
-    const auto layout = model_->state_layout(tokens);
-    auto pool = std::make_shared<cache::PagePool>(layout, layout->pages_for(tokens), model_->device());
-    cache::SequenceState state(pool, tokens);
-    std::vector<int64_t> prompt(static_cast<size_t>(tokens));
-    const int64_t vocab = model_->config().vocab_size;
-    for (int64_t i = 0; i < tokens; ++i) prompt[static_cast<size_t>(i)] = (i * 7919) % vocab;
-    const model::StepSequence seq{&state, prompt, model::LogitsFor::last};
-    (void)model_->forward({&seq, 1});  // host logits: returns when the device is done
-  }
+  const auto layout = model_->state_layout(tokens);
+  auto pool = std::make_shared<cache::PagePool>(layout, layout->pages_for(tokens), model_->device());
+  cache::SequenceState state(pool, tokens);
+  std::vector<int64_t> prompt(static_cast<size_t>(tokens));
+  const int64_t vocab = model_->config().vocab_size;
+  for (int64_t i = 0; i < tokens; ++i) prompt[static_cast<size_t>(i)] = (i * 7919) % vocab;
+  const model::StepSequence seq{&state, prompt, model::LogitsFor::last};
+  (void)model_->forward({&seq, 1});  // host logits: returns when the device is done
 }
 
 StepPaths V4Runner::step_paths() const {

@@ -197,21 +197,21 @@ int run(const Args& a) {
     // The first prefill of a length pays one-time costs (the stream allocator grows, the library picks its
     // kernels, scratch is allocated); a server pays them once at startup (its warm-up step), so the row is the
     // second, warm run, and the first is reported beside it.
+    auto timed_prefill = [&](cache::SequenceState& state) {
+      const model::StepSequence seq{&state, prompt, model::LogitsFor::last};
+      const auto t0 = std::chrono::steady_clock::now();
+      (void)m.forward({&seq, 1});  // host logits: returns when the device is done
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     PrefillRow pr;
     pr.tokens = L;
     {
       cache::SequenceState cold(pool, L + margin);
-      const model::StepSequence seq0{&cold, prompt, model::LogitsFor::last};
-      const auto c0 = std::chrono::steady_clock::now();
-      (void)m.forward({&seq0, 1});
-      pr.cold_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+      pr.cold_seconds = timed_prefill(cold);
     }
     // One real prefill of L tokens (timed), into the state the decode batches clone.
     cache::SequenceState first(pool, L + margin);
-    const model::StepSequence seq{&first, prompt, model::LogitsFor::last};
-    const auto t0 = std::chrono::steady_clock::now();
-    (void)m.forward({&seq, 1});  // host logits: returns when the device is done
-    pr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pr.seconds = timed_prefill(first);
     pr.tokens_s = static_cast<double>(L) / pr.seconds;
     pr.flops = model::prefill_flops(config, L);
     pr.tflops = pr.flops / pr.seconds / 1e12;

@@ -183,10 +183,11 @@ Loaded load(const ServeArgs& a) {
     const int64_t step_tokens = std::min<int64_t>(a.token_budget, l.max_model_len);
     const int64_t free_before = tools::free_state_memory(a.device);
     runner->reserve_step_memory(step_tokens);
-    const int64_t reserved = free_before - tools::free_state_memory(a.device);
+    const int64_t free_after = tools::free_state_memory(a.device);
     log::info("memory: a step of ", step_tokens, " tokens (the token budget) reserved ",
-              static_cast<double>(reserved) / (1 << 30), " GiB of activations and scratch (one prefill at startup); ",
-              static_cast<double>(tools::free_state_memory(a.device)) / (1 << 30), " GiB free for the state pool");
+              static_cast<double>(free_before - free_after) / (1 << 30),
+              " GiB of activations and scratch (one prefill at startup); ", static_cast<double>(free_after) / (1 << 30),
+              " GiB free for the state pool");
   }
   engine::EngineOptions o;
   o.state_memory_bytes = parse_memory(a.state_memory, a.device);

@@ -174,12 +174,12 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
   return {
       "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
-      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 / f32 "
-      "weights and shapes it does not take (row groups not a multiple of 128, misaligned fp4 scales): "
-      "linear_mma_kernel, same numerics; exact weights (router gate, indexer): "
-      "linear_exact_lanes_kernel (bf16 / fp8 rows of 8-column steps, a thread per row, K slices over blocks), "
-      "else linear_simple_kernel, CUDA cores, f32, "
-      "8 tokens per weight pass; odd shapes: linear_simple_kernel",
+      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 "
+      "weights: linear_bulk_kernel (cp.async.bulk warp rings, same numerics; TERN_LINEAR_VARIANT picks others); "
+      "f32 weights and shapes neither takes (row groups not a multiple of 128, misaligned fp4 scales): "
+      "linear_mma_kernel, same numerics; exact weights (router gate, indexer), CUDA cores, f32, 8 tokens per "
+      "weight pass: bf16 rows linear_exact_rows_kernel (a warp per row slice), fp8 rows "
+      "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
       "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "

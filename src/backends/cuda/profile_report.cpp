@@ -218,6 +218,12 @@ ProfileReport categorize(const ProfileRecords& records) {
   return r;
 }
 
+int64_t total_count(const ProfileReport& r) {
+  int64_t count = 0;
+  for (const CategoryTime& c : r.categories) count += c.count;
+  return count;
+}
+
 std::string format_report(const ProfileReport& r, int64_t steps, int top, std::string_view what) {
   steps = std::max<int64_t>(steps, 1);
   std::string s;
@@ -230,8 +236,7 @@ std::string format_report(const ProfileReport& r, int64_t steps, int top, std::s
     s += "| " + std::string(category_name(static_cast<OpCategory>(i))) + " | " + per_step(c.total_ns, steps) + " | " +
          share(c.total_ns, r.total_ns) + " | " + count_per_step(c.count, steps) + " |\n";
   }
-  int64_t count = 0;
-  for (const CategoryTime& c : r.categories) count += c.count;
+  const int64_t count = total_count(r);
   s += "| total | " + per_step(r.total_ns, steps) + " | " + share(r.total_ns, r.total_ns) + " | " +
        count_per_step(count, steps) + " |\n\n";
   s += "GPU busy " + per_step(r.busy_ns, steps) + " us of " + per_step(r.span_ns, steps) + " us wall per " + per +

@@ -83,6 +83,8 @@ struct ProfileReport {
   int64_t busy_ns = 0, span_ns = 0, dropped = 0, bad_timestamps = 0;
 };
 ProfileReport categorize(const ProfileRecords& records);
+// Executions of every kernel, memcpy and memset of the report (the table's "total" row).
+int64_t total_count(const ProfileReport& report);
 
 // The table, per step (totals / steps): each category's time, share of the summed GPU time and executions;
 // then the top `top` kernels; then GPU busy / wall (the GPU-side span), whose difference is launch gaps and

@@ -371,13 +371,11 @@ __device__ __forceinline__ void dot8(float& acc, const float* x, const float (&w
 
 // The exact path for bf16 weights whose rows are whole 8-column chunks (the router gates, the indexer's
 // weights_proj; FP8 rows take linear_exact_lanes_kernel below, faster there): as linear_simple_kernel, but each
-// 8-column chunk is one 16-byte (bf16) or 8-byte
-// (FP8) load with one block scale, and a row is cut into `wpr` K slices, one warp each (wpr from the row's
+// 8-column chunk is one 16-byte load, and a row is cut into `wpr` K slices, one warp each (wpr from the row's
 // length alone: enough warps that the block's 8 warps stream a row at once; a gate row of 4 096 columns was one
 // warp, 2 loads in flight per lane, 29 us a call at 16 tokens). Lane l of a slice takes its chunks l, l+32, ...;
 // the slice's sum is warp-reduced, and the slices are added in order through shared memory: each token's sum
 // runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
-template <bool kFp8>
 __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                 int64_t rows_per_group, int64_t T, int wpr, float* y) {
   __shared__ float red[8][kSimpleTokens];
@@ -396,7 +394,7 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
 #pragma unroll 2
     for (int ch = c0 + lane; ch < c1; ch += 32) {
       float w[8];
-      exact_weights8<kFp8>(m, row, 8 * static_cast<int64_t>(ch), w);
+      exact_weights8<false>(m, row, 8 * static_cast<int64_t>(ch), w);
 #pragma unroll
       for (int j = 0; j < kSimpleTokens; ++j) {
         if (j >= nt) break;
@@ -430,12 +428,12 @@ int exact_rows_wpr(int64_t in) {
 }
 
 // The exact path for FP8-block weights (the indexer's wq_b: its top-k must agree with the f32 reference). One
-// thread per weight row, kExactTokens tokens per pass, and the K range
-// cut into slices of kExactSlice columns, one block each (so a 256-row gate still fills the card):
+// thread per weight row, kExactTokens tokens per pass, and the K range cut into slices of kExactSlice columns,
+// one block each (so an 8192-row, 1024-column matrix makes 256 blocks at one token):
 //   - the block stages its tokens' x for the slice in shared memory; every thread reads the same x element at
 //     the same time (a broadcast), so x costs no bandwidth per row: a warp-per-row kernel re-read 32 KB of x for
 //     every 1 KB row (the indexer's wq_b: 57 us a call) or spent as many shuffles reducing as multiplying;
-//   - a thread walks its row in 8-column steps (one 8-byte FP8 or 16-byte bf16 load, one block scale), one
+//   - a thread walks its row in 8-column steps (one 8-byte load, one block scale), one
 //     accumulator per token, in column order; the slices' partial sums are added in slice order by the last
 //     block of the row tile to arrive (arrival counters return to zero).
 // Each token's sum runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
@@ -443,7 +441,6 @@ constexpr int kExactRows = 256;   // rows per block: one per thread
 constexpr int kExactSlice = 128;  // columns per K slice (8 slices of a 1024-column row: 2 blocks per SM at T = 1)
 constexpr int kExactTokens = 8;   // tokens per pass over the weights
 
-template <bool kFp8>
 __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                         int64_t rows_per_group, int64_t T, float* y,
                                                                         float* partial, int* counters) {
@@ -471,7 +468,7 @@ __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMa
 #pragma unroll 4
     for (int c = 0; c < cols; c += 8) {
       float w[8];
-      exact_weights8<kFp8>(m, row, c0 + c, w);
+      exact_weights8<true>(m, row, c0 + c, w);
 #pragma unroll
       for (int j = 0; j < kExactTokens; ++j) {
         if (j >= nt) break;
@@ -547,7 +544,7 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
 // The exact kernels' conditions: bf16 (linear_exact_rows_kernel) or FP8-block (linear_exact_lanes_kernel)
 // weights, rows of whole 8-column steps, 16-byte aligned weights and x rows; for FP8 also every 256-row tile
 // inside one row group and enough arrival counters and partial-sum space for its K slices.
-bool linear_exact_lanes_ok(const LinearParams& p) {
+bool linear_exact_fast_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if ((p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
       !aligned16(p.w.w) || !aligned16(p.x))
@@ -569,7 +566,7 @@ int64_t linear_exact_partial_floats(const LinearParams& p) {
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::SimpleMat m = dev::simple_mat(p.w);
-  if (!linear_exact_lanes_ok(p)) {
+  if (!linear_exact_fast_ok(p)) {
     dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(m, p.x, p.x_stride,
                                                                                    p.rows_per_group, p.T, p.y);
     return;
@@ -578,10 +575,10 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
     const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
     const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
                     static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-    dev::linear_exact_rows_kernel<false><<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
+    dev::linear_exact_rows_kernel<<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
     return;
   }
-  dev::linear_exact_lanes_kernel<true><<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(
+  dev::linear_exact_lanes_kernel<<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(
       m, p.x, p.x_stride, p.rows_per_group, p.T, p.y, p.partial, p.counters);
 }
 

@@ -73,9 +73,9 @@ bool linear_bulk_used(const LinearParams& p);
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);
 // The exact path whatever the shape (router gates and the indexer: their top-k must agree with the f32
-// reference): f32 on CUDA cores, 8 tokens per weight pass; linear_exact_lanes_kernel (a thread per row, K
-// slices over blocks: partial sums in p.partial, linear_exact_partial_floats of them) for bf16 / FP8 rows,
-// linear_simple_kernel otherwise.
+// reference): f32 on CUDA cores, 8 tokens per weight pass; linear_exact_rows_kernel (a warp per row slice) for
+// bf16 rows, linear_exact_lanes_kernel (a thread per row, K slices over blocks: partial sums in p.partial,
+// linear_exact_partial_floats of them) for FP8 rows, linear_simple_kernel otherwise.
 int64_t linear_exact_partial_floats(const LinearParams& p);
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
 
