@@ -312,8 +312,16 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
+  std::string only;  // --only SECTION: just one section's rows (linear, moe, attention, indexer, mhc)
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+      if (only != "linear" && only != "moe" && only != "attention" && only != "indexer" && only != "mhc") {
+        std::fprintf(stderr, "tern_gpu_bench: --only takes linear, moe, attention, indexer or mhc, not %s\n",
+                     only.c_str());
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--profile") == 0) {
       // Each key kernel a few times, eagerly, for an external profiler (ncu -c N tern_gpu_bench --profile).
@@ -321,7 +329,7 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--profile-report") == 0) {
       profile_report = true;
     } else {
-      std::fprintf(stderr, "tern_gpu_bench: unknown argument %s (expected --quick, --profile, --profile-report)\n",
+      std::fprintf(stderr, "tern_gpu_bench: unknown argument %s (expected --quick, --profile, --profile-report, --only SECTION)\n",
                    argv[i]);
       return 2;
     }
@@ -352,25 +360,32 @@ int main(int argc, char** argv) {
   }
   // Every FP8 projection of a V4-Flash decode step (weight bytes only in the floor; outputs and x are extra).
   const std::vector<int64_t> dec = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
-  bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, dec, r);
-  bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, dec, r);
-  bench_linear("wkv", WeightFormat::fp8_block, 512, 4096, dec, r);
-  bench_linear("wo_a", WeightFormat::fp8_block, 8192, 4096, dec, r, 8);
-  bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, dec, r);
-  bench_linear("shared.w1/w3", WeightFormat::fp8_block, 2048, 4096, dec, r);
-  bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
-  bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
-  bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
-  bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
-  bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
-  bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
+  const auto section = [&](const char* name) { return only.empty() || only == name; };
+  if (section("linear")) {
+    bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, dec, r);
+    bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, dec, r);
+    bench_linear("wkv", WeightFormat::fp8_block, 512, 4096, dec, r);
+    bench_linear("wo_a", WeightFormat::fp8_block, 8192, 4096, dec, r, 8);
+    bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, dec, r);
+    bench_linear("shared.w1/w3", WeightFormat::fp8_block, 2048, 4096, dec, r);
+    bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
+    bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
+    bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
+    bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
+    bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
+    bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
+  }
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
-  bench_moe(WeightFormat::mxfp4, moe_t, r);
-  bench_moe(WeightFormat::nvfp4, moe_t, r);
-  bench_attention(r, quick);
-  bench_decode_attention(r, quick);
-  bench_indexer(r, quick);
-  bench_mhc(r);
+  if (section("moe")) {
+    bench_moe(WeightFormat::mxfp4, moe_t, r);
+    bench_moe(WeightFormat::nvfp4, moe_t, r);
+  }
+  if (section("attention")) {
+    bench_attention(r, quick);
+    bench_decode_attention(r, quick);
+  }
+  if (section("indexer")) bench_indexer(r, quick);
+  if (section("mhc")) bench_mhc(r);
   std::printf("\n| kernel | shape | us (graph) | us (eager) | floor us (bytes / copy) | GB/s | %% of copy (%.0f GB/s) |\n"
               "|---|---|---:|---:|---:|---:|---:|\n", g_copy_gbs);
   for (const Row& row : g_rows)
