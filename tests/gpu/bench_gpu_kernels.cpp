@@ -92,12 +92,13 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
   for (int64_t T : Ts) {
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
-    // FP8: variant 0 = linear_stream (as 1), 2 = linear_bulk; bf16: 0 = linear_bulk (as 2), 1 = linear_mma.
+    // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 1 = linear_stream
+    // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma.
     const bool fp8 = f == ops::WeightFormat::fp8_block;
-    const std::vector<int> vs = !variants ? std::vector<int>{0} : fp8 ? std::vector<int>{0, 2} : std::vector<int>{0, 1};
+    const std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
     for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
-      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : v == 1 ? " v1 old" : " v2 bulk";
+      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v1 staged" : " v1 old";
       measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
               cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
                 if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);

@@ -12,12 +12,12 @@
 
 namespace tern::cuda {
 
-extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, cudaStream_t);
-extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
-extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, cudaStream_t);
+extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
 
-extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, cudaStream_t);
-extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, cudaStream_t);
+extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 
 extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
 extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
@@ -246,6 +246,43 @@ int linear_groups_used(const LinearParams& p) {
   return static_cast<int>((chunks + plan.chunks_per_group - 1) / plan.chunks_per_group);
 }
 
+int64_t linear_x_cols(const LinearParams& p) {
+  return p.rows_per_group == p.w.out ? p.w.in : p.w.out / p.rows_per_group * p.w.in;
+}
+
+namespace {
+
+int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }  // floats: keeps the x windows 16-byte aligned
+
+// The streaming kernels take x ready-made from 9 tokens (stream_tile.cuh, linear_x_window_kernel: staging it per
+// block cost more than the weights at 16-64 tokens), except in variant 1 (the previous kernels, for
+// comparison). Where the workspace is short they stage it themselves: the same bits either way.
+bool x_window_wanted(const LinearParams& p) { return p.T > 8; }
+int64_t x_window_floats(const LinearParams& p) { return round_up4((p.T * linear_x_cols(p) * 2 + 3) / 4); }
+
+// Split-K partials, then the x windows where wanted.
+int64_t stream_workspace_floats(const LinearParams& p, int ksplit) {
+  const int64_t partials = ksplit > 1 ? ksplit * p.T * p.w.out : 0;
+  return x_window_wanted(p) ? round_up4(partials) + x_window_floats(p) : partials;
+}
+
+// Converts x into the windows' layout in the workspace after the split-K partials and returns it, or nullptr
+// (the kernel stages x itself) when not wanted or the workspace is short.
+template <dev::WFmt F>
+const uint8_t* make_x_windows(const LinearParams& p, int ksplit, cudaStream_t stream) {
+  if (!x_window_wanted(p) || linear_variant() == 1 || p.partial == nullptr) return nullptr;
+  const int64_t at = round_up4(ksplit > 1 ? ksplit * p.T * p.w.out : 0);
+  if (at + x_window_floats(p) > p.partial_floats) return nullptr;
+  uint8_t* xw = reinterpret_cast<uint8_t*>(p.partial + at);
+  const int64_t cols = linear_x_cols(p), pieces = p.T * cols / 8;
+  constexpr int kThreads = 256;
+  dev::linear_x_window_kernel<F><<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p.x, p.x_stride, p.T, cols, xw);
+  return xw;
+}
+
+}  // namespace
+
 int64_t linear_partial_floats(const LinearParams& p) {
   if (!linear_mma_ok(p)) return 0;
   LinearParams q = p;
@@ -253,14 +290,8 @@ int64_t linear_partial_floats(const LinearParams& p) {
   q.num_counters = INT64_MAX;
   // The most any variant wants (the variant may change between calls: benchmarks, tests).
   int64_t most = 0;
-  if (linear_bulk_ok(q)) {
-    const BulkLinearPlan plan = plan_linear_bulk(q);
-    most = plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0;
-  }
-  if (linear_stream_ok(q)) {
-    const StreamPlan plan = plan_linear_stream(q);
-    return std::max<int64_t>(most, plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0);
-  }
+  if (linear_bulk_ok(q)) most = stream_workspace_floats(p, plan_linear_bulk(q).ksplit);
+  if (linear_stream_ok(q)) return std::max(most, stream_workspace_floats(p, plan_linear_stream(q).ksplit));
   const LinearPlan plan = plan_linear(q);
   return std::max<int64_t>(most, plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0);
 }
@@ -520,15 +551,20 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
   if (linear_bulk_used(p)) {
     const BulkLinearPlan plan = plan_linear_bulk(p);
-    if (p.w.kind == WeightKind::fp8) launch_linear_bulk<dev::WFmt::fp8>(p, plan, stream);
-    else launch_linear_bulk<dev::WFmt::bf16>(p, plan, stream);
+    if (p.w.kind == WeightKind::fp8)
+      launch_linear_bulk<dev::WFmt::fp8>(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.ksplit, stream), stream);
+    else
+      launch_linear_bulk<dev::WFmt::bf16>(p, plan, make_x_windows<dev::WFmt::bf16>(p, plan.ksplit, stream), stream);
     return;
   }
   if (linear_stream_ok(p)) {
     const StreamPlan plan = plan_linear_stream(p);
-    if (p.w.kind == WeightKind::fp8) launch_linear_stream<dev::WFmt::fp8>(p, plan, stream);
-    else if (p.w.kind == WeightKind::mxfp4) launch_linear_stream<dev::WFmt::mxfp4>(p, plan, stream);
-    else launch_linear_stream<dev::WFmt::nvfp4>(p, plan, stream);
+    if (p.w.kind == WeightKind::fp8)
+      launch_linear_stream<dev::WFmt::fp8>(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.ksplit, stream), stream);
+    else if (p.w.kind == WeightKind::mxfp4)
+      launch_linear_stream<dev::WFmt::mxfp4>(p, plan, make_x_windows<dev::WFmt::mxfp4>(p, plan.ksplit, stream), stream);
+    else
+      launch_linear_stream<dev::WFmt::nvfp4>(p, plan, make_x_windows<dev::WFmt::nvfp4>(p, plan.ksplit, stream), stream);
     return;
   }
   const LinearPlan plan = plan_linear(p);
@@ -584,14 +620,26 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 
 const char* linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
-  if (linear_bulk_used(p))
-    return p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)"
-                                       : "linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)";
+  // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
+  const bool xw = x_window_wanted(p) && linear_variant() != 1;
+  if (linear_bulk_used(p)) {
+    if (p.w.kind == WeightKind::fp8)
+      return xw ? "x_window + linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)"
+                : "linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)";
+    return xw ? "x_window + linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)"
+              : "linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)";
+  }
   if (linear_stream_ok(p)) {
     switch (p.w.kind) {
-      case WeightKind::fp8: return "linear_stream<fp8 block> (tensor cores, cp.async weight ring)";
-      case WeightKind::mxfp4: return "linear_stream<mxfp4> (tensor cores, cp.async weight ring)";
-      default: return "linear_stream<nvfp4> (tensor cores, cp.async weight ring)";
+      case WeightKind::fp8:
+        return xw ? "x_window + linear_stream<fp8 block> (tensor cores, cp.async weight ring)"
+                  : "linear_stream<fp8 block> (tensor cores, cp.async weight ring)";
+      case WeightKind::mxfp4:
+        return xw ? "x_window + linear_stream<mxfp4> (tensor cores, cp.async weight ring)"
+                  : "linear_stream<mxfp4> (tensor cores, cp.async weight ring)";
+      default:
+        return xw ? "x_window + linear_stream<nvfp4> (tensor cores, cp.async weight ring)"
+                  : "linear_stream<nvfp4> (tensor cores, cp.async weight ring)";
     }
   }
   switch (p.w.kind) {

@@ -69,7 +69,10 @@ void set_linear_variant(int variant);
 // when launch_linear will use it (that, and bf16 in variant 0 or any in variant 2).
 bool linear_bulk_ok(const LinearParams& p);
 bool linear_bulk_used(const LinearParams& p);
-// Floats of split-K workspace launch_linear wants for this product (0: none).
+// Columns of x one token row of a product reads (every row group's, for a grouped linear).
+int64_t linear_x_cols(const LinearParams& p);
+// Floats of workspace launch_linear wants for this product in p.partial (0: none): the split-K partial sums,
+// then (from 9 tokens) x converted once into the streaming kernels' window layout (stream_tile.cuh).
 int64_t linear_partial_floats(const LinearParams& p);
 void launch_linear(const LinearParams& p, cudaStream_t stream);
 // The exact path whatever the shape (router gates and the indexer: their top-k must agree with the f32

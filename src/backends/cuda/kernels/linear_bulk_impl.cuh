@@ -55,6 +55,8 @@ struct BulkLinArgs {
   int64_t out, row_bytes, rows_per_group, x_stride, T, nchunks, chunks_per_group;
   int win_chunks, scale_words, stages, stage_chunks, row_stride;
   const float* x;
+  const uint8_t* xw;     // x's windows made once for the product (linear_x_window_kernel), or nullptr: staged here
+  int64_t xw_row_bytes;  // bytes between xw's token rows
   float* y;
   float* partial;
   int* counters;
@@ -160,7 +162,11 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
     if (wi == 0) {
       __syncthreads();  // every warp is done with the previous window
       const int cols = min(a.win_chunks, n - i) * kChunk;
-      stage_x<F>(win, n_live * 8, (c_begin + i) * kChunk, cols, wstride, xrow, threadIdx.x, blockDim.x);
+      if (a.xw != nullptr)
+        copy_x_window(win, n_live * 8, live_toks, a.xw + tok0 * a.xw_row_bytes, a.xw_row_bytes,
+                      xcol0 + (c_begin + i) * kChunk, cols, wstride, threadIdx.x, blockDim.x);
+      else
+        stage_x<F>(win, n_live * 8, (c_begin + i) * kChunk, cols, wstride, xrow, threadIdx.x, blockDim.x);
       __syncthreads();
     }
     const int s = i / SC, cc = i - s * SC;
@@ -214,7 +220,7 @@ void launch_bulk_lin_variant(const BulkLinArgs& a, const BulkLinearPlan& plan, c
 }  // namespace dev
 
 template <dev::WFmt F>
-void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, cudaStream_t stream) {
+void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, const uint8_t* xw, cudaStream_t stream) {
   dev::BulkLinArgs a{};
   a.mat.w = static_cast<const uint8_t*>(p.w.w);
   a.mat.s = static_cast<const uint8_t*>(p.w.s);
@@ -235,6 +241,8 @@ void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, cudaS
   a.stage_chunks = plan.stage_chunks;
   a.row_stride = plan.row_stride;
   a.x = p.x;
+  a.xw = xw;
+  a.xw_row_bytes = 2 * linear_x_cols(p);
   a.y = p.y;
   a.partial = p.partial;
   a.counters = p.counters;

@@ -41,6 +41,8 @@ struct StreamArgs {
   int64_t out, row_bytes, rows_per_group, x_stride, T, nchunks, chunks_per_group;
   int win_chunks, scale_words;
   const float* x;
+  const uint8_t* xw;     // x's windows made once for the product (linear_x_window_kernel), or nullptr: staged here
+  int64_t xw_row_bytes;  // bytes between xw's token rows
   float* y;
   float* partial;
   int* counters;
@@ -107,7 +109,11 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     if (wi == 0) {
       __syncthreads();  // every warp is done with the previous window
       const int cols = min(a.win_chunks, n - i) * kChunk;
-      stage_x<F>(win, n_live * 8, (c_begin + i) * kChunk, cols, wstride, xrow, threadIdx.x, blockDim.x);
+      if (a.xw != nullptr)
+        copy_x_window(win, n_live * 8, live_toks, a.xw + tok0 * a.xw_row_bytes, a.xw_row_bytes,
+                      xcol0 + (c_begin + i) * kChunk, cols, wstride, threadIdx.x, blockDim.x);
+      else
+        stage_x<F>(win, n_live * 8, (c_begin + i) * kChunk, cols, wstride, xrow, threadIdx.x, blockDim.x);
       __syncthreads();
     }
     cp_async_wait<kStages - 2>();
@@ -171,7 +177,7 @@ void launch_stream_variant(const StreamArgs& a, const StreamPlan& plan, cudaStre
 }  // namespace dev
 
 template <dev::WFmt F>
-void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, cudaStream_t stream) {
+void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, const uint8_t* xw, cudaStream_t stream) {
   dev::StreamArgs a{};
   a.mat.w = static_cast<const uint8_t*>(p.w.w);
   a.mat.s = static_cast<const uint8_t*>(p.w.s);
@@ -189,6 +195,8 @@ void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, cudaStr
   a.win_chunks = plan.win_chunks;
   a.scale_words = plan.scale_words;
   a.x = p.x;
+  a.xw = xw;
+  a.xw_row_bytes = 2 * linear_x_cols(p);
   a.y = p.y;
   a.partial = p.partial;
   a.counters = p.counters;

@@ -82,13 +82,29 @@ struct XWindow {
   static __host__ __device__ constexpr int bytes(int rows, int cols) { return rows * stride(cols); }
 };
 
+// One 8-column piece of x (columns cc .. cc + 7: a, c) as the window holds it, bf16 (fp4: in the order
+// 0,4,1,5,2,6,3,7), and its byte offset in a window row from the row's first (chunk-aligned) column.
+template <WFmt F>
+__device__ __forceinline__ uint4 x_piece(const float4& a, const float4& c) {
+  if constexpr (is_fp4<F>())
+    return make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
+  else
+    return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
+}
+template <WFmt F>
+__device__ __forceinline__ int64_t x_piece_offset(int64_t cc) {
+  const int64_t chunk = cc / Fmt<F>::kChunk;
+  const int in_chunk = static_cast<int>(cc % Fmt<F>::kChunk);
+  const int t = in_chunk / Fmt<F>::kLaneCols, q = (in_chunk % Fmt<F>::kLaneCols) / 8;
+  return chunk * XWindow<F>::kChunkBytes + q * 64 + t * 16;
+}
+
 // Fills the window (rows `stride` bytes apart): rows [0, rows) of the tile are x rows (row i of the tile at
 // xrow(i), nullptr for a padding row: zeros), columns [col0, col0 + cols) of each. Called by all `nthreads`
 // threads of the block.
 template <WFmt F, typename RowFn>
 __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, int cols, int stride, RowFn xrow,
                                         int tid, int nthreads) {
-  using W = XWindow<F>;
   constexpr int kBatch = 4;  // pieces whose loads are in flight together (x comes from L2)
   const int per_row = cols / 8, total = rows * per_row;
   for (int p0 = tid; p0 < total; p0 += kBatch * nthreads) {
@@ -109,19 +125,46 @@ __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, in
     for (int b = 0; b < kBatch; ++b) {
       const int p = p0 + b * nthreads;
       if (p >= total) break;
-      const float4 a = v[b][0], c = v[b][1];
-      uint4 o;
-      if constexpr (is_fp4<F>()) {
-        o = make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
-      } else {
-        o = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
-      }
       const int row = p / per_row, cc = (p % per_row) * 8;
-      const int chunk = cc / Fmt<F>::kChunk, in_chunk = cc % Fmt<F>::kChunk;
-      const int t = in_chunk / Fmt<F>::kLaneCols, q = (in_chunk % Fmt<F>::kLaneCols) / 8;
-      *reinterpret_cast<uint4*>(win + row * stride + chunk * W::kChunkBytes + q * 64 + t * 16) = o;
+      *reinterpret_cast<uint4*>(win + row * stride + x_piece_offset<F>(cc)) = x_piece<F>(v[b][0], v[b][1]);
     }
   }
+}
+
+// Why a product can take its x window ready-made: at 16-64 tokens, staging x per block (each of up to 256
+// blocks reading and converting T x K floats from L2, 4 loads in flight a thread, between two barriers) cost
+// more than the weights (session 8: wq_b at 64 tokens 43 us with no arithmetic at all, 17.5 us at one token).
+// linear_x_window_kernel converts x once per product into the windows' byte order in global memory (row r at
+// r * cols * 2 bytes; a chunk-aligned column range of a row is then one contiguous run of the window row), and
+// copy_x_window fills a block's window from it with cp.async, every piece in flight at once. Same bytes as
+// stage_x, so the same results bit for bit.
+template <WFmt F>
+__global__ void linear_x_window_kernel(const float* x, int64_t x_stride, int64_t T, int64_t cols, uint8_t* xw) {
+  const int64_t per_row = cols / 8;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= T * per_row) return;
+  const int64_t row = p / per_row, cc = (p % per_row) * 8;
+  const float* at = x + row * x_stride + cc;
+  const float4 a = __ldg(reinterpret_cast<const float4*>(at)), c = __ldg(reinterpret_cast<const float4*>(at + 4));
+  *reinterpret_cast<uint4*>(xw + row * cols * 2 + x_piece_offset<F>(cc)) = x_piece<F>(a, c);
+}
+
+// The window from linear_x_window_kernel's rows: rows [0, rows) of the tile, row i at xw + i * xw_row_bytes and live
+// while i < live (zeros past it), columns [col0, col0 + cols) (col0 chunk-aligned). Waits for its copies
+// (cp.async.wait_group 0: also for the calling thread's earlier weight copies, which the window boundary
+// then waits out once); the caller's __syncthreads publishes the window.
+__device__ __forceinline__ void copy_x_window(uint8_t* win, int rows, int64_t live, const uint8_t* xw,
+                                              int64_t xw_row_bytes, int64_t col0, int cols, int stride, int tid,
+                                              int nthreads) {
+  const int per_row = cols / 8, total = rows * per_row;  // 16-byte pieces
+  for (int p = tid; p < total; p += nthreads) {
+    const int row = p / per_row, piece = p % per_row;
+    uint8_t* dst = win + row * stride + piece * 16;
+    if (row < live) cp_async16(dst, xw + row * xw_row_bytes + col0 * 2 + piece * 16, true);
+    else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 // The FP8 scale multipliers of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128
