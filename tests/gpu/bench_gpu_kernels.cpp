@@ -313,12 +313,13 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  std::string only;  // --only SECTION: just one section's rows (linear, moe, attention, indexer, mhc)
+  std::string only;  // --only SECTION: just one section's rows (linear, moe, attention, indexer, mhc, probe)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
-      if (only != "linear" && only != "moe" && only != "attention" && only != "indexer" && only != "mhc") {
-        std::fprintf(stderr, "tern_gpu_bench: --only takes linear, moe, attention, indexer or mhc, not %s\n",
+      if (only != "linear" && only != "moe" && only != "attention" && only != "indexer" && only != "mhc" &&
+          only != "probe") {
+        std::fprintf(stderr, "tern_gpu_bench: --only takes linear, moe, attention, indexer, mhc or probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -387,6 +388,15 @@ int main(int argc, char** argv) {
   }
   if (section("indexer")) bench_indexer(r, quick);
   if (section("mhc")) bench_mhc(r);
+  if (section("probe")) {
+    // What the card's reads give by the decode kernels' fetch patterns (read_probe.cu), as ceilings for them.
+    std::printf("\nread-bandwidth probes (2 GiB read once; %% of the copy bandwidth's %.0f GB/s):\n", g_copy_gbs);
+    std::printf("| how | stage KB | stages / loads in flight | copies a stage | blocks/SM | KB in flight/SM | GB/s | %% of copy |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const cuda::ReadProbe& p : cuda::read_bandwidth_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
+      std::printf("| %s | %d | %d | %d | %d | %lld | %.0f | %.0f%% |\n", p.how, p.stage_kb, p.stages, p.copies,
+                  p.blocks_per_sm, static_cast<long long>(p.kb_in_flight), p.gbs, 100.0 * p.gbs / g_copy_gbs);
+  }
   std::printf("\n| kernel | shape | us (graph) | us (eager) | floor us (bytes / copy) | GB/s | %% of copy (%.0f GB/s) |\n"
               "|---|---|---:|---:|---:|---:|---:|\n", g_copy_gbs);
   for (const Row& row : g_rows)

@@ -6,6 +6,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/read_probe.cuh"
 
 namespace tern::cuda {
 
@@ -70,6 +71,42 @@ double copy_bandwidth_gbs(size_t bytes, int runs) {
                                                                static_cast<cudaStream_t>(register_backend().stream()))); },
                                2, runs);
   return 2.0 * static_cast<double>(bytes) / (t.median_us * 1e3);
+}
+
+std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
+  constexpr size_t kAlign = 64 * 1024;
+  bytes = bytes / kAlign * kAlign;
+  DeviceBuffer buf(bytes), sink(64);
+  TERN_CUDA(cudaMemset(buf.data(), 1, bytes));
+  const auto* data = static_cast<const uint8_t*>(buf.data());
+  auto* out = static_cast<uint32_t*>(sink.data());
+  auto stream = static_cast<cudaStream_t>(register_backend().stream());
+  prepare_read_probes();
+  std::vector<ReadProbe> rows;
+  auto gbs = [&](const Timing& t) { return static_cast<double>(bytes) / (t.median_us * 1e3); };
+  for (int blocks_per_sm : {1, 2, 4})
+    for (int stage_kb : {8, 16, 32, 64})
+      for (int stages : {2, 3, 4, 6, 8})
+        for (int copies : {1, 4}) {
+          const int64_t kb = static_cast<int64_t>(stages) * stage_kb * blocks_per_sm;
+          if (kb > 220) continue;  // the shared memory of one multiprocessor
+          const int stage_bytes = stage_kb * 1024;
+          const auto nstages = static_cast<int64_t>(bytes / stage_bytes);
+          const Timing t = time_device([&] {
+            launch_bulk_read(data, nstages, stage_bytes, stages, copies, num_sms * blocks_per_sm, out, stream);
+          }, 2, 10);
+          TERN_CUDA(cudaGetLastError());
+          rows.push_back({"bulk", stage_kb, stages, copies, blocks_per_sm, kb, gbs(t)});
+        }
+  for (int blocks_per_sm : {2, 4, 8})
+    for (int unroll : {2, 4, 8}) {
+      const Timing t = time_device([&] {
+        launch_ldg_read(data, static_cast<int64_t>(bytes), unroll, num_sms * blocks_per_sm, out, stream);
+      }, 2, 10);
+      TERN_CUDA(cudaGetLastError());
+      rows.push_back({"ldg", 0, unroll, 1, blocks_per_sm, 256 * 16 * unroll * blocks_per_sm / 1024, gbs(t)});
+    }
+  return rows;
 }
 
 void device_copy(void* dst, const void* src, size_t bytes) {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace tern::cuda {
 
@@ -23,6 +25,18 @@ Timing time_graph(const std::function<void(int)>& fn, int count, int runs);
 
 // Device-to-device copy of `bytes` (cudaMemcpyAsync), in GB/s counting bytes read plus bytes written.
 double copy_bandwidth_gbs(size_t bytes, int runs = 10);
+
+// One configuration of the read-bandwidth probes (kernels/read_probe.cu): how ("bulk": cp.async.bulk rings of
+// `stages` slots of stage_kb KB, `copies` copies a stage; "ldg": `stages` 16-byte loads in flight a thread),
+// blocks per multiprocessor, KB in flight per multiprocessor at most, and the GB/s read.
+struct ReadProbe {
+  const char* how;
+  int stage_kb, stages, copies, blocks_per_sm;
+  int64_t kb_in_flight;
+  double gbs;
+};
+// The sweep over a buffer of `bytes` read once per run (GB/s count bytes read only).
+std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms);
 
 // Copies `bytes` from one device address to another (benchmarks replicate weights on the device).
 void device_copy(void* dst, const void* src, size_t bytes);

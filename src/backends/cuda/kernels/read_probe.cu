@@ -1,0 +1,93 @@
+// Read-bandwidth probes (tern_gpu_bench --only probe): how fast this card streams a buffer it only reads, by
+// the two ways the decode kernels fetch weights, over a sweep of how many bytes each multiprocessor keeps in
+// flight. Why: the MoE decode kernel reached 60-63% of copy bandwidth with its arithmetic removed (session 8
+// ablation), so the question is what the fetch pattern itself can give on this card: the ceilings to hold
+// the kernels against, measured in the same run.
+//
+// - bulk: a block of one producer warp and one consumer warp per ring: the producer fills `stages` slots of
+//   `stage_bytes` with cp.async.bulk (`copies` equal copies a stage, one per lane), the consumer waits for each
+//   slot, reads one word of it and releases it (bulk_pipe.cuh's protocol). Block b takes stages b, b + G, ...
+//   of the buffer, so each stage is one contiguous run.
+// - ldg: every thread keeps `unroll` 16-byte ld.global.nc loads in flight, grid-strided.
+#include <cuda_runtime.h>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/read_probe.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+__global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64_t nstages, int stage_bytes,
+                                                        int stages, int copies, uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(stages) * stage_bytes);
+  const BulkRing ring{bars, bars + stages, stages};
+  if (threadIdx.x == 0) {
+    ring.init(1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t mine = (nstages - blockIdx.x + gridDim.x - 1) / gridDim.x;  // stages b, b + G, ...
+  if (warp == 0) {
+    const uint32_t piece = static_cast<uint32_t>(stage_bytes / copies);
+    for (int64_t i = 0; i < mine; ++i) {
+      const int idx = static_cast<int>(i);
+      ring.wait_free(idx);
+      if (lane == 0) ring.arm(idx, static_cast<uint32_t>(stage_bytes));
+      __syncwarp();
+      if (lane < copies) {
+        const uint8_t* src = buf + (blockIdx.x + i * gridDim.x) * stage_bytes + lane * piece;
+        bulk_copy_g2s(smem + ring.slot(idx) * stage_bytes + lane * piece, src, piece, ring.full_bar(idx));
+      }
+    }
+    return;
+  }
+  uint32_t acc = 0;
+  for (int64_t i = 0; i < mine; ++i) {
+    const int idx = static_cast<int>(i);
+    ring.wait_full(idx);
+    acc ^= reinterpret_cast<const uint32_t*>(smem + ring.slot(idx) * stage_bytes)[lane];
+    ring.release(idx);
+  }
+  if (acc == 0x12345678u) sink[0] = acc;  // keeps the reads
+}
+
+__global__ void __launch_bounds__(256) ldg_read_kernel(const uint4* buf, int64_t n, int unroll, uint32_t* sink) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint32_t acc = 0;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  constexpr int kMax = 8;
+  for (; i + (unroll - 1) * stride < n; i += unroll * stride) {
+    uint4 v[kMax];
+#pragma unroll
+    for (int u = 0; u < kMax; ++u)
+      if (u < unroll) v[u] = ldg_stream(buf + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kMax; ++u)
+      if (u < unroll) acc ^= v[u].x ^ v[u].w;
+  }
+  for (; i < n; i += stride) acc ^= ldg_stream(buf + i).x;
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+}  // namespace
+}  // namespace dev
+
+void prepare_read_probes() {
+  TERN_CUDA(cudaFuncSetAttribute(dev::bulk_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+}
+
+void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int stages, int copies, int grid,
+                      uint32_t* sink, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(stages) * stage_bytes + 2 * stages * 8;
+  dev::bulk_read_kernel<<<grid, 64, smem, stream>>>(buf, nstages, stage_bytes, stages, copies, sink);
+}
+
+void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream) {
+  dev::ldg_read_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<const uint4*>(buf), bytes / 16, unroll, sink);
+}
+
+}  // namespace tern::cuda
