@@ -84,20 +84,21 @@ std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
   prepare_read_probes();
   std::vector<ReadProbe> rows;
   auto gbs = [&](const Timing& t) { return static_cast<double>(bytes) / (t.median_us * 1e3); };
-  for (int blocks_per_sm : {1, 2, 4})
-    for (int stage_kb : {8, 16, 32, 64})
-      for (int stages : {2, 3, 4, 6, 8})
-        for (int copies : {1, 4}) {
-          const int64_t kb = static_cast<int64_t>(stages) * stage_kb * blocks_per_sm;
-          if (kb > 220) continue;  // the shared memory of one multiprocessor
-          const int stage_bytes = stage_kb * 1024;
-          const auto nstages = static_cast<int64_t>(bytes / stage_bytes);
-          const Timing t = time_device([&] {
-            launch_bulk_read(data, nstages, stage_bytes, stages, copies, num_sms * blocks_per_sm, out, stream);
-          }, 2, 10);
-          TERN_CUDA(cudaGetLastError());
-          rows.push_back({"bulk", stage_kb, stages, copies, blocks_per_sm, kb, gbs(t)});
-        }
+  for (bool own : {false, true})
+    for (int blocks_per_sm : {1, 2})
+      for (int stage_kb : {8, 16, 32})
+        for (int stages : {2, 3, 4, 6})
+          for (int copies : {1, 4}) {
+            const int64_t kb = static_cast<int64_t>(stages) * stage_kb * blocks_per_sm;
+            if (kb > 220) continue;  // the shared memory of one multiprocessor
+            const int stage_bytes = stage_kb * 1024;
+            const auto nstages = static_cast<int64_t>(bytes / stage_bytes);
+            const Timing t = time_device([&] {
+              launch_bulk_read(data, nstages, stage_bytes, stages, copies, own, num_sms * blocks_per_sm, out, stream);
+            }, 2, 10);
+            TERN_CUDA(cudaGetLastError());
+            rows.push_back({own ? "bulk, own range" : "bulk", stage_kb, stages, copies, blocks_per_sm, kb, gbs(t)});
+          }
   for (int blocks_per_sm : {2, 4, 8})
     for (int unroll : {2, 4, 8}) {
       const Timing t = time_device([&] {

@@ -27,7 +27,8 @@ Timing time_graph(const std::function<void(int)>& fn, int count, int runs);
 double copy_bandwidth_gbs(size_t bytes, int runs = 10);
 
 // One configuration of the read-bandwidth probes (kernels/read_probe.cu): how ("bulk": cp.async.bulk rings of
-// `stages` slots of stage_kb KB, `copies` copies a stage; "ldg": `stages` 16-byte loads in flight a thread),
+// `stages` slots of stage_kb KB, `copies` copies a stage, the blocks side by side or each in its own contiguous
+// range; "ldg": `stages` 16-byte loads in flight a thread),
 // blocks per multiprocessor, KB in flight per multiprocessor at most, and the GB/s read.
 struct ReadProbe {
   const char* how;

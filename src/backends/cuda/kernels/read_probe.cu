@@ -20,7 +20,7 @@ namespace dev {
 namespace {
 
 __global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64_t nstages, int stage_bytes,
-                                                        int stages, int copies, uint32_t* sink) {
+                                                        int stages, int copies, int own_range, uint32_t* sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(stages) * stage_bytes);
   const BulkRing ring{bars, bars + stages, stages};
@@ -30,7 +30,12 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t mine = (nstages - blockIdx.x + gridDim.x - 1) / gridDim.x;  // stages b, b + G, ...
+  // Stages b, b + G, ... (all blocks side by side in one region), or with own_range the block's own
+  // contiguous range [b * n / G, (b + 1) * n / G) (the blocks' reads megabytes apart, as the MoE kernel's).
+  const int64_t first = own_range ? blockIdx.x * nstages / gridDim.x : blockIdx.x;
+  const int64_t step = own_range ? 1 : gridDim.x;
+  const int64_t mine = own_range ? (blockIdx.x + 1) * nstages / gridDim.x - first
+                                 : (nstages - blockIdx.x + gridDim.x - 1) / gridDim.x;
   if (warp == 0) {
     const uint32_t piece = static_cast<uint32_t>(stage_bytes / copies);
     for (int64_t i = 0; i < mine; ++i) {
@@ -39,7 +44,7 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64
       if (lane == 0) ring.arm(idx, static_cast<uint32_t>(stage_bytes));
       __syncwarp();
       if (lane < copies) {
-        const uint8_t* src = buf + (blockIdx.x + i * gridDim.x) * stage_bytes + lane * piece;
+        const uint8_t* src = buf + (first + i * step) * stage_bytes + lane * piece;
         bulk_copy_g2s(smem + ring.slot(idx) * stage_bytes + lane * piece, src, piece, ring.full_bar(idx));
       }
     }
@@ -80,10 +85,11 @@ void prepare_read_probes() {
   TERN_CUDA(cudaFuncSetAttribute(dev::bulk_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
 }
 
-void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int stages, int copies, int grid,
-                      uint32_t* sink, cudaStream_t stream) {
+void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int stages, int copies, bool own_range,
+                      int grid, uint32_t* sink, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(stages) * stage_bytes + 2 * stages * 8;
-  dev::bulk_read_kernel<<<grid, 64, smem, stream>>>(buf, nstages, stage_bytes, stages, copies, sink);
+  dev::bulk_read_kernel<<<grid, 64, smem, stream>>>(buf, nstages, stage_bytes, stages, copies, own_range ? 1 : 0,
+                                                    sink);
 }
 
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream) {
