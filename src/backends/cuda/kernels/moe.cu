@@ -283,16 +283,13 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
   const int win_bytes = dev::kBulkTile * pl.win_stride;
   const int red_bytes = units * 4 * 32 * static_cast<int>(sizeof(float));  // per ring slot (ks > 1)
-  const int groups = consumers / units;
   for (int s = stages; s >= 2; --s) {
-    const int red_slots = s + groups;  // the kernel's partial-sum slots (reuse rule there)
     const int red_off = s * pl.stage_bytes + win_bytes;
-    const int cnt_off = red_off + (ks > 1 ? red_slots * red_bytes : 0);
-    const int bar_off = cnt_off + (red_slots * 4 + 15) / 16 * 16;
+    const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
+    const int bar_off = cnt_off + (s * 4 + 15) / 16 * 16;
     const int smem = bar_off + 2 * s * 8;
     if (smem <= dev::kBulkMaxSmem) {
       pl.stages = s;
-      pl.red_slots = red_slots;
       pl.win_off = s * pl.stage_bytes;
       pl.red_off = red_off;
       pl.cnt_off = cnt_off;

@@ -34,7 +34,6 @@ struct MoeBulkPlan {
   int row_bytes = 0, s_cols = 0;  // bytes of a weight row, scale bytes of a row
   int stages = 0, stage_bytes = 0, scale_off = 0;
   int win_off = 0, win_stride = 0, red_off = 0, cnt_off = 0, bar_off = 0;
-  int red_slots = 0;              // partial-sum slots (ks > 1): stages + groups, see the kernel
   int smem = 0;
 };
 
@@ -140,32 +139,12 @@ __device__ __forceinline__ uint32_t lds8_at(uint32_t a) {
   return v;
 }
 
-// acc += one chunk: the lane's 16-byte runs of rows g (r0) and g + 8 (r1), their bf16x2 scale multipliers
-// (m0, m1) and the x window's chunk at `x` (lane offset applied), in k-step order with one accumulator (the
-// order moe_expert_kernel uses).
-template <WFmt F>
-__device__ __forceinline__ void bulk_chunk(const LaneRow<F>& r0, const LaneRow<F>& r1, const uint32_t (&m0)[2],
-                                           const uint32_t (&m1)[2], uint32_t x, float (&acc)[4]) {
-  uint4 b[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) b[q] = lds128_at(x + q * 64);
-  static_for<4>([&](auto qc) {
-    constexpr int Q = decltype(qc)::value;
-    static_for<2>([&](auto hc) {
-      constexpr int H = decltype(hc)::value, S = 2 * Q + H;
-      const uint32_t a0 = a_pair<F, S, 0>(r0, m0), a1 = a_pair<F, S, 0>(r1, m1);
-      const uint32_t a2 = a_pair<F, S, 1>(r0, m0), a3 = a_pair<F, S, 1>(r1, m1);
-      mma_bf16(acc, a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
-    });
-  });
-}
-
 // acc += the stage's rows x the x window's token g, over `chunks` chunks of 128 columns from the lane's
-// offsets, in chunk order. Lane t of a quad owns the 16-byte run t of each chunk's 64 bytes of a row (32
-// columns, the mma_tile.cuh k permutation), its scale byte(s) and the same columns of x. Rows of the x window
-// past the job's tokens hold stale values: they only reach output columns that are never stored (mma columns
-// are independent). mxfp4: the lane's offset `s` already points at its own e8m0 byte (one ld.shared.u8, no
-// shift and mask).
+// offsets, in chunk and k-step order with one accumulator (the order moe_expert_kernel uses). Lane t of a
+// quad owns the 16-byte run t of each chunk's 64 bytes of a row (32 columns, the mma_tile.cuh k
+// permutation), its scale byte(s) and the same columns of x. Rows of the x window past the job's tokens hold
+// stale values: they only reach output columns that are never stored (mma columns are independent).
+// mxfp4: the lane's offset `s` already points at its own e8m0 byte (one ld.shared.u8, no shift and mask).
 template <WFmt F>
 __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
                                              uint32_t win, int chunks, float (&acc)[4]) {
@@ -185,60 +164,18 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
       fp4_row_scales<F>(lds64_at(s), t, m0);
       fp4_row_scales<F>(lds64_at(s + row8_s), t, m1);
     }
-    bulk_chunk<F>(r0, r1, m0, m1, x, acc);
-  }
-}
-
-// Why a warp copies its share of an item into registers and releases the slot before any arithmetic
-// (session 8): the slot used to stay held until the item's last warp had added the K slices and stored the
-// outputs, so with two groups decoding, two of the four stages sat idle under arithmetic and the ring fed
-// the card at 45-55% of its read rate (read probes: 110% of copy with the same bulk copies released at once;
-// this kernel with its arithmetic removed: 55-63%). kSlice chunks per warp (V4-Flash: UP 32 chunks / 8
-// slices, DOWN 16 / 4) of two 16-byte runs and the lane's scale bits: 36 registers.
-constexpr int kSlice = 4;
-
-template <WFmt F>
-struct LaneSlice {
-  uint4 w0[kSlice], w1[kSlice];  // rows g, g + 8
-  uint32_t s[kSlice];            // scale bits of row g (bits 0..15) and g + 8 (16..31): e8m0, or nvfp4's two ue4m3
-};
-
-template <WFmt F>
-__device__ __forceinline__ void load_slice(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
-                                           LaneSlice<F>& sl) {
-  const int t = threadIdx.x & 3;
-  constexpr int kWord = scale_word_bytes<F>();
-  uint32_t w = stage + o.w, s = stage + o.s;
+    uint4 b[4];
 #pragma unroll
-  for (int c = 0; c < kSlice; ++c, w += 64, s += kWord) {
-    sl.w0[c] = lds128_at(w);
-    sl.w1[c] = lds128_at(w + row8_w);
-    if constexpr (F == WFmt::mxfp4) {
-      sl.s[c] = lds8_at(s) | (lds8_at(s + row8_s) << 16);
-    } else {  // the lane's two ue4m3 bytes of the row's 8-byte word (as fp4_row_scales picks them)
-      const uint32_t at = s + (t >> 1) * 4, sh = 16 * (t & 1);
-      sl.s[c] = ((lds32_at(at) >> sh) & 0xffffu) | (((lds32_at(at + row8_s) >> sh) & 0xffffu) << 16);
-    }
-  }
-}
-
-// bulk_consume's arithmetic on a loaded slice: the same chunk and k-step order, so the same bits.
-template <WFmt F>
-__device__ __forceinline__ void consume_slice(const LaneSlice<F>& sl, uint32_t x, float (&acc)[4]) {
-#pragma unroll
-  for (int c = 0; c < kSlice; ++c, x += XWindow<F>::kChunkBytes) {
-    LaneRow<F> r0, r1;
-    r0.v[0] = sl.w0[c];
-    r1.v[0] = sl.w1[c];
-    uint32_t m0[2], m1[2];
-    if constexpr (F == WFmt::mxfp4) {
-      m0[0] = m0[1] = e8m0_mult_bf16x2(sl.s[c] & 0xffffu);
-      m1[0] = m1[1] = e8m0_mult_bf16x2(sl.s[c] >> 16);
-    } else {
-      ue4m3x2_mult_bf16x2(sl.s[c] & 0xffffu, m0);
-      ue4m3x2_mult_bf16x2(sl.s[c] >> 16, m1);
-    }
-    bulk_chunk<F>(r0, r1, m0, m1, x, acc);
+    for (int q = 0; q < 4; ++q) b[q] = lds128_at(x + q * 64);
+    static_for<4>([&](auto qc) {
+      constexpr int Q = decltype(qc)::value;
+      static_for<2>([&](auto hc) {
+        constexpr int H = decltype(hc)::value, S = 2 * Q + H;
+        const uint32_t a0 = a_pair<F, S, 0>(r0, m0), a1 = a_pair<F, S, 0>(r1, m1);
+        const uint32_t a2 = a_pair<F, S, 1>(r0, m0), a3 = a_pair<F, S, 1>(r1, m1);
+        mma_bf16(acc, a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
+      });
+    });
   }
 }
 
@@ -292,11 +229,11 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   if (begin >= end) return;  // the whole block: no barrier has been touched yet
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
-  int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [red_slots]: partials stored per item
+  int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
     ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
-    for (int s = 0; s < pl.red_slots; ++s) arrived[s] = 0;
+    for (int s = 0; s < pl.stages; ++s) arrived[s] = 0;
     mbar_init_fence();
   }
   __syncthreads();
@@ -315,7 +252,7 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
                        static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
-  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [red_slots][units][4][32]
+  float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [stages][units][4][32]
 
   int cur_job = -1, first = 0, count = 0;
   float mult[2] = {1.0f, 1.0f};
@@ -344,37 +281,25 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     ring.wait_full(idx);
-    const uint32_t stage = smem0 + ring.slot(idx) * pl.stage_bytes;
-    const bool early = per == kSlice;  // the slice fits registers: the slot goes back before the arithmetic
-    if (early) {
-      LaneSlice<F> sl;
-      load_slice<F>(stage, lo, 8 * pl.row_bytes, 8 * pl.s_cols, sl);
-      ring.release(idx);
-      consume_slice<F>(sl, smem0 + pl.win_off + lo.x, acc);
-    } else {
-      bulk_consume<F>(stage, lo, 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per, acc);
-    }
+    const int slot = ring.slot(idx);
+    bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per,
+                    acc);
     const int64_t tile_row0 = static_cast<int64_t>(item % pl.tiles) * pl.rows_per_item;
     if (pl.ks == 1) {  // one slice: the warp finishes its m-tile ((0 + s0): -0 becomes +0, as the sums below)
       float v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[i];
       bulk_store<UP>(a, tile_row0, mtile, first, count, mult, v);
-      if (!early) ring.release(idx);
+      ring.release(idx);
       continue;
     }
-    // The item's partials: red slot idx % red_slots (red_slots = stages + groups). Safe to reuse: the item
-    // idx + red_slots can only be loaded after its slot's previous item, idx + groups (this group's next),
-    // was released by every warp of this group, which each does only after finishing item idx (the last
-    // one after adding and storing it).
-    const int rs = idx % pl.red_slots;
-    float* parts = red + rs * units * 128;
+    float* parts = red + slot * units * 128;
 #pragma unroll
     for (int i = 0; i < 4; ++i) parts[(u * 4 + i) * 32 + lane] = acc[i];
     __threadfence_block();  // the partials before the count (release), for whichever warp is last
     __syncwarp();
     int last = 0;
-    if (lane == 0) last = atomicAdd(&arrived[rs], 1) == units - 1;
+    if (lane == 0) last = atomicAdd(&arrived[slot], 1) == units - 1;
     last = __shfl_sync(0xffffffffu, last, 0);
     if (last) {
       __threadfence_block();  // every partial of the item after the count (acquire)
@@ -388,9 +313,9 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
         }
         bulk_store<UP>(a, tile_row0, m, first, count, mult, v);
       }
-      if (lane == 0) arrived[rs] = 0;  // for the red slot's next item
+      if (lane == 0) arrived[slot] = 0;  // for the slot's next item (after the ring refilled it)
     }
-    if (!early) ring.release(idx);
+    ring.release(idx);
   }
 }
 
