@@ -217,13 +217,18 @@ struct MoeVariant {
   const char* name;
   bool bulk;
   int stages_up, stages_down, consumers, down_mt;
+  int job_tokens;  // pairs per job (x window rows): 8, or 4 to make room for a third group of consumers
 };
 constexpr MoeVariant kMoeVariants[] = {
     // 0: measured fastest on the H200 (session 7: 493 / 1260 us at T = 16 / 64 against 501 / 1280 for 1)
-    {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2},
-    {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1},
-    {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2},
-    {"register kernel", false, 0, 0, 0, 0},
+    {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2, 8},
+    {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1, 8},
+    {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2, 8},
+    {"register kernel", false, 0, 0, 0, 0, 8},
+    // Session 8: 8 -> 16 consumer warps (1 -> 2 items decoded at once) gave 1.3-1.4x, so a third group, with
+    // jobs of at most 4 tokens so that the x window (4 rows) leaves room for the stages.
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 24, 2, 4},
+    {"bulk 16 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 16, 2, 4},
 };
 constexpr int kNumMoeVariants = static_cast<int>(sizeof(kMoeVariants) / sizeof(kMoeVariants[0]));
 
@@ -242,8 +247,8 @@ BulkPlans bulk_plans(const MoeParams& p) {
   if (!v.bulk || (p.kind != WeightKind::mxfp4 && p.kind != WeightKind::nvfp4) || p.T > kMoeBulkMaxTokens ||
       !p.experts_aligned)
     return b;
-  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8);
-  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt);
+  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens);
+  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens);
   b.ok = b.up.ok && b.down.ok;
   return b;
 }
@@ -255,7 +260,7 @@ const char* moe_variant_name(int variant) {
   return variant >= 0 && variant < kNumMoeVariants ? kMoeVariants[variant].name : "unknown";
 }
 
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt) {
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens) {
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
   const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
@@ -281,7 +286,8 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.scale_off = static_cast<int>(16 * mt * row_bytes);
   pl.stage_bytes = static_cast<int>((pl.scale_off + 16 * mt * s_cols + 127) / 128 * 128);
   pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
-  const int win_bytes = dev::kBulkTile * pl.win_stride;
+  pl.job_tokens = job_tokens;
+  const int win_bytes = job_tokens * pl.win_stride;
   const int red_bytes = units * 4 * 32 * static_cast<int>(sizeof(float));  // per ring slot (ks > 1)
   for (int s = stages; s >= 2; --s) {
     const int red_off = s * pl.stage_bytes + win_bytes;
@@ -303,6 +309,8 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
 }
 
 bool moe_bulk_taken(const MoeParams& p) { return bulk_plans(p).ok; }
+
+int moe_bulk_job_tokens(const MoeParams& p) { return variant_of(p).job_tokens; }
 
 int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
 

@@ -34,13 +34,14 @@ struct MoeBulkPlan {
   int row_bytes = 0, s_cols = 0;  // bytes of a weight row, scale bytes of a row
   int stages = 0, stage_bytes = 0, scale_off = 0;
   int win_off = 0, win_stride = 0, red_off = 0, cnt_off = 0, bar_off = 0;
+  int job_tokens = 8;             // pairs per job: x window rows (lanes g >= job_tokens read the last row)
   int smem = 0;
 };
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
-// at least 2), `consumers` consumer warps and at most `max_mt` m-tiles per item; !ok when the shape does
-// not fit the kernel.
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt);
+// at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item and jobs of at most
+// `job_tokens` (<= 8) pairs; !ok when the shape does not fit the kernel.
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens);
 
 template <dev::WFmt F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
@@ -48,16 +49,17 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
 
 namespace dev {
 
-constexpr int kBulkMaxConsumers = 16;
-constexpr int kBulkMaxThreads = (kBulkMaxConsumers + 1) * 32;  // + the producer; 120 registers a thread
-constexpr int kBulkTile = 8;             // pairs per job: one n-tile of the mma
+// Consumer warps: up to 16 in the kernel compiled for 17 warps (120 registers a thread), up to 24 in the wide
+// one (25 warps, 80 registers).
+constexpr int kBulkMaxConsumers = 24;
+constexpr int bulk_threads(bool wide) { return ((wide ? 24 : 16) + 1) * 32; }
 constexpr int kBulkMaxSmem = 227 * 1024;  // sm_90's opt-in limit per block
 
 struct MoeBulkArgs {
   MoeParams p;
   MoeBulkPlan plan;
   const int* sorted;  // pair ids grouped by expert
-  const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= kBulkTile)
+  const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= plan.job_tokens)
   const int* num_jobs;
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
@@ -215,8 +217,8 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // (any warp may be last: the sum does not depend on which). The slot's partials are reused only after
 // the ring refilled the slot, i.e. after every warp of the item released it, and warps release only
 // after their count (the last one after its stores).
-template <WFmt F, bool UP>
-__global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArgs a) {
+template <WFmt F, bool UP, bool WIDE>
+__global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
   const MoeParams& p = a.p;
@@ -249,7 +251,8 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   const LaneOffsets lo{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
                        static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * kWord +
                                              (F == WFmt::mxfp4 ? t : 0)),
-                       static_cast<uint32_t>(g * pl.win_stride + per * slice * XWindow<F>::kChunkBytes + t * 16)};
+                       static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
+                                             per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
   float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [stages][units][4][32]
@@ -319,15 +322,21 @@ __global__ void __launch_bounds__(kBulkMaxThreads, 1) moe_bulk_kernel(MoeBulkArg
   }
 }
 
-template <WFmt F, bool UP>
-void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
+template <WFmt F, bool UP, bool WIDE>
+void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_bulk_kernel<F, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkMaxSmem);
+    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkMaxSmem);
     return true;
   }();
   (void)attr;
   const int threads = (a.plan.consumers + 1) * 32;
-  moe_bulk_kernel<F, UP><<<grid, threads, a.plan.smem, stream>>>(a);
+  moe_bulk_kernel<F, UP, WIDE><<<grid, threads, a.plan.smem, stream>>>(a);
+}
+
+template <WFmt F, bool UP>
+void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
+  if (a.plan.consumers > 16) launch_bulk_kernel_as<F, UP, true>(a, grid, stream);
+  else launch_bulk_kernel_as<F, UP, false>(a, grid, stream);
 }
 
 }  // namespace dev

@@ -11,6 +11,8 @@ namespace tern::cuda {
 
 // Whether launch_moe takes the bulk-copy kernels for these params (moe.cu).
 bool moe_bulk_taken(const MoeParams& p);
+// Pairs per job of the bulk kernels' variant (the x window's rows).
+int moe_bulk_job_tokens(const MoeParams& p);
 
 // Byte layout of the MoE workspace for P = T*k pairs.
 struct MoeLayout {
@@ -21,7 +23,7 @@ struct MoeLayout {
     P = p.T * p.k;
     // Pairs per job: most experts get one job. The bulk kernels take one n-tile (8 tokens) per job, so their
     // x window stays small; at up to 64 tokens an expert with more than 8 picks is rare.
-    tile = moe_bulk_taken(p) ? 8 : p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;
+    tile = moe_bulk_taken(p) ? moe_bulk_job_tokens(p) : p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;
     max_jobs = std::min<int64_t>(P, p.E) + P / tile + 1;
     auto take = [&](size_t bytes) {
       const size_t at = total;
