@@ -220,15 +220,16 @@ struct MoeVariant {
   int job_tokens;  // pairs per job (x window rows): 8, or 4 to make room for a third group of consumers
 };
 constexpr MoeVariant kMoeVariants[] = {
-    // 0: measured fastest on the H200 (session 7: 493 / 1260 us at T = 16 / 64 against 501 / 1280 for 1)
+    // 0: measured fastest on the H200 (session 8: 56.9 / 441.0 / 1212.7 us at T = 1 / 16 / 64, mxfp4, against
+    // 58.5 / 478.9 / 1290.8 for 1; 16 warps with jobs of 4 tokens: as 1). 8 -> 16 consumer warps (1 -> 2 items
+    // decoded at once) gave 1.3-1.4x and 16 -> 24 a further 3-8%: jobs of at most 4 tokens keep the x window
+    // at 4 rows so that five stages fit beside the third group.
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 24, 2, 4},
+    // 1: the default of session 7 (493 / 1260 us at T = 16 / 64 against 501 / 1280 for 2)
     {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2, 8},
     {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1, 8},
     {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2, 8},
     {"register kernel", false, 0, 0, 0, 0, 8},
-    // Session 8: 8 -> 16 consumer warps (1 -> 2 items decoded at once) gave 1.3-1.4x, so a third group, with
-    // jobs of at most 4 tokens so that the x window (4 rows) leaves room for the stages.
-    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 24, 2, 4},
-    {"bulk 16 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 16, 2, 4},
 };
 constexpr int kNumMoeVariants = static_cast<int>(sizeof(kMoeVariants) / sizeof(kMoeVariants[0]));
 
