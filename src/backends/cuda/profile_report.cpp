@@ -71,6 +71,9 @@ constexpr Rule kRules[] = {
     {"synth_", Match::prefix, OpCategory::other},
     // Random operands of the library-rate benchmark (bench-step's prefill GEMM table).
     {"fill_random_bf16_kernel", Match::exact, OpCategory::other},
+    // Read-bandwidth probes of the micro-benchmark (kernels/read_probe.cu: tern_gpu_bench --only probe).
+    {"bulk_read_kernel", Match::exact, OpCategory::other},
+    {"ldg_read_kernel", Match::exact, OpCategory::other},
 };
 
 bool matches(const Rule& r, std::string_view base) {
