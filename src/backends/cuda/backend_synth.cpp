@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/kernels/synth.cuh"
 
 namespace tern::cuda {
@@ -30,6 +31,8 @@ void CudaBackend::synth_fill(const ops::SynthFillArgs& a) {
                                  a.out.data_as<int64_t>(), impl_->stream);
       break;
   }
+  // These are weights: a kernel launched next may copy them before its grid_dependency_wait (launch.cuh).
+  launch_pdl_fence(impl_->stream);
   check_launch("synth_fill");
 }
 

@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -134,6 +135,7 @@ constexpr int kRowsPerRound = 64;
 
 template <int DPL, bool FP8>  // float4 groups per lane: head_dim = 128 * DPL; FP8 or f32 rows
 __global__ void __launch_bounds__(256, FP8 ? 2 : 1) attention_kernel(AttentionParams a, int64_t q0, int zsplits) {
+  pdl_prologue();
   constexpr int HD = 128 * DPL;
   __shared__ __align__(16) float tile[kTile][HD];
   __shared__ const uint8_t* rows[kRowsPerRound];
@@ -240,6 +242,7 @@ __global__ void __launch_bounds__(256, FP8 ? 2 : 1) attention_kernel(AttentionPa
 // floats, then max and sum, padded to hd + 4 floats so every record stays 16-byte aligned. Warp 0 turns
 // the (max, sum) pairs into one weight per split; then each dim adds its splits' rows in order.
 __global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zsplits, int64_t hd) {
+  pdl_prologue();
   __shared__ float weight[kMaxSplits];
   const int64_t ih = blockIdx.x, h = ih % a.heads, i = q0 + ih / a.heads;
   const KeyList kl = keys_of(a, i);
@@ -274,9 +277,9 @@ __global__ void attention_combine_kernel(AttentionParams a, int64_t q0, int zspl
 template <int DPL>
 void launch_rows(const AttentionParams& p, dim3 grid, int64_t q0, int splits, cudaStream_t stream) {
   if (p.fmt.fp8)
-    attention_kernel<DPL, true><<<grid, 256, 0, stream>>>(p, q0, splits);
+    launch(attention_kernel<DPL, true>, grid, 256, 0, stream, p, q0, splits);
   else
-    attention_kernel<DPL, false><<<grid, 256, 0, stream>>>(p, q0, splits);
+    launch(attention_kernel<DPL, false>, grid, 256, 0, stream, p, q0, splits);
 }
 
 int64_t max_keys(const AttentionParams& p) {
@@ -334,8 +337,8 @@ cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t strea
       default: return cudaErrorInvalidValue;  // rejected by the backend's host check
     }
     if (splits > 1)
-      dev::attention_combine_kernel<<<static_cast<unsigned>(nq * p.heads), 128, 0, stream>>>(p, q0, splits,
-                                                                                            p.fmt.head_dim);
+      launch(dev::attention_combine_kernel, static_cast<unsigned>(nq * p.heads), 128, 0, stream, p, q0,
+             splits, p.fmt.head_dim);
   }
   return cudaSuccess;
 }

@@ -29,6 +29,7 @@
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 
 namespace tern::cuda {
@@ -165,6 +166,7 @@ __device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* c
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionParams a, int64_t q0) {
+  pdl_prologue();
   using L = Smem<HD>;
   constexpr int kNT = HD / 32;  // n-tiles of 8 dims per warp in P V (a quarter of the dims)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -393,19 +395,9 @@ cudaError_t launch_hd(const AttentionParams& p, int cluster, cudaStream_t stream
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridY) {
     const int64_t nq = std::min(kMaxGridY, p.n - q0);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(cluster), static_cast<unsigned>(nq), 1);
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, attention_mma_kernel<HD>, p, q0);
+    LaunchShape s{dim3(static_cast<unsigned>(cluster), static_cast<unsigned>(nq), 1), kThreads, smem, stream};
+    s.cluster_x = static_cast<unsigned>(cluster);
+    const cudaError_t err = launch(s, attention_mma_kernel<HD>, p, q0);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -5,6 +5,7 @@
 // window's first halves), with the same running (max, sum, weighted sum).
 #include "backends/cuda/kernels/compressor.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -31,6 +32,7 @@ struct Acc {
 constexpr int kChannels = 32, kLanes = 8;
 
 __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
+  pdl_prologue();
   if (p.positions != nullptr) {  // decode mode: this block's slot as a one-token chunk of its own sequence
     const int64_t slot = blockIdx.y, C = p.width * (p.overlap ? 2 : 1);
     p.start_pos = p.positions[slot];
@@ -95,7 +97,7 @@ void launch_compressor(const CompressorParams& p, cudaStream_t stream) {
   if ((p.positions == nullptr && p.n == 0) || slots == 0 || p.width == 0) return;
   const dim3 blocks(static_cast<unsigned>((p.width + dev::kChannels - 1) / dev::kChannels),
                     static_cast<unsigned>(slots));
-  dev::compressor_kernel<<<blocks, dev::kChannels * dev::kLanes, 0, stream>>>(p);
+  launch(dev::compressor_kernel, blocks, dev::kChannels * dev::kLanes, 0, stream, p);
 }
 
 }  // namespace tern::cuda

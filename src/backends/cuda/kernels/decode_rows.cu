@@ -1,11 +1,13 @@
 // One block per slot: the device decides whether and where the slot's row lands.
 #include "backends/cuda/kernels/decode_rows.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
 namespace {
 
 __global__ void store_rows_kernel(StoreRowsParams p) {
+  pdl_prologue();
   const int64_t slot = blockIdx.x, pos = p.positions[slot];
   if (pos < 0) return;
   uint8_t* dst = nullptr;
@@ -27,7 +29,7 @@ __global__ void store_rows_kernel(StoreRowsParams p) {
 
 void launch_store_rows(const StoreRowsParams& p, cudaStream_t stream) {
   if (p.slots == 0 || p.row_bytes == 0) return;
-  dev::store_rows_kernel<<<static_cast<unsigned>(p.slots), 128, 0, stream>>>(p);
+  launch(dev::store_rows_kernel, static_cast<unsigned>(p.slots), 128, 0, stream, p);
 }
 
 }  // namespace tern::cuda

@@ -3,6 +3,7 @@
 
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/elementwise.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -14,6 +15,7 @@ int grid_for(int64_t n, int threads = 256) {
 
 __global__ void embedding_kernel(const void* table, int bf16, int64_t vocab, int64_t D, const int64_t* ids,
                                  int64_t T, float* out, int* err) {
+  pdl_prologue();
   const int64_t n = T * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -29,12 +31,14 @@ __global__ void embedding_kernel(const void* table, int bf16, int64_t vocab, int
 }
 
 __global__ void add_kernel(const float* x, float* y, int64_t n) {
+  pdl_prologue();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] += x[i];
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, float limit, float* out, int64_t n) {
+  pdl_prologue();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = siluf_(fminf(gate[i], limit)) * fminf(fmaxf(up[i], -limit), limit);
@@ -42,6 +46,7 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float limit, f
 
 __global__ void gather_rows_kernel(const float* x, int64_t R, int64_t D, const int64_t* rows, int64_t n, float* out,
                                    int* err) {
+  pdl_prologue();
   const int64_t total = n * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -56,6 +61,7 @@ __global__ void gather_rows_kernel(const float* x, int64_t R, int64_t D, const i
 }
 
 __global__ void hc_expand_kernel(const float* x, int64_t T, int64_t hc, int64_t D, float* streams) {
+  pdl_prologue();
   const int64_t total = T * hc * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -68,28 +74,29 @@ __global__ void hc_expand_kernel(const float* x, int64_t T, int64_t hc, int64_t 
 void launch_embedding(const void* table, bool table_bf16, int64_t vocab, int64_t D, const int64_t* ids, int64_t T,
                       float* out, int* err, cudaStream_t stream) {
   if (T * D == 0) return;
-  dev::embedding_kernel<<<dev::grid_for(T * D), 256, 0, stream>>>(table, table_bf16, vocab, D, ids, T, out, err);
+  launch(dev::embedding_kernel, dev::grid_for(T * D), 256, 0, stream, table, table_bf16, vocab, D, ids, T,
+         out, err);
 }
 
 void launch_add(const float* x, float* y, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  dev::add_kernel<<<dev::grid_for(n), 256, 0, stream>>>(x, y, n);
+  launch(dev::add_kernel, dev::grid_for(n), 256, 0, stream, x, y, n);
 }
 
 void launch_swiglu(const float* gate, const float* up, float limit, float* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  dev::swiglu_kernel<<<dev::grid_for(n), 256, 0, stream>>>(gate, up, limit, out, n);
+  launch(dev::swiglu_kernel, dev::grid_for(n), 256, 0, stream, gate, up, limit, out, n);
 }
 
 void launch_gather_rows(const float* x, int64_t R, int64_t D, const int64_t* rows, int64_t n, float* out, int* err,
                         cudaStream_t stream) {
   if (n * D == 0) return;
-  dev::gather_rows_kernel<<<dev::grid_for(n * D), 256, 0, stream>>>(x, R, D, rows, n, out, err);
+  launch(dev::gather_rows_kernel, dev::grid_for(n * D), 256, 0, stream, x, R, D, rows, n, out, err);
 }
 
 void launch_hc_expand(const float* x, int64_t T, int64_t hc, int64_t D, float* streams, cudaStream_t stream) {
   if (T * hc * D == 0) return;
-  dev::hc_expand_kernel<<<dev::grid_for(T * hc * D), 256, 0, stream>>>(x, T, hc, D, streams);
+  launch(dev::hc_expand_kernel, dev::grid_for(T * hc * D), 256, 0, stream, x, T, hc, D, streams);
 }
 
 }  // namespace tern::cuda

@@ -4,6 +4,7 @@
 
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/gemm_prep.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 
@@ -89,6 +90,7 @@ __device__ __forceinline__ void store16(float* out, const float (&v)[16]) {
 
 template <typename Out, bool kGlobal>
 __global__ void expand_kernel(Mat16 m, int64_t rows, Out* out) {
+  pdl_prologue();
   const int64_t per_row = m.in / 16, n = rows * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -106,6 +108,7 @@ __device__ __forceinline__ int64_t expert_scale_cols(WeightKind k, int64_t in) {
 // grid (pieces of one matrix, job, matrix): matrix 0 = w1, 1 = w3 ([inter, D]), 2 = w2 ([D, inter]).
 __global__ void moe_expand_kernel(const ExpertDesc* experts, WeightKind kind, int scale_f32, const int* jobs,
                                   int first, int64_t D, int64_t inter, uint16_t* out) {
+  pdl_prologue();
   const int j = blockIdx.y, which = blockIdx.z;
   const int e = jobs[3 * (first + j)];
   const ExpertDesc& ed = experts[e];
@@ -130,6 +133,7 @@ __device__ __forceinline__ void load8(const float* p, float* v) {
 }
 
 __global__ void round_bf16_kernel(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y) {
+  pdl_prologue();
   const int64_t per_row = cols / 8, n = rows * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -141,6 +145,7 @@ __global__ void round_bf16_kernel(const float* x, int64_t rows, int64_t cols, in
 }
 
 __global__ void moe_gather_bf16_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs) {
+  pdl_prologue();
   const int64_t per_row = D / 8, n = P * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -152,6 +157,7 @@ __global__ void moe_gather_bf16_kernel(const float* x, const int* sorted, int64_
 }
 
 __global__ void moe_swiglu_bf16_kernel(const float* h13, int64_t rows, int64_t inter, float limit, uint16_t* h) {
+  pdl_prologue();
   const int64_t per_row = inter / 8, n = rows * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -166,6 +172,7 @@ __global__ void moe_swiglu_bf16_kernel(const float* h13, int64_t rows, int64_t i
 }
 
 __global__ void fill_random_bf16_kernel(uint16_t* out, int64_t n, float sigma, uint64_t seed) {
+  pdl_prologue();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
@@ -195,26 +202,28 @@ bool expand_ok(const DeviceMat& w) {
 void launch_expand_bf16(const DeviceMat& w, uint16_t* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in / 16;
   if (n == 0) return;
-  dev::expand_kernel<uint16_t, false><<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
+  launch(dev::expand_kernel<uint16_t, false>, dev::grid_stride_blocks(n), 256, 0, stream, dev::mat16(w),
+         w.out, out);
 }
 
 void launch_expand_f32(const DeviceMat& w, float* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in / 16;
   if (n == 0) return;
-  dev::expand_kernel<float, true><<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::mat16(w), w.out, out);
+  launch(dev::expand_kernel<float, true>, dev::grid_stride_blocks(n), 256, 0, stream, dev::mat16(w), w.out,
+         out);
 }
 
 void launch_round_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * cols / 8;
   if (n == 0) return;
-  dev::round_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(x, rows, cols, ld, y);
+  launch(dev::round_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, x, rows, cols, ld, y);
 }
 
 void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs,
                             cudaStream_t stream) {
   const int64_t n = P * D / 8;
   if (n == 0) return;
-  dev::moe_gather_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(x, sorted, P, k, D, xs);
+  launch(dev::moe_gather_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, x, sorted, P, k, D, xs);
 }
 
 void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f32, const int* jobs, int first,
@@ -222,19 +231,20 @@ void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f3
   if (count == 0) return;
   const int64_t pieces = inter * D / 16;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((pieces + 255) / 256, 512)), static_cast<unsigned>(count), 3);
-  dev::moe_expand_kernel<<<grid, 256, 0, stream>>>(experts, kind, scale_f32 ? 1 : 0, jobs, first, D, inter, out);
+  launch(dev::moe_expand_kernel, grid, 256, 0, stream, experts, kind, scale_f32 ? 1 : 0, jobs, first, D,
+         inter, out);
 }
 
 void launch_moe_swiglu_bf16(const float* h13, int64_t rows, int64_t inter, float limit, uint16_t* h,
                             cudaStream_t stream) {
   const int64_t n = rows * inter / 8;
   if (n == 0) return;
-  dev::moe_swiglu_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(h13, rows, inter, limit, h);
+  launch(dev::moe_swiglu_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, h13, rows, inter, limit, h);
 }
 
 void launch_fill_random_bf16(uint16_t* out, int64_t n, float sigma, uint64_t seed, cudaStream_t stream) {
   if (n == 0) return;
-  dev::fill_random_bf16_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(out, n, sigma, seed);
+  launch(dev::fill_random_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, out, n, sigma, seed);
 }
 
 }  // namespace tern::cuda

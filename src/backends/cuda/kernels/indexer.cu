@@ -7,6 +7,7 @@
 
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -35,6 +36,7 @@ __device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret
 // 4hg..4hg+3; the 16 head groups are added in order through shared memory. The host checks heads <= 64
 // and dim % 4 == 0.
 __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerParams p, float* scores) {
+  pdl_prologue();
   __shared__ __align__(16) float qs[kDimChunk][kMaxIndexerHeads];
   __shared__ __align__(16) float ks[kDimChunk][kKeysPerBlock];
   __shared__ float red[kScoreThreads / 16][kKeysPerBlock];
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_scores_kernel(IndexerPa
 // library product S [queries * heads, keys]; then the score of each (query, key) from S as the kernel above
 // computes it from its sums (ReLU, dot scale, weight, heads added in order), -inf where not visible.
 __global__ void indexer_gather_keys_kernel(PagedRowsDesc keys, int64_t num_keys, int64_t dim, float* out) {
+  pdl_prologue();
   const int64_t per = dim / 4, n = num_keys * per;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -130,6 +133,7 @@ __global__ void indexer_gather_keys_kernel(PagedRowsDesc keys, int64_t num_keys,
 // scores of query i for every key < num_keys.
 __global__ void __launch_bounds__(128) indexer_reduce_kernel(IndexerParams p, const float* S, int64_t first,
                                                              int64_t cols, float* scores) {
+  pdl_prologue();
   __shared__ float wh[kMaxIndexerHeads];
   const int64_t i = first + blockIdx.y, s = static_cast<int64_t>(blockIdx.x) * 128 + threadIdx.x;
   const float head_scale = 1.0f / sqrtf(static_cast<float>(p.heads));
@@ -164,6 +168,7 @@ __device__ __forceinline__ unsigned lanes_below() {
 template <bool CACHED>
 __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParams p, const float* scores, int topk,
                                                                     int32_t* indices) {
+  pdl_prologue();
   extern __shared__ uint32_t cache[];
   __shared__ int hist[256];
   __shared__ uint32_t sel_key[kMaxIndexerTopk];
@@ -303,20 +308,21 @@ void launch_indexer_scores(const IndexerParams& p, float* scores, cudaStream_t s
   if (p.n == 0 || p.num_keys == 0) return;
   const dim3 grid(static_cast<unsigned>((p.num_keys + dev::kKeysPerBlock - 1) / dev::kKeysPerBlock),
                   static_cast<unsigned>(p.n));
-  dev::indexer_scores_kernel<<<grid, dev::kScoreThreads, 0, stream>>>(p, scores);
+  launch(dev::indexer_scores_kernel, grid, dev::kScoreThreads, 0, stream, p, scores);
 }
 
 void launch_indexer_gather_keys(const IndexerParams& p, float* out, cudaStream_t stream) {
   const int64_t n = p.num_keys * p.dim / 4;
   if (n == 0) return;
-  dev::indexer_gather_keys_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(p.keys, p.num_keys, p.dim, out);
+  launch(dev::indexer_gather_keys_kernel, dev::grid_stride_blocks(n), 256, 0, stream, p.keys, p.num_keys,
+         p.dim, out);
 }
 
 void launch_indexer_reduce(const IndexerParams& p, const float* S, int64_t first, int64_t count, int64_t cols,
                            float* scores, cudaStream_t stream) {
   if (count == 0 || p.num_keys == 0) return;
   const dim3 grid(static_cast<unsigned>((p.num_keys + 127) / 128), static_cast<unsigned>(count));
-  dev::indexer_reduce_kernel<<<grid, 128, 0, stream>>>(p, S, first, cols, scores);
+  launch(dev::indexer_reduce_kernel, grid, 128, 0, stream, p, S, first, cols, scores);
 }
 
 void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,
@@ -330,9 +336,9 @@ void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, 
     }();
     (void)opted_in;  // a failure shows as the launch's error
     const size_t smem = static_cast<size_t>(std::max<int64_t>(p.num_keys, 1)) * sizeof(uint32_t);
-    dev::indexer_topk_kernel<true><<<grid, dev::kTopkThreads, smem, stream>>>(p, scores, topk, indices);
+    launch(dev::indexer_topk_kernel<true>, grid, dev::kTopkThreads, smem, stream, p, scores, topk, indices);
   } else {
-    dev::indexer_topk_kernel<false><<<grid, dev::kTopkThreads, 0, stream>>>(p, scores, topk, indices);
+    launch(dev::indexer_topk_kernel<false>, grid, dev::kTopkThreads, 0, stream, p, scores, topk, indices);
   }
 }
 

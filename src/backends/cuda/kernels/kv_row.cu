@@ -1,6 +1,7 @@
 // KV row packing: one block per row; each warp quantises blocks of 64 nope dims (amax, power-of-two
 // scale, e4m3), then the rope dims go to bf16 and the scale bytes (zero padded) follow.
 #include "backends/cuda/kernels/kv_row_dev.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -16,6 +17,7 @@ __device__ int fp8_scale_exponent(float amax) {
 }
 
 __global__ void kv_pack_kernel(const float* x, KvRowDesc f, uint8_t* rows) {
+  pdl_prologue();
   const float* src = x + static_cast<int64_t>(blockIdx.x) * f.head_dim;
   uint8_t* row = rows + static_cast<int64_t>(blockIdx.x) * f.row_bytes;
   if (!f.fp8) {
@@ -44,6 +46,7 @@ __global__ void kv_pack_kernel(const float* x, KvRowDesc f, uint8_t* rows) {
 }
 
 __global__ void kv_unpack_kernel(const uint8_t* rows, int64_t n, KvRowDesc f, float* x) {
+  pdl_prologue();
   const int64_t total = n * f.head_dim;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -55,14 +58,14 @@ __global__ void kv_unpack_kernel(const uint8_t* rows, int64_t n, KvRowDesc f, fl
 
 void launch_kv_pack(const float* x, int64_t n, const KvRowDesc& f, uint8_t* rows, cudaStream_t stream) {
   if (n == 0) return;
-  dev::kv_pack_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, f, rows);
+  launch(dev::kv_pack_kernel, static_cast<unsigned>(n), 256, 0, stream, x, f, rows);
 }
 
 void launch_kv_unpack(const uint8_t* rows, int64_t n, const KvRowDesc& f, float* x, cudaStream_t stream) {
   const int64_t total = n * f.head_dim;
   if (total == 0) return;
   const int blocks = static_cast<int>(total / 256 + 1 > 65535 ? 65535 : total / 256 + 1);
-  dev::kv_unpack_kernel<<<blocks, 256, 0, stream>>>(rows, n, f, x);
+  launch(dev::kv_unpack_kernel, blocks, 256, 0, stream, rows, n, f, x);
 }
 
 }  // namespace tern::cuda

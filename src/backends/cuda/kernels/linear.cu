@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
 #include "backends/cuda/kernels/linear_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
@@ -276,8 +277,8 @@ const uint8_t* make_x_windows(const LinearParams& p, int ksplit, cudaStream_t st
   uint8_t* xw = reinterpret_cast<uint8_t*>(p.partial + at);
   const int64_t cols = linear_x_cols(p), pieces = p.T * cols / 8;
   constexpr int kThreads = 256;
-  dev::linear_x_window_kernel<F><<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      p.x, p.x_stride, p.T, cols, xw);
+  launch(dev::linear_x_window_kernel<F>, static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads,
+         0, stream, p.x, p.x_stride, p.T, cols, xw);
   return xw;
 }
 
@@ -335,6 +336,7 @@ constexpr int kSimpleTokens = 8;
 // same order whatever the other tokens (lane-strided partial sums, then warp_sum): batch invariant.
 __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stride, int64_t rows_per_group,
                                      int64_t T, float* y) {
+  pdl_prologue();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
   const int lane = threadIdx.x & 31;
@@ -409,6 +411,7 @@ __device__ __forceinline__ void dot8(float& acc, const float* x, const float (&w
 // runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
 __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                 int64_t rows_per_group, int64_t T, int wpr, float* y) {
+  pdl_prologue();
   __shared__ float red[8][kSimpleTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + warp / wpr;
@@ -475,6 +478,7 @@ constexpr int kExactTokens = 8;   // tokens per pass over the weights
 __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                         int64_t rows_per_group, int64_t T, float* y,
                                                                         float* partial, int* counters) {
+  pdl_prologue();
   __shared__ __align__(16) float xs[kExactTokens][kExactSlice];
   const int slices = static_cast<int>(gridDim.y), slice = static_cast<int>(blockIdx.y);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kExactRows, row = row0 + threadIdx.x;
@@ -532,6 +536,7 @@ dim3 simple_grid(int64_t out, int64_t T) {
 }
 
 __global__ void dequantize_kernel(SimpleMat m, float* out) {
+  pdl_prologue();
   const int64_t n = m.out * m.in;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -603,19 +608,20 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::SimpleMat m = dev::simple_mat(p.w);
   if (!linear_exact_fast_ok(p)) {
-    dev::linear_simple_kernel<<<dev::simple_grid(p.w.out, p.T), 256, 0, stream>>>(m, p.x, p.x_stride,
-                                                                                   p.rows_per_group, p.T, p.y);
+    launch(dev::linear_simple_kernel, dev::simple_grid(p.w.out, p.T), 256, 0, stream, m, p.x, p.x_stride,
+           p.rows_per_group, p.T, p.y);
     return;
   }
   if (p.w.kind == WeightKind::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
     const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
     const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
                     static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-    dev::linear_exact_rows_kernel<<<grid, 256, 0, stream>>>(m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
+    launch(dev::linear_exact_rows_kernel, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T,
+           wpr, p.y);
     return;
   }
-  dev::linear_exact_lanes_kernel<<<dev::exact_grid(p), dev::kExactRows, 0, stream>>>(
-      m, p.x, p.x_stride, p.rows_per_group, p.T, p.y, p.partial, p.counters);
+  launch(dev::linear_exact_lanes_kernel, dev::exact_grid(p), dev::kExactRows, 0, stream, m, p.x, p.x_stride,
+         p.rows_per_group, p.T, p.y, p.partial, p.counters);
 }
 
 const char* linear_path_name(const LinearParams& p) {
@@ -654,7 +660,7 @@ const char* linear_path_name(const LinearParams& p) {
 
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream) {
   const int64_t n = w.out * w.in;
-  dev::dequantize_kernel<<<dev::grid_stride_blocks(n), 256, 0, stream>>>(dev::simple_mat(w), out);
+  launch(dev::dequantize_kernel, dev::grid_stride_blocks(n), 256, 0, stream, dev::simple_mat(w), out);
 }
 
 }  // namespace tern::cuda

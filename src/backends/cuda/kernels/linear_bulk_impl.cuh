@@ -20,6 +20,7 @@
 #pragma once
 
 #include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 
 namespace tern::cuda {
@@ -137,16 +138,19 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
       bulk_copy_g2s(dst, src, bytes, ring.bar(s));
     }
   };
-  // The first copies go out before x and the scales are staged, so their latency overlaps.
+  // Before the wait (PDL, launch.cuh): only shared memory (the barriers above) and the weights, which no
+  // kernel writes. Every stage of the ring is filled and the FP8 scale table staged while the previous kernel
+  // finishes; x, y, the partials and the counters are touched only after grid_dependency_wait().
   for (int s = 0; s < min(a.stages, nstages); ++s) issue(s);
+  const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
+  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
+  grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
   auto xrow = [&](int i) -> const float* {
     const int64_t tok = tok0 + i;
     return tok < a.T ? a.x + tok * a.x_stride + xcol0 : nullptr;
   };
-  const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
-  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
 
   float acc[NT][4], part[NT][4];
 #pragma unroll
@@ -189,6 +193,7 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
       if (s + a.stages < nstages) issue(s + a.stages);
     }
   }
+  grid_dependents_launch();  // every weight byte is in: the next kernel may be scheduled (docs: "PDL")
 
   float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
   const float mult = ksplit > 1 ? 1.0f : a.mat.out_mult;
@@ -214,7 +219,7 @@ void launch_bulk_lin_variant(const BulkLinArgs& a, const BulkLinearPlan& plan, c
   }();
   (void)attr;
   const dim3 grid(static_cast<unsigned>(plan.bx), static_cast<unsigned>(plan.ksplit), static_cast<unsigned>(plan.bz));
-  linear_bulk_kernel<F, NT><<<grid, kBulkLinWarps * 32, plan.smem, stream>>>(a);
+  launch(linear_bulk_kernel<F, NT>, grid, kBulkLinWarps * 32, plan.smem, stream, a);
 }
 
 }  // namespace dev

@@ -5,6 +5,7 @@
 // to arrive adds them in split order, so the result does not depend on scheduling.
 #pragma once
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 
@@ -33,6 +34,7 @@ struct LinearArgs {
 
 template <WFmt F, int NT>
 __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
+  grid_dependency_wait();  // PDL (launch.cuh): weights and x are loaded together below, nothing comes earlier
   constexpr int kChunk = Fmt<F>::kChunk;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 128 + warp * 32;
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
       }
     }
   }
+  grid_dependents_launch();  // the block's weights are read: the next kernel may be scheduled
 
   float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
   const float mult = ksplit > 1 ? 1.0f : a.mat.out_mult;
@@ -140,9 +143,9 @@ void launch_linear_mma(const LinearParams& p, const LinearPlan& plan, cudaStream
   a.chunks_per_split = plan.chunks_per_split;
   const dim3 grid(static_cast<unsigned>(plan.bx), static_cast<unsigned>(plan.ksplit), static_cast<unsigned>(plan.bz));
   switch (plan.nt) {
-    case 1: dev::linear_mma_kernel<F, 1><<<grid, 128, 0, stream>>>(a); break;
-    case 2: dev::linear_mma_kernel<F, 2><<<grid, 128, 0, stream>>>(a); break;
-    default: dev::linear_mma_kernel<F, 4><<<grid, 128, 0, stream>>>(a); break;
+    case 1: launch(dev::linear_mma_kernel<F, 1>, grid, 128, 0, stream, a); break;
+    case 2: launch(dev::linear_mma_kernel<F, 2>, grid, 128, 0, stream, a); break;
+    default: launch(dev::linear_mma_kernel<F, 4>, grid, 128, 0, stream, a); break;
   }
 }
 

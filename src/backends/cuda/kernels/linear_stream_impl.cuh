@@ -9,6 +9,7 @@
 // on T or on which tokens share its tile.
 #pragma once
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
 
@@ -81,20 +82,23 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     src.s = a.mat.s + (src.s_ok ? row * a.mat.s_cols : 0);
   }
 
-  // The first copies go out before x and the scales are staged, so their latency overlaps.
+  // Before the wait (PDL, launch.cuh): only the weights, which no kernel writes. The first kStages - 1 chunks
+  // of this lane's rows (and fp4 scale words) go out and the FP8 scale table is staged while the previous
+  // kernel finishes; x, y, the partials and the counters are touched only after grid_dependency_wait().
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < n) issue_chunk<F, MT>(ring, i, src, c_begin + i, lane);
     cp_async_commit();
   }
+  const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
+  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
+  grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
   auto xrow = [&](int i) -> const float* {
     const int64_t tok = tok0 + i;
     return tok < a.T ? a.x + tok * a.x_stride + xcol0 : nullptr;
   };
-  const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
-  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
 
   float acc[MT][NT][4], part[MT][NT][4];
 #pragma unroll
@@ -143,6 +147,7 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     cp_async_commit();
   }
   cp_async_wait<0>();
+  grid_dependents_launch();  // every weight byte is in: the next kernel may be scheduled (docs: "PDL")
 
   float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
   const float mult = ksplit > 1 ? 1.0f : a.mat.out_mult;
@@ -171,7 +176,7 @@ void launch_stream_variant(const StreamArgs& a, const StreamPlan& plan, cudaStre
   }();
   (void)attr;
   const dim3 grid(static_cast<unsigned>(plan.bx), static_cast<unsigned>(plan.ksplit), static_cast<unsigned>(plan.bz));
-  linear_stream_kernel<F, MT, NT><<<grid, stream_warps(MT) * 32, plan.smem, stream>>>(a);
+  launch(linear_stream_kernel<F, MT, NT>, grid, stream_warps(MT) * 32, plan.smem, stream, a);
 }
 
 }  // namespace dev

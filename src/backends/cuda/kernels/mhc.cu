@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
 
 namespace tern::cuda {
@@ -50,6 +51,7 @@ template <int MIX>
 __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
                                                              const float* __restrict__ fn, int64_t T, int64_t N,
                                                              int64_t per, float* __restrict__ partial) {
+  pdl_prologue();
   constexpr int R = (MIX + kMixWarps - 1) / kMixWarps;  // rows per warp
   const int split = blockIdx.x, splits = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -211,6 +213,7 @@ __device__ __forceinline__ float row_max4(float v) {
 // the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
 // operations) while threads 0..255 collapse the streams with pre.
 __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
+  pdl_prologue();
   constexpr int MIX = (2 + kHc) * kHc;
   __shared__ float m[MIX + 1];
   __shared__ float red[kCollapseThreads / 32];
@@ -240,6 +243,7 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
 }
 
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
+  pdl_prologue();
   __shared__ float m[kHc + 1];
   __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
@@ -256,6 +260,7 @@ __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcPara
 __global__ void __launch_bounds__(256) hc_post_kernel(const float* __restrict__ streams, const float* __restrict__ a,
                                                       const float* __restrict__ post, const float* __restrict__ comb,
                                                       int64_t D, float* __restrict__ out) {
+  pdl_prologue();
   const int64_t t = blockIdx.x, q = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (q >= D / 4) return;
   const float* X = streams + t * kHc * D;
@@ -285,7 +290,8 @@ template <int MIX>
 MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const MixPlan plan = mix_plan(p.hc * p.D);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
-  hc_mix_kernel<MIX><<<grid, kMixThreads, 0, stream>>>(p.streams, p.fn, p.T, p.hc * p.D, plan.per, p.partial);
+  launch(hc_mix_kernel<MIX>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
+         p.partial);
   return plan;
 }
 
@@ -293,6 +299,7 @@ MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
 // MIX, beside the library's product).
 __global__ void __launch_bounds__(256) hc_squares_kernel(const float* __restrict__ x, int64_t N, int64_t ld,
                                                          float* out) {
+  pdl_prologue();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   float s = 0.0f;
@@ -309,15 +316,16 @@ __global__ void __launch_bounds__(256) hc_squares_kernel(const float* __restrict
 
 void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, float* out, cudaStream_t stream) {
   if (T == 0) return;
-  dev::hc_squares_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(streams, N, ld, out);
+  launch(dev::hc_squares_kernel, static_cast<unsigned>(T), 256, 0, stream, streams, N, ld, out);
 }
 
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream) {
   if (p.T == 0) return;
   if (head)
-    dev::hc_head_finish_kernel<<<static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream>>>(p, splits);
+    launch(dev::hc_head_finish_kernel, static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream, p,
+           splits);
   else
-    dev::hc_pre_finish_kernel<<<static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream>>>(p, splits);
+    launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, splits);
 }
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
@@ -328,20 +336,21 @@ int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
 void launch_hc_pre(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::MixPlan plan = dev::launch_mix<(2 + dev::kHc) * dev::kHc>(p, stream);
-  dev::hc_pre_finish_kernel<<<static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream>>>(p, plan.splits);
+  launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, plan.splits);
 }
 
 void launch_hc_head(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::MixPlan plan = dev::launch_mix<dev::kHc>(p, stream);
-  dev::hc_head_finish_kernel<<<static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream>>>(p, plan.splits);
+  launch(dev::hc_head_finish_kernel, static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream, p,
+         plan.splits);
 }
 
 void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
                     int64_t hc, int64_t D, float* out, cudaStream_t stream) {
   if (T == 0 || D == 0 || hc != dev::kHc) return;  // hc and D % 4 are checked by the backend
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((D / 4 + 255) / 256));
-  dev::hc_post_kernel<<<grid, 256, 0, stream>>>(streams, a, post, comb, D, out);
+  launch(dev::hc_post_kernel, grid, 256, 0, stream, streams, a, post, comb, D, out);
 }
 
 }  // namespace tern::cuda

@@ -1,4 +1,5 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
 
 namespace tern::cuda {
@@ -26,6 +27,7 @@ constexpr int kRouteWarps = 4, kMaxExperts = 1024;
 __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const float* logits, const float* bias,
                                                                        int64_t T, int64_t E, int k, float scale,
                                                                        int32_t* indices, float* weights, int* err) {
+  pdl_prologue();
   __shared__ float sc[kRouteWarps][kMaxExperts];
   __shared__ float bi[kRouteWarps][kMaxExperts];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const fl
 __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
                                   const int64_t* token_ids, int64_t T, int64_t E, int k, float scale, int32_t* indices,
                                   float* weights, int* err) {
+  pdl_prologue();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
   const int64_t token = token_ids[t];
@@ -97,6 +100,7 @@ constexpr int kPlanThreads = 1024, kPlanStaged = 6144;
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
                                                                 int* sorted, int* pos, int* jobs, int* num_jobs,
                                                                 int* err) {
+  pdl_prologue();
   __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
   __shared__ int32_t staged[kPlanStaged];  // the picks, read many times below
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -161,6 +165,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
 // out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order.
 __global__ void moe_combine_kernel(const float* y, const int* pos, const float* weights, int64_t T, int k, int64_t D,
                                    float* out) {
+  pdl_prologue();
   const int64_t total = T * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -190,16 +195,16 @@ void launch_route_scored(const float* logits, const float* bias, int64_t T, int6
                          int32_t* indices, float* weights, int* err, cudaStream_t stream) {
   if (T == 0) return;
   const unsigned blocks = static_cast<unsigned>((T + dev::kRouteWarps - 1) / dev::kRouteWarps);
-  dev::route_scored_kernel<<<blocks, dev::kRouteWarps * 32, 0, stream>>>(logits, bias, T, E, k, routed_scale, indices,
-                                                                          weights, err);
+  launch(dev::route_scored_kernel, blocks, dev::kRouteWarps * 32, 0, stream, logits, bias, T, E, k,
+         routed_scale, indices, weights, err);
 }
 
 void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,
                        const int64_t* token_ids, int64_t T, int64_t E, int k, float routed_scale, int32_t* indices,
                        float* weights, int* err, cudaStream_t stream) {
   if (T == 0) return;
-  dev::route_hash_kernel<<<static_cast<unsigned>((T + 127) / 128), 128, 0, stream>>>(
-      logits, tid2eid, tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
+  launch(dev::route_hash_kernel, static_cast<unsigned>((T + 127) / 128), 128, 0, stream, logits, tid2eid,
+         tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
 }
 
 bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
@@ -324,8 +329,8 @@ namespace {
 
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
-  dev::moe_plan_kernel<<<1, dev::kPlanThreads, 0, stream>>>(p.indices, p.T * p.k, p.E, tile, sorted, pos, jobs,
-                                                             num_jobs, p.err);
+  launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
+         jobs, num_jobs, p.err);
 }
 
 }  // namespace
@@ -333,7 +338,7 @@ void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* j
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
   const int64_t total = p.T * p.D;
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
-  dev::moe_combine_kernel<<<blocks, 256, 0, stream>>>(y, pos, p.weights, p.T, p.k, p.D, p.out);
+  launch(dev::moe_combine_kernel, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.out);
 }
 
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_impl.cuh"
 
 namespace tern::cuda {
@@ -219,6 +220,12 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // after their count (the last one after its stores).
 template <WFmt F, bool UP, bool WIDE>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
+  // PDL (launch.cuh): nothing before the wait. The weights never change, but WHICH rows to copy comes from
+  // the plan kernel's job list (num_jobs sets the block's item range, jobs the experts): written every step
+  // at the same addresses, by the previous kernel (up) or the one before it (down), so the producer cannot
+  // look up a single weight address before the wait. (Barrier set-up would be the only other prologue: too
+  // small to matter.)
+  grid_dependency_wait();
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
   const MoeParams& p = a.p;
@@ -241,6 +248,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   __syncthreads();
   if (warp == consumers) {
     bulk_produce<F, UP>(a, ring, smem, begin, end);
+    grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
     return;
   }
 
@@ -330,7 +338,7 @@ void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) 
   }();
   (void)attr;
   const int threads = (a.plan.consumers + 1) * 32;
-  moe_bulk_kernel<F, UP, WIDE><<<grid, threads, a.plan.smem, stream>>>(a);
+  launch(moe_bulk_kernel<F, UP, WIDE>, grid, threads, a.plan.smem, stream, a);
 }
 
 template <WFmt F, bool UP>

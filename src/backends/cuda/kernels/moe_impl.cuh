@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 #include "backends/cuda/kernels/moe.cuh"
 
@@ -113,6 +114,7 @@ __device__ __forceinline__ void tile_rows(const MatRef& m, int64_t row0, int64_t
 // memory and are added in slice order.
 template <WFmt F, int NT, bool UP>
 __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
+  grid_dependency_wait();  // PDL: first, as the job (and so the expert's weights) is the plan kernel's output
   const int job = blockIdx.y;
   if (job >= *a.num_jobs) return;
   const int e = a.jobs[3 * job], first = a.jobs[3 * job + 1], count = a.jobs[3 * job + 2];
@@ -170,6 +172,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[sl][m][n][i][lane] = acc[m][n][i];
   }
+  grid_dependents_launch();  // the block's weights are read: the next kernel may be scheduled
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
@@ -220,14 +223,14 @@ void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaSt
   const dim3 up(static_cast<unsigned>((p.inter + 15) / 16), static_cast<unsigned>(L.max_jobs));
   const dim3 down(static_cast<unsigned>((p.D + 31) / 32), static_cast<unsigned>(L.max_jobs));
   if (L.tile == 8) {
-    dev::moe_expert_kernel<F, 1, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
-    dev::moe_expert_kernel<F, 1, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);
+    launch(dev::moe_expert_kernel<F, 1, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    launch(dev::moe_expert_kernel<F, 1, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   } else if (L.tile == 16) {
-    dev::moe_expert_kernel<F, 2, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
-    dev::moe_expert_kernel<F, 2, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);
+    launch(dev::moe_expert_kernel<F, 2, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    launch(dev::moe_expert_kernel<F, 2, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   } else {
-    dev::moe_expert_kernel<F, 4, true><<<up, dev::kMoeWarps * 32, 0, stream>>>(a);
-    dev::moe_expert_kernel<F, 4, false><<<down, dev::kMoeWarps * 32, 0, stream>>>(a);
+    launch(dev::moe_expert_kernel<F, 4, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    launch(dev::moe_expert_kernel<F, 4, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   }
 }
 

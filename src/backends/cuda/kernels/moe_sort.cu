@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe.cuh"
 
 namespace tern::cuda {
@@ -20,6 +21,7 @@ constexpr int kSortChunk = 1024;  // pairs per block
 constexpr int kSortMaxExperts = 1024;
 
 __global__ void moe_sort_count_kernel(const int32_t* indices, int64_t P, int64_t E, int* counts, int* err) {
+  pdl_prologue();
   __shared__ int c[kSortMaxExperts];
   for (int e = threadIdx.x; e < E; e += blockDim.x) c[e] = 0;
   __syncthreads();
@@ -36,6 +38,7 @@ __global__ void moe_sort_count_kernel(const int32_t* indices, int64_t P, int64_t
 // One block of at least E threads (E <= 1024): counts [B][E] become first slots [B][E]; jobs for the
 // experts with pairs, in expert order.
 __global__ void moe_sort_offsets_kernel(int* counts, int B, int64_t E, int* jobs, int* num_jobs) {
+  pdl_prologue();
   __shared__ int warp_pairs[32], warp_jobs[32];
   const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
   int total = 0;
@@ -73,6 +76,7 @@ __global__ void moe_sort_offsets_kernel(int* counts, int B, int64_t E, int* jobs
 // One warp per block: the chunk's pairs in order.
 __global__ void moe_sort_scatter_kernel(const int32_t* indices, int64_t P, int64_t E, const int* firsts, int* sorted,
                                         int* pos) {
+  pdl_prologue();
   __shared__ int cursor[kSortMaxExperts];
   const int lane = threadIdx.x;
   for (int e = lane; e < E; e += 32) cursor[e] = firsts[static_cast<int64_t>(blockIdx.x) * E + e];
@@ -112,10 +116,10 @@ void launch_moe_sort(const MoeParams& p, int* counts, int* sorted, int* pos, int
   const int64_t P = p.T * p.k;
   const int B = static_cast<int>((P + dev::kSortChunk - 1) / dev::kSortChunk);
   if (B == 0) return;
-  dev::moe_sort_count_kernel<<<B, 256, 0, stream>>>(p.indices, P, p.E, counts, p.err);
+  launch(dev::moe_sort_count_kernel, B, 256, 0, stream, p.indices, P, p.E, counts, p.err);
   const int threads = static_cast<int>(std::max<int64_t>(32, (p.E + 31) / 32 * 32));
-  dev::moe_sort_offsets_kernel<<<1, threads, 0, stream>>>(counts, B, p.E, jobs, num_jobs);
-  dev::moe_sort_scatter_kernel<<<B, 32, 0, stream>>>(p.indices, P, p.E, counts, sorted, pos);
+  launch(dev::moe_sort_offsets_kernel, 1, threads, 0, stream, counts, B, p.E, jobs, num_jobs);
+  launch(dev::moe_sort_scatter_kernel, B, 32, 0, stream, p.indices, P, p.E, counts, sorted, pos);
 }
 
 }  // namespace tern::cuda

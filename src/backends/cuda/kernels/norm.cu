@@ -1,6 +1,7 @@
 // RMSNorm: one warp per row for rows up to 1024 wide (the per-head norms; the row in registers for widths
 // 128, 256, 512, 1024), one block per row otherwise.
 #include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/norm.cuh"
 
 namespace tern::cuda {
@@ -18,6 +19,7 @@ __device__ __forceinline__ float norm_weight(const void* w, NormWeight kind, int
 
 __global__ void rms_norm_warp_kernel(const float* x, const void* w, NormWeight kind, float eps, int64_t rows,
                                      int64_t dim, float* out) {
+  pdl_prologue();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -38,6 +40,7 @@ __global__ void rms_norm_warp_kernel(const float* x, const void* w, NormWeight k
 template <int kCols>
 __global__ void rms_norm_row_kernel(const float* x, const void* w, NormWeight kind, float eps, int64_t rows,
                                     float* out) {
+  pdl_prologue();
   constexpr int kDim = kCols * 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -72,6 +75,7 @@ __global__ void rms_norm_row_kernel(const float* x, const void* w, NormWeight ki
 
 __global__ void rms_norm_block_kernel(const float* x, const void* w, NormWeight kind, float eps, int64_t dim,
                                       float* out) {
+  pdl_prologue();
   __shared__ float scratch[32];
   const float* src = x + static_cast<int64_t>(blockIdx.x) * dim;
   float ss = 0.0f;
@@ -90,16 +94,17 @@ void launch_rms_norm(const float* x, const void* weight, NormWeight kind, float 
   if (rows == 0 || dim == 0) return;
   const unsigned warp_blocks = static_cast<unsigned>((rows + 7) / 8);
   switch (dim) {
-    case 128: dev::rms_norm_row_kernel<4><<<warp_blocks, 256, 0, stream>>>(x, weight, kind, eps, rows, out); return;
-    case 256: dev::rms_norm_row_kernel<8><<<warp_blocks, 256, 0, stream>>>(x, weight, kind, eps, rows, out); return;
-    case 512: dev::rms_norm_row_kernel<16><<<warp_blocks, 256, 0, stream>>>(x, weight, kind, eps, rows, out); return;
-    case 1024: dev::rms_norm_row_kernel<32><<<warp_blocks, 256, 0, stream>>>(x, weight, kind, eps, rows, out); return;
+    case 128: launch(dev::rms_norm_row_kernel<4>, warp_blocks, 256, 0, stream, x, weight, kind, eps, rows, out); return;
+    case 256: launch(dev::rms_norm_row_kernel<8>, warp_blocks, 256, 0, stream, x, weight, kind, eps, rows, out); return;
+    case 512: launch(dev::rms_norm_row_kernel<16>, warp_blocks, 256, 0, stream, x, weight, kind, eps, rows, out); return;
+    case 1024: launch(dev::rms_norm_row_kernel<32>, warp_blocks, 256, 0, stream, x, weight, kind, eps, rows, out); return;
     default: break;
   }
   if (dim <= 1024) {
-    dev::rms_norm_warp_kernel<<<warp_blocks, 256, 0, stream>>>(x, weight, kind, eps, rows, dim, out);
+    launch(dev::rms_norm_warp_kernel, warp_blocks, 256, 0, stream, x, weight, kind, eps, rows, dim, out);
   } else {
-    dev::rms_norm_block_kernel<<<static_cast<unsigned>(rows), 512, 0, stream>>>(x, weight, kind, eps, dim, out);
+    launch(dev::rms_norm_block_kernel, static_cast<unsigned>(rows), 512, 0, stream, x, weight, kind, eps, dim,
+           out);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/read_probe.cuh"
 
 namespace tern::cuda {
@@ -21,6 +22,7 @@ namespace {
 
 __global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64_t nstages, int stage_bytes,
                                                         int stages, int copies, int own_range, uint32_t* sink) {
+  pdl_prologue();
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(stages) * stage_bytes);
   const BulkRing ring{bars, bars + stages, stages};
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(64) bulk_read_kernel(const uint8_t* buf, int64
 }
 
 __global__ void __launch_bounds__(256) ldg_read_kernel(const uint4* buf, int64_t n, int unroll, uint32_t* sink) {
+  pdl_prologue();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   uint32_t acc = 0;
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -88,12 +91,13 @@ void prepare_read_probes() {
 void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int stages, int copies, bool own_range,
                       int grid, uint32_t* sink, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(stages) * stage_bytes + 2 * stages * 8;
-  dev::bulk_read_kernel<<<grid, 64, smem, stream>>>(buf, nstages, stage_bytes, stages, copies, own_range ? 1 : 0,
-                                                    sink);
+  launch(dev::bulk_read_kernel, grid, 64, smem, stream, buf, nstages, stage_bytes, stages, copies,
+         own_range ? 1 : 0, sink);
 }
 
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream) {
-  dev::ldg_read_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<const uint4*>(buf), bytes / 16, unroll, sink);
+  launch(dev::ldg_read_kernel, grid, 256, 0, stream, reinterpret_cast<const uint4*>(buf), bytes / 16, unroll,
+         sink);
 }
 
 }  // namespace tern::cuda

@@ -8,6 +8,7 @@
 // (8 passes of 8 bits over the 64-bit candidate key) finds the kTier largest keys below a bound, a bitonic
 // sort orders them in shared memory, thread 0 consumes them, and the next tier starts below the last
 // key. A top-k of at most kTier or a nucleus within kTier candidates takes one tier.
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/sampling.cuh"
 
 namespace tern::cuda {
@@ -228,6 +229,7 @@ __device__ void walk_sorted(Shared& s, const float* w, int n, int64_t limit, F f
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __restrict__ logits, int vocab,
                                                               const uint8_t* __restrict__ packed, int rows,
                                                               float* __restrict__ work, SampledRow* out) {
+  pdl_prologue();
   __shared__ Shared s;
   const int row = blockIdx.x;
   const SampleRowDesc d = reinterpret_cast<const SampleRowDesc*>(packed)[row];
@@ -403,8 +405,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
 void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const void* packed, float* work,
                         sampling::SampledRow* out, cudaStream_t stream) {
   if (rows == 0) return;
-  dev::sample_rows_kernel<<<static_cast<unsigned>(rows), dev::kThreads, 0, stream>>>(
-      logits, static_cast<int>(vocab), static_cast<const uint8_t*>(packed), static_cast<int>(rows), work, out);
+  launch(dev::sample_rows_kernel, static_cast<unsigned>(rows), dev::kThreads, 0, stream, logits,
+         static_cast<int>(vocab), static_cast<const uint8_t*>(packed), static_cast<int>(rows), work, out);
 }
 
 }  // namespace tern::cuda

@@ -15,6 +15,7 @@
 // a token's sum depends only on the chunk sequence, never on how many tokens share the tile.
 #pragma once
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 
 namespace tern::cuda::dev {
@@ -140,6 +141,7 @@ __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, in
 // stage_x, so the same results bit for bit.
 template <WFmt F>
 __global__ void linear_x_window_kernel(const float* x, int64_t x_stride, int64_t T, int64_t cols, uint8_t* xw) {
+  pdl_prologue();
   const int64_t per_row = cols / 8;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= T * per_row) return;

@@ -4,6 +4,7 @@
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>
 
+#include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/synth.cuh"
 #include "ops/synth_values.h"
 
@@ -36,6 +37,7 @@ __device__ __forceinline__ uint8_t f32_to_e2m1(float x) {
 }
 
 __global__ void synth_values_kernel(bool normal, uint64_t seed, float a, float b, void* out, bool out_bf16, int64_t n) {
+  pdl_prologue();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = normal ? synth::normal_value(seed, i, a, b) : synth::uniform_value(seed, i, a, b);
@@ -46,6 +48,7 @@ __global__ void synth_values_kernel(bool normal, uint64_t seed, float a, float b
 
 // One 256-thread block per 128x128 block of the weight: amax, scale, then the values again, quantized.
 __global__ void synth_fp8_kernel(uint64_t seed, float sigma, int64_t R, int64_t C, uint8_t* q, uint8_t* scale) {
+  pdl_prologue();
   const int64_t bi = (C + 127) / 128, b = blockIdx.x;
   const int64_t r0 = b / bi * 128, c0 = b % bi * 128;
   const int64_t h = R - r0 < 128 ? R - r0 : 128, w = C - c0 < 128 ? C - c0 : 128;
@@ -72,6 +75,7 @@ __global__ void synth_fp8_kernel(uint64_t seed, float sigma, int64_t R, int64_t 
 // One thread per scale block (32 values for MXFP4, 16 for NVFP4).
 template <bool kNv>
 __global__ void synth_fp4_kernel(uint64_t seed, float sigma, float global_scale, int64_t blocks, uint8_t* q, uint8_t* scale) {
+  pdl_prologue();
   constexpr int kBlock = kNv ? 16 : 32;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -109,6 +113,7 @@ __global__ void synth_fp4_kernel(uint64_t seed, float sigma, float global_scale,
 }
 
 __global__ void synth_distinct_rows_kernel(uint64_t seed, int64_t rows, int k, int64_t choices, int64_t* out) {
+  pdl_prologue();
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
     synth::distinct_row(seed, r, k, choices, out + r * k);
@@ -120,28 +125,33 @@ __global__ void synth_distinct_rows_kernel(uint64_t seed, int64_t rows, int k, i
 void launch_synth_values(bool normal, uint64_t seed, float a, float b, void* out, bool out_bf16, int64_t n,
                          cudaStream_t stream) {
   if (n == 0) return;
-  dev::synth_values_kernel<<<dev::grid_for(n), 256, 0, stream>>>(normal, seed, a, b, out, out_bf16, n);
+  launch(dev::synth_values_kernel, dev::grid_for(n), 256, 0, stream, normal, seed, a, b, out, out_bf16, n);
 }
 
 void launch_synth_fp8(uint64_t seed, float sigma, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scale,
                       cudaStream_t stream) {
   const int64_t blocks = (rows + 127) / 128 * ((cols + 127) / 128);
   if (blocks == 0) return;
-  dev::synth_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(seed, sigma, rows, cols, q, scale);
+  launch(dev::synth_fp8_kernel, static_cast<unsigned>(blocks), 256, 0, stream, seed, sigma, rows, cols, q,
+         scale);
 }
 
 void launch_synth_fp4(bool nvfp4, uint64_t seed, float sigma, float global_scale, int64_t rows, int64_t cols,
                       uint8_t* q, uint8_t* scale, cudaStream_t stream) {
   const int64_t blocks = rows * cols / (nvfp4 ? 16 : 32);
   if (blocks == 0) return;
-  if (nvfp4) dev::synth_fp4_kernel<true><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
-  else dev::synth_fp4_kernel<false><<<dev::grid_for(blocks), 256, 0, stream>>>(seed, sigma, global_scale, blocks, q, scale);
+  if (nvfp4)
+    launch(dev::synth_fp4_kernel<true>, dev::grid_for(blocks), 256, 0, stream, seed, sigma, global_scale,
+           blocks, q, scale);
+  else
+    launch(dev::synth_fp4_kernel<false>, dev::grid_for(blocks), 256, 0, stream, seed, sigma, global_scale,
+           blocks, q, scale);
 }
 
 void launch_synth_distinct_rows(uint64_t seed, int64_t rows, int k, int64_t choices, int64_t* out,
                                 cudaStream_t stream) {
   if (rows == 0) return;
-  dev::synth_distinct_rows_kernel<<<dev::grid_for(rows), 256, 0, stream>>>(seed, rows, k, choices, out);
+  launch(dev::synth_distinct_rows_kernel, dev::grid_for(rows), 256, 0, stream, seed, rows, k, choices, out);
 }
 
 }  // namespace tern::cuda
