@@ -82,6 +82,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::fill_random_bf16_kernel(unsigned short*, long, float, unsigned long)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::bulk_read_kernel(unsigned char const*, long, int, int, int, int, unsigned int*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::ldg_read_kernel(uint4 const*, long, int, unsigned int*)", C::other},
+    {"tern::cuda::dev::(anonymous namespace)::pdl_fence_kernel(int)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::indexer_gather_keys_kernel(tern::cuda::PagedRowsDesc, long, long, float*)", C::indexer},
     {"tern::cuda::dev::(anonymous namespace)::indexer_reduce_kernel(tern::cuda::IndexerParams, float const*, long, long, float*)", C::indexer},
     {"tern::cuda::dev::(anonymous namespace)::hc_squares_kernel(float const*, long, long, float*)", C::mhc_norm_rope},

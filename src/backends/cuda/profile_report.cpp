@@ -74,6 +74,8 @@ constexpr Rule kRules[] = {
     // Read-bandwidth probes of the micro-benchmark (kernels/read_probe.cu: tern_gpu_bench --only probe).
     {"bulk_read_kernel", Match::exact, OpCategory::other},
     {"ldg_read_kernel", Match::exact, OpCategory::other},
+    // The empty kernel that ends programmatic overlap after the synthetic weight fill (kernels/launch.cu).
+    {"pdl_fence_kernel", Match::exact, OpCategory::other},
 };
 
 bool matches(const Rule& r, std::string_view base) {

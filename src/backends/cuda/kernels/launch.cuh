@@ -8,7 +8,7 @@
 // previous kernel's tail. The price: nothing the previous kernels wrote is safe to touch until the kernel has
 // passed griddepcontrol.wait, which returns once the previous grid has COMPLETED and its writes are visible.
 //
-// PDL RULE (every __global__ in src/backends/cuda/kernels; tests/unit/test_pdl_rule.cpp checks it):
+// PDL RULE (every kernel of src/backends/cuda/kernels; tests/unit/test_pdl_rule.cpp checks it):
 //   1. Every kernel calls dev::grid_dependency_wait() in every thread, before it reads anything another
 //      kernel may have written and before it writes anything (a previous kernel may still be reading the
 //      buffer). Default: the FIRST statement of the kernel. No thread may return before it (a grid that
