@@ -18,6 +18,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #include "core/dtype.h"
@@ -342,7 +343,9 @@ int main(int argc, char** argv) {
   }
   std::printf("device: %s\n", cuda::device_description().c_str());
   g_copy_gbs = cuda::copy_bandwidth_gbs(size_t{1} << 30);
-  std::printf("copy bandwidth (1 GiB device-to-device, read+write): %.0f GB/s\n\n", g_copy_gbs);
+  std::printf("copy bandwidth (1 GiB device-to-device, read+write): %.0f GB/s\n", g_copy_gbs);
+  // With PDL the calls of one graph overlap (each starts while the previous one finishes), as in a decode step.
+  std::printf("programmatic dependent launch: %s\n\n", cuda::pdl_enabled() ? "on (TERN_PDL=0 turns it off)" : "off");
   Rand r(12345);
   using ops::WeightFormat;
   if (profile) {

@@ -12,6 +12,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "core/dtype.h"
 
 namespace tern::gputest {
@@ -25,6 +26,9 @@ bool gpu_ready() {
   }();
   return ready;
 }
+
+PdlGuard::PdlGuard(bool on) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(on); }
+PdlGuard::~PdlGuard() { cuda::set_pdl_enabled(saved_); }
 
 uint64_t fresh_seed() {
   static std::atomic<uint64_t> counter{0};

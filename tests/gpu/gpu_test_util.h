@@ -29,6 +29,18 @@ bool gpu_ready();
     if (!::tern::gputest::gpu_ready()) GTEST_SKIP() << "no CUDA device on this machine"; \
   } while (0)
 
+// Sets programmatic dependent launch (cuda::set_pdl_enabled, kernels/pdl.cuh) for a scope, then restores it.
+class PdlGuard {
+ public:
+  explicit PdlGuard(bool on);
+  ~PdlGuard();
+  PdlGuard(const PdlGuard&) = delete;
+  PdlGuard& operator=(const PdlGuard&) = delete;
+
+ private:
+  bool saved_;
+};
+
 constexpr double kTolF32 = 1e-5;   // f32 arithmetic, other summation order
 constexpr double kTolBf16 = 1e-2;  // bf16 operands (tensor-core products)
 

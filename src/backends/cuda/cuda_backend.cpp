@@ -5,6 +5,7 @@
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/errors.h"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/cuda_step_graphs.h"
 
 namespace tern::cuda {
@@ -172,7 +173,7 @@ class CudaMemory final : public DeviceMemory {
 
 std::vector<std::string> CudaBackend::kernel_paths() const {
   // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
-  return {
+  std::vector<std::string> paths = {
       "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
       "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 "
       "weights: linear_bulk_kernel (cp.async.bulk warp rings, same numerics; TERN_LINEAR_VARIANT picks others); "
@@ -209,6 +210,13 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "sample_rows_kernel, one block per row, radix select + bitonic sort of candidate tiers, the host "
       "sampler's arithmetic (f64 sums in its order) so tokens equal the host's",
   };
+  paths.push_back(pdl_enabled()
+                      ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
+                        "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "
+                        "linear_stream / linear_bulk copy their first weight stages before the wait"
+                      : "launches: programmatic dependent launch off (TERN_PDL=0): each kernel starts once the previous "
+                        "one has finished");
+  return paths;
 }
 
 CudaBackend& register_backend() {
