@@ -30,7 +30,8 @@
 namespace tern::gputest {
 namespace {
 
-#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+#define CHECK_CUDA(call) \
+  ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
 using ops::WeightFormat;
 
@@ -145,7 +146,8 @@ void check_pdl(const Work& w, const std::string& what) {
     if (ref[0][i].dtype() != DType::f32) continue;
     int64_t bad = 0;
     for (int64_t j = 0; j < ref[0][i].numel(); ++j) bad += !std::isfinite(ref[0][i].data<float>()[j]);
-    ASSERT_EQ(bad, 0) << what << ": the reference's " << w.outputs[i].first << " is not all written and finite";
+    ASSERT_EQ(bad, 0) << what << ": the reference's " << w.outputs[i].first
+                      << " is not all written and finite";
   }
   {
     PdlGuard on(true);
@@ -163,8 +165,8 @@ void check_pdl(const Work& w, const std::string& what) {
       capture(w, stream, g);
     }
     if (::testing::Test::HasFatalFailure()) break;
-    std::printf("[pdl] %s, graph captured with PDL %s: %d kernel-to-kernel edges, %d programmatic\n", what.c_str(),
-                pdl ? "on" : "off", g.kernel_edges, g.programmatic_edges);
+    std::printf("[pdl] %s, graph captured with PDL %s: %d kernel-to-kernel edges, %d programmatic\n",
+                what.c_str(), pdl ? "on" : "off", g.kernel_edges, g.programmatic_edges);
     EXPECT_GT(g.kernel_edges, 0) << what;
     EXPECT_EQ(g.programmatic_edges, pdl ? g.kernel_edges : 0) << what << ", PDL " << (pdl ? "on" : "off");
     // The attribute lives in the graph: replays do not look at the switch (flip it to show it).
@@ -174,25 +176,30 @@ void check_pdl(const Work& w, const std::string& what) {
       std::vector<Tensor> got;
       replay(w, g, stream, v, got);
       if (::testing::Test::HasFatalFailure()) break;
-      expect_same_bits(w, got, ref[v], cat(what, ", graph captured with PDL ", pdl ? "on" : "off", ", replay ", rep));
+      expect_same_bits(w, got, ref[v],
+                       cat(what, ", graph captured with PDL ", pdl ? "on" : "off", ", replay ", rep));
     }
   }
   cudaStreamDestroy(stream);
   cuda::register_backend().check_device_errors();
 }
 
+// A device copy of a random weight of format f, [out, in], values of std 1 / sqrt(in).
+ops::Weight device_weight(cuda::WeightStore& store, WeightFormat f, int64_t out, int64_t in, Rand& r,
+                          const char* name) {
+  return store.upload(random_weight(f, out, in, r, 1.0f / std::sqrt(static_cast<float>(in)), name).w);
+}
+
 // A long product whose output is the next product's x (each of its blocks writes its outputs last, so a
 // consumer reading early sees poison), then an add that overwrites that x while the product before it may
-// still read it: y = A x (fp8 [32768, 4096], 128 MiB), z = B y (fp8 [4096, 32768]), y += d.
+// still read it: y = A x (fp8 [16384, 4096], 64 MiB), z = B y (fp8 [4096, 16384]), y += d.
 TEST(GpuPdl, LinearAfterALongKernelReadsItsFinishedOutput) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
-  constexpr int64_t kBig = 32768, kIn = 4096;
+  constexpr int64_t kBig = 16384, kIn = 4096;
   cuda::WeightStore store;
-  const ops::Weight a =
-      store.upload(random_weight(WeightFormat::fp8_block, kBig, kIn, r, 1.0f / std::sqrt(static_cast<float>(kIn)), "long.a").w);
-  const ops::Weight b =
-      store.upload(random_weight(WeightFormat::fp8_block, kIn, kBig, r, 1.0f / std::sqrt(static_cast<float>(kBig)), "long.b").w);
+  const ops::Weight a = device_weight(store, WeightFormat::fp8_block, kBig, kIn, r, "long.a");
+  const ops::Weight b = device_weight(store, WeightFormat::fp8_block, kIn, kBig, r, "long.b");
   for (int64_t T : {1, 16, 64}) {
     const cuda::DeviceTensor x(DType::f32, {T, kIn}), d(DType::f32, {T, kBig}), y(DType::f32, {T, kBig}),
         z(DType::f32, {T, kIn});
@@ -210,22 +217,21 @@ TEST(GpuPdl, LinearAfterALongKernelReadsItsFinishedOutput) {
 }
 
 // A decode-like chain at V4-Flash widths in which every kernel consumes the previous one's output: the norm,
-// FP8 / MXFP4 / bf16 products on the streaming and bulk kernels (weights copied before the wait; from 9 tokens
-// x windows made by their own kernel), an add into a buffer the product before it reads, the exact router
-// product and routing (data-dependent picks), the routed experts (plan, up, down, combine).
+// FP8 / MXFP4 / bf16 products on the streaming and bulk kernels (weights copied before the wait; from 9
+// tokens x windows made by their own kernel), an add into a buffer the product before it reads, the exact
+// router product and routing (data-dependent picks), the routed experts (plan, up, down, combine).
 TEST(GpuPdl, DecodeChainSameBitsOnOffAndInGraphs) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const Shapes& s = kV4Flash;
   const int64_t D = s.D, Q = 8192, E = 8, k = s.experts_per_token, C = 1024;
-  auto sd = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
   cuda::WeightStore store;
-  const ops::Weight wq = store.upload(random_weight(WeightFormat::fp8_block, Q, D, r, sd(D), "chain.wq").w);
-  const ops::Weight wo = store.upload(random_weight(WeightFormat::fp8_block, D, Q, r, sd(Q), "chain.wo").w);
-  const ops::Weight we = store.upload(random_weight(WeightFormat::mxfp4, D, D, r, sd(D), "chain.we").w);
-  ops::Weight wg = store.upload(random_weight(WeightFormat::fp8_block, E, D, r, sd(D), "chain.gate").w);
+  const ops::Weight wq = device_weight(store, WeightFormat::fp8_block, Q, D, r, "chain.wq");
+  const ops::Weight wo = device_weight(store, WeightFormat::fp8_block, D, Q, r, "chain.wo");
+  const ops::Weight we = device_weight(store, WeightFormat::mxfp4, D, D, r, "chain.we");
+  ops::Weight wg = device_weight(store, WeightFormat::fp8_block, E, D, r, "chain.gate");
   wg.exact = true;
-  const ops::Weight wc = store.upload(random_weight(WeightFormat::bf16, C, D, r, sd(D), "chain.wc").w);
+  const ops::Weight wc = device_weight(store, WeightFormat::bf16, C, D, r, "chain.wc");
   const RandomExperts experts(WeightFormat::mxfp4, E, D, s.inter, r);
   const cuda::DeviceTensor norm_w = upload(random_f32({D}, r)), bias = upload(random_f32({E}, r, 0.1f));
   for (int64_t T : {1, 16, 64}) {
@@ -235,9 +241,15 @@ TEST(GpuPdl, DecodeChainSameBitsOnOffAndInGraphs) {
     Work w;
     w.inputs = {{&x, {random_f32({T, D}, r), random_f32({T, D}, r)}},
                 {&add_q, {random_f32({T, Q}, r), random_f32({T, Q}, r)}}};
-    w.outputs = {{"h = rms_norm(x)", &h}, {"q = wq h, then q += add_q", &q}, {"o = wo q", &o},
-                 {"e = we o (mxfp4)", &e}, {"g = gate e (exact)", &g}, {"routed indices", &idx},
-                 {"routed weights", &wts}, {"m = experts(e)", &m}, {"c = wc m (bf16)", &c}};
+    w.outputs = {{"h = rms_norm(x)", &h},
+                 {"q = wq h, then q += add_q", &q},
+                 {"o = wo q", &o},
+                 {"e = we o (mxfp4)", &e},
+                 {"g = gate e (exact)", &g},
+                 {"routed indices", &idx},
+                 {"routed weights", &wts},
+                 {"m = experts(e)", &m},
+                 {"c = wc m (bf16)", &c}};
     w.issue = [&] {
       ops::rms_norm(x, norm_w, 1e-6f, h);
       ops::linear(h, wq, q);

@@ -120,7 +120,8 @@ std::vector<Kernel> backend_kernels() {
   for (const auto& entry : fs::directory_iterator(fs::path(TERN_SOURCE_DIR) / "src/backends/cuda/kernels")) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cu" && ext != ".cuh") continue;
-    for (Kernel& k : kernels_in(entry.path().filename().string(), read_file(entry.path()))) out.push_back(std::move(k));
+    for (Kernel& k : kernels_in(entry.path().filename().string(), read_file(entry.path())))
+      out.push_back(std::move(k));
   }
   return out;
 }
@@ -129,31 +130,36 @@ std::vector<Kernel> backend_kernels() {
 std::vector<std::string> violations(const Kernel& k) {
   std::vector<std::string> v;
   const std::string& b = k.body;
-  const size_t wait = std::min(find_word(b, "grid_dependency_wait", 0, b.size()), find_word(b, "pdl_prologue", 0, b.size()));
+  const size_t wait =
+      std::min(find_word(b, "grid_dependency_wait", 0, b.size()), find_word(b, "pdl_prologue", 0, b.size()));
   if (wait == std::string::npos) {
     v.push_back("never calls grid_dependency_wait() (PDL RULE 1)");
     return v;
   }
   const size_t ret = find_word(b, "return", 0, b.size());
-  if (ret != std::string::npos && ret < wait) v.push_back("may return before grid_dependency_wait() (PDL RULE 1)");
+  if (ret != std::string::npos && ret < wait)
+    v.push_back("may return before grid_dependency_wait() (PDL RULE 1)");
   std::string raw = k.raw_body;
   for (char& c : raw) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   const size_t first = skip_space(b, 0);
   if (first != wait && raw.find("before the wait") == std::string::npos)
-    v.push_back("works before grid_dependency_wait() without a comment saying what (\"before the wait\": PDL RULE 2)");
+    v.push_back("works before its wait without a \"before the wait\" comment saying what (PDL RULE 2)");
   return v;
 }
 
 TEST(PdlRule, EveryKernelWaitsFirstOrSaysWhatComesBefore) {
   const std::vector<Kernel> ks = backend_kernels();
-  ASSERT_GE(ks.size(), 40u) << "did the scan find the kernels under " << TERN_SOURCE_DIR << "/src/backends/cuda/kernels?";
+  ASSERT_GE(ks.size(), 40u) << "did the scan find the kernels under " << TERN_SOURCE_DIR
+                            << "/src/backends/cuda/kernels?";
   for (const Kernel& k : ks)
-    for (const std::string& why : violations(k)) ADD_FAILURE() << k.file << ": " << k.name << " " << why << " (launch.cuh)";
+    for (const std::string& why : violations(k))
+      ADD_FAILURE() << k.file << ": " << k.name << " " << why << " (launch.cuh)";
 }
 
 TEST(PdlRule, EveryLaunchGoesThroughTheHelper) {
   int files = 0;
-  for (const auto& entry : fs::recursive_directory_iterator(fs::path(TERN_SOURCE_DIR) / "src/backends/cuda")) {
+  for (const auto& entry :
+       fs::recursive_directory_iterator(fs::path(TERN_SOURCE_DIR) / "src/backends/cuda")) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cu" && ext != ".cuh" && ext != ".cpp" && ext != ".h") continue;
     ++files;
@@ -161,8 +167,8 @@ TEST(PdlRule, EveryLaunchGoesThroughTheHelper) {
     EXPECT_EQ(s.find("<<<"), std::string::npos)
         << entry.path() << ": a <<<>>> launch; use tern::cuda::launch (launch.cuh, PDL RULE 3)";
     if (entry.path().filename() == "launch.cuh") continue;
-    for (const char* api : {"cudaLaunchKernel", "cudaLaunchKernelEx", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
-                            "cuLaunchKernel", "cuLaunchKernelEx"})
+    for (const char* api : {"cudaLaunchKernel", "cudaLaunchKernelEx", "cudaLaunchKernelExC",
+                            "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx"})
       EXPECT_EQ(find_word(s, api, 0, s.size()), std::string::npos)
           << entry.path() << ": calls " << api << "; use tern::cuda::launch (launch.cuh, PDL RULE 3)";
   }
