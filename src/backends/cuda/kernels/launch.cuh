@@ -1,6 +1,6 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90), nvcc only. docs/cuda-backend.md, "PDL".
 //
-// Why: a decode step is ~1 900 short kernels replayed from a CUDA graph, and between two dependent kernels
+// Why: a decode step is about 1 880 short kernels replayed from a CUDA graph, and between two dependent kernels
 // the GPU idles while the first one's grid drains and the second one is launched and its blocks are placed.
 // A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start before the previous
 // kernel of its stream has finished (once every block of that one has called grid_dependents_launch() or
@@ -16,7 +16,7 @@
 //   2. The only work before the wait is on data no kernel writes while kernels that may overlap run:
 //      arguments, shared memory, and the weights (uploaded by copies; a kernel that writes weights, the
 //      synthetic fill, is followed by launch_pdl_fence). Each kernel that does work before its wait says
-//      exactly what in a comment ("before the wait:").
+//      exactly what in a comment containing "before the wait".
 //   3. Every launch goes through tern::cuda::launch (no <<<>>>, no other cudaLaunchKernelEx), which adds the
 //      attribute when pdl_enabled(). So a kernel can never carry the attribute without the wait.
 // grid_dependents_launch() only lets the next kernel be scheduled earlier; correctness never depends on
