@@ -1,5 +1,5 @@
-// The built-in profiler on the GPU: known kernels (ops::linear with bf16 weights -> linear_mma_kernel,
-// ops::rms_norm over 8192 columns -> rms_norm_block_kernel) run eagerly and from CUDA graphs must each
+// The built-in profiler on the GPU: known kernels (ops::linear with bf16 weights -> linear_bulk_kernel, the
+// bf16 path since session 7; ops::rms_norm over 8192 columns -> rms_norm_block_kernel) run eagerly and from CUDA graphs must each
 // appear with the exact count, the right category and graph attribution, and the profiler's times must agree
 // with CUDA-event timing of the same work (its GPU span inside the events' interval, its busy time most of
 // it, each linear at least as long as streaming its weight at twice the HBM peak would take).
@@ -86,16 +86,16 @@ std::string listing(const cuda::ProfileRecords& r) {
 // The records of `calls` (linear, norm) pairs: counts, names, categories, graph attribution. Copies are
 // allowed only where the driver may add its own (a graph's first launch uploads it).
 void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph, bool allow_copies = false) {
-  const Seen lin = find(r, "linear_mma_kernel"), norm = find(r, "rms_norm_block_kernel");
+  const Seen lin = find(r, "linear_bulk_kernel"), norm = find(r, "rms_norm_block_kernel");
   EXPECT_EQ(lin.count, calls) << listing(r);
   EXPECT_EQ(norm.count, calls) << listing(r);
   EXPECT_EQ(total_count(r, allow_copies), 2 * calls) << "only these kernels ran:\n" << listing(r);
   EXPECT_EQ(lin.graph_count, from_graph ? calls : 0) << listing(r);
   EXPECT_EQ(norm.graph_count, from_graph ? calls : 0) << listing(r);
   ASSERT_EQ(lin.names.size(), 1u) << listing(r);
-  EXPECT_EQ(lin.names[0].rfind("linear_mma_kernel<bf16, ", 0), 0u) << lin.names[0];  // the WFmt table is right
+  EXPECT_EQ(lin.names[0].rfind("linear_bulk_kernel<bf16, ", 0), 0u) << lin.names[0];  // the WFmt table is right
   for (const cuda::KernelTime& k : r.kernels)
-    if (cuda::kernel_base_name(k.name) == "linear_mma_kernel") {
+    if (cuda::kernel_base_name(k.name) == "linear_bulk_kernel") {
       EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::dense_gemm);
     } else if (k.name.rfind("[", 0) == 0) {
       EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::memcpy);
@@ -213,7 +213,7 @@ TEST(GpuProfiler, EagerKernelsCountedAndTimed) {
   EXPECT_EQ(rep.categories[static_cast<int>(cuda::OpCategory::mhc_norm_rope)].count, kCalls);
   const std::string table = cuda::format_report(rep, kCalls, 5, "pair");
   std::printf("%s", table.c_str());
-  EXPECT_NE(table.find("| linear_mma_kernel<bf16, "), std::string::npos) << table;
+  EXPECT_NE(table.find("| linear_bulk_kernel<bf16, "), std::string::npos) << table;
   EXPECT_NE(table.find("| rms_norm_block_kernel | mhc/norm/rope |"), std::string::npos) << table;
 }
 
