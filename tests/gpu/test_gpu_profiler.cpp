@@ -1,8 +1,9 @@
 // The built-in profiler on the GPU: known kernels (ops::linear with bf16 weights -> linear_bulk_kernel, the
-// bf16 path since session 7; ops::rms_norm over 8192 columns -> rms_norm_block_kernel) run eagerly and from CUDA graphs must each
-// appear with the exact count, the right category and graph attribution, and the profiler's times must agree
-// with CUDA-event timing of the same work (its GPU span inside the events' interval, its busy time most of
-// it, each linear at least as long as streaming its weight at twice the HBM peak would take).
+// bf16 path since session 7; ops::rms_norm over 8192 columns -> rms_norm_block_kernel) run eagerly and from
+// CUDA graphs must each appear with the exact count, the right category and graph attribution, and the
+// profiler's times must agree with CUDA-event timing of the same work (its GPU span inside the events'
+// interval, its busy time most of it, each linear at least as long as streaming its weight at twice the HBM
+// peak would take).
 #include <cuda_runtime.h>
 
 #include <cstdio>
