@@ -18,7 +18,9 @@
 namespace tern::gputest {
 namespace {
 
-int64_t addr(const TensorView& t) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data())); }
+int64_t addr(const TensorView& t) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()));
+}
 Tensor i64(const std::vector<int64_t>& v) {
   Tensor t(DType::i64, {static_cast<int64_t>(v.size())});
   std::copy(v.begin(), v.end(), t.data<int64_t>());
@@ -32,9 +34,10 @@ bool same_bytes(const TensorView& host, const TensorView& device) {
   return host.nbytes() == d.nbytes() && std::memcmp(host.data(), d.view().data(), host.nbytes()) == 0;
 }
 
-void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& positions, Rand& r,
-                             const char* name) {
-  const int64_t S = static_cast<int64_t>(positions.size()), C = width * (overlap ? 2 : 1), n_acc = overlap ? 2 : 1;
+void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& positions,
+                             Rand& r, const char* name) {
+  const int64_t S = static_cast<int64_t>(positions.size()), C = width * (overlap ? 2 : 1),
+                n_acc = overlap ? 2 : 1;
   Tensor ape = random_f32({ratio, C}, r), kv = random_f32({S, C}, r), gate = random_f32({S, C}, r, 2.0f);
   std::vector<Tensor> accs(S), before(S);
   std::vector<cuda::DeviceTensor> daccs(S);
@@ -64,10 +67,12 @@ void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
     if (p < 0) {
-      EXPECT_TRUE(same_bytes(before[i], daccs[i])) << name << ": inert slot " << i << "'s accumulator written";
+      EXPECT_TRUE(same_bytes(before[i], daccs[i]))
+          << name << ": inert slot " << i << "'s accumulator written";
       continue;
     }
-    EXPECT_LE(compare(daccs[i], accs[i]).rel_err, kTolF32) << name << ": slot " << i << " at " << p << " accumulator";
+    EXPECT_LE(compare(daccs[i], accs[i]).rel_err, kTolF32)
+        << name << ": slot " << i << " at " << p << " accumulator";
     if ((p + 1) % ratio == 0)
       expect_close(dem.view().rows(i, i + 1), emitted.view().rows(i, i + 1), kTolF32,
                    cat(name, " emitted, slot ", i, " at ", p));
@@ -116,7 +121,8 @@ TEST(GpuDecodeOps, IndexerTopk) {
   a.max_keys = max_keys;
   Tensor idx(DType::i32, {S, topk});
   ops::decode_indexer_topk(a, topk, idx);
-  auto dq = upload(q), dw = upload(w), dpos = upload(pos), dpools = upload(i64(dp)), dtables = upload(i64(dt));
+  auto dq = upload(q), dw = upload(w), dpos = upload(pos), dpools = upload(i64(dp)),
+       dtables = upload(i64(dt));
   ops::DecodeIndexerArgs da = a;
   da.q = dq;
   da.weights = dw;
@@ -206,11 +212,11 @@ TEST(GpuDecodeOps, StorePagedRows) {
     }
     const PagedRows& geo = dest[0].host;
     const Tensor pos = i64(c.positions), hpools = i64(hp), htables = i64(ht);
-    ops::store_paged_rows(rows, {hpools, htables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes}, pos,
-                          c.ratio);
+    ops::store_paged_rows(rows, {hpools, htables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes},
+                          pos, c.ratio);
     auto drows = upload(rows), dpos = upload(pos), dpools = upload(i64(dp)), dtables = upload(i64(dt));
-    ops::store_paged_rows(drows, {dpools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes}, dpos,
-                          c.ratio);
+    ops::store_paged_rows(drows, {dpools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes},
+                          dpos, c.ratio);
     for (int64_t i = 0; i < S; ++i)
       EXPECT_TRUE(same_bytes(dest[i].host_pool, dest[i].device_pool))
           << "store_paged_rows ratio " << c.ratio << ": slot " << i << " at " << c.positions[i];

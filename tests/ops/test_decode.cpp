@@ -20,8 +20,12 @@
 namespace tern {
 namespace {
 
-int64_t addr(const TensorView& t) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data())); }
-Tensor clone(const TensorView& v) { return Tensor::copy_of(v, Device::cpu); }
+int64_t addr(const TensorView& t) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()));
+}
+Tensor clone(const TensorView& v) {
+  return Tensor::copy_of(v, Device::cpu);
+}
 bool same_bytes(const TensorView& a, const TensorView& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
@@ -29,14 +33,18 @@ void random_bytes(const TensorView& t, test::Random& rng) {
   auto* b = t.data_as<uint8_t>();
   for (size_t i = 0; i < t.nbytes(); ++i) b[i] = static_cast<uint8_t>(rng.integer(0, 255));
 }
-void poison(const TensorView& t) { std::memset(t.data(), 0x7f, t.nbytes()); }  // f32 3.4e38, i32 2139062143
+void poison(const TensorView& t) {
+  std::memset(t.data(), 0x7f, t.nbytes());
+}  // f32 3.4e38, i32 2139062143
 // n packed rows of random values
 Tensor packed_rows(int64_t n, const ops::KvRowFormat& f, test::Random& rng) {
   Tensor x = rng.tensor({n, f.head_dim}, 2.0f), rows(DType::u8, {n, f.row_bytes()});
   ops::kv_pack(x, f, rows);
   return rows;
 }
-Tensor table(const std::vector<int64_t>& v) { return test::positions_tensor(v); }
+Tensor table(const std::vector<int64_t>& v) {
+  return test::positions_tensor(v);
+}
 
 // ---------------------------------------------------------------------------------------------- attention
 
@@ -47,10 +55,12 @@ struct AttnShape {
   int64_t rows_per_page;
 };
 
-void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<int64_t>& positions, uint32_t seed) {
+void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<int64_t>& positions,
+                     uint32_t seed) {
   test::Random rng(seed);
   const ops::KvRowFormat f{fmt, sh.head_dim, sh.rope_dim};
-  const int64_t S = static_cast<int64_t>(positions.size()), rb = f.row_bytes(), H = sh.heads, hd = sh.head_dim;
+  const int64_t S = static_cast<int64_t>(positions.size()), rb = f.row_bytes(), H = sh.heads,
+                hd = sh.head_dim;
   Tensor q = rng.tensor({S, H, hd}), sinks = rng.tensor({H}), rows = packed_rows(S, f, rng);
   std::vector<Tensor> rings(S);
   std::vector<test::PagedCopy> comp(S);
@@ -78,7 +88,8 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
   const Tensor pos = table(positions), ring_t = table(ring_addr), pool_t = table(pool_addr),
                table_t = table(table_addr);
   std::vector<Tensor> ring_before, pool_before;
-  for (int64_t i = 0; i < S; ++i) ring_before.push_back(clone(rings[i])), pool_before.push_back(clone(comp[i].pool));
+  for (int64_t i = 0; i < S; ++i)
+    ring_before.push_back(clone(rings[i])), pool_before.push_back(clone(comp[i].pool));
 
   ops::DecodeAttentionArgs a;
   a.q = q;
@@ -89,7 +100,8 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
   a.window = sh.window;
   a.ratio = sh.ratio;
   if (sh.ratio > 0) {
-    a.compressed = {pool_t, table_t, comp[0].view.page_bytes(), comp[0].view.offset_in_page, sh.rows_per_page, rb};
+    a.compressed = {pool_t,           table_t, comp[0].view.page_bytes(), comp[0].view.offset_in_page,
+                    sh.rows_per_page, rb};
     a.max_compressed = max_compressed;
   }
   if (sh.topk > 0) a.selected = selected;
@@ -156,9 +168,11 @@ TEST(DecodeAttention, V4FlashHca) {
 
 // --------------------------------------------------------------------------------------------- compressor
 
-void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<int64_t>& positions, uint32_t seed) {
+void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<int64_t>& positions,
+                      uint32_t seed) {
   test::Random rng(seed);
-  const int64_t S = static_cast<int64_t>(positions.size()), C = overlap ? 2 * width : width, n_acc = overlap ? 2 : 1;
+  const int64_t S = static_cast<int64_t>(positions.size()), C = overlap ? 2 * width : width,
+                n_acc = overlap ? 2 : 1;
   Tensor ape = rng.tensor({ratio, C}), kv(DType::f32, {S, C}), gate(DType::f32, {S, C});
   std::vector<Tensor> accs(S);
   std::vector<int64_t> acc_addr(S);
@@ -172,8 +186,8 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
       Tensor seq_kv = rng.tensor({p + 1, C}), seq_gate = rng.tensor({p + 1, C}, 4.0f);
       if (p > 0) {
         Tensor emitted(DType::f32, {std::max<int64_t>(1, p / ratio), width});
-        ops::compressor_update({accs[i], seq_kv.view().rows(0, p), seq_gate.view().rows(0, p), ape, 0, ratio,
-                                overlap, emitted});
+        ops::compressor_update(
+            {accs[i], seq_kv.view().rows(0, p), seq_gate.view().rows(0, p), ape, 0, ratio, overlap, emitted});
       }
       std::memcpy(kv.data<float>() + i * C, seq_kv.data<float>() + p * C, C * sizeof(float));
       std::memcpy(gate.data<float>() + i * C, seq_gate.data<float>() + p * C, C * sizeof(float));
@@ -198,21 +212,29 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
     }
     Tensor want_acc = clone(before[i]), want_row(DType::f32, {1, width});
     poison(want_row);
-    const int64_t e = ops::compressor_update({want_acc, kv.view().rows(i, i + 1), gate.view().rows(i, i + 1), ape,
-                                              p, ratio, overlap, want_row});
+    const int64_t e = ops::compressor_update(
+        {want_acc, kv.view().rows(i, i + 1), gate.view().rows(i, i + 1), ape, p, ratio, overlap, want_row});
     EXPECT_EQ(e, (p + 1) % ratio == 0 ? 1 : 0);
     EXPECT_TRUE(same_bytes(accs[i], want_acc)) << "slot " << i << " at position " << p << ": accumulator";
     EXPECT_TRUE(same_bytes(got_row, want_row)) << "slot " << i << " at position " << p << ": emitted row";
   }
 }
 
-TEST(DecodeCompressor, SmallHcaMatchesEager) { check_compressor(24, false, 4, {0, 3, 6, 7, -1, 41, 103, -1}, 11); }
+TEST(DecodeCompressor, SmallHcaMatchesEager) {
+  check_compressor(24, false, 4, {0, 3, 6, 7, -1, 41, 103, -1}, 11);
+}
 TEST(DecodeCompressor, SmallCsaOverlapMatchesEager) {
   check_compressor(24, true, 4, {0, 3, 6, 7, -1, 41, 103, -1}, 12);
 }
-TEST(DecodeCompressor, V4FlashCsaRatio4) { check_compressor(512, true, 4, {0, 3, 6, 1003, -1, 1100, -1}, 13); }
-TEST(DecodeCompressor, V4FlashHcaRatio128) { check_compressor(512, false, 128, {5, 127, 255, -1, 300, -1}, 14); }
-TEST(DecodeCompressor, V4FlashIndexerRatio4) { check_compressor(128, true, 4, {1, 3, 1023, -1, 1026, -1}, 15); }
+TEST(DecodeCompressor, V4FlashCsaRatio4) {
+  check_compressor(512, true, 4, {0, 3, 6, 1003, -1, 1100, -1}, 13);
+}
+TEST(DecodeCompressor, V4FlashHcaRatio128) {
+  check_compressor(512, false, 128, {5, 127, 255, -1, 300, -1}, 14);
+}
+TEST(DecodeCompressor, V4FlashIndexerRatio4) {
+  check_compressor(128, true, 4, {1, 3, 1023, -1, 1026, -1}, 15);
+}
 
 // ---------------------------------------------------------------------------------------------- indexer
 
@@ -253,22 +275,29 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
     if (p < 0) {
       std::fill_n(want.data<int32_t>(), topk, -1);
     } else {
-      ops::IndexerArgs e{q.view().rows(i, i + 1), w.view().rows(i, i + 1), keys[i].view, nk[i],
-                         pos.view().rows(i, i + 1), ratio};
+      ops::IndexerArgs e{q.view().rows(i, i + 1),
+                         w.view().rows(i, i + 1),
+                         keys[i].view,
+                         nk[i],
+                         pos.view().rows(i, i + 1),
+                         ratio};
       ops::indexer_topk(e, topk, want);
     }
     EXPECT_TRUE(same_bytes(got, want)) << "slot " << i << " at position " << p << ": not the eager top-k";
   }
 }
 
-TEST(DecodeIndexerTopk, SmallMatchesEager) { check_indexer(4, 32, 4, 4, 2, {0, 3, 10, 17, -1, 40, -1}, 21); }
+TEST(DecodeIndexerTopk, SmallMatchesEager) {
+  check_indexer(4, 32, 4, 4, 2, {0, 3, 10, 17, -1, 40, -1}, 21);
+}
 TEST(DecodeIndexerTopk, V4FlashTopk512) {
   check_indexer(64, 128, 512, 4, 64, {2100, 4095, 1000, 2, -1, 3, 2047, -1}, 22);
 }
 
 // ------------------------------------------------------------------------------------------ row stores
 
-void check_store_ring(int64_t window, int64_t row_bytes, const std::vector<int64_t>& positions, uint32_t seed) {
+void check_store_ring(int64_t window, int64_t row_bytes, const std::vector<int64_t>& positions,
+                      uint32_t seed) {
   test::Random rng(seed);
   const int64_t S = static_cast<int64_t>(positions.size());
   Tensor rows(DType::u8, {S, row_bytes});
@@ -290,15 +319,17 @@ void check_store_ring(int64_t window, int64_t row_bytes, const std::vector<int64
     EXPECT_TRUE(same_bytes(rings[i], want[i])) << "slot " << i << " at position " << positions[i];
 }
 
-TEST(StoreRingRows, Small) { check_store_ring(8, 64, {0, 7, 8, 100, -1, 3, -1}, 31); }
+TEST(StoreRingRows, Small) {
+  check_store_ring(8, 64, {0, 7, 8, 100, -1, 3, -1}, 31);
+}
 TEST(StoreRingRows, V4Flash) {
   const ops::KvRowFormat fp8{ops::KvFormat::fp8_ds, 512, 64};
   check_store_ring(128, fp8.row_bytes(), {0, 127, 128, 5000, -1, 64, -1}, 32);
   check_store_ring(128, 512 * 4, {0, 127, 128, 5000, -1, 64, -1}, 33);
 }
 
-void check_store_paged(int ratio, int64_t row_bytes, int64_t rows_per_page, const std::vector<int64_t>& positions,
-                       uint32_t seed) {
+void check_store_paged(int ratio, int64_t row_bytes, int64_t rows_per_page,
+                       const std::vector<int64_t>& positions, uint32_t seed) {
   test::Random rng(seed);
   const int64_t S = static_cast<int64_t>(positions.size());
   Tensor rows(DType::u8, {S, row_bytes});
@@ -321,8 +352,8 @@ void check_store_paged(int ratio, int64_t row_bytes, int64_t rows_per_page, cons
     table_addr[i] = null_slot ? 0 : addr(dest[i].table);
   }
   const Tensor pool_t = table(pool_addr), table_t = table(table_addr);
-  const ops::DecodePagedRows d{pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page,
-                               rows_per_page, row_bytes};
+  const ops::DecodePagedRows d{
+      pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, row_bytes};
   ops::store_paged_rows(rows, d, table(positions), ratio);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(dest[i].pool, want[i])) << "slot " << i << " at position " << positions[i];
@@ -374,7 +405,8 @@ TEST(DecodeOps, RejectBadInput) {
   Tensor out_i32(DType::i32, {S, H, 128});
   EXPECT_THROW(ops::decode_attention(a, out_i32), Error);
 
-  Tensor acc(DType::f32, {1, 3, 16}), kv = rng.tensor({S, 16}), gate = rng.tensor({S, 16}), ape = rng.tensor({4, 16});
+  Tensor acc(DType::f32, {1, 3, 16}), kv = rng.tensor({S, 16}), gate = rng.tensor({S, 16}),
+                                      ape = rng.tensor({4, 16});
   Tensor emitted(DType::f32, {S, 16}), short_emitted(DType::f32, {S - 1, 16});
   Tensor accs = table({addr(acc), 0});
   EXPECT_NO_THROW(ops::decode_compressor({accs, kv, gate, ape, pos, 4, false, 16, emitted}));

@@ -18,13 +18,16 @@ namespace tern::cpu {
 namespace {
 
 // Every view of a decode op is host memory, contiguous (the tables and rows are indexed by slot).
-void require_host(std::string_view op, std::initializer_list<std::pair<const char*, const TensorView*>> views) {
+void require_host(std::string_view op,
+                  std::initializer_list<std::pair<const char*, const TensorView*>> views) {
   for (const auto& [name, v] : views)
     TERN_CHECK(v->empty() || (v->device() == Device::cpu && v->is_contiguous()), "cpu ", op, ": ", name,
                " must be contiguous host memory");
 }
 
-const int64_t* positions_of(const TensorView& positions) { return positions.data_as<const int64_t>(); }
+const int64_t* positions_of(const TensorView& positions) {
+  return positions.data_as<const int64_t>();
+}
 
 // Slot i's address from a table; an active slot without one is an error.
 std::byte* address_at(std::string_view op, std::string_view what, const TensorView& table, int64_t i,
@@ -36,7 +39,8 @@ std::byte* address_at(std::string_view op, std::string_view what, const TensorVi
 
 // Slot i's paged rows as the eager ops take them, with a block table covering `count` rows (empty when
 // count is 0: no page is read). The pool view spans the pages the table names.
-PagedRows slot_rows(std::string_view op, const ops::DecodePagedRows& r, int64_t i, int64_t position, int64_t count) {
+PagedRows slot_rows(std::string_view op, const ops::DecodePagedRows& r, int64_t i, int64_t position,
+                    int64_t count) {
   if (count == 0) return {};
   std::byte* pool = address_at(op, "pool", r.pools, i, position);
   auto* table = reinterpret_cast<int32_t*>(address_at(op, "row block table", r.tables, i, position));
@@ -60,9 +64,15 @@ PagedRows slot_rows(std::string_view op, const ops::DecodePagedRows& r, int64_t 
 void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) {
   const char* op = "decode_attention";
   require_f32(op, {&a.q, &a.sinks, &out});
-  require_host(op, {{"q", &a.q}, {"positions", &a.positions}, {"rows", &a.rows}, {"rings", &a.rings},
-                    {"compressed pools", &a.compressed.pools}, {"compressed tables", &a.compressed.tables},
-                    {"selected", &a.selected}, {"sinks", &a.sinks}, {"out", &out}});
+  require_host(op, {{"q", &a.q},
+                    {"positions", &a.positions},
+                    {"rows", &a.rows},
+                    {"rings", &a.rings},
+                    {"compressed pools", &a.compressed.pools},
+                    {"compressed tables", &a.compressed.tables},
+                    {"selected", &a.selected},
+                    {"sinks", &a.sinks},
+                    {"out", &out}});
   const int64_t S = a.q.dim(0), rb = a.format.row_bytes();
   const int64_t* pos = positions_of(a.positions);
   for (int64_t i = 0; i < S; ++i) {
@@ -94,8 +104,12 @@ void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tenso
 void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
   const char* op = "decode_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
-  require_host(op, {{"accs", &a.accs}, {"kv", &a.kv}, {"gate", &a.gate}, {"ape", &a.ape},
-                    {"positions", &a.positions}, {"emitted", &a.emitted}});
+  require_host(op, {{"accs", &a.accs},
+                    {"kv", &a.kv},
+                    {"gate", &a.gate},
+                    {"ape", &a.ape},
+                    {"positions", &a.positions},
+                    {"emitted", &a.emitted}});
   const int64_t S = a.positions.dim(0), n_acc = a.overlap ? 2 : 1;
   const int64_t* pos = positions_of(a.positions);
   for (int64_t i = 0; i < S; ++i) {
@@ -116,8 +130,12 @@ void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
 void CpuBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {
   const char* op = "decode_indexer_topk";
   require_f32(op, {&a.q, &a.weights});
-  require_host(op, {{"q", &a.q}, {"weights", &a.weights}, {"keys pools", &a.keys.pools},
-                    {"keys tables", &a.keys.tables}, {"positions", &a.positions}, {"indices", &indices}});
+  require_host(op, {{"q", &a.q},
+                    {"weights", &a.weights},
+                    {"keys pools", &a.keys.pools},
+                    {"keys tables", &a.keys.tables},
+                    {"positions", &a.positions},
+                    {"indices", &indices}});
   const int64_t S = a.q.dim(0);
   const int64_t* pos = positions_of(a.positions);
   for (int64_t i = 0; i < S; ++i) {
@@ -155,13 +173,15 @@ void CpuBackend::store_ring_rows(const TensorView& rows, const TensorView& rings
 void CpuBackend::store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest,
                                   const TensorView& positions, int ratio) {
   const char* op = "store_paged_rows";
-  require_host(op, {{"rows", &rows}, {"pools", &dest.pools}, {"tables", &dest.tables}, {"positions", &positions}});
+  require_host(
+      op, {{"rows", &rows}, {"pools", &dest.pools}, {"tables", &dest.tables}, {"positions", &positions}});
   const int64_t S = rows.dim(0), rb = dest.row_bytes;
   const int64_t* pos = positions_of(positions);
   for (int64_t i = 0; i < S; ++i) {
     if (pos[i] < 0 || (pos[i] + 1) % ratio != 0) continue;  // inert, or the token closes no window
     const int64_t entry = pos[i] / ratio;
-    std::memcpy(slot_rows(op, dest, i, pos[i], entry + 1).row(entry), rows.data_as<const std::byte>() + i * rb, rb);
+    std::memcpy(slot_rows(op, dest, i, pos[i], entry + 1).row(entry),
+                rows.data_as<const std::byte>() + i * rb, rb);
   }
 }
 
