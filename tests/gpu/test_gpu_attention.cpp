@@ -3,7 +3,8 @@
 // compressed rows) through the batched decode op at batch 1, 16, 64 and 128. Every slot has its own
 // position, ring, compressed pages and picks; each is checked against the CPU's eager op over the same rows.
 // Batch invariance: a slot alone gives the same bits as inside a batch of 64 (with inert padding slots)
-// and as the eager op on the same query.
+// and as the eager op on the same query. The CPU backend's batched op (host address tables) runs the same
+// batches: its slots are the CPU eager op's bits, and the GPU launch is checked against it too.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -105,49 +106,29 @@ class Attention {
 
   // One decode launch over `which` (slot indices; -1 an inert padding slot). Returns the device output.
   cuda::DeviceTensor decode(const std::vector<int64_t>& which) const {
-    const int64_t B = static_cast<int64_t>(which.size()), rb = kFmt.row_bytes();
-    Tensor q(DType::f32, {B, kH, kHd}), rows(DType::u8, {B, rb}), pos(DType::i64, {B}), rings(DType::i64, {B});
-    Tensor pools(DType::i64, {B}), tables(DType::i64, {B}), sel(DType::i32, {B, kTopk});
-    Rand noise(99);
-    int64_t max_comp = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t i = which[b];
-      float* qd = q.data<float>() + b * kH * kHd;
-      if (i < 0) {  // inert: nothing of it may be read (its q and row are noise, its addresses 0)
-        for (int64_t k = 0; k < kH * kHd; ++k) qd[k] = noise.fast();
-        std::memset(rows.data<uint8_t>() + b * rb, 0x7f, rb);
-        pos.data<int64_t>()[b] = -1;
-        rings.data<int64_t>()[b] = pools.data<int64_t>()[b] = tables.data<int64_t>()[b] = 0;
-        std::fill_n(sel.data<int32_t>() + b * kTopk, kTopk, 1 << 30);
-        continue;
-      }
-      const Slot& s = slots_[i];
-      std::memcpy(qd, s.q.data<float>(), kH * kHd * sizeof(float));
-      std::memcpy(rows.data<uint8_t>() + b * rb, s.row.data<uint8_t>(), rb);
-      pos.data<int64_t>()[b] = s.position;
-      rings.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.dring.view().data());
-      pools.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.comp.device.pool.data());
-      tables.data<int64_t>()[b] = reinterpret_cast<int64_t>(s.comp.device.block_table.data());
-      if (c_.select) std::memcpy(sel.data<int32_t>() + b * kTopk, s.sel.data<int32_t>(), kTopk * sizeof(int32_t));
-      max_comp = std::max(max_comp, s.visible);
-    }
+    const Batch t = batch(which, /*host=*/false);
     dev_.clear();
-    for (const Tensor* t : {&q, &rows, &pos, &rings, &pools, &tables, &sel}) dev_.push_back(upload(*t));
-    const PagedRows& geo = slots_[0].comp.device;
-    ops::DecodeAttentionArgs a;
+    for (const Tensor* x : {&t.q, &t.rows, &t.pos, &t.rings, &t.pools, &t.tables, &t.sel}) dev_.push_back(upload(*x));
+    ops::DecodeAttentionArgs a = args(t, slots_[0].comp.device);
     a.q = dev_[0];
     a.rows = dev_[1];
     a.positions = dev_[2];
     a.rings = dev_[3];
-    a.compressed = {dev_[4], dev_[5], geo.page_bytes(), geo.offset_in_page, geo.rows_per_page, geo.row_bytes};
-    a.format = kFmt;
-    a.window = kW;
-    a.ratio = c_.ratio;
-    a.max_compressed = std::max<int64_t>(max_comp, 1);
+    a.compressed.pools = dev_[4];
+    a.compressed.tables = dev_[5];
     if (c_.select) a.selected = dev_[6];
     a.sinks = dsinks_;
-    a.scale = scale();
-    auto out = poisoned(DType::f32, {B, kH, kHd});
+    auto out = poisoned(DType::f32, {t.size, kH, kHd});
+    ops::decode_attention(a, out);
+    return out;
+  }
+
+  // The same batch through the CPU backend's batched op (host address tables).
+  Tensor decode_cpu(const std::vector<int64_t>& which) const {
+    const Batch t = batch(which, /*host=*/true);
+    ops::DecodeAttentionArgs a = args(t, slots_[0].comp.host);
+    a.sinks = sinks_;
+    Tensor out(DType::f32, {t.size, kH, kHd});
     ops::decode_attention(a, out);
     return out;
   }
@@ -156,6 +137,60 @@ class Attention {
 
  private:
   static float scale() { return 1.0f / std::sqrt(static_cast<float>(kHd)); }
+
+  // The host arrays of one decode batch; the state addresses are the host copies' or the device's.
+  struct Batch {
+    int64_t size = 0, max_comp = 0;
+    Tensor q, rows, pos, rings, pools, tables, sel;
+  };
+  Batch batch(const std::vector<int64_t>& which, bool host) const {
+    const int64_t B = static_cast<int64_t>(which.size()), rb = kFmt.row_bytes();
+    Batch t;
+    t.size = B;
+    t.q = Tensor(DType::f32, {B, kH, kHd}), t.rows = Tensor(DType::u8, {B, rb}), t.pos = Tensor(DType::i64, {B});
+    t.rings = Tensor(DType::i64, {B}), t.pools = Tensor(DType::i64, {B}), t.tables = Tensor(DType::i64, {B});
+    t.sel = Tensor(DType::i32, {B, kTopk});
+    Rand noise(99);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t i = which[b];
+      float* qd = t.q.data<float>() + b * kH * kHd;
+      if (i < 0) {  // inert: nothing of it may be read (its q and row are noise, its addresses 0)
+        for (int64_t k = 0; k < kH * kHd; ++k) qd[k] = noise.fast();
+        std::memset(t.rows.data<uint8_t>() + b * rb, 0x7f, rb);
+        t.pos.data<int64_t>()[b] = -1;
+        t.rings.data<int64_t>()[b] = t.pools.data<int64_t>()[b] = t.tables.data<int64_t>()[b] = 0;
+        std::fill_n(t.sel.data<int32_t>() + b * kTopk, kTopk, 1 << 30);
+        continue;
+      }
+      const Slot& s = slots_[i];
+      const PagedRows& comp = host ? s.comp.host : s.comp.device;
+      std::memcpy(qd, s.q.data<float>(), kH * kHd * sizeof(float));
+      std::memcpy(t.rows.data<uint8_t>() + b * rb, s.row.data<uint8_t>(), rb);
+      t.pos.data<int64_t>()[b] = s.position;
+      t.rings.data<int64_t>()[b] = reinterpret_cast<int64_t>(host ? s.ring.view().data() : s.dring.view().data());
+      t.pools.data<int64_t>()[b] = reinterpret_cast<int64_t>(comp.pool.data());
+      t.tables.data<int64_t>()[b] = reinterpret_cast<int64_t>(comp.block_table.data());
+      if (c_.select) std::memcpy(t.sel.data<int32_t>() + b * kTopk, s.sel.data<int32_t>(), kTopk * sizeof(int32_t));
+      t.max_comp = std::max(t.max_comp, s.visible);
+    }
+    return t;
+  }
+  // Arguments over the host arrays of `t` (the caller swaps in device copies for the GPU).
+  ops::DecodeAttentionArgs args(const Batch& t, const PagedRows& geo) const {
+    ops::DecodeAttentionArgs a;
+    a.q = t.q;
+    a.rows = t.rows;
+    a.positions = t.pos;
+    a.rings = t.rings;
+    a.compressed = {t.pools, t.tables, geo.page_bytes(), geo.offset_in_page, geo.rows_per_page, geo.row_bytes};
+    a.format = kFmt;
+    a.window = kW;
+    a.ratio = c_.ratio;
+    a.max_compressed = std::max<int64_t>(t.max_comp, 1);
+    if (c_.select) a.selected = t.sel;
+    a.scale = scale();
+    return a;
+  }
   Case c_;
   Tensor sinks_;
   cuda::DeviceTensor dsinks_;
@@ -189,6 +224,11 @@ TEST(GpuAttention, DecodeV4Shapes) {
       for (int64_t b = 0; b < B; ++b)
         std::memcpy(ref.data<float>() + b * kH * kHd, refs[b].data<float>(), kH * kHd * sizeof(float));
       expect_close(out, ref, tol, cat("decode_attention ", c.name, " batch ", B));
+      // The CPU backend's batched op (the reference of this launch) gives the eager op's bits per slot.
+      const Tensor cpu = att.decode_cpu(which);
+      EXPECT_EQ(std::memcmp(cpu.data<float>(), ref.data<float>(), ref.nbytes()), 0)
+          << "cpu decode_attention " << c.name << " batch " << B << " differs from the eager op";
+      expect_close(out, cpu, tol, cat("decode_attention vs cpu decode_attention ", c.name, " batch ", B));
     }
   }
   cuda::register_backend().check_device_errors();
@@ -204,16 +244,23 @@ TEST(GpuAttention, BatchInvariance) {
     std::iota(which.begin(), which.end(), 0);
     for (int64_t k : {0, 13, 40, 63}) which.insert(which.begin() + k, -1);
     const Tensor batch = cuda::to_host(att.decode(which));
+    const Tensor cpu = att.decode_cpu(which);
     int64_t checked = 0, equal = 0;
     for (int64_t b = 0; b < 64; ++b) {
       const int64_t i = which[b];
       if (i < 0) {  // inert slots write zeros
         const float* z = batch.data<float>() + b * kH * kHd;
         EXPECT_TRUE(std::all_of(z, z + kH * kHd, [](float v) { return v == 0.0f; })) << c.name << " inert slot " << b;
+        const float* zc = cpu.data<float>() + b * kH * kHd;
+        EXPECT_TRUE(std::all_of(zc, zc + kH * kHd, [](float v) { return v == 0.0f; }))
+            << c.name << " inert slot " << b << " (cpu)";
         continue;
       }
       if (i % 7 != 0 && i % 23 != 7) continue;  // a sample, including the short ones
       const Tensor alone = cuda::to_host(att.decode({i}));
+      EXPECT_EQ(std::memcmp(cpu.data<float>() + b * kH * kHd, att.reference(i).data<float>(),
+                            kH * kHd * sizeof(float)), 0)
+          << c.name << ": slot " << i << " of the cpu batched op differs from the cpu eager op";
       const Tensor eager = att.eager(i);
       const Tensor mine = row_of(batch, b);
       const size_t bytes = kH * kHd * sizeof(float);

@@ -113,5 +113,50 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
   EXPECT_EQ(disabled.disabled_reason(), "cuda graphs disabled (--cuda-graphs off)");
 }
 
+
+// The decode-step path of production (Model::decode_body: the *_decode twins of v4_decode.cpp and the
+// batched ops) on the CPU backend, with host address tables: over enough steps that CSA and HCA windows
+// close, every sequence's logits are the eager forward()'s bits on a twin state, with inert padding slots.
+TEST(DecodeBody, OnTheCpuMatchesForward) {
+  for (const std::string& name : Fixture::names()) {
+    const Fixture& f = Fixture::get(name);
+    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
+      model::Model m(f.weights(), mode);
+      const int64_t max_tokens = 96, S = 4, B = 3;
+      std::vector<cache::SequenceState> eager, dec;
+      for (int64_t k = 0; k < B; ++k) eager.push_back(m.new_state(max_tokens)), dec.push_back(m.new_state(max_tokens));
+      // Prefill: prompts of 1, 6 and 11 tokens (then decode positions differ per slot).
+      for (int64_t k = 0; k < B; ++k) {
+        std::vector<int64_t> prompt(static_cast<size_t>(1 + 5 * k));
+        for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>(3 + 7 * i + 11 * k) % 100;
+        const model::StepSequence a{&eager[k], prompt, model::LogitsFor::last}, b{&dec[k], prompt, model::LogitsFor::last};
+        m.forward({&a, 1});
+        m.forward({&b, 1});
+      }
+      const cache::StateLayout& layout = dec[0].layout();
+      Tensor words(DType::i64, {m.decode_words(S)});
+      for (int step = 0; step < 20; ++step) {
+        std::vector<int64_t> ids(B);
+        for (int64_t k = 0; k < B; ++k) ids[k] = (5 + 13 * step + 29 * k) % 100;
+        std::vector<model::StepSequence> ea, da;
+        for (int64_t k = 0; k < B; ++k) {
+          ea.push_back({&eager[k], std::span<const int64_t>(&ids[k], 1), model::LogitsFor::last});
+          da.push_back({&dec[k], std::span<const int64_t>(&ids[k], 1), model::LogitsFor::last});
+        }
+        ASSERT_EQ(m.decode_refusal(da, layout), "");
+        const Tensor want = m.forward(ea);
+        m.fill_decode_tables(da, S, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
+        const Tensor got = m.decode_body(m.decode_tables(words, S), layout);
+        model::Model::decode_done(da);
+        ASSERT_EQ(got.dim(0), S);
+        ASSERT_EQ(want.numel(), B * got.dim(1));
+        EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0)
+            << name << " kv mode " << static_cast<int>(mode) << " step " << step << ": decode_body's logits differ";
+        for (int64_t k = 0; k < B; ++k) ASSERT_EQ(dec[k].position(), eager[k].position());
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tern::test

@@ -21,7 +21,9 @@ std::vector<std::string> CpuBackend::kernel_paths() const {
   for (const char* op : {"embedding", "rms_norm", "rope", "linear / grouped_linear (f32, bf16, fp8 block, mxfp4, nvfp4)",
                          "hc_pre / hc_post / hc_head", "kv_pack / kv_unpack", "compressor_update",
                          "indexer_scores / indexer_topk", "sparse_attention", "route_scored / route_hash",
-                         "moe_experts (mxfp4 / nvfp4 / fp8 / bf16)"})
+                         "moe_experts (mxfp4 / nvfp4 / fp8 / bf16)",
+                         "decode_attention / decode_compressor / decode_indexer_topk / store_ring_rows / "
+                         "store_paged_rows (per slot: the eager op)"})
     out.push_back(cat(op, ": cpu reference (fp32 accumulation, threaded loops, ", thread_count(), " threads)"));
   return out;
 }

@@ -1,0 +1,188 @@
+// The batched decode-step ops (ops/decode.h) on the CPU: the reference of the CUDA decode kernels.
+//
+// The address tables hold host addresses (a CPU tensor's data pointer). Each active slot runs the eager
+// op (sparse_attention, compressor_update, indexer_topk) on a one-token chunk of its own sequence at its
+// position, through the same entry points and CPU kernels as the eager forward, so a slot's result is the
+// eager op's bits. Slots run one after another (each eager op is threaded inside). A slot at position -1
+// is inert: it reads and writes no state; its attention output is zeros and its top-k row all -1, as on
+// the GPU.
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/indexer.h"
+
+namespace tern::cpu {
+namespace {
+
+// Every view of a decode op is host memory, contiguous (the tables and rows are indexed by slot).
+void require_host(std::string_view op,
+                  std::initializer_list<std::pair<const char*, const TensorView*>> views) {
+  for (const auto& [name, v] : views)
+    TERN_CHECK(v->empty() || (v->device() == Device::cpu && v->is_contiguous()), "cpu ", op, ": ", name,
+               " must be contiguous host memory");
+}
+
+const int64_t* positions_of(const TensorView& positions) {
+  return positions.data_as<const int64_t>();
+}
+
+// Slot i's address from a table; an active slot without one is an error.
+std::byte* address_at(std::string_view op, std::string_view what, const TensorView& table, int64_t i,
+                      int64_t position) {
+  const int64_t a = table.data_as<const int64_t>()[i];
+  TERN_CHECK(a != 0, "cpu ", op, ": slot ", i, " at position ", position, " has no ", what, " address");
+  return reinterpret_cast<std::byte*>(static_cast<uintptr_t>(a));
+}
+
+// Slot i's paged rows as the eager ops take them, with a block table covering `count` rows (empty when
+// count is 0: no page is read). The pool view spans the pages the table names.
+PagedRows slot_rows(std::string_view op, const ops::DecodePagedRows& r, int64_t i, int64_t position,
+                    int64_t count) {
+  if (count == 0) return {};
+  std::byte* pool = address_at(op, "pool", r.pools, i, position);
+  auto* table = reinterpret_cast<int32_t*>(address_at(op, "row block table", r.tables, i, position));
+  const int64_t pages = (count + r.rows_per_page - 1) / r.rows_per_page;
+  int64_t num_pages = 0;
+  for (int64_t p = 0; p < pages; ++p) {
+    TERN_CHECK(table[p] >= 0, "cpu ", op, ": slot ", i, "'s row block table names page ", table[p]);
+    num_pages = std::max<int64_t>(num_pages, table[p] + 1);
+  }
+  PagedRows rows;
+  rows.pool = TensorView(pool, DType::u8, {num_pages, r.page_bytes});
+  rows.block_table = TensorView(table, DType::i32, {pages});
+  rows.offset_in_page = r.offset_in_page;
+  rows.rows_per_page = r.rows_per_page;
+  rows.row_bytes = r.row_bytes;
+  return rows;
+}
+
+}  // namespace
+
+void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) {
+  const char* op = "decode_attention";
+  require_f32(op, {&a.q, &a.sinks, &out});
+  require_host(op, {{"q", &a.q},
+                    {"positions", &a.positions},
+                    {"rows", &a.rows},
+                    {"rings", &a.rings},
+                    {"compressed pools", &a.compressed.pools},
+                    {"compressed tables", &a.compressed.tables},
+                    {"selected", &a.selected},
+                    {"sinks", &a.sinks},
+                    {"out", &out}});
+  const int64_t S = a.q.dim(0), rb = a.format.row_bytes();
+  const int64_t* pos = positions_of(a.positions);
+  for (int64_t i = 0; i < S; ++i) {
+    const TensorView o = out.rows(i, i + 1);
+    if (pos[i] < 0) {  // inert: zeros, no reads
+      std::fill_n(o.data_as<float>(), o.numel(), 0.0f);
+      continue;
+    }
+    ops::AttentionArgs e;
+    e.q = a.q.rows(i, i + 1);
+    e.start = pos[i];
+    e.format = a.format;
+    e.chunk_rows = a.rows.rows(i, i + 1);
+    e.ring = TensorView(address_at(op, "ring", a.rings, i, pos[i]), DType::u8, {a.window, rb});
+    e.window = a.window;
+    e.ratio = a.ratio;
+    if (a.ratio > 0) {
+      // The eager forward's count for a one-token chunk, bounded like the GPU launch by max_compressed.
+      e.num_compressed = std::min(a.max_compressed, (pos[i] + 1) / a.ratio);
+      e.compressed = slot_rows(op, a.compressed, i, pos[i], e.num_compressed);
+    }
+    e.selected = a.selected.empty() ? TensorView() : a.selected.rows(i, i + 1);
+    e.sinks = a.sinks;
+    e.scale = a.scale;
+    ops::sparse_attention(e, o);
+  }
+}
+
+void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
+  const char* op = "decode_compressor";
+  require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
+  require_host(op, {{"accs", &a.accs},
+                    {"kv", &a.kv},
+                    {"gate", &a.gate},
+                    {"ape", &a.ape},
+                    {"positions", &a.positions},
+                    {"emitted", &a.emitted}});
+  const int64_t S = a.positions.dim(0), n_acc = a.overlap ? 2 : 1;
+  const int64_t* pos = positions_of(a.positions);
+  for (int64_t i = 0; i < S; ++i) {
+    if (pos[i] < 0) continue;  // inert
+    ops::CompressorArgs e;
+    e.acc = TensorView(address_at(op, "accumulator", a.accs, i, pos[i]), DType::f32, {n_acc, 3, a.width});
+    e.kv = a.kv.rows(i, i + 1);
+    e.gate = a.gate.rows(i, i + 1);
+    e.ape = a.ape;
+    e.start_pos = pos[i];
+    e.ratio = a.ratio;
+    e.overlap = a.overlap;
+    e.emitted = a.emitted.rows(i, i + 1);  // written only when the token closes a window
+    ops::compressor_update(e);
+  }
+}
+
+void CpuBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {
+  const char* op = "decode_indexer_topk";
+  require_f32(op, {&a.q, &a.weights});
+  require_host(op, {{"q", &a.q},
+                    {"weights", &a.weights},
+                    {"keys pools", &a.keys.pools},
+                    {"keys tables", &a.keys.tables},
+                    {"positions", &a.positions},
+                    {"indices", &indices}});
+  const int64_t S = a.q.dim(0);
+  const int64_t* pos = positions_of(a.positions);
+  for (int64_t i = 0; i < S; ++i) {
+    const TensorView idx = indices.rows(i, i + 1);
+    if (pos[i] < 0) {  // inert: no keys
+      std::fill_n(idx.data_as<int32_t>(), topk, int32_t{-1});
+      continue;
+    }
+    ops::IndexerArgs e;
+    e.q = a.q.rows(i, i + 1);
+    e.weights = a.weights.rows(i, i + 1);
+    // The eager forward's count for a one-token chunk, bounded like the GPU launch by max_keys.
+    e.num_keys = std::min(a.max_keys, (pos[i] + 1) / a.ratio);
+    e.keys = slot_rows(op, a.keys, i, pos[i], e.num_keys);
+    e.positions = a.positions.rows(i, i + 1);
+    e.ratio = a.ratio;
+    ops::indexer_topk(e, topk, idx);
+  }
+}
+
+void CpuBackend::store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                                 int64_t window) {
+  const char* op = "store_ring_rows";
+  require_host(op, {{"rows", &rows}, {"rings", &rings}, {"positions", &positions}});
+  TERN_CHECK(rows.rank() == 2, "cpu ", op, ": rows ", rows.shape().str(), " must be [slots, row_bytes]");
+  const int64_t S = rows.dim(0), rb = rows.dim(1);
+  const int64_t* pos = positions_of(positions);
+  for (int64_t i = 0; i < S; ++i) {
+    if (pos[i] < 0) continue;  // inert
+    std::memcpy(address_at(op, "ring", rings, i, pos[i]) + (pos[i] % window) * rb,
+                rows.data_as<const std::byte>() + i * rb, rb);
+  }
+}
+
+void CpuBackend::store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest,
+                                  const TensorView& positions, int ratio) {
+  const char* op = "store_paged_rows";
+  require_host(
+      op, {{"rows", &rows}, {"pools", &dest.pools}, {"tables", &dest.tables}, {"positions", &positions}});
+  const int64_t S = rows.dim(0), rb = dest.row_bytes;
+  const int64_t* pos = positions_of(positions);
+  for (int64_t i = 0; i < S; ++i) {
+    if (pos[i] < 0 || (pos[i] + 1) % ratio != 0) continue;  // inert, or the token closes no window
+    const int64_t entry = pos[i] / ratio;
+    std::memcpy(slot_rows(op, dest, i, pos[i], entry + 1).row(entry),
+                rows.data_as<const std::byte>() + i * rb, rb);
+  }
+}
+
+}  // namespace tern::cpu
