@@ -175,7 +175,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
   std::vector<std::string> paths = {
       "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
-      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block; bf16 "
+      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block (from 9 "
+      "tokens once per product: linear_x_window_kernel, the same bytes); bf16 "
       "weights: linear_bulk_kernel (cp.async.bulk warp rings, same numerics; TERN_LINEAR_VARIANT picks others); "
       "f32 weights and shapes neither takes (row groups not a multiple of 128, misaligned fp4 scales): "
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer), CUDA cores, f32, 8 tokens per "

@@ -257,22 +257,25 @@ int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }  // floats: keeps the x
 
 // The streaming kernels take x ready-made from 9 tokens (stream_tile.cuh, linear_x_window_kernel: staging it per
 // block cost more than the weights at 16-64 tokens), except in variant 1 (the previous kernels, for
-// comparison). Where the workspace is short they stage it themselves: the same bits either way.
+// comparison). The workspace is sized for the windows from 9 tokens whatever the variant (x_window_wanted);
+// where it is short the kernels stage x themselves: the same bits either way.
 bool x_window_wanted(const LinearParams& p) { return p.T > 8; }
+bool x_window_used(const LinearParams& p) { return x_window_wanted(p) && linear_variant() != 1; }
 int64_t x_window_floats(const LinearParams& p) { return round_up4((p.T * linear_x_cols(p) * 2 + 3) / 4); }
+int64_t split_partial_floats(const LinearParams& p, int ksplit) { return ksplit > 1 ? ksplit * p.T * p.w.out : 0; }
 
 // Split-K partials, then the x windows where wanted.
 int64_t stream_workspace_floats(const LinearParams& p, int ksplit) {
-  const int64_t partials = ksplit > 1 ? ksplit * p.T * p.w.out : 0;
+  const int64_t partials = split_partial_floats(p, ksplit);
   return x_window_wanted(p) ? round_up4(partials) + x_window_floats(p) : partials;
 }
 
 // Converts x into the windows' layout in the workspace after the split-K partials and returns it, or nullptr
-// (the kernel stages x itself) when not wanted or the workspace is short.
+// (the kernel stages x itself) when not used or the workspace is short.
 template <dev::WFmt F>
 const uint8_t* make_x_windows(const LinearParams& p, int ksplit, cudaStream_t stream) {
-  if (!x_window_wanted(p) || linear_variant() == 1 || p.partial == nullptr) return nullptr;
-  const int64_t at = round_up4(ksplit > 1 ? ksplit * p.T * p.w.out : 0);
+  if (!x_window_used(p) || p.partial == nullptr) return nullptr;
+  const int64_t at = round_up4(split_partial_floats(p, ksplit));
   if (at + x_window_floats(p) > p.partial_floats) return nullptr;
   uint8_t* xw = reinterpret_cast<uint8_t*>(p.partial + at);
   const int64_t cols = linear_x_cols(p), pieces = p.T * cols / 8;
@@ -293,8 +296,7 @@ int64_t linear_partial_floats(const LinearParams& p) {
   int64_t most = 0;
   if (linear_bulk_ok(q)) most = stream_workspace_floats(p, plan_linear_bulk(q).ksplit);
   if (linear_stream_ok(q)) return std::max(most, stream_workspace_floats(p, plan_linear_stream(q).ksplit));
-  const LinearPlan plan = plan_linear(q);
-  return std::max<int64_t>(most, plan.ksplit > 1 ? plan.ksplit * p.T * p.w.out : 0);
+  return std::max(most, split_partial_floats(p, plan_linear(q).ksplit));
 }
 
 namespace dev {
@@ -624,29 +626,16 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
          p.rows_per_group, p.T, p.y, p.partial, p.counters);
 }
 
-const char* linear_path_name(const LinearParams& p) {
+std::string linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
   // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
-  const bool xw = x_window_wanted(p) && linear_variant() != 1;
-  if (linear_bulk_used(p)) {
-    if (p.w.kind == WeightKind::fp8)
-      return xw ? "x_window + linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)"
-                : "linear_bulk<fp8 block> (tensor cores, cp.async.bulk warp rings)";
-    return xw ? "x_window + linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)"
-              : "linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)";
-  }
+  const std::string xw = x_window_used(p) ? "x_window + " : "";
+  if (linear_bulk_used(p))
+    return xw + (p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
+           " (tensor cores, cp.async.bulk warp rings)";
   if (linear_stream_ok(p)) {
-    switch (p.w.kind) {
-      case WeightKind::fp8:
-        return xw ? "x_window + linear_stream<fp8 block> (tensor cores, cp.async weight ring)"
-                  : "linear_stream<fp8 block> (tensor cores, cp.async weight ring)";
-      case WeightKind::mxfp4:
-        return xw ? "x_window + linear_stream<mxfp4> (tensor cores, cp.async weight ring)"
-                  : "linear_stream<mxfp4> (tensor cores, cp.async weight ring)";
-      default:
-        return xw ? "x_window + linear_stream<nvfp4> (tensor cores, cp.async weight ring)"
-                  : "linear_stream<nvfp4> (tensor cores, cp.async weight ring)";
-    }
+    const char* fmt = p.w.kind == WeightKind::fp8 ? "fp8 block" : p.w.kind == WeightKind::mxfp4 ? "mxfp4" : "nvfp4";
+    return xw + "linear_stream<" + fmt + "> (tensor cores, cp.async weight ring)";
   }
   switch (p.w.kind) {
     case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tern::cuda {
@@ -86,6 +87,6 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
 
 // Name of the kernel path launch_linear takes (startup report and benchmarks).
-const char* linear_path_name(const LinearParams& p);
+std::string linear_path_name(const LinearParams& p);
 
 }  // namespace tern::cuda

@@ -95,10 +95,6 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
   grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
-  auto xrow = [&](int i) -> const float* {
-    const int64_t tok = tok0 + i;
-    return tok < a.T ? a.x + tok * a.x_stride + xcol0 : nullptr;
-  };
 
   float acc[MT][NT][4], part[MT][NT][4];
 #pragma unroll
@@ -113,11 +109,8 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     if (wi == 0) {
       __syncthreads();  // every warp is done with the previous window
       const int cols = min(a.win_chunks, n - i) * kChunk;
-      if (a.xw != nullptr)
-        copy_x_window(win, n_live * 8, live_toks, a.xw + tok0 * a.xw_row_bytes, a.xw_row_bytes,
-                      xcol0 + (c_begin + i) * kChunk, cols, wstride, threadIdx.x, blockDim.x);
-      else
-        stage_x<F>(win, n_live * 8, (c_begin + i) * kChunk, cols, wstride, xrow, threadIdx.x, blockDim.x);
+      fill_x_window<F>(win, n_live * 8, wstride, a.x, a.x_stride, a.T, tok0, xcol0, a.xw, a.xw_row_bytes,
+                       (c_begin + i) * kChunk, cols);
       __syncthreads();
     }
     cp_async_wait<kStages - 2>();

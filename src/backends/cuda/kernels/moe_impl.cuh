@@ -22,8 +22,8 @@ struct MoeLayout {
 
   MoeLayout(const MoeParams& p) {
     P = p.T * p.k;
-    // Pairs per job: most experts get one job. The bulk kernels take one n-tile (8 tokens) per job, so their
-    // x window stays small; at up to 64 tokens an expert with more than 8 picks is rare.
+    // Pairs per job: most experts get one job. The bulk kernels take at most their variant's job_tokens (4 or
+    // 8: at most one n-tile) per job, so their x window stays small; at up to 64 tokens few experts get more.
     tile = moe_bulk_taken(p) ? moe_bulk_job_tokens(p) : p.T <= 8 ? 8 : p.T <= 64 ? 16 : 32;
     max_jobs = std::min<int64_t>(P, p.E) + P / tile + 1;
     auto take = [&](size_t bytes) {

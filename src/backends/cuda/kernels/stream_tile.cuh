@@ -169,6 +169,25 @@ __device__ __forceinline__ void copy_x_window(uint8_t* win, int rows, int64_t li
   cp_async_wait<0>();
 }
 
+// A block's x window, the one place both streaming kernels fill it: rows [0, rows) are tokens tok0 + i (zeros
+// from T on), columns [xcol0 + c0, + cols) of x (xcol0: the tile's row group). From the product's windows
+// (xw, linear_x_window_kernel) when they were made, else read and converted here (stage_x). All threads.
+template <WFmt F>
+__device__ __forceinline__ void fill_x_window(uint8_t* win, int rows, int stride, const float* x, int64_t x_stride,
+                                              int64_t T, int64_t tok0, int64_t xcol0, const uint8_t* xw,
+                                              int64_t xw_row_bytes, int64_t c0, int cols) {
+  if (xw != nullptr) {
+    copy_x_window(win, rows, T - tok0, xw + tok0 * xw_row_bytes, xw_row_bytes, xcol0 + c0, cols, stride,
+                  threadIdx.x, blockDim.x);
+    return;
+  }
+  auto xrow = [&](int i) -> const float* {
+    const int64_t tok = tok0 + i;
+    return tok < T ? x + tok * x_stride + xcol0 : nullptr;
+  };
+  stage_x<F>(win, rows, c0, cols, stride, xrow, threadIdx.x, blockDim.x);
+}
+
 // The FP8 scale multipliers of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128
 // columns; zero past the matrix) as bf16x2: e4m3 raw is 2^-120, so W * 2^-16. All threads of the block.
 __device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile_row0, int64_t sb0, int words,
