@@ -52,8 +52,8 @@ namespace dev {
 
 // Consumer warps: up to 16 in the kernel compiled for 17 warps (120 registers a thread), up to 24 in the wide
 // one (25 warps, 80 registers).
-constexpr int kBulkMaxConsumers = 24;
-constexpr int bulk_threads(bool wide) { return ((wide ? 24 : 16) + 1) * 32; }
+constexpr int kBulkNarrowConsumers = 16, kBulkMaxConsumers = 24;
+constexpr int bulk_threads(bool wide) { return ((wide ? kBulkMaxConsumers : kBulkNarrowConsumers) + 1) * 32; }
 constexpr int kBulkMaxSmem = 227 * 1024;  // sm_90's opt-in limit per block
 
 struct MoeBulkArgs {
@@ -343,7 +343,7 @@ void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) 
 
 template <WFmt F, bool UP>
 void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
-  if (a.plan.consumers > 16) launch_bulk_kernel_as<F, UP, true>(a, grid, stream);
+  if (a.plan.consumers > kBulkNarrowConsumers) launch_bulk_kernel_as<F, UP, true>(a, grid, stream);
   else launch_bulk_kernel_as<F, UP, false>(a, grid, stream);
 }
 
