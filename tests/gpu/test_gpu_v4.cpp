@@ -122,7 +122,9 @@ TEST_P(GpuV4, Compressor) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
-  const std::vector<int64_t> chunks = {3, 1, 1, 2, 13, 1, 1, 1, 40, 7, 1, 300, 1, 1};
+  // 1000 and 2051: chunks with many windows between their first two and their last (the blocks z >= 1 of the
+  // kernel), at both ratios.
+  const std::vector<int64_t> chunks = {3, 1, 1, 2, 13, 1, 1, 1, 40, 7, 1, 300, 1, 1, 1000, 2051, 1};
   check_compressor(static_cast<int>(s.csa_ratio), true, s.head_dim, chunks, r, "compressor csa");
   check_compressor(static_cast<int>(s.csa_ratio), true, s.index_dim, chunks, r, "compressor csa indexer");
   check_compressor(static_cast<int>(s.hca_ratio), false, s.head_dim, chunks, r, "compressor hca");

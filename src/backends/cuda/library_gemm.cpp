@@ -81,9 +81,9 @@ namespace {
 
 // y^T [out, T] = W [in, out]^T x^T [in, T] in cuBLAS's column-major terms, once or strided batched.
 void gemm(cublasHandle_t h, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w, int64_t ldw,
-          float* y, int64_t ldy, float alpha, GemmBatch b, cudaDataType_t in_type, cublasComputeType_t compute) {
+          float* y, int64_t ldy, float alpha, GemmBatch b, cudaDataType_t in_type, cublasComputeType_t compute,
+          float beta = 0.0f) {
   if (T == 0) return;
-  const float beta = 0.0f;
   const int m = narrow(out, "out"), n = narrow(T, "tokens"), k = narrow(in, "in");
   if (b.batch == 1) {
     TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_type, narrow(ldw, "ldw"), x, in_type,
@@ -98,8 +98,8 @@ void gemm(cublasHandle_t h, int64_t T, int64_t out, int64_t in, const void* x, i
 }  // namespace
 
 void LibraryGemm::bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
-                       int64_t ldw, float* y, int64_t ldy, float alpha, GemmBatch b) {
-  gemm(impl_->on(s), T, out, in, x, ldx, w, ldw, y, ldy, alpha, b, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+                       int64_t ldw, float* y, int64_t ldy, float alpha, GemmBatch b, float beta) {
+  gemm(impl_->on(s), T, out, in, x, ldx, w, ldw, y, ldy, alpha, b, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta);
 }
 
 // CUBLAS_COMPUTE_32F_PEDANTIC: f32 products and sums, never TF32 (the exact path: top-k choices).

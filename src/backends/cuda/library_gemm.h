@@ -46,9 +46,9 @@ class LibraryGemm {
   LibraryGemm& operator=(const LibraryGemm&) = delete;
 
   // y[T, out] (row stride ldy) = alpha * x[T, in] (ldx) * W[out, in]^T (ldw), batched over `batch`
-  // blocks (GemmBatch; batch 1 ignores the strides). bf16 x and W, f32 y and accumulation.
+  // blocks (GemmBatch; batch 1 ignores the strides). bf16 x and W, f32 y and accumulation; beta 1 adds to y.
   void bf16(cudaStream_t s, int64_t T, int64_t out, int64_t in, const void* x, int64_t ldx, const void* w,
-            int64_t ldw, float* y, int64_t ldy, float alpha = 1.0f, GemmBatch b = {});
+            int64_t ldw, float* y, int64_t ldy, float alpha = 1.0f, GemmBatch b = {}, float beta = 0.0f);
   // The same in f32 throughout (the exact path: router gates, indexer projections), no TF32.
   void f32(cudaStream_t s, int64_t T, int64_t out, int64_t in, const float* x, int64_t ldx, const float* w,
            int64_t ldw, float* y, int64_t ldy, GemmBatch b = {});

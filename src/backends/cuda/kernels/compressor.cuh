@@ -1,7 +1,7 @@
 // The online KV compressor (host interface; semantics in ops/compressor.h). One thread per (channel,
 // window): each emitted entry is folded independently from the chunk's tokens (and the pending
-// accumulators for the first windows); the thread of the last window writes the new accumulators after a
-// barrier, so no thread reads state another has already replaced.
+// accumulators for the first two windows); the thread of the last window writes the new accumulators after a
+// barrier in the same block as the readers, so no thread reads state another has already replaced.
 #pragma once
 
 #include <cuda_runtime.h>

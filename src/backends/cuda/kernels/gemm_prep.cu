@@ -144,6 +144,32 @@ __global__ void round_bf16_kernel(const float* x, int64_t rows, int64_t cols, in
   }
 }
 
+// x = x1 + x2 + x3 with each part a bf16 number (x1 = bf16(x), x2 = bf16(x - x1), x3 = bf16(x - x1 - x2); the
+// residuals are exact in f32), into three planes of [rows, cols]: 24 significant bits, f32's, in three bf16
+// operands, so a weight that is exactly bf16 times x is three bf16 tensor-core products (the exact path).
+__global__ void split_bf16x3_kernel(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y) {
+  pdl_prologue();
+  const int64_t per_row = cols / 8, n = rows * per_row, plane = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = (i - r * per_row) * 8;
+    float v[8];
+    load8(x + r * ld + c, v);
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      float b[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t bits = pack_bf16(v[j], 0.0f) & 0xffffu;
+        b[j] = bf16_bits_to_f32(static_cast<uint16_t>(bits));
+      }
+      store8(y + part * plane + r * cols + c, b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] -= b[j];
+    }
+  }
+}
+
 __global__ void moe_gather_bf16_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs) {
   pdl_prologue();
   const int64_t per_row = D / 8, n = P * per_row;
@@ -217,6 +243,12 @@ void launch_round_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld, u
   const int64_t n = rows * cols / 8;
   if (n == 0) return;
   launch(dev::round_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, x, rows, cols, ld, y);
+}
+
+void launch_split_bf16x3(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, cudaStream_t stream) {
+  const int64_t n = rows * cols / 8;
+  if (n == 0) return;
+  launch(dev::split_bf16x3_kernel, dev::grid_stride_blocks(n), 256, 0, stream, x, rows, cols, ld, y);
 }
 
 void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs,

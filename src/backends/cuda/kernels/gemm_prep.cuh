@@ -23,6 +23,9 @@ void launch_expand_f32(const DeviceMat& w, float* out, cudaStream_t stream);
 
 // y[r, 0:cols] = bf16(x[r * ld + 0:cols]) for r < rows (cols a multiple of 8, x 16-byte aligned rows).
 void launch_round_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, cudaStream_t stream);
+// Three bf16 planes [3][rows, cols] whose sum is x exactly (to f32's 24 bits): the exact path's x for weights that
+// are bf16 numbers (cols % 8 == 0, x 16-byte aligned with ld % 4 == 0).
+void launch_split_bf16x3(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, cudaStream_t stream);
 
 // MoE: xs[slot] = bf16(x[sorted[slot] / k]) for the P sorted pairs.
 void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k, int64_t D, uint16_t* xs,
