@@ -188,7 +188,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "same K order (so the same bits) in both",
       "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
-      "accumulate); exact weights on cuBLAS f32 (no TF32); moe_experts: multi-block plan (moe_sort) read back, experts "
+      "accumulate); exact weights: bf16 / FP8 (bf16 numbers) as three cuBLAS bf16 products on x split into three "
+      "bf16 planes (f32 accuracy), f32 weights on cuBLAS f32 (no TF32); moe_experts: multi-block plan (moe_sort) read back, experts "
       "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), SwiGLU, "
       "combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
