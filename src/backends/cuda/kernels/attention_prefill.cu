@@ -12,6 +12,7 @@
 //     softmax and P V of the tile are attend_tile (attention_tile.cuh, the decode kernel's arithmetic) with
 //     the row-maxima and P exchanges ordered by a named barrier of the 4 warps of the same 32 heads instead
 //     of the whole block (the two head groups drift apart and overlap);
+//   - q and the picks of the query one wave later are prefetched into L2 at the start (a hint);
 //   - then the 4 warps of the same heads add their row sums (in warp order) and each writes its O slice:
 //     out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink) (base 2).
 // Numerics: the decode kernel's (bf16 q, K, V, P; f32 accumulation; P rounded to bf16 and the row sums over
@@ -63,6 +64,10 @@ struct HeadsSync {
   }
 };
 
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kTileThreads, 1) attention_prefill_kernel(AttentionParams a, int64_t q0) {
   pdl_prologue();
@@ -86,6 +91,17 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_prefill_kernel(Atte
   const KeyList kl = keys_of(a, i);  // eager mode (attention_path): the chunk's query start + i
   const int64_t total = kl.nwin + kl.count;
   const float scale2 = a.scale * kLog2e;
+  {
+    // The q and picks of the query one wave later (query i + num_sms: its block starts, on some SM, about
+    // when this one ends) into L2, so that its prologue reads L2 instead of HBM. Only a hint: nothing waits.
+    const int64_t ahead = i + a.num_sms;
+    if (ahead < q0 + static_cast<int64_t>(gridDim.x)) {
+      const auto* qn = reinterpret_cast<const uint8_t*>(a.q + ahead * a.heads * HD);
+      const int64_t q_bytes = a.heads * HD * 4;
+      for (int64_t off = 128 * tid; off < q_bytes; off += 128 * kTileThreads) prefetch_l2(qn + off);
+      if (a.selected != nullptr && 32 * tid < a.k_sel) prefetch_l2(a.selected + ahead * a.k_sel + 32 * tid);
+    }
+  }
 
   float o[2][kNT][4];
   float m_run[2][2], l_run[2][2];  // [m-tile][row g / g + 8]
