@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/profiler.h"
@@ -263,6 +264,81 @@ void bench_decode_attention(Rand& r, bool quick) {
   }
 }
 
+// One layer's sparse_attention in a prefill chunk of 8 192 queries (the library-GEMM chunks), on the decode
+// kernel (attention_mma_kernel, as TERN_ATTENTION_PREFILL=0) and on the prefill kernel, same inputs: CSA
+// (ratio 4, 512 picks + window 128) and HCA (ratio 128, every compressed row + window 128), as the chunk
+// after 8 192 tokens (every CSA query has its 512 picks) and as the first chunk of a prompt (start 0: fewer
+// visible rows). FLOPs: 2 * heads * keys * (head_dim + head_dim) a query (QK^T and PV), over the keys each
+// query really has. The ceiling is a library bf16 product's rate measured here (linear 8192 x 4096 x 4096
+// with bf16 weights: cuBLAS, x rounded to bf16 in the call).
+void bench_attention_prefill(Rand& r) {
+  const int64_t H = 64, hd = 512, W = 128, k = 512, n = 8192;
+  const ops::KvRowFormat f{ops::KvFormat::fp8_ds, hd, 64};
+  const int64_t rb = f.row_bytes();
+  double lib_tflops = 0;
+  {
+    const HostWeight hw = random_weight(ops::WeightFormat::bf16, 4096, 4096, r, 1.0f / 64.0f, "ceiling");
+    cuda::WeightStore store;
+    const ops::Weight w = store.upload(hw.w);
+    auto x = upload(random_f32({n, 4096}, r));
+    cuda::DeviceTensor y(DType::f32, {n, 4096});
+    const cuda::Timing t = cuda::time_device([&] { ops::linear(x, w, y); }, 3, 10);
+    lib_tflops = 2.0 * n * 4096.0 * 4096.0 / (t.median_us * 1e6);
+    std::printf("ceiling: library bf16 product 8192x4096x4096 %.1f us, %.0f TFLOP/s\n", t.median_us, lib_tflops);
+  }
+  auto q = upload(random_f32({n, H, hd}, r, 0.5f)), sinks = upload(random_f32({H}, r));
+  cuda::DeviceTensor out(DType::f32, {n, H, hd});
+  auto packed = [&](int64_t rows) {
+    Tensor x = random_f32({rows, hd}, r), p(DType::u8, {rows, rb});
+    ops::kv_pack(x, f, p);
+    return p;
+  };
+  auto chunk = upload(packed(n)), ring = upload(packed(W));
+  struct Kind {
+    const char* name;
+    int ratio;
+    bool select;
+    int64_t start;
+  };
+  std::vector<std::string> lines;
+  for (const Kind kind : {Kind{"csa", 4, true, n}, Kind{"csa", 4, true, 0}, Kind{"hca", 128, false, n},
+                          Kind{"hca", 128, false, 0}}) {
+    const int64_t num_c = (kind.start + n) / kind.ratio;
+    const PagedPair comp = paged_pair(packed(std::max<int64_t>(num_c, 1)), 64, r);
+    Tensor sel(DType::i32, {n, k});
+    int64_t keys = 0;  // over all queries
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = kind.start + i, vis = (p + 1) / kind.ratio;
+      keys += std::min(W, p + 1) + (kind.select ? std::min(k, vis) : vis);
+      for (int64_t j = 0; j < k; ++j)
+        sel.data<int32_t>()[i * k + j] = j < vis ? static_cast<int32_t>(r.index(vis)) : -1;
+    }
+    auto dsel = upload(sel);
+    ops::AttentionArgs a{q, kind.start, f, chunk, ring, W, comp.device, num_c, kind.ratio,
+                         kind.select ? dsel.view() : TensorView(), sinks, 1.0f / std::sqrt(static_cast<float>(hd))};
+    const double flop = 2.0 * H * static_cast<double>(keys) * (hd + hd);
+    const double bytes = static_cast<double>(keys * rb + 2 * n * H * hd * 4);
+    const std::string shape = cat(n, " queries at ", kind.start, ", ", keys / n, " keys avg");
+    for (const bool prefill : {false, true}) {
+      cuda::set_attention_prefill(prefill);
+      const char* kernel = prefill ? "attention_prefill_kernel" : "attention_mma_kernel";
+      measure(cat("sparse_attention ", kind.name, " prefill: ", prefill ? "new" : "old"), shape, bytes, 1,
+              [&](int) { ops::sparse_attention(a, out); });
+      const double us = g_profile || g_rows.empty() ? 0 : g_rows.back().us;
+      lines.push_back(cat("| ", kind.name, " | ", kind.start, " | ", keys / n, " | ", kernel, " | ", us, " | ",
+                          us > 0 ? flop / (us * 1e6) : 0.0, " | ", us > 0 ? 100.0 * flop / (us * 1e6) / lib_tflops : 0.0,
+                          "% |"));
+    }
+  }
+  cuda::set_attention_prefill(true);
+  std::printf("\nprefill attention, one layer at %lld queries (graph us; TFLOP/s counts 2*heads*keys*(hd+hd) a "
+              "query; ceiling %.0f TFLOP/s):\n| layer | chunk start | keys/query | kernel | us | TFLOP/s | %% of ceiling |\n"
+              "|---|---:|---:|---|---:|---:|---:|\n",
+              static_cast<long long>(n), lib_tflops);
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  std::printf("\n");
+}
+
 // n queries at the same position over one sequence's keys (a decode batch reads n sequences' keys: the
 // bytes column counts n x the key bytes, as the step would).
 void bench_indexer(Rand& r, bool quick) {
@@ -314,13 +390,15 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  std::string only;  // --only SECTION: just one section's rows (linear, moe, attention, indexer, mhc, probe)
+  std::string only;  // --only SECTION: one section's rows (linear, moe, attention, attention_prefill, indexer, mhc, probe)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
-      if (only != "linear" && only != "moe" && only != "attention" && only != "indexer" && only != "mhc" &&
-          only != "probe") {
-        std::fprintf(stderr, "tern_gpu_bench: --only takes linear, moe, attention, indexer, mhc or probe, not %s\n",
+      if (only != "linear" && only != "moe" && only != "attention" && only != "attention_prefill" &&
+          only != "indexer" && only != "mhc" && only != "probe") {
+        std::fprintf(stderr,
+                     "tern_gpu_bench: --only takes linear, moe, attention, attention_prefill, indexer, mhc or probe, "
+                     "not %s\n",
                      only.c_str());
         return 2;
       }
@@ -389,6 +467,7 @@ int main(int argc, char** argv) {
     bench_attention(r, quick);
     bench_decode_attention(r, quick);
   }
+  if (section("attention_prefill")) bench_attention_prefill(r);
   if (section("indexer")) bench_indexer(r, quick);
   if (section("mhc")) bench_mhc(r);
   if (section("probe")) {

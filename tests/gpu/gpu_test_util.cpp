@@ -144,7 +144,7 @@ bool attention_on_tensor_cores(const ops::KvRowFormat& f, int64_t heads) {
   cuda::AttentionParams p;
   p.heads = heads;
   p.fmt = {f.format == ops::KvFormat::fp8_ds ? 1 : 0, f.head_dim, f.rope_dim, f.row_bytes()};
-  return cuda::attention_path(p) == cuda::AttentionPath::bf16_tensor_cores;
+  return cuda::attention_path(p) != cuda::AttentionPath::f32_cuda_cores;
 }
 
 Compare compare(const TensorView& gpu_device, const TensorView& ref_host) {

@@ -198,6 +198,9 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   p.compressed = compressed ? paged_desc("sparse_attention", a.compressed) : PagedRowsDesc{};
   p.num_compressed = compressed ? a.num_compressed : 0;
   p.ratio = a.ratio;
+  // A chunk whose products take the library GEMMs takes the prefill kernel too (attention_path): the same
+  // decision, so --batch-invariant keeps every token on the decode kernel's bits.
+  p.prefill = impl_->library_for(p.n);
   launch_attention("sparse_attention", p, *impl_);
 }
 

@@ -195,8 +195,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
-      "block cluster; f32 rows (KV mode exact) and other shapes: attention_kernel + attention_combine_kernel, CUDA "
-      "cores, f32",
+      "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "
+      "TERN_ATTENTION_PREFILL=0: attention_prefill_kernel, the same numerics, one block per query over all its "
+      "keys (no split, no merge); f32 rows (KV mode exact) and other shapes: attention_kernel + "
+      "attention_combine_kernel, CUDA cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
       "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "
       "+ indexer_reduce_kernel, then the same top-k",
@@ -212,6 +214,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "sample_rows_kernel, one block per row, radix select + bitonic sort of candidate tiers, the host "
       "sampler's arithmetic (f64 sums in its order) so tokens equal the host's",
   };
+  if (!attention_prefill_enabled())
+    paths.push_back("sparse_attention prefill kernel off (TERN_ATTENTION_PREFILL=0): every chunk runs "
+                    "attention_mma_kernel");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

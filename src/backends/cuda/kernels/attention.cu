@@ -296,12 +296,19 @@ AttentionPath attention_path(const AttentionParams& p) {
   const size_t smem = attention_mma_smem_bytes(p.fmt);
   const bool mma = p.fmt.fp8 && p.heads <= kAttentionMmaMaxHeads && (hd == 128 || hd == 256 || hd == 512) &&
                    smem > 0 && smem <= kAttentionMmaMaxSmem;
-  return mma ? AttentionPath::bf16_tensor_cores : AttentionPath::f32_cuda_cores;
+  if (!mma) return AttentionPath::f32_cuda_cores;
+  const size_t prefill_smem = attention_prefill_smem_bytes(p.fmt);
+  const bool prefill = p.prefill && p.positions == nullptr && attention_prefill_enabled() && prefill_smem > 0 &&
+                       prefill_smem <= kAttentionMmaMaxSmem;
+  return prefill ? AttentionPath::bf16_tensor_cores_prefill : AttentionPath::bf16_tensor_cores;
 }
 
 const char* attention_path_name(AttentionPath path) {
-  return path == AttentionPath::bf16_tensor_cores ? "bf16 tensor cores (attention_mma_kernel)"
-                                                  : "f32 CUDA cores (attention_kernel + attention_combine_kernel)";
+  switch (path) {
+    case AttentionPath::bf16_tensor_cores_prefill: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
+    case AttentionPath::bf16_tensor_cores: return "bf16 tensor cores (attention_mma_kernel)";
+    default: return "f32 CUDA cores (attention_kernel + attention_combine_kernel)";
+  }
 }
 
 int attention_splits(const AttentionParams& p) { return dev::split_plan(dev::max_keys(p)).splits; }
@@ -316,14 +323,16 @@ int64_t queries_per_launch(const AttentionParams& p, int splits) {
 }  // namespace
 
 int64_t attention_partial_floats(const AttentionParams& p) {
-  if (attention_path(p) == AttentionPath::bf16_tensor_cores) return 0;
+  if (attention_path(p) != AttentionPath::f32_cuda_cores) return 0;
   const int splits = attention_splits(p);
   return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
 cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  if (attention_path(p) == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
+  const AttentionPath path = attention_path(p);
+  if (path == AttentionPath::bf16_tensor_cores_prefill) return launch_attention_prefill(p, stream);
+  if (path == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
   const int splits = attention_splits(p);
   const int64_t step = queries_per_launch(p, splits);
   const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);

@@ -1,9 +1,13 @@
 // Sparse attention of one sequence's chunk (host interface; semantics in ops/attention.h): all heads of
-// a query share each decoded K=V row; keys are split across blocks (flash-decoding) and the partials
-// (max, sum, weighted rows) merged with the sink. Two paths (attention_path):
-//   bf16 tensor cores (attention_mma.cu): FP8 rows, up to 64 heads, head_dim 128 / 256 / 512. One block per
-//     (query, split) covers all heads; a query's splits form one thread-block cluster and merge through
-//     distributed shared memory. q and the softmax weights are rounded to bf16 (the rows are exact in bf16).
+// a query share each decoded K=V row. Three paths (attention_path):
+//   bf16 tensor cores, prefill (attention_prefill.cu): FP8 rows, up to 64 heads, head_dim 128 / 256 / 512,
+//     eager mode, only where the caller says the chunk takes the library GEMMs (AttentionParams::prefill) and
+//     TERN_ATTENTION_PREFILL is not 0. One block per query walks all its keys (no split, no merge).
+//   bf16 tensor cores (attention_mma.cu): the same rows and shapes otherwise (decode steps, small chunks,
+//     --batch-invariant). Keys are split across blocks (flash-decoding): one block per (query, split) covers
+//     all heads; a query's splits form one thread-block cluster and merge the partials (max, sum, weighted
+//     rows) with the sink through distributed shared memory. Both tensor-core paths round q and the softmax
+//     weights to bf16 (the rows are exact in bf16).
 //   f32 CUDA cores (attention.cu): f32 rows (the exact KV mode) and any other shape; exact f32 arithmetic,
 //     partials through a workspace and attention_combine_kernel.
 #pragma once
@@ -45,9 +49,12 @@ struct AttentionParams {
   const uint64_t* rings = nullptr;
   const uint64_t* pools = nullptr;
   const uint64_t* comp_tables = nullptr;
+  // Eager mode: the caller's chunk takes the library GEMMs (CudaBackend::Impl::library_for: many tokens, not
+  // --batch-invariant), so it may run on the prefill kernel, whose bits differ from the decode kernel's.
+  bool prefill = false;
 };
 
-enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores };
+enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores, bf16_tensor_cores_prefill };
 AttentionPath attention_path(const AttentionParams& p);
 const char* attention_path_name(AttentionPath path);
 
@@ -64,5 +71,13 @@ constexpr size_t kAttentionMmaMaxSmem = 227 * 1024;  // sm_90's shared memory pe
 // Shared memory of the tensor-core kernel for rows of format f (0: no kernel for its head_dim).
 size_t attention_mma_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
+
+// The prefill path alone (attention_prefill.cu; eager mode only): one block per query, all its keys.
+size_t attention_prefill_smem_bytes(const KvRowDesc& f);
+cudaError_t launch_attention_prefill(const AttentionParams& p, cudaStream_t stream);
+// TERN_ATTENTION_PREFILL=0 keeps prefill chunks on attention_mma_kernel (A/B); set_attention_prefill
+// overrides it (benchmarks and tests).
+bool attention_prefill_enabled();
+void set_attention_prefill(bool on);
 
 }  // namespace tern::cuda

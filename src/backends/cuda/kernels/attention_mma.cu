@@ -29,6 +29,7 @@
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
+#include "backends/cuda/kernels/attention_tile.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 
@@ -38,13 +39,11 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kHeads = kAttentionMmaMaxHeads;  // heads padded to 4 m-tiles
-constexpr int kTileKeys = 64;                  // keys per tile
-constexpr int kRound = 256;                    // keys whose rows are looked up at once (one per thread)
-constexpr int kThreads = 256;                  // 8 warps
-constexpr int kMaxSplits = 8;                  // a query's splits are one cluster: the portable cluster size
+constexpr int kHeads = kTileHeads;     // heads padded to 4 m-tiles (attention_tile.cuh)
+constexpr int kRound = 256;            // keys whose rows are looked up at once (one per thread)
+constexpr int kThreads = kTileThreads;  // 8 warps
+constexpr int kMaxSplits = 8;          // a query's splits are one cluster: the portable cluster size
 constexpr int64_t kKeysPerSplit = 128;  // CSA 640 keys: 5 splits of 2 full tiles; HCA 192: 2 splits
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct MmaSplit {
   int splits;
@@ -63,8 +62,7 @@ __host__ __device__ inline MmaSplit mma_split_plan(int64_t keys) {
 // the block computes, and the block's f32 O for the cluster merge afterwards.
 template <int HD>
 struct Smem {
-  static constexpr int kRowStride = HD + 8;         // bf16 per row of q / key tile (16-byte pad: ldmatrix
-                                                    // rows fall in distinct banks)
+  static constexpr int kRowStride = kTileRowStride<HD>;  // bf16 per row of q / key tile
   static constexpr int kPStride = kTileKeys + 8;    // bf16 per row of P
   static constexpr int kOStride = HD + 8;           // f32 per row of O (float2 stores without conflicts)
   static constexpr size_t kQ = 0;
@@ -80,89 +78,12 @@ struct Smem {
   static constexpr size_t kKeyTile = size_t{kTileKeys} * kRowStride * 2;
   static constexpr size_t kO = size_t{kHeads} * kOStride * 4;
   // Raw tiles: rows of row_bytes (a multiple of 8) after the key tile.
-  __host__ __device__ static size_t raw_tile(int64_t row_bytes) { return static_cast<size_t>(kTileKeys * row_bytes + 15) / 16 * 16; }
+  __host__ __device__ static size_t raw_tile(int64_t row_bytes) { return raw_tile_bytes(row_bytes); }
   static size_t total(int64_t row_bytes) {
     const size_t tiles = kKeyTile + 2 * raw_tile(row_bytes);
     return kWork + (tiles > kO ? tiles : kO);
   }
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-// The raw bytes of a tile's rows into `raw` (row r at r * row_bytes): warp w copies rows w, w + 8, ... in
-// 8-byte granules. Masked rows (nullptr) and rows past nk are not read.
-__device__ __forceinline__ void issue_raw(const uint8_t* const* rows, int nk, int64_t row_bytes, uint8_t* raw) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int granules = static_cast<int>(row_bytes / 8);
-  for (int r = warp; r < nk; r += kThreads / 32) {
-    const uint8_t* src = rows[r];
-    if (src == nullptr) continue;
-    uint8_t* dst = raw + r * row_bytes;
-    for (int g = lane; g < granules; g += 32) cp_async8(dst + 8 * g, src + 8 * g);
-  }
-  cp_async_commit();
-}
-
-// The raw tile decoded to bf16 into the key tile (row r at r * kRowStride); masked rows and rows past nk
-// become zeros (P V then adds 0 * 0) and mask[r] says which rows are keys.
-template <int HD>
-__device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* const* rows, int nk,
-                                            const uint8_t* raw, __nv_bfloat16* tile, int* mask) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int nope = HD - static_cast<int>(f.rope_dim), fp8_gran = nope / 8;
-  const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;
-  const int scale_at = nope + 2 * static_cast<int>(f.rope_dim);
-  for (int r = warp; r < kTileKeys; r += kThreads / 32) {
-    const bool valid = r < nk && rows[r] != nullptr;
-    if (lane == 0) mask[r] = valid;
-    const uint8_t* src = raw + r * f.row_bytes;
-    __nv_bfloat16* dst = tile + r * Smem<HD>::kRowStride;
-    for (int g = lane; g < granules; g += 32) {
-      if (g < fp8_gran) {
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (valid) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src + 8 * g);
-          const float sc = e8m0_to_f32(src[scale_at + g / 8]);
-          uint32_t w[4];
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {  // hardware e4m3x2 -> f16x2 (exact), f32, times the scale (exact)
-            const uint32_t word = b < 2 ? v.x : v.y;
-            const __half2 h(__nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b % 2))) & 0xffffu), __NV_E4M3));
-            const float2 x = __half22float2(h);
-            w[b] = pack_bf16(x.x * sc, x.y * sc);
-          }
-          out = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-        *reinterpret_cast<uint4*>(dst + 8 * g) = out;
-      } else {
-        const int k = g - fp8_gran;
-        *reinterpret_cast<uint2*>(dst + nope + 4 * k) =
-            valid ? *reinterpret_cast<const uint2*>(src + nope + 8 * k) : make_uint2(0, 0);
-      }
-    }
-  }
-}
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionParams a, int64_t q0) {
@@ -236,93 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionPar
         issue_raw(sRows + kTileKeys * (tt + 1), min(kTileKeys, nr - kTileKeys * (tt + 1)), a.fmt.row_bytes,
                   sRaw + ((tt + 1) & 1) * raw_tile);
 
-      // S = Q K^T for heads 32mp.. x keys 16qq.. (a warp whose keys are all past nk has none).
-      const int kb = 16 * qq;
-      float s[2][2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int n = 0; n < 2; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
-      if (kb < nk) {
-        const __nv_bfloat16* qa = sQ + (32 * mp + (lane & 15)) * L::kRowStride + (lane >> 4) * 8;
-        const __nv_bfloat16* kbp = sK + (kb + (lane & 7) + ((lane >> 4) << 3)) * L::kRowStride + ((lane >> 3) & 1) * 8;
-#pragma unroll 4
-        for (int k0 = 0; k0 < HD; k0 += 16) {
-          uint32_t qa0[4], qa1[4], kf[4];
-          ldsm_x4(qa0, qa + k0);
-          ldsm_x4(qa1, qa + 16 * L::kRowStride + k0);
-          ldsm_x4(kf, kbp + k0);
-          mma_bf16(s[0][0], qa0[0], qa0[1], qa0[2], qa0[3], kf[0], kf[1]);
-          mma_bf16(s[0][1], qa0[0], qa0[1], qa0[2], qa0[3], kf[2], kf[3]);
-          mma_bf16(s[1][0], qa1[0], qa1[1], qa1[2], qa1[3], kf[0], kf[1]);
-          mma_bf16(s[1][1], qa1[0], qa1[1], qa1[2], qa1[3], kf[2], kf[3]);
-        }
-      }
-      // Scaled scores (base 2), masked keys -inf; the warp's row maxima to shared memory.
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int key = kb + 8 * n + 2 * t + c;
-              float& v = s[mi][n][2 * hf + c];
-              v = key < nk && sMask[key] ? v * scale2 : -INFINITY;
-              mx = fmaxf(mx, v);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          if (t == 0) sTmax[qq * kHeads + 32 * mp + 16 * mi + 8 * hf + g] = mx;
-        }
-      __syncthreads();  // every warp's maxima are in
-      // New running max, P (bf16) for the warp's keys, O and the row sums rescaled.
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = 32 * mp + 16 * mi + 8 * hf + g;
-          const float tmax = fmaxf(fmaxf(sTmax[row], sTmax[kHeads + row]),
-                                   fmaxf(sTmax[2 * kHeads + row], sTmax[3 * kHeads + row]));
-          const float m_new = fmaxf(m_run[mi][hf], tmax);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-          const float corr = exp2f(m_run[mi][hf] - m_use);
-          m_run[mi][hf] = m_new;
-          float sum = 0.0f;
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            const uint32_t p2 = pack_bf16(exp2f(s[mi][n][2 * hf] - m_use), exp2f(s[mi][n][2 * hf + 1] - m_use));
-            sum += __uint_as_float(p2 << 16) + __uint_as_float(p2 & 0xffff0000u);
-            if (kb < nk) *reinterpret_cast<uint32_t*>(sP + row * L::kPStride + kb + 8 * n + 2 * t) = p2;
-          }
-          l_run[mi][hf] = l_run[mi][hf] * corr + sum;
-#pragma unroll
-          for (int n = 0; n < kNT; ++n) {
-            o[mi][n][2 * hf] *= corr;
-            o[mi][n][2 * hf + 1] *= corr;
-          }
-        }
-      __syncthreads();  // P is complete
-      // O += P V for heads 32mp.. x dims qq * HD/4 .. over the tile's 16-key steps that hold keys.
-      const int ksteps = (nk + 15) / 16;
-      const __nv_bfloat16* pa = sP + (32 * mp + (lane & 15)) * L::kPStride + (lane >> 4) * 8;
-      const __nv_bfloat16* vb = sK + ((lane & 7) + ((lane >> 3) & 1) * 8) * L::kRowStride + qq * (HD / 4) + (lane >> 4) * 8;
-      for (int ks = 0; ks < ksteps; ++ks) {
-        uint32_t pa0[4], pa1[4];
-        ldsm_x4(pa0, pa + 16 * ks);
-        ldsm_x4(pa1, pa + 16 * L::kPStride + 16 * ks);
-#pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-          uint32_t vf[4];
-          ldsm_x4_trans(vf, vb + 16 * ks * L::kRowStride + 16 * np);
-          mma_bf16(o[0][2 * np], pa0[0], pa0[1], pa0[2], pa0[3], vf[0], vf[1]);
-          mma_bf16(o[0][2 * np + 1], pa0[0], pa0[1], pa0[2], pa0[3], vf[2], vf[3]);
-          mma_bf16(o[1][2 * np], pa1[0], pa1[1], pa1[2], pa1[3], vf[0], vf[1]);
-          mma_bf16(o[1][2 * np + 1], pa1[0], pa1[1], pa1[2], pa1[3], vf[2], vf[3]);
-        }
-      }
+      attend_tile<HD>(sQ, sK, sP, sTmax, sMask, nk, scale2, o, m_run, l_run, BlockSync{});
     }
   }
 

@@ -1,0 +1,256 @@
+// GPU vs CPU: the prefill attention kernel (attention_prefill_kernel: one block per query over all its keys)
+// on fresh random chunks at the V4-Flash shapes (64 heads, head_dim 512, window 128; CSA ratio 4 with 512
+// picks, HCA ratio 128 with every compressed row) and the fixture's, at n = 1, 7, 64 and 600 queries whose
+// windows lie partly in the ring and partly in the chunk, with masked (-1) picks among real ones, queries
+// with no pick at all and chunks that see fewer compressed rows than picks (a -1 tail). The kernel is
+// launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
+// sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs. Then the op's
+// choice: a 600-query chunk takes the prefill kernel (its bits), and under --batch-invariant or
+// set_attention_prefill(false) the decode kernel's bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/attention.cuh"
+#include "gpu_test_util.h"
+#include "ops/attention.h"
+#include "ops/kv_row.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+// One chunk of one sequence: its queries, rows, ring, compressed rows (in shuffled pages) and picks, on the
+// host (the CPU reference reads them) and on the device.
+struct Chunk {
+  ops::KvRowFormat fmt;
+  int64_t heads = 0, window = 0, start = 0, n = 0, num_c = 0;
+  int ratio = 0;
+  bool select = false;
+  Tensor q, rows, ring, comp, sel, sinks;
+  PagedPair paged;
+  cuda::DeviceTensor dq, drows, dring, dsel, dsinks;
+  float scale = 1.0f;
+
+  ops::AttentionArgs host_args() const {
+    return ops::AttentionArgs{q,
+                              start,
+                              fmt,
+                              rows,
+                              ring,
+                              window,
+                              ratio > 0 ? paged.host : PagedRows(),
+                              num_c,
+                              ratio,
+                              select ? sel.view() : TensorView(),
+                              sinks,
+                              scale};
+  }
+  ops::AttentionArgs device_args() const {
+    return ops::AttentionArgs{dq,
+                              start,
+                              fmt,
+                              drows,
+                              dring,
+                              window,
+                              ratio > 0 ? paged.device : PagedRows(),
+                              num_c,
+                              ratio,
+                              select ? dsel.view() : TensorView(),
+                              dsinks,
+                              scale};
+  }
+};
+
+Tensor pack_rows(const ops::KvRowFormat& f, int64_t n, Rand& r) {
+  Tensor x = random_f32({n, f.head_dim}, r), p(DType::u8, {n, f.row_bytes()});
+  ops::kv_pack(x, f, p);
+  return p;
+}
+
+// CSA (select): `topk` picks per query among its visible compressed rows, some -1 among them (j % 7 == 3),
+// every pick -1 for queries i % 11 == 5, and a -1 tail where fewer rows are visible than picks.
+Chunk make_chunk(const Shapes& s, int ratio, bool select, int64_t start, int64_t n, Rand& r) {
+  Chunk c;
+  c.fmt = ops::KvRowFormat{ops::KvFormat::fp8_ds, s.head_dim, s.rope_dim};
+  c.heads = s.heads;
+  c.window = s.window;
+  c.start = start;
+  c.n = n;
+  c.ratio = ratio;
+  c.select = select;
+  c.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  c.q = random_f32({n, s.heads, s.head_dim}, r, 0.5f);
+  c.sinks = random_f32({s.heads}, r);
+  c.rows = pack_rows(c.fmt, n, r);
+  c.ring = pack_rows(c.fmt, s.window, r);  // position p < start at p % window
+  c.num_c = ratio > 0 ? (start + n) / ratio : 0;
+  c.comp = pack_rows(c.fmt, std::max<int64_t>(c.num_c, 1), r);
+  c.paged = paged_pair(c.comp, 64, r);
+  if (select) {
+    const int64_t k = s.index_topk;
+    c.sel = Tensor(DType::i32, {n, k});
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t vis = (start + i + 1) / ratio;
+      std::vector<int32_t> all(static_cast<size_t>(vis));
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        if (j < vis) std::swap(all[j], all[j + r.index(vis - j)]);
+        const bool keep = j < vis && j % 7 != 3 && i % 11 != 5;
+        c.sel.data<int32_t>()[i * k + j] = keep ? all[j] : -1;
+      }
+    }
+    c.dsel = upload(c.sel);
+  }
+  c.dq = upload(c.q);
+  c.drows = upload(c.rows);
+  c.dring = upload(c.ring);
+  c.dsinks = upload(c.sinks);
+  return c;
+}
+
+// The launch parameters of the chunk (as CudaBackend::sparse_attention fills them), error word `err`.
+cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
+  cuda::AttentionParams p;
+  p.q = c.dq.view().data_as<const float>();
+  p.n = c.n;
+  p.heads = c.heads;
+  p.start = c.start;
+  p.fmt = cuda::KvRowDesc{1, c.fmt.head_dim, c.fmt.rope_dim, c.fmt.row_bytes()};
+  p.chunk_rows = c.drows.view().data_as<const uint8_t>();
+  p.ring = c.dring.view().data_as<const uint8_t>();
+  p.window = c.window;
+  if (c.ratio > 0 && c.num_c > 0) {
+    const PagedRows& d = c.paged.device;
+    p.compressed = {d.pool.data_as<const uint8_t>(),
+                    d.block_table.data_as<const int32_t>(),
+                    d.page_bytes(),
+                    d.offset_in_page,
+                    d.rows_per_page,
+                    d.row_bytes};
+    p.num_compressed = c.num_c;
+  }
+  p.ratio = c.ratio;
+  p.selected = c.select ? c.dsel.view().data_as<const int32_t>() : nullptr;
+  p.k_sel = c.select ? c.sel.dim(1) : 0;
+  p.sinks = c.dsinks.view().data_as<const float>();
+  p.scale = c.scale;
+  p.out = out;
+  p.err = err;
+  return p;
+}
+
+enum class Kernel { prefill, decode };
+
+// One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
+Tensor run_kernel(const Chunk& c, Kernel k) {
+  cuda::CudaBackend& be = cuda::register_backend();
+  auto out = poisoned(DType::f32, {c.n, c.heads, c.fmt.head_dim});
+  cuda::DeviceTensor err(DType::i32, {1});
+  cuda::fill_bytes(err.view(), 0);
+  const cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
+  const auto stream = static_cast<cudaStream_t>(be.stream());
+  const cudaError_t e = k == Kernel::prefill ? cuda::launch_attention_prefill(p, stream)
+                                             : cuda::launch_attention_mma(p, stream);
+  EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  be.synchronize();
+  const Tensor e_host = cuda::to_host(err);
+  EXPECT_EQ(e_host.data<int32_t>()[0], 0) << "device error word set";
+  return cuda::to_host(out);
+}
+
+struct Case {
+  const char* name;
+  bool csa;         // CSA (ratio csa_ratio, top-k picks) or HCA (ratio hca_ratio, every compressed row)
+  int64_t start_w;  // start = start_w * window + 5: queries below i = window - 1 see the ring
+};
+
+class GpuAttentionPrefill : public ::testing::TestWithParam<Shapes> {};
+
+TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const ops::KvRowFormat f{ops::KvFormat::fp8_ds, s.head_dim, s.rope_dim};
+  ASSERT_TRUE(attention_on_tensor_cores(f, s.heads)) << "the tensor-core paths do not take this shape";
+  // V4 CSA at start 40 * 128 + 5 sees ~1280 compressed rows (512 picks); at start 2 * 128 + 5 only 65..215
+  // (a -1 tail). HCA at 40 * 128 + 5 sees 40..44 rows; at 0 * 128 + 5 none for the first queries.
+  const Case cases[] = {
+      {"csa", true, 40}, {"csa short", true, 2}, {"hca", false, 40}, {"hca first rows", false, 0}};
+  for (const Case& cs : cases)
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{600}}) {
+      if (cs.start_w < 40 && n != 64) continue;  // the edge chunks once
+      const int ratio = static_cast<int>(cs.csa ? s.csa_ratio : s.hca_ratio);
+      const Chunk c = make_chunk(s, ratio, cs.csa, cs.start_w * s.window + 5, n, r);
+      Tensor ref(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(c.host_args(), ref);
+      const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+      const std::string what = cat(s.name, " ", cs.name, " n=", n);
+      expect_close(upload(mine), ref, kTolBf16, cat("prefill kernel vs cpu, ", what));
+      expect_close(upload(old), ref, kTolBf16, cat("decode kernel vs cpu, ", what));
+      expect_close(upload(mine), old, kTolBf16, cat("prefill kernel vs decode kernel, ", what));
+    }
+  cuda::register_backend().check_device_errors();
+}
+
+// The op's choice of kernel: the prefill kernel for a chunk that takes the library GEMMs, the decode kernel
+// under --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each
+// recognised by its exact bits; decode mode never takes the prefill kernel.
+TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::CudaBackend& be = cuda::register_backend();
+  const bool saved_bi = be.batch_invariant(), saved_prefill = cuda::attention_prefill_enabled();
+  const int64_t n = cuda::CudaBackend::library_min_tokens() + 88;
+  // HCA at 100 windows in: over 200 keys a query, so the decode kernel cuts each query in 2 or more splits
+  // and its bits differ from the prefill kernel's (with one split they are the same arithmetic).
+  const Chunk c = make_chunk(s, static_cast<int>(s.hca_ratio), false, 100 * s.window + 5, n, r);
+  const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+  ASSERT_NE(std::memcmp(mine.data<float>(), old.data<float>(), mine.nbytes()), 0)
+      << "the two kernels gave the same bits: this test cannot tell which one the op ran";
+  auto op = [&] {
+    auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});
+    ops::sparse_attention(c.device_args(), out);
+    return cuda::to_host(out);
+  };
+  cuda::AttentionParams p = params_of(c, nullptr, nullptr);
+  struct Mode {
+    const char* name;
+    bool batch_invariant, prefill;
+    const Tensor* expect;
+    cuda::AttentionPath path;
+  };
+  const Mode modes[] = {
+      {"default", false, true, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"--batch-invariant", true, true, &old, cuda::AttentionPath::bf16_tensor_cores},
+      {"TERN_ATTENTION_PREFILL=0", false, false, &old, cuda::AttentionPath::bf16_tensor_cores}};
+  for (const Mode& m : modes) {
+    be.set_batch_invariant(m.batch_invariant);
+    cuda::set_attention_prefill(m.prefill);
+    p.prefill = !m.batch_invariant;  // what CudaBackend::sparse_attention sets at this n
+    EXPECT_EQ(cuda::attention_path(p), m.path) << m.name;
+    std::printf("  %-26s %s\n", m.name, cuda::attention_path_name(cuda::attention_path(p)));
+    const Tensor got = op();
+    EXPECT_EQ(std::memcmp(got.data<float>(), m.expect->data<float>(), got.nbytes()), 0)
+        << m.name << ": the op's bits are not the expected kernel's";
+  }
+  // Decode mode never takes the prefill kernel.
+  p.prefill = true;
+  const int64_t position = c.start;
+  p.positions = &position;  // only compared with null by attention_path
+  cuda::set_attention_prefill(true);
+  EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores);
+  be.set_batch_invariant(saved_bi);
+  cuda::set_attention_prefill(saved_prefill);
+  be.check_device_errors();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionPrefill, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest
