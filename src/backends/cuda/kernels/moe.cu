@@ -223,7 +223,7 @@ struct MoeVariant {
   bool bulk;
   int stages_up, stages_down, consumers, down_mt;
   int job_tokens;     // pairs per job (x window rows): 8, or 4 to make room for a third group of consumers
-  bool pad = false;   // padded stage rows (bulk_produce_octets: no bank conflicts on the A and scale loads)
+  bool pad = false;   // padded stage rows (issue_octets: no bank conflicts on the A and scale loads)
   bool lean = false;  // item bookkeeping by counters, no run-time integer divisions (moe_bulk_kernel LEAN)
 };
 constexpr MoeVariant kMoeVariants[] = {
@@ -297,7 +297,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.tiles = static_cast<int>((out + pl.rows_per_item - 1) / pl.rows_per_item);
   pl.row_bytes = static_cast<int>(row_bytes);
   pl.s_cols = static_cast<int>(s_cols);
-  // Padded (bulk_produce_octets): an octet's rows 4-7 64 bytes further than back to back, so half_off is 64
+  // Padded (issue_octets): an octet's rows 4-7 64 bytes further than back to back, so half_off is 64
   // modulo 128 (row_bytes % 32 == 0; fp4 rows are whole 64-byte chunks). Scale rows one copy each, 16 bytes
   // further apart, where s_cols is a multiple of 32 (a multiple of 128 at V4-Flash: the conflicting case);
   // an odd multiple of 16 is conflict-free as it is, and smaller rows cannot be copied one by one (16-byte

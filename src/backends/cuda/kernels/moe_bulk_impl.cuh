@@ -7,7 +7,7 @@
 // of the same output row and SwiGLU is applied in registers. DOWN: 16*mt rows of w2. A stage is one item:
 // every row whole (the full K), so each (m-tile, matrix) segment is ONE contiguous bulk copy (UP at
 // V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 16*mt rows x 1 KB + scales). The padded layout
-// (plan.pad, bulk_produce_octets) moves rows apart against bank conflicts at the cost of more copies.
+// (plan.pad, issue_octets) moves rows apart against bank conflicts at the cost of more copies.
 // Block: `groups` x `mt * ks` consumer warps (each group decodes its own items; warp u of a group: m-tile
 // u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
 // contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
@@ -40,7 +40,7 @@ struct MoeBulkPlan {
   int smem = 0;
   // Stage layout by octets (8 consecutive rows of one matrix: UP m-tile j holds octets 2j (w1) and 2j + 1
   // (w3), DOWN m-tile j octets 2j, 2j + 1 (its rows 0-7, 8-15)). Unpadded: rows back to back, oct_bytes =
-  // 8 * row_bytes, s_stride = s_cols. Padded (`pad`, see bulk_produce_octets): an octet's rows 4-7 start
+  // 8 * row_bytes, s_stride = s_cols. Padded (`pad`, see issue_octets): an octet's rows 4-7 start
   // half_off = 4 * row_bytes + 64 bytes after its rows 0-3, and scale rows are s_stride apart (an odd
   // multiple of 16) when `pad_scales`.
   bool pad = false, pad_scales = false;
@@ -77,20 +77,17 @@ struct MoeBulkArgs {
   float* y;  // [P, D] by sorted slot
 };
 
-// Producer warp, unpadded layout: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices
-// and first row), then for each item waits for a free slot, arms it and issues its copies, one per lane:
-// for each m-tile j < mt and matrix m (UP: w1, w3; DOWN: w2), the weight rows and their scale rows.
+// Producer warp: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices and first row),
+// then for each item waits for a free slot and has the whole warp issue the item's copies into it:
+// issue(stage, full, r0, w, s) with the slot's memory and full barrier, the item's first matrix row and its
+// matrices' weight and scale pointers (UP: w1, w3; DOWN: w2); issue arms `full` before its copies.
 // LEAN: the stage's slot and parity by a RingCursor instead of divisions by the ring depth.
-template <WFmt F, bool UP, bool LEAN>
+template <bool UP, bool LEAN, class Issue>
 __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRing& ring, uint8_t* smem, int begin,
-                                             int end) {
+                                             int end, Issue issue) {
   const MoeBulkPlan& pl = a.plan;
   const int lane = threadIdx.x & 31;
-  constexpr int kMats = UP ? 2 : 1, kSegRows = UP ? 8 : 16;  // matrix rows per copy
-  const int64_t out = UP ? a.p.inter : a.p.D;
-  const uint32_t seg_w = kSegRows * pl.row_bytes, seg_s = kSegRows * pl.s_cols;
-  const int copies = 2 * kMats * pl.mt;  // <= 32 (mt <= 8)
-  const int j = lane % pl.mt, kind = lane / pl.mt, km = kind % kMats;  // this lane's copy (the same every item)
+  constexpr int kMats = UP ? 2 : 1;
   RingCursor cur;
   for (int b0 = begin; b0 < end; b0 += 32) {
     unsigned long long wq[kMats], sq[kMats];
@@ -118,107 +115,83 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
         w[m] = __shfl_sync(0xffffffffu, wq[m], i);
         s[m] = __shfl_sync(0xffffffffu, sq[m], i);
       }
-      // Segments inside the matrix (out is a multiple of 16, so a segment is whole or absent).
-      const int segs = min(pl.mt, static_cast<int>((out - r0 + kSegRows - 1) / kSegRows));
       const int slot = LEAN ? cur.slot : ring.slot(idx);
       ring.wait_free_at(slot, LEAN ? cur.parity : ring.round_parity(idx));
       if constexpr (LEAN) cur.next(ring.stages);
-      uint64_t* full = &ring.full[slot];
-      if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(segs * kMats) * (seg_w + seg_s));
-      __syncwarp();
-      if (lane < copies) {
-        if (j < segs) {
-          uint8_t* stage = smem + slot * pl.stage_bytes;
-          const int64_t row = r0 + static_cast<int64_t>(kSegRows) * j;
-          const int srow = 16 * j + (UP ? 8 * km : 0);  // first stage row of the segment
-          // (selects, not w[km]: a run-time index would put the arrays in local memory)
-          const unsigned long long wm = km == 0 ? w[0] : w[kMats - 1], sm = km == 0 ? s[0] : s[kMats - 1];
-          if (kind < kMats)
-            bulk_copy_g2s(stage + srow * pl.row_bytes, reinterpret_cast<const uint8_t*>(wm) + row * pl.row_bytes,
-                          seg_w, full);
-          else
-            bulk_copy_g2s(stage + pl.scale_off + srow * pl.s_cols, reinterpret_cast<const uint8_t*>(sm) + row * pl.s_cols,
-                          seg_s, full);
-        }
-      }
+      issue(smem + slot * pl.stage_bytes, &ring.full[slot], r0, w, s);
     }
   }
 }
 
-// Producer warp, padded layout (plan.pad). Why padded: a quarter-warp's 16-byte A loads are lanes g = 2q,
-// 2q + 1 (t = 0..3) at the same columns of two stage rows; back-to-back rows are row_bytes apart, a multiple
-// of 128, so both rows hit the same 16 banks (2 wavefronts per quarter-warp). Here mma row g of an octet is
-// its matrix row (g & 1) * 4 + (g >> 1) (octet_row), and rows 4-7 start half_off = 4 * row_bytes + 64 bytes
-// after rows 0-3: rows g and g + 1 of a quarter-warp are 64 bytes apart modulo 128 (1 wavefront). The
-// scale loads (mxfp4: one byte per row, 8 rows a warp; nvfp4: 8 bytes) are 8-way (4-way) conflicts when
+// An item's copies in the unpadded layout, one per lane: for each m-tile j < mt and matrix m (UP: w1, w3;
+// DOWN: w2), the weight rows and their scale rows (8 rows each for UP, 16 for DOWN: one copy each).
+template <bool UP>
+__device__ __forceinline__ void issue_segments(const MoeBulkPlan& pl, int64_t out, uint8_t* stage, uint64_t* full,
+                                               int r0, const unsigned long long (&w)[UP ? 2 : 1],
+                                               const unsigned long long (&s)[UP ? 2 : 1]) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kMats = UP ? 2 : 1, kSegRows = UP ? 8 : 16;  // matrix rows per copy
+  const uint32_t seg_w = kSegRows * pl.row_bytes, seg_s = kSegRows * pl.s_cols;
+  const int copies = 2 * kMats * pl.mt;  // <= 32 (mt <= 8)
+  // Segments inside the matrix (out is a multiple of 16, so a segment is whole or absent).
+  const int segs = min(pl.mt, static_cast<int>((out - r0 + kSegRows - 1) / kSegRows));
+  if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(segs * kMats) * (seg_w + seg_s));
+  __syncwarp();
+  if (lane < copies) {
+    const int j = lane % pl.mt, kind = lane / pl.mt, m = kind % kMats;
+    if (j < segs) {
+      const int64_t row = r0 + static_cast<int64_t>(kSegRows) * j;
+      const int srow = 16 * j + (UP ? 8 * m : 0);  // first stage row of the segment
+      // (selects, not w[m]: a run-time index would put the arrays in local memory)
+      const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
+      if (kind < kMats)
+        bulk_copy_g2s(stage + srow * pl.row_bytes, reinterpret_cast<const uint8_t*>(wm) + row * pl.row_bytes, seg_w,
+                      full);
+      else
+        bulk_copy_g2s(stage + pl.scale_off + srow * pl.s_cols, reinterpret_cast<const uint8_t*>(sm) + row * pl.s_cols,
+                      seg_s, full);
+    }
+  }
+}
+
+// An item's copies in the padded layout (plan.pad). Why padded: a quarter-warp's 16-byte A loads are lanes
+// g = 2q, 2q + 1 (t = 0..3) at the same columns of two stage rows; back-to-back rows are row_bytes apart, a
+// multiple of 128, so both rows hit the same 16 banks (2 wavefronts per quarter-warp). Here mma row g of an
+// octet is its matrix row (g & 1) * 4 + (g >> 1) (octet_row), and rows 4-7 start half_off = 4 * row_bytes +
+// 64 bytes after rows 0-3: rows g and g + 1 of a quarter-warp are 64 bytes apart modulo 128 (1 wavefront).
+// The scale loads (mxfp4: one byte per row, 8 rows a warp; nvfp4: 8 bytes) are 8-way (4-way) conflicts when
 // scale rows are s_cols (a multiple of 128) apart; with pad_scales they are s_stride (an odd multiple of 16)
 // apart, so the 8 rows fall in 8 distinct 16-byte bank groups. Copies per octet: its rows 0-3 and 4-7 (two
-// of 4 * row_bytes, where the unpadded layout copies 8 or 16 rows at once), and its scale rows: one copy of 8
-// rows, or with pad_scales one per row (s_cols bytes; needs s_cols % 16 == 0). Which matrix row sits in which
-// mma row does not change a bit of any output: mma rows are independent sums in the same k order.
-template <WFmt F, bool UP, bool LEAN>
-__device__ __forceinline__ void bulk_produce_octets(const MoeBulkArgs& a, const BulkRing& ring, uint8_t* smem,
-                                                    int begin, int end) {
-  const MoeBulkPlan& pl = a.plan;
+// of 4 * row_bytes, where the unpadded layout copies 8 or 16 rows at once), and its scale rows: one copy of
+// 8 rows, or with pad_scales one per row (s_cols bytes; the plan pads where s_cols % 32 == 0). Which matrix
+// row sits in which mma row does not change a bit of any output: mma rows are independent sums in the same
+// k order.
+template <bool UP>
+__device__ __forceinline__ void issue_octets(const MoeBulkPlan& pl, int64_t out, uint8_t* stage, uint64_t* full, int r0,
+                                             const unsigned long long (&w)[UP ? 2 : 1],
+                                             const unsigned long long (&s)[UP ? 2 : 1]) {
   const int lane = threadIdx.x & 31;
   constexpr int kMats = UP ? 2 : 1, kTileRows = UP ? 8 : 16;  // matrix rows of an m-tile (of each matrix)
-  const int64_t out = UP ? a.p.inter : a.p.D;
-  const int scale_copies = pl.pad_scales ? 8 : 1, oct_copies = 2 + scale_copies;  // <= 10: one per lane
+  const int oct_copies = 2 + (pl.pad_scales ? 8 : 1);         // <= 10: one per lane
   const uint32_t half_w = 4 * pl.row_bytes, scale_bytes = pl.pad_scales ? pl.s_cols : 8 * pl.s_cols;
-  const uint32_t oct_tx = 8 * (pl.row_bytes + pl.s_cols);  // bytes an octet's copies bring (padding: none)
-  // Lane 0, 1: the octet's rows 0-3, 4-7; lane 2 + k: its scale rows k (pad_scales) or 0-7.
-  const int half = lane & 1, k = lane - 2;
-  RingCursor cur;
-  for (int b0 = begin; b0 < end; b0 += 32) {
-    unsigned long long wq[kMats], sq[kMats];
-    int row0 = 0;
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) wq[m] = sq[m] = 0;
-    if (b0 + lane < end) {
-      const int item = b0 + lane, job = item / pl.tiles;
-      const ExpertDesc& d = a.p.experts[a.jobs[3 * job]];
-      row0 = (item % pl.tiles) * pl.rows_per_item;
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        const int which = UP ? (m == 0 ? 0 : 2) : 1;
-        wq[m] = reinterpret_cast<unsigned long long>(d.w[which]);
-        sq[m] = reinterpret_cast<unsigned long long>(d.s[which]);
-      }
-    }
-    const int nb = min(32, end - b0);
-    for (int i = 0; i < nb; ++i) {
-      const int idx = b0 + i - begin;  // this block's stage sequence
-      const int r0 = __shfl_sync(0xffffffffu, row0, i);
-      unsigned long long w[kMats], s[kMats];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        w[m] = __shfl_sync(0xffffffffu, wq[m], i);
-        s[m] = __shfl_sync(0xffffffffu, sq[m], i);
-      }
-      // Octets inside the matrix (out is a multiple of 16, so an m-tile is whole or absent).
-      const int octs = 2 * min(pl.mt, static_cast<int>((out - r0 + kTileRows - 1) / kTileRows));
-      const int slot = LEAN ? cur.slot : ring.slot(idx);
-      ring.wait_free_at(slot, LEAN ? cur.parity : ring.round_parity(idx));
-      if constexpr (LEAN) cur.next(ring.stages);
-      uint64_t* full = &ring.full[slot];
-      if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(octs) * oct_tx);
-      __syncwarp();
-      if (lane < oct_copies) {
-        uint8_t* stage = smem + slot * pl.stage_bytes;
-        for (int o = 0; o < octs; ++o) {
-          const int m = UP ? (o & 1) : 0;
-          const int64_t row = r0 + 8 * (UP ? o >> 1 : o);  // the octet's first matrix row
-          // (selects, not w[m]: a run-time index would put the arrays in local memory)
-          const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
-          if (lane < 2)
-            bulk_copy_g2s(stage + o * pl.oct_bytes + half * pl.half_off,
-                          reinterpret_cast<const uint8_t*>(wm) + (row + 4 * half) * pl.row_bytes, half_w, full);
-          else
-            bulk_copy_g2s(stage + pl.scale_off + (8 * o + k) * pl.s_stride,
-                          reinterpret_cast<const uint8_t*>(sm) + (row + k) * pl.s_cols, scale_bytes, full);
-        }
-      }
-    }
+  // Octets inside the matrix (out is a multiple of 16, so an m-tile is whole or absent).
+  const int octs = 2 * min(pl.mt, static_cast<int>((out - r0 + kTileRows - 1) / kTileRows));
+  // The bytes the octets' copies bring (the padding is never written).
+  if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(octs) * 8 * (pl.row_bytes + pl.s_cols));
+  __syncwarp();
+  if (lane >= oct_copies) return;
+  const int half = lane & 1, k = lane - 2;  // lane 0, 1: the octet's rows 0-3, 4-7; 2 + k: scale rows k (or 0-7)
+  for (int o = 0; o < octs; ++o) {
+    const int m = UP ? (o & 1) : 0;
+    const int64_t row = r0 + 8 * (UP ? o >> 1 : o);  // the octet's first matrix row
+    // (selects, not w[m]: a run-time index would put the arrays in local memory)
+    const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
+    if (lane < 2)
+      bulk_copy_g2s(stage + o * pl.oct_bytes + half * pl.half_off,
+                    reinterpret_cast<const uint8_t*>(wm) + (row + 4 * half) * pl.row_bytes, half_w, full);
+    else
+      bulk_copy_g2s(stage + pl.scale_off + (8 * o + k) * pl.s_stride,
+                    reinterpret_cast<const uint8_t*>(sm) + (row + k) * pl.s_cols, scale_bytes, full);
   }
 }
 
@@ -347,8 +320,15 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   }
   __syncthreads();
   if (warp == consumers) {
-    if (pl.pad) bulk_produce_octets<F, UP, LEAN>(a, ring, smem, begin, end);
-    else bulk_produce<F, UP, LEAN>(a, ring, smem, begin, end);
+    const int64_t out = UP ? p.inter : p.D;
+    if (pl.pad)
+      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+        issue_octets<UP>(pl, out, stage, full, r0, w, s);
+      });
+    else
+      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+        issue_segments<UP>(pl, out, stage, full, r0, w, s);
+      });
     grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
     return;
   }
@@ -357,7 +337,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
   const int group = warp / units, u = warp % units, mtile = u / pl.ks, slice = u % pl.ks;
   // The lane's mma row g is matrix row prow of its octets (octet 2 * mtile: w1 / rows 0-7, 2 * mtile + 1:
-  // w3 / rows 8-15; bulk_produce_octets says why the padded layout permutes them).
+  // w3 / rows 8-15; issue_octets says why the padded layout permutes them).
   const int prow = octet_row(pl.pad, g);
   const int w_in_octet = pl.pad ? (g & 1) * pl.half_off + (g >> 1) * pl.row_bytes : g * pl.row_bytes;
   constexpr int kWord = scale_word_bytes<F>();
