@@ -370,7 +370,7 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
         const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
                                      name, "; ", path, ")");
         // The path names what ran: a variant's layout or bookkeeping never falls back silently.
-        for (const char* feature : {"padded rows", "counters"})
+        for (const char* feature : {"padded rows", "(not scales)", "counters"})
           EXPECT_EQ(path.find(feature) != std::string::npos, name.find(feature) != std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});

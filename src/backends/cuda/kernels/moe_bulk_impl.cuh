@@ -50,10 +50,10 @@ struct MoeBulkPlan {
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
 // at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item, jobs of at most `job_tokens`
-// (<= 8) pairs, the padded stage layout or not and the bookkeeping by counters or not; !ok when the shape
-// does not fit the kernel.
+// (<= 8) pairs, the padded stage layout (rows; scale rows too with pad_scales) or not and the bookkeeping by
+// counters or not; !ok when the shape does not fit the kernel.
 MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
-                          bool pad, bool lean);
+                          bool pad, bool pad_scales, bool lean);
 
 template <dev::WFmt F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
