@@ -289,8 +289,9 @@ TEST_P(GpuV4, MoeExperts) {
     const bool fp4 = f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
     // FP4: the bulk-copy kernels at 1, 3, 8, 16, 40 and 64 tokens (jobs of 1 to 8 pairs, experts split over
     // jobs, job changes inside a block while the other warp group still decodes the previous job),
-    // 100 tokens on the register kernel; every kernel variant (ring depth, warps, item size, the register
-    // kernel forced) against the same reference. Other formats: the register kernel.
+    // 100 tokens on the register kernel; every kernel variant (ring depth, warps, item size, padded stage
+    // rows, counters for the bookkeeping, the register kernel forced) against the same reference. Other
+    // formats: the register kernel.
     cuda::CudaBackend& be = cuda::register_backend();
     const int variants = fp4 ? cuda::CudaBackend::moe_variants() : 1;
     for (int64_t T : fp4 ? std::vector<int64_t>{1, 3, 8, 16, 40, 64, 100} : std::vector<int64_t>{1, 16, 70}) {
@@ -334,6 +335,58 @@ TEST_P(GpuV4, MoeExperts) {
     }
   }
   cuda::register_backend().check_device_errors();
+}
+
+// Every expert-kernel variant takes its K slices from the weight shape alone (moe_k_slices) and adds each
+// output's slices in slice order, chunks in column order: so every variant, the register kernel included,
+// must give variant 0's bits, not merely bits close to the reference. This is what makes the variants 5-7 of
+// session 9 (padded stage rows, counters for the bookkeeping) safe to make the default, and what batch
+// invariance needs of the register kernel. A variant that changes the summation order must be left out here
+// by name (and be kept away from serving). Fresh random data, V4-Flash's width and depth (and the fixture's).
+TEST_P(GpuV4, MoeVariantsBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4}) {
+    const RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (int64_t T : {1, 5, 16, 64}) {
+      Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx(DType::i32, {T, k});
+      for (int64_t t = 0; t < T; ++t) {  // distinct experts per token, any of them
+        std::vector<int32_t> all(E);
+        std::iota(all.begin(), all.end(), 0);
+        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
+        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+      }
+      auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      be.set_moe_variant(0);
+      auto base = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, base});
+      const Tensor base_h = cuda::to_host(base);
+      for (int v = 1; v < cuda::CudaBackend::moe_variants(); ++v) {
+        be.set_moe_variant(v);
+        const std::string name = cuda::CudaBackend::moe_variant_name(v), path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
+                                     name, "; ", path, ")");
+        // The path names what ran: a variant's layout or bookkeeping never falls back silently.
+        for (const char* feature : {"padded rows", "(not scales)", "counters"})
+          EXPECT_EQ(path.find(feature) != std::string::npos, name.find(feature) != std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        const Tensor out_h = cuda::to_host(out);
+        int64_t differ = 0, at = -1;
+        for (int64_t i = 0; i < T * D; ++i)
+          if (std::memcmp(out_h.data<float>() + i, base_h.data<float>() + i, 4) != 0 && differ++ == 0) at = i;
+        EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << T * D << " outputs differ from variant 0's bits"
+                             << (at >= 0 ? cat(", first at token ", at / D, " column ", at % D) : std::string());
+      }
+      be.set_moe_variant(0);
+    }
+  }
+  be.check_device_errors();
 }
 
 // The device table of expert pointers is cached per expert list: replacing a middle expert of the same list

@@ -107,9 +107,10 @@ class CudaBackend final : public ops::Backend {
   double library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps);
   double library_moe_us(int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
 
-  // Variants of the routed-expert kernels (ring depth, warps, or the register kernel forced; names in
-  // moe_variant_name order): the benchmark and the GPU test sweep them. 0, the default, is what serving
-  // runs; set another only in a benchmark or test (results differ in the last bits between variants).
+  // Variants of the routed-expert kernels (ring depth, warps, stage layout, bookkeeping, or the register
+  // kernel forced; names in moe_variant_name order): the benchmark and the GPU test sweep them. 0, the
+  // default, is what serving runs; set another only in a benchmark or test (all give the same bits: see
+  // moe.cuh).
   static int moe_variants();
   static std::string moe_variant_name(int variant);
   void set_moe_variant(int variant);

@@ -117,17 +117,35 @@ struct BulkRing {
   __device__ uint32_t round_parity(int i) const { return static_cast<uint32_t>((i / stages) & 1); }
 
   // Producer: waits until stage i's slot is free (its previous round released by every consumer warp).
-  __device__ void wait_free(int i) const { mbar_wait(&empty[slot(i)], round_parity(i) ^ 1u); }
+  __device__ void wait_free(int i) const { wait_free_at(slot(i), round_parity(i)); }
   // Producer, one thread: arms stage i's slot for `bytes` of copies (issue them after, on full_bar(i)).
   __device__ void arm(int i, uint32_t bytes) const { mbar_arrive_expect_tx(&full[slot(i)], bytes); }
   __device__ uint64_t* full_bar(int i) const { return &full[slot(i)]; }
   // Consumer: waits until stage i's bytes have landed.
-  __device__ void wait_full(int i) const { mbar_wait(&full[slot(i)], round_parity(i)); }
+  __device__ void wait_full(int i) const { wait_full_at(slot(i), round_parity(i)); }
   // Consumer warp, all lanes: done reading stage i's slot (fence, then one arrival per warp).
-  __device__ void release(int i) const {
+  __device__ void release(int i) const { release_at(slot(i)); }
+
+  // The same by (slot, round parity) of a stage, for walks that keep them in a RingCursor (no divisions).
+  __device__ void wait_free_at(int s, uint32_t parity) const { mbar_wait(&empty[s], parity ^ 1u); }
+  __device__ void wait_full_at(int s, uint32_t parity) const { mbar_wait(&full[s], parity); }
+  __device__ void release_at(int s) const {
     fence_proxy_async_smem();
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[slot(i)]);
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
+  }
+};
+
+// Stage i's slot (i % stages) and round parity ((i / stages) & 1), kept by counting while a loop walks the
+// stages in order: the per-stage integer divisions by the run-time ring depth become an add and a compare.
+struct RingCursor {
+  int slot = 0;
+  uint32_t parity = 0;
+  __device__ void next(int stages) {
+    if (++slot == stages) {
+      slot = 0;
+      parity ^= 1u;
+    }
   }
 };
 

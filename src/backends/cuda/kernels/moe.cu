@@ -1,4 +1,7 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
+#include <string>
+#include <vector>
+
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
 
@@ -222,7 +225,10 @@ struct MoeVariant {
   const char* name;
   bool bulk;
   int stages_up, stages_down, consumers, down_mt;
-  int job_tokens;  // pairs per job (x window rows): 8, or 4 to make room for a third group of consumers
+  int job_tokens;     // pairs per job (x window rows): 8, or 4 to make room for a third group of consumers
+  bool pad = false;         // padded stage rows (issue_octets: no bank conflicts on the A loads)
+  bool pad_scales = false;  // and padded scale rows (one copy each: no bank conflicts on the scale loads)
+  bool lean = false;        // item bookkeeping by counters, no run-time integer divisions (moe_bulk_kernel LEAN)
 };
 constexpr MoeVariant kMoeVariants[] = {
     // 0: measured fastest on the H200 (session 8: 56.9 / 441.0 / 1212.7 us at T = 1 / 16 / 64, mxfp4, against
@@ -235,6 +241,14 @@ constexpr MoeVariant kMoeVariants[] = {
     {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1, 8},
     {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2, 8},
     {"register kernel", false, 0, 0, 0, 0, 8},
+    // 5-8 (session 9, issue #14): variant 0 with padded stage rows and scale rows, with counters for the
+    // bookkeeping, with both, and with padded stage rows only (the scale rows' 8-40 small copies an item
+    // left out). The same items, K slices and sums as 0: the same bits (GpuV4.MoeVariantsBitIdentical).
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows", true, 5, 5, 24, 2, 4, true, true, false},
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, counters", true, 5, 5, 24, 2, 4, false, false, true},
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows, counters", true, 5, 5, 24, 2, 4, true, true, true},
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows (not scales)", true, 5, 5, 24, 2, 4, true, false,
+     false},
 };
 constexpr int kNumMoeVariants = static_cast<int>(sizeof(kMoeVariants) / sizeof(kMoeVariants[0]));
 
@@ -253,8 +267,8 @@ BulkPlans bulk_plans(const MoeParams& p) {
   if (!v.bulk || (p.kind != WeightKind::mxfp4 && p.kind != WeightKind::nvfp4) || p.T > kMoeBulkMaxTokens ||
       !p.experts_aligned)
     return b;
-  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens);
-  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens);
+  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, v.lean);
+  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens, v.pad, v.pad_scales, v.lean);
   b.ok = b.up.ok && b.down.ok;
   return b;
 }
@@ -266,7 +280,8 @@ const char* moe_variant_name(int variant) {
   return variant >= 0 && variant < kNumMoeVariants ? kMoeVariants[variant].name : "unknown";
 }
 
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens) {
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
+                          bool pad, bool pad_scales, bool lean) {
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
   const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
@@ -289,8 +304,20 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.tiles = static_cast<int>((out + pl.rows_per_item - 1) / pl.rows_per_item);
   pl.row_bytes = static_cast<int>(row_bytes);
   pl.s_cols = static_cast<int>(s_cols);
-  pl.scale_off = static_cast<int>(16 * mt * row_bytes);
-  pl.stage_bytes = static_cast<int>((pl.scale_off + 16 * mt * s_cols + 127) / 128 * 128);
+  // Padded (issue_octets): an octet's rows 4-7 64 bytes further than back to back, so half_off is 64
+  // modulo 128 (row_bytes % 32 == 0; fp4 rows are whole 64-byte chunks). With pad_scales, scale rows one
+  // copy each, 16 bytes further apart, where s_cols is a multiple of 32 (a multiple of 128 at V4-Flash: the
+  // conflicting case); an odd multiple of 16 is conflict-free as it is, and smaller rows cannot be copied
+  // one by one (16-byte sizes): both stay contiguous.
+  pl.lean = lean;
+  pl.pad = pad;
+  if (pad && row_bytes % 32 != 0) return pl;
+  pl.pad_scales = pad && pad_scales && s_cols % 32 == 0;
+  pl.half_off = pad ? static_cast<int>(4 * row_bytes + 64) : 0;
+  pl.oct_bytes = static_cast<int>(8 * row_bytes + (pad ? 64 : 0));
+  pl.s_stride = static_cast<int>(s_cols + (pl.pad_scales ? 16 : 0));
+  pl.scale_off = 2 * mt * pl.oct_bytes;
+  pl.stage_bytes = (pl.scale_off + 16 * mt * pl.s_stride + 127) / 128 * 128;
   pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
   pl.job_tokens = job_tokens;
   const int win_bytes = job_tokens * pl.win_stride;
@@ -321,8 +348,19 @@ int moe_bulk_job_tokens(const MoeParams& p) { return variant_of(p).job_tokens; }
 int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
 
 const char* moe_path_name(const MoeParams& p) {
-  return moe_bulk_taken(p) ? "moe_plan + moe_bulk up/down (bulk-copy ring) + moe_combine"
-                           : "moe_plan + moe_expert up/down + moe_combine";
+  if (!moe_bulk_taken(p)) return "moe_plan + moe_expert up/down + moe_combine";
+  // One name per variant, built once: the bulk kernels and what the variant changes in them.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const MoeVariant& v : kMoeVariants) {
+      std::string what = "bulk-copy ring";
+      if (v.pad) what += v.pad_scales ? ", padded rows" : ", padded rows (not scales)";
+      if (v.lean) what += ", counters";
+      n.push_back("moe_plan + moe_bulk up/down (" + what + ") + moe_combine");
+    }
+    return n;
+  }();
+  return names[&variant_of(p) - kMoeVariants].c_str();
 }
 
 namespace {

@@ -47,9 +47,10 @@ struct MoeParams {
   int variant = 0;  // index into the moe_variant_* list (0: the default; others for benchmarks and tests)
 };
 
-// Variants of the expert kernels (ring depth, consumer warps, or the register kernel forced): index 0 is
-// what runs by default; the benchmark and the GPU test sweep all of them. Results are batch-invariant within
-// a variant; different variants may differ in the last bits (another K split).
+// Variants of the expert kernels (ring depth, consumer warps, stage layout, bookkeeping, or the register
+// kernel forced): index 0 is what runs by default; the benchmark and the GPU test sweep all of them. Every
+// variant takes the K split from the shape alone (moe_k_slices), so all give the same bits
+// (GpuV4.MoeVariantsBitIdentical); one that changed the summation order would have to say so here.
 int moe_variant_count();
 const char* moe_variant_name(int variant);
 

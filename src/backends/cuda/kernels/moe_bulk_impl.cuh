@@ -6,7 +6,8 @@
 // rows 16j..16j+7 = w1, 16j+8..16j+15 = w3), so one m16n8k16 tile gives a lane w1x (c0, c1) and w3x (c2, c3)
 // of the same output row and SwiGLU is applied in registers. DOWN: 16*mt rows of w2. A stage is one item:
 // every row whole (the full K), so each (m-tile, matrix) segment is ONE contiguous bulk copy (UP at
-// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 16*mt rows x 1 KB + scales).
+// V4-Flash: 8 rows x 2 KB = 16 KB twice + scales; DOWN: 16*mt rows x 1 KB + scales). The padded layout
+// (plan.pad, issue_octets) moves rows apart against bank conflicts at the cost of more copies.
 // Block: `groups` x `mt * ks` consumer warps (each group decodes its own items; warp u of a group: m-tile
 // u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
 // contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
@@ -37,12 +38,22 @@ struct MoeBulkPlan {
   int win_off = 0, win_stride = 0, red_off = 0, cnt_off = 0, bar_off = 0;
   int job_tokens = 8;             // pairs per job: x window rows (lanes g >= job_tokens read the last row)
   int smem = 0;
+  // Stage layout by octets (8 consecutive rows of one matrix: UP m-tile j holds octets 2j (w1) and 2j + 1
+  // (w3), DOWN m-tile j octets 2j, 2j + 1 (its rows 0-7, 8-15)). Unpadded: rows back to back, oct_bytes =
+  // 8 * row_bytes, s_stride = s_cols. Padded (`pad`, see issue_octets): an octet's rows 4-7 start
+  // half_off = 4 * row_bytes + 64 bytes after its rows 0-3, and scale rows are s_stride apart (an odd
+  // multiple of 16) when `pad_scales`.
+  bool pad = false, pad_scales = false;
+  bool lean = false;  // the bookkeeping by counters (RingCursor, job and tile counters): no integer divisions
+  int oct_bytes = 0, half_off = 0, s_stride = 0;
 };
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
-// at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item and jobs of at most
-// `job_tokens` (<= 8) pairs; !ok when the shape does not fit the kernel.
-MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens);
+// at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item, jobs of at most `job_tokens`
+// (<= 8) pairs, the padded stage layout (rows; scale rows too with pad_scales) or not and the bookkeeping by
+// counters or not; !ok when the shape does not fit the kernel.
+MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
+                          bool pad, bool pad_scales, bool lean);
 
 template <dev::WFmt F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
@@ -67,17 +78,17 @@ struct MoeBulkArgs {
 };
 
 // Producer warp: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices and first row),
-// then for each item waits for a free slot, arms it and issues its copies, one per lane: for each m-tile
-// j < mt and matrix m (UP: w1, w3; DOWN: w2), the weight rows and their scale rows.
-template <WFmt F, bool UP>
+// then for each item waits for a free slot and has the whole warp issue the item's copies into it:
+// issue(stage, full, r0, w, s) with the slot's memory and full barrier, the item's first matrix row and its
+// matrices' weight and scale pointers (UP: w1, w3; DOWN: w2); issue arms `full` before its copies.
+// LEAN: the stage's slot and parity by a RingCursor instead of divisions by the ring depth.
+template <bool UP, bool LEAN, class Issue>
 __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRing& ring, uint8_t* smem, int begin,
-                                             int end) {
+                                             int end, Issue issue) {
   const MoeBulkPlan& pl = a.plan;
   const int lane = threadIdx.x & 31;
-  constexpr int kMats = UP ? 2 : 1, kSegRows = UP ? 8 : 16;  // matrix rows per copy
-  const int64_t out = UP ? a.p.inter : a.p.D;
-  const uint32_t seg_w = kSegRows * pl.row_bytes, seg_s = kSegRows * pl.s_cols;
-  const int copies = 2 * kMats * pl.mt;  // <= 32 (mt <= 8)
+  constexpr int kMats = UP ? 2 : 1;
+  RingCursor cur;
   for (int b0 = begin; b0 < end; b0 += 32) {
     unsigned long long wq[kMats], sq[kMats];
     int row0 = 0;
@@ -104,30 +115,88 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
         w[m] = __shfl_sync(0xffffffffu, wq[m], i);
         s[m] = __shfl_sync(0xffffffffu, sq[m], i);
       }
-      // Segments inside the matrix (out is a multiple of 16, so a segment is whole or absent).
-      const int segs = min(pl.mt, static_cast<int>((out - r0 + kSegRows - 1) / kSegRows));
-      ring.wait_free(idx);
-      if (lane == 0) ring.arm(idx, static_cast<uint32_t>(segs * kMats) * (seg_w + seg_s));
-      __syncwarp();
-      if (lane < copies) {
-        const int j = lane % pl.mt, kind = lane / pl.mt, m = kind % kMats;
-        if (j < segs) {
-          uint8_t* stage = smem + ring.slot(idx) * pl.stage_bytes;
-          const int64_t row = r0 + static_cast<int64_t>(kSegRows) * j;
-          const int srow = 16 * j + (UP ? 8 * m : 0);  // first stage row of the segment
-          // (selects, not w[m]: a run-time index would put the arrays in local memory)
-          const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
-          if (kind < kMats)
-            bulk_copy_g2s(stage + srow * pl.row_bytes, reinterpret_cast<const uint8_t*>(wm) + row * pl.row_bytes,
-                          seg_w, ring.full_bar(idx));
-          else
-            bulk_copy_g2s(stage + pl.scale_off + srow * pl.s_cols, reinterpret_cast<const uint8_t*>(sm) + row * pl.s_cols,
-                          seg_s, ring.full_bar(idx));
-        }
-      }
+      const int slot = LEAN ? cur.slot : ring.slot(idx);
+      ring.wait_free_at(slot, LEAN ? cur.parity : ring.round_parity(idx));
+      if constexpr (LEAN) cur.next(ring.stages);
+      issue(smem + slot * pl.stage_bytes, &ring.full[slot], r0, w, s);
     }
   }
 }
+
+// An item's copies in the unpadded layout, one per lane: for each m-tile j < mt and matrix m (UP: w1, w3;
+// DOWN: w2), the weight rows and their scale rows (8 rows each for UP, 16 for DOWN: one copy each).
+template <bool UP>
+__device__ __forceinline__ void issue_segments(const MoeBulkPlan& pl, int64_t out, uint8_t* stage, uint64_t* full,
+                                               int r0, const unsigned long long (&w)[UP ? 2 : 1],
+                                               const unsigned long long (&s)[UP ? 2 : 1]) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kMats = UP ? 2 : 1, kSegRows = UP ? 8 : 16;  // matrix rows per copy
+  const uint32_t seg_w = kSegRows * pl.row_bytes, seg_s = kSegRows * pl.s_cols;
+  const int copies = 2 * kMats * pl.mt;  // <= 32 (mt <= 8)
+  // Segments inside the matrix (out is a multiple of 16, so a segment is whole or absent).
+  const int segs = min(pl.mt, static_cast<int>((out - r0 + kSegRows - 1) / kSegRows));
+  if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(segs * kMats) * (seg_w + seg_s));
+  __syncwarp();
+  if (lane < copies) {
+    const int j = lane % pl.mt, kind = lane / pl.mt, m = kind % kMats;
+    if (j < segs) {
+      const int64_t row = r0 + static_cast<int64_t>(kSegRows) * j;
+      const int srow = 16 * j + (UP ? 8 * m : 0);  // first stage row of the segment
+      // (selects, not w[m]: a run-time index would put the arrays in local memory)
+      const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
+      if (kind < kMats)
+        bulk_copy_g2s(stage + srow * pl.row_bytes, reinterpret_cast<const uint8_t*>(wm) + row * pl.row_bytes, seg_w,
+                      full);
+      else
+        bulk_copy_g2s(stage + pl.scale_off + srow * pl.s_cols, reinterpret_cast<const uint8_t*>(sm) + row * pl.s_cols,
+                      seg_s, full);
+    }
+  }
+}
+
+// An item's copies in the padded layout (plan.pad). Why padded: a quarter-warp's 16-byte A loads are lanes
+// g = 2q, 2q + 1 (t = 0..3) at the same columns of two stage rows; back-to-back rows are row_bytes apart, a
+// multiple of 128, so both rows hit the same 16 banks (2 wavefronts per quarter-warp). Here mma row g of an
+// octet is its matrix row (g & 1) * 4 + (g >> 1) (octet_row), and rows 4-7 start half_off = 4 * row_bytes +
+// 64 bytes after rows 0-3: rows g and g + 1 of a quarter-warp are 64 bytes apart modulo 128 (1 wavefront).
+// The scale loads (mxfp4: one byte per row, 8 rows a warp; nvfp4: 8 bytes) are 8-way (4-way) conflicts when
+// scale rows are s_cols (a multiple of 128) apart; with pad_scales they are s_stride (an odd multiple of 16)
+// apart, so the 8 rows fall in 8 distinct 16-byte bank groups. Copies per octet: its rows 0-3 and 4-7 (two
+// of 4 * row_bytes, where the unpadded layout copies 8 or 16 rows at once), and its scale rows: one copy of
+// 8 rows, or with pad_scales one per row (s_cols bytes; the plan pads where s_cols % 32 == 0). Which matrix
+// row sits in which mma row does not change a bit of any output: mma rows are independent sums in the same
+// k order.
+template <bool UP>
+__device__ __forceinline__ void issue_octets(const MoeBulkPlan& pl, int64_t out, uint8_t* stage, uint64_t* full, int r0,
+                                             const unsigned long long (&w)[UP ? 2 : 1],
+                                             const unsigned long long (&s)[UP ? 2 : 1]) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kMats = UP ? 2 : 1, kTileRows = UP ? 8 : 16;  // matrix rows of an m-tile (of each matrix)
+  const int oct_copies = 2 + (pl.pad_scales ? 8 : 1);         // <= 10: one per lane
+  const uint32_t half_w = 4 * pl.row_bytes, scale_bytes = pl.pad_scales ? pl.s_cols : 8 * pl.s_cols;
+  // Octets inside the matrix (out is a multiple of 16, so an m-tile is whole or absent).
+  const int octs = 2 * min(pl.mt, static_cast<int>((out - r0 + kTileRows - 1) / kTileRows));
+  // The bytes the octets' copies bring (the padding is never written).
+  if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(octs) * 8 * (pl.row_bytes + pl.s_cols));
+  __syncwarp();
+  if (lane >= oct_copies) return;
+  const int half = lane & 1, k = lane - 2;  // lane 0, 1: the octet's rows 0-3, 4-7; 2 + k: scale rows k (or 0-7)
+  for (int o = 0; o < octs; ++o) {
+    const int m = UP ? (o & 1) : 0;
+    const int64_t row = r0 + 8 * (UP ? o >> 1 : o);  // the octet's first matrix row
+    // (selects, not w[m]: a run-time index would put the arrays in local memory)
+    const unsigned long long wm = m == 0 ? w[0] : w[kMats - 1], sm = m == 0 ? s[0] : s[kMats - 1];
+    if (lane < 2)
+      bulk_copy_g2s(stage + o * pl.oct_bytes + half * pl.half_off,
+                    reinterpret_cast<const uint8_t*>(wm) + (row + 4 * half) * pl.row_bytes, half_w, full);
+    else
+      bulk_copy_g2s(stage + pl.scale_off + (8 * o + k) * pl.s_stride,
+                    reinterpret_cast<const uint8_t*>(sm) + (row + k) * pl.s_cols, scale_bytes, full);
+  }
+}
+
+// The matrix row (within its octet) that mma row g of a lane holds: g, or octet_row in the padded layout.
+__device__ __forceinline__ int octet_row(bool pad, int g) { return pad ? (g & 1) * 4 + (g >> 1) : g; }
 
 // This lane's shared-memory offsets for the consumer loop: its two weight rows (16*mtile + g, +8) at its
 // 16-byte run t of the first chunk of its K slice, its scale byte(s) there, and token g's x at the same
@@ -184,25 +253,26 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
 
 // Stores m-tile `mtile` of an item from its finished sums v (the mma C fragment of this lane): UP applies
 // SwiGLU (c0, c1: the w1 row, c2, c3: the w3 row, same matrix row) into h, DOWN writes y.
+// prow: the matrix row (within its octet) of the lane's mma row g (octet_row).
 template <bool UP>
-__device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_row0, int mtile, int first, int count,
-                                           const float (&mult)[2], const float (&v)[4]) {
+__device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_row0, int mtile, int prow, int first,
+                                           int count, const float (&mult)[2], const float (&v)[4]) {
   const MoeParams& p = a.p;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int t = threadIdx.x & 3;
   const int64_t out = UP ? p.inter : p.D;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {  // tokens 2t, 2t+1 of the n-tile
     const int slot = 2 * t + q;
     if (slot >= count) continue;
     if constexpr (UP) {
-      const int64_t row = tile_row0 + 8 * mtile + g;
+      const int64_t row = tile_row0 + 8 * mtile + prow;
       if (row < out) {
         const float gate = v[q] * mult[0], up = v[2 + q] * mult[1];
         a.h[static_cast<int64_t>(first + slot) * p.inter + row] =
             siluf_(fminf(gate, p.limit)) * fminf(fmaxf(up, -p.limit), p.limit);
       }
     } else {
-      const int64_t row = tile_row0 + 16 * mtile + g;
+      const int64_t row = tile_row0 + 16 * mtile + prow;
       float* dst = a.y + static_cast<int64_t>(first + slot) * p.D;
       if (row < out) dst[row] = v[q] * mult[0];
       if (row + 8 < out) dst[row + 8] = v[2 + q] * mult[0];
@@ -218,7 +288,10 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // (any warp may be last: the sum does not depend on which). The slot's partials are reused only after
 // the ring refilled the slot, i.e. after every warp of the item released it, and warps release only
 // after their count (the last one after its stores).
-template <WFmt F, bool UP, bool WIDE>
+// LEAN: the item bookkeeping (job = item / tiles, tile = item % tiles, the group's turn idx % groups, the
+// ring slot and parity) by counters advanced once per item instead of run-time integer divisions; the
+// same items, slots and sums.
+template <WFmt F, bool UP, bool WIDE, bool LEAN>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh): nothing before the wait. The weights never change, but WHICH rows to copy comes from
   // the plan kernel's job list (num_jobs sets the block's item range, jobs the experts): written every step
@@ -247,17 +320,29 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   }
   __syncthreads();
   if (warp == consumers) {
-    bulk_produce<F, UP>(a, ring, smem, begin, end);
+    const int64_t out = UP ? p.inter : p.D;
+    if (pl.pad)
+      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+        issue_octets<UP>(pl, out, stage, full, r0, w, s);
+      });
+    else
+      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+        issue_segments<UP>(pl, out, stage, full, r0, w, s);
+      });
     grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
     return;
   }
 
   const int64_t in = UP ? p.D : p.inter;
   const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
-  const int group = warp / units, u = warp % units, mtile = u / pl.ks, slice = u % pl.ks, srow = 16 * mtile + g;
+  const int group = warp / units, u = warp % units, mtile = u / pl.ks, slice = u % pl.ks;
+  // The lane's mma row g is matrix row prow of its octets (octet 2 * mtile: w1 / rows 0-7, 2 * mtile + 1:
+  // w3 / rows 8-15; issue_octets says why the padded layout permutes them).
+  const int prow = octet_row(pl.pad, g);
+  const int w_in_octet = pl.pad ? (g & 1) * pl.half_off + (g >> 1) * pl.row_bytes : g * pl.row_bytes;
   constexpr int kWord = scale_word_bytes<F>();
-  const LaneOffsets lo{static_cast<uint32_t>(srow * pl.row_bytes + per * slice * 64 + t * 16),
-                       static_cast<uint32_t>(pl.scale_off + srow * pl.s_cols + per * slice * kWord +
+  const LaneOffsets lo{static_cast<uint32_t>(2 * mtile * pl.oct_bytes + w_in_octet + per * slice * 64 + t * 16),
+                       static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
                                              (F == WFmt::mxfp4 ? t : 0)),
                        static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
                                              per * slice * XWindow<F>::kChunkBytes + t * 16)};
@@ -267,42 +352,41 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
 
   int cur_job = -1, first = 0, count = 0;
   float mult[2] = {1.0f, 1.0f};
-  for (int item = begin; item < end; ++item) {
-    const int idx = item - begin, job = item / pl.tiles;
-    if (job != cur_job) {  // every consumer warp (all groups): stage the job's x (UP) or h (DOWN) rows as bf16
-      named_bar_sync(1, threads);  // every consumer warp is done with the previous window
-      cur_job = job;
-      const int e = a.jobs[3 * job];
-      first = a.jobs[3 * job + 1];
-      count = a.jobs[3 * job + 2];
-      const ExpertDesc& d = p.experts[e];
+  // Every consumer warp (all groups) at each item: when the item starts a job, stage the job's x (UP) or h
+  // (DOWN) rows as bf16.
+  auto enter_job = [&](int job) {
+    if (job == cur_job) return;
+    named_bar_sync(1, threads);  // every consumer warp is done with the previous window
+    cur_job = job;
+    const int e = a.jobs[3 * job];
+    first = a.jobs[3 * job + 1];
+    count = a.jobs[3 * job + 2];
+    const ExpertDesc& d = p.experts[e];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int which = UP ? (m == 0 ? 0 : 2) : 1;
-        mult[m] = kWeightShift * (F == WFmt::nvfp4 ? d.global_scale[which] : 1.0f);
-      }
-      auto xrow = [&](int i) -> const float* {
-        if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
-        else return a.h + static_cast<int64_t>(first + i) * p.inter;
-      };
-      stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
-      named_bar_sync(1, threads);
+    for (int m = 0; m < 2; ++m) {
+      const int which = UP ? (m == 0 ? 0 : 2) : 1;
+      mult[m] = kWeightShift * (F == WFmt::nvfp4 ? d.global_scale[which] : 1.0f);
     }
-    if (idx % groups != group) continue;  // another group's item
-
+    auto xrow = [&](int i) -> const float* {
+      if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
+      else return a.h + static_cast<int64_t>(first + i) * p.inter;
+    };
+    stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    named_bar_sync(1, threads);
+  };
+  // This group's item: tile `tile` of the current job, in ring slot `slot` of round parity `parity`.
+  auto decode = [&](int tile, int slot, uint32_t parity) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    ring.wait_full(idx);
-    const int slot = ring.slot(idx);
-    bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, 8 * pl.row_bytes, 8 * pl.s_cols, smem0 + pl.win_off, per,
-                    acc);
-    const int64_t tile_row0 = static_cast<int64_t>(item % pl.tiles) * pl.rows_per_item;
+    ring.wait_full_at(slot, parity);
+    bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, pl.oct_bytes, 8 * pl.s_stride, smem0 + pl.win_off, per, acc);
+    const int64_t tile_row0 = static_cast<int64_t>(tile) * pl.rows_per_item;
     if (pl.ks == 1) {  // one slice: the warp finishes its m-tile ((0 + s0): -0 becomes +0, as the sums below)
       float v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = 0.0f + acc[i];
-      bulk_store<UP>(a, tile_row0, mtile, first, count, mult, v);
-      ring.release(idx);
-      continue;
+      bulk_store<UP>(a, tile_row0, mtile, prow, first, count, mult, v);
+      ring.release_at(slot);
+      return;
     }
     float* parts = red + slot * units * 128;
 #pragma unroll
@@ -322,29 +406,54 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
           for (int sl = 0; sl < pl.ks; ++sl) s += parts[((m * pl.ks + sl) * 4 + i) * 32 + lane];
           v[i] = s;
         }
-        bulk_store<UP>(a, tile_row0, m, first, count, mult, v);
+        bulk_store<UP>(a, tile_row0, m, prow, first, count, mult, v);
       }
       if (lane == 0) arrived[slot] = 0;  // for the slot's next item (after the ring refilled it)
     }
-    ring.release(idx);
+    ring.release_at(slot);
+  };
+  if constexpr (LEAN) {
+    int job = begin / pl.tiles, tile = begin - job * pl.tiles, turn = 0;  // turn: (item - begin) % groups
+    RingCursor cur;
+    for (int item = begin; item < end; ++item) {
+      enter_job(job);
+      if (turn == group) decode(tile, cur.slot, cur.parity);
+      cur.next(pl.stages);
+      if (++turn == groups) turn = 0;
+      if (++tile == pl.tiles) tile = 0, ++job;
+    }
+  } else {
+    for (int item = begin; item < end; ++item) {
+      const int idx = item - begin;
+      enter_job(item / pl.tiles);
+      if (idx % groups != group) continue;  // another group's item
+      decode(item % pl.tiles, ring.slot(idx), ring.round_parity(idx));
+    }
   }
 }
 
-template <WFmt F, bool UP, bool WIDE>
+template <WFmt F, bool UP, bool WIDE, bool LEAN>
 void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkMaxSmem);
+    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kBulkMaxSmem);
     return true;
   }();
   (void)attr;
   const int threads = (a.plan.consumers + 1) * 32;
-  launch(moe_bulk_kernel<F, UP, WIDE>, grid, threads, a.plan.smem, stream, a);
+  launch(moe_bulk_kernel<F, UP, WIDE, LEAN>, grid, threads, a.plan.smem, stream, a);
 }
 
 template <WFmt F, bool UP>
 void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
-  if (a.plan.consumers > kBulkNarrowConsumers) launch_bulk_kernel_as<F, UP, true>(a, grid, stream);
-  else launch_bulk_kernel_as<F, UP, false>(a, grid, stream);
+  const bool wide = a.plan.consumers > kBulkNarrowConsumers;
+  if (a.plan.lean) {
+    if (wide) launch_bulk_kernel_as<F, UP, true, true>(a, grid, stream);
+    else launch_bulk_kernel_as<F, UP, false, true>(a, grid, stream);
+  } else {
+    if (wide) launch_bulk_kernel_as<F, UP, true, false>(a, grid, stream);
+    else launch_bulk_kernel_as<F, UP, false, false>(a, grid, stream);
+  }
 }
 
 }  // namespace dev
