@@ -73,6 +73,23 @@ TensorView TensorView::rows(int64_t begin, int64_t end) const {
   return v;
 }
 
+TensorView TensorView::cols(int64_t begin, int64_t end) const {
+  TERN_CHECK(rank() == 2 && 0 <= begin && begin <= end && end <= dim(1), "cols [", begin, ", ", end,
+             ") out of range for shape ", shape_.str(), " (a rank-2 view)");
+  TERN_CHECK(dtype_bits(dtype_) >= 8, "column slice of a sub-byte dtype");
+  TensorView v = *this;
+  v.data_ = static_cast<std::byte*>(data_) + dtype_bytes(dtype_, begin * strides_[1]);
+  v.shape_[1] = end - begin;
+  return v;
+}
+
+int64_t TensorView::row_stride() const {
+  if (rank() == 0) return -1;
+  if (is_contiguous()) return dim(-1);
+  if (rank() == 2 && (strides_[1] == 1 || shape_[1] == 1) && strides_[0] >= shape_[1]) return strides_[0];
+  return -1;
+}
+
 TensorView TensorView::reshape(Shape shape) const {
   TERN_CHECK(is_contiguous(), "reshape of a non-contiguous view");
   TERN_CHECK(shape.numel() == numel(), "cannot reshape ", shape_.str(), " to ", shape.str());

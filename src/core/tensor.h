@@ -62,6 +62,13 @@ class TensorView {
 
   // Sub-view of rows [begin, end) along dimension 0.
   TensorView rows(int64_t begin, int64_t end) const;
+  // Sub-view of columns [begin, end) of a rank-2 view: its rows stay where they were, so the result is
+  // strided (one product's output split between its consumers: model/stacked.h).
+  TensorView cols(int64_t begin, int64_t end) const;
+  // For a view whose rows (every dimension but the last, flattened) each hold contiguous elements at one
+  // distance from each other: that distance in elements (dim(-1) when contiguous, stride(0) for a cols()
+  // view); -1 for any other layout. Ops that take "rows" accept exactly these views.
+  int64_t row_stride() const;
   // Same bytes, another shape with the same number of elements (contiguous views only).
   TensorView reshape(Shape shape) const;
 

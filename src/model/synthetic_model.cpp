@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "model/stacked.h"
 #include "ops/synth.h"
 #include "ops/synth_values.h"
 
@@ -58,9 +59,10 @@ class Walker {
     const std::string a = p + "attn.";
     AttentionWeights& at = L.attn;
     const WeightFormat df = c_.fp8_dense ? WeightFormat::fp8_block : WeightFormat::bf16;
-    at.wq_a = linear(dense, a + "wq_a", c_.q_lora_rank, D, df);
+    at.wq_a = describe(a + "wq_a", c_.q_lora_rank, D, df);
+    at.wkv = describe(a + "wkv", hd, D, df);
+    at.wq_a_wkv = stacked(dense, at.wq_a, at.wkv);
     at.wq_b = linear(dense, a + "wq_b", H * hd, c_.q_lora_rank, df);
-    at.wkv = linear(dense, a + "wkv", hd, D, df);
     at.wo_a = linear(dense, a + "wo_a", c_.o_groups * c_.o_lora_rank, H * hd / c_.o_groups, df);
     at.wo_b = linear(dense, a + "wo_b", D, c_.o_groups * c_.o_lora_rank, df);
     at.q_norm = norm(dense, a + "q_norm.weight", c_.q_lora_rank);
@@ -96,9 +98,10 @@ class Walker {
       TERN_CHECK(shared_from != nullptr, "synthetic model: layer ", l, " has neither experts nor a layer to share");
       m.experts = shared_from->ffn.experts;
     }
-    m.shared.w1 = linear(dense, f + "shared_experts.w1", I, D, df);
+    m.shared.w1 = describe(f + "shared_experts.w1", I, D, df);
+    m.shared.w3 = describe(f + "shared_experts.w3", I, D, df);
+    m.shared.w13 = stacked(dense, m.shared.w1, m.shared.w3);
     m.shared.w2 = linear(dense, f + "shared_experts.w2", D, I, df);
-    m.shared.w3 = linear(dense, f + "shared_experts.w3", I, D, df);
     return L;
   }
 
@@ -151,8 +154,9 @@ class Walker {
     w.ratio = ratio;
     w.width = width;
     w.overlap = overlap;
-    w.wkv = linear(r, p + "wkv", ch, c_.hidden_size, WeightFormat::bf16);
-    w.wgate = linear(r, p + "wgate", ch, c_.hidden_size, WeightFormat::bf16);
+    w.wkv = describe(p + "wkv", ch, c_.hidden_size, WeightFormat::bf16);
+    w.wgate = describe(p + "wgate", ch, c_.hidden_size, WeightFormat::bf16);
+    w.wkv_wgate = stacked(r, w.wkv, w.wgate);
     w.ape = values(r, p + "ape", DType::f32, {ratio, ch}, ops::SynthKind::normal, 0.0f, 0.5f);
     w.norm = norm(r, p + "norm.weight", width);
     return w;
@@ -160,43 +164,89 @@ class Walker {
 
   // y = W x, W [out, in] of std 1/sqrt(in) after dequantization.
   Linear linear(Region& r, const std::string& prefix, int64_t out, int64_t in, WeightFormat fmt) {
+    Linear l = describe(prefix, out, in, fmt);
+    take(r, l);
+    fill_linear(r, l);
+    return l;
+  }
+
+  // a and b (described, no tensors yet) stacked in one allocation (model/stacked.h), each part filled under
+  // its own name, so with the values it has apart and in model/synth.cpp's files; or, when they cannot be
+  // stacked, apart and an empty stack.
+  Linear stacked(Region& r, Linear& a, Linear& b) {
+    if (!stack_refusal(a, b).empty()) {
+      for (Linear* l : {&a, &b}) take(r, *l), fill_linear(r, *l);
+      return {};
+    }
+    Linear s = stacked_linear(a, b);
+    take(r, s);
+    view_parts(s, a, b);
+    fill_linear(r, a);
+    fill_linear(r, b);
+    return s;
+  }
+
+  Linear describe(const std::string& prefix, int64_t out, int64_t in, WeightFormat fmt) const {
     Linear l;
     l.format = fmt;
     l.out = out;
     l.in = in;
     l.name = prefix + ".weight";
-    const auto sigma = static_cast<float>(1.0 / std::sqrt(static_cast<double>(in)));
-    ops::SynthFillArgs fa;
-    fa.b = sigma;
-    fa.rows = out;
-    fa.cols = in;
-    switch (fmt) {
+    if (fmt == WeightFormat::nvfp4) l.global_scale = synth::nvfp4_global_scale(sigma(in));
+    return l;
+  }
+
+  static float sigma(int64_t in) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))); }
+
+  // The linear's tensors from the region, in its format's shapes.
+  static void take(Region& r, Linear& l) {
+    const int64_t out = l.out, in = l.in;
+    switch (l.format) {
       case WeightFormat::f32:
       case WeightFormat::bf16:
-        l.weight = values(r, l.name, fmt == WeightFormat::f32 ? DType::f32 : DType::bf16, {out, in},
-                          ops::SynthKind::normal, 0.0f, sigma);
-        return l;
+        l.weight = r.take(l.format == WeightFormat::f32 ? DType::f32 : DType::bf16, {out, in});
+        return;
       case WeightFormat::fp8_block:
-        fa.kind = ops::SynthKind::fp8_block;
         l.weight = r.take(DType::e4m3, {out, in});
         l.scale = r.take(DType::e8m0, {(out + 127) / 128, (in + 127) / 128});
+        return;
+      case WeightFormat::mxfp4:
+        l.weight = r.take(DType::i8, {out, in / 2});
+        l.scale = r.take(DType::e8m0, {out, in / 32});
+        return;
+      case WeightFormat::nvfp4:
+        l.weight = r.take(DType::u8, {out, in / 2});
+        l.scale = r.take(DType::ue4m3, {out, in / 16});
+        return;
+    }
+  }
+
+  // W's values (and scales) under the linear's name: std sigma(in) after dequantization.
+  void fill_linear(Region& r, const Linear& l) {
+    ops::SynthFillArgs fa;
+    fa.b = sigma(l.in);
+    switch (l.format) {
+      case WeightFormat::f32:
+      case WeightFormat::bf16:
+        fa.kind = ops::SynthKind::normal;
+        fill(r, l.name, l.weight, fa);
+        return;  // no scale
+      case WeightFormat::fp8_block:
+        fa.kind = ops::SynthKind::fp8_block;
         break;
       case WeightFormat::mxfp4:
         fa.kind = ops::SynthKind::mxfp4;
-        l.weight = r.take(DType::i8, {out, in / 2});
-        l.scale = r.take(DType::e8m0, {out, in / 32});
         break;
       case WeightFormat::nvfp4:
         fa.kind = ops::SynthKind::nvfp4;
-        l.weight = r.take(DType::u8, {out, in / 2});
-        l.scale = r.take(DType::ue4m3, {out, in / 16});
-        l.global_scale = fa.global_scale = synth::nvfp4_global_scale(sigma);
+        fa.global_scale = l.global_scale;
         break;
     }
+    fa.rows = l.out;
+    fa.cols = l.in;
     fa.scale = l.scale;
     fill(r, l.name, l.weight, fa);
     ++tensors_;  // the scale
-    return l;
   }
 
   const ModelConfig& c_;

@@ -20,10 +20,11 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const TensorView inv_freq = c.attn_kind(l) == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
-  // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p
+  // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
+  // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
+  const Projections qkv = project(h, o.wq_a_wkv, o.wq_a, o.wkv);
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
-  ops::linear(h, o.wq_a, cq);
-  ops::rms_norm(cq, A.q_norm, eps, cq);
+  ops::rms_norm(qkv.a, A.q_norm, eps, cq);
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
   ops::rms_norm(q, {}, eps, q);
@@ -31,8 +32,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
-  ops::linear(h, o.wkv, kv);
-  ops::rms_norm(kv, A.kv_norm, eps, kv);
+  ops::rms_norm(qkv.b, A.kv_norm, eps, kv);
   ops::rope(kv, b.positions, inv_freq);
   observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
@@ -103,12 +103,8 @@ Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, boo
   const LayerOps& o = layer_ops_[l];
   CompressorInputs in;
   in.weights = indexer ? &A.indexer->compressor : &*A.compressor;
-  const ops::Weight& wkv = indexer ? o.idx_wkv : o.comp_wkv;
-  const int64_t N = h.dim(0);
-  in.kv = tensor(DType::f32, {N, wkv.out});
-  in.gate = tensor(DType::f32, {N, wkv.out});
-  ops::linear(h, wkv, in.kv);
-  ops::linear(h, indexer ? o.idx_wgate : o.comp_wgate, in.gate);
+  in.kv_gate = indexer ? project(h, o.idx_wkv_wgate, o.idx_wkv, o.idx_wgate)
+                       : project(h, o.comp_wkv_wgate, o.comp_wkv, o.comp_wgate);
   in.format = indexer ? ops::KvRowFormat{ops::KvFormat::f32, in.weights->width, c.rope_dim} : kv_format();
   return in;
 }
@@ -117,7 +113,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
   const CompressorInputs in = compressor_inputs(l, h, indexer);
   const CompressorWeights& cw = *in.weights;
-  const Tensor &kv = in.kv, &gate = in.gate;
+  const TensorView &kv = in.kv_gate.a, &gate = in.kv_gate.b;  // rows strided when stacked
   const ops::KvRowFormat& format = in.format;
   const int ratio = c.compress_ratio(l);
   const int64_t width = cw.width;

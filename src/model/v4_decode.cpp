@@ -140,7 +140,7 @@ void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool ind
   const ModelConfig& c = w_.config;
   const CompressorInputs in = compressor_inputs(l, h, indexer);
   const CompressorWeights& cw = *in.weights;
-  const Tensor &kv = in.kv, &gate = in.gate;
+  const TensorView &kv = in.kv_gate.a, &gate = in.kv_gate.b;  // rows strided when stacked
   const ops::KvRowFormat& format = in.format;
   const DecodeTables::Layer& t = b.decode->layers[l];
   const int ratio = c.compress_ratio(l);

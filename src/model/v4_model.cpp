@@ -3,6 +3,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "model/stacked.h"
 #include "model/v4_batch.h"
 #include "ops/elementwise.h"
 #include "ops/mhc.h"
@@ -43,18 +44,25 @@ LayerOps layer_ops(const LayerWeights& L) {
   LayerOps o;
   const AttentionWeights& a = L.attn;
   o.wq_a = op_weight(a.wq_a), o.wq_b = op_weight(a.wq_b), o.wkv = op_weight(a.wkv);
+  o.wq_a_wkv = op_weight(a.wq_a_wkv);
   o.wo_a = op_weight(a.wo_a), o.wo_b = op_weight(a.wo_b);
-  if (a.compressor) o.comp_wkv = op_weight(a.compressor->wkv), o.comp_wgate = op_weight(a.compressor->wgate);
+  if (a.compressor) {
+    o.comp_wkv = op_weight(a.compressor->wkv), o.comp_wgate = op_weight(a.compressor->wgate);
+    o.comp_wkv_wgate = op_weight(a.compressor->wkv_wgate);
+  }
   if (a.indexer) {
     o.idx_wq_b = op_weight(a.indexer->wq_b), o.idx_weights_proj = op_weight(a.indexer->weights_proj);
     o.idx_wkv = op_weight(a.indexer->compressor.wkv), o.idx_wgate = op_weight(a.indexer->compressor.wgate);
+    o.idx_wkv_wgate = op_weight(a.indexer->compressor.wkv_wgate);
     // The indexer's top-k, like the router's, must pick the reference's entries: its inputs stay f32.
-    for (ops::Weight* w : {&o.idx_wq_b, &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate}) w->exact = true;
+    for (ops::Weight* w : {&o.idx_wq_b, &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate, &o.idx_wkv_wgate})
+      w->exact = true;
   }
   o.gate = op_weight(L.ffn.gate);
   o.gate.exact = true;  // f32 routing logits on every backend: the top-k must agree with the reference
   for (const ExpertWeights& e : L.ffn.experts) o.experts.push_back(op_expert(e));
   o.shared = op_expert(L.ffn.shared);
+  o.shared_w13 = op_weight(L.ffn.shared.w13);
   return o;
 }
 
@@ -87,8 +95,17 @@ void upload_linear(Linear& l, const Model::Upload& up) {
   l.weight = up(l.weight);
   l.scale = up(l.scale);
 }
+// Only the stack goes to the device; its parts then view it there (one copy of the bytes).
+void upload_pair(Linear& stacked, Linear& a, Linear& b, const Model::Upload& up) {
+  if (stacked.weight.empty()) {
+    upload_linear(a, up), upload_linear(b, up);
+    return;
+  }
+  upload_linear(stacked, up);
+  view_parts(stacked, a, b);
+}
 void upload_compressor(CompressorWeights& c, const Model::Upload& up) {
-  upload_linear(c.wkv, up), upload_linear(c.wgate, up);
+  upload_pair(c.wkv_wgate, c.wkv, c.wgate, up);
   c.ape = up(c.ape), c.norm = up(c.norm);
 }
 void upload_hc(HyperConnWeights& h, const Model::Upload& up) {
@@ -108,7 +125,8 @@ void Model::to_device(Device device, const Upload& upload) {
     L.attn_norm = up(L.attn_norm), L.ffn_norm = up(L.ffn_norm);
     upload_hc(L.hc_attn, up), upload_hc(L.hc_ffn, up);
     AttentionWeights& a = L.attn;
-    for (Linear* l : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b}) upload_linear(*l, up);
+    upload_pair(a.wq_a_wkv, a.wq_a, a.wkv, up);
+    for (Linear* l : {&a.wq_b, &a.wo_a, &a.wo_b}) upload_linear(*l, up);
     a.q_norm = up(a.q_norm), a.kv_norm = up(a.kv_norm), a.attn_sink = up(a.attn_sink);
     if (a.compressor) upload_compressor(*a.compressor, up);
     if (a.indexer) {
@@ -120,7 +138,8 @@ void Model::to_device(Device device, const Upload& upload) {
     f.gate_bias = up(f.gate_bias), f.tid2eid = up(f.tid2eid);
     for (ExpertWeights& e : f.experts)
       upload_linear(e.w1, up), upload_linear(e.w2, up), upload_linear(e.w3, up);
-    upload_linear(f.shared.w1, up), upload_linear(f.shared.w2, up), upload_linear(f.shared.w3, up);
+    upload_pair(f.shared.w13, f.shared.w1, f.shared.w3, up);
+    upload_linear(f.shared.w2, up);
   }
   device_ = device;
   layer_ops_.clear();
@@ -132,15 +151,43 @@ void Model::to_device(Device device, const Upload& upload) {
 
 std::vector<ops::LinearUse> Model::linears() const {
   std::vector<ops::LinearUse> out;
+  // A stacked pair runs as its stack alone.
+  const auto pair = [&](const ops::Weight& stacked, const ops::Weight& a, const ops::Weight& b) {
+    for (const ops::Weight* w : {&stacked, &a, &b}) {
+      if (!w->weight.empty()) out.push_back({w, 1});
+      if (w == &stacked && !w->weight.empty()) return;
+    }
+  };
   for (const LayerOps& o : layer_ops_) {
-    for (const ops::Weight* w : {&o.wq_a, &o.wq_b, &o.wkv, &o.wo_b, &o.comp_wkv, &o.comp_wgate, &o.idx_wq_b,
-                                 &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate, &o.gate, &o.shared.w1, &o.shared.w2,
-                                 &o.shared.w3})
+    pair(o.wq_a_wkv, o.wq_a, o.wkv);
+    pair(o.comp_wkv_wgate, o.comp_wkv, o.comp_wgate);
+    pair(o.idx_wkv_wgate, o.idx_wkv, o.idx_wgate);
+    pair(o.shared_w13, o.shared.w1, o.shared.w3);
+    for (const ops::Weight* w : {&o.wq_b, &o.wo_b, &o.idx_wq_b, &o.idx_weights_proj, &o.gate, &o.shared.w2})
       if (!w->weight.empty()) out.push_back({w, 1});
     if (!o.wo_a.weight.empty()) out.push_back({&o.wo_a, config().o_groups});
   }
   if (!head_.weight.empty()) out.push_back({&head_, 1});
   return out;
+}
+
+Model::Projections Model::project(const TensorView& x, const ops::Weight& stacked, const ops::Weight& a,
+                                  const ops::Weight& b) const {
+  const int64_t N = x.dim(0);
+  Projections p;
+  if (!stacked.weight.empty()) {
+    p.stacked_out = tensor(DType::f32, {N, stacked.out});
+    ops::linear(x, stacked, p.stacked_out);
+    p.a = p.stacked_out.view().cols(0, a.out);
+    p.b = p.stacked_out.view().cols(a.out, stacked.out);
+    return p;
+  }
+  p.a_out = tensor(DType::f32, {N, a.out});
+  p.b_out = tensor(DType::f32, {N, b.out});
+  ops::linear(x, a, p.a_out);
+  ops::linear(x, b, p.b_out);
+  p.a = p.a_out.view(), p.b = p.b_out.view();
+  return p;
 }
 
 ops::KvRowFormat Model::kv_format() const {

@@ -40,13 +40,17 @@ struct StepSequence {
 };
 
 // Per-layer weights in the form the ops take (built once).
+// The stacked pairs (model/stacked.h) are empty where the weights keep the pair apart; the forward then runs
+// the parts as two products.
 struct LayerOps {
   ops::Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  ops::Weight comp_wkv, comp_wgate;                            // CSA / HCA
-  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate;  // CSA
+  ops::Weight wq_a_wkv;
+  ops::Weight comp_wkv, comp_wgate, comp_wkv_wgate;                            // CSA / HCA
+  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate, idx_wkv_wgate;  // CSA
   ops::Weight gate;
   std::vector<ops::Expert> experts;
   ops::Expert shared;
+  ops::Weight shared_w13;
 };
 
 class Model {
@@ -131,12 +135,20 @@ class Model {
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
               const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
+  // y_a = a x and y_b = b x, from one product when the pair is stacked (then a and b are column ranges of its
+  // output: row-strided views, which the consumers take), else from two.
+  struct Projections {
+    Tensor stacked_out, a_out, b_out;  // the storage
+    TensorView a, b;
+  };
+  Projections project(const TensorView& x, const ops::Weight& stacked, const ops::Weight& a,
+                      const ops::Weight& b) const;
   void moe_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   // The attention compressor's (or the indexer's) weights, its kv and gate projections of h, and the row
   // format its entries are stored in (indexer keys stay exact; attention rows follow the KV mode).
   struct CompressorInputs {
     const CompressorWeights* weights = nullptr;
-    Tensor kv, gate;
+    Projections kv_gate;  // kv = a, gate = b
     ops::KvRowFormat format;
   };
   CompressorInputs compressor_inputs(int layer, const TensorView& h, bool indexer);

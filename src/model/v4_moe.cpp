@@ -25,13 +25,13 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
 
   // y = sum_k w_k E_k(h) + E_shared(h)
   ops::moe_experts({h, picked, weights, o.experts, limit, out});
+  // w1 h and w3 h from one product (stacked weights); swiglu reads its column ranges.
   const ops::Expert& shared = o.shared;
-  Tensor gate = tensor(DType::f32, {N, shared.w1.out}), up = tensor(DType::f32, {N, shared.w3.out});
-  ops::linear(h, shared.w1, gate);
-  ops::linear(h, shared.w3, up);
-  ops::swiglu(gate, up, limit, gate);
+  const Projections gate_up = project(h, o.shared_w13, shared.w1, shared.w3);
+  Tensor act = tensor(DType::f32, {N, shared.w1.out});
+  ops::swiglu(gate_up.a, gate_up.b, limit, act);
   Tensor y = tensor(DType::f32, {N, c.hidden_size});
-  ops::linear(gate, shared.w2, y);
+  ops::linear(act, shared.w2, y);
   ops::add(y, out);
 }
 

@@ -1,7 +1,8 @@
 // load_model: binds a checkpoint's tensors (official or transformers names) to ModelWeights and
 // checks each one's dtype and shape against the config. Nothing is copied except what must be: a
-// tensor whose mapped address is misaligned for its dtype, and small f32-contract tensors stored in
-// bf16/f16 (widened exactly).
+// tensor whose mapped address is misaligned for its dtype, small f32-contract tensors stored in
+// bf16/f16 (widened exactly), and the pairs of linears that read one input, stacked into one matrix each
+// (model/stacked.h).
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/checkpoint.h"
+#include "model/stacked.h"
 #include "model/weights.h"
 
 namespace tern::model {
@@ -89,6 +91,20 @@ class Binder {
       dst[i] = v.dtype() == DType::bf16 ? bf16_to_f32(src[i]) : f16_to_f32(src[i]);
     storage_.owned.push_back(t);
     return t.view();
+  }
+
+  // a and b stacked into owned memory (model/stacked.h), or, when they cannot be, nothing: they then run
+  // as two products.
+  Linear stack(Linear& a, Linear& b) {
+    const std::string refusal = stack_refusal(a, b);
+    if (!refusal.empty()) {
+      log::info(refusal, ": not stacked, two products");
+      return {};
+    }
+    return stack_linears(a, b, [&](DType t, const Shape& s) {
+      storage_.owned.emplace_back(t, s);
+      return storage_.owned.back().view();
+    });
   }
 
   // y = W x with W [out, in]: the format follows from the tensors present (docs/checkpoints.md).
@@ -247,6 +263,7 @@ CompressorWeights bind_compressor(Binder& b, const ModelConfig& c, const std::st
   const int64_t channels = overlap ? 2 * width : width;
   w.wkv = b.linear(p + "wkv", channels, c.hidden_size);
   w.wgate = b.linear(p + "wgate", channels, c.hidden_size);
+  w.wkv_wgate = b.stack(w.wkv, w.wgate);
   w.ape = b.f32(p + "ape", Shape{ratio, channels});
   w.norm = b.dense(p + "norm.weight", Shape{width});
   return w;
@@ -293,6 +310,7 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
   at.wq_a = b.linear(a + "wq_a", c.q_lora_rank, D);
   at.wq_b = b.linear(a + "wq_b", H * hd, c.q_lora_rank);
   at.wkv = b.linear(a + "wkv", hd, D);
+  at.wq_a_wkv = b.stack(at.wq_a, at.wkv);
   at.wo_a = b.linear(a + "wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups);
   at.wo_b = b.linear(a + "wo_b", D, c.o_groups * c.o_lora_rank);
   at.q_norm = b.dense(a + "q_norm.weight", Shape{c.q_lora_rank});
@@ -338,6 +356,7 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
   m.shared.w1 = b.linear(f + "shared_experts.w1", I * c.n_shared_experts, D);
   m.shared.w2 = b.linear(f + "shared_experts.w2", D, I * c.n_shared_experts);
   m.shared.w3 = b.linear(f + "shared_experts.w3", I * c.n_shared_experts, D);
+  m.shared.w13 = b.stack(m.shared.w1, m.shared.w3);
   return L;
 }
 

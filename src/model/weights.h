@@ -38,6 +38,7 @@ struct CompressorWeights {
   int64_t width = 0;  // output row width: head_dim for attention, index_head_dim for the indexer
   bool overlap = false;  // CSA: wkv/wgate/ape have 2*width channels (two overlapping series)
   Linear wkv, wgate;     // [width or 2*width, hidden]
+  Linear wkv_wgate;      // wkv and wgate stacked (model/stacked.h; wkv and wgate view it); empty: apart
   TensorView ape;        // f32 [ratio, width or 2*width]
   TensorView norm;       // [width]
 };
@@ -50,6 +51,7 @@ struct IndexerWeights {
 
 struct AttentionWeights {
   Linear wq_a, wq_b, wkv, wo_a, wo_b;  // wo_a: [o_groups * o_lora_rank, heads*head_dim/o_groups]
+  Linear wq_a_wkv;  // wq_a and wkv stacked (model/stacked.h; wq_a and wkv view it); empty: apart
   TensorView q_norm, kv_norm;
   TensorView attn_sink;  // f32 [heads]
   std::optional<CompressorWeights> compressor;  // CSA and HCA layers
@@ -58,6 +60,9 @@ struct AttentionWeights {
 
 struct ExpertWeights {
   Linear w1, w2, w3;  // gate [inter, hidden], down [hidden, inter], up [inter, hidden]
+  // The shared expert's w1 and w3 stacked (model/stacked.h; w1 and w3 view it); empty: apart, as the routed
+  // experts' always are (the MoE kernels read those per expert).
+  Linear w13;
 };
 
 struct MoEWeights {

@@ -17,8 +17,9 @@ void expect_rank(std::string_view op, std::string_view arg, const TensorView& t,
   TERN_CHECK(t.rank() == rank, op, ": ", arg, " must have rank ", rank, ", found shape ", t.shape().str());
 }
 
-void expect_shape(std::string_view op, std::string_view arg, const TensorView& t,
-                  std::initializer_list<int64_t> dims) {
+namespace {
+
+void expect_dims(std::string_view op, std::string_view arg, const TensorView& t, std::initializer_list<int64_t> dims) {
   bool ok = t.rank() == static_cast<int>(dims.size());
   int i = 0;
   std::string want = "[";
@@ -29,7 +30,23 @@ void expect_shape(std::string_view op, std::string_view arg, const TensorView& t
   }
   want += "]";
   TERN_CHECK(ok, op, ": ", arg, " must have shape ", want, ", found ", t.shape().str());
+}
+
+}  // namespace
+
+void expect_shape(std::string_view op, std::string_view arg, const TensorView& t,
+                  std::initializer_list<int64_t> dims) {
+  expect_dims(op, arg, t, dims);
   expect_contiguous(op, arg, t);
+}
+
+void expect_rows(std::string_view op, std::string_view arg, const TensorView& t, std::initializer_list<int64_t> dims) {
+  expect_dims(op, arg, t, dims);
+  expect_rows(op, arg, t);
+}
+
+void expect_rows(std::string_view op, std::string_view arg, const TensorView& t) {
+  TERN_CHECK(t.row_stride() >= 0, op, ": ", arg, " must be rows (each contiguous, evenly spaced)");
 }
 
 void expect_contiguous(std::string_view op, std::string_view arg, const TensorView& t) {

@@ -17,6 +17,10 @@ void expect_shape(std::string_view op, std::string_view arg, const TensorView& t
                   std::initializer_list<int64_t> dims);
 void expect_rank(std::string_view op, std::string_view arg, const TensorView& t, int rank);
 void expect_contiguous(std::string_view op, std::string_view arg, const TensorView& t);
+// As expect_shape for an argument read as rows (TensorView::row_stride): each row contiguous, the rows any
+// distance apart (a column range of a stacked product's output, model/stacked.h).
+void expect_rows(std::string_view op, std::string_view arg, const TensorView& t, std::initializer_list<int64_t> dims);
+void expect_rows(std::string_view op, std::string_view arg, const TensorView& t);
 // Paged rows that hold at least `count` rows of `row_bytes`: a u8 pool [pages, page_bytes], an i32 block
 // table on its device covering the rows, rows inside a page; with a host table, pages inside the pool.
 void expect_paged(std::string_view op, std::string_view arg, const PagedRows& rows, int64_t count,

@@ -25,6 +25,8 @@ struct CompressorArgs {
   TensorView acc;   // f32 [overlap ? 2 : 1, 3, width], updated in place
   TensorView kv;    // f32 [n, C] for the tokens at start_pos .. start_pos+n-1; C = width * (overlap ? 2 : 1)
   TensorView gate;  // f32 [n, C] (without ape)
+  // kv and gate are rows (TensorView::row_stride), equally spaced: column ranges of one stacked product's
+  // output (model/stacked.h) or tensors of their own.
   TensorView ape;   // f32 [ratio, C]
   int64_t start_pos = 0;
   int ratio = 0;

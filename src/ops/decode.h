@@ -43,7 +43,7 @@ void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
 
 struct DecodeCompressorArgs {
   TensorView accs;       // i64 [slots]: accumulator addresses (f32 [overlap ? 2 : 1, 3, width] each)
-  TensorView kv, gate;   // f32 [slots, channels]
+  TensorView kv, gate;   // f32 [slots, channels], rows equally spaced (as CompressorArgs' kv and gate)
   TensorView ape;        // f32 [ratio, channels]
   TensorView positions;  // i64 [slots]
   int ratio = 0;

@@ -27,6 +27,9 @@ void add(const TensorView& x, const TensorView& y) {
 void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
   TERN_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "swiglu: shapes differ: gate ",
              gate.shape().str(), ", up ", up.shape().str(), ", out ", out.shape().str());
+  detail::expect_rows("swiglu", "gate", gate);
+  detail::expect_rows("swiglu", "up", up);
+  detail::expect_contiguous("swiglu", "out", out);
   backend_for(common_device("swiglu", {&gate, &up, &out})).swiglu(gate, up, limit, out);
 }
 
@@ -41,7 +44,7 @@ void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
   TERN_CHECK(x.rank() >= 1 && x.shape() == out.shape(), "rms_norm: x ", x.shape().str(), " and out ",
              out.shape().str(), " must have one shape");
-  detail::expect_contiguous("rms_norm", "x", x);
+  detail::expect_rows("rms_norm", "x", x);
   detail::expect_contiguous("rms_norm", "out", out);
   if (!weight.empty()) {
     expect_dtype("rms_norm", "weight", weight, {DType::bf16, DType::f32});

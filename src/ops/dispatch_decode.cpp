@@ -49,8 +49,9 @@ void decode_compressor(const DecodeCompressorArgs& a) {
   const int64_t S = a.positions.dim(0), C = a.width * (a.overlap ? 2 : 1);
   expect_table("decode_compressor", "positions", a.positions, S);
   expect_table("decode_compressor", "accs", a.accs, S);
-  expect_shape("decode_compressor", "kv", a.kv, {S, C});
-  expect_shape("decode_compressor", "gate", a.gate, {S, C});
+  detail::expect_rows("decode_compressor", "kv", a.kv, {S, C});
+  detail::expect_rows("decode_compressor", "gate", a.gate, {S, C});
+  TERN_CHECK(a.kv.row_stride() == a.gate.row_stride(), "decode_compressor: kv and gate rows must be equally spaced");
   expect_shape("decode_compressor", "ape", a.ape, {a.ratio, C});
   expect_shape("decode_compressor", "emitted", a.emitted, {S, a.width});
   TERN_CHECK(a.ratio > 0, "decode_compressor: ratio must be > 0");

@@ -67,8 +67,9 @@ int64_t compressor_update(const CompressorArgs& a) {
   expect_rank("compressor_update", "acc", a.acc, 3);
   const int64_t width = a.acc.dim(2), channels = width * (a.overlap ? 2 : 1), n = a.kv.dim(0);
   expect_shape("compressor_update", "acc", a.acc, {a.overlap ? 2 : 1, 3, width});
-  expect_shape("compressor_update", "kv", a.kv, {-1, channels});
-  expect_shape("compressor_update", "gate", a.gate, {n, channels});
+  detail::expect_rows("compressor_update", "kv", a.kv, {-1, channels});
+  detail::expect_rows("compressor_update", "gate", a.gate, {n, channels});
+  TERN_CHECK(a.kv.row_stride() == a.gate.row_stride(), "compressor_update: kv and gate rows must be equally spaced");
   expect_shape("compressor_update", "ape", a.ape, {a.ratio, channels});
   expect_dtype("compressor_update", "ape", a.ape, {DType::f32});
   const int64_t emit = compressor_emit_count(a.start_pos, n, a.ratio);

@@ -11,7 +11,9 @@ void embedding(const TensorView& table, const TensorView& ids, const TensorView&
 // y += x.  f32, same shape.
 void add(const TensorView& x, const TensorView& y);
 
-// out = silu(min(gate, limit)) * clamp(up, -limit, limit).  f32, same shape; out may alias gate or up.
+// out = silu(min(gate, limit)) * clamp(up, -limit, limit).  f32, same shape; out may alias gate or up. out is
+// contiguous; gate and up may be rows (TensorView::row_stride): the column ranges of the shared expert's
+// stacked w1 | w3 product (model/stacked.h).
 void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out);
 
 // out[i] = x[rows[i]].  x f32 [R, D], rows i64 [n], out f32 [n, D].

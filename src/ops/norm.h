@@ -6,7 +6,8 @@
 namespace tern::ops {
 
 // x f32 [rows, dim] (any rank: the last dim is normalised), weight bf16|f32 [dim] or empty (unweighted,
-// as the per-head q norm and the mHC input norm), out f32 like x (may alias x).
+// as the per-head q norm and the mHC input norm), out f32 like x (may alias x), contiguous. x may be rows
+// (TensorView::row_stride): a column range of a stacked product's output (model/stacked.h).
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
 
 }  // namespace tern::ops

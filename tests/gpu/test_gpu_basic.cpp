@@ -353,6 +353,72 @@ TEST_P(GpuBasic, GroupedLinear) {
   }
 }
 
+// The model's stacked pairs (model/stacked.h): one product over [a + b, in] whose column ranges are the parts'
+// products (within the tolerance of the CPU's separate products), and the ops that read those ranges as
+// row-strided views (rms_norm, swiglu) equal to the CPU's on the same bytes.
+TEST_P(GpuBasic, StackedLinearAndItsColumnRanges) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  struct Pair {
+    const char* name;
+    WeightFormat format;
+    int64_t a, b;
+    bool exact;
+  };
+  for (const Pair& p : {Pair{"wq_a + wkv", WeightFormat::fp8_block, s.q_rank, s.head_dim, false},
+                        Pair{"compressor wkv + wgate", WeightFormat::bf16, 2 * s.head_dim, 2 * s.head_dim, false},
+                        Pair{"indexer compressor wkv + wgate", WeightFormat::bf16, 2 * s.index_dim, 2 * s.index_dim, true},
+                        Pair{"shared w1 + w3", WeightFormat::fp8_block, s.inter, s.inter, false}}) {
+    const bool fp8 = p.format == WeightFormat::fp8_block;
+    if (fp8 && p.a % 128 != 0) continue;  // the model keeps such a pair apart (model::stack_refusal)
+    const int64_t N = p.a + p.b;
+    const HostWeight hw = random_weight(p.format, N, s.D, r, 1.0f / std::sqrt(static_cast<float>(s.D)), p.name);
+    // The parts: the stack's rows and scale rows, as model::view_parts makes them.
+    ops::Weight wa = hw.w, wb = hw.w;
+    wa.out = p.a, wb.out = p.b;
+    wa.weight = hw.w.weight.rows(0, p.a), wb.weight = hw.w.weight.rows(p.a, N);
+    if (fp8) {
+      wa.scale = hw.w.scale.rows(0, p.a / 128), wb.scale = hw.w.scale.rows(p.a / 128, hw.w.scale.dim(0));
+    }
+    wa.exact = wb.exact = p.exact;
+    ops::Weight dw = store.upload(hw.w);
+    dw.exact = p.exact;
+    for (int64_t T : {1, 3, 16, 100}) {
+      const std::string what = cat(p.name, " T=", T);
+      Tensor x = random_f32({T, s.D}, r);
+      Tensor ya(DType::f32, {T, p.a}), yb(DType::f32, {T, p.b}), ref(DType::f32, {T, N});
+      ops::linear(x, wa, ya);
+      ops::linear(x, wb, yb);
+      for (int64_t t = 0; t < T; ++t) {
+        std::memcpy(ref.data<float>() + t * N, ya.data<float>() + t * p.a, p.a * sizeof(float));
+        std::memcpy(ref.data<float>() + t * N + p.a, yb.data<float>() + t * p.b, p.b * sizeof(float));
+      }
+      auto dx = upload(x), dy = poisoned(DType::f32, {T, N});
+      ops::linear(dx, dw, dy);
+      expect_close(dy, ref, p.exact ? kTolF32 : kTolBf16, cat("stacked linear ", what));
+      // The consumers, from the GPU's own product: the same inputs on both sides.
+      const Tensor y = cuda::to_host(dy);
+      const TensorView ha = y.view().cols(0, p.a), hb = y.view().cols(p.a, N);
+      const TensorView da = dy.view().cols(0, p.a), db = dy.view().cols(p.a, N);
+      Tensor nw = random_bf16({p.a}, r);
+      auto dnw = upload(nw);
+      Tensor na(DType::f32, {T, p.a});
+      ops::rms_norm(ha, nw, 1e-6f, na);
+      auto dna = poisoned(DType::f32, {T, p.a});
+      ops::rms_norm(da, dnw, 1e-6f, dna);
+      expect_close(dna, na, kTolF32, cat("rms_norm of the first range of ", what));
+      if (p.a != p.b) continue;
+      Tensor sw(DType::f32, {T, p.a});
+      ops::swiglu(ha, hb, 10.0f, sw);
+      auto dsw = poisoned(DType::f32, {T, p.a});
+      ops::swiglu(da, db, 10.0f, dsw);
+      expect_close(dsw, sw, kTolF32, cat("swiglu of the two ranges of ", what));
+    }
+  }
+}
+
 TEST_P(GpuBasic, Dequantize) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();

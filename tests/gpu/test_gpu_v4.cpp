@@ -91,9 +91,10 @@ TEST_P(GpuV4, Mhc) {
 }
 
 // Runs the same chunks through the CPU and GPU compressor from an empty state, comparing the emitted
-// entries and the pending accumulators after every chunk.
+// entries and the pending accumulators after every chunk. stacked: kv and gate are the column ranges of one
+// [n, 2C] tensor, as the model's stacked wkv + wgate product gives them (model/stacked.h).
 void check_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& chunks, Rand& r,
-                      const std::string& name) {
+                      const std::string& name, bool stacked) {
   const int64_t C = width * (overlap ? 2 : 1), n_acc = overlap ? 2 : 1;
   Tensor acc(DType::f32, {n_acc, 3, width});
   auto dacc = upload(acc);
@@ -101,13 +102,18 @@ void check_compressor(int ratio, bool overlap, int64_t width, const std::vector<
   auto dape = upload(ape);
   int64_t pos = 0;
   for (int64_t n : chunks) {
-    Tensor kv = random_f32({n, C}, r), gate = random_f32({n, C}, r, 2.0f);
+    Tensor kv = random_f32({n, C}, r), gate = random_f32({n, C}, r, 2.0f), both = random_f32({n, 2 * C}, r, 2.0f);
+    const TensorView hkv = stacked ? both.view().cols(0, C) : kv.view(),
+                     hgate = stacked ? both.view().cols(C, 2 * C) : gate.view();
     const int64_t count = ops::compressor_emit_count(pos, n, ratio);
     Tensor emitted(DType::f32, {std::max<int64_t>(count, 1), width});
-    ops::CompressorArgs a{acc, kv, gate, ape, pos, ratio, overlap, emitted};
+    ops::CompressorArgs a{acc, hkv, hgate, ape, pos, ratio, overlap, emitted};
     EXPECT_EQ(ops::compressor_update(a), count);
-    auto dkv = upload(kv), dgate = upload(gate), dem = poisoned(DType::f32, {std::max<int64_t>(count, 1), width});
-    EXPECT_EQ(ops::compressor_update(ops::CompressorArgs{dacc, dkv, dgate, dape, pos, ratio, overlap, dem}), count);
+    auto dkv = upload(kv), dgate = upload(gate), dboth = upload(both),
+         dem = poisoned(DType::f32, {std::max<int64_t>(count, 1), width});
+    const TensorView dk = stacked ? dboth.view().cols(0, C) : dkv.view(),
+                     dg = stacked ? dboth.view().cols(C, 2 * C) : dgate.view();
+    EXPECT_EQ(ops::compressor_update(ops::CompressorArgs{dacc, dk, dg, dape, pos, ratio, overlap, dem}), count);
     if (count > 0) expect_close(dem.view().rows(0, count), emitted.view().rows(0, count), kTolF32,
                                 cat(name, " emitted at ", pos, "+", n));
     const Tensor got = cuda::to_host(dacc);
@@ -125,9 +131,13 @@ TEST_P(GpuV4, Compressor) {
   // 1000 and 2051: chunks with many windows between their first two and their last (the blocks z >= 1 of the
   // kernel), at both ratios.
   const std::vector<int64_t> chunks = {3, 1, 1, 2, 13, 1, 1, 1, 40, 7, 1, 300, 1, 1, 1000, 2051, 1};
-  check_compressor(static_cast<int>(s.csa_ratio), true, s.head_dim, chunks, r, "compressor csa");
-  check_compressor(static_cast<int>(s.csa_ratio), true, s.index_dim, chunks, r, "compressor csa indexer");
-  check_compressor(static_cast<int>(s.hca_ratio), false, s.head_dim, chunks, r, "compressor hca");
+  for (bool stacked : {false, true}) {
+    const std::string how = stacked ? " (kv, gate stacked)" : "";
+    check_compressor(static_cast<int>(s.csa_ratio), true, s.head_dim, chunks, r, "compressor csa" + how, stacked);
+    check_compressor(static_cast<int>(s.csa_ratio), true, s.index_dim, chunks, r, "compressor csa indexer" + how,
+                     stacked);
+    check_compressor(static_cast<int>(s.hca_ratio), false, s.head_dim, chunks, r, "compressor hca" + how, stacked);
+  }
 }
 
 TEST_P(GpuV4, Indexer) {

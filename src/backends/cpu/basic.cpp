@@ -59,11 +59,14 @@ void CpuBackend::add(const TensorView& x, const TensorView& y) {
 
 void CpuBackend::swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
   require_f32("swiglu", {&gate, &up, &out});
-  const float* g = gate.data_as<const float>();
-  const float* u = up.data_as<const float>();
-  float* o = out.data_as<float>();
-  for (int64_t i = 0; i < gate.numel(); ++i)
-    o[i] = silu(std::min(g[i], limit)) * std::clamp(u[i], -limit, limit);
+  const int64_t cols = gate.dim(-1), rows = cols > 0 ? gate.numel() / cols : 0;
+  const int64_t gs = gate.row_stride(), us = up.row_stride();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate.data_as<const float>() + r * gs;
+    const float* u = up.data_as<const float>() + r * us;
+    float* o = out.data_as<float>() + r * cols;
+    for (int64_t i = 0; i < cols; ++i) o[i] = silu(std::min(g[i], limit)) * std::clamp(u[i], -limit, limit);
+  }
 }
 
 void CpuBackend::gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
@@ -84,17 +87,17 @@ void CpuBackend::rms_norm(const TensorView& x, const TensorView& weight, float e
     for (int64_t i = 0; i < dim; ++i)
       w[i] = weight.dtype() == DType::f32 ? weight.data_as<const float>()[i]
                                           : bf16_to_f32(weight.data_as<const uint16_t>()[i]);
-  const float* src = x.data_as<const float>();
-  float* dst = out.data_as<float>();
+  const int64_t stride = x.row_stride();
   parallel_for(
       0, rows,
       [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
+          const float* src = x.data_as<const float>() + r * stride;
+          float* dst = out.data_as<float>() + r * dim;
           double sum_sq = 0.0;
-          for (int64_t i = 0; i < dim; ++i)
-            sum_sq += static_cast<double>(src[r * dim + i]) * src[r * dim + i];
+          for (int64_t i = 0; i < dim; ++i) sum_sq += static_cast<double>(src[i]) * src[i];
           const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / dim) + eps);
-          for (int64_t i = 0; i < dim; ++i) dst[r * dim + i] = w[i] * (src[r * dim + i] * inv_rms);
+          for (int64_t i = 0; i < dim; ++i) dst[i] = w[i] * (src[i] * inv_rms);
         }
       },
       16);

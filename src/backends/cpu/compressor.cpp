@@ -43,6 +43,7 @@ Acc acc_at(float* acc, int64_t width, int which, int64_t c) {
 int64_t CpuBackend::compressor_update(const ops::CompressorArgs& a) {
   require_f32("compressor_update", {&a.acc, &a.kv, &a.gate, &a.emitted});
   const int64_t width = a.acc.dim(2), channels = a.kv.dim(1), n = a.kv.dim(0);
+  const int64_t stride = a.kv.row_stride();  // gate's too (ops::compressor_update checks)
   const float* kv = a.kv.data_as<const float>();
   const float* gate = a.gate.data_as<const float>();
   const float* ape = a.ape.data_as<const float>();
@@ -58,10 +59,9 @@ int64_t CpuBackend::compressor_update(const ops::CompressorArgs& a) {
             const int64_t pos = a.start_pos + i, slot = pos % a.ratio;
             // CSA: channel c + width (Cb) feeds this window's entry, channel c (Ca) the next one.
             const int64_t own = a.overlap ? width + c : c;
-            open.fold(gate[i * channels + own] + ape[slot * channels + own], kv[i * channels + own]);
+            open.fold(gate[i * stride + own] + ape[slot * channels + own], kv[i * stride + own]);
             if (a.overlap)
-              acc_at(acc, width, 1, c)
-                  .fold(gate[i * channels + c] + ape[slot * channels + c], kv[i * channels + c]);
+              acc_at(acc, width, 1, c).fold(gate[i * stride + c] + ape[slot * channels + c], kv[i * stride + c]);
             if (slot != a.ratio - 1) continue;
             emitted[e++ * width + c] = open.value();
             if (a.overlap) {

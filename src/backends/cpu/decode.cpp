@@ -104,12 +104,10 @@ void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tenso
 void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
   const char* op = "decode_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
-  require_host(op, {{"accs", &a.accs},
-                    {"kv", &a.kv},
-                    {"gate", &a.gate},
-                    {"ape", &a.ape},
-                    {"positions", &a.positions},
-                    {"emitted", &a.emitted}});
+  require_host(op, {{"accs", &a.accs}, {"ape", &a.ape}, {"positions", &a.positions}, {"emitted", &a.emitted}});
+  // kv and gate may be column ranges of one stacked product's output (model/stacked.h): host rows.
+  for (const TensorView* v : {&a.kv, &a.gate})
+    TERN_CHECK(v->device() == Device::cpu, "cpu ", op, ": kv and gate must be in host memory");
   const int64_t S = a.positions.dim(0), n_acc = a.overlap ? 2 : 1;
   const int64_t* pos = positions_of(a.positions);
   for (int64_t i = 0; i < S; ++i) {

@@ -22,9 +22,11 @@ void CudaBackend::add(const TensorView& x, const TensorView& y) {
 }
 
 void CudaBackend::swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
-  require_cuda_f32("swiglu", {&gate, &up, &out});
-  launch_swiglu(gate.data_as<const float>(), up.data_as<const float>(), limit, out.data_as<float>(), gate.numel(),
-                impl_->stream);
+  require_cuda_f32("swiglu", {&out});
+  require_cuda_f32_rows("swiglu", {&gate, &up});
+  const int64_t cols = gate.dim(-1), rows = cols > 0 ? gate.numel() / cols : 0;
+  launch_swiglu(gate.data_as<const float>(), gate.row_stride(), up.data_as<const float>(), up.row_stride(), limit,
+                out.data_as<float>(), rows, cols, impl_->stream);
   check_launch("swiglu");
 }
 
@@ -36,14 +38,16 @@ void CudaBackend::gather_rows(const TensorView& x, const TensorView& rows, const
 }
 
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
-  require_cuda_f32("rms_norm", {&x, &out});
+  require_cuda_f32("rms_norm", {&out});
+  require_cuda_f32_rows("rms_norm", {&x});
   const int64_t dim = x.dim(-1), rows = dim > 0 ? x.numel() / dim : 0;
   NormWeight kind = NormWeight::none;
   if (!weight.empty()) {
     TERN_CHECK(weight.device() == Device::cuda, "cuda rms_norm: weight is on the host");
     kind = weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
   }
-  launch_rms_norm(x.data_as<const float>(), weight.data(), kind, eps, rows, dim, out.data_as<float>(), impl_->stream);
+  launch_rms_norm(x.data_as<const float>(), x.row_stride(), weight.data(), kind, eps, rows, dim, out.data_as<float>(),
+                  impl_->stream);
   check_launch("rms_norm");
 }
 

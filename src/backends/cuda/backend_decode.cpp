@@ -40,10 +40,12 @@ void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tens
 }
 
 void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
-  require_cuda_f32("decode_compressor", {&a.kv, &a.gate, &a.ape, &a.emitted});
+  require_cuda_f32("decode_compressor", {&a.ape, &a.emitted});
+  require_cuda_f32_rows("decode_compressor", {&a.kv, &a.gate});
   CompressorParams p;
   p.kv = a.kv.data_as<const float>();
   p.gate = a.gate.data_as<const float>();
+  p.row_stride = a.kv.row_stride();  // gate's too (ops::decode_compressor checks)
   p.ape = a.ape.data_as<const float>();
   p.width = a.width;
   p.ratio = a.ratio;

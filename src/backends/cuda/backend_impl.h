@@ -70,6 +70,8 @@ struct CudaBackend::Impl {
 
 // Host-side helpers of the op implementations.
 void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views);
+// The same for views read as rows (TensorView::row_stride): each row contiguous, evenly spaced.
+void require_cuda_f32_rows(std::string_view op, std::initializer_list<const TensorView*> views);
 DeviceMat device_mat(const ops::Weight& w);
 // One linear or grouped linear (groups > 1) on the backend's stream, with the tuned K groups of the weight.
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups, const TensorView& y);

@@ -76,7 +76,8 @@ void CudaBackend::hc_head(const ops::HcHeadArgs& a) {
 }
 
 int64_t CudaBackend::compressor_update(const ops::CompressorArgs& a) {
-  require_cuda_f32("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted});
+  require_cuda_f32("compressor_update", {&a.acc, &a.ape, &a.emitted});
+  require_cuda_f32_rows("compressor_update", {&a.kv, &a.gate});
   const int64_t n = a.kv.dim(0);
   const int64_t count = ops::compressor_emit_count(a.start_pos, n, a.ratio);
   TERN_CHECK(count == 0 || (!a.emitted.empty() && a.emitted.dim(0) >= count), "cuda compressor_update: emitted ",
@@ -85,6 +86,7 @@ int64_t CudaBackend::compressor_update(const ops::CompressorArgs& a) {
   p.acc = a.acc.data_as<float>();
   p.kv = a.kv.data_as<const float>();
   p.gate = a.gate.data_as<const float>();
+  p.row_stride = a.kv.row_stride();  // gate's too (ops::compressor_update checks)
   p.ape = a.ape.data_as<const float>();
   p.n = n;
   p.width = a.acc.dim(2);

@@ -241,13 +241,26 @@ CudaStepGraphs& step_graphs() {
   return *static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));
 }
 
-void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views) {
+namespace {
+
+void require_f32_views(std::string_view op, std::initializer_list<const TensorView*> views, bool rows) {
   for (const TensorView* v : views) {
     if (v->empty()) continue;
     TERN_CHECK(v->device() == Device::cuda, "cuda ", op, ": a tensor is on the host");
     TERN_CHECK(v->dtype() == DType::f32, "no cuda kernel for op ", op, " (", dtype_name(v->dtype()), ")");
-    TERN_CHECK(v->is_contiguous(), "cuda ", op, ": tensors must be contiguous");
+    if (rows) TERN_CHECK(v->row_stride() >= 0, "cuda ", op, ": tensors must be rows (each contiguous, evenly spaced)");
+    else TERN_CHECK(v->is_contiguous(), "cuda ", op, ": tensors must be contiguous");
   }
+}
+
+}  // namespace
+
+void require_cuda_f32(std::string_view op, std::initializer_list<const TensorView*> views) {
+  require_f32_views(op, views, false);
+}
+
+void require_cuda_f32_rows(std::string_view op, std::initializer_list<const TensorView*> views) {
+  require_f32_views(op, views, true);
 }
 
 DeviceMat device_mat(const ops::Weight& w) {

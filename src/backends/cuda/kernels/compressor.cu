@@ -40,13 +40,13 @@ constexpr int kChannels = 32, kLanes = 8;
 __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
   pdl_prologue();
   if (p.positions != nullptr) {  // decode mode: this block's slot as a one-token chunk of its own sequence
-    const int64_t slot = blockIdx.y, C = p.width * (p.overlap ? 2 : 1);
+    const int64_t slot = blockIdx.y;
     p.start_pos = p.positions[slot];
     if (p.start_pos < 0) return;
     p.n = 1;
     p.acc = reinterpret_cast<float*>(p.accs[slot]);
-    p.kv += slot * C;
-    p.gate += slot * C;
+    p.kv += slot * p.row_stride;
+    p.gate += slot * p.row_stride;
     p.emitted += slot * p.width;
   }
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + (threadIdx.x % kChannels);
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(Compresso
   // Folds channel ch of the chunk's tokens in [t0, t1) into a.
   auto fold_tokens = [&](Acc& a, int64_t t0, int64_t t1, int64_t ch) {
     for (int64_t t = max(t0, s0); t < min(t1, end); ++t)
-      a.fold(p.gate[(t - s0) * C + ch] + p.ape[(t % r) * C + ch], p.kv[(t - s0) * C + ch]);
+      a.fold(p.gate[(t - s0) * p.row_stride + ch] + p.ape[(t % r) * C + ch], p.kv[(t - s0) * p.row_stride + ch]);
   };
   if (blockIdx.z > 0) {  // a window strictly between w0 + 1 and wlast: complete, all its tokens in the chunk
     const int64_t w = w0 + 2 + (static_cast<int64_t>(blockIdx.z) - 1) * kLanes + lane;

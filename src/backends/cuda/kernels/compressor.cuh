@@ -12,8 +12,9 @@ namespace tern::cuda {
 
 struct CompressorParams {
   float* acc = nullptr;        // [overlap ? 2 : 1, 3, width]
-  const float* kv = nullptr;   // [n, channels]
-  const float* gate = nullptr; // [n, channels]
+  const float* kv = nullptr;   // [n, channels], rows row_stride floats apart
+  const float* gate = nullptr; // [n, channels], rows row_stride floats apart
+  int64_t row_stride = 0;      // channels, or more: kv and gate are column ranges of one stacked product
   const float* ape = nullptr;  // [ratio, channels]
   int64_t n = 0, width = 0, start_pos = 0;
   int ratio = 0;

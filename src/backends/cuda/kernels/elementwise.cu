@@ -37,11 +37,15 @@ __global__ void add_kernel(const float* x, float* y, int64_t n) {
     y[i] += x[i];
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, float limit, float* out, int64_t n) {
+__global__ void swiglu_kernel(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float limit,
+                              float* out, int64_t rows, int64_t cols) {
   pdl_prologue();
+  const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = siluf_(fminf(gate[i], limit)) * fminf(fmaxf(up[i], -limit), limit);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i - r * cols;
+    out[i] = siluf_(fminf(gate[r * gate_stride + c], limit)) * fminf(fmaxf(up[r * up_stride + c], -limit), limit);
+  }
 }
 
 __global__ void gather_rows_kernel(const float* x, int64_t R, int64_t D, const int64_t* rows, int64_t n, float* out,
@@ -83,9 +87,11 @@ void launch_add(const float* x, float* y, int64_t n, cudaStream_t stream) {
   launch(dev::add_kernel, dev::grid_for(n), 256, 0, stream, x, y, n);
 }
 
-void launch_swiglu(const float* gate, const float* up, float limit, float* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  launch(dev::swiglu_kernel, dev::grid_for(n), 256, 0, stream, gate, up, limit, out, n);
+void launch_swiglu(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride, float limit, float* out,
+                   int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  launch(dev::swiglu_kernel, dev::grid_for(rows * cols), 256, 0, stream, gate, gate_stride, up, up_stride, limit, out,
+         rows, cols);
 }
 
 void launch_gather_rows(const float* x, int64_t R, int64_t D, const int64_t* rows, int64_t n, float* out, int* err,

@@ -9,8 +9,9 @@ namespace tern::cuda {
 
 enum class NormWeight : int { none, f32, bf16 };
 
-// x, out [rows, dim] (out may alias x).
-void launch_rms_norm(const float* x, const void* weight, NormWeight kind, float eps, int64_t rows, int64_t dim,
-                     float* out, cudaStream_t stream);
+// x [rows, dim] with x_stride floats from one row to the next (dim, or more for a column range of a stacked
+// product's output), out [rows, dim] contiguous (may alias x when x_stride == dim).
+void launch_rms_norm(const float* x, int64_t x_stride, const void* weight, NormWeight kind, float eps, int64_t rows,
+                     int64_t dim, float* out, cudaStream_t stream);
 
 }  // namespace tern::cuda
