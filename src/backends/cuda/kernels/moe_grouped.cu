@@ -27,7 +27,7 @@ namespace {
 
 constexpr int kGroupedK = 128;     // K columns per stage
 constexpr int kGroupedStages = 3;  // ring depth: ~26 KB a stage, so two or three blocks fit a multiprocessor
-constexpr int kGroupedWarps = 4;   // warp tile: 32 pairs (2 m-tiles) x 64 weight rows (8 n-tiles)
+constexpr int kGroupedWarps = 4;   // side by side along N: each warp takes all BM pairs of the tile
 
 // Physical column (0..31) held at stored position s of a 32-column group: s = 4S + 2q + j holds column
 // 8(S/2) + 2(S%2) + q + 4j (k-step S, q = 0 for slots 2t,2t+1 / 1 for slots 2t+8,2t+9, j the half).
@@ -40,9 +40,12 @@ __host__ __device__ constexpr int k_stored(int p) {
 }
 static_assert(k_stored(k_physical(5)) == 5 && k_stored(k_physical(26)) == 26 && k_physical(k_stored(13)) == 13);
 
+// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane). BM = 64:
+// 64 x 32, so each decoded B fragment feeds 4 mma (the decode is the ALU cost that competes with the mma
+// issue); BM = 32 (few pairs an expert, memory-bound): 32 x 64.
 template <int BM>
 struct GroupedTile {
-  static constexpr int kWarpsM = BM / 32, kWarpsN = kGroupedWarps / kWarpsM, BN = 64 * kWarpsN;
+  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kGroupedWarps * WN;
   static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
   static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
   static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
@@ -120,14 +123,15 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
   if (nj == 0 && j == 0) tile_first[0] = 0;
 }
 
-// Up (UP): n_local = 64 wn + c of a block's BN rows is w1 row (c < 32) or w3 row (c >= 32) number
-// n_tile * BN/2 + 32 wn + c % 32, so a warp's n-tiles 0..3 (w1) and 4..7 (w3) hold gate and up of the same
-// h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row n_tile * BN + n_local.
+// Up (UP): n_local = WN wn + c of a block's BN rows is w1 row (c < WN/2) or w3 row (c >= WN/2) number
+// n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
+// of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
+// n_tile * BN + n_local.
 template <WFmt F, int BM, bool UP>
-__global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(GroupedArgs a) {
+__global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = GroupedTile<BM>;
-  constexpr int BN = Tile::BN;
+  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
 
@@ -172,9 +176,9 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
     int which;
     int64_t row;
     if constexpr (UP) {
-      const int c = n_local % 64;
-      which = c < 32 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
-      row = static_cast<int64_t>(n_tile) * (BN / 2) + 32 * (n_local / 64) + c % 32;
+      const int c = n_local % WN;
+      which = c < WN / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
+      row = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * (n_local / WN) + c % (WN / 2);
     } else {
       which = 1;
       row = static_cast<int64_t>(n_tile) * BN + n_local;
@@ -201,12 +205,12 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
   };
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  const int wm = warp % Tile::kWarpsM, wn = warp / Tile::kWarpsM;
-  float acc[2][8][4];
+  const int wn = warp;
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
@@ -226,12 +230,12 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
     const uint8_t* xs = smem + (kb % kGroupedStages) * Tile::kStage;
     const uint8_t* ws = xs + Tile::kXBytes;
     const uint8_t* ss = ws + Tile::kWBytes;
-    // This lane's 16 bytes of each of its 8 weight rows, and their scale multipliers.
-    uint4 wraw[8];
-    uint32_t mult[8][2];
+    // This lane's 16 bytes of each of its NT weight rows, and their scale multipliers.
+    uint4 wraw[NT];
+    uint32_t mult[NT][2];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int n_local = 64 * wn + 8 * nt + g;
+    for (int nt = 0; nt < NT; ++nt) {
+      const int n_local = WN * wn + 8 * nt + g;
       wraw[nt] = lds128(ws + n_local * 64 + 16 * tq);
       if constexpr (kNv) {
         const uint8_t* s = ss + n_local * 8 + 2 * tq;
@@ -242,24 +246,24 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
-      uint4 ax[2][2];
+      uint4 ax[MT][2];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = 32 * wm + 16 * mt + g + 8 * hr;
+          const int r = 16 * mt + g + 8 * hr;
           ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
         }
       static_for<2>([&](auto sub_c) {
         constexpr int sub = decltype(sub_c)::value;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < NT; ++nt) {
           const uint32_t w = word_of(wraw[nt], i);
           const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
           const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
           const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < MT; ++mt)
             mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
                      word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
         }
@@ -273,17 +277,17 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
     const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
     const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = row0 + 32 * wm + 16 * mt + g + 8 * (i >> 1);
+        const int r = row0 + 16 * mt + g + 8 * (i >> 1);
         if (r >= count) continue;
         uint16_t* hrow = a.h + static_cast<int64_t>(first + r) * N;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int64_t col = static_cast<int64_t>(n_tile) * (BN / 2) + 32 * wn + 8 * nt + 2 * tq + (i & 1);
+        for (int nt = 0; nt < NT / 2; ++nt) {
+          const int64_t col = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * wn + 8 * nt + 2 * tq + (i & 1);
           if (col >= N) continue;
-          const float gate = acc[mt][nt][i] * m1, up = acc[mt][nt + 4][i] * m3;
+          const float gate = acc[mt][nt][i] * m1, up = acc[mt][nt + NT / 2][i] * m3;
           const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
           hrow[(col & ~int64_t{31}) + k_stored(static_cast<int>(col & 31))] =
               static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
@@ -292,15 +296,15 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_kernel(Grouped
   } else {
     const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = row0 + 32 * wm + 16 * mt + g + 8 * hr;
+        const int r = row0 + 16 * mt + g + 8 * hr;
         if (r >= count) continue;
         float* yrow = a.y + static_cast<int64_t>(first + r) * N;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int64_t col = static_cast<int64_t>(n_tile) * BN + 64 * wn + 8 * nt + 2 * tq;
+        for (int nt = 0; nt < NT; ++nt) {
+          const int64_t col = static_cast<int64_t>(n_tile) * BN + WN * wn + 8 * nt + 2 * tq;
           if (col >= N) continue;  // N is even (a multiple of 128): col + 1 < N too
           *reinterpret_cast<float2*>(yrow + col) = make_float2(acc[mt][nt][2 * hr] * m2, acc[mt][nt][2 * hr + 1] * m2);
         }
@@ -347,8 +351,8 @@ bool moe_grouped_supported(const MoeParams& p) {
 }
 
 int moe_grouped_tile_pairs(const MoeParams& p) {
-  // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles, 4 warps across 256 weight rows; from ~48
-  // on, 64-pair tiles (2 x 2 warps, 128 rows) halve the weight reads per pair.
+  // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
+  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair.
   return p.E > 0 && p.T * p.k >= 48 * p.E ? 64 : 32;
 }
 
