@@ -38,7 +38,17 @@ __host__ __device__ constexpr int k_physical(int s) {
 __host__ __device__ constexpr int k_stored(int p) {
   return (p & 0x18) | ((p >> 2) & 1) | ((p & 1) << 1) | (((p >> 1) & 1) << 2);
 }
-static_assert(k_stored(k_physical(5)) == 5 && k_stored(k_physical(26)) == 26 && k_physical(k_stored(13)) == 13);
+__host__ __device__ constexpr bool k_permutation_ok() {
+  for (int p = 0; p < 32; ++p)
+    if (k_stored(p) < 0 || k_stored(p) > 31 || k_physical(k_stored(p)) != p || k_stored(k_physical(p)) != p) return false;
+  // The mma pairing: stored 4S + 2q + j is column 8(S/2) + 2(S%2) + q + 4j (what the B decode feeds that slot).
+  for (int S = 0; S < 8; ++S)
+    for (int q = 0; q < 2; ++q)
+      for (int j = 0; j < 2; ++j)
+        if (k_physical(4 * S + 2 * q + j) != 8 * (S / 2) + 2 * (S % 2) + q + 4 * j) return false;
+  return true;
+}
+static_assert(k_permutation_ok());
 
 // Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane). BM = 64:
 // 64 x 32, so each decoded B fragment feeds 4 mma (the decode is the ALU cost that competes with the mma
