@@ -151,6 +151,58 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
   }
 }
 
+// A prefill chunk's routed experts, whole op (plan, gather, products, SwiGLU, combine), at one layer's 256
+// distinct experts (3.4 GB: never in L2), uniform routing: the grouped FP4 kernels (moe_grouped.cuh) against the
+// older library path (experts expanded to bf16, per-expert cuBLAS; TERN_MOE_PREFILL=library), beside cuBLAS's
+// own bf16 rate on one product of the same FLOP ([T k, D] x [3 inter, D]^T) measured in the same run, and the
+// time to read the experts' FP4 bytes once at the copy bandwidth. FLOP: 2 * 3 * D * inter a pair. Eager timings
+// (the library path synchronises, so it cannot be captured in a graph).
+void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
+  const int64_t E = 256, D = 4096, inter = 2048, k = 6;
+  const HostWeight w1 = random_weight(f, inter, D, r, 0.03f, "w1"), w2 = random_weight(f, D, inter, r, 0.02f, "w2");
+  cuda::WeightStore store;
+  std::vector<ops::Expert> experts(E);
+  for (int64_t e = 0; e < E; ++e) experts[e] = ops::Expert{store.upload(w1.w), store.upload(w2.w), store.upload(w1.w)};
+  const double expert_bytes = 2.0 * static_cast<double>(weight_bytes(w1.w)) + static_cast<double>(weight_bytes(w2.w));
+  cuda::CudaBackend& be = cuda::register_backend();
+  const std::string fmt(ops::weight_format_name(f));
+  for (int64_t T : Ts) {
+    Tensor idx(DType::i32, {T, k});
+    std::vector<char> used(E, 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        std::swap(all[j], all[j + r.index(E - j)]);
+        idx.data<int32_t>()[t * k + j] = all[j];
+        used[all[j]] = 1;
+      }
+    }
+    const int64_t distinct = std::count(used.begin(), used.end(), 1), P = T * k;
+    const double flop = 2.0 * 3.0 * static_cast<double>(D * inter) * static_cast<double>(P);
+    const double bytes = expert_bytes * static_cast<double>(distinct);
+    auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
+    cuda::DeviceTensor out(DType::f32, {T, D});
+    const auto call = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); };
+    const double cublas_us = be.library_gemm_us(P, 3 * inter, D, false, 10);
+    be.set_moe_prefill_library(false);
+    const double grouped_us = cuda::time_device(call, 2, 10).median_us;
+    const std::string path = be.moe_path(experts[0].w1, T);
+    be.set_moe_prefill_library(true);
+    const double library_us = cuda::time_device(call, 1, 5).median_us;
+    be.set_moe_prefill_library(false);
+    const std::string shape = cat("T=", T, " experts=", distinct);
+    report(cat("moe_prefill grouped (", fmt, ")"), shape, grouped_us, grouped_us, bytes);
+    report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
+    const auto tflops = [&](double us) { return flop / (us * 1e6); };
+    std::printf("  moe_prefill %s T=%lld: grouped %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16 %.0f TFLOP/s, %.0f us), "
+                "library %.0f us %.0f TFLOP/s; FP4 bytes once %.0f us (grouped %.2fx of it)\n  (grouped path: %s)\n",
+                fmt.c_str(), static_cast<long long>(T), grouped_us, tflops(grouped_us), 100.0 * cublas_us / grouped_us,
+                tflops(cublas_us), cublas_us, library_us, tflops(library_us), bytes / (g_copy_gbs * 1e3),
+                grouped_us / (bytes / (g_copy_gbs * 1e3)), path.c_str());
+  }
+}
+
 void bench_attention(Rand& r, bool quick) {
   const int64_t H = 64, hd = 512, W = 128, k = 512;
   const ops::KvRowFormat f{ops::KvFormat::fp8_ds, hd, 64};
@@ -390,15 +442,16 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  std::string only;  // --only SECTION: one section's rows (linear, moe, attention, attention_prefill, indexer, mhc, probe)
+  // --only SECTION: one section's rows (linear, moe, moe_prefill, attention, attention_prefill, indexer, mhc, probe)
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
-      if (only != "linear" && only != "moe" && only != "attention" && only != "attention_prefill" &&
-          only != "indexer" && only != "mhc" && only != "probe") {
+      if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
+          only != "attention_prefill" && only != "indexer" && only != "mhc" && only != "probe") {
         std::fprintf(stderr,
-                     "tern_gpu_bench: --only takes linear, moe, attention, attention_prefill, indexer, mhc or probe, "
-                     "not %s\n",
+                     "tern_gpu_bench: --only takes linear, moe, moe_prefill, attention, attention_prefill, indexer, "
+                     "mhc or probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -462,6 +515,11 @@ int main(int argc, char** argv) {
   if (section("moe")) {
     bench_moe(WeightFormat::mxfp4, moe_t, r);
     bench_moe(WeightFormat::nvfp4, moe_t, r);
+  }
+  if (section("moe_prefill")) {
+    const std::vector<int64_t> prefill_t = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 8192};
+    bench_moe_prefill(WeightFormat::mxfp4, prefill_t, r);
+    bench_moe_prefill(WeightFormat::nvfp4, prefill_t, r);
   }
   if (section("attention")) {
     bench_attention(r, quick);

@@ -50,6 +50,7 @@ struct CudaBackend::Impl {
   // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;
   bool batch_invariant = false;
+  bool moe_prefill_library = false;  // set_moe_prefill_library: the expanded-bf16 library MoE over the grouped one
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;
@@ -80,6 +81,9 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
 bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y);
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
+// The routed experts of a prefill chunk on the grouped FP4 kernels (moe_grouped.cuh): for the token counts the
+// library takes, FP4 experts, unless moe_prefill_library; no host readback.
+bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p);
 bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head);
 // Writes the scores [n, num_keys] (in `scores`, which must not be the op workspace) when it takes the call.
 bool run_library_indexer(CudaBackend::Impl& impl, const IndexerParams& p, float* scores);

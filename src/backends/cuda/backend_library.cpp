@@ -8,6 +8,7 @@
 #include "backends/cuda/kernels/gemm_prep.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 
 namespace tern::cuda {
 
@@ -150,6 +151,39 @@ struct Job {
 };
 
 }  // namespace
+
+// The plan stays on the device: the grouped kernels' grids are bounded from T, k and E, and each block finds its
+// (job, m-tile, n-tile) in the tile table, so this path never synchronises and may be captured.
+bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
+  if (!impl.library_for(p.T) || impl.moe_prefill_library || !moe_grouped_supported(p) || !aligned16(p.x))
+    return false;
+  const int64_t P = p.T * p.k, max_jobs = std::min<int64_t>(P, p.E) + 2;
+  TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");
+  cudaStream_t s = impl.stream;
+  Carve c;
+  const size_t sorted_at = c.take(P * 4), pos_at = c.take(P * 4), jobs_at = c.take(max_jobs * 3 * 4),
+               num_at = c.take(4), counts_at = c.take(moe_sort_count_ints(P, p.E) * 4),
+               tiles_at = c.take((p.E + 1) * 4), xs_at = c.take(P * p.D * 2), h_at = c.take(P * p.inter * 2),
+               y_at = c.take(P * p.D * 4);
+  char* ws = static_cast<char*>(impl.scratch(c.used));
+  MoeGroupedBuffers b;
+  b.sorted = reinterpret_cast<const int*>(ws + sorted_at);
+  b.jobs = reinterpret_cast<const int*>(ws + jobs_at);
+  b.num_jobs = reinterpret_cast<const int*>(ws + num_at);
+  b.tile_first = reinterpret_cast<int*>(ws + tiles_at);
+  b.xs = reinterpret_cast<uint16_t*>(ws + xs_at);
+  b.h = reinterpret_cast<uint16_t*>(ws + h_at);
+  b.y = reinterpret_cast<float*>(ws + y_at);
+  auto* pos = reinterpret_cast<int*>(ws + pos_at);
+  launch_moe_sort(p, reinterpret_cast<int*>(ws + counts_at), reinterpret_cast<int*>(ws + sorted_at), pos,
+                  reinterpret_cast<int*>(ws + jobs_at), reinterpret_cast<int*>(ws + num_at), s);
+  check_launch("moe_sort");
+  launch_moe_grouped(p, b, s);
+  check_launch("moe_grouped");
+  launch_moe_combine(p, b.y, pos, s);
+  check_launch("moe_combine");
+  return true;
+}
 
 // The plan (pairs grouped by expert, one job per expert) is read back to the host: the per-expert products
 // need their token counts there. So this path synchronises once per call and never runs inside a capture.

@@ -7,6 +7,7 @@
 #include "backends/cuda/kernels/compressor.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 
 namespace tern::cuda {
 
@@ -311,7 +312,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;
   p.variant = impl_->moe_variant;
-  if (run_library_moe(*impl_, p, a.experts)) return;
+  if (run_grouped_moe(*impl_, p) || run_library_moe(*impl_, p, a.experts)) return;
   void* ws = impl_->scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl_->num_sms, impl_->stream);
   check_launch("moe_experts");
@@ -331,6 +332,9 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
   MoeParams p = moe_shape(w1, w1, T, 1);
   p.experts_aligned = true;
   p.variant = impl_->moe_variant;
+  // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
+  if (impl_->library_for(T) && !impl_->moe_prefill_library && moe_grouped_supported(p))
+    return moe_grouped_path_name(p);
   return moe_path_name(p);
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/errors.h"
@@ -24,6 +25,10 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // TERN_MOE_VARIANT: a debugging override of the routed-expert kernel variant (CudaBackend::moe_variant_name;
   // 3 forces the register kernel), e.g. to take a suspect kernel out of a whole-model run.
   if (const char* v = std::getenv("TERN_MOE_VARIANT"); v != nullptr && *v != '\0') set_moe_variant(std::atoi(v));
+  // TERN_MOE_PREFILL=library: prefill chunks' FP4 experts on the older library path (A/B against the grouped
+  // kernels); anything else, or unset, keeps the grouped kernels.
+  if (const char* v = std::getenv("TERN_MOE_PREFILL"); v != nullptr && std::string_view(v) == "library")
+    impl_->moe_prefill_library = true;
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -87,6 +92,7 @@ LibraryGemm& CudaBackend::Impl::lib() {
 
 void CudaBackend::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
+void CudaBackend::set_moe_prefill_library(bool on) { impl_->moe_prefill_library = on; }
 int64_t CudaBackend::library_min_tokens() { return kLibraryMinTokens; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
@@ -189,9 +195,12 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "library GEMMs, for products of >= 512 tokens (prefill chunks) unless --batch-invariant: linear / "
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
       "accumulate); exact weights: bf16 / FP8 (bf16 numbers) as three cuBLAS bf16 products on x split into three "
-      "bf16 planes (f32 accuracy), f32 weights on cuBLAS f32 (no TF32); moe_experts: multi-block plan (moe_sort) read back, experts "
-      "expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), SwiGLU, "
-      "combine",
+      "bf16 planes (f32 accuracy), f32 weights on cuBLAS f32 (no TF32); moe_experts with mxfp4 / nvfp4 experts: "
+      "multi-block plan (moe_sort) + moe_grouped_kernel up (w1|w3 tiles, SwiGLU in the epilogue, h bf16) and down "
+      "(w2), grouped GEMMs scheduled from the device job table (no readback), FP4 decoded in registers into "
+      "mma.sync bf16 fragments, f32 accumulate, + moe_combine; fp8 / bf16 experts or TERN_MOE_PREFILL=library: the "
+      "plan read back, experts expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), "
+      "SwiGLU, combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"

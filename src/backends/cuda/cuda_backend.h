@@ -116,6 +116,10 @@ class CudaBackend final : public ops::Backend {
   void set_moe_variant(int variant);
   // The kernel path moe_experts takes for a call of T tokens with experts of this format and shape.
   std::string moe_path(const ops::Weight& w1, int64_t T) const;
+  // Prefill chunks' routed experts (>= kLibraryMinTokens, not batch invariant): false (the default) runs FP4
+  // experts on the grouped kernels (moe_grouped.cuh), true on the older library path (experts expanded to
+  // bf16, per-expert cuBLAS products). TERN_MOE_PREFILL=library sets it at start-up; for A/B runs and tests.
+  void set_moe_prefill_library(bool on);
 
   struct Impl;
 

@@ -1,0 +1,398 @@
+// Grouped GEMMs of the routed experts for prefill chunks (moe_grouped.cuh): one block per (job, m-tile of
+// BM pairs, n-tile of BN weight rows); x (or h) as bf16 and the raw FP4 weights and their scales stream
+// through a kGroupedStages-deep cp.async ring in shared memory, K = 128 columns a stage; the FP4 nibbles are
+// decoded straight into mma.sync B fragments (Hopper has no FP4 MMA; mma_tile.cuh's exact decoders).
+//
+// K order. The order of k inside one m16n8k16 does not matter if A and B agree. A quad's lane t decodes its
+// own 16 contiguous bytes (32 columns, 32t .. 32t+31 of the stage) of each weight row: k-step S (0..7) takes
+// word S/2 of them, nibbles (i, i+4) for i = 2(S%2) (k slots 2t, 2t+1) and i = 2(S%2)+1 (slots 2t+8, 2t+9).
+// So the activations are stored with each 32-column group permuted (moe_grouped_k_stored) such that the A
+// pair of those slots is one 32-bit word: a lane reads its rows' 32 columns as 4 x 16 bytes, one per two
+// k-steps. The gather writes x that way; the up kernel writes h that way for the down kernel.
+//
+// Weights enter as W * 2^-16 (mma_tile.cuh: keeps every product in bf16 range) and the sums are multiplied by
+// 2^16 and NVFP4's per-matrix global scale in the epilogue, per matrix (w1 and w3 may differ).
+#include <algorithm>
+#include <cstdlib>
+
+#include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
+#include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/stream_tile.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+constexpr int kGroupedK = 128;     // K columns per stage
+constexpr int kGroupedStages = 3;  // ring depth: ~26 KB a stage, so two or three blocks fit a multiprocessor
+constexpr int kGroupedWarps = 4;   // side by side along N: each warp takes all BM pairs of the tile
+
+// Physical column (0..31) held at stored position s of a 32-column group: s = 4S + 2q + j holds column
+// 8(S/2) + 2(S%2) + q + 4j (k-step S, q = 0 for slots 2t,2t+1 / 1 for slots 2t+8,2t+9, j the half).
+__host__ __device__ constexpr int k_physical(int s) {
+  return (s & 0x18) | ((s >> 1) & 1) | (((s >> 2) & 1) << 1) | ((s & 1) << 2);
+}
+// Its inverse: the stored position of physical column p.
+__host__ __device__ constexpr int k_stored(int p) {
+  return (p & 0x18) | ((p >> 2) & 1) | ((p & 1) << 1) | (((p >> 1) & 1) << 2);
+}
+__host__ __device__ constexpr bool k_permutation_ok() {
+  for (int p = 0; p < 32; ++p)
+    if (k_stored(p) < 0 || k_stored(p) > 31 || k_physical(k_stored(p)) != p || k_stored(k_physical(p)) != p) return false;
+  // The mma pairing: stored 4S + 2q + j is column 8(S/2) + 2(S%2) + q + 4j (what the B decode feeds that slot).
+  for (int S = 0; S < 8; ++S)
+    for (int q = 0; q < 2; ++q)
+      for (int j = 0; j < 2; ++j)
+        if (k_physical(4 * S + 2 * q + j) != 8 * (S / 2) + 2 * (S % 2) + q + 4 * j) return false;
+  return true;
+}
+static_assert(k_permutation_ok());
+
+// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane). BM = 64:
+// 64 x 32, so each decoded B fragment feeds 4 mma (the decode is the ALU cost that competes with the mma
+// issue); BM = 32 (few pairs an expert, memory-bound): 32 x 64.
+template <int BM>
+struct GroupedTile {
+  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kGroupedWarps * WN;
+  static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
+  static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
+  static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kSmem = kStage * kGroupedStages;
+};
+
+// 16-byte chunk c (0..15) of x row r sits at chunk x_chunk(r, c): a lds.128 phase (lanes g, g+1 of a quad
+// pair, chunks 4t + i) then touches 8 distinct bank groups (row parity and chunk bit 3 flip bits 0 and 1).
+__device__ __forceinline__ int x_chunk(int r, int c) { return c ^ (((c >> 3) & 1) << 1) ^ (r & 1); }
+
+struct GroupedArgs {
+  const ExpertDesc* experts;
+  const int* jobs;
+  const int* num_jobs;
+  const int* tile_first;
+  const uint16_t* a;  // [P, K] bf16, K permuted (gathered x for up, h for down)
+  int64_t K, N;       // N: rows of one weight matrix (up: inter, down: D)
+  int n_tiles;
+  float limit;
+  uint16_t* h;  // up: [P, inter]
+  float* y;     // down: [P, D]
+};
+
+__global__ void moe_grouped_gather_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D,
+                                          uint16_t* xs) {
+  pdl_prologue();
+  const int64_t groups = D / 32, n = P * groups;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t slot = i / groups, c0 = (i - slot * groups) * 32;
+    // Slots past the plan's pairs (a pair with an invalid expert, raised by the sort) are never read by a
+    // tile; their sorted[] is stale scratch, so it is not trusted as an address.
+    const int pair = sorted[slot];
+    const bool valid = pair >= 0 && pair < P;
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(valid ? pair / k : 0) * D + c0);
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float4 f = valid ? src[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+    uint4* dst = reinterpret_cast<uint4*>(xs + slot * D + c0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int s = 8 * q + 2 * u;
+        w[u] = pack_bf16(v[k_physical(s)], v[k_physical(s + 1)]);
+      }
+      dst[q] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// One block of 1024 threads (num_jobs <= E <= 1024): tile_first[j] = sum over jobs i < j of ceil(count_i / bm),
+// tile_first[num_jobs] = the total.
+__global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, int bm, int* tile_first) {
+  pdl_prologue();
+  __shared__ int warp_tiles[32];
+  const int nj = *num_jobs, j = threadIdx.x, lane = j & 31, warp = j >> 5;
+  const int m = j < nj ? (jobs[3 * j + 2] + bm - 1) / bm : 0;
+  int incl = m;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_tiles[warp] = incl;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) incl += warp_tiles[w];
+  if (j < nj) tile_first[j] = incl - m;
+  if (j == nj - 1) tile_first[nj] = incl;
+  if (nj == 0 && j == 0) tile_first[0] = 0;
+}
+
+// Up (UP): n_local = WN wn + c of a block's BN rows is w1 row (c < WN/2) or w3 row (c >= WN/2) number
+// n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
+// of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
+// n_tile * BN + n_local.
+template <WFmt F, int BM, bool UP>
+__global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(GroupedArgs a) {
+  grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
+  using Tile = GroupedTile<BM>;
+  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN;
+  constexpr bool kNv = F == WFmt::nvfp4;
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int nj = *a.num_jobs;
+  const int64_t t = blockIdx.x;
+  if (nj == 0 || t >= static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles) return;  // past the plan's tiles
+  int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before t (every job has >= 1 m-tile)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (static_cast<int64_t>(a.tile_first[mid]) * a.n_tiles <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  const int job = lo, m_tiles = a.tile_first[job + 1] - a.tile_first[job];
+  const int local = static_cast<int>(t - static_cast<int64_t>(a.tile_first[job]) * a.n_tiles);
+  // m fastest: the blocks sharing an n-tile's weights run side by side (their second reads hit L2).
+  const int n_tile = local / m_tiles, m_tile = local % m_tiles;
+  const int e = a.jobs[3 * job], first = a.jobs[3 * job + 1], count = a.jobs[3 * job + 2];
+  const int row0 = m_tile * BM;
+  const ExpertDesc& ed = a.experts[e];
+  const int64_t K = a.K, N = a.N;
+  const int64_t w_row_bytes = K / 2, s_row_bytes = kNv ? K / 16 : K / 32;
+
+  const int tid = threadIdx.x;
+  // Copy assignments (fixed for the whole K loop): x rows tid/16 + 8i, chunk tid%16; weight rows tid/4 + 32i,
+  // chunk tid%4 (and that row's scale word when tid%4 == 0). Rows past the job or the matrix read a valid row
+  // (the last one): their results are never stored.
+  constexpr int kXCopies = BM / 8, kWCopies = BN / 32;
+  const uint16_t* xsrc[kXCopies];
+  int xdst[kXCopies];
+#pragma unroll
+  for (int i = 0; i < kXCopies; ++i) {
+    const int r = tid / 16 + 8 * i, c = tid % 16;
+    const int slot = first + min(row0 + r, count - 1);
+    xsrc[i] = a.a + static_cast<int64_t>(slot) * K + 8 * c;
+    xdst[i] = r * 256 + x_chunk(r, c) * 16;
+  }
+  const uint8_t* wsrc[kWCopies];
+  const uint8_t* ssrc[kWCopies];
+#pragma unroll
+  for (int i = 0; i < kWCopies; ++i) {
+    const int n_local = tid / 4 + 32 * i;
+    int which;
+    int64_t row;
+    if constexpr (UP) {
+      const int c = n_local % WN;
+      which = c < WN / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
+      row = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * (n_local / WN) + c % (WN / 2);
+    } else {
+      which = 1;
+      row = static_cast<int64_t>(n_tile) * BN + n_local;
+    }
+    row = min(row, N - 1);
+    wsrc[i] = static_cast<const uint8_t*>(ed.w[which]) + row * w_row_bytes + 16 * (tid % 4);
+    ssrc[i] = static_cast<const uint8_t*>(ed.s[which]) + row * s_row_bytes;
+  }
+  auto load_stage = [&](int kb, int stage) {
+    uint8_t* xs = smem + stage * Tile::kStage;
+    uint8_t* ws = xs + Tile::kXBytes;
+    uint8_t* ss = ws + Tile::kWBytes;
+#pragma unroll
+    for (int i = 0; i < kXCopies; ++i) cp_async16(xs + xdst[i], xsrc[i] + static_cast<int64_t>(kb) * kGroupedK, true);
+#pragma unroll
+    for (int i = 0; i < kWCopies; ++i) {
+      const int n_local = tid / 4 + 32 * i;
+      cp_async16(ws + n_local * 64 + 16 * (tid % 4), wsrc[i] + static_cast<int64_t>(kb) * 64, true);
+      if (tid % 4 == 0) {
+        if constexpr (kNv) cp_async_small<8>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 8, true);
+        else cp_async_small<4>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 4, true);
+      }
+    }
+  };
+
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int wn = warp;
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  const int kblocks = static_cast<int>(K / kGroupedK);
+#pragma unroll
+  for (int s = 0; s < kGroupedStages - 1; ++s) {
+    if (s < kblocks) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kb = 0; kb < kblocks; ++kb) {
+    cp_async_wait<kGroupedStages - 2>();
+    __syncthreads();  // stage kb landed for every thread; stage (kb - 1) % kGroupedStages is free again
+    const int next = kb + kGroupedStages - 1;
+    if (next < kblocks) load_stage(next, next % kGroupedStages);
+    cp_async_commit();
+
+    const uint8_t* xs = smem + (kb % kGroupedStages) * Tile::kStage;
+    const uint8_t* ws = xs + Tile::kXBytes;
+    const uint8_t* ss = ws + Tile::kWBytes;
+    // This lane's 16 bytes of each of its NT weight rows, and their scale multipliers.
+    uint4 wraw[NT];
+    uint32_t mult[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int n_local = WN * wn + 8 * nt + g;
+      wraw[nt] = lds128(ws + n_local * 64 + 16 * tq);
+      if constexpr (kNv) {
+        const uint8_t* s = ss + n_local * 8 + 2 * tq;
+        ue4m3x2_mult_bf16x2(s[0] | (static_cast<uint32_t>(s[1]) << 8), mult[nt]);
+      } else {
+        mult[nt][0] = mult[nt][1] = e8m0_mult_bf16x2(ss[n_local * 8 + tq]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
+      uint4 ax[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * mt + g + 8 * hr;
+          ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+        }
+      static_for<2>([&](auto sub_c) {
+        constexpr int sub = decltype(sub_c)::value;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t w = word_of(wraw[nt], i);
+          const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
+          const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+          const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+            mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
+                     word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
+        }
+      });
+    }
+  }
+  cp_async_wait<0>();
+  grid_dependents_launch();  // the weights are read: the next kernel may be scheduled
+
+  if constexpr (UP) {
+    const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
+    const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = row0 + 16 * mt + g + 8 * (i >> 1);
+        if (r >= count) continue;
+        uint16_t* hrow = a.h + static_cast<int64_t>(first + r) * N;
+#pragma unroll
+        for (int nt = 0; nt < NT / 2; ++nt) {
+          const int64_t col = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * wn + 8 * nt + 2 * tq + (i & 1);
+          if (col >= N) continue;
+          const float gate = acc[mt][nt][i] * m1, up = acc[mt][nt + NT / 2][i] * m3;
+          const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+          hrow[(col & ~int64_t{31}) + k_stored(static_cast<int>(col & 31))] =
+              static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+        }
+      }
+  } else {
+    const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = row0 + 16 * mt + g + 8 * hr;
+        if (r >= count) continue;
+        float* yrow = a.y + static_cast<int64_t>(first + r) * N;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int64_t col = static_cast<int64_t>(n_tile) * BN + WN * wn + 8 * nt + 2 * tq;
+          if (col >= N) continue;  // N is even (a multiple of 128): col + 1 < N too
+          *reinterpret_cast<float2*>(yrow + col) = make_float2(acc[mt][nt][2 * hr] * m2, acc[mt][nt][2 * hr + 1] * m2);
+        }
+      }
+  }
+}
+
+template <WFmt F, int BM, bool UP>
+void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  static const bool attr = [] {
+    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         GroupedTile<BM>::kSmem);
+    return true;
+  }();
+  (void)attr;
+  const int64_t blocks = m_tiles_bound * a.n_tiles;
+  if (blocks == 0) return;
+  launch(moe_grouped_kernel<F, BM, UP>, static_cast<unsigned>(blocks), kGroupedWarps * 32, GroupedTile<BM>::kSmem,
+         stream, a);
+}
+
+template <WFmt F, int BM>
+void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
+  const int64_t P = p.T * p.k;
+  // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
+  const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
+  constexpr int BN = GroupedTile<BM>::BN;
+  GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
+                static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
+  launch_grouped<F, BM, true>(a, m_bound, stream);
+  a.a = b.h;
+  a.K = p.inter;
+  a.N = p.D;
+  a.n_tiles = static_cast<int>((p.D + BN - 1) / BN);
+  launch_grouped<F, BM, false>(a, m_bound, stream);
+}
+
+}  // namespace
+}  // namespace dev
+
+bool moe_grouped_supported(const MoeParams& p) {
+  return (p.kind == WeightKind::mxfp4 || p.kind == WeightKind::nvfp4) && p.D % dev::kGroupedK == 0 &&
+         p.inter % dev::kGroupedK == 0 && p.E <= 1024 && p.experts_aligned;
+}
+
+int moe_grouped_tile_pairs(const MoeParams& p) {
+  // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
+  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair.
+  return p.E > 0 && p.T * p.k >= 48 * p.E ? 64 : 32;
+}
+
+const char* moe_grouped_path_name(const MoeParams& p) {
+  const bool nv = p.kind == WeightKind::nvfp4;
+  if (p.E == 0)  // shape only (CudaBackend::moe_path): the tile is picked per call
+    return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+  if (moe_grouped_tile_pairs(p) == 64)
+    return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
+  return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
+            : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
+}
+
+void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
+  const int64_t P = p.T * p.k;
+  if (P == 0) return;
+  launch(dev::moe_grouped_gather_kernel, dev::grid_stride_blocks(P * p.D / 32), 256, 0, stream, p.x, b.sorted, P,
+         p.k, p.D, b.xs);
+  const int bm = moe_grouped_tile_pairs(p);
+  launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, bm, b.tile_first);
+  const bool nv = p.kind == WeightKind::nvfp4;
+  if (bm == 64) {
+    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 64>(p, b, stream);
+    else dev::launch_up_down<dev::WFmt::mxfp4, 64>(p, b, stream);
+  } else {
+    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 32>(p, b, stream);
+    else dev::launch_up_down<dev::WFmt::mxfp4, 32>(p, b, stream);
+  }
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,42 @@
+// The routed experts of a prefill chunk as grouped GEMMs that read the FP4 experts as they are stored
+// (moe_grouped.cu; host interface). Replaces the library path's expansion of every touched expert to bf16
+// (2 bytes written and read back per weight where the FP4 weight is half a byte) and its host readback of
+// the plan: tiles are scheduled from the device job table.
+//
+//   gather: xs[slot] = bf16(x[sorted[slot] / k]), K permuted within groups of 32 columns (moe_grouped_k_stored)
+//   tiles:  tile_first[j] = m-tiles of the jobs before j (one block)
+//   up:     per (job, m-tile of pairs, n-tile of w1|w3 rows): h = SwiGLU(x w1^T, x w3^T) as bf16, same K order
+//   down:   per (job, m-tile, n-tile of w2 rows): y = h w2^T (f32, by sorted slot); the caller adds the combine
+// Numerics are the library path's: bf16 operands (the FP4 weights exactly), f32 accumulation, h rounded to bf16.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/moe.cuh"
+
+namespace tern::cuda {
+
+// MXFP4 / NVFP4 experts with D and inter multiples of 128 (the kernels' K step) and at most 1024 experts.
+bool moe_grouped_supported(const MoeParams& p);
+// Pairs per m-tile (32 or 64) for these params: chosen from the mean pairs per expert.
+int moe_grouped_tile_pairs(const MoeParams& p);
+// Name of the kernels launch_moe_grouped takes for these params (startup report, benchmarks, tests).
+const char* moe_grouped_path_name(const MoeParams& p);
+
+// The plan (launch_moe_sort's outputs) and the buffers of the grouped path, all device memory.
+struct MoeGroupedBuffers {
+  const int* sorted = nullptr;    // [P] pair ids by sorted slot
+  const int* jobs = nullptr;      // [num_jobs][3] expert, first slot, count
+  const int* num_jobs = nullptr;  // device int
+  int* tile_first = nullptr;      // [E + 1]
+  uint16_t* xs = nullptr;         // [P, D] bf16, K permuted
+  uint16_t* h = nullptr;          // [P, inter] bf16, K permuted
+  float* y = nullptr;             // [P, D] f32 by sorted slot
+};
+
+// gather, tiles, up and down (y complete when the stream reaches it; then launch_moe_combine).
+void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,116 @@
+// GPU vs CPU: the grouped FP4 MoE kernels (kernels/moe_grouped.cuh) that prefill chunks' routed experts take
+// (>= the library threshold of tokens, MXFP4 / NVFP4 experts), at every expert of the real model: against the
+// CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
+// reference of those rows alone is theirs in the batch), and against the older library path
+// (set_moe_prefill_library) on every token.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "ops/moe.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+using ops::WeightFormat;
+
+class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
+ protected:
+  void TearDown() override {
+    if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
+  }
+};
+
+// k distinct experts per token. skew: pick j comes from 2 + j^2 candidates among the first two thirds of the
+// experts, so a few experts get most pairs (several tiles, ragged ends), some few, many none; otherwise uniform.
+Tensor random_picks(int64_t T, int64_t E, int64_t k, bool skew, Rand& r) {
+  Tensor idx(DType::i32, {T, k});
+  const int64_t used = skew ? std::max<int64_t>(k + 1, E - E / 3) : E;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(used);
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t span = skew ? std::min<int64_t>(used - j, 2 + j * j) : used - j;
+      std::swap(all[j], all[j + r.index(span)]);
+    }
+    std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+  }
+  return idx;
+}
+
+Tensor rows_of(const Tensor& t, const std::vector<int64_t>& rows) {
+  const int64_t width = t.numel() / t.dim(0), bytes = static_cast<int64_t>(t.nbytes()) / t.dim(0);
+  Tensor out(t.dtype(), {static_cast<int64_t>(rows.size()), width});
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.view().data_as<std::byte>() + i * bytes, t.view().data_as<const std::byte>() + rows[i] * bytes, bytes);
+  return out;
+}
+
+TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = s.experts, k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  struct Run {
+    int64_t T;
+    bool skew;
+  };
+  // V4-Flash: 512 and 1 024 tokens take 32-pair tiles (12 and 24 pairs an expert), 8 192 the 64-pair tiles;
+  // 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts, top-2): 64-pair tiles.
+  const std::vector<Run> runs = {{512, false}, {1024, false}, {1000, true}, {8192, false}};
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, inter, r);
+    if (f == WeightFormat::nvfp4)  // per-matrix global scales that differ within an expert and across experts
+      for (int64_t e = 0; e < E; ++e) {
+        const float g3 = 1.75f + 0.01f * static_cast<float>(e % 7), g2 = 0.6f;
+        for (auto* list : {&experts.on_host, &experts.on_device}) {
+          (*list)[e].w3.global_scale *= g3;
+          (*list)[e].w2.global_scale *= g2;
+        }
+      }
+    const std::vector<ops::Expert>& hexp = experts.on_host;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (const Run& run : runs) {
+      const int64_t T = run.T;
+      Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx = random_picks(T, E, k, run.skew, r);
+      auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      be.set_moe_prefill_library(false);
+      const std::string path = be.moe_path(dexp[0].w1, T);
+      const std::string what =
+          cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "", " (", path, ")");
+      EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
+      auto out = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+      const Tensor got = cuda::to_host(out);
+
+      // The CPU reference of 40 random tokens and the first and last.
+      std::vector<int64_t> rows = {0, T - 1};
+      for (int i = 0; i < 40; ++i) rows.push_back(r.index(T));
+      const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
+      Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
+      ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+      expect_close(upload(rows_of(got, rows)), ref, kTolBf16, what + " vs cpu");
+
+      // Every token against the library path: the same bf16 operands and f32 sums in another order (h's bf16
+      // rounding may flip for a few values), so far under the bf16 tolerance.
+      be.set_moe_prefill_library(true);
+      EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped_kernel"), std::string::npos);
+      auto lib = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
+      be.set_moe_prefill_library(false);
+      expect_close(out, cuda::to_host(lib), 1e-3, what + " vs library");
+    }
+  }
+  be.check_device_errors();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeGrouped, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest
