@@ -231,21 +231,25 @@ struct MoeVariant {
   bool lean = false;        // item bookkeeping by counters, no run-time integer divisions (moe_bulk_kernel LEAN)
 };
 constexpr MoeVariant kMoeVariants[] = {
-    // 0: measured fastest on the H200 (session 8: 56.9 / 441.0 / 1212.7 us at T = 1 / 16 / 64, mxfp4, against
-    // 58.5 / 478.9 / 1290.8 for 1; 16 warps with jobs of 4 tokens: as 1). 8 -> 16 consumer warps (1 -> 2 items
-    // decoded at once) gave 1.3-1.4x and 16 -> 24 a further 3-8%: jobs of at most 4 tokens keep the x window
-    // at 4 rows so that five stages fit beside the third group.
-    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages", true, 5, 5, 24, 2, 4},
+    // 0: measured fastest on the H200 (session 9: 50.4 / 372.0 / 1020.1 us at T = 1 / 16 / 64, mxfp4, against
+    // 53.2 / 431.3 / 1189.7 for 6, the same kernel with the item bookkeeping's run-time integer divisions, the
+    // default of session 8). 8 -> 16 consumer warps (1 -> 2 items decoded at once) gave 1.3-1.4x and 16 -> 24 a
+    // further 3-8%: jobs of at most 4 tokens keep the x window at 4 rows so that five stages fit beside the
+    // third group.
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, counters", true, 5, 5, 24, 2, 4, false, false, true},
     // 1: the default of session 7 (493 / 1260 us at T = 16 / 64 against 501 / 1280 for 2)
     {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2, 8},
     {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1, 8},
     {"bulk 8 warps, down 32-row items, 4/5 stages", true, 4, 5, 8, 2, 8},
     {"register kernel", false, 0, 0, 0, 0, 8},
-    // 5-8 (session 9, issue #14): variant 0 with padded stage rows and scale rows, with counters for the
-    // bookkeeping, with both, and with padded stage rows only (the scale rows' 8-40 small copies an item
-    // left out). The same items, K slices and sums as 0: the same bits (GpuV4.MoeVariantsBitIdentical).
+    // 5-8 (session 9, issue #14): session 8's default with padded stage rows and scale rows, with divisions
+    // (6: session 8's default itself), with both padding and counters, and with padded stage rows only (the
+    // scale rows' 8-40 small copies an item left out). The same items, K slices and sums as 0: the same bits
+    // (GpuV4.MoeVariantsBitIdentical). Measured (session 9, mxfp4, T = 16 / 64): padding is SLOWER (5: 443 /
+    // 1335, 7: 444 / 1229, 8: 434 / 1200 us against 0: 372 / 1020): the conflicts it removes cost less than the
+    // extra copies and address arithmetic.
     {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows", true, 5, 5, 24, 2, 4, true, true, false},
-    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, counters", true, 5, 5, 24, 2, 4, false, false, true},
+    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages (divisions)", true, 5, 5, 24, 2, 4, false, false, false},
     {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows, counters", true, 5, 5, 24, 2, 4, true, true, true},
     {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, padded rows (not scales)", true, 5, 5, 24, 2, 4, true, false,
      false},
