@@ -2,6 +2,8 @@
 // per-sequence ops (compressors, indexer, attention, window-ring store) replaced by one launch for all
 // slots, which reads each slot's position and state addresses from device tables.
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <unordered_set>
 
 #include "model/v4_batch.h"
@@ -31,6 +33,16 @@ ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::State
   r.rows_per_page = pl.rows_per_page;
   r.row_bytes = keys ? spec.index_row_bytes : spec.kv_row_bytes;
   return r;
+}
+
+// Whether compress_decode runs the emit chain as one op (decode_compress_emit) rather than five; on unless
+// the environment says TERN_FUSED_COMPRESS=0 (for A/B: both give the same bits). Read once.
+bool fused_compress_emit() {
+  static const bool on = [] {
+    const char* v = std::getenv("TERN_FUSED_COMPRESS");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
 }
 }  // namespace
 
@@ -135,7 +147,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
 }
 
 // compress() for every slot: the entry a slot's token closes is normed, RoPE'd at its position and stored
-// by the device (store_rows decides whether the token closes a window).
+// by the device (which decides whether the token closes a window).
 void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
   const CompressorInputs in = compressor_inputs(l, h, indexer);
@@ -145,14 +157,23 @@ void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool ind
   const DecodeTables::Layer& t = b.decode->layers[l];
   const int ratio = c.compress_ratio(l);
   const int64_t N = b.tokens, width = cw.width;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const ops::DecodeCompressorArgs update{
+      indexer ? t.indexer_acc : t.compressor_acc, kv, gate, cw.ape, b.positions, ratio, cw.overlap, width, {}};
+  const ops::DecodePagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
+  if (fused_compress_emit()) {
+    ops::decode_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
+    return;
+  }
   Tensor emitted = tensor(DType::f32, {N, width});
-  ops::decode_compressor({indexer ? t.indexer_acc : t.compressor_acc, kv, gate, cw.ape, b.positions, ratio,
-                          cw.overlap, width, emitted});
-  ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
+  ops::DecodeCompressorArgs unfused = update;
+  unfused.emitted = emitted;
+  ops::decode_compressor(unfused);
+  ops::rms_norm(emitted, cw.norm, eps, emitted);
   ops::rope(emitted, t.entry_positions, inv_freq_compress_);
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
   ops::kv_pack(emitted, format, rows);
-  ops::store_paged_rows(rows, paged_rows(*b.decode, *b.layout, l, indexer), b.positions, ratio);
+  ops::store_paged_rows(rows, dest, b.positions, ratio);
 }
 
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.

@@ -47,6 +47,9 @@ void Backend::decode_attention(const DecodeAttentionArgs&, const TensorView&) {
 void Backend::decode_compressor(const DecodeCompressorArgs&) {
   no_kernel("decode_compressor", "batched decode steps");
 }
+void Backend::decode_compress_emit(const DecodeCompressEmitArgs&) {
+  no_kernel("decode_compress_emit", "batched decode steps");
+}
 void Backend::decode_indexer_topk(const DecodeIndexerArgs&, int, const TensorView&) {
   no_kernel("decode_indexer_topk", "batched decode steps");
 }

@@ -75,6 +75,7 @@ class Backend {
   // decode.h (batched decode steps)
   virtual void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
   virtual void decode_compressor(const DecodeCompressorArgs& a);
+  virtual void decode_compress_emit(const DecodeCompressEmitArgs& a);
   virtual void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
   virtual void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                                int64_t window);

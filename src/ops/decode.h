@@ -53,6 +53,21 @@ struct DecodeCompressorArgs {
 };
 void decode_compressor(const DecodeCompressorArgs& a);
 
+// A compressor's whole emit chain in one op: decode_compressor, then for each slot whose token closes a window
+// the entry RMS-normed (norm, eps), RoPE'd at its position (position / ratio) * ratio (inv_freq), packed to
+// `format` and stored into the slot's paged rows as entry position / ratio -- the bits of decode_compressor,
+// rms_norm, rope, kv_pack and store_paged_rows in turn (one launch on the GPU instead of five). Slots whose
+// token closes no window only update their accumulators; inert slots touch nothing.
+struct DecodeCompressEmitArgs {
+  DecodeCompressorArgs compressor;  // its `emitted` is not used (leave it empty)
+  TensorView norm;                  // bf16 | f32 [width]
+  float eps = 0.0f;
+  TensorView inv_freq;  // f32 [format.rope_dim / 2]
+  KvRowFormat format;   // head_dim == width
+  DecodePagedRows dest;
+};
+void decode_compress_emit(const DecodeCompressEmitArgs& a);
+
 struct DecodeIndexerArgs {
   TensorView q;          // f32 [slots, index_heads, dim]
   TensorView weights;    // f32 [slots, index_heads]

@@ -45,17 +45,44 @@ void decode_attention(const DecodeAttentionArgs& a, const TensorView& out) {
   backend_for(common_device("decode_attention", {&a.q, &a.positions, &a.rows, &out})).decode_attention(a, out);
 }
 
-void decode_compressor(const DecodeCompressorArgs& a) {
+namespace {
+// What decode_compressor and decode_compress_emit both take: the accumulator update's arguments.
+void expect_compressor_args(std::string_view op, const DecodeCompressorArgs& a) {
   const int64_t S = a.positions.dim(0), C = a.width * (a.overlap ? 2 : 1);
-  expect_table("decode_compressor", "positions", a.positions, S);
-  expect_table("decode_compressor", "accs", a.accs, S);
-  detail::expect_rows("decode_compressor", "kv", a.kv, {S, C});
-  detail::expect_rows("decode_compressor", "gate", a.gate, {S, C});
-  TERN_CHECK(a.kv.row_stride() == a.gate.row_stride(), "decode_compressor: kv and gate rows must be equally spaced");
-  expect_shape("decode_compressor", "ape", a.ape, {a.ratio, C});
-  expect_shape("decode_compressor", "emitted", a.emitted, {S, a.width});
-  TERN_CHECK(a.ratio > 0, "decode_compressor: ratio must be > 0");
+  expect_table(op, "positions", a.positions, S);
+  expect_table(op, "accs", a.accs, S);
+  detail::expect_rows(op, "kv", a.kv, {S, C});
+  detail::expect_rows(op, "gate", a.gate, {S, C});
+  TERN_CHECK(a.kv.row_stride() == a.gate.row_stride(), op, ": kv and gate rows must be equally spaced");
+  expect_shape(op, "ape", a.ape, {a.ratio, C});
+  TERN_CHECK(a.ratio > 0, op, ": ratio must be > 0");
+}
+}  // namespace
+
+void decode_compressor(const DecodeCompressorArgs& a) {
+  expect_compressor_args("decode_compressor", a);
+  expect_shape("decode_compressor", "emitted", a.emitted, {a.positions.dim(0), a.width});
   backend_for(common_device("decode_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).decode_compressor(a);
+}
+
+void decode_compress_emit(const DecodeCompressEmitArgs& a) {
+  const char* op = "decode_compress_emit";
+  const DecodeCompressorArgs& c = a.compressor;
+  expect_compressor_args(op, c);
+  const int64_t S = c.positions.dim(0);
+  TERN_CHECK(c.emitted.empty(), op, ": the compressor's emitted rows are not used (leave them empty)");
+  expect_shape(op, "norm", a.norm, {c.width});
+  expect_dtype(op, "norm", a.norm, {DType::f32, DType::bf16});
+  a.format.check();
+  TERN_CHECK(a.format.head_dim == c.width, op, ": rows of ", a.format.head_dim, " dims for entries of ", c.width);
+  expect_shape(op, "inv_freq", a.inv_freq, {a.format.rope_dim / 2});
+  expect_dtype(op, "inv_freq", a.inv_freq, {DType::f32});
+  expect_paged_tables(op, "dest", a.dest, S);
+  TERN_CHECK(a.dest.row_bytes == a.format.row_bytes(), op, ": destination rows of ", a.dest.row_bytes,
+             " bytes, the format's of ", a.format.row_bytes());
+  backend_for(
+      common_device(op, {&c.kv, &c.gate, &c.positions, &c.accs, &a.norm, &a.inv_freq, &a.dest.pools, &a.dest.tables}))
+      .decode_compress_emit(a);
 }
 
 void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices) {

@@ -2,10 +2,11 @@
 // V4-Flash shapes, each run on the CUDA backend (device address tables) and on the CPU backend's batched
 // reference (host address tables) over the same random slots: several positions per batch, windows that
 // close and ones that don't, inert slots (position -1; one with poisoned state that must stay untouched,
-// one with 0 addresses).
+// one with 0 addresses). decode_compress_emit is also compared bit for bit with the unfused chain on the GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -14,6 +15,8 @@
 #include "ops/decode.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 
 namespace tern::gputest {
 namespace {
@@ -86,6 +89,133 @@ TEST(GpuDecodeOps, Compressor) {
   check_decode_compressor(4, true, 512, pos4, r, "decode_compressor csa");
   check_decode_compressor(4, true, 128, pos4, r, "decode_compressor csa indexer");
   check_decode_compressor(128, false, 512, {5, 127, 255, -1, 300, 4095, -1}, r, "decode_compressor hca");
+  cuda::register_backend().check_device_errors();
+}
+
+// decode_compress_emit on the GPU: bit for bit the unfused chain on the GPU (decode_compressor, rms_norm,
+// rope, kv_pack, store_paged_rows: the prefill path's kernels, which batch invariance compares it with) on
+// twin copies of the same state, and within tolerance of the CPU's op (FP8 rows: an ulp upstream may move
+// an e4m3 rounding).
+// stacked: kv and gate are column ranges of one product's output (row-strided, as the model's stacked
+// wkv + wgate gives them).
+void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat fmt, bool bf16_norm, bool stacked,
+                         const std::vector<int64_t>& positions, Rand& r, const char* name) {
+  const int64_t S = static_cast<int64_t>(positions.size()), C = width * (overlap ? 2 : 1),
+                n_acc = overlap ? 2 : 1, rpp = 64;
+  const ops::KvRowFormat f{fmt, width, 64};
+  const int64_t rb = f.row_bytes();
+  const float eps = 1e-6f;
+  Tensor ape = random_f32({ratio, C}, r), both = random_f32({S, 2 * C}, r, 1.5f);
+  Tensor kv_rows = random_f32({S, C}, r), gate_rows = random_f32({S, C}, r, 2.0f);
+  const TensorView kv = stacked ? both.view().cols(0, C) : kv_rows.view(),
+                   gate = stacked ? both.view().cols(C, 2 * C) : gate_rows.view();
+  Tensor norm = bf16_norm ? random_bf16({width}, r) : random_f32({width}, r);
+  Tensor inv_freq = ops::rope_inv_freq({160000.0, 64, true, 16.0, 65536.0, 32.0, 1.0});
+  std::vector<Tensor> accs(S), acc_before(S), pool_before(S);
+  std::vector<cuda::DeviceTensor> acc_fused(S), acc_unfused(S), pool_unfused(S);
+  std::vector<PagedPair> dest;
+  std::vector<int64_t> h_acc(S), h_pool(S), h_table(S), f_acc(S), u_acc(S), f_pool(S), u_pool(S), d_table(S);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t p = positions[i];
+    accs[i] = Tensor(DType::f32, {n_acc, 3, width});
+    if (p < 0) {
+      random_bytes(accs[i], r);  // inert: must stay
+    } else if (p > 0) {          // the state after tokens 0 .. p-1
+      Tensor pk = random_f32({p, C}, r), pg = random_f32({p, C}, r, 2.0f);
+      Tensor em(DType::f32, {std::max<int64_t>(1, p / ratio), width});
+      ops::compressor_update({accs[i], pk, pg, ape, 0, ratio, overlap, em});
+    }
+    acc_before[i] = Tensor::copy_of(accs[i], Device::cpu);
+    acc_fused[i] = upload(accs[i]);
+    acc_unfused[i] = upload(accs[i]);
+    Tensor old(DType::u8, {std::max<int64_t>(1, p / ratio + 1), rb});
+    random_bytes(old, r);
+    dest.push_back(paged_pair(old, rpp, r));
+    pool_before[i] = Tensor::copy_of(dest[i].host_pool, Device::cpu);
+    pool_unfused[i] = upload(dest[i].host_pool);
+    const bool null_slot = p < 0 && i == S - 1;
+    auto at = [&](const TensorView& t) { return null_slot ? 0 : addr(t); };
+    h_acc[i] = at(accs[i]), h_pool[i] = at(dest[i].host_pool), h_table[i] = at(dest[i].host_table);
+    f_acc[i] = at(acc_fused[i]), u_acc[i] = at(acc_unfused[i]);
+    f_pool[i] = at(dest[i].device_pool), u_pool[i] = at(pool_unfused[i]), d_table[i] = at(dest[i].device_table);
+  }
+  const PagedRows& geo = dest[0].host;
+  const Tensor pos = i64(positions), host_accs = i64(h_acc), host_pools = i64(h_pool), host_tables = i64(h_table);
+  ops::DecodeCompressEmitArgs a;
+  a.compressor = {host_accs, kv, gate, ape, pos, ratio, overlap, width, {}};
+  a.norm = norm;
+  a.eps = eps;
+  a.inv_freq = inv_freq;
+  a.format = f;
+  a.dest = {host_pools, host_tables, geo.page_bytes(), geo.offset_in_page, rpp, rb};
+  ops::decode_compress_emit(a);  // the CPU reference
+
+  auto dboth = upload(both), dkv_rows = upload(kv_rows), dgate_rows = upload(gate_rows), dape = upload(ape),
+       dpos = upload(pos), dnorm = upload(norm), dfreq = upload(inv_freq), dtables = upload(i64(d_table));
+  const TensorView dkv = stacked ? dboth.view().cols(0, C) : dkv_rows.view(),
+                   dgate = stacked ? dboth.view().cols(C, 2 * C) : dgate_rows.view();
+  auto fused_accs = upload(i64(f_acc)), fused_pools = upload(i64(f_pool));
+  ops::DecodeCompressEmitArgs da = a;
+  da.compressor = {fused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, {}};
+  da.norm = dnorm;
+  da.inv_freq = dfreq;
+  da.dest.pools = fused_pools;
+  da.dest.tables = dtables;
+  ops::decode_compress_emit(da);
+
+  // The unfused chain as Model::compress_decode runs it with TERN_FUSED_COMPRESS=0.
+  std::vector<int64_t> entries(S);
+  for (int64_t i = 0; i < S; ++i) entries[i] = positions[i] < 0 ? 0 : positions[i] / ratio * ratio;
+  auto unfused_accs = upload(i64(u_acc)), unfused_pools = upload(i64(u_pool)), dentries = upload(i64(entries));
+  auto emitted = upload(Tensor(DType::f32, {S, width})), rows = upload(Tensor(DType::u8, {S, rb}));
+  ops::decode_compressor({unfused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, emitted});
+  ops::rms_norm(emitted, dnorm, eps, emitted);
+  ops::rope(emitted, dentries, dfreq);
+  ops::kv_pack(emitted, f, rows);
+  ops::store_paged_rows(rows, {unfused_pools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, rb}, dpos, ratio);
+
+  const double row_tol = fmt == ops::KvFormat::fp8_ds ? kTolBf16 : kTolF32;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t p = positions[i];
+    const std::string slot = cat(name, ": slot ", i, " at ", p);
+    const Tensor fused_acc = cuda::to_host(acc_fused[i]);
+    Tensor fused_pool = cuda::to_host(dest[i].device_pool);
+    EXPECT_TRUE(same_bytes(fused_acc, acc_unfused[i])) << slot << ": accumulators differ from the unfused chain's";
+    EXPECT_TRUE(same_bytes(fused_pool, pool_unfused[i])) << slot << ": rows differ from the unfused chain's";
+    const bool closes = p >= 0 && (p + 1) % ratio == 0;
+    if (p < 0) {
+      EXPECT_TRUE(same_bytes(acc_before[i], acc_fused[i])) << slot << ": inert slot's accumulators written";
+    } else {
+      EXPECT_LE(compare(acc_fused[i], accs[i]).rel_err, kTolF32) << slot << ": accumulators vs the CPU";
+    }
+    if (!closes) {
+      EXPECT_TRUE(same_bytes(pool_before[i], dest[i].device_pool)) << slot << ": rows written without an entry";
+      continue;
+    }
+    // The stored entry decoded on the host, GPU vs CPU; every other byte of the pool as before.
+    PagedRows got = dest[i].host;
+    got.pool = fused_pool;
+    Tensor want_row(DType::f32, {1, width}), got_row(DType::f32, {1, width});
+    ops::decode_kv_row(dest[i].host.row(p / ratio), f, want_row.data<float>());
+    ops::decode_kv_row(got.row(p / ratio), f, got_row.data<float>());
+    expect_close(upload(got_row), want_row, row_tol, cat(slot, " entry"));
+    std::memcpy(got.row(p / ratio), dest[i].host.row(p / ratio), rb);
+    EXPECT_EQ(std::memcmp(fused_pool.data<uint8_t>(), dest[i].host_pool.data<uint8_t>(), fused_pool.nbytes()), 0)
+        << slot << ": bytes outside the entry's row written";
+  }
+}
+
+TEST(GpuDecodeOps, CompressEmit) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const std::vector<int64_t> pos4 = {0, 3, 6, 1003, -1, 1100, 2047, -1};
+  const std::vector<int64_t> pos128 = {5, 127, 255, -1, 300, 4095, -1};
+  for (auto fmt : {ops::KvFormat::fp8_ds, ops::KvFormat::f32}) {
+    const bool fp8 = fmt == ops::KvFormat::fp8_ds;
+    check_compress_emit(4, true, 512, fmt, fp8, fp8, pos4, r, fp8 ? "csa fp8" : "csa f32");
+    check_compress_emit(128, false, 512, fmt, !fp8, !fp8, pos128, r, fp8 ? "hca fp8" : "hca f32");
+  }
+  check_compress_emit(4, true, 128, ops::KvFormat::f32, true, true, pos4, r, "csa indexer keys");
   cuda::register_backend().check_device_errors();
 }
 

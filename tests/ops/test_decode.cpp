@@ -1,7 +1,8 @@
 // The batched decode-step ops (ops/decode.h) on the CPU backend: every active slot must give the bits of
 // the eager op (sparse_attention, compressor_update, indexer_topk, the eager ring / paged-row stores) run
 // on that slot's own sequence as a one-token chunk at its position; inert slots (position -1) read and
-// write no state (their tables point at poison-filled buffers, or are 0). Fixture-like shapes and the
+// write no state (their tables point at poison-filled buffers, or are 0); decode_compress_emit must give the
+// eager emit chain's bits (compressor_update, rms_norm, rope, kv_pack into the pages). Fixture-like shapes and the
 // V4-Flash shapes (head_dim 512, 64 heads, window 128, ratios 4 and 128, indexer 64 x 128, top-k 512).
 #include <gtest/gtest.h>
 
@@ -15,6 +16,8 @@
 #include "ops/decode.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 #include "test_util.h"
 
 namespace tern {
@@ -236,6 +239,96 @@ TEST(DecodeCompressor, V4FlashIndexerRatio4) {
   check_compressor(128, true, 4, {1, 3, 1023, -1, 1026, -1}, 15);
 }
 
+// ------------------------------------------------------------------------------------ compressor emit chain
+
+// The slot's state after tokens 0 .. p-1 of its own sequence (p < 0: poison that must stay), and token p's
+// kv / gate as row i of the batch's.
+Tensor compressor_state(int64_t p, int64_t i, int ratio, bool overlap, int64_t width, const Tensor& ape,
+                        Tensor& kv, Tensor& gate, test::Random& rng) {
+  const int64_t C = overlap ? 2 * width : width;
+  Tensor acc(DType::f32, {overlap ? 2 : 1, 3, width});
+  if (p < 0) {
+    random_bytes(acc, rng);
+    return acc;
+  }
+  Tensor seq_kv = rng.tensor({p + 1, C}), seq_gate = rng.tensor({p + 1, C}, 4.0f);
+  if (p > 0) {
+    Tensor emitted(DType::f32, {std::max<int64_t>(1, p / ratio), width});
+    ops::compressor_update(
+        {acc, seq_kv.view().rows(0, p), seq_gate.view().rows(0, p), ape, 0, ratio, overlap, emitted});
+  }
+  std::memcpy(kv.data<float>() + i * C, seq_kv.data<float>() + p * C, C * sizeof(float));
+  std::memcpy(gate.data<float>() + i * C, seq_gate.data<float>() + p * C, C * sizeof(float));
+  return acc;
+}
+
+// decode_compress_emit against the eager chain on each slot's own state: compressor_update of the one
+// token, then for an entry rms_norm, rope at (p / ratio) * ratio and kv_pack into row p / ratio of its pages.
+void check_compress_emit(int64_t width, bool overlap, int ratio, ops::KvFormat fmt,
+                         const std::vector<int64_t>& positions, uint32_t seed) {
+  test::Random rng(seed);
+  const ops::KvRowFormat f{fmt, width, 64};
+  const int64_t S = static_cast<int64_t>(positions.size()), C = overlap ? 2 * width : width, rb = f.row_bytes(),
+                rows_per_page = 3;
+  const float eps = 1e-6f;
+  Tensor ape = rng.tensor({ratio, C}), kv(DType::f32, {S, C}), gate(DType::f32, {S, C});
+  Tensor norm = rng.tensor({width}), inv_freq = ops::rope_inv_freq({160000.0, 64, true, 16.0, 65536.0, 32.0, 1.0});
+  std::vector<Tensor> accs(S), want_accs(S), want_pools(S);
+  std::vector<test::PagedCopy> dest(S);
+  std::vector<int64_t> acc_addr(S), pool_addr(S), table_addr(S);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t p = positions[i];
+    accs[i] = compressor_state(p, i, ratio, overlap, width, ape, kv, gate, rng);
+    Tensor old(DType::u8, {std::max<int64_t>(1, p / ratio + 1), rb});
+    random_bytes(old, rng);
+    dest[i] = test::paged_copy(old, rows_per_page, rng);
+    want_accs[i] = clone(accs[i]);
+    want_pools[i] = clone(dest[i].pool);
+    const bool null_slot = p < 0 && i == S - 1;
+    acc_addr[i] = null_slot ? 0 : addr(accs[i]);
+    pool_addr[i] = null_slot ? 0 : addr(dest[i].pool);
+    table_addr[i] = null_slot ? 0 : addr(dest[i].table);
+    if (p < 0) continue;
+    Tensor row(DType::f32, {1, width});
+    const int64_t e = ops::compressor_update(
+        {want_accs[i], kv.view().rows(i, i + 1), gate.view().rows(i, i + 1), ape, p, ratio, overlap, row});
+    if (e == 0) continue;
+    ops::rms_norm(row, norm, eps, row);
+    ops::rope(row, table({p / ratio * ratio}), inv_freq);
+    test::PagedCopy w = dest[i];
+    w.view.pool = want_pools[i];
+    ops::kv_pack(row, f, TensorView(w.view.row(p / ratio), DType::u8, {1, rb}));
+  }
+  const Tensor pos = table(positions), acc_t = table(acc_addr), pool_t = table(pool_addr),
+               table_t = table(table_addr);
+  ops::DecodeCompressEmitArgs a;
+  a.compressor = {acc_t, kv, gate, ape, pos, ratio, overlap, width, {}};
+  a.norm = norm;
+  a.eps = eps;
+  a.inv_freq = inv_freq;
+  a.format = f;
+  a.dest = {pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, rb};
+  ops::decode_compress_emit(a);
+  for (int64_t i = 0; i < S; ++i) {
+    EXPECT_TRUE(same_bytes(accs[i], want_accs[i])) << "slot " << i << " at " << positions[i] << ": accumulator";
+    EXPECT_TRUE(same_bytes(dest[i].pool, want_pools[i])) << "slot " << i << " at " << positions[i] << ": rows";
+  }
+}
+
+TEST(DecodeCompressEmit, SmallMatchesEagerChain) {
+  for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds}) {
+    check_compress_emit(128, true, 4, fmt, {0, 3, 6, 7, -1, 41, 103, -1}, 61);
+    check_compress_emit(128, false, 16, fmt, {15, 16, 47, -1, 200, -1}, 62);
+  }
+}
+TEST(DecodeCompressEmit, V4Flash) {
+  for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds}) {
+    check_compress_emit(512, true, 4, fmt, {0, 3, 6, 1003, -1, 1100, -1}, 63);
+    check_compress_emit(512, false, 128, fmt, {5, 127, 255, -1, 300, -1}, 64);
+  }
+  check_compress_emit(128, true, 4, ops::KvFormat::f32, {1, 3, 1023, -1, 1026, -1}, 65);  // indexer keys
+}
+
 // ---------------------------------------------------------------------------------------------- indexer
 
 void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows_per_page,
@@ -412,6 +505,23 @@ TEST(DecodeOps, RejectBadInput) {
   EXPECT_NO_THROW(ops::decode_compressor({accs, kv, gate, ape, pos, 4, false, 16, emitted}));
   EXPECT_THROW(ops::decode_compressor({accs, kv, gate, ape, pos, 4, false, 16, short_emitted}), Error);
   EXPECT_THROW(ops::decode_compressor({table({0, 0}), kv, gate, ape, pos, 4, false, 16, emitted}), Error);
+
+  // decode_compress_emit: the rows' format must be the entries' width and the destination's row size.
+  const ops::KvRowFormat f16{ops::KvFormat::f32, 16, 8};
+  Tensor norm = rng.tensor({16}), inv_freq = rng.tensor({4}), pool(DType::u8, {1, 256});
+  Tensor page_table(DType::i32, {1});
+  Tensor pools = table({addr(pool), 0}), tables = table({addr(page_table), 0});
+  ops::DecodeCompressEmitArgs e{{accs, kv, gate, ape, pos, 4, false, 16, {}}, norm, 1e-6f, inv_freq, f16,
+                                {pools, tables, 256, 0, 4, 64}};
+  EXPECT_NO_THROW(ops::decode_compress_emit(e));
+  e.format.head_dim = 32;
+  EXPECT_THROW(ops::decode_compress_emit(e), Error);
+  e.format = f16;
+  e.dest.row_bytes = 32;
+  EXPECT_THROW(ops::decode_compress_emit(e), Error);
+  e.dest.row_bytes = 64;
+  e.compressor.emitted = emitted;
+  EXPECT_THROW(ops::decode_compress_emit(e), Error);
 
   Tensor closing = table({7, -1}), r(DType::u8, {S, 64});
   const Tensor zeros = table({0, 0});

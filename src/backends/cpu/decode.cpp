@@ -13,6 +13,9 @@
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/indexer.h"
+#include "ops/kv_row.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 
 namespace tern::cpu {
 namespace {
@@ -123,6 +126,25 @@ void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
     e.emitted = a.emitted.rows(i, i + 1);  // written only when the token closes a window
     ops::compressor_update(e);
   }
+}
+
+// The composition of the batched ops the fused op stands for, so its bits are theirs by construction.
+void CpuBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
+  const ops::DecodeCompressorArgs& c = a.compressor;
+  require_host("decode_compress_emit", {{"positions", &c.positions}});
+  const int64_t S = c.positions.dim(0);
+  const int64_t* pos = positions_of(c.positions);
+  Tensor emitted(DType::f32, {S, c.width}), entry_positions(DType::i64, {S});
+  Tensor rows(DType::u8, {S, a.format.row_bytes()});
+  // Each slot's entry position, as Model::fill_decode_tables writes it for the unfused chain (inert: 0).
+  for (int64_t i = 0; i < S; ++i) entry_positions.data<int64_t>()[i] = pos[i] < 0 ? 0 : pos[i] / c.ratio * c.ratio;
+  ops::DecodeCompressorArgs update = c;
+  update.emitted = emitted;
+  ops::decode_compressor(update);
+  ops::rms_norm(emitted, a.norm, a.eps, emitted);
+  ops::rope(emitted, entry_positions, a.inv_freq);
+  ops::kv_pack(emitted, a.format, rows);
+  ops::store_paged_rows(rows, a.dest, c.positions, c.ratio);
 }
 
 void CpuBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {

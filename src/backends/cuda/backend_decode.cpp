@@ -1,9 +1,11 @@
 // CudaBackend: the batched decode-step ops (ops/decode.h). Each sets the decode mode of the eager op's
-// kernel (same kernel, same arithmetic per slot) and launches once for every slot.
+// kernel (same kernel, same arithmetic per slot) and launches once for every slot; decode_compress_emit runs
+// the compressor's emit chain as one kernel built from the device code of the five it replaces.
 #include <initializer_list>
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/compress_emit.cuh"
 #include "backends/cuda/kernels/compressor.cuh"
 #include "backends/cuda/kernels/decode_rows.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
@@ -39,9 +41,12 @@ void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tens
   launch_attention("decode_attention", p, *impl_);
 }
 
-void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
-  require_cuda_f32("decode_compressor", {&a.ape, &a.emitted});
-  require_cuda_f32_rows("decode_compressor", {&a.kv, &a.gate});
+namespace {
+// decode_compressor's kernel parameters (decode mode), after checking its tensors; emitted rows only when the
+// op has them.
+CompressorParams compressor_params(const char* op, const ops::DecodeCompressorArgs& a) {
+  require_cuda_f32(op, {&a.ape});
+  require_cuda_f32_rows(op, {&a.kv, &a.gate});
   CompressorParams p;
   p.kv = a.kv.data_as<const float>();
   p.gate = a.gate.data_as<const float>();
@@ -50,12 +55,39 @@ void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
   p.width = a.width;
   p.ratio = a.ratio;
   p.overlap = a.overlap;
-  p.emitted = a.emitted.data_as<float>();
+  p.emitted = a.emitted.empty() ? nullptr : a.emitted.data_as<float>();
   p.positions = a.positions.data_as<const int64_t>();
   p.accs = table(a.accs);
   p.slots = a.positions.dim(0);
-  launch_compressor(p, impl_->stream);
+  return p;
+}
+}  // namespace
+
+void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
+  require_cuda_f32("decode_compressor", {&a.emitted});
+  launch_compressor(compressor_params("decode_compressor", a), impl_->stream);
   check_launch("decode_compressor");
+}
+
+void CudaBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
+  const char* op = "decode_compress_emit";
+  const ops::DecodeCompressorArgs& c = a.compressor;
+  require_cuda_f32(op, {&a.inv_freq});
+  TERN_CHECK(a.norm.device() == Device::cuda, "cuda ", op, ": the norm weight is on the host");
+  if (!compress_emit_width_supported(c.width)) no_kernel(op, cat("entries of ", c.width, " dims"));
+  CompressEmitParams p;
+  p.compressor = compressor_params(op, c);
+  p.norm = a.norm.data();
+  p.norm_kind = a.norm.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
+  p.eps = a.eps;
+  p.inv_freq = a.inv_freq.data_as<const float>();
+  p.half = a.inv_freq.dim(0);
+  p.format = kv_desc(a.format);
+  p.paged = geometry(a.dest);
+  p.pools = table(a.dest.pools);
+  p.tables = table(a.dest.tables);
+  launch_compress_emit(p, impl_->stream);
+  check_launch(op);
 }
 
 void CudaBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {

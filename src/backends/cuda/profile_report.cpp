@@ -35,7 +35,8 @@ constexpr Rule kRules[] = {
     {"flash", Match::prefix, OpCategory::attention},  // FlashMLA-style kernels, if one is adopted
     // Lightning indexer: scores and top-k.
     {"indexer_", Match::prefix, OpCategory::indexer},
-    // Compressor's online accumulators.
+    // Compressor's online accumulators (and at decode compressor_emit_kernel: the entry's norm, RoPE, packing
+    // and store in the same launch).
     {"compressor_", Match::prefix, OpCategory::compressor},
     // Routed experts with their routing (scored / hash), plan and combine; the FP4 decode experts on the
     // bulk-copy ring (moe_bulk_kernel<fmt, up>) and the register kernel (moe_expert_kernel<fmt, NT, up>).

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "backends/cuda/kernels/compressor.cuh"
+#include "backends/cuda/kernels/compressor_dev.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 
@@ -17,92 +18,38 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-struct Acc {
-  float m = 0.0f, s = 0.0f, v = 0.0f;
-  __device__ void fold(float gate, float kv) {
-    if (s == 0.0f) {
-      m = gate, s = 1.0f, v = kv;
-    } else if (gate > m) {
-      const float shrink = expf(m - gate);
-      s = s * shrink + 1.0f;
-      v = v * shrink + kv;
-      m = gate;
-    } else {
-      const float e = expf(gate - m);
-      s += e;
-      v += kv * e;
-    }
-  }
-};
-
 constexpr int kChannels = 32, kLanes = 8;
 
 __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
   pdl_prologue();
-  if (p.positions != nullptr) {  // decode mode: this block's slot as a one-token chunk of its own sequence
-    const int64_t slot = blockIdx.y;
-    p.start_pos = p.positions[slot];
-    if (p.start_pos < 0) return;
-    p.n = 1;
-    p.acc = reinterpret_cast<float*>(p.accs[slot]);
-    p.kv += slot * p.row_stride;
-    p.gate += slot * p.row_stride;
-    p.emitted += slot * p.width;
-  }
+  // Decode mode: this block's slot as a one-token chunk of its own sequence.
+  if (p.positions != nullptr && !select_decode_slot(p, blockIdx.y)) return;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + (threadIdx.x % kChannels);
   const int lane = threadIdx.x / kChannels;
-  const int64_t C = p.width * (p.overlap ? 2 : 1), r = p.ratio;
-  const int64_t s0 = p.start_pos, end = p.start_pos + p.n;
+  const int64_t r = p.ratio, s0 = p.start_pos, end = p.start_pos + p.n;
   const int64_t w0 = s0 / r, wlast = (end - 1) / r;
-  // Folds channel ch of the chunk's tokens in [t0, t1) into a.
-  auto fold_tokens = [&](Acc& a, int64_t t0, int64_t t1, int64_t ch) {
-    for (int64_t t = max(t0, s0); t < min(t1, end); ++t)
-      a.fold(p.gate[(t - s0) * p.row_stride + ch] + p.ape[(t % r) * C + ch], p.kv[(t - s0) * p.row_stride + ch]);
-  };
   if (blockIdx.z > 0) {  // a window strictly between w0 + 1 and wlast: complete, all its tokens in the chunk
     const int64_t w = w0 + 2 + (static_cast<int64_t>(blockIdx.z) - 1) * kLanes + lane;
     if (c >= p.width || w >= wlast) return;
     Acc open;
-    if (p.overlap) fold_tokens(open, (w - 1) * r, w * r, c);  // the previous window's first halves
-    fold_tokens(open, w * r, (w + 1) * r, p.overlap ? p.width + c : c);
+    if (p.overlap) fold_tokens(p, open, (w - 1) * r, w * r, c);  // the previous window's first halves
+    fold_tokens(p, open, w * r, (w + 1) * r, p.overlap ? p.width + c : c);
     p.emitted[(w - w0) * p.width + c] = open.v / open.s;
     return;
   }
   Acc acc0, acc1;
   if (c < p.width) {
-    acc0 = Acc{p.acc[c], p.acc[p.width + c], p.acc[2 * p.width + c]};
-    if (p.overlap) acc1 = Acc{p.acc[3 * p.width + c], p.acc[4 * p.width + c], p.acc[5 * p.width + c]};
+    acc0 = pending_acc(p, 0, c);
+    if (p.overlap) acc1 = pending_acc(p, 1, c);
   }
   __syncthreads();
   if (c >= p.width) return;
   // Lane 0: w0; lane 1: w0 + 1; lane 2: wlast (each when it exists and is not another lane's).
   const int64_t w = lane == 0 ? w0 : lane == 1 ? w0 + 1 : wlast;
   if (lane > 2 || w > wlast || (lane == 2 && wlast < w0 + 2)) return;
-  const bool complete = (w + 1) * r <= end;
-  Acc open;
-  if (!p.overlap) {
-    if (w == w0) open = acc0;
-    fold_tokens(open, w * r, (w + 1) * r, c);
-  } else {
-    if (w == w0) {
-      open = acc0;
-    } else {
-      if (w == w0 + 1) open = acc1;
-      fold_tokens(open, (w - 1) * r, w * r, c);  // the previous window's first halves
-    }
-    fold_tokens(open, w * r, (w + 1) * r, p.width + c);
-  }
-  if (complete) p.emitted[(w - w0) * p.width + c] = open.v / open.s;
-  if (w != wlast) return;
-  Acc next0 = complete ? Acc{} : open, next1;
-  if (p.overlap) {
-    Acc firsts = w == w0 ? acc1 : Acc{};
-    fold_tokens(firsts, w * r, (w + 1) * r, c);
-    if (complete) next0 = firsts;
-    else next1 = firsts;
-  }
-  p.acc[c] = next0.m, p.acc[p.width + c] = next0.s, p.acc[2 * p.width + c] = next0.v;
-  if (p.overlap) p.acc[3 * p.width + c] = next1.m, p.acc[4 * p.width + c] = next1.s, p.acc[5 * p.width + c] = next1.v;
+  bool complete = false;
+  const float value = fold_window(p, c, w, acc0, acc1, &complete);
+  if (complete) p.emitted[(w - w0) * p.width + c] = value;
 }
 
 }  // namespace

@@ -13,10 +13,7 @@ __global__ void store_rows_kernel(StoreRowsParams p) {
   uint8_t* dst = nullptr;
   if (p.ratio > 0) {
     if ((pos + 1) % p.ratio != 0) return;
-    PagedRowsDesc d = p.paged;
-    d.pool = reinterpret_cast<const uint8_t*>(p.pools[slot]);
-    d.table = reinterpret_cast<const int32_t*>(p.tables[slot]);
-    dst = const_cast<uint8_t*>(paged_row(d, pos / p.ratio));
+    dst = slot_paged_row(p.paged, p.pools, p.tables, slot, pos / p.ratio);
   } else {
     dst = reinterpret_cast<uint8_t*>(p.rings[slot]) + (pos % p.window) * p.row_bytes;
   }

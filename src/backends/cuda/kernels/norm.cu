@@ -3,19 +3,11 @@
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/norm.cuh"
+#include "backends/cuda/kernels/norm_dev.cuh"
 
 namespace tern::cuda {
 namespace dev {
 namespace {
-
-__device__ __forceinline__ float norm_weight(const void* w, NormWeight kind, int64_t i) {
-  switch (kind) {
-    case NormWeight::none: return 1.0f;
-    case NormWeight::f32: return static_cast<const float*>(w)[i];
-    case NormWeight::bf16: return bf16_bits_to_f32(static_cast<const uint16_t*>(w)[i]);
-  }
-  return 1.0f;
-}
 
 __global__ void rms_norm_warp_kernel(const float* x, int64_t x_stride, const void* w, NormWeight kind, float eps,
                                      int64_t rows, int64_t dim, float* out) {
@@ -49,28 +41,11 @@ __global__ void rms_norm_row_kernel(const float* x, int64_t x_stride, const void
   float v[kCols], wv[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) v[i] = src[lane + 32 * i];
-  // The weights' format is chosen once, outside the loads: a switch per element (norm_weight) made the
-  // compiler issue one load after another (12.7 us for one 1024-wide row).
-  if (kind == NormWeight::bf16) {
-    const uint16_t* wb = static_cast<const uint16_t*>(w);
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) wv[i] = bf16_bits_to_f32(wb[lane + 32 * i]);
-  } else if (kind == NormWeight::f32) {
-    const float* wf = static_cast<const float*>(w);
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) wv[i] = wf[lane + 32 * i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) wv[i] = 1.0f;
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) ss += v[i] * v[i];
-  ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(kDim) + eps);
+  load_norm_weights(w, kind, lane, wv);
+  rms_norm_lanes(v, wv, eps);
   float* dst = out + row * kDim;
 #pragma unroll
-  for (int i = 0; i < kCols; ++i) dst[lane + 32 * i] = wv[i] * (v[i] * inv);
+  for (int i = 0; i < kCols; ++i) dst[lane + 32 * i] = v[i];
 }
 
 __global__ void rms_norm_block_kernel(const float* x, int64_t x_stride, const void* w, NormWeight kind, float eps,

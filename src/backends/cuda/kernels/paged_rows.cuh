@@ -19,4 +19,13 @@ __device__ __forceinline__ const uint8_t* paged_row(const PagedRowsDesc& p, int6
          (r % p.rows_per_page) * p.row_bytes;
 }
 
+// Decode steps: row r of slot `slot`'s paged rows, whose pool and block table are at pools[slot] / tables[slot]
+// (geometry from `geometry`).
+__device__ __forceinline__ uint8_t* slot_paged_row(PagedRowsDesc geometry, const uint64_t* pools,
+                                                   const uint64_t* tables, int64_t slot, int64_t r) {
+  geometry.pool = reinterpret_cast<const uint8_t*>(pools[slot]);
+  geometry.table = reinterpret_cast<const int32_t*>(tables[slot]);
+  return const_cast<uint8_t*>(paged_row(geometry, r));
+}
+
 }  // namespace tern::cuda

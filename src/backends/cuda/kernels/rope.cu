@@ -1,8 +1,8 @@
-// RoPE: one thread per (row, head, pair). The angle is fp32 position * inv_freq as in the reference, and
-// sinf/cosf are the precise (range-reduced) versions, since positions reach a million.
+// RoPE: one thread per (row, head, pair) (the pair's arithmetic: rope_dev.cuh).
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/rope.cuh"
+#include "backends/cuda/kernels/rope_dev.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -16,14 +16,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t head_
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t pair = i % half, rh = i / half, row = rh / heads;
-    const float angle = inv_freq[pair] * static_cast<float>(positions[row]);
-    float s, c;
-    sincosf(angle, &s, &c);
-    if (inverse) s = -s;
-    float* v = x + rh * head_dim + first + 2 * pair;
-    const float x0 = v[0], x1 = v[1];
-    v[0] = x0 * c - x1 * s;
-    v[1] = x1 * c + x0 * s;
+    rope_pair(x + rh * head_dim + first + 2 * pair, inv_freq[pair], positions[row], inverse != 0);
   }
 }
 
