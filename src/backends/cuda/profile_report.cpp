@@ -53,6 +53,7 @@ constexpr Rule kRules[] = {
     // moe_expand / moe_gather / moe_swiglu kernels count as moe.)
     {"expand_kernel", Match::exact, OpCategory::dense_gemm},
     {"round_bf16_kernel", Match::exact, OpCategory::dense_gemm},
+    {"split_bf16x3_kernel", Match::exact, OpCategory::dense_gemm},  // x in three bf16 planes: the exact path
     // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
