@@ -1,12 +1,13 @@
-// GPU vs CPU: the prefill attention kernel (attention_prefill_kernel: one block per query over all its keys)
+// GPU vs CPU: the prefill attention kernels (attention_prefill_kernel, version 1, and
+// attention_prefill_wgmma_kernel, version 2: one block per query over all its keys)
 // on fresh random chunks at the V4-Flash shapes (64 heads, head_dim 512, window 128; CSA ratio 4 with 512
 // picks, HCA ratio 128 with every compressed row) and the fixture's, at n = 1, 7, 64 and 600 queries whose
 // windows lie partly in the ring and partly in the chunk, with masked (-1) picks among real ones, queries
 // with no pick at all and chunks that see fewer compressed rows than picks (a -1 tail). The kernel is
 // launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
-// sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs. Then the op's
-// choice: a 600-query chunk takes the prefill kernel (its bits), and under --batch-invariant or
-// set_attention_prefill(false) the decode kernel's bits.
+// sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs, version 2 also
+// against version 1. Then the op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and
+// under --batch-invariant or set_attention_prefill(false) the decode kernel's bits.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -143,7 +144,7 @@ cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
   return p;
 }
 
-enum class Kernel { prefill, decode };
+enum class Kernel { prefill, prefill_wgmma, decode };
 
 // One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
 Tensor run_kernel(const Chunk& c, Kernel k) {
@@ -153,8 +154,9 @@ Tensor run_kernel(const Chunk& c, Kernel k) {
   cuda::fill_bytes(err.view(), 0);
   const cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
   const auto stream = static_cast<cudaStream_t>(be.stream());
-  const cudaError_t e = k == Kernel::prefill ? cuda::launch_attention_prefill(p, stream)
-                                             : cuda::launch_attention_mma(p, stream);
+  const cudaError_t e = k == Kernel::prefill         ? cuda::launch_attention_prefill_v1(p, stream)
+                       : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream)
+                                                    : cuda::launch_attention_mma(p, stream);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   be.synchronize();
@@ -189,28 +191,34 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       Tensor ref(DType::f32, {n, s.heads, s.head_dim});
       ops::sparse_attention(c.host_args(), ref);
       const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+      const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
       const std::string what = cat(s.name, " ", cs.name, " n=", n);
       expect_close(upload(mine), ref, kTolBf16, cat("prefill kernel vs cpu, ", what));
       expect_close(upload(old), ref, kTolBf16, cat("decode kernel vs cpu, ", what));
       expect_close(upload(mine), old, kTolBf16, cat("prefill kernel vs decode kernel, ", what));
+      expect_close(upload(wg), ref, kTolBf16, cat("prefill wgmma kernel vs cpu, ", what));
+      expect_close(upload(wg), mine, kTolBf16, cat("prefill wgmma kernel vs prefill kernel, ", what));
     }
   cuda::register_backend().check_device_errors();
 }
 
-// The op's choice of kernel: the prefill kernel for a chunk that takes the library GEMMs, the decode kernel
-// under --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each
-// recognised by its exact bits; decode mode never takes the prefill kernel.
+// The op's choice of kernel: the selected prefill kernel (version 1 by default, 2 as TERN_ATTENTION_PREFILL=2)
+// for a chunk that takes the library GEMMs, the decode kernel under --batch-invariant and under
+// set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its exact bits; decode mode
+// never takes a prefill kernel.
 TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   cuda::CudaBackend& be = cuda::register_backend();
-  const bool saved_bi = be.batch_invariant(), saved_prefill = cuda::attention_prefill_enabled();
+  const bool saved_bi = be.batch_invariant();
+  const int saved_version = cuda::attention_prefill_version();
   const int64_t n = cuda::CudaBackend::library_min_tokens() + 88;
   // HCA at 100 windows in: over 200 keys a query, so the decode kernel cuts each query in 2 or more splits
   // and its bits differ from the prefill kernel's (with one split they are the same arithmetic).
   const Chunk c = make_chunk(s, static_cast<int>(s.hca_ratio), false, 100 * s.window + 5, n, r);
   const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+  const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
   ASSERT_NE(std::memcmp(mine.data<float>(), old.data<float>(), mine.nbytes()), 0)
       << "the two kernels gave the same bits: this test cannot tell which one the op ran";
   auto op = [&] {
@@ -221,17 +229,20 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   cuda::AttentionParams p = params_of(c, nullptr, nullptr);
   struct Mode {
     const char* name;
-    bool batch_invariant, prefill;
+    bool batch_invariant;
+    int version;
     const Tensor* expect;
     cuda::AttentionPath path;
   };
   const Mode modes[] = {
-      {"default", false, true, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
-      {"--batch-invariant", true, true, &old, cuda::AttentionPath::bf16_tensor_cores},
-      {"TERN_ATTENTION_PREFILL=0", false, false, &old, cuda::AttentionPath::bf16_tensor_cores}};
+      {"default", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"--batch-invariant", true, 1, &old, cuda::AttentionPath::bf16_tensor_cores},
+      {"--batch-invariant, version 2", true, 2, &old, cuda::AttentionPath::bf16_tensor_cores},
+      {"TERN_ATTENTION_PREFILL=0", false, 0, &old, cuda::AttentionPath::bf16_tensor_cores}};
   for (const Mode& m : modes) {
     be.set_batch_invariant(m.batch_invariant);
-    cuda::set_attention_prefill(m.prefill);
+    cuda::set_attention_prefill_version(m.version);
     p.prefill = !m.batch_invariant;  // what CudaBackend::sparse_attention sets at this n
     EXPECT_EQ(cuda::attention_path(p), m.path) << m.name;
     std::printf("  %-26s %s\n", m.name, cuda::attention_path_name(cuda::attention_path(p)));
@@ -243,10 +254,12 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.prefill = true;
   const int64_t position = c.start;
   p.positions = &position;  // only compared with null by attention_path
-  cuda::set_attention_prefill(true);
-  EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores);
+  for (const int version : {1, 2}) {
+    cuda::set_attention_prefill_version(version);
+    EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores) << "version " << version;
+  }
   be.set_batch_invariant(saved_bi);
-  cuda::set_attention_prefill(saved_prefill);
+  cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
 }
 
