@@ -1,13 +1,14 @@
 // GPU vs CPU: the prefill attention kernels (attention_prefill_kernel, version 1, and
-// attention_prefill_wgmma_kernel, version 2: one block per query over all its keys)
+// attention_prefill_wgmma_kernel, versions 2 and 3: one block per query over all its keys)
 // on fresh random chunks at the V4-Flash shapes (64 heads, head_dim 512, window 128; CSA ratio 4 with 512
 // picks, HCA ratio 128 with every compressed row) and the fixture's, at n = 1, 7, 64 and 600 queries whose
 // windows lie partly in the ring and partly in the chunk, with masked (-1) picks among real ones, queries
 // with no pick at all and chunks that see fewer compressed rows than picks (a -1 tail). The kernel is
 // launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
 // sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs, version 2 also
-// against version 1. Then the op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and
-// under --batch-invariant or set_attention_prefill(false) the decode kernel's bits.
+// against version 1, and version 3 (the decode overlapping the MMAs) must give version 2's bits. Then the
+// op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and under --batch-invariant or
+// set_attention_prefill(false) the decode kernel's bits.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -144,7 +145,7 @@ cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
   return p;
 }
 
-enum class Kernel { prefill, prefill_wgmma, decode };
+enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, decode };
 
 // One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
 Tensor run_kernel(const Chunk& c, Kernel k) {
@@ -155,8 +156,10 @@ Tensor run_kernel(const Chunk& c, Kernel k) {
   const cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
   const auto stream = static_cast<cudaStream_t>(be.stream());
   const cudaError_t e = k == Kernel::prefill         ? cuda::launch_attention_prefill_v1(p, stream)
-                       : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream)
-                                                    : cuda::launch_attention_mma(p, stream);
+                        : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream, false)
+                        : k == Kernel::prefill_wgmma_overlap
+                            ? cuda::launch_attention_prefill_wgmma(p, stream, true)
+                            : cuda::launch_attention_mma(p, stream);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   be.synchronize();
@@ -198,14 +201,20 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       expect_close(upload(mine), old, kTolBf16, cat("prefill kernel vs decode kernel, ", what));
       expect_close(upload(wg), ref, kTolBf16, cat("prefill wgmma kernel vs cpu, ", what));
       expect_close(upload(wg), mine, kTolBf16, cat("prefill wgmma kernel vs prefill kernel, ", what));
+      const Tensor wg3 = run_kernel(c, Kernel::prefill_wgmma_overlap);
+      EXPECT_EQ(std::memcmp(wg3.data<float>(), wg.data<float>(), wg.nbytes()), 0)
+          << "version 3 (overlapped decode) is not version 2's bits, " << what;
+      if (std::memcmp(wg3.data<float>(), wg.data<float>(), wg.nbytes()) != 0)
+        expect_close(upload(wg3), ref, kTolBf16,
+                     cat("prefill wgmma kernel, overlapped decode, vs cpu, ", what));
     }
   cuda::register_backend().check_device_errors();
 }
 
-// The op's choice of kernel: the selected prefill kernel (version 1 by default, 2 as TERN_ATTENTION_PREFILL=2)
-// for a chunk that takes the library GEMMs, the decode kernel under --batch-invariant and under
-// set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its exact bits; decode mode
-// never takes a prefill kernel.
+// The op's choice of kernel: the selected prefill kernel (version 1 by default, 2 / 3 as
+// TERN_ATTENTION_PREFILL=2 / 3) for a chunk that takes the library GEMMs, the decode kernel under
+// --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its
+// exact bits; decode mode never takes a prefill kernel.
 TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
@@ -237,6 +246,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   const Mode modes[] = {
       {"default", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"--batch-invariant", true, 1, &old, cuda::AttentionPath::bf16_tensor_cores},
       {"--batch-invariant, version 2", true, 2, &old, cuda::AttentionPath::bf16_tensor_cores},
       {"TERN_ATTENTION_PREFILL=0", false, 0, &old, cuda::AttentionPath::bf16_tensor_cores}};
@@ -254,7 +264,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.prefill = true;
   const int64_t position = c.start;
   p.positions = &position;  // only compared with null by attention_path
-  for (const int version : {1, 2}) {
+  for (const int version : {1, 2, 3}) {
     cuda::set_attention_prefill_version(version);
     EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores) << "version " << version;
   }

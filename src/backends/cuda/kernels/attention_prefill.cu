@@ -240,7 +240,7 @@ int attention_prefill_version() {
   int v = g_attention_prefill.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_ATTENTION_PREFILL");
-    v = e != nullptr && *e != '\0' ? std::clamp(std::atoi(e), 0, 2) : 1;
+    v = e != nullptr && *e != '\0' ? std::clamp(std::atoi(e), 0, 3) : 1;
     g_attention_prefill.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -253,17 +253,18 @@ void set_attention_prefill(bool on) {
 }
 
 void set_attention_prefill_version(int version) {
-  g_attention_prefill.store(std::clamp(version, 0, 2), std::memory_order_relaxed);
+  g_attention_prefill.store(std::clamp(version, 0, 3), std::memory_order_relaxed);
 }
 
 size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
-  return attention_prefill_version() == 2 ? attention_prefill_wgmma_smem_bytes(f)
+  return attention_prefill_version() >= 2 ? attention_prefill_wgmma_smem_bytes(f)
                                           : attention_prefill_v1_smem_bytes(f);
 }
 
 cudaError_t launch_attention_prefill(const AttentionParams& p, cudaStream_t stream) {
-  return attention_prefill_version() == 2 ? launch_attention_prefill_wgmma(p, stream)
-                                          : launch_attention_prefill_v1(p, stream);
+  const int version = attention_prefill_version();
+  return version >= 2 ? launch_attention_prefill_wgmma(p, stream, version == 3)
+                      : launch_attention_prefill_v1(p, stream);
 }
 
 cudaError_t launch_attention_prefill_v1(const AttentionParams& p, cudaStream_t stream) {

@@ -25,6 +25,12 @@
 // async proxy that wgmma reads through), barrier B, S by 32 wgmma, softmax in registers, O += P V by
 // 4 x HD/128 wgmma. The decode does not overlap the MMAs (one key-tile buffer; see below).
 //
+// Version 3 (TERN_ATTENTION_PREFILL=3, kOverlap): the decode of a tile in HD/128 steps of 128 dims (2 swizzle
+// blocks: every row's granules of those dims), each followed by fence.proxy.async, a block barrier and the 8
+// S wgmma of those dims, issued without waiting: the tensor cores multiply step k while the threads decode
+// step k + 1 (only the first step's decode is exposed), for HD/128 - 1 more barriers a tile. Same values,
+// same MMAs in the same order: the same bits as version 2.
+//
 // Shared memory at head_dim 512 (every tile 1024-byte aligned, as the swizzle requires):
 //   q bf16 swizzled [64 heads][512]   65,536
 //   key tile bf16 swizzled [64][512]  65,536
@@ -71,7 +77,34 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// Version 3's decode step: dims 64 kb0 .. 64 kb0 + 127 of the tile's 64 rows into the swizzled key tile, the
+// values of decode_tile_at (fp8x8_to_bf16; the bf16 rope dims copied; masked rows and rows past nk zeros).
+// 1024 granules of 8 dims, 4 a thread; 8 consecutive threads cover one row's 128 bytes of a block.
 template <int HD>
+__device__ __forceinline__ void decode_step(const KvRowDesc& f, const uint8_t* const* rows, int nk,
+                                            const uint8_t* raw, uint8_t* tile, int kb0) {
+  const int nope = HD - static_cast<int>(f.rope_dim), scale_at = nope + 2 * static_cast<int>(f.rope_dim);
+#pragma unroll
+  for (int u = 0; u < 2 * kTileKeys * 8 / kTileThreads; ++u) {
+    const int task = threadIdx.x + kTileThreads * u;
+    const int r = (task >> 3) & (kTileKeys - 1), d = 64 * (kb0 + (task >> 9)) + 8 * (task & 7);
+    const bool valid = r < nk && rows[r] != nullptr;
+    const uint8_t* src = raw + r * f.row_bytes;
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (valid) {
+      if (d < nope) {
+        out = fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + d), e8m0_to_f32(src[scale_at + d / 64]));
+      } else {  // rope dims d .. d+7: bf16 at byte nope + 2 (d - nope) of the row
+        const uint2 lo = *reinterpret_cast<const uint2*>(src + 2 * d - nope);
+        const uint2 hi = *reinterpret_cast<const uint2*>(src + 2 * d - nope + 8);
+        out = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
+    }
+    *reinterpret_cast<uint4*>(tile + sw128_offset<kTileKeys>(r, d)) = out;
+  }
+}
+
+template <int HD, bool kOverlap>
 __global__ void __launch_bounds__(kTileThreads, 1)
     attention_prefill_wgmma_kernel(AttentionParams a, int64_t q0) {
   pdl_prologue();
@@ -163,23 +196,41 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       if (tt + 1 < tiles)   // the next tile into the other buffer, last read by the decode of tile - 1
         issue_raw(sRows + kTileKeys * (tt + 1), min(kTileKeys, nr - kTileKeys * (tt + 1)), a.fmt.row_bytes,
                   sRaw + ((tile + 1) & 1) * raw_bytes);
-      decode_tile_at<HD>(a.fmt, sRows + kTileKeys * tt, nk, sRaw + (tile & 1) * raw_bytes, sK, sMask,
-                         [](int r, int d) { return sw128_offset<kTileKeys>(r, d); });
-      fence_proxy_async();  // the key tile is read by wgmma
-      __syncthreads();      // B: the key tile and its mask are ready
-
+      const uint8_t* const* rows = sRows + kTileKeys * tt;
+      const uint8_t* raw = sRaw + (tile & 1) * raw_bytes;
       // S = Q K^T, 64 heads x 64 keys, over HD in steps of 16 (32 bytes into a 128-byte swizzled row).
       float s[32];
 #pragma unroll
       for (int e = 0; e < 32; ++e) s[e] = 0.0f;
       wgmma_pin(s);
-      wgmma_fence();
+      if constexpr (!kOverlap) {
+        decode_tile_at<HD>(a.fmt, rows, nk, raw, sK, sMask,
+                           [](int r, int d) { return sw128_offset<kTileKeys>(r, d); });
+        fence_proxy_async();  // the key tile is read by wgmma
+        __syncthreads();      // B: the key tile and its mask are ready
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * kKB + (kk & 3) * 32;
-        wgmma_ss_m64n64k16(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off));
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          const uint32_t off = (kk >> 2) * kKB + (kk & 3) * 32;
+          wgmma_ss_m64n64k16(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off));
+        }
+      } else {
+        if (tid < kTileKeys) sMask[tid] = tid < nk && rows[tid] != nullptr;  // read after the last wait
+#pragma unroll
+        for (int step = 0; step < HD / 128; ++step) {
+          decode_step<HD>(a.fmt, rows, nk, raw, sK, 2 * step);
+          fence_proxy_async();  // these dims of the key tile are read by wgmma
+          __syncthreads();      // B(step): dims 128 step .. +127 (and, at step 0, the mask) are ready
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 8 * step; kk < 8 * step + 8; ++kk) {
+            const uint32_t off = (kk >> 2) * kKB + (kk & 3) * 32;
+            wgmma_ss_m64n64k16(s, sw128_desc(q_addr + off), sw128_desc(k_addr + off));
+          }
+          wgmma_commit();  // a group a step; the next step's decode runs while it multiplies
+        }
       }
-      wgmma_commit();
+      if constexpr (!kOverlap) wgmma_commit();
       wgmma_wait_all();
       wgmma_pin(s);
 
@@ -269,21 +320,22 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   }
 }
 
-template <int HD>
+template <int HD, bool kOverlap>
 cudaError_t launch_hd(const AttentionParams& p, cudaStream_t stream) {
   const size_t smem = WgmmaSmem<HD>::total(p.fmt.row_bytes);
   static std::atomic<size_t> opted_in{0};  // the most shared memory asked for so far
   if (smem > opted_in.load()) {
     // A failure shows as the launch's error.
-    if (cudaFuncSetAttribute(attention_prefill_wgmma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(attention_prefill_wgmma_kernel<HD, kOverlap>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)) == cudaSuccess)
       opted_in.store(smem);
   }
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {
     const int64_t nq = std::min(kMaxGridX, p.n - q0);
-    const cudaError_t err = launch(attention_prefill_wgmma_kernel<HD>, dim3(static_cast<unsigned>(nq)),
-                                   kTileThreads, smem, stream, p, q0);
+    const cudaError_t err = launch(attention_prefill_wgmma_kernel<HD, kOverlap>,
+                                   dim3(static_cast<unsigned>(nq)), kTileThreads, smem, stream, p, q0);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -305,16 +357,17 @@ size_t attention_prefill_wgmma_smem_bytes(const KvRowDesc& f) {
   }
 }
 
-cudaError_t launch_attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream,
+                                           bool overlap_decode) {
   if (p.n == 0) return cudaSuccess;
   if (p.positions != nullptr) return cudaErrorInvalidValue;  // decode mode stays on attention_mma_kernel
   switch (p.fmt.head_dim) {
     case 128:
-      return dev::launch_hd<128>(p, stream);
+      return overlap_decode ? dev::launch_hd<128, true>(p, stream) : dev::launch_hd<128, false>(p, stream);
     case 256:
-      return dev::launch_hd<256>(p, stream);
+      return overlap_decode ? dev::launch_hd<256, true>(p, stream) : dev::launch_hd<256, false>(p, stream);
     case 512:
-      return dev::launch_hd<512>(p, stream);
+      return overlap_decode ? dev::launch_hd<512, true>(p, stream) : dev::launch_hd<512, false>(p, stream);
     default:
       return cudaErrorInvalidValue;  // attention_path sends only these here
   }

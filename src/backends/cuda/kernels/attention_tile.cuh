@@ -68,6 +68,21 @@ __device__ __forceinline__ void issue_raw(const uint8_t* const* rows, int nk, in
   cp_async_commit();
 }
 
+// 8 e4m3 values (v, low byte first) times their e8m0 scale sc as 8 bf16, exactly: hardware e4m3x2 -> f16x2
+// (exact), f32, times the scale (exact), rounded to bf16 (exact unless the product leaves bf16's range).
+__device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 v, float sc) {
+  uint32_t w[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t word = b < 2 ? v.x : v.y;
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b % 2))) & 0xffffu), __NV_E4M3));
+    const float2 x = __half22float2(h);
+    w[b] = pack_bf16(x.x * sc, x.y * sc);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // The raw tile decoded to bf16 into a key tile whose layout is `at(r, d)`: the byte offset of row r, dim d
 // (d a multiple of 4; the 8 dims d .. d+7 of an FP8 granule, d a multiple of 8, must be contiguous there);
 // masked rows and rows past nk become zeros (P V then adds 0 * 0) and mask[r] says which rows are keys.
@@ -86,21 +101,9 @@ __device__ __forceinline__ void decode_tile_at(const KvRowDesc& f, const uint8_t
     const uint8_t* src = raw + r * f.row_bytes;
     for (int g = lane; g < granules; g += 32) {
       if (g < fp8_gran) {
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (valid) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src + 8 * g);
-          const float sc = e8m0_to_f32(src[scale_at + g / 8]);
-          uint32_t w[4];
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {  // hardware e4m3x2 -> f16x2 (exact), f32, times the scale (exact)
-            const uint32_t word = b < 2 ? v.x : v.y;
-            const __half2 h(__nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b % 2))) & 0xffffu), __NV_E4M3));
-            const float2 x = __half22float2(h);
-            w[b] = pack_bf16(x.x * sc, x.y * sc);
-          }
-          out = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        const uint4 out = valid ? fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * g),
+                                                e8m0_to_f32(src[scale_at + g / 8]))
+                                : make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(tile + at(r, 8 * g)) = out;
       } else {
         const int k = g - fp8_gran;
