@@ -17,6 +17,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/wgmma_probe.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/kv_row.h"
@@ -271,6 +272,60 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   be.set_batch_invariant(saved_bi);
   cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
+}
+
+// The wgmma layouts of versions 2 / 3 on their own (wgmma_probe.cu: the kernel's S and P V steps on two known
+// matrices), so that a descriptor or fragment error shows here as a wrong product, not only as an attention
+// mismatch. CPU: the operands rounded to bf16 (nearest even), products in double; P V takes the GPU's S
+// (rounded to bf16) as its P, so it checks the P V step alone.
+TEST(GpuWgmmaProbe, MatchesCpuProducts) {
+  TERN_REQUIRE_GPU();
+  constexpr int64_t kD = 512;
+  Rand r(fresh_seed());
+  const Tensor a = random_f32({64, kD}, r), b = random_f32({64, kD}, r);
+  const cuda::DeviceTensor da = upload(a), db = upload(b);
+  auto ds = poisoned(DType::f32, {64, 64});
+  auto dout = poisoned(DType::f32, {64, kD});
+  cuda::CudaBackend& be = cuda::register_backend();
+  const cudaError_t e = cuda::launch_wgmma_probe(
+      da.view().data_as<const float>(), db.view().data_as<const float>(), ds.view().data_as<float>(),
+      dout.view().data_as<float>(), static_cast<cudaStream_t>(be.stream()));
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+  be.synchronize();
+  const Tensor s = cuda::to_host(ds), o = cuda::to_host(dout);
+  auto bf16 = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    float y;
+    std::memcpy(&y, &u, 4);
+    return static_cast<double>(y);
+  };
+  const float *pa = a.data<float>(), *pb = b.data<float>(), *ps = s.data<float>(), *po = o.data<float>();
+  double s_err = 0, s_max = 0, o_err = 0, o_max = 0;
+  int s_bad = -1, o_bad = -1;
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 64; ++j) {
+      double ref = 0;
+      for (int64_t k = 0; k < kD; ++k) ref += bf16(pa[i * kD + k]) * bf16(pb[j * kD + k]);
+      const double err = std::fabs(ref - ps[i * 64 + j]);
+      if (!(err <= s_err)) s_bad = static_cast<int>(i * 64 + j);
+      s_err = std::isnan(err) ? INFINITY : std::max(s_err, err);
+      s_max = std::max(s_max, std::fabs(ref));
+    }
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t d = 0; d < kD; ++d) {
+      double ref = 0;
+      for (int64_t j = 0; j < 64; ++j) ref += bf16(ps[i * 64 + j]) * bf16(pb[j * kD + d]);
+      const double err = std::fabs(ref - po[i * kD + d]);
+      if (!(err <= o_err)) o_bad = static_cast<int>(i * kD + d);
+      o_err = std::isnan(err) ? INFINITY : std::max(o_err, err);
+      o_max = std::max(o_max, std::fabs(ref));
+    }
+  EXPECT_LE(s_err, 1e-3 * s_max) << "S = Q K^T (both operands K-major, 128-byte swizzle): worst at row "
+                                 << s_bad / 64 << " col " << s_bad % 64;
+  EXPECT_LE(o_err, 1e-3 * o_max) << "O = P V (P from the S accumulators, V MN-major): worst at row "
+                                 << o_bad / kD << " dim " << o_bad % kD;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionPrefill, ::testing::Values(kFixture, kV4Flash), ShapeName());

@@ -69,10 +69,6 @@ struct WgmmaSmem {
   static size_t total(int64_t row_bytes) { return kRaw + 2 * raw_tile_bytes(row_bytes) + 1024; }
 };
 
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }

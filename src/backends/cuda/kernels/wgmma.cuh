@@ -29,6 +29,12 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
+// Orders this thread's generic-proxy shared-memory stores before later reads by wgmma (the async proxy); a
+// barrier after it makes every thread's stores visible.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
