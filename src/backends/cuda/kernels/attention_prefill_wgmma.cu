@@ -281,6 +281,8 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       // warpgroup's dim blocks wg * kNC + c.
 #pragma unroll
       for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
+#pragma unroll
+      for (int ks = 0; ks < kTileKeys / 16; ++ks) wgmma_pin(pa[ks]);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kTileKeys / 16; ++ks)

@@ -52,6 +52,13 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments in registers: their values are computed before the wgmma.fence that precedes the
+// MMAs reading them.
+__device__ __forceinline__ void wgmma_pin(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
 // d[64 x 64] += A[64 x 16] B[16 x 64]: A and B K-major in shared memory (descriptors).
 __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(

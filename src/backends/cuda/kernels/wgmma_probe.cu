@@ -71,6 +71,8 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     for (int e = 0; e < 32; ++e) o[c][e] = 0.0f;
     wgmma_pin(o[c]);
   }
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wgmma_pin(pa[ks]);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
