@@ -317,7 +317,8 @@ void bench_decode_attention(Rand& r, bool quick) {
 }
 
 // One layer's sparse_attention in a prefill chunk of 8 192 queries (the library-GEMM chunks), on the decode
-// kernel (attention_mma_kernel, as TERN_ATTENTION_PREFILL=0) and on the prefill kernel, same inputs: CSA
+// kernel (attention_mma_kernel, as TERN_ATTENTION_PREFILL=0) and on the prefill kernels (version 1
+// attention_prefill_kernel, versions 2 and 3 attention_prefill_wgmma_kernel), same inputs: CSA
 // (ratio 4, 512 picks + window 128) and HCA (ratio 128, every compressed row + window 128), as the chunk
 // after 8 192 tokens (every CSA query has its 512 picks) and as the first chunk of a prompt (start 0: fewer
 // visible rows). FLOPs: 2 * heads * keys * (head_dim + head_dim) a query (QK^T and PV), over the keys each
@@ -371,18 +372,21 @@ void bench_attention_prefill(Rand& r) {
     const double flop = 2.0 * H * static_cast<double>(keys) * (hd + hd);
     const double bytes = static_cast<double>(keys * rb + 2 * n * H * hd * 4);
     const std::string shape = cat(n, " queries at ", kind.start, ", ", keys / n, " keys avg");
-    for (const bool prefill : {false, true}) {
-      cuda::set_attention_prefill(prefill);
-      const char* kernel = prefill ? "attention_prefill_kernel" : "attention_mma_kernel";
-      measure(cat("sparse_attention ", kind.name, " prefill: ", prefill ? "new" : "old"), shape, bytes, 1,
-              [&](int) { ops::sparse_attention(a, out); });
+    for (const int version : {0, 1, 2, 3}) {
+      cuda::set_attention_prefill_version(version);
+      const char* kernel = version == 3   ? "attention_prefill_wgmma_kernel (overlapped decode)"
+                           : version == 2 ? "attention_prefill_wgmma_kernel"
+                           : version == 1 ? "attention_prefill_kernel"
+                                          : "attention_mma_kernel";
+      measure(cat("sparse_attention ", kind.name, " prefill: ", version == 0 ? "off" : cat("v", version)), shape,
+              bytes, 1, [&](int) { ops::sparse_attention(a, out); });
       const double us = g_profile || g_rows.empty() ? 0 : g_rows.back().us;
       lines.push_back(cat("| ", kind.name, " | ", kind.start, " | ", keys / n, " | ", kernel, " | ", us, " | ",
                           us > 0 ? flop / (us * 1e6) : 0.0, " | ", us > 0 ? 100.0 * flop / (us * 1e6) / lib_tflops : 0.0,
                           "% |"));
     }
   }
-  cuda::set_attention_prefill(true);
+  cuda::set_attention_prefill(true);  // version 1, the default
   std::printf("\nprefill attention, one layer at %lld queries (graph us; TFLOP/s counts 2*heads*keys*(hd+hd) a "
               "query; ceiling %.0f TFLOP/s):\n| layer | chunk start | keys/query | kernel | us | TFLOP/s | %% of ceiling |\n"
               "|---|---:|---:|---|---:|---:|---:|\n",

@@ -1,11 +1,13 @@
-// GPU vs CPU: the prefill attention kernel (attention_prefill_kernel: one block per query over all its keys)
+// GPU vs CPU: the prefill attention kernels (attention_prefill_kernel, version 1, and
+// attention_prefill_wgmma_kernel, versions 2 and 3: one block per query over all its keys)
 // on fresh random chunks at the V4-Flash shapes (64 heads, head_dim 512, window 128; CSA ratio 4 with 512
 // picks, HCA ratio 128 with every compressed row) and the fixture's, at n = 1, 7, 64 and 600 queries whose
 // windows lie partly in the ring and partly in the chunk, with masked (-1) picks among real ones, queries
 // with no pick at all and chunks that see fewer compressed rows than picks (a -1 tail). The kernel is
 // launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
-// sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs. Then the op's
-// choice: a 600-query chunk takes the prefill kernel (its bits), and under --batch-invariant or
+// sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs, version 2 also
+// against version 1, and version 3 (the decode overlapping the MMAs) must give version 2's bits. Then the
+// op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and under --batch-invariant or
 // set_attention_prefill(false) the decode kernel's bits.
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/wgmma_probe.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/kv_row.h"
@@ -143,7 +146,7 @@ cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
   return p;
 }
 
-enum class Kernel { prefill, decode };
+enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, decode };
 
 // One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
 Tensor run_kernel(const Chunk& c, Kernel k) {
@@ -153,8 +156,11 @@ Tensor run_kernel(const Chunk& c, Kernel k) {
   cuda::fill_bytes(err.view(), 0);
   const cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
   const auto stream = static_cast<cudaStream_t>(be.stream());
-  const cudaError_t e = k == Kernel::prefill ? cuda::launch_attention_prefill(p, stream)
-                                             : cuda::launch_attention_mma(p, stream);
+  const cudaError_t e = k == Kernel::prefill         ? cuda::launch_attention_prefill_v1(p, stream)
+                        : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream, false)
+                        : k == Kernel::prefill_wgmma_overlap
+                            ? cuda::launch_attention_prefill_wgmma(p, stream, true)
+                            : cuda::launch_attention_mma(p, stream);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   be.synchronize();
@@ -189,28 +195,40 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       Tensor ref(DType::f32, {n, s.heads, s.head_dim});
       ops::sparse_attention(c.host_args(), ref);
       const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+      const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
       const std::string what = cat(s.name, " ", cs.name, " n=", n);
       expect_close(upload(mine), ref, kTolBf16, cat("prefill kernel vs cpu, ", what));
       expect_close(upload(old), ref, kTolBf16, cat("decode kernel vs cpu, ", what));
       expect_close(upload(mine), old, kTolBf16, cat("prefill kernel vs decode kernel, ", what));
+      expect_close(upload(wg), ref, kTolBf16, cat("prefill wgmma kernel vs cpu, ", what));
+      expect_close(upload(wg), mine, kTolBf16, cat("prefill wgmma kernel vs prefill kernel, ", what));
+      const Tensor wg3 = run_kernel(c, Kernel::prefill_wgmma_overlap);
+      EXPECT_EQ(std::memcmp(wg3.data<float>(), wg.data<float>(), wg.nbytes()), 0)
+          << "version 3 (overlapped decode) is not version 2's bits, " << what;
+      if (std::memcmp(wg3.data<float>(), wg.data<float>(), wg.nbytes()) != 0)
+        expect_close(upload(wg3), ref, kTolBf16,
+                     cat("prefill wgmma kernel, overlapped decode, vs cpu, ", what));
     }
   cuda::register_backend().check_device_errors();
 }
 
-// The op's choice of kernel: the prefill kernel for a chunk that takes the library GEMMs, the decode kernel
-// under --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each
-// recognised by its exact bits; decode mode never takes the prefill kernel.
+// The op's choice of kernel: the selected prefill kernel (version 1 by default, 2 / 3 as
+// TERN_ATTENTION_PREFILL=2 / 3) for a chunk that takes the library GEMMs, the decode kernel under
+// --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its
+// exact bits; decode mode never takes a prefill kernel.
 TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   cuda::CudaBackend& be = cuda::register_backend();
-  const bool saved_bi = be.batch_invariant(), saved_prefill = cuda::attention_prefill_enabled();
+  const bool saved_bi = be.batch_invariant();
+  const int saved_version = cuda::attention_prefill_version();
   const int64_t n = cuda::CudaBackend::library_min_tokens() + 88;
   // HCA at 100 windows in: over 200 keys a query, so the decode kernel cuts each query in 2 or more splits
   // and its bits differ from the prefill kernel's (with one split they are the same arithmetic).
   const Chunk c = make_chunk(s, static_cast<int>(s.hca_ratio), false, 100 * s.window + 5, n, r);
   const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
+  const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
   ASSERT_NE(std::memcmp(mine.data<float>(), old.data<float>(), mine.nbytes()), 0)
       << "the two kernels gave the same bits: this test cannot tell which one the op ran";
   auto op = [&] {
@@ -221,17 +239,21 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   cuda::AttentionParams p = params_of(c, nullptr, nullptr);
   struct Mode {
     const char* name;
-    bool batch_invariant, prefill;
+    bool batch_invariant;
+    int version;
     const Tensor* expect;
     cuda::AttentionPath path;
   };
   const Mode modes[] = {
-      {"default", false, true, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
-      {"--batch-invariant", true, true, &old, cuda::AttentionPath::bf16_tensor_cores},
-      {"TERN_ATTENTION_PREFILL=0", false, false, &old, cuda::AttentionPath::bf16_tensor_cores}};
+      {"default", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"--batch-invariant", true, 1, &old, cuda::AttentionPath::bf16_tensor_cores},
+      {"--batch-invariant, version 2", true, 2, &old, cuda::AttentionPath::bf16_tensor_cores},
+      {"TERN_ATTENTION_PREFILL=0", false, 0, &old, cuda::AttentionPath::bf16_tensor_cores}};
   for (const Mode& m : modes) {
     be.set_batch_invariant(m.batch_invariant);
-    cuda::set_attention_prefill(m.prefill);
+    cuda::set_attention_prefill_version(m.version);
     p.prefill = !m.batch_invariant;  // what CudaBackend::sparse_attention sets at this n
     EXPECT_EQ(cuda::attention_path(p), m.path) << m.name;
     std::printf("  %-26s %s\n", m.name, cuda::attention_path_name(cuda::attention_path(p)));
@@ -243,11 +265,67 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.prefill = true;
   const int64_t position = c.start;
   p.positions = &position;  // only compared with null by attention_path
-  cuda::set_attention_prefill(true);
-  EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores);
+  for (const int version : {1, 2, 3}) {
+    cuda::set_attention_prefill_version(version);
+    EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores) << "version " << version;
+  }
   be.set_batch_invariant(saved_bi);
-  cuda::set_attention_prefill(saved_prefill);
+  cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
+}
+
+// The wgmma layouts of versions 2 / 3 on their own (wgmma_probe.cu: the kernel's S and P V steps on two known
+// matrices), so that a descriptor or fragment error shows here as a wrong product, not only as an attention
+// mismatch. CPU: the operands rounded to bf16 (nearest even), products in double; P V takes the GPU's S
+// (rounded to bf16) as its P, so it checks the P V step alone.
+TEST(GpuWgmmaProbe, MatchesCpuProducts) {
+  TERN_REQUIRE_GPU();
+  constexpr int64_t kD = 512;
+  Rand r(fresh_seed());
+  const Tensor a = random_f32({64, kD}, r), b = random_f32({64, kD}, r);
+  const cuda::DeviceTensor da = upload(a), db = upload(b);
+  auto ds = poisoned(DType::f32, {64, 64});
+  auto dout = poisoned(DType::f32, {64, kD});
+  cuda::CudaBackend& be = cuda::register_backend();
+  const cudaError_t e = cuda::launch_wgmma_probe(
+      da.view().data_as<const float>(), db.view().data_as<const float>(), ds.view().data_as<float>(),
+      dout.view().data_as<float>(), static_cast<cudaStream_t>(be.stream()));
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+  be.synchronize();
+  const Tensor s = cuda::to_host(ds), o = cuda::to_host(dout);
+  auto bf16 = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    float y;
+    std::memcpy(&y, &u, 4);
+    return static_cast<double>(y);
+  };
+  const float *pa = a.data<float>(), *pb = b.data<float>(), *ps = s.data<float>(), *po = o.data<float>();
+  double s_err = 0, s_max = 0, o_err = 0, o_max = 0;
+  int s_bad = -1, o_bad = -1;
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 64; ++j) {
+      double ref = 0;
+      for (int64_t k = 0; k < kD; ++k) ref += bf16(pa[i * kD + k]) * bf16(pb[j * kD + k]);
+      const double err = std::fabs(ref - ps[i * 64 + j]);
+      if (!(err <= s_err)) s_bad = static_cast<int>(i * 64 + j);
+      s_err = std::isnan(err) ? INFINITY : std::max(s_err, err);
+      s_max = std::max(s_max, std::fabs(ref));
+    }
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t d = 0; d < kD; ++d) {
+      double ref = 0;
+      for (int64_t j = 0; j < 64; ++j) ref += bf16(ps[i * 64 + j]) * bf16(pb[j * kD + d]);
+      const double err = std::fabs(ref - po[i * kD + d]);
+      if (!(err <= o_err)) o_bad = static_cast<int>(i * kD + d);
+      o_err = std::isnan(err) ? INFINITY : std::max(o_err, err);
+      o_max = std::max(o_max, std::fabs(ref));
+    }
+  EXPECT_LE(s_err, 1e-3 * s_max) << "S = Q K^T (both operands K-major, 128-byte swizzle): worst at row "
+                                 << s_bad / 64 << " col " << s_bad % 64;
+  EXPECT_LE(o_err, 1e-3 * o_max) << "O = P V (P from the S accumulators, V MN-major): worst at row "
+                                 << o_bad / kD << " dim " << o_bad % kD;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttentionPrefill, ::testing::Values(kFixture, kV4Flash), ShapeName());

@@ -239,6 +239,13 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   if (!attention_prefill_enabled())
     paths.push_back("sparse_attention prefill kernel off (TERN_ATTENTION_PREFILL=0): every chunk runs "
                     "attention_mma_kernel");
+  if (attention_prefill_version() >= 2)
+    paths.push_back(attention_prefill_version() == 2
+                        ? "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
+                          "attention_prefill_wgmma_kernel (Hopper wgmma), the same numerics"
+                        : "sparse_attention prefill kernel version 3 (TERN_ATTENTION_PREFILL=3): "
+                          "attention_prefill_wgmma_kernel (Hopper wgmma) with the decode overlapping the MMAs, "
+                          "the same numerics");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

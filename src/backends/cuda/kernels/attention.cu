@@ -305,7 +305,12 @@ AttentionPath attention_path(const AttentionParams& p) {
 
 const char* attention_path_name(AttentionPath path) {
   switch (path) {
-    case AttentionPath::bf16_tensor_cores_prefill: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
+    case AttentionPath::bf16_tensor_cores_prefill:
+      switch (attention_prefill_version()) {
+        case 2: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel)";
+        case 3: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel, overlapped decode)";
+        default: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
+      }
     case AttentionPath::bf16_tensor_cores: return "bf16 tensor cores (attention_mma_kernel)";
     default: return "f32 CUDA cores (attention_kernel + attention_combine_kernel)";
   }

@@ -72,12 +72,25 @@ constexpr size_t kAttentionMmaMaxSmem = 227 * 1024;  // sm_90's shared memory pe
 size_t attention_mma_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
 
-// The prefill path alone (attention_prefill.cu; eager mode only): one block per query, all its keys.
+// The prefill path alone (eager mode only): one block per query, all its keys, in one of two versions:
+//   1: attention_prefill_kernel (attention_prefill.cu, mma.sync), the default;
+//   2: attention_prefill_wgmma_kernel (attention_prefill_wgmma.cu, Hopper wgmma), the same numerics;
+//   3: the same kernel with the decode of a tile overlapping its S MMAs (version 2's bits).
+// attention_prefill_smem_bytes / launch_attention_prefill follow the selected version (1 when off); the
+// _v1 / _wgmma entry points run one version whatever is selected (tests).
 size_t attention_prefill_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_prefill(const AttentionParams& p, cudaStream_t stream);
-// TERN_ATTENTION_PREFILL=0 keeps prefill chunks on attention_mma_kernel (A/B); set_attention_prefill
-// overrides it (benchmarks and tests).
+size_t attention_prefill_v1_smem_bytes(const KvRowDesc& f);
+cudaError_t launch_attention_prefill_v1(const AttentionParams& p, cudaStream_t stream);
+size_t attention_prefill_wgmma_smem_bytes(const KvRowDesc& f);
+cudaError_t launch_attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream,
+                                           bool overlap_decode = false);
+// TERN_ATTENTION_PREFILL: 0 keeps prefill chunks on attention_mma_kernel (A/B), 1 (default) version 1, 2 / 3
+// version 2 / 3; set_attention_prefill(on) selects 1 or 0 and set_attention_prefill_version any (benchmarks
+// and tests).
 bool attention_prefill_enabled();
+int attention_prefill_version();
 void set_attention_prefill(bool on);
+void set_attention_prefill_version(int version);
 
 }  // namespace tern::cuda

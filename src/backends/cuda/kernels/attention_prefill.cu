@@ -219,7 +219,7 @@ cudaError_t launch_hd(const AttentionParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace dev
 
-size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
+size_t attention_prefill_v1_smem_bytes(const KvRowDesc& f) {
   switch (f.head_dim) {
     case 128:
       return dev::PrefillSmem<128>::total(f.row_bytes);
@@ -233,24 +233,41 @@ size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
 }
 
 namespace {
-std::atomic<int> g_attention_prefill{-1};  // -1: not read from the environment yet
+std::atomic<int> g_attention_prefill{-1};  // the version; -1: not read from the environment yet
 }  // namespace
 
-bool attention_prefill_enabled() {
+int attention_prefill_version() {
   int v = g_attention_prefill.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_ATTENTION_PREFILL");
-    v = e != nullptr && *e != '\0' ? (std::atoi(e) != 0 ? 1 : 0) : 1;
+    v = e != nullptr && *e != '\0' ? std::clamp(std::atoi(e), 0, 3) : 1;
     g_attention_prefill.store(v, std::memory_order_relaxed);
   }
-  return v != 0;
+  return v;
 }
+
+bool attention_prefill_enabled() { return attention_prefill_version() != 0; }
 
 void set_attention_prefill(bool on) {
   g_attention_prefill.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
+void set_attention_prefill_version(int version) {
+  g_attention_prefill.store(std::clamp(version, 0, 3), std::memory_order_relaxed);
+}
+
+size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
+  return attention_prefill_version() >= 2 ? attention_prefill_wgmma_smem_bytes(f)
+                                          : attention_prefill_v1_smem_bytes(f);
+}
+
 cudaError_t launch_attention_prefill(const AttentionParams& p, cudaStream_t stream) {
+  const int version = attention_prefill_version();
+  return version >= 2 ? launch_attention_prefill_wgmma(p, stream, version == 3)
+                      : launch_attention_prefill_v1(p, stream);
+}
+
+cudaError_t launch_attention_prefill_v1(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   if (p.positions != nullptr) return cudaErrorInvalidValue;  // decode mode stays on attention_mma_kernel
   switch (p.fmt.head_dim) {

@@ -68,11 +68,29 @@ __device__ __forceinline__ void issue_raw(const uint8_t* const* rows, int nk, in
   cp_async_commit();
 }
 
-// The raw tile decoded to bf16 into the key tile (row r at r * kTileRowStride<HD>); masked rows and rows past
-// nk become zeros (P V then adds 0 * 0) and mask[r] says which rows are keys.
-template <int HD>
-__device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* const* rows, int nk,
-                                            const uint8_t* raw, __nv_bfloat16* tile, int* mask) {
+// 8 e4m3 values (v, low byte first) times their e8m0 scale sc as 8 bf16, exactly: hardware e4m3x2 -> f16x2
+// (exact), f32, times the scale (exact), rounded to bf16 (exact unless the product leaves bf16's range).
+__device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 v, float sc) {
+  uint32_t w[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t word = b < 2 ? v.x : v.y;
+    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b % 2))) & 0xffffu), __NV_E4M3));
+    const float2 x = __half22float2(h);
+    w[b] = pack_bf16(x.x * sc, x.y * sc);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The raw tile decoded to bf16 into a key tile whose layout is `at(r, d)`: the byte offset of row r, dim d
+// (d a multiple of 4; the 8 dims d .. d+7 of an FP8 granule, d a multiple of 8, must be contiguous there);
+// masked rows and rows past nk become zeros (P V then adds 0 * 0) and mask[r] says which rows are keys.
+// decode_tile below is the padded row-major layout of attend_tile; attention_prefill_wgmma.cu passes the
+// 128-byte-swizzled layout of wgmma. The arithmetic is the same, so both tiles hold the same values.
+template <int HD, typename At>
+__device__ __forceinline__ void decode_tile_at(const KvRowDesc& f, const uint8_t* const* rows, int nk,
+                                               const uint8_t* raw, uint8_t* tile, int* mask, At at) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nope = HD - static_cast<int>(f.rope_dim), fp8_gran = nope / 8;
   const int granules = fp8_gran + static_cast<int>(f.rope_dim) / 4;
@@ -81,32 +99,27 @@ __device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* c
     const bool valid = r < nk && rows[r] != nullptr;
     if (lane == 0) mask[r] = valid;
     const uint8_t* src = raw + r * f.row_bytes;
-    __nv_bfloat16* dst = tile + r * kTileRowStride<HD>;
     for (int g = lane; g < granules; g += 32) {
       if (g < fp8_gran) {
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (valid) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src + 8 * g);
-          const float sc = e8m0_to_f32(src[scale_at + g / 8]);
-          uint32_t w[4];
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {  // hardware e4m3x2 -> f16x2 (exact), f32, times the scale (exact)
-            const uint32_t word = b < 2 ? v.x : v.y;
-            const __half2 h(__nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b % 2))) & 0xffffu), __NV_E4M3));
-            const float2 x = __half22float2(h);
-            w[b] = pack_bf16(x.x * sc, x.y * sc);
-          }
-          out = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-        *reinterpret_cast<uint4*>(dst + 8 * g) = out;
+        const uint4 out = valid ? fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * g),
+                                                e8m0_to_f32(src[scale_at + g / 8]))
+                                : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(tile + at(r, 8 * g)) = out;
       } else {
         const int k = g - fp8_gran;
-        *reinterpret_cast<uint2*>(dst + nope + 4 * k) =
+        *reinterpret_cast<uint2*>(tile + at(r, nope + 4 * k)) =
             valid ? *reinterpret_cast<const uint2*>(src + nope + 8 * k) : make_uint2(0, 0);
       }
     }
   }
+}
+
+// The key tile of attend_tile: row r at r * kTileRowStride<HD> bf16.
+template <int HD>
+__device__ __forceinline__ void decode_tile(const KvRowDesc& f, const uint8_t* const* rows, int nk,
+                                            const uint8_t* raw, __nv_bfloat16* tile, int* mask) {
+  decode_tile_at<HD>(f, rows, nk, raw, reinterpret_cast<uint8_t*>(tile), mask,
+                     [](int r, int d) { return 2 * (r * kTileRowStride<HD> + d); });
 }
 
 // Orders the 8 warps of the block (the decode kernel's exchanges).
