@@ -79,6 +79,8 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::round_bf16_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::split_bf16x3_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_kernel<512>(tern::cuda::AttentionParams)", C::attention},
+    {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_wgmma_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},
+    {"tern::cuda::dev::(anonymous namespace)::wgmma_probe_kernel(float const*, float const*, float*, float*)", C::other},
     {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_kernel<(tern::cuda::dev::WFmt)3, 64, true>(tern::cuda::dev::(anonymous namespace)::GroupedArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_gather_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_tiles_kernel(int const*, int const*, int, int*)", C::moe},

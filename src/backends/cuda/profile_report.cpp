@@ -78,6 +78,7 @@ constexpr Rule kRules[] = {
     {"ldg_read_kernel", Match::exact, OpCategory::other},
     // The empty kernel that ends programmatic overlap after the synthetic weight fill (kernels/launch.cu).
     {"pdl_fence_kernel", Match::exact, OpCategory::other},
+    {"wgmma_probe_kernel", Match::exact, OpCategory::other},  // the wgmma layout probe (tests only)
 };
 
 bool matches(const Rule& r, std::string_view base) {
