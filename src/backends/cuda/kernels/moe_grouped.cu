@@ -1,7 +1,7 @@
 // Grouped GEMMs of the routed experts for prefill chunks (moe_grouped.cuh): one block per (job, m-tile of
 // BM pairs, n-tile of BN weight rows); x (or h) as bf16 and the raw FP4 weights and their scales stream
-// through a kGroupedStages-deep cp.async ring in shared memory, K = 128 columns a stage; the FP4 nibbles are
-// decoded straight into mma.sync B fragments (Hopper has no FP4 MMA; mma_tile.cuh's exact decoders).
+// through a cp.async ring in shared memory (GroupedTile::kStages deep), K = 128 columns a stage; the FP4
+// nibbles are decoded straight into mma.sync B fragments (Hopper has no FP4 MMA; mma_tile.cuh's exact decoders).
 //
 // K order. The order of k inside one m16n8k16 does not matter if A and B agree. A quad's lane t decodes its
 // own 16 contiguous bytes (32 columns, 32t .. 32t+31 of the stage) of each weight row: k-step S (0..7) takes
@@ -13,7 +13,9 @@
 // Weights enter as W * 2^-16 (mma_tile.cuh: keeps every product in bf16 range) and the sums are multiplied by
 // 2^16 and NVFP4's per-matrix global scale in the epilogue, per matrix (w1 and w3 may differ).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -25,9 +27,7 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kGroupedK = 128;     // K columns per stage
-constexpr int kGroupedStages = 3;  // ring depth: ~26 KB a stage, so two or three blocks fit a multiprocessor
-constexpr int kGroupedWarps = 4;   // side by side along N: each warp takes all BM pairs of the tile
+constexpr int kGroupedK = 128;  // K columns per stage
 
 // Physical column (0..31) held at stored position s of a 32-column group: s = 4S + 2q + j holds column
 // 8(S/2) + 2(S%2) + q + 4j (k-step S, q = 0 for slots 2t,2t+1 / 1 for slots 2t+8,2t+9, j the half).
@@ -50,17 +50,33 @@ __host__ __device__ constexpr bool k_permutation_ok() {
 }
 static_assert(k_permutation_ok());
 
-// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane). BM = 64:
-// 64 x 32, so each decoded B fragment feeds 4 mma (the decode is the ALU cost that competes with the mma
-// issue); BM = 32 (few pairs an expert, memory-bound): 32 x 64.
+// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane); the
+// warps sit side by side along N, each taking all BM pairs of the tile, so each weight element is decoded once
+// per block and each decoded B fragment feeds MT mma.
+// - BM = 32 / 64 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor): 32 x 64 (few
+//   pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma, an x fragment 4).
+// - BM = 128 (from ~96 pairs an expert): 8 warps of 128 x 16, BN = 128, 4 stages of 41 KB (one block a
+//   multiprocessor, 8 warps; up to 255 registers a thread). Per 32 mma a warp issues 16 lds.128 of x and 4 B
+//   decodes (~36 ALU instructions) where the 64 x 32 warp issues 8 lds.128 and 8 decodes (~72): the decode, the
+//   ALU cost competing with mma issue, is halved per mma, the weight bytes a pair reads are halved, and m-tiles
+//   past the job's pairs are skipped (kSkipDead), so the ragged last tile costs 16-pair steps, not 128.
+//   The price: x is read from shared memory by all 8 warps (256 B an mma where 64 x 32 reads 128 B).
+// Either way every pair row sees the same B values and the same k order: the configurations give the same bits.
 template <int BM>
 struct GroupedTile {
-  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kGroupedWarps * WN;
+  static constexpr int kWarps = BM >= 128 ? 8 : 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = BM >= 128 ? 4 : 3;
+  static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
+  static constexpr bool kSkipDead = BM >= 128;          // zero-fill dead x rows, skip their mma
+  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kWarps * WN;
   static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
   static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
   static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
   static constexpr int kStage = kXBytes + kWBytes + kSBytes;
-  static constexpr int kSmem = kStage * kGroupedStages;
+  static constexpr int kSmem = kStage * kStages;
+  static_assert(MT * NT == 16 && NT % 2 == 0, "up needs w1 and w3 n-tiles in every warp");
+  static_assert(kSmem <= 227 * 1024, "shared memory of one block");
 };
 
 // 16-byte chunk c (0..15) of x row r sits at chunk x_chunk(r, c): a lds.128 phase (lanes g, g+1 of a quad
@@ -138,10 +154,11 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
 template <WFmt F, int BM, bool UP>
-__global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(GroupedArgs a) {
+__global__ void __launch_bounds__(GroupedTile<BM>::kThreads, GroupedTile<BM>::kMinBlocks)
+    moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = GroupedTile<BM>;
-  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN;
+  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
 
@@ -165,24 +182,29 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
   const int64_t w_row_bytes = K / 2, s_row_bytes = kNv ? K / 16 : K / 32;
 
   const int tid = threadIdx.x;
-  // Copy assignments (fixed for the whole K loop): x rows tid/16 + 8i, chunk tid%16; weight rows tid/4 + 32i,
-  // chunk tid%4 (and that row's scale word when tid%4 == 0). Rows past the job or the matrix read a valid row
-  // (the last one): their results are never stored.
-  constexpr int kXCopies = BM / 8, kWCopies = BN / 32;
+  // Copy assignments (fixed for the whole K loop): x rows tid/16 + (threads/16) i, chunk tid%16; weight rows
+  // tid/4 + (threads/4) i, chunk tid%4 (and that row's scale word when tid%4 == 0). Rows past the job or the
+  // matrix read a valid row (the last one), or with kSkipDead zeros for x (no global read): their results are
+  // never stored.
+  constexpr int kXRows = Tile::kThreads / 16, kWRows = Tile::kThreads / 4;
+  constexpr int kXCopies = BM / kXRows, kWCopies = BN / kWRows;
+  static_assert(kXCopies * kXRows == BM && kWCopies * kWRows == BN);
   const uint16_t* xsrc[kXCopies];
   int xdst[kXCopies];
+  bool xlive[kXCopies];
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
-    const int r = tid / 16 + 8 * i, c = tid % 16;
+    const int r = tid / 16 + kXRows * i, c = tid % 16;
     const int slot = first + min(row0 + r, count - 1);
     xsrc[i] = a.a + static_cast<int64_t>(slot) * K + 8 * c;
     xdst[i] = r * 256 + x_chunk(r, c) * 16;
+    xlive[i] = !Tile::kSkipDead || row0 + r < count;
   }
   const uint8_t* wsrc[kWCopies];
   const uint8_t* ssrc[kWCopies];
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
-    const int n_local = tid / 4 + 32 * i;
+    const int n_local = tid / 4 + kWRows * i;
     int which;
     int64_t row;
     if constexpr (UP) {
@@ -202,10 +224,11 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
     uint8_t* ws = xs + Tile::kXBytes;
     uint8_t* ss = ws + Tile::kWBytes;
 #pragma unroll
-    for (int i = 0; i < kXCopies; ++i) cp_async16(xs + xdst[i], xsrc[i] + static_cast<int64_t>(kb) * kGroupedK, true);
+    for (int i = 0; i < kXCopies; ++i)
+      cp_async16(xs + xdst[i], xsrc[i] + static_cast<int64_t>(kb) * kGroupedK, xlive[i]);
 #pragma unroll
     for (int i = 0; i < kWCopies; ++i) {
-      const int n_local = tid / 4 + 32 * i;
+      const int n_local = tid / 4 + kWRows * i;
       cp_async16(ws + n_local * 64 + 16 * (tid % 4), wsrc[i] + static_cast<int64_t>(kb) * 64, true);
       if (tid % 4 == 0) {
         if constexpr (kNv) cp_async_small<8>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 8, true);
@@ -225,19 +248,21 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
   const int kblocks = static_cast<int>(K / kGroupedK);
+  // m-tiles holding at least one of the job's pairs (>= 1: every block's m-tile starts inside its job).
+  const int mt_live = min(MT, (count - row0 + 15) / 16);
 #pragma unroll
-  for (int s = 0; s < kGroupedStages - 1; ++s) {
+  for (int s = 0; s < kRing - 1; ++s) {
     if (s < kblocks) load_stage(s, s);
     cp_async_commit();
   }
   for (int kb = 0; kb < kblocks; ++kb) {
-    cp_async_wait<kGroupedStages - 2>();
-    __syncthreads();  // stage kb landed for every thread; stage (kb - 1) % kGroupedStages is free again
-    const int next = kb + kGroupedStages - 1;
-    if (next < kblocks) load_stage(next, next % kGroupedStages);
+    cp_async_wait<kRing - 2>();
+    __syncthreads();  // stage kb landed for every thread; stage (kb - 1) % kRing is free again
+    const int next = kb + kRing - 1;
+    if (next < kblocks) load_stage(next, next % kRing);
     cp_async_commit();
 
-    const uint8_t* xs = smem + (kb % kGroupedStages) * Tile::kStage;
+    const uint8_t* xs = smem + (kb % kRing) * Tile::kStage;
     const uint8_t* ws = xs + Tile::kXBytes;
     const uint8_t* ss = ws + Tile::kWBytes;
     // This lane's 16 bytes of each of its NT weight rows, and their scale multipliers.
@@ -256,28 +281,64 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
-      uint4 ax[MT][2];
+      if constexpr (Tile::kSkipDead) {
+        // Both k-steps' B fragments first (decoded once for all MT m-tiles), then x of the live m-tiles, then
+        // their mma (sub, then nt: each accumulator sees the k-steps in the same order as below). A dead m-tile
+        // (past the job's pairs; the same for the whole block) costs two uniform branches.
+        uint32_t b[2][NT][2];
+        static_for<2>([&](auto sub_c) {
+          constexpr int sub = decltype(sub_c)::value;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t w = word_of(wraw[nt], i), m = mult[nt][i / 2];
+            b[sub][nt][0] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+            b[sub][nt][1] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+          }
+        });
+        uint4 ax[MT][2];
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * mt + g + 8 * hr;
-          ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
-        }
-      static_for<2>([&](auto sub_c) {
-        constexpr int sub = decltype(sub_c)::value;
+        for (int mt = 0; mt < MT; ++mt)
+          if (mt == 0 || mt < mt_live)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t w = word_of(wraw[nt], i);
-          const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
-          const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
-          const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+            for (int hr = 0; hr < 2; ++hr) {
+              const int r = 16 * mt + g + 8 * hr;
+              ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+            }
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-            mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
-                     word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
-        }
-      });
+        for (int mt = 0; mt < MT; ++mt)
+          if (mt == 0 || mt < mt_live)
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+                mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
+                         word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b[sub][nt][0],
+                         b[sub][nt][1]);
+      } else {
+        // The 32 / 64-pair tiles (config "old"): x of every m-tile, then per k-step and n-tile decode and mma.
+        uint4 ax[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = 16 * mt + g + 8 * hr;
+            ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+          }
+        static_for<2>([&](auto sub_c) {
+          constexpr int sub = decltype(sub_c)::value;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t w = word_of(wraw[nt], i);
+            const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
+            const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+            const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+              mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
+                       word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
+          }
+        });
+      }
     }
   }
   cp_async_wait<0>();
@@ -332,8 +393,8 @@ void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t st
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_grouped_kernel<F, BM, UP>, static_cast<unsigned>(blocks), kGroupedWarps * 32, GroupedTile<BM>::kSmem,
-         stream, a);
+  launch(moe_grouped_kernel<F, BM, UP>, static_cast<unsigned>(blocks), GroupedTile<BM>::kThreads,
+         GroupedTile<BM>::kSmem, stream, a);
 }
 
 template <WFmt F, int BM>
@@ -360,22 +421,54 @@ bool moe_grouped_supported(const MoeParams& p) {
          p.inter % dev::kGroupedK == 0 && p.E <= 1024 && p.experts_aligned;
 }
 
+namespace {
+std::atomic<int> g_tile_config{-1};
+}  // namespace
+
+int moe_grouped_tile_config() {
+  int v = g_tile_config.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TERN_MOE_GROUPED_TILE");
+    v = e != nullptr && std::string_view(e) == "old" ? kMoeGroupedTileOld : kMoeGroupedTileDefault;
+    g_tile_config.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::memory_order_relaxed); }
+
 int moe_grouped_tile_pairs(const MoeParams& p) {
   // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
-  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair.
-  return p.E > 0 && p.T * p.k >= 48 * p.E ? 64 : 32;
+  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
+  // tokens), 128-pair tiles (8 warps x 16 rows, one block a multiprocessor) halve them again. Below ~96 the
+  // 128-pair tile would keep too few weight bytes in flight (one block of 3 x 9 KB an SM where two 64-pair
+  // blocks keep 2 x 2 x 9 KB) for a mostly empty tile.
+  if (p.E <= 0) return 32;
+  const int64_t P = p.T * p.k;
+  if (moe_grouped_tile_config() == kMoeGroupedTileDefault && P >= 96 * p.E) return 128;
+  return P >= 48 * p.E ? 64 : 32;
 }
 
 const char* moe_grouped_path_name(const MoeParams& p) {
   const bool nv = p.kind == WeightKind::nvfp4;
-  if (p.E == 0)  // shape only (CudaBackend::moe_path): the tile is picked per call
-    return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
-              : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
-  if (moe_grouped_tile_pairs(p) == 64)
-    return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
-              : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
-  return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
-            : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
+  if (p.E == 0) {  // shape only (CudaBackend::moe_path): the tile is picked per call
+    if (moe_grouped_tile_config() == kMoeGroupedTileOld)
+      return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)"
+                : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)";
+    return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+  }
+  switch (moe_grouped_tile_pairs(p)) {
+    case 128:
+      return nv ? "moe_grouped_kernel nvfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers once a block)"
+                : "moe_grouped_kernel mxfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers once a block)";
+    case 64:
+      return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
+                : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
+    default:
+      return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
+                : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
+  }
 }
 
 void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
@@ -386,7 +479,10 @@ void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStre
   const int bm = moe_grouped_tile_pairs(p);
   launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, bm, b.tile_first);
   const bool nv = p.kind == WeightKind::nvfp4;
-  if (bm == 64) {
+  if (bm == 128) {
+    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 128>(p, b, stream);
+    else dev::launch_up_down<dev::WFmt::mxfp4, 128>(p, b, stream);
+  } else if (bm == 64) {
     if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 64>(p, b, stream);
     else dev::launch_up_down<dev::WFmt::mxfp4, 64>(p, b, stream);
   } else {
