@@ -125,16 +125,18 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
     Tensor ref(DType::f32, {T, D});
     ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
     auto dx = upload(x), dw = upload(w), didx = upload(idx);
-    // FP4 experts take the grouped kernels: both tile configurations (~225 pairs an expert at V4-Flash's top-6:
+    // FP4 experts take the grouped kernels: every tile configuration (~225 pairs an expert at V4-Flash's top-6:
     // two 128-pair m-tiles, the second ragged; 64-pair tiles in the old config).
-    for (int config : {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld}) {
+    for (int config : {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow}) {
       if (f == WeightFormat::fp8_block && config != cuda::kMoeGroupedTileDefault) continue;
       cuda::set_moe_grouped_tile_config(config);
       auto out = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
       expect_close(out, ref, kTolBf16,
                    cat("library moe_experts ", ops::weight_format_name(f), " T=", T,
-                       config == cuda::kMoeGroupedTileOld ? " tile config old" : ""));
+                       config == cuda::kMoeGroupedTileOld      ? " tile config old"
+                       : config == cuda::kMoeGroupedTileNarrow ? " tile config 128x128"
+                                                               : ""));
     }
     cuda::set_moe_grouped_tile_config(saved_tile);
   }

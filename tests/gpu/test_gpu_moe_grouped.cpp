@@ -2,8 +2,8 @@
 // (>= the library threshold of tokens, MXFP4 / NVFP4 experts), at every expert of the real model: against the
 // CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
 // reference of those rows alone is theirs in the batch), and against the older library path
-// (set_moe_prefill_library) on every token; in both tile configurations (cuda::set_moe_grouped_tile_config:
-// the 128-pair tile and the old 32 / 64-pair ones), which must also agree bit for bit.
+// (set_moe_prefill_library) on every token; in every tile configuration (cuda::set_moe_grouped_tile_config:
+// the 128 x 256 and 128 x 128 tiles and the old 32 / 64-pair ones), which must also agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -68,7 +68,10 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
   // in the old config); 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts,
   // top-2): 128-pair tiles (64 in the old config), ragged last tiles with dead 16-pair m-tiles.
   const std::vector<Run> runs = {{512, false}, {1024, false}, {1000, true}, {8192, false}};
-  const int configs[2] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld};
+  constexpr int kConfigs = 3;
+  const int configs[kConfigs] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow};
+  const char* const config_names[kConfigs] = {"default", "old", "128x128"};
+  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128"};  // in the path name; old: no 128-pair tile
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     RandomExperts experts(f, E, D, inter, r);
     if (f == WeightFormat::nvfp4)  // per-matrix global scales that differ within an expert and across experts
@@ -102,14 +105,14 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       be.set_moe_prefill_library(false);
       const Tensor lib_host = cuda::to_host(lib);
 
-      Tensor got[2];
-      for (int c = 0; c < 2; ++c) {
+      Tensor got[kConfigs];
+      for (int c = 0; c < kConfigs; ++c) {
         cuda::set_moe_grouped_tile_config(configs[c]);
         const std::string path = be.moe_path(dexp[0].w1, T);
         const std::string what = cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "",
-                                     c == 0 ? " tile config default" : " tile config old", " (", path, ")");
+                                     " tile config ", config_names[c], " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
-        EXPECT_EQ(path.find("128x128") != std::string::npos, c == 0) << what;
+        EXPECT_EQ(path.find(c == 1 ? "| 128x" : config_tiles[c]) != std::string::npos, c != 1) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         got[c] = cuda::to_host(out);
@@ -120,9 +123,10 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       }
       cuda::set_moe_grouped_tile_config(saved_tile_);
       // Every pair row sees the same B values and k order in every tile: the same bits.
-      EXPECT_EQ(std::memcmp(got[0].data<float>(), got[1].data<float>(), static_cast<size_t>(T * D) * 4), 0)
-          << "moe grouped " << ops::weight_format_name(f) << " T=" << T << (run.skew ? " skewed" : "")
-          << ": the tile configurations differ";
+      for (int c = 1; c < kConfigs; ++c)
+        EXPECT_EQ(std::memcmp(got[0].data<float>(), got[c].data<float>(), static_cast<size_t>(T * D) * 4), 0)
+            << "moe grouped " << ops::weight_format_name(f) << " T=" << T << (run.skew ? " skewed" : "")
+            << ": tile config " << config_names[c] << " differs from the default";
     }
   }
   be.check_device_errors();

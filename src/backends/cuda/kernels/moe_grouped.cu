@@ -50,32 +50,36 @@ __host__ __device__ constexpr bool k_permutation_ok() {
 }
 static_assert(k_permutation_ok());
 
-// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane); the
-// warps sit side by side along N, each taking all BM pairs of the tile, so each weight element is decoded once
-// per block and each decoded B fragment feeds MT mma.
-// - BM = 32 / 64 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor): 32 x 64 (few
-//   pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma, an x fragment 4).
-// - BM = 128 (from ~96 pairs an expert): 8 warps of 128 x 16, BN = 128, 4 stages of 41 KB (one block a
-//   multiprocessor, 8 warps; up to 255 registers a thread). Per 32 mma a warp issues 16 lds.128 of x and 4 B
-//   decodes (~36 ALU instructions) where the 64 x 32 warp issues 8 lds.128 and 8 decodes (~72): the decode, the
-//   ALU cost competing with mma issue, is halved per mma, the weight bytes a pair reads are halved, and m-tiles
-//   past the job's pairs are skipped (kSkipDead), so the ragged last tile costs 16-pair steps, not 128.
-//   The price: x is read from shared memory by all 8 warps (256 B an mma where 64 x 32 reads 128 B).
-// Either way every pair row sees the same B values and the same k order: the configurations give the same bits.
-template <int BM>
+// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows; the warps sit side by side along N, each
+// taking all BM pairs of the tile, so each weight element is decoded once per block and each decoded B fragment
+// feeds MT mma (an x fragment, read from shared memory, feeds NT).
+// - BM x BN = 32 x 256 / 64 x 128 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor):
+//   warp tiles 32 x 64 (few pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma).
+// - 128 x 256 (default) / 128 x 128 (from ~96 pairs an expert): 8 warps of 128 x 32 / 128 x 16, 4 stages of 50 /
+//   41 KB, one block a multiprocessor (8 warps; up to 255 registers a thread: 240-246 / 151-156, no spills). A
+//   decoded fragment feeds 8 mma: the B decode (~9 ALU instructions a fragment pair, the cost that competes with
+//   mma issue) per mma is half the 64 x 32 warp's, and so are the weight bytes a pair reads; x is streamed one
+//   m-tile at a time (the next one's fragments loaded while this one's mma run) and m-tiles past the job's
+//   pairs are skipped (kSkipDead: a ragged last tile costs 16-pair steps, not 128). Per 64 mma, 128 x 32 issues
+//   16 lds.128 of x + ~72 decode instructions (~1.5 an mma; 64 x 32: 2.5), reads 128 B of x from shared memory
+//   an mma (as 64 x 32) and re-reads x from L2 once per 128 h columns / 256 output columns. 128 x 16 (config
+//   "128x128") needs fewer registers but issues 16 lds.128 per 32 mma, reads 256 B an mma and x twice as often.
+// Every pair row sees the same B values and the same k order in every tile: all give the same bits.
+template <int BM, int BN_>
 struct GroupedTile {
   static constexpr int kWarps = BM >= 128 ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStages = BM >= 128 ? 4 : 3;
   static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
   static constexpr bool kSkipDead = BM >= 128;          // zero-fill dead x rows, skip their mma
-  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kWarps * WN;
+  static constexpr int BN = BN_, MT = BM / 16, WN = BN / kWarps, NT = WN / 8;
   static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
   static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
   static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
   static constexpr int kStage = kXBytes + kWBytes + kSBytes;
   static constexpr int kSmem = kStage * kStages;
-  static_assert(MT * NT == 16 && NT % 2 == 0, "up needs w1 and w3 n-tiles in every warp");
+  static_assert(WN * kWarps == BN && NT * 8 == WN && NT % 2 == 0, "up needs w1 and w3 n-tiles in every warp");
+  static_assert(kSkipDead || MT * NT == 16, "the old tiles: 64 accumulators a lane");
   static_assert(kSmem <= 227 * 1024, "shared memory of one block");
 };
 
@@ -153,11 +157,11 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
-template <WFmt F, int BM, bool UP>
-__global__ void __launch_bounds__(GroupedTile<BM>::kThreads, GroupedTile<BM>::kMinBlocks)
+template <WFmt F, int BM, int BN_, bool UP>
+__global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM, BN_>::kMinBlocks)
     moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = GroupedTile<BM>;
+  using Tile = GroupedTile<BM, BN_>;
   constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -282,9 +286,10 @@ __global__ void __launch_bounds__(GroupedTile<BM>::kThreads, GroupedTile<BM>::kM
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
       if constexpr (Tile::kSkipDead) {
-        // Both k-steps' B fragments first (decoded once for all MT m-tiles), then x of the live m-tiles, then
-        // their mma (sub, then nt: each accumulator sees the k-steps in the same order as below). A dead m-tile
-        // (past the job's pairs; the same for the whole block) costs two uniform branches.
+        // Both k-steps' B fragments first (decoded once for all MT m-tiles), then per m-tile its mma (sub, then
+        // nt: each accumulator sees the k-steps in the same order as below), the next m-tile's x fragments loaded
+        // before them (rows past the job are zeros in shared memory: reading them is harmless). The first dead
+        // m-tile (past the job's pairs; the same for the whole block) ends the k-steps.
         uint32_t b[2][NT][2];
         static_for<2>([&](auto sub_c) {
           constexpr int sub = decltype(sub_c)::value;
@@ -295,25 +300,26 @@ __global__ void __launch_bounds__(GroupedTile<BM>::kThreads, GroupedTile<BM>::kM
             b[sub][nt][1] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
           }
         });
-        uint4 ax[MT][2];
+        const auto x_frag = [&](int mt, int hr) {
+          const int r = 16 * mt + g + 8 * hr;
+          return lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+        };
+        uint4 ax[2][2] = {{x_frag(0, 0), x_frag(0, 1)}, {}};
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          if (mt == 0 || mt < mt_live)
+        for (int mt = 0; mt < MT; ++mt) {
+          if (mt > 0 && mt >= mt_live) break;
+          if (mt + 1 < MT) {
+            ax[(mt + 1) & 1][0] = x_frag(mt + 1, 0);
+            ax[(mt + 1) & 1][1] = x_frag(mt + 1, 1);
+          }
+          const uint4(&xf)[2] = ax[mt & 1];
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int r = 16 * mt + g + 8 * hr;
-              ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
-            }
+          for (int sub = 0; sub < 2; ++sub)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          if (mt == 0 || mt < mt_live)
-#pragma unroll
-            for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt)
-                mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
-                         word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b[sub][nt][0],
-                         b[sub][nt][1]);
+            for (int nt = 0; nt < NT; ++nt)
+              mma_bf16(acc[mt][nt], word_of(xf[0], 2 * sub), word_of(xf[1], 2 * sub), word_of(xf[0], 2 * sub + 1),
+                       word_of(xf[1], 2 * sub + 1), b[sub][nt][0], b[sub][nt][1]);
+        }
       } else {
         // The 32 / 64-pair tiles (config "old"): x of every m-tile, then per k-step and n-tile decode and mma.
         uint4 ax[MT][2];
@@ -383,34 +389,38 @@ __global__ void __launch_bounds__(GroupedTile<BM>::kThreads, GroupedTile<BM>::kM
   }
 }
 
-template <WFmt F, int BM, bool UP>
+template <WFmt F, int BM, int BN, bool UP>
 void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  using Tile = GroupedTile<BM, BN>;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         GroupedTile<BM>::kSmem);
+    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_grouped_kernel<F, BM, UP>, static_cast<unsigned>(blocks), GroupedTile<BM>::kThreads,
-         GroupedTile<BM>::kSmem, stream, a);
+  launch(moe_grouped_kernel<F, BM, BN, UP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
 }
 
-template <WFmt F, int BM>
+template <WFmt F, int BM, int BN>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
-  constexpr int BN = GroupedTile<BM>::BN;
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
                 static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
-  launch_grouped<F, BM, true>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, true>(a, m_bound, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + BN - 1) / BN);
-  launch_grouped<F, BM, false>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, false>(a, m_bound, stream);
+}
+
+template <int BM, int BN>
+void launch_up_down_fmt(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
+  if (p.kind == WeightKind::nvfp4) launch_up_down<WFmt::nvfp4, BM, BN>(p, b, stream);
+  else launch_up_down<WFmt::mxfp4, BM, BN>(p, b, stream);
 }
 
 }  // namespace
@@ -422,14 +432,35 @@ bool moe_grouped_supported(const MoeParams& p) {
 }
 
 namespace {
+
 std::atomic<int> g_tile_config{-1};
+
+// The tile launch_moe_grouped takes for these params: BM pairs x BN weight rows.
+struct TileShape {
+  int bm, bn;
+};
+
+TileShape tile_shape(const MoeParams& p) {
+  // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
+  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
+  // tokens), 128-pair tiles (8 warps, one block a multiprocessor) halve them again. Below ~96 a 128-pair tile
+  // would be mostly dead rows, and one block an SM keeps fewer weight bytes in flight (3 stages of 8-16 KB)
+  // than two 64-pair blocks (2 x 2 x 8 KB) where the weights, not the mma, set the time.
+  if (p.E <= 0) return {32, 256};
+  const int64_t P = p.T * p.k;
+  const int config = moe_grouped_tile_config();
+  if (config != kMoeGroupedTileOld && P >= 96 * p.E) return {128, config == kMoeGroupedTileNarrow ? 128 : 256};
+  return P >= 48 * p.E ? TileShape{64, 128} : TileShape{32, 256};
+}
+
 }  // namespace
 
 int moe_grouped_tile_config() {
   int v = g_tile_config.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_MOE_GROUPED_TILE");
-    v = e != nullptr && std::string_view(e) == "old" ? kMoeGroupedTileOld : kMoeGroupedTileDefault;
+    const std::string_view s = e != nullptr ? e : "";
+    v = s == "old" ? kMoeGroupedTileOld : s == "128x128" ? kMoeGroupedTileNarrow : kMoeGroupedTileDefault;
     g_tile_config.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -437,38 +468,35 @@ int moe_grouped_tile_config() {
 
 void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::memory_order_relaxed); }
 
-int moe_grouped_tile_pairs(const MoeParams& p) {
-  // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
-  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
-  // tokens), 128-pair tiles (8 warps x 16 rows, one block a multiprocessor) halve them again. Below ~96 the
-  // 128-pair tile would keep too few weight bytes in flight (one block of 3 x 9 KB an SM where two 64-pair
-  // blocks keep 2 x 2 x 9 KB) for a mostly empty tile.
-  if (p.E <= 0) return 32;
-  const int64_t P = p.T * p.k;
-  if (moe_grouped_tile_config() == kMoeGroupedTileDefault && P >= 96 * p.E) return 128;
-  return P >= 48 * p.E ? 64 : 32;
-}
+int moe_grouped_tile_pairs(const MoeParams& p) { return tile_shape(p).bm; }
 
 const char* moe_grouped_path_name(const MoeParams& p) {
   const bool nv = p.kind == WeightKind::nvfp4;
   if (p.E == 0) {  // shape only (CudaBackend::moe_path): the tile is picked per call
-    if (moe_grouped_tile_config() == kMoeGroupedTileOld)
-      return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)"
-                : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)";
-    return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
-              : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+    switch (moe_grouped_tile_config()) {
+      case kMoeGroupedTileOld:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)";
+      case kMoeGroupedTileNarrow:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)";
+      default:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+    }
   }
-  switch (moe_grouped_tile_pairs(p)) {
-    case 128:
-      return nv ? "moe_grouped_kernel nvfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers once a block)"
-                : "moe_grouped_kernel mxfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers once a block)";
-    case 64:
-      return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
-                : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
-    default:
-      return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
-                : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
-  }
+  const TileShape t = tile_shape(p);
+  if (t.bm == 128 && t.bn == 256)
+    return nv ? "moe_grouped_kernel nvfp4 128x256 (8 warps of 128x32; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 128x256 (8 warps of 128x32; mma.sync bf16, fp4 decoded in registers)";
+  if (t.bm == 128)
+    return nv ? "moe_grouped_kernel nvfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)";
+  if (t.bm == 64)
+    return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
+  return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
+            : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
 }
 
 void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
@@ -476,19 +504,12 @@ void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStre
   if (P == 0) return;
   launch(dev::moe_grouped_gather_kernel, dev::grid_stride_blocks(P * p.D / 32), 256, 0, stream, p.x, b.sorted, P,
          p.k, p.D, b.xs);
-  const int bm = moe_grouped_tile_pairs(p);
-  launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, bm, b.tile_first);
-  const bool nv = p.kind == WeightKind::nvfp4;
-  if (bm == 128) {
-    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 128>(p, b, stream);
-    else dev::launch_up_down<dev::WFmt::mxfp4, 128>(p, b, stream);
-  } else if (bm == 64) {
-    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 64>(p, b, stream);
-    else dev::launch_up_down<dev::WFmt::mxfp4, 64>(p, b, stream);
-  } else {
-    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 32>(p, b, stream);
-    else dev::launch_up_down<dev::WFmt::mxfp4, 32>(p, b, stream);
-  }
+  const TileShape t = tile_shape(p);
+  launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, t.bm, b.tile_first);
+  if (t.bm == 128 && t.bn == 256) dev::launch_up_down_fmt<128, 256>(p, b, stream);
+  else if (t.bm == 128) dev::launch_up_down_fmt<128, 128>(p, b, stream);
+  else if (t.bm == 64) dev::launch_up_down_fmt<64, 128>(p, b, stream);
+  else dev::launch_up_down_fmt<32, 256>(p, b, stream);
 }
 
 }  // namespace tern::cuda
