@@ -444,8 +444,7 @@ TileShape tile_shape(const MoeParams& p) {
   // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
   // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
   // tokens), 128-pair tiles (8 warps, one block a multiprocessor) halve them again. Below ~96 a 128-pair tile
-  // would be mostly dead rows, and one block an SM keeps fewer weight bytes in flight (3 stages of 8-16 KB)
-  // than two 64-pair blocks (2 x 2 x 8 KB) where the weights, not the mma, set the time.
+  // would be mostly dead rows (skipped, but its block still holds the multiprocessor alone); not measured there.
   if (p.E <= 0) return {32, 256};
   const int64_t P = p.T * p.k;
   const int config = moe_grouped_tile_config();
