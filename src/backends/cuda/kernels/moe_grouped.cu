@@ -55,16 +55,15 @@ static_assert(k_permutation_ok());
 // feeds MT mma (an x fragment, read from shared memory, feeds NT).
 // - BM x BN = 32 x 256 / 64 x 128 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor):
 //   warp tiles 32 x 64 (few pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma).
-// - 128 x 256 (default) / 128 x 128 (from ~96 pairs an expert): 8 warps of 128 x 32 / 128 x 16, 4 stages of 50 /
-//   41 KB, one block a multiprocessor (8 warps; up to 255 registers a thread: 240-246 / 151-156, no spills). A
-//   decoded fragment feeds 8 mma: the B decode (~9 ALU instructions a fragment pair, the cost that competes with
-//   mma issue) per mma is half the 64 x 32 warp's, and so are the weight bytes a pair reads; x is streamed one
-//   m-tile at a time (the next one's fragments loaded while this one's mma run) and m-tiles past the job's
-//   pairs are skipped (kSkipDead: a ragged last tile costs 16-pair steps, not 128). Per 64 mma, 128 x 32 issues
-//   16 lds.128 of x + ~72 decode instructions (~1.5 an mma; 64 x 32: 2.5), reads 128 B of x from shared memory
-//   an mma (as 64 x 32) and re-reads x from L2 once per 128 h columns / 256 output columns. 128 x 16 (config
-//   "128x128") needs fewer registers but issues 16 lds.128 per 32 mma, reads 256 B an mma and x twice as often.
-// Every pair row sees the same B values and the same k order in every tile: all give the same bits.
+// - 128 x 256 (default) / 128 x 128 (from ~96 pairs an expert): 8 warps of 128 pairs x 32 / 16 weight rows, 4
+//   stages of 50 / 41 KB, one block a multiprocessor (8 warps; up to 255 registers a thread: 238-248 / 146-153,
+//   no spills), and the mma's operands swapped (kSwapAB): weights as A (m-tiles of 16 rows), pairs as B
+//   (n-tiles of 8). mma.sync wants A in 4 consecutive registers: x as A (rows g and g+8 interleaved word by
+//   word) cost ~3.4 register moves an mma in the old tiles' SASS, where decoded weights land in place and a
+//   pair's B fragment is 2 consecutive words of one lds.128. A decoded fragment feeds 16 mma (old: 4), and m-
+//   tiles' worth of pairs past the job are skipped (kSkipDead, 32 pairs at a time). SASS of the K loop (per
+//   mma, all instructions): 64 x 128 7.6, 32 x 256 9.3; 128 x 256 3.1, 128 x 128 4.0. 128 x 256 also reads
+//   half the x bytes from shared memory an mma (x re-read from L2 once per 128 h / 256 output columns).
 template <int BM, int BN_>
 struct GroupedTile {
   static constexpr int kWarps = BM >= 128 ? 8 : 4;
@@ -72,13 +71,21 @@ struct GroupedTile {
   static constexpr int kStages = BM >= 128 ? 4 : 3;
   static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
   static constexpr bool kSkipDead = BM >= 128;          // zero-fill dead x rows, skip their mma
+  static constexpr bool kSwapAB = BM >= 128;            // weights as the mma's A operand (see below)
   static constexpr int BN = BN_, MT = BM / 16, WN = BN / kWarps, NT = WN / 8;
+  // Accumulator tiles: [m-tiles of 16 pairs][n-tiles of 8 weight rows], or swapped [m-tiles of 16 weight rows]
+  // [n-tiles of 8 pairs].
+  static constexpr int AM = kSwapAB ? WN / 16 : MT, AN = kSwapAB ? BM / 8 : NT;
+  // Rows of a warp holding w1 (the first half) and w3 (the second) of the same h columns, up: the warp's WN
+  // rows, or each 16-row m-tile when swapped (gate in c0/c1, up in c2/c3 of the same lane).
+  static constexpr int kUpGroup = kSwapAB ? 16 : WN;
   static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
   static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
   static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
   static constexpr int kStage = kXBytes + kWBytes + kSBytes;
   static constexpr int kSmem = kStage * kStages;
   static_assert(WN * kWarps == BN && NT * 8 == WN && NT % 2 == 0, "up needs w1 and w3 n-tiles in every warp");
+  static_assert(!kSwapAB || (WN % 16 == 0 && BM % 32 == 0), "swapped: whole 16-row m-tiles, 32-pair groups");
   static_assert(kSkipDead || MT * NT == 16, "the old tiles: 64 accumulators a lane");
   static_assert(kSmem <= 227 * 1024, "shared memory of one block");
 };
@@ -212,9 +219,10 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM
     int which;
     int64_t row;
     if constexpr (UP) {
-      const int c = n_local % WN;
-      which = c < WN / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
-      row = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * (n_local / WN) + c % (WN / 2);
+      constexpr int G = Tile::kUpGroup;
+      const int c = n_local % G;
+      which = c < G / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
+      row = static_cast<int64_t>(n_tile) * (BN / 2) + (G / 2) * (n_local / G) + c % (G / 2);
     } else {
       which = 1;
       row = static_cast<int64_t>(n_tile) * BN + n_local;
@@ -243,17 +251,19 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int wn = warp;
-  float acc[MT][NT][4];
+  constexpr int AM = Tile::AM, AN = Tile::AN;
+  float acc[AM][AN][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < AM; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < AN; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
   const int kblocks = static_cast<int>(K / kGroupedK);
-  // m-tiles holding at least one of the job's pairs (>= 1: every block's m-tile starts inside its job).
-  const int mt_live = min(MT, (count - row0 + 15) / 16);
+  // Swapped: 32-pair groups (4 n-tiles) holding at least one of the job's pairs (>= 1: every block's m-tile
+  // starts inside its job).
+  const int groups_live = min(BM / 32, (count - row0 + 31) / 32);
 #pragma unroll
   for (int s = 0; s < kRing - 1; ++s) {
     if (s < kblocks) load_stage(s, s);
@@ -285,40 +295,44 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
-      if constexpr (Tile::kSkipDead) {
-        // Both k-steps' B fragments first (decoded once for all MT m-tiles), then per m-tile its mma (sub, then
-        // nt: each accumulator sees the k-steps in the same order as below), the next m-tile's x fragments loaded
-        // before them (rows past the job are zeros in shared memory: reading them is harmless). The first dead
-        // m-tile (past the job's pairs; the same for the whole block) ends the k-steps.
-        uint32_t b[2][NT][2];
+      if constexpr (Tile::kSwapAB) {
+        // Weights as A (16 weight rows g, g+8 of an m-tile: wraw[2 mw], wraw[2 mw + 1]), pairs as B (8 pairs of
+        // an n-tile, pair g): the same k slots as below (A pair of slots 2t,2t+1 = nibbles 2 sub, slots
+        // 2t+8,2t+9 = nibbles 2 sub + 1; x word 2 sub / 2 sub + 1 of the lane's chunk), so the same products
+        // and k order. Why swapped: mma wants its A fragment in 4 consecutive registers; decoded weights land
+        // there directly, and a pair's B fragment is 2 consecutive words of one lds.128, where x as A (rows g
+        // and g+8 interleaved) took ~2.6 register moves an mma (SASS of the unswapped 128 x 256).
+        uint32_t af[2][AM][4];
         static_for<2>([&](auto sub_c) {
           constexpr int sub = decltype(sub_c)::value;
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t w = word_of(wraw[nt], i), m = mult[nt][i / 2];
-            b[sub][nt][0] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
-            b[sub][nt][1] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
-          }
+          for (int mw = 0; mw < AM; ++mw)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t w = word_of(wraw[2 * mw + h], i), m = mult[2 * mw + h][i / 2];
+              af[sub][mw][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+              af[sub][mw][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+            }
         });
-        const auto x_frag = [&](int mt, int hr) {
-          const int r = 16 * mt + g + 8 * hr;
-          return lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
-        };
-        uint4 ax[2][2] = {{x_frag(0, 0), x_frag(0, 1)}, {}};
+        // 32 pairs at a time: their 4 x fragments loaded together, then 4 x 2 x AM mma; the first group past
+        // the job's pairs (the same for the whole block) ends the k-steps (rows past the job are zeros).
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if (mt > 0 && mt >= mt_live) break;
-          if (mt + 1 < MT) {
-            ax[(mt + 1) & 1][0] = x_frag(mt + 1, 0);
-            ax[(mt + 1) & 1][1] = x_frag(mt + 1, 1);
+        for (int pg = 0; pg < BM / 32; ++pg) {
+          if (pg > 0 && pg >= groups_live) break;
+          uint4 xf[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = 32 * pg + 8 * q + g;
+            xf[q] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
           }
-          const uint4(&xf)[2] = ax[mt & 1];
 #pragma unroll
-          for (int sub = 0; sub < 2; ++sub)
+          for (int q = 0; q < 4; ++q)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-              mma_bf16(acc[mt][nt], word_of(xf[0], 2 * sub), word_of(xf[1], 2 * sub), word_of(xf[0], 2 * sub + 1),
-                       word_of(xf[1], 2 * sub + 1), b[sub][nt][0], b[sub][nt][1]);
+            for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+              for (int mw = 0; mw < AM; ++mw)
+                mma_bf16(acc[mw][4 * pg + q], af[sub][mw][0], af[sub][mw][1], af[sub][mw][2], af[sub][mw][3],
+                         word_of(xf[q], 2 * sub), word_of(xf[q], 2 * sub + 1));
         }
       } else {
         // The 32 / 64-pair tiles (config "old"): x of every m-tile, then per k-step and n-tile decode and mma.
@@ -350,7 +364,45 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM
   cp_async_wait<0>();
   grid_dependents_launch();  // the weights are read: the next kernel may be scheduled
 
-  if constexpr (UP) {
+  if constexpr (Tile::kSwapAB) {
+    // acc[mw][p][i]: weight row 16 mw + g + 8 (i / 2) of the warp's WN, pair 8 p + 2 tq + i % 2 of the tile.
+    if constexpr (UP) {
+      const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
+      const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+#pragma unroll
+      for (int mw = 0; mw < AM; ++mw) {
+        const int64_t col = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * wn + 8 * mw + g;
+        if (col >= N) continue;
+        const int64_t at = (col & ~int64_t{31}) + k_stored(static_cast<int>(col & 31));
+#pragma unroll
+        for (int p = 0; p < AN; ++p)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int r = row0 + 8 * p + 2 * tq + j;
+            if (r >= count) continue;
+            const float gate = acc[mw][p][j] * m1, up = acc[mw][p][2 + j] * m3;
+            const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+            a.h[static_cast<int64_t>(first + r) * N + at] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+          }
+      }
+    } else {
+      const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+#pragma unroll
+      for (int mw = 0; mw < AM; ++mw)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int64_t col = static_cast<int64_t>(n_tile) * BN + WN * wn + 16 * mw + 8 * hr + g;
+          if (col >= N) continue;
+#pragma unroll
+          for (int p = 0; p < AN; ++p)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int r = row0 + 8 * p + 2 * tq + j;
+              if (r < count) a.y[static_cast<int64_t>(first + r) * N + col] = acc[mw][p][2 * hr + j] * m2;
+            }
+        }
+    }
+  } else if constexpr (UP) {
     const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
     const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
 #pragma unroll
