@@ -19,6 +19,7 @@
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
@@ -155,8 +156,10 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
 // distinct experts (3.4 GB: never in L2), uniform routing: the grouped FP4 kernels (moe_grouped.cuh) against the
 // older library path (experts expanded to bf16, per-expert cuBLAS; TERN_MOE_PREFILL=library), beside cuBLAS's
 // own bf16 rate on one product of the same FLOP ([T k, D] x [3 inter, D]^T) measured in the same run, and the
-// time to read the experts' FP4 bytes once at the copy bandwidth. FLOP: 2 * 3 * D * inter a pair. Eager timings
-// (the library path synchronises, so it cannot be captured in a graph).
+// time to read the experts' FP4 bytes once at the copy bandwidth. FLOP: 2 * 3 * D * inter a pair. The grouped
+// kernels in every tile configuration (cuda::set_moe_grouped_tile_config: default (128 x 256 from ~96 pairs an
+// expert), "128x128", "old" = the 32 / 64-pair tiles only). Eager timings (the library path synchronises, so it
+// cannot be captured in a graph).
 void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
   const int64_t E = 256, D = 4096, inter = 2048, k = 6;
   const HostWeight w1 = random_weight(f, inter, D, r, 0.03f, "w1"), w2 = random_weight(f, D, inter, r, 0.02f, "w2");
@@ -186,20 +189,31 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const auto call = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); };
     const double cublas_us = be.library_gemm_us(P, 3 * inter, D, false, 10);
     be.set_moe_prefill_library(false);
+    const int saved_tile = cuda::moe_grouped_tile_config();
+    cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileOld);
+    const double old_us = cuda::time_device(call, 2, 10).median_us;
+    cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileNarrow);
+    const double narrow_us = cuda::time_device(call, 2, 10).median_us;
+    cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileDefault);
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
+    cuda::set_moe_grouped_tile_config(saved_tile);
     const std::string path = be.moe_path(experts[0].w1, T);
     be.set_moe_prefill_library(true);
     const double library_us = cuda::time_device(call, 1, 5).median_us;
     be.set_moe_prefill_library(false);
     const std::string shape = cat("T=", T, " experts=", distinct);
     report(cat("moe_prefill grouped (", fmt, ")"), shape, grouped_us, grouped_us, bytes);
+    report(cat("moe_prefill grouped tile old (", fmt, ")"), shape, old_us, old_us, bytes);
+    report(cat("moe_prefill grouped tile 128x128 (", fmt, ")"), shape, narrow_us, narrow_us, bytes);
     report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
     const auto tflops = [&](double us) { return flop / (us * 1e6); };
     std::printf("  moe_prefill %s T=%lld: grouped %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16 %.0f TFLOP/s, %.0f us), "
-                "library %.0f us %.0f TFLOP/s; FP4 bytes once %.0f us (grouped %.2fx of it)\n  (grouped path: %s)\n",
+                "library %.0f us %.0f TFLOP/s; FP4 bytes once %.0f us (grouped %.2fx of it); grouped tile old %.0f us "
+                "%.0f TFLOP/s (default %.2fx faster), tile 128x128 %.0f us %.0f TFLOP/s\n  (grouped path: %s)\n",
                 fmt.c_str(), static_cast<long long>(T), grouped_us, tflops(grouped_us), 100.0 * cublas_us / grouped_us,
                 tflops(cublas_us), cublas_us, library_us, tflops(library_us), bytes / (g_copy_gbs * 1e3),
-                grouped_us / (bytes / (g_copy_gbs * 1e3)), path.c_str());
+                grouped_us / (bytes / (g_copy_gbs * 1e3)), old_us, tflops(old_us), old_us / grouped_us, narrow_us,
+                tflops(narrow_us), path.c_str());
   }
 }
 

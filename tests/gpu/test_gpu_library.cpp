@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 #include "gpu_test_util.h"
 #include "ops/indexer.h"
 #include "ops/linear.h"
@@ -107,6 +108,7 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  const int saved_tile = cuda::moe_grouped_tile_config();
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4, WeightFormat::fp8_block}) {
     const RandomExperts experts(f, E, D, inter, r);
     const std::vector<ops::Expert>& hexp = experts.on_host;
@@ -123,9 +125,20 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
     Tensor ref(DType::f32, {T, D});
     ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
     auto dx = upload(x), dw = upload(w), didx = upload(idx);
-    auto out = poisoned(DType::f32, {T, D});
-    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
-    expect_close(out, ref, kTolBf16, cat("library moe_experts ", ops::weight_format_name(f), " T=", T));
+    // FP4 experts take the grouped kernels: every tile configuration (~225 pairs an expert at V4-Flash's top-6:
+    // two 128-pair m-tiles, the second ragged; 64-pair tiles in the old config).
+    for (int config : {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow}) {
+      if (f == WeightFormat::fp8_block && config != cuda::kMoeGroupedTileDefault) continue;
+      cuda::set_moe_grouped_tile_config(config);
+      auto out = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+      expect_close(out, ref, kTolBf16,
+                   cat("library moe_experts ", ops::weight_format_name(f), " T=", T,
+                       config == cuda::kMoeGroupedTileOld      ? " tile config old"
+                       : config == cuda::kMoeGroupedTileNarrow ? " tile config 128x128"
+                                                               : ""));
+    }
+    cuda::set_moe_grouped_tile_config(saved_tile);
   }
   cuda::register_backend().check_device_errors();
 }

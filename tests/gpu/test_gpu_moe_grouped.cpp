@@ -2,13 +2,15 @@
 // (>= the library threshold of tokens, MXFP4 / NVFP4 experts), at every expert of the real model: against the
 // CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
 // reference of those rows alone is theirs in the batch), and against the older library path
-// (set_moe_prefill_library) on every token.
+// (set_moe_prefill_library) on every token; in every tile configuration (cuda::set_moe_grouped_tile_config:
+// the 128 x 256 and 128 x 128 tiles and the old 32 / 64-pair ones), which must also agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 #include "gpu_test_util.h"
 #include "ops/moe.h"
 #include "shapes.h"
@@ -22,7 +24,9 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
  protected:
   void TearDown() override {
     if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
+    cuda::set_moe_grouped_tile_config(saved_tile_);
   }
+  int saved_tile_ = cuda::moe_grouped_tile_config();
 };
 
 // k distinct experts per token. skew: pick j comes from 2 + j^2 candidates among the first two thirds of the
@@ -60,9 +64,14 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
     int64_t T;
     bool skew;
   };
-  // V4-Flash: 512 and 1 024 tokens take 32-pair tiles (12 and 24 pairs an expert), 8 192 the 64-pair tiles;
-  // 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts, top-2): 64-pair tiles.
+  // V4-Flash: 512 and 1 024 tokens take 32-pair tiles (12 and 24 pairs an expert), 8 192 the 128-pair tiles (64
+  // in the old config); 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts,
+  // top-2): 128-pair tiles (64 in the old config), ragged last tiles with dead 16-pair m-tiles.
   const std::vector<Run> runs = {{512, false}, {1024, false}, {1000, true}, {8192, false}};
+  constexpr int kConfigs = 3;
+  const int configs[kConfigs] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow};
+  const char* const config_names[kConfigs] = {"default", "old", "128x128"};
+  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128"};  // in the path name; old: no 128-pair tile
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     RandomExperts experts(f, E, D, inter, r);
     if (f == WeightFormat::nvfp4)  // per-matrix global scales that differ within an expert and across experts
@@ -80,14 +89,6 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx = random_picks(T, E, k, run.skew, r);
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
-      be.set_moe_prefill_library(false);
-      const std::string path = be.moe_path(dexp[0].w1, T);
-      const std::string what =
-          cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "", " (", path, ")");
-      EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
-      auto out = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
-      const Tensor got = cuda::to_host(out);
 
       // The CPU reference of 40 random tokens and the first and last.
       std::vector<int64_t> rows = {0, T - 1};
@@ -95,16 +96,39 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
       ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
-      expect_close(upload(rows_of(got, rows)), ref, kTolBf16, what + " vs cpu");
 
-      // Every token against the library path: the same bf16 operands and f32 sums in another order (h's bf16
-      // rounding may flip for a few values), so far under the bf16 tolerance.
+      // The library path on every token.
       be.set_moe_prefill_library(true);
       EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped_kernel"), std::string::npos);
       auto lib = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
       be.set_moe_prefill_library(false);
-      expect_close(out, cuda::to_host(lib), 1e-3, what + " vs library");
+      const Tensor lib_host = cuda::to_host(lib);
+
+      Tensor got[kConfigs];
+      for (int c = 0; c < kConfigs; ++c) {
+        cuda::set_moe_grouped_tile_config(configs[c]);
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "",
+                                     " tile config ", config_names[c], " (", path, ")");
+        EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
+        EXPECT_EQ(path.find(c == 1 ? "| 128x" : config_tiles[c]) != std::string::npos, c != 1) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        got[c] = cuda::to_host(out);
+        expect_close(upload(rows_of(got[c], rows)), ref, kTolBf16, what + " vs cpu");
+        // Against the library: the same bf16 operands and f32 sums in another order (h's bf16 rounding may flip
+        // for a few values), so far under the bf16 tolerance.
+        expect_close(out, lib_host, 1e-3, what + " vs library");
+      }
+      cuda::set_moe_grouped_tile_config(saved_tile_);
+      // Every pair row sees the same weights and k order in every tile (the 128-pair tiles with the mma operands
+      // swapped: each output is still the same 16 exact products a k-step): the same bits expected.
+      for (int c = 1; c < kConfigs; ++c)
+        EXPECT_EQ(std::memcmp(got[0].data<float>(), got[c].data<float>(), static_cast<size_t>(T * D) * 4), 0)
+            << "moe grouped " << ops::weight_format_name(f) << " T=" << T << (run.skew ? " skewed" : "")
+            << ": tile config " << config_names[c] << " differs from the default in some bits (both are checked "
+            << "against the library above)";
     }
   }
   be.check_device_errors();

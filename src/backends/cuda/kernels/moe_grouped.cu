@@ -1,7 +1,7 @@
 // Grouped GEMMs of the routed experts for prefill chunks (moe_grouped.cuh): one block per (job, m-tile of
 // BM pairs, n-tile of BN weight rows); x (or h) as bf16 and the raw FP4 weights and their scales stream
-// through a kGroupedStages-deep cp.async ring in shared memory, K = 128 columns a stage; the FP4 nibbles are
-// decoded straight into mma.sync B fragments (Hopper has no FP4 MMA; mma_tile.cuh's exact decoders).
+// through a cp.async ring in shared memory (GroupedTile::kStages deep), K = 128 columns a stage; the FP4
+// nibbles are decoded straight into mma.sync B fragments (Hopper has no FP4 MMA; mma_tile.cuh's exact decoders).
 //
 // K order. The order of k inside one m16n8k16 does not matter if A and B agree. A quad's lane t decodes its
 // own 16 contiguous bytes (32 columns, 32t .. 32t+31 of the stage) of each weight row: k-step S (0..7) takes
@@ -13,7 +13,9 @@
 // Weights enter as W * 2^-16 (mma_tile.cuh: keeps every product in bf16 range) and the sums are multiplied by
 // 2^16 and NVFP4's per-matrix global scale in the epilogue, per matrix (w1 and w3 may differ).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -25,9 +27,7 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kGroupedK = 128;     // K columns per stage
-constexpr int kGroupedStages = 3;  // ring depth: ~26 KB a stage, so two or three blocks fit a multiprocessor
-constexpr int kGroupedWarps = 4;   // side by side along N: each warp takes all BM pairs of the tile
+constexpr int kGroupedK = 128;  // K columns per stage
 
 // Physical column (0..31) held at stored position s of a 32-column group: s = 4S + 2q + j holds column
 // 8(S/2) + 2(S%2) + q + 4j (k-step S, q = 0 for slots 2t,2t+1 / 1 for slots 2t+8,2t+9, j the half).
@@ -50,17 +50,44 @@ __host__ __device__ constexpr bool k_permutation_ok() {
 }
 static_assert(k_permutation_ok());
 
-// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows, MT * NT = 16 (64 accumulators a lane). BM = 64:
-// 64 x 32, so each decoded B fragment feeds 4 mma (the decode is the ALU cost that competes with the mma
-// issue); BM = 32 (few pairs an expert, memory-bound): 32 x 64.
-template <int BM>
+// Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows; the warps sit side by side along N, each
+// taking all BM pairs of the tile, so each weight element is decoded once per block and each decoded B fragment
+// feeds MT mma (an x fragment, read from shared memory, feeds NT).
+// - BM x BN = 32 x 256 / 64 x 128 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor):
+//   warp tiles 32 x 64 (few pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma).
+// - 128 x 256 (default) / 128 x 128 (from ~96 pairs an expert): 8 warps of 128 pairs x 32 / 16 weight rows, 4
+//   stages of 50 / 41 KB, one block a multiprocessor (8 warps; up to 255 registers a thread: 238-248 / 146-153,
+//   no spills), and the mma's operands swapped (kSwapAB): weights as A (m-tiles of 16 rows), pairs as B
+//   (n-tiles of 8). mma.sync wants A in 4 consecutive registers: x as A (rows g and g+8 interleaved word by
+//   word) cost ~3.4 register moves an mma in the old tiles' SASS, where decoded weights land in place and a
+//   pair's B fragment is 2 consecutive words of one lds.128. A decoded fragment feeds 16 mma (old: 4), and m-
+//   tiles' worth of pairs past the job are skipped (kSkipDead, 32 pairs at a time). SASS of the K loop (per
+//   mma, all instructions): 64 x 128 7.6, 32 x 256 9.3; 128 x 256 3.1, 128 x 128 4.0. 128 x 256 also reads
+//   half the x bytes from shared memory an mma (x re-read from L2 once per 128 h / 256 output columns).
+template <int BM, int BN_>
 struct GroupedTile {
-  static constexpr int MT = BM / 16, NT = 16 / MT, WN = 8 * NT, BN = kGroupedWarps * WN;
+  static constexpr int kWarps = BM >= 128 ? 8 : 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = BM >= 128 ? 4 : 3;
+  static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
+  static constexpr bool kSkipDead = BM >= 128;          // zero-fill dead x rows, skip their mma
+  static constexpr bool kSwapAB = BM >= 128;            // weights as the mma's A operand (see below)
+  static constexpr int BN = BN_, MT = BM / 16, WN = BN / kWarps, NT = WN / 8;
+  // Accumulator tiles: [m-tiles of 16 pairs][n-tiles of 8 weight rows], or swapped [m-tiles of 16 weight rows]
+  // [n-tiles of 8 pairs].
+  static constexpr int AM = kSwapAB ? WN / 16 : MT, AN = kSwapAB ? BM / 8 : NT;
+  // Rows of a warp holding w1 (the first half) and w3 (the second) of the same h columns, up: the warp's WN
+  // rows, or each 16-row m-tile when swapped (gate in c0/c1, up in c2/c3 of the same lane).
+  static constexpr int kUpGroup = kSwapAB ? 16 : WN;
   static constexpr int kXBytes = BM * kGroupedK * 2;  // bf16 rows of 256 bytes
   static constexpr int kWBytes = BN * kGroupedK / 2;  // fp4 rows of 64 bytes
   static constexpr int kSBytes = BN * 8;              // one 4-byte (mxfp4) or 8-byte (nvfp4) scale word a row
   static constexpr int kStage = kXBytes + kWBytes + kSBytes;
-  static constexpr int kSmem = kStage * kGroupedStages;
+  static constexpr int kSmem = kStage * kStages;
+  static_assert(WN * kWarps == BN && NT * 8 == WN && NT % 2 == 0, "up needs w1 and w3 n-tiles in every warp");
+  static_assert(!kSwapAB || (WN % 16 == 0 && BM % 32 == 0), "swapped: whole 16-row m-tiles, 32-pair groups");
+  static_assert(kSkipDead || MT * NT == 16, "the old tiles: 64 accumulators a lane");
+  static_assert(kSmem <= 227 * 1024, "shared memory of one block");
 };
 
 // 16-byte chunk c (0..15) of x row r sits at chunk x_chunk(r, c): a lds.128 phase (lanes g, g+1 of a quad
@@ -137,11 +164,12 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
-template <WFmt F, int BM, bool UP>
-__global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(GroupedArgs a) {
+template <WFmt F, int BM, int BN_, bool UP>
+__global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM, BN_>::kMinBlocks)
+    moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = GroupedTile<BM>;
-  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN;
+  using Tile = GroupedTile<BM, BN_>;
+  constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
 
@@ -165,30 +193,36 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
   const int64_t w_row_bytes = K / 2, s_row_bytes = kNv ? K / 16 : K / 32;
 
   const int tid = threadIdx.x;
-  // Copy assignments (fixed for the whole K loop): x rows tid/16 + 8i, chunk tid%16; weight rows tid/4 + 32i,
-  // chunk tid%4 (and that row's scale word when tid%4 == 0). Rows past the job or the matrix read a valid row
-  // (the last one): their results are never stored.
-  constexpr int kXCopies = BM / 8, kWCopies = BN / 32;
+  // Copy assignments (fixed for the whole K loop): x rows tid/16 + (threads/16) i, chunk tid%16; weight rows
+  // tid/4 + (threads/4) i, chunk tid%4 (and that row's scale word when tid%4 == 0). Rows past the job or the
+  // matrix read a valid row (the last one), or with kSkipDead zeros for x (no global read): their results are
+  // never stored.
+  constexpr int kXRows = Tile::kThreads / 16, kWRows = Tile::kThreads / 4;
+  constexpr int kXCopies = BM / kXRows, kWCopies = BN / kWRows;
+  static_assert(kXCopies * kXRows == BM && kWCopies * kWRows == BN);
   const uint16_t* xsrc[kXCopies];
   int xdst[kXCopies];
+  bool xlive[kXCopies];
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
-    const int r = tid / 16 + 8 * i, c = tid % 16;
+    const int r = tid / 16 + kXRows * i, c = tid % 16;
     const int slot = first + min(row0 + r, count - 1);
     xsrc[i] = a.a + static_cast<int64_t>(slot) * K + 8 * c;
     xdst[i] = r * 256 + x_chunk(r, c) * 16;
+    xlive[i] = !Tile::kSkipDead || row0 + r < count;
   }
   const uint8_t* wsrc[kWCopies];
   const uint8_t* ssrc[kWCopies];
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
-    const int n_local = tid / 4 + 32 * i;
+    const int n_local = tid / 4 + kWRows * i;
     int which;
     int64_t row;
     if constexpr (UP) {
-      const int c = n_local % WN;
-      which = c < WN / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
-      row = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * (n_local / WN) + c % (WN / 2);
+      constexpr int G = Tile::kUpGroup;
+      const int c = n_local % G;
+      which = c < G / 2 ? 0 : 2;  // ExpertDesc order: w1, w2, w3
+      row = static_cast<int64_t>(n_tile) * (BN / 2) + (G / 2) * (n_local / G) + c % (G / 2);
     } else {
       which = 1;
       row = static_cast<int64_t>(n_tile) * BN + n_local;
@@ -202,10 +236,11 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
     uint8_t* ws = xs + Tile::kXBytes;
     uint8_t* ss = ws + Tile::kWBytes;
 #pragma unroll
-    for (int i = 0; i < kXCopies; ++i) cp_async16(xs + xdst[i], xsrc[i] + static_cast<int64_t>(kb) * kGroupedK, true);
+    for (int i = 0; i < kXCopies; ++i)
+      cp_async16(xs + xdst[i], xsrc[i] + static_cast<int64_t>(kb) * kGroupedK, xlive[i]);
 #pragma unroll
     for (int i = 0; i < kWCopies; ++i) {
-      const int n_local = tid / 4 + 32 * i;
+      const int n_local = tid / 4 + kWRows * i;
       cp_async16(ws + n_local * 64 + 16 * (tid % 4), wsrc[i] + static_cast<int64_t>(kb) * 64, true);
       if (tid % 4 == 0) {
         if constexpr (kNv) cp_async_small<8>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 8, true);
@@ -216,28 +251,32 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int wn = warp;
-  float acc[MT][NT][4];
+  constexpr int AM = Tile::AM, AN = Tile::AN;
+  float acc[AM][AN][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < AM; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < AN; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
   const int kblocks = static_cast<int>(K / kGroupedK);
+  // Swapped: 32-pair groups (4 n-tiles) holding at least one of the job's pairs (>= 1: every block's m-tile
+  // starts inside its job).
+  const int groups_live = min(BM / 32, (count - row0 + 31) / 32);
 #pragma unroll
-  for (int s = 0; s < kGroupedStages - 1; ++s) {
+  for (int s = 0; s < kRing - 1; ++s) {
     if (s < kblocks) load_stage(s, s);
     cp_async_commit();
   }
   for (int kb = 0; kb < kblocks; ++kb) {
-    cp_async_wait<kGroupedStages - 2>();
-    __syncthreads();  // stage kb landed for every thread; stage (kb - 1) % kGroupedStages is free again
-    const int next = kb + kGroupedStages - 1;
-    if (next < kblocks) load_stage(next, next % kGroupedStages);
+    cp_async_wait<kRing - 2>();
+    __syncthreads();  // stage kb landed for every thread; stage (kb - 1) % kRing is free again
+    const int next = kb + kRing - 1;
+    if (next < kblocks) load_stage(next, next % kRing);
     cp_async_commit();
 
-    const uint8_t* xs = smem + (kb % kGroupedStages) * Tile::kStage;
+    const uint8_t* xs = smem + (kb % kRing) * Tile::kStage;
     const uint8_t* ws = xs + Tile::kXBytes;
     const uint8_t* ss = ws + Tile::kWBytes;
     // This lane's 16 bytes of each of its NT weight rows, and their scale multipliers.
@@ -256,34 +295,114 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // x chunk i of the lane's 32 columns: k-steps 2i and 2i+1
-      uint4 ax[MT][2];
+      if constexpr (Tile::kSwapAB) {
+        // Weights as A (16 weight rows g, g+8 of an m-tile: wraw[2 mw], wraw[2 mw + 1]), pairs as B (8 pairs of
+        // an n-tile, pair g): the same k slots as below (A pair of slots 2t,2t+1 = nibbles 2 sub, slots
+        // 2t+8,2t+9 = nibbles 2 sub + 1; x word 2 sub / 2 sub + 1 of the lane's chunk), so the same products
+        // and k order. Why swapped: mma wants its A fragment in 4 consecutive registers; decoded weights land
+        // there directly, and a pair's B fragment is 2 consecutive words of one lds.128, where x as A (rows g
+        // and g+8 interleaved) took ~2.6 register moves an mma (SASS of the unswapped 128 x 256).
+        uint32_t af[2][AM][4];
+        static_for<2>([&](auto sub_c) {
+          constexpr int sub = decltype(sub_c)::value;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+          for (int mw = 0; mw < AM; ++mw)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = 16 * mt + g + 8 * hr;
-          ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t w = word_of(wraw[2 * mw + h], i), m = mult[2 * mw + h][i / 2];
+              af[sub][mw][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+              af[sub][mw][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+            }
+        });
+        // 32 pairs at a time: their 4 x fragments loaded together, then 4 x 2 x AM mma; the first group past
+        // the job's pairs (the same for the whole block) ends the k-steps (rows past the job are zeros).
+#pragma unroll
+        for (int pg = 0; pg < BM / 32; ++pg) {
+          if (pg > 0 && pg >= groups_live) break;
+          uint4 xf[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = 32 * pg + 8 * q + g;
+            xf[q] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+              for (int mw = 0; mw < AM; ++mw)
+                mma_bf16(acc[mw][4 * pg + q], af[sub][mw][0], af[sub][mw][1], af[sub][mw][2], af[sub][mw][3],
+                         word_of(xf[q], 2 * sub), word_of(xf[q], 2 * sub + 1));
         }
-      static_for<2>([&](auto sub_c) {
-        constexpr int sub = decltype(sub_c)::value;
+      } else {
+        // The 32 / 64-pair tiles (config "old"): x of every m-tile, then per k-step and n-tile decode and mma.
+        uint4 ax[MT][2];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t w = word_of(wraw[nt], i);
-          const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
-          const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
-          const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-            mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
-                     word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
-        }
-      });
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = 16 * mt + g + 8 * hr;
+            ax[mt][hr] = lds128(xs + r * 256 + x_chunk(r, 4 * tq + i) * 16);
+          }
+        static_for<2>([&](auto sub_c) {
+          constexpr int sub = decltype(sub_c)::value;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t w = word_of(wraw[nt], i);
+            const uint32_t m = mult[nt][i / 2];  // nvfp4: columns 0..15 of the lane's 32 (words 0, 1), then 16..31
+            const uint32_t b0 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub>(w), m);
+            const uint32_t b1 = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * sub + 1>(w), m);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+              mma_bf16(acc[mt][nt], word_of(ax[mt][0], 2 * sub), word_of(ax[mt][1], 2 * sub),
+                       word_of(ax[mt][0], 2 * sub + 1), word_of(ax[mt][1], 2 * sub + 1), b0, b1);
+          }
+        });
+      }
     }
   }
   cp_async_wait<0>();
   grid_dependents_launch();  // the weights are read: the next kernel may be scheduled
 
-  if constexpr (UP) {
+  if constexpr (Tile::kSwapAB) {
+    // acc[mw][p][i]: weight row 16 mw + g + 8 (i / 2) of the warp's WN, pair 8 p + 2 tq + i % 2 of the tile.
+    if constexpr (UP) {
+      const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
+      const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+#pragma unroll
+      for (int mw = 0; mw < AM; ++mw) {
+        const int64_t col = static_cast<int64_t>(n_tile) * (BN / 2) + (WN / 2) * wn + 8 * mw + g;
+        if (col >= N) continue;
+        const int64_t at = (col & ~int64_t{31}) + k_stored(static_cast<int>(col & 31));
+#pragma unroll
+        for (int p = 0; p < AN; ++p)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int r = row0 + 8 * p + 2 * tq + j;
+            if (r >= count) continue;
+            const float gate = acc[mw][p][j] * m1, up = acc[mw][p][2 + j] * m3;
+            const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+            a.h[static_cast<int64_t>(first + r) * N + at] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+          }
+      }
+    } else {
+      const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+#pragma unroll
+      for (int mw = 0; mw < AM; ++mw)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int64_t col = static_cast<int64_t>(n_tile) * BN + WN * wn + 16 * mw + 8 * hr + g;
+          if (col >= N) continue;
+#pragma unroll
+          for (int p = 0; p < AN; ++p)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int r = row0 + 8 * p + 2 * tq + j;
+              if (r < count) a.y[static_cast<int64_t>(first + r) * N + col] = acc[mw][p][2 * hr + j] * m2;
+            }
+        }
+    }
+  } else if constexpr (UP) {
     const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
     const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
 #pragma unroll
@@ -322,34 +441,38 @@ __global__ void __launch_bounds__(kGroupedWarps * 32, 2) moe_grouped_kernel(Grou
   }
 }
 
-template <WFmt F, int BM, bool UP>
+template <WFmt F, int BM, int BN, bool UP>
 void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  using Tile = GroupedTile<BM, BN>;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         GroupedTile<BM>::kSmem);
+    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_grouped_kernel<F, BM, UP>, static_cast<unsigned>(blocks), kGroupedWarps * 32, GroupedTile<BM>::kSmem,
-         stream, a);
+  launch(moe_grouped_kernel<F, BM, BN, UP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
 }
 
-template <WFmt F, int BM>
+template <WFmt F, int BM, int BN>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
-  constexpr int BN = GroupedTile<BM>::BN;
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
                 static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
-  launch_grouped<F, BM, true>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, true>(a, m_bound, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + BN - 1) / BN);
-  launch_grouped<F, BM, false>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, false>(a, m_bound, stream);
+}
+
+template <int BM, int BN>
+void launch_up_down_fmt(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
+  if (p.kind == WeightKind::nvfp4) launch_up_down<WFmt::nvfp4, BM, BN>(p, b, stream);
+  else launch_up_down<WFmt::mxfp4, BM, BN>(p, b, stream);
 }
 
 }  // namespace
@@ -360,18 +483,67 @@ bool moe_grouped_supported(const MoeParams& p) {
          p.inter % dev::kGroupedK == 0 && p.E <= 1024 && p.experts_aligned;
 }
 
-int moe_grouped_tile_pairs(const MoeParams& p) {
+namespace {
+
+std::atomic<int> g_tile_config{-1};
+
+// The tile launch_moe_grouped takes for these params: BM pairs x BN weight rows.
+struct TileShape {
+  int bm, bn;
+};
+
+TileShape tile_shape(const MoeParams& p) {
   // ~24 pairs an expert at 1 024 tokens (V4-Flash): 32-pair tiles (4 warps x 64 weight rows); from ~48 on,
-  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair.
-  return p.E > 0 && p.T * p.k >= 48 * p.E ? 64 : 32;
+  // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
+  // tokens), 128-pair tiles (8 warps, one block a multiprocessor) halve them again. Below ~96 a 128-pair tile
+  // would be mostly dead rows (skipped, but its block still holds the multiprocessor alone); not measured there.
+  if (p.E <= 0) return {32, 256};
+  const int64_t P = p.T * p.k;
+  const int config = moe_grouped_tile_config();
+  if (config != kMoeGroupedTileOld && P >= 96 * p.E) return {128, config == kMoeGroupedTileNarrow ? 128 : 256};
+  return P >= 48 * p.E ? TileShape{64, 128} : TileShape{32, 256};
 }
+
+}  // namespace
+
+int moe_grouped_tile_config() {
+  int v = g_tile_config.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TERN_MOE_GROUPED_TILE");
+    const std::string_view s = e != nullptr ? e : "";
+    v = s == "old" ? kMoeGroupedTileOld : s == "128x128" ? kMoeGroupedTileNarrow : kMoeGroupedTileDefault;
+    g_tile_config.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::memory_order_relaxed); }
+
+int moe_grouped_tile_pairs(const MoeParams& p) { return tile_shape(p).bm; }
 
 const char* moe_grouped_path_name(const MoeParams& p) {
   const bool nv = p.kind == WeightKind::nvfp4;
-  if (p.E == 0)  // shape only (CudaBackend::moe_path): the tile is picked per call
-    return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
-              : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
-  if (moe_grouped_tile_pairs(p) == 64)
+  if (p.E == 0) {  // shape only (CudaBackend::moe_path): the tile is picked per call
+    switch (moe_grouped_tile_config()) {
+      case kMoeGroupedTileOld:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)";
+      case kMoeGroupedTileNarrow:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)";
+      default:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+    }
+  }
+  const TileShape t = tile_shape(p);
+  if (t.bm == 128 && t.bn == 256)
+    return nv ? "moe_grouped_kernel nvfp4 128x256 (8 warps of 128x32; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 128x256 (8 warps of 128x32; mma.sync bf16, fp4 decoded in registers)";
+  if (t.bm == 128)
+    return nv ? "moe_grouped_kernel nvfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)";
+  if (t.bm == 64)
     return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
               : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
   return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
@@ -383,16 +555,12 @@ void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStre
   if (P == 0) return;
   launch(dev::moe_grouped_gather_kernel, dev::grid_stride_blocks(P * p.D / 32), 256, 0, stream, p.x, b.sorted, P,
          p.k, p.D, b.xs);
-  const int bm = moe_grouped_tile_pairs(p);
-  launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, bm, b.tile_first);
-  const bool nv = p.kind == WeightKind::nvfp4;
-  if (bm == 64) {
-    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 64>(p, b, stream);
-    else dev::launch_up_down<dev::WFmt::mxfp4, 64>(p, b, stream);
-  } else {
-    if (nv) dev::launch_up_down<dev::WFmt::nvfp4, 32>(p, b, stream);
-    else dev::launch_up_down<dev::WFmt::mxfp4, 32>(p, b, stream);
-  }
+  const TileShape t = tile_shape(p);
+  launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, t.bm, b.tile_first);
+  if (t.bm == 128 && t.bn == 256) dev::launch_up_down_fmt<128, 256>(p, b, stream);
+  else if (t.bm == 128) dev::launch_up_down_fmt<128, 128>(p, b, stream);
+  else if (t.bm == 64) dev::launch_up_down_fmt<64, 128>(p, b, stream);
+  else dev::launch_up_down_fmt<32, 256>(p, b, stream);
 }
 
 }  // namespace tern::cuda

@@ -20,7 +20,15 @@ namespace tern::cuda {
 
 // MXFP4 / NVFP4 experts with D and inter multiples of 128 (the kernels' K step) and at most 1024 experts.
 bool moe_grouped_supported(const MoeParams& p);
-// Pairs per m-tile (32 or 64) for these params: chosen from the mean pairs per expert.
+// Tile configurations (process-wide; benchmarks and tests compare them on the same calls; all give the same
+// bits): kMoeGroupedTileDefault takes 32-, 64- or 128-pair tiles (128 x 256 weight rows) by the mean pairs per
+// expert; kMoeGroupedTileOld only the 32- and 64-pair tiles (the kernels before the 128-pair tile, for A/B);
+// kMoeGroupedTileNarrow the 128 x 128 tile where the default takes 128 x 256. Initialised from
+// TERN_MOE_GROUPED_TILE (old, 128x128; anything else the default); moe_grouped_path_name says which runs.
+inline constexpr int kMoeGroupedTileDefault = 0, kMoeGroupedTileOld = 1, kMoeGroupedTileNarrow = 2;
+int moe_grouped_tile_config();
+void set_moe_grouped_tile_config(int config);
+// Pairs per m-tile (32, 64 or 128) for these params: chosen from the mean pairs per expert and the config.
 int moe_grouped_tile_pairs(const MoeParams& p);
 // Name of the kernels launch_moe_grouped takes for these params (startup report, benchmarks, tests).
 const char* moe_grouped_path_name(const MoeParams& p);
