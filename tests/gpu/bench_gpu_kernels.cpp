@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -188,11 +189,20 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     be.set_moe_prefill_library(false);
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
     const std::string path = be.moe_path(experts[0].w1, T);
+    // The wgmma kernels (TERN_MOE_GROUPED=wgmma, read at each call) beside the mma.sync ones.
+    const char* was = std::getenv("TERN_MOE_GROUPED");
+    const std::string saved = was != nullptr ? was : "";
+    setenv("TERN_MOE_GROUPED", "wgmma", 1);
+    const double wgmma_us = cuda::time_device(call, 2, 10).median_us;
+    const std::string wgmma_path = be.moe_path(experts[0].w1, T);
+    if (was != nullptr) setenv("TERN_MOE_GROUPED", saved.c_str(), 1);
+    else unsetenv("TERN_MOE_GROUPED");
     be.set_moe_prefill_library(true);
     const double library_us = cuda::time_device(call, 1, 5).median_us;
     be.set_moe_prefill_library(false);
     const std::string shape = cat("T=", T, " experts=", distinct);
     report(cat("moe_prefill grouped (", fmt, ")"), shape, grouped_us, grouped_us, bytes);
+    report(cat("moe_prefill grouped wgmma (", fmt, ")"), shape, wgmma_us, wgmma_us, bytes);
     report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
     const auto tflops = [&](double us) { return flop / (us * 1e6); };
     std::printf("  moe_prefill %s T=%lld: grouped %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16 %.0f TFLOP/s, %.0f us), "
@@ -200,6 +210,9 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
                 fmt.c_str(), static_cast<long long>(T), grouped_us, tflops(grouped_us), 100.0 * cublas_us / grouped_us,
                 tflops(cublas_us), cublas_us, library_us, tflops(library_us), bytes / (g_copy_gbs * 1e3),
                 grouped_us / (bytes / (g_copy_gbs * 1e3)), path.c_str());
+    std::printf("  moe_prefill %s T=%lld: wgmma %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16)\n  (wgmma path: %s)\n",
+                fmt.c_str(), static_cast<long long>(T), wgmma_us, tflops(wgmma_us), 100.0 * cublas_us / wgmma_us,
+                wgmma_path.c_str());
   }
 }
 

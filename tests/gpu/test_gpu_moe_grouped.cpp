@@ -1,10 +1,12 @@
-// GPU vs CPU: the grouped FP4 MoE kernels (kernels/moe_grouped.cuh) that prefill chunks' routed experts take
+// GPU vs CPU: the grouped FP4 MoE kernels (kernels/moe_grouped.cuh, and the wgmma ones of moe_grouped_wgmma.cuh
+// under TERN_MOE_GROUPED=wgmma, also against the mma.sync ones) that prefill chunks' routed experts take
 // (>= the library threshold of tokens, MXFP4 / NVFP4 experts), at every expert of the real model: against the
 // CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
 // reference of those rows alone is theirs in the batch), and against the older library path
 // (set_moe_prefill_library) on every token.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -22,6 +24,12 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
  protected:
   void TearDown() override {
     if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
+    set_grouped_kernel(false);
+  }
+  // run_grouped_moe reads TERN_MOE_GROUPED at each call: wgmma or (unset) the mma.sync kernels.
+  static void set_grouped_kernel(bool wgmma) {
+    if (wgmma) setenv("TERN_MOE_GROUPED", "wgmma", 1);
+    else unsetenv("TERN_MOE_GROUPED");
   }
 };
 
@@ -80,14 +88,16 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx = random_picks(T, E, k, run.skew, r);
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      const std::string base =
+          cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "");
+
+      // The library path (expanded bf16 experts, per-expert cuBLAS) on every token.
+      be.set_moe_prefill_library(true);
+      EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped"), std::string::npos);
+      auto lib = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
       be.set_moe_prefill_library(false);
-      const std::string path = be.moe_path(dexp[0].w1, T);
-      const std::string what =
-          cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "", " (", path, ")");
-      EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
-      auto out = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
-      const Tensor got = cuda::to_host(out);
+      const Tensor lib_host = cuda::to_host(lib);
 
       // The CPU reference of 40 random tokens and the first and last.
       std::vector<int64_t> rows = {0, T - 1};
@@ -95,16 +105,25 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
       ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
-      expect_close(upload(rows_of(got, rows)), ref, kTolBf16, what + " vs cpu");
 
-      // Every token against the library path: the same bf16 operands and f32 sums in another order (h's bf16
-      // rounding may flip for a few values), so far under the bf16 tolerance.
-      be.set_moe_prefill_library(true);
-      EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped_kernel"), std::string::npos);
-      auto lib = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
-      be.set_moe_prefill_library(false);
-      expect_close(out, cuda::to_host(lib), 1e-3, what + " vs library");
+      // Both grouped kernels (TERN_MOE_GROUPED=mma | wgmma) against both, and against each other: the same bf16
+      // operands and f32 sums in another order (h's bf16 rounding may flip for a few values), so far under the
+      // bf16 tolerance.
+      Tensor got[2];
+      for (int kernel = 0; kernel < 2; ++kernel) {
+        const bool wgmma = kernel == 1;
+        set_grouped_kernel(wgmma);
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat(base, " (", path, ")");
+        EXPECT_NE(path.find(wgmma ? "moe_grouped_wgmma_kernel" : "moe_grouped_kernel"), std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        got[kernel] = cuda::to_host(out);
+        expect_close(upload(rows_of(got[kernel], rows)), ref, kTolBf16, what + " vs cpu");
+        expect_close(out, lib_host, 1e-3, what + " vs library");
+      }
+      set_grouped_kernel(false);
+      expect_close(upload(got[1]), got[0], 1e-3, base + " wgmma vs mma.sync");
     }
   }
   be.check_device_errors();
