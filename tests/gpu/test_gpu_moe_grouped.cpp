@@ -30,6 +30,7 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
   static void set_grouped_kernel(bool wgmma) {
     if (wgmma) setenv("TERN_MOE_GROUPED", "wgmma", 1);
     else unsetenv("TERN_MOE_GROUPED");
+    unsetenv("TERN_MOE_WGMMA_N");
   }
 };
 
@@ -109,10 +110,12 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       // Both grouped kernels (TERN_MOE_GROUPED=mma | wgmma) against both, and against each other: the same bf16
       // operands and f32 sums in another order (h's bf16 rounding may flip for a few values), so far under the
       // bf16 tolerance.
-      Tensor got[2];
-      for (int kernel = 0; kernel < 2; ++kernel) {
-        const bool wgmma = kernel == 1;
+      // kernel 2: the wgmma kernels with 96-pair tiles (TERN_MOE_WGMMA_N; ragged tiles of another width).
+      Tensor got[3];
+      for (int kernel = 0; kernel < 3; ++kernel) {
+        const bool wgmma = kernel >= 1;
         set_grouped_kernel(wgmma);
+        if (kernel == 2) setenv("TERN_MOE_WGMMA_N", "96", 1);
         const std::string path = be.moe_path(dexp[0].w1, T);
         const std::string what = cat(base, " (", path, ")");
         EXPECT_NE(path.find(wgmma ? "moe_grouped_wgmma_kernel" : "moe_grouped_kernel"), std::string::npos) << what;
@@ -124,6 +127,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       }
       set_grouped_kernel(false);
       expect_close(upload(got[1]), got[0], 1e-3, base + " wgmma vs mma.sync");
+      expect_close(upload(got[2]), got[0], 1e-3, base + " wgmma 96-pair tiles vs mma.sync");
     }
   }
   be.check_device_errors();

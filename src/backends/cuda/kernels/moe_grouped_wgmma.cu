@@ -4,22 +4,24 @@
 // shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
 //
 // Block: 2 consumer warpgroups (warps 0..7) and a producer warpgroup whose first warp (8) copies. A tile is
-// 256 weight rows x 128 pairs of one expert; warpgroup wg owns weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each
-// against all 128 pairs (wgmma m64n128k16, 64 f32 accumulators a slab a thread). K = 128 columns a stage; a
-// stage is 256 weight rows x 64 FP4 bytes (16 KB) + 128 pairs x 128 bf16 (32 KB), filled by cp.async.bulk
-// copies on a 4-deep mbarrier ring (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under
-// the bulk copies' 16-byte unit) are read by the consumers from global memory one stage ahead.
+// 256 weight rows x NT pairs of one expert (NT = 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup wg
+// owns weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
+// m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64
+// FP4 bytes (16 KB) + NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep
+// mbarrier ring (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies'
+// 16-byte unit) are read by the consumers from global memory one stage ahead.
 //
 // Activation layout ("planes"): the gather (and the up kernel, for h) store a [rows, K] bf16 matrix as
 // K/8 planes of [rows][8]: element (r, c) at ((c / 8) * rows + r) * 8 + c % 8, where c is the STORED column.
-// Then the 128 pairs x 8 columns of one plane are one contiguous 2 KB run (one bulk copy for any first
-// pair), and in shared memory plane c sits at c * 2048: core matrices (8 pairs x 16 bytes) are contiguous
-// 128-byte blocks, 128 bytes apart along N (the descriptor's stride byte offset) and 2048 bytes apart along
-// K (leading byte offset), the no-swizzle K-major layout. rows = P + kWgTok: a tile's last pairs may run past
-// P (their columns of D are never stored, and column n of D^T depends only on pair n).
+// Then the NT pairs x 8 columns of one plane are one contiguous run of NT x 16 bytes (one bulk copy for any
+// first pair), and in shared memory plane c of the stage sits at c * NT * 16: core matrices (8 pairs x 16
+// bytes) are contiguous 128-byte blocks, 128 bytes apart along N (the descriptor's stride byte offset) and
+// NT * 16 bytes apart along K (leading byte offset): the no-swizzle K-major layout. rows = P + kWgMaxTok: a
+// tile's last pairs may run past P (their columns of D are never stored; column n of D^T depends only on pair
+// n, so whatever those rows hold cannot reach a stored value).
 //
-// K order. wgmma's A fragment is the mma.m16n8k16 one: lane (g, t) holds rows g, g+8 of its warp's 16-row
-// slab at k slots 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3). A lane decodes its own 16 contiguous
+// K order. wgmma's A fragment is the mma.m16n8k16 one (per warp, its 16-row slab): lane (g, t) holds in reg
+// 0 / 1 rows g / g+8 at k slots 2t, 2t+1, in reg 2 / 3 the same rows at slots 2t+8, 2t+9. A lane decodes its own 16 contiguous
 // FP4 bytes of each row (physical columns 32t .. 32t+31 of the stage): k-step s takes word s/2, nibble pair
 // 2(s%2) for slots 2t, 2t+1 and pair 2(s%2)+1 for 2t+8, 2t+9 (mma_tile.cuh's e2m1x2 decoders: pair i =
 // nibbles i, i+4). So stored column 16 s + 8 q + 2 t + j of a 128-column block holds physical column
@@ -44,14 +46,18 @@ namespace dev {
 namespace {
 
 constexpr int kWgK = 128;                              // K columns a stage
-constexpr int kWgTok = 128;                            // pairs a tile (wgmma N)
+constexpr int kWgMaxTok = 128;                         // most pairs a tile (wgmma N; 64, 96, 112 or 128)
 constexpr int kWgRows = 256;                           // weight rows a tile (2 warpgroups x 2 m64 slabs)
 constexpr int kWgStages = 4;                           // ring depth
 constexpr int kWgWBytes = kWgRows * kWgK / 2;          // 16 KB of FP4
-constexpr int kWgPlane = kWgTok * 16;                  // one plane of the x tile: 128 pairs x 8 bf16
-constexpr int kWgXBytes = kWgTok * kWgK * 2;           // 32 KB
-constexpr int kWgStage = kWgWBytes + kWgXBytes;        // 48 KB
-constexpr int kWgSmem = kWgStages * kWgStage + 2 * kWgStages * 8;
+// A tile of NT pairs: one plane of the x tile is NT pairs x 8 bf16; a stage 16 KB of FP4 + NT x 256 bytes.
+template <int NT>
+struct WgTile {
+  static_assert(NT % 8 == 0 && NT >= 64 && NT <= kWgMaxTok);
+  static constexpr int kPlane = NT * 16;
+  static constexpr int kStage = kWgWBytes + NT * kWgK * 2;
+  static constexpr int kSmem = kWgStages * kStage + 2 * kWgStages * 8;
+};
 constexpr int kWgConsumerWarps = 8;
 // A whole producer warpgroup (only its first warp copies): setmaxnreg works per warpgroup, and moves its
 // registers to the consumers (128 x 40 + 256 x 232 <= 64 K), whose 128 accumulators need them.
@@ -100,13 +106,68 @@ __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
-__device__ __forceinline__ void wg_fence_acc(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void wg_fence_acc(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[64 x 128] += A[64 x 16] (registers, bf16) * B[16 x 128] (shared memory, K-major, descriptor).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+// d[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, K-major, descriptor): scale-d 1,
+// no negation, B not transposed.
+template <int N>
+__device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_k16<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<96>(float (&d)[48], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48,%49,%50,%51}, %52, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<112>(float (&d)[56], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %61, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, {%56,%57,%58,%59}, %60, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -129,7 +190,7 @@ struct WgArgs {
   const ExpertDesc* experts;
   const int* jobs;
   const int* num_jobs;
-  const int* tile_first;  // m-tiles of kWgTok pairs before each job
+  const int* tile_first;  // m-tiles of NT pairs before each job
   const uint16_t* a;      // planes [K/8][rows][8] (gathered x for up, h for down)
   int64_t rows;           // rows of a and h
   int64_t K, N;           // N: rows of one weight matrix (up: inter, down: D)
@@ -174,14 +235,14 @@ __global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64
   }
 }
 
-// One warp: tile_first[j] = sum over jobs i < j of ceil(count_i / kWgTok); tile_first[num_jobs] = the total.
-__global__ void moe_wgmma_tiles_kernel(const int* jobs, const int* num_jobs, int* tile_first) {
+// One warp: tile_first[j] = sum over jobs i < j of ceil(count_i / bm); tile_first[num_jobs] = the total.
+__global__ void moe_wgmma_tiles_kernel(const int* jobs, const int* num_jobs, int bm, int* tile_first) {
   pdl_prologue();
   const int nj = *num_jobs, lane = threadIdx.x;
   int base = 0;
   for (int j0 = 0; j0 < nj; j0 += 32) {
     const int j = j0 + lane;
-    const int m = j < nj ? (jobs[3 * j + 2] + kWgTok - 1) / kWgTok : 0;
+    const int m = j < nj ? (jobs[3 * j + 2] + bm - 1) / bm : 0;
     int incl = m;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -209,8 +270,9 @@ __device__ __forceinline__ int64_t wg_weight_row(int m, int n_tile, int64_t N, i
   return min(row, N - 1);
 }
 
-template <WFmt F, bool UP>
+template <WFmt F, bool UP, int NT>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
+  using Tile = WgTile<NT>;
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -228,12 +290,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[job]) * a.n_tiles);
   const int n_tile = local / m_tiles, m_tile = local % m_tiles;  // m fastest: weight tiles reused from L2
   const int e = a.jobs[3 * job], first = a.jobs[3 * job + 1], count = a.jobs[3 * job + 2];
-  const int row0 = m_tile * kWgTok;
+  const int row0 = m_tile * NT;
   const ExpertDesc& ed = a.experts[e];
   const int64_t K = a.K, N = a.N;
   const int kblocks = static_cast<int>(K / kWgK);
 
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kWgStages * kWgStage);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kWgStages * Tile::kStage);
   const BulkRing ring{bars, bars + kWgStages, kWgStages};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
@@ -256,15 +318,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
     RingCursor c;
     for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
       ring.wait_free_at(c.slot, c.parity);
-      if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], kWgStage);
+      if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], Tile::kStage);
       __syncwarp();
-      uint8_t* st = smem + c.slot * kWgStage;
+      uint8_t* st = smem + c.slot * Tile::kStage;
 #pragma unroll
       for (int i = 0; i < kWgRows / 32; ++i)
         bulk_copy_g2s(st + (lane + 32 * i) * (kWgK / 2), wsrc[i] + static_cast<int64_t>(kb) * (kWgK / 2), kWgK / 2,
                       &ring.full[c.slot]);
       if (lane < 16)
-        bulk_copy_g2s(st + kWgWBytes + lane * kWgPlane, xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, kWgPlane,
+        bulk_copy_g2s(st + kWgWBytes + lane * Tile::kPlane, xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane,
                       &ring.full[c.slot]);
     }
     return;
@@ -296,11 +358,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
       }
   };
 
-  float acc[2][64];
+  float acc[2][NT / 2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[mt][i] = 0.0f;
+    for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
 
   uint32_t sc[2][2];
   load_scales(0, sc);
@@ -317,7 +379,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
         else mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[mt][h]);
       }
     ring.wait_full_at(c.slot, c.parity);
-    const uint8_t* st = smem + c.slot * kWgStage;
+    const uint8_t* st = smem + c.slot * Tile::kStage;
     uint4 wraw[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -336,12 +398,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
           af[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
         }
       // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
-      const uint64_t desc = wg_desc(xaddr + 2 * s * kWgPlane, kWgPlane, 128);
+      const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
       wg_fence_acc(acc[0]);
       wg_fence_acc(acc[1]);
       wg_fence();
-      wgmma_m64n128k16(acc[0], af[0], desc);
-      wgmma_m64n128k16(acc[1], af[1], desc);
+      wgmma_k16<NT>(acc[0], af[0], desc);
+      wgmma_k16<NT>(acc[1], af[1], desc);
       wg_commit();
       wg_fence_acc(acc[0]);
       wg_fence_acc(acc[1]);
@@ -368,7 +430,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
       if (col >= N) continue;
       const int64_t cs = (col & ~int64_t{127}) + wg_stored(static_cast<int>(col & 127));
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
           const int r = row0 + 8 * j + 2 * t + e2;
@@ -387,7 +449,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
         const int64_t col = static_cast<int64_t>(n_tile) * kWgRows + mrow[mt][h];
         if (col >= N) continue;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
             const int r = row0 + 8 * j + 2 * t + e2;
@@ -397,31 +459,41 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   }
 }
 
-template <WFmt F, bool UP>
+template <WFmt F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_wgmma_kernel<F, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem);
+    cudaFuncSetAttribute(moe_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile<NT>::kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_wgmma_kernel<F, UP>, static_cast<unsigned>(blocks), kWgThreads, kWgSmem, stream, a);
+  launch(moe_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, WgTile<NT>::kSmem, stream, a);
 }
 
-template <WFmt F>
+template <WFmt F, int NT>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
-  // sum over jobs of ceil(count / kWgTok) <= P / kWgTok + jobs: the grid's bound without reading the plan back
-  const int64_t m_bound = (P + kWgTok - 1) / kWgTok + std::min<int64_t>(P, p.E);
+  // sum over jobs of ceil(count / NT) <= P / NT + jobs: the grid's bound without reading the plan back
+  const int64_t m_bound = (P + NT - 1) / NT + std::min<int64_t>(P, p.E);
   WgArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, rows, p.D, p.inter,
            static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)), p.limit, b.h, b.y};
-  launch_wgmma<F, true>(a, m_bound, stream);
+  launch_wgmma<F, true, NT>(a, m_bound, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + kWgRows - 1) / kWgRows);
-  launch_wgmma<F, false>(a, m_bound, stream);
+  launch_wgmma<F, false, NT>(a, m_bound, stream);
+}
+
+template <WFmt F>
+void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
+  switch (nt) {
+    case 64: launch_up_down<F, 64>(p, b, rows, stream); break;
+    case 96: launch_up_down<F, 96>(p, b, rows, stream); break;
+    case 112: launch_up_down<F, 112>(p, b, rows, stream); break;
+    default: launch_up_down<F, 128>(p, b, rows, stream); break;
+  }
 }
 
 }  // namespace
@@ -432,22 +504,37 @@ bool moe_grouped_wgmma_selected() {
   return v != nullptr && std::strcmp(v, "wgmma") == 0;
 }
 
-int64_t moe_grouped_rows(const MoeParams& p) { return p.T * p.k + dev::kWgTok; }
+int moe_grouped_wgmma_tile_pairs() {
+  const char* v = std::getenv("TERN_MOE_WGMMA_N");
+  const int n = v != nullptr ? std::atoi(v) : 128;
+  return n == 64 || n == 96 || n == 112 ? n : 128;
+}
+
+int64_t moe_grouped_rows(const MoeParams& p) { return p.T * p.k + dev::kWgMaxTok; }
 
 const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
-  return p.kind == WeightKind::nvfp4
-             ? "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)"
-             : "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)";
+  static const char* const names[2][4] = {
+      {"moe_grouped_wgmma_kernel mxfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)"},
+      {"moe_grouped_wgmma_kernel nvfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)"}};
+  const int n = moe_grouped_wgmma_tile_pairs();
+  return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64 ? 0 : n == 96 ? 1 : n == 112 ? 2 : 3];
 }
 
 void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k, rows = moe_grouped_rows(p);
   if (P == 0) return;
+  const int nt = moe_grouped_wgmma_tile_pairs();
   launch(dev::moe_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0, stream, p.x,
          b.sorted, P, p.k, p.D, rows, b.xs);
-  launch(dev::moe_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, b.tile_first);
-  if (p.kind == WeightKind::nvfp4) dev::launch_up_down<dev::WFmt::nvfp4>(p, b, rows, stream);
-  else dev::launch_up_down<dev::WFmt::mxfp4>(p, b, rows, stream);
+  launch(dev::moe_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
+  if (p.kind == WeightKind::nvfp4) dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
+  else dev::launch_up_down_n<dev::WFmt::mxfp4>(nt, p, b, rows, stream);
 }
 
 }  // namespace tern::cuda
