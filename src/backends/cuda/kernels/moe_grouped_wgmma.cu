@@ -57,6 +57,10 @@ struct WgTile {
   static constexpr int kPlane = NT * 16;
   static constexpr int kStage = kWgWBytes + NT * kWgK * 2;
   static constexpr int kSmem = kWgStages * kStage + 2 * kWgStages * 8;
+  // Up: h of the tile (16 planes x NT pairs x 8 bf16) staged after the ring and its barriers.
+  static constexpr int kHStage = kSmem;
+  static constexpr int kSmemUp = kSmem + 16 * NT * 16;
+  static_assert(kSmemUp <= 227 * 1024);
 };
 constexpr int kWgConsumerWarps = 8;
 // A whole producer warpgroup (only its first warp copies): setmaxnreg works per warpgroup, and moves its
@@ -87,11 +91,6 @@ __host__ __device__ constexpr bool wg_permutation_ok() {
   return true;
 }
 static_assert(wg_permutation_ok());
-
-// Element index of stored column c (of K) of row r in the plane layout.
-__host__ __device__ inline int64_t plane_index(int64_t r, int64_t c, int64_t rows) {
-  return ((c >> 3) * rows + r) * 8 + (c & 7);
-}
 
 // Shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (M/N) byte offsets, >> 4 each.
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -424,21 +423,30 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   if constexpr (UP) {
     const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
     const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+    // The block's 128 h columns are one 128-column block of h (inter % 128 == 0: moe_grouped_supported), i.e.
+    // 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h. Staged in shared memory (a thread's
+    // values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs only.
+    uint16_t* hs = reinterpret_cast<uint16_t*>(smem + Tile::kHStage);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      const int64_t col = static_cast<int64_t>(n_tile) * (kWgRows / 2) + 8 * (4 * (2 * wg + mt) + w) + g;
-      if (col >= N) continue;
-      const int64_t cs = (col & ~int64_t{127}) + wg_stored(static_cast<int>(col & 127));
+      const int p = wg_stored(8 * (4 * (2 * wg + mt) + w) + g);
+      uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
 #pragma unroll
       for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
-          const int r = row0 + 8 * j + 2 * t + e2;
-          if (r >= count) continue;
           const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
           const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
-          a.h[plane_index(first + r, cs, a.rows)] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+          hp[(8 * j + 2 * t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
         }
+    }
+    named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
+    const uint4* src = reinterpret_cast<const uint4*>(hs);
+    for (int i = tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
+      const int plane = i / NT, n = i - plane * NT;
+      if (row0 + n < count)
+        *reinterpret_cast<uint4*>(a.h + ((static_cast<int64_t>(n_tile) * 16 + plane) * a.rows + first + row0 + n) * 8) =
+            src[i];
     }
   } else {
     const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
@@ -461,14 +469,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
 
 template <WFmt F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  constexpr int kSmem = UP ? WgTile<NT>::kSmemUp : WgTile<NT>::kSmem;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile<NT>::kSmem);
+    cudaFuncSetAttribute(moe_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, WgTile<NT>::kSmem, stream, a);
+  launch(moe_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
 }
 
 template <WFmt F, int NT>
