@@ -1,11 +1,11 @@
 // The wgmma (sm_90a warpgroup MMA) form of the grouped FP4 expert GEMMs (moe_grouped_wgmma.cuh): the same
-// plan, tile table scheme, SwiGLU and combine as moe_grouped.cu, with the products transposed (D^T = W x^T) so
-// that the FP4 weights, decoded in registers, are wgmma's A operand (A may come from registers, B only from
-// shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
+// plan, tile table scheme, SwiGLU and combine as moe_grouped.cu, with the products transposed (D^T = W x^T)
+// so that the FP4 weights, decoded in registers, are wgmma's A operand (A may come from registers, B only
+// from shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
 //
 // Block: 2 consumer warpgroups (warps 0..7) and a producer warpgroup whose first warp (8) copies. A tile is
-// 256 weight rows x NT pairs of one expert (NT = 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup wg
-// owns weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
+// 256 weight rows x NT pairs of one expert (NT = 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup
+// wg owns weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
 // m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64
 // FP4 bytes (16 KB) + NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep
 // mbarrier ring (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies'
@@ -21,11 +21,11 @@
 // n, so whatever those rows hold cannot reach a stored value).
 //
 // K order. wgmma's A fragment is the mma.m16n8k16 one (per warp, its 16-row slab): lane (g, t) holds in reg
-// 0 / 1 rows g / g+8 at k slots 2t, 2t+1, in reg 2 / 3 the same rows at slots 2t+8, 2t+9. A lane decodes its own 16 contiguous
-// FP4 bytes of each row (physical columns 32t .. 32t+31 of the stage): k-step s takes word s/2, nibble pair
-// 2(s%2) for slots 2t, 2t+1 and pair 2(s%2)+1 for 2t+8, 2t+9 (mma_tile.cuh's e2m1x2 decoders: pair i =
-// nibbles i, i+4). So stored column 16 s + 8 q + 2 t + j of a 128-column block holds physical column
-// 32 t + 8 (s/2) + 2 (s%2) + q + 4 j (wg_physical), and B's k slots follow the stored order.
+// 0 / 1 rows g / g+8 at k slots 2t, 2t+1, in reg 2 / 3 the same rows at slots 2t+8, 2t+9. A lane decodes its
+// own 16 contiguous FP4 bytes of each row (physical columns 32t .. 32t+31 of the stage): k-step s takes word
+// s/2, nibble pair 2(s%2) for slots 2t, 2t+1 and pair 2(s%2)+1 for 2t+8, 2t+9 (mma_tile.cuh's e2m1x2
+// decoders: pair i = nibbles i, i+4). So stored column 16 s + 8 q + 2 t + j of a 128-column block holds
+// physical column 32 t + 8 (s/2) + 2 (s%2) + q + 4 j (wg_physical), and B's k slots follow the stored order.
 //
 // Up: slab row 16 sigma + r (sigma = 4 (2 wg + mt) + warp) is w1 row (r < 8) or w3 row (r >= 8) number
 // n_tile * 128 + 8 sigma + r % 8, so a thread's accumulators of rows g and g+8 are gate and up of one h
@@ -45,11 +45,11 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kWgK = 128;                              // K columns a stage
-constexpr int kWgMaxTok = 128;                         // most pairs a tile (wgmma N; 64, 96, 112 or 128)
-constexpr int kWgRows = 256;                           // weight rows a tile (2 warpgroups x 2 m64 slabs)
-constexpr int kWgStages = 4;                           // ring depth
-constexpr int kWgWBytes = kWgRows * kWgK / 2;          // 16 KB of FP4
+constexpr int kWgK = 128;                      // K columns a stage
+constexpr int kWgMaxTok = 128;                 // most pairs a tile (wgmma N; 64, 96, 112 or 128)
+constexpr int kWgRows = 256;                   // weight rows a tile (2 warpgroups x 2 m64 slabs)
+constexpr int kWgStages = 4;                   // ring depth
+constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4
 // A tile of NT pairs: one plane of the x tile is NT pairs x 8 bf16; a stage 16 KB of FP4 + NT x 256 bytes.
 template <int NT>
 struct WgTile {
@@ -79,7 +79,8 @@ __host__ __device__ constexpr int wg_stored(int c) {
 }
 __host__ __device__ constexpr bool wg_permutation_ok() {
   for (int p = 0; p < 128; ++p)
-    if (wg_stored(p) < 0 || wg_stored(p) > 127 || wg_physical(wg_stored(p)) != p || wg_stored(wg_physical(p)) != p)
+    if (wg_stored(p) < 0 || wg_stored(p) > 127 || wg_physical(wg_stored(p)) != p ||
+        wg_stored(wg_physical(p)) != p)
       return false;
   // The decode: k-step s, lane t, slot pair q (0: 2t,2t+1; 1: 2t+8,2t+9), half j reads nibble 2(s%2) + q + 4j
   // of word s/2 of the lane's 16 bytes, i.e. physical column 32t + 8(s/2) + 2(s%2) + q + 4j.
@@ -87,7 +88,8 @@ __host__ __device__ constexpr bool wg_permutation_ok() {
     for (int t = 0; t < 4; ++t)
       for (int q = 0; q < 2; ++q)
         for (int j = 0; j < 2; ++j)
-          if (wg_physical(16 * s + 8 * q + 2 * t + j) != 32 * t + 8 * (s / 2) + 2 * (s % 2) + q + 4 * j) return false;
+          if (wg_physical(16 * s + 8 * q + 2 * t + j) != 32 * t + 8 * (s / 2) + 2 * (s % 2) + q + 4 * j)
+            return false;
   return true;
 }
 static_assert(wg_permutation_ok());
@@ -98,8 +100,12 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
          (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void wg_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
@@ -122,12 +128,14 @@ __device__ __forceinline__ void wgmma_k16<64>(float (&d)[32], const uint32_t (&a
       ".reg .pred p;\n"
       "setp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 template <>
@@ -137,14 +145,17 @@ __device__ __forceinline__ void wgmma_k16<96>(float (&d)[48], const uint32_t (&a
       ".reg .pred p;\n"
       "setp.ne.b32 p, %53, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48,%49,%50,%51}, %52, p, 1, 1, 0;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 template <>
@@ -154,15 +165,18 @@ __device__ __forceinline__ void wgmma_k16<112>(float (&d)[56], const uint32_t (&
       ".reg .pred p;\n"
       "setp.ne.b32 p, %61, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, {%56,%57,%58,%59}, %60, p, 1, 1, 0;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
+      "52,%53,%54,%55}, {%56,%57,%58,%59}, %60, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 template <>
@@ -172,16 +186,19 @@ __device__ __forceinline__ void wgmma_k16<128>(float (&d)[64], const uint32_t (&
       ".reg .pred p;\n"
       "setp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
+      "52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
@@ -201,9 +218,10 @@ struct WgArgs {
 
 // xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
 // decode): the 32 physical columns 32t .. 32t+31 become one 32-bit word (stored j = 0, 1) in each of the
-// block's 16 planes; 4 consecutive threads fill 16 bytes of a plane row, 8 slots of a warp 128 contiguous bytes.
-__global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D, int64_t rows,
-                                        uint16_t* xw) {
+// block's 16 planes; 4 consecutive threads fill 16 bytes of a plane row, 8 slots of a warp 128 contiguous
+// bytes.
+__global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D,
+                                        int64_t rows, uint16_t* xw) {
   pdl_prologue();
   const int64_t n = (D / kWgK) * P * 4;
   uint32_t* out = reinterpret_cast<uint32_t*>(xw);
@@ -214,7 +232,8 @@ __global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64
     // Slots past the plan's pairs (a pair with an invalid expert) are never stored from; stale sorted[].
     const int pair = sorted[slot];
     const bool valid = pair >= 0 && pair < P;
-    const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(valid ? pair / k : 0) * D + kb * kWgK + 32 * t);
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(valid ? pair / k : 0) * D +
+                                                        kb * kWgK + 32 * t);
     float v[32];
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
@@ -269,6 +288,28 @@ __device__ __forceinline__ int64_t wg_weight_row(int m, int n_tile, int64_t N, i
   return min(row, N - 1);
 }
 
+// Tile t_id of the plan (t_id < tile_first[nj] * n_tiles): its job's expert, first slot and pair count, its
+// n-tile and first pair. Within a job m is fastest, so the blocks sharing a weight tile run side by side.
+struct WgTileAt {
+  int e, first, count, n_tile, row0;
+};
+__device__ __forceinline__ WgTileAt wg_tile_at(const WgArgs& a, int nj, int64_t t_id, int nt) {
+  int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before t_id (every job has >= 1 m-tile)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (static_cast<int64_t>(a.tile_first[mid]) * a.n_tiles <= t_id)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int m_tiles = a.tile_first[lo + 1] - a.tile_first[lo];
+  const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[lo]) * a.n_tiles);
+  return WgTileAt{a.jobs[3 * lo], a.jobs[3 * lo + 1], a.jobs[3 * lo + 2], local / m_tiles,
+                  (local % m_tiles) * nt};
+}
+
+// Persistent: block b takes tiles b, b + gridDim.x, ... Producer and consumers walk the same tiles and stages
+// (one RingCursor over the whole walk), so the copies of a tile's first stages overlap the previous epilogue.
 template <WFmt F, bool UP, int NT>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   using Tile = WgTile<NT>;
@@ -277,20 +318,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int nj = *a.num_jobs;
-  const int64_t t_id = blockIdx.x;
-  if (nj == 0 || t_id >= static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles) return;  // past the plan's tiles
-  int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before this one
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (static_cast<int64_t>(a.tile_first[mid]) * a.n_tiles <= t_id) lo = mid;
-    else hi = mid - 1;
-  }
-  const int job = lo, m_tiles = a.tile_first[job + 1] - a.tile_first[job];
-  const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[job]) * a.n_tiles);
-  const int n_tile = local / m_tiles, m_tile = local % m_tiles;  // m fastest: weight tiles reused from L2
-  const int e = a.jobs[3 * job], first = a.jobs[3 * job + 1], count = a.jobs[3 * job + 2];
-  const int row0 = m_tile * NT;
-  const ExpertDesc& ed = a.experts[e];
+  const int64_t tiles = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles;
+  if (static_cast<int64_t>(blockIdx.x) >= tiles) return;  // no tile for this block (uniform)
   const int64_t K = a.K, N = a.N;
   const int kblocks = static_cast<int>(K / kWgK);
 
@@ -303,30 +332,35 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   }
   __syncthreads();
 
-  if (warp >= kWgConsumerWarps) {  // producer: lane l of its first warp copies tile rows l + 32 i, x plane l < 16
+  // Producer: lane l of the producer warpgroup's first warp copies tile rows l + 32 i and (l < 16) x plane l.
+  if (warp >= kWgConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
     if (warp != kWgConsumerWarps) return;
-    const uint8_t* wsrc[kWgRows / 32];
-#pragma unroll
-    for (int i = 0; i < kWgRows / 32; ++i) {
-      int which;
-      const int64_t row = wg_weight_row<UP>(lane + 32 * i, n_tile, N, which);
-      wsrc[i] = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
-    }
-    const uint16_t* xsrc = a.a + (static_cast<int64_t>(lane & 15) * a.rows + first + row0) * 8;
     RingCursor c;
-    for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
-      ring.wait_free_at(c.slot, c.parity);
-      if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], Tile::kStage);
-      __syncwarp();
-      uint8_t* st = smem + c.slot * Tile::kStage;
+    for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
+      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+      const ExpertDesc& ed = a.experts[tl.e];
+      const uint8_t* wsrc[kWgRows / 32];
 #pragma unroll
-      for (int i = 0; i < kWgRows / 32; ++i)
-        bulk_copy_g2s(st + (lane + 32 * i) * (kWgK / 2), wsrc[i] + static_cast<int64_t>(kb) * (kWgK / 2), kWgK / 2,
-                      &ring.full[c.slot]);
-      if (lane < 16)
-        bulk_copy_g2s(st + kWgWBytes + lane * Tile::kPlane, xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane,
-                      &ring.full[c.slot]);
+      for (int i = 0; i < kWgRows / 32; ++i) {
+        int which;
+        const int64_t row = wg_weight_row<UP>(lane + 32 * i, tl.n_tile, N, which);
+        wsrc[i] = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
+      }
+      const uint16_t* xsrc = a.a + (static_cast<int64_t>(lane & 15) * a.rows + tl.first + tl.row0) * 8;
+      for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
+        ring.wait_free_at(c.slot, c.parity);
+        if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], Tile::kStage);
+        __syncwarp();
+        uint8_t* st = smem + c.slot * Tile::kStage;
+#pragma unroll
+        for (int i = 0; i < kWgRows / 32; ++i)
+          bulk_copy_g2s(st + (lane + 32 * i) * (kWgK / 2), wsrc[i] + static_cast<int64_t>(kb) * (kWgK / 2),
+                        kWgK / 2, &ring.full[c.slot]);
+        if (lane < 16)
+          bulk_copy_g2s(st + kWgWBytes + lane * Tile::kPlane,
+                        xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, &ring.full[c.slot]);
+      }
     }
     return;
   }
@@ -335,136 +369,148 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
   // Consumers. Thread (wg, warp w, g, t) holds tile rows 128 wg + 64 mt + 16 w + 8 h + g (mt, h = 0, 1).
   const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
   const int64_t s_row_bytes = kNv ? K / 16 : K / 32;
-  const uint8_t* srow[2][2];
-  int mrow[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
-      int which;
-      const int64_t row = wg_weight_row<UP>(mrow[mt][h], n_tile, N, which);
-      srow[mt][h] = static_cast<const uint8_t*>(ed.s[which]) + row * s_row_bytes + (kNv ? 2 * t : t);
-    }
-  // This lane's scale bytes of a stage: mxfp4 one e8m0 (its 32 columns), nvfp4 two ue4m3 (16 columns each).
-  auto load_scales = [&](int kb, uint32_t (&sc)[2][2]) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (kNv) sc[mt][h] = __ldg(reinterpret_cast<const uint16_t*>(srow[mt][h] + static_cast<int64_t>(kb) * 8));
-        else sc[mt][h] = __ldg(srow[mt][h] + static_cast<int64_t>(kb) * 4);
-      }
-  };
-
-  float acc[2][NT / 2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
-
-  uint32_t sc[2][2];
-  load_scales(0, sc);
   RingCursor c;
-  for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
-    uint32_t sc_next[2][2];
-    load_scales(kb + 1 < kblocks ? kb + 1 : kb, sc_next);
-    uint32_t mult[2][2][2];
+  for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
+    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+    const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
+    const ExpertDesc& ed = a.experts[tl.e];
+    const uint8_t* srow[2][2];
+    int mrow[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if constexpr (kNv) ue4m3x2_mult_bf16x2(sc[mt][h], mult[mt][h]);
-        else mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[mt][h]);
+        mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
+        int which;
+        const int64_t row = wg_weight_row<UP>(mrow[mt][h], n_tile, N, which);
+        srow[mt][h] = static_cast<const uint8_t*>(ed.s[which]) + row * s_row_bytes + (kNv ? 2 * t : t);
       }
-    ring.wait_full_at(c.slot, c.parity);
-    const uint8_t* st = smem + c.slot * Tile::kStage;
-    uint4 wraw[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) wraw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
-    const uint32_t xaddr = smem_addr(st + kWgWBytes);
-    static_for<8>([&](auto s_c) {
-      constexpr int s = decltype(s_c)::value;
-      uint32_t af[2][4];
+    // This lane's scale bytes of a stage: mxfp4 one e8m0 (its 32 columns), nvfp4 two ue4m3 (16 columns each).
+    auto load_scales = [&](int kb, uint32_t(&sc)[2][2]) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t word = word_of(wraw[mt][h], s / 2), m = mult[mt][h][s / 4];
-          af[mt][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2)>(word), m);          // slots 2t, 2t+1
-          af[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
+          if constexpr (kNv)
+            sc[mt][h] = __ldg(reinterpret_cast<const uint16_t*>(srow[mt][h] + static_cast<int64_t>(kb) * 8));
+          else
+            sc[mt][h] = __ldg(srow[mt][h] + static_cast<int64_t>(kb) * 4);
         }
-      // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
-      const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
-      wg_fence_acc(acc[0]);
-      wg_fence_acc(acc[1]);
-      wg_fence();
-      wgmma_k16<NT>(acc[0], af[0], desc);
-      wgmma_k16<NT>(acc[1], af[1], desc);
-      wg_commit();
-      wg_fence_acc(acc[0]);
-      wg_fence_acc(acc[1]);
-      wg_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
-    });
-    wg_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
-    wg_fence_acc(acc[0]);
-    wg_fence_acc(acc[1]);
-    ring.release_at(c.slot);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) sc[mt][h] = sc_next[mt][h];
-  }
-  grid_dependents_launch();  // the weights are read: the next kernel may be scheduled
+    };
 
-  // Accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) % 2), pair 8 (i / 4) + 2 t + i % 2.
-  if constexpr (UP) {
-    const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
-    const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
-    // The block's 128 h columns are one 128-column block of h (inter % 128 == 0: moe_grouped_supported), i.e.
-    // 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h. Staged in shared memory (a thread's
-    // values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs only.
-    uint16_t* hs = reinterpret_cast<uint16_t*>(smem + Tile::kHStage);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      const int p = wg_stored(8 * (4 * (2 * wg + mt) + w) + g);
-      uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
-#pragma unroll
-      for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-          const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
-          const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
-          hp[(8 * j + 2 * t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
-        }
-    }
-    named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
-    const uint4* src = reinterpret_cast<const uint4*>(hs);
-    for (int i = tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
-      const int plane = i / NT, n = i - plane * NT;
-      if (row0 + n < count)
-        *reinterpret_cast<uint4*>(a.h + ((static_cast<int64_t>(n_tile) * 16 + plane) * a.rows + first + row0 + n) * 8) =
-            src[i];
-    }
-  } else {
-    const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+    float acc[2][NT / 2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t col = static_cast<int64_t>(n_tile) * kWgRows + mrow[mt][h];
-        if (col >= N) continue;
+      for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
+
+    uint32_t sc[2][2];
+    load_scales(0, sc);
+    for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
+      uint32_t sc_next[2][2];
+      load_scales(kb + 1 < kblocks ? kb + 1 : kb, sc_next);
+      uint32_t mult[2][2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kNv)
+            ue4m3x2_mult_bf16x2(sc[mt][h], mult[mt][h]);
+          else
+            mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[mt][h]);
+        }
+      ring.wait_full_at(c.slot, c.parity);
+      const uint8_t* st = smem + c.slot * Tile::kStage;
+      uint4 wraw[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wraw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
+      const uint32_t xaddr = smem_addr(st + kWgWBytes);
+      static_for<8>([&](auto s_c) {
+        constexpr int s = decltype(s_c)::value;
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t word = word_of(wraw[mt][h], s / 2), m = mult[mt][h][s / 4];
+            af[mt][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2)>(word), m);          // slots 2t, 2t+1
+            af[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
+          }
+        // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
+        const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_fence();
+        wgmma_k16<NT>(acc[0], af[0], desc);
+        wgmma_k16<NT>(acc[1], af[1], desc);
+        wg_commit();
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
+      });
+      wg_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
+      wg_fence_acc(acc[0]);
+      wg_fence_acc(acc[1]);
+      ring.release_at(c.slot);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sc[mt][h] = sc_next[mt][h];
+    }
+    // Accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) % 2), pair 8 (i / 4) + 2 t + i % 2.
+    if constexpr (UP) {
+      const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
+      const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+      // The block's 128 h columns are one 128-column block of h (inter % 128 == 0: moe_grouped_supported),
+      // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h. Staged in shared memory (a
+      // thread's values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs
+      // only.
+      uint16_t* hs = reinterpret_cast<uint16_t*>(smem + Tile::kHStage);
+      // Every consumer thread is done copying out the previous tile's h.
+      named_bar_sync(1, kWgConsumerWarps * 32);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int p = wg_stored(8 * (4 * (2 * wg + mt) + w) + g);
+        uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
           for (int e2 = 0; e2 < 2; ++e2) {
-            const int r = row0 + 8 * j + 2 * t + e2;
-            if (r < count) a.y[static_cast<int64_t>(first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
+            const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
+            const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+            hp[(8 * j + 2 * t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
           }
       }
+      named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
+      const uint4* src = reinterpret_cast<const uint4*>(hs);
+      for (int i = tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
+        const int plane = i / NT, n = i - plane * NT;
+        if (row0 + n < count)
+          *reinterpret_cast<uint4*>(
+              a.h + ((static_cast<int64_t>(n_tile) * 16 + plane) * a.rows + first + row0 + n) * 8) = src[i];
+      }
+    } else {
+      const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t col = static_cast<int64_t>(n_tile) * kWgRows + mrow[mt][h];
+          if (col >= N) continue;
+#pragma unroll
+          for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              const int r = row0 + 8 * j + 2 * t + e2;
+              if (r < count)
+                a.y[static_cast<int64_t>(first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
+            }
+        }
+    }
   }
+  grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
 }
 
 template <WFmt F, bool UP, int NT>
@@ -475,7 +521,14 @@ void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
     return true;
   }();
   (void)attr;
-  const int64_t blocks = m_tiles_bound * a.n_tiles;
+  // One block per multiprocessor (persistent), fewer when the plan's bound has fewer tiles.
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, sms);
   if (blocks == 0) return;
   launch(moe_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
 }
@@ -485,8 +538,10 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / NT) <= P / NT + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + NT - 1) / NT + std::min<int64_t>(P, p.E);
-  WgArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, rows, p.D, p.inter,
-           static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)), p.limit, b.h, b.y};
+  WgArgs a{p.experts,    b.jobs,  b.num_jobs,
+           b.tile_first, b.xs,    rows,
+           p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
+           p.limit,      b.h,     b.y};
   launch_wgmma<F, true, NT>(a, m_bound, stream);
   a.a = b.h;
   a.K = p.inter;
@@ -496,12 +551,21 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
 }
 
 template <WFmt F>
-void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
+void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows,
+                      cudaStream_t stream) {
   switch (nt) {
-    case 64: launch_up_down<F, 64>(p, b, rows, stream); break;
-    case 96: launch_up_down<F, 96>(p, b, rows, stream); break;
-    case 112: launch_up_down<F, 112>(p, b, rows, stream); break;
-    default: launch_up_down<F, 128>(p, b, rows, stream); break;
+    case 64:
+      launch_up_down<F, 64>(p, b, rows, stream);
+      break;
+    case 96:
+      launch_up_down<F, 96>(p, b, rows, stream);
+      break;
+    case 112:
+      launch_up_down<F, 112>(p, b, rows, stream);
+      break;
+    default:
+      launch_up_down<F, 128>(p, b, rows, stream);
+      break;
   }
 }
 
@@ -519,7 +583,9 @@ int moe_grouped_wgmma_tile_pairs() {
   return n == 64 || n == 96 || n == 112 ? n : 128;
 }
 
-int64_t moe_grouped_rows(const MoeParams& p) { return p.T * p.k + dev::kWgMaxTok; }
+int64_t moe_grouped_rows(const MoeParams& p) {
+  return p.T * p.k + dev::kWgMaxTok;
+}
 
 const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
   static const char* const names[2][4] = {
@@ -539,11 +605,13 @@ void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cu
   const int64_t P = p.T * p.k, rows = moe_grouped_rows(p);
   if (P == 0) return;
   const int nt = moe_grouped_wgmma_tile_pairs();
-  launch(dev::moe_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0, stream, p.x,
-         b.sorted, P, p.k, p.D, rows, b.xs);
+  launch(dev::moe_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0, stream,
+         p.x, b.sorted, P, p.k, p.D, rows, b.xs);
   launch(dev::moe_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
-  if (p.kind == WeightKind::nvfp4) dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
-  else dev::launch_up_down_n<dev::WFmt::mxfp4>(nt, p, b, rows, stream);
+  if (p.kind == WeightKind::nvfp4)
+    dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
+  else
+    dev::launch_up_down_n<dev::WFmt::mxfp4>(nt, p, b, rows, stream);
 }
 
 }  // namespace tern::cuda
