@@ -3,13 +3,15 @@
 // so that the FP4 weights, decoded in registers, are wgmma's A operand (A may come from registers, B only
 // from shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
 //
-// Block: 2 consumer warpgroups (warps 0..7) and a producer warpgroup whose first warp (8) copies. A tile is
-// 256 weight rows x NT pairs of one expert (NT = 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup
-// wg owns weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
-// m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64
-// FP4 bytes (16 KB) + NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep
-// mbarrier ring (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies'
-// 16-byte unit) are read by the consumers from global memory one stage ahead.
+// Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
+// first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7) and a
+// producer warpgroup whose first warp (8) copies. A tile is 256 weight rows x NT pairs of one expert (NT =
+// 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup wg owns weight rows 128 wg .. 128 wg + 127 as
+// two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma m64nNTk16, NT/2 f32 accumulators a slab a
+// thread). K = 128 columns a stage; a stage is 256 weight rows x 64 FP4 bytes (16 KB) + NT pairs x 128 bf16
+// (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep mbarrier ring (bulk_pipe.cuh's BulkRing); the
+// scale bytes (4 or 8 a row a stage, under the bulk copies' 16-byte unit) are read by the consumers from
+// global memory one stage ahead.
 //
 // Activation layout ("planes"): the gather (and the up kernel, for h) store a [rows, K] bf16 matrix as
 // K/8 planes of [rows][8]: element (r, c) at ((c / 8) * rows + r) * 8 + c % 8, where c is the STORED column.
@@ -220,8 +222,8 @@ struct WgArgs {
 // decode): the 32 physical columns 32t .. 32t+31 become one 32-bit word (stored j = 0, 1) in each of the
 // block's 16 planes; 4 consecutive threads fill 16 bytes of a plane row, 8 slots of a warp 128 contiguous
 // bytes.
-__global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D,
-                                        int64_t rows, uint16_t* xw) {
+__global__ void moe_grouped_wgmma_gather_kernel(const float* x, const int* sorted, int64_t P, int k,
+                                                int64_t D, int64_t rows, uint16_t* xw) {
   pdl_prologue();
   const int64_t n = (D / kWgK) * P * 4;
   uint32_t* out = reinterpret_cast<uint32_t*>(xw);
@@ -254,7 +256,8 @@ __global__ void moe_wgmma_gather_kernel(const float* x, const int* sorted, int64
 }
 
 // One warp: tile_first[j] = sum over jobs i < j of ceil(count_i / bm); tile_first[num_jobs] = the total.
-__global__ void moe_wgmma_tiles_kernel(const int* jobs, const int* num_jobs, int bm, int* tile_first) {
+__global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_jobs, int bm,
+                                               int* tile_first) {
   pdl_prologue();
   const int nj = *num_jobs, lane = threadIdx.x;
   int base = 0;
@@ -311,7 +314,7 @@ __device__ __forceinline__ WgTileAt wg_tile_at(const WgArgs& a, int nj, int64_t 
 // Persistent: block b takes tiles b, b + gridDim.x, ... Producer and consumers walk the same tiles and stages
 // (one RingCursor over the whole walk), so the copies of a tile's first stages overlap the previous epilogue.
 template <WFmt F, bool UP, int NT>
-__global__ void __launch_bounds__(kWgThreads, 1) moe_wgmma_kernel(WgArgs a) {
+__global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   using Tile = WgTile<NT>;
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   constexpr bool kNv = F == WFmt::nvfp4;
@@ -517,7 +520,8 @@ template <WFmt F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   constexpr int kSmem = UP ? WgTile<NT>::kSmemUp : WgTile<NT>::kSmem;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kSmem);
     return true;
   }();
   (void)attr;
@@ -530,7 +534,7 @@ void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   }();
   const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, sms);
   if (blocks == 0) return;
-  launch(moe_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+  launch(moe_grouped_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
 }
 
 template <WFmt F, int NT>
@@ -605,9 +609,9 @@ void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cu
   const int64_t P = p.T * p.k, rows = moe_grouped_rows(p);
   if (P == 0) return;
   const int nt = moe_grouped_wgmma_tile_pairs();
-  launch(dev::moe_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0, stream,
-         p.x, b.sorted, P, p.k, p.D, rows, b.xs);
-  launch(dev::moe_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
+  launch(dev::moe_grouped_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0,
+         stream, p.x, b.sorted, P, p.k, p.D, rows, b.xs);
+  launch(dev::moe_grouped_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
   if (p.kind == WeightKind::nvfp4)
     dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
   else
