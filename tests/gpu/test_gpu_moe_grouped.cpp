@@ -94,7 +94,9 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
 
       // The library path (expanded bf16 experts, per-expert cuBLAS) on every token.
       be.set_moe_prefill_library(true);
-      EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped"), std::string::npos);
+      const std::string lib_path = be.moe_path(dexp[0].w1, T);
+      EXPECT_EQ(lib_path.find("moe_grouped_kernel"), std::string::npos) << lib_path;
+      EXPECT_EQ(lib_path.find("moe_grouped_wgmma_kernel"), std::string::npos) << lib_path;
       auto lib = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
       be.set_moe_prefill_library(false);
@@ -107,10 +109,10 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
       ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
-      // Both grouped kernels (TERN_MOE_GROUPED=mma | wgmma) against both, and against each other: the same bf16
+      // Both grouped kernels (TERN_MOE_GROUPED unset | wgmma; kernel 2: wgmma with 96-pair tiles by
+      // TERN_MOE_WGMMA_N, ragged tiles of another width) against both, and against each other: the same bf16
       // operands and f32 sums in another order (h's bf16 rounding may flip for a few values), so far under the
       // bf16 tolerance.
-      // kernel 2: the wgmma kernels with 96-pair tiles (TERN_MOE_WGMMA_N; ragged tiles of another width).
       Tensor got[3];
       for (int kernel = 0; kernel < 3; ++kernel) {
         const bool wgmma = kernel >= 1;
