@@ -315,8 +315,8 @@ __device__ __forceinline__ WgTileAt wg_tile_at(const WgArgs& a, int nj, int64_t 
 // (one RingCursor over the whole walk), so the copies of a tile's first stages overlap the previous epilogue.
 template <WFmt F, bool UP, int NT>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
-  using Tile = WgTile<NT>;
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
+  using Tile = WgTile<NT>;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(128) uint8_t smem[];
 
