@@ -6,12 +6,12 @@
 // Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
 // first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7) and a
 // producer warpgroup whose first warp (8) copies. A tile is 256 weight rows x NT pairs of one expert (NT =
-// 128 by default; 64, 96, 112 by TERN_MOE_WGMMA_N); warpgroup wg owns weight rows 128 wg .. 128 wg + 127 as
-// two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma m64nNTk16, NT/2 f32 accumulators a slab a
-// thread). K = 128 columns a stage; a stage is 256 weight rows x 64 FP4 bytes (16 KB) + NT pairs x 128 bf16
-// (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep mbarrier ring (bulk_pipe.cuh's BulkRing); the
-// scale bytes (4 or 8 a row a stage, under the bulk copies' 16-byte unit) are read by the consumers from
-// global memory one stage ahead.
+// 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns weight rows 128
+// wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma m64nNTk16, NT/2 f32
+// accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64 FP4 bytes (16 KB) +
+// NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep mbarrier ring
+// (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies' 16-byte unit) are
+// read by the consumers from global memory one stage ahead.
 //
 // Activation layout ("planes"): the gather (and the up kernel, for h) store a [rows, K] bf16 matrix as
 // K/8 planes of [rows][8]: element (r, c) at ((c / 8) * rows + r) * 8 + c % 8, where c is the STORED column.
@@ -581,10 +581,23 @@ bool moe_grouped_wgmma_selected() {
   return v != nullptr && std::strcmp(v, "wgmma") == 0;
 }
 
-int moe_grouped_wgmma_tile_pairs() {
-  const char* v = std::getenv("TERN_MOE_WGMMA_N");
-  const int n = v != nullptr ? std::atoi(v) : 128;
-  return n == 64 || n == 96 || n == 112 ? n : 128;
+int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
+  if (const char* v = std::getenv("TERN_MOE_WGMMA_N")) {
+    const int n = std::atoi(v);
+    if (n == 64 || n == 96 || n == 112 || n == 128) return n;
+  }
+  if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
+  // The width whose whole tiles best cover an expert's pairs at the mean plus 10% (most experts of a uniform
+  // routing: 8K tokens of V4-Flash, mean 192, take 2 x 112); ties to the wider tile (fewer weight reads).
+  const int64_t P = p.T * p.k, mean = P / std::max<int64_t>(1, std::min<int64_t>(P, p.E));
+  const int64_t want = std::max<int64_t>(1, mean + mean / 10);
+  int best = 128;
+  int64_t best_cover = (want + 127) / 128 * 128;
+  for (int n : {112, 96, 64}) {
+    const int64_t cover = (want + n - 1) / n * n;
+    if (cover < best_cover) best = n, best_cover = cover;
+  }
+  return best;
 }
 
 int64_t moe_grouped_rows(const MoeParams& p) {
@@ -592,23 +605,33 @@ int64_t moe_grouped_rows(const MoeParams& p) {
 }
 
 const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
-  static const char* const names[2][4] = {
+  static const char* const names[2][5] = {
       {"moe_grouped_wgmma_kernel mxfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
        "moe_grouped_wgmma_kernel mxfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
        "moe_grouped_wgmma_kernel mxfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)"},
+       "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
+       "A "
+       "registers, x by bulk copy)"},
       {"moe_grouped_wgmma_kernel nvfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
        "moe_grouped_wgmma_kernel nvfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
        "moe_grouped_wgmma_kernel nvfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)"}};
-  const int n = moe_grouped_wgmma_tile_pairs();
-  return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64 ? 0 : n == 96 ? 1 : n == 112 ? 2 : 3];
+       "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
+       "A "
+       "registers, x by bulk copy)"}};
+  const int n = moe_grouped_wgmma_tile_pairs(p);
+  return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64    ? 0
+                                                    : n == 96  ? 1
+                                                    : n == 112 ? 2
+                                                    : n == 128 ? 3
+                                                               : 4];
 }
 
 void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k, rows = moe_grouped_rows(p);
   if (P == 0) return;
-  const int nt = moe_grouped_wgmma_tile_pairs();
+  const int nt = moe_grouped_wgmma_tile_pairs(p);
   launch(dev::moe_grouped_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0,
          stream, p.x, b.sorted, P, p.k, p.D, rows, b.xs);
   launch(dev::moe_grouped_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);

@@ -14,9 +14,10 @@ namespace tern::cuda {
 
 // TERN_MOE_GROUPED=wgmma (read at each call, so tests and benchmarks can switch).
 bool moe_grouped_wgmma_selected();
-// Pairs a tile (wgmma N): TERN_MOE_WGMMA_N = 64, 96, 112 or 128 (default 128), for A/B runs; fewer pairs pad
-// less of an expert's last tile and read the weights more often.
-int moe_grouped_wgmma_tile_pairs();
+// Pairs a tile (wgmma N: 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
+// per expert (0 when p.E == 0, a shape-only query). Narrower tiles pad less of an expert's last tile and read
+// the weights more often.
+int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
 // Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
 int64_t moe_grouped_rows(const MoeParams& p);
 const char* moe_grouped_wgmma_path_name(const MoeParams& p);
