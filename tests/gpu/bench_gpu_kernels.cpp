@@ -187,11 +187,13 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const auto call = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); };
     const double cublas_us = be.library_gemm_us(P, 3 * inter, D, false, 10);
     be.set_moe_prefill_library(false);
-    const double grouped_us = cuda::time_device(call, 2, 10).median_us;
-    const std::string path = be.moe_path(experts[0].w1, T);
-    // The wgmma kernels (TERN_MOE_GROUPED=wgmma, read at each call) beside the mma.sync ones.
+    // The mma.sync kernels, then the wgmma ones (TERN_MOE_GROUPED=wgmma, read at each call; TERN_MOE_WGMMA_N as
+    // the caller set it); the variable is restored after.
     const char* was = std::getenv("TERN_MOE_GROUPED");
     const std::string saved = was != nullptr ? was : "";
+    unsetenv("TERN_MOE_GROUPED");
+    const double grouped_us = cuda::time_device(call, 2, 10).median_us;
+    const std::string path = be.moe_path(experts[0].w1, T);
     setenv("TERN_MOE_GROUPED", "wgmma", 1);
     const double wgmma_us = cuda::time_device(call, 2, 10).median_us;
     const std::string wgmma_path = be.moe_path(experts[0].w1, T);
