@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -189,6 +190,11 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const auto call = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); };
     const double cublas_us = be.library_gemm_us(P, 3 * inter, D, false, 10);
     be.set_moe_prefill_library(false);
+    // The mma.sync tile configurations, then the wgmma kernel (TERN_MOE_GROUPED=wgmma, read at each call;
+    // TERN_MOE_WGMMA_N as the caller set it); the variable and the tile configuration are restored after.
+    const char* was = std::getenv("TERN_MOE_GROUPED");
+    const std::string saved = was != nullptr ? was : "";
+    unsetenv("TERN_MOE_GROUPED");
     const int saved_tile = cuda::moe_grouped_tile_config();
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileOld);
     const double old_us = cuda::time_device(call, 2, 10).median_us;
@@ -198,6 +204,11 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(saved_tile);
     const std::string path = be.moe_path(experts[0].w1, T);
+    setenv("TERN_MOE_GROUPED", "wgmma", 1);
+    const double wgmma_us = cuda::time_device(call, 2, 10).median_us;
+    const std::string wgmma_path = be.moe_path(experts[0].w1, T);
+    if (was != nullptr) setenv("TERN_MOE_GROUPED", saved.c_str(), 1);
+    else unsetenv("TERN_MOE_GROUPED");
     be.set_moe_prefill_library(true);
     const double library_us = cuda::time_device(call, 1, 5).median_us;
     be.set_moe_prefill_library(false);
@@ -205,6 +216,7 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     report(cat("moe_prefill grouped (", fmt, ")"), shape, grouped_us, grouped_us, bytes);
     report(cat("moe_prefill grouped tile old (", fmt, ")"), shape, old_us, old_us, bytes);
     report(cat("moe_prefill grouped tile 128x128 (", fmt, ")"), shape, narrow_us, narrow_us, bytes);
+    report(cat("moe_prefill grouped wgmma (", fmt, ")"), shape, wgmma_us, wgmma_us, bytes);
     report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
     const auto tflops = [&](double us) { return flop / (us * 1e6); };
     std::printf("  moe_prefill %s T=%lld: grouped %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16 %.0f TFLOP/s, %.0f us), "
@@ -214,6 +226,9 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
                 tflops(cublas_us), cublas_us, library_us, tflops(library_us), bytes / (g_copy_gbs * 1e3),
                 grouped_us / (bytes / (g_copy_gbs * 1e3)), old_us, tflops(old_us), old_us / grouped_us, narrow_us,
                 tflops(narrow_us), path.c_str());
+    std::printf("  moe_prefill %s T=%lld: wgmma %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16)\n  (wgmma path: %s)\n",
+                fmt.c_str(), static_cast<long long>(T), wgmma_us, tflops(wgmma_us), 100.0 * cublas_us / wgmma_us,
+                wgmma_path.c_str());
   }
 }
 

@@ -1,4 +1,5 @@
-// GPU vs CPU: the grouped FP4 MoE kernels (kernels/moe_grouped.cuh) that prefill chunks' routed experts take
+// GPU vs CPU: the grouped FP4 MoE kernels (kernels/moe_grouped.cuh, and the wgmma ones of moe_grouped_wgmma.cuh
+// under TERN_MOE_GROUPED=wgmma, also against the mma.sync ones) that prefill chunks' routed experts take
 // (>= the library threshold of tokens, MXFP4 / NVFP4 experts), at every expert of the real model: against the
 // CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
 // reference of those rows alone is theirs in the batch), and against the older library path
@@ -6,6 +7,7 @@
 // the 128 x 256 and 128 x 128 tiles and the old 32 / 64-pair ones), which must also agree bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -25,6 +27,13 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
   void TearDown() override {
     if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
     cuda::set_moe_grouped_tile_config(saved_tile_);
+    set_grouped_kernel(false);
+  }
+  // run_grouped_moe reads TERN_MOE_GROUPED at each call: wgmma or (unset) the mma.sync kernels.
+  static void set_grouped_kernel(bool wgmma) {
+    if (wgmma) setenv("TERN_MOE_GROUPED", "wgmma", 1);
+    else unsetenv("TERN_MOE_GROUPED");
+    unsetenv("TERN_MOE_WGMMA_N");
   }
   int saved_tile_ = cuda::moe_grouped_tile_config();
 };
@@ -89,6 +98,8 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx = random_picks(T, E, k, run.skew, r);
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      const std::string base =
+          cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "");
 
       // The CPU reference of 40 random tokens and the first and last.
       std::vector<int64_t> rows = {0, T - 1};
@@ -99,7 +110,9 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
 
       // The library path on every token.
       be.set_moe_prefill_library(true);
-      EXPECT_EQ(be.moe_path(dexp[0].w1, T).find("moe_grouped_kernel"), std::string::npos);
+      const std::string lib_path = be.moe_path(dexp[0].w1, T);
+      EXPECT_EQ(lib_path.find("moe_grouped_kernel"), std::string::npos) << lib_path;
+      EXPECT_EQ(lib_path.find("moe_grouped_wgmma_kernel"), std::string::npos) << lib_path;
       auto lib = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
       be.set_moe_prefill_library(false);
@@ -129,6 +142,23 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
             << "moe grouped " << ops::weight_format_name(f) << " T=" << T << (run.skew ? " skewed" : "")
             << ": tile config " << config_names[c] << " differs from the default in some bits (both are checked "
             << "against the library above)";
+
+      // The wgmma kernel (TERN_MOE_GROUPED=wgmma; second run: 96-pair tiles by TERN_MOE_WGMMA_N, ragged tiles of
+      // another width) against the CPU, the library and the default mma.sync tiles: the same bf16 operands and
+      // f32 sums in another order (h's bf16 rounding may flip for a few values), so far under the bf16 tolerance.
+      for (int run_n = 0; run_n < 2; ++run_n) {
+        set_grouped_kernel(true);
+        if (run_n == 1) setenv("TERN_MOE_WGMMA_N", "96", 1);
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat(base, run_n == 1 ? " 96-pair tiles" : "", " (", path, ")");
+        EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        expect_close(upload(rows_of(cuda::to_host(out), rows)), ref, kTolBf16, what + " vs cpu");
+        expect_close(out, lib_host, 1e-3, what + " vs library");
+        expect_close(out, got[0], 1e-3, what + " vs mma.sync");
+      }
+      set_grouped_kernel(false);
     }
   }
   be.check_device_errors();

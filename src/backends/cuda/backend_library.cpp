@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 
 namespace tern::cuda {
 
@@ -165,7 +166,8 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
   Carve c;
   const size_t sorted_at = c.take(P * 4), pos_at = c.take(P * 4), jobs_at = c.take(max_jobs * 3 * 4),
                num_at = c.take(4), counts_at = c.take(moe_sort_count_ints(P, p.E) * 4),
-               tiles_at = c.take((p.E + 1) * 4), xs_at = c.take(P * p.D * 2), h_at = c.take(P * p.inter * 2),
+               tiles_at = c.take((p.E + 1) * 4), xs_at = c.take(moe_grouped_rows(p) * p.D * 2),
+               h_at = c.take(moe_grouped_rows(p) * p.inter * 2),
                y_at = c.take(P * p.D * 4);
   char* ws = static_cast<char*>(impl.scratch(c.used));
   MoeGroupedBuffers b;
@@ -180,7 +182,9 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
   launch_moe_sort(p, reinterpret_cast<int*>(ws + counts_at), reinterpret_cast<int*>(ws + sorted_at), pos,
                   reinterpret_cast<int*>(ws + jobs_at), reinterpret_cast<int*>(ws + num_at), s);
   check_launch("moe_sort");
-  launch_moe_grouped(p, b, s);
+  // TERN_MOE_GROUPED=wgmma: the wgmma kernels (moe_grouped_wgmma.cuh), A/B against the mma.sync ones.
+  if (moe_grouped_wgmma_selected()) launch_moe_grouped_wgmma(p, b, s);
+  else launch_moe_grouped(p, b, s);
   check_launch("moe_grouped");
   launch_moe_combine(p, b.y, pos, s);
   check_launch("moe_combine");

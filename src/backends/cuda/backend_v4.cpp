@@ -8,6 +8,7 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 
 namespace tern::cuda {
 
@@ -334,7 +335,7 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
   p.variant = impl_->moe_variant;
   // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
   if (impl_->library_for(T) && !impl_->moe_prefill_library && moe_grouped_supported(p))
-    return moe_grouped_path_name(p);
+    return moe_grouped_wgmma_selected() ? moe_grouped_wgmma_path_name(p) : moe_grouped_path_name(p);
   return moe_path_name(p);
 }
 

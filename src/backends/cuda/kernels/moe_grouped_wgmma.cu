@@ -1,0 +1,644 @@
+// The wgmma (sm_90a warpgroup MMA) form of the grouped FP4 expert GEMMs (moe_grouped_wgmma.cuh): the same
+// plan, tile table scheme, SwiGLU and combine as moe_grouped.cu, with the products transposed (D^T = W x^T)
+// so that the FP4 weights, decoded in registers, are wgmma's A operand (A may come from registers, B only
+// from shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
+//
+// Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
+// first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7) and a
+// producer warpgroup whose first warp (8) copies. A tile is 256 weight rows x NT pairs of one expert (NT =
+// 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns weight rows 128
+// wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma m64nNTk16, NT/2 f32
+// accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64 FP4 bytes (16 KB) +
+// NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep mbarrier ring
+// (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies' 16-byte unit) are
+// read by the consumers from global memory one stage ahead.
+//
+// Activation layout ("planes"): the gather (and the up kernel, for h) store a [rows, K] bf16 matrix as
+// K/8 planes of [rows][8]: element (r, c) at ((c / 8) * rows + r) * 8 + c % 8, where c is the STORED column.
+// Then the NT pairs x 8 columns of one plane are one contiguous run of NT x 16 bytes (one bulk copy for any
+// first pair), and in shared memory plane c of the stage sits at c * NT * 16: core matrices (8 pairs x 16
+// bytes) are contiguous 128-byte blocks, 128 bytes apart along N (the descriptor's stride byte offset) and
+// NT * 16 bytes apart along K (leading byte offset): the no-swizzle K-major layout. rows = P + kWgMaxTok: a
+// tile's last pairs may run past P (their columns of D are never stored; column n of D^T depends only on pair
+// n, so whatever those rows hold cannot reach a stored value).
+//
+// K order. wgmma's A fragment is the mma.m16n8k16 one (per warp, its 16-row slab): lane (g, t) holds in reg
+// 0 / 1 rows g / g+8 at k slots 2t, 2t+1, in reg 2 / 3 the same rows at slots 2t+8, 2t+9. A lane decodes its
+// own 16 contiguous FP4 bytes of each row (physical columns 32t .. 32t+31 of the stage): k-step s takes word
+// s/2, nibble pair 2(s%2) for slots 2t, 2t+1 and pair 2(s%2)+1 for 2t+8, 2t+9 (mma_tile.cuh's e2m1x2
+// decoders: pair i = nibbles i, i+4). So stored column 16 s + 8 q + 2 t + j of a 128-column block holds
+// physical column 32 t + 8 (s/2) + 2 (s%2) + q + 4 j (wg_physical), and B's k slots follow the stored order.
+//
+// Up: slab row 16 sigma + r (sigma = 4 (2 wg + mt) + warp) is w1 row (r < 8) or w3 row (r >= 8) number
+// n_tile * 128 + 8 sigma + r % 8, so a thread's accumulators of rows g and g+8 are gate and up of one h
+// column and SwiGLU runs in registers. Down: slab rows are w2 rows n_tile * 256 + row.
+// Weights enter as W * 2^-16 (mma_tile.cuh) and the sums are scaled by 2^16 and NVFP4's global scales.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/kernels/bulk_pipe.cuh"
+#include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/launch.cuh"
+#include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
+
+namespace tern::cuda {
+namespace dev {
+namespace {
+
+constexpr int kWgK = 128;                      // K columns a stage
+constexpr int kWgMaxTok = 128;                 // most pairs a tile (wgmma N; 64, 96, 112 or 128)
+constexpr int kWgRows = 256;                   // weight rows a tile (2 warpgroups x 2 m64 slabs)
+constexpr int kWgStages = 4;                   // ring depth
+constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4
+// A tile of NT pairs: one plane of the x tile is NT pairs x 8 bf16; a stage 16 KB of FP4 + NT x 256 bytes.
+template <int NT>
+struct WgTile {
+  static_assert(NT % 8 == 0 && NT >= 64 && NT <= kWgMaxTok);
+  static constexpr int kPlane = NT * 16;
+  static constexpr int kStage = kWgWBytes + NT * kWgK * 2;
+  static constexpr int kSmem = kWgStages * kStage + 2 * kWgStages * 8;
+  // Up: h of the tile (16 planes x NT pairs x 8 bf16) staged after the ring and its barriers.
+  static constexpr int kHStage = kSmem;
+  static constexpr int kSmemUp = kSmem + 16 * NT * 16;
+  static_assert(kSmemUp <= 227 * 1024);
+};
+constexpr int kWgConsumerWarps = 8;
+// A whole producer warpgroup (only its first warp copies): setmaxnreg works per warpgroup, and moves its
+// registers to the consumers (128 x 40 + 256 x 232 <= 64 K), whose 128 accumulators need them.
+constexpr int kWgThreads = (kWgConsumerWarps + 4) * 32;
+constexpr int kWgProducerRegs = 40, kWgConsumerRegs = 232;
+
+// Stored position p (0..127) of a 128-column block -> the physical column it holds, and the inverse.
+__host__ __device__ constexpr int wg_physical(int p) {
+  const int s = p >> 4, q = (p >> 3) & 1, t = (p >> 1) & 3, j = p & 1;
+  return 32 * t + 8 * (s >> 1) + 2 * (s & 1) + q + 4 * j;
+}
+__host__ __device__ constexpr int wg_stored(int c) {
+  const int t = c >> 5, a = (c >> 3) & 3, j = (c >> 2) & 1, b = (c >> 1) & 1, q = c & 1;
+  return 16 * (2 * a + b) + 8 * q + 2 * t + j;
+}
+__host__ __device__ constexpr bool wg_permutation_ok() {
+  for (int p = 0; p < 128; ++p)
+    if (wg_stored(p) < 0 || wg_stored(p) > 127 || wg_physical(wg_stored(p)) != p ||
+        wg_stored(wg_physical(p)) != p)
+      return false;
+  // The decode: k-step s, lane t, slot pair q (0: 2t,2t+1; 1: 2t+8,2t+9), half j reads nibble 2(s%2) + q + 4j
+  // of word s/2 of the lane's 16 bytes, i.e. physical column 32t + 8(s/2) + 2(s%2) + q + 4j.
+  for (int s = 0; s < 8; ++s)
+    for (int t = 0; t < 4; ++t)
+      for (int q = 0; q < 2; ++q)
+        for (int j = 0; j < 2; ++j)
+          if (wg_physical(16 * s + 8 * q + 2 * t + j) != 32 * t + 8 * (s / 2) + 2 * (s % 2) + q + 4 * j)
+            return false;
+  return true;
+}
+static_assert(wg_permutation_ok());
+
+// Shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (M/N) byte offsets, >> 4 each.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
+template <int N>
+__device__ __forceinline__ void wg_fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, K-major, descriptor): scale-d 1,
+// no negation, B not transposed.
+template <int N>
+__device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_k16<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<96>(float (&d)[48], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "{%48,%49,%50,%51}, %52, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<112>(float (&d)[56], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %61, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
+      "52,%53,%54,%55}, {%56,%57,%58,%59}, %60, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+      "27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%"
+      "52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+struct WgArgs {
+  const ExpertDesc* experts;
+  const int* jobs;
+  const int* num_jobs;
+  const int* tile_first;  // m-tiles of NT pairs before each job
+  const uint16_t* a;      // planes [K/8][rows][8] (gathered x for up, h for down)
+  int64_t rows;           // rows of a and h
+  int64_t K, N;           // N: rows of one weight matrix (up: inter, down: D)
+  int n_tiles;
+  float limit;
+  uint16_t* h;  // up: planes [inter/8][rows][8]
+  float* y;     // down: [P, D] by sorted slot
+};
+
+// xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
+// decode): the 32 physical columns 32t .. 32t+31 become one 32-bit word (stored j = 0, 1) in each of the
+// block's 16 planes; 4 consecutive threads fill 16 bytes of a plane row, 8 slots of a warp 128 contiguous
+// bytes.
+__global__ void moe_grouped_wgmma_gather_kernel(const float* x, const int* sorted, int64_t P, int k,
+                                                int64_t D, int64_t rows, uint16_t* xw) {
+  pdl_prologue();
+  const int64_t n = (D / kWgK) * P * 4;
+  uint32_t* out = reinterpret_cast<uint32_t*>(xw);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(i & 3);
+    const int64_t sb = i >> 2, kb = sb / P, slot = sb - kb * P;
+    // Slots past the plan's pairs (a pair with an invalid expert) are never stored from; stale sorted[].
+    const int pair = sorted[slot];
+    const bool valid = pair >= 0 && pair < P;
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(valid ? pair / k : 0) * D +
+                                                        kb * kWgK + 32 * t);
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float4 f = valid ? src[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+    // Physical 32t + 8a + 4j + 2b + q -> stored 16(2a + b) + 8q + 2t + j: plane 2(2a + b) + q, word t.
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int64_t plane = kb * 16 + 2 * (2 * a + b) + q;
+          out[(plane * rows + slot) * 4 + t] = pack_bf16(v[8 * a + 2 * b + q], v[8 * a + 4 + 2 * b + q]);
+        }
+  }
+}
+
+// One warp: tile_first[j] = sum over jobs i < j of ceil(count_i / bm); tile_first[num_jobs] = the total.
+__global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_jobs, int bm,
+                                               int* tile_first) {
+  pdl_prologue();
+  const int nj = *num_jobs, lane = threadIdx.x;
+  int base = 0;
+  for (int j0 = 0; j0 < nj; j0 += 32) {
+    const int j = j0 + lane;
+    const int m = j < nj ? (jobs[3 * j + 2] + bm - 1) / bm : 0;
+    int incl = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (j < nj) tile_first[j] = base + incl - m;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) tile_first[nj] = base;
+}
+
+// Weight matrix (ExpertDesc order: w1, w2, w3) and row of tile row m (0..255); clamped rows past the matrix
+// are read but never stored.
+template <bool UP>
+__device__ __forceinline__ int64_t wg_weight_row(int m, int n_tile, int64_t N, int& which) {
+  int64_t row;
+  if constexpr (UP) {
+    which = (m & 8) ? 2 : 0;
+    row = static_cast<int64_t>(n_tile) * (kWgRows / 2) + 8 * (m >> 4) + (m & 7);
+  } else {
+    which = 1;
+    row = static_cast<int64_t>(n_tile) * kWgRows + m;
+  }
+  return min(row, N - 1);
+}
+
+// Tile t_id of the plan (t_id < tile_first[nj] * n_tiles): its job's expert, first slot and pair count, its
+// n-tile and first pair. Within a job m is fastest, so the blocks sharing a weight tile run side by side.
+struct WgTileAt {
+  int e, first, count, n_tile, row0;
+};
+__device__ __forceinline__ WgTileAt wg_tile_at(const WgArgs& a, int nj, int64_t t_id, int nt) {
+  int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before t_id (every job has >= 1 m-tile)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (static_cast<int64_t>(a.tile_first[mid]) * a.n_tiles <= t_id)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int m_tiles = a.tile_first[lo + 1] - a.tile_first[lo];
+  const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[lo]) * a.n_tiles);
+  return WgTileAt{a.jobs[3 * lo], a.jobs[3 * lo + 1], a.jobs[3 * lo + 2], local / m_tiles,
+                  (local % m_tiles) * nt};
+}
+
+// Persistent: block b takes tiles b, b + gridDim.x, ... Producer and consumers walk the same tiles and stages
+// (one RingCursor over the whole walk), so the copies of a tile's first stages overlap the previous epilogue.
+template <WFmt F, bool UP, int NT>
+__global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
+  grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
+  using Tile = WgTile<NT>;
+  constexpr bool kNv = F == WFmt::nvfp4;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int nj = *a.num_jobs;
+  const int64_t tiles = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles;
+  if (static_cast<int64_t>(blockIdx.x) >= tiles) return;  // no tile for this block (uniform)
+  const int64_t K = a.K, N = a.N;
+  const int kblocks = static_cast<int>(K / kWgK);
+
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kWgStages * Tile::kStage);
+  const BulkRing ring{bars, bars + kWgStages, kWgStages};
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    ring.init(kWgConsumerWarps);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // Producer: lane l of the producer warpgroup's first warp copies tile rows l + 32 i and (l < 16) x plane l.
+  if (warp >= kWgConsumerWarps) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
+    if (warp != kWgConsumerWarps) return;
+    RingCursor c;
+    for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
+      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+      const ExpertDesc& ed = a.experts[tl.e];
+      const uint8_t* wsrc[kWgRows / 32];
+#pragma unroll
+      for (int i = 0; i < kWgRows / 32; ++i) {
+        int which;
+        const int64_t row = wg_weight_row<UP>(lane + 32 * i, tl.n_tile, N, which);
+        wsrc[i] = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
+      }
+      const uint16_t* xsrc = a.a + (static_cast<int64_t>(lane & 15) * a.rows + tl.first + tl.row0) * 8;
+      for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
+        ring.wait_free_at(c.slot, c.parity);
+        if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], Tile::kStage);
+        __syncwarp();
+        uint8_t* st = smem + c.slot * Tile::kStage;
+#pragma unroll
+        for (int i = 0; i < kWgRows / 32; ++i)
+          bulk_copy_g2s(st + (lane + 32 * i) * (kWgK / 2), wsrc[i] + static_cast<int64_t>(kb) * (kWgK / 2),
+                        kWgK / 2, &ring.full[c.slot]);
+        if (lane < 16)
+          bulk_copy_g2s(st + kWgWBytes + lane * Tile::kPlane,
+                        xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, &ring.full[c.slot]);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kWgConsumerRegs));
+  // Consumers. Thread (wg, warp w, g, t) holds tile rows 128 wg + 64 mt + 16 w + 8 h + g (mt, h = 0, 1).
+  const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
+  const int64_t s_row_bytes = kNv ? K / 16 : K / 32;
+  RingCursor c;
+  for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
+    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+    const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
+    const ExpertDesc& ed = a.experts[tl.e];
+    const uint8_t* srow[2][2];
+    int mrow[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
+        int which;
+        const int64_t row = wg_weight_row<UP>(mrow[mt][h], n_tile, N, which);
+        srow[mt][h] = static_cast<const uint8_t*>(ed.s[which]) + row * s_row_bytes + (kNv ? 2 * t : t);
+      }
+    // This lane's scale bytes of a stage: mxfp4 one e8m0 (its 32 columns), nvfp4 two ue4m3 (16 columns each).
+    auto load_scales = [&](int kb, uint32_t(&sc)[2][2]) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kNv)
+            sc[mt][h] = __ldg(reinterpret_cast<const uint16_t*>(srow[mt][h] + static_cast<int64_t>(kb) * 8));
+          else
+            sc[mt][h] = __ldg(srow[mt][h] + static_cast<int64_t>(kb) * 4);
+        }
+    };
+
+    float acc[2][NT / 2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
+
+    uint32_t sc[2][2];
+    load_scales(0, sc);
+    for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
+      uint32_t sc_next[2][2];
+      load_scales(kb + 1 < kblocks ? kb + 1 : kb, sc_next);
+      uint32_t mult[2][2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kNv)
+            ue4m3x2_mult_bf16x2(sc[mt][h], mult[mt][h]);
+          else
+            mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[mt][h]);
+        }
+      ring.wait_full_at(c.slot, c.parity);
+      const uint8_t* st = smem + c.slot * Tile::kStage;
+      uint4 wraw[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wraw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
+      const uint32_t xaddr = smem_addr(st + kWgWBytes);
+      static_for<8>([&](auto s_c) {
+        constexpr int s = decltype(s_c)::value;
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t word = word_of(wraw[mt][h], s / 2), m = mult[mt][h][s / 4];
+            af[mt][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2)>(word), m);          // slots 2t, 2t+1
+            af[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
+          }
+        // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
+        const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_fence();
+        wgmma_k16<NT>(acc[0], af[0], desc);
+        wgmma_k16<NT>(acc[1], af[1], desc);
+        wg_commit();
+        wg_fence_acc(acc[0]);
+        wg_fence_acc(acc[1]);
+        wg_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
+      });
+      wg_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
+      wg_fence_acc(acc[0]);
+      wg_fence_acc(acc[1]);
+      ring.release_at(c.slot);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) sc[mt][h] = sc_next[mt][h];
+    }
+    // Accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) % 2), pair 8 (i / 4) + 2 t + i % 2.
+    if constexpr (UP) {
+      const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
+      const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
+      // The block's 128 h columns are one 128-column block of h (inter % 128 == 0: moe_grouped_supported),
+      // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h. Staged in shared memory (a
+      // thread's values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs
+      // only.
+      uint16_t* hs = reinterpret_cast<uint16_t*>(smem + Tile::kHStage);
+      // Every consumer thread is done copying out the previous tile's h.
+      named_bar_sync(1, kWgConsumerWarps * 32);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int p = wg_stored(8 * (4 * (2 * wg + mt) + w) + g);
+        uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
+#pragma unroll
+        for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
+            const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+            hp[(8 * j + 2 * t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+          }
+      }
+      named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
+      const uint4* src = reinterpret_cast<const uint4*>(hs);
+      for (int i = tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
+        const int plane = i / NT, n = i - plane * NT;
+        if (row0 + n < count)
+          *reinterpret_cast<uint4*>(
+              a.h + ((static_cast<int64_t>(n_tile) * 16 + plane) * a.rows + first + row0 + n) * 8) = src[i];
+      }
+    } else {
+      const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t col = static_cast<int64_t>(n_tile) * kWgRows + mrow[mt][h];
+          if (col >= N) continue;
+#pragma unroll
+          for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              const int r = row0 + 8 * j + 2 * t + e2;
+              if (r < count)
+                a.y[static_cast<int64_t>(first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
+            }
+        }
+    }
+  }
+  grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
+}
+
+template <WFmt F, bool UP, int NT>
+void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  constexpr int kSmem = UP ? WgTile<NT>::kSmemUp : WgTile<NT>::kSmem;
+  static const bool attr = [] {
+    cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kSmem);
+    return true;
+  }();
+  (void)attr;
+  // One block per multiprocessor (persistent), fewer when the plan's bound has fewer tiles.
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, sms);
+  if (blocks == 0) return;
+  launch(moe_grouped_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+}
+
+template <WFmt F, int NT>
+void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
+  const int64_t P = p.T * p.k;
+  // sum over jobs of ceil(count / NT) <= P / NT + jobs: the grid's bound without reading the plan back
+  const int64_t m_bound = (P + NT - 1) / NT + std::min<int64_t>(P, p.E);
+  WgArgs a{p.experts,    b.jobs,  b.num_jobs,
+           b.tile_first, b.xs,    rows,
+           p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
+           p.limit,      b.h,     b.y};
+  launch_wgmma<F, true, NT>(a, m_bound, stream);
+  a.a = b.h;
+  a.K = p.inter;
+  a.N = p.D;
+  a.n_tiles = static_cast<int>((p.D + kWgRows - 1) / kWgRows);
+  launch_wgmma<F, false, NT>(a, m_bound, stream);
+}
+
+template <WFmt F>
+void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows,
+                      cudaStream_t stream) {
+  switch (nt) {
+    case 64:
+      launch_up_down<F, 64>(p, b, rows, stream);
+      break;
+    case 96:
+      launch_up_down<F, 96>(p, b, rows, stream);
+      break;
+    case 112:
+      launch_up_down<F, 112>(p, b, rows, stream);
+      break;
+    default:
+      launch_up_down<F, 128>(p, b, rows, stream);
+      break;
+  }
+}
+
+}  // namespace
+}  // namespace dev
+
+bool moe_grouped_wgmma_selected() {
+  const char* v = std::getenv("TERN_MOE_GROUPED");
+  return v != nullptr && std::strcmp(v, "wgmma") == 0;
+}
+
+int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
+  if (const char* v = std::getenv("TERN_MOE_WGMMA_N")) {
+    const int n = std::atoi(v);
+    if (n == 64 || n == 96 || n == 112 || n == 128) return n;
+  }
+  if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
+  // The width whose whole tiles best cover an expert's pairs at the mean plus 10% (most experts of a uniform
+  // routing: 8K tokens of V4-Flash, mean 192, take 2 x 112); ties to the wider tile (fewer weight reads).
+  const int64_t P = p.T * p.k, mean = P / std::max<int64_t>(1, std::min<int64_t>(P, p.E));
+  const int64_t want = std::max<int64_t>(1, mean + mean / 10);
+  int best = 128;
+  int64_t best_cover = (want + 127) / 128 * 128;
+  for (int n : {112, 96, 64}) {
+    const int64_t cover = (want + n - 1) / n * n;
+    if (cover < best_cover) best = n, best_cover = cover;
+  }
+  return best;
+}
+
+int64_t moe_grouped_rows(const MoeParams& p) {
+  return p.T * p.k + dev::kWgMaxTok;
+}
+
+const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
+  static const char* const names[2][5] = {
+      {"moe_grouped_wgmma_kernel mxfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel mxfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
+       "A "
+       "registers, x by bulk copy)"},
+      {"moe_grouped_wgmma_kernel nvfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
+       "moe_grouped_wgmma_kernel nvfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
+       "A "
+       "registers, x by bulk copy)"}};
+  const int n = moe_grouped_wgmma_tile_pairs(p);
+  return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64    ? 0
+                                                    : n == 96  ? 1
+                                                    : n == 112 ? 2
+                                                    : n == 128 ? 3
+                                                               : 4];
+}
+
+void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
+  const int64_t P = p.T * p.k, rows = moe_grouped_rows(p);
+  if (P == 0) return;
+  const int nt = moe_grouped_wgmma_tile_pairs(p);
+  launch(dev::moe_grouped_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0,
+         stream, p.x, b.sorted, P, p.k, p.D, rows, b.xs);
+  launch(dev::moe_grouped_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
+  if (p.kind == WeightKind::nvfp4)
+    dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
+  else
+    dev::launch_up_down_n<dev::WFmt::mxfp4>(nt, p, b, rows, stream);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,28 @@
+// The grouped FP4 expert GEMMs of prefill chunks on wgmma (moe_grouped_wgmma.cu; host interface): the same
+// plan and buffers as moe_grouped.cuh's mma.sync kernels (MoeGroupedBuffers), another activation layout
+// (bf16 "planes", see the .cu) for xs and h, which therefore hold moe_grouped_rows(p) rows, not P.
+// Chosen by TERN_MOE_GROUPED=wgmma (default: the mma.sync kernels, TERN_MOE_GROUPED=mma or unset).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/kernels/moe_grouped.cuh"
+
+namespace tern::cuda {
+
+// TERN_MOE_GROUPED=wgmma (read at each call, so tests and benchmarks can switch).
+bool moe_grouped_wgmma_selected();
+// Pairs a tile (wgmma N: 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
+// per expert (0 when p.E == 0, a shape-only query). Narrower tiles pad less of an expert's last tile and read
+// the weights more often.
+int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
+// Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
+int64_t moe_grouped_rows(const MoeParams& p);
+const char* moe_grouped_wgmma_path_name(const MoeParams& p);
+// gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
+// Same conditions as launch_moe_grouped (moe_grouped_supported).
+void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream);
+
+}  // namespace tern::cuda
