@@ -415,7 +415,7 @@ void bench_attention_prefill(Rand& r) {
                           "% |"));
     }
   }
-  cuda::set_attention_prefill(true);  // version 1, the default
+  cuda::set_attention_prefill(true);  // the default version
   std::printf("\nprefill attention, one layer at %lld queries (graph us; TFLOP/s counts 2*heads*keys*(hd+hd) a "
               "query; ceiling %.0f TFLOP/s):\n| layer | chunk start | keys/query | kernel | us | TFLOP/s | %% of ceiling |\n"
               "|---|---:|---:|---|---:|---:|---:|\n",

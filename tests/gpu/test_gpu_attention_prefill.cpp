@@ -212,8 +212,8 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
   cuda::register_backend().check_device_errors();
 }
 
-// The op's choice of kernel: the selected prefill kernel (version 1 by default, 2 / 3 as
-// TERN_ATTENTION_PREFILL=2 / 3) for a chunk that takes the library GEMMs, the decode kernel under
+// The op's choice of kernel: the selected prefill kernel (version 3 by default, 1 / 2 as
+// TERN_ATTENTION_PREFILL=1 / 2) for a chunk that takes the library GEMMs, the decode kernel under
 // --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its
 // exact bits; decode mode never takes a prefill kernel.
 TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
@@ -245,7 +245,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
     cuda::AttentionPath path;
   };
   const Mode modes[] = {
-      {"default", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=1", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"--batch-invariant", true, 1, &old, cuda::AttentionPath::bf16_tensor_cores},
@@ -270,6 +270,8 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
     EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores) << "version " << version;
   }
   be.set_batch_invariant(saved_bi);
+  cuda::set_attention_prefill(true);  // the default: version 3 (measured fastest, session 9)
+  EXPECT_EQ(cuda::attention_prefill_version(), 3);
   cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
 }

@@ -217,8 +217,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
       "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "
-      "TERN_ATTENTION_PREFILL=0: attention_prefill_kernel, the same numerics, one block per query over all its "
-      "keys (no split, no merge); f32 rows (KV mode exact) and other shapes: attention_kernel + "
+      "TERN_ATTENTION_PREFILL=0: attention_prefill_wgmma_kernel (version 3: Hopper wgmma, the FP8 row decode "
+      "overlapping the S MMAs; TERN_ATTENTION_PREFILL=1 / 2: attention_prefill_kernel (mma.sync) / wgmma without "
+      "the overlap), the same numerics, one block per query over all its keys (no split, no merge); f32 rows (KV mode exact) and other shapes: attention_kernel + "
       "attention_combine_kernel, CUDA cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
       "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "
@@ -240,13 +241,13 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   if (!attention_prefill_enabled())
     paths.push_back("sparse_attention prefill kernel off (TERN_ATTENTION_PREFILL=0): every chunk runs "
                     "attention_mma_kernel");
-  if (attention_prefill_version() >= 2)
-    paths.push_back(attention_prefill_version() == 2
-                        ? "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
-                          "attention_prefill_wgmma_kernel (Hopper wgmma), the same numerics"
-                        : "sparse_attention prefill kernel version 3 (TERN_ATTENTION_PREFILL=3): "
-                          "attention_prefill_wgmma_kernel (Hopper wgmma) with the decode overlapping the MMAs, "
-                          "the same numerics");
+  if (attention_prefill_version() == 1 || attention_prefill_version() == 2)
+    paths.push_back(attention_prefill_version() == 1
+                        ? "sparse_attention prefill kernel version 1 (TERN_ATTENTION_PREFILL=1): "
+                          "attention_prefill_kernel (mma.sync), the same numerics"
+                        : "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
+                          "attention_prefill_wgmma_kernel (Hopper wgmma) without the overlapped decode, the same "
+                          "numerics");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

@@ -85,9 +85,9 @@ cudaError_t launch_attention_prefill_v1(const AttentionParams& p, cudaStream_t s
 size_t attention_prefill_wgmma_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream,
                                            bool overlap_decode = false);
-// TERN_ATTENTION_PREFILL: 0 keeps prefill chunks on attention_mma_kernel (A/B), 1 (default) version 1, 2 / 3
-// version 2 / 3; set_attention_prefill(on) selects 1 or 0 and set_attention_prefill_version any (benchmarks
-// and tests).
+// TERN_ATTENTION_PREFILL: 0 keeps prefill chunks on attention_mma_kernel (A/B), 1 version 1 (mma.sync), 2 / 3
+// version 2 / 3 (wgmma; 3, the default, overlaps the FP8 decode with the MMAs); set_attention_prefill(on)
+// selects the default or 0 and set_attention_prefill_version any (benchmarks and tests).
 bool attention_prefill_enabled();
 int attention_prefill_version();
 void set_attention_prefill(bool on);
