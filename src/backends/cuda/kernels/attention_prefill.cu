@@ -2,7 +2,7 @@
 // query covers all its heads (padded to 64 = 4 m-tiles of 16) and all its keys, in tiles of 64, with online
 // softmax and the sink, so no split, no cluster and no merge (attention_mma.cu, the decode kernel, cuts a
 // query over up to 5 blocks that each load q and meet in a DSMEM merge). Per query:
-//   - its keys' row addresses are looked up once per round of up to kRound keys (3 per thread: CSA's 128 +
+//   - its keys' row addresses are looked up once per round of up to kPrefillRound keys (3 per thread: CSA's 128 +
 //     512 and HCA's 128 + up to 640 keys are one round), in the key order of attention_keys.cuh;
 //   - q (128 KiB of f32 at 64 x 512) is rounded to bf16 into shared memory while the first tile's raw rows
 //     are in flight;
@@ -29,16 +29,13 @@
 #include <cstdlib>
 
 #include "backends/cuda/kernels/attention.cuh"
-#include "backends/cuda/kernels/attention_keys.cuh"
-#include "backends/cuda/kernels/attention_tile.cuh"
+#include "backends/cuda/kernels/attention_prefill_steps.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kLookups = 3;                      // row addresses a thread looks up per round
-constexpr int kRound = kLookups * kTileThreads;  // keys whose rows are looked up at once
 
 // Shared memory (dynamic), offsets in bytes.
 template <int HD>
@@ -47,8 +44,8 @@ struct PrefillSmem {
   static constexpr size_t kQ = 0;                                         // bf16 [kTileHeads][kRowStride]
   static constexpr size_t kK = kQ + size_t{kTileHeads} * kRowStride * 2;  // bf16 [kTileKeys][kRowStride]
   static constexpr size_t kP = kK + size_t{kTileKeys} * kRowStride * 2;   // bf16 [kTileHeads][kTilePStride]
-  static constexpr size_t kRows = kP + size_t{kTileHeads} * kTilePStride * 2;  // const uint8_t* [kRound]
-  static constexpr size_t kTmax = kRows + kRound * 8;                          // f32 [4][kTileHeads]
+  static constexpr size_t kRows = kP + size_t{kTileHeads} * kTilePStride * 2;  // const uint8_t* [kPrefillRound]
+  static constexpr size_t kTmax = kRows + kPrefillRound * 8;                          // f32 [4][kTileHeads]
   static constexpr size_t kLsum = kTmax + 4 * kTileHeads * 4;                  // f32 [4][kTileHeads]
   static constexpr size_t kMask = kLsum + 4 * kTileHeads * 4;                  // int [kTileKeys]
   static constexpr size_t kRaw = (kMask + kTileKeys * 4 + 127) / 128 * 128;    // 2 raw tiles
@@ -114,44 +111,20 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_prefill_kernel(Atte
   }
 
   int64_t tile = 0;  // tiles walked so far (the raw buffer of tile T is T % 2)
-  for (int64_t jr = 0; jr < total; jr += kRound) {
-    const int nr = static_cast<int>(min(static_cast<int64_t>(kRound), total - jr));
+  for (int64_t jr = 0; jr < total; jr += kPrefillRound) {
+    const int nr = static_cast<int>(min(static_cast<int64_t>(kPrefillRound), total - jr));
     const int tiles = (nr + kTileKeys - 1) / kTileKeys;
     // The round's row addresses (all lookups of a thread in flight together, then stored). No barrier
     // before: sRows was last read by the previous round's last decode, before its barrier B.
-    const uint8_t* found[kLookups];
-#pragma unroll
-    for (int u = 0; u < kLookups; ++u) {
-      const int r = tid + u * kTileThreads;
-      found[u] = r < nr ? key_row(a, i, kl, jr + r) : nullptr;
-    }
-#pragma unroll
-    for (int u = 0; u < kLookups; ++u) sRows[tid + u * kTileThreads] = found[u];
+    lookup_round(a, i, kl, jr, nr, tid, sRows);
     __syncthreads();
     // The round's first tile into raw buffer tile % 2 (last read by the decode of tile - 2, long done).
     issue_raw(sRows, min(kTileKeys, nr), a.fmt.row_bytes, sRaw + (tile & 1) * raw_bytes);
     if (jr == 0) {
       // q as bf16 (heads past a.heads are zeros) while the first tile's rows are in flight: kBatch float4 of
       // a thread loaded before any is stored, so 64 KiB of q is in flight per block.
-      const float4* src = reinterpret_cast<const float4*>(a.q + i * a.heads * HD);
-      constexpr int kPer = kTileHeads * HD / 4 / kTileThreads;  // float4 of padded q per thread
-      constexpr int kBatch = kPer < 16 ? kPer : 16;
-      static_assert(kPer % kBatch == 0, "q batches");
-#pragma unroll 1
-      for (int b0 = 0; b0 < kPer; b0 += kBatch) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int idx = tid + kTileThreads * (b0 + u), h = idx / (HD / 4);
-          v[u] = h < heads ? __ldg(src + idx) : make_float4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int idx = tid + kTileThreads * (b0 + u), h = idx / (HD / 4), c = idx % (HD / 4);
-          *reinterpret_cast<uint2*>(sQ + h * L::kRowStride + 4 * c) =
-              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
-        }
-      }
+      load_q_bf16<HD>(a, i, heads, tid, reinterpret_cast<uint8_t*>(sQ),
+                      [](int h, int d) { return (h * L::kRowStride + d) * 2; });
     }
     for (int tt = 0; tt < tiles; ++tt, ++tile) {
       const int nk = min(kTileKeys, nr - kTileKeys * tt);

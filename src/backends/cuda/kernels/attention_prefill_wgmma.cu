@@ -44,8 +44,7 @@
 #include <atomic>
 
 #include "backends/cuda/kernels/attention.cuh"
-#include "backends/cuda/kernels/attention_keys.cuh"
-#include "backends/cuda/kernels/attention_tile.cuh"
+#include "backends/cuda/kernels/attention_prefill_steps.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
 
@@ -53,8 +52,6 @@ namespace tern::cuda {
 namespace dev {
 namespace {
 
-constexpr int kLookups = 3;                      // row addresses a thread looks up per round
-constexpr int kRound = kLookups * kTileThreads;  // keys whose rows are looked up at once
 
 // Shared memory (dynamic, from a 1024-aligned base), offsets in bytes.
 template <int HD>
@@ -63,8 +60,8 @@ struct WgmmaSmem {
   static_assert(kTileHeads == 64 && kTileKeys == 64, "one m64 / n64 wgmma tile");
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kTile;
-  static constexpr size_t kRows = 2 * kTile;                                 // const uint8_t* [kRound]
-  static constexpr size_t kMask = kRows + kRound * 8;                        // int [kTileKeys]
+  static constexpr size_t kRows = 2 * kTile;                                 // const uint8_t* [kPrefillRound]
+  static constexpr size_t kMask = kRows + kPrefillRound * 8;                        // int [kTileKeys]
   static constexpr size_t kRaw = (kMask + kTileKeys * 4 + 127) / 128 * 128;  // 2 raw tiles
   static size_t total(int64_t row_bytes) { return kRaw + 2 * raw_tile_bytes(row_bytes) + 1024; }
 };
@@ -147,42 +144,17 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   l_run[0] = l_run[1] = 0.0f;
 
   int64_t tile = 0;  // tiles walked so far (the raw buffer of tile T is T % 2)
-  for (int64_t jr = 0; jr < total; jr += kRound) {
-    const int nr = static_cast<int>(min(static_cast<int64_t>(kRound), total - jr));
+  for (int64_t jr = 0; jr < total; jr += kPrefillRound) {
+    const int nr = static_cast<int>(min(static_cast<int64_t>(kPrefillRound), total - jr));
     const int tiles = (nr + kTileKeys - 1) / kTileKeys;
     // The round's row addresses. No barrier before: sRows was last read by the previous round's last
     // decode, before its barrier B.
-    const uint8_t* found[kLookups];
-#pragma unroll
-    for (int u = 0; u < kLookups; ++u) {
-      const int r = tid + u * kTileThreads;
-      found[u] = r < nr ? key_row(a, i, kl, jr + r) : nullptr;
-    }
-#pragma unroll
-    for (int u = 0; u < kLookups; ++u) sRows[tid + u * kTileThreads] = found[u];
+    lookup_round(a, i, kl, jr, nr, tid, sRows);
     __syncthreads();
     issue_raw(sRows, min(kTileKeys, nr), a.fmt.row_bytes, sRaw + (tile & 1) * raw_bytes);
     if (jr == 0) {
       // q as bf16 into the swizzled tile (heads past a.heads are zeros) while the first rows are in flight.
-      const float4* src = reinterpret_cast<const float4*>(a.q + i * a.heads * HD);
-      constexpr int kPer = kTileHeads * HD / 4 / kTileThreads;  // float4 of padded q per thread
-      constexpr int kBatch = kPer < 16 ? kPer : 16;
-      static_assert(kPer % kBatch == 0, "q batches");
-#pragma unroll 1
-      for (int b0 = 0; b0 < kPer; b0 += kBatch) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int idx = tid + kTileThreads * (b0 + u), h = idx / (HD / 4);
-          v[u] = h < heads ? __ldg(src + idx) : make_float4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int idx = tid + kTileThreads * (b0 + u), h = idx / (HD / 4), c = idx % (HD / 4);
-          *reinterpret_cast<uint2*>(sQ + sw128_offset<kTileHeads>(h, 4 * c)) =
-              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
-        }
-      }
+      load_q_bf16<HD>(a, i, heads, tid, sQ, [](int h, int d) { return sw128_offset<kTileHeads>(h, d); });
       fence_proxy_async();  // q is read by wgmma (async proxy) after barrier A
     }
     for (int tt = 0; tt < tiles; ++tt, ++tile) {

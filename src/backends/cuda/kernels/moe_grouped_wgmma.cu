@@ -42,6 +42,7 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
+#include "backends/cuda/kernels/wgmma.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -102,22 +103,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
          (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
-__device__ __forceinline__ void wg_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
-template <int N>
-__device__ __forceinline__ void wg_fence_acc(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, K-major, descriptor): scale-d 1,
 // no negation, B not transposed.
@@ -443,19 +428,19 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
           }
         // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
         const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
-        wg_fence_acc(acc[0]);
-        wg_fence_acc(acc[1]);
-        wg_fence();
+        wgmma_pin(acc[0]);
+        wgmma_pin(acc[1]);
+        wgmma_fence();
         wgmma_k16<NT>(acc[0], af[0], desc);
         wgmma_k16<NT>(acc[1], af[1], desc);
-        wg_commit();
-        wg_fence_acc(acc[0]);
-        wg_fence_acc(acc[1]);
-        wg_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
+        wgmma_commit();
+        wgmma_pin(acc[0]);
+        wgmma_pin(acc[1]);
+        wgmma_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
       });
-      wg_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
-      wg_fence_acc(acc[0]);
-      wg_fence_acc(acc[1]);
+      wgmma_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
+      wgmma_pin(acc[0]);
+      wgmma_pin(acc[1]);
       ring.release_at(c.slot);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)

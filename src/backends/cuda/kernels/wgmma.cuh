@@ -1,6 +1,7 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill attention kernel (attention_prefill_wgmma.cu): the
-// shared-memory matrix descriptor of the 128-byte-swizzled layout and the two m64n64k16 bf16 forms it uses
-// (A from shared memory, A from registers), f32 accumulators in place. nvcc only.
+// Hopper warpgroup MMA (wgmma, sm_90a): the fence / commit / wait discipline shared by the prefill attention
+// kernel (attention_prefill_wgmma.cu) and the grouped MoE kernel (moe_grouped_wgmma.cu), the shared-memory
+// matrix descriptor of the 128-byte-swizzled layout and the two m64n64k16 bf16 forms attention uses (A from
+// shared memory, A from registers), f32 accumulators in place. nvcc only.
 //
 // The 128-byte-swizzled layout of a [rows][64 bf16] block ("atom" = 8 rows of 128 bytes, 1024 bytes): row r
 // at r * 128 bytes, its 16-byte granule c at ((c ^ (r % 8)) * 16); blocks of 64 columns follow each other at
@@ -41,9 +42,12 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+// Waits until at most N committed groups of this warpgroup's MMAs are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 
 // Keeps the compiler from moving accesses of accumulator registers across the asynchronous MMAs.
 template <int N>
