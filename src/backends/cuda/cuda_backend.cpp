@@ -1,5 +1,6 @@
 // CudaBackend: device checks at startup, the stream, the workspace and the device error word.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -68,16 +69,24 @@ static bool poison_scratch() {
   return on;
 }
 
-// TERN_POISON_ACTIVATIONS=1 (a diagnostic): eager device tensors are filled with 0xff (NaN for f32) instead of
-// core's zeros, so an op that reads a tensor element nobody wrote shows NaN. The zero fill costs 45 ms of an 8K
-// prefill (1 674 memsets); if nothing reads unwritten activations, it can go.
-static bool poison_activations() {
-  static const bool on = [] {
+// TERN_POISON_ACTIVATIONS=1 / set_poison_activations (a diagnostic): eager device tensors are filled with 0xff
+// (NaN for f32) instead of core's zeros, so an op that reads a tensor element nobody wrote shows NaN. The zero
+// fill costs 45 ms of an 8K prefill (1 674 memsets); if nothing reads unwritten activations, it can go.
+namespace {
+std::atomic<int> g_poison_activations{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool CudaBackend::poison_activations() {
+  int v = g_poison_activations.load(std::memory_order_relaxed);
+  if (v < 0) {
     const char* e = std::getenv("TERN_POISON_ACTIVATIONS");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  return on;
+    v = e != nullptr && std::atoi(e) == 1 ? 1 : 0;
+    g_poison_activations.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
 }
+
+void CudaBackend::set_poison_activations(bool on) { g_poison_activations.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 void* CudaBackend::Impl::scratch(size_t bytes) {
   void* p = grow(workspace, bytes, stream);
@@ -165,7 +174,7 @@ class CudaMemory final : public DeviceMemory {
       fail("cudaMallocAsync of ", bytes, " bytes failed (", cudaGetErrorString(e), "); the device has ", free_b,
            " of ", total_b, " bytes free");
     }
-    TERN_CUDA(cudaMemsetAsync(p, poison_activations() ? 0xff : 0, bytes, stream()));
+    TERN_CUDA(cudaMemsetAsync(p, CudaBackend::poison_activations() ? 0xff : 0, bytes, stream()));
     return p;
   }
   void release(void* p) override {  // no throw from a deleter
