@@ -36,6 +36,9 @@ struct Args {
   std::vector<int64_t> profile_batches{16, 64};
   double headroom_gib = 12;
   uint64_t seed = 1;
+  // --mixed P:B: a step as the server runs it while a prompt arrives: one new prompt of P tokens together with
+  // B decode tokens at each decode context, eager (no graph: a prefill chunk is in the step).
+  std::string mixed;
   tern::tools::TuneOptions tune;
 };
 
@@ -81,6 +84,10 @@ struct DecodeRow {
   double step_ms = 0, min_ms = 0, max_ms = 0, tokens_s = 0, bytes = 0, gbs = 0, of_copy = 0;
   std::string note;
 };
+struct MixedRow {
+  int64_t prompt = 0, decodes = 0, context = 0;
+  double seconds = 0, cold_seconds = 0, prefill_alone = 0;  // prefill_alone: the same prompt without the decodes
+};
 struct PrefillRow {
   int64_t tokens = 0;
   double seconds = 0, tokens_s = 0, flops = 0, tflops = 0, of_gemm = 0;
@@ -111,8 +118,25 @@ int64_t token(uint64_t stream, uint64_t i, int64_t vocab) {
   return 1 + static_cast<int64_t>(synth::element_hash(stream, i) % static_cast<uint64_t>(vocab - 1));
 }
 
+std::string mixed_line(const MixedRow& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "| %ld | %ld | %ld | %.3f | %.3f | %.3f | %.2f |", static_cast<long>(r.prompt),
+                static_cast<long>(r.decodes), static_cast<long>(r.context), r.seconds, r.cold_seconds, r.prefill_alone,
+                r.prefill_alone > 0 ? r.seconds / r.prefill_alone : 0.0);
+  return buf;
+}
+const char* kMixedHeader =
+    "| prompt | + decodes | at context | s (warm) | s (first run) | prompt alone s | ratio |\n|---:|---:|---:|---:|---:|---:|---:|";
+
 int run(const Args& a) {
   const std::vector<int64_t> batches = parse_list(a.batches, "--batches");
+  int64_t mixed_prompt = 0, mixed_decodes = 0;
+  if (!a.mixed.empty()) {
+    const size_t colon = a.mixed.find(':');
+    TERN_CHECK(colon != std::string::npos, "--mixed: expected PROMPT:DECODES, found \"", a.mixed, "\"");
+    mixed_prompt = parse_list(a.mixed.substr(0, colon), "--mixed").at(0);
+    mixed_decodes = parse_list(a.mixed.substr(colon + 1), "--mixed").at(0);
+  }
   const std::vector<int64_t> contexts = parse_list(a.contexts, "--contexts");
   const std::vector<int64_t> prefills = parse_list(a.prefill, "--prefill");
   TERN_CHECK(a.steps >= 1 && a.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
@@ -147,8 +171,8 @@ int run(const Args& a) {
   const double gemm_ref = std::max(gemm_bf16, gemm_fp8);
 
   // Memory: the states of the largest configuration, plus headroom for activations, workspace and graphs.
-  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1);
-  const int64_t max_context = std::max(contexts.back(), prefills.back());
+  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) + 4;
+  const int64_t max_context = std::max({contexts.back(), prefills.back(), mixed_prompt});
   const int64_t seq_bytes = tools::state_bytes_per_sequence(config, kv, max_context + margin);
   const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
   const int64_t reserve = (batches.back() + 1) * seq_bytes + headroom;
@@ -173,6 +197,7 @@ int run(const Args& a) {
 
   std::vector<DecodeRow> decode_rows;
   std::vector<PrefillRow> prefill_rows;
+  std::vector<MixedRow> mixed_rows;
   std::set<int64_t> lengths(contexts.begin(), contexts.end());
   lengths.insert(prefills.begin(), prefills.end());
   for (const int64_t L : lengths) {
@@ -182,12 +207,13 @@ int run(const Args& a) {
     // As many sequences as the batches want and the memory holds (2 GiB kept for the graphs' arena).
     const int64_t avail = std::max<int64_t>(0, tools::free_state_memory(a.device) - (int64_t{2} << 30));
     const int64_t fit = avail / (pages_per_seq * layout->page_bytes()) - 1;
-    const int64_t want = decode ? batches.back() : 0;
+    const int64_t want = decode ? std::max(batches.back(), mixed_decodes) : 0;
     const int64_t seqs = std::min(want, fit);
     TERN_CHECK(fit >= 0, "bench-step: not even one state of ", L + margin, " tokens fits (",
                static_cast<double>(avail) / (1 << 30), " GiB free)");
     // The prefilled state plus the clones; a profiled prefill needs a second state before any clone exists.
-    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler ? 1 : 0) + 1;
+    // A mixed step's prompt takes one more.
+    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler ? 1 : 0) + 1 + (decode && mixed_prompt > 0 ? 1 : 0);
     TERN_CHECK(fit + 1 >= pool_seqs, "bench-step: a profiled prefill of ", L, " tokens needs two states of ",
                L + margin, " tokens; ", static_cast<double>(avail) / (1 << 30), " GiB free holds one");
     auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
@@ -237,6 +263,38 @@ int run(const Args& a) {
       states.emplace_back(pool, L + margin);
       for (int64_t p = 0; p < first.pages_used(); ++p) copy_view(first.page(p), states.back().page(p));
       states.back().import_header(header);
+    }
+    // The server's step while a prompt arrives: the prompt's chunk and B decode tokens in one eager forward.
+    if (mixed_prompt > 0 && mixed_prompt <= L && mixed_decodes <= seqs) {
+      MixedRow mr;
+      mr.prompt = mixed_prompt;
+      mr.decodes = mixed_decodes;
+      mr.context = L;
+      const std::span<const int64_t> chunk(prompt.data(), static_cast<size_t>(mixed_prompt));
+      std::vector<int64_t> next(static_cast<size_t>(mixed_decodes));
+      auto mixed_step = [&](bool with_decodes) {
+        cache::SequenceState fresh(pool, L + margin);
+        std::vector<model::StepSequence> batch{{&fresh, chunk, model::LogitsFor::last}};
+        for (int64_t i = 0; with_decodes && i < mixed_decodes; ++i) {
+          next[static_cast<size_t>(i)] = token(2000 + static_cast<uint64_t>(L), static_cast<uint64_t>(i), config.vocab_size);
+          batch.push_back({&states[static_cast<size_t>(i)], std::span<const int64_t>(&next[static_cast<size_t>(i)], 1),
+                           model::LogitsFor::last});
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)m.forward(batch);  // host logits: returns when the device is done
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      mr.cold_seconds = mixed_step(true);
+      mr.seconds = mixed_step(true);
+      mr.prefill_alone = mixed_step(false);
+      say(cat("mixed ", mixed_line(mr)));
+      if (profiler) {
+        profiler->start();
+        (void)mixed_step(true);
+        say(cat("profile of the mixed step (prompt ", mixed_prompt, " + ", mixed_decodes, " decodes at context ", L,
+                "):\n", profiler->stop(1, cat("mixed step (", mixed_prompt, " + ", mixed_decodes, ")"), config.num_layers)));
+      }
+      mixed_rows.push_back(mr);
     }
     std::vector<int64_t> fitting;
     for (int64_t b : batches) {
@@ -328,6 +386,10 @@ int run(const Args& a) {
   for (const DecodeRow& r : decode_rows) say(decode_line(r));
   say(kPrefillHeader);
   for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
+  if (!mixed_rows.empty()) {
+    say(kMixedHeader);
+    for (const MixedRow& r : mixed_rows) say(mixed_line(r));
+  }
   if (!gemms.empty()) {
     say(cat("prefill GEMMs at ", gemm_tokens, " tokens:"));
     say(kGemmHeader);
@@ -354,6 +416,10 @@ int run(const Args& a) {
       j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
                               {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm},
                               {"first_run_seconds", r.cold_seconds}});
+    for (const MixedRow& r : mixed_rows)
+      j["mixed"].push_back({{"prompt", r.prompt}, {"decodes", r.decodes}, {"context", r.context},
+                            {"seconds", r.seconds}, {"first_run_seconds", r.cold_seconds},
+                            {"prompt_alone_seconds", r.prefill_alone}});
     for (const tools::GemmRate& g : gemms)
       j["prefill_gemms"].push_back({{"tokens", gemm_tokens}, {"what", g.what}, {"flops", g.flops}, {"op_us", g.op_us},
                                     {"library_us", g.library_us}});
@@ -382,6 +448,9 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--profile-batches", a->profile_batches, "batches profiled with --profile")
            ->delimiter(',')
            ->capture_default_str();
+       app.add_option("--mixed", a->mixed,
+                      "PROMPT:DECODES: also time a server-like step, a new prompt with DECODES decode tokens at each "
+                      "decode context (eager; profiled with --profile)");
        app.add_option("--json", a->json, "also write the results as JSON to this file");
        app.add_option("--headroom-gib", a->headroom_gib,
                       "GPU memory kept free beyond the largest batch's states (activations, workspace, graphs)")
