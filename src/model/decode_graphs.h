@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "model/v4_model.h"
-#include "ops/step_graphs.h"
+#include "ops/recorded_steps.h"
 
 namespace tern::model {
 

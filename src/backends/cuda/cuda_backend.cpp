@@ -8,7 +8,7 @@
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/errors.h"
 #include "backends/cuda/kernels/pdl.cuh"
-#include "backends/cuda/cuda_step_graphs.h"
+#include "backends/cuda/cuda_graph_arena.h"
 
 namespace tern::cuda {
 

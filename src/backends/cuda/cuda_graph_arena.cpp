@@ -1,4 +1,4 @@
-#include "backends/cuda/cuda_step_graphs.h"
+#include "backends/cuda/cuda_graph_arena.h"
 
 #include "backends/cuda/cuda_check.h"
 #include "core/error.h"

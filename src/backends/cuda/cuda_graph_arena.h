@@ -1,5 +1,6 @@
-// The CUDA backend's recorded steps (ops/step_graphs.h): the activation arena that core's device tensors
-// come from while a scope is open, and CUDA graph capture / replay on the backend's stream.
+// The CUDA backend's recorded steps (ops/recorded_steps.h): the activation arena that core's device tensors
+// come from while a scope is open, and CUDA graph capture / replay on the backend's stream (hence the
+// file's name: graph arena, not the interface's "recorded steps").
 // Host compiler; includes the runtime API (internal to the backend).
 #pragma once
 
@@ -9,7 +10,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
-#include "ops/step_graphs.h"
+#include "ops/recorded_steps.h"
 
 namespace tern::cuda {
 

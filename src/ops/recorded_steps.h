@@ -1,7 +1,9 @@
 // Recorded steps on a device (CUDA graphs): an activation arena, so that a recorded step allocates
 // nothing and finds its intermediates at the same addresses every replay, and capture / replay of a
 // step's device work. Installed by a device backend that supports it (the CUDA backend does); the model's
-// decode-graph driver (model/decode_graphs.h) uses it and knows no device API.
+// decode-graph driver (model/decode_graphs.h) uses it and knows no device API. The device-neutral
+// interface; the CUDA implementation is backends/cuda/cuda_graph_arena.h (distinct names, so an include
+// says which side it wants).
 #pragma once
 
 #include <cstddef>
