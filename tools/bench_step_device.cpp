@@ -223,3 +223,21 @@ std::string StepProfiler::stop(int64_t, const std::string&, int64_t) { return {}
 StepProfiler::~StepProfiler() = default;
 
 }  // namespace tern::tools
+
+namespace tern::tools {
+
+bool set_activation_fill(const std::string& device, const std::string& fill) {
+#if TERN_WITH_CUDA
+  if (device == "cuda") {
+    using F = cuda::CudaBackend::ActivationFill;
+    TERN_CHECK(fill == "none" || fill == "zero" || fill == "poison", "activation fill: expected none, zero or poison, found \"", fill, "\"");
+    cuda::CudaBackend::set_activation_fill(fill == "zero" ? F::zero : fill == "poison" ? F::poison : F::none);
+    return true;
+  }
+#endif
+  (void)device;
+  (void)fill;
+  return false;
+}
+
+}  // namespace tern::tools

@@ -126,7 +126,7 @@ void copy_view(const TensorView& src, const TensorView& dst) {
   device_memory(dev).copy(dst.data(), dst.device(), src.data(), src.device(), src.nbytes());
 }
 
-Tensor::Tensor(DType dtype, Shape shape, Device device) {
+Tensor::Tensor(DType dtype, Shape shape, Device device, TensorInit init) {
   if (device == Device::cpu) {
     *this = Tensor(dtype, shape);
     return;
@@ -134,7 +134,7 @@ Tensor::Tensor(DType dtype, Shape shape, Device device) {
   DeviceMemory& mem = device_memory(device);
   const size_t bytes = dtype_bytes(dtype, shape.numel());
   const size_t padded = (bytes + 255) / 256 * 256;
-  auto* raw = static_cast<std::byte*>(mem.allocate(padded == 0 ? 256 : padded));
+  auto* raw = static_cast<std::byte*>(mem.allocate(padded == 0 ? 256 : padded, init == TensorInit::zeros));
   buffer_ = std::shared_ptr<std::byte[]>(raw, [&mem](std::byte* p) { mem.release(p); });
   view_ = TensorView(raw, dtype, shape, device);
 }

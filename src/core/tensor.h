@@ -85,8 +85,9 @@ class TensorView {
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
-  // Zero-filled bytes on the device (ordered after the work already issued there).
-  virtual void* allocate(size_t bytes) = 0;
+  // Bytes on the device (ordered after the work already issued there), zero-filled when `zero`; otherwise
+  // whatever the device's memory holds (a backend may fill them with a diagnostic pattern).
+  virtual void* allocate(size_t bytes, bool zero) = 0;
   virtual void release(void* p) = 0;
   // Copies between the host and this device or within this device, ordered after the work issued on the
   // device; a copy to the host returns when the bytes are there, one from the host when its source may be
@@ -104,12 +105,17 @@ DeviceMemory& device_memory(Device device);
 // Copies src into dst (same dtype-independent byte count, both contiguous), across devices as needed.
 void copy_view(const TensorView& src, const TensorView& dst);
 
-// A tensor that owns its (64-byte aligned, zero-initialised) buffer, on the host unless a device is given.
+// Whether a new tensor's bytes are zeros (the default) or left as the memory holds them: activations that an op
+// overwrites whole need no fill (on the GPU the fill was 45 ms of an 8K prefill).
+enum class TensorInit { zeros, uninitialized };
+
+// A tensor that owns its (64-byte aligned) buffer, on the host unless a device is given; zero-initialised
+// unless TensorInit::uninitialized is asked for on a device (host tensors are always zeroed).
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, Shape shape);
-  Tensor(DType dtype, Shape shape, Device device);
+  Tensor(DType dtype, Shape shape, Device device, TensorInit init = TensorInit::zeros);
   // A new tensor on `device` holding a copy of `src` (from any device).
   static Tensor copy_of(const TensorView& src, Device device);
   static Tensor zeros(DType dtype, Shape shape) { return Tensor(dtype, shape); }

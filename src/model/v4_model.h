@@ -169,7 +169,9 @@ class Model {
   }
 
   // An intermediate of forward() on the model's device (zero-filled).
-  Tensor tensor(DType dtype, Shape shape) const { return Tensor(dtype, shape, device_); }
+  // The forward's intermediates: every op writes its output whole, so on a device they are not zero-filled
+  // (TERN_ACTIVATION_FILL=zero|poison fills them for A/B and diagnosis; tests check poison == zero).
+  Tensor tensor(DType dtype, Shape shape) const { return Tensor(dtype, shape, device_, TensorInit::uninitialized); }
   // `host` itself on the host, else a device copy of it.
   Tensor on_device(Tensor host) const {
     return device_ == Device::cpu ? host : Tensor::copy_of(host, device_);

@@ -169,7 +169,8 @@ TEST_P(GpuModel_, LongPromptIgnoresActivationFill) {
   std::vector<int64_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919 + 13) % vocab;
   auto run = [&](bool poison) {
-    cuda::CudaBackend::set_poison_activations(poison);
+    cuda::CudaBackend::set_activation_fill(poison ? cuda::CudaBackend::ActivationFill::poison
+                                                  : cuda::CudaBackend::ActivationFill::zero);
     cache::SequenceState st = g.model.new_state(n + kSteps + 1);
     std::vector<std::vector<float>> rows;
     std::vector<int64_t> next = ids;
@@ -184,7 +185,7 @@ TEST_P(GpuModel_, LongPromptIgnoresActivationFill) {
     return rows;
   };
   const std::vector<std::vector<float>> zeroed = run(false), poisoned_fill = run(true);
-  cuda::CudaBackend::set_poison_activations(false);
+  cuda::CudaBackend::set_activation_fill(cuda::CudaBackend::ActivationFill::none);
   cuda::register_backend().check_device_errors();
   for (int step = 0; step <= kSteps; ++step) {
     const bool finite = std::all_of(zeroed[step].begin(), zeroed[step].end(), [](float v) { return std::isfinite(v); });

@@ -24,7 +24,13 @@ namespace {
 
 class HostAsDevice final : public DeviceMemory {
  public:
-  void* allocate(size_t bytes) override { return std::calloc(1, bytes); }
+  // Uninitialised tensors get 0xff bytes (NaN for f32), so a forward that reads an activation element it
+  // never wrote shows it in the logits.
+  void* allocate(size_t bytes, bool zero) override {
+    void* p = std::malloc(bytes);
+    std::memset(p, zero ? 0 : 0xff, bytes);
+    return p;
+  }
   void release(void* p) override { std::free(p); }
   void copy(void* dst, Device, const void* src, Device, size_t bytes) override {
     std::memmove(dst, src, bytes);

@@ -4,6 +4,8 @@
 // tern's own linear op (prefill is matrix work). Rows are printed as they are measured; the tables again last.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -39,6 +41,9 @@ struct Args {
   // --mixed P:B: a step as the server runs it while a prompt arrives: one new prompt of P tokens together with
   // B decode tokens at each decode context, eager (no graph: a prefill chunk is in the step).
   std::string mixed;
+  // --fill-check: the longest prompt's logits with the activations poisoned (NaN bytes) and zero-filled must be
+  // the same bits (so no op of the full-size model reads an activation element it did not write).
+  bool fill_check = false;
   tern::tools::TuneOptions tune;
 };
 
@@ -213,7 +218,7 @@ int run(const Args& a) {
                static_cast<double>(avail) / (1 << 30), " GiB free)");
     // The prefilled state plus the clones; a profiled prefill needs a second state before any clone exists.
     // A mixed step's prompt takes one more.
-    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler ? 1 : 0) + 1 + (decode && mixed_prompt > 0 ? 1 : 0);
+    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler || a.fill_check ? 1 : 0) + 1 + (decode && mixed_prompt > 0 ? 1 : 0);
     TERN_CHECK(fit + 1 >= pool_seqs, "bench-step: a profiled prefill of ", L, " tokens needs two states of ",
                L + margin, " tokens; ", static_cast<double>(avail) / (1 << 30), " GiB free holds one");
     auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
@@ -242,6 +247,25 @@ int run(const Args& a) {
     pr.flops = model::prefill_flops(config, L);
     pr.tflops = pr.flops / pr.seconds / 1e12;
     pr.of_gemm = pr.tflops / gemm_ref;
+    if (a.fill_check && L == prefills.back()) {
+      auto logits_with = [&](const char* fill) {
+        TERN_CHECK(tools::set_activation_fill(a.device, fill), "--fill-check needs --device cuda");
+        cache::SequenceState s(pool, L + margin);
+        const model::StepSequence seq{&s, prompt, model::LogitsFor::last};
+        return m.forward({&seq, 1});
+      };
+      const Tensor zeroed = logits_with("zero"), poisoned = logits_with("poison");
+      (void)tools::set_activation_fill(a.device, "none");
+      int64_t differ = 0, nonfinite = 0;
+      for (int64_t i = 0; i < zeroed.numel(); ++i) {
+        const float z = zeroed.data<float>()[i], p = poisoned.data<float>()[i];
+        differ += std::memcmp(&z, &p, sizeof z) != 0;
+        nonfinite += !std::isfinite(p);
+      }
+      say(cat("activation fill check at ", L, " tokens: ", differ == 0 ? "poisoned == zeroed bit for bit"
+                                                                     : cat("DIFFERENT: ", differ, " of ", zeroed.numel(),
+                                                                           " logits differ, ", nonfinite, " not finite")));
+    }
     if (std::binary_search(prefills.begin(), prefills.end(), L)) {
       prefill_rows.push_back(pr);
       say(cat("prefill ", prefill_line(pr)));
@@ -451,6 +475,9 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--mixed", a->mixed,
                       "PROMPT:DECODES: also time a server-like step, a new prompt with DECODES decode tokens at each "
                       "decode context (eager; profiled with --profile)");
+       app.add_flag("--fill-check", a->fill_check,
+                    "Check that the longest prompt's logits are the same bits with the activations NaN-filled and "
+                    "zero-filled (no op reads an element it did not write)");
        app.add_option("--json", a->json, "also write the results as JSON to this file");
        app.add_option("--headroom-gib", a->headroom_gib,
                       "GPU memory kept free beyond the largest batch's states (activations, workspace, graphs)")

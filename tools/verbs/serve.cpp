@@ -37,6 +37,7 @@
 #include "tools/embedded_model.h"
 #include "tools/http_options.h"
 #include "tools/placement.h"
+#include "tools/profiled_runner.h"
 #include "tools/synthetic_placement.h"
 #include "tools/verb.h"
 
@@ -58,6 +59,7 @@ struct ServeArgs {
   int port = 8000;
   int threads = 0;
   int max_running = 256;
+  int profile_steps = 0;  // --profile-steps: GPU profiles of the first steps with a prompt chunk
   int64_t token_budget = 2048, max_chunk = 512, max_model_len = 0;
   double request_timeout_s = 600, drain_timeout_s = 30;
   tools::HttpOptions http;
@@ -173,7 +175,10 @@ Loaded load(const ServeArgs& a) {
   const server::TextCodec* codec = l.codec.get();
   o.token_bytes = [codec](int32_t t) { return codec->token_bytes(t); };
   o.handover_on_device = a.pd_backend != "tcp";  // cuda-ipc and nccl read the state from the device
-  l.engine = std::make_shared<engine::Engine>(runner, std::move(o));
+  std::shared_ptr<engine::ModelRunner> stepper = runner;
+  if (a.profile_steps > 0)
+    stepper = std::make_shared<tools::ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);
+  l.engine = std::make_shared<engine::Engine>(stepper, std::move(o));
   log::info("memory plan: ", l.engine->memory_plan());
   for (const auto& k : runner->kernel_paths()) log::info("kernel: ", k);
   return l;
@@ -454,6 +459,9 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--token-budget", a.token_budget, "New tokens per step at most")->capture_default_str();
   app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();
   app.add_option("--max-model-len", a.max_model_len, "Context length served (default: the model's, at most 8192)");
+  app.add_option("--profile-steps", a.profile_steps,
+                 "Log the GPU profile (CUPTI) of the first N steps that carry a prompt chunk, then time N more "
+                 "without it (--device cuda)");
   app.add_option("--threads", a.threads, "CPU threads (default: all)");
   app.add_option("--request-timeout", a.request_timeout_s, "Seconds a generation may take")->capture_default_str();
   app.add_option("--drain-timeout", a.drain_timeout_s, "Seconds to finish requests after SIGTERM")->capture_default_str();

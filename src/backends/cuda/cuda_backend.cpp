@@ -69,24 +69,32 @@ static bool poison_scratch() {
   return on;
 }
 
-// TERN_POISON_ACTIVATIONS=1 / set_poison_activations (a diagnostic): eager device tensors are filled with 0xff
-// (NaN for f32) instead of core's zeros, so an op that reads a tensor element nobody wrote shows NaN. The zero
-// fill costs 45 ms of an 8K prefill (1 674 memsets); if nothing reads unwritten activations, it can go.
+// TERN_ACTIVATION_FILL / set_activation_fill: what uninitialised device tensors (the forward's activations) hold.
+// none (the default): whatever the pool gives back; zero: zeros, as before session 10 (the fill cost 45 ms of an
+// 8K prefill, 1 674 memsets); poison: 0xff bytes (NaN for f32), so an op that reads an element nobody wrote shows
+// NaN (GpuModel_.LongPromptIgnoresActivationFill and bench-step --fill-check compare poison with zero).
 namespace {
-std::atomic<int> g_poison_activations{-1};  // -1: not read from the environment yet
+std::atomic<int> g_activation_fill{-1};  // -1: not read from the environment yet
 }  // namespace
 
-bool CudaBackend::poison_activations() {
-  int v = g_poison_activations.load(std::memory_order_relaxed);
+CudaBackend::ActivationFill CudaBackend::activation_fill() {
+  int v = g_activation_fill.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_POISON_ACTIVATIONS");
-    v = e != nullptr && std::atoi(e) == 1 ? 1 : 0;
-    g_poison_activations.store(v, std::memory_order_relaxed);
+    const char* e = std::getenv("TERN_ACTIVATION_FILL");
+    const std::string s = e != nullptr ? e : "none";
+    v = s == "zero" ? static_cast<int>(ActivationFill::zero)
+        : s == "poison" ? static_cast<int>(ActivationFill::poison)
+                        : static_cast<int>(ActivationFill::none);
+    if (s != "none" && s != "zero" && s != "poison")
+      fail("TERN_ACTIVATION_FILL: expected none, zero or poison, found \"", s, "\"");
+    g_activation_fill.store(v, std::memory_order_relaxed);
   }
-  return v == 1;
+  return static_cast<ActivationFill>(v);
 }
 
-void CudaBackend::set_poison_activations(bool on) { g_poison_activations.store(on ? 1 : 0, std::memory_order_relaxed); }
+void CudaBackend::set_activation_fill(ActivationFill fill) {
+  g_activation_fill.store(static_cast<int>(fill), std::memory_order_relaxed);
+}
 
 void* CudaBackend::Impl::scratch(size_t bytes) {
   void* p = grow(workspace, bytes, stream);
@@ -162,7 +170,7 @@ class CudaMemory final : public DeviceMemory {
     uint64_t keep = UINT64_MAX;
     TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
-  void* allocate(size_t bytes) override {
+  void* allocate(size_t bytes, bool zero) override {
     // The activation arena while a step is being recorded: zeroed by the graph's first node at each replay.
     void* p = graphs_.allocate(bytes);
     if (p != nullptr) return p;
@@ -174,7 +182,9 @@ class CudaMemory final : public DeviceMemory {
       fail("cudaMallocAsync of ", bytes, " bytes failed (", cudaGetErrorString(e), "); the device has ", free_b,
            " of ", total_b, " bytes free");
     }
-    TERN_CUDA(cudaMemsetAsync(p, CudaBackend::poison_activations() ? 0xff : 0, bytes, stream()));
+    const CudaBackend::ActivationFill fill = CudaBackend::activation_fill();
+    if (zero || fill == CudaBackend::ActivationFill::zero) TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
+    else if (fill == CudaBackend::ActivationFill::poison) TERN_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream()));
     return p;
   }
   void release(void* p) override {  // no throw from a deleter

@@ -101,11 +101,13 @@ class CudaBackend final : public ops::Backend {
   // bits for a token do not depend on the other tokens of the step (docs/cuda-backend.md, "Library GEMMs").
   void set_batch_invariant(bool on);
   bool batch_invariant() const;
-  // Eager device tensors are zero-filled (core's contract); on, they are filled with 0xff bytes (NaN for f32)
-  // instead, so an op that reads an element nobody wrote shows NaN (TERN_POISON_ACTIVATIONS=1 sets it at
-  // start-up; GpuModel_.LongPromptIgnoresActivationFill compares the two).
-  static void set_poison_activations(bool on);
-  static bool poison_activations();
+  // What uninitialised eager device tensors (TensorInit::uninitialized: the model's activations) hold: none
+  // (the default, no fill), zero, or poison (0xff bytes, NaN for f32: an op that reads an element nobody wrote
+  // shows NaN). TERN_ACTIVATION_FILL=none|zero|poison sets it at start-up; GpuModel_.LongPromptIgnoresActivationFill
+  // compares poison with zero.
+  enum class ActivationFill { none, zero, poison };
+  static void set_activation_fill(ActivationFill fill);
+  static ActivationFill activation_fill();
   static int64_t library_min_tokens();  // kLibraryMinTokens
   // The library's own time for a product of T tokens by a [out, in] weight, bf16 (or f32) operands, on
   // random data: its rate on that shape. And for the MoE's products alone (experts already in bf16, T x k
