@@ -107,6 +107,22 @@ std::string device_memory_report(const Placement& p) {
   return "host memory (no device)";
 }
 
+model::KvMode parse_kv_mode(const std::string& flag, const std::string& device, std::string* note) {
+  TERN_CHECK(flag == "auto" || flag == "exact" || flag == "fp8", "--kv-mode: expected auto, exact or fp8, found \"",
+             flag, "\"");
+  const bool gpu = device != "cpu";
+  const bool fp8 = flag == "fp8" || (flag == "auto" && gpu);
+  if (note != nullptr) {
+    const std::string how = flag == "auto" ? cat(" (--kv-mode auto on ", device, ")") : std::string();
+    *note = fp8 ? cat("kv mode fp8", how, ": DeepSeek's FP8 state rows",
+                      gpu ? "; attention on tensor cores" : "")
+                : cat("kv mode exact", how, ": f32 state rows (tern's reference numerics)",
+                      gpu ? "; on the GPU attention runs on CUDA cores in f32 (prefill 3-4x slower than --kv-mode fp8)"
+                          : "");
+  }
+  return fp8 ? model::KvMode::fp8 : model::KvMode::exact;
+}
+
 int64_t free_state_memory(const std::string& device) {
 #if TERN_WITH_CUDA
   if (device == "cuda") return cuda::device_memory_info().free_bytes;

@@ -30,6 +30,10 @@ Placement place_model(model::Model& m, const std::string& device);
 // Call before the model's first forward; throws naming a bad mode or an unusable table file.
 std::vector<std::string> configure_kernels(const model::Model& m, const std::string& device, const std::string& mode,
                                            const std::string& cache_path, bool batch_invariant);
+// --kv-mode: "exact" (f32 state rows: tern's reference numerics; on the GPU the attention runs on CUDA cores, 3-4x
+// slower prefill), "fp8" (DeepSeek's FP8 rows: the tensor-core attention kernels) or "auto" (the default of run
+// and serve): fp8 on a GPU, exact on the CPU. Throws naming a bad value. `note` gets the line to log.
+model::KvMode parse_kv_mode(const std::string& flag, const std::string& device, std::string* note);
 // "141.0 GiB total: 1.2 GiB weights, 64 MiB workspace, 120.3 GiB free" for a device placement.
 std::string device_memory_report(const Placement& p);
 // Bytes free where the sequence states will live: the GPU's free memory, or the host's available memory.

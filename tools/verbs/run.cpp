@@ -27,7 +27,7 @@ namespace {
 using namespace tern;
 
 struct RunArgs {
-  std::string model, prompt_ids, kv_mode = "exact", device = "cpu", profile_json, cuda_graphs = "on";
+  std::string model, prompt_ids, kv_mode = "auto", device = "cpu", profile_json, cuda_graphs = "on";
   bool no_cuda_graphs = false;
   tern::tools::TuneOptions tune;
   int64_t max_tokens = 32, prefill_chunk = 0;
@@ -85,8 +85,8 @@ void print_profile(const cuda::Profiler& profiler, int64_t steps, const std::str
 #endif
 
 int run(const RunArgs& a) {
-  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"",
-             a.kv_mode, "\"");
+  std::string kv_note;
+  const model::KvMode kv = tools::parse_kv_mode(a.kv_mode, a.device, &kv_note);
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
   const bool profile = a.profile || !a.profile_json.empty();
   TERN_CHECK(!profile || a.device == "cuda", "--profile measures GPU kernels: use it with --device cuda");
@@ -101,15 +101,15 @@ int run(const RunArgs& a) {
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const model::ModelConfig config = weights.config;
-  model::Model m(std::move(weights), a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact);
+  model::Model m(std::move(weights), kv);
   const tools::Placement placed = tools::place_model(m, a.device);
   for (const auto& line : tools::configure_kernels(m, a.device, a.tune.mode, a.tune.cache, a.tune.batch_invariant)) std::printf("%s\n", line.c_str());
   const std::string& where = placed.description;
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
-  std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; kv %s; %s\n", dir.c_str(),
+  std::printf("model: %s (%d layers, hidden %ld, vocab %ld), loaded in %.3f s; %s; %s\n", dir.c_str(),
               config.num_layers, static_cast<long>(config.hidden_size), static_cast<long>(config.vocab_size),
-              load_s, a.kv_mode.c_str(), where.c_str());
+              load_s, kv_note.c_str(), where.c_str());
   cache::SequenceState state = m.new_state(static_cast<int64_t>(prompt.size()) + a.max_tokens);
   model::GenerateOptions o;
   o.max_new_tokens = a.max_tokens;
@@ -162,7 +162,7 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
        app.add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
        app.add_option("--seed", a->seed, "sampling seed")->capture_default_str();
-       app.add_option("--kv-mode", a->kv_mode, "exact or fp8 (DeepSeek's FP8 KV rows)")
+       app.add_option("--kv-mode", a->kv_mode, "auto (fp8 on a GPU, exact on the CPU), exact (f32) or fp8 (DeepSeek's FP8 KV rows)")
            ->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk, "prefill in chunks of this many tokens (0 = all)");
        app.add_option("--device", a->device, "cpu or cuda (Hopper GPU, build with -DTERN_CUDA=ON)")

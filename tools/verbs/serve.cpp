@@ -47,7 +47,7 @@ namespace fs = std::filesystem;
 using namespace tern;
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "exact";
+  std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "auto";
   std::string device = "cpu", cuda_graphs = "on", sampling = "device";
   tools::TuneOptions tune;
   bool no_cuda_graphs = false;
@@ -107,8 +107,9 @@ Loaded load(const ServeArgs& a) {
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
   tools::prepare_device(a.device);
-  TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
-  const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
+  std::string kv_note;
+  const model::KvMode kv = tools::parse_kv_mode(a.kv_mode, a.device, &kv_note);
+  log::info(kv_note);
   std::shared_ptr<model::Model> m;
   int64_t weight_bytes = 0;
   std::string source;
@@ -443,7 +444,7 @@ void add_options(CLI::App& app, ServeArgs& a) {
   app.add_option("--api-key", a.api_key, "Require Authorization: Bearer <key>")->envname("TERN_API_KEY");
   app.add_option("--state-memory", a.state_memory, "Sequence state budget: bytes (512M, 2G) or a fraction of free memory")
       ->capture_default_str();
-  app.add_option("--kv-mode", a.kv_mode, "State rows: exact (fp32) or fp8")->capture_default_str();
+  app.add_option("--kv-mode", a.kv_mode, "State rows: auto (fp8 on a GPU, exact on the CPU), exact (f32) or fp8 (DeepSeek's)")->capture_default_str();
   app.add_option("--device", a.device, "cpu or cuda (Hopper GPU; a build with -DTERN_CUDA=ON)")->capture_default_str();
   app.add_option("--cuda-graphs", a.cuda_graphs, "on or off: decode steps replayed as CUDA graphs (--device cuda)")
       ->capture_default_str();
