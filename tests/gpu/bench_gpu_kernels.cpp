@@ -447,7 +447,7 @@ void bench_indexer(Rand& r, bool quick) {
 // indexer_topk of a prefill chunk (one CSA layer: 64 heads x 128 dims, top-512; a prompt's first n queries over
 // its n / 4 keys), SGEMM path against the fused tensor-core kernel (TERN_INDEXER_PREFILL), timed eagerly (the
 // SGEMM path reads the positions back, so it cannot be captured), plus the fused kernel's scores alone. TFLOP/s
-// count the six bf16 products of each visible (query, head, key): 6 x 2 x 128 flops.
+// count the products each visible (query, head, key) costs: six bf16 (bf16x6) or three fp16 (fp16x3) of 128.
 void bench_indexer_prefill(Rand& r, bool quick) {
   const int64_t H = 64, dim = 128, topk = 512;
   cuda::CudaBackend& b = cuda::register_backend();
@@ -466,14 +466,18 @@ void bench_indexer_prefill(Rand& r, bool quick) {
     auto dpos = upload(pos);
     cuda::DeviceTensor idx(DType::i32, {n, topk}), scores(DType::f32, {n, S});
     const ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
-    const double flop = 6.0 * 2.0 * H * dim * static_cast<double>(visible);
     const double bytes = static_cast<double>(n * H * dim * 4 + n * S * 4);  // q read once, scores written once
     const std::string shape = cat(n, " queries, ", S, " keys");
-    double us[3] = {};
-    for (int v = 0; v < 3; ++v) {
+    // sgemm, mma (bf16x6), mma-fp16x3 through the op; then the fused kernel alone, bf16x6 and fp16x3.
+    constexpr const char* kNames[] = {"indexer_topk prefill: sgemm", "indexer_topk prefill: mma (bf16x6)",
+                                      "indexer_topk prefill: mma-fp16x3", "indexer_mma_kernel bf16x6 (scores)",
+                                      "indexer_mma_kernel fp16x3 (scores)"};
+    for (int v = 0; v < 5; ++v) {
       std::function<void()> call;
-      if (v < 2) {
-        cuda::set_indexer_prefill(v == 0 ? cuda::IndexerPrefill::sgemm : cuda::IndexerPrefill::mma);
+      if (v < 3) {
+        cuda::set_indexer_prefill(v == 0   ? cuda::IndexerPrefill::sgemm
+                                  : v == 1 ? cuda::IndexerPrefill::mma
+                                           : cuda::IndexerPrefill::mma_fp16x3);
         call = [&] { ops::indexer_topk(a, topk, idx); };
       } else {
         cuda::IndexerParams p;
@@ -485,12 +489,11 @@ void bench_indexer_prefill(Rand& r, bool quick) {
         p.n = n, p.heads = H, p.dim = dim, p.num_keys = S, p.positions = dpos.view().data_as<const int64_t>();
         p.ratio = 4;
         float* out = scores.view().data_as<float>();
-        call = [&b, p, out] {
-          cuda::launch_indexer_scores_mma(p, out, b.num_sms(), static_cast<cudaStream_t>(b.stream()));
+        const cuda::IndexerMmaSplit split = v == 3 ? cuda::IndexerMmaSplit::bf16x6 : cuda::IndexerMmaSplit::fp16x3;
+        call = [&b, p, out, split] {
+          cuda::launch_indexer_scores_mma(p, out, b.num_sms(), static_cast<cudaStream_t>(b.stream()), split);
         };
       }
-      const char* name = v == 0 ? "indexer_topk prefill: sgemm" : v == 1 ? "indexer_topk prefill: mma"
-                                                                         : "indexer_mma_kernel (scores only)";
       if (g_profile) {
         call();
         call();
@@ -498,16 +501,17 @@ void bench_indexer_prefill(Rand& r, bool quick) {
         continue;
       }
       const cuda::Timing t = cuda::time_device(call, 2, 10);
-      report(name, shape, t.median_us, t.median_us, bytes);
-      us[v] = t.median_us;
-      lines.push_back(cat("| ", n, " | ", name, " | ", us[v], " | ", us[v] * 21 / 1000, " | ",
-                          v == 0 ? 0.0 : flop / (us[v] * 1e6), " |"));
+      report(kNames[v], shape, t.median_us, t.median_us, bytes);
+      // TFLOP/s of the products the path really issues: six bf16 or three fp16 a (query, head, visible key).
+      const double flop = (v == 1 || v == 3 ? 6.0 : 3.0) * 2.0 * H * dim * static_cast<double>(visible);
+      lines.push_back(cat("| ", n, " | ", kNames[v], " | ", t.median_us, " | ", t.median_us * 21 / 1000, " | ",
+                          v == 0 ? 0.0 : flop / (t.median_us * 1e6), " |"));
     }
   }
   cuda::set_indexer_prefill(saved);
   if (g_profile) return;
   std::printf("\nindexer of a prefill chunk, one CSA layer (eager us; x21 = the 21 CSA layers of V4-Flash; TFLOP/s of "
-              "the six bf16 products, mma rows only):\n| queries | path | us | ms x21 | TFLOP/s |\n|---:|---|---:|---:|---:|\n");
+              "the tensor products issued, mma rows only):\n| queries | path | us | ms x21 | TFLOP/s |\n|---:|---|---:|---:|---:|\n");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
   std::printf("\n");
 }
