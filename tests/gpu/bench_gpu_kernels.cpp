@@ -19,6 +19,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
@@ -443,6 +444,78 @@ void bench_indexer(Rand& r, bool quick) {
   }
 }
 
+// indexer_topk of a prefill chunk (one CSA layer: 64 heads x 128 dims, top-512; a prompt's first n queries over
+// its n / 4 keys), SGEMM path against the fused tensor-core kernel (TERN_INDEXER_PREFILL), timed eagerly (the
+// SGEMM path reads the positions back, so it cannot be captured), plus the fused kernel's scores alone. TFLOP/s
+// count the products each visible (query, head, key) costs: six bf16 (bf16x6) or three fp16 (fp16x3) of 128.
+void bench_indexer_prefill(Rand& r, bool quick) {
+  const int64_t H = 64, dim = 128, topk = 512;
+  cuda::CudaBackend& b = cuda::register_backend();
+  const cuda::IndexerPrefill saved = cuda::indexer_prefill();
+  std::vector<std::string> lines;
+  for (const int64_t n : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{1024, 8192}) {
+    const int64_t S = n / 4;
+    const PagedPair keys = paged_pair(random_f32({S, dim}, r), 64, r);
+    auto q = upload(random_f32({n, H, dim}, r)), w = upload(random_f32({n, H}, r));
+    Tensor pos(DType::i64, {n});
+    int64_t visible = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      pos.data<int64_t>()[i] = i;
+      visible += std::min(S, (i + 1) / 4);
+    }
+    auto dpos = upload(pos);
+    cuda::DeviceTensor idx(DType::i32, {n, topk}), scores(DType::f32, {n, S});
+    const ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
+    const double bytes = static_cast<double>(n * H * dim * 4 + n * S * 4);  // q read once, scores written once
+    const std::string shape = cat(n, " queries, ", S, " keys");
+    // sgemm, mma (bf16x6), mma-fp16x3 through the op; then the fused kernel alone, bf16x6 and fp16x3.
+    constexpr const char* kNames[] = {"indexer_topk prefill: sgemm", "indexer_topk prefill: mma (bf16x6)",
+                                      "indexer_topk prefill: mma-fp16x3", "indexer_mma_kernel bf16x6 (scores)",
+                                      "indexer_mma_kernel fp16x3 (scores)"};
+    for (int v = 0; v < 5; ++v) {
+      std::function<void()> call;
+      if (v < 3) {
+        cuda::set_indexer_prefill(v == 0   ? cuda::IndexerPrefill::sgemm
+                                  : v == 1 ? cuda::IndexerPrefill::mma
+                                           : cuda::IndexerPrefill::mma_fp16x3);
+        call = [&] { ops::indexer_topk(a, topk, idx); };
+      } else {
+        cuda::IndexerParams p;
+        p.q = q.view().data_as<const float>();
+        p.weights = w.view().data_as<const float>();
+        const PagedRows& k = keys.device;
+        p.keys = {k.pool.data_as<const uint8_t>(), k.block_table.data_as<const int32_t>(), k.page_bytes(),
+                  k.offset_in_page, k.rows_per_page, k.row_bytes};
+        p.n = n, p.heads = H, p.dim = dim, p.num_keys = S, p.positions = dpos.view().data_as<const int64_t>();
+        p.ratio = 4;
+        float* out = scores.view().data_as<float>();
+        const cuda::IndexerMmaSplit split = v == 3 ? cuda::IndexerMmaSplit::bf16x6 : cuda::IndexerMmaSplit::fp16x3;
+        call = [&b, p, out, split] {
+          cuda::launch_indexer_scores_mma(p, out, b.num_sms(), static_cast<cudaStream_t>(b.stream()), split);
+        };
+      }
+      if (g_profile) {
+        call();
+        call();
+        b.synchronize();
+        continue;
+      }
+      const cuda::Timing t = cuda::time_device(call, 2, 10);
+      report(kNames[v], shape, t.median_us, t.median_us, bytes);
+      // TFLOP/s of the products the path really issues: six bf16 or three fp16 a (query, head, visible key).
+      const double flop = (v == 1 || v == 3 ? 6.0 : 3.0) * 2.0 * H * dim * static_cast<double>(visible);
+      lines.push_back(cat("| ", n, " | ", kNames[v], " | ", t.median_us, " | ", t.median_us * 21 / 1000, " | ",
+                          v == 0 ? 0.0 : flop / (t.median_us * 1e6), " |"));
+    }
+  }
+  cuda::set_indexer_prefill(saved);
+  if (g_profile) return;
+  std::printf("\nindexer of a prefill chunk, one CSA layer (eager us; x21 = the 21 CSA layers of V4-Flash; TFLOP/s of "
+              "the tensor products issued, mma rows only):\n| queries | path | us | ms x21 | TFLOP/s |\n|---:|---|---:|---:|---:|\n");
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  std::printf("\n");
+}
+
 // hc_pre as the model calls it (with the sub-layer norm) and alone, hc_post; fn rotates over copies so
 // that it comes from memory as in a real step (43 layers x 2 sites x 1.5 MiB do not stay in L2).
 void bench_mhc(Rand& r) {
@@ -475,16 +548,18 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  // --only SECTION: one section's rows (linear, moe, moe_prefill, attention, attention_prefill, indexer, mhc, probe)
+  // --only SECTION: one section's rows (linear, moe, moe_prefill, attention, attention_prefill, indexer,
+  // indexer_prefill, mhc, probe)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
-          only != "attention_prefill" && only != "indexer" && only != "mhc" && only != "probe") {
+          only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
+          only != "probe") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, moe, moe_prefill, attention, attention_prefill, indexer, "
-                     "mhc or probe, not %s\n",
+                     "indexer_prefill, mhc or probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -519,6 +594,7 @@ int main(int argc, char** argv) {
     bench_attention(r, true);
     bench_decode_attention(r, true);
     bench_indexer(r, true);
+    bench_indexer_prefill(r, true);
     bench_mhc(r);
     return 0;
   }
@@ -560,6 +636,7 @@ int main(int argc, char** argv) {
   }
   if (section("attention_prefill")) bench_attention_prefill(r);
   if (section("indexer")) bench_indexer(r, quick);
+  if (section("indexer_prefill")) bench_indexer_prefill(r, quick);
   if (section("mhc")) bench_mhc(r);
   if (section("probe")) {
     // What the card's reads give by the decode kernels' fetch patterns (read_probe.cu), as ceilings for them.

@@ -114,10 +114,18 @@ bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head) {
 // product per chunk of queries (indexer_scores_kernel took 16 ms a CSA layer at 8 192 queries on CUDA cores),
 // then indexer_reduce_kernel applies ReLU, the scales and the head weights as that kernel does. The queries'
 // positions are read back (one synchronisation) so that a chunk multiplies only the keys it can see.
+// TERN_INDEXER_PREFILL=mma / mma-fp16x3 (indexer_prefill()) take the fused tensor-core kernel instead (indexer_mma.cu: no
+// [n x heads, keys] products in memory, no synchronisation).
 bool run_library_indexer(CudaBackend::Impl& impl, const IndexerParams& p, float* scores) {
   if (!impl.library_for(p.n) || p.key_tables != nullptr || p.num_keys == 0 || p.dim % 4 != 0 || !aligned16(p.q) ||
       p.heads > kMaxIndexerHeads)
     return false;
+  if (const IndexerPrefill mode = indexer_prefill(); mode != IndexerPrefill::sgemm && indexer_mma_supported(p)) {
+    launch_indexer_scores_mma(p, scores, impl.num_sms, impl.stream,
+                              mode == IndexerPrefill::mma_fp16x3 ? IndexerMmaSplit::fp16x3 : IndexerMmaSplit::bf16x6);
+    check_launch("indexer_scores_mma");
+    return true;
+  }
   cudaStream_t s = impl.stream;
   auto* pos = static_cast<int64_t*>(impl.pinned_scratch(static_cast<size_t>(p.n) * 8));
   TERN_CUDA(cudaMemcpyAsync(pos, p.positions, static_cast<size_t>(p.n) * 8, cudaMemcpyDeviceToHost, s));

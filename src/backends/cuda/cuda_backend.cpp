@@ -242,7 +242,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "attention_combine_kernel, CUDA cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
       "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "
-      "+ indexer_reduce_kernel, then the same top-k",
+      "+ indexer_reduce_kernel, then the same top-k (TERN_INDEXER_PREFILL=mma / mma-fp16x3: indexer_mma_kernel, one "
+      "fused tensor-core kernel, split bf16x6 / fp16x3 products at f32 accuracy, only the scores written)",
       "compressor_update: compressor_kernel, CUDA cores, f32",
       "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32; hc_pre / hc_head of >= 512 "
       "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels",

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cuda/kernels/paged_rows.cuh"
@@ -40,5 +41,26 @@ void launch_indexer_reduce(const IndexerParams& p, const float* S, int64_t first
 // indices [n, topk] from scores [n, num_keys].
 void launch_indexer_topk(const IndexerParams& p, const float* scores, int topk, int32_t* indices,
                          cudaStream_t stream);
+
+// The fused tensor-core path of a prefill chunk (indexer_mma.cu): scores [n, num_keys] as launch_indexer_scores
+// writes them (-inf where not visible), from split products of q and the keys straight out of their pages at f32
+// accuracy (bf16x6: three bf16 planes, six products; fp16x3: two fp16 planes of power-of-two-scaled rows, three
+// products, half the tensor work; the file's header gives both bounds), head sums in another order than the CPU's.
+// Eager calls only (no decode mode), dims == kIndexerMmaDim, heads <= 64, q 16-byte aligned: indexer_mma_supported.
+constexpr int64_t kIndexerMmaDim = 128;
+enum class IndexerMmaSplit : int { bf16x6 = 0, fp16x3 = 1 };
+bool indexer_mma_supported(const IndexerParams& p);
+void launch_indexer_scores_mma(const IndexerParams& p, float* scores, int num_sms, cudaStream_t stream,
+                               IndexerMmaSplit split = IndexerMmaSplit::bf16x6);
+// Queries a block of the fused kernel for this launch (tests and the benchmark print it).
+int indexer_mma_queries_per_block(int64_t n, int64_t num_keys, int num_sms);
+
+// How indexer_topk scores a prefill chunk (>= kLibraryMinTokens queries, not batch invariant): sgemm (the
+// default: gather the keys, cuBLAS f32 q . k into [n x heads, keys], indexer_reduce_kernel), mma (the fused
+// kernel above, bf16x6) or mma_fp16x3. TERN_INDEXER_PREFILL=sgemm|mma|mma-bf16x6|mma-fp16x3 sets it at first
+// use; set_indexer_prefill for tests and benches.
+enum class IndexerPrefill : int { sgemm = 0, mma = 1, mma_fp16x3 = 2 };
+IndexerPrefill indexer_prefill();
+void set_indexer_prefill(IndexerPrefill mode);
 
 }  // namespace tern::cuda
