@@ -160,7 +160,8 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
 // own bf16 rate on one product of the same FLOP ([T k, D] x [3 inter, D]^T) measured in the same run, and the
 // time to read the experts' FP4 bytes once at the copy bandwidth. FLOP: 2 * 3 * D * inter a pair. The grouped
 // kernels in every tile configuration (cuda::set_moe_grouped_tile_config: default (128 x 256 from ~96 pairs an
-// expert), "128x128", "old" = the 32 / 64-pair tiles only). Eager timings (the library path synchronises, so it
+// expert, weights as A everywhere), "128x128", "old" = the 32 / 64-pair tiles only, x as A; "small-unswapped" =
+// session 9's default). Eager timings (the library path synchronises, so it
 // cannot be captured in a graph).
 void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
   const int64_t E = 256, D = 4096, inter = 2048, k = 6;
@@ -201,6 +202,8 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const double old_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileNarrow);
     const double narrow_us = cuda::time_device(call, 2, 10).median_us;
+    cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileSmallUnswapped);
+    const double unswapped_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileDefault);
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(saved_tile);
@@ -217,6 +220,7 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     report(cat("moe_prefill grouped (", fmt, ")"), shape, grouped_us, grouped_us, bytes);
     report(cat("moe_prefill grouped tile old (", fmt, ")"), shape, old_us, old_us, bytes);
     report(cat("moe_prefill grouped tile 128x128 (", fmt, ")"), shape, narrow_us, narrow_us, bytes);
+    report(cat("moe_prefill grouped tile small-unswapped (", fmt, ")"), shape, unswapped_us, unswapped_us, bytes);
     report(cat("moe_prefill grouped wgmma (", fmt, ")"), shape, wgmma_us, wgmma_us, bytes);
     report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
     const auto tflops = [&](double us) { return flop / (us * 1e6); };

@@ -4,7 +4,8 @@
 // CPU reference on a sample of the batch's tokens (a token's output depends only on its own row, so the
 // reference of those rows alone is theirs in the batch), and against the older library path
 // (set_moe_prefill_library) on every token; in every tile configuration (cuda::set_moe_grouped_tile_config:
-// the 128 x 256 and 128 x 128 tiles and the old 32 / 64-pair ones), which must also agree bit for bit.
+// the 128 x 256 and 128 x 128 tiles, the 32 / 64-pair ones with the weights or x as the mma's A, and the old
+// ones), which must also agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -77,10 +78,13 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
   // in the old config); 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts,
   // top-2): 128-pair tiles (64 in the old config), ragged last tiles with dead 16-pair m-tiles.
   const std::vector<Run> runs = {{512, false}, {1024, false}, {1000, true}, {8192, false}};
-  constexpr int kConfigs = 3;
-  const int configs[kConfigs] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow};
-  const char* const config_names[kConfigs] = {"default", "old", "128x128"};
-  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128"};  // in the path name; old: no 128-pair tile
+  constexpr int kConfigs = 4;
+  const int configs[kConfigs] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow,
+                                 cuda::kMoeGroupedTileSmallUnswapped};
+  const char* const config_names[kConfigs] = {"default", "old", "128x128", "small-unswapped"};
+  // In the path name (old: no 128-pair tile); the default's 32 / 64-pair tiles take the weights as A, the
+  // small-unswapped config's x.
+  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128", "128x256"};
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     RandomExperts experts(f, E, D, inter, r);
     if (f == WeightFormat::nvfp4)  // per-matrix global scales that differ within an expert and across experts
@@ -126,6 +130,8 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
                                      " tile config ", config_names[c], " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
         EXPECT_EQ(path.find(c == 1 ? "| 128x" : config_tiles[c]) != std::string::npos, c != 1) << what;
+        if (path.find("32x256 (") != std::string::npos || path.find("64x128 (") != std::string::npos)
+          EXPECT_NE(path.find(c == 0 || c == 2 ? "weights as A" : "x as A"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         got[c] = cuda::to_host(out);

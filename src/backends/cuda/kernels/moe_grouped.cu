@@ -64,14 +64,17 @@ static_assert(k_permutation_ok());
 //   tiles' worth of pairs past the job are skipped (kSkipDead, 32 pairs at a time). SASS of the K loop (per
 //   mma, all instructions): 64 x 128 7.6, 32 x 256 9.3; 128 x 256 3.1, 128 x 128 4.0. 128 x 256 also reads
 //   half the x bytes from shared memory an mma (x re-read from L2 once per 128 h / 256 output columns).
-template <int BM, int BN_>
+// - SWAP on the 32 / 64-pair tiles too (session 10, the default): the same 4 warps and stages, weights as A, so
+//   a decoded A fragment feeds BM / 8 mma and lands in place (the unswapped 32 x 256 took 9.3 instructions an
+//   mma); SWAP = false keeps them as they were (tile config "small-unswapped", for A/B).
+template <int BM, int BN_, bool SWAP = (BM >= 128)>
 struct GroupedTile {
   static constexpr int kWarps = BM >= 128 ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kStages = BM >= 128 ? 4 : 3;
   static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
-  static constexpr bool kSkipDead = BM >= 128;          // zero-fill dead x rows, skip their mma
-  static constexpr bool kSwapAB = BM >= 128;            // weights as the mma's A operand (see below)
+  static constexpr bool kSkipDead = SWAP;               // zero-fill dead x rows, skip their mma
+  static constexpr bool kSwapAB = SWAP;                 // weights as the mma's A operand (see below)
   static constexpr int BN = BN_, MT = BM / 16, WN = BN / kWarps, NT = WN / 8;
   // Accumulator tiles: [m-tiles of 16 pairs][n-tiles of 8 weight rows], or swapped [m-tiles of 16 weight rows]
   // [n-tiles of 8 pairs].
@@ -164,11 +167,11 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
-template <WFmt F, int BM, int BN_, bool UP>
-__global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM, BN_>::kMinBlocks)
+template <WFmt F, int BM, int BN_, bool UP, bool SWAP>
+__global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedTile<BM, BN_, SWAP>::kMinBlocks)
     moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = GroupedTile<BM, BN_>;
+  using Tile = GroupedTile<BM, BN_, SWAP>;
   constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -441,38 +444,38 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_>::kThreads, GroupedTile<BM
   }
 }
 
-template <WFmt F, int BM, int BN, bool UP>
+template <WFmt F, int BM, int BN, bool UP, bool SWAP>
 void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  using Tile = GroupedTile<BM, BN>;
+  using Tile = GroupedTile<BM, BN, SWAP>;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
+    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP, SWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_grouped_kernel<F, BM, BN, UP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
+  launch(moe_grouped_kernel<F, BM, BN, UP, SWAP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
 }
 
-template <WFmt F, int BM, int BN>
+template <WFmt F, int BM, int BN, bool SWAP>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
                 static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
-  launch_grouped<F, BM, BN, true>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, true, SWAP>(a, m_bound, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + BN - 1) / BN);
-  launch_grouped<F, BM, BN, false>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, false, SWAP>(a, m_bound, stream);
 }
 
-template <int BM, int BN>
+template <int BM, int BN, bool SWAP = (BM >= 128)>
 void launch_up_down_fmt(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
-  if (p.kind == WeightKind::nvfp4) launch_up_down<WFmt::nvfp4, BM, BN>(p, b, stream);
-  else launch_up_down<WFmt::mxfp4, BM, BN>(p, b, stream);
+  if (p.kind == WeightKind::nvfp4) launch_up_down<WFmt::nvfp4, BM, BN, SWAP>(p, b, stream);
+  else launch_up_down<WFmt::mxfp4, BM, BN, SWAP>(p, b, stream);
 }
 
 }  // namespace
@@ -487,9 +490,10 @@ namespace {
 
 std::atomic<int> g_tile_config{-1};
 
-// The tile launch_moe_grouped takes for these params: BM pairs x BN weight rows.
+// The tile launch_moe_grouped takes for these params: BM pairs x BN weight rows, weights as the mma's A (swap).
 struct TileShape {
   int bm, bn;
+  bool swap;
 };
 
 TileShape tile_shape(const MoeParams& p) {
@@ -497,11 +501,12 @@ TileShape tile_shape(const MoeParams& p) {
   // 64-pair tiles (4 warps x 32 rows) halve the weight reads and decodes per pair; from ~96 on (~192 at 8 192
   // tokens), 128-pair tiles (8 warps, one block a multiprocessor) halve them again. Below ~96 a 128-pair tile
   // would be mostly dead rows (skipped, but its block still holds the multiprocessor alone); not measured there.
-  if (p.E <= 0) return {32, 256};
-  const int64_t P = p.T * p.k;
   const int config = moe_grouped_tile_config();
-  if (config != kMoeGroupedTileOld && P >= 96 * p.E) return {128, config == kMoeGroupedTileNarrow ? 128 : 256};
-  return P >= 48 * p.E ? TileShape{64, 128} : TileShape{32, 256};
+  const bool swap_small = config == kMoeGroupedTileDefault || config == kMoeGroupedTileNarrow;
+  if (p.E <= 0) return {32, 256, swap_small};
+  const int64_t P = p.T * p.k;
+  if (config != kMoeGroupedTileOld && P >= 96 * p.E) return {128, config == kMoeGroupedTileNarrow ? 128 : 256, true};
+  return P >= 48 * p.E ? TileShape{64, 128, swap_small} : TileShape{32, 256, swap_small};
 }
 
 }  // namespace
@@ -511,7 +516,10 @@ int moe_grouped_tile_config() {
   if (v < 0) {
     const char* e = std::getenv("TERN_MOE_GROUPED_TILE");
     const std::string_view s = e != nullptr ? e : "";
-    v = s == "old" ? kMoeGroupedTileOld : s == "128x128" ? kMoeGroupedTileNarrow : kMoeGroupedTileDefault;
+    v = s == "old"               ? kMoeGroupedTileOld
+        : s == "128x128"         ? kMoeGroupedTileNarrow
+        : s == "small-unswapped" ? kMoeGroupedTileSmallUnswapped
+                                 : kMoeGroupedTileDefault;
     g_tile_config.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -529,11 +537,14 @@ const char* moe_grouped_path_name(const MoeParams& p) {
         return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)"
                   : "moe_grouped_kernel mxfp4 32x256 | 64x128 by pairs per expert (tile config old; mma.sync bf16, fp4 decoded in registers)";
       case kMoeGroupedTileNarrow:
-        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)"
-                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert (tile config 128x128; mma.sync bf16, fp4 decoded in registers)";
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x128 by pairs per expert, weights as A (tile config 128x128; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x128 by pairs per expert, weights as A (tile config 128x128; mma.sync bf16, fp4 decoded in registers)";
+      case kMoeGroupedTileSmallUnswapped:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 (x as A) | 128x256 (weights as A) by pairs per expert (tile config small-unswapped; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 (x as A) | 128x256 (weights as A) by pairs per expert (tile config small-unswapped; mma.sync bf16, fp4 decoded in registers)";
       default:
-        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)"
-                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x256 by pairs per expert (mma.sync bf16, fp4 decoded in registers)";
+        return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x256 by pairs per expert, weights as A (mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x256 by pairs per expert, weights as A (mma.sync bf16, fp4 decoded in registers)";
     }
   }
   const TileShape t = tile_shape(p);
@@ -543,11 +554,17 @@ const char* moe_grouped_path_name(const MoeParams& p) {
   if (t.bm == 128)
     return nv ? "moe_grouped_kernel nvfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)"
               : "moe_grouped_kernel mxfp4 128x128 (8 warps of 128x16; mma.sync bf16, fp4 decoded in registers)";
+  if (t.bm == 64 && t.swap)
+    return nv ? "moe_grouped_kernel nvfp4 64x128 (weights as A; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 64x128 (weights as A; mma.sync bf16, fp4 decoded in registers)";
   if (t.bm == 64)
-    return nv ? "moe_grouped_kernel nvfp4 64x128 (mma.sync bf16, fp4 decoded in registers)"
-              : "moe_grouped_kernel mxfp4 64x128 (mma.sync bf16, fp4 decoded in registers)";
-  return nv ? "moe_grouped_kernel nvfp4 32x256 (mma.sync bf16, fp4 decoded in registers)"
-            : "moe_grouped_kernel mxfp4 32x256 (mma.sync bf16, fp4 decoded in registers)";
+    return nv ? "moe_grouped_kernel nvfp4 64x128 (x as A; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 64x128 (x as A; mma.sync bf16, fp4 decoded in registers)";
+  if (t.swap)
+    return nv ? "moe_grouped_kernel nvfp4 32x256 (weights as A; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 32x256 (weights as A; mma.sync bf16, fp4 decoded in registers)";
+  return nv ? "moe_grouped_kernel nvfp4 32x256 (x as A; mma.sync bf16, fp4 decoded in registers)"
+            : "moe_grouped_kernel mxfp4 32x256 (x as A; mma.sync bf16, fp4 decoded in registers)";
 }
 
 void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
@@ -559,8 +576,10 @@ void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStre
   launch(dev::moe_grouped_tiles_kernel, 1, 1024, 0, stream, b.jobs, b.num_jobs, t.bm, b.tile_first);
   if (t.bm == 128 && t.bn == 256) dev::launch_up_down_fmt<128, 256>(p, b, stream);
   else if (t.bm == 128) dev::launch_up_down_fmt<128, 128>(p, b, stream);
-  else if (t.bm == 64) dev::launch_up_down_fmt<64, 128>(p, b, stream);
-  else dev::launch_up_down_fmt<32, 256>(p, b, stream);
+  else if (t.bm == 64 && t.swap) dev::launch_up_down_fmt<64, 128, true>(p, b, stream);
+  else if (t.bm == 64) dev::launch_up_down_fmt<64, 128, false>(p, b, stream);
+  else if (t.swap) dev::launch_up_down_fmt<32, 256, true>(p, b, stream);
+  else dev::launch_up_down_fmt<32, 256, false>(p, b, stream);
 }
 
 }  // namespace tern::cuda

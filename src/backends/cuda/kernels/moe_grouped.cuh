@@ -22,10 +22,13 @@ namespace tern::cuda {
 bool moe_grouped_supported(const MoeParams& p);
 // Tile configurations (process-wide; benchmarks and tests compare them on the same calls; all give the same
 // bits): kMoeGroupedTileDefault takes 32-, 64- or 128-pair tiles (128 x 256 weight rows) by the mean pairs per
-// expert; kMoeGroupedTileOld only the 32- and 64-pair tiles (the kernels before the 128-pair tile, for A/B);
-// kMoeGroupedTileNarrow the 128 x 128 tile where the default takes 128 x 256. Initialised from
-// TERN_MOE_GROUPED_TILE (old, 128x128; anything else the default); moe_grouped_path_name says which runs.
-inline constexpr int kMoeGroupedTileDefault = 0, kMoeGroupedTileOld = 1, kMoeGroupedTileNarrow = 2;
+// expert, all with the weights as the mma's A operand; kMoeGroupedTileOld only the 32- and 64-pair tiles with x
+// as A (the kernels before the 128-pair tile, for A/B); kMoeGroupedTileNarrow the 128 x 128 tile where the
+// default takes 128 x 256; kMoeGroupedTileSmallUnswapped session 9's default (32 / 64-pair tiles with x as A,
+// 128 x 256 with the weights as A). Initialised from TERN_MOE_GROUPED_TILE (old, 128x128, small-unswapped;
+// anything else the default); moe_grouped_path_name says which runs.
+inline constexpr int kMoeGroupedTileDefault = 0, kMoeGroupedTileOld = 1, kMoeGroupedTileNarrow = 2,
+                     kMoeGroupedTileSmallUnswapped = 3;
 int moe_grouped_tile_config();
 void set_moe_grouped_tile_config(int config);
 // Pairs per m-tile (32, 64 or 128) for these params: chosen from the mean pairs per expert and the config.
