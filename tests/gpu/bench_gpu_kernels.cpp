@@ -630,7 +630,7 @@ int main(int argc, char** argv) {
     bench_moe(WeightFormat::nvfp4, moe_t, r);
   }
   if (section("moe_prefill")) {
-    const std::vector<int64_t> prefill_t = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 8192};
+    const std::vector<int64_t> prefill_t = quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048, 8192};
     bench_moe_prefill(WeightFormat::mxfp4, prefill_t, r);
     bench_moe_prefill(WeightFormat::nvfp4, prefill_t, r);
   }
