@@ -84,6 +84,13 @@ size_t weight_bytes(const ops::Weight& w) {
   return w.weight.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes());
 }
 
+// One line per (product, T) of the small-T sweep: variant 0, the model's plan, the fastest plan measured.
+struct SweepLine {
+  std::string product, shape, best_plan;
+  double bytes = 0, v0_us = 0, model_us = 0, best_us = 0;
+};
+std::vector<SweepLine> g_sweep;
+
 // groups > 1: a grouped linear (wo_a): W [out, in] holds `groups` blocks of out/groups rows, x [T, groups, in].
 // sweep > 0 (FP8 / bf16): after the variant rows, the small-T kernel (variant 4) forced to each of its `sweep`
 // best plans by the model (cuda::set_linear_small_plan), one row each: which plan the model should pick.
@@ -123,15 +130,22 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
       measure(kernel + tag, shape, static_cast<double>(bytes), copies, call);
     }
     if (small && sweep > 0) {
+      SweepLine line{kernel, shape, "", static_cast<double>(bytes), g_rows.empty() ? 0.0 : g_rows.back().us, 0, 1e30};
       cuda::set_linear_variant(4);
       std::printf("  small-T plans for %s %s (model's choice: %s)\n", kernel.c_str(), shape.c_str(),
                   cuda::linear_small_plan_used(sp).c_str());
+      bool first = true;  // the list is in the model's order: its first plan is the model's choice
       for (const cuda::SmallPlanInfo& plan : cuda::linear_small_plans(sp, sweep)) {
         cuda::set_linear_small_plan(plan.name);
         measure(kernel + " v4 [" + cuda::linear_small_plan_used(sp) + "]", shape, static_cast<double>(bytes), copies,
                 call);
+        const double us = g_rows.empty() ? 0.0 : g_rows.back().us;
+        if (first) line.model_us = us;
+        if (us < line.best_us) line.best_us = us, line.best_plan = plan.name;
+        first = false;
       }
       cuda::set_linear_small_plan("");
+      g_sweep.push_back(line);
     }
     if (variants) cuda::set_linear_variant(0);
   }
@@ -586,6 +600,14 @@ int main(int argc, char** argv) {
     bench_linear("comp.wkv|wgate csa", WeightFormat::bf16, 2048, 4096, ts, r, 1, sweep);
     bench_linear("comp.wkv|wgate hca", WeightFormat::bf16, 1024, 4096, ts, r, 1, sweep);
     // (the indexer's wq_b and compressor are exact products in the model: linear_exact_*, not this path)
+    const auto pct = [](double bytes, double us) { return us > 0 ? 100.0 * bytes / (us * 1e3) / g_copy_gbs : 0.0; };
+    std::printf("\nsmall-T kernel (variant 4) against variant 0, us per call in a graph and %% of copy (%.0f GB/s):\n"
+                "| product | shape | v0 | v4 model's plan | v4 best plan | best plan |\n|---|---|---:|---:|---:|---|\n",
+                g_copy_gbs);
+    for (const SweepLine& l : g_sweep)
+      std::printf("| %s | %s | %.1f (%.0f%%) | %.1f (%.0f%%) | %.1f (%.0f%%) | %s |\n", l.product.c_str(), l.shape.c_str(),
+                  l.v0_us, pct(l.bytes, l.v0_us), l.model_us, pct(l.bytes, l.model_us), l.best_us,
+                  pct(l.bytes, l.best_us), l.best_plan.c_str());
   }
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
   if (section("moe")) {
