@@ -85,68 +85,30 @@ size_t weight_bytes(const ops::Weight& w) {
   return w.weight.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes());
 }
 
-// One line per (product, T) of the small-T sweep: variant 0, the model's plan, the fastest plan measured.
-struct SweepLine {
-  std::string product, shape, best_plan;
-  double bytes = 0, v0_us = 0, model_us = 0, best_us = 0;
-};
-std::vector<SweepLine> g_sweep;
-
 // groups > 1: a grouped linear (wo_a): W [out, in] holds `groups` blocks of out/groups rows, x [T, groups, in].
-// sweep > 0 (FP8 / bf16): after the variant rows, the small-T kernel (variant 4) forced to each of its `sweep`
-// best plans by the model (cuda::set_linear_small_plan), one row each: which plan the model should pick.
 void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in, std::vector<int64_t> Ts, Rand& r,
-                  int64_t groups = 1, int sweep = 0) {
+                  int64_t groups = 1) {
   const HostWeight hw = random_weight(f, out, in, r, 1.0f / std::sqrt(float(in)), name);
   const size_t bytes = weight_bytes(hw.w);
   Rotation rot(hw, bytes);
   // FP8 block and bf16 weights: one row per kernel (cuda::set_linear_variant), so one run compares them on the
   // same shapes.
   const bool variants = f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::bf16;
-  const std::string kernel = cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")");
   for (int64_t T : Ts) {
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
-    const auto call = [&](int i) {
-      if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
-      else ops::linear(x, rot.copies[i], y);
-    };
-    const std::string shape = cat(out, "x", in, " T=", T);
-    const int copies = static_cast<int>(rot.copies.size());
     // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 1 = linear_stream
-    // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma; both: 4 =
-    // linear_small (1-64 tokens) with the model's plan (printed).
+    // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma.
     const bool fp8 = f == ops::WeightFormat::fp8_block;
-    const cuda::LinearParams sp = linear_shape_params(f, out, in, groups, T);
-    const bool small = variants && T <= 64;
-    std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
-    if (small && sweep == 0) vs.push_back(4);
-    if (sweep > 0) vs = {0};
+    const std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
     for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
-      const std::string tag = !variants ? ""
-                              : v == 0  ? (fp8 ? " v0 stream" : " v0 bulk")
-                              : v == 1  ? (fp8 ? " v1 staged" : " v1 old")
-                                        : " v4 small [" + cuda::linear_small_plan_used(sp) + "]";
-      measure(kernel + tag, shape, static_cast<double>(bytes), copies, call);
-    }
-    if (small && sweep > 0) {
-      SweepLine line{kernel, shape, "", static_cast<double>(bytes), g_rows.empty() ? 0.0 : g_rows.back().us, 0, 1e30};
-      cuda::set_linear_variant(4);
-      std::printf("  small-T plans for %s %s (model's choice: %s)\n", kernel.c_str(), shape.c_str(),
-                  cuda::linear_small_plan_used(sp).c_str());
-      bool first = true;  // the list is in the model's order: its first plan is the model's choice
-      for (const cuda::SmallPlanInfo& plan : cuda::linear_small_plans(sp, sweep)) {
-        cuda::set_linear_small_plan(plan.name);
-        measure(kernel + " v4 [" + cuda::linear_small_plan_used(sp) + "]", shape, static_cast<double>(bytes), copies,
-                call);
-        const double us = g_rows.empty() ? 0.0 : g_rows.back().us;
-        if (first) line.model_us = us;
-        if (us < line.best_us) line.best_us = us, line.best_plan = plan.name;
-        first = false;
-      }
-      cuda::set_linear_small_plan("");
-      g_sweep.push_back(line);
+      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v1 staged" : " v1 old";
+      measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
+              cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
+                if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
+                else ops::linear(x, rot.copies[i], y);
+              });
     }
     if (variants) cuda::set_linear_variant(0);
   }
@@ -590,19 +552,18 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  // --only SECTION: one section's rows (linear, linear_small, moe, moe_prefill, attention, attention_prefill,
-  // indexer, indexer_prefill, mhc, probe); linear_small is not in the default run (it times every candidate plan
-  // of the small-T kernel on the V4-Flash products: --only linear_small [--quick: the model's best 3 instead of 8])
+  // --only SECTION: one section's rows (linear, moe, moe_prefill, attention, attention_prefill, indexer,
+  // indexer_prefill, mhc, probe)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
-      if (only != "linear" && only != "linear_small" && only != "moe" && only != "moe_prefill" &&
-          only != "attention" && only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" &&
-          only != "mhc" && only != "probe") {
+      if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
+          only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
+          only != "probe") {
         std::fprintf(stderr,
-                     "tern_gpu_bench: --only takes linear, linear_small, moe, moe_prefill, attention, attention_prefill, "
-                     "indexer, indexer_prefill, mhc or probe, not %s\n",
+                     "tern_gpu_bench: --only takes linear, moe, moe_prefill, attention, attention_prefill, indexer, "
+                     "indexer_prefill, mhc or probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -662,31 +623,6 @@ int main(int argc, char** argv) {
     bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
     bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
     bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
-  }
-  if (only == "linear_small") {
-    // The small-T kernel (variant 4) against the default kernels at 1 / 16 / 64 tokens on the V4-Flash products,
-    // and its candidate plans (the model's order). Stacked products as the model runs them: wq_a|wkv, shared
-    // w1|w3, the compressors' wkv|wgate; wq_a alone as the 4 MB case.
-    const int sweep = quick ? 3 : 8;
-    const std::vector<int64_t> ts{1, 16, 64};
-    bench_linear("wq_a|wkv", WeightFormat::fp8_block, 1536, 4096, ts, r, 1, sweep);
-    bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, ts, r, 1, sweep);
-    bench_linear("wo_a", WeightFormat::fp8_block, 8192, 4096, ts, r, 8, sweep);
-    bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, ts, r, 1, sweep);
-    bench_linear("shared.w1|w3", WeightFormat::fp8_block, 4096, 4096, ts, r, 1, sweep);
-    bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, ts, r, 1, sweep);
-    bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, ts, r, 1, sweep);
-    bench_linear("comp.wkv|wgate csa", WeightFormat::bf16, 2048, 4096, ts, r, 1, sweep);
-    bench_linear("comp.wkv|wgate hca", WeightFormat::bf16, 1024, 4096, ts, r, 1, sweep);
-    // (the indexer's wq_b and compressor are exact products in the model: linear_exact_*, not this path)
-    const auto pct = [](double bytes, double us) { return us > 0 ? 100.0 * bytes / (us * 1e3) / g_copy_gbs : 0.0; };
-    std::printf("\nsmall-T kernel (variant 4) against variant 0, us per call in a graph and %% of copy (%.0f GB/s):\n"
-                "| product | shape | v0 | v4 model's plan | v4 best plan | best plan |\n|---|---|---:|---:|---:|---|\n",
-                g_copy_gbs);
-    for (const SweepLine& l : g_sweep)
-      std::printf("| %s | %s | %.1f (%.0f%%) | %.1f (%.0f%%) | %.1f (%.0f%%) | %s |\n", l.product.c_str(), l.shape.c_str(),
-                  l.v0_us, pct(l.bytes, l.v0_us), l.model_us, pct(l.bytes, l.model_us), l.best_us,
-                  pct(l.bytes, l.best_us), l.best_plan.c_str());
   }
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
   if (section("moe")) {

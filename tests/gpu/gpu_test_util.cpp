@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -138,24 +137,6 @@ PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r) {
   p.device_pool = upload(p.host_pool);
   p.device_table = upload(p.host_table);
   p.device = {p.device_pool.view(), p.device_table.view(), offset, rows_per_page, row_bytes};
-  return p;
-}
-
-cuda::LinearParams linear_shape_params(ops::WeightFormat f, int64_t out, int64_t in, int64_t groups, int64_t T) {
-  static float marker[4];  // non-null: the plan may split K (run_linear gives every product its workspace)
-  cuda::LinearParams p;
-  p.w.kind = f == ops::WeightFormat::fp8_block ? cuda::WeightKind::fp8
-             : f == ops::WeightFormat::bf16    ? cuda::WeightKind::bf16
-             : f == ops::WeightFormat::f32     ? cuda::WeightKind::f32
-             : f == ops::WeightFormat::mxfp4   ? cuda::WeightKind::mxfp4
-                                               : cuda::WeightKind::nvfp4;
-  p.w.out = out, p.w.in = in;
-  p.rows_per_group = out / groups;
-  p.x_stride = groups * in;
-  p.T = T;
-  p.partial = marker, p.partial_floats = INT64_MAX;
-  p.counters = reinterpret_cast<int*>(marker), p.num_counters = 1 << 16;
-  p.num_sms = cuda::register_backend().num_sms();
   return p;
 }
 

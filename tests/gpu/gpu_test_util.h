@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backends/cuda/device_memory.h"
-#include "backends/cuda/kernels/linear.cuh"
 #include "core/paged_rows.h"
 #include "core/tensor.h"
 #include "ops/kv_row.h"
@@ -94,11 +93,6 @@ struct PagedPair {
   PagedRows host, device;
 };
 PagedPair paged_pair(const TensorView& rows, int64_t rows_per_page, Rand& r);
-
-// A product's parameters as launch_linear sees them (shape fields, this device's multiprocessors; the workspace
-// marked present and as large as run_linear makes it), for the small-T kernel's plan list
-// (cuda::linear_small_plans) in tests and benchmarks. groups > 1: a grouped linear (wo_a).
-cuda::LinearParams linear_shape_params(ops::WeightFormat f, int64_t out, int64_t in, int64_t groups, int64_t T);
 
 // Whether the CUDA sparse attention runs on tensor cores (bf16 operands: tolerance kTolBf16) for rows of
 // format f and `heads` heads, or on the exact f32 path (kTolF32).

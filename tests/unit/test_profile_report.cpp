@@ -53,7 +53,6 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, int, float*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_lanes_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*, float*, int*)", C::dense_gemm},
     {"void tern::cuda::dev::linear_bulk_kernel<(tern::cuda::dev::WFmt)1, 2>(tern::cuda::dev::BulkLinArgs)", C::dense_gemm},
-    {"void tern::cuda::dev::linear_small_kernel<(tern::cuda::dev::WFmt)2, 1, 8, false>(tern::cuda::dev::SmallLinArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_x_window_kernel<(tern::cuda::dev::WFmt)2>(float const*, long, long, long, unsigned char*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_simple_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},

@@ -268,10 +268,6 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         : "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
                           "attention_prefill_wgmma_kernel (Hopper wgmma) without the overlapped decode, the same "
                           "numerics");
-  if (linear_variant() == 4)
-    paths.push_back("linear / grouped_linear, fp8 block and bf16 weights, 1-64 tokens (TERN_LINEAR_VARIANT=4): "
-                    "linear_small_kernel (per-warp weight rings filled before the PDL wait, x from memory up to 16 "
-                    "tokens, K groups summed in one block where the shape allows), the same bits as variant 0");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

@@ -9,7 +9,6 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
 #include "backends/cuda/kernels/linear_impl.cuh"
-#include "backends/cuda/kernels/linear_small_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
 
 namespace tern::cuda {
@@ -20,9 +19,6 @@ extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&,
 
 extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
-
-extern template void launch_linear_small<dev::WFmt::fp8>(const LinearParams&, const SmallLinearPlan&, const uint8_t*, cudaStream_t);
-extern template void launch_linear_small<dev::WFmt::bf16>(const LinearParams&, const SmallLinearPlan&, const uint8_t*, cudaStream_t);
 
 extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
 extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
@@ -166,12 +162,8 @@ bool linear_bulk_ok(const LinearParams& p) {
 // same bits in both, so the faster one is kept; bf16 gained 1.8x at 16 tokens over linear_mma.
 bool linear_bulk_used(const LinearParams& p) {
   const int v = linear_variant();
-  return linear_bulk_ok(p) && (v == 2 || ((v == 0 || v == 4) && p.w.kind == WeightKind::bf16));
+  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightKind::bf16));
 }
-
-// Variant 4 takes FP8 and bf16 products of 1-64 tokens to linear_small_kernel (the same bits as variant 0's
-// kernels); other products stay on variant 0's.
-bool linear_small_used(const LinearParams& p) { return linear_variant() == 4 && linear_small_ok(p); }
 
 // Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
 // sized for two blocks per multiprocessor (16 warps): the x window first (its budget by token count), then
@@ -303,11 +295,6 @@ int64_t linear_partial_floats(const LinearParams& p) {
   // The most any variant wants (the variant may change between calls: benchmarks, tests).
   int64_t most = 0;
   if (linear_bulk_ok(q)) most = stream_workspace_floats(p, plan_linear_bulk(q).ksplit);
-  // The small-T kernel: at most every K group's partial sums (several K segments), then x's windows.
-  if ((p.w.kind == WeightKind::fp8 || p.w.kind == WeightKind::bf16) && p.T <= 64) {
-    const int64_t chunks = p.w.in / chunk_of(p.w.kind), cpg = stream_chunks_per_group(p);
-    most = std::max(most, stream_workspace_floats(p, static_cast<int>((chunks + cpg - 1) / cpg)));
-  }
   if (linear_stream_ok(q)) return std::max(most, stream_workspace_floats(p, plan_linear_stream(q).ksplit));
   return std::max(most, split_partial_floats(p, plan_linear(q).ksplit));
 }
@@ -569,17 +556,6 @@ SimpleMat simple_mat(const DeviceMat& w) {
 void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
-  if (linear_small_used(p)) {
-    const SmallLinearPlan plan = plan_linear_small(p);
-    const int split = plan.segs > 1 ? static_cast<int>(plan.ngroups) : 1;  // where x's windows go after the partials
-    if (p.w.kind == WeightKind::fp8)
-      launch_linear_small<dev::WFmt::fp8>(p, plan, plan.window ? make_x_windows<dev::WFmt::fp8>(p, split, stream) : nullptr,
-                                          stream);
-    else
-      launch_linear_small<dev::WFmt::bf16>(p, plan, plan.window ? make_x_windows<dev::WFmt::bf16>(p, split, stream) : nullptr,
-                                           stream);
-    return;
-  }
   if (linear_bulk_used(p)) {
     const BulkLinearPlan plan = plan_linear_bulk(p);
     if (p.w.kind == WeightKind::fp8)
@@ -654,12 +630,6 @@ std::string linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
   // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
   const std::string xw = x_window_used(p) ? "x_window + " : "";
-  if (linear_small_used(p)) {
-    const SmallLinearPlan plan = plan_linear_small(p);
-    return (plan.window && x_window_used(p) ? xw : "") +
-           (p.w.kind == WeightKind::fp8 ? "linear_small<fp8 block>" : "linear_small<bf16>") +
-           " (tensor cores, per-warp bulk rings; " + linear_small_plan_used(p) + ")";
-  }
   if (linear_bulk_used(p))
     return xw + (p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
            " (tensor cores, cp.async.bulk warp rings)";

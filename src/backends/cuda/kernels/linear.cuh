@@ -61,9 +61,8 @@ int linear_groups_used(const LinearParams& p);
 inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // v2: K groups shared with linear_bulk
 // The kernel variant of FP8-block and bf16 products (process-wide; benchmarks and tests compare them on the
 // same shapes): 0 (default) = linear_bulk_kernel (cp.async.bulk warp rings) for bf16, linear_stream for FP8;
-// 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both;
-// 4 = linear_small_kernel for both at 1-64 tokens (variant 0 elsewhere). FP8 gives the same bits in every
-// variant; bf16 the same in 0, 2 and 4, not in 1 (linear_mma's K order differs). Initialised from
+// 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both. FP8
+// gives the same bits in every variant; bf16 does not (linear_mma's K order differs). Initialised from
 // TERN_LINEAR_VARIANT; linear_path_name says which kernel runs.
 int linear_variant();
 void set_linear_variant(int variant);
@@ -71,23 +70,6 @@ void set_linear_variant(int variant);
 // when launch_linear will use it (that, and bf16 in variant 0 or any in variant 2).
 bool linear_bulk_ok(const LinearParams& p);
 bool linear_bulk_used(const LinearParams& p);
-// The small-T kernel (variant 4; linear_small_impl.cuh): whether it can take this product (FP8 block or bf16,
-// 1-64 tokens, a plan that fits) and whether launch_linear uses it. Its plan (row panels, K segments, warps,
-// rings) comes from a time model, or is forced by name: set_linear_small_plan (or TERN_LINEAR_SMALL_PLAN) with
-// one of linear_small_plans' names ("rm8 mw1 ks16 kw8 direct"; empty: the model's choice), for benchmarks that
-// time every candidate; a name that does not fit a product leaves it on the model's choice. No plan changes the
-// bits. linear_small_plan_used describes the plan a product gets.
-struct SmallPlanInfo {
-  std::string name;
-  int64_t panels = 0, segs = 0;  // grid: row panels x K segments (segs > 1: partial sums and arrival counters)
-  int warps = 0;
-  double model_us = 0;
-};
-bool linear_small_ok(const LinearParams& p);
-bool linear_small_used(const LinearParams& p);
-std::vector<SmallPlanInfo> linear_small_plans(const LinearParams& p, int most);  // the model's best first
-void set_linear_small_plan(const std::string& name);
-std::string linear_small_plan_used(const LinearParams& p);
 // Columns of x one token row of a product reads (every row group's, for a grouped linear).
 int64_t linear_x_cols(const LinearParams& p);
 // Floats of workspace launch_linear wants for this product in p.partial (0: none): the split-K partial sums,
