@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "net/http_head.h"
+#include "net/listen.h"
 #include "net/openai.h"
 
 namespace tern::net {
@@ -512,20 +513,7 @@ HttpServer::HttpServer(const std::string& host, uint16_t port, HttpLimits limits
   impl_->handler = std::move(handler);
   impl_->head_check = std::move(head_check);
   impl_->host = host;
-  beast::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  TERN_CHECK(!ec, "--host ", host, " is not an IP address");
-  const tcp::endpoint endpoint(address, port);
-  auto& a = impl_->acceptor;
-  a.open(endpoint.protocol(), ec);
-  TERN_CHECK(!ec, "cannot open a socket: ", ec.message());
-  a.set_option(asio::socket_base::reuse_address(true), ec);
-  a.bind(endpoint, ec);
-  TERN_CHECK(!ec, "cannot bind ", host, ":", port, ": ", ec.message(),
-             ec == asio::error::address_in_use ? " (the port is in use: stop the other server or pass --port)" : "");
-  a.listen(asio::socket_base::max_listen_connections, ec);
-  TERN_CHECK(!ec, "cannot listen on ", host, ":", port, ": ", ec.message());
-  impl_->port = a.local_endpoint().port();
+  impl_->port = listen_on(impl_->acceptor, host, port, {"--host", "", "stop the other server or pass --port"});
 }
 
 HttpServer::~HttpServer() { stop(); }

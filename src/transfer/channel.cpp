@@ -10,6 +10,7 @@
 #include <deque>
 
 #include "core/error.h"
+#include "net/listen.h"
 
 namespace tern::transfer {
 
@@ -210,20 +211,8 @@ class TcpListener : public Listener {
       : state_(std::make_shared<State>(io)) {
     state_->options = o;
     state_->on_channel = std::move(on_channel);
-    error_code ec;
-    const auto address = asio::ip::make_address(host, ec);
-    TERN_CHECK(!ec, "--pd-host ", host, " is not an IP address");
-    const tcp::endpoint endpoint(address, port);
-    auto& a = state_->acceptor;
-    a.open(endpoint.protocol(), ec);
-    TERN_CHECK(!ec, "cannot open a socket: ", ec.message());
-    a.set_option(asio::socket_base::reuse_address(true), ec);
-    a.bind(endpoint, ec);
-    TERN_CHECK(!ec, "cannot bind the transfer port ", host, ":", port, ": ", ec.message(),
-               ec == asio::error::address_in_use ? " (the port is in use: pass another --pd-port)" : "");
-    a.listen(asio::socket_base::max_listen_connections, ec);
-    TERN_CHECK(!ec, "cannot listen on ", host, ":", port, ": ", ec.message());
-    port_ = a.local_endpoint().port();
+    port_ = net::listen_on(state_->acceptor, host, port,
+                           {"--pd-host", "the transfer port ", "pass another --pd-port"});
     accept(state_);
   }
   ~TcpListener() override { close(); }
