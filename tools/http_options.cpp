@@ -32,8 +32,8 @@ void add_http_options(CLI::App& app, HttpOptions& o) {
       ->capture_default_str();
 }
 
-server::HttpLimits http_limits(const HttpOptions& o, size_t per_connection) {
-  server::HttpLimits l;
+net::HttpLimits http_limits(const HttpOptions& o, size_t per_connection) {
+  net::HttpLimits l;
   TERN_CHECK(o.body_limit_mb > 0, "--body-limit-mb must be positive");
   l.body_limit = static_cast<size_t>(o.body_limit_mb * (1 << 20));
   l.header_timeout = positive_seconds(o.header_timeout_s, "--header-timeout");
@@ -42,8 +42,8 @@ server::HttpLimits http_limits(const HttpOptions& o, size_t per_connection) {
              ") must hold at least one body of --body-limit-mb (", o.body_limit_mb, ")");
   l.max_buffered = static_cast<size_t>(o.max_buffered_mb * (1 << 20));
   TERN_CHECK(o.max_connections >= 1, "--max-connections must be at least 1");
-  const server::FileLimit files = server::raise_file_limit();
-  l.max_connections = server::connections_within(files, o.max_connections, per_connection);
+  const net::FileLimit files = net::raise_file_limit();
+  l.max_connections = net::connections_within(files, o.max_connections, per_connection);
   log::info("file limit ", files.soft, files.was != files.soft ? cat(" (raised from ", files.was, ")") : std::string(),
             "; at most ", l.max_connections, " connections", l.max_connections < o.max_connections ? " (to stay below it)" : "",
             ", ", l.max_buffered >> 20, " MiB of request bodies");

@@ -5,7 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 
-#include "server/http.h"
+#include "net/http.h"
 
 namespace tern::tools {
 
@@ -20,6 +20,6 @@ void add_http_options(CLI::App& app, HttpOptions& o);
 // The limits, checked; the file limit is raised to its hard limit and the connections kept below it
 // (`per_connection` descriptors each: a router, or a prefill or decode server, opens more for each
 // request). Logs the file limit and the connections.
-server::HttpLimits http_limits(const HttpOptions& o, size_t per_connection);
+net::HttpLimits http_limits(const HttpOptions& o, size_t per_connection);
 
 }  // namespace tern::tools

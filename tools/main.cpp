@@ -1,4 +1,5 @@
-// The `tern` command: dispatches to the verbs registered in tools/verbs/.
+// The `tern` command: dispatches to the verbs registered in tools/verbs/. A command built with one verb
+// (tern-route) takes that verb's options directly.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -26,14 +27,19 @@ const std::vector<Verb>& verbs() { return registry(); }
 int main(int argc, char** argv) {
   using namespace tern::tools;
   CLI::App app{"tern: an inference server for DeepSeek-V4-Flash"};
-  app.require_subcommand(1);
   app.set_version_flag("--version", "tern 0.1.0");
   auto sorted = verbs();
   std::sort(sorted.begin(), sorted.end(), [](const Verb& a, const Verb& b) { return a.name < b.name; });
   std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
-  for (const auto& verb : sorted) {
-    CLI::App* sub = app.add_subcommand(verb.name, verb.help);
-    runners.emplace_back(sub, verb.setup(*sub));
+  if (sorted.size() == 1) {  // a command of one verb (tern-route): the verb's options are the command's own
+    app.description(sorted.front().help);
+    runners.emplace_back(&app, sorted.front().setup(app));
+  } else {
+    app.require_subcommand(1);
+    for (const auto& verb : sorted) {
+      CLI::App* sub = app.add_subcommand(verb.name, verb.help);
+      runners.emplace_back(sub, verb.setup(*sub));
+    }
   }
   try {
     app.parse(argc, argv);

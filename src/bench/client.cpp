@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "net/sse.h"
 
 namespace tern::bench {
 namespace {
@@ -86,7 +87,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::string request_text_;
   http::response_parser<SinkBody> parser_;
   std::string pending_;          // bytes the HTTP parser has not taken yet
-  SseParser sse_;
+  net::SseParser sse_;
   std::vector<std::string> events_;
   std::string error_body_;       // body of a non-200 response (capped)
   Clock::time_point send_, arrival_, last_chunk_;

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "bench/sse.h"
+#include "bench/chunk.h"
 #include "bench/workload.h"
 
 namespace tern::bench {

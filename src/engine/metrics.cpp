@@ -1,17 +1,6 @@
 #include "engine/metrics.h"
 
-#include <algorithm>
-
 namespace tern::engine {
-
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void Histogram::observe(double v) {
-  const auto it = std::lower_bound(bounds_.begin(), bounds_.end(), v);
-  ++counts_[static_cast<size_t>(it - bounds_.begin())];
-  sum_ += v;
-  ++count_;
-}
 
 EngineMetrics::EngineMetrics()
     : time_to_first_token_seconds({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

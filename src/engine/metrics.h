@@ -3,27 +3,11 @@
 
 #include <array>
 #include <cstdint>
-#include <vector>
 
+#include "core/histogram.h"
 #include "engine/model_runner.h"
 
 namespace tern::engine {
-
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds = {});
-  void observe(double v);
-  const std::vector<double>& bounds() const { return bounds_; }
-  const std::vector<uint64_t>& counts() const { return counts_; }  // per bucket, last is +Inf
-  double sum() const { return sum_; }
-  uint64_t count() const { return count_; }
-
- private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
 
 struct EngineMetrics {
   // gauges, as of the last step

@@ -5,8 +5,8 @@
 #include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "server/schemas.h"
-#include "transfer/messages.h"
+#include "net/openai.h"
+#include "net/room.h"
 
 namespace tern::router {
 
@@ -48,7 +48,7 @@ RouteInfo route_info(const std::string& target, const std::string& body) {
   return info;
 }
 
-ProxyJob::ProxyJob(Router& router, server::HttpRequest request, std::shared_ptr<server::Exchange> exchange, RouteInfo info)
+ProxyJob::ProxyJob(Router& router, net::HttpRequest request, std::shared_ptr<net::Exchange> exchange, RouteInfo info)
     : router_(router), request_(std::move(request)), exchange_(std::move(exchange)), info_(std::move(info)),
       arrival_(Clock::now()) {}
 
@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, std::string>> ProxyJob::headers(uint64_t room
   // --forwarded-allow-ips count the request for that client (admission, fair scheduling).
   h.emplace_back("X-Forwarded-For",
                  request_.forwarded_for.empty() ? request_.peer : request_.forwarded_for + ", " + request_.peer);
-  if (room) h.emplace_back("X-Tern-Room", transfer::room_hex(room));
+  if (room) h.emplace_back("X-Tern-Room", net::room_hex(room));
   if (!bootstrap.empty()) h.emplace_back("X-Tern-Bootstrap", bootstrap);
   return h;
 }
@@ -166,8 +166,8 @@ void ProxyJob::on_end(const std::string& error, bool connect_failed) {
     }
     if (committed_) {
       if (!error.empty()) {  // the stream broke after the client got its first bytes
-        const server::ApiError e(502, cat("the server failed mid-stream: ", error), "", "upstream_error");
-        send_event(server::render_error(e));
+        const net::ApiError e(502, cat("the server failed mid-stream: ", error), "", "upstream_error");
+        send_event(net::render_error(e));
         send_event("[DONE]");
       }
       exchange_->end_stream();
@@ -263,9 +263,9 @@ void ProxyJob::retry_or_fail(int status, const std::string& why) {
     return attempt();
   }
   const int st = status == 503 || status == 429 ? status : status == 504 ? 504 : 502;
-  const server::ApiError e(st, cat("all attempts failed; last: ", why), "", st == 503 ? "unavailable" : "upstream_error");
-  exchange_->reply(e.status, "application/json", server::render_error(e),
-                   st == 503 || st == 429 ? server::Headers{{"Retry-After", "1"}} : server::Headers{});
+  const net::ApiError e(st, cat("all attempts failed; last: ", why), "", st == 503 ? "unavailable" : "upstream_error");
+  exchange_->reply(e.status, "application/json", net::render_error(e),
+                   st == 503 || st == 429 ? net::Headers{{"Retry-After", "1"}} : net::Headers{});
   finish(false);
 }
 
@@ -293,13 +293,13 @@ void ProxyJob::abort(const std::string& why) {
     release_server(false, false, why);
     release_prefill(false, false, why);
   }
-  const server::ApiError e(503, why, "", "unavailable");
+  const net::ApiError e(503, why, "", "unavailable");
   if (committed_) {
-    send_event(server::render_error(e));
+    send_event(net::render_error(e));
     send_event("[DONE]");
     exchange_->end_stream();
   } else {
-    exchange_->reply(e.status, "application/json", server::render_error(e), {{"Retry-After", "1"}});
+    exchange_->reply(e.status, "application/json", net::render_error(e), {{"Retry-After", "1"}});
   }
   finish(false);
 }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/sse.h"
+#include "net/sse.h"
 #include "router/router.h"
 #include "router/upstream.h"
 
@@ -33,7 +33,7 @@ RouteInfo route_info(const std::string& target, const std::string& body);
 
 class ProxyJob : public std::enable_shared_from_this<ProxyJob> {
  public:
-  ProxyJob(Router& router, server::HttpRequest request, std::shared_ptr<server::Exchange> exchange, RouteInfo info);
+  ProxyJob(Router& router, net::HttpRequest request, std::shared_ptr<net::Exchange> exchange, RouteInfo info);
   void start();
   void client_gone();
   // Shutdown: ends the request with an error (an error event when streaming).
@@ -47,7 +47,7 @@ class ProxyJob : public std::enable_shared_from_this<ProxyJob> {
     int status = 0;
     bool event_stream = false;
     std::string content_type, body;
-    bench::SseParser sse;
+    net::SseParser sse;
     bool server_released = false, prefill_released = false;
   };
 
@@ -65,8 +65,8 @@ class ProxyJob : public std::enable_shared_from_this<ProxyJob> {
   std::vector<std::pair<std::string, std::string>> headers(uint64_t room, const std::string& bootstrap) const;
 
   Router& router_;
-  server::HttpRequest request_;
-  std::shared_ptr<server::Exchange> exchange_;
+  net::HttpRequest request_;
+  std::shared_ptr<net::Exchange> exchange_;
   RouteInfo info_;
   std::unique_ptr<Attempt> a_;
   std::vector<const ServerState*> avoid_;

@@ -7,11 +7,11 @@
 #include "core/bounded_json.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "net/auth.h"
+#include "net/openai.h"
+#include "net/prometheus.h"
 #include "router/proxy.h"
 #include "router/upstream.h"
-#include "server/auth.h"
-#include "server/metrics_text.h"
-#include "server/schemas.h"
 
 namespace tern::router {
 
@@ -21,7 +21,7 @@ RouterMetrics::RouterMetrics()
     : first_byte_seconds({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0}),
       request_seconds({0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0}) {}
 
-Router::Router(RouterOptions options, server::HttpServer& http)
+Router::Router(RouterOptions options, net::HttpServer& http)
     : options_(std::move(options)), http_(http), rng_(std::random_device{}()) {
   const bool pd = !options_.prefill.empty() || !options_.decode.empty();
   TERN_CHECK(pd || !options_.plain.empty(), "no servers: pass --server URL (plain mode) or --prefill URL and --decode URL (PD mode)");
@@ -131,40 +131,40 @@ void Router::server_down(ServerState& s, const std::string& why) {
   s.last_error = why;
 }
 
-void Router::reply_error(server::Exchange& ex, int status, const std::string& message, const std::string& type) {
-  fail(ex, server::ApiError(status, message, "", type));
+void Router::reply_error(net::Exchange& ex, int status, const std::string& message, const std::string& type) {
+  fail(ex, net::ApiError(status, message, "", type));
 }
 
-void Router::fail(server::Exchange& ex, const server::ApiError& e) {
-  ex.reply(e.status, "application/json", server::render_error(e), server::error_headers(e));
+void Router::fail(net::Exchange& ex, const net::ApiError& e) {
+  ex.reply(e.status, "application/json", net::render_error(e), net::error_headers(e));
 }
 
-void Router::preflight(const server::HttpRequest& request) const {
+void Router::preflight(const net::HttpRequest& request) const {
   const std::string path = request.target.substr(0, request.target.find('?'));
   if (path == "/health" || path == "/metrics") return;
   const bool known = path == "/v1/completions" || path == "/v1/chat/completions" || path == "/tokenize" ||
                      path == "/detokenize" || path == "/v1/models";
-  if (!known) throw server::ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
-  if (!server::bearer_authorized(request.authorization, options_.api_key))
-    throw server::ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error",
+  if (!known) throw net::ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
+  if (!net::bearer_authorized(request.authorization, options_.api_key))
+    throw net::ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error",
                            "invalid_api_key");
-  if (draining_) throw server::ApiError(503, "the router is shutting down", "", "unavailable");
-  if (!ready_) throw server::ApiError(503, "no server is up yet", "", "unavailable");
+  if (draining_) throw net::ApiError(503, "the router is shutting down", "", "unavailable");
+  if (!ready_) throw net::ApiError(503, "no server is up yet", "", "unavailable");
 }
 
-std::optional<server::Refusal> Router::check_head(const server::HttpRequest& head) const {
+std::optional<net::Refusal> Router::check_head(const net::HttpRequest& head) const {
   try {
     preflight(head);
     return std::nullopt;
-  } catch (const server::ApiError& e) {
-    return server::Refusal{e.status, server::render_error(e), server::error_headers(e)};
+  } catch (const net::ApiError& e) {
+    return net::Refusal{e.status, net::render_error(e), net::error_headers(e)};
   }
 }
 
-void Router::handle(server::HttpRequest&& request, std::shared_ptr<server::Exchange> exchange) {
+void Router::handle(net::HttpRequest&& request, std::shared_ptr<net::Exchange> exchange) {
   try {
     route(request, exchange);
-  } catch (const server::ApiError& e) {
+  } catch (const net::ApiError& e) {
     fail(*exchange, e);
   } catch (const std::exception& e) {
     log::error("router: internal error on ", request.method, " ", request.target, ": ", e.what());
@@ -172,7 +172,7 @@ void Router::handle(server::HttpRequest&& request, std::shared_ptr<server::Excha
   }
 }
 
-void Router::route(const server::HttpRequest& request, const std::shared_ptr<server::Exchange>& exchange) {
+void Router::route(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange) {
   const std::string path = request.target.substr(0, request.target.find('?'));
   const std::string& m = request.method;
   const auto now = Clock::now();
@@ -189,7 +189,7 @@ void Router::route(const server::HttpRequest& request, const std::shared_ptr<ser
   preflight(request);
   if (path == "/v1/models") {
     if (m != "GET") return reply_error(*exchange, 405, "use GET /v1/models", "invalid_request_error");
-    return exchange->reply(200, "application/json", server::render_models(model_, static_cast<int64_t>(created_), max_model_len_));
+    return exchange->reply(200, "application/json", net::render_models(model_, static_cast<int64_t>(created_), max_model_len_));
   }
   if (m != "POST") return reply_error(*exchange, 405, cat("use POST ", path), "invalid_request_error");
   if (jobs_.size() >= options_.max_requests) {
@@ -216,8 +216,8 @@ void Router::abort_all(const std::string& why) {
 }
 
 std::string Router::render_metrics() const {
-  using server::prom_header;
-  using server::prom_scalar;
+  using net::prom_header;
+  using net::prom_scalar;
   std::string out;
   const std::string l = "role=\"router\"";
   prom_header(out, "router_requests_total", "counter", "Client requests by result.");
@@ -226,10 +226,10 @@ std::string Router::render_metrics() const {
     out += fmt::format("tern:router_requests_total{{{},result=\"{}\"}} {}\n", l, name, v);
   prom_scalar(out, "router_retries_total", "counter", "Attempts retried before the first byte.", double(metrics_.retries), l);
   prom_scalar(out, "router_requests_in_flight", "gauge", "Client requests in flight.", double(jobs_.size()), l);
-  out += server::render_http_metrics(http_.stats(), l);
-  server::prom_histogram(out, "router_first_byte_seconds", "Request arrival to the first byte sent to the client.",
-                         metrics_.first_byte_seconds, l);
-  server::prom_histogram(out, "router_request_seconds", "Request arrival to its end.", metrics_.request_seconds, l);
+  out += net::render_http_metrics(http_.stats(), l);
+  net::prom_histogram(out, "router_first_byte_seconds", "Request arrival to the first byte sent to the client.",
+                      metrics_.first_byte_seconds, l);
+  net::prom_histogram(out, "router_request_seconds", "Request arrival to its end.", metrics_.request_seconds, l);
   const auto now = Clock::now();
   struct Row {
     const char* name;

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/metrics.h"
+#include "core/histogram.h"
+#include "net/http.h"
+#include "net/openai.h"
 #include "router/pool.h"
-#include "server/http.h"
-#include "server/schemas.h"
 
 namespace tern::router {
 
@@ -39,8 +39,8 @@ struct RouterOptions {
 
 struct RouterMetrics {
   uint64_t ok = 0, errors = 0, rejected = 0, client_gone = 0, retries = 0;
-  engine::Histogram first_byte_seconds;  // request arrival to the first byte sent to the client
-  engine::Histogram request_seconds;
+  Histogram first_byte_seconds;  // request arrival to the first byte sent to the client
+  Histogram request_seconds;
   RouterMetrics();
 };
 
@@ -48,12 +48,12 @@ class ProxyJob;
 
 class Router {
  public:
-  Router(RouterOptions options, server::HttpServer& http);
+  Router(RouterOptions options, net::HttpServer& http);
   ~Router();
-  void handle(server::HttpRequest&& request, std::shared_ptr<server::Exchange> exchange);
-  // The HTTP layer's check of a request's head (server::HeadCheck): unknown routes, the API key,
+  void handle(net::HttpRequest&& request, std::shared_ptr<net::Exchange> exchange);
+  // The HTTP layer's check of a request's head (net::HeadCheck): unknown routes, the API key,
   // readiness and draining are answered before the body is read.
-  std::optional<server::Refusal> check_head(const server::HttpRequest& head) const;
+  std::optional<net::Refusal> check_head(const net::HttpRequest& head) const;
   // Starts the health checks; `on_ready` is called once every pool has a server up.
   void start(std::function<void(const std::string& model)> on_ready);
   void set_draining() { draining_ = true; }
@@ -73,20 +73,20 @@ class Router {
   void server_down(ServerState& s, const std::string& why);
 
  private:
-  void route(const server::HttpRequest& request, const std::shared_ptr<server::Exchange>& exchange);
+  void route(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange);
   // Throws the ApiError a request gets from its head alone, or returns.
-  void preflight(const server::HttpRequest& request) const;
+  void preflight(const net::HttpRequest& request) const;
   void check_health();
   void check_server(ServerState& s);
   void server_up(ServerState& s, const std::string& role, const std::string& bootstrap, const std::string& model,
                  int64_t max_model_len);
   bool all_pools_up(Clock::time_point now) const;
   std::string render_metrics() const;
-  void reply_error(server::Exchange& ex, int status, const std::string& message, const std::string& type);
-  void fail(server::Exchange& ex, const server::ApiError& e);
+  void reply_error(net::Exchange& ex, int status, const std::string& message, const std::string& type);
+  void fail(net::Exchange& ex, const net::ApiError& e);
 
   RouterOptions options_;
-  server::HttpServer& http_;
+  net::HttpServer& http_;
   std::unique_ptr<Pool> plain_, prefill_, decode_;
   std::list<std::shared_ptr<ProxyJob>> jobs_;
   RouterMetrics metrics_;

@@ -11,24 +11,24 @@
 
 namespace tern::router {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 namespace {
 
 class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
-  Call(net::io_context& io, UpstreamRequest r, UpstreamHandlers h)
+  Call(asio::io_context& io, UpstreamRequest r, UpstreamHandlers h)
       : stream_(io), request_(std::move(r)), handlers_(std::move(h)) {}
 
   void start() {
     error_code ec;
-    const auto address = net::ip::make_address(request_.host, ec);
+    const auto address = asio::ip::make_address(request_.host, ec);
     if (ec) {
-      net::post(stream_.get_executor(), [self = shared_from_this()] { self->finish(cat("bad server address ", self->request_.host), true); });
+      asio::post(stream_.get_executor(), [self = shared_from_this()] { self->finish(cat("bad server address ", self->request_.host), true); });
       return;
     }
     req_.method_string(request_.method);
@@ -95,7 +95,7 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
   std::string describe(const error_code& ec, const char* stage) const {
     if (ec == beast::error::timeout)
       return cat(stage, " to ", request_.host, ":", request_.port, " timed out");
-    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == http::error::partial_message)
+    if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == http::error::partial_message)
       return cat("the server ", request_.host, ":", request_.port, " closed the connection (", stage, ")");
     return cat(stage, " to ", request_.host, ":", request_.port, ": ", ec.message());
   }
@@ -124,7 +124,7 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
 
 }  // namespace
 
-std::shared_ptr<UpstreamCall> start_upstream(net::io_context& io, UpstreamRequest request, UpstreamHandlers handlers) {
+std::shared_ptr<UpstreamCall> start_upstream(asio::io_context& io, UpstreamRequest request, UpstreamHandlers handlers) {
   auto call = std::make_shared<Call>(io, std::move(request), std::move(handlers));
   call->start();
   return call;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "server/api_types.h"
+#include "net/openai.h"
 
 namespace tern::server {
 
@@ -18,7 +18,7 @@ std::string trim(std::string s) {
 
 }  // namespace
 
-std::string client_of(const HttpRequest& r, const std::vector<std::string>& trusted_proxies) {
+std::string client_of(const net::HttpRequest& r, const std::vector<std::string>& trusted_proxies) {
   if (r.forwarded_for.empty() || std::find(trusted_proxies.begin(), trusted_proxies.end(), r.peer) == trusted_proxies.end())
     return r.peer;
   // Each proxy appends the address it saw: the last entry is the one our trusted proxy vouches for.
@@ -38,7 +38,7 @@ uint64_t client_key(const std::string& client) {
 
 void Admission::admit(const std::string& client, int64_t tokens, const std::string& what) {
   if (limits_.max_request_tokens > 0 && tokens > limits_.max_request_tokens)
-    throw ApiError(400, cat("this request asks for up to ", tokens, " tokens of state (", what, "); the limit is ",
+    throw net::ApiError(400, cat("this request asks for up to ", tokens, " tokens of state (", what, "); the limit is ",
                             limits_.max_request_tokens, " tokens a request (--max-request-tokens, by default what the "
                             "state memory holds): send fewer prompts, a smaller n or a smaller max_tokens"),
                    "max_tokens", "invalid_request_error", "request_too_large");
@@ -46,7 +46,7 @@ void Admission::admit(const std::string& client, int64_t tokens, const std::stri
   if (limits_.max_client_tokens > 0 && held + tokens > limits_.max_client_tokens) {
     const int64_t now = held;
     if (held == 0) in_flight_.erase(client);
-    throw ApiError(429, cat("this client has ", now, " tokens of state in flight; with this request's ", tokens,
+    throw net::ApiError(429, cat("this client has ", now, " tokens of state in flight; with this request's ", tokens,
                             " it would pass its limit of ", limits_.max_client_tokens,
                             " (--max-client-tokens); retry when a request has finished"),
                    "", "rate_limit_error", "client_tokens_exceeded");

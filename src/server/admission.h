@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "server/http.h"
+#include "net/http.h"
 
 namespace tern::server {
 
@@ -22,7 +22,7 @@ struct AdmissionLimits {
 
 // The client a request counts for: the last address of X-Forwarded-For when the peer is a trusted proxy
 // (the one that proxy saw), else the peer address.
-std::string client_of(const HttpRequest& request, const std::vector<std::string>& trusted_proxies);
+std::string client_of(const net::HttpRequest& request, const std::vector<std::string>& trusted_proxies);
 // A stable key of a client for the engine's fair scheduling (never 0, which the engine reads as "no client").
 uint64_t client_key(const std::string& client);
 
@@ -32,7 +32,7 @@ class Admission {
   const AdmissionLimits& limits() const { return limits_; }
 
   // Counts `tokens` for `client` until release(); `what` describes the request's tokens for the
-  // message. Throws ApiError 400 when the request alone passes its limit, 429 when the client's tokens
+  // message. Throws net::ApiError 400 when the request alone passes its limit, 429 when the client's tokens
   // in flight would pass theirs (nothing is counted then).
   void admit(const std::string& client, int64_t tokens, const std::string& what);
   void release(const std::string& client, int64_t tokens);

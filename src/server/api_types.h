@@ -1,23 +1,15 @@
-// The OpenAI-compatible requests as typed values (schemas.cpp parses and checks the JSON into these),
-// and the error a handler answers with.
+// The OpenAI-compatible requests as typed values (schemas_parse.cpp parses and checks the JSON into
+// these). The error a handler answers with is net::ApiError (net/openai.h).
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/request.h"
 
 namespace tern::server {
-
-// An error answered in OpenAI's shape {"error": {"message", "type", "param", "code"}}.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string param = {}, std::string type = {}, std::string code = {});
-  int status;
-  std::string param, type, code;
-};
 
 // Fields shared by /v1/completions and /v1/chat/completions.
 struct GenerationParams {

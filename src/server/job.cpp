@@ -6,7 +6,7 @@
 
 namespace tern::server {
 
-GenerationJob::GenerationJob(Kind kind, ResponseHead head, GenerationParams params, std::shared_ptr<Exchange> exchange,
+GenerationJob::GenerationJob(Kind kind, ResponseHead head, GenerationParams params, std::shared_ptr<net::Exchange> exchange,
                              JobContext context)
     : kind_(kind), head_(std::move(head)), params_(std::move(params)), exchange_(std::move(exchange)),
       ctx_(std::move(context)) {}
@@ -44,7 +44,7 @@ void GenerationJob::start() {
       for (size_t j = 0; j < i; ++j) ctx_.engine->abort(choices_[j].engine_id);
       for (auto& c : choices_) c.done = true;  // their abort updates are ignored; the caller answers
       remaining_ = 0;
-      throw ApiError(400, e.what(), "prompt");
+      throw net::ApiError(400, e.what(), "prompt");
     }
   }
   // Updates are posted to this (the IO) thread, so none is handled before the stream has begun.
@@ -144,17 +144,17 @@ void GenerationJob::complete() {
   int status = 200;
   if (timed_out_ || failed_ || aborted_) {
     // A choice aborted without a timeout was cut by shutdown (a client that left reads nothing).
-    const ApiError e = failed_      ? ApiError(500, cat("generation failed: ", error_), "", "internal_server_error")
-                       : timed_out_ ? ApiError(504, "the request timed out (--request-timeout)", "", "timeout_error")
-                                    : ApiError(503, "the server is shutting down: the request was cut short", "",
-                                               "unavailable");
+    const net::ApiError e =
+        failed_      ? net::ApiError(500, cat("generation failed: ", error_), "", "internal_server_error")
+        : timed_out_ ? net::ApiError(504, "the request timed out (--request-timeout)", "", "timeout_error")
+                     : net::ApiError(503, "the server is shutting down: the request was cut short", "", "unavailable");
     status = e.status;
     if (params_.stream) {
-      exchange_->send(sse(render_error(e)));
+      exchange_->send(sse(net::render_error(e)));
       exchange_->send(sse("[DONE]"));
       exchange_->end_stream();
     } else {
-      exchange_->reply(e.status, "application/json", render_error(e));
+      exchange_->reply(e.status, "application/json", net::render_error(e));
     }
   } else if (params_.stream) {
     if (params_.include_usage)

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "server/http.h"
+#include "net/http.h"
 #include "server/schemas.h"
 #include "server/text_codec.h"
 
@@ -33,7 +33,7 @@ struct JobContext {
 class Job {
  public:
   virtual ~Job() = default;
-  virtual void start() = 0;  // throws ApiError when refused (nothing is left running then)
+  virtual void start() = 0;  // throws net::ApiError when refused (nothing is left running then)
   virtual void abort(bool timed_out) = 0;
   virtual bool finished() const = 0;
   // Called once when the response is complete (e.g. to cancel the request's timeout).
@@ -51,12 +51,12 @@ class Job {
 class GenerationJob : public Job, public std::enable_shared_from_this<GenerationJob> {
  public:
   enum class Kind { completion, chat };
-  GenerationJob(Kind kind, ResponseHead head, GenerationParams params, std::shared_ptr<Exchange> exchange,
+  GenerationJob(Kind kind, ResponseHead head, GenerationParams params, std::shared_ptr<net::Exchange> exchange,
                 JobContext context);
 
   // A prompt and its n choices; `parser` makes the chat output parser of each choice.
   void add_prompt(std::vector<int32_t> prompt, const std::function<std::unique_ptr<OutputParser>()>& parser);
-  // Submits every choice (throws ApiError when the engine refuses one; none is left running then).
+  // Submits every choice (throws net::ApiError when the engine refuses one; none is left running then).
   void start() override;
   // Client gone or timed out: aborts every choice; the response is then an error (or nothing).
   void abort(bool timed_out) override;
@@ -84,7 +84,7 @@ class GenerationJob : public Job, public std::enable_shared_from_this<Generation
   Kind kind_;
   ResponseHead head_;
   GenerationParams params_;
-  std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<net::Exchange> exchange_;
   JobContext ctx_;
   std::vector<std::vector<int32_t>> prompts_;
   std::vector<Choice> choices_;

@@ -3,34 +3,14 @@
 #include <fmt/format.h>
 
 #include "engine/request.h"
+#include "net/prometheus.h"
 
 namespace tern::server {
 
-void prom_header(std::string& out, const char* name, const char* type, const char* help) {
-  out += fmt::format("# HELP tern:{} {}\n# TYPE tern:{} {}\n", name, help, name, type);
-}
-
-void prom_scalar(std::string& out, const char* name, const char* type, const char* help, double v, const std::string& labels) {
-  prom_header(out, name, type, help);
-  out += fmt::format("tern:{}{{{}}} {}\n", name, labels, v);
-}
-
-// One series of a histogram family (its header written once, before).
-void prom_histogram_series(std::string& out, const char* name, const engine::Histogram& h, const std::string& labels) {
-  uint64_t cum = 0;
-  for (size_t i = 0; i < h.counts().size(); ++i) {
-    cum += h.counts()[i];
-    const std::string le = i < h.bounds().size() ? fmt::format("{}", h.bounds()[i]) : "+Inf";
-    out += fmt::format("tern:{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le, cum);
-  }
-  out += fmt::format("tern:{}_sum{{{}}} {}\ntern:{}_count{{{}}} {}\n", name, labels, h.sum(), name, labels, h.count());
-}
-
-void prom_histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h,
-                    const std::string& labels) {
-  prom_header(out, name, "histogram", help);
-  prom_histogram_series(out, name, h, labels);
-}
+using net::prom_header;
+using net::prom_histogram;
+using net::prom_histogram_series;
+using net::prom_scalar;
 
 std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters& s, const std::string& model) {
   const std::string l = fmt::format("model_name=\"{}\"", model);
@@ -82,24 +62,8 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
          double(s.client_disconnects_total), l);
   prom_scalar(out, "request_timeouts_total", "counter", "Requests aborted by the per-request timeout.",
          double(s.request_timeouts_total), l);
-  out += render_http_metrics(s.http, l);
+  out += net::render_http_metrics(s.http, l);
   prom_scalar(out, "admission_clients", "gauge", "Clients with tokens of state in flight.", double(s.admission_clients), l);
-  return out;
-}
-
-std::string render_http_metrics(const HttpStats& h, const std::string& l) {
-  std::string out;
-  prom_scalar(out, "http_connections", "gauge", "Open HTTP connections.", double(h.open), l);
-  prom_scalar(out, "http_connections_evicted_total", "counter",
-              "Connections waiting for a request closed to make room for new ones (--max-connections).",
-              double(h.evicted_total), l);
-  prom_scalar(out, "http_connections_refused_total", "counter",
-              "New connections answered 503: every open one was inside a request (--max-connections).",
-              double(h.refused_total), l);
-  prom_scalar(out, "http_requests_busy_total", "counter", "Requests answered 503 from their head: no body budget left "
-              "(--max-buffered-mb).", double(h.busy_total), l);
-  prom_scalar(out, "http_buffered_bytes", "gauge", "Request-body bytes reserved now (--max-buffered-mb).",
-              double(h.buffered_bytes), l);
   return out;
 }
 

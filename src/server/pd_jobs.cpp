@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "net/room.h"
 
 namespace tern::server {
 
@@ -51,7 +52,7 @@ std::function<uint64_t(size_t, engine::GenerationRequest, engine::UpdateSink)> r
   };
 }
 
-PrefillJob::PrefillJob(uint64_t room, GenerationParams params, std::shared_ptr<Exchange> exchange, JobContext context,
+PrefillJob::PrefillJob(uint64_t room, GenerationParams params, std::shared_ptr<net::Exchange> exchange, JobContext context,
                        transfer::PrefillRooms& rooms)
     : room_(room), params_(std::move(params)), exchange_(std::move(exchange)), ctx_(std::move(context)), rooms_(rooms) {}
 
@@ -85,7 +86,7 @@ void PrefillJob::start() {
         rooms_.fail(choices_[j].key, "the request was refused");
       }
       remaining_ = 0;
-      throw ApiError(400, e.what(), "", "invalid_request_error");
+      throw net::ApiError(400, e.what(), "", "invalid_request_error");
     }
   }
 }
@@ -139,13 +140,14 @@ void PrefillJob::complete() {
   for (const auto& c : choices_)
     if (!c.ok && !failed) failed = &c;
   if (failed) {
-    const ApiError e = timed_out_ ? ApiError(504, failed->error, "", "timeout_error")
-                                  : ApiError(502, cat("state transfer of room ", failed->key.name(), " failed: ", failed->error),
-                                             "", "transfer_error");
+    const net::ApiError e =
+        timed_out_ ? net::ApiError(504, failed->error, "", "timeout_error")
+                   : net::ApiError(502, cat("state transfer of room ", failed->key.name(), " failed: ", failed->error), "",
+                                   "transfer_error");
     status = e.status;
-    exchange_->reply(e.status, "application/json", render_error(e));
+    exchange_->reply(e.status, "application/json", net::render_error(e));
   } else {
-    nlohmann::json j = {{"object", "tern.prefill"}, {"room", transfer::room_hex(room_)},
+    nlohmann::json j = {{"object", "tern.prefill"}, {"room", net::room_hex(room_)},
                         {"transfers", choices_.size()}};
     exchange_->reply(200, "application/json", j.dump());
   }

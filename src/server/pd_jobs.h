@@ -37,7 +37,7 @@ std::function<uint64_t(size_t, engine::GenerationRequest, engine::UpdateSink)> r
 // rooms succeeded; any failure makes it an error naming the first reason.
 class PrefillJob : public Job, public std::enable_shared_from_this<PrefillJob> {
  public:
-  PrefillJob(uint64_t room, GenerationParams params, std::shared_ptr<Exchange> exchange, JobContext context,
+  PrefillJob(uint64_t room, GenerationParams params, std::shared_ptr<net::Exchange> exchange, JobContext context,
              transfer::PrefillRooms& rooms);
   void add_prompt(std::vector<int32_t> prompt);
   void start() override;
@@ -61,7 +61,7 @@ class PrefillJob : public Job, public std::enable_shared_from_this<PrefillJob> {
 
   uint64_t room_;
   GenerationParams params_;
-  std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<net::Exchange> exchange_;
   JobContext ctx_;
   transfer::PrefillRooms& rooms_;
   std::vector<std::vector<int32_t>> prompts_;

@@ -1,5 +1,6 @@
-// Every JSON shape of the API: parsing requests into api_types.h (with OpenAI-style 400s naming the
-// bad field) and rendering responses, stream chunks, errors, models and metrics-free bodies.
+// Every JSON shape of the generation API: parsing requests into api_types.h (with OpenAI-style 400s
+// naming the bad field) and rendering responses, stream chunks and the tokenizer endpoints' bodies. The
+// shapes a front without an engine answers with too (errors, the model list) are in net/openai.h.
 #pragma once
 
 #include <functional>
@@ -10,6 +11,7 @@
 
 #include "core/bounded_json.h"
 #include "engine/request.h"
+#include "net/openai.h"
 #include "server/api_types.h"
 
 namespace tern::server {
@@ -69,10 +71,6 @@ std::string render_chat(const ResponseHead& head, const std::vector<ChoiceOut>& 
 std::string render_chat_chunk(const ResponseHead& head, const ChoiceOut& choice, bool first, const TokenBytes& bytes);
 // The final include_usage chunk (choices empty); `object` is text_completion or chat.completion.chunk.
 std::string render_usage_chunk(const ResponseHead& head, const char* object, const Usage& usage);
-std::string render_error(const ApiError& e);
-// The headers an error answer carries: Retry-After with 429 and 503, WWW-Authenticate with 401.
-std::vector<std::pair<std::string, std::string>> error_headers(const ApiError& e);
-std::string render_models(const std::string& model, int64_t created, int64_t max_model_len);
 std::string render_tokenize(const std::vector<int32_t>& tokens, int64_t max_model_len);
 std::string render_detokenize(const std::string& text);
 

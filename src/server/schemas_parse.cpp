@@ -11,18 +11,9 @@ namespace tern::server {
 
 using json = nlohmann::json;
 
-ApiError::ApiError(int status_, std::string message, std::string param_, std::string type_, std::string code_)
-    : std::runtime_error(std::move(message)),
-      status(status_),
-      param(std::move(param_)),
-      type(type_.empty() ? (status_ == 404 ? "not_found_error" : status_ == 401 ? "authentication_error"
-                                                                                : "invalid_request_error")
-                         : std::move(type_)),
-      code(std::move(code_)) {}
-
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
+[[noreturn]] void bad(const std::string& param, const std::string& message) { throw net::ApiError(400, message, param); }
 
 // Every body is read by the bounded parser: a field nested or sized beyond the JSON limits is a 400 naming
 // it, and nothing later (dump(), copies) can recurse deeper than the limit.
@@ -144,7 +135,7 @@ std::vector<int32_t> token_list(const json& v, const std::string& param, int64_t
 void parse_model(Fields& f, GenerationParams& p, const ParseLimits& limits) {
   p.model = f.string("model", limits.max_label_bytes).value_or(limits.model);
   if (p.model != limits.model)
-    throw ApiError(404, cat("The model '", p.model, "' does not exist; this server serves '", limits.model, "'"),
+    throw net::ApiError(404, cat("The model '", p.model, "' does not exist; this server serves '", limits.model, "'"),
                    "model", "not_found_error", "model_not_found");
 }
 

@@ -1,5 +1,5 @@
 // Response rendering: the OpenAI shapes of completions, chat completions, their stream chunks, usage,
-// errors, models and the tokenizer endpoints.
+// and the tokenizer endpoints (errors and the model list: net/openai.h).
 #include <nlohmann/json.hpp>
 
 #include "engine/text_stream.h"
@@ -134,30 +134,6 @@ std::string render_usage_chunk(const ResponseHead& head, const char* object, con
   j["choices"] = json::array();
   j["usage"] = usage_json(usage);
   return dump(j);
-}
-
-std::string render_error(const ApiError& e) {
-  return dump({{"error",
-                {{"message", e.what()},
-                 {"type", e.type},
-                 {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-                 {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}});
-}
-
-std::vector<std::pair<std::string, std::string>> error_headers(const ApiError& e) {
-  std::vector<std::pair<std::string, std::string>> h;
-  if (e.status == 429 || e.status == 503) h.emplace_back("Retry-After", "1");
-  if (e.status == 401) h.emplace_back("WWW-Authenticate", "Bearer");
-  return h;
-}
-
-std::string render_models(const std::string& model, int64_t created, int64_t max_model_len) {
-  return dump({{"object", "list"},
-               {"data", json::array({{{"id", model},
-                                      {"object", "model"},
-                                      {"created", created},
-                                      {"owned_by", "tern"},
-                                      {"max_model_len", max_model_len}}})}});
 }
 
 std::string render_tokenize(const std::vector<int32_t>& tokens, int64_t max_model_len) {

@@ -1,13 +1,12 @@
 #include "server/service.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
-#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "server/auth.h"
+#include "net/auth.h"
+#include "net/room.h"
 #include "server/job.h"
 
 namespace tern::server {
@@ -21,7 +20,7 @@ std::string path_of(const std::string& target) { return target.substr(0, target.
 
 }  // namespace
 
-ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
+ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, net::HttpServer& http, ServiceOptions options,
                        PdContext pd)
     : engine_(engine), codec_(codec), http_(http), options_(std::move(options)), pd_(std::move(pd)),
       admission_(options_.admission) {
@@ -29,77 +28,77 @@ ApiService::ApiService(engine::Engine& engine, const TextCodec& codec, HttpServe
   limits_.vocab_size = codec_.vocab_size();
 }
 
-void ApiService::handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange) {
+void ApiService::handle(net::HttpRequest&& request, std::shared_ptr<net::Exchange> exchange) {
   ++counters_.http_requests_total;
   try {
     route(request, exchange);
-  } catch (const ApiError& e) {
+  } catch (const net::ApiError& e) {
     fail(*exchange, e);
   } catch (const Error& e) {
-    fail(*exchange, ApiError(400, e.what()));
+    fail(*exchange, net::ApiError(400, e.what()));
   } catch (const std::exception& e) {
     log::error("internal error on ", request.method, " ", request.target, ": ", e.what());
-    fail(*exchange, ApiError(500, cat("internal error: ", e.what()), "", "internal_server_error"));
+    fail(*exchange, net::ApiError(500, cat("internal error: ", e.what()), "", "internal_server_error"));
   }
 }
 
-void ApiService::answer(Exchange& exchange, int status, std::string body, const Headers& headers) {
+void ApiService::answer(net::Exchange& exchange, int status, std::string body, const net::Headers& headers) {
   if (status >= 500) ++counters_.http_errors_5xx_total;
   else if (status >= 400) ++counters_.http_errors_4xx_total;
   exchange.reply(status, kJson, std::move(body), headers);
 }
 
-void ApiService::fail(Exchange& exchange, const ApiError& e) { answer(exchange, e.status, render_error(e), error_headers(e)); }
+void ApiService::fail(net::Exchange& exchange, const net::ApiError& e) { answer(exchange, e.status, net::render_error(e), net::error_headers(e)); }
 
-bool ApiService::authorized(const HttpRequest& request) const {
-  return bearer_authorized(request.authorization, options_.api_key);
+bool ApiService::authorized(const net::HttpRequest& request) const {
+  return net::bearer_authorized(request.authorization, options_.api_key);
 }
 
-void ApiService::preflight(const HttpRequest& request) const {
+void ApiService::preflight(const net::HttpRequest& request) const {
   const std::string path = path_of(request.target);
   if (path == "/health" || path == "/metrics" || path == "/pd/info") return;
   const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions" ||
                      path == "/tokenize" || path == "/detokenize";
-  if (!known) throw ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
-  if (!authorized(request)) throw ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error", "invalid_api_key");
-  if (!ready_) throw ApiError(503, "the model is loading", "", "unavailable");
-  if (draining_) throw ApiError(503, "the server is shutting down", "", "unavailable");
+  if (!known) throw net::ApiError(404, cat("no route ", request.method, " ", path), "", "not_found_error");
+  if (!authorized(request)) throw net::ApiError(401, "a valid API key is required: Authorization: Bearer <key>", "", "authentication_error", "invalid_api_key");
+  if (!ready_) throw net::ApiError(503, "the model is loading", "", "unavailable");
+  if (draining_) throw net::ApiError(503, "the server is shutting down", "", "unavailable");
 }
 
-std::optional<Refusal> ApiService::check_head(const HttpRequest& head) const {
+std::optional<net::Refusal> ApiService::check_head(const net::HttpRequest& head) const {
   try {
     preflight(head);
     return std::nullopt;
-  } catch (const ApiError& e) {
-    return Refusal{e.status, render_error(e), error_headers(e)};
+  } catch (const net::ApiError& e) {
+    return net::Refusal{e.status, net::render_error(e), net::error_headers(e)};
   }
 }
 
-void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+void ApiService::route(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange) {
   const std::string path = path_of(request.target);
   const std::string& m = request.method;
   preflight(request);
   if (path == "/health") {
-    if (m != "GET") throw ApiError(405, "use GET /health");
-    if (!ready_ || draining_) throw ApiError(503, ready_ ? "the server is shutting down" : "the model is loading", "", "unavailable");
+    if (m != "GET") throw net::ApiError(405, "use GET /health");
+    if (!ready_ || draining_) throw net::ApiError(503, ready_ ? "the server is shutting down" : "the model is loading", "", "unavailable");
     return answer(*exchange, 200, R"({"status":"ok"})");
   }
   if (path == "/metrics") {
-    if (m != "GET") throw ApiError(405, "use GET /metrics");
+    if (m != "GET") throw net::ApiError(405, "use GET /metrics");
     return exchange->reply(200, "text/plain; version=0.0.4", metrics());
   }
   if (path == "/pd/info") {  // for `tern route`: this server's role and bootstrap address
-    if (m != "GET") throw ApiError(405, "use GET /pd/info");
+    if (m != "GET") throw net::ApiError(405, "use GET /pd/info");
     return answer(*exchange, 200, pd_info());
   }
   if (path == "/v1/models") {
-    if (m != "GET") throw ApiError(405, "use GET /v1/models");
-    return answer(*exchange, 200, render_models(options_.model_name, options_.created, options_.max_model_len));
+    if (m != "GET") throw net::ApiError(405, "use GET /v1/models");
+    return answer(*exchange, 200, net::render_models(options_.model_name, options_.created, options_.max_model_len));
   }
-  if (m != "POST") throw ApiError(405, cat("use POST ", path));
+  if (m != "POST") throw net::ApiError(405, cat("use POST ", path));
   if (path == "/tokenize") return tokenize(request, *exchange);
   if (path == "/detokenize") return detokenize(request, *exchange);
-  if (live_jobs_ >= kMaxLiveJobs) throw ApiError(429, "too many requests in flight; retry later", "", "rate_limit_error");
+  if (live_jobs_ >= kMaxLiveJobs) throw net::ApiError(429, "too many requests in flight; retry later", "", "rate_limit_error");
   if (path == "/v1/completions") return completions(request, exchange);
   chat(request, exchange);
 }
@@ -107,10 +106,10 @@ void ApiService::route(const HttpRequest& request, const std::shared_ptr<Exchang
 void ApiService::check_length(const GenerationParams& p, const std::vector<int32_t>& prompt, const char* param) const {
   const auto n = static_cast<int64_t>(prompt.size());
   if (n >= options_.max_model_len)
-    throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; the prompt has ", n,
+    throw net::ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; the prompt has ", n,
                             " tokens"), param, "invalid_request_error", "context_length_exceeded");
   if (p.max_tokens_given && n + p.stop.max_tokens > options_.max_model_len)
-    throw ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; you requested ",
+    throw net::ApiError(400, cat("This model's maximum context length is ", options_.max_model_len, " tokens; you requested ",
                             n + p.stop.max_tokens, " tokens (", n, " in the prompt, ", p.stop.max_tokens,
                             " for the completion)"), "max_tokens", "invalid_request_error", "context_length_exceeded");
 }
@@ -140,7 +139,7 @@ ResponseHead ApiService::head(const char* prefix, const std::string& model) {
           std::chrono::duration_cast<std::chrono::seconds>(now).count()};
 }
 
-void ApiService::run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<Exchange>& exchange) {
+void ApiService::run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<net::Exchange>& exchange) {
   ++live_jobs_;
   try {
     job->start();
@@ -163,19 +162,19 @@ void ApiService::run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<
   }));
 }
 
-void ApiService::completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+void ApiService::completions(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange) {
   CompletionRequest r = parse_completion(request.body, limits_);
   std::vector<std::vector<int32_t>> prompts = std::move(r.token_prompts);
   for (const auto& t : r.text_prompts) prompts.push_back(codec_.encode(t, true));
   for (const auto& p : prompts) {
-    if (p.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+    if (p.empty()) throw net::ApiError(400, "the prompt is empty", "prompt");
     check_length(r.params, p, "prompt");
   }
   if (!r.params.max_tokens_given) r.params.stop.max_tokens = 16;
   generate(false, request, exchange, std::move(r.params), std::move(prompts), nullptr);
 }
 
-void ApiService::chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+void ApiService::chat(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange) {
   ChatRequest r = parse_chat(request.body, limits_);
   std::vector<int32_t> prompt = codec_.chat_prompt(r);
   check_length(r.params, prompt, "messages");
@@ -185,14 +184,14 @@ void ApiService::chat(const HttpRequest& request, const std::shared_ptr<Exchange
   generate(true, request, exchange, std::move(r.params), std::move(prompts), [&] { return codec_.output_parser(r); });
 }
 
-void ApiService::generate(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+void ApiService::generate(bool chat, const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange,
                           GenerationParams params, std::vector<std::vector<int32_t>> prompts,
                           const std::function<std::unique_ptr<OutputParser>()>& parser) {
   const bool pd = !request.tern_room.empty();
   if (pd && pd_.role == Role::both)
-    throw ApiError(400, "this server does not take part in prefill-decode disaggregation (--role both) but got X-Tern-Room");
+    throw net::ApiError(400, "this server does not take part in prefill-decode disaggregation (--role both) but got X-Tern-Room");
   if (!pd && pd_.role != Role::both)
-    throw ApiError(400, cat("this is a ", role_name(pd_.role), " server (--role ", role_name(pd_.role),
+    throw net::ApiError(400, cat("this is a ", role_name(pd_.role), " server (--role ", role_name(pd_.role),
                             "): requests come through `tern route` with X-Tern-Room"), "", "invalid_request_error");
   std::string what;
   const int64_t tokens = state_tokens(params, prompts, what);
@@ -213,16 +212,16 @@ void ApiService::generate(bool chat, const HttpRequest& request, const std::shar
   }
 }
 
-void ApiService::start_generation(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+void ApiService::start_generation(bool chat, const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange,
                                   GenerationParams params, std::vector<std::vector<int32_t>> prompts,
                                   const std::function<std::unique_ptr<OutputParser>()>& parser, JobContext ctx) {
   const bool pd = !request.tern_room.empty();
   uint64_t room = 0;
   if (pd) {
     try {
-      room = transfer::parse_room(request.tern_room);
+      room = net::parse_room(request.tern_room);
     } catch (const Error& e) {
-      throw ApiError(400, cat("X-Tern-Room: ", e.what()));
+      throw net::ApiError(400, cat("X-Tern-Room: ", e.what()));
     }
   }
   if (pd_.role == Role::prefill) {
@@ -234,7 +233,7 @@ void ApiService::start_generation(bool chat, const HttpRequest& request, const s
     try {
       transfer::parse_host_port(request.tern_bootstrap);
     } catch (const Error& e) {
-      throw ApiError(400, cat("X-Tern-Bootstrap: ", e.what()));
+      throw net::ApiError(400, cat("X-Tern-Bootstrap: ", e.what()));
     }
     ctx.submit = remote_submit(engine_, *pd_.decode, ctx.post, room, request.tern_bootstrap);
   }
@@ -251,13 +250,13 @@ std::string ApiService::pd_info() const {
              options_.model_name, R"(","max_model_len":)", options_.max_model_len, "}");
 }
 
-void ApiService::tokenize(const HttpRequest& request, Exchange& exchange) {
+void ApiService::tokenize(const net::HttpRequest& request, net::Exchange& exchange) {
   TokenizeRequest r = parse_tokenize(request.body, limits_);
   const auto tokens = r.chat ? codec_.chat_prompt(*r.chat) : codec_.encode(r.prompt, r.add_special_tokens);
   answer(exchange, 200, render_tokenize(tokens, options_.max_model_len));
 }
 
-void ApiService::detokenize(const HttpRequest& request, Exchange& exchange) {
+void ApiService::detokenize(const net::HttpRequest& request, net::Exchange& exchange) {
   DetokenizeRequest r = parse_detokenize(request.body, limits_);
   answer(exchange, 200, render_detokenize(codec_.decode(r.tokens)));
 }
@@ -270,26 +269,6 @@ std::string ApiService::metrics() const {
   if (pd_.prefill) out += render_pd_metrics(pd_.prefill->metrics(), "prefill", options_.model_name);
   if (pd_.decode) out += render_pd_metrics(pd_.decode->metrics(), "decode", options_.model_name);
   return out;
-}
-
-bool bearer_authorized(const std::string& authorization, const std::string& key) {
-  if (key.empty()) return true;
-  // The scheme is case-insensitive (RFC 9110, 11.1); one or more spaces before the token.
-  static constexpr std::string_view scheme = "bearer";
-  const bool bearer = authorization.size() > scheme.size() && authorization[scheme.size()] == ' ' &&
-                      std::equal(scheme.begin(), scheme.end(), authorization.begin(), [](char a, char b) {
-                        return a == std::tolower(static_cast<unsigned char>(b));
-                      });
-  const size_t token = bearer ? authorization.find_first_not_of(' ', scheme.size()) : std::string::npos;
-  const std::string given = token == std::string::npos ? std::string() : authorization.substr(token);
-  const size_t n = std::max(given.size(), key.size());
-  unsigned char diff = given.size() == key.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    const unsigned char y = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
-  }
-  return diff == 0;
 }
 
 }  // namespace tern::server

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "net/http.h"
 #include "server/admission.h"
-#include "server/http.h"
 #include "server/job.h"
 #include "server/metrics_text.h"
 #include "server/pd_jobs.h"
@@ -32,35 +32,35 @@ struct ServiceOptions {
 
 class ApiService {
  public:
-  ApiService(engine::Engine& engine, const TextCodec& codec, HttpServer& http, ServiceOptions options,
+  ApiService(engine::Engine& engine, const TextCodec& codec, net::HttpServer& http, ServiceOptions options,
              PdContext pd = {});
-  void handle(HttpRequest&& request, std::shared_ptr<Exchange> exchange);
-  // The HTTP layer's check of a request's head, before its body is read (HeadCheck): unknown routes,
+  void handle(net::HttpRequest&& request, std::shared_ptr<net::Exchange> exchange);
+  // The HTTP layer's check of a request's head, before its body is read (net::HeadCheck): unknown routes,
   // the API key, loading and draining are answered from the head.
-  std::optional<Refusal> check_head(const HttpRequest& head) const;
+  std::optional<net::Refusal> check_head(const net::HttpRequest& head) const;
   void set_ready() { ready_ = true; }
   void set_draining() { draining_ = true; }
   size_t live_jobs() const { return live_jobs_; }
   std::string metrics() const;
 
  private:
-  void route(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
-  // Throws the ApiError a request gets from its head alone (route, key, readiness), or returns.
-  void preflight(const HttpRequest& request) const;
-  void answer(Exchange& exchange, int status, std::string body, const Headers& headers = {});
-  void fail(Exchange& exchange, const ApiError& e);
-  bool authorized(const HttpRequest& request) const;
-  void completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
-  void chat(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange);
-  void tokenize(const HttpRequest& request, Exchange& exchange);
-  void detokenize(const HttpRequest& request, Exchange& exchange);
-  void run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<Exchange>& exchange);
+  void route(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange);
+  // Throws the net::ApiError a request gets from its head alone (route, key, readiness), or returns.
+  void preflight(const net::HttpRequest& request) const;
+  void answer(net::Exchange& exchange, int status, std::string body, const net::Headers& headers = {});
+  void fail(net::Exchange& exchange, const net::ApiError& e);
+  bool authorized(const net::HttpRequest& request) const;
+  void completions(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange);
+  void chat(const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange);
+  void tokenize(const net::HttpRequest& request, net::Exchange& exchange);
+  void detokenize(const net::HttpRequest& request, net::Exchange& exchange);
+  void run_job(const std::shared_ptr<Job>& job, const std::shared_ptr<net::Exchange>& exchange);
   // Starts a generation as this server's role has it: here (both), its prompts only (prefill) or its
   // decoding only (decode).
-  void generate(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange, GenerationParams params,
+  void generate(bool chat, const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange, GenerationParams params,
                 std::vector<std::vector<int32_t>> prompts, const std::function<std::unique_ptr<OutputParser>()>& parser);
   // After admission: the job of this server's role, started.
-  void start_generation(bool chat, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange,
+  void start_generation(bool chat, const net::HttpRequest& request, const std::shared_ptr<net::Exchange>& exchange,
                         GenerationParams params, std::vector<std::vector<int32_t>> prompts,
                         const std::function<std::unique_ptr<OutputParser>()>& parser, JobContext ctx);
   std::string pd_info() const;
@@ -73,7 +73,7 @@ class ApiService {
 
   engine::Engine& engine_;
   const TextCodec& codec_;
-  HttpServer& http_;
+  net::HttpServer& http_;
   ServiceOptions options_;
   PdContext pd_;
   ParseLimits limits_;

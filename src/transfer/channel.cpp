@@ -10,11 +10,12 @@
 #include <deque>
 
 #include "core/error.h"
+#include "net/listen.h"
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 const char* frame_name(Frame f) {
@@ -92,7 +93,7 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
 
  private:
   void read_header() {
-    net::async_read(socket_, net::buffer(header_), [self = shared_from_this()](error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(header_), [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->fail(ec);
       self->heard();
       uint32_t n = 0;
@@ -105,7 +106,7 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
   }
 
   void read_payload() {
-    net::async_read(socket_, net::buffer(payload_), [self = shared_from_this()](error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(payload_), [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->fail(ec);
       self->heard();
       const auto t = static_cast<unsigned char>(self->header_[4]);
@@ -128,7 +129,7 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
     writing_ = true;
     auto data = std::make_shared<std::string>(std::move(queue_.front()));
     queue_.pop_front();
-    net::async_write(socket_, net::buffer(*data), [self = shared_from_this(), data](error_code ec, size_t) {
+    asio::async_write(socket_, asio::buffer(*data), [self = shared_from_this(), data](error_code ec, size_t) {
       self->writing_ = false;
       if (ec) return self->fail(ec);
       self->write_next();
@@ -160,8 +161,8 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
   void heard() { last_heard_ = std::chrono::steady_clock::now(); }
 
   void fail(const error_code& ec) {
-    if (ec == net::error::operation_aborted && (closed_ || closing_)) return;
-    const bool eof = ec == net::error::eof || ec == net::error::connection_reset;
+    if (ec == asio::error::operation_aborted && (closed_ || closing_)) return;
+    const bool eof = ec == asio::error::eof || ec == asio::error::connection_reset;
     fail_with(eof ? cat("the peer ", peer_name(), " closed the connection") : cat("connection to ", peer_name(), ": ", ec.message()),
               false);
   }
@@ -192,7 +193,7 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
 
   tcp::socket socket_;
   ChannelOptions options_;
-  net::steady_timer heartbeat_, watchdog_;
+  asio::steady_timer heartbeat_, watchdog_;
   std::array<char, kHeader> header_{};
   std::string payload_;
   std::deque<std::string> queue_;
@@ -205,25 +206,13 @@ class TcpChannel : public Channel, public std::enable_shared_from_this<TcpChanne
 
 class TcpListener : public Listener {
  public:
-  TcpListener(net::io_context& io, const std::string& host, uint16_t port, ChannelOptions o,
+  TcpListener(asio::io_context& io, const std::string& host, uint16_t port, ChannelOptions o,
               std::function<void(std::shared_ptr<Channel>)> on_channel)
       : state_(std::make_shared<State>(io)) {
     state_->options = o;
     state_->on_channel = std::move(on_channel);
-    error_code ec;
-    const auto address = net::ip::make_address(host, ec);
-    TERN_CHECK(!ec, "--pd-host ", host, " is not an IP address");
-    const tcp::endpoint endpoint(address, port);
-    auto& a = state_->acceptor;
-    a.open(endpoint.protocol(), ec);
-    TERN_CHECK(!ec, "cannot open a socket: ", ec.message());
-    a.set_option(net::socket_base::reuse_address(true), ec);
-    a.bind(endpoint, ec);
-    TERN_CHECK(!ec, "cannot bind the transfer port ", host, ":", port, ": ", ec.message(),
-               ec == net::error::address_in_use ? " (the port is in use: pass another --pd-port)" : "");
-    a.listen(net::socket_base::max_listen_connections, ec);
-    TERN_CHECK(!ec, "cannot listen on ", host, ":", port, ": ", ec.message());
-    port_ = a.local_endpoint().port();
+    port_ = net::listen_on(state_->acceptor, host, port,
+                           {"--pd-host", "the transfer port ", "pass another --pd-port"});
     accept(state_);
   }
   ~TcpListener() override { close(); }
@@ -235,7 +224,7 @@ class TcpListener : public Listener {
 
  private:
   struct State {
-    explicit State(net::io_context& io) : acceptor(io) {}
+    explicit State(asio::io_context& io) : acceptor(io) {}
     tcp::acceptor acceptor;
     ChannelOptions options;
     std::function<void(std::shared_ptr<Channel>)> on_channel;
@@ -253,13 +242,13 @@ class TcpListener : public Listener {
 
 }  // namespace
 
-void Channel::connect(net::io_context& io, const std::string& host, uint16_t port, ChannelOptions options,
+void Channel::connect(asio::io_context& io, const std::string& host, uint16_t port, ChannelOptions options,
                       OnConnected done) {
   error_code ec;
-  const auto address = net::ip::make_address(host, ec);
+  const auto address = asio::ip::make_address(host, ec);
   if (ec) return done(nullptr, cat("the prefill bootstrap address ", host, " is not an IP address"));
   auto socket = std::make_shared<tcp::socket>(io);
-  auto timer = std::make_shared<net::steady_timer>(io, options.connect_timeout);
+  auto timer = std::make_shared<asio::steady_timer>(io, options.connect_timeout);
   auto finished = std::make_shared<bool>(false);
   timer->async_wait([socket, finished](error_code ec) {
     if (ec || *finished) return;
@@ -270,7 +259,7 @@ void Channel::connect(net::io_context& io, const std::string& host, uint16_t por
     *finished = true;
     timer->cancel();
     if (ec) {
-      const bool timed_out = ec == net::error::operation_aborted;
+      const bool timed_out = ec == asio::error::operation_aborted;
       return done(nullptr, timed_out ? cat("connecting to ", host, ":", port, " timed out after ",
                                            options.connect_timeout.count(), " ms")
                                      : cat("cannot connect to ", host, ":", port, ": ", ec.message()));
@@ -279,7 +268,7 @@ void Channel::connect(net::io_context& io, const std::string& host, uint16_t por
   });
 }
 
-std::unique_ptr<Listener> Listener::listen(net::io_context& io, const std::string& host, uint16_t port,
+std::unique_ptr<Listener> Listener::listen(asio::io_context& io, const std::string& host, uint16_t port,
                                            ChannelOptions options, std::function<void(std::shared_ptr<Channel>)> on_channel) {
   return std::make_unique<TcpListener>(io, host, port, options, std::move(on_channel));
 }

@@ -17,7 +17,7 @@
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 
 namespace {
 
@@ -231,7 +231,7 @@ class OpenHandles {
 
 class CudaIpcBackend : public Backend {
  public:
-  CudaIpcBackend(net::io_context& io, CudaIpcOptions o)
+  CudaIpcBackend(asio::io_context& io, CudaIpcOptions o)
       : io_(io), options_(o), boot_(boot_id()), handles_(std::make_shared<OpenHandles>()) {
     int n = 0;
     check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
@@ -256,7 +256,7 @@ class CudaIpcBackend : public Backend {
       } catch (const std::exception& e) {
         error = e.what();
       }
-      net::post(io, [done = std::move(done), error, cancelled] { done(*cancelled ? "cuda-ipc transfer: cancelled" : error); });
+      asio::post(io, [done = std::move(done), error, cancelled] { done(*cancelled ? "cuda-ipc transfer: cancelled" : error); });
     }).detach();
     return [cancelled] { *cancelled = true; };
   }
@@ -289,7 +289,7 @@ class CudaIpcBackend : public Backend {
     check(e, "cudaMemcpyAsync into the landing");
   }
 
-  net::io_context& io_;
+  asio::io_context& io_;
   CudaIpcOptions options_;
   std::string boot_;
   std::shared_ptr<OpenHandles> handles_;
@@ -299,7 +299,7 @@ class CudaIpcBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_ipc_backend(net::io_context& io, CudaIpcOptions options) {
+std::unique_ptr<Backend> make_cuda_ipc_backend(asio::io_context& io, CudaIpcOptions options) {
   return std::make_unique<CudaIpcBackend>(io, options);
 }
 

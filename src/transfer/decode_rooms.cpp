@@ -9,20 +9,20 @@
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
 enum class DecodePhase { connecting, hello_sent, accepted, reserved_sent, ready_sent, importing };
 
 struct DecodeRooms::Room {
-  explicit Room(net::io_context& io) : timer(io) {}
+  explicit Room(asio::io_context& io) : timer(io) {}
   DecodeRequest request;
   DecodePhase phase = DecodePhase::connecting;
   bool reserved = false;
   std::shared_ptr<Channel> channel;
   std::optional<Offer> offer;
   std::unique_ptr<Landing> landing;
-  net::steady_timer timer;
+  asio::steady_timer timer;
   Clock::time_point ready_at;
   // When each phase ended (PdPhase order), from the request's arrival at marks[0]: tern:pd_phase_seconds.
   std::array<Clock::time_point, static_cast<size_t>(PdPhase::count_) + 1> marks{};
@@ -47,7 +47,7 @@ std::pair<std::string, uint16_t> parse_host_port(const std::string& s) {
   return {host, static_cast<uint16_t>(port)};
 }
 
-DecodeRooms::DecodeRooms(net::io_context& io, PdOptions options, Backend& backend, engine::Engine& engine)
+DecodeRooms::DecodeRooms(asio::io_context& io, PdOptions options, Backend& backend, engine::Engine& engine)
     : io_(io), options_(std::move(options)), backend_(backend), engine_(engine) {}
 
 DecodeRooms::~DecodeRooms() = default;
@@ -169,7 +169,7 @@ void DecodeRooms::on_done(Room& room) {
   metrics_.bytes += h->state.nbytes();
   room.phase = DecodePhase::importing;
   engine_.provide_state(room.request.engine_id, std::move(h), [this, key](std::string error) {
-    net::post(io_, [this, key, error = std::move(error)] { imported(key, error); });
+    asio::post(io_, [this, key, error = std::move(error)] { imported(key, error); });
   });
 }
 

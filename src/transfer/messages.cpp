@@ -4,30 +4,13 @@
 
 #include "core/bounded_json.h"
 #include "core/error.h"
+#include "net/room.h"
 
 namespace tern::transfer {
 
 using nlohmann::json;
 
-std::string room_hex(uint64_t room) {
-  static const char* digits = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, room >>= 4) s[i] = digits[room & 15];
-  return s;
-}
-
-uint64_t parse_room(std::string_view hex) {
-  TERN_CHECK(!hex.empty() && hex.size() <= 16, "room id: expected 1 to 16 hex digits, found \"", hex, "\"");
-  uint64_t v = 0;
-  for (char c : hex) {
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    TERN_CHECK(d >= 0, "room id: expected hex digits, found \"", hex, "\"");
-    v = v << 4 | static_cast<uint64_t>(d);
-  }
-  return v;
-}
-
-std::string RoomKey::name() const { return cat(room_hex(room), "/", index); }
+std::string RoomKey::name() const { return cat(net::room_hex(room), "/", index); }
 
 namespace {
 
@@ -69,7 +52,7 @@ T field(const json& j, const char* name, const char* what) {
 }  // namespace
 
 std::string encode(const Hello& m) {
-  return json{{"version", m.version},       {"room", room_hex(m.key.room)}, {"index", m.key.index},
+  return json{{"version", m.version},       {"room", net::room_hex(m.key.room)}, {"index", m.key.index},
               {"prompt_len", m.prompt_len}, {"prompt_hash", m.prompt_hash}, {"capacity", m.capacity},
               {"model", m.model},           {"backend", m.backend}}
       .dump();
@@ -81,7 +64,7 @@ Hello decode_hello(std::string_view text) {
   m.version = field<int>(j, "version", "hello");
   TERN_CHECK(m.version == kProtocolVersion, "the decode server speaks transfer protocol version ", m.version,
              ", this server ", kProtocolVersion);
-  m.key.room = parse_room(field<std::string>(j, "room", "hello"));
+  m.key.room = net::parse_room(field<std::string>(j, "room", "hello"));
   m.key.index = field<uint32_t>(j, "index", "hello");
   m.prompt_len = field<int64_t>(j, "prompt_len", "hello");
   m.prompt_hash = field<uint64_t>(j, "prompt_hash", "hello");

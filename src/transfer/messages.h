@@ -18,15 +18,11 @@ struct RoomKey {
   uint64_t room = 0;
   uint32_t index = 0;
   bool operator==(const RoomKey&) const = default;
-  std::string name() const;  // "<room as 16 hex digits>/<index>"
+  std::string name() const;  // "<room as 16 hex digits (net/room.h)>/<index>"
 };
 struct RoomKeyHash {
   size_t operator()(const RoomKey& k) const { return std::hash<uint64_t>()(k.room * 1000003u + k.index); }
 };
-
-// "0123456789abcdef" -> room; throws on anything else.
-uint64_t parse_room(std::string_view hex);
-std::string room_hex(uint64_t room);
 
 // What the decode side expects: the prefill side checks it against its own request.
 struct Hello {

@@ -14,7 +14,7 @@
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -198,7 +198,7 @@ class NcclLanding : public Landing {
 
 class NcclBackend : public Backend {
  public:
-  NcclBackend(net::io_context& io, NcclOptions o) : io_(io), options_(o) {
+  NcclBackend(asio::io_context& io, NcclOptions o) : io_(io), options_(o) {
     TERN_CHECK(nccl().error.empty(), "nccl transfer: ", nccl().error);
     int n = 0;
     check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
@@ -246,7 +246,7 @@ class NcclBackend : public Backend {
         error = e.what();
       }
       if (staging) cudaFree(staging);
-      net::post(io, [done = std::move(done), error] { done(error); });
+      asio::post(io, [done = std::move(done), error] { done(error); });
     }).detach();
     return [cancelled] { *cancelled = true; };
   }
@@ -254,14 +254,14 @@ class NcclBackend : public Backend {
   bool reads_device_memory() const override { return true; }
 
  private:
-  net::io_context& io_;
+  asio::io_context& io_;
   NcclOptions options_;
   size_t landed_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_nccl_backend(net::io_context& io, NcclOptions options) {
+std::unique_ptr<Backend> make_nccl_backend(asio::io_context& io, NcclOptions options) {
   return std::make_unique<NcclBackend>(io, options);
 }
 

@@ -38,7 +38,7 @@ std::vector<double> transfer_bounds() {
 }  // namespace
 
 PdMetrics::PdMetrics() : seconds(transfer_bounds()) {
-  for (engine::Histogram& h : phases) h = engine::Histogram(transfer_bounds());
+  for (Histogram& h : phases) h = Histogram(transfer_bounds());
 }
 
 }  // namespace tern::transfer

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/metrics.h"
+#include "core/histogram.h"
 #include "transfer/channel.h"
 
 namespace tern::transfer {
@@ -52,9 +52,9 @@ struct PdMetrics {
   uint64_t bytes = 0;
   int64_t rooms = 0;          // transfers in progress
   int64_t landed_bytes = 0;   // decode side: landing memory held now
-  engine::Histogram seconds;  // offer -> ack (prefill side), ready -> import (decode side)
+  Histogram seconds;  // offer -> ack (prefill side), ready -> import (decode side)
   // Decode side: each completed transfer's phases (empty on the prefill side).
-  std::array<engine::Histogram, static_cast<size_t>(PdPhase::count_)> phases;
+  std::array<Histogram, static_cast<size_t>(PdPhase::count_)> phases;
   PdMetrics();
 };
 

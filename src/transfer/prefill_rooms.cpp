@@ -8,13 +8,13 @@
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
 enum class PrefillPhase { matching, accepted, prefilling, offered, sending, sent };
 
 struct PrefillRooms::Room {
-  explicit Room(net::io_context& io) : timer(io) {}
+  explicit Room(asio::io_context& io) : timer(io) {}
   RoomKey key;
   std::optional<PrefillRequest> request;  // the router's half
   std::shared_ptr<Channel> channel;       // the decode server's half
@@ -23,11 +23,11 @@ struct PrefillRooms::Room {
   std::shared_ptr<const engine::Handover> handover;
   Tensor host_state;  // the handover's device state, copied for a backend that sends host memory
   std::function<void()> cancel_send;
-  net::steady_timer timer;
+  asio::steady_timer timer;
   Clock::time_point offered_at;
 };
 
-PrefillRooms::PrefillRooms(net::io_context& io, const std::string& host, uint16_t port, PdOptions options,
+PrefillRooms::PrefillRooms(asio::io_context& io, const std::string& host, uint16_t port, PdOptions options,
                            Backend& backend)
     : io_(io), options_(std::move(options)), backend_(backend) {
   listener_ = Listener::listen(io, host, port, options_.channel, [this](std::shared_ptr<Channel> c) { on_channel(std::move(c)); });
@@ -48,7 +48,7 @@ PdMetrics PrefillRooms::metrics() const {
 // A new control connection: its first frame must be a hello within the rendezvous timeout.
 void PrefillRooms::on_channel(std::shared_ptr<Channel> channel) {
   auto key = std::make_shared<std::optional<RoomKey>>();
-  auto deadline = std::make_shared<net::steady_timer>(io_, options_.rendezvous_timeout);
+  auto deadline = std::make_shared<asio::steady_timer>(io_, options_.rendezvous_timeout);
   std::weak_ptr<Channel> weak = channel;
   deadline->async_wait([weak, key](boost::system::error_code ec) {
     if (ec || key->has_value()) return;

@@ -11,12 +11,13 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "net/room.h"
 #include "transfer/messages.h"
 
 namespace tern::transfer {
 
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 namespace {
@@ -79,7 +80,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   void start() {
     arm();
-    net::async_read(socket_, net::buffer(header_), [self = shared_from_this()](error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(header_), [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->stop();
       self->on_header();
     });
@@ -109,7 +110,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   void read_some(size_t at) {
     const size_t n = std::min<size_t>(landing_->data.size() - at, size_t{4} << 20);
     if (n == 0) return finish();
-    net::async_read(socket_, net::buffer(landing_->data.data() + at, n), [self = shared_from_this(), at, n](error_code ec, size_t) {
+    asio::async_read(socket_, asio::buffer(landing_->data.data() + at, n), [self = shared_from_this(), at, n](error_code ec, size_t) {
       if (ec) {
         self->landing_->writing = false;
         return self->stop();
@@ -128,7 +129,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 
   void reply(uint8_t status) {
     status_ = static_cast<char>(status);
-    net::async_write(socket_, net::buffer(&status_, 1), [self = shared_from_this()](error_code, size_t) { self->stop(); });
+    asio::async_write(socket_, asio::buffer(&status_, 1), [self = shared_from_this()](error_code, size_t) { self->stop(); });
   }
 
   void stop() {
@@ -141,7 +142,7 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
   tcp::socket socket_;
   std::shared_ptr<Registry> registry_;
   std::chrono::milliseconds stall_;
-  net::steady_timer timer_;
+  asio::steady_timer timer_;
   std::array<char, kHeader> header_{};
   std::shared_ptr<LandingState> landing_;
   char status_ = 0;
@@ -150,12 +151,12 @@ class Receiver : public std::enable_shared_from_this<Receiver> {
 // Prefill side: one outgoing write.
 class Sender : public std::enable_shared_from_this<Sender> {
  public:
-  Sender(net::io_context& io, std::vector<Segment> segments, std::function<void(std::string)> done)
+  Sender(asio::io_context& io, std::vector<Segment> segments, std::function<void(std::string)> done)
       : socket_(io), timer_(io), segments_(std::move(segments)), done_(std::move(done)) {}
 
   void start(const std::string& host, uint16_t port, uint64_t key, uint64_t size, std::chrono::milliseconds connect_timeout) {
     error_code ec;
-    const auto address = net::ip::make_address(host, ec);
+    const auto address = asio::ip::make_address(host, ec);
     if (ec) return finish(cat("tcp transfer: bad host \"", host, "\" in the descriptor"));
     std::memcpy(header_.data(), kMagic, 4);
     put64(header_.data() + 8, key);
@@ -177,11 +178,11 @@ class Sender : public std::enable_shared_from_this<Sender> {
 
  private:
   void write() {
-    std::vector<net::const_buffer> buffers{net::buffer(header_)};
-    for (const auto& s : segments_) buffers.push_back(net::buffer(s.data(), s.size()));
-    net::async_write(socket_, buffers, [self = shared_from_this()](error_code ec, size_t) {
+    std::vector<asio::const_buffer> buffers{asio::buffer(header_)};
+    for (const auto& s : segments_) buffers.push_back(asio::buffer(s.data(), s.size()));
+    asio::async_write(socket_, buffers, [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->finish(cat("tcp transfer to ", self->where_, ": ", ec.message()));
-      net::async_read(self->socket_, net::buffer(&self->status_, 1), [self](error_code ec, size_t) {
+      asio::async_read(self->socket_, asio::buffer(&self->status_, 1), [self](error_code ec, size_t) {
         if (ec) return self->finish(cat("tcp transfer to ", self->where_, ": no confirmation (", ec.message(), ")"));
         self->finish(self->status_ == 0 ? "" : "tcp transfer: the decode side refused the data (unknown, cancelled or resized landing)");
       });
@@ -199,7 +200,7 @@ class Sender : public std::enable_shared_from_this<Sender> {
   }
 
   tcp::socket socket_;
-  net::steady_timer timer_;
+  asio::steady_timer timer_;
   std::vector<Segment> segments_;
   std::function<void(std::string)> done_;
   std::array<char, kHeader> header_{};
@@ -217,7 +218,7 @@ struct Descriptor {
 
 std::string format(const Descriptor& d) {
   const bool v6 = d.host.find(':') != std::string::npos;
-  return cat("tcp://", v6 ? "[" : "", d.host, v6 ? "]" : "", ":", d.port, "/", room_hex(d.key), "/", d.size);
+  return cat("tcp://", v6 ? "[" : "", d.host, v6 ? "]" : "", ":", d.port, "/", net::room_hex(d.key), "/", d.size);
 }
 
 Descriptor parse(const std::string& s) {
@@ -244,7 +245,7 @@ Descriptor parse(const std::string& s) {
     const unsigned long port = std::stoul(rest.substr(0, a));
     TERN_CHECK(port > 0 && port < 65536, bad);
     d.port = static_cast<uint16_t>(port);
-    d.key = parse_room(rest.substr(a + 1, b - a - 1));
+    d.key = net::parse_room(rest.substr(a + 1, b - a - 1));
     d.size = std::stoull(rest.substr(b + 1));
   } catch (const std::exception&) {  // bad numbers, a bad key
     throw Error(bad);
@@ -254,18 +255,18 @@ Descriptor parse(const std::string& s) {
 
 class TcpBackend : public Backend {
  public:
-  TcpBackend(net::io_context& io, const TcpBackendOptions& o)
+  TcpBackend(asio::io_context& io, const TcpBackendOptions& o)
       : io_(io), options_(o), registry_(std::make_shared<Registry>()), rng_(std::random_device{}()) {
     if (!o.listen) return;
     acceptor_ = std::make_shared<tcp::acceptor>(io);
     error_code ec;
-    const auto address = net::ip::make_address(o.bind_host, ec);
+    const auto address = asio::ip::make_address(o.bind_host, ec);
     TERN_CHECK(!ec, "tcp transfer: ", o.bind_host, " is not an IP address");
     const tcp::endpoint endpoint(address, o.port);
     acceptor_->open(endpoint.protocol(), ec);
-    if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) acceptor_->bind(endpoint, ec);
-    if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
+    if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
     TERN_CHECK(!ec, "tcp transfer: cannot listen on ", o.bind_host, ":", o.port, ": ", ec.message());
     port_ = acceptor_->local_endpoint().port();
     accept(acceptor_, registry_, options_.stall_timeout);
@@ -294,13 +295,13 @@ class TcpBackend : public Backend {
     try {
       d = parse(descriptor);
     } catch (const Error& e) {
-      net::post(io_, [done, why = std::string(e.what())] { done(why); });
+      asio::post(io_, [done, why = std::string(e.what())] { done(why); });
       return [] {};
     }
     size_t total = 0;
     for (const auto& s : segments) total += s.size();
     if (total != d.size) {
-      net::post(io_, [done, why = cat("tcp transfer: ", total, " bytes to send, the landing holds ", d.size)] { done(why); });
+      asio::post(io_, [done, why = cat("tcp transfer: ", total, " bytes to send, the landing holds ", d.size)] { done(why); });
       return [] {};
     }
     auto sender = std::make_shared<Sender>(io_, std::move(segments), std::move(done));
@@ -321,7 +322,7 @@ class TcpBackend : public Backend {
     });
   }
 
-  net::io_context& io_;
+  asio::io_context& io_;
   TcpBackendOptions options_;
   std::shared_ptr<Registry> registry_;
   std::shared_ptr<tcp::acceptor> acceptor_;
@@ -331,7 +332,7 @@ class TcpBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_tcp_backend(net::io_context& io, const TcpBackendOptions& options) {
+std::unique_ptr<Backend> make_tcp_backend(asio::io_context& io, const TcpBackendOptions& options) {
   return std::make_unique<TcpBackend>(io, options);
 }
 

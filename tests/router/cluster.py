@@ -1,6 +1,7 @@
 """Real `tern serve` (any role) and `tern route` processes on loopback for the router and PD tests.
 
-TERN_BIN names the tern executable (CTest sets it). Every process picks a free port (--port 0) and is
+TERN_BIN names the tern executable, TERN_ROUTE_BIN the router's own (tern-route; without it routers run as
+`tern route`); CTest sets both. Every process picks a free port (--port 0) and is
 ready when it logs its ready line; `wrap` runs a process inside something else (e.g. `ip netns exec`).
 TERN_DEVICE=cuda runs every server on the GPU, TERN_PD_BACKEND picks the prefill and decode servers'
 --pd-backend (scripts/gpu-check sets both).
@@ -18,16 +19,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tern_process import TernProcess  # noqa: E402  (tests/server/tern_process.py)
 
 TERN_BIN = os.environ.get("TERN_BIN", "build/tools/tern")
+ROUTE_BIN = os.environ.get("TERN_ROUTE_BIN")
+
+
+def route_command():
+    """The command line that starts a router, before its options."""
+    return [ROUTE_BIN] if ROUTE_BIN else [TERN_BIN, "route"]
 SERVE_READY = re.compile(r"ready: serving (\S+) at (http://[^\s]+?)( |$)")
 ROUTE_READY = re.compile(r"ready: routing (\S+) at (http://[^\s]+?)( |$)")
 BOOTSTRAP = re.compile(r"bootstrap (\S+)")
 
 
 class Proc(TernProcess):
-    """A tern process (`wrap` runs it inside something else, e.g. `ip netns exec`)."""
+    """A tern process: `command` and `args` (`wrap` runs it inside something else, e.g. `ip netns exec`)."""
 
-    def __init__(self, args, ready, wait=True, timeout=600, wrap=()):
-        super().__init__([*wrap, TERN_BIN, *args], ready, wait=wait, timeout=timeout)
+    def __init__(self, args, ready, wait=True, timeout=600, wrap=(), command=None):
+        super().__init__([*wrap, *(command or [TERN_BIN]), *args], ready, wait=wait, timeout=timeout)
 
 
 def serve(role="both", *args, port=0, wait=True, wrap=()):
@@ -43,8 +50,8 @@ def serve(role="both", *args, port=0, wait=True, wrap=()):
 
 
 def route(*args, wait=True, port=0):
-    return Proc(["route", "--port", str(port), "--health-interval", "0.25", "--health-timeout", "1", *args], ROUTE_READY,
-                wait=wait)
+    return Proc(["--port", str(port), "--health-interval", "0.25", "--health-timeout", "1", *args], ROUTE_READY,
+                wait=wait, command=route_command())
 
 
 @contextlib.contextmanager

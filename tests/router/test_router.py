@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 
-from cluster import TERN_BIN, SseStream, metric, post, route, serve, wait_for
+from cluster import TERN_BIN, SseStream, metric, post, route, route_command, serve, wait_for
 
 KEY = "upstream-key-1"
 
@@ -178,7 +178,7 @@ def test_port_in_use_exits_quickly_saying_so(pool):
     blocker.listen(1)
     try:
         start = time.time()
-        p = subprocess.run([TERN_BIN, "route", "--port", str(blocker.getsockname()[1]), "--server", pool[0].url],
+        p = subprocess.run([*route_command(), "--port", str(blocker.getsockname()[1]), "--server", pool[0].url],
                            capture_output=True, text=True, timeout=30)
         elapsed = time.time() - start
     finally:
@@ -211,7 +211,7 @@ def test_taken_transfer_port_exits_quickly_saying_so(role):
     (["--server", "http://127.0.0.1:1", "--policy", "random"], "round-robin, least-loaded or prefix-affinity"),
 ])
 def test_bad_flags_exit_with_the_reason(args, message):
-    p = subprocess.run([TERN_BIN, "route", "--port", "0", *args], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([*route_command(), "--port", "0", *args], capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and message in p.stderr, p.stderr
 
 

@@ -7,9 +7,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "net/http.h"
 #include "router/router.h"
-#include "server/http.h"
-#include "server/schemas.h"
 #include "tools/http_options.h"
 #include "tools/verb.h"
 
@@ -59,10 +58,10 @@ int run_route(const RouteArgs& a) {
   const router::RouterOptions options = router_options(a);  // checked before binding: bad flags change nothing
   std::unique_ptr<router::Router> r;
   // Each client connection may bring two upstream connections (a prefill and a decode server).
-  server::HttpServer http(
+  net::HttpServer http(
       a.host, static_cast<uint16_t>(a.port), tools::http_limits(a.http, 3),
-      [&r](server::HttpRequest&& req, std::shared_ptr<server::Exchange> ex) { r->handle(std::move(req), std::move(ex)); },
-      [&r](const server::HttpRequest& head) { return r->check_head(head); });
+      [&r](net::HttpRequest&& req, std::shared_ptr<net::Exchange> ex) { r->handle(std::move(req), std::move(ex)); },
+      [&r](const net::HttpRequest& head) { return r->check_head(head); });
   r = std::make_unique<router::Router>(options, http);
   // SIGTERM / SIGINT: stop accepting, let requests finish for up to --drain-timeout, then end the rest
   // with an error, and exit 0.

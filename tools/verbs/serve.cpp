@@ -20,7 +20,7 @@
 #include "model/decode_graphs.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
-#include "server/http.h"
+#include "net/http.h"
 #include "server/service.h"
 #include "server/pd_jobs.h"
 #include "server/text_codec.h"
@@ -214,7 +214,7 @@ using Clock = std::chrono::steady_clock;
 // SIGTERM / SIGINT: stop accepting, let in-flight requests finish for up to --drain-timeout, then abort
 // what is left, give the aborts a moment to reach the clients, and stop (exit 0).
 struct Drain {
-  server::HttpServer* http = nullptr;
+  net::HttpServer* http = nullptr;
   server::ApiService* service = nullptr;
   engine::Engine* engine = nullptr;
   std::chrono::milliseconds timeout{30000};
@@ -302,7 +302,7 @@ struct PdParts {
   server::PdContext context;
   transfer::PdOptions options;
 
-  void bind(const ServeArgs& a, server::HttpServer& http) {
+  void bind(const ServeArgs& a, net::HttpServer& http) {
     context.role = server::parse_role(a.role);
     if (context.role == server::Role::both) return;
     TERN_CHECK(a.pd_port >= 0 && a.pd_port <= 65535, "--pd-port: expected 0 to 65535, found ", a.pd_port);
@@ -319,7 +319,7 @@ struct PdParts {
   }
   // The data path of the transfers (docs/disaggregation.md, "Transfer backends"): tcp everywhere; cuda-ipc
   // (same host) and nccl (GPU to GPU) in CUDA builds, for a model on the GPU.
-  std::unique_ptr<transfer::Backend> make_backend(const ServeArgs& a, const std::string& host, server::HttpServer& http) {
+  std::unique_ptr<transfer::Backend> make_backend(const ServeArgs& a, const std::string& host, net::HttpServer& http) {
     if (a.pd_backend == "tcp") {
       transfer::TcpBackendOptions t;
       t.bind_host = host;
@@ -346,7 +346,7 @@ struct PdParts {
 #endif
   }
   // After the model is loaded (the decode side needs the engine).
-  void start(server::HttpServer& http, engine::Engine& engine, const std::string& model) {
+  void start(net::HttpServer& http, engine::Engine& engine, const std::string& model) {
     options.model = model;
     if (prefill) prefill->set_model(model);
     if (context.role == server::Role::decode) {
@@ -367,15 +367,15 @@ int run_serve(const ServeArgs& a) {
   TERN_CHECK(a.port >= 0 && a.port <= 65535, "--port: expected 0 to 65535, found ", a.port);
   std::shared_ptr<server::ApiService> service;  // touched on the IO thread only
   Drain drain;
-  const server::ApiError loading(503, "the model is loading", "", "unavailable");
-  server::HttpServer http(
+  const net::ApiError loading(503, "the model is loading", "", "unavailable");
+  net::HttpServer http(
       a.host, static_cast<uint16_t>(a.port), tools::http_limits(a.http, a.role == "both" ? 1 : 3),
-      [&service](server::HttpRequest&& r, std::shared_ptr<server::Exchange> ex) {
+      [&service](net::HttpRequest&& r, std::shared_ptr<net::Exchange> ex) {
         service->handle(std::move(r), std::move(ex));  // the head check let it through: the service exists
       },
-      [&service, &loading](const server::HttpRequest& head) -> std::optional<server::Refusal> {
+      [&service, &loading](const net::HttpRequest& head) -> std::optional<net::Refusal> {
         if (service) return service->check_head(head);
-        return server::Refusal{loading.status, server::render_error(loading), server::error_headers(loading)};
+        return net::Refusal{loading.status, net::render_error(loading), net::error_headers(loading)};
       });
   PdParts pd;
   pd.bind(a, http);

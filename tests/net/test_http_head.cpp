@@ -1,12 +1,12 @@
-// The socket-free rules of a request's head (server/http_head.h) and the file-limit arithmetic.
+// The socket-free rules of a request's head (net/http_head.h) and the file-limit arithmetic.
 #include <gtest/gtest.h>
 
-#include "server/http.h"
-#include "server/http_head.h"
+#include "net/http.h"
+#include "net/http_head.h"
 
 namespace {
 
-using namespace tern::server;
+using namespace tern::net;
 
 TEST(HttpHead, OnlyChunkedTransferCodingIsRead) {
   EXPECT_TRUE(transfer_coding_supported(""));

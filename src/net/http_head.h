@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-namespace tern::server {
+namespace tern::net {
 
 // True when a request with this Transfer-Encoding (the field's values joined by commas; "" when absent)
 // can be read: absent, or exactly "chunked". Any other coding (gzip, "gzip, chunked", identity) is
@@ -17,4 +17,4 @@ bool transfer_coding_supported(std::string_view transfer_encoding);
 // other targets are returned as they are.
 std::string origin_form(std::string_view target);
 
-}  // namespace tern::server
+}  // namespace tern::net

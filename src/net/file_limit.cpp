@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "server/http.h"
+#include "net/http.h"
 
-namespace tern::server {
+namespace tern::net {
 
 FileLimit raise_file_limit() {
   FileLimit f;
@@ -27,4 +27,4 @@ size_t connections_within(const FileLimit& f, size_t wanted, size_t per_connecti
   return std::max<size_t>(1, std::min<uint64_t>(wanted, room / std::max<size_t>(per_connection, 1)));
 }
 
-}  // namespace tern::server
+}  // namespace tern::net

@@ -3,10 +3,10 @@
 
 #include <string>
 
-namespace tern::server {
+namespace tern::net {
 
 // True when `authorization` is "Bearer <key>" (compared in time independent of where they differ), or
 // when no key is configured.
 bool bearer_authorized(const std::string& authorization, const std::string& key);
 
-}  // namespace tern::server
+}  // namespace tern::net

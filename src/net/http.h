@@ -18,7 +18,7 @@ namespace boost::asio {
 class io_context;
 }
 
-namespace tern::server {
+namespace tern::net {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
@@ -134,4 +134,4 @@ class HttpServer {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace tern::server
+}  // namespace tern::net

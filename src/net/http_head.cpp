@@ -1,9 +1,9 @@
-#include "server/http_head.h"
+#include "net/http_head.h"
 
 #include <algorithm>
 #include <cctype>
 
-namespace tern::server {
+namespace tern::net {
 
 namespace {
 
@@ -39,4 +39,4 @@ std::string origin_form(std::string_view target) {
   return out;
 }
 
-}  // namespace tern::server
+}  // namespace tern::net

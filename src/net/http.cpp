@@ -1,4 +1,4 @@
-#include "server/http.h"
+#include "net/http.h"
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -14,23 +14,24 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "server/http_head.h"
-#include "server/schemas.h"
+#include "net/http_head.h"
+#include "net/listen.h"
+#include "net/openai.h"
 
-namespace tern::server {
+namespace tern::net {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 
 class Session;
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
-  net::io_context io{1};
+  asio::io_context io{1};
   tcp::acceptor acceptor{io};
-  net::signal_set signals{io, SIGTERM, SIGINT};
-  net::steady_timer accept_pause{io};
+  asio::signal_set signals{io, SIGTERM, SIGINT};
+  asio::steady_timer accept_pause{io};
   HttpLimits limits;
   Handler handler;
   HeadCheck head_check;
@@ -79,7 +80,7 @@ const std::string& table_full_response() {
 }
 
 bool out_of_descriptors(const beast::error_code& ec) {
-  return ec == net::error::no_descriptors || ec == net::error::no_buffer_space || ec == net::error::no_memory ||
+  return ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
          ec.value() == ENFILE;
 }
 
@@ -279,8 +280,8 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
 
   void on_read_error(beast::error_code ec) {
     const bool quiet = ec == http::error::end_of_stream || ec == beast::error::timeout ||
-                       ec == net::error::operation_aborted || ec == net::error::connection_reset ||
-                       ec == net::error::eof;
+                       ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
+                       ec == asio::error::eof;
     if (quiet || closed_) return close();
     const int status = status_code(ec);
     refuse({status, bad_request_json(status), {}});
@@ -305,7 +306,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
   void watch_client() {
     if (watching_) return;
     watching_ = true;
-    stream_.socket().async_read_some(net::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+    stream_.socket().async_read_some(asio::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
       self->on_watch(ec, n);
     });
   }
@@ -317,7 +318,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
       std::memcpy(b.data(), watch_buf_.data(), n);
       buffer_.commit(n);
       if (!resume_after_watch_) return watch_client();
-    } else if (ec != net::error::operation_aborted) {
+    } else if (ec != asio::error::operation_aborted) {
       return client_left();
     }
     if (resume_after_watch_) {
@@ -342,7 +343,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
       if (!ending_) return;
       ending_ = false;
       writing_ = true;
-      net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
+      asio::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, size_t) {
         self->after_response(ec, self->keep_alive_ && self->server_->accepting);
       });
       return;
@@ -350,7 +351,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
     writing_ = true;
     auto data = std::make_shared<std::string>(std::move(queue_.front()));
     queue_.pop_front();
-    net::async_write(stream_, http::make_chunk(net::buffer(*data)), [self = shared_from_this(), data](beast::error_code ec, size_t) {
+    asio::async_write(stream_, http::make_chunk(asio::buffer(*data)), [self = shared_from_this(), data](beast::error_code ec, size_t) {
       self->after_write(ec);
     });
   }
@@ -384,7 +385,7 @@ class Session : public Exchange, public std::enable_shared_from_this<Session> {
       lingering_ = true;
       stream_.expires_after(kLinger);
     }
-    stream_.async_read_some(net::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+    stream_.async_read_some(asio::buffer(watch_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec || self->closed_) return self->close();
       self->linger();
     });
@@ -460,7 +461,7 @@ class RefusedConnection : public std::enable_shared_from_this<RefusedConnection>
 
   void start() {
     ++server_->refusing;
-    net::async_write(socket_, net::buffer(table_full_response()), [self = shared_from_this()](beast::error_code ec, size_t) {
+    asio::async_write(socket_, asio::buffer(table_full_response()), [self = shared_from_this()](beast::error_code ec, size_t) {
       beast::error_code e;
       if (ec) {
         self->socket_.close(e);
@@ -477,7 +478,7 @@ class RefusedConnection : public std::enable_shared_from_this<RefusedConnection>
 
  private:
   void drop() {
-    socket_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t) {
+    socket_.async_read_some(asio::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (!ec) return self->drop();
       self->timer_.cancel();
       beast::error_code e;
@@ -486,7 +487,7 @@ class RefusedConnection : public std::enable_shared_from_this<RefusedConnection>
   }
 
   tcp::socket socket_;
-  net::steady_timer timer_;
+  asio::steady_timer timer_;
   std::shared_ptr<HttpServer::Impl> server_;
   std::array<char, 4096> sink_{};
 };
@@ -512,20 +513,7 @@ HttpServer::HttpServer(const std::string& host, uint16_t port, HttpLimits limits
   impl_->handler = std::move(handler);
   impl_->head_check = std::move(head_check);
   impl_->host = host;
-  beast::error_code ec;
-  const auto address = net::ip::make_address(host, ec);
-  TERN_CHECK(!ec, "--host ", host, " is not an IP address");
-  const tcp::endpoint endpoint(address, port);
-  auto& a = impl_->acceptor;
-  a.open(endpoint.protocol(), ec);
-  TERN_CHECK(!ec, "cannot open a socket: ", ec.message());
-  a.set_option(net::socket_base::reuse_address(true), ec);
-  a.bind(endpoint, ec);
-  TERN_CHECK(!ec, "cannot bind ", host, ":", port, ": ", ec.message(),
-             ec == net::error::address_in_use ? " (the port is in use: stop the other server or pass --port)" : "");
-  a.listen(net::socket_base::max_listen_connections, ec);
-  TERN_CHECK(!ec, "cannot listen on ", host, ":", port, ": ", ec.message());
-  impl_->port = a.local_endpoint().port();
+  impl_->port = listen_on(impl_->acceptor, host, port, {"--host", "", "stop the other server or pass --port"});
 }
 
 HttpServer::~HttpServer() { stop(); }
@@ -544,16 +532,16 @@ void HttpServer::run() {
 
 void HttpServer::stop() { impl_->io.stop(); }
 
-void HttpServer::post(std::function<void()> fn) { net::post(impl_->io, std::move(fn)); }
+void HttpServer::post(std::function<void()> fn) { asio::post(impl_->io, std::move(fn)); }
 
-net::io_context& HttpServer::io_context() { return impl_->io; }
+asio::io_context& HttpServer::io_context() { return impl_->io; }
 
 std::function<void()> HttpServer::schedule(std::chrono::milliseconds delay, std::function<void()> fn) {
-  auto timer = std::make_shared<net::steady_timer>(impl_->io, delay);
+  auto timer = std::make_shared<asio::steady_timer>(impl_->io, delay);
   timer->async_wait([timer, fn = std::move(fn)](beast::error_code ec) {
     if (!ec) fn();
   });
-  return [weak = std::weak_ptr<net::steady_timer>(timer)] {
+  return [weak = std::weak_ptr<asio::steady_timer>(timer)] {
     if (auto t = weak.lock()) t->cancel();
   };
 }
@@ -582,4 +570,4 @@ size_t HttpServer::connections() const { return impl_->stats.open; }
 
 HttpStats HttpServer::stats() const { return impl_->stats; }
 
-}  // namespace tern::server
+}  // namespace tern::net
