@@ -412,6 +412,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
         ssrc += kNv ? 8 : 4;
       }
     }
+    cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits
     return;
   }
 
