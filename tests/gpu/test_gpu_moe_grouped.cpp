@@ -149,14 +149,15 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
             << ": tile config " << config_names[c] << " differs from the default in some bits (both are checked "
             << "against the library above)";
 
-      // The wgmma kernel (TERN_MOE_GROUPED=wgmma; second run: 96-pair tiles by TERN_MOE_WGMMA_N, ragged tiles of
-      // another width) against the CPU, the library and the default mma.sync tiles: the same bf16 operands and
-      // f32 sums in another order (h's bf16 rounding may flip for a few values), so far under the bf16 tolerance.
-      for (int run_n = 0; run_n < 2; ++run_n) {
+      // The wgmma kernel (TERN_MOE_GROUPED=wgmma; then 96-pair tiles by TERN_MOE_WGMMA_N, ragged tiles of
+      // another width, and 128-pair tiles, whose up kernel runs a 3-stage ring) against the CPU, the library and
+      // the default mma.sync tiles: the same bf16 operands and f32 sums in another order (h's bf16 rounding may
+      // flip for a few values), so far under the bf16 tolerance.
+      for (const char* n : {"", "96", "128"}) {
         set_grouped_kernel(true);
-        if (run_n == 1) setenv("TERN_MOE_WGMMA_N", "96", 1);
+        if (*n != '\0') setenv("TERN_MOE_WGMMA_N", n, 1);
         const std::string path = be.moe_path(dexp[0].w1, T);
-        const std::string what = cat(base, run_n == 1 ? " 96-pair tiles" : "", " (", path, ")");
+        const std::string what = cat(base, *n != '\0' ? cat(" ", n, "-pair tiles") : std::string(), " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
@@ -171,6 +172,68 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeGrouped, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+// The wgmma kernel's edges at every tile width (TERN_MOE_WGMMA_N 64 / 96 / 112 / 128) against the CPU and the
+// default mma.sync tiles, on a shape of neither model: D = 384 (the down kernel's second 256-row n-tile runs
+// past D: rows zero-filled, outputs not stored), inter = 256 (two up n-tiles), 16 experts, top-4. Runs: one hot
+// expert (every token's first pick: 600 pairs, many m-tiles of one expert, the others ~120), skewed routing
+// (experts without pairs, ragged jobs) and 513 uniform tokens (odd pair counts).
+TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  constexpr int64_t E = 16, k = 4, D = 384, inter = 256;
+  cuda::CudaBackend& be = cuda::register_backend();
+  struct Run {
+    int64_t T;
+    int mode;  // 0 uniform, 1 skewed, 2 one hot expert
+  };
+  const Run runs[] = {{600, 2}, {1000, 1}, {513, 0}};
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& hexp = experts.on_host;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (const Run& run : runs) {
+      const int64_t T = run.T;
+      Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx = random_picks(T, E, k, run.mode == 1, r);
+      if (run.mode == 2)  // expert 3 first for every token (swapped with it where another pick holds it)
+        for (int64_t t = 0; t < T; ++t) {
+          int32_t* row = idx.data<int32_t>() + t * k;
+          for (int64_t j = 1; j < k; ++j)
+            if (row[j] == 3) row[j] = row[0];
+          row[0] = 3;
+        }
+      auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      std::vector<int64_t> rows = {0, T - 1};
+      for (int i = 0; i < 30; ++i) rows.push_back(r.index(T));
+      const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
+      Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
+      ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+
+      unsetenv("TERN_MOE_GROUPED");
+      unsetenv("TERN_MOE_WGMMA_N");
+      auto mma = poisoned(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, mma});
+      const Tensor mma_host = cuda::to_host(mma);
+      for (const char* n : {"64", "96", "112", "128"}) {
+        setenv("TERN_MOE_GROUPED", "wgmma", 1);
+        setenv("TERN_MOE_WGMMA_N", n, 1);
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat("moe grouped wgmma ", ops::weight_format_name(f), " T=", T,
+                                     run.mode == 1 ? " skewed" : run.mode == 2 ? " one hot expert" : "", " ", n,
+                                     "-pair tiles (", path, ")");
+        EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        expect_close(upload(rows_of(cuda::to_host(out), rows)), ref, kTolBf16, what + " vs cpu");
+        expect_close(out, mma_host, 1e-3, what + " vs mma.sync");
+      }
+      unsetenv("TERN_MOE_GROUPED");
+      unsetenv("TERN_MOE_WGMMA_N");
+    }
+  }
+  be.check_device_errors();
+}
 
 }  // namespace
 }  // namespace tern::gputest

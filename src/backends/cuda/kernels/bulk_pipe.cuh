@@ -73,6 +73,12 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
+// One arrival on `bar` once every cp.async (the non-bulk, per-thread form) this thread issued before it has
+// landed; .noinc: the arrival is one of the barrier's expected count (BulkRing::init's producer_arrivals).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // Orders this thread's earlier generic-proxy shared-memory accesses before later async-proxy ones (a bulk
 // copy that overwrites what was read).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -107,9 +113,11 @@ struct BulkRing {
   int stages;
 
   // Thread 0 only, then mbar_init_fence() and __syncthreads() by the block.
-  __device__ void init(int consumer_warps) const {
+  // producer_arrivals: arrivals that complete a full phase besides the transaction bytes (1: the arming
+  // thread alone; more where producer threads also arrive through cp_async_mbar_arrive_noinc).
+  __device__ void init(int consumer_warps, int producer_arrivals = 1) const {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], static_cast<uint32_t>(producer_arrivals));
       mbar_init(&empty[s], static_cast<uint32_t>(consumer_warps));
     }
   }

@@ -4,14 +4,26 @@
 // from shared memory) and the pairs' activations are B, read by the tensor cores straight from shared memory.
 //
 // Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
-// first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7) and a
-// producer warpgroup whose first warp (8) copies. A tile is 256 weight rows x NT pairs of one expert (NT =
-// 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns weight rows 128
-// wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma m64nNTk16, NT/2 f32
-// accumulators a slab a thread). K = 128 columns a stage; a stage is 256 weight rows x 64 FP4 bytes (16 KB) +
-// NT pairs x 128 bf16 (NT x 256 bytes), filled by cp.async.bulk copies on a 4-deep mbarrier ring
-// (bulk_pipe.cuh's BulkRing); the scale bytes (4 or 8 a row a stage, under the bulk copies' 16-byte unit) are
-// read by the consumers from global memory one stage ahead.
+// first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7, setmaxnreg
+// 232) and a producer warpgroup (warps 8..11, setmaxnreg 40). A tile is 256 weight rows x NT pairs of one
+// expert (NT = 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns
+// weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
+// m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a ring slot (WgTile) holds the
+// 256 rows' FP4 bytes (16 KB), their scale bytes (4 e8m0 or 8 ue4m3 a row) and the x tile (NT pairs x 128
+// bf16 as 16 planes), on a 4-deep (3 for 128-pair up tiles) mbarrier ring (bulk_pipe.cuh's BulkRing). The
+// FP4 rows (64 bytes a row a stage, 2 KB apart in global memory) and the scales go by cp.async from all 128
+// producer threads (16 bytes a thread and row piece, as the mma.sync kernels load them; each thread arrives
+// on the slot's full barrier through cp.async.mbarrier.arrive.noinc once its copies land), the x planes by
+// 16 bulk copies (NT x 16 contiguous bytes each) counted as transaction bytes. The consumers read everything
+// of a stage from shared memory: no global loads in the K loop.
+//
+// Pipeline (the kernel's comment has the details): two wgmma groups in flight, one k-step (16 columns, both
+// slabs) a group; the FP4 decode of k-step s + 1 into the second set of A registers runs while group s does;
+// a slot is released one k-step into the next stage, never by draining; only a tile's end drains.
+//
+// Session 9's first version (27 ms a layer at 8K, 3x the mma.sync kernel) drained the wgmma pipeline every
+// stage, copied the FP4 rows as 256 bulk copies of 64 bytes a stage from one producer warp and read the
+// scales from global memory in the K loop.
 //
 // Activation layout ("planes"): the gather (and the up kernel, for h) store a [rows, K] bf16 matrix as
 // K/8 planes of [rows][8]: element (r, c) at ((c / 8) * rows + r) * 8 + c % 8, where c is the STORED column.
@@ -51,24 +63,31 @@ namespace {
 constexpr int kWgK = 128;                      // K columns a stage
 constexpr int kWgMaxTok = 128;                 // most pairs a tile (wgmma N; 64, 96, 112 or 128)
 constexpr int kWgRows = 256;                   // weight rows a tile (2 warpgroups x 2 m64 slabs)
-constexpr int kWgStages = 4;                   // ring depth
-constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4
-// A tile of NT pairs: one plane of the x tile is NT pairs x 8 bf16; a stage 16 KB of FP4 + NT x 256 bytes.
-template <int NT>
+constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4 a stage
+constexpr int kWgSmemMax = 227 * 1024;
+// A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their scale bytes (row m at 8 m: 4
+// e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. Four stages where they fit
+// beside the up kernel's h staging, else three (128-pair up tiles).
+template <int NT, bool UP>
 struct WgTile {
   static_assert(NT % 8 == 0 && NT >= 64 && NT <= kWgMaxTok);
   static constexpr int kPlane = NT * 16;
-  static constexpr int kStage = kWgWBytes + NT * kWgK * 2;
-  static constexpr int kSmem = kWgStages * kStage + 2 * kWgStages * 8;
-  // Up: h of the tile (16 planes x NT pairs x 8 bf16) staged after the ring and its barriers.
-  static constexpr int kHStage = kSmem;
-  static constexpr int kSmemUp = kSmem + 16 * NT * 16;
-  static_assert(kSmemUp <= 227 * 1024);
+  static constexpr int kScOff = kWgWBytes;
+  static constexpr int kXOff = kWgWBytes + kWgRows * 8;
+  static constexpr int kXBytes = NT * kWgK * 2;
+  static constexpr int kStage = kXOff + kXBytes;
+  static constexpr int kHBytes = UP ? 16 * NT * 16 : 0;  // up: h of the tile, 16 planes x NT pairs x 8 bf16
+  static constexpr int kStages = 4 * kStage + 2 * 4 * 8 + kHBytes <= kWgSmemMax ? 4 : 3;
+  static constexpr int kHStage = kStages * kStage + 2 * kStages * 8;  // after the ring and its barriers
+  static constexpr int kSmem = kHStage + kHBytes;
+  static_assert(kStage % 128 == 0 && kHStage % 16 == 0 && kSmem <= kWgSmemMax);
 };
 constexpr int kWgConsumerWarps = 8;
-// A whole producer warpgroup (only its first warp copies): setmaxnreg works per warpgroup, and moves its
-// registers to the consumers (128 x 40 + 256 x 232 <= 64 K), whose 128 accumulators need them.
-constexpr int kWgThreads = (kWgConsumerWarps + 4) * 32;
+// A whole producer warpgroup (setmaxnreg works per warpgroup and moves its registers to the consumers: 128 x
+// 40 + 256 x 232 <= 64 K): its 128 threads copy the FP4 rows and scales with cp.async (16 bytes a thread and
+// row piece, 4 or 8 a scale row), its first 16 the x planes by bulk copy.
+constexpr int kWgProducerThreads = 128;
+constexpr int kWgThreads = kWgConsumerWarps * 32 + kWgProducerThreads;
 constexpr int kWgProducerRegs = 40, kWgConsumerRegs = 232;
 
 // Stored position p (0..127) of a 128-column block -> the physical column it holds, and the inverse.
@@ -296,12 +315,34 @@ __device__ __forceinline__ WgTileAt wg_tile_at(const WgArgs& a, int nj, int64_t 
                   (local % m_tiles) * nt};
 }
 
+// cp.async of N bytes (16: .cg, L2 only; 4 / 8: .ca) to a 32-bit shared address; zero-filled when !valid (src
+// must still be a mapped address).
+template <int N>
+__device__ __forceinline__ void cp_async_at(uint32_t dst, const void* src, bool valid) {
+  if constexpr (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0)
+                 : "memory");
+}
+
 // Persistent: block b takes tiles b, b + gridDim.x, ... Producer and consumers walk the same tiles and stages
 // (one RingCursor over the whole walk), so the copies of a tile's first stages overlap the previous epilogue.
+//
+// The consumers' K loop keeps two wgmma groups in flight and never drains inside a tile: k-step s (16
+// columns) is one group (both slabs' m64nNTk16, A = fragments af[s % 2]); right after committing it the
+// warpgroup waits for group s - 1 only (wgmma.wait_group 1), whose A registers af[(s + 1) % 2] are then free,
+// and decodes k-step s + 1 into them while group s runs. The next stage's raw FP4 words and scale
+// multipliers are read from its ring slot at k-step 6 (after k-step 7's decode, the last use of this stage's
+// raw words), so k-step 0 of the next stage decodes during group 7. A slot is handed back at k-step 0 of the
+// stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
+// end drains (wait_group 0) before the epilogue reads the accumulators.
 template <WFmt F, bool UP, int NT>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = WgTile<NT>;
+  using Tile = WgTile<NT, UP>;
+  constexpr int kStages = Tile::kStages;
   constexpr bool kNv = F == WFmt::nvfp4;
   extern __shared__ __align__(128) uint8_t smem[];
 
@@ -311,80 +352,116 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   const int64_t K = a.K, N = a.N;
   const int kblocks = static_cast<int>(K / kWgK);
 
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kWgStages * Tile::kStage);
-  const BulkRing ring{bars, bars + kWgStages, kWgStages};
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tile::kStage);
+  const BulkRing ring{bars, bars + kStages, kStages};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
-    ring.init(kWgConsumerWarps);
+    // full: the producer threads' cp.async arrivals and the x planes' arming thread (transaction bytes).
+    ring.init(kWgConsumerWarps, kWgProducerThreads + 1);
     mbar_init_fence();
   }
   __syncthreads();
 
-  // Producer: lane l of the producer warpgroup's first warp copies tile rows l + 32 i and (l < 16) x plane l.
   if (warp >= kWgConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
-    if (warp != kWgConsumerWarps) return;
+    // Producer thread p: 16-byte piece p % 4 of tile rows p / 4 + 32 j (j < 8), the scale bytes of rows p and
+    // p + 128, and (p < 16) x plane p. A thread's rows all come from one matrix (up: bit 3 of the tile row
+    // picks w1 or w3, and 32 j / 128 j leave it alone).
+    const int p = tid - kWgConsumerWarps * 32, prow = p >> 2, piece = p & 3;
+    // Tile rows m and m + 32 j (up: m + 16 j... see wg_weight_row: 32 tile rows are 16 rows of one matrix)
+    // are matrix rows row(m) + kStep j; down's last n-tile may run past N (D % 256 == 128): those rows are
+    // zero-filled (src-size 0) and their outputs never stored.
+    constexpr int kStepW = UP ? 16 : 32, kStepS = UP ? 64 : 128;
+    const int64_t w_row_bytes = K / 2, s_row_bytes = kNv ? K / 16 : K / 32;
+    const uint32_t smem0 = smem_addr(smem);
     RingCursor c;
     for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
       const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
       const ExpertDesc& ed = a.experts[tl.e];
-      const uint8_t* wsrc[kWgRows / 32];
-#pragma unroll
-      for (int i = 0; i < kWgRows / 32; ++i) {
-        int which;
-        const int64_t row = wg_weight_row<UP>(lane + 32 * i, tl.n_tile, N, which);
-        wsrc[i] = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
-      }
-      const uint16_t* xsrc = a.a + (static_cast<int64_t>(lane & 15) * a.rows + tl.first + tl.row0) * 8;
-      for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
+      int which_w, which_s;
+      const int row_w = static_cast<int>(wg_weight_row<UP>(prow, tl.n_tile, N, which_w));
+      const int row_s = static_cast<int>(wg_weight_row<UP>(p, tl.n_tile, N, which_s));
+      const uint8_t* wsrc = static_cast<const uint8_t*>(ed.w[which_w]) + row_w * w_row_bytes + piece * 16;
+      const uint8_t* ssrc = static_cast<const uint8_t*>(ed.s[which_s]) + row_s * s_row_bytes;
+      const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
+      for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
         ring.wait_free_at(c.slot, c.parity);
-        if (lane == 0) mbar_arrive_expect_tx(&ring.full[c.slot], Tile::kStage);
-        __syncwarp();
-        uint8_t* st = smem + c.slot * Tile::kStage;
+        const uint32_t st = smem0 + c.slot * Tile::kStage;
+        uint64_t* full = &ring.full[c.slot];
+        if (p < 32) {
+          if (p == 0) mbar_arrive_expect_tx(full, Tile::kXBytes);
+          __syncwarp();
+          if (p < 16)
+            bulk_copy_g2s(smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane,
+                          xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, full);
+        }
 #pragma unroll
-        for (int i = 0; i < kWgRows / 32; ++i)
-          bulk_copy_g2s(st + (lane + 32 * i) * (kWgK / 2), wsrc[i] + static_cast<int64_t>(kb) * (kWgK / 2),
-                        kWgK / 2, &ring.full[c.slot]);
-        if (lane < 16)
-          bulk_copy_g2s(st + kWgWBytes + lane * Tile::kPlane,
-                        xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, &ring.full[c.slot]);
+        for (int j = 0; j < 8; ++j) {
+          const bool ok = UP || row_w + kStepW * j < N;
+          cp_async_at<16>(st + (prow + 32 * j) * (kWgK / 2) + piece * 16,
+                          ok ? wsrc + kStepW * j * w_row_bytes : wsrc, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const bool ok = UP || row_s + kStepS * j < N;
+          cp_async_at<kNv ? 8 : 4>(st + Tile::kScOff + (p + 128 * j) * 8, ok ? ssrc + kStepS * j * s_row_bytes : ssrc,
+                                   ok);
+        }
+        cp_async_mbar_arrive_noinc(full);
+        wsrc += kWgK / 2;
+        ssrc += kNv ? 8 : 4;
       }
     }
+    cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kWgConsumerRegs));
   // Consumers. Thread (wg, warp w, g, t) holds tile rows 128 wg + 64 mt + 16 w + 8 h + g (mt, h = 0, 1).
   const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
-  const int64_t s_row_bytes = kNv ? K / 16 : K / 32;
+  int mrow[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
+
+  // This thread's raw FP4 words (16 bytes = its 32 columns of each of its 4 rows) and bf16x2 scale
+  // multipliers (mxfp4: one e8m0 for the 32 columns; nvfp4: two ue4m3, 16 columns each) of one stage.
+  uint4 raw[2][2];
+  uint32_t mult[2][2][2];
+  const auto load_stage = [&](int slot) {
+    const uint8_t* st = smem + slot * Tile::kStage;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        raw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
+        const uint8_t* sc = st + Tile::kScOff + mrow[mt][h] * 8;
+        if constexpr (kNv)
+          ue4m3x2_mult_bf16x2(*reinterpret_cast<const uint16_t*>(sc + 2 * t), mult[mt][h]);
+        else
+          mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[t]);
+      }
+  };
+  // A fragments of k-step s (both slabs) from raw / mult.
+  uint32_t af[2][2][4];
+  const auto decode = [&](auto s_c, uint32_t(&out)[2][4]) {
+    constexpr int s = decltype(s_c)::value;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t word = word_of(raw[mt][h], s / 2), m = mult[mt][h][s / 4];
+        out[mt][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2)>(word), m);          // slots 2t, 2t+1
+        out[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
+      }
+  };
+
   RingCursor c;
   for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
     const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
     const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
     const ExpertDesc& ed = a.experts[tl.e];
-    const uint8_t* srow[2][2];
-    int mrow[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
-        int which;
-        const int64_t row = wg_weight_row<UP>(mrow[mt][h], n_tile, N, which);
-        srow[mt][h] = static_cast<const uint8_t*>(ed.s[which]) + row * s_row_bytes + (kNv ? 2 * t : t);
-      }
-    // This lane's scale bytes of a stage: mxfp4 one e8m0 (its 32 columns), nvfp4 two ue4m3 (16 columns each).
-    auto load_scales = [&](int kb, uint32_t(&sc)[2][2]) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (kNv)
-            sc[mt][h] = __ldg(reinterpret_cast<const uint16_t*>(srow[mt][h] + static_cast<int64_t>(kb) * 8));
-          else
-            sc[mt][h] = __ldg(srow[mt][h] + static_cast<int64_t>(kb) * 4);
-        }
-    };
 
     float acc[2][NT / 2];
 #pragma unroll
@@ -392,61 +469,49 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
 
-    uint32_t sc[2][2];
-    load_scales(0, sc);
-    for (int kb = 0; kb < kblocks; ++kb, c.next(kWgStages)) {
-      uint32_t sc_next[2][2];
-      load_scales(kb + 1 < kblocks ? kb + 1 : kb, sc_next);
-      uint32_t mult[2][2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (kNv)
-            ue4m3x2_mult_bf16x2(sc[mt][h], mult[mt][h]);
-          else
-            mult[mt][h][0] = mult[mt][h][1] = e8m0_mult_bf16x2(sc[mt][h]);
-        }
-      ring.wait_full_at(c.slot, c.parity);
-      const uint8_t* st = smem + c.slot * Tile::kStage;
-      uint4 wraw[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wraw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
-      const uint32_t xaddr = smem_addr(st + kWgWBytes);
+    ring.wait_full_at(c.slot, c.parity);
+    load_stage(c.slot);
+    decode(std::integral_constant<int, 0>{}, af[0]);
+    int prev_slot = 0;
+    for (int kb = 0; kb < kblocks; ++kb) {
+      const uint32_t xaddr = smem_addr(smem + c.slot * Tile::kStage + Tile::kXOff);
+      const bool more = kb + 1 < kblocks;
       static_for<8>([&](auto s_c) {
         constexpr int s = decltype(s_c)::value;
-        uint32_t af[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t word = word_of(wraw[mt][h], s / 2), m = mult[mt][h][s / 4];
-            af[mt][h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2)>(word), m);          // slots 2t, 2t+1
-            af[mt][2 + h] = bf16_mul2(e2m1x2_to_bf16x2_raw<2 * (s % 2) + 1>(word), m);  // slots 2t+8, 2t+9
-          }
         // k-step s: stored columns 16 s .. 16 s + 15 = planes 2 s, 2 s + 1.
         const uint64_t desc = wg_desc(xaddr + 2 * s * Tile::kPlane, Tile::kPlane, 128);
-        wgmma_pin(acc[0]);
-        wgmma_pin(acc[1]);
+        wgmma_pin(af[s % 2][0]);
+        wgmma_pin(af[s % 2][1]);
         wgmma_fence();
-        wgmma_k16<NT>(acc[0], af[0], desc);
-        wgmma_k16<NT>(acc[1], af[1], desc);
+        wgmma_k16<NT>(acc[0], af[s % 2][0], desc);
+        wgmma_k16<NT>(acc[1], af[s % 2][1], desc);
         wgmma_commit();
+        wgmma_wait<1>();  // group s - 1 is done: af[(s + 1) % 2] may be rewritten
         wgmma_pin(acc[0]);
         wgmma_pin(acc[1]);
-        wgmma_wait<1>();  // the previous k-step's MMAs are done: their A registers may be reused
+        if constexpr (s == 0) {
+          if (kb > 0) ring.release_at(prev_slot);  // the previous stage's last group (7) is done
+        }
+        if constexpr (s < 7) decode(std::integral_constant<int, s + 1>{}, af[(s + 1) % 2]);
+        if constexpr (s == 6) {
+          if (more) {  // the next stage's raw words (this stage's were last read by k-step 7's decode, above)
+            RingCursor n = c;
+            n.next(kStages);
+            ring.wait_full_at(n.slot, n.parity);
+            load_stage(n.slot);
+          }
+        }
+        if constexpr (s == 7) {
+          if (more) decode(std::integral_constant<int, 0>{}, af[0]);
+        }
       });
-      wgmma_wait<0>();  // every MMA that reads this stage is done before the slot is handed back
-      wgmma_pin(acc[0]);
-      wgmma_pin(acc[1]);
-      ring.release_at(c.slot);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) sc[mt][h] = sc_next[mt][h];
+      prev_slot = c.slot;
+      c.next(kStages);
     }
+    wgmma_wait<0>();  // the tile's last group: then the accumulators and the last slot are free
+    wgmma_pin(acc[0]);
+    wgmma_pin(acc[1]);
+    ring.release_at(prev_slot);
     // Accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) % 2), pair 8 (i / 4) + 2 t + i % 2.
     if constexpr (UP) {
       const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
@@ -503,7 +568,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
 
 template <WFmt F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  constexpr int kSmem = UP ? WgTile<NT>::kSmemUp : WgTile<NT>::kSmem;
+  constexpr int kSmem = WgTile<NT, UP>::kSmem;
   static const bool attr = [] {
     cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kSmem);
@@ -590,21 +655,16 @@ int64_t moe_grouped_rows(const MoeParams& p) {
 }
 
 const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
-  static const char* const names[2][5] = {
-      {"moe_grouped_wgmma_kernel mxfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel mxfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel mxfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel mxfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel mxfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
-       "A "
-       "registers, x by bulk copy)"},
-      {"moe_grouped_wgmma_kernel nvfp4 256x64 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel nvfp4 256x96 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel nvfp4 256x112 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel nvfp4 256x128 (wgmma bf16, fp4 decoded into A registers, x by bulk copy)",
-       "moe_grouped_wgmma_kernel nvfp4 256x{64,96,112,128} by pairs per expert (wgmma bf16, fp4 decoded into "
-       "A "
-       "registers, x by bulk copy)"}};
+#define TERN_WG_NAME(fmt, tile)                                                                          \
+  "moe_grouped_wgmma_kernel " fmt " " tile                                                               \
+  " (wgmma bf16, fp4 decoded into A registers a k-step ahead, 2 groups in flight, weights by cp.async, " \
+  "x by bulk copy)"
+#define TERN_WG_NAMES(fmt)                                                                       \
+  {TERN_WG_NAME(fmt, "256x64"), TERN_WG_NAME(fmt, "256x96"), TERN_WG_NAME(fmt, "256x112"),     \
+   TERN_WG_NAME(fmt, "256x128"), TERN_WG_NAME(fmt, "256x{64,96,112,128} by pairs per expert")}
+  static const char* const names[2][5] = {TERN_WG_NAMES("mxfp4"), TERN_WG_NAMES("nvfp4")};
+#undef TERN_WG_NAMES
+#undef TERN_WG_NAME
   const int n = moe_grouped_wgmma_tile_pairs(p);
   return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64    ? 0
                                                     : n == 96  ? 1
