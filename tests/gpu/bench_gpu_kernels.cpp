@@ -196,7 +196,7 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // TERN_MOE_WGMMA_N as the caller set it); the variable and the tile configuration are restored after.
     const char* was = std::getenv("TERN_MOE_GROUPED");
     const std::string saved = was != nullptr ? was : "";
-    unsetenv("TERN_MOE_GROUPED");
+    setenv("TERN_MOE_GROUPED", "mma", 1);
     const int saved_tile = cuda::moe_grouped_tile_config();
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileOld);
     const double old_us = cuda::time_device(call, 2, 10).median_us;

@@ -28,12 +28,13 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
   void TearDown() override {
     if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
     cuda::set_moe_grouped_tile_config(saved_tile_);
-    set_grouped_kernel(false);
+    unsetenv("TERN_MOE_GROUPED");  // the default again: chosen by the pairs per expert
+    unsetenv("TERN_MOE_WGMMA_N");
   }
-  // run_grouped_moe reads TERN_MOE_GROUPED at each call: wgmma or (unset) the mma.sync kernels.
+  // run_grouped_moe reads TERN_MOE_GROUPED at each call: wgmma or mma forces that kernel (unset, the pairs per
+  // expert choose), so each check below names the kernel it means.
   static void set_grouped_kernel(bool wgmma) {
-    if (wgmma) setenv("TERN_MOE_GROUPED", "wgmma", 1);
-    else unsetenv("TERN_MOE_GROUPED");
+    setenv("TERN_MOE_GROUPED", wgmma ? "wgmma" : "mma", 1);
     unsetenv("TERN_MOE_WGMMA_N");
   }
   int saved_tile_ = cuda::moe_grouped_tile_config();
@@ -123,6 +124,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       const Tensor lib_host = cuda::to_host(lib);
 
       Tensor got[kConfigs];
+      set_grouped_kernel(false);  // the mma.sync kernels in every tile configuration
       for (int c = 0; c < kConfigs; ++c) {
         cuda::set_moe_grouped_tile_config(configs[c]);
         const std::string path = be.moe_path(dexp[0].w1, T);
@@ -153,6 +155,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       // another width, and 128-pair tiles, whose up kernel runs a 3-stage ring) against the CPU, the library and
       // the default mma.sync tiles: the same bf16 operands and f32 sums in another order (h's bf16 rounding may
       // flip for a few values), so far under the bf16 tolerance.
+      Tensor wgmma_default;  // at the width the pairs per expert choose
       for (const char* n : {"", "96", "128"}) {
         set_grouped_kernel(true);
         if (*n != '\0') setenv("TERN_MOE_WGMMA_N", n, 1);
@@ -164,6 +167,23 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
         expect_close(upload(rows_of(cuda::to_host(out), rows)), ref, kTolBf16, what + " vs cpu");
         expect_close(out, lib_host, 1e-3, what + " vs library");
         expect_close(out, got[0], 1e-3, what + " vs mma.sync");
+        if (*n == '\0') wgmma_default = cuda::to_host(out);
+      }
+      // Unforced (the default): wgmma from kMoeWgmmaMinPairs mean pairs an expert, mma.sync below; the path
+      // names both, and the bits are those of the kernel the pairs choose.
+      unsetenv("TERN_MOE_GROUPED");
+      unsetenv("TERN_MOE_WGMMA_N");
+      {
+        const bool wgmma = T * k >= cuda::kMoeWgmmaMinPairs * E;
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what = cat(base, " unforced (", path, ")");
+        EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
+        EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        const Tensor want = wgmma ? wgmma_default : got[0];
+        EXPECT_EQ(std::memcmp(cuda::to_host(out).data<float>(), want.data<float>(), static_cast<size_t>(T * D) * 4), 0)
+            << what << ": not the bits of the " << (wgmma ? "wgmma" : "mma.sync") << " kernel the pairs choose";
       }
       set_grouped_kernel(false);
     }
@@ -210,7 +230,7 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
       ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
-      unsetenv("TERN_MOE_GROUPED");
+      setenv("TERN_MOE_GROUPED", "mma", 1);
       unsetenv("TERN_MOE_WGMMA_N");
       auto mma = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, mma});

@@ -190,8 +190,8 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
   launch_moe_sort(p, reinterpret_cast<int*>(ws + counts_at), reinterpret_cast<int*>(ws + sorted_at), pos,
                   reinterpret_cast<int*>(ws + jobs_at), reinterpret_cast<int*>(ws + num_at), s);
   check_launch("moe_sort");
-  // TERN_MOE_GROUPED=wgmma: the wgmma kernels (moe_grouped_wgmma.cuh), A/B against the mma.sync ones.
-  if (moe_grouped_wgmma_selected()) launch_moe_grouped_wgmma(p, b, s);
+  // The wgmma kernels from 48 mean pairs an expert, the mma.sync ones below (TERN_MOE_GROUPED forces either).
+  if (moe_grouped_wgmma_selected(p)) launch_moe_grouped_wgmma(p, b, s);
   else launch_moe_grouped(p, b, s);
   check_launch("moe_grouped");
   launch_moe_combine(p, b.y, pos, s);

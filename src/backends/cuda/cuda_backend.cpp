@@ -226,10 +226,11 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "grouped_linear on cuBLAS bf16 (x rounded to bf16, weights expanded exactly to bf16 in scratch, f32 "
       "accumulate); exact weights: bf16 / FP8 (bf16 numbers) as three cuBLAS bf16 products on x split into three "
       "bf16 planes (f32 accuracy), f32 weights on cuBLAS f32 (no TF32); moe_experts with mxfp4 / nvfp4 experts: "
-      "multi-block plan (moe_sort) + moe_grouped_kernel up (w1|w3 tiles, SwiGLU in the epilogue, h bf16) and down "
-      "(w2), grouped GEMMs scheduled from the device job table (no readback), FP4 decoded in registers into "
-      "mma.sync bf16 fragments, f32 accumulate (32-, 64- or 128-pair tiles by pairs per expert; "
-      "TERN_MOE_GROUPED_TILE=old / 128x128 for A/B), + moe_combine; fp8 / bf16 experts or TERN_MOE_PREFILL=library: the "
+      "multi-block plan (moe_sort) + grouped GEMMs up (w1|w3 tiles, SwiGLU in the epilogue, h bf16) and down (w2) "
+      "scheduled from the device job table (no readback), FP4 decoded in registers, f32 accumulate: from 48 mean "
+      "pairs an expert moe_grouped_wgmma_kernel (wgmma, 256 weight rows x 64-128 pairs, two groups in flight), "
+      "below moe_grouped_kernel (mma.sync, 32- or 64-pair tiles, weights as A; TERN_MOE_GROUPED=wgmma|mma forces "
+      "one, TERN_MOE_GROUPED_TILE=old / 128x128 / small-unswapped for A/B), + moe_combine; fp8 / bf16 experts or TERN_MOE_PREFILL=library: the "
       "plan read back, experts expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), "
       "SwiGLU, combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",

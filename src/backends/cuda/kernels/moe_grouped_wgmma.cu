@@ -48,6 +48,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
@@ -626,9 +629,18 @@ void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, in
 }  // namespace
 }  // namespace dev
 
-bool moe_grouped_wgmma_selected() {
+const char* moe_grouped_kernel_forced() {
   const char* v = std::getenv("TERN_MOE_GROUPED");
-  return v != nullptr && std::strcmp(v, "wgmma") == 0;
+  if (v == nullptr || *v == '\0') return "";
+  if (std::strcmp(v, "wgmma") == 0) return "wgmma";
+  if (std::strcmp(v, "mma") == 0) return "mma";
+  throw std::runtime_error(std::string("TERN_MOE_GROUPED: expected wgmma or mma, found \"") + v + "\"");
+}
+
+bool moe_grouped_wgmma_selected(const MoeParams& p) {
+  const std::string_view forced = moe_grouped_kernel_forced();
+  if (!forced.empty()) return forced == "wgmma";
+  return p.E > 0 && p.T * p.k >= kMoeWgmmaMinPairs * p.E;
 }
 
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {

@@ -1,7 +1,7 @@
 // The grouped FP4 expert GEMMs of prefill chunks on wgmma (moe_grouped_wgmma.cu; host interface): the same
 // plan and buffers as moe_grouped.cuh's mma.sync kernels (MoeGroupedBuffers), another activation layout
 // (bf16 "planes", see the .cu) for xs and h, which therefore hold moe_grouped_rows(p) rows, not P.
-// Chosen by TERN_MOE_GROUPED=wgmma (default: the mma.sync kernels, TERN_MOE_GROUPED=mma or unset).
+// Chosen by the mean pairs per expert (moe_grouped_wgmma_selected), or forced by TERN_MOE_GROUPED=wgmma|mma.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,8 +12,15 @@
 
 namespace tern::cuda {
 
-// TERN_MOE_GROUPED=wgmma (read at each call, so tests and benchmarks can switch).
-bool moe_grouped_wgmma_selected();
+// Whether a prefill chunk's grouped experts take the wgmma kernels: TERN_MOE_GROUPED=wgmma always, =mma never
+// (read at each call, so tests and benchmarks can switch); unset, from kMoeWgmmaMinPairs mean pairs an expert
+// (measured on the H200, session 10 call 6, one V4-Flash layer: 2K tokens (48 an expert) 3.12 -> 2.38 ms, 8K
+// 9.32 -> 5.70 ms; at 1K (24 an expert, a 64-pair tile mostly padding) mma.sync's 1.79 beats wgmma's 2.30).
+// p.E == 0 (a shape-only query): true only when forced.
+inline constexpr int64_t kMoeWgmmaMinPairs = 48;
+bool moe_grouped_wgmma_selected(const MoeParams& p);
+// "wgmma", "mma" or "" (unset: by pairs per expert), for path names.
+const char* moe_grouped_kernel_forced();
 // Pairs a tile (wgmma N: 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
 // per expert (0 when p.E == 0, a shape-only query). Narrower tiles pad less of an expert's last tile and read
 // the weights more often.
