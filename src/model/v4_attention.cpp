@@ -14,11 +14,11 @@ namespace tern::model {
 
 void Model::attention_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
   const ModelConfig& c = w_.config;
-  const AttentionWeights& A = w_.layers[l].attn;
+  const AttentionWeights& A = layer(l).attn;
   const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, H = c.num_heads, hd = c.head_dim, G = c.o_groups;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const TensorView inv_freq = c.attn_kind(l) == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
+  const TensorView inv_freq = layer(l).attn_kind == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
@@ -82,13 +82,13 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.chunk_rows = b.rows(kv_rows, s);
     args.ring = s.state->ring(l);
     args.window = c.sliding_window;
-    args.ratio = c.compress_ratio(l);
+    args.ratio = layer_specs_[l].ratio;
     if (args.ratio > 0) {
       args.compressed = s.state->compressed_rows(l);
       args.num_compressed = s.state->layout().entries(l, s.start + s.n);
     }
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
-    args.sinks = w_.layers[l].attn.attn_sink;
+    args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     ops::sparse_attention(args, b.rows(heads, s));
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));

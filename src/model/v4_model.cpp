@@ -83,6 +83,10 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
              " is not implemented (only sqrtsoftplus with normalised weights)");
   kv_format().check();
   for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
+  if (w_.mtp) {
+    layer_ops_.push_back(layer_ops(w_.mtp->block));
+    mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
+  }
   head_ = op_weight(w_.head);
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
@@ -111,6 +115,26 @@ void upload_compressor(CompressorWeights& c, const Model::Upload& up) {
 void upload_hc(HyperConnWeights& h, const Model::Upload& up) {
   h.fn = up(h.fn), h.base = up(h.base), h.scale = up(h.scale);
 }
+void upload_layer(LayerWeights& L, const Model::Upload& up) {
+  L.attn_norm = up(L.attn_norm), L.ffn_norm = up(L.ffn_norm);
+  upload_hc(L.hc_attn, up), upload_hc(L.hc_ffn, up);
+  AttentionWeights& a = L.attn;
+  upload_pair(a.wq_a_wkv, a.wq_a, a.wkv, up);
+  for (Linear* l : {&a.wq_b, &a.wo_a, &a.wo_b}) upload_linear(*l, up);
+  a.q_norm = up(a.q_norm), a.kv_norm = up(a.kv_norm), a.attn_sink = up(a.attn_sink);
+  if (a.compressor) upload_compressor(*a.compressor, up);
+  if (a.indexer) {
+    upload_linear(a.indexer->wq_b, up), upload_linear(a.indexer->weights_proj, up);
+    upload_compressor(a.indexer->compressor, up);
+  }
+  MoEWeights& f = L.ffn;
+  upload_linear(f.gate, up);
+  f.gate_bias = up(f.gate_bias), f.tid2eid = up(f.tid2eid);
+  for (ExpertWeights& e : f.experts)
+    upload_linear(e.w1, up), upload_linear(e.w2, up), upload_linear(e.w3, up);
+  upload_pair(f.shared.w13, f.shared.w1, f.shared.w3, up);
+  upload_linear(f.shared.w2, up);
+}
 
 }  // namespace
 
@@ -121,29 +145,21 @@ void Model::to_device(Device device, const Upload& upload) {
   w_.embed = up(w_.embed), w_.norm = up(w_.norm);
   upload_linear(w_.head, up);
   upload_hc(w_.hc_head, up);
-  for (LayerWeights& L : w_.layers) {
-    L.attn_norm = up(L.attn_norm), L.ffn_norm = up(L.ffn_norm);
-    upload_hc(L.hc_attn, up), upload_hc(L.hc_ffn, up);
-    AttentionWeights& a = L.attn;
-    upload_pair(a.wq_a_wkv, a.wq_a, a.wkv, up);
-    for (Linear* l : {&a.wq_b, &a.wo_a, &a.wo_b}) upload_linear(*l, up);
-    a.q_norm = up(a.q_norm), a.kv_norm = up(a.kv_norm), a.attn_sink = up(a.attn_sink);
-    if (a.compressor) upload_compressor(*a.compressor, up);
-    if (a.indexer) {
-      upload_linear(a.indexer->wq_b, up), upload_linear(a.indexer->weights_proj, up);
-      upload_compressor(a.indexer->compressor, up);
-    }
-    MoEWeights& f = L.ffn;
-    upload_linear(f.gate, up);
-    f.gate_bias = up(f.gate_bias), f.tid2eid = up(f.tid2eid);
-    for (ExpertWeights& e : f.experts)
-      upload_linear(e.w1, up), upload_linear(e.w2, up), upload_linear(e.w3, up);
-    upload_pair(f.shared.w13, f.shared.w1, f.shared.w3, up);
-    upload_linear(f.shared.w2, up);
+  for (LayerWeights& L : w_.layers) upload_layer(L, up);
+  if (w_.mtp) {
+    MtpWeights& m = *w_.mtp;
+    m.enorm = up(m.enorm), m.hnorm = up(m.hnorm), m.norm = up(m.norm);
+    upload_linear(m.e_proj, up), upload_linear(m.h_proj, up);
+    upload_layer(m.block, up);
+    upload_hc(m.hc_head, up);
   }
   device_ = device;
   layer_ops_.clear();
   for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
+  if (w_.mtp) {
+    layer_ops_.push_back(layer_ops(w_.mtp->block));
+    mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
+  }
   head_ = op_weight(w_.head);
   inv_freq_main_ = Tensor::copy_of(inv_freq_main_, device_);
   inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
@@ -167,6 +183,8 @@ std::vector<ops::LinearUse> Model::linears() const {
       if (!w->weight.empty()) out.push_back({w, 1});
     if (!o.wo_a.weight.empty()) out.push_back({&o.wo_a, config().o_groups});
   }
+  for (const ops::Weight* w : {&mtp_e_proj_, &mtp_h_proj_})
+    if (!w->weight.empty()) out.push_back({w, 1});
   if (!head_.weight.empty()) out.push_back({&head_, 1});
   return out;
 }
@@ -209,6 +227,12 @@ std::vector<cache::LayerSpec> Model::make_layer_specs() const {
       s.index_row_bytes = c.index_head_dim * static_cast<int64_t>(sizeof(float));
       s.indexer_acc_floats = 2 * 3 * c.index_head_dim;
     }
+    specs.push_back(s);
+  }
+  if (w_.mtp) {  // the MTP layer: its own sliding window, nothing else (compress ratio 0)
+    cache::LayerSpec s;
+    s.window = c.sliding_window;
+    s.kv_row_bytes = kv_format().row_bytes();
     specs.push_back(s);
   }
   return specs;
@@ -283,18 +307,47 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch, bool logits_on_device) {
+  return forward_impl(batch, {}, nullptr, logits_on_device);
+}
+
+Tensor Model::forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
+                      bool logits_on_device) {
+  TERN_CHECK(streams_for.size() == batch.size(), "forward: ", streams_for.size(), " stream choices for ",
+             batch.size(), " sequences");
+  return forward_impl(batch, streams_for, &streams, logits_on_device);
+}
+
+Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for,
+                           Tensor* streams_out, bool logits_on_device) {
   const ModelConfig& c = w_.config;
   const Batch b = make_batch(batch);
   const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
   const Tensor streams = run_layers(b);
+  if (streams_out != nullptr) {  // the pre-hc_head streams of the chosen rows
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < b.seqs.size(); ++i) {
+      const Batch::Seq& s = b.seqs[i];
+      for (int64_t t = 0; t < s.n; ++t)
+        if (streams_for[i] == LogitsFor::all || (streams_for[i] == LogitsFor::last && t == s.n - 1))
+          rows.push_back(s.begin + t);
+    }
+    const int64_t R = static_cast<int64_t>(rows.size()), H = c.hc_mult, D = c.hidden_size;
+    *streams_out = tensor(DType::f32, {R, H, D});
+    if (R > 0) {
+      Tensor index(DType::i64, {R});
+      std::copy(rows.begin(), rows.end(), index.data<int64_t>());
+      index = on_device(std::move(index));
+      ops::gather_rows(streams.view().reshape({N, H * D}), index, streams_out->view().reshape({R, H * D}));
+    }
+  }
   if (!b.wanted.empty()) {
     if (device_ == Device::cpu) {
-      head(b, streams, logits);
+      head(b, streams, logits, w_.hc_head, w_.norm);
     } else {
       Tensor device_logits = tensor(DType::f32, logits.shape());
-      head(b, streams, device_logits);
+      head(b, streams, device_logits, w_.hc_head, w_.norm);
       if (logits_on_device) logits = std::move(device_logits);
       else ops::copy(device_logits, logits);
     }
@@ -311,19 +364,23 @@ Tensor Model::run_layers(const Batch& b) {
   ops::embedding(w_.embed, b.ids, x);
   Tensor streams = tensor(DType::f32, {N, H, D});
   ops::hc_expand(x, streams);
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& L = w_.layers[l];
-    residual(L.hc_attn, L.attn_norm, b, streams, "attn", l,
-             [&](const TensorView& h, const TensorView& out) { attention_block(l, b, h, out); });
-    residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l,
-             [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
-    observe("streams", l, streams);
-  }
+  for (int l = 0; l < c.num_layers; ++l) block(l, b, streams);
   return streams;
 }
 
+// Layer l (a trunk layer or the MTP block): attention, then the MoE, each inside its mHC.
+void Model::block(int l, const Batch& b, Tensor& streams) {
+  const LayerWeights& L = layer(l);
+  residual(L.hc_attn, L.attn_norm, b, streams, "attn", l,
+           [&](const TensorView& h, const TensorView& out) { attention_block(l, b, h, out); });
+  residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l,
+           [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
+  observe("streams", l, streams);
+}
+
 // logits = head(norm(hc_head(X))) for the wanted rows only.
-void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits) {
+void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits, const HyperConnWeights& hc,
+                 const TensorView& norm) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult, R = logits.dim(0);
   Tensor rows(DType::i64, {R});
@@ -334,9 +391,9 @@ void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits
   Tensor y = tensor(DType::f32, {R, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
-  ops::hc_head({picked, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
-  ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
-  observe("final_hidden", -1, y);
+  ops::hc_head({picked, hc.fn, hc.base, hc.scale, params, y});
+  ops::rms_norm(y, norm, static_cast<float>(c.rms_norm_eps), y);
+  observe("final_hidden", &hc == &w_.hc_head ? -1 : mtp_layer(), y);
   ops::linear(y, head_, logits);
 }
 

@@ -84,6 +84,37 @@ class Model {
   // (all: one per token, last: one, none: nothing). On the host, or with logits_on_device on the model's
   // device (no copy back: a device sampler reads them there).
   Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
+  // The same, and the trunk's 4-stream hidden before hc_head, f32 [rows, hc, D], of the rows streams_for[i]
+  // picks of sequence i (none / last / all; one entry per sequence), in batch order, into `streams` on the
+  // model's device: what the MTP layer reads (mtp_forward).
+  Tensor forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
+                 bool logits_on_device = false);
+
+  // The MTP layer (model/v4_mtp.cpp; present when the checkpoint has mtp.0.*). Row i of a sequence, at
+  // position p = start + i, reads the hidden h_p (the trunk's streams of position p, or when chaining drafts
+  // the MTP's own output streams of position p - 1) and the token at p + 1, and predicts the token at p + 2:
+  //   x_k  = e_proj(enorm(embed(next))) + h_proj(hnorm(h_k))      per stream k (the e term is shared)
+  //   X'   = V4 block (SWA-only attention with the MTP layer's own window ring, score-routed MoE, its mHC)
+  //   logits = head(norm(hc_head_mtp(X')))
+  // The window is the state's layer mtp_layer(), addressed by position like the trunk's rings: row p lands in
+  // slot p % window and a row at p attends to positions p-window+1 .. p. So the positions below `start` that
+  // the window reaches must have gone through mtp_forward on this state before (prompt catch-up: during
+  // prefill, every prompt position whose next token is known). The state's position is not changed.
+  bool has_mtp() const { return w_.mtp.has_value(); }
+  int mtp_layer() const { return w_.config.num_layers; }
+  struct MtpStep {
+    cache::SequenceState* state = nullptr;  // its MTP window is read and written
+    int64_t start = 0;                      // position of the first row
+    TensorView streams;                     // f32 [n, hc, D] on the model's device: h at start .. start+n-1
+    std::span<const int64_t> next;          // n tokens: the tokens at start+1 .. start+n
+    LogitsFor logits = LogitsFor::all;
+  };
+  struct MtpResult {
+    Tensor logits;   // f32 [rows, vocab] on the host: the requested rows, in batch order
+    Tensor streams;  // f32 [N, hc, D] on the model's device: the block's output (before hc_head) of every row,
+                     // in batch order: the hidden of the next chained draft step
+  };
+  MtpResult mtp_forward(std::span<const MtpStep> batch);
 
   // Intermediates of forward(), for tests and debugging (the views live only during the call):
   //   "attn_in", "attn_out", "ffn_in", "ffn_out" [N, D]; "streams" [N, hc, D] after the layer;
@@ -130,8 +161,18 @@ class Model {
   struct Batch;
   Batch make_batch(std::span<const StepSequence> batch) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
+  Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
+                      bool logits_on_device);
   Tensor run_layers(const Batch& b);
-  void head(const Batch& b, const Tensor& streams, const TensorView& logits);
+  void block(int l, const Batch& b, Tensor& streams);  // streams [N, hc, D] through layer l, in place
+  // logits = head(norm(hc_head(streams))) of the batch's wanted rows, with the trunk's hc_head and norm or the
+  // MTP layer's.
+  void head(const Batch& b, const Tensor& streams, const TensorView& logits, const HyperConnWeights& hc,
+            const TensorView& norm);
+  // Layer l's weights: a trunk layer, or the MTP block for l == mtp_layer().
+  const LayerWeights& layer(int l) const {
+    return l < w_.config.num_layers ? w_.layers[static_cast<size_t>(l)] : w_.mtp->block;
+  }
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
               const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
@@ -181,8 +222,9 @@ class Model {
   KvMode mode_;
   Device device_ = Device::cpu;
   Observer observer_;
-  std::vector<LayerOps> layer_ops_;
+  std::vector<LayerOps> layer_ops_;  // the trunk's layers, then the MTP block's (when present)
   ops::Weight head_;
+  ops::Weight mtp_e_proj_, mtp_h_proj_;
   Tensor inv_freq_main_, inv_freq_compress_;
   std::vector<cache::LayerSpec> layer_specs_;
 };

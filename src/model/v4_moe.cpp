@@ -8,7 +8,7 @@ namespace tern::model {
 
 void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
   const ModelConfig& c = w_.config;
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = layer(l);
   const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, k = c.experts_per_token;
   const auto limit = static_cast<float>(c.swiglu_limit);

@@ -60,6 +60,7 @@ class Binder {
     return naming_ == Naming::official ? official : transformers_name(official);
   }
   const std::unordered_set<std::string>& used() const { return used_; }
+  void add_used(const std::unordered_set<std::string>& names) { used_.insert(names.begin(), names.end()); }
 
   // A tensor by its checkpoint name, checked against the allowed dtypes and the expected shape.
   TensorView raw(const std::string& n, std::initializer_list<DType> dtypes, const Shape& shape) {
@@ -293,13 +294,14 @@ void check_tid2eid(const TensorView& t, int experts, const std::string& file, co
   }
 }
 
-LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const Checkpoint& ck) {
+// One V4 block under official prefix p ("layers.N." or "mtp.0."): index is its layer in the state layout.
+LayerWeights bind_block(Binder& b, ModelConfig& c, const std::string& p, int index, int ratio, bool hash_routed,
+                        bool first_experts, Naming naming, const Checkpoint& ck) {
   const int64_t D = c.hidden_size, H = c.num_heads, hd = c.head_dim, hc = c.hc_mult;
   LayerWeights L;
-  L.index = l;
-  L.attn_kind = c.attn_kind(l);
-  L.hash_routed = c.hash_routed(l);
-  const std::string p = cat("layers.", l, ".");
+  L.index = index;
+  L.attn_kind = ratio == 0 ? AttnKind::sliding : ratio == c.csa_ratio ? AttnKind::csa : AttnKind::hca;
+  L.hash_routed = hash_routed;
   L.attn_norm = b.dense(p + "attn_norm.weight", Shape{D});
   L.ffn_norm = b.dense(p + "ffn_norm.weight", Shape{D});
   L.hc_attn = bind_hc(b, p + "hc_attn_fn", p + "hc_attn_base", p + "hc_attn_scale", (2 + hc) * hc, hc * D, 3);
@@ -316,7 +318,6 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
   at.q_norm = b.dense(a + "q_norm.weight", Shape{c.q_lora_rank});
   at.kv_norm = b.dense(a + "kv_norm.weight", Shape{hd});
   at.attn_sink = b.f32(a + "attn_sink", Shape{H});
-  const int ratio = c.compress_ratio(l);
   if (ratio > 0)
     at.compressor = bind_compressor(b, c, a + "compressor.", ratio, hd, L.attn_kind == AttnKind::csa);
   if (L.attn_kind == AttnKind::csa) {
@@ -341,7 +342,7 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
   }
   if (naming == Naming::transformers) {
     m.experts = b.stacked_experts(f);
-    check_expert_format(c, m.experts[0].w1, l == 0, ck.source());
+    check_expert_format(c, m.experts[0].w1, first_experts, ck.source());
   } else {
     m.experts.resize(E);
     for (int e = 0; e < E; ++e) {
@@ -350,7 +351,7 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
       m.experts[e].w2 = b.linear(x + "w2", D, I, true);
       m.experts[e].w3 = b.linear(x + "w3", I, D, true);
       for (const Linear* lin : {&m.experts[e].w1, &m.experts[e].w2, &m.experts[e].w3})
-        check_expert_format(c, *lin, l == 0 && e == 0 && lin == &m.experts[e].w1, ck.file_of(lin->name));
+        check_expert_format(c, *lin, first_experts && e == 0 && lin == &m.experts[e].w1, ck.file_of(lin->name));
     }
   }
   m.shared.w1 = b.linear(f + "shared_experts.w1", I * c.n_shared_experts, D);
@@ -358,6 +359,26 @@ LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const C
   m.shared.w3 = b.linear(f + "shared_experts.w3", I * c.n_shared_experts, D);
   m.shared.w13 = b.stack(m.shared.w1, m.shared.w3);
   return L;
+}
+
+LayerWeights bind_layer(Binder& b, ModelConfig& c, int l, Naming naming, const Checkpoint& ck) {
+  return bind_block(b, c, cat("layers.", l, "."), l, c.compress_ratio(l), c.hash_routed(l), l == 0, naming, ck);
+}
+
+// mtp.0: e_proj, h_proj, enorm, hnorm, the block (SWA only, score-routed: its layer id is past the hash layers),
+// hc_head, norm. Every missing tensor is an error naming it.
+MtpWeights bind_mtp(Binder& b, ModelConfig& c, Naming naming, const Checkpoint& ck) {
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
+  const std::string p = "mtp.0.";
+  MtpWeights m;
+  m.enorm = b.dense(p + "enorm.weight", Shape{D});
+  m.hnorm = b.dense(p + "hnorm.weight", Shape{D});
+  m.e_proj = b.linear(p + "e_proj", D, D);
+  m.h_proj = b.linear(p + "h_proj", D, D);
+  m.block = bind_block(b, c, p, c.num_layers, /*ratio=*/0, /*hash_routed=*/false, false, naming, ck);
+  m.hc_head = bind_hc(b, p + "hc_head_fn", p + "hc_head_base", p + "hc_head_scale", hc, hc * D, 1);
+  m.norm = b.dense(p + "norm.weight", Shape{D});
+  return m;
 }
 
 }  // namespace
@@ -391,7 +412,33 @@ ModelWeights load_model(const std::string& dir) {
   c.fp8_dense = w.layers.empty() ? false : w.layers[0].attn.wq_a.format == WeightFormat::fp8_block;
   c.validate(dir + "/config.json (with the formats found in the tensors)");
 
-  // Tensors tern does not bind: MTP (not used yet) silently, anything else with a warning.
+  // The MTP layer: bound when any mtp.0.* tensor is there (then all must be). transformers has no names for
+  // it (it drops mtp.* on load): a transformers-named checkpoint has them under the official names, or under
+  // "model.mtp.0.*" with transformers' renaming rules applied to the block's tensors.
+  auto mtp_tensors = [&](const std::string& prefix) {
+    for (const std::string& n : ck.names())
+      if (n.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  const bool official_mtp = mtp_tensors("mtp.0."), renamed_mtp = naming == Naming::transformers && mtp_tensors("model.mtp.0.");
+  if ((official_mtp || renamed_mtp) && c.num_mtp_layers == 0) {
+    log::warn(ck.source(), ": mtp.0.* tensors are present but config.json \"num_nextn_predict_layers\" is 0: "
+              "the MTP layer is not loaded");
+  } else if (official_mtp || renamed_mtp) {
+    const std::string where = dir + "/config.json \"compress_ratios\"";
+    TERN_CHECK(c.mtp_compress_ratios.empty() || c.mtp_compress_ratios[0] == 0, where, ": the MTP layer's ratio is ",
+               c.mtp_compress_ratios.empty() ? 0 : c.mtp_compress_ratios[0],
+               "; tern implements the sliding-window-only MTP layer (ratio 0) of DeepSeek-V4");
+    Binder mb(ck, c, official_mtp ? Naming::official : Naming::transformers, *storage);
+    try {
+      w.mtp = bind_mtp(mb, c, official_mtp ? Naming::official : Naming::transformers, ck);
+    } catch (const Error& e) {
+      fail("the MTP layer mtp.0 is incomplete (a checkpoint has all of its tensors or none): ", e.what());
+    }
+    b.add_used(mb.used());
+  }
+
+  // Tensors tern does not bind: MTP layers past mtp.0 silently, anything else with a warning.
   int64_t unused = 0;
   std::string first;
   for (const std::string& n : ck.names()) {

@@ -89,6 +89,17 @@ struct LayerWeights {
   MoEWeights ffn;
 };
 
+// The multi-token-prediction layer mtp.0 (deepseek-v4.md section 2, v4-speculative.md section 1): the input
+// projections, one V4 block with sliding-window attention only (compress ratio 0) and a score-routed MoE, its
+// own hc_head and norm. The embedding and the head are the trunk's.
+struct MtpWeights {
+  TensorView enorm, hnorm;   // [hidden]
+  Linear e_proj, h_proj;     // [hidden, hidden] (FP8 in the official checkpoint)
+  LayerWeights block;        // index = config.num_layers: its layer in the sequence state's layout
+  HyperConnWeights hc_head;  // fn [hc, hc * hidden], base [hc], scale [1]
+  TensorView norm;           // [hidden]
+};
+
 struct ModelWeights {
   ModelConfig config;
   TensorView embed;  // [vocab, hidden]
@@ -96,6 +107,8 @@ struct ModelWeights {
   TensorView norm;   // [hidden]
   HyperConnWeights hc_head;
   std::vector<LayerWeights> layers;
+  // Present when the checkpoint has the mtp.0.* tensors (and config.json num_nextn_predict_layers >= 1).
+  std::optional<MtpWeights> mtp;
   // Keeps the mapped files (or synthesized buffers) alive for as long as the views are used.
   std::shared_ptr<const void> storage;
   // Where the weights came from (for `tern inspect` and logs).
@@ -108,7 +121,9 @@ struct ModelWeights {
 // Loads a checkpoint directory (config.json + model.safetensors or model.safetensors.index.json
 // with its shards), official or transformers tensor names. Throws tern::Error naming the file and
 // tensor on anything missing, mis-shaped, mis-typed, truncated or corrupt. The returned config's
-// expert_format and fp8_dense describe the tensors actually found. docs/checkpoints.md lists the
+// expert_format and fp8_dense describe the tensors actually found. The MTP layer is bound when the checkpoint
+// has any mtp.0.* tensor: then all of them must be there (the error names the first one missing); without
+// any, the model loads without MTP. docs/checkpoints.md lists the
 // accepted dtypes per tensor (views keep the file's dtype, except that fields documented f32 above
 // are always f32: bf16/f16 files are widened into owned buffers).
 ModelWeights load_model(const std::string& dir);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -29,6 +30,9 @@ const Fixture& Fixture::get(const std::string& name) {
     f->name_ = name;
     f->weights_ = model::load_model(dir);
     f->ref_ = model::SafetensorsFile::open(dir + "/reference.safetensors");
+    if (std::filesystem::exists(dir + "/mtp_reference.safetensors"))
+      f->mtp_ref_ = model::SafetensorsFile::open(dir + "/mtp_reference.safetensors");
+    f->dir_ = dir;
     TERN_CHECK(f->num_prompts() > 0, dir, "/reference.safetensors has no prompts");
     slot = std::move(f);
   }
@@ -38,6 +42,11 @@ const Fixture& Fixture::get(const std::string& name) {
 TensorView Fixture::tensor(const std::string& key) const {
   const model::SafetensorsEntry* e = ref_->find(key);
   return e ? ref_->view(*e) : TensorView();
+}
+
+TensorView Fixture::mtp_tensor(const std::string& key) const {
+  const model::SafetensorsEntry* e = mtp_ref_ ? mtp_ref_->find(key) : nullptr;
+  return e ? mtp_ref_->view(*e) : TensorView();
 }
 
 static std::vector<int64_t> ints(const TensorView& v) {

@@ -27,11 +27,16 @@ class Fixture {
   std::vector<int64_t> greedy(int prompt, const std::string& set = "prompt") const;
   // f32 [T, vocab] (or [steps, vocab]); empty view when absent
   TensorView tensor(const std::string& key) const;
+  // The MTP layer's reference (mtp_reference.safetensors: "mtp.prompt.<p>.logits", ".chain_tokens",
+  // ".chain_logits", ".out_streams"); empty view when absent.
+  TensorView mtp_tensor(const std::string& key) const;
+  std::string dir() const { return dir_; }
 
  private:
   std::string name_;
   model::ModelWeights weights_;
-  std::shared_ptr<model::SafetensorsFile> ref_;
+  std::shared_ptr<model::SafetensorsFile> ref_, mtp_ref_;
+  std::string dir_;
 };
 
 // The prompts the expensive (token-by-token) tests run. Under ASan/UBSan, where those tests check memory

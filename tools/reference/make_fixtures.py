@@ -26,6 +26,9 @@ import transformers
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mtp_reference  # noqa: E402  (the MTP layer's independent reference: transformers has no MTP module)
+
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 
@@ -56,6 +59,11 @@ HC = 4
 SWA = 16
 
 WEIGHT_SEED = 20260501
+# The MTP layer (mtp.0) draws its weights from its own generator, after and apart from the trunk's: the trunk's
+# weights, prompts and reference tensors are exactly those of a checkpoint without MTP.
+MTP_WEIGHT_SEED = 20260502
+MTP_CHAIN_STEPS = 3  # chained drafts stored per prompt: k = 1 (the teacher-forced last row), 2, 3
+MTP_DEBUG_PROMPT = 12  # (= DEBUG_PROMPT) its MTP output streams are stored too
 PROMPT_SEED = 777
 PROMPT_LENS = [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 47, 64, 70]
 GREEDY_STEPS = 32
@@ -131,7 +139,7 @@ def official_config(expert_format):
         "num_hash_layers": NHASH,
         "swiglu_limit": 10.0,
         "sliding_window": SWA,
-        "compress_ratios": COMPRESS,
+        "compress_ratios": COMPRESS + [0],  # + the MTP layer's: sliding window only
         "compress_rope_theta": 160000.0,
         "rope_theta": 10000.0,
         "rope_scaling": {
@@ -149,7 +157,7 @@ def official_config(expert_format):
         "hc_sinkhorn_iters": 20,
         "hc_eps": 1e-6,
         "rms_norm_eps": 1e-6,
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": 1,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "quantization_config": {
@@ -368,6 +376,175 @@ def make_master_weights():
     return W
 
 
+def make_mtp_master_weights():
+    """mtp.0.* in official names (fp32 master, format), from MTP_WEIGHT_SEED: e_proj / h_proj FP8 (as the official
+    checkpoint), enorm / hnorm / norm BF16, one block like a trunk layer with compress ratio 0 (no compressor, no
+    indexer) and a score-routed MoE (gate bias, no tid2eid), its own hc_head. Same distributions as the trunk's."""
+    g = torch.Generator().manual_seed(MTP_WEIGHT_SEED)
+
+    def n(*shape, std=1.0, mean=0.0):
+        return torch.randn(*shape, generator=g) * std + mean
+
+    def u(*shape, lo, hi):
+        return torch.rand(*shape, generator=g) * (hi - lo) + lo
+
+    def normw(dim):
+        return n(dim, std=0.1, mean=1.0)
+
+    def hot(w):
+        w[:HOT_ROWS] *= HOT_GAIN
+        return w
+
+    def cool(w2):
+        w2[:, :HOT_ROWS] /= HOT_GAIN ** 2
+        return w2
+
+    W = {}
+    p = "mtp.0."
+    W[p + "enorm.weight"] = (normw(D), "bf16")
+    W[p + "hnorm.weight"] = (normw(D), "bf16")
+    W[p + "e_proj.weight"] = (n(D, D, std=D ** -0.5), "fp8")
+    W[p + "h_proj.weight"] = (n(D, D, std=D ** -0.5), "fp8")
+    W[p + "attn_norm.weight"] = (normw(D), "bf16")
+    W[p + "ffn_norm.weight"] = (normw(D), "bf16")
+    for site in ("attn", "ffn"):
+        W[p + f"hc_{site}_fn"] = (n((2 + HC) * HC, HC * D, std=1.0 / math.sqrt(HC * D)), "fp32")
+        W[p + f"hc_{site}_base"] = (n((2 + HC) * HC, std=0.5), "fp32")
+        W[p + f"hc_{site}_scale"] = (u(3, lo=0.5, hi=1.0), "fp32")
+    a = p + "attn."
+    W[a + "wq_a.weight"] = (n(QR, D, std=D ** -0.5), "fp8")
+    W[a + "q_norm.weight"] = (normw(QR), "bf16")
+    W[a + "wq_b.weight"] = (n(NH * HD, QR, std=QR ** -0.5), "fp8")
+    W[a + "wkv.weight"] = (n(HD, D, std=D ** -0.5), "fp8")
+    W[a + "kv_norm.weight"] = (normw(HD), "bf16")
+    W[a + "wo_a.weight"] = (n(OG * OR, NH * HD // OG, std=(NH * HD // OG) ** -0.5), "fp8")
+    W[a + "wo_b.weight"] = (n(D, OG * OR, std=(OG * OR) ** -0.5), "fp8")
+    W[a + "attn_sink"] = (n(NH, std=1.0), "fp32")
+    f = p + "ffn."
+    W[f + "gate.weight"] = (n(NE, D, std=D ** -0.5), "bf16")
+    W[f + "gate.bias"] = (n(NE, std=0.1), "fp32")
+    for e in range(NE):
+        W[f + f"experts.{e}.w1.weight"] = (hot(n(FF, D, std=D ** -0.5)), "expert")
+        W[f + f"experts.{e}.w2.weight"] = (cool(n(D, FF, std=FF ** -0.5)), "expert")
+        W[f + f"experts.{e}.w3.weight"] = (hot(n(FF, D, std=D ** -0.5)), "expert")
+    W[f + "shared_experts.w1.weight"] = (hot(n(FF, D, std=D ** -0.5)), "fp8")
+    W[f + "shared_experts.w2.weight"] = (cool(n(D, FF, std=FF ** -0.5)), "fp8")
+    W[f + "shared_experts.w3.weight"] = (hot(n(FF, D, std=D ** -0.5)), "fp8")
+    W[p + "hc_head_fn"] = (n(HC, HC * D, std=1.0 / math.sqrt(HC * D)), "fp32")
+    W[p + "hc_head_base"] = (n(HC, std=0.5), "fp32")
+    W[p + "hc_head_scale"] = (u(1, lo=0.5, hi=1.0), "fp32")
+    W[p + "norm.weight"] = (normw(D), "bf16")
+    return W
+
+
+MTP_CFG = mtp_reference.Cfg(D=D, NH=NH, HD=HD, ROPE=ROPE, QR=QR, OG=OG, OR=OR, NE=NE, TOPK_E=TOPK_E, HC=HC,
+                            WINDOW=SWA)
+
+
+def trunk_streams(model, ids):
+    """The trunk's 4-stream hidden before hc_head (the last decoder layer's output) f32 [T, hc, D], from one
+    no-cache forward; also returns that forward's logits."""
+    rec = {}
+    h = model.model.layers[NL - 1].register_forward_hook(lambda m, i, o: rec.__setitem__("x", o[0]))
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids[None], use_cache=False).logits[0].float().contiguous()
+    finally:
+        h.remove()
+    return rec["x"].detach().float().clone().contiguous(), logits
+
+
+def make_mtp_reference(v, model, deq, prompts, stored_logits, first_greedy, exact):
+    """The MTP layer's reference (mtp_reference.py) on the trunk's pre-hc_head streams of each prompt: teacher-
+    forced rows for positions 0..T-1 (row p reads h_p and the token at p+1: the prompt's, and for the last row
+    the first greedy token), predicting the token at p+2, and a greedy chain of MTP_CHAIN_STEPS drafts from the
+    last position. The trunk forward that yields the streams must reproduce `stored_logits` (bit for bit when
+    `exact`). Returns (tensors, manifest section, max |trunk logits - stored|)."""
+    mref, per_prompt, all_gaps, trunk_diff = {}, [], [], 0.0
+    for i, ids in enumerate(prompts):
+        streams, lg = trunk_streams(model, ids)
+        trunk_diff = max(trunk_diff, (lg - stored_logits[i]).abs().max().item())
+        assert not exact or torch.equal(lg, stored_logits[i]), (v, i)
+        nxt = torch.cat([ids[1:], torch.tensor([first_greedy[i]], dtype=torch.int64)])
+        gaps = []
+        tf, ctoks, clog, margins = mtp_reference.chain(deq, streams, nxt, MTP_CHAIN_STEPS, MTP_CFG, gaps)
+        assert torch.equal(clog[0], tf[-1])
+        mref[f"mtp.prompt.{i}.logits"] = tf.contiguous()
+        mref[f"mtp.prompt.{i}.chain_tokens"] = ctoks
+        mref[f"mtp.prompt.{i}.chain_logits"] = clog
+        if i == MTP_DEBUG_PROMPT:
+            mref[f"mtp.prompt.{i}.out_streams"] = mtp_reference.mtp_forward(deq, streams, nxt, MTP_CFG)[1].contiguous()
+        all_gaps += gaps
+        per_prompt.append({"index": i, "max_abs_logit": tf.abs().max().item(),
+                           "chain_max_abs_logit": clog.abs().max().item(), "min_router_gap": min(gaps),
+                           "chain_margins_abs": margins[:-1]})
+    mref = {k: t.contiguous() for k, t in sorted(mref.items())}
+    print(f"[{v}] MTP: min router gap {min(all_gaps):.2e}, smallest chain margin "
+          f"{min(m for p in per_prompt for m in p['chain_margins_abs']):.3f}; trunk logits vs stored {trunk_diff:.2e}",
+          flush=True)
+    section = {"weight_seed": MTP_WEIGHT_SEED, "chain_steps": MTP_CHAIN_STEPS, "min_router_gap": min(all_gaps),
+               "trunk_logits_max_abs_diff_vs_reference": trunk_diff, "prompts": per_prompt,
+               "reference_tensors": {k: {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+                                     for k, t in mref.items()}}
+    return mref, section, trunk_diff
+
+
+def add_mtp(out, W, W_mtp, variants):
+    """--mtp-only: adds the MTP layer to the fixtures in `out` without regenerating the trunk's. The checkpoint is
+    rewritten with the mtp.0.* tensors (its trunk tensors asserted byte-identical to those already there), the
+    config gains the MTP layer, mtp_reference.safetensors is written from this machine's trunk forward of the
+    stored prompts (its logits compared with the stored ones), and reference.safetensors is not touched (its
+    sha256 asserted unchanged). The manifest's file list and MTP section are updated."""
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    for v in variants:
+        vdir = os.path.join(out, f"tiny-{v}")
+        ref_path = os.path.join(vdir, "reference.safetensors")
+        ref_sha = sha256(ref_path)
+        old = read_checkpoint(vdir)
+        ckpt, deq = quantize_checkpoint({**W, **W_mtp}, v)
+        trunk = {k for k in ckpt if not k.startswith("mtp.")}
+        assert set(old) - {k for k in old if k.startswith("mtp.")} == trunk, (v, "trunk tensor names differ")
+        as_bytes = lambda t: t.contiguous().reshape(-1).view(torch.uint8)
+        for k in trunk:
+            assert old[k].dtype == ckpt[k].dtype and old[k].shape == ckpt[k].shape, (v, k)
+            assert torch.equal(as_bytes(old[k]), as_bytes(ckpt[k])), (v, k, "trunk tensor differs")
+        model = build_model(deq)
+        ref = load_file(ref_path)
+        n = len(manifest["prompt_lengths"])
+        prompts = [ref[f"prompt.{i}.ids"] for i in range(n)]
+        mref, section, trunk_diff = make_mtp_reference(
+            v, model, deq, prompts, [ref[f"prompt.{i}.logits"] for i in range(n)],
+            [int(ref[f"prompt.{i}.greedy"][0]) for i in range(n)], exact=False)
+        assert trunk_diff <= 1e-4 * max(ref[f"prompt.{i}.logits"].abs().max().item() for i in range(n)), trunk_diff
+        for fn in os.listdir(vdir):
+            if fn.startswith("model") or fn == "config.json":
+                os.remove(os.path.join(vdir, fn))
+        with open(os.path.join(vdir, "config.json"), "w") as f:
+            json.dump(official_config(v), f, indent=2)
+            f.write("\n")
+        files = ["config.json"] + write_checkpoint(vdir, ckpt, v) + ["reference.safetensors"]
+        back = read_checkpoint(vdir)
+        assert set(back) == set(ckpt)
+        dec = dequantize_from_files(back, v)
+        for k in deq:
+            assert torch.equal(dec[k], deq[k]), k
+        save_file(mref, os.path.join(vdir, "mtp_reference.safetensors"), metadata={"format": "pt"})
+        files.append("mtp_reference.safetensors")
+        assert sha256(ref_path) == ref_sha
+        sizes = {fn: os.path.getsize(os.path.join(vdir, fn)) for fn in files}
+        mv = manifest["variants"][v]
+        mv["files"] = {fn: {"bytes": sizes[fn], "sha256": sha256(os.path.join(vdir, fn))} for fn in files}
+        mv["total_bytes"] = sum(sizes.values())
+        mv["mtp"] = section
+        print(f"[{v}] added the MTP layer to {vdir}; reference.safetensors unchanged ({ref_sha[:16]}...)")
+    manifest["mtp_weight_seed"] = MTP_WEIGHT_SEED
+    manifest["mtp_torch"] = torch.__version__
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
 def quantize_checkpoint(W, expert_format):
     """-> (checkpoint dict in official names/formats, dequantized fp32 dict in official names)."""
     ckpt, deq = {}, {}
@@ -485,7 +662,7 @@ def to_hf_state_dict(deq):
 
 def build_model(deq):
     model = DeepseekV4ForCausalLM(hf_config()).float().eval()
-    sd = to_hf_state_dict(deq)
+    sd = to_hf_state_dict({k: v for k, v in deq.items() if not k.startswith("mtp.")})  # transformers: no MTP
     res = model.load_state_dict(sd, strict=True)
     assert not res.missing_keys and not res.unexpected_keys, res
     # load_state_dict copies; make sure nothing was silently cast
@@ -809,6 +986,9 @@ def main():
                          "the bf16-x run's gaps, logits distances and margins, and the gap distributions")
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--offset", type=int, default=0)
+    ap.add_argument("--mtp-only", action="store_true",
+                    help="add the MTP layer (weights, config, mtp_reference.safetensors) to the fixtures in --out "
+                         "without regenerating the trunk's (whose reference.safetensors stays untouched)")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -821,10 +1001,11 @@ def main():
     print("rope_parameters", cfg.rope_parameters)
 
     W = make_master_weights()
+    W_mtp = make_mtp_master_weights()
     variants = ["mxfp4", "nvfp4"]
     models, ckpts, gapss, models64 = {}, {}, {}, {}
     for v in variants:
-        ckpt, deq = quantize_checkpoint(W, v)
+        ckpt, deq = quantize_checkpoint({**W, **W_mtp}, v)
         model = build_model(deq)
         for L, layer in enumerate(model.model.layers):
             comp = layer.self_attn.compressor
@@ -964,6 +1145,9 @@ def main():
     def ints(text):
         return [int(a) for a in text.split(",")] if text else []
 
+    if args.mtp_only:
+        add_mtp(out, W, W_mtp, variants)
+        return
     if args.bf16_gap_report:
         bf16_report(ints(args.bf16_start_attempts))
         return
@@ -987,6 +1171,7 @@ def main():
         "bf16_min_router_gap_required": BF16_ROUTER_GAP_MIN,
         "bf16_min_indexer_rel_gap_required": BF16_INDEXER_REL_GAP_MIN,
         "greedy_steps": GREEDY_STEPS,
+        "mtp_weight_seed": MTP_WEIGHT_SEED,
         "bf16_greedy_steps": BF16_GREEDY_STEPS,
         "greedy_logits_prompts": GREEDY_LOGITS_PROMPTS,
         "debug_prompt": DEBUG_PROMPT,
@@ -1080,6 +1265,12 @@ def main():
         save_file({k: t.contiguous() for k, t in ref.items()}, os.path.join(vdir, "reference.safetensors"),
                   metadata={"format": "pt"})
         files.append("reference.safetensors")
+
+        mref, mtp_manifest, _ = make_mtp_reference(v, model, deq, [ids for ids, _ in prompts],
+                                                   [r["logits"] for r in results[v]],
+                                                   [int(r["greedy"][0]) for r in results[v]], exact=True)
+        save_file(mref, os.path.join(vdir, "mtp_reference.safetensors"), metadata={"format": "pt"})
+        files.append("mtp_reference.safetensors")
         sizes = {fn: os.path.getsize(os.path.join(vdir, fn)) for fn in files}
         manifest["variants"][v] = {
             "dir": f"tiny-{v}",
@@ -1095,6 +1286,7 @@ def main():
             "prompts": per_prompt,
             "reference_tensors": {k: {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
                                   for k, t in ref.items()},
+            "mtp": mtp_manifest,
         }
         print(f"[{v}] wrote {vdir}: {sum(sizes.values())} bytes; min greedy margin (rel) "
               f"{manifest['variants'][v]['min_greedy_margin_rel']:.4f}")

@@ -1,0 +1,101 @@
+// The MTP layer mtp.0 (v4-speculative.md section 1, deepseek-v4.md section 2), as op calls. Row i of a
+// sequence sits at position p = start + i, with the hidden h_p [hc, D] and the token x_{p+1}:
+//   e      = e_proj(enorm(embed(x_{p+1})))                       [D]      one vector, every stream gets it
+//   X_k    = e + h_proj(hnorm(h_p[k]))                           [hc, D]  per stream k: summed, not concatenated
+//   X'     = the V4 block on X: hc_pre -> attn_norm -> SWA attention (the MTP layer's own window) -> hc_post,
+//            then hc_pre -> ffn_norm -> MoE (score-routed) -> hc_post
+//   logits = head(norm(hc_head_mtp(X')))                         [vocab]  predicts x_{p+2}
+// X' (before hc_head) is also returned: chained drafting feeds it back as the hidden of position p + 1.
+#include <algorithm>
+#include <unordered_set>
+
+#include "model/v4_batch.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/norm.h"
+
+namespace tern::model {
+
+Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
+  TERN_CHECK(has_mtp(), "mtp_forward: the model has no MTP layer (the checkpoint has no mtp.0.* tensors)");
+  const ModelConfig& c = w_.config;
+  const MtpWeights& M = *w_.mtp;
+  const int l = mtp_layer();
+  const int64_t H = c.hc_mult, D = c.hidden_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  // The token layout: the rows of each sequence at positions start .. start + n - 1, ids = the next tokens.
+  Batch b;
+  std::unordered_set<const cache::SequenceState*> seen;
+  for (const MtpStep& s : batch) {
+    const auto n = static_cast<int64_t>(s.next.size());
+    TERN_CHECK(s.state != nullptr && n > 0, "mtp_forward: every sequence needs a state and >= 1 token");
+    TERN_CHECK(seen.insert(s.state).second, "mtp_forward: a state appears twice in one batch");
+    TERN_CHECK(s.state->layout().num_layers() == static_cast<int>(layer_specs_.size()) &&
+                   s.state->layout().spec(l) == layer_specs_[static_cast<size_t>(l)],
+               "mtp_forward: the state's layout does not belong to this model (no MTP window)");
+    TERN_CHECK(s.state->device() == device_, "mtp_forward: the state is not on the model's device");
+    TERN_CHECK(s.start >= 0, "mtp_forward: negative start position ", s.start);
+    TERN_CHECK(s.streams.dtype() == DType::f32 && s.streams.shape() == Shape({n, H, D}),
+               "mtp_forward: streams must be f32 [", n, ", ", H, ", ", D, "], found ", s.streams.shape().str());
+    b.seqs.push_back({s.state, b.tokens, n, s.start, s.logits});
+    b.tokens += n;
+  }
+  const int64_t N = b.tokens;
+  MtpResult r;
+  r.logits = Tensor(DType::f32, {0, c.vocab_size});
+  if (N == 0) return r;
+  Tensor ids(DType::i64, {N}), positions(DType::i64, {N});
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Batch::Seq& s = b.seqs[i];
+    for (int64_t t = 0; t < s.n; ++t) {
+      ids.data<int64_t>()[s.begin + t] = batch[i].next[static_cast<size_t>(t)];
+      positions.data<int64_t>()[s.begin + t] = s.start + t;
+      if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
+        b.wanted.push_back(s.begin + t);
+    }
+  }
+  b.ids_storage = on_device(std::move(ids));
+  b.positions_storage = on_device(std::move(positions));
+  b.ids = b.ids_storage.view();
+  b.positions = b.positions_storage.view();
+
+  // e = e_proj(enorm(embed(next)))                                    [N, D]
+  Tensor x = tensor(DType::f32, {N, D});
+  ops::embedding(w_.embed, b.ids, x);
+  ops::rms_norm(x, M.enorm, eps, x);
+  Tensor e = tensor(DType::f32, {N, D});
+  ops::linear(x, mtp_e_proj_, e);
+  // h_proj(hnorm(h)) per stream: the N * hc stream rows as one batch    [N * hc, D]
+  Tensor h = tensor(DType::f32, {N, H, D});
+  for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
+  const TensorView h_rows = h.view().reshape({N * H, D});
+  ops::rms_norm(h_rows, M.hnorm, eps, h_rows);
+  Tensor streams = tensor(DType::f32, {N, H, D});
+  ops::linear(h_rows, mtp_h_proj_, streams.view().reshape({N * H, D}));
+  // X_k = e + h_proj(hnorm(h_k))                                      [N, hc, D]
+  Tensor e_streams = tensor(DType::f32, {N, H, D});
+  ops::hc_expand(e, e_streams);
+  ops::add(e_streams, streams);
+  observe("mtp_in", l, streams);
+
+  // The block: attention over the MTP layer's window, then the MoE, each inside its mHC.
+  block(l, b, streams);
+
+  // logits = head(norm(hc_head_mtp(X'))) of the wanted rows
+  r.logits = Tensor(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});
+  if (!b.wanted.empty()) {
+    if (device_ == Device::cpu) {
+      head(b, streams, r.logits, M.hc_head, M.norm);
+    } else {
+      Tensor device_logits = tensor(DType::f32, r.logits.shape());
+      head(b, streams, device_logits, M.hc_head, M.norm);
+      ops::copy(device_logits, r.logits);
+    }
+  }
+  r.streams = std::move(streams);
+  return r;
+}
+
+}  // namespace tern::model
