@@ -14,6 +14,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "gpu_test_util.h"
 #include "ops/moe.h"
 #include "shapes.h"
