@@ -236,7 +236,7 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
       auto mma = poisoned(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, mma});
       const Tensor mma_host = cuda::to_host(mma);
-      for (const char* n : {"64", "96", "112", "128"}) {
+      for (const char* n : {"32", "64", "96", "112", "128"}) {
         setenv("TERN_MOE_GROUPED", "wgmma", 1);
         setenv("TERN_MOE_WGMMA_N", n, 1);
         const std::string path = be.moe_path(dexp[0].w1, T);

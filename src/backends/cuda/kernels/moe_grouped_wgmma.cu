@@ -6,7 +6,7 @@
 // Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
 // first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7, setmaxnreg
 // 232) and a producer warpgroup (warps 8..11, setmaxnreg 40). A tile is 256 weight rows x NT pairs of one
-// expert (NT = 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns
+// expert (NT = 32, 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns
 // weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
 // m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a ring slot (WgTile) holds the
 // 256 rows' FP4 bytes (16 KB), their scale bytes (4 e8m0 or 8 ue4m3 a row) and the x tile (NT pairs x 128
@@ -64,7 +64,7 @@ namespace dev {
 namespace {
 
 constexpr int kWgK = 128;                      // K columns a stage
-constexpr int kWgMaxTok = 128;                 // most pairs a tile (wgmma N; 64, 96, 112 or 128)
+constexpr int kWgMaxTok = 128;                 // most pairs a tile (wgmma N; 32, 64, 96, 112 or 128)
 constexpr int kWgRows = 256;                   // weight rows a tile (2 warpgroups x 2 m64 slabs)
 constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4 a stage
 constexpr int kWgSmemMax = 227 * 1024;
@@ -73,7 +73,7 @@ constexpr int kWgSmemMax = 227 * 1024;
 // beside the up kernel's h staging, else three (128-pair up tiles).
 template <int NT, bool UP>
 struct WgTile {
-  static_assert(NT % 8 == 0 && NT >= 64 && NT <= kWgMaxTok);
+  static_assert(NT % 8 == 0 && NT >= 32 && NT <= kWgMaxTok);
   static constexpr int kPlane = NT * 16;
   static constexpr int kScOff = kWgWBytes;
   static constexpr int kXOff = kWgWBytes + kWgRows * 8;
@@ -130,6 +130,19 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 // no negation, B not transposed.
 template <int N>
 __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_k16<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
 template <>
 __device__ __forceinline__ void wgmma_k16<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
@@ -611,6 +624,9 @@ template <WFmt F>
 void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows,
                       cudaStream_t stream) {
   switch (nt) {
+    case 32:
+      launch_up_down<F, 32>(p, b, rows, stream);
+      break;
     case 64:
       launch_up_down<F, 64>(p, b, rows, stream);
       break;
@@ -646,7 +662,7 @@ bool moe_grouped_wgmma_selected(const MoeParams& p) {
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
   if (const char* v = std::getenv("TERN_MOE_WGMMA_N")) {
     const int n = std::atoi(v);
-    if (n == 64 || n == 96 || n == 112 || n == 128) return n;
+    if (n == 32 || n == 64 || n == 96 || n == 112 || n == 128) return n;
   }
   if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
   // The width whose whole tiles best cover an expert's pairs at the mean plus 10% (most experts of a uniform
@@ -655,7 +671,7 @@ int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
   const int64_t want = std::max<int64_t>(1, mean + mean / 10);
   int best = 128;
   int64_t best_cover = (want + 127) / 128 * 128;
-  for (int n : {112, 96, 64}) {
+  for (int n : {112, 96, 64, 32}) {  // 32 (session 10): ~24 pairs an expert at 1K tokens of V4-Flash
     const int64_t cover = (want + n - 1) / n * n;
     if (cover < best_cover) best = n, best_cover = cover;
   }
@@ -673,8 +689,9 @@ const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
   "x by bulk copy)"
 #define TERN_WG_NAMES(fmt)                                                                       \
   {TERN_WG_NAME(fmt, "256x64"), TERN_WG_NAME(fmt, "256x96"), TERN_WG_NAME(fmt, "256x112"),     \
-   TERN_WG_NAME(fmt, "256x128"), TERN_WG_NAME(fmt, "256x{64,96,112,128} by pairs per expert")}
-  static const char* const names[2][5] = {TERN_WG_NAMES("mxfp4"), TERN_WG_NAMES("nvfp4")};
+   TERN_WG_NAME(fmt, "256x128"), TERN_WG_NAME(fmt, "256x{32,64,96,112,128} by pairs per expert"), \
+   TERN_WG_NAME(fmt, "256x32")}
+  static const char* const names[2][6] = {TERN_WG_NAMES("mxfp4"), TERN_WG_NAMES("nvfp4")};
 #undef TERN_WG_NAMES
 #undef TERN_WG_NAME
   const int n = moe_grouped_wgmma_tile_pairs(p);
@@ -682,6 +699,7 @@ const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
                                                     : n == 96  ? 1
                                                     : n == 112 ? 2
                                                     : n == 128 ? 3
+                                                    : n == 32  ? 5
                                                                : 4];
 }
 

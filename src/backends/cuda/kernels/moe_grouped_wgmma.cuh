@@ -21,7 +21,7 @@ inline constexpr int64_t kMoeWgmmaMinPairs = 48;
 bool moe_grouped_wgmma_selected(const MoeParams& p);
 // "wgmma", "mma" or "" (unset: by pairs per expert), for path names.
 const char* moe_grouped_kernel_forced();
-// Pairs a tile (wgmma N: 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
+// Pairs a tile (wgmma N: 32, 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
 // per expert (0 when p.E == 0, a shape-only query). Narrower tiles pad less of an expert's last tile and read
 // the weights more often.
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
