@@ -289,11 +289,17 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
     b.seqs.push_back({s.state, b.tokens, n, s.state->position(), s.logits});
     b.tokens += n;
   }
+  lay_out_tokens(b, [&](size_t i) { return batch[i].tokens; });
+  return b;
+}
+
+void Model::lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const {
   Tensor ids(DType::i64, {b.tokens}), positions(DType::i64, {b.tokens});
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
+    const std::span<const int64_t> tokens = ids_of(i);
     for (int64_t t = 0; t < s.n; ++t) {
-      ids.data<int64_t>()[s.begin + t] = batch[i].tokens[t];
+      ids.data<int64_t>()[s.begin + t] = tokens[static_cast<size_t>(t)];
       positions.data<int64_t>()[s.begin + t] = s.start + t;
       if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
         b.wanted.push_back(s.begin + t);
@@ -303,7 +309,6 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
   b.positions_storage = on_device(std::move(positions));
   b.ids = b.ids_storage.view();
   b.positions = b.positions_storage.view();
-  return b;
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch, bool logits_on_device) {

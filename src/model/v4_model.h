@@ -160,6 +160,9 @@ class Model {
  private:
   struct Batch;
   Batch make_batch(std::span<const StepSequence> batch) const;
+  // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
+  // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
+  void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
   Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
                       bool logits_on_device);

@@ -46,20 +46,7 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   MtpResult r;
   r.logits = Tensor(DType::f32, {0, c.vocab_size});
   if (N == 0) return r;
-  Tensor ids(DType::i64, {N}), positions(DType::i64, {N});
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Batch::Seq& s = b.seqs[i];
-    for (int64_t t = 0; t < s.n; ++t) {
-      ids.data<int64_t>()[s.begin + t] = batch[i].next[static_cast<size_t>(t)];
-      positions.data<int64_t>()[s.begin + t] = s.start + t;
-      if (s.logits == LogitsFor::all || (s.logits == LogitsFor::last && t == s.n - 1))
-        b.wanted.push_back(s.begin + t);
-    }
-  }
-  b.ids_storage = on_device(std::move(ids));
-  b.positions_storage = on_device(std::move(positions));
-  b.ids = b.ids_storage.view();
-  b.positions = b.positions_storage.view();
+  lay_out_tokens(b, [&](size_t i) { return batch[i].next; });
 
   // e = e_proj(enorm(embed(next)))                                    [N, D]
   Tensor x = tensor(DType::f32, {N, D});
