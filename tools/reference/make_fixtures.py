@@ -290,8 +290,11 @@ def bf16(w):
 # ----------------------------------------------------------------------------------------------
 # Master weights (official names, fp32) and their quantized checkpoint forms
 # ----------------------------------------------------------------------------------------------
-def make_master_weights():
-    g = torch.Generator().manual_seed(WEIGHT_SEED)
+def weight_draws(seed):
+    """The master weights' distributions, drawn from one generator seeded with `seed` (the trunk and the MTP layer
+    each have their own): the generator itself (tid2eid's permutations), n (normal), u (uniform), normw (norm
+    weights), hot / cool (the SwiGLU clamp channels)."""
+    g = torch.Generator().manual_seed(seed)
 
     def n(*shape, std=1.0, mean=0.0):
         return torch.randn(*shape, generator=g) * std + mean
@@ -312,6 +315,12 @@ def make_master_weights():
         # ... and the matching w2 columns HOT_GAIN^2 x smaller, so the hot channels do not dominate the output.
         w2[:, :HOT_ROWS] /= HOT_GAIN ** 2
         return w2
+
+    return g, n, u, normw, hot, cool
+
+
+def make_master_weights():
+    g, n, u, normw, hot, cool = weight_draws(WEIGHT_SEED)
 
     W = {}  # name -> (fp32 tensor, format) ; format in {bf16, fp8, fp32, int64, expert}
     W["embed.weight"] = (n(VOCAB, D), "bf16")
@@ -380,24 +389,7 @@ def make_mtp_master_weights():
     """mtp.0.* in official names (fp32 master, format), from MTP_WEIGHT_SEED: e_proj / h_proj FP8 (as the official
     checkpoint), enorm / hnorm / norm BF16, one block like a trunk layer with compress ratio 0 (no compressor, no
     indexer) and a score-routed MoE (gate bias, no tid2eid), its own hc_head. Same distributions as the trunk's."""
-    g = torch.Generator().manual_seed(MTP_WEIGHT_SEED)
-
-    def n(*shape, std=1.0, mean=0.0):
-        return torch.randn(*shape, generator=g) * std + mean
-
-    def u(*shape, lo, hi):
-        return torch.rand(*shape, generator=g) * (hi - lo) + lo
-
-    def normw(dim):
-        return n(dim, std=0.1, mean=1.0)
-
-    def hot(w):
-        w[:HOT_ROWS] *= HOT_GAIN
-        return w
-
-    def cool(w2):
-        w2[:, :HOT_ROWS] /= HOT_GAIN ** 2
-        return w2
+    _, n, u, normw, hot, cool = weight_draws(MTP_WEIGHT_SEED)
 
     W = {}
     p = "mtp.0."
