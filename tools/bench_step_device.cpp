@@ -226,18 +226,18 @@ StepProfiler::~StepProfiler() = default;
 
 namespace tern::tools {
 
-bool set_activation_fill(const std::string& device, const std::string& fill) {
+std::string set_activation_fill(const std::string& device, const std::string& fill) {
 #if TERN_WITH_CUDA
   if (device == "cuda") {
     using F = cuda::CudaBackend::ActivationFill;
-    TERN_CHECK(fill == "none" || fill == "zero" || fill == "poison", "activation fill: expected none, zero or poison, found \"", fill, "\"");
-    cuda::CudaBackend::set_activation_fill(fill == "zero" ? F::zero : fill == "poison" ? F::poison : F::none);
-    return true;
+    const F was = cuda::CudaBackend::activation_fill();
+    cuda::CudaBackend::set_activation_fill(cuda::CudaBackend::parse_activation_fill(fill, "activation fill"));
+    return was == F::zero ? "zero" : was == F::poison ? "poison" : "none";
   }
 #endif
   (void)device;
   (void)fill;
-  return false;
+  return {};
 }
 
 }  // namespace tern::tools

@@ -37,9 +37,9 @@ struct GemmRate {
 };
 std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::string& device, int64_t T);
 
-// What the forward's uninitialised activations hold on the GPU: "none", "zero" or "poison" (NaN bytes);
-// false on the CPU (host tensors are always zeroed).
-bool set_activation_fill(const std::string& device, const std::string& fill);
+// What the forward's uninitialised activations hold on the GPU: "none", "zero" or "poison" (NaN bytes). Returns
+// the fill it replaced, or "" on the CPU (host tensors are always zeroed; nothing is set).
+std::string set_activation_fill(const std::string& device, const std::string& fill);
 
 // The GPU profiler (CUPTI) around a few steps; throws on the CPU or when CUPTI is unavailable.
 class StepProfiler {

@@ -248,14 +248,17 @@ int run(const Args& a) {
     pr.tflops = pr.flops / pr.seconds / 1e12;
     pr.of_gemm = pr.tflops / gemm_ref;
     if (a.fill_check && L == prefills.back()) {
+      std::string was;  // the fill the run had (TERN_ACTIVATION_FILL), restored after the check
       auto logits_with = [&](const char* fill) {
-        TERN_CHECK(tools::set_activation_fill(a.device, fill), "--fill-check needs --device cuda");
+        const std::string before = tools::set_activation_fill(a.device, fill);
+        TERN_CHECK(!before.empty(), "--fill-check needs --device cuda");
+        if (was.empty()) was = before;
         cache::SequenceState s(pool, L + margin);
         const model::StepSequence seq{&s, prompt, model::LogitsFor::last};
         return m.forward({&seq, 1});
       };
       const Tensor zeroed = logits_with("zero"), poisoned = logits_with("poison");
-      (void)tools::set_activation_fill(a.device, "none");
+      (void)tools::set_activation_fill(a.device, was);
       int64_t differ = 0, nonfinite = 0;
       for (int64_t i = 0; i < zeroed.numel(); ++i) {
         const float z = zeroed.data<float>()[i], p = poisoned.data<float>()[i];

@@ -81,15 +81,17 @@ CudaBackend::ActivationFill CudaBackend::activation_fill() {
   int v = g_activation_fill.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_ACTIVATION_FILL");
-    const std::string s = e != nullptr ? e : "none";
-    v = s == "zero" ? static_cast<int>(ActivationFill::zero)
-        : s == "poison" ? static_cast<int>(ActivationFill::poison)
-                        : static_cast<int>(ActivationFill::none);
-    if (s != "none" && s != "zero" && s != "poison")
-      fail("TERN_ACTIVATION_FILL: expected none, zero or poison, found \"", s, "\"");
+    v = static_cast<int>(parse_activation_fill(e != nullptr ? e : "none", "TERN_ACTIVATION_FILL"));
     g_activation_fill.store(v, std::memory_order_relaxed);
   }
   return static_cast<ActivationFill>(v);
+}
+
+CudaBackend::ActivationFill CudaBackend::parse_activation_fill(std::string_view name, std::string_view where) {
+  if (name == "none") return ActivationFill::none;
+  if (name == "zero") return ActivationFill::zero;
+  if (name == "poison") return ActivationFill::poison;
+  fail(where, ": expected none, zero or poison, found \"", name, "\"");
 }
 
 void CudaBackend::set_activation_fill(ActivationFill fill) {

@@ -106,6 +106,8 @@ class CudaBackend final : public ops::Backend {
   // shows NaN). TERN_ACTIVATION_FILL=none|zero|poison sets it at start-up; GpuModel_.LongPromptIgnoresActivationFill
   // compares poison with zero.
   enum class ActivationFill { none, zero, poison };
+  // "none", "zero" or "poison"; throws naming `where` (the variable or option) for any other value.
+  static ActivationFill parse_activation_fill(std::string_view name, std::string_view where);
   static void set_activation_fill(ActivationFill fill);
   static ActivationFill activation_fill();
   static int64_t library_min_tokens();  // kLibraryMinTokens
