@@ -48,8 +48,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 #include <string_view>
 
 #include "backends/cuda/kernels/bulk_pipe.cuh"
@@ -58,6 +56,7 @@
 #include "backends/cuda/kernels/mma_tile.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
+#include "core/error.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -650,7 +649,7 @@ const char* moe_grouped_kernel_forced() {
   if (v == nullptr || *v == '\0') return "";
   if (std::strcmp(v, "wgmma") == 0) return "wgmma";
   if (std::strcmp(v, "mma") == 0) return "mma";
-  throw std::runtime_error(std::string("TERN_MOE_GROUPED: expected wgmma or mma, found \"") + v + "\"");
+  fail("TERN_MOE_GROUPED: expected wgmma or mma, found \"", v, "\"");
 }
 
 bool moe_grouped_wgmma_selected(const MoeParams& p) {
