@@ -139,8 +139,12 @@ int run(const Args& a) {
   if (!a.mixed.empty()) {
     const size_t colon = a.mixed.find(':');
     TERN_CHECK(colon != std::string::npos, "--mixed: expected PROMPT:DECODES, found \"", a.mixed, "\"");
-    mixed_prompt = parse_list(a.mixed.substr(0, colon), "--mixed").at(0);
-    mixed_decodes = parse_list(a.mixed.substr(colon + 1), "--mixed").at(0);
+    const std::vector<int64_t> prompt = parse_list(a.mixed.substr(0, colon), "--mixed"),
+                               decodes = parse_list(a.mixed.substr(colon + 1), "--mixed");
+    TERN_CHECK(prompt.size() == 1 && decodes.size() == 1, "--mixed: expected one PROMPT:DECODES pair, found \"",
+               a.mixed, "\"");
+    mixed_prompt = prompt[0];
+    mixed_decodes = decodes[0];
   }
   const std::vector<int64_t> contexts = parse_list(a.contexts, "--contexts");
   const std::vector<int64_t> prefills = parse_list(a.prefill, "--prefill");
