@@ -3,6 +3,7 @@
 
 #include "model/v4_batch.h"
 #include "ops/attention.h"
+#include "ops/branch.h"
 #include "ops/compressor.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
@@ -25,6 +26,21 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const Projections qkv = project(h, o.wq_a_wkv, o.wq_a, o.wkv);
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::rms_norm(qkv.a, A.q_norm, eps, cq);
+
+  // Decode steps: the indexer (its compressor, then each slot's top-k), or else the compressor, needs only h
+  // and cq: a side branch (ops/branch.h; its own stream inside decode graphs) beside the query and KV
+  // projections below, joined before the attention.
+  const bool decode = b.decode != nullptr;
+  Tensor selected;  // decode: the indexer's picks
+  if (decode && (A.indexer || A.compressor))
+    ops::run_side(h.device(), [&] {
+      if (A.indexer) {
+        compress_decode(l, b, h, /*indexer=*/true);
+        selected = indexer_decode(l, b, h, cq);
+      } else {
+        compress_decode(l, b, h, /*indexer=*/false);
+      }
+    });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
   ops::rms_norm(q, {}, eps, q);
@@ -42,13 +58,9 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
   Tensor heads = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim]
-  if (b.decode != nullptr) {  // one launch per op for every slot (model/v4_decode.cpp)
-    Tensor selected;
-    if (A.compressor) compress_decode(l, b, h, /*indexer=*/false);
-    if (A.indexer) {
-      compress_decode(l, b, h, /*indexer=*/true);
-      selected = indexer_decode(l, b, h, cq);
-    }
+  if (decode) {  // one launch per op for every slot (model/v4_decode.cpp)
+    if (A.indexer && A.compressor) compress_decode(l, b, h, /*indexer=*/false);
+    ops::join_side(h.device());
     attend_decode(l, b, q, kv_rows, selected, heads);
   } else {
     std::vector<Tensor> selected(b.seqs.size());

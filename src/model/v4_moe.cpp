@@ -1,5 +1,6 @@
 // The MoE sub-layer: routing (hash or scored), the routed experts and the shared expert.
 #include "model/v4_batch.h"
+#include "ops/branch.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -14,6 +15,18 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   const auto limit = static_cast<float>(c.swiglu_limit);
   const auto routed_scale = static_cast<float>(c.routed_scaling_factor);
 
+  // The shared expert reads only h: a side branch (ops/branch.h; its own stream inside decode graphs) that
+  // overlaps the gate, the routing and the routed experts. y = E_shared(h); w1 h and w3 h come from one
+  // product (stacked weights), swiglu reads its column ranges.
+  const ops::Expert& shared = o.shared;
+  Tensor y = tensor(DType::f32, {N, c.hidden_size});
+  ops::run_side(h.device(), [&] {
+    const Projections gate_up = project(h, o.shared_w13, shared.w1, shared.w3);
+    Tensor act = tensor(DType::f32, {N, shared.w1.out});
+    ops::swiglu(gate_up.a, gate_up.b, limit, act);
+    ops::linear(act, shared.w2, y);
+  });
+
   // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
   Tensor logits = tensor(DType::f32, {N, o.gate.out});
   ops::linear(h, o.gate, logits);
@@ -23,15 +36,9 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   else
     ops::route_scored(logits, L.ffn.gate_bias, routed_scale, picked, weights);
 
-  // y = sum_k w_k E_k(h) + E_shared(h)
+  // out = sum_k w_k E_k(h) + E_shared(h)
   ops::moe_experts({h, picked, weights, o.experts, limit, out});
-  // w1 h and w3 h from one product (stacked weights); swiglu reads its column ranges.
-  const ops::Expert& shared = o.shared;
-  const Projections gate_up = project(h, o.shared_w13, shared.w1, shared.w3);
-  Tensor act = tensor(DType::f32, {N, shared.w1.out});
-  ops::swiglu(gate_up.a, gate_up.b, limit, act);
-  Tensor y = tensor(DType::f32, {N, c.hidden_size});
-  ops::linear(act, shared.w2, y);
+  ops::join_side(h.device());
   ops::add(y, out);
 }
 

@@ -86,6 +86,12 @@ class Backend {
                            std::span<SampledRow> out);
   // synth.h (synthetic weights)
   virtual void synth_fill(const SynthFillArgs& a);
+  // branch.h (concurrent branches of a step): ops issued between side_begin() and side_end() form a side
+  // branch that may run concurrently with the ops issued after side_end(), until side_join(). The defaults
+  // run everything in issue order (the CPU).
+  virtual void side_begin() {}
+  virtual void side_end() {}
+  virtual void side_join() {}
 
  protected:
   [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;

@@ -46,6 +46,18 @@ struct CudaBackend::Impl {
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
   int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
+  // The side branch of a step (ops/branch.h): its own stream, workspace and split-K counters, swapped in for
+  // the main branch's while a side branch is open, so that the two branches' kernels never share scratch or
+  // counters; the events fork the side stream from the main one and join it back.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    DeviceBuffer workspace, counters;
+  };
+  Lane side;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
+  bool in_side = false;         // between side_begin and side_end
+  bool side_concurrent = false;  // the open branch runs on the side stream (graph capture)
+  bool side_pending = false;     // side work recorded on join_event and not yet joined
 
   // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;

@@ -33,12 +33,70 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
+  impl_->side.counters = DeviceBuffer(impl_->num_counters * sizeof(int));
+  TERN_CUDA(cudaMemset(impl_->side.counters.data(), 0, impl_->num_counters * sizeof(int)));
+  // Non-blocking: the side stream must not synchronise with the legacy default stream.
+  TERN_CUDA(cudaStreamCreateWithFlags(&impl_->side.stream, cudaStreamNonBlocking));
+  TERN_CUDA(cudaEventCreateWithFlags(&impl_->fork_event, cudaEventDisableTiming));
+  TERN_CUDA(cudaEventCreateWithFlags(&impl_->join_event, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() = default;
 
 CudaBackend::Impl::~Impl() {
   if (pinned != nullptr) cudaFreeHost(pinned);
+  if (fork_event != nullptr) cudaEventDestroy(fork_event);
+  if (join_event != nullptr) cudaEventDestroy(join_event);
+  if (side.stream != nullptr) cudaStreamDestroy(side.stream);
+}
+
+bool CudaBackend::side_streams_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TERN_SIDE_STREAM");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return on;
+}
+
+// Side branches (ops/branch.h). Only a captured step forks: eager steps keep one stream, so the eager
+// allocator's stream-ordered reuse stays safe and eager and graph results are the same bits (the same
+// kernels on the same inputs; each branch has its own scratch and counters in both modes, so the side
+// lane's workspace is sized by the eager runs before any capture).
+void CudaBackend::side_begin() {
+  Impl& m = *impl_;
+  TERN_CHECK(!m.in_side, "side_begin: a side branch is already open (side branches do not nest)");
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TERN_CUDA(cudaStreamIsCapturing(m.stream, &capturing));
+  m.side_concurrent = side_streams_enabled() && capturing == cudaStreamCaptureStatusActive;
+  if (m.side_concurrent) {
+    TERN_CUDA(cudaEventRecord(m.fork_event, m.stream));
+    TERN_CUDA(cudaStreamWaitEvent(m.side.stream, m.fork_event, 0));
+    std::swap(m.stream, m.side.stream);
+  }
+  std::swap(m.workspace, m.side.workspace);
+  std::swap(m.counters, m.side.counters);
+  m.in_side = true;
+}
+
+void CudaBackend::side_end() {
+  Impl& m = *impl_;
+  TERN_CHECK(m.in_side, "side_end: no side branch is open");
+  std::swap(m.workspace, m.side.workspace);
+  std::swap(m.counters, m.side.counters);
+  if (m.side_concurrent) {
+    std::swap(m.stream, m.side.stream);
+    TERN_CUDA(cudaEventRecord(m.join_event, m.side.stream));
+    m.side_pending = true;
+  }
+  m.in_side = false;
+}
+
+void CudaBackend::side_join() {
+  Impl& m = *impl_;
+  TERN_CHECK(!m.in_side, "side_join: the side branch is still open (side_end first)");
+  if (!m.side_pending) return;
+  TERN_CUDA(cudaStreamWaitEvent(m.stream, m.join_event, 0));
+  m.side_pending = false;
 }
 
 namespace {
@@ -153,7 +211,13 @@ void CudaBackend::check_device_errors() {
 
 void CudaBackend::set_stream(void* stream) { impl_->stream = static_cast<cudaStream_t>(stream); }
 void* CudaBackend::stream() const { return impl_->stream; }
-void CudaBackend::reserve_workspace(size_t bytes) { impl_->scratch(bytes); }
+void CudaBackend::reserve_workspace(size_t bytes) {
+  impl_->scratch(bytes);
+  // The side lane too (a captured step cannot grow either): swapped in, grown, swapped back.
+  std::swap(impl_->workspace, impl_->side.workspace);
+  impl_->scratch(bytes);
+  std::swap(impl_->workspace, impl_->side.workspace);
+}
 size_t CudaBackend::workspace_bytes() const { return impl_->workspace.size(); }
 int CudaBackend::num_sms() const { return impl_->num_sms; }
 
@@ -271,6 +335,11 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         : "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
                           "attention_prefill_wgmma_kernel (Hopper wgmma) without the overlapped decode, the same "
                           "numerics");
+  paths.push_back(side_streams_enabled()
+                      ? "concurrent branches: inside decode graphs the shared expert (beside the router and routed "
+                        "experts) and the compressors and indexer (beside the query projections) run on a second "
+                        "stream with their own scratch (TERN_SIDE_STREAM=0 keeps them in order); eager steps in order"
+                      : "concurrent branches off (TERN_SIDE_STREAM=0): every op in issue order on one stream");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

@@ -66,6 +66,12 @@ class CudaBackend final : public ops::Backend {
   void sample_rows(const TensorView& logits, std::span<const ops::SampleRowSpec> specs,
                    std::span<ops::SampledRow> out) override;
   void synth_fill(const ops::SynthFillArgs& a) override;  // backend_synth.cpp
+  // ops/branch.h: a side branch on a second stream inside CUDA graph capture (in order otherwise);
+  // cuda_backend.cpp. side_streams_enabled(): TERN_SIDE_STREAM=0 keeps captured branches in order too.
+  void side_begin() override;
+  void side_end() override;
+  void side_join() override;
+  static bool side_streams_enabled();
 
   // Waits for every op issued so far.
   void synchronize();

@@ -1,0 +1,26 @@
+#include "ops/branch.h"
+
+#include <exception>
+
+#include "ops/backend.h"
+
+namespace tern::ops {
+
+void run_side(Device device, const std::function<void()>& body) {
+  Backend& backend = backend_for(device);
+  backend.side_begin();
+  try {
+    body();
+  } catch (...) {
+    // Back on the main branch, with the side's work joined, before the error leaves: the caller's next
+    // ops (or its unwinding) must not land on the side stream.
+    backend.side_end();
+    backend.side_join();
+    throw;
+  }
+  backend.side_end();
+}
+
+void join_side(Device device) { backend_for(device).side_join(); }
+
+}  // namespace tern::ops

@@ -1,0 +1,20 @@
+// Concurrent branches of one step (the shared expert beside the routed ones, the indexer beside the
+// query projections): work that shares no data until a join point.
+//
+// run_side(device, body): the ops `body` issues form a side branch. On a GPU inside a recorded step (a CUDA
+// graph) they run on a second stream, concurrently with the ops the caller issues next, until
+// join_side(device); eagerly and on the CPU they run in issue order, so results are the same bits either
+// way. The side branch may read only what exists before run_side() and may write only what the main branch
+// does not touch before join_side(); tensors it makes must outlive the join if the main branch reads them.
+#pragma once
+
+#include <functional>
+
+#include "core/tensor.h"
+
+namespace tern::ops {
+
+void run_side(Device device, const std::function<void()>& body);
+void join_side(Device device);
+
+}  // namespace tern::ops
