@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kHc = 4;
 constexpr int kMixWarps = 8, kMixThreads = 32 * kMixWarps;
-constexpr int kMixTokens = 8;       // tokens per mix block
+constexpr int kMixTokens = kMixWarps;  // tokens per mix block: one a warp
 constexpr int64_t kMixSlice = 256;  // floats of the flattened streams per split (before the cap)
 constexpr int64_t kMaxSplits = 64;
 constexpr int kSumLanes = 8;        // lanes adding one logit's partials
@@ -46,66 +46,56 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
 __device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 
 // partial[(t * (MIX + 1) + j) * splits + split] = fn[j, slice] . flat(X_t)[slice] (j < MIX) and the slice's
-// sum of squares (j == MIX, summed by the last warp). Every entry is written, empty slices as 0.
+// sum of squares (j == MIX). Every entry is written, empty slices as 0.
+// Warp g of a block takes token t0 + g: its lanes hold two float4 of the slice per 256-float step and run all
+// MIX + 1 sums, then one reduce-scatter over the lanes (31 shuffles where a warp_sum per value took 5 each,
+// and no warp holds 8 tokens' accumulators: at 64 tokens the kernel that did took 25 us, one block a
+// multiprocessor). The sums have warp_sum's tree (pairs 16 apart, then 8, ...), so the same bits.
 template <int MIX>
 __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
                                                              const float* __restrict__ fn, int64_t T, int64_t N,
                                                              int64_t per, float* __restrict__ partial) {
   pdl_prologue();
-  constexpr int R = (MIX + kMixWarps - 1) / kMixWarps;  // rows per warp
+  static_assert(MIX + 1 <= 32, "one value per lane after the reduce-scatter");
   const int split = blockIdx.x, splits = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens;
-  const int nt = static_cast<int>(min(static_cast<int64_t>(kMixTokens), T - t0));
+  const int64_t t = static_cast<int64_t>(blockIdx.y) * kMixTokens + warp;
+  if (t >= T) return;
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
-  const bool squares = warp == kMixWarps - 1;
-  float acc[kMixTokens][R], sq[kMixTokens];
+  float v[32];  // v[j]: row j's sum (j < MIX), v[MIX]: the sum of squares, the rest padding
 #pragma unroll
-  for (int g = 0; g < kMixTokens; ++g) {
-    sq[g] = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[g][r] = 0.0f;
-  }
-  // Two float4 per lane and step (a 256-float slice is one step), both loaded before the first use.
+  for (int j = 0; j < 32; ++j) v[j] = 0.0f;
   for (int64_t kb = k0 + 4 * lane; kb < k1; kb += 256) {
-    float4 x[2][kMixTokens], w[2][R];
+    float4 x[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = kb + 128 * h;
+      x[h] = k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t k = kb + 128 * h;
 #pragma unroll
-      for (int g = 0; g < kMixTokens; ++g)
-        x[h][g] = g < nt && k < k1 ? ld4(streams + (t0 + g) * N + k) : make_float4(0, 0, 0, 0);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int j = warp + kMixWarps * r;
-        w[h][r] = j < MIX && k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+      for (int j = 0; j < MIX; ++j) {
+        const float4 w = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+        v[j] = dot4(w, x[h], v[j]);
       }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int g = 0; g < kMixTokens; ++g) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[g][r] = dot4(w[h][r], x[h][g], acc[g][r]);
-        if (squares) sq[g] = dot4(x[h][g], x[h][g], sq[g]);
-      }
-  }
-  float* dst = partial + t0 * (MIX + 1) * splits + split;
-#pragma unroll
-  for (int g = 0; g < kMixTokens; ++g) {
-    if (g >= nt) break;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int j = warp + kMixWarps * r;
-      if (j >= MIX) continue;
-      const float v = warp_sum(acc[g][r]);
-      if (lane == 0) dst[(g * (MIX + 1) + j) * splits] = v;
-    }
-    if (squares) {
-      const float v = warp_sum(sq[g]);
-      if (lane == 0) dst[(g * (MIX + 1) + MIX) * splits] = v;
+      v[MIX] = dot4(x[h], x[h], v[MIX]);
     }
   }
+  // Reduce-scatter: at offset o a lane keeps the half of its n values its bit o selects and adds the
+  // partner's copy of that half; after o = 1, lane j holds value j summed over all 32 lanes.
+#pragma unroll
+  for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i >= n / 2) break;
+      const float keep = upper ? v[i + n / 2] : v[i], send = upper ? v[i] : v[i + n / 2];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+  if (lane <= MIX) partial[((t * (MIX + 1)) + lane) * splits + split] = v[0];
 }
 
 // m[v] = sum over the splits of rows[v * splits ..] for v < nv: kSumLanes lanes per value, each adding
