@@ -126,28 +126,40 @@ __device__ __forceinline__ float4 norm_weight4(const void* w, NormWeight kind, i
   return make_float4(1, 1, 1, 1);
 }
 
-// Threads 0..255: out[d] = sum_i w[i] X[i][d]; with `normed` then out = weight * (out * rsqrt(mean(out^2) +
-// eps)) as rms_norm computes it (the sum of squares meets at named barrier 1, which only these threads use).
-__device__ void collapse_row(const float* X, const float (&w)[kHc], int64_t D, bool normed, const void* weight,
+// Threads 0..255: their float4 of each stream's row X[i] (loaded before they are needed: the finish kernels
+// issue these loads first, so that they overlap the partial sums and the logits).
+struct StreamSlice {
+  float4 x[kCollapseVec][kHc];
+};
+
+__device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlice& s) {
+  const int tid = threadIdx.x;
+  const int64_t nv = D / 4;
+#pragma unroll
+  for (int u = 0; u < kCollapseVec; ++u) {
+    const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) s.x[u][i] = q < nv ? ld4(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
+  }
+}
+
+// Threads 0..255: out[d] = sum_i w[i] X[i][d] from their loaded slice; with `normed` then out = weight * (out *
+// rsqrt(mean(out^2) + eps)) as rms_norm computes it (the sum of squares meets at named barrier 1, which only
+// these threads use).
+__device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_t D, bool normed, const void* weight,
                              NormWeight kind, float eps, float* out, float* red) {
   const int tid = threadIdx.x;
   const int64_t nv = D / 4;
-  float4 x[kCollapseVec][kHc], c[kCollapseVec];
-#pragma unroll
-  for (int u = 0; u < kCollapseVec; ++u) {  // every load first
-    const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
-#pragma unroll
-    for (int i = 0; i < kHc; ++i) x[u][i] = q < nv ? ld4(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
-  }
+  float4 c[kCollapseVec];
 #pragma unroll
   for (int u = 0; u < kCollapseVec; ++u) {
     float4 acc = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < kHc; ++i) {
-      acc.x = fmaf(w[i], x[u][i].x, acc.x);
-      acc.y = fmaf(w[i], x[u][i].y, acc.y);
-      acc.z = fmaf(w[i], x[u][i].z, acc.z);
-      acc.w = fmaf(w[i], x[u][i].w, acc.w);
+      acc.x = fmaf(w[i], s.x[u][i].x, acc.x);
+      acc.y = fmaf(w[i], s.x[u][i].y, acc.y);
+      acc.z = fmaf(w[i], s.x[u][i].z, acc.z);
+      acc.w = fmaf(w[i], s.x[u][i].w, acc.w);
     }
     c[u] = acc;
   }
@@ -208,6 +220,8 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
   __shared__ float m[MIX + 1];
   __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
+  StreamSlice slice;
+  if (threadIdx.x < kCollapseThreads) load_slice(a.streams + t * kHc * D, D, slice);
   sum_partials(a.partial + t * (MIX + 1) * splits, MIX + 1, splits, m);
   __syncthreads();
   const float inv = 1.0f / sqrtf(m[MIX] / static_cast<float>(kHc * D) + a.norm_eps);
@@ -228,8 +242,7 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
   float pre[kHc];
 #pragma unroll
   for (int i = 0; i < kHc; ++i) pre[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
-  collapse_row(a.streams + t * kHc * D, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D,
-               red);
+  collapse_row(slice, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D, red);
 }
 
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
@@ -237,13 +250,15 @@ __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcPara
   __shared__ float m[kHc + 1];
   __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
+  StreamSlice slice;
+  load_slice(a.streams + t * kHc * D, D, slice);
   sum_partials(a.partial + t * (kHc + 1) * splits, kHc + 1, splits, m);
   __syncthreads();
   const float inv = 1.0f / sqrtf(m[kHc] / static_cast<float>(kHc * D) + a.norm_eps);
   float w[kHc];
 #pragma unroll
   for (int i = 0; i < kHc; ++i) w[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
-  collapse_row(a.streams + t * kHc * D, w, D, false, nullptr, NormWeight::none, 0.0f, a.out + t * D, red);
+  collapse_row(slice, w, D, false, nullptr, NormWeight::none, 0.0f, a.out + t * D, red);
 }
 
 // Block (token, 256 float4 of D): every output stream of the thread's 4 dims from one read of the inputs.
