@@ -43,13 +43,11 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
-  ops::rms_norm(q, {}, eps, q);
-  ops::rope(q, b.positions, inv_freq);
+  ops::norm_rope(q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
-  ops::rms_norm(qkv.b, A.kv_norm, eps, kv);
-  ops::rope(kv, b.positions, inv_freq);
+  ops::norm_rope(qkv.b, A.kv_norm, eps, b.positions, inv_freq, kv);
   observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
   Tensor kv_rows = tensor(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]

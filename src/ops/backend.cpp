@@ -84,6 +84,11 @@ void Backend::rms_norm(const TensorView& x, const TensorView&, float, const Tens
 void Backend::rope(const TensorView& x, const TensorView&, const TensorView&, bool) {
   no_kernel("rope", x.dtype());
 }
+void Backend::norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+                        const TensorView& inv_freq, const TensorView& out) {
+  rms_norm(x, weight, eps, out);
+  rope(out, positions, inv_freq, false);
+}
 void Backend::linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("linear", weight_format_name(w.format));
 }

@@ -46,6 +46,9 @@ class Backend {
   // rope.h
   virtual void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
                     bool inverse);
+  // The two in turn unless the backend fuses them (the same bits either way).
+  virtual void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+                         const TensorView& inv_freq, const TensorView& out);
   // linear.h
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);

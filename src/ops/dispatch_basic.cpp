@@ -66,6 +66,28 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& in
   backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
 }
 
+void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+               const TensorView& inv_freq, const TensorView& out) {
+  TERN_CHECK(x.rank() == 2 || x.rank() == 3,
+             "norm_rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ", x.shape().str());
+  TERN_CHECK(x.shape() == out.shape(), "norm_rope: x ", x.shape().str(), " and out ", out.shape().str(),
+             " must have one shape");
+  detail::expect_rows("norm_rope", "x", x);
+  detail::expect_contiguous("norm_rope", "out", out);
+  if (!weight.empty()) {
+    expect_dtype("norm_rope", "weight", weight, {DType::bf16, DType::f32});
+    expect_shape("norm_rope", "weight", weight, {x.dim(-1)});
+  }
+  expect_dtype("norm_rope", "positions", positions, {DType::i64});
+  expect_shape("norm_rope", "positions", positions, {x.dim(0)});
+  expect_dtype("norm_rope", "inv_freq", inv_freq, {DType::f32});
+  expect_shape("norm_rope", "inv_freq", inv_freq, {-1});
+  TERN_CHECK(2 * inv_freq.dim(0) <= x.dim(-1), "norm_rope: rope dim ", 2 * inv_freq.dim(0), " exceeds head_dim ",
+             x.dim(-1));
+  backend_for(common_device("norm_rope", {&x, &weight, &positions, &inv_freq, &out}))
+      .norm_rope(x, weight, eps, positions, inv_freq, out);
+}
+
 void linear(const TensorView& x, const Weight& w, const TensorView& y) {
   check_weight(w);
   expect_shape(cat("linear ", w.name), "x", x, {-1, w.in});

@@ -29,4 +29,11 @@ Tensor rope_inv_freq(const RopeParams& p);
 // inv_freq f32 [rope_dim/2] on x's device.
 void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse = false);
 
+// rms_norm(x, weight, eps, out) then rope(out, positions, inv_freq), the same bits, in one pass where the
+// backend can (the attention's per-head q norm and its kv row: one launch for two on the GPU). x f32
+// [rows, head_dim] or [rows, heads, head_dim], may be rows (a stacked product's column range); weight as
+// rms_norm's; out f32 contiguous, x's shape (may alias x).
+void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+               const TensorView& inv_freq, const TensorView& out);
+
 }  // namespace tern::ops

@@ -121,6 +121,55 @@ TEST_P(GpuBasic, Rope) {
     }
 }
 
+// norm_rope (the attention's q heads and kv rows in one launch): the same bits as rms_norm then rope on the GPU,
+// and the CPU's within f32 tolerance; heads [n, H, hd] unweighted in place, and strided rows (a stacked
+// product's column range) with a weight; the register widths, a generic width and one past the fused kernel.
+TEST_P(GpuBasic, NormRope) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  struct Case {
+    int64_t n, heads, dim, rope_dim;
+    int weight;  // 0 none, 1 f32, 2 bf16
+  };
+  for (const Case c : {Case{9, s.heads, s.head_dim, s.rope_dim, 0}, Case{9, 1, s.head_dim, s.rope_dim, 2},
+                       Case{5, 3, 96, 32, 1}, Case{17, 1, 128, 64, 2}, Case{3, 2, 1024, 64, 1},
+                       Case{4, 1, 1536, 64, 0}}) {
+    ops::RopeParams rp;
+    rp.dim = c.rope_dim;
+    Tensor freq = ops::rope_inv_freq(rp);
+    Tensor pos(DType::i64, {c.n});
+    for (int64_t i = 0; i < c.n; ++i) pos.data<int64_t>()[i] = i < 2 ? i : r.index(1 << 20);
+    Tensor w = c.weight == 2 ? random_bf16({c.dim}, r) : random_f32({c.dim}, r);
+    auto dpos = upload(pos), dfreq = upload(freq), dw = upload(w);
+    const TensorView wv = c.weight == 0 ? TensorView() : w.view();
+    const TensorView dwv = c.weight == 0 ? TensorView() : dw.view();
+    const std::string what = cat("norm_rope n ", c.n, " heads ", c.heads, " dim ", c.dim, " weight ", c.weight);
+    if (c.heads > 1 || c.weight == 0) {  // heads, in place
+      Tensor x = random_f32({c.n, c.heads, c.dim}, r, 3.0f);
+      Tensor ref = random_f32({c.n, c.heads, c.dim}, r);
+      ops::norm_rope(x, wv, 1e-6f, pos, freq, ref);
+      auto dx = upload(x), dy = upload(x);
+      ops::norm_rope(dx, dwv, 1e-6f, dpos, dfreq, dx);
+      ops::rms_norm(dy, dwv, 1e-6f, dy);
+      ops::rope(dy, dpos, dfreq);
+      expect_close(dx, ref, kTolF32, what + " vs cpu");
+      expect_close(dx, cuda::to_host(dy), 0.0, what + " vs rms_norm + rope");
+    } else {  // strided rows: the last dim columns of [n, 64 + dim]
+      Tensor stacked = random_f32({c.n, 64 + c.dim}, r, 3.0f);
+      Tensor ref(DType::f32, {c.n, c.dim});
+      ops::norm_rope(stacked.view().cols(64, 64 + c.dim), wv, 1e-6f, pos, freq, ref);
+      auto ds = upload(stacked);
+      auto out = poisoned(DType::f32, {c.n, c.dim}), two = poisoned(DType::f32, {c.n, c.dim});
+      ops::norm_rope(ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, dpos, dfreq, out);
+      ops::rms_norm(ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, two);
+      ops::rope(two, dpos, dfreq);
+      expect_close(out, ref, kTolF32, what + " vs cpu");
+      expect_close(out, cuda::to_host(two), 0.0, what + " vs rms_norm + rope");
+    }
+  }
+}
+
 TEST_P(GpuBasic, KvRows) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();

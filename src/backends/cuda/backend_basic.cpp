@@ -59,6 +59,26 @@ void CudaBackend::rope(const TensorView& x, const TensorView& positions, const T
   check_launch("rope");
 }
 
+void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+                            const TensorView& inv_freq, const TensorView& out) {
+  require_cuda_f32("norm_rope", {&out, &inv_freq});
+  require_cuda_f32_rows("norm_rope", {&x});
+  const int64_t dim = x.dim(-1), rows = dim > 0 ? x.numel() / dim : 0, heads = x.rank() == 3 ? x.dim(1) : 1;
+  NormWeight kind = NormWeight::none;
+  if (!weight.empty()) {
+    TERN_CHECK(weight.device() == Device::cuda, "cuda norm_rope: weight is on the host");
+    kind = weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
+  }
+  if (launch_norm_rope(x.data_as<const float>(), x.row_stride(), weight.data(), kind, eps, rows, heads, dim,
+                       positions.data_as<const int64_t>(), inv_freq.data_as<const float>(), inv_freq.dim(0),
+                       out.data_as<float>(), impl_->stream)) {
+    check_launch("norm_rope");
+    return;
+  }
+  rms_norm(x, weight, eps, out);  // rows wider than the fused kernel takes (kernel_paths says so)
+  rope(out, positions, inv_freq, false);
+}
+
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                 const TensorView& y) {
   if (run_library_linear(impl, x, w, groups, y)) return;

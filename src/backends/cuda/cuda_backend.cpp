@@ -314,7 +314,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "compressor_update: compressor_kernel, CUDA cores, f32",
       "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32; hc_pre / hc_head of >= 512 "
       "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels",
-      "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores",
+      "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores; "
+      "norm_rope (the attention's q heads and kv rows): norm_rope_kernel, rms_norm then RoPE in one launch with "
+      "the same bits (rows wider than 1024: rms_norm_row / block then rope_kernel)",
       "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
       "decode_compress_emit: compressor_emit_kernel, a compressor's accumulator update, rms_norm, RoPE, row "

@@ -35,6 +35,8 @@ class CudaBackend final : public ops::Backend {
   void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) override;
+  void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+                 const TensorView& inv_freq, const TensorView& out) override;
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
