@@ -47,44 +47,64 @@ __device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret
 
 // partial[(t * (MIX + 1) + j) * splits + split] = fn[j, slice] . flat(X_t)[slice] (j < MIX) and the slice's
 // sum of squares (j == MIX). Every entry is written, empty slices as 0.
-// Warp g of a block takes token t0 + g: its lanes hold two float4 of the slice per 256-float step and run all
-// MIX + 1 sums, then one reduce-scatter over the lanes (31 shuffles where a warp_sum per value took 5 each,
-// and no warp holds 8 tokens' accumulators: at 64 tokens the kernel that did took 25 us, one block a
-// multiprocessor). The sums have warp_sum's tree (pairs 16 apart, then 8, ...), so the same bits.
+// A block's nt tokens share its 8 warps: R = 8 / nt (rounded down to a power of two, at least 1) warps a token,
+// warp (g, q) summing rows j = q, q + R, ... of token g. Its lanes hold two float4 of the slice per 256-float
+// step; then one reduce-scatter over the lanes leaves slot s's sum in lane s (31 shuffles for up to 32 sums,
+// where a warp_sum per value took 5 each). Every sum has warp_sum's tree (pairs 16 lanes apart, then 8, ...)
+// and the same per-lane order whatever R, so the bits do not depend on which warp computed it (nor on T).
+// (Warps that held 8 tokens' accumulators each ran one block a multiprocessor: 25 us at 64 tokens; a warp a
+// token with all 25 sums took 17 us at one token.)
 template <int MIX>
 __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
                                                              const float* __restrict__ fn, int64_t T, int64_t N,
                                                              int64_t per, float* __restrict__ partial) {
   pdl_prologue();
-  static_assert(MIX + 1 <= 32, "one value per lane after the reduce-scatter");
+  static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
+  // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
+  // loading its rows itself kept too few loads in flight).
+  __shared__ float4 fn_s[MIX][64];
   const int split = blockIdx.x, splits = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.y) * kMixTokens + warp;
-  if (t >= T) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens;
+  const int nt = static_cast<int>(min(static_cast<int64_t>(kMixTokens), T - t0));
+  const int R = nt == 1 ? 8 : nt == 2 ? 4 : nt <= 4 ? 2 : 1;
+  const int g = warp / R, q = warp % R;
+  const bool active = g < nt;  // idle warps still stage fn (the barriers need every thread)
+  const int64_t t = t0 + (active ? g : 0);
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
-  float v[32];  // v[j]: row j's sum (j < MIX), v[MIX]: the sum of squares, the rest padding
+  float v[32];  // v[i]: row q + R i (a fn row below MIX, the sum of squares at MIX, nothing beyond)
 #pragma unroll
-  for (int j = 0; j < 32; ++j) v[j] = 0.0f;
-  for (int64_t kb = k0 + 4 * lane; kb < k1; kb += 256) {
+  for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+  for (int64_t base = k0; base < k1; base += 256) {
+    const int64_t kb = base + 4 * lane;
     float4 x[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t k = kb + 128 * h;
-      x[h] = k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
+      x[h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
     }
+    __syncthreads();  // the previous step's fn_s is no longer read
+    for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
+      const int j = e / 64, c = e % 64;
+      const int64_t k = base + 4 * c;
+      fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    if (active) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t k = kb + 128 * h;
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int j = 0; j < MIX; ++j) {
-        const float4 w = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
-        v[j] = dot4(w, x[h], v[j]);
+        for (int i = 0; i < MIX + 1; ++i) {
+          const int j = q + R * i;
+          if (j < MIX) v[i] = dot4(fn_s[j][lane + 32 * h], x[h], v[i]);
+          else if (j == MIX) v[i] = dot4(x[h], x[h], v[i]);
+        }
       }
-      v[MIX] = dot4(x[h], x[h], v[MIX]);
     }
   }
-  // Reduce-scatter: at offset o a lane keeps the half of its n values its bit o selects and adds the
-  // partner's copy of that half; after o = 1, lane j holds value j summed over all 32 lanes.
+  if (!active) return;
+  // Reduce-scatter: at offset o a lane keeps the half of its n slots its bit o selects and adds the
+  // partner's copy of that half; after o = 1, lane s holds slot s summed over all 32 lanes.
 #pragma unroll
   for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
     const bool upper = (lane & o) != 0;
@@ -95,7 +115,8 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
       v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
   }
-  if (lane <= MIX) partial[((t * (MIX + 1)) + lane) * splits + split] = v[0];
+  const int j = q + R * lane;
+  if (j <= MIX) partial[((t * (MIX + 1)) + j) * splits + split] = v[0];
 }
 
 // m[v] = sum over the splits of rows[v * splits ..] for v < nv: kSumLanes lanes per value, each adding
