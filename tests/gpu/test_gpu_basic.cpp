@@ -1,6 +1,9 @@
 // GPU vs CPU: the generic ops (elementwise, norm, rope, kv rows, linear in every format, dequantize).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/linear.cuh"
@@ -294,6 +297,80 @@ TEST_P(GpuBasic, LinearBatchInvariant) {
       EXPECT_EQ(differ, 0) << "linear " << c.name << ": " << differ << " outputs of tokens " << off << ".."
                            << off + T - 1 << " differ between a batch of " << T << " and the batch of " << N;
     }
+  }
+}
+
+// The exact products on tensor cores (TERN_EXACT_PATH=tc: x as three bf16 planes, f32 accuracy): against the
+// CPU's f32 at f32 tolerance, batch invariant (a token's bits alone and among 100 tokens at other offsets), and
+// the router gate's top-6 picks equal to the f32 CUDA-core path's but for near-ties.
+TEST_P(GpuBasic, ExactOnTensorCores) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  struct Restore {
+    bool was = cuda::exact_on_tensor_cores();
+    ~Restore() { cuda::set_exact_on_tensor_cores(was); }
+  } restore;
+  const int64_t N = 100;
+  for (const LinearCase& c : linear_cases(s)) {
+    if (!c.exact) continue;
+    const HostWeight hw = random_weight(c.format, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)), c.name);
+    ops::Weight dw = store.upload(hw.w);
+    dw.exact = true;
+    const Tensor x = random_f32({N, c.in}, r);
+    auto dx = upload(x);
+    cuda::set_exact_on_tensor_cores(true);
+    auto yall = poisoned(DType::f32, {N, c.out});
+    ops::linear(dx, dw, yall);
+    const Tensor all = cuda::to_host(yall);
+    for (const int64_t T : {1, 3, 16, 64, 100}) {
+      const int64_t off = T == N ? 0 : r.index(N - T + 1);
+      Tensor xs(DType::f32, {T, c.in});
+      std::memcpy(xs.data<float>(), x.data<float>() + off * c.in, T * c.in * sizeof(float));
+      Tensor ref(DType::f32, {T, c.out});
+      ops::linear(xs, hw.w, ref);
+      auto dxs = upload(xs), ys = poisoned(DType::f32, {T, c.out});
+      ops::linear(dxs, dw, ys);
+      expect_close(ys, ref, kTolF32, cat("exact on tensor cores ", c.name, " T=", T));
+      const Tensor part = cuda::to_host(ys);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < T * c.out; ++i)
+        if (std::memcmp(part.data<float>() + i, all.data<float>() + off * c.out + i, 4) != 0) ++differ;
+      EXPECT_EQ(differ, 0) << "exact on tensor cores " << c.name << ": " << differ << " outputs of tokens " << off
+                           << ".." << off + T - 1 << " differ between a batch of " << T << " and the batch of " << N;
+    }
+    if (c.out != s.experts || c.format != WeightFormat::bf16) continue;
+    // The gate: each token's top-6 by the tensor-core logits against the CUDA-core f32 logits.
+    cuda::set_exact_on_tensor_cores(false);
+    auto yf = poisoned(DType::f32, {N, c.out});
+    ops::linear(dx, dw, yf);
+    const Tensor f32 = cuda::to_host(yf);
+    int64_t mismatched = 0;
+    double worst_gap = 0.0;
+    for (int64_t t = 0; t < N; ++t) {
+      const float* a = all.data<float>() + t * c.out;
+      const float* b = f32.data<float>() + t * c.out;
+      std::vector<int64_t> ia(c.out), ib(c.out);
+      for (int64_t e = 0; e < c.out; ++e) ia[e] = ib[e] = e;
+      const auto top = [&](std::vector<int64_t>& idx, const float* v) {
+        std::partial_sort(idx.begin(), idx.begin() + 7, idx.end(),
+                          [&](int64_t i, int64_t j) { return v[i] > v[j] || (v[i] == v[j] && i < j); });
+      };
+      top(ia, a);
+      top(ib, b);
+      std::vector<int64_t> sa(ia.begin(), ia.begin() + 6), sb(ib.begin(), ib.begin() + 6);  // the picked sets
+      std::sort(sa.begin(), sa.end());
+      std::sort(sb.begin(), sb.end());
+      if (sa != sb) {
+        ++mismatched;
+        worst_gap = std::max(worst_gap, static_cast<double>(std::fabs(b[ib[5]] - b[ib[6]])));
+      }
+    }
+    std::printf("  exact on tensor cores: gate top-6 differs from the f32 path's in %lld of %lld tokens "
+                "(largest 6th/7th gap among them %.3g)\n",
+                static_cast<long long>(mismatched), static_cast<long long>(N), worst_gap);
+    EXPECT_LE(worst_gap, 1e-5) << "a top-6 choice moved at a gap wider than f32 rounding";
   }
 }
 

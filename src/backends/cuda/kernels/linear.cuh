@@ -82,6 +82,14 @@ void launch_linear(const LinearParams& p, cudaStream_t stream);
 // linear_exact_partial_floats of them) for FP8 rows, linear_simple_kernel otherwise.
 int64_t linear_exact_partial_floats(const LinearParams& p);
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
+// TERN_EXACT_PATH=tc: the exact products on tensor cores (linear_exact_mma.cu: x split into three bf16 planes,
+// weights bf16 numbers, f32 accumulation, f32 accuracy) wherever linear_exact_mma_ok; cuda-cores (default) or
+// unset: the kernels above. A bad value throws.
+bool exact_on_tensor_cores();
+void set_exact_on_tensor_cores(bool on);  // tests and benchmarks
+bool linear_exact_mma_ok(const LinearParams& p);
+int64_t linear_exact_mma_partial_floats(const LinearParams& p);
+void launch_linear_exact_mma(const LinearParams& p, cudaStream_t stream);
 
 // out f32 [w.out, w.in] = W exactly.
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
