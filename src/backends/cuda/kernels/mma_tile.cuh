@@ -306,23 +306,8 @@ __device__ __forceinline__ void finish_split_k(const float* partial, float* y, i
   if (row < out)
     for (int64_t tok = tok0 + static_cast<int>(threadIdx.x) / rows_per_tile; tok < tok_end;
          tok += static_cast<int>(blockDim.x) / rows_per_tile) {
-      // Sixteen splits' loads in flight before their sums (a load per add kept one in flight: ~0.5 us of L2
-      // latency a split, 10 us for 32 splits); the adds stay in split order, so the same bits.
       float s = 0.0f;
-      int sp = 0;
-      for (; sp + 16 <= ksplit; sp += 16) {
-        float v[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = __ldcg(partial + ((sp + i) * T + tok) * out + row);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s += v[i];
-      }
-      float v[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = sp + i < ksplit ? __ldcg(partial + ((sp + i) * T + tok) * out + row) : 0.0f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-        if (sp + i < ksplit) s += v[i];
+      for (int sp = 0; sp < ksplit; ++sp) s += __ldcg(partial + (sp * T + tok) * out + row);
       y[tok * out + row] = s * mult;
     }
   if (threadIdx.x == 0) counters[counter] = 0;
