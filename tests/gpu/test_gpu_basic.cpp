@@ -309,8 +309,8 @@ TEST_P(GpuBasic, ExactOnTensorCores) {
   Rand r(fresh_seed());
   cuda::WeightStore store;
   struct Restore {
-    bool was = cuda::exact_on_tensor_cores();
-    ~Restore() { cuda::set_exact_on_tensor_cores(was); }
+    cuda::ExactPath was = cuda::exact_path();
+    ~Restore() { cuda::set_exact_path(was); }
   } restore;
   const int64_t N = 100;
   for (const LinearCase& c : linear_cases(s)) {
@@ -320,7 +320,7 @@ TEST_P(GpuBasic, ExactOnTensorCores) {
     dw.exact = true;
     const Tensor x = random_f32({N, c.in}, r);
     auto dx = upload(x);
-    cuda::set_exact_on_tensor_cores(true);
+    cuda::set_exact_path(cuda::ExactPath::tensor_cores);
     auto yall = poisoned(DType::f32, {N, c.out});
     ops::linear(dx, dw, yall);
     const Tensor all = cuda::to_host(yall);
@@ -342,7 +342,7 @@ TEST_P(GpuBasic, ExactOnTensorCores) {
     }
     if (c.out != s.experts || c.format != WeightFormat::bf16) continue;
     // The gate: each token's top-6 by the tensor-core logits against the CUDA-core f32 logits.
-    cuda::set_exact_on_tensor_cores(false);
+    cuda::set_exact_path(cuda::ExactPath::cuda_cores);
     auto yf = poisoned(DType::f32, {N, c.out});
     ops::linear(dx, dw, yf);
     const Tensor f32 = cuda::to_host(yf);

@@ -337,10 +337,12 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         : "sparse_attention prefill kernel version 2 (TERN_ATTENTION_PREFILL=2): "
                           "attention_prefill_wgmma_kernel (Hopper wgmma) without the overlapped decode, the same "
                           "numerics");
-  if (exact_on_tensor_cores())
-    paths.push_back("exact products (TERN_EXACT_PATH=tc): linear_exact_mma_kernel, tensor cores, x as three bf16 "
-                    "planes (f32's 24 bits), weights bf16 numbers, f32 accumulation; f32-scaled weights and odd "
-                    "shapes stay on the CUDA-core kernels");
+  paths.push_back(exact_path() == ExactPath::cuda_cores
+                      ? "exact products (TERN_EXACT_PATH=cuda-cores): the CUDA-core kernels only"
+                      : std::string("exact products on tensor cores (TERN_EXACT_PATH=") +
+                            (exact_path() == ExactPath::tensor_cores ? "tc): every exact weight" : "auto): FP8 weights") +
+                            ": linear_exact_mma_kernel, x as three bf16 planes (f32's 24 bits), weights bf16 numbers, "
+                            "f32 accumulation; f32-scaled weights and odd shapes stay on the CUDA-core kernels");
   paths.push_back(side_streams_enabled()
                       ? "concurrent branches: inside decode graphs the shared expert (beside the router and routed "
                         "experts) and the compressors and indexer (beside the query projections) run on a second "

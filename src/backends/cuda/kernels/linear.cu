@@ -601,7 +601,7 @@ bool linear_exact_fast_ok(const LinearParams& p) {
 }
 
 int64_t linear_exact_partial_floats(const LinearParams& p) {
-  const int64_t mma = exact_on_tensor_cores() ? linear_exact_mma_partial_floats(p) : 0;
+  const int64_t mma = exact_on_tensor_cores(p.w.kind) ? linear_exact_mma_partial_floats(p) : 0;
   if (p.w.kind != WeightKind::fp8) return mma;
   const dim3 g = dev::exact_grid(p);
   return std::max(mma, g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : int64_t{0});
@@ -609,7 +609,7 @@ int64_t linear_exact_partial_floats(const LinearParams& p) {
 
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (exact_on_tensor_cores() && linear_exact_mma_ok(p)) return launch_linear_exact_mma(p, stream);
+  if (exact_on_tensor_cores(p.w.kind) && linear_exact_mma_ok(p)) return launch_linear_exact_mma(p, stream);
   const dev::SimpleMat m = dev::simple_mat(p.w);
   if (!linear_exact_fast_ok(p)) {
     launch(dev::linear_simple_kernel, dev::simple_grid(p.w.out, p.T), 256, 0, stream, m, p.x, p.x_stride,

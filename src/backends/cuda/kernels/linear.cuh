@@ -82,11 +82,16 @@ void launch_linear(const LinearParams& p, cudaStream_t stream);
 // linear_exact_partial_floats of them) for FP8 rows, linear_simple_kernel otherwise.
 int64_t linear_exact_partial_floats(const LinearParams& p);
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
-// TERN_EXACT_PATH=tc: the exact products on tensor cores (linear_exact_mma.cu: x split into three bf16 planes,
-// weights bf16 numbers, f32 accumulation, f32 accuracy) wherever linear_exact_mma_ok; cuda-cores (default) or
-// unset: the kernels above. A bad value throws.
-bool exact_on_tensor_cores();
-void set_exact_on_tensor_cores(bool on);  // tests and benchmarks
+// Where the exact products run (TERN_EXACT_PATH): linear_exact_mma.cu's tensor-core kernel (x as three bf16
+// planes, weights bf16 numbers, f32 accumulation: f32 accuracy) or the CUDA-core kernels above. auto (the
+// default): FP8 weights (the indexer's wq_b: 50 us a call at 64 tokens against 103 on CUDA cores) on tensor
+// cores, bf16 ones (the gates, weights_proj: 33 us on CUDA cores, 49 on tensor cores where 32 K slices meet in
+// one block) on CUDA cores; tc: all on tensor cores; cuda-cores: none. Per weight format, never per T, so a
+// token's bits do not depend on its batch. A bad value throws.
+enum class ExactPath : int { cuda_cores, fp8_on_tensor_cores, tensor_cores };
+ExactPath exact_path();
+void set_exact_path(ExactPath path);  // tests and benchmarks
+bool exact_on_tensor_cores(WeightKind kind);
 bool linear_exact_mma_ok(const LinearParams& p);
 int64_t linear_exact_mma_partial_floats(const LinearParams& p);
 void launch_linear_exact_mma(const LinearParams& p, cudaStream_t stream);

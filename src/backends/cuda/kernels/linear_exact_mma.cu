@@ -183,22 +183,30 @@ int64_t slice_cols(int64_t in, int slices) {
 }  // namespace dev
 
 namespace {
-std::atomic<int> g_exact_tc{-1};  // -1: not read from the environment yet
+// -1: not read from the environment yet; else an ExactPath.
+std::atomic<int> g_exact_path{-1};
 }  // namespace
 
-bool exact_on_tensor_cores() {
-  int v = g_exact_tc.load(std::memory_order_relaxed);
+ExactPath exact_path() {
+  int v = g_exact_path.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_EXACT_PATH");
-    if (e == nullptr || std::string_view(e) == "cuda-cores") v = 0;
-    else if (std::string_view(e) == "tc") v = 1;
-    else fail("TERN_EXACT_PATH=", e, ": expected tc (exact products on tensor cores, split bf16 x3) or cuda-cores");
-    g_exact_tc.store(v, std::memory_order_relaxed);
+    if (e == nullptr || std::string_view(e) == "auto") v = static_cast<int>(ExactPath::fp8_on_tensor_cores);
+    else if (std::string_view(e) == "cuda-cores") v = static_cast<int>(ExactPath::cuda_cores);
+    else if (std::string_view(e) == "tc") v = static_cast<int>(ExactPath::tensor_cores);
+    else fail("TERN_EXACT_PATH=", e, ": expected auto (FP8 exact products on tensor cores, bf16 ones on CUDA cores), "
+              "tc (all on tensor cores, split bf16 x3) or cuda-cores");
+    g_exact_path.store(v, std::memory_order_relaxed);
   }
-  return v == 1;
+  return static_cast<ExactPath>(v);
 }
 
-void set_exact_on_tensor_cores(bool on) { g_exact_tc.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_exact_path(ExactPath path) { g_exact_path.store(static_cast<int>(path), std::memory_order_relaxed); }
+
+bool exact_on_tensor_cores(WeightKind kind) {
+  const ExactPath p = exact_path();
+  return p == ExactPath::tensor_cores || (p == ExactPath::fp8_on_tensor_cores && kind == WeightKind::fp8);
+}
 
 bool linear_exact_mma_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
