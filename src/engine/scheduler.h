@@ -36,7 +36,7 @@ struct SchedSeq {
 struct SchedulerLimits {
   int64_t token_budget = 2048;  // new tokens per step, all sequences together
   int max_running = 256;        // sequences with state at once
-  int64_t max_chunk = 512;      // prefill tokens per sequence per step
+  int64_t max_chunk = 2048;     // prefill tokens per sequence per step (vLLM: a prefill may take the whole budget)
   int64_t admission_reserve_pages = 0;  // admission leaves this many pages free for growth
 };
 

@@ -60,7 +60,7 @@ struct ServeArgs {
   int threads = 0;
   int max_running = 256;
   int profile_steps = 0;  // --profile-steps: GPU profiles of the first steps with a prompt chunk
-  int64_t token_budget = 2048, max_chunk = 512, max_model_len = 0;
+  int64_t token_budget = 2048, max_chunk = 2048, max_model_len = 0;
   double request_timeout_s = 600, drain_timeout_s = 30;
   tools::HttpOptions http;
   // admission (docs/serving.md, "Limits")
