@@ -284,12 +284,14 @@ void bench_attention(Rand& r, bool quick) {
 }
 
 // Decode steps as the model runs them (decode_attention: one launch for every slot), each slot its own
-// sequence at context 8192 (its ring, its new row, its compressed rows in its own shuffled pages of 64
-// rows, its own picks): CSA 128 + 512 rows and HCA 128 + 64 rows at batch 1 .. 128. The bytes are the rows
-// read plus q and out (f32, 128 KiB each per slot). FlashMLA's V4 kernel on this card (performance.md,
-// 128 + 512 rows) is printed in the shape column.
-void bench_decode_attention(Rand& r, bool quick) {
-  const int64_t H = 64, hd = 512, W = 128, k = 512, ctx = 8192;
+// sequence (its ring, its new row, its compressed rows in its own shuffled pages of 64 rows, its own picks) at
+// context 1024 (the decode profile's: CSA 128 + 512 rows of which 256 picks are real and 256 are -1, HCA 128 +
+// 8) and 8192 (CSA 128 + 512, HCA 128 + 64), at batch 1 .. 128, on each decode kernel (TERN_ATTENTION_DECODE:
+// cluster = attention_mma_kernel; heads16 / heads32 / heads = attention_heads_kernel at 16 / 32 heads a block /
+// by launch size; the same bits). The bytes are the rows read plus q and out (f32, 128 KiB each per slot).
+// FlashMLA's V4 kernel on this card (performance.md, 128 + 512 rows) is printed in the shape column.
+void bench_decode_attention_at(Rand& r, bool quick, int64_t ctx) {
+  const int64_t H = 64, hd = 512, W = 128, k = 512;
   const ops::KvRowFormat f{ops::KvFormat::fp8_ds, hd, 64};
   const int64_t rb = f.row_bytes();
   struct Kind {
@@ -301,14 +303,16 @@ void bench_decode_attention(Rand& r, bool quick) {
       quick ? std::vector<std::pair<int64_t, double>>{{1, 14.1}, {64, 46.3}}
             : std::vector<std::pair<int64_t, double>>{{1, 14.1}, {16, 19.2}, {64, 46.3}, {128, 50.1}};
   for (const Kind kind : {Kind{"csa", 4, true}, Kind{"hca", 128, false}}) {
-    const int64_t num_c = ctx / kind.ratio;  // a multiple of the 64 rows per page
+    const int64_t num_c = ctx / kind.ratio;
+    const int64_t slot_rows = (num_c + 63) / 64 * 64;  // a slot's pages of 64 rows (HCA at 1K: 8 rows in one)
     // One sequence's rows, replicated into every slot's own pages.
     Tensor seq_x = random_f32({num_c + W + 1, hd}, r), seq(DType::u8, {num_c + W + 1, rb});
     ops::kv_pack(seq_x, f, seq);
     for (const auto& [B, flashmla] : batches) {
-      Tensor comp(DType::u8, {B * num_c, rb}), rings(DType::u8, {B * W, rb}), rows(DType::u8, {B, rb});
+      Tensor comp(DType::u8, {B * slot_rows, rb}), rings(DType::u8, {B * W, rb}), rows(DType::u8, {B, rb});
+      std::memset(comp.data<uint8_t>(), 0, comp.nbytes());
       for (int64_t b = 0; b < B; ++b) {
-        std::memcpy(comp.data<uint8_t>() + b * num_c * rb, seq.data<uint8_t>(), num_c * rb);
+        std::memcpy(comp.data<uint8_t>() + b * slot_rows * rb, seq.data<uint8_t>(), num_c * rb);
         std::memcpy(rings.data<uint8_t>() + b * W * rb, seq.data<uint8_t>() + num_c * rb, W * rb);
         std::memcpy(rows.data<uint8_t>() + b * rb, seq.data<uint8_t>() + (num_c + W) * rb, rb);
       }
@@ -321,8 +325,10 @@ void bench_decode_attention(Rand& r, bool quick) {
         ring_at.data<int64_t>()[b] = reinterpret_cast<int64_t>(drings.view().data_as<uint8_t>() + b * W * rb);
         pool_at.data<int64_t>()[b] = reinterpret_cast<int64_t>(pages.device.pool.data());
         table_at.data<int64_t>()[b] =
-            reinterpret_cast<int64_t>(pages.device.block_table.data_as<int32_t>() + b * (num_c / 64));
-        for (int64_t j = 0; j < k; ++j) sel.data<int32_t>()[b * k + j] = static_cast<int32_t>(r.index(num_c));
+            reinterpret_cast<int64_t>(pages.device.block_table.data_as<int32_t>() + b * (slot_rows / 64));
+        // Picks among the visible rows; past them -1 (masked), as the indexer leaves them at short contexts.
+        for (int64_t j = 0; j < k; ++j)
+          sel.data<int32_t>()[b * k + j] = j < num_c ? static_cast<int32_t>(r.index(num_c)) : -1;
       }
       auto dpos = upload(pos), drat = upload(ring_at), dpat = upload(pool_at), dtat = upload(table_at);
       auto dsel = upload(sel), q = upload(random_f32({B, H, hd}, r)), sinks = upload(random_f32({H}, r));
@@ -340,14 +346,25 @@ void bench_decode_attention(Rand& r, bool quick) {
       if (kind.select) a.selected = dsel;
       a.sinks = sinks;
       a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      const int64_t keys = W + (kind.select ? k : num_c);
-      const std::string shape = kind.select ? cat("batch ", B, ", 128+512 rows (FlashMLA ", flashmla, ")")
-                                            : cat("batch ", B, ", 128+", num_c, " rows");
-      measure(cat("decode_attention ", kind.name, " fp8 rows"), shape,
-              static_cast<double>(B * (keys * rb + 2 * H * hd * 4)), 1,
-              [&](int) { ops::decode_attention(a, out); });
+      const int64_t keys = W + (kind.select ? std::min(k, num_c) : num_c);  // rows read
+      const std::string shape = kind.select ? cat("ctx ", ctx, " batch ", B, ", 128+512 rows (FlashMLA ", flashmla, ")")
+                                            : cat("ctx ", ctx, " batch ", B, ", 128+", num_c, " rows");
+      const cuda::AttentionDecode saved = cuda::attention_decode();
+      for (const cuda::AttentionDecode d : {cuda::AttentionDecode::cluster, cuda::AttentionDecode::heads16,
+                                            cuda::AttentionDecode::heads32, cuda::AttentionDecode::heads}) {
+        cuda::set_attention_decode(d);
+        measure(cat("decode_attention ", kind.name, " ", cuda::attention_decode_name(d)), shape,
+                static_cast<double>(B * (keys * rb + 2 * H * hd * 4)), 1,
+                [&](int) { ops::decode_attention(a, out); });
+      }
+      cuda::set_attention_decode(saved);
     }
   }
+}
+
+void bench_decode_attention(Rand& r, bool quick) {
+  for (const int64_t ctx : quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 8192})
+    bench_decode_attention_at(r, quick, ctx);
 }
 
 // One layer's sparse_attention in a prefill chunk of 8 192 queries (the library-GEMM chunks), on the decode

@@ -5,6 +5,12 @@
 // Batch invariance: a slot alone gives the same bits as inside a batch of 64 (with inert padding slots)
 // and as the eager op on the same query. The CPU backend's batched op (host address tables) runs the same
 // batches: its slots are the CPU eager op's bits, and the GPU launch is checked against it too.
+// The decode kernels (TERN_ATTENTION_DECODE, cuda::set_attention_decode): attention_heads_kernel at 16 and 32
+// heads a block and by launch size gives attention_mma_kernel's bits at every batch, also at context ~1K (the
+// decode profile's: CSA with fewer visible rows than picks, HCA with 7-8 compressed rows), is batch invariant
+// on its own, and replays from a CUDA graph with the eager launch's bits.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +18,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/attention.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/decode.h"
@@ -68,6 +75,7 @@ struct Case {
   const char* name;
   int ratio;
   bool select;
+  int64_t base, step, spread;  // slot i at position base + (step * i) % spread (but see Attention)
 };
 
 class Attention {
@@ -76,9 +84,10 @@ class Attention {
     sinks_ = random_f32({kH}, r);
     dsinks_ = upload(sinks_);
     for (int64_t i = 0; i < slots; ++i) {
-      // CSA: positions near 2.2K (about 550 visible entries, 512 picked); a few short ones (fewer visible
-      // entries than picks, a window shorter than 128). HCA: 40 .. 64 compressed rows; one slot with none.
-      int64_t pos = c.select ? 2200 + (37 * i) % 800 : 40 * 128 + (211 * i) % (24 * 128);
+      // kCases: CSA positions near 2.2K (about 550 visible entries, 512 picked), HCA 40 .. 64 compressed rows;
+      // kCases1K: about 1K (CSA 225 .. 287 visible entries, HCA 7 or 8). Every case: a few short ones (CSA: a
+      // window shorter than 128; HCA: no compressed row yet).
+      int64_t pos = c.base + (c.step * i) % c.spread;
       if (i % 23 == 7) pos = c.select ? 50 + i : 100;
       slots_.push_back(make_slot(c.ratio, c.select, pos, r));
     }
@@ -104,23 +113,38 @@ class Attention {
     return cuda::to_host(out);
   }
 
-  // One decode launch over `which` (slot indices; -1 an inert padding slot). Returns the device output.
-  cuda::DeviceTensor decode(const std::vector<int64_t>& which) const {
+  // One decode launch over `which` (slot indices; -1 an inert padding slot), its device inputs uploaded and
+  // its output poisoned: prepare() allocates (so it stays outside a graph capture), launch() only launches.
+  struct Launch {
+    ops::DecodeAttentionArgs args;
+    std::vector<cuda::DeviceTensor> inputs;
+    cuda::DeviceTensor out;
+    void run() const { ops::decode_attention(args, out); }
+  };
+  Launch prepare(const std::vector<int64_t>& which) const {
     const Batch t = batch(which, /*host=*/false);
-    dev_.clear();
-    for (const Tensor* x : {&t.q, &t.rows, &t.pos, &t.rings, &t.pools, &t.tables, &t.sel}) dev_.push_back(upload(*x));
-    ops::DecodeAttentionArgs a = args(t, slots_[0].comp.device);
-    a.q = dev_[0];
-    a.rows = dev_[1];
-    a.positions = dev_[2];
-    a.rings = dev_[3];
-    a.compressed.pools = dev_[4];
-    a.compressed.tables = dev_[5];
-    if (c_.select) a.selected = dev_[6];
+    Launch l;
+    for (const Tensor* x : {&t.q, &t.rows, &t.pos, &t.rings, &t.pools, &t.tables, &t.sel}) l.inputs.push_back(upload(*x));
+    ops::DecodeAttentionArgs& a = l.args;
+    a = args(t, slots_[0].comp.device);
+    a.q = l.inputs[0];
+    a.rows = l.inputs[1];
+    a.positions = l.inputs[2];
+    a.rings = l.inputs[3];
+    a.compressed.pools = l.inputs[4];
+    a.compressed.tables = l.inputs[5];
+    if (c_.select) a.selected = l.inputs[6];
     a.sinks = dsinks_;
-    auto out = poisoned(DType::f32, {t.size, kH, kHd});
-    ops::decode_attention(a, out);
-    return out;
+    l.out = poisoned(DType::f32, {t.size, kH, kHd});
+    return l;
+  }
+
+  // One decode launch over `which`. Returns the device output.
+  cuda::DeviceTensor decode(const std::vector<int64_t>& which) const {
+    Launch l = prepare(which);
+    l.run();
+    dev_ = std::move(l.inputs);  // kept until the next launch (the stream may still read them)
+    return std::move(l.out);
   }
 
   // The same batch through the CPU backend's batched op (host address tables).
@@ -198,7 +222,37 @@ class Attention {
   mutable std::vector<cuda::DeviceTensor> dev_;
 };
 
-const Case kCases[] = {{"csa", 4, true}, {"hca", 128, false}};
+const Case kCases[] = {{"csa", 4, true, 2200, 37, 800}, {"hca", 128, false, 40 * 128, 211, 24 * 128}};
+const Case kCases1K[] = {{"csa 1K", 4, true, 900, 37, 250}, {"hca 1K", 128, false, 900, 37, 250}};
+
+// Sets the decode kernel (TERN_ATTENTION_DECODE) for a scope, then restores it.
+class DecodeKernel {
+ public:
+  explicit DecodeKernel(cuda::AttentionDecode d) : saved_(cuda::attention_decode()) { cuda::set_attention_decode(d); }
+  ~DecodeKernel() { cuda::set_attention_decode(saved_); }
+  DecodeKernel(const DecodeKernel&) = delete;
+  DecodeKernel& operator=(const DecodeKernel&) = delete;
+
+ private:
+  cuda::AttentionDecode saved_;
+};
+
+// The path the op takes for a V4-Flash decode launch under the current selection.
+cuda::AttentionPath decode_path() {
+  cuda::AttentionParams p;
+  p.heads = kH;
+  p.fmt = {1, kHd, kRope, kFmt.row_bytes()};
+  const int64_t position = 0;
+  p.positions = &position;  // only compared with null by attention_path
+  return cuda::attention_path(p);
+}
+
+// 32-bit words of two host f32 tensors of the same size that differ.
+int64_t words_differing(const Tensor& a, const Tensor& b) {
+  int64_t d = 0;
+  for (int64_t k = 0; k < a.numel(); ++k) d += std::memcmp(a.data<float>() + k, b.data<float>() + k, 4) != 0;
+  return d;
+}
 
 // Row b of a host [B, H, hd] tensor as [1, H, hd].
 Tensor row_of(const Tensor& all, int64_t b) {
@@ -234,9 +288,9 @@ TEST(GpuAttention, DecodeV4Shapes) {
   cuda::register_backend().check_device_errors();
 }
 
-TEST(GpuAttention, BatchInvariance) {
-  TERN_REQUIRE_GPU();
-  Rand r(fresh_seed());
+// A slot alone, eagerly and inside a batch of 64 (60 slots and 4 inert ones) gives the same bits, for a sample of
+// slots including the short ones; inert slots write zeros.
+void check_batch_invariance(Rand& r) {
   for (const Case& c : kCases) {
     const Attention att(c, 60, r);
     // 64 slots: the 60 slots with 4 inert ones among them.
@@ -274,6 +328,120 @@ TEST(GpuAttention, BatchInvariance) {
                 static_cast<long long>(equal), static_cast<long long>(checked));
   }
   cuda::register_backend().check_device_errors();
+}
+
+TEST(GpuAttention, BatchInvariance) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  std::printf("  decode kernel: %s\n", cuda::attention_path_name(decode_path()));
+  check_batch_invariance(r);
+}
+
+// attention_heads_kernel on its own (TERN_ATTENTION_DECODE=heads): a slot alone (16 heads a block) and in a
+// batch of 64 (32 heads a block: 64 x 5 x 4 blocks of 16 would not fit 132 SMs in one round) and eagerly.
+TEST(GpuAttention, HeadsKernelBatchInvariance) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const DecodeKernel heads(cuda::AttentionDecode::heads);
+  ASSERT_EQ(decode_path(), cuda::AttentionPath::bf16_tensor_cores_heads);
+  std::printf("  decode kernel: %s\n", cuda::attention_path_name(decode_path()));
+  check_batch_invariance(r);
+}
+
+// attention_heads_kernel (16 and 32 heads a block, and the launch-size choice) against attention_mma_kernel, the
+// same inputs: every output bit equal, at batch 1, 16, 64 and 128, at the V4-Flash shapes of DecodeV4Shapes and
+// at context ~1K; and against the CPU's eager op (as DecodeV4Shapes checks the old kernel).
+TEST(GpuAttention, HeadsKernelSameBits) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  struct Variant {
+    cuda::AttentionDecode d;
+    const char* name;
+  };
+  const Variant variants[] = {{cuda::AttentionDecode::heads16, "heads16"},
+                              {cuda::AttentionDecode::heads32, "heads32"},
+                              {cuda::AttentionDecode::heads, "heads"}};
+  for (const Variant& v : variants) {
+    const DecodeKernel k(v.d);
+    ASSERT_EQ(decode_path(), cuda::AttentionPath::bf16_tensor_cores_heads) << v.name;
+    std::printf("  %s: %s\n", v.name, cuda::attention_path_name(decode_path()));
+  }
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.insert(cases.end(), std::begin(kCases1K), std::end(kCases1K));
+  for (const Case& c : cases) {
+    const Attention att(c, 128, r);
+    std::vector<Tensor> refs;
+    for (int64_t i = 0; i < att.slots(); ++i) refs.push_back(att.reference(i));
+    for (int64_t B : {1, 16, 64, 128}) {
+      std::vector<int64_t> which(static_cast<size_t>(B));
+      std::iota(which.begin(), which.end(), 0);
+      Tensor old;
+      {
+        const DecodeKernel k(cuda::AttentionDecode::cluster);
+        old = cuda::to_host(att.decode(which));
+      }
+      Tensor ref(DType::f32, {B, kH, kHd});
+      for (int64_t b = 0; b < B; ++b)
+        std::memcpy(ref.data<float>() + b * kH * kHd, refs[b].data<float>(), kH * kHd * sizeof(float));
+      for (const Variant& v : variants) {
+        const DecodeKernel k(v.d);
+        const cuda::DeviceTensor out = att.decode(which);
+        const Tensor mine = cuda::to_host(out);
+        const int64_t differ = words_differing(mine, old);
+        EXPECT_EQ(differ, 0) << c.name << " batch " << B << ", " << v.name << ": " << differ << " of "
+                             << mine.numel() << " words differ from attention_mma_kernel's";
+        expect_close(out, ref, kTolBf16, cat("decode_attention ", v.name, " ", c.name, " batch ", B));
+      }
+    }
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+// The decode op captured into a CUDA graph (on a private stream) and replayed gives the eager launch's bits,
+// for both kernels, at batch 1 and 64 (CSA and HCA at ~1K).
+TEST(GpuAttention, DecodeGraphEqualsEager) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  cuda::CudaBackend& be = cuda::register_backend();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const Case& c : kCases1K) {
+    const Attention att(c, 64, r);
+    for (const cuda::AttentionDecode d : {cuda::AttentionDecode::cluster, cuda::AttentionDecode::heads}) {
+      const DecodeKernel k(d);
+      for (int64_t B : {1, 64}) {
+        std::vector<int64_t> which(static_cast<size_t>(B));
+        std::iota(which.begin(), which.end(), 0);
+        const Tensor eager = cuda::to_host(att.decode(which));
+        const auto l = att.prepare(which);
+        be.synchronize();
+        void* const previous = be.stream();
+        be.set_stream(stream);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        l.run();
+        const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        be.set_stream(previous);
+        ASSERT_EQ(end, cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        for (int rep = 0; rep < 2; ++rep) {
+          cuda::fill_bytes(l.out, 0xff);
+          be.synchronize();
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          const Tensor replay = cuda::to_host(l.out);
+          const int64_t differ = words_differing(replay, eager);
+          EXPECT_EQ(differ, 0) << c.name << " batch " << B << " " << cuda::attention_decode_name(d) << " replay "
+                               << rep << ": " << differ << " words differ from the eager launch";
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+  be.check_device_errors();
 }
 
 }  // namespace

@@ -237,6 +237,12 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
     return cuda::to_host(out);
   };
   cuda::AttentionParams p = params_of(c, nullptr, nullptr);
+  // The decode kernel's path: attention_mma_kernel, or attention_heads_kernel (the same bits) when
+  // TERN_ATTENTION_DECODE selects it and the rows are its format.
+  const cuda::AttentionPath decode =
+      cuda::attention_decode() != cuda::AttentionDecode::cluster && cuda::attention_heads_supported(p.fmt, p.heads)
+          ? cuda::AttentionPath::bf16_tensor_cores_heads
+          : cuda::AttentionPath::bf16_tensor_cores;
   struct Mode {
     const char* name;
     bool batch_invariant;
@@ -248,9 +254,9 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
       {"TERN_ATTENTION_PREFILL=1", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
-      {"--batch-invariant", true, 1, &old, cuda::AttentionPath::bf16_tensor_cores},
-      {"--batch-invariant, version 2", true, 2, &old, cuda::AttentionPath::bf16_tensor_cores},
-      {"TERN_ATTENTION_PREFILL=0", false, 0, &old, cuda::AttentionPath::bf16_tensor_cores}};
+      {"--batch-invariant", true, 1, &old, decode},
+      {"--batch-invariant, version 2", true, 2, &old, decode},
+      {"TERN_ATTENTION_PREFILL=0", false, 0, &old, decode}};
   for (const Mode& m : modes) {
     be.set_batch_invariant(m.batch_invariant);
     cuda::set_attention_prefill_version(m.version);
@@ -267,7 +273,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.positions = &position;  // only compared with null by attention_path
   for (const int version : {1, 2, 3}) {
     cuda::set_attention_prefill_version(version);
-    EXPECT_EQ(cuda::attention_path(p), cuda::AttentionPath::bf16_tensor_cores) << "version " << version;
+    EXPECT_EQ(cuda::attention_path(p), decode) << "version " << version;
   }
   be.set_batch_invariant(saved_bi);
   cuda::set_attention_prefill(true);  // the default: version 3 (measured fastest, session 9)

@@ -343,6 +343,16 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                             (exact_path() == ExactPath::tensor_cores ? "tc): every exact weight" : "auto): FP8 weights") +
                             ": linear_exact_mma_kernel, x as three bf16 planes (f32's 24 bits), weights bf16 numbers, "
                             "f32 accumulation; f32-scaled weights and odd shapes stay on the CUDA-core kernels");
+  if (attention_decode() != AttentionDecode::cluster)
+    paths.push_back(cat("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=",
+                        attention_decode_name(attention_decode()), "): attention_heads_kernel, ",
+                        attention_decode() == AttentionDecode::heads16   ? "16 heads a block"
+                        : attention_decode() == AttentionDecode::heads32 ? "32 heads a block"
+                                                                         : "16 heads a block while the launch fits "
+                                                                           "the GPU in one round, else 32",
+                        " (grid split x head group x query, two blocks an SM, clusters over the splits), "
+                        "attention_mma_kernel's arithmetic head for head (the same bits); FP8 rows with 64 rope dims "
+                        "only, other rows stay on attention_mma_kernel"));
   paths.push_back(side_streams_enabled()
                       ? "concurrent branches: inside decode graphs the shared expert (beside the router and routed "
                         "experts) and the compressors and indexer (beside the query projections) run on a second "

@@ -9,11 +9,15 @@
 // output is the same bits in a prefill chunk of any size and in a decode step. A launch covers at most
 // kMaxPartialFloats of partials; longer chunks are launched in query ranges.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "core/error.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -291,6 +295,34 @@ int64_t max_keys(const AttentionParams& p) {
 }  // namespace
 }  // namespace dev
 
+namespace {
+std::atomic<int> g_attention_decode{-1};  // an AttentionDecode; -1: not read from the environment yet
+
+constexpr const char* kDecodeNames[] = {"cluster", "heads", "heads16", "heads32"};
+}  // namespace
+
+AttentionDecode attention_decode() {
+  int v = g_attention_decode.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TERN_ATTENTION_DECODE");
+    v = 0;
+    if (e != nullptr && *e != '\0') {
+      v = -1;
+      for (int k = 0; k < 4; ++k)
+        if (std::strcmp(e, kDecodeNames[k]) == 0) v = k;
+      if (v < 0)
+        fail("TERN_ATTENTION_DECODE=", e, ": expected cluster (attention_mma_kernel, the default), heads "
+             "(attention_heads_kernel, 16 or 32 heads a block by launch size), heads16 or heads32");
+    }
+    g_attention_decode.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<AttentionDecode>(v);
+}
+
+void set_attention_decode(AttentionDecode d) { g_attention_decode.store(static_cast<int>(d), std::memory_order_relaxed); }
+
+const char* attention_decode_name(AttentionDecode d) { return kDecodeNames[static_cast<int>(d)]; }
+
 AttentionPath attention_path(const AttentionParams& p) {
   const int64_t hd = p.fmt.head_dim;
   const size_t smem = attention_mma_smem_bytes(p.fmt);
@@ -300,7 +332,9 @@ AttentionPath attention_path(const AttentionParams& p) {
   const size_t prefill_smem = attention_prefill_smem_bytes(p.fmt);
   const bool prefill = p.prefill && p.positions == nullptr && attention_prefill_enabled() && prefill_smem > 0 &&
                        prefill_smem <= kAttentionMmaMaxSmem;
-  return prefill ? AttentionPath::bf16_tensor_cores_prefill : AttentionPath::bf16_tensor_cores;
+  if (prefill) return AttentionPath::bf16_tensor_cores_prefill;
+  const bool heads = attention_decode() != AttentionDecode::cluster && attention_heads_supported(p.fmt, p.heads);
+  return heads ? AttentionPath::bf16_tensor_cores_heads : AttentionPath::bf16_tensor_cores;
 }
 
 const char* attention_path_name(AttentionPath path) {
@@ -311,7 +345,17 @@ const char* attention_path_name(AttentionPath path) {
         case 3: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel, overlapped decode)";
         default: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
       }
-    case AttentionPath::bf16_tensor_cores: return "bf16 tensor cores (attention_mma_kernel)";
+    case AttentionPath::bf16_tensor_cores_heads:
+      switch (attention_decode()) {
+        case AttentionDecode::heads16: return "bf16 tensor cores (attention_heads_kernel, 16 heads a block)";
+        case AttentionDecode::heads32: return "bf16 tensor cores (attention_heads_kernel, 32 heads a block)";
+        default: return "bf16 tensor cores (attention_heads_kernel, 16 or 32 heads a block by launch size)";
+      }
+    case AttentionPath::bf16_tensor_cores:
+      return attention_decode() == AttentionDecode::cluster
+                 ? "bf16 tensor cores (attention_mma_kernel)"
+                 : "bf16 tensor cores (attention_mma_kernel: TERN_ATTENTION_DECODE asks for attention_heads_kernel, "
+                   "which takes FP8 rows with 64 rope dims only)";
     default: return "f32 CUDA cores (attention_kernel + attention_combine_kernel)";
   }
 }
@@ -338,6 +382,7 @@ cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t strea
   const AttentionPath path = attention_path(p);
   if (path == AttentionPath::bf16_tensor_cores_prefill) return launch_attention_prefill(p, stream);
   if (path == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
+  if (path == AttentionPath::bf16_tensor_cores_heads) return launch_attention_heads(p, stream);
   const int splits = attention_splits(p);
   const int64_t step = queries_per_launch(p, splits);
   const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);

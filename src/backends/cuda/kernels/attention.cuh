@@ -1,5 +1,5 @@
 // Sparse attention of one sequence's chunk (host interface; semantics in ops/attention.h): all heads of
-// a query share each decoded K=V row. Three paths (attention_path):
+// a query share each decoded K=V row. Four paths (attention_path):
 //   bf16 tensor cores, prefill (attention_prefill.cu): FP8 rows, up to 64 heads, head_dim 128 / 256 / 512,
 //     eager mode, only where the caller says the chunk takes the library GEMMs (AttentionParams::prefill) and
 //     TERN_ATTENTION_PREFILL is not 0. One block per query walks all its keys (no split, no merge).
@@ -8,6 +8,9 @@
 //     all heads; a query's splits form one thread-block cluster and merge the partials (max, sum, weighted
 //     rows) with the sink through distributed shared memory. Both tensor-core paths round q and the softmax
 //     weights to bf16 (the rows are exact in bf16).
+//   bf16 tensor cores, heads split (attention_heads.cu): instead of the previous one when TERN_ATTENTION_DECODE
+//     selects it and the rows are FP8 with 64 rope dims: the same arithmetic head for head (the same bits), in
+//     blocks of 16 or 32 heads per (query, split), two blocks an SM.
 //   f32 CUDA cores (attention.cu): f32 rows (the exact KV mode) and any other shape; exact f32 arithmetic,
 //     partials through a workspace and attention_combine_kernel.
 #pragma once
@@ -54,7 +57,7 @@ struct AttentionParams {
   bool prefill = false;
 };
 
-enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores, bf16_tensor_cores_prefill };
+enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores, bf16_tensor_cores_prefill, bf16_tensor_cores_heads };
 AttentionPath attention_path(const AttentionParams& p);
 const char* attention_path_name(AttentionPath path);
 
@@ -71,6 +74,26 @@ constexpr size_t kAttentionMmaMaxSmem = 227 * 1024;  // sm_90's shared memory pe
 // Shared memory of the tensor-core kernel for rows of format f (0: no kernel for its head_dim).
 size_t attention_mma_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream);
+
+// The kernel of the decode tensor-core path (TERN_ATTENTION_DECODE, read once; a value other than these throws
+// tern::Error):
+//   cluster (the default): attention_mma_kernel, one block of all heads per (query, split);
+//   heads: attention_heads_kernel, 16 heads a block while the launch fits the GPU in one round of two blocks an
+//     SM, else 32 (attention_heads_per_block); heads16 / heads32: always 16 / 32 (A/B).
+// Every choice gives the same bits. set_attention_decode is for tests and benchmarks.
+enum class AttentionDecode { cluster, heads, heads16, heads32 };
+AttentionDecode attention_decode();
+void set_attention_decode(AttentionDecode d);
+const char* attention_decode_name(AttentionDecode d);  // the TERN_ATTENTION_DECODE value
+
+// The heads-split kernel alone (attention_heads.cu): whether it takes rows of format f with `heads` heads (FP8,
+// head_dim 128 / 256 / 512, 64 rope dims, <= 64 heads), its shared memory at 16 or 32 heads a block, the heads a
+// block attention_heads_per_block(p) picks for a launch under the current selection, and the launch (0: that
+// pick; 16 / 32: forced). The caller has checked attention_heads_supported.
+bool attention_heads_supported(const KvRowDesc& f, int64_t heads);
+size_t attention_heads_smem_bytes(const KvRowDesc& f, int heads_per_block);
+int attention_heads_per_block(const AttentionParams& p);
+cudaError_t launch_attention_heads(const AttentionParams& p, cudaStream_t stream, int heads_per_block = 0);
 
 // The prefill path alone (eager mode only): one block per query, all its keys, in one of two versions:
 //   1: attention_prefill_kernel (attention_prefill.cu, mma.sync), the default;

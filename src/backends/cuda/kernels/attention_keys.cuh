@@ -46,12 +46,16 @@ __device__ inline KeyList keys_of(const AttentionParams& a, int64_t i) {
   return k;
 }
 
-// Row of key j of query i, or nullptr when masked.
+// Row of key j of query i, or nullptr when masked. Index: the type of the ring slot and page divisions (int64_t;
+// attention_heads_kernel passes uint32_t: positions and rows stay below 2^31, and a 64-bit division's registers
+// would spill next to its accumulators). The same rows either way.
+template <typename Index = int64_t>
 __device__ inline const uint8_t* key_row(const AttentionParams& a, int64_t i, const KeyList& k, int64_t j) {
   const int64_t rb = a.fmt.row_bytes;
   if (j < k.nwin) {
     const int64_t pos = k.p - k.nwin + 1 + j;
-    return pos >= k.start ? k.chunk + (pos - k.start) * rb : k.ring + (pos % a.window) * rb;
+    return pos >= k.start ? k.chunk + (pos - k.start) * rb
+                          : k.ring + static_cast<int64_t>(static_cast<Index>(pos) % static_cast<Index>(a.window)) * rb;
   }
   int64_t w = j - k.nwin;
   if (a.selected != nullptr) {
@@ -62,7 +66,7 @@ __device__ inline const uint8_t* key_row(const AttentionParams& a, int64_t i, co
       return nullptr;
     }
   }
-  return paged_row(k.compressed, w);
+  return paged_row<Index>(k.compressed, w);
 }
 
 }  // namespace tern::cuda::dev

@@ -15,7 +15,7 @@
 // slice of the heads over all splits (read from the other blocks' shared memory), in split order, with the
 // sink: out = sum_s O_s 2^(m_s - top) / (sum_s l_s 2^(m_s - top) + 2^(sink - top)).
 //
-// Splits: runs of about kKeysPerSplit keys, at most kMaxSplits (CSA 128 + 512 keys: 5 blocks of 2 tiles).
+// Splits: runs of about kMmaKeysPerSplit keys, at most kMaxSplits (CSA 128 + 512 keys: 5 blocks of 2 tiles).
 // Shared memory at head_dim 512: 224,000 bytes (one block per SM), 254 registers per thread, no spills.
 //
 // Batch invariance: a query's splits depend on its own key count only (mma_split_plan); the cluster size
@@ -29,6 +29,7 @@
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
+#include "backends/cuda/kernels/attention_split.cuh"
 #include "backends/cuda/kernels/attention_tile.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
@@ -42,21 +43,8 @@ namespace cg = cooperative_groups;
 constexpr int kHeads = kTileHeads;     // heads padded to 4 m-tiles (attention_tile.cuh)
 constexpr int kRound = 256;            // keys whose rows are looked up at once (one per thread)
 constexpr int kThreads = kTileThreads;  // 8 warps
-constexpr int kMaxSplits = 8;          // a query's splits are one cluster: the portable cluster size
-constexpr int64_t kKeysPerSplit = 128;  // CSA 640 keys: 5 splits of 2 full tiles; HCA 192: 2 splits
-
-struct MmaSplit {
-  int splits;
-  int64_t per;
-};
-
-// A query's splits from its key count only: runs of about kKeysPerSplit keys, at most kMaxSplits.
-__host__ __device__ inline MmaSplit mma_split_plan(int64_t keys) {
-  int64_t s = (keys + kKeysPerSplit - 1) / kKeysPerSplit;
-  s = s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
-  const int64_t per = (keys + s - 1) / s;
-  return {static_cast<int>(s), per < 1 ? 1 : per};
-}
+constexpr int kMaxSplits = kMmaMaxSplits;  // the split plan is attention_split.cuh's (shared with
+                                           // attention_heads_kernel, whose bits are this kernel's)
 
 // Shared memory (dynamic), offsets in bytes. The work area holds the bf16 key tile and two raw tiles while
 // the block computes, and the block's f32 O for the cluster merge afterwards.
@@ -238,13 +226,6 @@ cudaError_t launch_hd(const AttentionParams& p, int cluster, cudaStream_t stream
   return cudaSuccess;
 }
 
-// Keys of the launch's longest query (decode mode: the bound over any position).
-int64_t max_keys(const AttentionParams& p) {
-  const int64_t comp = p.ratio == 0 ? 0 : (p.selected != nullptr ? p.k_sel : p.num_compressed);
-  if (p.positions != nullptr) return p.window + comp;
-  return std::min(p.window, p.start + p.n) + comp;
-}
-
 }  // namespace
 }  // namespace dev
 
@@ -259,7 +240,7 @@ size_t attention_mma_smem_bytes(const KvRowDesc& f) {
 
 cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  const int cluster = dev::mma_split_plan(dev::max_keys(p)).splits;
+  const int cluster = dev::mma_split_plan(dev::mma_max_keys(p)).splits;
   switch (p.fmt.head_dim) {
     case 128: return dev::launch_hd<128>(p, cluster, stream);
     case 256: return dev::launch_hd<256>(p, cluster, stream);

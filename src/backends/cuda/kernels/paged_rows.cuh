@@ -14,9 +14,13 @@ struct PagedRowsDesc {
   int64_t page_bytes = 0, offset = 0, rows_per_page = 1, row_bytes = 0;
 };
 
+// Index: the type of the page / slot division (int64_t; uint32_t where rows stay below 2^31 and the registers
+// of a 64-bit division matter, attention_heads_kernel).
+template <typename Index = int64_t>
 __device__ __forceinline__ const uint8_t* paged_row(const PagedRowsDesc& p, int64_t r) {
-  return p.pool + static_cast<int64_t>(p.table[r / p.rows_per_page]) * p.page_bytes + p.offset +
-         (r % p.rows_per_page) * p.row_bytes;
+  const Index ri = static_cast<Index>(r), per = static_cast<Index>(p.rows_per_page);
+  return p.pool + static_cast<int64_t>(p.table[ri / per]) * p.page_bytes + p.offset +
+         static_cast<int64_t>(ri % per) * p.row_bytes;
 }
 
 // Decode steps: row r of slot `slot`'s paged rows, whose pool and block table are at pools[slot] / tables[slot]
