@@ -76,6 +76,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
   ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
   ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
+  if (decode) ops::join_side(h.device());  // the ring store (attend_decode)
 }
 
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's

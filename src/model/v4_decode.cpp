@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "model/v4_batch.h"
+#include "ops/branch.h"
 #include "ops/decode.h"
 #include "ops/elementwise.h"
 #include "ops/kv_row.h"
@@ -218,8 +219,11 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
   args.selected = selected.empty() ? TensorView() : selected.view();
   args.sinks = w_.layers[l].attn.attn_sink;
   args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // The slots' rows enter their rings on a side branch beside the attention (joined at the end of the
+  // attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from kv_rows,
+  // never the slot p % window the store writes, and no two slots share a ring.
+  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, b.positions, c.sliding_window); });
   ops::decode_attention(args, heads);
-  ops::store_ring_rows(kv_rows, t.ring, b.positions, c.sliding_window);
 }
 
 }  // namespace tern::model
