@@ -343,7 +343,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                             (exact_path() == ExactPath::tensor_cores ? "tc): every exact weight" : "auto): FP8 weights") +
                             ": linear_exact_mma_kernel, x as three bf16 planes (f32's 24 bits), weights bf16 numbers, "
                             "f32 accumulation; f32-scaled weights and odd shapes stay on the CUDA-core kernels");
-  if (attention_decode() != AttentionDecode::cluster)
+  if (attention_decode() == AttentionDecode::cluster)
+    paths.push_back("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=cluster): "
+                    "attention_mma_kernel, all heads a block");
+  else
     paths.push_back(cat("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=",
                         attention_decode_name(attention_decode()), "): attention_heads_kernel, ",
                         attention_decode() == AttentionDecode::heads16   ? "16 heads a block"

@@ -57,6 +57,7 @@ constexpr Rule kRules[] = {
     // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
+    {"norm_rope", Match::prefix, OpCategory::mhc_norm_rope},  // rms_norm then RoPE in one launch
     {"rope", Match::prefix, OpCategory::mhc_norm_rope},
     // Sampling on the device (kernels/sampling.cu: sample_rows_kernel).
     {"sample", Match::prefix, OpCategory::sampling},

@@ -305,14 +305,14 @@ AttentionDecode attention_decode() {
   int v = g_attention_decode.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* e = std::getenv("TERN_ATTENTION_DECODE");
-    v = 0;
+    v = 1;  // heads: measured faster at every batch (results.md, session 11 call 8)
     if (e != nullptr && *e != '\0') {
       v = -1;
       for (int k = 0; k < 4; ++k)
         if (std::strcmp(e, kDecodeNames[k]) == 0) v = k;
       if (v < 0)
-        fail("TERN_ATTENTION_DECODE=", e, ": expected cluster (attention_mma_kernel, the default), heads "
-             "(attention_heads_kernel, 16 or 32 heads a block by launch size), heads16 or heads32");
+        fail("TERN_ATTENTION_DECODE=", e, ": expected heads (attention_heads_kernel, 16 or 32 heads a block by launch size: the "
+             "default), heads16, heads32 or cluster (attention_mma_kernel, all heads a block)");
     }
     g_attention_decode.store(v, std::memory_order_relaxed);
   }
