@@ -562,6 +562,65 @@ void bench_mhc(Rand& r) {
   }
 }
 
+// The exact products (ops::Weight::exact: f32 results for the router's and the indexer's top-k) on both exact
+// paths: the CUDA-core kernels and both tensor-core kernels (linear_exact_mma_kernel, linear_exact_tc_kernel), over
+// weight copies that never sit in
+// L2; the floor is the weight bytes at the copy bandwidth (x and y are extra). The rows' shapes: the router gate,
+// the indexer's weights_proj, wq_b and compressor wkv|wgate of a V4-Flash layer.
+void bench_exact(std::vector<int64_t> Ts, Rand& r) {
+  struct ExactShape {
+    const char* name;
+    ops::WeightFormat f;
+    int64_t out, in;
+  };
+  const ExactShape shapes[] = {{"gate", ops::WeightFormat::bf16, 256, 4096},
+                          {"idx.weights_proj", ops::WeightFormat::bf16, 64, 4096},
+                          {"idx.wq_b", ops::WeightFormat::fp8_block, 8192, 1024},
+                          {"idx.comp wkv|wgate", ops::WeightFormat::bf16, 512, 4096}};
+  const cuda::ExactPath saved = cuda::exact_path();
+  const cuda::ExactTcKernel saved_kernel = cuda::exact_tc_kernel();
+  struct Choice {
+    const char* label;
+    cuda::ExactPath path;
+    cuda::ExactTcKernel kernel;
+  };
+  const Choice choices[] = {{"cuda-cores", cuda::ExactPath::cuda_cores, cuda::ExactTcKernel::mma},
+                            {"tc mma", cuda::ExactPath::tensor_cores, cuda::ExactTcKernel::mma},
+                            {"tc cluster", cuda::ExactPath::tensor_cores, cuda::ExactTcKernel::cluster}};
+  for (const ExactShape& sh : shapes) {
+    const HostWeight hw = random_weight(sh.f, sh.out, sh.in, r, 1.0f / std::sqrt(float(sh.in)), sh.name);
+    const size_t bytes = weight_bytes(hw.w);
+    Rotation rot(hw, bytes);
+    for (ops::Weight& w : rot.copies) w.exact = true;
+    for (int64_t T : Ts) {
+      auto x = upload(random_f32({T, sh.in}, r));
+      cuda::DeviceTensor y(DType::f32, {T, sh.out});
+      for (const Choice& c : choices) {
+        cuda::set_exact_path(c.path);
+        cuda::set_exact_tc_kernel(c.kernel);
+        cuda::LinearParams p;
+        p.w.kind = sh.f == ops::WeightFormat::fp8_block ? cuda::WeightKind::fp8 : cuda::WeightKind::bf16;
+        p.w.w = rot.copies[0].weight.data();
+        p.w.s = rot.copies[0].scale.empty() ? nullptr : rot.copies[0].scale.data();
+        p.w.out = sh.out;
+        p.w.in = sh.in;
+        p.w.s_cols = rot.copies[0].scale.empty() ? 0 : rot.copies[0].scale.dim(1);
+        p.x = x.view().data_as<const float>();
+        p.x_stride = sh.in;
+        p.rows_per_group = sh.out;
+        p.T = T;
+        p.num_sms = cuda::register_backend().num_sms();
+        measure(cat("exact ", sh.name, " (", ops::weight_format_name(sh.f), ") ", c.label),
+                cat(sh.out, "x", sh.in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
+                [&](int i) { ops::linear(x, rot.copies[i], y); });
+        std::printf("  (path: %s)\n", cuda::linear_exact_path_name(p).c_str());
+      }
+    }
+  }
+  cuda::set_exact_path(saved);
+  cuda::set_exact_tc_kernel(saved_kernel);
+}
+
 }  // namespace
 }  // namespace tern::gputest
 
@@ -569,7 +628,7 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  // --only SECTION: one section's rows (linear, moe, moe_prefill, attention, attention_prefill, indexer,
+  // --only SECTION: one section's rows (linear, exact, moe, moe_prefill, attention, attention_prefill, indexer,
   // indexer_prefill, mhc, probe)
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -577,10 +636,10 @@ int main(int argc, char** argv) {
       only = argv[++i];
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
-          only != "probe") {
+          only != "probe" && only != "exact") {
         std::fprintf(stderr,
-                     "tern_gpu_bench: --only takes linear, moe, moe_prefill, attention, attention_prefill, indexer, "
-                     "indexer_prefill, mhc or probe, not %s\n",
+                     "tern_gpu_bench: --only takes linear, exact, moe, moe_prefill, attention, attention_prefill, "
+                     "indexer, indexer_prefill, mhc or probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -641,6 +700,7 @@ int main(int argc, char** argv) {
     bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
     bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
   }
+  if (section("exact")) bench_exact(dec, r);
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
   if (section("moe")) {
     bench_moe(WeightFormat::mxfp4, moe_t, r);

@@ -18,6 +18,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "core/error.h"
 #include "gpu_test_util.h"
@@ -262,6 +263,57 @@ TEST(GpuPdl, DecodeChainSameBitsOnOffAndInGraphs) {
       ops::linear(m, wc, c);
     };
     check_pdl(w, cat("decode chain, T=", T));
+  }
+}
+
+// The exact products on tensor cores (linear_exact_tc_kernel: TERN_EXACT_PATH=tc TERN_EXACT_TC_KERNEL=cluster, weights read before the wait,
+// K slices summed through a thread-block cluster) in a chain where each reads what the kernel before it wrote and
+// an add overwrites a product's x right after it: the V4 router gate (bf16) on a norm's output, the indexer's
+// wq_b (FP8) on a product's output, weights_proj (bf16) on that norm again; at 1, 16 and 64 tokens.
+TEST(GpuPdl, ExactTcChainSameBitsOnOffAndInGraphs) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const Shapes& s = kV4Flash;
+  const int64_t D = s.D, Q = s.q_rank, E = s.experts, H = s.index_heads, IQ = s.index_heads * s.index_dim;
+  cuda::WeightStore store;
+  const ops::Weight wqa = device_weight(store, WeightFormat::fp8_block, Q, D, r, "chain.wq_a");
+  ops::Weight gate = device_weight(store, WeightFormat::bf16, E, D, r, "chain.gate");
+  ops::Weight wqb = device_weight(store, WeightFormat::fp8_block, IQ, Q, r, "chain.idx_wq_b");
+  ops::Weight wproj = device_weight(store, WeightFormat::bf16, H, D, r, "chain.weights_proj");
+  gate.exact = wqb.exact = wproj.exact = true;
+  const cuda::DeviceTensor norm_w = upload(random_f32({D}, r));
+  struct TcGuard {
+    cuda::ExactPath saved = cuda::exact_path();
+    cuda::ExactTcKernel saved_kernel = cuda::exact_tc_kernel();
+    TcGuard() {
+      cuda::set_exact_path(cuda::ExactPath::tensor_cores);
+      cuda::set_exact_tc_kernel(cuda::ExactTcKernel::cluster);
+    }
+    ~TcGuard() {
+      cuda::set_exact_path(saved);
+      cuda::set_exact_tc_kernel(saved_kernel);
+    }
+  } tc;
+  for (int64_t T : {1, 16, 64}) {
+    const cuda::DeviceTensor x(DType::f32, {T, D}), add_q(DType::f32, {T, Q}), h(DType::f32, {T, D}),
+        g(DType::f32, {T, E}), q(DType::f32, {T, Q}), iq(DType::f32, {T, IQ}), wts(DType::f32, {T, H});
+    Work w;
+    w.inputs = {{&x, {random_f32({T, D}, r), random_f32({T, D}, r)}},
+                {&add_q, {random_f32({T, Q}, r), random_f32({T, Q}, r)}}};
+    w.outputs = {{"h = rms_norm(x)", &h},
+                 {"g = gate h (exact, bf16)", &g},
+                 {"q = wq_a h, then q += add_q", &q},
+                 {"iq = idx.wq_b q (exact, fp8)", &iq},
+                 {"weights = weights_proj h (exact, bf16)", &wts}};
+    w.issue = [&] {
+      ops::rms_norm(x, norm_w, 1e-6f, h);
+      ops::linear(h, gate, g);
+      ops::linear(h, wqa, q);
+      ops::linear(q, wqb, iq);
+      ops::add(add_q, q);
+      ops::linear(h, wproj, wts);
+    };
+    check_pdl(w, cat("exact tc chain, T=", T));
   }
 }
 

@@ -609,7 +609,10 @@ int64_t linear_exact_partial_floats(const LinearParams& p) {
 
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (exact_on_tensor_cores(p.w.kind) && linear_exact_mma_ok(p)) return launch_linear_exact_mma(p, stream);
+  if (exact_on_tensor_cores(p.w.kind)) {
+    if (exact_tc_kernel() == ExactTcKernel::cluster && linear_exact_tc_ok(p)) return launch_linear_exact_tc(p, stream);
+    if (linear_exact_mma_ok(p)) return launch_linear_exact_mma(p, stream);
+  }
   const dev::SimpleMat m = dev::simple_mat(p.w);
   if (!linear_exact_fast_ok(p)) {
     launch(dev::linear_simple_kernel, dev::simple_grid(p.w.out, p.T), 256, 0, stream, m, p.x, p.x_stride,
@@ -626,6 +629,16 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   }
   launch(dev::linear_exact_lanes_kernel, dev::exact_grid(p), dev::kExactRows, 0, stream, m, p.x, p.x_stride,
          p.rows_per_group, p.T, p.y, p.partial, p.counters);
+}
+
+std::string linear_exact_path_name(const LinearParams& p) {
+  if (exact_on_tensor_cores(p.w.kind)) {
+    if (exact_tc_kernel() == ExactTcKernel::cluster && linear_exact_tc_ok(p)) return linear_exact_tc_name(p);
+    if (linear_exact_mma_ok(p)) return "linear_exact_mma (tensor cores, x as three bf16 planes, f32 accumulate)";
+  }
+  return !linear_exact_fast_ok(p)      ? "linear_simple (CUDA cores, f32)"
+         : p.w.kind == WeightKind::bf16 ? "linear_exact_rows (CUDA cores, f32)"
+                                        : "linear_exact_lanes (CUDA cores, f32)";
 }
 
 std::string linear_path_name(const LinearParams& p) {

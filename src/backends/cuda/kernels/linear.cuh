@@ -92,6 +92,17 @@ enum class ExactPath : int { cuda_cores, fp8_on_tensor_cores, tensor_cores };
 ExactPath exact_path();
 void set_exact_path(ExactPath path);  // tests and benchmarks
 bool exact_on_tensor_cores(WeightKind kind);
+// Which tensor-core exact kernel (TERN_EXACT_TC_KERNEL, read once, a bad value throws): mma (the default) =
+// linear_exact_mma_kernel (linear_exact_mma.cu: K slices' partials in the workspace, the last block adds them),
+// cluster = linear_exact_tc_kernel (linear_exact_tc.cu: weights in registers, K slices summed through a
+// thread-block cluster, no workspace); either where it takes the product, else the other, else CUDA cores.
+enum class ExactTcKernel : int { mma, cluster };
+ExactTcKernel exact_tc_kernel();
+void set_exact_tc_kernel(ExactTcKernel k);  // tests and benchmarks
+// True when linear_exact_tc_kernel can take this product; otherwise `why` (when given) says what it lacks.
+bool linear_exact_tc_ok(const LinearParams& p, std::string* why = nullptr);
+void launch_linear_exact_tc(const LinearParams& p, cudaStream_t stream);  // no workspace
+std::string linear_exact_tc_name(const LinearParams& p);  // "" when it does not take the product
 bool linear_exact_mma_ok(const LinearParams& p);
 int64_t linear_exact_mma_partial_floats(const LinearParams& p);
 void launch_linear_exact_mma(const LinearParams& p, cudaStream_t stream);
@@ -99,6 +110,8 @@ void launch_linear_exact_mma(const LinearParams& p, cudaStream_t stream);
 // out f32 [w.out, w.in] = W exactly.
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
 
+// Name of the kernel launch_linear_exact runs for these params (the exact path's switches as they are now).
+std::string linear_exact_path_name(const LinearParams& p);
 // Name of the kernel path launch_linear takes (startup report and benchmarks).
 std::string linear_path_name(const LinearParams& p);
 
