@@ -563,8 +563,7 @@ void bench_mhc(Rand& r) {
 }
 
 // The exact products (ops::Weight::exact: f32 results for the router's and the indexer's top-k) on both exact
-// paths: the CUDA-core kernels and both tensor-core kernels (linear_exact_mma_kernel, linear_exact_tc_kernel), over
-// weight copies that never sit in
+// paths (cuda::set_exact_path: the CUDA-core kernels, linear_exact_tc_kernel), over weight copies that never sit in
 // L2; the floor is the weight bytes at the copy bandwidth (x and y are extra). The rows' shapes: the router gate,
 // the indexer's weights_proj, wq_b and compressor wkv|wgate of a V4-Flash layer.
 void bench_exact(std::vector<int64_t> Ts, Rand& r) {
@@ -578,15 +577,11 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
                           {"idx.wq_b", ops::WeightFormat::fp8_block, 8192, 1024},
                           {"idx.comp wkv|wgate", ops::WeightFormat::bf16, 512, 4096}};
   const cuda::ExactPath saved = cuda::exact_path();
-  const cuda::ExactTcKernel saved_kernel = cuda::exact_tc_kernel();
   struct Choice {
     const char* label;
     cuda::ExactPath path;
-    cuda::ExactTcKernel kernel;
   };
-  const Choice choices[] = {{"cuda-cores", cuda::ExactPath::cuda_cores, cuda::ExactTcKernel::mma},
-                            {"tc mma", cuda::ExactPath::tensor_cores, cuda::ExactTcKernel::mma},
-                            {"tc cluster", cuda::ExactPath::tensor_cores, cuda::ExactTcKernel::cluster}};
+  const Choice choices[] = {{"cuda-cores", cuda::ExactPath::cuda_cores}, {"tc", cuda::ExactPath::tensor_cores}};
   for (const ExactShape& sh : shapes) {
     const HostWeight hw = random_weight(sh.f, sh.out, sh.in, r, 1.0f / std::sqrt(float(sh.in)), sh.name);
     const size_t bytes = weight_bytes(hw.w);
@@ -597,7 +592,6 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
       cuda::DeviceTensor y(DType::f32, {T, sh.out});
       for (const Choice& c : choices) {
         cuda::set_exact_path(c.path);
-        cuda::set_exact_tc_kernel(c.kernel);
         cuda::LinearParams p;
         p.w.kind = sh.f == ops::WeightFormat::fp8_block ? cuda::WeightKind::fp8 : cuda::WeightKind::bf16;
         p.w.w = rot.copies[0].weight.data();
@@ -618,7 +612,6 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
     }
   }
   cuda::set_exact_path(saved);
-  cuda::set_exact_tc_kernel(saved_kernel);
 }
 
 }  // namespace

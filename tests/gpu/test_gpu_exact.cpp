@@ -23,24 +23,17 @@ namespace {
 
 using ops::WeightFormat;
 
-// Sets the exact path (process-wide) for a scope: ExactPath::tensor_cores runs linear_exact_tc_kernel (the cluster
-// kernel these tests are for: TERN_EXACT_TC_KERNEL=cluster), cuda_cores the f32 CUDA-core kernels.
+// Sets the exact path (process-wide) for a scope: ExactPath::tensor_cores runs linear_exact_tc_kernel on every
+// exact product it takes, cuda_cores the f32 CUDA-core kernels.
 class ExactPathGuard {
  public:
-  explicit ExactPathGuard(cuda::ExactPath p) : saved_(cuda::exact_path()), saved_kernel_(cuda::exact_tc_kernel()) {
-    cuda::set_exact_path(p);
-    cuda::set_exact_tc_kernel(cuda::ExactTcKernel::cluster);
-  }
-  ~ExactPathGuard() {
-    cuda::set_exact_path(saved_);
-    cuda::set_exact_tc_kernel(saved_kernel_);
-  }
+  explicit ExactPathGuard(cuda::ExactPath p) : saved_(cuda::exact_path()) { cuda::set_exact_path(p); }
+  ~ExactPathGuard() { cuda::set_exact_path(saved_); }
   ExactPathGuard(const ExactPathGuard&) = delete;
   ExactPathGuard& operator=(const ExactPathGuard&) = delete;
 
  private:
   cuda::ExactPath saved_;
-  cuda::ExactTcKernel saved_kernel_;
 };
 
 struct ExactCase {

@@ -266,7 +266,7 @@ TEST(GpuPdl, DecodeChainSameBitsOnOffAndInGraphs) {
   }
 }
 
-// The exact products on tensor cores (linear_exact_tc_kernel: TERN_EXACT_PATH=tc TERN_EXACT_TC_KERNEL=cluster, weights read before the wait,
+// The exact products on tensor cores (linear_exact_tc_kernel, TERN_EXACT_PATH=tc: weights read before the wait,
 // K slices summed through a thread-block cluster) in a chain where each reads what the kernel before it wrote and
 // an add overwrites a product's x right after it: the V4 router gate (bf16) on a norm's output, the indexer's
 // wq_b (FP8) on a product's output, weights_proj (bf16) on that norm again; at 1, 16 and 64 tokens.
@@ -284,15 +284,8 @@ TEST(GpuPdl, ExactTcChainSameBitsOnOffAndInGraphs) {
   const cuda::DeviceTensor norm_w = upload(random_f32({D}, r));
   struct TcGuard {
     cuda::ExactPath saved = cuda::exact_path();
-    cuda::ExactTcKernel saved_kernel = cuda::exact_tc_kernel();
-    TcGuard() {
-      cuda::set_exact_path(cuda::ExactPath::tensor_cores);
-      cuda::set_exact_tc_kernel(cuda::ExactTcKernel::cluster);
-    }
-    ~TcGuard() {
-      cuda::set_exact_path(saved);
-      cuda::set_exact_tc_kernel(saved_kernel);
-    }
+    TcGuard() { cuda::set_exact_path(cuda::ExactPath::tensor_cores); }
+    ~TcGuard() { cuda::set_exact_path(saved); }
   } tc;
   for (int64_t T : {1, 16, 64}) {
     const cuda::DeviceTensor x(DType::f32, {T, D}), add_q(DType::f32, {T, Q}), h(DType::f32, {T, D}),

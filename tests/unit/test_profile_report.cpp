@@ -53,7 +53,6 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)1, 4>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, int, float*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_lanes_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*, float*, int*)", C::dense_gemm},
-    {"void tern::cuda::dev::(anonymous namespace)::linear_exact_mma_kernel<true>(tern::cuda::dev::(anonymous namespace)::ExactMmaArgs)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::linear_exact_tc_kernel<true>(tern::cuda::dev::(anonymous namespace)::TcArgs)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::norm_rope_kernel<16>(float const*, long, void const*, tern::cuda::NormWeight, float, long, long, long, long const*, float const*, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::linear_bulk_kernel<(tern::cuda::dev::WFmt)1, 2>(tern::cuda::dev::BulkLinArgs)", C::dense_gemm},

@@ -341,13 +341,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                       ? "exact products (TERN_EXACT_PATH=cuda-cores): the CUDA-core kernels only"
                       : std::string("exact products on tensor cores (TERN_EXACT_PATH=") +
                             (exact_path() == ExactPath::tensor_cores ? "tc): every exact weight" : "auto): FP8 weights") +
-                            (exact_tc_kernel() == ExactTcKernel::cluster
-                                 ? ": linear_exact_tc_kernel (TERN_EXACT_TC_KERNEL=cluster: weights in registers, K "
-                                   "slices summed through a thread-block cluster), else linear_exact_mma_kernel"
-                                 : ": linear_exact_mma_kernel (TERN_EXACT_TC_KERNEL=mma: K slices' partials added in "
-                                   "order by the last block)") +
-                            ", x as three bf16 planes (f32's 24 bits), weights bf16 numbers, f32 accumulation; "
-                            "f32-scaled weights and odd shapes stay on the CUDA-core kernels");
+                            ": linear_exact_tc_kernel, x as three bf16 terms (f32's 24 bits), weights bf16 numbers, "
+                            "f32 accumulation, the K slices of a row tile summed through a thread-block cluster; "
+                            "f32-scaled weights and shapes it does not take stay on the CUDA-core kernels");
   if (attention_decode() == AttentionDecode::cluster)
     paths.push_back("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=cluster): "
                     "attention_mma_kernel, all heads a block");

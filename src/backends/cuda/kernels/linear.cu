@@ -601,18 +601,14 @@ bool linear_exact_fast_ok(const LinearParams& p) {
 }
 
 int64_t linear_exact_partial_floats(const LinearParams& p) {
-  const int64_t mma = exact_on_tensor_cores(p.w.kind) ? linear_exact_mma_partial_floats(p) : 0;
-  if (p.w.kind != WeightKind::fp8) return mma;
+  if (p.w.kind != WeightKind::fp8) return 0;  // (the tensor-core kernel needs none)
   const dim3 g = dev::exact_grid(p);
-  return std::max(mma, g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : int64_t{0});
+  return g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : 0;
 }
 
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (exact_on_tensor_cores(p.w.kind)) {
-    if (exact_tc_kernel() == ExactTcKernel::cluster && linear_exact_tc_ok(p)) return launch_linear_exact_tc(p, stream);
-    if (linear_exact_mma_ok(p)) return launch_linear_exact_mma(p, stream);
-  }
+  if (exact_on_tensor_cores(p.w.kind) && linear_exact_tc_ok(p)) return launch_linear_exact_tc(p, stream);
   const dev::SimpleMat m = dev::simple_mat(p.w);
   if (!linear_exact_fast_ok(p)) {
     launch(dev::linear_simple_kernel, dev::simple_grid(p.w.out, p.T), 256, 0, stream, m, p.x, p.x_stride,
@@ -632,10 +628,7 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 }
 
 std::string linear_exact_path_name(const LinearParams& p) {
-  if (exact_on_tensor_cores(p.w.kind)) {
-    if (exact_tc_kernel() == ExactTcKernel::cluster && linear_exact_tc_ok(p)) return linear_exact_tc_name(p);
-    if (linear_exact_mma_ok(p)) return "linear_exact_mma (tensor cores, x as three bf16 planes, f32 accumulate)";
-  }
+  if (exact_on_tensor_cores(p.w.kind) && linear_exact_tc_ok(p)) return linear_exact_tc_name(p);
   return !linear_exact_fast_ok(p)      ? "linear_simple (CUDA cores, f32)"
          : p.w.kind == WeightKind::bf16 ? "linear_exact_rows (CUDA cores, f32)"
                                         : "linear_exact_lanes (CUDA cores, f32)";

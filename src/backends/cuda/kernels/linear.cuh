@@ -82,36 +82,28 @@ void launch_linear(const LinearParams& p, cudaStream_t stream);
 // linear_exact_partial_floats of them) for FP8 rows, linear_simple_kernel otherwise.
 int64_t linear_exact_partial_floats(const LinearParams& p);
 void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
-// Where the exact products run (TERN_EXACT_PATH): linear_exact_mma.cu's tensor-core kernel (x as three bf16
-// planes, weights bf16 numbers, f32 accumulation: f32 accuracy) or the CUDA-core kernels above. auto (the
-// default): FP8 weights (the indexer's wq_b: 50 us a call at 64 tokens against 103 on CUDA cores) on tensor
-// cores, bf16 ones (the gates, weights_proj: 33 us on CUDA cores, 49 on tensor cores where 32 K slices meet in
-// one block) on CUDA cores; tc: all on tensor cores; cuda-cores: none. Per weight format, never per T, so a
-// token's bits do not depend on its batch. A bad value throws.
+// Where the exact products run (TERN_EXACT_PATH): linear_exact_tc.cu's tensor-core kernel (x as three bf16
+// terms, weights bf16 numbers, f32 accumulation: f32 accuracy; weights in registers, the K slices of a row tile
+// summed through a thread-block cluster) or the CUDA-core kernels above. auto (the default): FP8 weights (the
+// indexer's wq_b) on tensor cores, bf16 ones (gates, weights_proj, the indexer's compressor) on CUDA cores, the
+// faster for each (session 11, call 9: wq_b 9.4 / 12.7 / 39.6 us at T = 1 / 16 / 64 against 10.8 / 36.5 / 88 on
+// CUDA cores; the gate 2.8 / 8.7 / 25.9 on CUDA cores against 5.0 / 7.8 / 23.0); tc: every exact weight the kernel
+// takes; cuda-cores: none. Per weight format, never per T, so a token's bits do not depend on its batch. A bad
+// value throws.
 enum class ExactPath : int { cuda_cores, fp8_on_tensor_cores, tensor_cores };
 ExactPath exact_path();
 void set_exact_path(ExactPath path);  // tests and benchmarks
 bool exact_on_tensor_cores(WeightKind kind);
-// Which tensor-core exact kernel (TERN_EXACT_TC_KERNEL, read once, a bad value throws): mma (the default) =
-// linear_exact_mma_kernel (linear_exact_mma.cu: K slices' partials in the workspace, the last block adds them),
-// cluster = linear_exact_tc_kernel (linear_exact_tc.cu: weights in registers, K slices summed through a
-// thread-block cluster, no workspace); either where it takes the product, else the other, else CUDA cores.
-enum class ExactTcKernel : int { mma, cluster };
-ExactTcKernel exact_tc_kernel();
-void set_exact_tc_kernel(ExactTcKernel k);  // tests and benchmarks
 // True when linear_exact_tc_kernel can take this product; otherwise `why` (when given) says what it lacks.
 bool linear_exact_tc_ok(const LinearParams& p, std::string* why = nullptr);
 void launch_linear_exact_tc(const LinearParams& p, cudaStream_t stream);  // no workspace
 std::string linear_exact_tc_name(const LinearParams& p);  // "" when it does not take the product
-bool linear_exact_mma_ok(const LinearParams& p);
-int64_t linear_exact_mma_partial_floats(const LinearParams& p);
-void launch_linear_exact_mma(const LinearParams& p, cudaStream_t stream);
+// Name of the kernel launch_linear_exact runs for these params (the exact path's switch as it is now).
+std::string linear_exact_path_name(const LinearParams& p);
 
 // out f32 [w.out, w.in] = W exactly.
 void launch_dequantize(const DeviceMat& w, float* out, cudaStream_t stream);
 
-// Name of the kernel launch_linear_exact runs for these params (the exact path's switches as they are now).
-std::string linear_exact_path_name(const LinearParams& p);
 // Name of the kernel path launch_linear takes (startup report and benchmarks).
 std::string linear_path_name(const LinearParams& p);
 

@@ -1,5 +1,5 @@
 // The exact products (ops::Weight::exact: the router gates, the indexer's projections) on tensor cores
-// (TERN_EXACT_PATH selects tensor cores, TERN_EXACT_TC_KERNEL=cluster this kernel), f32-accurate and batch invariant.
+// (TERN_EXACT_PATH: auto for FP8 weights, tc for all), f32-accurate and batch invariant.
 //
 // Numerics. A bf16 weight is a bf16 number; an FP8 one is e4m3 times its power-of-two (e8m0) block scale, also a
 // bf16 number exactly (4 significant bits). x (f32) is cut into three bf16 terms, x = hi + mid + lo exactly:
@@ -359,26 +359,32 @@ void launch_tc(const LinearParams& p, const TcPlan& plan, cudaStream_t stream) {
 }  // namespace
 }  // namespace dev
 
-// Which of the two tensor-core exact kernels a tensor-core exact product runs (TERN_EXACT_TC_KERNEL=cluster | mma;
-// session 11's A/B: this one, K slices summed through a cluster, against linear_exact_mma.cu's partials).
 namespace {
-std::atomic<int> g_tc_kernel{-1};
+// -1: not read from the environment yet; else an ExactPath.
+std::atomic<int> g_exact_path{-1};
 }  // namespace
 
-ExactTcKernel exact_tc_kernel() {
-  int v = g_tc_kernel.load(std::memory_order_relaxed);
+ExactPath exact_path() {
+  int v = g_exact_path.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_EXACT_TC_KERNEL");
+    const char* e = std::getenv("TERN_EXACT_PATH");
     const std::string_view s = e != nullptr ? e : "";
-    if (s.empty() || s == "mma") v = static_cast<int>(ExactTcKernel::mma);
-    else if (s == "cluster") v = static_cast<int>(ExactTcKernel::cluster);
-    else fail("TERN_EXACT_TC_KERNEL: expected cluster (linear_exact_tc_kernel) or mma (linear_exact_mma_kernel), found \"", s, "\"");
-    g_tc_kernel.store(v, std::memory_order_relaxed);
+    if (s.empty() || s == "auto") v = static_cast<int>(ExactPath::fp8_on_tensor_cores);
+    else if (s == "cuda-cores") v = static_cast<int>(ExactPath::cuda_cores);
+    else if (s == "tc") v = static_cast<int>(ExactPath::tensor_cores);
+    else fail("TERN_EXACT_PATH=", s, ": expected auto (FP8 exact products on tensor cores, bf16 ones on CUDA cores), "
+              "tc (every exact product the tensor-core kernel takes) or cuda-cores");
+    g_exact_path.store(v, std::memory_order_relaxed);
   }
-  return static_cast<ExactTcKernel>(v);
+  return static_cast<ExactPath>(v);
 }
 
-void set_exact_tc_kernel(ExactTcKernel k) { g_tc_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
+void set_exact_path(ExactPath path) { g_exact_path.store(static_cast<int>(path), std::memory_order_relaxed); }
+
+bool exact_on_tensor_cores(WeightKind kind) {
+  const ExactPath p = exact_path();
+  return p == ExactPath::tensor_cores || (p == ExactPath::fp8_on_tensor_cores && kind == WeightKind::fp8);
+}
 
 bool linear_exact_tc_ok(const LinearParams& p, std::string* why) {
   dev::TcPlan plan;
