@@ -97,14 +97,13 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
   for (int64_t T : Ts) {
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
-    // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 5 = linear_tma (TMA
-    // weight ring, K groups through clusters; up to 64 tokens, the same bits); bf16: 0 = linear_bulk (as 2, x
-    // windows from 9 tokens), 1 = linear_mma.
+    // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 1 = linear_stream
+    // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma.
     const bool fp8 = f == ops::WeightFormat::fp8_block;
-    const std::vector<int> vs = !variants ? std::vector<int>{0} : fp8 ? std::vector<int>{0, 5} : std::vector<int>{0, 1};
+    const std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
     for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
-      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v5 tma" : " v1 old";
+      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v1 staged" : " v1 old";
       measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
               cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
                 if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
@@ -689,9 +688,6 @@ int main(int argc, char** argv) {
     bench_linear("shared.w1/w3", WeightFormat::fp8_block, 2048, 4096, dec, r);
     bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
     bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
-    // The stacked pairs the model runs as one product (model/stacked.h).
-    bench_linear("wq_a|wkv", WeightFormat::fp8_block, 1536, 4096, dec, r);
-    bench_linear("shared.w1|w3", WeightFormat::fp8_block, 4096, 4096, dec, r);
     bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
     bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
     bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);

@@ -1,17 +1,12 @@
 // GPU vs CPU: the generic ops (elementwise, norm, rope, kv rows, linear in every format, dequantize).
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
-#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/linear.cuh"
-#include "backends/cuda/profiler.h"
 #include "gpu_test_util.h"
 #include "ops/elementwise.h"
 #include "ops/kv_row.h"
@@ -460,175 +455,6 @@ TEST_P(GpuBasic, LinearBulkMatchesStream) {
         EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": " << differ << " of " << a.numel() << " outputs differ between "
                              << what << " and linear_stream staging x per block";
       }
-    }
-  }
-}
-
-// Variant 5: FP8 products of up to 64 tokens on linear_tma_kernel (linear_tma.cu: a TMA weight ring, the K groups
-// of a row block summed through a thread-block cluster). The cases: linear_cases' FP8 products, the grouped wo_a and
-// the model's stacked pairs (one product over [a + b, D]).
-struct TmaCase {
-  std::string name;
-  int64_t out, in, groups;  // groups > 1: grouped, x [T, groups, in], out / groups rows a group
-};
-
-std::vector<TmaCase> tma_cases(const Shapes& s) {
-  std::vector<TmaCase> cases;
-  for (const LinearCase& c : linear_cases(s))
-    if (!c.exact && c.format == WeightFormat::fp8_block && c.out * c.in <= (64LL << 20))
-      cases.push_back({c.name, c.out, c.in, 1});
-  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, s.heads / s.groups * s.head_dim, s.groups});
-  cases.push_back({"wq_a|wkv (stacked)", s.q_rank + s.head_dim, s.D, 1});
-  cases.push_back({"shared w1|w3 (stacked)", 2 * s.inter, s.D, 1});
-  return cases;
-}
-
-// Whether linear_tma takes the case at T tokens: up to 64, wherever linear_stream does (row groups of 128).
-bool tma_takes(const TmaCase& c, int64_t T) { return T <= 64 && (c.groups == 1 || (c.out / c.groups) % 128 == 0); }
-
-Tensor tma_x(const TmaCase& c, int64_t T, Rand& r) {
-  return c.groups > 1 ? random_f32({T, c.groups, c.in}, r) : random_f32({T, c.in}, r);
-}
-Shape tma_y_shape(const TmaCase& c, int64_t T) {
-  return c.groups > 1 ? Shape{T, c.groups, c.out / c.groups} : Shape{T, c.out};
-}
-void tma_product(const TmaCase& c, const TensorView& x, const ops::Weight& w, const TensorView& y) {
-  if (c.groups > 1) ops::grouped_linear(x, w, y);
-  else ops::linear(x, w, y);
-}
-
-// Outputs whose bits differ between a and b (rows `a_row0`.. of a against rows `b_row0`.. of b, `rows` rows of
-// `width` floats).
-int64_t differing(const Tensor& a, int64_t a_row0, const Tensor& b, int64_t b_row0, int64_t rows, int64_t width) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < rows * width; ++i)
-    if (std::memcmp(a.data<float>() + a_row0 * width + i, b.data<float>() + b_row0 * width + i, 4) != 0) ++n;
-  return n;
-}
-
-// `issue` captured into a CUDA graph on a private stream (the backend issues on it while capturing) and replayed
-// once. The caller ran the same work eagerly first: the workspace is sized, nothing allocates while capturing.
-void replay_in_graph(const std::function<void()>& issue) {
-  cuda::CudaBackend& backend = cuda::register_backend();
-  void* const previous = backend.stream();
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  backend.set_stream(stream);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-  if (err == cudaSuccess) {
-    try {
-      issue();
-    } catch (...) {
-      cudaStreamEndCapture(stream, &graph);
-      backend.set_stream(previous);
-      throw;
-    }
-    err = cudaStreamEndCapture(stream, &graph);
-  }
-  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
-  if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  backend.set_stream(previous);
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  EXPECT_EQ(err, cudaSuccess) << "graph of a linear_tma product: " << cudaGetErrorString(err);
-}
-
-// Launches of kernels named `base` in a profiler session.
-int64_t launches_of(const cuda::ProfileRecords& r, const std::string& base) {
-  int64_t n = 0;
-  for (const cuda::KernelTime& k : r.kernels)
-    if (cuda::kernel_base_name(k.name) == base) n += k.count;
-  return n;
-}
-
-// The same bits as variant 0 (linear_stream) at T = 1..100, eagerly and replayed from a CUDA graph (captured with
-// PDL as the decode graphs are): the same K groups, the same mma.sync sequence per accumulator (stream_tile.cuh's
-// mma_chunk), the groups added in order. Every n-tile count (1, 2, 4, 8) and its edges, 65 and 100 (variant 5 is
-// linear_stream there). The profiler counts linear_tma_kernel's launches: a product it should take that fell back
-// to linear_stream fails here, not just in a benchmark.
-TEST_P(GpuBasic, LinearTmaMatchesStream) {
-  TERN_REQUIRE_GPU();
-  const Shapes& s = GetParam();
-  LinearVariantGuard guard;
-  Rand r(fresh_seed());
-  cuda::WeightStore store;
-  cuda::Profiler prof;
-  const std::vector<int64_t> Ts = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100};
-  for (const TmaCase& c : tma_cases(s)) {
-    const HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r,
-                                        1.0f / std::sqrt(static_cast<float>(c.in)), c.name.c_str());
-    const ops::Weight dw = store.upload(hw.w);
-    int64_t expected = 0;
-    prof.start();
-    for (int64_t T : Ts) {
-      auto dx = upload(tma_x(c, T, r));
-      auto run = [&](int variant) {
-        auto y = poisoned(DType::f32, tma_y_shape(c, T));
-        cuda::set_linear_variant(variant);
-        tma_product(c, dx, dw, y);
-        cuda::set_linear_variant(0);
-        return cuda::to_host(y);
-      };
-      const Tensor stream = run(0);
-      const Tensor tma = run(5);
-      auto yg = poisoned(DType::f32, tma_y_shape(c, T));
-      cuda::set_linear_variant(5);
-      replay_in_graph([&] { tma_product(c, dx, dw, yg); });
-      cuda::set_linear_variant(0);
-      const Tensor graph = cuda::to_host(yg);
-      if (tma_takes(c, T)) expected += 2;
-      const int64_t n = stream.numel();
-      const int64_t d_eager = differing(tma, 0, stream, 0, 1, n), d_graph = differing(graph, 0, stream, 0, 1, n);
-      EXPECT_EQ(d_eager, 0) << c.name << " T=" << T << ": " << d_eager << " of " << n
-                            << " outputs differ between linear_tma (variant 5) and linear_stream (variant 0)";
-      EXPECT_EQ(d_graph, 0) << c.name << " T=" << T << ": " << d_graph << " of " << n
-                            << " outputs differ between linear_tma replayed from a graph and linear_stream";
-    }
-    prof.stop();
-    EXPECT_EQ(launches_of(prof.records(), "linear_tma_kernel"), expected)
-        << c.name << ": linear_tma_kernel should have run for every T <= 64 (eager and graph), and only there";
-  }
-}
-
-// Against the CPU's f32 on fresh random data (bf16 operands: kTolBf16), and batch invariant on its own: a token's
-// output bits alone or among others (batches of 1, 3, 16, 33 at random offsets against the batch of 64).
-TEST_P(GpuBasic, LinearTmaAgainstCpu) {
-  TERN_REQUIRE_GPU();
-  const Shapes& s = GetParam();
-  LinearVariantGuard guard;
-  cuda::set_linear_variant(5);
-  Rand r(fresh_seed());
-  cuda::WeightStore store;
-  const int64_t N = 64;
-  for (const TmaCase& c : tma_cases(s)) {
-    const HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r,
-                                        1.0f / std::sqrt(static_cast<float>(c.in)), c.name.c_str());
-    const ops::Weight dw = store.upload(hw.w);
-    const Tensor x = tma_x(c, N, r);
-    auto dx = upload(x);
-    auto yall = poisoned(DType::f32, tma_y_shape(c, N));
-    tma_product(c, dx, dw, yall);
-    Tensor ref(DType::f32, tma_y_shape(c, N));
-    tma_product(c, x, hw.w, ref);
-    expect_close(yall, ref, kTolBf16, cat("linear_tma ", c.name, " T=", N));
-    const Tensor all = cuda::to_host(yall);
-    const int64_t x_row = x.numel() / N, y_row = all.numel() / N;  // floats a token
-    for (const int64_t T : {1, 3, 16, 33}) {
-      const int64_t off = r.index(N - T + 1);
-      Tensor xs(DType::f32, c.groups > 1 ? Shape{T, c.groups, c.in} : Shape{T, c.in});
-      std::memcpy(xs.data<float>(), x.data<float>() + off * x_row, T * x_row * sizeof(float));
-      auto dxs = upload(xs), ys = poisoned(DType::f32, tma_y_shape(c, T));
-      tma_product(c, dxs, dw, ys);
-      Tensor rs(DType::f32, tma_y_shape(c, T));
-      tma_product(c, xs, hw.w, rs);
-      expect_close(ys, rs, kTolBf16, cat("linear_tma ", c.name, " T=", T));
-      const int64_t d = differing(cuda::to_host(ys), 0, all, off, T, y_row);
-      EXPECT_EQ(d, 0) << "linear_tma " << c.name << ": " << d << " outputs of tokens " << off << ".." << off + T - 1
-                      << " differ between a batch of " << T << " and the batch of " << N;
     }
   }
 }

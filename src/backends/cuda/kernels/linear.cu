@@ -10,7 +10,6 @@
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
 #include "backends/cuda/kernels/linear_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
-#include "backends/cuda/kernels/linear_tma.cuh"
 
 namespace tern::cuda {
 
@@ -163,7 +162,7 @@ bool linear_bulk_ok(const LinearParams& p) {
 // same bits in both, so the faster one is kept; bf16 gained 1.8x at 16 tokens over linear_mma.
 bool linear_bulk_used(const LinearParams& p) {
   const int v = linear_variant();
-  return linear_bulk_ok(p) && (v == 2 || ((v == 0 || v == 5) && p.w.kind == WeightKind::bf16));  // 5: variant 0 but FP8
+  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightKind::bf16));
 }
 
 // Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
@@ -296,14 +295,7 @@ int64_t linear_partial_floats(const LinearParams& p) {
   // The most any variant wants (the variant may change between calls: benchmarks, tests).
   int64_t most = 0;
   if (linear_bulk_ok(q)) most = stream_workspace_floats(p, plan_linear_bulk(q).ksplit);
-  if (linear_stream_ok(q)) {
-    // linear_tma (variant 5, FP8 up to 64 tokens): every K group's partial sums when there are several.
-    if (q.w.kind == WeightKind::fp8 && q.T <= 64) {
-      const int64_t chunks = q.w.in / 64, cpg = stream_chunks_per_group(q);
-      most = std::max(most, stream_workspace_floats(p, static_cast<int>((chunks + cpg - 1) / cpg)));
-    }
-    return std::max(most, stream_workspace_floats(p, plan_linear_stream(q).ksplit));
-  }
+  if (linear_stream_ok(q)) return std::max(most, stream_workspace_floats(p, plan_linear_stream(q).ksplit));
   return std::max(most, split_partial_floats(p, plan_linear(q).ksplit));
 }
 
@@ -564,10 +556,6 @@ SimpleMat simple_mat(const DeviceMat& w) {
 void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
-  if (linear_variant() == 5 && p.w.kind == WeightKind::fp8) {
-    const TmaPlan plan = plan_linear_tma(p);  // declined: linear_stream below (linear_path_name says why)
-    if (plan.ok) return launch_linear_tma(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.kg, stream), stream);
-  }
   if (linear_bulk_used(p)) {
     const BulkLinearPlan plan = plan_linear_bulk(p);
     if (p.w.kind == WeightKind::fp8)
@@ -650,20 +638,12 @@ std::string linear_path_name(const LinearParams& p) {
   if (!linear_mma_ok(p)) return "linear_simple (CUDA cores, f32)";
   // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
   const std::string xw = x_window_used(p) ? "x_window + " : "";
-  std::string declined;  // variant 5 on a product linear_tma does not take
-  if (linear_variant() == 5 && p.w.kind == WeightKind::fp8) {
-    const TmaPlan plan = plan_linear_tma(p);
-    if (plan.ok)
-      return xw + "linear_tma<fp8 block> (tensor cores, TMA weight ring" +
-             (plan.cs > 1 ? ", K groups in clusters of " + std::to_string(plan.cs) : std::string()) + ")";
-    declined = std::string(" [variant 5 declined: ") + plan.why + "]";
-  }
   if (linear_bulk_used(p))
     return xw + (p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
            " (tensor cores, cp.async.bulk warp rings)";
   if (linear_stream_ok(p)) {
     const char* fmt = p.w.kind == WeightKind::fp8 ? "fp8 block" : p.w.kind == WeightKind::mxfp4 ? "mxfp4" : "nvfp4";
-    return xw + "linear_stream<" + fmt + "> (tensor cores, cp.async weight ring)" + declined;
+    return xw + "linear_stream<" + fmt + "> (tensor cores, cp.async weight ring)";
   }
   switch (p.w.kind) {
     case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";

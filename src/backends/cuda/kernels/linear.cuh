@@ -61,11 +61,9 @@ int linear_groups_used(const LinearParams& p);
 inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // v2: K groups shared with linear_bulk
 // The kernel variant of FP8-block and bf16 products (process-wide; benchmarks and tests compare them on the
 // same shapes): 0 (default) = linear_bulk_kernel (cp.async.bulk warp rings) for bf16, linear_stream for FP8;
-// 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both; 5 =
-// variant 0 with FP8 products of up to 64 tokens on linear_tma_kernel (linear_tma.cu: a TMA weight ring, K
-// groups in thread-block clusters; products it declines stay on linear_stream). FP8 gives the same bits in
-// every variant; bf16 does not (linear_mma's K order differs). Initialised from TERN_LINEAR_VARIANT;
-// linear_path_name says which kernel runs (and why variant 5 declined a product).
+// 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both. FP8
+// gives the same bits in every variant; bf16 does not (linear_mma's K order differs). Initialised from
+// TERN_LINEAR_VARIANT; linear_path_name says which kernel runs.
 int linear_variant();
 void set_linear_variant(int variant);
 // True when the bulk-copy kernel can take this product (FP8 block or bf16, the streaming kernel's tiles), and

@@ -287,31 +287,6 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
   }
 }
 
-// The sums of N outputs (tok[i], row[i]) over the K splits' partial sums (partial[split][T][out]):
-// s = ((0 + p0) + p1) + ... in split order, finish_split_k's order, for N outputs a thread (linear_tma's
-// cluster finish): a split's N loads go out together and the unrolled loop lets the next splits' loads go
-// before their adds, while the adds stay in split order (the same bits). No predicated batches: sixteen of
-// them cost more than the latency they hid at 2-8 splits (session 11 call 6).
-template <int N>
-__device__ __forceinline__ void sum_splits(const float* partial, int ksplit, int64_t T, int64_t out,
-                                           const int64_t (&tok)[N], const int64_t (&row)[N], float (&s)[N]) {
-  const float* q[N];
-#pragma unroll
-  for (int o = 0; o < N; ++o) {
-    s[o] = 0.0f;
-    q[o] = partial + tok[o] * out + row[o];
-  }
-  const int64_t plane = T * out;  // floats between two splits' partials
-#pragma unroll 4
-  for (int sp = 0; sp < ksplit; ++sp) {
-    float v[N];
-#pragma unroll
-    for (int o = 0; o < N; ++o) v[o] = __ldcg(q[o] + sp * plane);
-#pragma unroll
-    for (int o = 0; o < N; ++o) s[o] += v[o];
-  }
-}
-
 // Split-K without atomics on the sums: every block of a (row tile, token tile) stores its K split's partial
 // sums (partial[split][T][out]), then the LAST block to arrive adds the splits in split order (times `mult`)
 // into y and returns the tile's arrival counter to zero, so the result is the same bits whichever block

@@ -190,21 +190,18 @@ __device__ __forceinline__ void fill_x_window(uint8_t* win, int rows, int stride
 
 // The FP8 scale multipliers of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128
 // columns; zero past the matrix) as bf16x2: e4m3 raw is 2^-120, so W * 2^-16. All threads of the block.
-// The bf16x2 multiplier of FP8 scale block (srow, col) (zero past the matrix's scale columns): every kernel
-// that stages FP8 scales takes it from here, so the multipliers are the same bits everywhere.
-__device__ __forceinline__ uint32_t fp8_scale_mult(const MatRef& mat, int64_t srow, int64_t col) {
-  float s = 0.0f;
-  if (col < mat.s_cols) {
-    const int64_t i = srow * mat.s_cols + col;
-    s = mat.scale_f32 ? reinterpret_cast<const float*>(mat.s)[i] : e8m0_to_f32(mat.s[i]);
-  }
-  return bf16x2_splat(s * 0x1p104f);
-}
-
 __device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile_row0, int64_t sb0, int words,
                                                  uint32_t* tab) {
   const int64_t srow = tile_row0 / 128;
-  for (int j = threadIdx.x; j < words; j += blockDim.x) tab[j] = fp8_scale_mult(mat, srow, sb0 + j);
+  for (int j = threadIdx.x; j < words; j += blockDim.x) {
+    const int64_t col = sb0 + j;
+    float s = 0.0f;
+    if (col < mat.s_cols) {
+      const int64_t i = srow * mat.s_cols + col;
+      s = mat.scale_f32 ? reinterpret_cast<const float*>(mat.s)[i] : e8m0_to_f32(mat.s[i]);
+    }
+    tab[j] = bf16x2_splat(s * 0x1p104f);
+  }
 }
 
 // One lane's share of its warp's MT m-tiles: the 2*MT rows it copies (row r = m-tile r/2, row g + 8*(r%2)),
@@ -246,37 +243,6 @@ __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_
   }
 }
 
-// acc[m][n] += one chunk from the weight fragments this lane holds: raw[m][h] its 16 (fp8 / fp4) bytes of row
-// g + 8h of m-tile m, msc[m][h] their bf16x2 scale multiplier(s); x from the window at `xb` (the window chunk
-// plus this lane's offset t * 16 + g * wstride), n-tiles n < n_live (the rest are all padding). The one
-// sequence of mma.sync every streaming kernel runs per chunk (linear_stream's consume_chunk, linear_tma's
-// consumers): the same instructions on the same operands per accumulator, so the same bits.
-template <WFmt F, int MT, int NT>
-__device__ __forceinline__ void mma_chunk(const LaneRow<F> (&raw)[MT][2], const uint32_t (&msc)[MT][2][2],
-                                          const uint8_t* xb, int wstride, int n_live, float (&acc)[MT][NT][4]) {
-  static_for<XWindow<F>::kPieces>([&](auto qc) {
-    constexpr int Q = decltype(qc)::value;
-    uint4 b[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-      if (n < n_live) b[n] = lds128(xb + n * 8 * wstride + Q * 64);
-    static_for<2>([&](auto hc) {
-      constexpr int H = decltype(hc)::value, S = 2 * Q + H;
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
-        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
-        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
-        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-          if (n < n_live)
-            mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
-      }
-    });
-  });
-}
-
 // acc[m][n] += the chunk in ring stage `slot` times the x window's chunk `wchunk`, for the n-tiles
 // n < n_live (the rest are all padding). fp8_mult[m]: the bf16x2 scale multiplier of m-tile m for this
 // chunk (fp8 only).
@@ -309,8 +275,28 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, con
 #pragma unroll
       for (int h = 0; h < 2; ++h) msc[m][h][0] = msc[m][h][1] = fp8_mult[m];
   }
-  mma_chunk<F, MT, NT>(raw, msc, win + wchunk * XWindow<F>::kChunkBytes + t * 16 + g * wstride, wstride, n_live,
-                       acc);
+  const uint8_t* xb = win + wchunk * XWindow<F>::kChunkBytes + t * 16 + g * wstride;
+  static_for<XWindow<F>::kPieces>([&](auto qc) {
+    constexpr int Q = decltype(qc)::value;
+    uint4 b[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      if (n < n_live) b[n] = lds128(xb + n * 8 * wstride + Q * 64);
+    static_for<2>([&](auto hc) {
+      constexpr int H = decltype(hc)::value, S = 2 * Q + H;
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
+        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
+        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
+        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+          if (n < n_live)
+            mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
+      }
+    });
+  });
 }
 
 }  // namespace tern::cuda::dev
