@@ -218,7 +218,9 @@ void CudaBackend::reserve_workspace(size_t bytes) {
   impl_->scratch(bytes);
   std::swap(impl_->workspace, impl_->side.workspace);
 }
-size_t CudaBackend::workspace_bytes() const { return impl_->workspace.size(); }
+// Both lanes' scratch (the side branch's too: ops/branch.h): the step graphs' generation includes this, so a
+// growth of either (a reallocation the recorded graphs would still point into) makes them record again.
+size_t CudaBackend::workspace_bytes() const { return impl_->workspace.size() + impl_->side.workspace.size(); }
 int CudaBackend::num_sms() const { return impl_->num_sms; }
 
 namespace {

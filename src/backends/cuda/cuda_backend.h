@@ -82,9 +82,9 @@ class CudaBackend final : public ops::Backend {
   // cudaStream_t to issue on (nullptr: the legacy default stream).
   void set_stream(void* stream);
   void* stream() const;
-  // Grows the scratch workspace now (before a graph capture, say).
+  // Grows the scratch workspace of both lanes (the main and the side branch's) now (before a graph capture, say).
   void reserve_workspace(size_t bytes);
-  size_t workspace_bytes() const;
+  size_t workspace_bytes() const;  // both lanes' together
   int num_sms() const;
 
   // Tuning (backend_tune.cpp, docs/cuda-backend.md "Tuning"): the streaming linear kernel's K groups per
