@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/backend.h"
+#include "ops/branch.h"
 #include "test_util.h"
 
 namespace tern {
@@ -33,6 +34,39 @@ TEST(Dispatch, MissingBackendAndKernelsAreLoud) {
   const std::string msg = message_of([&] { ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu); });
   ops::register_backend(Device::cuda, nullptr);
   EXPECT_EQ(msg, "no cuda kernel for op rms_norm (f32)");
+}
+
+// Side branches (ops/branch.h) reach the device's backend in order: begin, the body's ops, end, then the caller's
+// ops, then the join; an error inside the body still ends and joins the branch before it leaves.
+class BranchRecorder : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  void side_begin() override { log += "b"; }
+  void side_end() override { log += "e"; }
+  void side_join() override { log += "j"; }
+  std::string log;
+};
+
+TEST(Dispatch, SideBranchesReachTheBackendInOrder) {
+  BranchRecorder rec;
+  ops::register_backend(Device::cuda, &rec);
+  ops::run_side(Device::cuda, [&] { rec.log += "x"; });
+  rec.log += "m";
+  ops::join_side(Device::cuda);
+  EXPECT_EQ(rec.log, "bxemj");
+  rec.log.clear();
+  EXPECT_THROW(ops::run_side(Device::cuda, [&] { fail("inside the branch"); }), Error);
+  EXPECT_EQ(rec.log, "bej");
+  ops::register_backend(Device::cuda, nullptr);
+}
+
+// On the CPU a side branch runs at once, in issue order: what it wrote is there when run_side returns.
+TEST(Dispatch, CpuSideBranchRunsInIssueOrder) {
+  Tensor x(DType::f32, {1, 4}), y(DType::f32, {1, 4});
+  for (int i = 0; i < 4; ++i) x.data<float>()[i] = float(i + 1), y.data<float>()[i] = 10.0f;
+  ops::run_side(Device::cpu, [&] { ops::add(x, y); });
+  EXPECT_EQ(y.data<float>()[3], 14.0f);
+  ops::join_side(Device::cpu);
 }
 
 TEST(Dispatch, CpuRejectsDtypesItHasNoKernelFor) {

@@ -1,6 +1,7 @@
 // RMSNorm and RoPE against their formulas; the inverse frequencies against transformers' values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -35,6 +36,28 @@ TEST(RmsNorm, WeightedAndUnweighted) {
     }
   }
   EXPECT_LE(worst, 1e-5f);
+}
+
+// norm_rope is rms_norm then rope (the CPU runs the two; a backend may fuse them with the same bits): on heads
+// in place and on a stacked product's column range with a weight.
+TEST(NormRope, IsRmsNormThenRope) {
+  test::Random rng(5);
+  ops::RopeParams rp;
+  rp.dim = 16;
+  const Tensor freq = ops::rope_inv_freq(rp);
+  const Tensor pos = test::positions_tensor({0, 3, 70000});
+  Tensor heads = rng.tensor({3, 2, 48}, 2.0f), two = rng.tensor({3, 2, 48}, 1.0f);
+  std::copy_n(heads.data<float>(), heads.numel(), two.data<float>());
+  ops::norm_rope(heads, {}, 1e-6f, pos, freq, heads);
+  ops::rms_norm(two, {}, 1e-6f, two);
+  ops::rope(two, pos, freq);
+  EXPECT_EQ(test::max_abs_diff(heads, two), 0.0f);
+  const Tensor stacked = rng.tensor({3, 8 + 48}, 2.0f), w = rng.tensor({48}, 1.0f);
+  Tensor out(DType::f32, {3, 48}), ref(DType::f32, {3, 48});
+  ops::norm_rope(stacked.view().cols(8, 56), w, 1e-6f, pos, freq, out);
+  ops::rms_norm(stacked.view().cols(8, 56), w, 1e-6f, ref);
+  ops::rope(ref, pos, freq);
+  EXPECT_EQ(test::max_abs_diff(out, ref), 0.0f);
 }
 
 TEST(Rope, InvFreqMatchesTransformers) {
