@@ -1,4 +1,6 @@
 // Entry points of the generic ops: check arguments, then call the backend of the tensors' device.
+#include <string_view>
+
 #include "ops/backend.h"
 #include "ops/check.h"
 
@@ -7,6 +9,34 @@ namespace tern::ops {
 using detail::common_device;
 using detail::expect_dtype;
 using detail::expect_shape;
+
+namespace {
+
+// rms_norm's weight (also norm_rope's): absent, or bf16 / f32 [x's last dim].
+void check_norm_weight(std::string_view op, const TensorView& x, const TensorView& weight) {
+  if (weight.empty()) return;
+  expect_dtype(op, "weight", weight, {DType::bf16, DType::f32});
+  expect_shape(op, "weight", weight, {x.dim(-1)});
+}
+
+// rope's x (also norm_rope's): [rows, head_dim] or [rows, heads, head_dim].
+void check_rope_rank(std::string_view op, const TensorView& x) {
+  TERN_CHECK(x.rank() == 2 || x.rank() == 3, op, ": x must be [rows, head_dim] or [rows, heads, head_dim], found ",
+             x.shape().str());
+}
+
+// rope's positions i64 [rows] and inv_freq f32 [rope_dim / 2] within head_dim (also norm_rope's).
+void check_rope_tables(std::string_view op, const TensorView& x, const TensorView& positions,
+                       const TensorView& inv_freq) {
+  expect_dtype(op, "positions", positions, {DType::i64});
+  expect_shape(op, "positions", positions, {x.dim(0)});
+  expect_dtype(op, "inv_freq", inv_freq, {DType::f32});
+  expect_shape(op, "inv_freq", inv_freq, {-1});
+  TERN_CHECK(2 * inv_freq.dim(0) <= x.dim(-1), op, ": rope dim ", 2 * inv_freq.dim(0), " exceeds head_dim ",
+             x.dim(-1));
+}
+
+}  // namespace
 
 void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
   expect_dtype("embedding", "table", table, {DType::bf16, DType::f32});
@@ -46,44 +76,26 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
              out.shape().str(), " must have one shape");
   detail::expect_rows("rms_norm", "x", x);
   detail::expect_contiguous("rms_norm", "out", out);
-  if (!weight.empty()) {
-    expect_dtype("rms_norm", "weight", weight, {DType::bf16, DType::f32});
-    expect_shape("rms_norm", "weight", weight, {x.dim(-1)});
-  }
+  check_norm_weight("rms_norm", x, weight);
   backend_for(common_device("rms_norm", {&x, &weight, &out})).rms_norm(x, weight, eps, out);
 }
 
 void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
-  TERN_CHECK(x.rank() == 2 || x.rank() == 3,
-             "rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ", x.shape().str());
+  check_rope_rank("rope", x);
   detail::expect_contiguous("rope", "x", x);
-  expect_dtype("rope", "positions", positions, {DType::i64});
-  expect_shape("rope", "positions", positions, {x.dim(0)});
-  expect_dtype("rope", "inv_freq", inv_freq, {DType::f32});
-  expect_shape("rope", "inv_freq", inv_freq, {-1});
-  TERN_CHECK(2 * inv_freq.dim(0) <= x.dim(-1), "rope: rope dim ", 2 * inv_freq.dim(0), " exceeds head_dim ",
-             x.dim(-1));
+  check_rope_tables("rope", x, positions, inv_freq);
   backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
 }
 
 void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
                const TensorView& inv_freq, const TensorView& out) {
-  TERN_CHECK(x.rank() == 2 || x.rank() == 3,
-             "norm_rope: x must be [rows, head_dim] or [rows, heads, head_dim], found ", x.shape().str());
+  check_rope_rank("norm_rope", x);
   TERN_CHECK(x.shape() == out.shape(), "norm_rope: x ", x.shape().str(), " and out ", out.shape().str(),
              " must have one shape");
   detail::expect_rows("norm_rope", "x", x);
   detail::expect_contiguous("norm_rope", "out", out);
-  if (!weight.empty()) {
-    expect_dtype("norm_rope", "weight", weight, {DType::bf16, DType::f32});
-    expect_shape("norm_rope", "weight", weight, {x.dim(-1)});
-  }
-  expect_dtype("norm_rope", "positions", positions, {DType::i64});
-  expect_shape("norm_rope", "positions", positions, {x.dim(0)});
-  expect_dtype("norm_rope", "inv_freq", inv_freq, {DType::f32});
-  expect_shape("norm_rope", "inv_freq", inv_freq, {-1});
-  TERN_CHECK(2 * inv_freq.dim(0) <= x.dim(-1), "norm_rope: rope dim ", 2 * inv_freq.dim(0), " exceeds head_dim ",
-             x.dim(-1));
+  check_norm_weight("norm_rope", x, weight);
+  check_rope_tables("norm_rope", x, positions, inv_freq);
   backend_for(common_device("norm_rope", {&x, &weight, &positions, &inv_freq, &out}))
       .norm_rope(x, weight, eps, positions, inv_freq, out);
 }

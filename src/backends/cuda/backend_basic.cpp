@@ -1,4 +1,6 @@
 // CudaBackend: the generic ops (host checks, then one launch each).
+#include <string_view>
+
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/elementwise.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
@@ -37,15 +39,20 @@ void CudaBackend::gather_rows(const TensorView& x, const TensorView& rows, const
   check_launch("gather_rows");
 }
 
+namespace {
+// A norm's weight as the kernels take it (none, f32 or bf16), checked to be on the device.
+NormWeight norm_weight_kind(std::string_view op, const TensorView& weight) {
+  if (weight.empty()) return NormWeight::none;
+  TERN_CHECK(weight.device() == Device::cuda, "cuda ", op, ": weight is on the host");
+  return weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
+}
+}  // namespace
+
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
   require_cuda_f32("rms_norm", {&out});
   require_cuda_f32_rows("rms_norm", {&x});
   const int64_t dim = x.dim(-1), rows = dim > 0 ? x.numel() / dim : 0;
-  NormWeight kind = NormWeight::none;
-  if (!weight.empty()) {
-    TERN_CHECK(weight.device() == Device::cuda, "cuda rms_norm: weight is on the host");
-    kind = weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
-  }
+  const NormWeight kind = norm_weight_kind("rms_norm", weight);
   launch_rms_norm(x.data_as<const float>(), x.row_stride(), weight.data(), kind, eps, rows, dim, out.data_as<float>(),
                   impl_->stream);
   check_launch("rms_norm");
@@ -64,11 +71,7 @@ void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float
   require_cuda_f32("norm_rope", {&out, &inv_freq});
   require_cuda_f32_rows("norm_rope", {&x});
   const int64_t dim = x.dim(-1), rows = dim > 0 ? x.numel() / dim : 0, heads = x.rank() == 3 ? x.dim(1) : 1;
-  NormWeight kind = NormWeight::none;
-  if (!weight.empty()) {
-    TERN_CHECK(weight.device() == Device::cuda, "cuda norm_rope: weight is on the host");
-    kind = weight.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
-  }
+  const NormWeight kind = norm_weight_kind("norm_rope", weight);
   if (launch_norm_rope(x.data_as<const float>(), x.row_stride(), weight.data(), kind, eps, rows, heads, dim,
                        positions.data_as<const int64_t>(), inv_freq.data_as<const float>(), inv_freq.dim(0),
                        out.data_as<float>(), impl_->stream)) {
