@@ -15,6 +15,7 @@
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
+#include "backends/cuda/kernels/attention_split.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "core/error.h"
@@ -26,17 +27,7 @@ namespace {
 constexpr int kHeadsPerBlock = 8, kTile = 16;
 constexpr int64_t kKeysPerSplit = 64, kMaxSplits = 64, kMaxPartialFloats = int64_t{1} << 25;
 
-struct SplitPlan {
-  int splits;
-  int64_t per;
-};
-
-__host__ __device__ inline SplitPlan split_plan(int64_t keys) {
-  int64_t s = (keys + kKeysPerSplit - 1) / kKeysPerSplit;
-  s = s < 1 ? 1 : s > kMaxSplits ? kMaxSplits : s;
-  const int64_t per = (keys + s - 1) / s;
-  return {static_cast<int>(s), per < 1 ? 1 : per};
-}
+__host__ __device__ inline KeySplits split_plan(int64_t keys) { return plan_key_splits(keys, kKeysPerSplit, kMaxSplits); }
 
 // A tile's raw bytes in registers: warp w loads rows w and w + 8 of the tile (FP8 rows: 8-byte granules, 8
 // e4m3 values or 4 bf16 rope values each, and the granule's scale byte; f32 rows: float4), so the loads of
@@ -155,7 +146,7 @@ __global__ void __launch_bounds__(256, FP8 ? 2 : 1) attention_kernel(AttentionPa
     return;
   }
   const int64_t total = kl.nwin + kl.count;
-  const SplitPlan plan = split_plan(total);
+  const KeySplits plan = split_plan(total);
   if (split >= plan.splits) return;  // the whole block: the plan is the query's
   const int splits = plan.splits;
   const int64_t j0 = split * plan.per, j1 = min(total, j0 + plan.per);

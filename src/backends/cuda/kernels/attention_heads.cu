@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_heads_kernel(AttentionP
   const KeyList kl = keys_of(a, i);
   const bool live = kl.p >= 0;
   const int64_t total = live ? kl.nwin + kl.count : 0;
-  const MmaSplit plan = mma_split_plan(total);
+  const KeySplits plan = mma_split_plan(total);
   // Key indices as int (a query has fewer than 2^31 keys): fewer registers next to the accumulators.
   const int j0 = static_cast<int>(min(total, split * plan.per)), j1 = static_cast<int>(min(total, j0 + plan.per));
   const bool work = live && split < plan.splits && j0 < j1;

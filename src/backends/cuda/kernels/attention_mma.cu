@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionPar
   const KeyList kl = keys_of(a, i);
   const bool live = kl.p >= 0;
   const int64_t total = live ? kl.nwin + kl.count : 0;
-  const MmaSplit plan = mma_split_plan(total);
+  const KeySplits plan = mma_split_plan(total);
   const int64_t j0 = min(total, split * plan.per), j1 = min(total, j0 + plan.per);
   const bool work = live && split < plan.splits && j0 < j1;
   const float scale2 = a.scale * kLog2e;

@@ -12,17 +12,23 @@ namespace tern::cuda::dev {
 constexpr int kMmaMaxSplits = 8;           // a query's splits are one cluster: the portable cluster size
 constexpr int64_t kMmaKeysPerSplit = 128;  // CSA 640 keys: 5 splits of 2 full tiles; HCA 192: 2 splits
 
-struct MmaSplit {
+struct KeySplits {
   int splits;
-  int64_t per;
+  int64_t per;  // keys a split (the last may have fewer)
 };
 
-// A query's splits from its key count only: runs of about kMmaKeysPerSplit keys, at most kMmaMaxSplits.
-__host__ __device__ inline MmaSplit mma_split_plan(int64_t keys) {
-  int64_t s = (keys + kMmaKeysPerSplit - 1) / kMmaKeysPerSplit;
-  s = s < 1 ? 1 : s > kMmaMaxSplits ? kMmaMaxSplits : s;
+// A query's splits from its key count only (so its bits do not depend on the batch): runs of about
+// `keys_per_split` keys, at least one split and at most `max_splits`. The f32 kernel (attention.cu) uses it too.
+__host__ __device__ inline KeySplits plan_key_splits(int64_t keys, int64_t keys_per_split, int64_t max_splits) {
+  int64_t s = (keys + keys_per_split - 1) / keys_per_split;
+  s = s < 1 ? 1 : s > max_splits ? max_splits : s;
   const int64_t per = (keys + s - 1) / s;
   return {static_cast<int>(s), per < 1 ? 1 : per};
+}
+
+// The tensor-core kernels' splits: runs of about kMmaKeysPerSplit keys, at most kMmaMaxSplits.
+__host__ __device__ inline KeySplits mma_split_plan(int64_t keys) {
+  return plan_key_splits(keys, kMmaKeysPerSplit, kMmaMaxSplits);
 }
 
 // Keys of the launch's longest query (decode mode: the bound over any position): the cluster size of a
