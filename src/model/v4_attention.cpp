@@ -43,7 +43,6 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
-  if (decode) ops::prefetch_weights({&o.wo_a});  // fetched during the attention (ops/linear.h)
   ops::norm_rope(q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
@@ -76,11 +75,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   Tensor grouped = tensor(
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
   ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
-  if (decode) ops::prefetch_weights({&o.wo_b});  // fetched while wo_a reads its weights from L2
   ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
-  // The FFN's first products (the gate, the shared expert): fetched during wo_b, the mHC and the norm.
-  if (decode) ops::prefetch_weights(
-        {&o.gate, &o.shared_w13, unstacked(o.shared_w13, o.shared.w1), unstacked(o.shared_w13, o.shared.w3), &o.shared.w2});
   if (decode) ops::join_side(h.device());  // the ring store (attend_decode)
 }
 

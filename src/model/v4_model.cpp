@@ -6,7 +6,6 @@
 #include "model/stacked.h"
 #include "model/v4_batch.h"
 #include "ops/elementwise.h"
-#include "ops/linear.h"
 #include "ops/mhc.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -377,11 +376,6 @@ Tensor Model::run_layers(const Batch& b) {
 // Layer l (a trunk layer or the MTP block): attention, then the MoE, each inside its mHC.
 void Model::block(int l, const Batch& b, Tensor& streams) {
   const LayerWeights& L = layer(l);
-  // Decode: the query projections' weights start towards L2 while the mHC and the norm run (ops::prefetch_weights;
-  // attention_block asks for the later products' weights, each a product or so ahead).
-  const LayerOps& o = layer_ops_[l];
-  if (b.decode != nullptr)
-    ops::prefetch_weights({&o.wq_a_wkv, unstacked(o.wq_a_wkv, o.wq_a), unstacked(o.wq_a_wkv, o.wkv), &o.wq_b});
   residual(L.hc_attn, L.attn_norm, b, streams, "attn", l,
            [&](const TensorView& h, const TensorView& out) { attention_block(l, b, h, out); });
   residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l,

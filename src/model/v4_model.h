@@ -42,11 +42,6 @@ struct StepSequence {
 // Per-layer weights in the form the ops take (built once).
 // The stacked pairs (model/stacked.h) are empty where the weights keep the pair apart; the forward then runs
 // the parts as two products.
-// For ops::prefetch_weights: a part of a stacked weight (wq_a of wq_a|wkv) counts only when nothing is stacked.
-inline const ops::Weight* unstacked(const ops::Weight& stacked, const ops::Weight& part) {
-  return stacked.weight.empty() ? &part : nullptr;
-}
-
 struct LayerOps {
   ops::Weight wq_a, wq_b, wkv, wo_a, wo_b;
   ops::Weight wq_a_wkv;

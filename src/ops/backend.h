@@ -53,7 +53,6 @@ class Backend {
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void dequantize(const Weight& w, const TensorView& out);
-  virtual void prefetch_weights(std::span<const Weight* const>) {}  // a hint (linear.h): no effect by default
   // mhc.h
   virtual void hc_pre(const HcPreArgs& a);
   virtual void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,

@@ -119,19 +119,6 @@ void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
   backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
 }
 
-void prefetch_weights(std::initializer_list<const Weight*> ws) {
-  std::vector<const Weight*> live;
-  for (const Weight* w : ws)
-    if (w != nullptr && !w->weight.empty()) live.push_back(w);
-  if (live.empty()) return;
-  for (const Weight* w : live) {
-    check_weight(*w);
-    TERN_CHECK(w->device() == live[0]->device(), "prefetch_weights: ", live[0]->name, " and ", w->name,
-               " are on different devices");
-  }
-  backend_for(live[0]->device()).prefetch_weights(live);
-}
-
 void dequantize(const Weight& w, const TensorView& out) {
   check_weight(w);
   expect_dtype("dequantize", "out", out, {DType::f32});

@@ -2,8 +2,6 @@
 // kernel (no dequantized copy of the matrix is kept).
 #pragma once
 
-#include <initializer_list>
-
 #include "core/tensor.h"
 #include "ops/weight.h"
 
@@ -15,11 +13,6 @@ void linear(const TensorView& x, const Weight& w, const TensorView& y);
 // Block-diagonal (V4's wo_a): W [G * out_g, in_g] holds G matrices [out_g, in_g]; group g maps x[:, g]
 // to y[:, g].  x f32 [T, G, in_g], y f32 [T, G, out_g].
 void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
-
-// A hint that these weights' bytes will be read soon (by products a few ops later), in this order: a GPU
-// backend may start fetching them into its cache now, where the memory would otherwise idle; nothing waits
-// for them and no result changes. The CPU does nothing. Empty weights are skipped.
-void prefetch_weights(std::initializer_list<const Weight*> ws);
 
 // The whole matrix as f32 [out, in] (tests and tools; the forward never materialises it).
 void dequantize(const Weight& w, const TensorView& out);

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 
 #include "core/dtype.h"
 #include "ops/linear.h"
@@ -134,28 +133,6 @@ TEST(Linear, RejectsMisshapedWeights) {
   Tensor x = rng.tensor({1, 96}), y(DType::f32, {1, 8});
   try {
     ops::linear(x, tw.w, y);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("weight test (mxfp4)"), std::string::npos) << e.what();
-  }
-}
-
-// prefetch_weights is a hint: on the CPU it changes nothing, skips empty weights and null entries, and still
-// refuses a weight whose views contradict its shape (the same check as linear) before any backend sees it.
-TEST(Linear, PrefetchIsAHintThatStillChecksItsWeights) {
-  test::Random rng(2);
-  TestWeight a = make_weight(ops::WeightFormat::fp8_block, 128, 128, rng);
-  TestWeight b = make_weight(ops::WeightFormat::mxfp4, 8, 64, rng);
-  const ops::Weight empty;
-  Tensor x = rng.tensor({2, 128}), before(DType::f32, {2, 128}), after(DType::f32, {2, 128});
-  ops::linear(x, a.w, before);
-  EXPECT_NO_THROW(ops::prefetch_weights({&a.w, nullptr, &empty, &b.w}));
-  EXPECT_NO_THROW(ops::prefetch_weights({}));
-  ops::linear(x, a.w, after);
-  EXPECT_EQ(std::memcmp(before.data<float>(), after.data<float>(), before.nbytes()), 0);
-  b.w.in = 96;  // the views say 64
-  try {
-    ops::prefetch_weights({&a.w, &b.w});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("weight test (mxfp4)"), std::string::npos) << e.what();

@@ -81,7 +81,6 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::(anonymous namespace)::expand_kernel<unsigned short, false>(tern::cuda::dev::(anonymous namespace)::Mat16, long, unsigned short*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::round_bf16_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::split_bf16x3_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
-    {"tern::cuda::dev::(anonymous namespace)::l2_prefetch_kernel(tern::cuda::dev::(anonymous namespace)::Ranges)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_kernel<512>(tern::cuda::AttentionParams)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_wgmma_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::wgmma_probe_kernel(float const*, float const*, float*, float*)", C::other},

@@ -1,12 +1,10 @@
 // CudaBackend: the generic ops (host checks, then one launch each).
-#include <cstdlib>
 #include <string_view>
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/elementwise.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/norm.cuh"
-#include "backends/cuda/kernels/prefetch.cuh"
 #include "backends/cuda/kernels/rope.cuh"
 
 namespace tern::cuda {
@@ -118,28 +116,6 @@ void CudaBackend::grouped_linear(const TensorView& x, const ops::Weight& w, cons
   require_cuda_f32("grouped_linear", {&x, &y});
   impl_->linear_ran.insert(w.weight.data());
   run_linear(*impl_, x, w, x.dim(1), y);
-}
-
-bool CudaBackend::l2_prefetch_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_L2_PREFETCH");
-    return e != nullptr && std::string_view(e) == "1";
-  }();
-  return on;
-}
-
-// One launch for up to kMaxPrefetchRanges weights (the scales, under 1/1000 of the bytes, come with the product).
-void CudaBackend::prefetch_weights(std::span<const ops::Weight* const> ws) {
-  if (!l2_prefetch_enabled()) return;
-  for (size_t i = 0; i < ws.size(); i += kMaxPrefetchRanges) {
-    PrefetchRanges r;
-    for (size_t k = i; k < ws.size() && r.n < kMaxPrefetchRanges; ++k, ++r.n) {
-      r.p[r.n] = ws[k]->weight.data();
-      r.bytes[r.n] = static_cast<int64_t>(ws[k]->weight.nbytes());
-    }
-    launch_l2_prefetch(r, impl_->stream);
-    check_launch("prefetch_weights");
-  }
 }
 
 void CudaBackend::dequantize(const ops::Weight& w, const TensorView& out) {

@@ -364,10 +364,6 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         "experts) and the compressors and indexer (beside the query projections) run on a second "
                         "stream with their own scratch (TERN_SIDE_STREAM=0 keeps them in order); eager steps in order"
                       : "concurrent branches off (TERN_SIDE_STREAM=0): every op in issue order on one stream");
-  paths.push_back(l2_prefetch_enabled()
-                      ? "weight prefetch on (TERN_L2_PREFETCH=1): decode steps fetch the dense products' weights into "
-                        "L2 a product or so ahead (l2_prefetch_kernel: bulk L2 prefetches, nothing waits for them)"
-                      : "weight prefetch off (TERN_L2_PREFETCH=1 turns it on): each product reads its weights from DRAM");
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

@@ -40,9 +40,6 @@ class CudaBackend final : public ops::Backend {
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
-  // l2_prefetch_kernel when l2_prefetch_enabled() (TERN_L2_PREFETCH=1), else nothing.
-  void prefetch_weights(std::span<const ops::Weight* const> ws) override;
-  static bool l2_prefetch_enabled();
   void hc_pre(const ops::HcPreArgs& a) override;
   void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
                const TensorView& out) override;

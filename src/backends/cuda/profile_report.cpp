@@ -54,8 +54,6 @@ constexpr Rule kRules[] = {
     {"expand_kernel", Match::exact, OpCategory::dense_gemm},
     {"round_bf16_kernel", Match::exact, OpCategory::dense_gemm},
     {"split_bf16x3_kernel", Match::exact, OpCategory::dense_gemm},  // x in three bf16 planes: the exact path
-    // Decode: the products' weights fetched into L2 ahead of them (kernels/prefetch.cu, TERN_L2_PREFETCH=1).
-    {"l2_prefetch_kernel", Match::exact, OpCategory::dense_gemm},
     // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
