@@ -111,6 +111,14 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
               });
     }
     if (variants) cuda::set_linear_variant(0);
+    // The same weight every call (up to ~40 MB stays in L2): what the kernel gives when its bytes are near,
+    // i.e. whether DRAM or the kernel itself sets the time above.
+    if (!g_profile && bytes <= (size_t{40} << 20))
+      measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ") L2-hot"),
+              cat(out, "x", in, " T=", T), static_cast<double>(bytes), 8, [&](int) {
+                if (groups > 1) ops::grouped_linear(x, rot.copies[0], y);
+                else ops::linear(x, rot.copies[0], y);
+              });
   }
 }
 
@@ -622,17 +630,17 @@ int main(int argc, char** argv) {
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
   // --only SECTION: one section's rows (linear, exact, moe, moe_prefill, attention, attention_prefill, indexer,
-  // indexer_prefill, mhc, probe)
+  // indexer_prefill, mhc, probe, small_reads)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
-          only != "probe" && only != "exact") {
+          only != "probe" && only != "small_reads" && only != "exact") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, exact, moe, moe_prefill, attention, attention_prefill, "
-                     "indexer, indexer_prefill, mhc or probe, not %s\n",
+                     "indexer, indexer_prefill, mhc, probe or small_reads, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -662,7 +670,8 @@ int main(int argc, char** argv) {
   using ops::WeightFormat;
   if (profile) {
     g_profile = true;
-    bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1}, r);
+    bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
+    bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 64}, r);
     bench_moe(WeightFormat::mxfp4, {1, 16}, r);
     bench_attention(r, true);
     bench_decode_attention(r, true);
@@ -720,6 +729,18 @@ int main(int argc, char** argv) {
     for (const cuda::ReadProbe& p : cuda::read_bandwidth_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
       std::printf("| %s | %d | %d | %d | %d | %lld | %.0f | %.0f%% |\n", p.how, p.stage_kb, p.stages, p.copies,
                   p.blocks_per_sm, static_cast<long long>(p.kb_in_flight), p.gbs, 100.0 * p.gbs / g_copy_gbs);
+  }
+  if (section("probe") || section("small_reads")) {
+    // The ceiling of one kernel reading a decode product's bytes (ramp and tail included), back to back in a graph.
+    std::printf("\nsmall reads in a graph (ldg, each read waits for the previous; %% of the copy bandwidth's %.0f GB/s):\n"
+                "| MB | L2 | loads in flight a thread | blocks/SM | us a read | GB/s | %% of copy |\n"
+                "|---:|---|---:|---:|---:|---:|---:|\n",
+                g_copy_gbs);
+    const std::vector<size_t> sizes{size_t{2} << 20, size_t{6} << 20, size_t{8} << 20, size_t{16} << 20,
+                                    size_t{32} << 20, size_t{64} << 20, size_t{128} << 20};
+    for (const cuda::SmallReadProbe& p : cuda::small_read_probes(sizes, cuda::register_backend().num_sms()))
+      std::printf("| %.1f | %s | %d | %d | %.1f | %.0f | %.0f%% |\n", p.bytes / 1048576.0, p.hot ? "hot" : "cold",
+                  p.unroll, p.blocks_per_sm, p.us, p.gbs, 100.0 * p.gbs / g_copy_gbs);
   }
   std::printf("\n| kernel | shape | us (graph) | us (eager) | floor us (bytes / copy) | GB/s | %% of copy (%.0f GB/s) |\n"
               "|---|---|---:|---:|---:|---:|---:|\n", g_copy_gbs);

@@ -110,6 +110,31 @@ std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
   return rows;
 }
 
+std::vector<SmallReadProbe> small_read_probes(const std::vector<size_t>& sizes, int num_sms) {
+  constexpr size_t kPool = size_t{512} << 20;  // > 10x the L2: a rotation never finds its bytes there
+  DeviceBuffer buf(kPool), sink(64);
+  TERN_CUDA(cudaMemset(buf.data(), 1, kPool));
+  const auto* data = static_cast<const uint8_t*>(buf.data());
+  auto* out = static_cast<uint32_t*>(sink.data());
+  std::vector<SmallReadProbe> rows;
+  for (size_t bytes : sizes) {
+    bytes = (bytes + 4095) / 4096 * 4096;
+    const int count = static_cast<int>(std::min<size_t>(kPool / bytes, 64));
+    for (bool hot : {false, true})
+      for (int blocks_per_sm : {2, 4})
+        for (int unroll : {4, 8}) {
+          const Timing t = time_graph([&](int i) {
+            launch_ldg_read(data + (hot ? 0 : static_cast<size_t>(i) * bytes), static_cast<int64_t>(bytes), unroll,
+                            num_sms * blocks_per_sm, out, static_cast<cudaStream_t>(register_backend().stream()));
+          }, count, 10);
+          TERN_CUDA(cudaGetLastError());
+          rows.push_back({bytes, unroll, blocks_per_sm, hot, t.median_us,
+                          static_cast<double>(bytes) / (t.median_us * 1e3)});
+        }
+  }
+  return rows;
+}
+
 void device_copy(void* dst, const void* src, size_t bytes) {
   TERN_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }

@@ -39,6 +39,19 @@ struct ReadProbe {
 // The sweep over a buffer of `bytes` read once per run (GB/s count bytes read only).
 std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms);
 
+// Reads of one decode product's size, back to back in a CUDA graph as a decode step issues them (each kernel
+// waits for the previous one, PDL as everywhere): the ldg probe with `unroll` loads in flight a thread, over
+// buffers rotated so that no read hits L2 (hot: the same buffer every time, so reads of up to ~40 MB find
+// their bytes in L2). us a read (graph median / reads) and GB/s: the ceiling a single kernel of that size
+// reaches, ramp and tail included.
+struct SmallReadProbe {
+  size_t bytes;
+  int unroll, blocks_per_sm;
+  bool hot;
+  double us, gbs;
+};
+std::vector<SmallReadProbe> small_read_probes(const std::vector<size_t>& sizes, int num_sms);
+
 // Copies `bytes` from one device address to another (benchmarks replicate weights on the device).
 void device_copy(void* dst, const void* src, size_t bytes);
 
