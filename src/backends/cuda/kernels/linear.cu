@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
@@ -106,10 +107,21 @@ int stream_ksplit(const LinearParams& p, int64_t bx, int64_t bz, int64_t chunks_
 // Groups of K from the weight's shape alone: as many as one token tile needs to give every
 // multiprocessor two blocks, at least kStages - 1 chunks each (a full pipeline), at most 64. Split over
 // blocks when the row and token tiles alone do not fill the machine and the partials fit.
+// m-tiles a warp of linear_stream takes below 64 tokens: 2 (4 warps a 128-row block), or 1 with
+// TERN_STREAM_MT=1 (8 warps: twice the warps a multiprocessor on the same shared memory). Either gives the
+// same bits (a row's sums do not depend on which warp makes them).
+int stream_m_tiles() {
+  static const int mt = [] {
+    const char* e = std::getenv("TERN_STREAM_MT");
+    return e != nullptr && std::string_view(e) == "1" ? 1 : 2;
+  }();
+  return mt;
+}
+
 StreamPlan plan_linear_stream(const LinearParams& p) {
   StreamPlan plan;
   plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
-  plan.mt = plan.nt == 8 ? 1 : 2;
+  plan.mt = plan.nt == 8 ? 1 : stream_m_tiles();
   plan.bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
   const int chunk = chunk_of(p.w.kind);

@@ -25,6 +25,8 @@ struct StreamPlan {
   size_t smem = 0;
 };
 
+// m-tiles a warp below 64 tokens (linear.cu: 2, or 1 with TERN_STREAM_MT=1).
+int stream_m_tiles();
 StreamPlan plan_linear_stream(const LinearParams& p);
 
 namespace dev {
@@ -104,8 +106,13 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][j][i] = part[m][j][i] = 0.0f;
 
+  // The loop's bookkeeping by counters, not run-time divisions (a 64-bit modulo is a subroutine call): wi is
+  // i % win_chunks, gleft the chunks left in the current K group (the group ends where (c_begin + i + 1) is a
+  // multiple of chunks_per_group), slot i % kStages; the same chunks, windows, groups and sums.
+  const int cpg = static_cast<int>(a.chunks_per_group);
+  int wi = 0, slot = 0, gleft = cpg - static_cast<int>(c_begin % cpg);
+  [[maybe_unused]] const int sodd = static_cast<int>(c_begin & 1);  // fp8: scale block of chunk i is (i + sodd) / 2 from sb0
   for (int i = 0; i < n; ++i) {
-    const int wi = i % a.win_chunks;
     if (wi == 0) {
       __syncthreads();  // every warp is done with the previous window
       const int cols = min(a.win_chunks, n - i) * kChunk;
@@ -117,15 +124,16 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     __syncwarp();
     uint32_t fm[MT];
     if constexpr (F == WFmt::fp8) {
-      const uint32_t v = fp8_tab[(c_begin + i) * kChunk / 128 - sb0];
+      static_assert(kChunk == 64, "two FP8 chunks a 128-column scale block");
+      const uint32_t v = fp8_tab[(i + sodd) >> 1];
 #pragma unroll
       for (int m = 0; m < MT; ++m) fm[m] = v;
     } else {
 #pragma unroll
       for (int m = 0; m < MT; ++m) fm[m] = 0;
     }
-    consume_chunk<F, MT, NT>(ring, i % kStages, win, wstride, wi, n_live, fm, part);
-    if ((c_begin + i + 1) % a.chunks_per_group == 0 || i == n - 1) {
+    consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, fm, part);
+    if (--gleft == 0 || i == n - 1) {
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -136,8 +144,13 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
             part[m][j][e] = 0.0f;
           }
     }
-    if (i + kStages - 1 < n) issue_chunk<F, MT>(ring, (i + kStages - 1) % kStages, src, c_begin + i + kStages - 1, lane);
+    // The chunk kStages - 1 ahead goes into the slot just consumed's predecessor, i.e. (i + kStages - 1) % kStages.
+    const int ahead = slot == 0 ? kStages - 1 : slot - 1;
+    if (i + kStages - 1 < n) issue_chunk<F, MT>(ring, ahead, src, c_begin + i + kStages - 1, lane);
     cp_async_commit();
+    if (gleft == 0) gleft = cpg;
+    if (++wi == a.win_chunks) wi = 0;
+    if (++slot == kStages) slot = 0;
   }
   cp_async_wait<0>();
   grid_dependents_launch();  // every weight byte is in: the next kernel may be scheduled (docs: "PDL")
@@ -198,10 +211,13 @@ void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, const u
   a.y = p.y;
   a.partial = p.partial;
   a.counters = p.counters;
-  switch (plan.nt) {
-    case 1: dev::launch_stream_variant<F, 2, 1>(a, plan, stream); break;
-    case 2: dev::launch_stream_variant<F, 2, 2>(a, plan, stream); break;
-    case 4: dev::launch_stream_variant<F, 2, 4>(a, plan, stream); break;
+  switch (plan.nt * 10 + plan.mt) {
+    case 12: dev::launch_stream_variant<F, 2, 1>(a, plan, stream); break;
+    case 22: dev::launch_stream_variant<F, 2, 2>(a, plan, stream); break;
+    case 42: dev::launch_stream_variant<F, 2, 4>(a, plan, stream); break;
+    case 11: dev::launch_stream_variant<F, 1, 1>(a, plan, stream); break;
+    case 21: dev::launch_stream_variant<F, 1, 2>(a, plan, stream); break;
+    case 41: dev::launch_stream_variant<F, 1, 4>(a, plan, stream); break;
     default: dev::launch_stream_variant<F, 1, 8>(a, plan, stream); break;
   }
 }
