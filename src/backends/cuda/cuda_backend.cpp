@@ -278,13 +278,10 @@ class CudaMemory final : public DeviceMemory {
 std::vector<std::string> CudaBackend::kernel_paths() const {
   // What each op launches (docs/cuda-backend.md, "Kernel paths"); an op outside these throws "no cuda kernel".
   std::vector<std::string> paths = {
-      "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores, weights through a "
-      "per-warp cp.async ring; fp8: mma.sync f16 (e4m3 to f16 by the hardware conversion, x rounded to f16, "
-      "each 128-column block's sums times its f32 scale), mxfp4 / nvfp4: mma.sync bf16 (x rounded to bf16); "
-      "f32 accumulate; x converted once per block (from 9 tokens once per product: linear_x_window_kernel, the "
-      "same bytes); one m-tile a warp (8 warps a block) unless one n-tile of a product under 16M weights "
-      "(TERN_STREAM_MT forces 1 or 2); bf16 "
-      "weights: linear_bulk_kernel (cp.async.bulk warp rings, x rounded to bf16; TERN_LINEAR_VARIANT=1: linear_mma); "
+      "linear / grouped_linear (fp8 block, mxfp4, nvfp4): linear_stream_kernel, tensor cores (mma.sync bf16, "
+      "f32 accumulate), weights through a per-warp cp.async ring, x rounded to bf16 once per block (from 9 "
+      "tokens once per product: linear_x_window_kernel, the same bytes); bf16 "
+      "weights: linear_bulk_kernel (cp.async.bulk warp rings, same numerics; TERN_LINEAR_VARIANT picks others); "
       "f32 weights and shapes neither takes (row groups not a multiple of 128, misaligned fp4 scales): "
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer), CUDA cores, f32, 8 tokens per "
       "weight pass: bf16 rows linear_exact_rows_kernel (a warp per row slice), fp8 rows "

@@ -18,6 +18,7 @@ extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, c
 extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
 extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
 
+extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 
 extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
@@ -106,35 +107,21 @@ int stream_ksplit(const LinearParams& p, int64_t bx, int64_t bz, int64_t chunks_
 // Groups of K from the weight's shape alone: as many as one token tile needs to give every
 // multiprocessor two blocks, at least kStages - 1 chunks each (a full pipeline), at most 64. Split over
 // blocks when the row and token tiles alone do not fill the machine and the partials fit.
-// m-tiles a warp of linear_stream takes below 64 tokens: 1 (8 warps a 128-row block: twice the warps a
-// multiprocessor on the same shared memory, for a kernel bound by its instructions at two warps a scheduler),
-// except at one n-tile for products under 16M weights, where 2 (4 warps) measured faster (session 12: 1K
-// products 7.6 against 8.2 us at one token; wq_b 17.2 -> 15.9 us, and 10-25% at 16 tokens, with 1).
-// TERN_STREAM_MT=1 or 2 forces one. Either gives the same bits (a row's sums do not depend on which warp
-// makes them).
-namespace {
-
-std::atomic<int> g_stream_mt{-1};  // -1: not read from TERN_STREAM_MT yet
-
-}  // namespace
-
-void set_stream_m_tiles(int mt) { g_stream_mt.store(mt == 1 || mt == 2 ? mt : 0, std::memory_order_relaxed); }
-
-int stream_m_tiles(int nt, int64_t weights) {
-  int forced = g_stream_mt.load(std::memory_order_relaxed);
-  if (forced < 0) {
+// m-tiles a warp of linear_stream takes below 64 tokens: 2 (4 warps a 128-row block), or 1 with
+// TERN_STREAM_MT=1 (8 warps: twice the warps a multiprocessor on the same shared memory). Either gives the
+// same bits (a row's sums do not depend on which warp makes them).
+int stream_m_tiles() {
+  static const int mt = [] {
     const char* e = std::getenv("TERN_STREAM_MT");
-    forced = e == nullptr ? 0 : std::string_view(e) == "1" ? 1 : std::string_view(e) == "2" ? 2 : 0;
-    g_stream_mt.store(forced, std::memory_order_relaxed);
-  }
-  if (forced > 0) return forced;
-  return nt == 1 && weights < (int64_t{16} << 20) ? 2 : 1;
+    return e != nullptr && std::string_view(e) == "1" ? 1 : 2;
+  }();
+  return mt;
 }
 
 StreamPlan plan_linear_stream(const LinearParams& p) {
   StreamPlan plan;
   plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
-  plan.mt = plan.nt == 8 ? 1 : stream_m_tiles(plan.nt, p.w.out * p.w.in);
+  plan.mt = plan.nt == 8 ? 1 : stream_m_tiles();
   plan.bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
   const int chunk = chunk_of(p.w.kind);
@@ -173,23 +160,24 @@ int linear_variant() {
 
 void set_linear_variant(int variant) { g_linear_variant.store(variant, std::memory_order_relaxed); }
 
-// The bulk-copy kernel (linear_bulk_impl.cuh): bf16 weights, the streaming kernel's tiles (row groups whole
-// 128-row tiles); its copies need 16-byte aligned rows, which linear_mma_ok's 64-column chunks and aligned
-// base give.
+// The bulk-copy kernel (linear_bulk_impl.cuh): FP8-block and bf16 weights, the streaming kernel's tiles (row
+// groups whole 128-row tiles); its copies need 16-byte aligned rows, which linear_mma_ok's 64-column chunks
+// and aligned base give.
 bool linear_bulk_ok(const LinearParams& p) {
-  if (p.w.kind != WeightKind::bf16) return false;
+  if (p.w.kind != WeightKind::fp8 && p.w.kind != WeightKind::bf16) return false;
   if (!linear_mma_ok(p)) return false;
   return p.rows_per_group == p.w.out || p.rows_per_group % dev::kBulkLinRows == 0;
 }
 
-// bf16 products: variant 0 (and 2) on the bulk kernel (1.8x linear_mma at 16 tokens), 1 on linear_mma. (Its FP8
-// products, measured slower than linear_stream's since session 7, were removed in session 12.)
+// Variant 0 sends only bf16 to the bulk kernel: on the H200 (session 7, results.md) its FP8 products ran slower
+// than linear_stream's at T = 1 and 64 on every V4-Flash shape (wq_b 27.3 vs 18.3 us at T = 1), and FP8 gives the
+// same bits in both, so the faster one is kept; bf16 gained 1.8x at 16 tokens over linear_mma.
 bool linear_bulk_used(const LinearParams& p) {
   const int v = linear_variant();
-  return linear_bulk_ok(p) && (v == 0 || v == 2);
+  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightKind::bf16));
 }
 
-// Tiles, groups and splits as plan_linear_stream. Shared memory is
+// Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
 // sized for two blocks per multiprocessor (16 warps): the x window first (its budget by token count), then
 // each warp's ring: S stages of 16 rows x SC chunks, the most bytes in flight ((S - 1) * SC chunks) that the
 // rest holds, preferring 4 stages (a stage is released and refilled while 3 fly) unless that leaves copies of
@@ -204,22 +192,26 @@ BulkLinearPlan plan_linear_bulk(const LinearParams& p) {
   plan.ksplit = stream_ksplit(p, plan.bx, plan.bz, plan.chunks_per_group);
   const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
   const int rows = plan.nt * 8;
-  const int cb = dev::kBulkChunkBytes;
+  const bool fp8 = p.w.kind == WeightKind::fp8;
+  const int cb = fp8 ? dev::bulk_chunk_bytes<dev::WFmt::fp8>() : dev::bulk_chunk_bytes<dev::WFmt::bf16>();
   // Two blocks per multiprocessor (227 KB, 1 KB reserved each) up to 32 tokens (64-112 registers); at 64 tokens
   // the 8 n-tiles' accumulators take ~166 registers, one block fits, and it gets the whole shared memory.
   const int64_t block_budget = plan.nt == 8 ? 220 * 1024 : 110 * 1024;
   const int64_t win_budget = plan.nt == 8 ? 64 * 1024 : plan.nt == 4 ? 24 * 1024 : 16 * 1024;
   const int64_t fit = ((win_budget / rows - 64) / 2) / 64;  // chunks of x (bf16) the window holds
   plan.win_chunks = static_cast<int>(std::clamp<int64_t>(fit, 1, range));
+  plan.scale_words = fp8 ? static_cast<int>(range * 64 / 128 + 2) : 0;
   const int64_t win_bytes = static_cast<int64_t>(rows) * (plan.win_chunks * 64 * 2 + 64);
+  const int64_t tab_bytes = (plan.scale_words * 4 + 15) / 16 * 16;
   // Row stride of a stage: a quarter-warp's A loads cover rows g and g + 1 at the same 16-byte offsets, so
-  // the stride must not be a multiple of 128 bytes (== 16 for bf16's 32-byte lane runs).
+  // the stride must not be a multiple of 128 bytes (== 64 for FP8's 16-byte lane runs, == 16 for bf16's 32).
   auto stride_of = [&](int sc) {
     int st = sc * cb;
-    while (st % 128 != 16) st += 16;
+    const int want = fp8 ? 64 : 16;
+    while (st % 128 != want) st += 16;
     return st;
   };
-  const int64_t per_warp = (block_budget - win_bytes - dev::kBulkLinWarps * 4 * 8) / dev::kBulkLinWarps;
+  const int64_t per_warp = (block_budget - win_bytes - tab_bytes - dev::kBulkLinWarps * 4 * 8) / dev::kBulkLinWarps;
   int best_s = 2, best_sc = 1;
   int64_t best_score = -1;
   for (int st = 4; st >= 2; --st) {
@@ -236,7 +228,7 @@ BulkLinearPlan plan_linear_bulk(const LinearParams& p) {
   plan.stage_chunks = best_sc;
   plan.stages = static_cast<int>(std::min<int64_t>(best_s, (range + best_sc - 1) / best_sc));
   plan.row_stride = stride_of(best_sc);
-  plan.smem = static_cast<size_t>(dev::kBulkLinWarps) * plan.stages * 16 * plan.row_stride + win_bytes +
+  plan.smem = static_cast<size_t>(dev::kBulkLinWarps) * plan.stages * 16 * plan.row_stride + win_bytes + tab_bytes +
               static_cast<size_t>(dev::kBulkLinWarps) * plan.stages * 8;
   return plan;
 }
@@ -578,7 +570,10 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
   if (linear_bulk_used(p)) {
     const BulkLinearPlan plan = plan_linear_bulk(p);
-    launch_linear_bulk<dev::WFmt::bf16>(p, plan, make_x_windows<dev::WFmt::bf16>(p, plan.ksplit, stream), stream);
+    if (p.w.kind == WeightKind::fp8)
+      launch_linear_bulk<dev::WFmt::fp8>(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.ksplit, stream), stream);
+    else
+      launch_linear_bulk<dev::WFmt::bf16>(p, plan, make_x_windows<dev::WFmt::bf16>(p, plan.ksplit, stream), stream);
     return;
   }
   if (linear_stream_ok(p)) {
@@ -656,11 +651,11 @@ std::string linear_path_name(const LinearParams& p) {
   // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
   const std::string xw = x_window_used(p) ? "x_window + " : "";
   if (linear_bulk_used(p))
-    return xw + "linear_bulk<bf16> (tensor cores, cp.async.bulk warp rings)";
+    return xw + (p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
+           " (tensor cores, cp.async.bulk warp rings)";
   if (linear_stream_ok(p)) {
     const char* fmt = p.w.kind == WeightKind::fp8 ? "fp8 block" : p.w.kind == WeightKind::mxfp4 ? "mxfp4" : "nvfp4";
-    return xw + "linear_stream<" + fmt + "> (tensor cores" + (p.w.kind == WeightKind::fp8 ? ", f16" : ", bf16") +
-           ", cp.async weight ring)";
+    return xw + "linear_stream<" + fmt + "> (tensor cores, cp.async weight ring)";
   }
   switch (p.w.kind) {
     case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";

@@ -1,19 +1,19 @@
-// The bulk-copy linear kernel for bf16 weights at decode sizes (nvcc only; instantiated in linear_bulk_16.cu).
-// Same tiles, K groups, x window and fragments as linear_stream_kernel (linear_stream_impl.cuh); what changes
-// is how the weights arrive. (It took FP8 weights too until session 12, measured slower than linear_stream
-// there since session 7; FP8 products now run linear_stream's f16 path only.)
+// The bulk-copy linear kernel for FP8-block and bf16 weights at decode sizes (nvcc only; instantiated per
+// format in linear_bulk_<fmt>.cu). Same tiles, K groups, x window and fragments as linear_stream_kernel
+// (linear_stream_impl.cuh), so FP8 results are the SAME BITS; what changes is how the weights arrive.
 //
 // Why: linear_stream_kernel's lanes each copy 16-byte runs with cp.async (4 warps x 8 KB in flight per block,
 // ~12% occupancy): DRAM 37% busy and no eligible warp 63% of the cycles at T = 1. Here each warp owns a ring
-// of S stages; a stage is its 16 rows x SC chunks, one cp.async.bulk per row (a contiguous run of SC * 128
-// bytes) completing on the slot's mbarrier (bulk_pipe.cuh's WarpRing). A warp keeps
+// of S stages; a stage is its 16 rows x SC chunks, one cp.async.bulk per row (a contiguous run of SC * 64
+// bytes of FP8, SC * 128 of bf16) completing on the slot's mbarrier (bulk_pipe.cuh's WarpRing). A warp keeps
 // (S - 1) stages in flight without holding registers or issuing per-16-byte instructions, the block's 8 warps
 // never wait on each other's copies (only at x window changes), and the plan sizes the rings so that two
 // blocks (16 warps, 100+ KB of weights in flight) fit a multiprocessor.
 //
 // Grid: x = 128-row tiles (8 warps x one m-tile of 16 rows), y = K splits, z = token tiles of 8 * NT tokens.
 // Each warp reuses every weight fragment over all NT n-tiles (T <= 64 is one pass over the weights).
-// Numerics (mma_tile.cuh): weights exact in bf16, x rounded to bf16 once in the window, f32 accumulation. K order: groups of `chunks_per_group` chunks from the weight's
+// Numerics (mma_tile.cuh): weights exact in bf16 (FP8: e4m3 raw times the exact scale multiplier), x rounded
+// to bf16 once in the window, f32 accumulation. K order: groups of `chunks_per_group` chunks from the weight's
 // shape alone; a group is summed with one accumulator in chunk and k-step order, the groups are added as
 // (((0 + g0) + g1) + ...) in this block or by the last-arriving block of a split. A token's bits depend on
 // neither T nor its tile neighbours.
@@ -32,6 +32,7 @@ struct BulkLinearPlan {
   int ksplit = 1;
   int64_t chunks_per_group = 0;
   int win_chunks = 0;   // x window, chunks
+  int scale_words = 0;  // fp8 scale multipliers staged per block
   int stages = 0;       // ring stages per warp
   int stage_chunks = 0; // chunks per stage (SC)
   int row_stride = 0;   // bytes between a stage's rows (SC * chunk bytes, padded against bank conflicts)
@@ -44,12 +45,16 @@ constexpr int kBulkLinWarps = 8;              // one m-tile (16 rows) each: 128-
 constexpr int kBulkLinRows = 16 * kBulkLinWarps;
 constexpr int kBulkLinMaxSmem = 225 * 1024;   // under sm_90's 227 KB opt-in limit: the kernel has static shared memory too
 
-constexpr int kBulkChunkBytes = 128;  // bytes of one bf16 weight row per chunk (64 columns)
+// Bytes of one weight row per chunk (64 columns) in the bulk kernel's formats.
+template <WFmt F>
+constexpr int bulk_chunk_bytes() {
+  return F == WFmt::fp8 ? 64 : 128;
+}
 
 struct BulkLinArgs {
   MatRef mat;
   int64_t out, row_bytes, rows_per_group, x_stride, T, nchunks, chunks_per_group;
-  int win_chunks, stages, stage_chunks, row_stride;
+  int win_chunks, scale_words, stages, stage_chunks, row_stride;
   const float* x;
   const uint8_t* xw;     // x's windows made once for the product (linear_x_window_kernel), or nullptr: staged here
   int64_t xw_row_bytes;  // bytes between xw's token rows
@@ -58,19 +63,19 @@ struct BulkLinArgs {
   int* counters;
 };
 
-// acc += one chunk: the lane's rows g and g+8 at `w` and `w + 8 * row_stride` of the stage (its 32 bytes of
-// the chunk: the mma_tile.cuh lane-contiguous k permutation), x from the window chunk at `xb` (lane offset
-// applied).
+// acc += one chunk: the lane's rows g and g+8 at `w` and `w + 8 * row_stride` of the stage (its 16 (FP8) or
+// 32 (bf16) bytes of the chunk: the mma_tile.cuh lane-contiguous k permutation), x from the window chunk at
+// `xb` (lane offset applied). Same instruction order per accumulator as stream_tile.cuh's consume_chunk.
 template <WFmt F, int NT>
 __device__ __forceinline__ void bulk_lin_chunk(uint32_t w, int row8, uint32_t xb, int wstride, int n_live,
-                                               float (&acc)[NT][4]) {
+                                               uint32_t fmult, float (&acc)[NT][4]) {
   LaneRow<F> r0, r1;
 #pragma unroll
   for (int i = 0; i < Fmt<F>::kLaneBytes / 16; ++i) {
     r0.v[i] = lds128_at(w + 16 * i);
     r1.v[i] = lds128_at(w + row8 + 16 * i);
   }
-  const uint32_t m[2] = {0, 0};  // (bf16 weights: no multiplier)
+  const uint32_t m[2] = {fmult, fmult};
   static_for<XWindow<F>::kPieces>([&](auto qc) {
     constexpr int Q = decltype(qc)::value;
     uint4 b[NT];
@@ -90,16 +95,16 @@ __device__ __forceinline__ void bulk_lin_chunk(uint32_t w, int row8, uint32_t xb
 
 template <WFmt F, int NT>
 __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLinArgs a) {
-  static_assert(F == WFmt::bf16, "bf16 weights only");
-  constexpr int kChunk = Fmt<F>::kChunk, kCB = kBulkChunkBytes;
+  constexpr int kChunk = Fmt<F>::kChunk, kCB = bulk_chunk_bytes<F>();
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // Layout: [8 warp rings][x window][barriers 8 x stages].
+  // Layout: [8 warp rings][x window][fp8 scale table][barriers 8 x stages].
   const int stage_bytes = 16 * a.row_stride, ring_bytes = a.stages * stage_bytes;
   uint8_t* win = smem + kBulkLinWarps * ring_bytes;
   const int wstride = XWindow<F>::stride(a.win_chunks * kChunk);
   const int win_bytes = XWindow<F>::bytes(8 * NT, a.win_chunks * kChunk);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(win + win_bytes);
+  uint32_t* fp8_tab = reinterpret_cast<uint32_t*>(win + win_bytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(win + win_bytes + ((a.scale_words * 4 + 15) / 16) * 16);
   const WarpRing ring{bars + warp * a.stages, a.stages};
   if (lane == 0) ring.init();
   mbar_init_fence();
@@ -134,9 +139,11 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
     }
   };
   // Before the wait (PDL, launch.cuh): only shared memory (the barriers above) and the weights, which no
-  // kernel writes. Every stage of the ring is filled while the previous kernel finishes; x, y, the partials
-  // and the counters are touched only after grid_dependency_wait().
+  // kernel writes. Every stage of the ring is filled and the FP8 scale table staged while the previous kernel
+  // finishes; x, y, the partials and the counters are touched only after grid_dependency_wait().
   for (int s = 0; s < min(a.stages, nstages); ++s) issue(s);
+  const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
+  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
   grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
@@ -161,8 +168,10 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
     }
     const int s = i / SC, cc = i - s * SC;
     if (cc == 0) ring.wait_full(s);
+    uint32_t fm = 0;
+    if constexpr (F == WFmt::fp8) fm = fp8_tab[(c_begin + i) * kChunk / 128 - sb0];
     const uint32_t w = ring0 + ring.slot(s) * stage_bytes + cc * kCB + lane_w;
-    bulk_lin_chunk<F, NT>(w, row8, lane_x + wi * XWindow<F>::kChunkBytes, wstride, n_live, part);
+    bulk_lin_chunk<F, NT>(w, row8, lane_x + wi * XWindow<F>::kChunkBytes, wstride, n_live, fm, part);
     if ((c_begin + i + 1) % a.chunks_per_group == 0 || i == n - 1) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
@@ -216,15 +225,16 @@ void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, const
   a.mat.in = p.w.in;
   a.mat.s_cols = p.w.s_cols;
   a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
-  a.mat.out_mult = 1.0f;
+  a.mat.out_mult = F == dev::WFmt::fp8 ? dev::kWeightShift : 1.0f;
   a.out = p.w.out;
-  a.row_bytes = 2 * p.w.in;
+  a.row_bytes = F == dev::WFmt::fp8 ? p.w.in : 2 * p.w.in;
   a.rows_per_group = p.rows_per_group;
   a.x_stride = p.x_stride;
   a.T = p.T;
   a.nchunks = p.w.in / dev::Fmt<F>::kChunk;
   a.chunks_per_group = plan.chunks_per_group;
   a.win_chunks = plan.win_chunks;
+  a.scale_words = plan.scale_words;
   a.stages = plan.stages;
   a.stage_chunks = plan.stage_chunks;
   a.row_stride = plan.row_stride;

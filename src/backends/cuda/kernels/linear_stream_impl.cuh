@@ -25,8 +25,8 @@ struct StreamPlan {
   size_t smem = 0;
 };
 
-// m-tiles a warp below 64 tokens for nt n-tiles and a weight of `weights` elements (linear.cu).
-int stream_m_tiles(int nt, int64_t weights);
+// m-tiles a warp below 64 tokens (linear.cu: 2, or 1 with TERN_STREAM_MT=1).
+int stream_m_tiles();
 StreamPlan plan_linear_stream(const LinearParams& p);
 
 namespace dev {
@@ -98,22 +98,20 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
 
-  // acc: the finished K groups; part: the current group; blk (FP8): the current 128-column scale block's raw
-  // products, added into part times the block's scale when the block or the group ends.
-  float acc[MT][NT][4], part[MT][NT][4], blk[MT][NT][4];
+  float acc[MT][NT][4], part[MT][NT][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][j][i] = part[m][j][i] = blk[m][j][i] = 0.0f;
+      for (int i = 0; i < 4; ++i) acc[m][j][i] = part[m][j][i] = 0.0f;
 
   // The loop's bookkeeping by counters, not run-time divisions (a 64-bit modulo is a subroutine call): wi is
   // i % win_chunks, gleft the chunks left in the current K group (the group ends where (c_begin + i + 1) is a
   // multiple of chunks_per_group), slot i % kStages; the same chunks, windows, groups and sums.
   const int cpg = static_cast<int>(a.chunks_per_group);
   int wi = 0, slot = 0, gleft = cpg - static_cast<int>(c_begin % cpg);
-  const int sodd = static_cast<int>(c_begin & 1);  // fp8: chunk i is in scale block (i + sodd) / 2 from sb0
+  [[maybe_unused]] const int sodd = static_cast<int>(c_begin & 1);  // fp8: scale block of chunk i is (i + sodd) / 2 from sb0
   for (int i = 0; i < n; ++i) {
     if (wi == 0) {
       __syncthreads();  // every warp is done with the previous window
@@ -124,26 +122,18 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     }
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    const bool group_end = --gleft == 0 || i == n - 1;
+    uint32_t fm[MT];
     if constexpr (F == WFmt::fp8) {
       static_assert(kChunk == 64, "two FP8 chunks a 128-column scale block");
-      consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, blk);
-      if (((i + sodd) & 1) == 1 || group_end) {  // the block's second chunk, or the group ends inside it
-        const float s = __uint_as_float(fp8_tab[(i + sodd) >> 1]);
+      const uint32_t v = fp8_tab[(i + sodd) >> 1];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              part[m][j][e] = fmaf(blk[m][j][e], s, part[m][j][e]);
-              blk[m][j][e] = 0.0f;
-            }
-      }
+      for (int m = 0; m < MT; ++m) fm[m] = v;
     } else {
-      consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, part);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) fm[m] = 0;
     }
-    if (group_end) {
+    consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, fm, part);
+    if (--gleft == 0 || i == n - 1) {
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -205,8 +195,7 @@ void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, const u
   a.mat.in = p.w.in;
   a.mat.s_cols = p.w.s_cols;
   a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
-  // FP8 sums come out at scale (f16 weights, f32 block scales); FP4 weights are held as W * 2^-16.
-  a.mat.out_mult = F == dev::WFmt::fp8 ? 1.0f : dev::kWeightShift * (F == dev::WFmt::nvfp4 ? p.w.global_scale : 1.0f);
+  a.mat.out_mult = dev::kWeightShift * (F == dev::WFmt::nvfp4 ? p.w.global_scale : 1.0f);
   a.out = p.w.out;
   a.row_bytes = F == dev::WFmt::fp8 ? p.w.in : p.w.in / 2;
   a.rows_per_group = p.rows_per_group;

@@ -11,14 +11,8 @@
 //   k-step S is one 8-byte load and a quad's loads fall in distinct banks. Every warp of the block and every
 //   weight row share it: no per-warp conversion, no per-k-step global load.
 //
-// Numerics: weights exact, f32 accumulation; the k order of a token's sum depends only on the chunk sequence,
-// never on how many tokens share the tile. FP4 as mma_tile.cuh (x rounded to bf16, each weight times its
-// scale in bf16). FP8 (since session 12): the e4m3 bytes go to f16 by the hardware conversion (one
-// instruction a pair, exact) and x is rounded to f16 (11 significant bits where bf16 has 8; |x| must stay
-// under f16's 65504, as every FP8 product's input of V4 does: normed or clamped activations); a 128-column
-// scale block's products are summed apart and added times the block's f32 scale, so no per-weight multiply.
-// The bf16 path spent four instructions a weight pair (permute, shift, mask, scale multiply) and ran bound by
-// its instructions at two warps a scheduler (ncu, session 12).
+// Numerics are those of mma_tile.cuh (weights exact, x rounded to bf16, f32 accumulation); the k order of
+// a token's sum depends only on the chunk sequence, never on how many tokens share the tile.
 #pragma once
 
 #include "backends/cuda/kernels/launch.cuh"
@@ -93,9 +87,7 @@ struct XWindow {
 // 0,4,1,5,2,6,3,7), and its byte offset in a window row from the row's first (chunk-aligned) column.
 template <WFmt F>
 __device__ __forceinline__ uint4 x_piece(const float4& a, const float4& c) {
-  if constexpr (F == WFmt::fp8)
-    return make_uint4(pack_f16(a.x, a.y), pack_f16(a.z, a.w), pack_f16(c.x, c.y), pack_f16(c.z, c.w));
-  else if constexpr (is_fp4<F>())
+  if constexpr (is_fp4<F>())
     return make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
   else
     return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
@@ -196,9 +188,8 @@ __device__ __forceinline__ void fill_x_window(uint8_t* win, int rows, int stride
   stage_x<F>(win, rows, c0, cols, stride, xrow, threadIdx.x, blockDim.x);
 }
 
-// The FP8 scales of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128 columns; zero past
-// the matrix) as f32 bits: a block's f16 products (exact e4m3 weights) are multiplied by it once. All threads of
-// the block.
+// The FP8 scale multipliers of a 128-row tile for its scale blocks sb0 .. sb0 + words - 1 (one per 128
+// columns; zero past the matrix) as bf16x2: e4m3 raw is 2^-120, so W * 2^-16. All threads of the block.
 __device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile_row0, int64_t sb0, int words,
                                                  uint32_t* tab) {
   const int64_t srow = tile_row0 / 128;
@@ -209,7 +200,7 @@ __device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile
       const int64_t i = srow * mat.s_cols + col;
       s = mat.scale_f32 ? reinterpret_cast<const float*>(mat.s)[i] : e8m0_to_f32(mat.s[i]);
     }
-    tab[j] = __float_as_uint(s);
+    tab[j] = bf16x2_splat(s * 0x1p104f);
   }
 }
 
@@ -253,16 +244,18 @@ __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_
 }
 
 // acc[m][n] += the chunk in ring stage `slot` times the x window's chunk `wchunk`, for the n-tiles
-// n < n_live (the rest are all padding). FP8: the raw e4m3 products (the caller applies the block's scale).
+// n < n_live (the rest are all padding). fp8_mult[m]: the bf16x2 scale multiplier of m-tile m for this
+// chunk (fp8 only).
 template <WFmt F, int MT, int NT>
 __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, const uint8_t* win, int wstride,
-                                              int wchunk, int n_live, float (&acc)[MT][NT][4]) {
+                                              int wchunk, int n_live, const uint32_t (&fp8_mult)[MT],
+                                              float (&acc)[MT][NT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint8_t* wst = ring + slot * (2 * MT * 32 * 16);
   LaneRow<F> raw[MT][2];
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) raw[r / 2][r % 2].v[0] = lds128(wst + (r * 32 + lane) * 16);
-  [[maybe_unused]] uint32_t msc[MT][2][2];  // fp4 only
+  uint32_t msc[MT][2][2];
   if constexpr (is_fp4<F>()) {
     const uint8_t* sst = ring + kStages * (2 * MT * 32 * 16) + slot * (32 * 8) + g * 32;
     uint2 words[4];
@@ -276,6 +269,11 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, con
     }
 #pragma unroll
     for (int r = 0; r < 2 * MT; ++r) fp4_row_scales<F>(words[r], t, msc[r / 2][r % 2]);
+  } else {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) msc[m][h][0] = msc[m][h][1] = fp8_mult[m];
   }
   const uint8_t* xb = win + wchunk * XWindow<F>::kChunkBytes + t * 16 + g * wstride;
   static_for<XWindow<F>::kPieces>([&](auto qc) {
@@ -288,24 +286,14 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, con
       constexpr int H = decltype(hc)::value, S = 2 * Q + H;
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        if constexpr (F == WFmt::fp8) {  // f16 weights and x, no multiplier (the block's scale comes after)
-          uint32_t a0, a1, a2, a3;
-          e4m3x4_to_f16x2x2(word_of(raw[m][0].v[0], S), a0, a2);
-          e4m3x4_to_f16x2x2(word_of(raw[m][1].v[0], S), a1, a3);
+        const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
+        const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
+        const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
+        const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
 #pragma unroll
-          for (int n = 0; n < NT; ++n)
-            if (n < n_live)
-              mma_f16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
-        } else {
-          const uint32_t a0 = a_pair<F, S, 0>(raw[m][0], msc[m][0]);
-          const uint32_t a1 = a_pair<F, S, 0>(raw[m][1], msc[m][1]);
-          const uint32_t a2 = a_pair<F, S, 1>(raw[m][0], msc[m][0]);
-          const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-            if (n < n_live)
-              mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
-        }
+        for (int n = 0; n < NT; ++n)
+          if (n < n_live)
+            mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
       }
     });
   });
