@@ -413,7 +413,8 @@ TEST_P(GpuBasic, LinearOldVariant) {
 // same bits for every T (1, 3: one n-tile; 16, 64: 2 / 8 n-tiles; 100: two token tiles), plain and grouped
 // (wo_a); bf16 products of the bulk kernel are checked against the CPU above and here only for the path name.
 // From 9 tokens variants 0 and 2 take x from linear_x_window_kernel (made once per product) where variant 1's blocks
-// stage it themselves: the same bytes, so the same bits again.
+// stage it themselves: the same bytes, so the same bits again. And linear_stream with one m-tile a warp (8 warps a
+// block) gives the bits of two (4 warps): TERN_STREAM_MT's two settings.
 TEST_P(GpuBasic, LinearBulkMatchesStream) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
@@ -447,8 +448,11 @@ TEST_P(GpuBasic, LinearBulkMatchesStream) {
         return cuda::to_host(y);
       };
       const Tensor staged = run(1);
-      for (const auto& [variant, what] : {std::pair{2, "linear_bulk"}, std::pair{0, "linear_stream (x windows)"}}) {
-        const Tensor a = run(variant);
+      for (const auto& [variant, what] : {std::pair{2, "linear_bulk"}, std::pair{0, "linear_stream (x windows)"},
+                                          std::pair{10, "one m-tile a warp"}, std::pair{20, "two m-tiles a warp"}}) {
+        if (variant >= 10) cuda::set_stream_m_tiles(variant / 10);
+        const Tensor a = run(variant >= 10 ? 0 : variant);
+        cuda::set_stream_m_tiles(0);
         int64_t differ = 0;
         for (int64_t i = 0; i < a.numel(); ++i)
           if (std::memcmp(a.data<float>() + i, staged.data<float>() + i, 4) != 0) ++differ;

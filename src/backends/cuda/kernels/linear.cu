@@ -107,21 +107,47 @@ int stream_ksplit(const LinearParams& p, int64_t bx, int64_t bz, int64_t chunks_
 // Groups of K from the weight's shape alone: as many as one token tile needs to give every
 // multiprocessor two blocks, at least kStages - 1 chunks each (a full pipeline), at most 64. Split over
 // blocks when the row and token tiles alone do not fill the machine and the partials fit.
-// m-tiles a warp of linear_stream takes below 64 tokens: 2 (4 warps a 128-row block), or 1 with
-// TERN_STREAM_MT=1 (8 warps: twice the warps a multiprocessor on the same shared memory). Either gives the
-// same bits (a row's sums do not depend on which warp makes them).
-int stream_m_tiles() {
-  static const int mt = [] {
+// m-tiles a warp of linear_stream takes below 64 tokens: 1 (8 warps a 128-row block: twice the warps a
+// multiprocessor on the same shared memory, for a kernel that issues an instruction every ~5 cycles a warp
+// at two warps a scheduler, ncu session 12), except at one n-tile for products under 16M weights, where 2
+// (4 warps) measured faster (session 12: 8M-weight products 7.6 against 8.2 us at one token; with 1, wq_b
+// 17.2 -> 15.9 us at one token and 10-25% off every product at 16 tokens). TERN_STREAM_MT=1 or 2 (or
+// set_stream_m_tiles) forces one. Either gives the same bits (a row's sums do not depend on which warp makes
+// them).
+namespace {
+
+std::atomic<int> g_stream_mt{-1};  // -1: not read from TERN_STREAM_MT yet
+
+}  // namespace
+
+void set_stream_m_tiles(int mt) { g_stream_mt.store(mt == 1 || mt == 2 ? mt : 0, std::memory_order_relaxed); }
+
+int stream_m_tiles(int nt, int64_t weights) {
+  int forced = g_stream_mt.load(std::memory_order_relaxed);
+  if (forced < 0) {
     const char* e = std::getenv("TERN_STREAM_MT");
-    return e != nullptr && std::string_view(e) == "1" ? 1 : 2;
+    forced = e == nullptr ? 0 : std::string_view(e) == "1" ? 1 : std::string_view(e) == "2" ? 2 : 0;
+    g_stream_mt.store(forced, std::memory_order_relaxed);
+  }
+  if (forced > 0) return forced;
+  return nt == 1 && weights < (int64_t{16} << 20) ? 2 : 1;
+}
+
+// n-tiles of a linear_stream token tile at most: 8 (one tile up to 64 tokens), or 4 with TERN_STREAM_MAX_NT=4
+// (tiles of 32 tokens: two blocks read each weight row tile at 33-64 tokens, the second mostly from L2, with
+// half the accumulators). The same bits either way (a token's sums do not depend on its tile).
+int stream_max_n_tiles() {
+  static const int nt = [] {
+    const char* e = std::getenv("TERN_STREAM_MAX_NT");
+    return e != nullptr && std::string_view(e) == "4" ? 4 : 8;
   }();
-  return mt;
+  return nt;
 }
 
 StreamPlan plan_linear_stream(const LinearParams& p) {
   StreamPlan plan;
-  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
-  plan.mt = plan.nt == 8 ? 1 : stream_m_tiles();
+  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 || stream_max_n_tiles() == 4 ? 4 : 8;
+  plan.mt = plan.nt == 8 ? 1 : stream_m_tiles(plan.nt, p.w.out * p.w.in);
   plan.bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);
   const int chunk = chunk_of(p.w.kind);

@@ -58,7 +58,8 @@ std::vector<int> linear_group_candidates(const LinearParams& p);
 int linear_groups_used(const LinearParams& p);
 // Part of every tuning key of the streaming linear: bump it when a change to the kernel makes old
 // measurements meaningless.
-inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // v2: K groups shared with linear_bulk
+// v2: K groups shared with linear_bulk; v3 (session 12): 8 warps a block from 9 tokens (stream_m_tiles)
+inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v3";
 // The kernel variant of FP8-block and bf16 products (process-wide; benchmarks and tests compare them on the
 // same shapes): 0 (default) = linear_bulk_kernel (cp.async.bulk warp rings) for bf16, linear_stream for FP8;
 // 1 = the previous kernels (linear_stream for FP8, linear_mma for bf16); 2 = linear_bulk_kernel for both. FP8
@@ -66,6 +67,9 @@ inline constexpr const char* kLinearStreamTuneVersion = "linear_stream.v2";  // 
 // TERN_LINEAR_VARIANT; linear_path_name says which kernel runs.
 int linear_variant();
 void set_linear_variant(int variant);
+// linear_stream's m-tiles a warp below 64 tokens: 0 = the rule (linear.cu, stream_m_tiles), 1 or 2 forced (tests
+// and benchmarks; TERN_STREAM_MT sets the start value). The same bits either way.
+void set_stream_m_tiles(int mt);
 // True when the bulk-copy kernel can take this product (FP8 block or bf16, the streaming kernel's tiles), and
 // when launch_linear will use it (that, and bf16 in variant 0 or any in variant 2).
 bool linear_bulk_ok(const LinearParams& p);

@@ -25,8 +25,10 @@ struct StreamPlan {
   size_t smem = 0;
 };
 
-// m-tiles a warp below 64 tokens (linear.cu: 2, or 1 with TERN_STREAM_MT=1).
-int stream_m_tiles();
+// m-tiles a warp below 64 tokens for nt n-tiles and a weight of `weights` elements (linear.cu).
+int stream_m_tiles(int nt, int64_t weights);
+// n-tiles a token tile at most (linear.cu: 8, or 4 with TERN_STREAM_MAX_NT=4).
+int stream_max_n_tiles();
 StreamPlan plan_linear_stream(const LinearParams& p);
 
 namespace dev {
