@@ -133,20 +133,24 @@ int stream_m_tiles(int nt, int64_t weights) {
   return nt == 1 && weights < (int64_t{16} << 20) ? 2 : 1;
 }
 
-// n-tiles of a linear_stream token tile at most: 8 (one tile up to 64 tokens), or 4 with TERN_STREAM_MAX_NT=4
-// (tiles of 32 tokens: two blocks read each weight row tile at 33-64 tokens, the second mostly from L2, with
-// half the accumulators). The same bits either way (a token's sums do not depend on its tile).
-int stream_max_n_tiles() {
-  static const int nt = [] {
+// n-tiles of a linear_stream token tile at most: 4 (tiles of 32 tokens: at 33-64 tokens two blocks read each
+// weight row tile, the second mostly from L2, with half the accumulators and two blocks a multiprocessor) for
+// products of up to 8M weights, 8 (one tile up to 64 tokens) above. Session 12 at 64 tokens, us (8 / 4):
+// wq_a 23.1 / 16.6, wkv 21.8 / 15.1, shared w1|w3 31.1 / 24.6, w2 29.5 / 20.3, idx.wq_b 15.1 / 13.9; but wq_b
+// 34.3 / 39.0, wo_a 53.1 / 60.7, wo_b 50.8 / 97.0. TERN_STREAM_MAX_NT=4 or 8 forces one. The same bits either
+// way (a token's sums do not depend on its tile).
+int stream_max_n_tiles(int64_t weights) {
+  static const int forced = [] {
     const char* e = std::getenv("TERN_STREAM_MAX_NT");
-    return e != nullptr && std::string_view(e) == "4" ? 4 : 8;
+    return e == nullptr ? 0 : std::string_view(e) == "4" ? 4 : std::string_view(e) == "8" ? 8 : 0;
   }();
-  return nt;
+  if (forced > 0) return forced;
+  return weights <= (int64_t{8} << 20) ? 4 : 8;
 }
 
 StreamPlan plan_linear_stream(const LinearParams& p) {
   StreamPlan plan;
-  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 || stream_max_n_tiles() == 4 ? 4 : 8;
+  plan.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 || stream_max_n_tiles(p.w.out * p.w.in) == 4 ? 4 : 8;
   plan.mt = plan.nt == 8 ? 1 : stream_m_tiles(plan.nt, p.w.out * p.w.in);
   plan.bx = (p.w.out + dev::kStreamRows - 1) / dev::kStreamRows;
   plan.bz = (p.T + plan.nt * 8 - 1) / (plan.nt * 8);

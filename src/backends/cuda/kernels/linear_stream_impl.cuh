@@ -27,8 +27,8 @@ struct StreamPlan {
 
 // m-tiles a warp below 64 tokens for nt n-tiles and a weight of `weights` elements (linear.cu).
 int stream_m_tiles(int nt, int64_t weights);
-// n-tiles a token tile at most (linear.cu: 8, or 4 with TERN_STREAM_MAX_NT=4).
-int stream_max_n_tiles();
+// n-tiles a token tile at most for a weight of `weights` elements (linear.cu: 4 up to 8M, else 8).
+int stream_max_n_tiles(int64_t weights);
 StreamPlan plan_linear_stream(const LinearParams& p);
 
 namespace dev {
