@@ -301,8 +301,18 @@ int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }  // floats: keeps the x
 // block cost more than the weights at 16-64 tokens), except in variant 1 (the previous kernels, for
 // comparison). The workspace is sized for the windows from 9 tokens whatever the variant (x_window_wanted);
 // where it is short the kernels stage x themselves: the same bits either way.
+// TERN_X_WINDOW_MIN sets the first token count that takes them (9; for A/Bs).
+int64_t x_window_min_tokens() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("TERN_X_WINDOW_MIN");
+    return e != nullptr && std::atoll(e) > 0 ? static_cast<int64_t>(std::atoll(e)) : int64_t{9};
+  }();
+  return n;
+}
 bool x_window_wanted(const LinearParams& p) { return p.T > 8; }
-bool x_window_used(const LinearParams& p) { return x_window_wanted(p) && linear_variant() != 1; }
+bool x_window_used(const LinearParams& p) {
+  return x_window_wanted(p) && p.T >= x_window_min_tokens() && linear_variant() != 1;
+}
 int64_t x_window_floats(const LinearParams& p) { return round_up4((p.T * linear_x_cols(p) * 2 + 3) / 4); }
 int64_t split_partial_floats(const LinearParams& p, int ksplit) { return ksplit > 1 ? ksplit * p.T * p.w.out : 0; }
 
