@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
 #pragma unroll
       for (int m = 0; m < MT; ++m) fm[m] = 0;
     }
-    consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, fm, part);
+    if (NT > 1 && n_live == NT) consume_chunk<F, MT, NT, true>(ring, slot, win, wstride, wi, n_live, fm, part);
+    else consume_chunk<F, MT, NT>(ring, slot, win, wstride, wi, n_live, fm, part);
     if (--gleft == 0 || i == n - 1) {
 #pragma unroll
       for (int m = 0; m < MT; ++m)

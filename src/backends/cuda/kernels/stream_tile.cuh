@@ -245,8 +245,9 @@ __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_
 
 // acc[m][n] += the chunk in ring stage `slot` times the x window's chunk `wchunk`, for the n-tiles
 // n < n_live (the rest are all padding). fp8_mult[m]: the bf16x2 scale multiplier of m-tile m for this
-// chunk (fp8 only).
-template <WFmt F, int MT, int NT>
+// chunk (fp8 only). FULL: n_live == NT, known at compile time (the common case from 9 tokens: no per-n-tile
+// test around each load and mma; the same operations in the same order).
+template <WFmt F, int MT, int NT, bool FULL = false>
 __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, const uint8_t* win, int wstride,
                                               int wchunk, int n_live, const uint32_t (&fp8_mult)[MT],
                                               float (&acc)[MT][NT][4]) {
@@ -281,7 +282,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, con
     uint4 b[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-      if (n < n_live) b[n] = lds128(xb + n * 8 * wstride + Q * 64);
+      if (FULL || n < n_live) b[n] = lds128(xb + n * 8 * wstride + Q * 64);
     static_for<2>([&](auto hc) {
       constexpr int H = decltype(hc)::value, S = 2 * Q + H;
 #pragma unroll
@@ -292,7 +293,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, con
         const uint32_t a3 = a_pair<F, S, 1>(raw[m][1], msc[m][1]);
 #pragma unroll
         for (int n = 0; n < NT; ++n)
-          if (n < n_live)
+          if (FULL || n < n_live)
             mma_bf16(acc[m][n], a0, a1, a2, a3, H == 0 ? b[n].x : b[n].z, H == 0 ? b[n].y : b[n].w);
       }
     });
