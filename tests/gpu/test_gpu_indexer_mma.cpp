@@ -28,6 +28,7 @@ struct Chunk {
   int64_t n = 0, start = 0, S = 0, heads = 0, dim = 0;
   int ratio = 4;
   Tensor q, w, pos;
+  Tensor keys;  // [S, dim] as drawn (the paged pair holds them shuffled into pages)
   std::shared_ptr<const PagedPair> paged;  // shared with the chunks made by part()
   cuda::DeviceTensor dq, dw, dpos;
 
@@ -37,7 +38,10 @@ struct Chunk {
     S = (start + n) / ratio + extra;
     q = random_f32({n, heads, dim}, r);
     w = random_f32({n, heads}, r);
-    if (S > 0) paged = std::make_shared<const PagedPair>(paged_pair(random_f32({S, dim}, r), 5, r));
+    if (S > 0) {
+      keys = random_f32({S, dim}, r);
+      paged = std::make_shared<const PagedPair>(paged_pair(keys, 5, r));
+    }
     set_positions();
   }
   // Queries off .. off + m - 1 alone, over the same keys.
@@ -83,6 +87,25 @@ struct Chunk {
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     b.check_device_errors();
     return cuda::to_host(out);
+  }
+
+  // The scale of query i's sums: max over its visible keys of sum_h |w_h| sum_d |q_hd k_d|, what the rounding
+  // errors of any f32-class evaluation are proportional to (a score itself can be far smaller: the heads'
+  // weights have both signs, so a row with few keys may cancel to near zero).
+  double magnitude(int64_t i) const {
+    double best = 0;
+    for (int64_t k = 0; k < visible(i); ++k) {
+      double m = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        double dot = 0;
+        const float* qh = q.data<float>() + (i * heads + h) * dim;
+        const float* kk = keys.data<float>() + k * dim;
+        for (int64_t d = 0; d < dim; ++d) dot += std::fabs(double(qh[d]) * kk[d]);
+        m += std::fabs(double(w.data<float>()[i * heads + h])) * dot;
+      }
+      best = std::max(best, m);
+    }
+    return best;
   }
 
   // The CPU's scores of the given queries [rows, S].
@@ -141,6 +164,8 @@ TEST_P(GpuIndexerMma, ScoresAgainstCpu) {
     if (c.S == 0) continue;
     const std::vector<int64_t> rows = sample_rows(c.n);
     const Tensor ref = c.cpu_scores(rows);
+    std::vector<double> row_scale(rows.size());
+    for (size_t j = 0; j < rows.size(); ++j) row_scale[j] = c.magnitude(rows[j]);
     for (const cuda::IndexerMmaSplit split : kSplits) {
       const Tensor got = c.mma_scores(split);
       const std::string what =
@@ -157,25 +182,24 @@ TEST_P(GpuIndexerMma, ScoresAgainstCpu) {
       EXPECT_EQ(wrong_mask, 0) << what << ": entries not finite where visible or not -inf where not";
       // Values on the sampled rows.
       Tensor mine(DType::f32, {static_cast<int64_t>(rows.size()), c.S});
-      double worst = 0;  // max |gpu - cpu| over the row's largest |score|
+      double worst = 0;  // max |gpu - cpu| over the row's magnitude (Chunk::magnitude)
       for (size_t j = 0; j < rows.size(); ++j) {
         const float* g = got.data<float>() + rows[j] * c.S;
         const float* f = ref.data<float>() + j * c.S;
         std::memcpy(mine.data<float>() + j * c.S, g, c.S * 4);
-        float row_max = 0;
+        const double scale = row_scale[j];
         for (int64_t k = 0; k < c.S; ++k)
-          if (std::isfinite(f[k])) row_max = std::max(row_max, std::fabs(f[k]));
-        for (int64_t k = 0; k < c.S; ++k)
-          if (std::isfinite(f[k]) && row_max > 0)
-            worst = std::max(worst, std::fabs(double(g[k]) - f[k]) / row_max);
+          if (std::isfinite(f[k]) && scale > 0) worst = std::max(worst, std::fabs(double(g[k]) - f[k]) / scale);
       }
-      // Emulated (tools/reference/indexer_split_numerics.py): both splits within ~2e-7 of the row's max of f64,
-      // the CPU's own f32 sums ~3e-7, so the two differ by ~5e-7 at most.
+      // Emulated (tools/reference/indexer_split_numerics.py): both splits within ~2e-7 of f64 and the CPU's own f32
+      // sums ~3e-7, relative to the sums' magnitude, so the two differ by ~5e-7 at most. (Until session 12 the
+      // bound was taken relative to the row's largest |score|, which a row with few keys can cancel far below the
+      // magnitude: 2 of 6 fresh-seed runs failed at n=37, 9 keys, with 0.6-2.1e-5.)
       EXPECT_LE(worst, 5e-6) << what;
       const Compare cmp = compare(upload(mine), ref);
       EXPECT_EQ(cmp.bad, 0) << what;
       EXPECT_LE(cmp.rel_err, kTolF32) << what;
-      std::printf("  %-80s rel_err %.2e, max err %.2e of the row's max (%zu rows checked)\n", what.c_str(),
+      std::printf("  %-80s rel_err %.2e, max err %.2e of the row magnitude (%zu rows checked)\n", what.c_str(),
                   cmp.rel_err, worst, rows.size());
     }
   }
