@@ -100,25 +100,24 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
     // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 1 = linear_stream
     // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma.
     const bool fp8 = f == ops::WeightFormat::fp8_block;
+    const std::string row = cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")");
+    const std::string shape = cat(out, "x", in, " T=", T);
+    auto product = [&](const ops::Weight& w) {
+      if (groups > 1) ops::grouped_linear(x, w, y);
+      else ops::linear(x, w, y);
+    };
     const std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
     for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
       const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v1 staged" : " v1 old";
-      measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")", tag),
-              cat(out, "x", in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()), [&](int i) {
-                if (groups > 1) ops::grouped_linear(x, rot.copies[i], y);
-                else ops::linear(x, rot.copies[i], y);
-              });
+      measure(row + tag, shape, static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
+              [&](int i) { product(rot.copies[i]); });
     }
     if (variants) cuda::set_linear_variant(0);
     // The same weight every call (up to ~40 MB stays in L2): what the kernel gives when its bytes are near,
     // i.e. whether DRAM or the kernel itself sets the time above.
     if (!g_profile && bytes <= (size_t{40} << 20))
-      measure(cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ") L2-hot"),
-              cat(out, "x", in, " T=", T), static_cast<double>(bytes), 8, [&](int) {
-                if (groups > 1) ops::grouped_linear(x, rot.copies[0], y);
-                else ops::linear(x, rot.copies[0], y);
-              });
+      measure(row + " L2-hot", shape, static_cast<double>(bytes), 8, [&](int) { product(rot.copies[0]); });
   }
 }
 

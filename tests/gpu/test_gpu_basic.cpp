@@ -448,10 +448,15 @@ TEST_P(GpuBasic, LinearBulkMatchesStream) {
         return cuda::to_host(y);
       };
       const Tensor staged = run(1);
-      for (const auto& [variant, what] : {std::pair{2, "linear_bulk"}, std::pair{0, "linear_stream (x windows)"},
-                                          std::pair{10, "one m-tile a warp"}, std::pair{20, "two m-tiles a warp"}}) {
-        if (variant >= 10) cuda::set_stream_m_tiles(variant / 10);
-        const Tensor a = run(variant >= 10 ? 0 : variant);
+      struct Against {
+        int variant, m_tiles;  // m_tiles 0: linear_stream's own rule (stream_m_tiles)
+        const char* what;
+      };
+      for (const auto& [variant, m_tiles, what] :
+           {Against{2, 0, "linear_bulk"}, Against{0, 0, "linear_stream (x windows)"},
+            Against{0, 1, "one m-tile a warp"}, Against{0, 2, "two m-tiles a warp"}}) {
+        cuda::set_stream_m_tiles(m_tiles);
+        const Tensor a = run(variant);
         cuda::set_stream_m_tiles(0);
         int64_t differ = 0;
         for (int64_t i = 0; i < a.numel(); ++i)

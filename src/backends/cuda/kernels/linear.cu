@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "backends/cuda/kernels/launch.cuh"
@@ -118,6 +119,14 @@ namespace {
 
 std::atomic<int> g_stream_mt{-1};  // -1: not read from TERN_STREAM_MT yet
 
+// An A/B knob's value: environment variable `name` when it reads `a` or `b`, else 0 (the rule decides).
+int env_choice(const char* name, int a, int b) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return 0;
+  const std::string_view v(e);
+  return v == std::to_string(a) ? a : v == std::to_string(b) ? b : 0;
+}
+
 }  // namespace
 
 void set_stream_m_tiles(int mt) { g_stream_mt.store(mt == 1 || mt == 2 ? mt : 0, std::memory_order_relaxed); }
@@ -125,8 +134,7 @@ void set_stream_m_tiles(int mt) { g_stream_mt.store(mt == 1 || mt == 2 ? mt : 0,
 int stream_m_tiles(int nt, int64_t weights) {
   int forced = g_stream_mt.load(std::memory_order_relaxed);
   if (forced < 0) {
-    const char* e = std::getenv("TERN_STREAM_MT");
-    forced = e == nullptr ? 0 : std::string_view(e) == "1" ? 1 : std::string_view(e) == "2" ? 2 : 0;
+    forced = env_choice("TERN_STREAM_MT", 1, 2);
     g_stream_mt.store(forced, std::memory_order_relaxed);
   }
   if (forced > 0) return forced;
@@ -140,10 +148,7 @@ int stream_m_tiles(int nt, int64_t weights) {
 // 34.3 / 39.0, wo_a 53.1 / 60.7, wo_b 50.8 / 97.0. TERN_STREAM_MAX_NT=4 or 8 forces one. The same bits either
 // way (a token's sums do not depend on its tile).
 int stream_max_n_tiles(int64_t weights) {
-  static const int forced = [] {
-    const char* e = std::getenv("TERN_STREAM_MAX_NT");
-    return e == nullptr ? 0 : std::string_view(e) == "4" ? 4 : std::string_view(e) == "8" ? 8 : 0;
-  }();
+  static const int forced = env_choice("TERN_STREAM_MAX_NT", 4, 8);
   if (forced > 0) return forced;
   return weights <= (int64_t{8} << 20) ? 4 : 8;
 }
