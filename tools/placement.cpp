@@ -57,15 +57,24 @@ Placement place_model(model::Model& m, const std::string& device) {
   return p;
 }
 
-std::vector<std::string> configure_kernels(const model::Model& m, const std::string& device, const std::string& mode,
-                                           const std::string& cache_path, bool batch_invariant) {
+std::vector<std::string> configure_kernels(model::Model& m, const std::string& device, const TuneOptions& t) {
+  const std::string& mode = t.mode;
+  const std::string& cache_path = t.cache;
+  const bool batch_invariant = t.batch_invariant;
   TERN_CHECK(mode == "off" || mode == "cached" || mode == "on", "--tune: expected off, cached or on, found \"", mode,
              "\"");
-  if (device != "cuda") return {};
+  m.set_activations(ops::parse_activations(t.activations));
+  std::vector<std::string> lines;
+  lines.push_back(m.activations() == ops::Activations::fp8
+                      ? std::string("activations fp8: x quantised to e4m3 in 1x128 blocks (power-of-two scales) before "
+                                    "each FP8 product, as the official reference; routed experts, bf16 and exact "
+                                    "products keep their own")
+                      : std::string("activations native (FP8 products take x as f32 on the CPU, bf16 on the GPU's "
+                                    "tensor cores)"));
+  if (device != "cuda") return lines;
 #if TERN_WITH_CUDA
   cuda::CudaBackend& b = cuda::register_backend();
   b.set_batch_invariant(batch_invariant);
-  std::vector<std::string> lines;
   lines.push_back(batch_invariant ? std::string("batch invariant: every product on tern's own kernels (a token's "
                                                 "logits do not depend on the other tokens of its step)")
                                   : cat("products of >= ", cuda::CudaBackend::library_min_tokens(),
@@ -86,10 +95,9 @@ std::vector<std::string> configure_kernels(const model::Model& m, const std::str
   for (const auto& c : s.choices) lines.push_back(cat("tuned ", c));
   return lines;
 #else
-  (void)m;
   (void)cache_path;
   (void)batch_invariant;
-  return {};
+  return lines;
 #endif
 }
 

@@ -23,13 +23,19 @@ struct Placement {
 void prepare_device(const std::string& device);
 // Moves the model to the device prepared above (no-op on the CPU).
 Placement place_model(model::Model& m, const std::string& device);
-// Kernel choices for a model on the GPU (none on the CPU): --batch-invariant (every product on tern's own
-// kernels, or products of many tokens on cuBLAS) and tuning (--tune off|cached|on, --tune-cache;
-// docs/cuda-backend.md, "Tuning"): "cached" runs the linears with the tuning table's choices, "on" also
-// measures what the table lacks and saves it, "off" keeps the built-in rule. Returns the lines to log.
-// Call before the model's first forward; throws naming a bad mode or an unusable table file.
-std::vector<std::string> configure_kernels(const model::Model& m, const std::string& device, const std::string& mode,
-                                           const std::string& cache_path, bool batch_invariant);
+// Kernel options of the verbs that run a model (verb.h adds them to a command line).
+struct TuneOptions {
+  std::string mode = "off", cache;
+  bool batch_invariant = false;
+  std::string activations = "native";
+};
+// Kernel choices for a model: --activations native|fp8 (ops/act_quant.h; every device), and on the GPU
+// --batch-invariant (every product on tern's own kernels, or products of many tokens on cuBLAS) and tuning
+// (--tune off|cached|on, --tune-cache; docs/cuda-backend.md, "Tuning"): "cached" runs the linears with the
+// tuning table's choices, "on" also measures what the table lacks and saves it, "off" keeps the built-in
+// rule. Returns the lines to log. Call before the model's first forward; throws naming a bad mode or an
+// unusable table file.
+std::vector<std::string> configure_kernels(model::Model& m, const std::string& device, const TuneOptions& t);
 // --kv-mode: "exact" (f32 state rows: tern's reference numerics; on the GPU the attention runs on CUDA cores, 3-4x
 // slower prefill), "fp8" (DeepSeek's FP8 rows: the tensor-core attention kernels) or "auto" (the default of run
 // and serve): fp8 on a GPU, exact on the CPU. Throws naming a bad value. `note` gets the line to log.

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/placement.h"
+
 namespace tern::tools {
 
 struct Verb {
@@ -23,12 +25,14 @@ struct Verb {
 bool register_verb(Verb verb);
 const std::vector<Verb>& verbs();
 
-// Kernel options of the verbs that run a model on the GPU (placement.h, configure_kernels).
-struct TuneOptions {
-  std::string mode = "off", cache;
-  bool batch_invariant = false;
-};
+// Kernel options of the verbs that run a model (placement.h: TuneOptions, configure_kernels).
 inline void add_tune_options(CLI::App& app, TuneOptions& t) {
+  app.add_option("--activations", t.activations,
+                 "native (each backend's own: CPU f32, GPU bf16 tensor-core operands) or fp8 (the official "
+                 "reference's: x quantised to e4m3 in 1x128 blocks with power-of-two scales before each FP8 "
+                 "product)")
+      ->check(CLI::IsMember({"native", "fp8"}))
+      ->capture_default_str();
   app.add_option("--tune", t.mode,
                  "off, cached or on: with --device cuda, run the linear kernels with the configurations measured "
                  "fastest on this GPU (cached: from the tuning file only; on: also measure what it lacks, a few "

@@ -88,6 +88,7 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
     mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
   }
   head_ = op_weight(w_.head);
+  apply_activations();
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
   layer_specs_ = make_layer_specs();
@@ -161,8 +162,27 @@ void Model::to_device(Device device, const Upload& upload) {
     mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
   }
   head_ = op_weight(w_.head);
+  apply_activations();
   inv_freq_main_ = Tensor::copy_of(inv_freq_main_, device_);
   inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
+}
+
+void Model::set_activations(ops::Activations a) {
+  act_ = a;
+  apply_activations();
+}
+
+void Model::apply_activations() {
+  const bool fp8 = act_ == ops::Activations::fp8;
+  // The official reference quantises x before every FP8 linear; the exact products (router gate, indexer)
+  // keep f32 inputs so that their top-k agrees with the reference, and bf16 weights take x as it is.
+  const auto mark = [&](ops::Weight& w) { w.act_fp8 = fp8 && w.format == ops::WeightFormat::fp8_block && !w.exact; };
+  for (LayerOps& o : layer_ops_) {
+    for (ops::Weight* w : {&o.wq_a, &o.wq_b, &o.wkv, &o.wo_a, &o.wo_b, &o.wq_a_wkv, &o.shared.w1, &o.shared.w2,
+                           &o.shared.w3, &o.shared_w13, &o.idx_wq_b})
+      mark(*w);
+  }
+  mark(mtp_e_proj_), mark(mtp_h_proj_);
 }
 
 std::vector<ops::LinearUse> Model::linears() const {

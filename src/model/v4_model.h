@@ -21,6 +21,7 @@
 #include "cache/sequence_state.h"
 #include "core/tensor.h"
 #include "model/weights.h"
+#include "ops/act_quant.h"
 #include "ops/kv_row.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -68,6 +69,11 @@ class Model {
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
+  // Which activations the FP8 dense products see (ops/act_quant.h): native (the default) or fp8, the official
+  // reference's act_quant before each of them (attention projections, shared expert, MTP projections; not
+  // the exact products, the bf16 ones or the routed experts). Kept across to_device.
+  void set_activations(ops::Activations a);
+  ops::Activations activations() const { return act_; }
   ops::KvRowFormat kv_format() const;
   // Every weight forward() passes to linear() or grouped_linear(), with its groups (kernel tuning).
   std::vector<ops::LinearUse> linears() const;
@@ -164,6 +170,8 @@ class Model {
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
+  // Marks the op weights the activations mode applies to (after every rebuild of the op weights).
+  void apply_activations();
   Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
                       bool logits_on_device);
   Tensor run_layers(const Batch& b);
@@ -223,6 +231,7 @@ class Model {
 
   ModelWeights w_;
   KvMode mode_;
+  ops::Activations act_ = ops::Activations::native;
   Device device_ = Device::cpu;
   Observer observer_;
   std::vector<LayerOps> layer_ops_;  // the trunk's layers, then the MTP block's (when present)

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "ops/act_quant.h"
 
 namespace tern::ops {
 
@@ -49,9 +50,7 @@ void encode_kv_row(const float* x, const KvRowFormat& f, std::byte* row) {
   for (int64_t b = 0; b < f.scale_count(); ++b) {
     float amax = 0.0f;
     for (int64_t i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(x[b * 64 + i]));
-    // The reference's rule, evaluated as it does (in double): 2^ceil(log2(max(amax, 1e-4) / 448)).
-    const double exponent = std::ceil(std::log2(std::max<double>(amax, 1e-4f) / 448.0));
-    const float scale = static_cast<float>(std::ldexp(1.0, static_cast<int>(exponent)));
+    const float scale = std::ldexp(1.0f, fp8_scale_exponent(amax));  // the reference's rule (act_quant.h)
     scales[b] = f32_to_e8m0(scale);
     for (int64_t i = 0; i < 64; ++i) fp8[b * 64 + i] = f32_to_e4m3(x[b * 64 + i] / scale);
   }

@@ -30,6 +30,9 @@ struct Weight {
   // Compute y in f32 on every backend (the CUDA one otherwise rounds x to bf16 for the tensor cores): set for
   // the router gates, whose top-k must pick the reference's experts.
   bool exact = false;
+  // x is quantised as the official reference does before the product (act_quant.h: 1x128 e4m3, power-of-two
+  // scales) on every backend: set by `--activations fp8` on the FP8 dense products that are not exact.
+  bool act_fp8 = false;
 
   Device device() const { return weight.device(); }
 };

@@ -23,6 +23,7 @@
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
+#include "backends/cuda/library_gemm.h"
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #include "core/dtype.h"
@@ -114,6 +115,13 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
               [&](int i) { product(rot.copies[i]); });
     }
     if (variants) cuda::set_linear_variant(0);
+    // --activations fp8: act_quant + linear_x8_kernel (below 512 tokens), the quantisation included.
+    if (fp8) {
+      std::vector<ops::Weight> q(rot.copies.begin(), rot.copies.end());
+      for (ops::Weight& w : q) w.act_fp8 = true;
+      measure(row + " act-fp8 x8", shape, static_cast<double>(bytes), static_cast<int>(q.size()),
+              [&](int i) { product(q[i]); });
+    }
     // The same weight every call (up to ~40 MB stays in L2): what the kernel gives when its bytes are near,
     // i.e. whether DRAM or the kernel itself sets the time above.
     if (!g_profile && bytes <= (size_t{40} << 20))
@@ -621,6 +629,39 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
   cuda::set_exact_path(saved);
 }
 
+// The library's rates on V4-Flash's dense projection shapes at prefill chunk sizes: cuBLAS bf16 (the product
+// linear runs from kLibraryMinTokens tokens, on weights expanded to bf16) beside cuBLASLt's FP8 product with
+// DeepSeek's block scales (LibraryGemm::fp8_block: 1x128 activation and 128x128 weight scales, sm_90 only).
+// The products alone, on random operands already in device memory (no rounding of x, weight expansion or
+// activation quantisation). FLOP: 2 T out in.
+void bench_library(const std::vector<int64_t>& Ts) {
+  struct Projection {
+    const char* name;
+    int64_t out, in;
+  };
+  const std::vector<Projection> projections{{"wq_a", 1024, 4096},         {"wq_b", 32768, 1024},
+                                            {"wkv", 512, 4096},           {"wo_b", 4096, 8192},
+                                            {"shared.w1|w3", 4096, 4096}, {"shared.w2", 4096, 2048}};
+  cuda::LibraryGemm lib;
+  const auto s = static_cast<cudaStream_t>(cuda::register_backend().stream());
+  const bool fp8 = lib.fp8_block_supported();
+  std::printf("\nlibrary GEMMs (products alone, random operands in device memory)%s:\n"
+              "| product | out x in | T | bf16 us | bf16 TFLOP/s | fp8 block us | fp8 block TFLOP/s | fp8 / bf16 time |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|\n",
+              fp8 ? "" : " (no FP8 block-scaled figures: they need an sm_90 card and cuBLASLt >= 12.9)");
+  for (const int64_t T : Ts) {
+    for (const Projection& p : projections) {
+      const double flop = 2.0 * static_cast<double>(T) * static_cast<double>(p.out) * static_cast<double>(p.in);
+      const double bf16_us = lib.time_us(s, T, p.out, p.in, false, 10);
+      const double fp8_us = fp8 ? lib.time_fp8_block_us(s, T, p.out, p.in, 10) : 0.0;
+      std::printf("| %s | %lldx%lld | %lld | %.1f | %.0f | %.1f | %.0f | %.2f |\n", p.name,
+                  static_cast<long long>(p.out), static_cast<long long>(p.in), static_cast<long long>(T), bf16_us,
+                  flop / (bf16_us * 1e6), fp8_us, fp8 ? flop / (fp8_us * 1e6) : 0.0, fp8 ? fp8_us / bf16_us : 0.0);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tern::gputest
 
@@ -628,18 +669,18 @@ int main(int argc, char** argv) {
   using namespace tern;
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
-  // --only SECTION: one section's rows (linear, exact, moe, moe_prefill, attention, attention_prefill, indexer,
-  // indexer_prefill, mhc, probe, small_reads)
+  // --only SECTION: one section's rows (linear, exact, library, moe, moe_prefill, attention, attention_prefill,
+  // indexer, indexer_prefill, mhc, probe, small_reads)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
-          only != "probe" && only != "small_reads" && only != "exact") {
+          only != "probe" && only != "small_reads" && only != "exact" && only != "library") {
         std::fprintf(stderr,
-                     "tern_gpu_bench: --only takes linear, exact, moe, moe_prefill, attention, attention_prefill, "
-                     "indexer, indexer_prefill, mhc, probe or small_reads, not %s\n",
+                     "tern_gpu_bench: --only takes linear, exact, library, moe, moe_prefill, attention, "
+                     "attention_prefill, indexer, indexer_prefill, mhc, probe or small_reads, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -702,6 +743,8 @@ int main(int argc, char** argv) {
     bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);
   }
   if (section("exact")) bench_exact(dec, r);
+  if (section("library"))
+    bench_library(quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{1024, 2048, 8192});
   const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
   if (section("moe")) {
     bench_moe(WeightFormat::mxfp4, moe_t, r);

@@ -1,10 +1,14 @@
 // linear / grouped_linear in every weight format against dequantize-by-formula then matmul in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
+#include "ops/act_quant.h"
 #include "ops/linear.h"
 #include "test_util.h"
 
@@ -137,6 +141,73 @@ TEST(Linear, RejectsMisshapedWeights) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("weight test (mxfp4)"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// The reference's act_quant: power-of-two scales 2^ceil(log2(max(amax, 1e-4) / 448)), e4m3 values within +-448,
+// and the dequantised value within half an e4m3 step (relative 2^-4) of x; the amax floor keeps tiny blocks
+// finite.
+TEST(ActQuant, ReferenceRule) {
+  test::Random rng(3);
+  const int64_t n = 4 * ops::kActBlock;
+  Tensor x = rng.tensor({n});
+  float* v = x.data<float>();
+  for (int64_t i = 0; i < ops::kActBlock; ++i) v[i] *= 1e-7f;                    // block 0: under the floor
+  for (int64_t i = 2 * ops::kActBlock; i < 3 * ops::kActBlock; ++i) v[i] *= 1000.0f;  // block 2: large
+  v[3 * ops::kActBlock + 5] = 448.0f;  // block 3: amax exactly 448 -> scale 1
+  std::vector<uint8_t> q(n);
+  std::vector<float> s(n / ops::kActBlock), fq(n);
+  ops::act_quant_fp8(v, n, q.data(), s.data());
+  ops::act_fake_quant_fp8(v, n, fq.data());
+  EXPECT_EQ(s[0], std::ldexp(1.0f, ops::fp8_scale_exponent(1e-4f)));  // the floor
+  EXPECT_EQ(s[3], 1.0f);
+  for (int64_t b = 0; b < n / ops::kActBlock; ++b) {
+    int e = 0;
+    EXPECT_EQ(std::frexp(s[b], &e), 0.5f) << "scale " << s[b] << " is not a power of two";
+    float amax = 0;
+    for (int64_t i = 0; i < ops::kActBlock; ++i) amax = std::max(amax, std::fabs(v[b * ops::kActBlock + i]));
+    EXPECT_LE(std::max(amax, 1e-4f) / s[b], 448.0f);
+    EXPECT_GT(std::max(amax, 1e-4f) / s[b], 224.0f);  // the smallest power of two that fits
+    for (int64_t i = b * ops::kActBlock; i < (b + 1) * ops::kActBlock; ++i) {
+      EXPECT_EQ(fq[i], e4m3_to_f32(q[i]) * s[b]) << i;
+      EXPECT_LE(std::fabs(fq[i] - v[i]), std::max(std::fabs(v[i]) / 16, s[b] * 0x1p-10f)) << i;
+    }
+  }
+  EXPECT_THROW(ops::act_quant_fp8(v, 100, q.data(), s.data()), Error);
+}
+
+// A weight with act_fp8 multiplies the dequantised quantised x: exactly the plain product of act_fake_quant(x).
+TEST(ActQuant, LinearTakesTheQuantisedRows) {
+  test::Random rng(7);
+  const int64_t out = 96, in = 256, T = 3;
+  TestWeight tw = make_weight(ops::WeightFormat::fp8_block, out, in, rng);
+  Tensor x = rng.tensor({T, in}), xq = rng.tensor({T, in});
+  for (int64_t t = 0; t < T; ++t) ops::act_fake_quant_fp8(x.data<float>() + t * in, in, xq.data<float>() + t * in);
+  Tensor want(DType::f32, {T, out}), got(DType::f32, {T, out});
+  ops::linear(xq, tw.w, want);
+  tw.w.act_fp8 = true;
+  ops::linear(x, tw.w, got);
+  EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0);
+  Tensor plain(DType::f32, {T, out});
+  tw.w.act_fp8 = false;
+  ops::linear(x, tw.w, plain);
+  EXPECT_NE(std::memcmp(want.data<float>(), plain.data<float>(), want.nbytes()), 0) << "quantisation changed nothing";
+  Tensor odd = rng.tensor({T, 200});
+  TestWeight tw2 = make_weight(ops::WeightFormat::fp8_block, out, 200, rng);
+  tw2.w.act_fp8 = true;
+  Tensor y2(DType::f32, {T, out});
+  EXPECT_THROW(ops::linear(odd, tw2.w, y2), Error);
+}
+
+TEST(ActQuant, ParsesItsModes) {
+  EXPECT_EQ(ops::parse_activations("fp8"), ops::Activations::fp8);
+  EXPECT_EQ(ops::parse_activations("native"), ops::Activations::native);
+  EXPECT_THROW(ops::parse_activations("bf16"), Error);
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ int run(const Args& a) {
   const std::string commit = built != nullptr && *built != '\0' ? std::string(built)
                                                                 : run_and_read("git rev-parse --short HEAD 2>/dev/null");
   say(cat("== tern bench-step: ", a.config, " config (", config.num_layers, " layers), ", a.experts, " experts, kv ",
-          a.kv_mode, ", device ", a.device, "; commit ", commit, ", ", date));
+          a.kv_mode, ", activations ", a.tune.activations, ", device ", a.device, "; commit ", commit, ", ", date));
 
   // The ceilings, measured first (the model takes the memory afterwards).
   const bool full = a.config == "full";
@@ -189,7 +189,7 @@ int run(const Args& a) {
       tools::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
   model::Model& m = *placed.model;
   say(placed.description);
-  for (const auto& line : tools::configure_kernels(m, a.device, a.tune.mode, a.tune.cache, a.tune.batch_invariant)) say(line);
+  for (const auto& line : tools::configure_kernels(m, a.device, a.tune)) say(line);
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
           " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
           " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
@@ -407,7 +407,8 @@ int run(const Args& a) {
     for (const tools::GemmRate& g : gemms) say(gemm_line(g));
   }
 
-  say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", ", a.device, "; commit ",
+  say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", activations ",
+          a.tune.activations, ", ", a.device, "; commit ",
           commit, ", ", date, ")"));
   say(placed.sharing.shared() ? cat("SHARED EXPERT STORAGE: ", placed.sharing.description)
                               : cat("no shared storage: ", placed.sharing.description));
@@ -434,6 +435,7 @@ int run(const Args& a) {
     j["config"] = a.config;
     j["experts"] = a.experts;
     j["kv_mode"] = a.kv_mode;
+    j["activations"] = a.tune.activations;
     j["device"] = a.device;
     j["shared_expert_storage"] = placed.sharing.shared();
     j["sharing"] = placed.sharing.description;

@@ -103,7 +103,7 @@ int run(const RunArgs& a) {
   const model::ModelConfig config = weights.config;
   model::Model m(std::move(weights), kv);
   const tools::Placement placed = tools::place_model(m, a.device);
-  for (const auto& line : tools::configure_kernels(m, a.device, a.tune.mode, a.tune.cache, a.tune.batch_invariant)) std::printf("%s\n", line.c_str());
+  for (const auto& line : tools::configure_kernels(m, a.device, a.tune)) std::printf("%s\n", line.c_str());
   const std::string& where = placed.description;
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);

@@ -133,7 +133,7 @@ Loaded load(const ServeArgs& a) {
     weight_bytes = checkpoint_bytes(dir);
     source = dir;
   }
-  for (const auto& line : tools::configure_kernels(*m, a.device, a.tune.mode, a.tune.cache, a.tune.batch_invariant)) log::info(line);
+  for (const auto& line : tools::configure_kernels(*m, a.device, a.tune)) log::info(line);
   const auto& config = m->config();
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);

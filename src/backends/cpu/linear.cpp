@@ -7,6 +7,7 @@
 #include "backends/cpu/kernels.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "ops/act_quant.h"
 
 namespace tern::cpu {
 namespace {
@@ -87,6 +88,14 @@ void RowDequantizer::row(int64_t r, float* out) const {
 
 void matmul_rows(const float* x, int64_t T, int64_t x_stride, int64_t rows_per_group, const ops::Weight& w,
                  float* y) {
+  std::vector<float> xq;
+  if (w.act_fp8) {  // the reference's activations: every row of x fake-quantised in 128-column blocks
+    TERN_CHECK(x_stride % ops::kActBlock == 0, "linear ", w.name, ": --activations fp8 needs rows of a multiple of ",
+               ops::kActBlock, " columns, got ", x_stride);
+    xq.resize(static_cast<size_t>(T * x_stride));
+    for (int64_t t = 0; t < T; ++t) ops::act_fake_quant_fp8(x + t * x_stride, x_stride, xq.data() + t * x_stride);
+    x = xq.data();
+  }
   const RowDequantizer dq(w);
   const int64_t in = w.in, out = w.out;
   // At least ~16k multiply-adds per thread, so tiny products stay on one thread.

@@ -2,6 +2,8 @@
 #include <string_view>
 
 #include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/linear_x8.cuh"
 #include "backends/cuda/kernels/elementwise.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/norm.cuh"
@@ -82,8 +84,58 @@ void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float
   rope(out, positions, inv_freq, false);
 }
 
+namespace {
+
+// --activations fp8 (ops::Weight::act_fp8): x quantised as the official reference does (act_quant.cuh), then
+// at decode sizes the FP8 x FP8 kernel (linear_x8.cuh); prefill chunks and shapes it does not take get the
+// dequantised x (e4m3 * scale, exact in bf16 and f32) through the paths that take x as it comes.
+void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                        const TensorView& y) {
+  const int64_t T = x.dim(0), cols = groups * w.in;
+  TERN_CHECK(w.format == ops::WeightFormat::fp8_block, "linear ", w.name, ": --activations fp8 applies to FP8 weights, not ",
+             ops::weight_format_name(w.format));
+  TERN_CHECK(cols % 128 == 0, "linear ", w.name, ": --activations fp8 needs rows of a multiple of 128 columns, got ",
+             cols);
+  const ActRows rows{x.data_as<const float>(), T, cols, cols};
+  LinearParams p;
+  p.w = device_mat(w);
+  p.T = T;
+  p.x_stride = cols;
+  p.rows_per_group = w.out / groups;
+  p.y = y.data_as<float>();
+  p.num_sms = impl.num_sms;
+  if (!impl.library_for(T) && linear_x8_ok(p)) {
+    Tensor xh(DType::f16, {T, cols}, Device::cuda, TensorInit::uninitialized);
+    Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
+    launch_act_quant_f16(rows, xh.data<uint16_t>(), sx.data<float>(), impl.stream);
+    check_launch("act_quant");
+    const int64_t want = linear_x8_partial_floats(p);
+    if (want > 0) {
+      p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
+      p.partial_floats = want;
+      p.counters = static_cast<int*>(impl.counters.data());
+      p.num_counters = impl.num_counters;
+    }
+    launch_linear_x8(p, xh.data<const uint16_t>(), sx.data<const float>(), impl.stream);
+    check_launch("linear_x8");
+    return;
+  }
+  Tensor xf(DType::f32, {T, cols}, Device::cuda, TensorInit::uninitialized);
+  launch_act_fake_quant(rows, xf.data<float>(), cols, impl.stream);
+  check_launch("act_fake_quant");
+  ops::Weight plain = w;
+  plain.act_fp8 = false;
+  run_linear(impl, xf.view(), plain, groups, y);
+}
+
+}  // namespace
+
 void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                 const TensorView& y) {
+  if (w.act_fp8) {
+    run_linear_act_fp8(impl, x, w, groups, y);
+    return;
+  }
   if (run_library_linear(impl, x, w, groups, y)) return;
   LinearParams p;
   p.w = device_mat(w);

@@ -5,6 +5,9 @@
 // global scale goes into alpha) into scratch, x is rounded to bf16 as our kernels round it, and cuBLAS
 // accumulates in f32: the numerics of the tensor-core kernels, in another summation order.
 //
+// FP8 weights can also stay FP8: fp8_block runs cuBLASLt's block-scaled FP8 product (DeepSeek's 1x128 activation
+// and 128x128 weight scales, Hopper only) on x quantised by the caller.
+//
 // Host code of the CUDA backend (includes the runtime API); no cuBLAS header leaves this file pair.
 #pragma once
 
@@ -58,11 +61,35 @@ class LibraryGemm {
   void bf16_each(cudaStream_t s, std::span<const GroupedProblem> problems, int64_t m, int64_t k, int64_t lda,
                  int64_t ldb, int64_t ldc);
 
+  // FP8 product with DeepSeek's block scales on cuBLASLt (sm_90 only; library_gemm.cpp gives the sources):
+  //   y[t, r] (f32, row stride ldy) = sum over 128-column blocks b of
+  //                                   sx[b, t] * sw[r / 128, b] * sum_{k in b} xq[t, k] * wq[r, k]
+  // - xq: e4m3 [T, in], row stride ldx bytes (a multiple of 16); wq: e4m3 [out, in] (rows of `in` bytes).
+  // - sx: f32 activation scales stored TOKEN-major, [in / 128][T] (sx[b * T + t]: the transpose of a
+  //   quantiser's natural [T, in / 128]), as cuBLASLt reads 1x128 scales.
+  // - sw: f32 [out / 128][fp8_weight_scale_ld(in)] row-major (the checkpoint's [out / 128, in / 128] with each row
+  //   padded to a multiple of 4 scales); launch_block_scales_f32 writes it from e8m0 or f32 scales once per weight.
+  // - in % 128 == 0, out % 128 == 0, T % 4 == 0 (see kFp8TokenMultiple), every pointer 16-byte aligned, ldy % 4 == 0.
+  // groups > 1: a block-diagonal weight (wo_a): `out` and `in` are one group's; xq [T, groups * in], wq
+  // [groups * out, in], y [T, groups * out] (group g maps columns g * in.. of x to columns g * out.. of y), sx
+  // [groups * in / 128][T], sw [groups * out / 128][fp8_weight_scale_ld(in)]. One cuBLASLt call per group.
+  // Throws tern::Error on a shape or layout it cannot take, or where the card / cuBLAS has no such product.
+  void fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, const uint8_t* xq, int64_t ldx, const float* sx,
+                 const uint8_t* wq, const float* sw, float* y, int64_t ldy, int groups = 1);
+  // Whether this device and the cuBLASLt loaded at run time have fp8_block (compute capability 9.x, cuBLASLt >= 12.9).
+  bool fp8_block_supported() const;
+  // Row stride (in scales) of fp8_block's weight scales for `in` columns: ceil(in / 128) rounded up to 4.
+  static int64_t fp8_weight_scale_ld(int64_t in);
+  // fp8_block's token count must be a multiple of this (sx's rows are T scales: 16-byte aligned rows; see the .cpp).
+  static constexpr int64_t kFp8TokenMultiple = 4;
+
   // Time of bf16(T, out, in) (or f32) on random operands in device memory: the library's rate on a shape.
   double time_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, bool f32, int reps);
   // Time of the MoE's products alone on already expanded bf16 experts: T tokens x k picks spread evenly
   // over E experts, w1|w3 ([2 inter, D]) then w2 ([D, inter]) per expert, as the op issues them.
   double time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
+  // Time of fp8_block(T, out, in) on random operands in device memory (unit scales; T a multiple of 4).
+  double time_fp8_block_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps);
 
  private:
   struct Impl;

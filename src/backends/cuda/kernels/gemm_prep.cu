@@ -212,6 +212,34 @@ __global__ void fill_random_bf16_kernel(uint16_t* out, int64_t n, float sigma, u
   }
 }
 
+// One thread a scale of the padded [rows, ld] output; the padding columns get 0 (cuBLASLt never reads them as
+// scales of real blocks, but they must be finite memory it may load).
+__global__ void block_scales_f32_kernel(const uint8_t* s, int scale_f32, int64_t rows, int64_t cols, int64_t ld,
+                                        float* out) {
+  pdl_prologue();
+  const int64_t n = rows * ld;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ld, c = i - r * ld;
+    float v = 0.0f;
+    if (c < cols) v = scale_f32 ? reinterpret_cast<const float*>(s)[r * cols + c] : e8m0_to_f32(s[r * cols + c]);
+    out[i] = v;
+  }
+}
+
+// Random e4m3 bytes with the exponent field's top bit cleared: |value| < 2, never NaN (0x7f / 0xff need it set).
+__global__ void fill_random_e4m3_kernel(uint8_t* out, int64_t n, uint64_t seed) {
+  pdl_prologue();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    out[i] = static_cast<uint8_t>(z & 0xbfu);
+  }
+}
+
 Mat16 mat16(const DeviceMat& w) {
   return Mat16{w.kind, static_cast<const uint8_t*>(w.w), static_cast<const uint8_t*>(w.s), w.in, w.s_cols,
                w.scale_f32 ? 1 : 0, w.global_scale};
@@ -272,6 +300,19 @@ void launch_moe_swiglu_bf16(const float* h13, int64_t rows, int64_t inter, float
   const int64_t n = rows * inter / 8;
   if (n == 0) return;
   launch(dev::moe_swiglu_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, h13, rows, inter, limit, h);
+}
+
+void launch_block_scales_f32(const void* s, bool scale_f32, int64_t rows, int64_t cols, int64_t ld, float* out,
+                             cudaStream_t stream) {
+  const int64_t n = rows * ld;
+  if (n == 0) return;
+  launch(dev::block_scales_f32_kernel, dev::grid_stride_blocks(n), 256, 0, stream, static_cast<const uint8_t*>(s),
+         scale_f32 ? 1 : 0, rows, cols, ld, out);
+}
+
+void launch_fill_random_e4m3(uint8_t* out, int64_t n, uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(dev::fill_random_e4m3_kernel, dev::grid_stride_blocks(n), 256, 0, stream, out, n, seed);
 }
 
 void launch_fill_random_bf16(uint16_t* out, int64_t n, float sigma, uint64_t seed, cudaStream_t stream) {

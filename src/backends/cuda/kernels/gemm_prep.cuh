@@ -38,6 +38,15 @@ void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f3
 void launch_moe_swiglu_bf16(const float* h13, int64_t rows, int64_t inter, float limit, uint16_t* h,
                             cudaStream_t stream);
 
+// Block scales as f32 for cuBLASLt's block-scaled FP8 products (LibraryGemm::fp8_block): out[r * ld + c] =
+// s[r, c] for c < cols, 0 in the padding columns cols <= c < ld. s is [rows, cols] row-major, e8m0 bytes or (scale_f32)
+// f32; once per weight at load, so the product reads f32 scales in the padded layout cuBLASLt asks for.
+void launch_block_scales_f32(const void* s, bool scale_f32, int64_t rows, int64_t cols, int64_t ld, float* out,
+                             cudaStream_t stream);
+
+// Random e4m3 bytes of magnitude under 2, never NaN (benchmarks of the library's FP8 rate).
+void launch_fill_random_e4m3(uint8_t* out, int64_t n, uint64_t seed, cudaStream_t stream);
+
 // Random bf16 values of standard deviation about `sigma` (benchmarks of the library's rate).
 void launch_fill_random_bf16(uint16_t* out, int64_t n, float sigma, uint64_t seed, cudaStream_t stream);
 

@@ -1,0 +1,96 @@
+// act_quant.cuh's kernel: one warp a (row, 128-column block); a lane holds 4 consecutive values.
+#include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/kv_row_dev.cuh"
+#include "backends/cuda/kernels/launch.cuh"
+
+namespace tern::cuda {
+namespace dev {
+
+enum class ActOut : int { bytes, f16q, f32, bf16 };
+
+struct ActOutArgs {
+  uint8_t* xq = nullptr;  // bytes
+  float* sx = nullptr;    // bytes, f16q
+  float* f = nullptr;     // f32
+  int64_t f_stride = 0;
+  uint16_t* b = nullptr;  // bf16, f16q
+};
+
+template <ActOut O>
+__global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o) {
+  pdl_prologue();
+  const int lane = threadIdx.x & 31;
+  const int64_t blocks = r.cols / 128;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (item >= r.T * blocks) return;
+  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
+  const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  const int k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (both the one rounding of the same value)
+  uint8_t q[4];
+  q[0] = __nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3);
+  q[1] = __nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3);
+  q[2] = __nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3);
+  q[3] = __nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3);
+  if constexpr (O == ActOut::bytes) {
+    *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) =
+        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16) | (static_cast<uint32_t>(q[3]) << 24);
+    if (lane == 0) o.sx[row * blocks + col / 128] = ldexpf(1.0f, k);
+  } else if constexpr (O == ActOut::f16q) {
+    uint32_t h[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint16_t two = static_cast<uint16_t>(q[2 * i] | (q[2 * i + 1] << 8));
+      asm("{\n .reg .b16 s;\n mov.b16 s, %1;\n cvt.rn.f16x2.e4m3x2 %0, s;\n}" : "=r"(h[i]) : "h"(two));
+    }
+    *reinterpret_cast<uint2*>(o.b + row * r.cols + col) = make_uint2(h[0], h[1]);
+    if (lane == 0) o.sx[row * blocks + col / 128] = ldexpf(1.0f, k);
+  } else {
+    const float s = ldexpf(1.0f, k);
+    float d[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(q[i]) * s;
+    if constexpr (O == ActOut::f32) {
+      *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
+    } else {
+      // e4m3 * 2^k has 4 significant bits: the bf16 rounding is exact.
+      *reinterpret_cast<uint2*>(o.b + row * r.cols + col) = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));
+    }
+  }
+}
+
+template <ActOut O>
+void launch_act(const ActRows& r, const ActOutArgs& o, cudaStream_t stream) {
+  const int64_t items = r.T * (r.cols / 128);
+  if (items == 0) return;
+  launch(act_quant_kernel<O>, static_cast<unsigned>((items + 7) / 8), 256, 0, stream, r, o);
+}
+
+}  // namespace dev
+
+void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream) {
+  dev::ActOutArgs o;
+  o.xq = xq, o.sx = sx;
+  dev::launch_act<dev::ActOut::bytes>(r, o, stream);
+}
+
+void launch_act_quant_f16(const ActRows& r, uint16_t* xh, float* sx, cudaStream_t stream) {
+  dev::ActOutArgs o;
+  o.b = xh, o.sx = sx;
+  dev::launch_act<dev::ActOut::f16q>(r, o, stream);
+}
+
+void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream) {
+  dev::ActOutArgs o;
+  o.f = out, o.f_stride = out_stride;
+  dev::launch_act<dev::ActOut::f32>(r, o, stream);
+}
+
+void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t stream) {
+  dev::ActOutArgs o;
+  o.b = out;
+  dev::launch_act<dev::ActOut::bf16>(r, o, stream);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,29 @@
+// The official reference's activation quantisation on the GPU (ops/act_quant.h): each 128 values of a row of
+// x scaled by 2^ceil(log2(max(amax, 1e-4) / 448)) and rounded to e4m3, bit for bit as the CPU does it. Three
+// outputs, one kernel: the e4m3 bytes and f32 scales (for FP8 x FP8 tensor-core products), or the dequantised
+// values e4m3 * scale in f32 or bf16 (exact in both), for the kernels that take x as it comes. Host interface.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+// Rows of x: f32, `x_stride` floats apart (16-byte aligned), `cols` of them (a multiple of 128) quantised.
+struct ActRows {
+  const float* x = nullptr;
+  int64_t T = 0, x_stride = 0, cols = 0;
+};
+
+// xq[t, c] e4m3 (row stride cols bytes), sx[t, c / 128] f32.
+void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream);
+// The same with each e4m3 value as f16 bits (exact: every e4m3 number is an f16 number), row stride cols
+// halves: the operand of f16 tensor-core MMAs (Hopper's mma.sync has no FP8 form of its own).
+void launch_act_quant_f16(const ActRows& r, uint16_t* xh, float* sx, cudaStream_t stream);
+// out[t, c] = e4m3(x / s) * s in f32, rows `out_stride` floats apart (out may be x itself).
+void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream);
+// The same as bf16 bits, rows `cols` apart (the library GEMMs' x operand).
+void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,36 @@
+// DeepSeek's activation quantisation, as the official reference's act_quant runs it before every FP8
+// product (deepseek-v4.md section 3, "Reference activations"): each run of kActBlock = 128 values of a row
+// is divided by a power-of-two scale s = 2^ceil(log2(max(amax, 1e-4) / 448)) and rounded to e4m3 (nearest
+// even; |x / s| <= 448, so nothing saturates). The product then sees e4m3(x / s) * s, a number with 4
+// significant bits: exact in bf16 and f32, so a kernel may carry it in any of them.
+//
+// `--activations fp8` (ops::Weight::act_fp8) runs the FP8 dense products this way on every backend; the
+// default keeps each backend's own activations (CPU f32, CUDA bf16 on the tensor cores).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace tern::ops {
+
+inline constexpr int64_t kActBlock = 128;
+
+// Which activations the FP8 dense products see.
+enum class Activations : uint8_t {
+  native,  // each backend's own (CPU f32, CUDA bf16 tensor-core operands)
+  fp8,     // the official reference's: 1x128 e4m3 with power-of-two scales
+};
+std::string_view activations_name(Activations a);
+// "native" or "fp8"; throws tern::Error naming the choices otherwise.
+Activations parse_activations(std::string_view s);
+
+// The exponent k of the scale 2^k for a block whose largest |value| is amax (the reference's rule, evaluated
+// as it does, in double). Shared with the FP8 KV rows (kv_row.h), whose blocks are 64 values.
+int fp8_scale_exponent(float amax);
+
+// x [n] (n a multiple of kActBlock) -> q [n] e4m3 bytes, scales [n / kActBlock] f32.
+void act_quant_fp8(const float* x, int64_t n, uint8_t* q, float* scales);
+// x [n] -> out [n] = e4m3(x / s) * s, blockwise (out may alias x).
+void act_fake_quant_fp8(const float* x, int64_t n, float* out);
+
+}  // namespace tern::ops

@@ -1,0 +1,193 @@
+// GPU vs CPU: --activations fp8 (ops/act_quant.h). The quantiser gives the CPU's bytes and scales bit for bit;
+// FP8 products with quantised x (linear_x8_kernel at decode sizes, the dequantised x through the other paths)
+// equal the CPU's f32 sums of the same exact products within f32 rounding; and a token's bits do not depend
+// on its batch.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/act_quant.cuh"
+#include "core/dtype.h"
+#include "gpu_test_util.h"
+#include "ops/act_quant.h"
+#include "ops/linear.h"
+#include "shapes.h"
+
+namespace tern::gputest {
+namespace {
+
+using ops::WeightFormat;
+
+// Rows with the spread real activations have: a few large outliers, tiny blocks (amax under the 1e-4 floor)
+// and values that round to e4m3's subnormals.
+Tensor spread_rows(int64_t T, int64_t cols, Rand& r) {
+  Tensor x = random_f32({T, cols}, r);
+  float* v = x.data<float>();
+  for (int64_t i = 0; i < T * cols; ++i) {
+    const int64_t block = i / 128;
+    if (block % 7 == 3) v[i] *= 1e-6f;      // amax below the floor
+    else if (block % 5 == 1) v[i] *= 300.0f;  // large
+    if (r.index(97) == 0) v[i] *= 64.0f;     // outliers
+  }
+  return x;
+}
+
+TEST(GpuActFp8, QuantiserEqualsCpu) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  for (const int64_t T : {1, 5, 64}) {
+    const int64_t cols = 4096, blocks = cols / 128;
+    const Tensor x = spread_rows(T, cols, r);
+    std::vector<uint8_t> q(T * cols);
+    std::vector<float> s(T * blocks), fq(T * cols);
+    for (int64_t t = 0; t < T; ++t) {
+      ops::act_quant_fp8(x.data<float>() + t * cols, cols, q.data() + t * cols, s.data() + t * blocks);
+      ops::act_fake_quant_fp8(x.data<float>() + t * cols, cols, fq.data() + t * cols);
+    }
+    auto dx = upload(x);
+    auto dq = poisoned(DType::u8, {T, cols}), dh = poisoned(DType::f16, {T, cols});
+    auto ds = poisoned(DType::f32, {T, blocks}), ds2 = poisoned(DType::f32, {T, blocks});
+    auto df = poisoned(DType::f32, {T, cols}), db = poisoned(DType::bf16, {T, cols});
+    const cuda::ActRows rows{dx.view().data_as<const float>(), T, cols, cols};
+    cuda::launch_act_quant(rows, dq.view().data_as<uint8_t>(), ds.view().data_as<float>(), nullptr);
+    cuda::launch_act_quant_f16(rows, dh.view().data_as<uint16_t>(), ds2.view().data_as<float>(), nullptr);
+    cuda::launch_act_fake_quant(rows, df.view().data_as<float>(), cols, nullptr);
+    cuda::launch_act_fake_quant_bf16(rows, db.view().data_as<uint16_t>(), nullptr);
+    const Tensor hq = cuda::to_host(dq), hh = cuda::to_host(dh), hs = cuda::to_host(ds), hs2 = cuda::to_host(ds2);
+    const Tensor hf = cuda::to_host(df), hb = cuda::to_host(db);
+    int64_t bad_q = 0, bad_h = 0, bad_s = 0, bad_f = 0, bad_b = 0;
+    for (int64_t i = 0; i < T * cols; ++i) {
+      bad_q += hq.data<uint8_t>()[i] != q[i];
+      const float value = e4m3_to_f32(q[i]);  // the f16 image of the e4m3 number, as a float
+      bad_h += f16_to_f32(hh.data<uint16_t>()[i]) != value && !(std::isnan(value));
+      bad_f += std::memcmp(hf.data<float>() + i, fq.data() + i, 4) != 0;
+      bad_b += bf16_to_f32(hb.data<uint16_t>()[i]) != fq[i];
+    }
+    for (int64_t i = 0; i < T * blocks; ++i) bad_s += hs.data<float>()[i] != s[i] || hs2.data<float>()[i] != s[i];
+    EXPECT_EQ(bad_q, 0) << "e4m3 bytes differ from the CPU's, T=" << T;
+    EXPECT_EQ(bad_h, 0) << "f16 images differ from the CPU's e4m3 values, T=" << T;
+    EXPECT_EQ(bad_s, 0) << "scales differ from the CPU's, T=" << T;
+    EXPECT_EQ(bad_f, 0) << "dequantised f32 differs from the CPU's, T=" << T;
+    EXPECT_EQ(bad_b, 0) << "dequantised bf16 differs from the CPU's, T=" << T;
+  }
+}
+
+class GpuActFp8Linear : public ::testing::TestWithParam<Shapes> {};
+
+struct Case {
+  const char* name;
+  int64_t out, in;
+};
+
+std::vector<Case> fp8_cases(const Shapes& s) {
+  return {{"wq_a", s.q_rank, s.D},
+          {"wq_b", s.heads * s.head_dim, s.q_rank},
+          {"wkv", s.head_dim, s.D},
+          {"wo_b", s.D, s.groups * s.o_rank},
+          {"shared.w1", s.inter, s.D},
+          {"shared.w2", s.D, s.inter},
+          {"fp8 odd rows (not the x8 kernel's)", 200, s.D}};
+}
+
+// Tolerance: the products are exact on both sides (e4m3 x e4m3 in f32); only the order and the tensor cores'
+// f32 sums differ.
+constexpr double kTolActFp8 = 1e-4;
+
+TEST_P(GpuActFp8Linear, AgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  for (const Case& c : fp8_cases(s)) {
+    if (c.in % 128 != 0) continue;  // refused with a clear error (RefusesUnalignedRows)
+    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
+                                  c.name);
+    hw.w.act_fp8 = true;
+    ops::Weight dw = store.upload(hw.w);
+    dw.act_fp8 = true;
+    const bool big = c.out * c.in > (64LL << 20);
+    // 1 .. 64: one token tile of 1, 2, 4, 8 n-tiles; 100: two tiles; 600: a prefill chunk (library path).
+    for (int64_t T : big ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 3, 16, 33, 64, 100, 600}) {
+      const Tensor x = spread_rows(T, c.in, r);
+      Tensor ref(DType::f32, {T, c.out});
+      ops::linear(x, hw.w, ref);
+      auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
+      ops::linear(dx, dw, y);
+      expect_close(y, ref, kTolActFp8, cat("linear act fp8 ", c.name, " T=", T));
+    }
+  }
+}
+
+TEST_P(GpuActFp8Linear, GroupedAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  if (in_g % 128 != 0) GTEST_SKIP() << "in_g " << in_g << " is not a multiple of 128";
+  HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
+                                1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
+  hw.w.act_fp8 = true;
+  cuda::WeightStore store;
+  ops::Weight dw = store.upload(hw.w);
+  dw.act_fp8 = true;
+  for (int64_t T : {1, 16, 64, 100, 600}) {
+    const Tensor x = spread_rows(T, s.groups * in_g, r);
+    Tensor xv(DType::f32, {T, s.groups, in_g});
+    std::memcpy(xv.data<float>(), x.data<float>(), x.nbytes());
+    Tensor ref(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(xv, hw.w, ref);
+    auto dx = upload(xv), y = poisoned(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(dx, dw, y);
+    expect_close(y, ref, kTolActFp8, cat("grouped_linear act fp8 wo_a T=", T));
+  }
+}
+
+// A token's bits do not depend on the batch (other token tiles, K-split choices, n-tile counts).
+TEST_P(GpuActFp8Linear, BatchInvariant) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::WeightStore store;
+  const int64_t N = 100;
+  for (const Case& c : fp8_cases(s)) {
+    if (c.in % 128 != 0 || c.out * c.in > (64LL << 20)) continue;
+    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
+                                  c.name);
+    ops::Weight dw = store.upload(hw.w);
+    dw.act_fp8 = true;
+    const Tensor x = spread_rows(N, c.in, r);
+    auto dx = upload(x), yall = poisoned(DType::f32, {N, c.out});
+    ops::linear(dx, dw, yall);
+    const Tensor all = cuda::to_host(yall);
+    for (const int64_t T : {1, 3, 16, 64}) {
+      const int64_t off = r.index(N - T + 1);
+      Tensor xs(DType::f32, {T, c.in});
+      std::memcpy(xs.data<float>(), x.data<float>() + off * c.in, T * c.in * sizeof(float));
+      auto dxs = upload(xs), ys = poisoned(DType::f32, {T, c.out});
+      ops::linear(dxs, dw, ys);
+      const Tensor part = cuda::to_host(ys);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < T * c.out; ++i)
+        if (std::memcmp(part.data<float>() + i, all.data<float>() + off * c.out + i, 4) != 0) ++differ;
+      EXPECT_EQ(differ, 0) << c.name << ": " << differ << " outputs of tokens " << off << ".." << off + T - 1
+                           << " differ between a batch of " << T << " and the batch of " << N;
+    }
+  }
+}
+
+TEST(GpuActFp8, RefusesUnalignedRows) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  HostWeight hw = random_weight(WeightFormat::fp8_block, 128, 192, r, 0.1f, "odd in");
+  cuda::WeightStore store;
+  ops::Weight dw = store.upload(hw.w);
+  dw.act_fp8 = true;
+  auto dx = upload(random_f32({2, 192}, r)), y = poisoned(DType::f32, {2, 128});
+  EXPECT_THROW(ops::linear(dx, dw, y), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuActFp8Linear, ::testing::Values(kFixture, kV4Flash), ShapeName());
+
+}  // namespace
+}  // namespace tern::gputest
