@@ -1,7 +1,7 @@
 // GPU vs CPU: --activations fp8 (ops/act_quant.h). The quantiser gives the CPU's bytes and scales bit for bit;
-// FP8 products with quantised x (linear_x8_kernel at decode sizes, the dequantised x through the other paths)
-// equal the CPU's f32 sums of the same exact products within f32 rounding; and a token's bits do not depend
-// on its batch.
+// FP8 products with quantised x (linear_x8_kernel up to 16 tokens, the dequantised x through linear_stream,
+// cuBLASLt's block-scaled FP8 product for prefill chunks) equal the CPU's f32 sums of the same exact products
+// within the sums' rounding; and a token's bits do not depend on its batch.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -91,8 +91,11 @@ std::vector<Case> fp8_cases(const Shapes& s) {
 }
 
 // Tolerance: the products are exact on both sides (e4m3 x e4m3 in f32); only the order and the tensor cores'
-// f32 sums differ.
+// f32 sums differ. Prefill chunks (>= 512 tokens) run cuBLASLt's FP8 product, whose tensor cores keep about 14
+// bits of each 128-column block's sum (as DeepSeek measured on Hopper; the reference runs the same kind of
+// product): bf16-class tolerance there.
 constexpr double kTolActFp8 = 1e-4;
+double act_fp8_tol(int64_t T) { return T >= 512 ? kTolBf16 : kTolActFp8; }
 
 TEST_P(GpuActFp8Linear, AgainstCpu) {
   TERN_REQUIRE_GPU();
@@ -114,7 +117,7 @@ TEST_P(GpuActFp8Linear, AgainstCpu) {
       ops::linear(x, hw.w, ref);
       auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
       ops::linear(dx, dw, y);
-      expect_close(y, ref, kTolActFp8, cat("linear act fp8 ", c.name, " T=", T));
+      expect_close(y, ref, act_fp8_tol(T), cat("linear act fp8 ", c.name, " T=", T));
     }
   }
 }
@@ -139,7 +142,7 @@ TEST_P(GpuActFp8Linear, GroupedAgainstCpu) {
     ops::grouped_linear(xv, hw.w, ref);
     auto dx = upload(xv), y = poisoned(DType::f32, {T, s.groups, s.o_rank});
     ops::grouped_linear(dx, dw, y);
-    expect_close(y, ref, kTolActFp8, cat("grouped_linear act fp8 wo_a T=", T));
+    expect_close(y, ref, act_fp8_tol(T), cat("grouped_linear act fp8 wo_a T=", T));
   }
 }
 

@@ -87,8 +87,9 @@ void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float
 namespace {
 
 // --activations fp8 (ops::Weight::act_fp8): x quantised as the official reference does (act_quant.cuh), then
-// at decode sizes the FP8 x FP8 kernel (linear_x8.cuh); prefill chunks and shapes it does not take get the
-// dequantised x (e4m3 * scale, exact in bf16 and f32) through the paths that take x as it comes.
+// prefill chunks on cuBLASLt's block-scaled FP8 product (run_library_linear_fp8), decode sizes on the FP8 x FP8
+// kernel (linear_x8.cuh); shapes neither takes get the dequantised x (e4m3 * scale, exact in bf16 and f32)
+// through the paths that take x as it comes.
 void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y) {
   const int64_t T = x.dim(0), cols = groups * w.in;
@@ -104,6 +105,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   p.rows_per_group = w.out / groups;
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
+  if (impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!impl.library_for(T) && linear_x8_ok(p)) {
     Tensor xh(DType::f16, {T, cols}, Device::cuda, TensorInit::uninitialized);
     Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);

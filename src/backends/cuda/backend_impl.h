@@ -45,6 +45,9 @@ struct CudaBackend::Impl {
   // The streaming linear's K groups per weight (by its device address), from tune_linears.
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
+  // FP8 weights' block scales as f32 in cuBLASLt's padded layout (LibraryGemm::fp8_block), by scale address,
+  // made at a weight's first prefill product under --activations fp8.
+  std::unordered_map<const void*, DeviceBuffer> fp8_scales_f32;
   int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
   // The side branch of a step (ops/branch.h): its own stream, workspace and split-K counters, swapped in for
   // the main branch's while a side branch is open, so that the two branches' kernels never share scratch or
@@ -92,6 +95,10 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
 // mode, a shape the expanders do not take), and the caller runs its own kernels.
 bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y);
+// --activations fp8 on a prefill chunk: x quantised 1x128 and cuBLASLt's block-scaled FP8 product on the FP8
+// weight as it is; false when the card, the library or the shape cannot (the caller takes another path).
+bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                            const TensorView& y);
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
 // The routed experts of a prefill chunk on the grouped FP4 kernels (moe_grouped.cuh): for the token counts the
 // library takes, FP4 experts, unless moe_prefill_library; no host readback.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/gemm_prep.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
@@ -28,6 +29,44 @@ struct Carve {
 };
 
 }  // namespace
+
+bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                            const TensorView& y) {
+  const DeviceMat m = device_mat(w);
+  const int64_t T = x.dim(0), cols = groups * m.in, out_g = m.out / groups;
+  if (m.kind != WeightKind::fp8 || m.in % 128 != 0 || out_g % 128 != 0 || m.s_cols != m.in / 128) return false;
+  if (!aligned16(x.data()) || !aligned16(m.w) || !aligned16(y.data()) || !impl.lib().fp8_block_supported()) return false;
+  cudaStream_t s = impl.stream;
+  auto it = impl.fp8_scales_f32.find(m.s);
+  if (it == impl.fp8_scales_f32.end()) {
+    const int64_t rows = m.out / 128, ld = LibraryGemm::fp8_weight_scale_ld(m.in);
+    DeviceBuffer buf(static_cast<size_t>(rows * ld) * sizeof(float));
+    launch_block_scales_f32(m.s, m.scale_f32, rows, m.in / 128, ld, static_cast<float*>(buf.data()), s);
+    check_launch("block_scales_f32");
+    it = impl.fp8_scales_f32.emplace(m.s, std::move(buf)).first;
+  }
+  // cuBLASLt takes a multiple of 4 tokens: the padding rows are zeros (scale 0) and their outputs are dropped.
+  const int64_t Tp = align_up(T, LibraryGemm::kFp8TokenMultiple);
+  Tensor xq(DType::u8, {Tp, cols}, Device::cuda, TensorInit::uninitialized);
+  Tensor sx(DType::f32, {cols / 128, Tp}, Device::cuda, TensorInit::uninitialized);
+  if (Tp != T) {
+    TERN_CUDA(cudaMemsetAsync(xq.data<uint8_t>() + T * cols, 0, static_cast<size_t>((Tp - T) * cols), s));
+    TERN_CUDA(cudaMemsetAsync(sx.data<float>(), 0, sx.nbytes(), s));
+  }
+  launch_act_quant(ActRows{x.data_as<const float>(), T, cols, cols}, xq.data<uint8_t>(), sx.data<float>(), s, Tp);
+  check_launch("act_quant");
+  Tensor ypad;
+  float* yp = y.data_as<float>();
+  if (Tp != T) {
+    ypad = Tensor(DType::f32, {Tp, m.out}, Device::cuda, TensorInit::uninitialized);
+    yp = ypad.data<float>();
+  }
+  impl.lib().fp8_block(s, Tp, out_g, m.in, xq.data<uint8_t>(), cols, sx.data<float>(), static_cast<const uint8_t*>(m.w),
+                       static_cast<const float*>(it->second.data()), yp, m.out, static_cast<int>(groups));
+  if (Tp != T)
+    TERN_CUDA(cudaMemcpyAsync(y.data(), yp, static_cast<size_t>(T * m.out) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  return true;
+}
 
 bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y) {

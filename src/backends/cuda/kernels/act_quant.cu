@@ -11,6 +11,7 @@ enum class ActOut : int { bytes, f16q, f32, bf16 };
 struct ActOutArgs {
   uint8_t* xq = nullptr;  // bytes
   float* sx = nullptr;    // bytes, f16q
+  int64_t sx_token_ld = 0;  // bytes: > 0 stores sx token-major
   float* f = nullptr;     // f32
   int64_t f_stride = 0;
   uint16_t* b = nullptr;  // bf16, f16q
@@ -36,7 +37,8 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
   if constexpr (O == ActOut::bytes) {
     *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) =
         q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16) | (static_cast<uint32_t>(q[3]) << 24);
-    if (lane == 0) o.sx[row * blocks + col / 128] = ldexpf(1.0f, k);
+    if (lane == 0)
+      o.sx[o.sx_token_ld > 0 ? (col / 128) * o.sx_token_ld + row : row * blocks + col / 128] = ldexpf(1.0f, k);
   } else if constexpr (O == ActOut::f16q) {
     uint32_t h[2];
 #pragma unroll
@@ -69,9 +71,9 @@ void launch_act(const ActRows& r, const ActOutArgs& o, cudaStream_t stream) {
 
 }  // namespace dev
 
-void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream) {
+void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream, int64_t sx_token_ld) {
   dev::ActOutArgs o;
-  o.xq = xq, o.sx = sx;
+  o.xq = xq, o.sx = sx, o.sx_token_ld = sx_token_ld;
   dev::launch_act<dev::ActOut::bytes>(r, o, stream);
 }
 
