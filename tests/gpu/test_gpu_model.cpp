@@ -239,6 +239,33 @@ TEST_P(GpuModel_, LayerReport) {
   }
 }
 
+// --activations fp8: the GPU and the CPU model with the reference's quantised activations (the quantiser gives
+// both the same bytes) agree on the logits about as closely as with native activations.
+TEST_P(GpuModel_, ActivationsFp8AgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  double worst[2] = {0.0, 0.0};
+  for (int mode = 0; mode < 2; ++mode) {
+    const ops::Activations act = mode == 1 ? ops::Activations::fp8 : ops::Activations::native;
+    GpuModel g(f, model::KvMode::exact);
+    model::Model cpu_model(f.weights(), model::KvMode::exact);
+    g.model.set_activations(act);
+    cpu_model.set_activations(act);
+    for (int p : {4, 9, f.num_prompts() - 1}) {
+      if (p >= f.num_prompts()) continue;
+      const std::vector<int64_t> ids = f.ids(p);
+      cache::SequenceState gs = g.model.new_state(static_cast<int64_t>(ids.size()) + 1);
+      cache::SequenceState cs = cpu_model.new_state(static_cast<int64_t>(ids.size()) + 1);
+      const model::StepSequence a{&gs, ids, model::LogitsFor::all}, b{&cs, ids, model::LogitsFor::all};
+      const Tensor lg = g.model.forward({&a, 1}), lc = cpu_model.forward({&b, 1});
+      worst[mode] = std::max(worst[mode], static_cast<double>(diff(lg.data<float>(), lc.data<float>(), lg.numel()).rel()));
+    }
+  }
+  std::printf("[gpu %s] logits GPU vs CPU, relative: native %.3g, --activations fp8 %.3g\n", GetParam().c_str(),
+              worst[0], worst[1]);
+  EXPECT_LE(worst[1], std::max(4.0 * worst[0], 1e-3));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModel_, ::testing::ValuesIn(Fixture::names()),
                          [](const auto& info) { return info.param == "tiny-mxfp4" ? "mxfp4" : "nvfp4"; });
 
