@@ -45,9 +45,6 @@ struct CudaBackend::Impl {
   // The streaming linear's K groups per weight (by its device address), from tune_linears.
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
-  // FP8 weights' block scales as f32 in cuBLASLt's padded layout (LibraryGemm::fp8_block), by scale address,
-  // made at a weight's first prefill product under --activations fp8.
-  std::unordered_map<const void*, DeviceBuffer> fp8_scales_f32;
   int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
   // The side branch of a step (ops/branch.h): its own stream, workspace and split-K counters, swapped in for
   // the main branch's while a side branch is open, so that the two branches' kernels never share scratch or

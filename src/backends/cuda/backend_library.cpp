@@ -32,14 +32,11 @@ struct Carve {
 
 }  // namespace
 
-// Off unless TERN_FP8_LIBRARY=1: on the H200 (session 13, GpuActFp8Linear.AgainstCpu at 600 tokens) the product
-// was right for in = 1024 and 8192 but gave non-finite or wrong outputs for V4-Flash's in = 2048 and 4096 (wq_a,
-// wkv, shared w1 / w2) on x with blocks of very different scales, while GpuFp8Gemm's normal data passed on the
-// same shapes; until that is understood prefill chunks take the dequantised x on cuBLAS bf16 (exact products).
+// TERN_FP8_LIBRARY=0 sends prefill chunks of --activations fp8 to the dequantised x on cuBLAS bf16 instead (A/B).
 bool fp8_library_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("TERN_FP8_LIBRARY");
-    return e != nullptr && std::string_view(e) == "1";
+    return e == nullptr || std::string_view(e) != "0";
   }();
   return on;
 }
@@ -52,14 +49,13 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   if (m.kind != WeightKind::fp8 || m.in % 128 != 0 || out_g % 128 != 0 || m.s_cols != m.in / 128) return false;
   if (!aligned16(x.data()) || !aligned16(m.w) || !aligned16(y.data()) || !impl.lib().fp8_block_supported()) return false;
   cudaStream_t s = impl.stream;
-  auto it = impl.fp8_scales_f32.find(m.s);
-  if (it == impl.fp8_scales_f32.end()) {
-    const int64_t rows = m.out / 128, ld = LibraryGemm::fp8_weight_scale_ld(m.in);
-    DeviceBuffer buf(static_cast<size_t>(rows * ld) * sizeof(float));
-    launch_block_scales_f32(m.s, m.scale_f32, rows, m.in / 128, ld, static_cast<float*>(buf.data()), s);
-    check_launch("block_scales_f32");
-    it = impl.fp8_scales_f32.emplace(m.s, std::move(buf)).first;
-  }
+  // The weight's scales as f32 in cuBLASLt's padded layout, made per call (out/128 x in/128 values: a few us against
+  // a product of >= 512 tokens). A cache keyed by the weight's address went stale when a freed weight's memory
+  // was reused (session 13: wrong outputs in tests that upload weights one after another).
+  const int64_t srows = m.out / 128, sld = LibraryGemm::fp8_weight_scale_ld(m.in);
+  Tensor sw(DType::f32, {srows, sld}, Device::cuda, TensorInit::uninitialized);
+  launch_block_scales_f32(m.s, m.scale_f32, srows, m.in / 128, sld, sw.data<float>(), s);
+  check_launch("block_scales_f32");
   // cuBLASLt takes a multiple of 4 tokens: the padding rows are zeros (scale 0) and their outputs are dropped.
   const int64_t Tp = align_up(T, LibraryGemm::kFp8TokenMultiple);
   Tensor xq(DType::u8, {Tp, cols}, Device::cuda, TensorInit::uninitialized);
@@ -77,7 +73,7 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
     yp = ypad.data<float>();
   }
   impl.lib().fp8_block(s, Tp, out_g, m.in, xq.data<uint8_t>(), cols, sx.data<float>(), static_cast<const uint8_t*>(m.w),
-                       static_cast<const float*>(it->second.data()), yp, m.out, static_cast<int>(groups));
+                       sw.data<float>(), yp, m.out, static_cast<int>(groups));
   if (Tp != T)
     TERN_CUDA(cudaMemcpyAsync(y.data(), yp, static_cast<size_t>(T * m.out) * sizeof(float), cudaMemcpyDeviceToDevice, s));
   return true;

@@ -235,7 +235,7 @@ struct X8Plan {
 // share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
 X8Plan plan_x8(const LinearParams& p) {
   X8Plan pl;
-  pl.nt = p.T <= 8 ? 1 : 2;
+  pl.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
   pl.bx = p.w.out / dev::kX8Rows;
   pl.bz = (p.T + 8 * pl.nt - 1) / (8 * pl.nt);
   pl.nkb = p.w.in / 128;
@@ -261,8 +261,7 @@ X8Plan plan_x8(const LinearParams& p) {
 
 bool linear_x8_ok(const LinearParams& p) {
   const DeviceMat& w = p.w;
-  if (w.kind != WeightKind::fp8 || w.in % 128 != 0 || w.out % 128 != 0 || p.T <= 0 || p.T > kLinearX8MaxTokens)
-    return false;
+  if (w.kind != WeightKind::fp8 || w.in % 128 != 0 || w.out % 128 != 0 || p.T <= 0) return false;
   if (p.rows_per_group != w.out && p.rows_per_group % 128 != 0) return false;
   if (p.x_stride % 128 != 0 || reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
   return w.s_cols == w.in / 128;
@@ -298,8 +297,20 @@ void launch_linear_x8(const LinearParams& p, const uint16_t* xh, const float* sx
   a.partial = p.partial;
   a.counters = p.counters;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
-  if (pl.nt == 1) dev::launch_x8_variant<1>(a, grid, pl.smem, stream);
-  else dev::launch_x8_variant<2>(a, grid, pl.smem, stream);
+  switch (pl.nt) {
+    case 1:
+      dev::launch_x8_variant<1>(a, grid, pl.smem, stream);
+      break;
+    case 2:
+      dev::launch_x8_variant<2>(a, grid, pl.smem, stream);
+      break;
+    case 4:
+      dev::launch_x8_variant<4>(a, grid, pl.smem, stream);
+      break;
+    default:
+      dev::launch_x8_variant<8>(a, grid, pl.smem, stream);
+      break;
+  }
 }
 
 }  // namespace tern::cuda

@@ -1,5 +1,5 @@
-// FP8 weights x FP8 activations (--activations fp8, ops/act_quant.h) for decode products of up to 16 tokens.
-// Host interface.
+// FP8 weights x FP8 activations (--activations fp8, ops/act_quant.h) for decode-sized products (one token tile
+// streams the weights once up to 64 tokens). Host interface.
 //
 //   y[t, r] = sum over 128-column blocks b of  sw[r / 128, b] * sx[t, b] * sum_{k in b} wq[r, k] * xq[t, k]
 //
@@ -17,16 +17,14 @@
 
 namespace tern::cuda {
 
-// Up to 16 tokens (one or two n-tiles). Measured on the H200 (results.md, session 13): against linear_stream's bf16
-// path it is 10% faster on the 32 MB products at one token (wo_a, wo_b 16.9 against 18.7 us), even at 16 tokens,
-// and at 64 tokens 20-60% slower (wq_b 45.5 against 33.9 us): each warp reads 16 bytes of x from shared memory
-// per weight byte there, the shared-memory bandwidth of a multiprocessor at the copy rate. Larger T take the
-// dequantised x through linear_stream (the next step for them: wgmma, x read by the tensor cores).
-inline constexpr int64_t kLinearX8MaxTokens = 16;
-
+// Every decode size (the library takes >= 512 tokens), so that a token's bits never depend on its batch. Measured
+// on the H200 (results.md, session 13) against linear_stream's bf16 path: 10% faster on the 32 MB products at one
+// token (wo_a, wo_b 16.9 against 18.7 us), even at 16 tokens, 20-60% slower at 64 (wq_b 45.5 against 33.9 us): each
+// warp reads 16 bytes of x from shared memory per weight byte there, the shared-memory bandwidth of a
+// multiprocessor at the copy rate. The next step for 16-64 tokens: wgmma (x and the weights read by the tensor
+// cores from shared memory, FP8 at its own rate).
 // True when the kernel takes this product: FP8-block weight, in a multiple of 128, out and each row group
-// multiples of 128 (every 128-row tile inside one group and one scale row), 16-byte aligned weight rows,
-// 1 .. kLinearX8MaxTokens tokens.
+// multiples of 128 (every 128-row tile inside one group and one scale row), 16-byte aligned weight rows.
 bool linear_x8_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear_x8 wants in p.partial (0: none) given p.partial_floats' budget
 // is unknown: the most it can use.
