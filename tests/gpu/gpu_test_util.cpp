@@ -14,6 +14,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "core/dtype.h"
+#include "ops/linear.h"
 
 namespace tern::gputest {
 
@@ -186,6 +187,27 @@ RandomExperts::RandomExperts(ops::WeightFormat f, int64_t E, int64_t D, int64_t 
   for (int64_t e = 0; e < E; ++e) {
     on_host.push_back(ops::Expert{host[3 * e].w, host[3 * e + 1].w, host[3 * e + 2].w});
     on_device.push_back(ops::Expert{store.upload(on_host[e].w1), store.upload(on_host[e].w2), store.upload(on_host[e].w3)});
+  }
+}
+
+void expect_linear_batch_invariant(const Tensor& x, const ops::Weight& w, Rand& r, const std::string& what) {
+  const int64_t N = x.dim(0), in = x.dim(1), out = w.out;
+  auto dx = upload(x), yall = poisoned(DType::f32, {N, out});
+  ops::linear(dx, w, yall);
+  const Tensor all = cuda::to_host(yall);
+  for (const int64_t T : {1, 3, 16, 64}) {
+    if (T > N) continue;
+    const int64_t off = r.index(N - T + 1);
+    Tensor xs(DType::f32, {T, in});
+    std::memcpy(xs.data<float>(), x.data<float>() + off * in, T * in * sizeof(float));
+    auto dxs = upload(xs), ys = poisoned(DType::f32, {T, out});
+    ops::linear(dxs, w, ys);
+    const Tensor part = cuda::to_host(ys);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < T * out; ++i)
+      if (std::memcmp(part.data<float>() + i, all.data<float>() + off * out + i, 4) != 0) ++differ;
+    EXPECT_EQ(differ, 0) << what << ": " << differ << " outputs of tokens " << off << ".." << off + T - 1
+                         << " differ between a batch of " << T << " and the batch of " << N;
   }
 }
 

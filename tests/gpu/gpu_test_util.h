@@ -105,6 +105,11 @@ struct Compare {
 };
 Compare compare(const TensorView& gpu_device, const TensorView& ref_host);
 
+// EXPECTs that the rows of a product of all N tokens of `x` (host [N, in]) by the device weight `w` equal, bit for
+// bit, the same rows computed in batches of 1, 3, 16 and 64 at random offsets (other token tiles, K splits, n-tile
+// counts): a token's output must not depend on what shares its step. `what` names the case.
+void expect_linear_batch_invariant(const Tensor& x, const ops::Weight& w, Rand& r, const std::string& what);
+
 // EXPECTs: fully written and rel_err <= tol; `what` names the case. Records the error as a test property.
 void expect_close(const TensorView& gpu_device, const TensorView& ref_host, double tol, const std::string& what);
 

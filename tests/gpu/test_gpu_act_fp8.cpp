@@ -159,23 +159,7 @@ TEST_P(GpuActFp8Linear, BatchInvariant) {
                                   c.name);
     ops::Weight dw = store.upload(hw.w);
     dw.act_fp8 = true;
-    const Tensor x = spread_rows(N, c.in, r);
-    auto dx = upload(x), yall = poisoned(DType::f32, {N, c.out});
-    ops::linear(dx, dw, yall);
-    const Tensor all = cuda::to_host(yall);
-    for (const int64_t T : {1, 3, 16, 64}) {
-      const int64_t off = r.index(N - T + 1);
-      Tensor xs(DType::f32, {T, c.in});
-      std::memcpy(xs.data<float>(), x.data<float>() + off * c.in, T * c.in * sizeof(float));
-      auto dxs = upload(xs), ys = poisoned(DType::f32, {T, c.out});
-      ops::linear(dxs, dw, ys);
-      const Tensor part = cuda::to_host(ys);
-      int64_t differ = 0;
-      for (int64_t i = 0; i < T * c.out; ++i)
-        if (std::memcmp(part.data<float>() + i, all.data<float>() + off * c.out + i, 4) != 0) ++differ;
-      EXPECT_EQ(differ, 0) << c.name << ": " << differ << " outputs of tokens " << off << ".." << off + T - 1
-                           << " differ between a batch of " << T << " and the batch of " << N;
-    }
+    expect_linear_batch_invariant(spread_rows(N, c.in, r), dw, r, cat("act fp8 ", c.name));
   }
 }
 
