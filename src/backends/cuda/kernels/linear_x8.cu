@@ -21,9 +21,12 @@
 #include "backends/cuda/kernels/linear_x8.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
+#include "backends/cuda/kernels/wgmma.cuh"
 
 namespace tern::cuda {
 
@@ -40,7 +43,8 @@ struct X8Args {
   const uint8_t* s;
   int scale_f32;
   int64_t s_cols, out, in, rows_per_group;
-  const uint16_t* xh;  // f16 [T, xcols]
+  const uint16_t* xh;  // f16 [T, xcols] (mma.sync form)
+  const uint8_t* xq;   // e4m3 [T, xcols] (wgmma form)
   const float* sx;     // [T, xcols / 128]
   int64_t xcols;
   int64_t T, nkb, kb_per_group;
@@ -209,6 +213,200 @@ __global__ void __launch_bounds__(kX8Warps * 32) linear_x8_kernel(X8Args a) {
                  tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
 
+// ---- The wgmma form: FP8 at the tensor cores' own rate, both operands read from shared memory -------------
+//
+// Block: two warpgroups, 128 weight rows (one scale row block), N tokens (8, 16, 32 or 64: the wgmma's n). A ring
+// of kXwStages stages, each a 128-column block of the 128 rows (16 KB) and of the N tokens' quantised x (N x 128
+// bytes), both in the 128-byte-swizzled K-major layout (wgmma.cuh: row r at r * 128, its 16-byte granule c at
+// (c ^ (r % 8)) * 16), filled by every thread with cp.async (4 weight pieces and up to 2 x pieces a thread) and
+// published by fence.proxy.async + a block barrier. Warpgroup w multiplies rows 64w .. 64w + 63 by the x tile:
+// four m64nNk32 e4m3 MMAs (k 32 bytes apart in the atom row) whose first does not accumulate, i.e. the block's sum
+// alone; then as the mma.sync form, grp += sum * sw * sx per token, acc += grp at group ends, the same order.
+constexpr int kXwStages = 4;
+constexpr int kXwWBytes = kX8Rows * 128;  // a stage's weights: 128 rows x 128 bytes
+
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
+// d[64 x N] (+)= A[64 x 32] B[32 x N], e4m3, both K-major in shared memory; scale_d 0: d = A B.
+template <>
+__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3}, "
+      "%4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "%8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int N>
+__global__ void __launch_bounds__(2 * 128) linear_x8_wgmma_kernel(X8Args a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // The swizzled tiles need 1024-byte alignment (wgmma.cuh); the launch asks for 1 KB more than the plan.
+  const uint32_t raw = smem_addr(smem_raw);
+  uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
+  constexpr int kStageBytes = kXwWBytes + N * 128;
+  float* wtab = reinterpret_cast<float*>(smem + kXwStages * kStageBytes);  // [n]
+  float* sxs = wtab + a.nkb;                                                // [N][n]: x scales of the range
+
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
+  const int64_t tile_row0 = static_cast<int64_t>(blockIdx.x) * kX8Rows;
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.z) * N;
+  const int ksplit = gridDim.y;
+  const int64_t kb_begin = ksplit > 1 ? blockIdx.y * a.kb_per_group : 0;
+  const int64_t kb_end = ksplit > 1 ? min(a.nkb, kb_begin + a.kb_per_group) : a.nkb;
+  const int n = static_cast<int>(kb_end - kb_begin);
+  const int live = static_cast<int>(min(a.T - tok0, static_cast<int64_t>(N)));
+  const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.in;
+
+  // This thread's copies of a stage: weight pieces p = tid + 256 j (row p / 8, granule p % 8), x pieces likewise.
+  auto issue_w = [&](int slot, int64_t kb) {
+    uint8_t* st = smem + slot * kStageBytes;
+#pragma unroll
+    for (int j = 0; j < kXwWBytes / 16 / 256; ++j) {
+      const int p = tid + 256 * j, r = p >> 3, c = p & 7;
+      const int64_t row = tile_row0 + r;
+      const bool ok = row < a.out;
+      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), a.w + (ok ? row * a.in + kb * 128 + c * 16 : 0), ok);
+    }
+  };
+  auto issue_x = [&](int slot, int64_t kb) {
+    uint8_t* st = smem + slot * kStageBytes + kXwWBytes;
+    for (int p = tid; p < N * 8; p += 256) {
+      const int r = p >> 3, c = p & 7;
+      const bool ok = r < live;
+      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4),
+                 a.xq + (ok ? (tok0 + r) * a.xcols + xcol0 + kb * 128 + c * 16 : 0), ok);
+    }
+  };
+  // Before the wait (PDL, launch.cuh): only the weights and their scales, which no kernel writes.
+#pragma unroll
+  for (int i = 0; i < kXwStages - 1; ++i)
+    if (i < n) issue_w(i, kb_begin + i);
+  {
+    const int64_t srow = tile_row0 / 128;
+    for (int j = tid; j < n; j += blockDim.x) {
+      const int64_t idx = srow * a.s_cols + kb_begin + j;
+      wtab[j] = a.scale_f32 ? reinterpret_cast<const float*>(a.s)[idx] : e8m0_to_f32(a.s[idx]);
+    }
+  }
+  grid_dependency_wait();
+  // x of the first stages (one commit group per stage: its weights above and its x here).
+#pragma unroll
+  for (int i = 0; i < kXwStages - 1; ++i) {
+    if (i < n) issue_x(i, kb_begin + i);
+    cp_async_commit();
+  }
+  const int64_t sx_cols = a.xcols / 128;
+  for (int p = tid; p < N * n; p += blockDim.x) {
+    const int r = p / n, c = p - r * n;
+    sxs[p] = r < live ? a.sx[(tok0 + r) * sx_cols + xcol0 / 128 + kb_begin + c] : 0.0f;
+  }
+
+  float acc[N / 2], grp[N / 2], part[N / 2];
+#pragma unroll
+  for (int e = 0; e < N / 2; ++e) acc[e] = grp[e] = part[e] = 0.0f;
+  const int t2 = 2 * (lane & 3);  // the first token column of this thread's fragment pairs
+  int slot = 0, gleft = static_cast<int>(a.kb_per_group);
+  for (int i = 0; i < n; ++i) {
+    cp_async_wait<kXwStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // the stage is in for every thread's copies; the slot refilled below is read by nobody
+    const uint32_t st = smem_addr(smem + slot * kStageBytes);
+    const uint32_t wa = st + wg * 64 * 128, xa = st + kXwWBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_e4m3<N>(part, sw128_desc(wa + 32 * s), sw128_desc(xa + 32 * s), s > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(part);
+    const float sw = wtab[i];
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      const float fa = sw * sxs[(8 * j + t2) * n + i], fb = sw * sxs[(8 * j + t2 + 1) * n + i];
+      grp[4 * j + 0] = fmaf(part[4 * j + 0], fa, grp[4 * j + 0]);
+      grp[4 * j + 1] = fmaf(part[4 * j + 1], fb, grp[4 * j + 1]);
+      grp[4 * j + 2] = fmaf(part[4 * j + 2], fa, grp[4 * j + 2]);
+      grp[4 * j + 3] = fmaf(part[4 * j + 3], fb, grp[4 * j + 3]);
+    }
+    if (--gleft == 0 || i == n - 1) {
+#pragma unroll
+      for (int e = 0; e < N / 2; ++e) {
+        acc[e] += grp[e];
+        grp[e] = 0.0f;
+      }
+      gleft = static_cast<int>(a.kb_per_group);
+    }
+    const int ahead = slot == 0 ? kXwStages - 1 : slot - 1;  // the stage read in the previous iteration
+    if (i + kXwStages - 1 < n) {
+      issue_w(ahead, kb_begin + i + kXwStages - 1);
+      issue_x(ahead, kb_begin + i + kXwStages - 1);
+    }
+    cp_async_commit();
+    if (++slot == kXwStages) slot = 0;
+  }
+  cp_async_wait<0>();
+  grid_dependents_launch();
+
+  float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
+  const int64_t row_a = tile_row0 + wg * 64 + wq * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row_a + 8 * (e >> 1);
+      const int tok = 8 * j + t2 + (e & 1);
+      if (row < a.out && tok < live) dst[(tok0 + tok) * a.out + row] = acc[4 * j + e];
+    }
+  if (ksplit == 1) return;
+  finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
+                 tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
+}
+
+template <int N>
+void launch_x8_wgmma_variant(const X8Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  static const bool attr = [] {
+    cudaFuncSetAttribute(linear_x8_wgmma_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, kX8MaxSmem);
+    return true;
+  }();
+  (void)attr;
+  launch(linear_x8_wgmma_kernel<N>, grid, 2 * 128, smem, stream, a);
+}
+
 template <int NT>
 void launch_x8_variant(const X8Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static const bool attr = [] {
@@ -251,9 +449,13 @@ X8Plan plan_x8(const LinearParams& p) {
   const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
   pl.win = static_cast<int>(std::min<int64_t>(range, dev::kX8MaxWin));
   const int tokens = 8 * pl.nt;
-  pl.smem = static_cast<size_t>(dev::kX8Warps) * dev::kX8Stages * dev::kX8StageBytes +
-            static_cast<size_t>(tokens) * dev::x8_win_stride(pl.win) + static_cast<size_t>(tokens) * pl.win * 4 +
-            static_cast<size_t>(range) * 4;
+  if (linear_x8_wgmma())  // the ring of weight and x stages, the weight scales and x's scales, 1 KB of alignment
+    pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
+              static_cast<size_t>(pl.nkb) * (tokens + 1) * 4 + 1024;
+  else
+    pl.smem = static_cast<size_t>(dev::kX8Warps) * dev::kX8Stages * dev::kX8StageBytes +
+              static_cast<size_t>(tokens) * dev::x8_win_stride(pl.win) + static_cast<size_t>(tokens) * pl.win * 4 +
+              static_cast<size_t>(range) * 4;
   return pl;
 }
 
@@ -276,7 +478,15 @@ int64_t linear_x8_partial_floats(const LinearParams& p) {
   return pl.ksplit > 1 ? static_cast<int64_t>(pl.ksplit) * p.T * p.w.out : 0;
 }
 
-void launch_linear_x8(const LinearParams& p, const uint16_t* xh, const float* sx, cudaStream_t stream) {
+bool linear_x8_wgmma() {
+  static const bool wgmma = [] {
+    const char* e = std::getenv("TERN_X8");
+    return e == nullptr || std::string_view(e) != "mma";
+  }();
+  return wgmma;
+}
+
+void launch_linear_x8(const LinearParams& p, const void* x, const float* sx, cudaStream_t stream) {
   const X8Plan pl = plan_x8(p);
   dev::X8Args a{};
   a.w = static_cast<const uint8_t*>(p.w.w);
@@ -286,7 +496,8 @@ void launch_linear_x8(const LinearParams& p, const uint16_t* xh, const float* sx
   a.out = p.w.out;
   a.in = p.w.in;
   a.rows_per_group = p.rows_per_group;
-  a.xh = xh;
+  a.xh = static_cast<const uint16_t*>(x);
+  a.xq = static_cast<const uint8_t*>(x);
   a.sx = sx;
   a.xcols = p.x_stride;
   a.T = p.T;
@@ -297,6 +508,23 @@ void launch_linear_x8(const LinearParams& p, const uint16_t* xh, const float* sx
   a.partial = p.partial;
   a.counters = p.counters;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
+  if (linear_x8_wgmma()) {
+    switch (pl.nt) {
+      case 1:
+        dev::launch_x8_wgmma_variant<8>(a, grid, pl.smem, stream);
+        break;
+      case 2:
+        dev::launch_x8_wgmma_variant<16>(a, grid, pl.smem, stream);
+        break;
+      case 4:
+        dev::launch_x8_wgmma_variant<32>(a, grid, pl.smem, stream);
+        break;
+      default:
+        dev::launch_x8_wgmma_variant<64>(a, grid, pl.smem, stream);
+        break;
+    }
+    return;
+  }
   switch (pl.nt) {
     case 1:
       dev::launch_x8_variant<1>(a, grid, pl.smem, stream);

@@ -29,8 +29,11 @@ bool linear_x8_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear_x8 wants in p.partial (0: none) given p.partial_floats' budget
 // is unknown: the most it can use.
 int64_t linear_x8_partial_floats(const LinearParams& p);
-// y = W x for x quantised by launch_act_quant_f16: xh (the e4m3 values as f16 [T, x_stride], x_stride = the
-// row's columns, groups * in for a grouped product) and sx (f32 [T, x_stride / 128]). p.x is not read.
-void launch_linear_x8(const LinearParams& p, const uint16_t* xh, const float* sx, cudaStream_t stream);
+// Which form runs: wgmma (the default: x as e4m3 bytes from launch_act_quant) or mma.sync (TERN_X8=mma: x as the
+// f16 images of its e4m3 values from launch_act_quant_f16).
+bool linear_x8_wgmma();
+// y = W x for x quantised as linear_x8_wgmma() says ([T, x_stride], x_stride = the row's columns, groups * in for a
+// grouped product) and sx (f32 [T, x_stride / 128]). p.x is not read.
+void launch_linear_x8(const LinearParams& p, const void* x, const float* sx, cudaStream_t stream);
 
 }  // namespace tern::cuda
