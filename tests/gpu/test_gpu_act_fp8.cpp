@@ -1,7 +1,7 @@
 // GPU vs CPU: --activations fp8 (ops/act_quant.h). The quantiser gives the CPU's bytes and scales bit for bit;
-// FP8 products with quantised x (linear_x8_kernel up to 16 tokens, the dequantised x through linear_stream,
-// cuBLASLt's block-scaled FP8 product for prefill chunks) equal the CPU's f32 sums of the same exact products
-// within the sums' rounding; and a token's bits do not depend on its batch.
+// FP8 products with quantised x (linear_x8_kernel below 512 tokens, cuBLASLt's block-scaled FP8 product for
+// prefill chunks, the dequantised x through linear_stream for other shapes) equal the CPU's f32 sums of the same
+// exact products within the FP8 tensor cores' sums; and a token's bits do not depend on its batch.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -46,28 +46,27 @@ TEST(GpuActFp8, QuantiserEqualsCpu) {
       ops::act_fake_quant_fp8(x.data<float>() + t * cols, cols, fq.data() + t * cols);
     }
     auto dx = upload(x);
-    auto dq = poisoned(DType::u8, {T, cols}), dh = poisoned(DType::f16, {T, cols});
-    auto ds = poisoned(DType::f32, {T, blocks}), ds2 = poisoned(DType::f32, {T, blocks});
+    auto dq = poisoned(DType::u8, {T, cols});
+    auto ds = poisoned(DType::f32, {T, blocks}), dst = poisoned(DType::f32, {blocks, T});
     auto df = poisoned(DType::f32, {T, cols}), db = poisoned(DType::bf16, {T, cols});
     const cuda::ActRows rows{dx.view().data_as<const float>(), T, cols, cols};
     cuda::launch_act_quant(rows, dq.view().data_as<uint8_t>(), ds.view().data_as<float>(), nullptr);
-    cuda::launch_act_quant_f16(rows, dh.view().data_as<uint16_t>(), ds2.view().data_as<float>(), nullptr);
+    cuda::launch_act_quant(rows, dq.view().data_as<uint8_t>(), dst.view().data_as<float>(), nullptr, T);  // token-major
     cuda::launch_act_fake_quant(rows, df.view().data_as<float>(), cols, nullptr);
     cuda::launch_act_fake_quant_bf16(rows, db.view().data_as<uint16_t>(), nullptr);
-    const Tensor hq = cuda::to_host(dq), hh = cuda::to_host(dh), hs = cuda::to_host(ds), hs2 = cuda::to_host(ds2);
+    const Tensor hq = cuda::to_host(dq), hs = cuda::to_host(ds), hst = cuda::to_host(dst);
     const Tensor hf = cuda::to_host(df), hb = cuda::to_host(db);
-    int64_t bad_q = 0, bad_h = 0, bad_s = 0, bad_f = 0, bad_b = 0;
+    int64_t bad_q = 0, bad_s = 0, bad_f = 0, bad_b = 0;
     for (int64_t i = 0; i < T * cols; ++i) {
       bad_q += hq.data<uint8_t>()[i] != q[i];
-      const float value = e4m3_to_f32(q[i]);  // the f16 image of the e4m3 number, as a float
-      bad_h += f16_to_f32(hh.data<uint16_t>()[i]) != value && !(std::isnan(value));
       bad_f += std::memcmp(hf.data<float>() + i, fq.data() + i, 4) != 0;
       bad_b += bf16_to_f32(hb.data<uint16_t>()[i]) != fq[i];
     }
-    for (int64_t i = 0; i < T * blocks; ++i) bad_s += hs.data<float>()[i] != s[i] || hs2.data<float>()[i] != s[i];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < blocks; ++b)
+        bad_s += hs.data<float>()[t * blocks + b] != s[t * blocks + b] || hst.data<float>()[b * T + t] != s[t * blocks + b];
     EXPECT_EQ(bad_q, 0) << "e4m3 bytes differ from the CPU's, T=" << T;
-    EXPECT_EQ(bad_h, 0) << "f16 images differ from the CPU's e4m3 values, T=" << T;
-    EXPECT_EQ(bad_s, 0) << "scales differ from the CPU's, T=" << T;
+    EXPECT_EQ(bad_s, 0) << "scales (row- or token-major) differ from the CPU's, T=" << T;
     EXPECT_EQ(bad_f, 0) << "dequantised f32 differs from the CPU's, T=" << T;
     EXPECT_EQ(bad_b, 0) << "dequantised bf16 differs from the CPU's, T=" << T;
   }
@@ -90,12 +89,12 @@ std::vector<Case> fp8_cases(const Shapes& s) {
           {"fp8 odd rows (not the x8 kernel's)", 200, s.D}};
 }
 
-// Tolerance: the products are exact on both sides (e4m3 x e4m3 in f32); only the order and the tensor cores'
-// f32 sums differ. Prefill chunks (>= 512 tokens) run cuBLASLt's FP8 product, whose tensor cores keep about 14
-// bits of each 128-column block's sum (as DeepSeek measured on Hopper; the reference runs the same kind of
-// product): bf16-class tolerance there.
-constexpr double kTolActFp8 = 1e-4;
-double act_fp8_tol(int64_t T) { return T >= 512 ? kTolBf16 : kTolActFp8; }
+// Tolerance: the products are exact on both sides (e4m3 x e4m3); the FP8 tensor cores (linear_x8's wgmma and
+// cuBLASLt's product for prefill chunks) keep about 14 bits of each 128-column block's sum, as DeepSeek measured
+// on Hopper (their reference runs the same kind of product): measured 1-4e-4 of a product's norm. The paths that
+// take the dequantised x (shapes linear_x8 does not take) sum in f32: ~1e-7.
+constexpr double kTolActFp8 = 1e-3;
+double act_fp8_tol(int64_t) { return kTolActFp8; }
 
 TEST_P(GpuActFp8Linear, AgainstCpu) {
   TERN_REQUIRE_GPU();

@@ -107,11 +107,9 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   p.num_sms = impl.num_sms;
   if (impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!impl.library_for(T) && linear_x8_ok(p)) {
-    const bool wgmma = linear_x8_wgmma();
-    Tensor xh(wgmma ? DType::u8 : DType::f16, {T, cols}, Device::cuda, TensorInit::uninitialized);
+    Tensor xq(DType::u8, {T, cols}, Device::cuda, TensorInit::uninitialized);
     Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
-    if (wgmma) launch_act_quant(rows, xh.data<uint8_t>(), sx.data<float>(), impl.stream);
-    else launch_act_quant_f16(rows, xh.data<uint16_t>(), sx.data<float>(), impl.stream);
+    launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
     check_launch("act_quant");
     const int64_t want = linear_x8_partial_floats(p);
     if (want > 0) {
@@ -120,7 +118,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
       p.counters = static_cast<int*>(impl.counters.data());
       p.num_counters = impl.num_counters;
     }
-    launch_linear_x8(p, xh.data<const void>(), sx.data<const float>(), impl.stream);
+    launch_linear_x8(p, xq.data<const uint8_t>(), sx.data<const float>(), impl.stream);
     check_launch("linear_x8");
     return;
   }

@@ -287,8 +287,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "weight pass: bf16 rows linear_exact_rows_kernel (a warp per row slice), fp8 rows "
       "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
       "--activations fp8 (FP8 weights not exact): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
-      "reference's rule) then below 512 tokens linear_x8_kernel (e4m3 weights and x as exact f16 images, f16 "
-      "mma.sync, f32 sums scaled per 128-column block); prefill chunks (>= 512 tokens, not batch invariant): "
+      "reference's rule) then below 512 tokens linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
+      "shared memory, f32 sums scaled per 128-column block); prefill chunks (>= 512 tokens, not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); shapes neither takes: the dequantised x (exact in bf16) through the paths above",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "

@@ -6,15 +6,15 @@
 namespace tern::cuda {
 namespace dev {
 
-enum class ActOut : int { bytes, f16q, f32, bf16 };
+enum class ActOut : int { bytes, f32, bf16 };
 
 struct ActOutArgs {
   uint8_t* xq = nullptr;  // bytes
-  float* sx = nullptr;    // bytes, f16q
+  float* sx = nullptr;    // bytes
   int64_t sx_token_ld = 0;  // bytes: > 0 stores sx token-major
   float* f = nullptr;     // f32
   int64_t f_stride = 0;
-  uint16_t* b = nullptr;  // bf16, f16q
+  uint16_t* b = nullptr;  // bf16
 };
 
 template <ActOut O>
@@ -39,15 +39,6 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
         q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16) | (static_cast<uint32_t>(q[3]) << 24);
     if (lane == 0)
       o.sx[o.sx_token_ld > 0 ? (col / 128) * o.sx_token_ld + row : row * blocks + col / 128] = ldexpf(1.0f, k);
-  } else if constexpr (O == ActOut::f16q) {
-    uint32_t h[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint16_t two = static_cast<uint16_t>(q[2 * i] | (q[2 * i + 1] << 8));
-      asm("{\n .reg .b16 s;\n mov.b16 s, %1;\n cvt.rn.f16x2.e4m3x2 %0, s;\n}" : "=r"(h[i]) : "h"(two));
-    }
-    *reinterpret_cast<uint2*>(o.b + row * r.cols + col) = make_uint2(h[0], h[1]);
-    if (lane == 0) o.sx[row * blocks + col / 128] = ldexpf(1.0f, k);
   } else {
     const float s = ldexpf(1.0f, k);
     float d[4];
@@ -75,12 +66,6 @@ void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t str
   dev::ActOutArgs o;
   o.xq = xq, o.sx = sx, o.sx_token_ld = sx_token_ld;
   dev::launch_act<dev::ActOut::bytes>(r, o, stream);
-}
-
-void launch_act_quant_f16(const ActRows& r, uint16_t* xh, float* sx, cudaStream_t stream) {
-  dev::ActOutArgs o;
-  o.b = xh, o.sx = sx;
-  dev::launch_act<dev::ActOut::f16q>(r, o, stream);
 }
 
 void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream) {

@@ -19,9 +19,6 @@ struct ActRows {
 // xq[t, c] e4m3 (row stride cols bytes), sx[t, c / 128] f32; or with sx_token_ld > 0 the scales token-major,
 // sx[(c / 128) * sx_token_ld + t] (cuBLASLt's 1x128 layout, LibraryGemm::fp8_block).
 void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream, int64_t sx_token_ld = 0);
-// The same with each e4m3 value as f16 bits (exact: every e4m3 number is an f16 number), row stride cols
-// halves: the operand of f16 tensor-core MMAs (Hopper's mma.sync has no FP8 form of its own).
-void launch_act_quant_f16(const ActRows& r, uint16_t* xh, float* sx, cudaStream_t stream);
 // out[t, c] = e4m3(x / s) * s in f32, rows `out_stride` floats apart (out may be x itself).
 void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream);
 // The same as bf16 bits, rows `cols` apart (the library GEMMs' x operand).
