@@ -8,7 +8,7 @@ mkdir -p "$OUT"
 "$TERN" bench-step --config tiny --batches 1,3 --contexts 40,70 --prefill 40,100 --steps 2 --warmup 1 \
   --json "$OUT/bench-step.json" >"$OUT/bench-step.log" 2>&1 || { cat "$OUT/bench-step.log"; exit 1; }
 cat "$OUT/bench-step.log"
-grep -q '^== bench-step results (tiny, mxfp4 experts, kv fp8, cpu' "$OUT/bench-step.log"
+grep -q '^== bench-step results (tiny, mxfp4 experts, kv fp8, activations native, cpu' "$OUT/bench-step.log"
 grep -q '^no shared storage: every layer has its own routed experts' "$OUT/bench-step.log"
 # The table comes last: its final line is the 100-token prefill row.
 tail -1 "$OUT/bench-step.log" | grep -q '^| 100 | '
@@ -16,6 +16,7 @@ python3 - "$OUT/bench-step.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["config"] == "tiny" and j["device"] == "cpu" and not j["shared_expert_storage"], j
+assert j["activations"] == "native", j
 assert j["copy_gbs"] > 0 and j["gemm_tflops"]["bf16"] > 0 and j["gemm_tflops"]["fp8"] > 0, j
 rows = {(r["batch"], r["context"]): r for r in j["decode"]}
 assert sorted(rows) == [(1, 40), (1, 70), (3, 40), (3, 70)], sorted(rows)

@@ -54,6 +54,9 @@ constexpr Rule kRules[] = {
     {"expand_kernel", Match::exact, OpCategory::dense_gemm},
     {"round_bf16_kernel", Match::exact, OpCategory::dense_gemm},
     {"split_bf16x3_kernel", Match::exact, OpCategory::dense_gemm},  // x in three bf16 planes: the exact path
+    // --activations fp8: x quantised 1x128 before each FP8 product; the weight scales as f32 for cuBLASLt.
+    {"act_quant_kernel", Match::exact, OpCategory::dense_gemm},
+    {"block_scales_f32_kernel", Match::exact, OpCategory::dense_gemm},
     // mHC (mixing, Sinkhorn, collapse, post-mix, stream expansion), RMS norms, RoPE.
     {"hc_", Match::prefix, OpCategory::mhc_norm_rope},
     {"rms_norm", Match::prefix, OpCategory::mhc_norm_rope},
@@ -74,6 +77,7 @@ constexpr Rule kRules[] = {
     {"synth_", Match::prefix, OpCategory::other},
     // Random operands of the library-rate benchmark (bench-step's prefill GEMM table).
     {"fill_random_bf16_kernel", Match::exact, OpCategory::other},
+    {"fill_random_e4m3_kernel", Match::exact, OpCategory::other},
     // Read-bandwidth probes of the micro-benchmark (kernels/read_probe.cu: tern_gpu_bench --only probe).
     {"bulk_read_kernel", Match::exact, OpCategory::other},
     {"ldg_read_kernel", Match::exact, OpCategory::other},
