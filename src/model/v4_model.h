@@ -69,9 +69,9 @@ class Model {
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
-  // Which activations the FP8 dense products see (ops/act_quant.h): native (the default) or fp8, the official
-  // reference's act_quant before each of them (attention projections, shared expert, MTP projections; not
-  // the exact products, the bf16 ones or the routed experts). Kept across to_device.
+  // Which activations the FP8 and FP4 products see (ops/act_quant.h): native (the default) or fp8, the official
+  // reference's act_quant before each of them (attention projections, shared expert, MTP projections, the
+  // routed experts' x and h; not the exact products or the bf16 ones). Kept across to_device.
   void set_activations(ops::Activations a);
   ops::Activations activations() const { return act_; }
   ops::KvRowFormat kv_format() const;

@@ -2,8 +2,11 @@
 // FP8 products with quantised x (linear_x8_kernel below 512 tokens, cuBLASLt's block-scaled FP8 product for
 // prefill chunks, the dequantised x through linear_stream for other shapes) equal the CPU's f32 sums of the same
 // exact products within the FP8 tensor cores' sums; and a token's bits do not depend on its batch.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -12,6 +15,7 @@
 #include "gpu_test_util.h"
 #include "ops/act_quant.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "shapes.h"
 
 namespace tern::gputest {
@@ -159,6 +163,51 @@ TEST_P(GpuActFp8Linear, BatchInvariant) {
     ops::Weight dw = store.upload(hw.w);
     dw.act_fp8 = true;
     expect_linear_batch_invariant(spread_rows(N, c.in, r), dw, r, cat("act fp8 ", c.name));
+  }
+}
+
+// The routed experts with fp8 activations (x and h quantised) on every path against the CPU: the bulk kernels (1-64
+// tokens), the register kernel (100), the grouped prefill kernels (600 tokens: mma.sync and wgmma forced), and the
+// library's per-expert products (600, set_moe_prefill_library). The products sum in f32 on every path.
+TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  if (s.D % 128 != 0 || s.inter % 128 != 0) GTEST_SKIP() << "D and inter must be multiples of 128";
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, inter, r);
+    for (auto* list : {&experts.on_host, &experts.on_device})
+      for (ops::Expert& e : *list) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
+    struct Run {
+      int64_t T;
+      const char* grouped;  // TERN_MOE_GROUPED for prefill chunks ("" unset)
+      bool library;
+    };
+    for (const Run& run : {Run{1, "", false}, Run{16, "", false}, Run{64, "", false}, Run{100, "", false},
+                           Run{600, "mma", false}, Run{600, "wgmma", false}, Run{600, "", true}}) {
+      const int64_t T = run.T;
+      const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx(DType::i32, {T, k});
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> all(E);
+        std::iota(all.begin(), all.end(), 0);
+        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
+        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+      }
+      Tensor ref(DType::f32, {T, D});
+      ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+      auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
+      if (*run.grouped != '\0') setenv("TERN_MOE_GROUPED", run.grouped, 1);
+      be.set_moe_prefill_library(run.library);
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+      unsetenv("TERN_MOE_GROUPED");
+      be.set_moe_prefill_library(false);
+      expect_close(y, ref, kTolBf16,
+                   cat("moe act fp8 ", ops::weight_format_name(f), " T=", T, run.library ? " library" : "",
+                       *run.grouped != '\0' ? cat(" grouped ", run.grouped) : std::string()));
+    }
   }
 }
 

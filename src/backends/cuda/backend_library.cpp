@@ -332,6 +332,7 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
     impl.lib().bf16_each(s, up, fused ? 2 * p.inter : p.inter, p.D, p.D, p.D, 2 * p.inter);
     launch_moe_swiglu_bf16(h13, pairs, p.inter, p.limit, h, s);
     check_launch("moe_swiglu_bf16");
+    if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{h, pairs, p.inter, p.inter, 0}, s);
     impl.lib().bf16_each(s, down, p.D, p.inter, p.inter, p.inter, p.D);
   }
   launch_moe_combine(p, y, pos, s);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backends/cuda/backend_impl.h"
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/compressor.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
@@ -313,6 +314,17 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;
   p.variant = impl_->moe_variant;
+  // --activations fp8: x quantised here, h by every path between its up and down products (MoeParams::act_fp8).
+  Tensor xq;
+  if (e0.w1.act_fp8) {
+    TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0, "cuda moe_experts: --activations fp8 needs the hidden size (",
+               p.D, ") and the expert width (", p.inter, ") to be multiples of 128");
+    xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
+    launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl_->stream);
+    check_launch("act_fake_quant");
+    p.x = xq.data<float>();
+    p.act_fp8 = true;
+  }
   if (run_grouped_moe(*impl_, p) || run_library_moe(*impl_, p, a.experts)) return;
   void* ws = impl_->scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl_->num_sms, impl_->stream);

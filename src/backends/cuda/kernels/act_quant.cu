@@ -1,4 +1,4 @@
-// act_quant.cuh's kernel: one warp a (row, 128-column block); a lane holds 4 consecutive values.
+// act_quant.cuh's kernels: one warp a (row, 128-column block); a lane holds 4 consecutive values.
 #include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -53,6 +53,32 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
   }
 }
 
+// A lane's 4 consecutive (stored) columns of a bf16 row, row-major or in planes of 8 (Bf16Rows).
+__device__ __forceinline__ uint16_t* bf16_lane_at(const Bf16Rows& r, int64_t row, int64_t col) {
+  if (r.planes > 0) return r.h + ((col >> 3) * r.planes + row) * 8 + (col & 7);
+  return r.h + row * r.stride + col;
+}
+
+__global__ void __launch_bounds__(256) act_fake_quant_bf16_kernel(Bf16Rows r) {
+  pdl_prologue();
+  const int lane = threadIdx.x & 31;
+  const int64_t blocks = r.cols / 128;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (item >= r.rows * blocks) return;
+  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
+  uint2* at = reinterpret_cast<uint2*>(bf16_lane_at(r, row, col));
+  const uint2 raw = *at;
+  const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
+                      __uint_as_float(raw.y & 0xffff0000u)};
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+  const int k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
+  float d[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(__nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3)) * s;
+  *at = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));  // exact: 4 significant bits
+}
+
 template <ActOut O>
 void launch_act(const ActRows& r, const ActOutArgs& o, cudaStream_t stream) {
   const int64_t items = r.T * (r.cols / 128);
@@ -78,6 +104,12 @@ void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t st
   dev::ActOutArgs o;
   o.b = out;
   dev::launch_act<dev::ActOut::bf16>(r, o, stream);
+}
+
+void launch_act_fake_quant_bf16_inplace(const Bf16Rows& r, cudaStream_t stream) {
+  const int64_t items = r.rows * (r.cols / 128);
+  if (items == 0) return;
+  launch(dev::act_fake_quant_bf16_kernel, static_cast<unsigned>((items + 7) / 8), 256, 0, stream, r);
 }
 
 }  // namespace tern::cuda

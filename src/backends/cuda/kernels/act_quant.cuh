@@ -24,4 +24,14 @@ void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cud
 // The same as bf16 bits, rows `cols` apart (the library GEMMs' x operand).
 void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t stream);
 
+// bf16 rows quantised in place (the MoE's h between its up and down products on the prefill paths): `rows` rows
+// of `cols` columns, row-major `stride` elements apart, or with planes > 0 the grouped wgmma kernels' layout
+// (element (r, c) at ((c / 8) * planes + r) * 8 + c % 8). A permutation of columns inside each 128-column block
+// (the grouped kernels store their K permuted so) quantises the same: a block's scale is its largest |value|.
+struct Bf16Rows {
+  uint16_t* h = nullptr;
+  int64_t rows = 0, cols = 0, stride = 0, planes = 0;
+};
+void launch_act_fake_quant_bf16_inplace(const Bf16Rows& r, cudaStream_t stream);
+
 }  // namespace tern::cuda

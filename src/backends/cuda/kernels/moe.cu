@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
 
@@ -376,6 +377,11 @@ void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* j
 }
 
 }  // namespace
+
+void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t stream) {
+  if (!p.act_fp8) return;
+  launch_act_fake_quant(ActRows{h, rows, p.inter, p.inter}, h, p.inter, stream);
+}
 
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
   const int64_t total = p.T * p.D;

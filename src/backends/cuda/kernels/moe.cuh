@@ -45,7 +45,14 @@ struct MoeParams {
   // when the expert table is built).
   bool experts_aligned = false;
   int variant = 0;  // index into the moe_variant_* list (0: the default; others for benchmarks and tests)
+  // --activations fp8: x arrives quantised (the caller's act_fake_quant) and every path quantises h, the SwiGLU
+  // output, between its up and down products (1x128 e4m3, power-of-two scales: the official reference's FP4 x
+  // FP8 experts, with the dequantised values exact in bf16 and f32).
+  bool act_fp8 = false;
 };
+
+// h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).
+void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t stream);
 
 // Variants of the expert kernels (ring depth, consumer warps, stage layout, bookkeeping, or the register
 // kernel forced): index 0 is what runs by default; the benchmark and the GPU test sweep all of them. Every

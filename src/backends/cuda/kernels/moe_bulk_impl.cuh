@@ -469,6 +469,7 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
   };
   a.plan = up;
   dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
+  quantize_moe_h(p, a.h, L.P, stream);
   a.plan = down;
   dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
 }

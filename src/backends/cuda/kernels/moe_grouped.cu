@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
@@ -465,6 +466,7 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
                 static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
   launch_grouped<F, BM, BN, true, SWAP>(a, m_bound, stream);
+  if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, p.inter, 0}, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;

@@ -50,6 +50,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -612,6 +613,7 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
            p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
            p.limit,      b.h,     b.y};
   launch_wgmma<F, true, NT>(a, m_bound, stream);
+  if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;

@@ -224,12 +224,15 @@ void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaSt
   const dim3 down(static_cast<unsigned>((p.D + 31) / 32), static_cast<unsigned>(L.max_jobs));
   if (L.tile == 8) {
     launch(dev::moe_expert_kernel<F, 1, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    quantize_moe_h(p, a.h, L.P, stream);
     launch(dev::moe_expert_kernel<F, 1, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   } else if (L.tile == 16) {
     launch(dev::moe_expert_kernel<F, 2, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    quantize_moe_h(p, a.h, L.P, stream);
     launch(dev::moe_expert_kernel<F, 2, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   } else {
     launch(dev::moe_expert_kernel<F, 4, true>, up, dev::kMoeWarps * 32, 0, stream, a);
+    quantize_moe_h(p, a.h, L.P, stream);
     launch(dev::moe_expert_kernel<F, 4, false>, down, dev::kMoeWarps * 32, 0, stream, a);
   }
 }
