@@ -68,7 +68,7 @@ std::vector<std::string> configure_kernels(model::Model& m, const std::string& d
   lines.push_back(m.activations() == ops::Activations::fp8
                       ? std::string("activations fp8: x quantised to e4m3 in 1x128 blocks (power-of-two scales) before "
                                     "each FP8 product and the routed experts' products, as the official reference; "
-                                    "bf16 and exact products keep their own")
+                                    "bf16 products keep their own")
                       : std::string("activations native (FP8 products take x as f32 on the CPU, bf16 on the GPU's "
                                     "tensor cores)"));
   if (device != "cuda") return lines;

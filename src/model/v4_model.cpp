@@ -174,13 +174,13 @@ void Model::set_activations(ops::Activations a) {
 
 void Model::apply_activations() {
   const bool fp8 = act_ == ops::Activations::fp8;
-  // The official reference quantises x before every FP8 linear and the routed experts' inputs (FP4 weight x FP8
-  // activation); the exact products (router gate, indexer) keep f32 inputs so that their top-k agrees with the
-  // reference, and bf16 weights take x as it is.
+  // The official reference quantises x before every FP8 linear (the indexer's wq_b too: it stays an exact
+  // product of the quantised x) and the routed experts' inputs (FP4 weight x FP8 activation); bf16 weights (the
+  // router gate, the compressors, the indexer's weights_proj, the head) take x as it is.
   const auto quantised = [](ops::WeightFormat f) {
     return f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
   };
-  const auto mark = [&](ops::Weight& w) { w.act_fp8 = fp8 && quantised(w.format) && !w.exact; };
+  const auto mark = [&](ops::Weight& w) { w.act_fp8 = fp8 && quantised(w.format); };
   for (LayerOps& o : layer_ops_) {
     for (ops::Weight* w : {&o.wq_a, &o.wq_b, &o.wkv, &o.wo_a, &o.wo_b, &o.wq_a_wkv, &o.shared.w1, &o.shared.w2,
                            &o.shared.w3, &o.shared_w13, &o.idx_wq_b})

@@ -70,8 +70,8 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
   // Which activations the FP8 and FP4 products see (ops/act_quant.h): native (the default) or fp8, the official
-  // reference's act_quant before each of them (attention projections, shared expert, MTP projections, the
-  // routed experts' x and h; not the exact products or the bf16 ones). Kept across to_device.
+  // reference's act_quant before each of them (attention projections, the indexer's wq_b, shared expert, MTP
+  // projections, the routed experts' x and h; not the bf16 products). Kept across to_device.
   void set_activations(ops::Activations a);
   ops::Activations activations() const { return act_; }
   ops::KvRowFormat kv_format() const;

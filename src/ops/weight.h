@@ -31,7 +31,8 @@ struct Weight {
   // the router gates, whose top-k must pick the reference's experts.
   bool exact = false;
   // x is quantised as the official reference does before the product (act_quant.h: 1x128 e4m3, power-of-two
-  // scales) on every backend: set by `--activations fp8` on the FP8 dense products that are not exact.
+  // scales) on every backend: set by `--activations fp8` on the FP8 and FP4 weights (with `exact`, the product
+  // of the quantised x stays exact).
   bool act_fp8 = false;
 
   Device device() const { return weight.device(); }

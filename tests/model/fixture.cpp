@@ -32,6 +32,8 @@ const Fixture& Fixture::get(const std::string& name) {
     f->ref_ = model::SafetensorsFile::open(dir + "/reference.safetensors");
     if (std::filesystem::exists(dir + "/mtp_reference.safetensors"))
       f->mtp_ref_ = model::SafetensorsFile::open(dir + "/mtp_reference.safetensors");
+    if (std::filesystem::exists(dir + "/act_fp8_reference.safetensors"))
+      f->act_fp8_ref_ = model::SafetensorsFile::open(dir + "/act_fp8_reference.safetensors");
     f->dir_ = dir;
     TERN_CHECK(f->num_prompts() > 0, dir, "/reference.safetensors has no prompts");
     slot = std::move(f);
@@ -42,6 +44,11 @@ const Fixture& Fixture::get(const std::string& name) {
 TensorView Fixture::tensor(const std::string& key) const {
   const model::SafetensorsEntry* e = ref_->find(key);
   return e ? ref_->view(*e) : TensorView();
+}
+
+TensorView Fixture::act_fp8_tensor(const std::string& key) const {
+  const model::SafetensorsEntry* e = act_fp8_ref_ ? act_fp8_ref_->find(key) : nullptr;
+  return e ? act_fp8_ref_->view(*e) : TensorView();
 }
 
 TensorView Fixture::mtp_tensor(const std::string& key) const {

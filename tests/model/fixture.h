@@ -30,12 +30,15 @@ class Fixture {
   // The MTP layer's reference (mtp_reference.safetensors: "mtp.prompt.<p>.logits", ".chain_tokens",
   // ".chain_logits", ".out_streams"); empty view when absent.
   TensorView mtp_tensor(const std::string& key) const;
+  // Logits with the official reference's activation quantisation (act_fp8_reference.safetensors, written by
+  // tools/reference/check_semantics.py --act-fp8-out: "prompt.<p>.logits"); empty view when absent.
+  TensorView act_fp8_tensor(const std::string& key) const;
   std::string dir() const { return dir_; }
 
  private:
   std::string name_;
   model::ModelWeights weights_;
-  std::shared_ptr<model::SafetensorsFile> ref_, mtp_ref_;
+  std::shared_ptr<model::SafetensorsFile> ref_, mtp_ref_, act_fp8_ref_;
   std::string dir_;
 };
 

@@ -55,6 +55,39 @@ TEST_P(Parity, FullForwardLogits) {
               f.num_prompts());
 }
 
+// --activations fp8 against the independent PyTorch reference with the official reference's activation
+// quantisation (check_semantics.py --act-fp8-out). Every FP8 / FP4 product's input is rounded to e4m3, a
+// discontinuous rule: as for the FP8 KV rows, an element within an f32 ulp of a rounding midpoint may round the
+// other way here (summation order), and one such flip moves later logits by ~1e-3 of max|ref|. So: every prompt
+// within kFp8FlipTolerance and at least half within kTolerance; and the quantisation must move the logits (the
+// reference is not the f32 one).
+TEST_P(Parity, ActivationsFp8Logits) {
+  const Fixture& f = Fixture::get(GetParam());
+  ASSERT_FALSE(f.act_fp8_tensor("prompt.0.logits").empty())
+      << f.dir() << "/act_fp8_reference.safetensors is missing (tools/reference/check_semantics.py --act-fp8-out)";
+  model::Model m(f.weights(), model::KvMode::exact);
+  m.set_activations(ops::Activations::fp8);
+  float worst = 0, moved = 0;
+  int close = 0;
+  for (int p = 0; p < f.num_prompts(); ++p) {
+    const std::vector<int64_t> ids = f.ids(p);
+    const Tensor got = prompt_logits(m, ids, 0);
+    const TensorView want = f.act_fp8_tensor("prompt." + std::to_string(p) + ".logits");
+    ASSERT_EQ(want.numel(), got.numel()) << "prompt " << p;
+    const Diff d = diff(got.data<float>(), want.data_as<const float>(), got.numel());
+    worst = std::max(worst, d.rel());
+    close += d.max_abs <= kTolerance * d.ref_max;
+    EXPECT_LE(d.max_abs, kFp8FlipTolerance * d.ref_max) << "prompt " << p << " (length " << ids.size() << ")";
+    const TensorView f32 = f.tensor("prompt." + std::to_string(p) + ".logits");
+    moved = std::max(moved, diff(want.data_as<const float>(), f32.data_as<const float>(), want.numel()).rel());
+  }
+  EXPECT_GE(2 * close, f.num_prompts()) << close << " of " << f.num_prompts() << " prompts within " << kTolerance;
+  EXPECT_GT(moved, 1e-3f) << "the fp8 reference equals the f32 one: the quantisation is not in it";
+  std::printf("[%s] --activations fp8: max|d|/max|ref| = %.3g, %d of %d prompts within %.0e; the quantisation moves "
+              "the reference's logits by up to %.3g\n",
+              GetParam().c_str(), worst, close, f.num_prompts(), kTolerance, moved);
+}
+
 TEST_P(Parity, Greedy32Tokens) {
   // Prefill, then token-by-token decode of 32 greedy tokens; where the fixture stores them, also the
   // logits of every step.

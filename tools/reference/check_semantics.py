@@ -91,10 +91,24 @@ class Opts:
     indexer = True              # CSA uses the indexer top-k (False: all visible entries)
     comp_skip_window = False    # (wrong) drop compressed entries whose tokens overlap the query's window
     fp8kv = False
+    actfp8 = False              # --activations fp8: x quantised before every FP8 / FP4 product (act_quant)
 
 
 def fp8_kv_round(kv):
     return mf.fp8_kv_round(kv)
+
+
+def act_quant(x):
+    """The official reference's activation quantisation, dequantised: each 128 values of the last dim divided by
+    2^ceil(log2(max(amax, 1e-4) / 448)) (the exponent in double) and rounded to e4m3, times the scale."""
+    blk = x.reshape(*x.shape[:-1], x.shape[-1] // 128, 128)
+    amax = blk.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+    scale = torch.pow(2.0, torch.ceil(torch.log2(amax.double() / 448.0))).to(x.dtype)
+    return ((blk / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale).reshape(x.shape)
+
+
+def quantiser(opts):
+    return act_quant if opts.actfp8 else (lambda t: t)
 
 
 def compressor(h, W, pre, c, d, overlap, opts, inv_freq):
@@ -131,10 +145,11 @@ def attention(L, h, W, opts, rec):
     else:
         inv = yarn_inv_freq()[0] if opts.yarn_compress else plain_inv_freq(base=160000.0)
     pos = torch.arange(T)
-    cq = rmsnorm(h @ W[pre + "wq_a.weight"].T, W[pre + "q_norm.weight"])
-    q = (cq @ W[pre + "wq_b.weight"].T).view(T, mf.NH, mf.HD).transpose(0, 1)  # [NH, T, HD]
+    aq = quantiser(opts)  # the FP8 linears' inputs (identity unless opts.actfp8)
+    cq = rmsnorm(aq(h) @ W[pre + "wq_a.weight"].T, W[pre + "q_norm.weight"])
+    q = (aq(cq) @ W[pre + "wq_b.weight"].T).view(T, mf.NH, mf.HD).transpose(0, 1)  # [NH, T, HD]
     q = rope(rmsnorm(q), pos, inv)
-    kv = rope(rmsnorm(h @ W[pre + "wkv.weight"].T, W[pre + "kv_norm.weight"]), pos, inv)  # [T, HD]
+    kv = rope(rmsnorm(aq(h) @ W[pre + "wkv.weight"].T, W[pre + "kv_norm.weight"]), pos, inv)  # [T, HD]
     E = compressor(h, W, pre + "compressor.", c, mf.HD, c == 4, opts, inv) if c else torch.zeros(0, mf.HD)
     if opts.fp8kv:
         kv, E = fp8_kv_round(kv), fp8_kv_round(E)
@@ -148,7 +163,7 @@ def attention(L, h, W, opts, rec):
     if opts.comp_skip_window and c:
         comp = comp & ((torch.arange(n)[None, :] + 1) * c - 1 <= p - opts.window)
     if c == 4 and opts.indexer and n:
-        qi = (cq @ W[pre + "indexer.wq_b.weight"].T).view(T, mf.IH, mf.IHD)
+        qi = (aq(cq) @ W[pre + "indexer.wq_b.weight"].T).view(T, mf.IH, mf.IHD)
         qi = rope(qi.transpose(0, 1), pos, inv).transpose(0, 1)  # [T, IH, IHD]
         KI = compressor(h, W, pre + "indexer.compressor.", c, mf.IHD, True, opts, inv)
         wts = (h @ W[pre + "indexer.weights_proj.weight"].T) * mf.IH ** -0.5  # [T, IH]
@@ -178,15 +193,15 @@ def attention(L, h, W, opts, rec):
     o = o.transpose(0, 1)  # [T, NH, HD]
     hpg = mf.NH // mf.OG
     wo_a = W[pre + "wo_a.weight"].view(mf.OG, mf.OR, hpg * mf.HD)
-    grp = torch.stack([o[:, g * hpg:(g + 1) * hpg].reshape(T, -1) @ wo_a[g].T for g in range(mf.OG)], 1)
-    return grp.reshape(T, -1) @ W[pre + "wo_b.weight"].T
+    grp = torch.stack([aq(o[:, g * hpg:(g + 1) * hpg].reshape(T, -1)) @ wo_a[g].T for g in range(mf.OG)], 1)
+    return aq(grp.reshape(T, -1)) @ W[pre + "wo_b.weight"].T
 
 
-def swiglu(x, w1, w2, w3, clamp=True):
-    gt, up = x @ w1.T, x @ w3.T
+def swiglu(x, w1, w2, w3, clamp=True, aq=lambda t: t):
+    gt, up = aq(x) @ w1.T, aq(x) @ w3.T
     if clamp:
         gt, up = gt.clamp(max=10.0), up.clamp(-10.0, 10.0)
-    return (F.silu(gt) * up) @ w2.T
+    return aq(F.silu(gt) * up) @ w2.T
 
 
 def moe(L, h, ids, W, opts):
@@ -204,9 +219,10 @@ def moe(L, h, ids, W, opts):
             e = int(idx[t, k])
             ex = pre + f"experts.{e}."
             y[t] += wts[t, k] * swiglu(h[t:t + 1], W[ex + "w1.weight"], W[ex + "w2.weight"], W[ex + "w3.weight"],
-                                           clamp=opts.clamp_routed)[0]
+                                           clamp=opts.clamp_routed, aq=quantiser(opts))[0]
     sh = pre + "shared_experts."
-    return y + swiglu(h, W[sh + "w1.weight"], W[sh + "w2.weight"], W[sh + "w3.weight"], clamp=opts.clamp_shared)
+    return y + swiglu(h, W[sh + "w1.weight"], W[sh + "w2.weight"], W[sh + "w3.weight"], clamp=opts.clamp_shared,
+                      aq=quantiser(opts))
 
 
 def hc_site(X, W, pre, norm_w, sub, opts):
@@ -251,13 +267,39 @@ def forward(W, ids, opts=None, rec=None):
 
 
 # ----------------------------------------------------------------------------------------------
+def write_act_fp8_reference(fx, man, out):
+    """Every prompt's logits with act_quant before each FP8 / FP4 product (opts.actfp8), per variant."""
+    for v in man["variants"]:
+        vdir = os.path.join(fx, f"tiny-{v}")
+        W = mf.dequantize_from_files(mf.read_checkpoint(vdir), v)
+        ref = load_file(os.path.join(vdir, "reference.safetensors"))
+        o = Opts()
+        o.actfp8 = True
+        res, moved = {}, 0.0
+        for i in range(len(man["prompt_lengths"])):
+            ids = ref[f"prompt.{i}.ids"]
+            lg = forward(W, ids, o).float().contiguous()
+            res[f"prompt.{i}.logits"] = lg
+            moved = max(moved, ((lg - ref[f"prompt.{i}.logits"]).abs().max() / ref[f"prompt.{i}.logits"].abs().max()).item())
+        os.makedirs(os.path.join(out, f"tiny-{v}"), exist_ok=True)
+        save_file(res, os.path.join(out, f"tiny-{v}", "act_fp8_reference.safetensors"))
+        print(f"[{v}] act fp8 logits of {len(res)} prompts written; they move from the f32 activations' by up to "
+              f"{moved:.3e} of max|logit|")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixtures", default=os.path.join(mf.REPO, "tests", "fixtures"))
+    ap.add_argument("--act-fp8-out", default="", metavar="DIR",
+                    help="only write DIR/tiny-<variant>/act_fp8_reference.safetensors: every prompt's logits with the "
+                         "official reference's activation quantisation (tern's --activations fp8), f32 KV rows")
     args = ap.parse_args()
     fx = args.fixtures
     man = json.load(open(os.path.join(fx, "manifest.json")))
     report = {}
+    if args.act_fp8_out:
+        write_act_fp8_reference(fx, man, args.act_fp8_out)
+        return
 
     # 0. rope tables
     inv_y, (lo, hi) = yarn_inv_freq()

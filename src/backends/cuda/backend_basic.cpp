@@ -105,8 +105,9 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   p.rows_per_group = w.out / groups;
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
-  if (impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
-  if (!impl.library_for(T) && linear_x8_ok(p)) {
+  // Exact weights (the indexer's wq_b) stay exact products: of the dequantised x, below.
+  if (!w.exact && impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
+  if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {
     Tensor xq(DType::u8, {T, cols}, Device::cuda, TensorInit::uninitialized);
     Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
     launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
