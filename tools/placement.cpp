@@ -57,13 +57,18 @@ Placement place_model(model::Model& m, const std::string& device) {
   return p;
 }
 
+ops::Activations resolve_activations(const std::string& flag, const std::string& device) {
+  if (flag == "auto") return device == "cuda" ? ops::Activations::fp8 : ops::Activations::native;
+  return ops::parse_activations(flag);
+}
+
 std::vector<std::string> configure_kernels(model::Model& m, const std::string& device, const TuneOptions& t) {
   const std::string& mode = t.mode;
   const std::string& cache_path = t.cache;
   const bool batch_invariant = t.batch_invariant;
   TERN_CHECK(mode == "off" || mode == "cached" || mode == "on", "--tune: expected off, cached or on, found \"", mode,
              "\"");
-  m.set_activations(ops::parse_activations(t.activations));
+  m.set_activations(resolve_activations(t.activations, device));
   std::vector<std::string> lines;
   lines.push_back(m.activations() == ops::Activations::fp8
                       ? std::string("activations fp8: x quantised to e4m3 in 1x128 blocks (power-of-two scales) before "

@@ -27,9 +27,12 @@ Placement place_model(model::Model& m, const std::string& device);
 struct TuneOptions {
   std::string mode = "off", cache;
   bool batch_invariant = false;
-  std::string activations = "native";
+  std::string activations = "auto";
 };
-// Kernel choices for a model: --activations native|fp8 (ops/act_quant.h; every device), and on the GPU
+// --activations: "native", "fp8" or "auto" (the default): fp8 on a GPU (the official reference's activations, and
+// faster there: results.md session 13), native on the CPU (tern's f32 reference numerics). Throws naming a bad value.
+ops::Activations resolve_activations(const std::string& flag, const std::string& device);
+// Kernel choices for a model: --activations native|fp8|auto (ops/act_quant.h; every device), and on the GPU
 // --batch-invariant (every product on tern's own kernels, or products of many tokens on cuBLAS) and tuning
 // (--tune off|cached|on, --tune-cache; docs/cuda-backend.md, "Tuning"): "cached" runs the linears with the
 // tuning table's choices, "on" also measures what the table lacks and saves it, "off" keeps the built-in

@@ -28,10 +28,10 @@ const std::vector<Verb>& verbs();
 // Kernel options of the verbs that run a model (placement.h: TuneOptions, configure_kernels).
 inline void add_tune_options(CLI::App& app, TuneOptions& t) {
   app.add_option("--activations", t.activations,
-                 "native (each backend's own: CPU f32, GPU bf16 tensor-core operands) or fp8 (the official "
-                 "reference's: x quantised to e4m3 in 1x128 blocks with power-of-two scales before each FP8 "
-                 "product)")
-      ->check(CLI::IsMember({"native", "fp8"}))
+                 "auto (fp8 on a GPU, native on the CPU), native (each backend's own: CPU f32, GPU bf16 tensor-core "
+                 "operands) or fp8 (the official reference's: x quantised to e4m3 in 1x128 blocks with power-of-two "
+                 "scales before each FP8 and FP4 product)")
+      ->check(CLI::IsMember({"auto", "native", "fp8"}))
       ->capture_default_str();
   app.add_option("--tune", t.mode,
                  "off, cached or on: with --device cuda, run the linear kernels with the configurations measured "

@@ -30,8 +30,10 @@ struct GpuModel {
 
 int64_t argmax_row(const float* row, int64_t n) { return ops::argmax({row, static_cast<size_t>(n)}); }
 
-void graphs_match_eager(const Fixture& f, model::KvMode mode) {
+void graphs_match_eager(const Fixture& f, model::KvMode mode,
+                        ops::Activations act = ops::Activations::native) {
   GpuModel g(f, mode);
+  g.model.set_activations(act);
   const model::ModelConfig& c = g.model.config();
   const int64_t vocab = c.vocab_size;
   const int S = std::min(7, f.num_prompts());
@@ -116,9 +118,10 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode) {
   EXPECT_GT(padded_steps, 0);
   EXPECT_GT(emits, 0);
   EXPECT_EQ(equal, rows);
-  std::printf("[gpu %s, kv %s] cuda graphs: %d of %d decode logit rows bit-identical to eager (%llu graph steps, "
-              "%d padded, %d compressed entries emitted inside graphs; arena %zu KiB, graphs %zu KiB)\n",
-              f.name().c_str(), mode == model::KvMode::fp8 ? "fp8" : "exact", equal, rows,
+  std::printf("[gpu %s, kv %s, activations %s] cuda graphs: %d of %d decode logit rows bit-identical to eager (%llu "
+              "graph steps, %d padded, %d compressed entries emitted inside graphs; arena %zu KiB, graphs %zu KiB)\n",
+              f.name().c_str(), mode == model::KvMode::fp8 ? "fp8" : "exact",
+              std::string(ops::activations_name(act)).c_str(), equal, rows,
               static_cast<unsigned long long>(st.graph_steps), padded_steps, emits, st.arena_bytes >> 10,
               st.graph_bytes >> 10);
 }
@@ -130,6 +133,7 @@ TEST_P(GpuGraphs_, ReplayEqualsEager) {
   const Fixture& f = Fixture::get(GetParam());
   graphs_match_eager(f, model::KvMode::exact);
   graphs_match_eager(f, model::KvMode::fp8);
+  graphs_match_eager(f, model::KvMode::fp8, ops::Activations::fp8);  // what `tern serve` runs on a GPU by default
 }
 
 // Decode steps per second, eager forward vs graph replay, at a few batch sizes (printed, not asserted).

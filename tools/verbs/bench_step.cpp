@@ -154,6 +154,7 @@ int run(const Args& a) {
   TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
              "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
   const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
+  const std::string activations(ops::activations_name(tools::resolve_activations(a.tune.activations, a.device)));
   const model::ModelConfig config = tools::synthetic_config(a.config);
   tools::prepare_device(a.device);
   std::unique_ptr<tools::StepProfiler> profiler;
@@ -167,7 +168,7 @@ int run(const Args& a) {
   const std::string commit = built != nullptr && *built != '\0' ? std::string(built)
                                                                 : run_and_read("git rev-parse --short HEAD 2>/dev/null");
   say(cat("== tern bench-step: ", a.config, " config (", config.num_layers, " layers), ", a.experts, " experts, kv ",
-          a.kv_mode, ", activations ", a.tune.activations, ", device ", a.device, "; commit ", commit, ", ", date));
+          a.kv_mode, ", activations ", activations, ", device ", a.device, "; commit ", commit, ", ", date));
 
   // The ceilings, measured first (the model takes the memory afterwards).
   const bool full = a.config == "full";
@@ -408,7 +409,7 @@ int run(const Args& a) {
   }
 
   say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", activations ",
-          a.tune.activations, ", ", a.device, "; commit ",
+          activations, ", ", a.device, "; commit ",
           commit, ", ", date, ")"));
   say(placed.sharing.shared() ? cat("SHARED EXPERT STORAGE: ", placed.sharing.description)
                               : cat("no shared storage: ", placed.sharing.description));
@@ -435,7 +436,7 @@ int run(const Args& a) {
     j["config"] = a.config;
     j["experts"] = a.experts;
     j["kv_mode"] = a.kv_mode;
-    j["activations"] = a.tune.activations;
+    j["activations"] = activations;
     j["device"] = a.device;
     j["shared_expert_storage"] = placed.sharing.shared();
     j["sharing"] = placed.sharing.description;
