@@ -83,6 +83,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::split_bf16x3_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"void tern::cuda::dev::act_quant_kernel<(tern::cuda::dev::ActOut)0>(tern::cuda::ActRows, tern::cuda::dev::ActOutArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_x8_kernel<64>(tern::cuda::dev::X8Args)", C::dense_gemm},
+    {"tern::cuda::dev::act_fake_quant_bf16_kernel(tern::cuda::Bf16Rows)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::block_scales_f32_kernel(unsigned char const*, int, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_kernel<512>(tern::cuda::AttentionParams)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_wgmma_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},

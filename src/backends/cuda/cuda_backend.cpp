@@ -286,11 +286,13 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear_mma_kernel, same numerics; exact weights (router gate, indexer), CUDA cores, f32, 8 tokens per "
       "weight pass: bf16 rows linear_exact_rows_kernel (a warp per row slice), fp8 rows "
       "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
-      "--activations fp8 (FP8 weights not exact): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
+      "--activations fp8 (the default on a GPU; FP8 weights): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
       "reference's rule) then below 512 tokens linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
       "shared memory, f32 sums scaled per 128-column block); prefill chunks (>= 512 tokens, not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
-      "cuBLAS bf16); shapes neither takes: the dequantised x (exact in bf16) through the paths above",
+      "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
+      "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
+      "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel)",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens: moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
       "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "
