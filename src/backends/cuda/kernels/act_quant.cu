@@ -17,38 +17,23 @@ struct ActOutArgs {
   uint16_t* b = nullptr;  // bf16
 };
 
-// This warp's (row, 128-column block) of `rows` rows and this lane's first column in it; false past the end.
-__device__ __forceinline__ bool act_lane(int64_t rows, int64_t cols, int64_t& row, int64_t& col) {
-  const int64_t blocks = cols / 128;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (item >= rows * blocks) return false;
-  row = item / blocks;
-  col = (item - row * blocks) * 128 + 4 * (threadIdx.x & 31);
-  return true;
-}
-
-// The block's scale exponent k (the warp's 128 values: every lane calls) and this lane's 4 values as e4m3 of
-// v / 2^k (== v * 2^-k exactly: both are the one rounding of the same value).
-__device__ __forceinline__ int quantise4(const float (&v)[4], uint8_t (&q)[4]) {
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-  const int k = fp8_scale_exponent(amax);
-  const float inv = ldexpf(1.0f, -k);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) q[i] = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
-  return k;
-}
-
 template <ActOut O>
 __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o) {
   pdl_prologue();
   const int lane = threadIdx.x & 31;
   const int64_t blocks = r.cols / 128;
-  int64_t row = 0, col = 0;
-  if (!act_lane(r.T, r.cols, row, col)) return;
-  const float4 x = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
-  const float v[4] = {x.x, x.y, x.z, x.w};
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (item >= r.T * blocks) return;
+  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
+  const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  const int k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (both the one rounding of the same value)
   uint8_t q[4];
-  const int k = quantise4(v, q);
+  q[0] = __nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3);
+  q[1] = __nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3);
+  q[2] = __nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3);
+  q[3] = __nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3);
   if constexpr (O == ActOut::bytes) {
     *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) =
         q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16) | (static_cast<uint32_t>(q[3]) << 24);
@@ -76,17 +61,21 @@ __device__ __forceinline__ uint16_t* bf16_lane_at(const Bf16Rows& r, int64_t row
 
 __global__ void __launch_bounds__(256) act_fake_quant_bf16_kernel(Bf16Rows r) {
   pdl_prologue();
-  int64_t row = 0, col = 0;
-  if (!act_lane(r.rows, r.cols, row, col)) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t blocks = r.cols / 128;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (item >= r.rows * blocks) return;
+  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
   uint2* at = reinterpret_cast<uint2*>(bf16_lane_at(r, row, col));
   const uint2 raw = *at;
   const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
                       __uint_as_float(raw.y & 0xffff0000u)};
-  uint8_t q[4];
-  const float s = ldexpf(1.0f, quantise4(v, q));
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+  const int k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
   float d[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(q[i]) * s;
+  for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(__nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3)) * s;
   *at = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));  // exact: 4 significant bits
 }
 
