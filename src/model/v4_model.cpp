@@ -13,25 +13,7 @@
 namespace tern::model {
 
 ops::Weight op_weight(const Linear& l) {
-  ops::WeightFormat f = ops::WeightFormat::f32;
-  switch (l.format) {
-    case WeightFormat::f32:
-      f = ops::WeightFormat::f32;
-      break;
-    case WeightFormat::bf16:
-      f = ops::WeightFormat::bf16;
-      break;
-    case WeightFormat::fp8_block:
-      f = ops::WeightFormat::fp8_block;
-      break;
-    case WeightFormat::mxfp4:
-      f = ops::WeightFormat::mxfp4;
-      break;
-    case WeightFormat::nvfp4:
-      f = ops::WeightFormat::nvfp4;
-      break;
-  }
-  return ops::Weight{f, l.out, l.in, l.weight, l.scale, l.global_scale, l.name};
+  return ops::Weight{l.format, l.out, l.in, l.weight, l.scale, l.global_scale, l.name};
 }
 
 namespace {

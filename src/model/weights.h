@@ -10,18 +10,14 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "ops/weight.h"
 
 namespace tern::model {
 
-enum class WeightFormat : uint8_t {
-  f32,
-  bf16,
-  fp8_block,  // e4m3 [out, in] + e8m0 scale [ceil(out/128), ceil(in/128)]: W = w * scale per block
-  mxfp4,      // e2m1 packed [out, in/2] (low nibble first) + e8m0 scale [out, in/32]
-  nvfp4,      // e2m1 packed [out, in/2] + ue4m3 scale [out, in/16] + fp32 global scale
-};
-
-std::string_view weight_format_name(WeightFormat f);  // "f32", "bf16", "fp8", "mxfp4", "nvfp4"
+// The checkpoint formats are the ops' (ops/weight.h: one enum and one name for each, issue #17), so binding a
+// weight for the ops copies its format instead of translating it.
+using ops::WeightFormat;
+using ops::weight_format_name;  // "f32", "bf16", "fp8_block", "mxfp4", "nvfp4"
 
 // One linear map y = W x with W of shape [out, in] in one of the formats above.
 struct Linear {

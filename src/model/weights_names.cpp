@@ -25,17 +25,6 @@ void replace_exact(std::string& s, std::string_view from, std::string_view to) {
 
 }  // namespace
 
-std::string_view weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::f32: return "f32";
-    case WeightFormat::bf16: return "bf16";
-    case WeightFormat::fp8_block: return "fp8";
-    case WeightFormat::mxfp4: return "mxfp4";
-    case WeightFormat::nvfp4: return "nvfp4";
-  }
-  return "?";
-}
-
 std::string transformers_name(const std::string& official) {
   std::string s = official;
   replace_all(s, ".attn.", ".self_attn.");
