@@ -132,8 +132,13 @@ def test_cut_link_times_out_and_is_reported(net_cluster):
         for c in clients:
             c.join(60)
         elapsed = time.time() - cut_at
+        messages = [j["error"]["message"] for _, j in results.values()]
         for status, j in results.values():
-            assert status == 502 and "no heartbeat" in j["error"]["message"], (status, j)
+            # A transfer in flight at the cut times out on its heartbeat; the other request's transfer may start
+            # after the cut and then cannot connect (seen in CI, 2026-12-04): both are the cut, reported as a 502.
+            m = j["error"]["message"]
+            assert status == 502 and ("no heartbeat" in m or "Network is unreachable" in m), (status, j)
+        assert any("no heartbeat" in m for m in messages), messages
         assert PEER_TIMEOUT * 0.9 < elapsed < PEER_TIMEOUT + 4, elapsed
         print(f"[measured] link cut: clients got the timeout error {elapsed:.3f} s later (peer timeout {PEER_TIMEOUT} s)")
         assert metric(d.url, "pd_transfers_failed_total", reason="peer_timeout") >= 1
