@@ -4,8 +4,9 @@
 // even; |x / s| <= 448, so nothing saturates). The product then sees e4m3(x / s) * s, a number with 4
 // significant bits: exact in bf16 and f32, so a kernel may carry it in any of them.
 //
-// `--activations fp8` (ops::Weight::act_fp8) runs the FP8 dense products this way on every backend; the
-// default keeps each backend's own activations (CPU f32, CUDA bf16 on the tensor cores).
+// `--activations fp8` (ops::Weight::act_fp8: the FP8 and FP4 products, routed experts included) runs this way on
+// every backend; `native` keeps each backend's own activations (CPU f32, CUDA bf16 on the tensor cores); `auto`
+// (tools/placement.h) picks fp8 on a GPU.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ namespace tern::ops {
 
 inline constexpr int64_t kActBlock = 128;
 
-// Which activations the FP8 dense products see.
+// Which activations the FP8 and FP4 products see.
 enum class Activations : uint8_t {
   native,  // each backend's own (CPU f32, CUDA bf16 tensor-core operands)
   fp8,     // the official reference's: 1x128 e4m3 with power-of-two scales

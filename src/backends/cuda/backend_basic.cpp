@@ -86,6 +86,29 @@ void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float
 
 namespace {
 
+// A product's params (x f32 [T, groups * in], y [T, out]), without its split-K workspace.
+LinearParams linear_params(const CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                           const TensorView& y) {
+  LinearParams p;
+  p.w = device_mat(w);
+  p.x = x.data_as<const float>();
+  p.T = x.dim(0);
+  p.x_stride = groups * w.in;
+  p.rows_per_group = w.out / groups;
+  p.y = y.data_as<float>();
+  p.num_sms = impl.num_sms;
+  return p;
+}
+
+// The split-K workspace of `want` floats (none when 0) and the arrival counters.
+void give_partials(CudaBackend::Impl& impl, LinearParams& p, int64_t want) {
+  if (want <= 0) return;
+  p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
+  p.partial_floats = want;
+  p.counters = static_cast<int*>(impl.counters.data());
+  p.num_counters = impl.num_counters;
+}
+
 // --activations fp8 (ops::Weight::act_fp8): x quantised as the official reference does (act_quant.cuh), then
 // prefill chunks on cuBLASLt's block-scaled FP8 product (run_library_linear_fp8), decode sizes on the FP8 x FP8
 // kernel (linear_x8.cuh); shapes neither takes get the dequantised x (e4m3 * scale, exact in bf16 and f32)
@@ -98,13 +121,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   TERN_CHECK(cols % 128 == 0, "linear ", w.name, ": --activations fp8 needs rows of a multiple of 128 columns, got ",
              cols);
   const ActRows rows{x.data_as<const float>(), T, cols, cols};
-  LinearParams p;
-  p.w = device_mat(w);
-  p.T = T;
-  p.x_stride = cols;
-  p.rows_per_group = w.out / groups;
-  p.y = y.data_as<float>();
-  p.num_sms = impl.num_sms;
+  LinearParams p = linear_params(impl, x, w, groups, y);
   // Exact weights (the indexer's wq_b) stay exact products: of the dequantised x, below.
   if (!w.exact && impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {
@@ -112,13 +129,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
     Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
     launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
     check_launch("act_quant");
-    const int64_t want = linear_x8_partial_floats(p);
-    if (want > 0) {
-      p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
-      p.partial_floats = want;
-      p.counters = static_cast<int*>(impl.counters.data());
-      p.num_counters = impl.num_counters;
-    }
+    give_partials(impl, p, linear_x8_partial_floats(p));
     launch_linear_x8(p, xq.data<const uint8_t>(), sx.data<const float>(), impl.stream);
     check_launch("linear_x8");
     return;
@@ -140,22 +151,9 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
     return;
   }
   if (run_library_linear(impl, x, w, groups, y)) return;
-  LinearParams p;
-  p.w = device_mat(w);
-  p.x = x.data_as<const float>();
-  p.T = x.dim(0);
-  p.x_stride = groups * w.in;
-  p.rows_per_group = w.out / groups;
-  p.y = y.data_as<float>();
-  p.num_sms = impl.num_sms;
+  LinearParams p = linear_params(impl, x, w, groups, y);
   if (auto it = impl.linear_groups.find(p.w.w); it != impl.linear_groups.end()) p.groups = it->second;
-  const int64_t want = w.exact ? linear_exact_partial_floats(p) : linear_partial_floats(p);
-  if (want > 0) {
-    p.partial = static_cast<float*>(impl.scratch(want * sizeof(float)));
-    p.partial_floats = want;
-    p.counters = static_cast<int*>(impl.counters.data());
-    p.num_counters = impl.num_counters;
-  }
+  give_partials(impl, p, w.exact ? linear_exact_partial_floats(p) : linear_partial_floats(p));
   if (w.exact) launch_linear_exact(p, impl.stream);
   else launch_linear(p, impl.stream);
   check_launch("linear");

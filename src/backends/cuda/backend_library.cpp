@@ -30,8 +30,6 @@ struct Carve {
   }
 };
 
-}  // namespace
-
 // TERN_FP8_LIBRARY=0 sends prefill chunks of --activations fp8 to the dequantised x on cuBLAS bf16 instead (A/B).
 bool fp8_library_enabled() {
   static const bool on = [] {
@@ -40,6 +38,8 @@ bool fp8_library_enabled() {
   }();
   return on;
 }
+
+}  // namespace
 
 bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                             const TensorView& y) {

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <string_view>
 #include <map>
 #include <type_traits>
 #include <vector>
@@ -131,9 +129,6 @@ std::unique_ptr<Fp8Plan> make_fp8_plan(cublasLtHandle_t lt, const Fp8Key& key, c
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_x));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_y));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_y));
-  // A diagnosis knob: algorithms without a split-K reduction only (TERN_FP8_LIBRARY_REDUCTION=none).
-  if (const char* e = std::getenv("TERN_FP8_LIBRARY_REDUCTION"); e != nullptr && std::string_view(e) == "none")
-    set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, uint32_t{CUBLASLT_REDUCTION_SCHEME_NONE});
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st =

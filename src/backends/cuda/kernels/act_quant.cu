@@ -6,7 +6,7 @@
 namespace tern::cuda {
 namespace dev {
 
-enum class ActOut : int { bytes, f32, bf16 };
+enum class ActOut : int { bytes, f32 };
 
 struct ActOutArgs {
   uint8_t* xq = nullptr;  // bytes
@@ -14,7 +14,6 @@ struct ActOutArgs {
   int64_t sx_token_ld = 0;  // bytes: > 0 stores sx token-major
   float* f = nullptr;     // f32
   int64_t f_stride = 0;
-  uint16_t* b = nullptr;  // bf16
 };
 
 template <ActOut O>
@@ -44,12 +43,7 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
     float d[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(q[i]) * s;
-    if constexpr (O == ActOut::f32) {
-      *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
-    } else {
-      // e4m3 * 2^k has 4 significant bits: the bf16 rounding is exact.
-      *reinterpret_cast<uint2*>(o.b + row * r.cols + col) = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));
-    }
+    *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
   }
 }
 
@@ -98,12 +92,6 @@ void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cud
   dev::ActOutArgs o;
   o.f = out, o.f_stride = out_stride;
   dev::launch_act<dev::ActOut::f32>(r, o, stream);
-}
-
-void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t stream) {
-  dev::ActOutArgs o;
-  o.b = out;
-  dev::launch_act<dev::ActOut::bf16>(r, o, stream);
 }
 
 void launch_act_fake_quant_bf16_inplace(const Bf16Rows& r, cudaStream_t stream) {

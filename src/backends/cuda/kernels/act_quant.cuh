@@ -1,7 +1,7 @@
 // The official reference's activation quantisation on the GPU (ops/act_quant.h): each 128 values of a row of
-// x scaled by 2^ceil(log2(max(amax, 1e-4) / 448)) and rounded to e4m3, bit for bit as the CPU does it. Three
-// outputs, one kernel: the e4m3 bytes and f32 scales (for FP8 x FP8 tensor-core products), or the dequantised
-// values e4m3 * scale in f32 or bf16 (exact in both), for the kernels that take x as it comes. Host interface.
+// x scaled by 2^ceil(log2(max(amax, 1e-4) / 448)) and rounded to e4m3, bit for bit as the CPU does it: the e4m3
+// bytes and f32 scales (for FP8 x FP8 tensor-core products), or the dequantised values e4m3 * scale in f32 (exact,
+// for the kernels that take x as it comes); and bf16 rows quantised in place. Host interface.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,8 +21,6 @@ struct ActRows {
 void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream, int64_t sx_token_ld = 0);
 // out[t, c] = e4m3(x / s) * s in f32, rows `out_stride` floats apart (out may be x itself).
 void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream);
-// The same as bf16 bits, rows `cols` apart (the library GEMMs' x operand).
-void launch_act_fake_quant_bf16(const ActRows& r, uint16_t* out, cudaStream_t stream);
 
 // bf16 rows quantised in place (the MoE's h between its up and down products on the prefill paths): `rows` rows
 // of `cols` columns, row-major `stride` elements apart, or with planes > 0 the grouped wgmma kernels' layout
