@@ -196,10 +196,10 @@ StepProfiler::StepProfiler(const std::string& device) {
   impl_ = std::make_unique<Impl>();
 }
 void StepProfiler::start() { impl_->profiler.start(); }
-std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t layers) {
+std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t layers, int top) {
   impl_->profiler.stop();
   const cuda::ProfileReport r = cuda::categorize(impl_->profiler.records());
-  std::string s = cuda::format_report(r, steps, 12, what);
+  std::string s = cuda::format_report(r, steps, top, what);
   if (layers > 0 && steps > 0) {
     const int64_t launches = cuda::total_count(r);
     char buf[160];
@@ -218,7 +218,7 @@ StepProfiler::StepProfiler(const std::string&) {
   fail("--profile measures GPU kernels: this tern was built without the CUDA backend");
 }
 void StepProfiler::start() {}
-std::string StepProfiler::stop(int64_t, const std::string&, int64_t) { return {}; }
+std::string StepProfiler::stop(int64_t, const std::string&, int64_t, int) { return {}; }
 #endif
 StepProfiler::~StepProfiler() = default;
 

@@ -49,7 +49,7 @@ class StepProfiler {
   void start();
   // Stops and returns the per-step table (op categories, top kernels, busy / wall); with `layers` > 0 also
   // the kernel launches per step and per layer (launch gaps are what a small batch loses between kernels).
-  std::string stop(int64_t steps, const std::string& what, int64_t layers = 0);
+  std::string stop(int64_t steps, const std::string& what, int64_t layers = 0, int top = 12);
 
  private:
   struct Impl;

@@ -36,6 +36,7 @@ struct Args {
   int steps = 10, warmup = 3;
   bool profile = false;
   std::vector<int64_t> profile_batches{16, 64};
+  int profile_top = 12;
   double headroom_gib = 12;
   uint64_t seed = 1;
   // --mixed P:B: a step as the server runs it while a prompt arrives: one new prompt of P tokens together with
@@ -282,7 +283,7 @@ int run(const Args& a) {
         const model::StepSequence seq2{&again, prompt, model::LogitsFor::last};
         profiler->start();
         (void)m.forward({&seq2, 1});
-        say(cat("profile of the prefill of ", L, " tokens:\n", profiler->stop(1, cat("prefill (", L, " tokens)"))));
+        say(cat("profile of the prefill of ", L, " tokens:\n", profiler->stop(1, cat("prefill (", L, " tokens)"), 0, a.profile_top)));
       }
     }
     if (!decode) continue;
@@ -324,7 +325,7 @@ int run(const Args& a) {
         profiler->start();
         (void)mixed_step(true);
         say(cat("profile of the mixed step (prompt ", mixed_prompt, " + ", mixed_decodes, " decodes at context ", L,
-                "):\n", profiler->stop(1, cat("mixed step (", mixed_prompt, " + ", mixed_decodes, ")"), config.num_layers)));
+                "):\n", profiler->stop(1, cat("mixed step (", mixed_prompt, " + ", mixed_decodes, ")"), config.num_layers, a.profile_top)));
       }
       mixed_rows.push_back(mr);
     }
@@ -385,7 +386,7 @@ int run(const Args& a) {
         profiler->start();
         for (int i = 0; i < a.steps; ++i) step();
         say(cat("profile at batch ", B, ", context ", L, ":\n",
-                profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"), config.num_layers)));
+                profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"), config.num_layers, a.profile_top)));
       }
     }
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
@@ -481,6 +482,9 @@ const bool registered = tern::tools::register_verb(
        app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the prefills and of the decode steps at the --profile-batches");
        app.add_option("--profile-batches", a->profile_batches, "batches profiled with --profile")
            ->delimiter(',')
+           ->capture_default_str();
+       app.add_option("--profile-top", a->profile_top, "kernels listed by each --profile report")
+           ->check(CLI::Range(1, 1000))
            ->capture_default_str();
        app.add_option("--mixed", a->mixed,
                       "PROMPT:DECODES: also time a server-like step, a new prompt with DECODES decode tokens at each "
