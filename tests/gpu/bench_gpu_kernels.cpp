@@ -99,7 +99,8 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
     auto x = upload(groups > 1 ? random_f32({T, groups, in}, r) : random_f32({T, in}, r));
     cuda::DeviceTensor y(DType::f32, groups > 1 ? Shape{T, groups, out / groups} : Shape{T, out});
     // FP8: variant 0 = linear_stream (from 9 tokens with x windows made once per product), 1 = linear_stream
-    // staging x per block; bf16: 0 = linear_bulk (as 2, x windows from 9 tokens), 1 = linear_mma.
+    // staging x per block; bf16: 0 = linear_x8<bf16> (round_bf16 included), 2 = linear_bulk (x windows from 9
+    // tokens), 1 = linear_mma.
     const bool fp8 = f == ops::WeightFormat::fp8_block;
     const std::string row = cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")");
     const std::string shape = cat(out, "x", in, " T=", T);
@@ -107,10 +108,14 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
       if (groups > 1) ops::grouped_linear(x, w, y);
       else ops::linear(x, w, y);
     };
-    const std::vector<int> vs = !variants ? std::vector<int>{0} : std::vector<int>{0, 1};
+    const std::vector<int> vs = !variants ? std::vector<int>{0} : fp8 ? std::vector<int>{0, 1} : std::vector<int>{0, 2, 1};
     for (int v : vs) {
       if (variants) cuda::set_linear_variant(v);
-      const char* tag = !variants ? "" : v == 0 ? (fp8 ? " v0 stream" : " v0 bulk") : fp8 ? " v1 staged" : " v1 old";
+      const char* tag = !variants ? ""
+                        : v == 0  ? (fp8 ? " v0 stream" : " v0 x8")
+                        : v == 2  ? " v2 bulk"
+                        : fp8     ? " v1 staged"
+                                  : " v1 old";
       measure(row + tag, shape, static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
               [&](int i) { product(rot.copies[i]); });
     }
@@ -738,6 +743,7 @@ int main(int argc, char** argv) {
     bench_linear("shared.w2", WeightFormat::fp8_block, 4096, 2048, dec, r);
     bench_linear("idx.wq_b", WeightFormat::fp8_block, 8192, 1024, dec, r);
     bench_linear("head", WeightFormat::bf16, 129280, 4096, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 16}, r);
+    bench_linear("comp.wkv|wgate csa", WeightFormat::bf16, 2048, 4096, dec, r);
     bench_linear("comp.wkv", WeightFormat::bf16, 1024, 4096, dec, r);
     bench_linear("comp.wkv/wgate 512", WeightFormat::bf16, 512, 4096, dec, r);
     bench_linear("comp.wkv/wgate 256", WeightFormat::bf16, 256, 4096, dec, r);

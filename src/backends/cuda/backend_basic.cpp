@@ -1,10 +1,12 @@
 // CudaBackend: the generic ops (host checks, then one launch each).
+#include <cstdlib>
 #include <string_view>
 
 #include "backends/cuda/backend_impl.h"
 #include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/linear_x8.cuh"
 #include "backends/cuda/kernels/elementwise.cuh"
+#include "backends/cuda/kernels/gemm_prep.cuh"
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/norm.cuh"
 #include "backends/cuda/kernels/rope.cuh"
@@ -86,6 +88,16 @@ void CudaBackend::norm_rope(const TensorView& x, const TensorView& weight, float
 
 namespace {
 
+// TERN_X8_BF16=0 sends bf16 decode products back to linear_bulk (A/B); the other linear variants
+// (set_linear_variant, TERN_LINEAR_VARIANT) keep their own bf16 kernels.
+bool linear_x8_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TERN_X8_BF16");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return on && linear_variant() == 0;
+}
+
 // A product's params (x f32 [T, groups * in], y [T, out]), without its split-K workspace.
 LinearParams linear_params(const CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                            const TensorView& y) {
@@ -152,6 +164,18 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   }
   if (run_library_linear(impl, x, w, groups, y)) return;
   LinearParams p = linear_params(impl, x, w, groups, y);
+  // bf16 weights at decode sizes (the compressors, the head): x rounded to bf16, the wgmma kernel of the FP8
+  // products (linear_x8.cuh); linear_bulk read them at 0.2-0.3 of the copy rate (results.md, session 14).
+  if (!w.exact && w.format == ops::WeightFormat::bf16 && linear_x8_enabled() && linear_x8_ok(p)) {
+    const int64_t T = x.dim(0), cols = p.x_stride;
+    Tensor xb(DType::u8, {T, 2 * cols}, Device::cuda, TensorInit::uninitialized);
+    launch_round_bf16(p.x, T, cols, cols, xb.data<uint16_t>(), impl.stream);
+    check_launch("round_bf16");
+    give_partials(impl, p, linear_x8_partial_floats(p));
+    launch_linear_x8(p, xb.data<const uint8_t>(), nullptr, impl.stream);
+    check_launch("linear_x8<bf16>");
+    return;
+  }
   if (auto it = impl.linear_groups.find(p.w.w); it != impl.linear_groups.end()) p.groups = it->second;
   give_partials(impl, p, w.exact ? linear_exact_partial_floats(p) : linear_partial_floats(p));
   if (w.exact) launch_linear_exact(p, impl.stream);

@@ -46,56 +46,65 @@ struct X8Args {
 constexpr int kXwStages = 4;
 constexpr int kXwWBytes = kX8Rows * 128;  // a stage's weights: 128 rows x 128 bytes
 
-template <int N>
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
-// d[64 x N] (+)= A[64 x 32] B[32 x N], e4m3, both K-major in shared memory; scale_d 0: d = A B.
-template <>
-__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3}, "
-      "%4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "%8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
+// One 32-byte k step of a stage: m64nNk32 e4m3 (FP8 weights, OP "k32.f32.e4m3.e4m3", TAIL "") or m64nNk16 bf16
+// (bf16 weights, OP "k16.f32.bf16.bf16", TAIL ", 0, 0": no transposes), d[64 x N] (+)= A[64 x k] B[k x N], both
+// K-major in shared memory; scale_d 0: d = A B. One macro per N (the operand lists), the forms by OP and TAIL.
+#define TERN_X8_HEAD "{\n.reg .pred p;\nsetp.ne.b32 p, %"
+#define TERN_X8_MMA8(OP, TAIL)                                                                                  \
+  asm volatile(TERN_X8_HEAD "6, 0;\nwgmma.mma_async.sync.aligned.m64n8" OP " {%0, %1, %2, %3}, %4, %5, p, 1, 1" \
+               TAIL ";\n}\n"                                                                                    \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                 \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define TERN_X8_MMA16(OP, TAIL)                                                                                 \
+  asm volatile(TERN_X8_HEAD "10, 0;\nwgmma.mma_async.sync.aligned.m64n16" OP                                   \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1" TAIL ";\n}\n"                               \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define TERN_X8_MMA32(OP, TAIL)                                                                                  \
+  asm volatile(TERN_X8_HEAD "18, 0;\nwgmma.mma_async.sync.aligned.m64n32" OP                                    \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1" TAIL \
+               ";\n}\n"                                                                                          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),         \
+                 "+f"(d[15])                                                                                     \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define TERN_X8_MMA64(OP, TAIL)                                                                                   \
+  asm volatile(TERN_X8_HEAD "34, 0;\nwgmma.mma_async.sync.aligned.m64n64" OP                                     \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+               "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1" TAIL ";\n}\n"          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),   \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
+                 "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),        \
+                 "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),        \
+                 "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                            \
+               : "l"(da), "l"(db), "r"(scale_d))
 
-template <int N>
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_x8(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64, "wgmma_x8: N is 8, 16, 32 or 64");
+  if constexpr (N == 8) {
+    if constexpr (BF16) TERN_X8_MMA8("k16.f32.bf16.bf16", ", 0, 0");
+    else TERN_X8_MMA8("k32.f32.e4m3.e4m3", "");
+  } else if constexpr (N == 16) {
+    if constexpr (BF16) TERN_X8_MMA16("k16.f32.bf16.bf16", ", 0, 0");
+    else TERN_X8_MMA16("k32.f32.e4m3.e4m3", "");
+  } else if constexpr (N == 32) {
+    if constexpr (BF16) TERN_X8_MMA32("k16.f32.bf16.bf16", ", 0, 0");
+    else TERN_X8_MMA32("k32.f32.e4m3.e4m3", "");
+  } else {
+    if constexpr (BF16) TERN_X8_MMA64("k16.f32.bf16.bf16", ", 0, 0");
+    else TERN_X8_MMA64("k32.f32.e4m3.e4m3", "");
+  }
+}
+#undef TERN_X8_MMA8
+#undef TERN_X8_MMA16
+#undef TERN_X8_MMA32
+#undef TERN_X8_MMA64
+#undef TERN_X8_HEAD
+
+template <int N, bool BF16>
 __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
+  constexpr int kE = BF16 ? 2 : 1;  // bytes an element
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // The swizzled tiles need 1024-byte alignment (wgmma.cuh); the launch asks for 1 KB more than the plan.
   const uint32_t raw = smem_addr(smem_raw);
@@ -112,7 +121,8 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const int64_t kb_end = ksplit > 1 ? min(a.nkb, kb_begin + a.kb_per_group) : a.nkb;
   const int n = static_cast<int>(kb_end - kb_begin);
   const int live = static_cast<int>(min(a.T - tok0, static_cast<int64_t>(N)));
-  const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.in;
+  const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.in;  // x's first column for this row group
+  const int64_t wrow = a.in * kE, xrow = a.xcols * kE;           // bytes a weight row, an x row
 
   // This thread's copies of a stage: weight pieces p = tid + 256 j (row p / 8, granule p % 8), x pieces likewise.
   auto issue_w = [&](int slot, int64_t kb) {
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       const int p = tid + 256 * j, r = p >> 3, c = p & 7;
       const int64_t row = tile_row0 + r;
       const bool ok = row < a.out;
-      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), a.w + (ok ? row * a.in + kb * 128 + c * 16 : 0), ok);
+      cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4), a.w + (ok ? row * wrow + kb * 128 + c * 16 : 0), ok);
     }
   };
   auto issue_x = [&](int slot, int64_t kb) {
@@ -131,14 +141,14 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       const int r = p >> 3, c = p & 7;
       const bool ok = r < live;
       cp_async16(st + r * 128 + ((c ^ (r & 7)) << 4),
-                 a.xq + (ok ? (tok0 + r) * a.xcols + xcol0 + kb * 128 + c * 16 : 0), ok);
+                 a.xq + (ok ? (tok0 + r) * xrow + xcol0 * kE + kb * 128 + c * 16 : 0), ok);
     }
   };
   // Before the wait (PDL, launch.cuh): only the weights and their scales, which no kernel writes.
 #pragma unroll
   for (int i = 0; i < kXwStages - 1; ++i)
     if (i < n) issue_w(i, kb_begin + i);
-  {
+  if constexpr (!BF16) {
     const int64_t srow = tile_row0 / 128;
     for (int j = tid; j < n; j += blockDim.x) {
       const int64_t idx = srow * a.s_cols + kb_begin + j;
@@ -152,10 +162,12 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     if (i < n) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  const int64_t sx_cols = a.xcols / 128;
-  for (int p = tid; p < N * n; p += blockDim.x) {
-    const int r = p / n, c = p - r * n;
-    sxs[p] = r < live ? a.sx[(tok0 + r) * sx_cols + xcol0 / 128 + kb_begin + c] : 0.0f;
+  if constexpr (!BF16) {
+    const int64_t sx_cols = a.xcols / 128;
+    for (int p = tid; p < N * n; p += blockDim.x) {
+      const int r = p / n, c = p - r * n;
+      sxs[p] = r < live ? a.sx[(tok0 + r) * sx_cols + xcol0 / 128 + kb_begin + c] : 0.0f;
+    }
   }
 
   float acc[N / 2], grp[N / 2], part[N / 2];
@@ -171,10 +183,14 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     const uint32_t wa = st + wg * 64 * 128, xa = st + kXwWBytes;
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_e4m3<N>(part, sw128_desc(wa + 32 * s), sw128_desc(xa + 32 * s), s > 0);
+    for (int s = 0; s < 4; ++s) wgmma_x8<N, BF16>(part, sw128_desc(wa + 32 * s), sw128_desc(xa + 32 * s), s > 0);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(part);
+    if constexpr (BF16) {  // no scales: the block's sum as it is
+#pragma unroll
+      for (int e = 0; e < N / 2; ++e) grp[e] += part[e];
+    } else {
     const float sw = wtab[i];
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
@@ -183,6 +199,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       grp[4 * j + 1] = fmaf(part[4 * j + 1], fb, grp[4 * j + 1]);
       grp[4 * j + 2] = fmaf(part[4 * j + 2], fa, grp[4 * j + 2]);
       grp[4 * j + 3] = fmaf(part[4 * j + 3], fb, grp[4 * j + 3]);
+    }
     }
     if (--gleft == 0 || i == n - 1) {
 #pragma unroll
@@ -218,14 +235,24 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
                  tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
 
-template <int N>
+template <int N, bool BF16>
 void launch_x8_variant(const X8Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(linear_x8_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, kX8MaxSmem);
+    cudaFuncSetAttribute(linear_x8_kernel<N, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kX8MaxSmem);
     return true;
   }();
   (void)attr;
-  launch(linear_x8_kernel<N>, grid, 2 * 128, smem, stream, a);
+  launch(linear_x8_kernel<N, BF16>, grid, 2 * 128, smem, stream, a);
+}
+
+template <bool BF16>
+void launch_x8_tokens(int nt, const X8Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  switch (nt) {
+    case 1: return launch_x8_variant<8, BF16>(a, grid, smem, stream);
+    case 2: return launch_x8_variant<16, BF16>(a, grid, smem, stream);
+    case 4: return launch_x8_variant<32, BF16>(a, grid, smem, stream);
+    default: return launch_x8_variant<64, BF16>(a, grid, smem, stream);
+  }
 }
 
 }  // namespace dev
@@ -247,20 +274,21 @@ X8Plan plan_x8(const LinearParams& p) {
   pl.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
   pl.bx = p.w.out / dev::kX8Rows;
   pl.bz = (p.T + 8 * pl.nt - 1) / (8 * pl.nt);
-  pl.nkb = p.w.in / 128;
+  const bool bf16 = p.w.kind == WeightKind::bf16;
+  pl.nkb = p.w.in * (bf16 ? 2 : 1) / 128;  // 128-byte blocks of a row: 128 FP8 or 64 bf16 columns
   int64_t groups = std::max<int64_t>(1, 2LL * p.num_sms / pl.bx);
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, pl.nkb / (dev::kXwStages - 1)), 64});
   pl.kb_per_group = (pl.nkb + groups - 1) / groups;
   const int64_t ngroups = (pl.nkb + pl.kb_per_group - 1) / pl.kb_per_group;
   const bool fits = pl.bx * pl.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
-  const double wbytes = static_cast<double>(p.w.out) * p.w.in;
+  const double wbytes = static_cast<double>(p.w.out) * p.w.in * (bf16 ? 2 : 1);
   const double share = std::min(1.0, static_cast<double>(pl.bx * pl.bz) / (0.6 * p.num_sms));
   const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
   pl.ksplit = ngroups > 1 && fits && wbytes + 0.5 * pbytes < wbytes / share ? static_cast<int>(ngroups) : 1;
   const int tokens = 8 * pl.nt;
-  // The ring of weight and x stages, the weight scales and x's scales of the range, 1 KB of alignment.
+  // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
-            static_cast<size_t>(pl.nkb) * (tokens + 1) * 4 + 1024;
+            (bf16 ? 0 : static_cast<size_t>(pl.nkb) * (tokens + 1) * 4) + 1024;
   return pl;
 }
 
@@ -268,10 +296,12 @@ X8Plan plan_x8(const LinearParams& p) {
 
 bool linear_x8_ok(const LinearParams& p) {
   const DeviceMat& w = p.w;
-  if (w.kind != WeightKind::fp8 || w.in % 128 != 0 || w.out % 128 != 0 || p.T <= 0) return false;
+  const bool bf16 = w.kind == WeightKind::bf16;
+  const int64_t block = bf16 ? 64 : 128;  // columns a 128-byte stage holds
+  if ((w.kind != WeightKind::fp8 && !bf16) || w.in % block != 0 || w.out % 128 != 0 || p.T <= 0) return false;
   if (p.rows_per_group != w.out && p.rows_per_group % 128 != 0) return false;
-  if (p.x_stride % 128 != 0 || reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
-  return w.s_cols == w.in / 128;
+  if (p.x_stride % block != 0 || reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
+  return bf16 || w.s_cols == w.in / 128;
 }
 
 int64_t linear_x8_partial_floats(const LinearParams& p) {
@@ -303,20 +333,8 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
   a.partial = p.partial;
   a.counters = p.counters;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
-  switch (pl.nt) {
-    case 1:
-      dev::launch_x8_variant<8>(a, grid, pl.smem, stream);
-      break;
-    case 2:
-      dev::launch_x8_variant<16>(a, grid, pl.smem, stream);
-      break;
-    case 4:
-      dev::launch_x8_variant<32>(a, grid, pl.smem, stream);
-      break;
-    default:
-      dev::launch_x8_variant<64>(a, grid, pl.smem, stream);
-      break;
-  }
+  if (p.w.kind == WeightKind::bf16) dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
+  else dev::launch_x8_tokens<false>(pl.nt, a, grid, pl.smem, stream);
 }
 
 }  // namespace tern::cuda

@@ -6,6 +6,10 @@
 // wq, sw: the checkpoint's FP8 weight and its 128x128 block scales; xq, sx: x quantised by act_quant. Each
 // block's sum comes from wgmma e4m3 MMAs (both operands read from shared memory by the tensor cores) and is scaled
 // into an f32 accumulator, as DeepSeek's reference promotes every 128 columns.
+//
+// The same kernel takes bf16 weights (the compressors' wkv|wgate, the head) times x rounded to bf16 (the bf16
+// products' numerics on every path: round_bf16 as the library path, f32 sums), by m64nNk16 bf16 MMAs on 64-column
+// stages of the same 128-byte layout, with no scales.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,14 +24,16 @@ namespace tern::cuda {
 // on the H200 (results.md, session 13) against linear_stream's bf16 path: wq_b 12.2 / 12.8 / 17.4 us at 1 / 16 / 64
 // tokens against 15.5 / 19.6 / 33.8 (65% of copy at one token), wo_a and wo_b 13.9 against 19.0 at one token; the
 // small products (wq_a, wkv) are slower at 64 tokens (wq_a 21.6 against 16.6: 8 row tiles split over K).
-// True when the kernel takes this product: FP8-block weight, in a multiple of 128, out and each row group
-// multiples of 128 (every 128-row tile inside one group and one scale row), 16-byte aligned weight rows.
+// True when the kernel takes this product: FP8-block weight with in a multiple of 128, or bf16 with in a multiple
+// of 64; out and each row group multiples of 128 (every 128-row tile inside one group and one scale row),
+// 16-byte aligned weight rows.
 bool linear_x8_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear_x8 wants in p.partial (0: none) given p.partial_floats' budget
 // is unknown: the most it can use.
 int64_t linear_x8_partial_floats(const LinearParams& p);
 // y = W x for x quantised by launch_act_quant (xq: e4m3 [T, x_stride], x_stride = the row's columns, groups * in
-// for a grouped product; sx: f32 [T, x_stride / 128]). p.x is not read.
+// for a grouped product; sx: f32 [T, x_stride / 128]); for bf16 weights xq is x rounded to bf16 (launch_round_bf16,
+// [T, x_stride] u16) and sx is not read. p.x is not read.
 void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx, cudaStream_t stream);
 
 }  // namespace tern::cuda
