@@ -40,7 +40,7 @@ Tensor spread_rows(int64_t T, int64_t cols, Rand& r) {
 TEST(GpuActFp8, QuantiserEqualsCpu) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
-  for (const int64_t T : {1, 5, 64}) {
+  for (const int64_t T : {1, 5, 37, 64}) {
     const int64_t cols = 4096, blocks = cols / 128;
     const Tensor x = spread_rows(T, cols, r);
     std::vector<uint8_t> q(T * cols);
@@ -65,14 +65,27 @@ TEST(GpuActFp8, QuantiserEqualsCpu) {
     cuda::launch_act_quant(rows, dq.view().data_as<uint8_t>(), dst.view().data_as<float>(), nullptr, T);  // token-major
     cuda::launch_act_fake_quant(rows, df.view().data_as<float>(), cols, nullptr);
     cuda::launch_act_fake_quant_bf16_inplace(cuda::Bf16Rows{db.view().data_as<uint16_t>(), T, cols, cols, 0}, nullptr);
+    // The same rows in the grouped wgmma kernels' planes ((c / 8) * planes + r) * 8 + c % 8, with 3 padding rows a
+    // plane that must stay as they are.
+    const int64_t planes = T + 3;
+    Tensor xp(DType::bf16, {cols / 8, planes, 8});
+    for (int64_t i = 0; i < xp.numel(); ++i) xp.data<uint16_t>()[i] = static_cast<uint16_t>(0x3f80 + i % 7);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < cols; ++c) xp.data<uint16_t>()[((c / 8) * planes + t) * 8 + c % 8] = xh.data<uint16_t>()[t * cols + c];
+    auto dp = upload(xp);
+    cuda::launch_act_fake_quant_bf16_inplace(cuda::Bf16Rows{dp.view().data_as<uint16_t>(), T, cols, 0, planes}, nullptr);
     const Tensor hq = cuda::to_host(dq), hs = cuda::to_host(ds), hst = cuda::to_host(dst);
-    const Tensor hf = cuda::to_host(df), hb = cuda::to_host(db);
-    int64_t bad_q = 0, bad_s = 0, bad_f = 0, bad_b = 0;
+    const Tensor hf = cuda::to_host(df), hb = cuda::to_host(db), hp = cuda::to_host(dp);
+    int64_t bad_q = 0, bad_s = 0, bad_f = 0, bad_b = 0, bad_p = 0;
     for (int64_t i = 0; i < T * cols; ++i) {
       bad_q += hq.data<uint8_t>()[i] != q[i];
       bad_f += std::memcmp(hf.data<float>() + i, fq.data() + i, 4) != 0;
       bad_b += bf16_to_f32(hb.data<uint16_t>()[i]) != fqb[i];
+      const int64_t t = i / cols, c = i % cols;
+      bad_p += bf16_to_f32(hp.data<uint16_t>()[((c / 8) * planes + t) * 8 + c % 8]) != fqb[i];
     }
+    for (int64_t i = 0; i < xp.numel(); ++i)
+      bad_p += (i / 8) % planes >= T && hp.data<uint16_t>()[i] != xp.data<uint16_t>()[i];
     for (int64_t t = 0; t < T; ++t)
       for (int64_t b = 0; b < blocks; ++b)
         bad_s += hs.data<float>()[t * blocks + b] != s[t * blocks + b] || hst.data<float>()[b * T + t] != s[t * blocks + b];
@@ -80,6 +93,7 @@ TEST(GpuActFp8, QuantiserEqualsCpu) {
     EXPECT_EQ(bad_s, 0) << "scales (row- or token-major) differ from the CPU's, T=" << T;
     EXPECT_EQ(bad_f, 0) << "dequantised f32 differs from the CPU's, T=" << T;
     EXPECT_EQ(bad_b, 0) << "bf16 rows quantised in place differ from the CPU's, T=" << T;
+    EXPECT_EQ(bad_p, 0) << "bf16 planes quantised in place differ from the CPU's (or padding changed), T=" << T;
   }
 }
 

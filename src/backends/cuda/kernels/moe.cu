@@ -27,7 +27,9 @@ __device__ __forceinline__ float sqrt_softplus(float x) { return sqrtf(x > 20.0f
 
 constexpr int kRouteWarps = 4, kMaxExperts = 1024;
 
-// Warp per token: k rounds of a warp argmax over (score + bias), ties to the lower expert id.
+// Warp per token: k rounds of a warp argmax over (score + bias), ties to the lower expert id. Every lane ends a
+// round with the winner (butterfly), so every lane keeps the sum and lane j the j-th pick's score: no global
+// read-back at the end (lane 0 re-reading its own stores was most of the kernel's 9 us at one token).
 __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const float* logits, const float* bias,
                                                                        int64_t T, int64_t E, int k, float scale,
                                                                        int32_t* indices, float* weights, int* err) {
@@ -42,7 +44,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const fl
     bi[warp][e] = sc[warp][e] + bias[e];
   }
   __syncwarp();
-  float sum = 0.0f;
+  float sum = 0.0f, mine = 0.0f;
   for (int j = 0; j < k; ++j) {
     float best = -INFINITY;
     int best_e = INT32_MAX;
@@ -61,16 +63,22 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_kernel(const fl
       if (lane == 0) raise(err, kErrRouterScore);
       best_e = 0;
     }
+    const float w = sc[warp][best_e];
+    sum += w;
+    if (lane == j) mine = w;
+    __syncwarp();
     if (lane == 0) {
       indices[t * k + j] = best_e;
-      weights[t * k + j] = sc[warp][best_e];
-      sum += sc[warp][best_e];
+      if (k > 32) weights[t * k + j] = w;  // (more picks than lanes: read back below, as before)
       bi[warp][best_e] = -INFINITY;
     }
     __syncwarp();
   }
-  if (lane == 0)
+  if (k <= 32) {
+    if (lane < k) weights[t * k + lane] = mine / (sum + 1e-20f) * scale;
+  } else if (lane == 0) {
     for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
+  }
 }
 
 __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
@@ -97,34 +105,73 @@ __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int 
   for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
 }
 
-constexpr int kPlanThreads = 1024, kPlanStaged = 6144;
+constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
 
-// One block: per-expert counts by warp ballots (stable order), offsets, sorted pair list, each pair's
-// sorted slot, and the job list (expert, first slot, count <= tile).
+// One block: per-expert counts, offsets, sorted pair list (each expert's pairs in pick order), each pair's
+// sorted slot, and the job list (expert, first slot, count <= tile). Up to kRankExperts experts, the block
+// takes 1024 picks at a time: __match_any_sync gives a pick its rank among its warp's picks of the same
+// expert and the warp's count, a running sum over the warps (in warp order: pick order) the rank among the
+// expert's picks so far, kept in pos[] until the offsets are known. (Warp ballots per expert over every pick,
+// the way for more experts, took 20 us a layer at 384 picks.)
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
                                                                 int* sorted, int* pos, int* jobs, int* num_jobs,
                                                                 int* err) {
   pdl_prologue();
   __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
-  __shared__ int32_t staged[kPlanStaged];  // the picks, read many times below
+  __shared__ union {
+    int32_t staged[kPlanStaged];               // more experts: the picks, read many times below
+    int warp_count[32 * kRankExperts];         // up to kRankExperts: [warp][expert] counts, then running sums
+  } sm;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
-    const int e = indices[q];
-    if (q < kPlanStaged) staged[q] = e;
-    if (e < 0 || e >= E) {
-      raise(err, kErrExpertIndex);
-      pos[q] = -1;
+  const bool ranked = E <= kRankExperts;
+  if (ranked) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    for (int64_t base = 0; base < P; base += blockDim.x) {
+      const int64_t q = base + threadIdx.x;
+      const int e = q < P ? indices[q] : -1;
+      const bool valid = q < P && e >= 0 && e < E;
+      if (q < P && !valid) {
+        raise(err, kErrExpertIndex);
+        pos[q] = -1;
+      }
+      for (int i = threadIdx.x; i < warps * E; i += blockDim.x) sm.warp_count[i] = 0;
+      __syncthreads();
+      const unsigned peers = __match_any_sync(0xffffffffu, valid ? e : -1 - lane);  // invalid picks match none
+      const int rank = __popc(peers & ((1u << lane) - 1));
+      if (valid && rank == 0) sm.warp_count[warp * E + e] = __popc(peers);
+      __syncthreads();
+      for (int x = threadIdx.x; x < E; x += blockDim.x) {
+        int run = count[x];
+        for (int w = 0; w < warps; ++w) {
+          const int c = sm.warp_count[w * E + x];
+          sm.warp_count[w * E + x] = run;
+          run += c;
+        }
+        count[x] = run;
+      }
+      __syncthreads();
+      if (valid) pos[q] = sm.warp_count[warp * E + e] + rank;
+      __syncthreads();  // (the next round clears warp_count)
     }
-  }
-  __syncthreads();
-  if (P <= kPlanStaged) indices = staged;
-  for (int e = warp; e < E; e += warps) {
-    int c = 0;
-    for (int64_t base = 0; base < P; base += 32) {
-      const int64_t q = base + lane;
-      c += __popc(__ballot_sync(0xffffffffu, q < P && indices[q] == e));
+  } else {
+    for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+      const int e = indices[q];
+      if (q < kPlanStaged) sm.staged[q] = e;
+      if (e < 0 || e >= E) {
+        raise(err, kErrExpertIndex);
+        pos[q] = -1;
+      }
     }
-    if (lane == 0) count[e] = c;
+    __syncthreads();
+    if (P <= kPlanStaged) indices = sm.staged;
+    for (int e = warp; e < E; e += warps) {
+      int c = 0;
+      for (int64_t base = 0; base < P; base += 32) {
+        const int64_t q = base + lane;
+        c += __popc(__ballot_sync(0xffffffffu, q < P && indices[q] == e));
+      }
+      if (lane == 0) count[e] = c;
+    }
   }
   __syncthreads();
   {  // exclusive scans of the counts and of the jobs per expert: one expert per thread
@@ -145,18 +192,28 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
     if (e == E - 1) *num_jobs = bj + ij;
   }
   __syncthreads();
-  for (int e = warp; e < E; e += warps) {
-    int run = offset[e];
-    for (int64_t base = 0; base < P; base += 32) {
-      const int64_t q = base + lane;
-      const bool mine = q < P && indices[q] == e;
-      const unsigned ball = __ballot_sync(0xffffffffu, mine);
-      if (mine) {
-        const int slot = run + __popc(ball & ((1u << lane) - 1));
-        sorted[slot] = static_cast<int>(q);
-        pos[q] = slot;
+  if (ranked) {
+    for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {  // the same thread wrote pos[q] above
+      const int e = indices[q];
+      if (e < 0 || e >= E) continue;
+      const int slot = offset[e] + pos[q];
+      sorted[slot] = static_cast<int>(q);
+      pos[q] = slot;
+    }
+  } else {
+    for (int e = warp; e < E; e += warps) {
+      int run = offset[e];
+      for (int64_t base = 0; base < P; base += 32) {
+        const int64_t q = base + lane;
+        const bool mine = q < P && indices[q] == e;
+        const unsigned ball = __ballot_sync(0xffffffffu, mine);
+        if (mine) {
+          const int slot = run + __popc(ball & ((1u << lane) - 1));
+          sorted[slot] = static_cast<int>(q);
+          pos[q] = slot;
+        }
+        run += __popc(ball);
       }
-      run += __popc(ball);
     }
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x)
