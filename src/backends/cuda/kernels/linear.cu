@@ -511,81 +511,6 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
   }
 }
 
-// acc += x[0..7] . w[0..7] as dot8 (the same operations in the same order), x from registers.
-__device__ __forceinline__ void dot8r(float& acc, const float (&x)[8], const float (&w)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc += x[i] * w[i];
-}
-
-// linear_exact_rows_kernel's arithmetic with the grid turned round, for many tokens: there every block re-read
-// the x of its 8 tokens for each weight row (the router gate at 64 tokens: 270 MB from L2, 27 us a call). Here a
-// block is (kExactSliceRows rows, one of the row's wpr K slices, 8 tokens): each lane loads x for its chunks of
-// the slice (chunks c0 + lane + 32 i, i < CPL) once, for the 8 tokens, into registers, and its warp walks the
-// block's rows with them (kExactSliceRows / 8 rows a warp). A (row, token) sum is the old kernel's: the lane's
-// chunks in order (dot8r), warp_sum, and the slices added in order from 0 (finish_split_k: the last block of a
-// (row tile, token group) to arrive adds partial[slice] in slice order). So the same bits, whichever kernel.
-constexpr int kExactSliceRows = 32;
-
-template <int CPL>
-__global__ void __launch_bounds__(256) linear_exact_slices_kernel(SimpleMat m, const float* x, int64_t x_stride,
-                                                                  int64_t rows_per_group, int64_t T, int wpr,
-                                                                  float* y, float* partial, int* counters) {
-  pdl_prologue();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = static_cast<int>(blockIdx.y);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kExactSliceRows;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.z) * kSimpleTokens;
-  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
-  const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
-  const int c0 = slice * per, c1 = min(chunks, c0 + per);
-  // Every row of the tile is in the row group of row0 (a launch condition).
-  const float* xr = x + tok0 * x_stride + (row0 / rows_per_group) * m.in;
-  float xv[CPL][kSimpleTokens][8];
-#pragma unroll
-  for (int i = 0; i < CPL; ++i) {
-    const int ch = c0 + lane + 32 * i;
-#pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) {
-      float4 a = make_float4(0, 0, 0, 0), b = a;
-      if (ch < c1 && j < nt) {
-        a = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
-        b = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
-      }
-      xv[i][j][0] = a.x, xv[i][j][1] = a.y, xv[i][j][2] = a.z, xv[i][j][3] = a.w;
-      xv[i][j][4] = b.x, xv[i][j][5] = b.y, xv[i][j][6] = b.z, xv[i][j][7] = b.w;
-    }
-  }
-  for (int rr = warp; rr < kExactSliceRows; rr += 8) {
-    const int64_t row = row0 + rr;
-    if (row >= m.out) break;
-    float acc[kSimpleTokens];
-#pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      const int ch = c0 + lane + 32 * i;
-      if (ch >= c1) break;
-      float w[8];
-      exact_weights8<false>(m, row, 8 * static_cast<int64_t>(ch), w);
-#pragma unroll
-      for (int j = 0; j < kSimpleTokens; ++j) {
-        if (j >= nt) break;
-        dot8r(acc[j], xv[i][j], w);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kSimpleTokens; ++j) {
-      const float sum = warp_sum(acc[j]);
-      if (lane == 0 && j < nt) {
-        if (wpr == 1) y[(tok0 + j) * m.out + row] = 0.0f + sum;  // the old kernel's 0 + slice 0
-        else partial[(slice * T + tok0 + j) * m.out + row] = sum;
-      }
-    }
-  }
-  if (wpr == 1) return;
-  finish_split_k(partial, y, counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, wpr, row0,
-                 kExactSliceRows, m.out, T, tok0, tok0 + nt, 1.0f);
-}
-
 // Warps per row of linear_exact_rows_kernel: one per 32 chunks of 8 columns (one chunk per lane), at most 8;
 // a power of two so that a block's 8 warps hold whole rows. From the weight's shape alone.
 int exact_rows_wpr(int64_t in) {
@@ -719,37 +644,6 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
 // The exact kernels' conditions: bf16 (linear_exact_rows_kernel) or FP8-block (linear_exact_lanes_kernel)
 // weights, rows of whole 8-column steps, 16-byte aligned weights and x rows; for FP8 also every 256-row tile
 // inside one row group and enough arrival counters and partial-sum space for its K slices.
-namespace {
-
-// The first token count linear_exact_slices_kernel takes (TERN_EXACT_SLICES_MIN, for A/B; both kernels give the
-// same bits, so the choice may depend on T).
-int64_t exact_slices_min_tokens() {
-  static const int64_t n = [] {
-    const char* e = std::getenv("TERN_EXACT_SLICES_MIN");
-    return e != nullptr && *e != '\0' ? std::max<int64_t>(1, std::atoll(e)) : int64_t{9};
-  }();
-  return n;
-}
-
-// Chunks of 8 columns a lane of linear_exact_slices_kernel holds (1 or 2), or 0 when it does not take the
-// product: bf16 rows, T from exact_slices_min_tokens(), every 32-row tile inside one row group, and the split
-// workspace for its slices.
-int exact_slices_cpl(const LinearParams& p) {
-  if (p.w.kind != WeightKind::bf16 || p.T < exact_slices_min_tokens()) return 0;
-  if (p.rows_per_group != p.w.out && p.rows_per_group % dev::kExactSliceRows != 0) return 0;
-  const int64_t chunks = p.w.in / 8, wpr = dev::exact_rows_wpr(p.w.in), per = (chunks + wpr - 1) / wpr;
-  const int64_t cpl = (per + 31) / 32;
-  if (cpl > 2) return 0;
-  const int64_t tiles = (p.w.out + dev::kExactSliceRows - 1) / dev::kExactSliceRows;
-  const int64_t groups = (p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens;
-  if (groups > 65535) return 0;
-  if (wpr > 1 && (tiles * groups > p.num_counters || p.partial == nullptr || wpr * p.T * p.w.out > p.partial_floats))
-    return 0;
-  return static_cast<int>(cpl);
-}
-
-}  // namespace
-
 bool linear_exact_fast_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if ((p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
@@ -764,10 +658,6 @@ bool linear_exact_fast_ok(const LinearParams& p) {
 }
 
 int64_t linear_exact_partial_floats(const LinearParams& p) {
-  if (p.w.kind == WeightKind::bf16) {  // linear_exact_slices_kernel's slices
-    const int64_t wpr = dev::exact_rows_wpr(p.w.in);
-    return p.T >= exact_slices_min_tokens() && wpr > 1 ? wpr * p.T * p.w.out : 0;
-  }
   if (p.w.kind != WeightKind::fp8) return 0;  // (the tensor-core kernel needs none)
   const dim3 g = dev::exact_grid(p);
   return g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : 0;
@@ -780,19 +670,6 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
   if (!linear_exact_fast_ok(p)) {
     launch(dev::linear_simple_kernel, dev::simple_grid(p.w.out, p.T), 256, 0, stream, m, p.x, p.x_stride,
            p.rows_per_group, p.T, p.y);
-    return;
-  }
-  if (const int cpl = exact_slices_cpl(p); cpl > 0) {
-    const int wpr = dev::exact_rows_wpr(p.w.in);
-    const dim3 grid(static_cast<unsigned>((p.w.out + dev::kExactSliceRows - 1) / dev::kExactSliceRows),
-                    static_cast<unsigned>(wpr),
-                    static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-    if (cpl == 1)
-      launch(dev::linear_exact_slices_kernel<1>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
-             p.y, p.partial, p.counters);
-    else
-      launch(dev::linear_exact_slices_kernel<2>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
-             p.y, p.partial, p.counters);
     return;
   }
   if (p.w.kind == WeightKind::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
@@ -810,7 +687,6 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 std::string linear_exact_path_name(const LinearParams& p) {
   if (exact_on_tensor_cores(p.w.kind) && linear_exact_tc_ok(p)) return linear_exact_tc_name(p);
   return !linear_exact_fast_ok(p)      ? "linear_simple (CUDA cores, f32)"
-         : exact_slices_cpl(p) > 0      ? "linear_exact_slices (CUDA cores, f32, x in registers per K slice)"
          : p.w.kind == WeightKind::bf16 ? "linear_exact_rows (CUDA cores, f32)"
                                         : "linear_exact_lanes (CUDA cores, f32)";
 }

@@ -5,6 +5,7 @@
 #include "backends/cuda/kernels/linear_x8.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
@@ -269,9 +270,21 @@ struct X8Plan {
 // multiprocessor, each at least kXwStages - 1 blocks long (a full ring), at most 64. They run as separate
 // blocks (split K) when that is cheaper by the rough model linear_stream uses (stream_ksplit): the blocks'
 // share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
+// The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
+// (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
+// its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
+int x8_max_tile_n8() {
+  static const int n8 = [] {
+    const char* e = std::getenv("TERN_X8_MAX_N");
+    const int n = e != nullptr && *e != '\0' ? std::atoi(e) : 64;
+    return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
+  }();
+  return n8;
+}
+
 X8Plan plan_x8(const LinearParams& p) {
   X8Plan pl;
-  pl.nt = p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8;
+  pl.nt = std::min(p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8, x8_max_tile_n8());
   pl.bx = p.w.out / dev::kX8Rows;
   pl.bz = (p.T + 8 * pl.nt - 1) / (8 * pl.nt);
   const bool bf16 = p.w.kind == WeightKind::bf16;
