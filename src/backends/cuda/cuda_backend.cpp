@@ -239,8 +239,8 @@ class CudaMemory final : public DeviceMemory {
     TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   void* allocate(size_t bytes, bool zero) override {
-    // The activation arena while a step is being recorded: zeroed by the graph's first node at each replay.
-    void* p = graphs_.allocate(bytes);
+    // The activation arena while a step is being recorded: filled as below by the graph's first nodes at each replay.
+    void* p = graphs_.allocate(bytes, zero);
     if (p != nullptr) return p;
     const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
     if (e != cudaSuccess) {

@@ -32,16 +32,24 @@ class CudaStepGraphs final : public ops::StepGraphs {
 
   // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
   // measuring scope, counts `bytes` and returns nullptr (the pool serves it). Arena blocks are handed out
-  // only inside capture() and not zeroed here: the recorded graph's first node zeroes them all.
-  void* allocate(size_t bytes);
+  // only inside capture() and not filled here: the recorded graph's first nodes fill the blocks that asked for
+  // zeros (`zero`), and the others as eager allocations are filled (CudaBackend::activation_fill: by default
+  // not at all).
+  void* allocate(size_t bytes, bool zero);
   bool owns(const void* p) const;
 
  private:
-  void zero_arena_first(cudaGraph_t graph);
+  void fill_arena_first(cudaGraph_t graph);
+
+  struct Fill {  // an arena range the graph fills with `value` before its other nodes
+    size_t offset, bytes;
+    int value;
+  };
 
   CudaBackend& backend_;
   DeviceBuffer arena_;
   size_t used_ = 0;
+  std::vector<Fill> fills_;  // this capture's, in arena order
   bool open_ = false, measure_ = false, capturing_ = false;
   uint64_t arena_generation_ = 0;
   size_t graph_bytes_ = 0;

@@ -1,7 +1,7 @@
-// act_quant.cuh's kernels: a warp quantises kActItems (row, 128-column block) items, a lane 4 consecutive values of
-// each (its loads issued together: one item a warp left the copy engine idle, 138 us a call at 8 192 tokens);
-// bf16 planes (the grouped MoE kernels' h) a lane per row, 16 planes of 8 values, so a warp's loads are 512
-// contiguous bytes.
+// act_quant.cuh's kernels: one warp a (row, 128-column block); a lane holds 4 consecutive values. (Four items a
+// warp, their loads issued together, measured the same: 141 us a call at 8 192 tokens, results.md session 14.)
+// bf16 planes (the grouped MoE kernels' h): a thread per row, 16 planes of 8 values, so a warp's loads are 512
+// contiguous bytes (a warp per block read 16-byte pieces a plane apart: 361 us a call, now 133).
 #include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -19,12 +19,15 @@ struct ActOutArgs {
   int64_t f_stride = 0;
 };
 
-constexpr int kActItems = 4;
-
 template <ActOut O>
-__device__ __forceinline__ void act_quant_item(const ActRows& r, const ActOutArgs& o, int64_t row, int64_t col,
-                                               float4 v, int lane) {
+__global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o) {
+  pdl_prologue();
+  const int lane = threadIdx.x & 31;
   const int64_t blocks = r.cols / 128;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (item >= r.T * blocks) return;
+  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
+  const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   const int k = fp8_scale_exponent(amax);
   const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (both the one rounding of the same value)
@@ -46,26 +49,6 @@ __device__ __forceinline__ void act_quant_item(const ActRows& r, const ActOutArg
     *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
   }
 }
-
-template <ActOut O>
-__global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o) {
-  pdl_prologue();
-  const int lane = threadIdx.x & 31;
-  const int64_t blocks = r.cols / 128, items = r.T * blocks;
-  const int64_t item0 = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5)) * kActItems;
-  float4 v[kActItems];
-#pragma unroll
-  for (int i = 0; i < kActItems; ++i) {
-    const int64_t item = item0 + i, row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
-    if (item < items) v[i] = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
-  }
-#pragma unroll
-  for (int i = 0; i < kActItems; ++i) {
-    const int64_t item = item0 + i, row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
-    if (item < items) act_quant_item<O>(r, o, row, col, v[i], lane);
-  }
-}
-
 
 // e4m3(v / 2^k) * 2^k for the 8 bf16 values of `w` (k: the block's scale exponent), repacked as bf16 (exact: 4
 // significant bits).
@@ -129,8 +112,7 @@ template <ActOut O>
 void launch_act(const ActRows& r, const ActOutArgs& o, cudaStream_t stream) {
   const int64_t items = r.T * (r.cols / 128);
   if (items == 0) return;
-  constexpr int64_t per_block = 8 * kActItems;
-  launch(act_quant_kernel<O>, static_cast<unsigned>((items + per_block - 1) / per_block), 256, 0, stream, r, o);
+  launch(act_quant_kernel<O>, static_cast<unsigned>((items + 7) / 8), 256, 0, stream, r, o);
 }
 
 }  // namespace dev
