@@ -266,10 +266,6 @@ struct X8Plan {
   size_t smem = 0;
 };
 
-// Groups of 128-column blocks from the weight's shape alone: as many as one token tile needs for two blocks a
-// multiprocessor, each at least kXwStages - 1 blocks long (a full ring), at most 64. They run as separate
-// blocks (split K) when that is cheaper by the rough model linear_stream uses (stream_ksplit): the blocks'
-// share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
 // The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
 // (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
 // its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
@@ -282,6 +278,10 @@ int x8_max_tile_n8() {
   return n8;
 }
 
+// Groups of 128-column blocks from the weight's shape alone: as many as one token tile needs for two blocks a
+// multiprocessor, each at least kXwStages - 1 blocks long (a full ring), at most 64. They run as separate
+// blocks (split K) when that is cheaper by the rough model of linear_stream's (stream_ksplit): the blocks'
+// share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
 X8Plan plan_x8(const LinearParams& p) {
   X8Plan pl;
   pl.nt = std::min(p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8, x8_max_tile_n8());
@@ -295,7 +295,9 @@ X8Plan plan_x8(const LinearParams& p) {
   const int64_t ngroups = (pl.nkb + pl.kb_per_group - 1) / pl.kb_per_group;
   const bool fits = pl.bx * pl.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
   const double wbytes = static_cast<double>(p.w.out) * p.w.in * (bf16 ? 2 : 1);
-  const double share = std::min(1.0, static_cast<double>(pl.bx * pl.bz) / (0.6 * p.num_sms));
+  // A block an SM for the whole bandwidth (linear_stream's model counts 0.6 of one; with that, wo_a at 64 tokens
+  // ran 64 blocks unsplit, 57 us for 32 MB: results.md session 14).
+  const double share = std::min(1.0, static_cast<double>(pl.bx * pl.bz) / static_cast<double>(p.num_sms));
   const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
   pl.ksplit = ngroups > 1 && fits && wbytes + 0.5 * pbytes < wbytes / share ? static_cast<int>(ngroups) : 1;
   const int tokens = 8 * pl.nt;
