@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/placement.h"
+#include "app/device.h"
 
 namespace tern::tools {
 
@@ -25,8 +25,8 @@ struct Verb {
 bool register_verb(Verb verb);
 const std::vector<Verb>& verbs();
 
-// Kernel options of the verbs that run a model (placement.h: TuneOptions, configure_kernels).
-inline void add_tune_options(CLI::App& app, TuneOptions& t) {
+// Kernel options of the verbs that run a model (app/device.h: TuneOptions, configure_kernels).
+inline void add_tune_options(CLI::App& app, app::TuneOptions& t) {
   app.add_option("--activations", t.activations,
                  "auto (fp8 on a GPU, native on the CPU), native (each backend's own: CPU f32, GPU bf16 tensor-core "
                  "operands) or fp8 (the official reference's: x quantised to e4m3 in 1x128 blocks with power-of-two "

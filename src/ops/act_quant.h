@@ -6,7 +6,7 @@
 //
 // `--activations fp8` (ops::Weight::act_fp8: the FP8 and FP4 products, routed experts included) runs this way on
 // every backend; `native` keeps each backend's own activations (CPU f32, CUDA bf16 on the tensor cores); `auto`
-// (tools/placement.h) picks fp8 on a GPU.
+// (app/device.h) picks fp8 on a GPU.
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,9 @@
 #include <set>
 #include <sstream>
 
+#include "app/device.h"
+#include "app/measure.h"
+#include "app/synthetic_placement.h"
 #include "cache/page_pool.h"
 #include "cache/sequence_state.h"
 #include "core/error.h"
@@ -21,9 +24,6 @@
 #include "model/perf_model.h"
 #include "ops/recorded_steps.h"
 #include "ops/synth_values.h"
-#include "tools/bench_step_device.h"
-#include "tools/placement.h"
-#include "tools/synthetic_placement.h"
 #include "tools/verb.h"
 
 namespace {
@@ -45,7 +45,7 @@ struct Args {
   // --fill-check: the longest prompt's logits with the activations poisoned (NaN bytes) and zero-filled must be
   // the same bits (so no op of the full-size model reads an activation element it did not write).
   bool fill_check = false;
-  tern::tools::TuneOptions tune;
+  tern::app::TuneOptions tune;
 };
 
 std::vector<int64_t> parse_list(const std::string& text, const char* option) {
@@ -155,11 +155,11 @@ int run(const Args& a) {
   TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
              "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
   const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
-  const std::string activations(ops::activations_name(tools::resolve_activations(a.tune.activations, a.device)));
-  const model::ModelConfig config = tools::synthetic_config(a.config);
-  tools::prepare_device(a.device);
-  std::unique_ptr<tools::StepProfiler> profiler;
-  if (a.profile) profiler = std::make_unique<tools::StepProfiler>(a.device);  // refuses before the long build
+  const std::string activations(ops::activations_name(app::resolve_activations(a.tune.activations, a.device)));
+  const model::ModelConfig config = app::synthetic_config(a.config);
+  app::prepare_device(a.device);
+  std::unique_ptr<app::StepProfiler> profiler;
+  if (a.profile) profiler = std::make_unique<app::StepProfiler>(a.device);  // refuses before the long build
 
   char date[32];
   const std::time_t now = std::time(nullptr);
@@ -173,10 +173,10 @@ int run(const Args& a) {
 
   // The ceilings, measured first (the model takes the memory afterwards).
   const bool full = a.config == "full";
-  const double copy_gbs = tools::copy_bandwidth_gbs(a.device, full ? int64_t{1} << 30 : int64_t{64} << 20);
+  const double copy_gbs = app::copy_bandwidth_gbs(a.device, full ? int64_t{1} << 30 : int64_t{64} << 20);
   const int64_t gemm_n = full ? 8192 : 256;
-  const double gemm_bf16 = tools::linear_tflops(a.device, gemm_n, false);
-  const double gemm_fp8 = tools::linear_tflops(a.device, gemm_n, true);
+  const double gemm_bf16 = app::linear_tflops(a.device, gemm_n, false);
+  const double gemm_fp8 = app::linear_tflops(a.device, gemm_n, true);
   say(cat("copy bandwidth (read+write): ", static_cast<int64_t>(copy_gbs), " GB/s; tern linear ", gemm_n, "^3: bf16 ",
           gemm_bf16, " TFLOP/s, fp8 ", gemm_fp8, " TFLOP/s (prefill is set against the larger)"));
   const double gemm_ref = std::max(gemm_bf16, gemm_fp8);
@@ -184,14 +184,14 @@ int run(const Args& a) {
   // Memory: the states of the largest configuration, plus headroom for activations, workspace and graphs.
   const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) + 4;
   const int64_t max_context = std::max({contexts.back(), prefills.back(), mixed_prompt});
-  const int64_t seq_bytes = tools::state_bytes_per_sequence(config, kv, max_context + margin);
+  const int64_t seq_bytes = app::state_bytes_per_sequence(config, kv, max_context + margin);
   const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
   const int64_t reserve = (batches.back() + 1) * seq_bytes + headroom;
-  tools::SyntheticPlacement placed =
-      tools::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
+  app::SyntheticPlacement placed =
+      app::place_synthetic_model(config, experts, kv, a.device, a.device == "cuda" ? reserve : 0, a.seed);
   model::Model& m = *placed.model;
   say(placed.description);
-  for (const auto& line : tools::configure_kernels(m, a.device, a.tune)) say(line);
+  for (const auto& line : app::configure_kernels(m, a.device, a.tune)) say(line);
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
           " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
           " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
@@ -216,7 +216,7 @@ int run(const Args& a) {
     const auto layout = m.state_layout(L + margin);
     const int64_t pages_per_seq = layout->pages_for(L + margin);
     // As many sequences as the batches want and the memory holds (2 GiB kept for the graphs' arena).
-    const int64_t avail = std::max<int64_t>(0, tools::free_state_memory(a.device) - (int64_t{2} << 30));
+    const int64_t avail = std::max<int64_t>(0, app::free_state_memory(a.device) - (int64_t{2} << 30));
     const int64_t fit = avail / (pages_per_seq * layout->page_bytes()) - 1;
     const int64_t want = decode ? std::max(batches.back(), mixed_decodes) : 0;
     const int64_t seqs = std::min(want, fit);
@@ -256,7 +256,7 @@ int run(const Args& a) {
     if (a.fill_check && L == prefills.back()) {
       std::string was;  // the fill the run had (TERN_ACTIVATION_FILL), restored after the check
       auto logits_with = [&](const char* fill) {
-        const std::string before = tools::set_activation_fill(a.device, fill);
+        const std::string before = app::set_activation_fill(a.device, fill);
         TERN_CHECK(!before.empty(), "--fill-check needs --device cuda");
         if (was.empty()) was = before;
         cache::SequenceState s(pool, L + margin);
@@ -264,7 +264,7 @@ int run(const Args& a) {
         return m.forward({&seq, 1});
       };
       const Tensor zeroed = logits_with("zero"), poisoned = logits_with("poison");
-      (void)tools::set_activation_fill(a.device, was);
+      (void)app::set_activation_fill(a.device, was);
       int64_t differ = 0, nonfinite = 0;
       for (int64_t i = 0; i < zeroed.numel(); ++i) {
         const float z = zeroed.data<float>()[i], p = poisoned.data<float>()[i];
@@ -367,7 +367,7 @@ int run(const Args& a) {
         (void)graphs.forward_device(batch, hold);
       };
       const uint64_t eager_before = graphs.stats().eager_total();
-      const tools::StepTiming t = tools::time_steps(a.device, step, a.warmup, a.steps);
+      const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
       DecodeRow r;
       r.batch = B;
       r.context = L;
@@ -394,8 +394,8 @@ int run(const Args& a) {
 
   // Each prefill GEMM at the longest prompt, against the library's rate on its shape (same run).
   const int64_t gemm_tokens = prefills.back();
-  const std::vector<tools::GemmRate> gemms = tools::prefill_gemm_rates(m, a.device, gemm_tokens);
-  auto gemm_line = [](const tools::GemmRate& g) {
+  const std::vector<app::GemmRate> gemms = app::prefill_gemm_rates(m, a.device, gemm_tokens);
+  auto gemm_line = [](const app::GemmRate& g) {
     char buf[512];
     std::snprintf(buf, sizeof buf, "| %s | %.1f | %.0f | %.1f | %.0f | %.0f%% |", g.what.c_str(), g.op_us,
                   g.flops / (g.op_us * 1e6), g.library_us, g.flops / (g.library_us * 1e6), 100.0 * g.library_us / g.op_us);
@@ -406,7 +406,7 @@ int run(const Args& a) {
     say(cat("prefill GEMMs at ", gemm_tokens, " tokens (op as the model runs it vs the library's own product on the "
             "same shape: cuBLAS bf16, f32 for exact weights, grouped bf16 on expanded experts):"));
     say(kGemmHeader);
-    for (const tools::GemmRate& g : gemms) say(gemm_line(g));
+    for (const app::GemmRate& g : gemms) say(gemm_line(g));
   }
 
   say(cat("\n== bench-step results (", a.config, ", ", a.experts, " experts, kv ", a.kv_mode, ", activations ",
@@ -427,7 +427,7 @@ int run(const Args& a) {
   if (!gemms.empty()) {
     say(cat("prefill GEMMs at ", gemm_tokens, " tokens:"));
     say(kGemmHeader);
-    for (const tools::GemmRate& g : gemms) say(gemm_line(g));
+    for (const app::GemmRate& g : gemms) say(gemm_line(g));
   }
 
   if (!a.json.empty()) {
@@ -455,7 +455,7 @@ int run(const Args& a) {
       j["mixed"].push_back({{"prompt", r.prompt}, {"decodes", r.decodes}, {"context", r.context},
                             {"seconds", r.seconds}, {"first_run_seconds", r.cold_seconds},
                             {"prompt_alone_seconds", r.prefill_alone}});
-    for (const tools::GemmRate& g : gemms)
+    for (const app::GemmRate& g : gemms)
       j["prefill_gemms"].push_back({{"tokens", gemm_tokens}, {"what", g.what}, {"flops", g.flops}, {"op_us", g.op_us},
                                     {"library_us", g.library_us}});
     std::ofstream out(a.json);

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "app/device.h"
+#include "app/measure.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/decode_graphs.h"
@@ -16,11 +18,7 @@
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "tools/embedded_model.h"
-#include "tools/placement.h"
 #include "tools/verb.h"
-#if TERN_WITH_CUDA
-#include "backends/cuda/profiler.h"
-#endif
 
 namespace {
 
@@ -29,7 +27,7 @@ using namespace tern;
 struct RunArgs {
   std::string model, prompt_ids, kv_mode = "auto", device = "cpu", profile_json, cuda_graphs = "on";
   bool no_cuda_graphs = false;
-  tern::tools::TuneOptions tune;
+  tern::app::TuneOptions tune;
   int64_t max_tokens = 32, prefill_chunk = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
@@ -65,45 +63,40 @@ std::vector<int64_t> default_prompt(const model::ModelConfig& c) {
   return ids;
 }
 
-#if TERN_WITH_CUDA
 // The decode steps' GPU profile: the table on stdout, the JSON form to `json_path` when given.
-void print_profile(const cuda::Profiler& profiler, int64_t steps, const std::string& json_path) {
+void print_profile(const app::StepProfiler& profiler, int64_t steps, const std::string& json_path) {
   if (steps == 0) {
     std::printf("profile: no decode step ran (--max-tokens 1 decodes nothing); nothing to report\n");
     return;
   }
-  const cuda::ProfileReport report = cuda::categorize(profiler.records());
   std::printf("\nprofile of the %ld decode steps (the prefill is not profiled):\n", static_cast<long>(steps));
-  std::fputs(cuda::format_report(report, steps, 15, "decode step").c_str(), stdout);
+  std::fputs(profiler.report(steps, "decode step", 0, 15).c_str(), stdout);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << cuda::format_report_json(report, steps, 50) << "\n";
+    out << profiler.json(steps, 50) << "\n";
     TERN_CHECK(out.good(), "--profile-json: cannot write ", json_path);
     std::printf("profile JSON written to %s\n", json_path.c_str());
   }
 }
-#endif
 
 int run(const RunArgs& a) {
   std::string kv_note;
-  const model::KvMode kv = tools::parse_kv_mode(a.kv_mode, a.device, &kv_note);
+  const model::KvMode kv = app::parse_kv_mode(a.kv_mode, a.device, &kv_note);
   TERN_CHECK(a.max_tokens >= 1, "--max-tokens: expected at least 1, found ", a.max_tokens);
   const bool profile = a.profile || !a.profile_json.empty();
   TERN_CHECK(!profile || a.device == "cuda", "--profile measures GPU kernels: use it with --device cuda");
   if (a.threads > 0) set_thread_count(a.threads);
-  tools::prepare_device(a.device);
-#if TERN_WITH_CUDA
-  std::unique_ptr<cuda::Profiler> profiler;
-  if (profile) profiler = std::make_unique<cuda::Profiler>();  // CUPTI refusing is an error before the load
-#endif
+  app::prepare_device(a.device);
+  std::unique_ptr<app::StepProfiler> profiler;
+  if (profile) profiler = std::make_unique<app::StepProfiler>(a.device);  // CUPTI refusing is an error before the load
   const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const model::ModelConfig config = weights.config;
   model::Model m(std::move(weights), kv);
-  const tools::Placement placed = tools::place_model(m, a.device);
-  for (const auto& line : tools::configure_kernels(m, a.device, a.tune)) std::printf("%s\n", line.c_str());
+  const app::Placement placed = app::place_model(m, a.device);
+  for (const auto& line : app::configure_kernels(m, a.device, a.tune)) std::printf("%s\n", line.c_str());
   const std::string& where = placed.description;
   const std::vector<int64_t> prompt =
       a.prompt_ids.empty() ? default_prompt(config) : parse_ids(a.prompt_ids, config.vocab_size);
@@ -126,12 +119,10 @@ int run(const RunArgs& a) {
   model::DecodeGraphs graphs(m, go);
   graphs.prepare();  // startup: records the one-sequence decode step (or logs why every step is eager)
   o.decode_forward = [&](std::span<const model::StepSequence> b) { return graphs.forward(b); };
-#if TERN_WITH_CUDA
   if (profiler) {
     o.before_decode = [&] { profiler->start(); };
-    o.after_decode = [&] { profiler->stop(); };
+    o.after_decode = [&] { profiler->pause(); };
   }
-#endif
   const model::GenerateResult r = model::generate(m, state, prompt, o);
   std::printf("prompt: %zu tokens%s\ntokens:", prompt.size(), a.prompt_ids.empty() ? " (default)" : "");
   for (int64_t t : r.tokens) std::printf(" %ld", static_cast<long>(t));
@@ -147,9 +138,7 @@ int run(const RunArgs& a) {
   std::printf("decode steps: %llu replayed from a CUDA graph, %llu eager%s%s%s\n",
               static_cast<unsigned long long>(gs.graph_steps), static_cast<unsigned long long>(gs.eager_total()),
               why.empty() ? "" : " (", why.c_str(), why.empty() ? "" : ")");
-#if TERN_WITH_CUDA
   if (profiler) print_profile(*profiler, static_cast<int64_t>(decoded), a.profile_json);
-#endif
   return 0;
 }
 

@@ -12,6 +12,10 @@
 #include <mutex>
 #include <thread>
 
+#include "app/device.h"
+#include "app/pd_transfer.h"
+#include "app/profiled_runner.h"
+#include "app/synthetic_placement.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -21,25 +25,15 @@
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "net/http.h"
-#include "server/service.h"
 #include "server/pd_jobs.h"
+#include "server/service.h"
 #include "server/text_codec.h"
 #include "tokenizer/locate.h"
-#include "transfer/decode_rooms.h"
-#include "transfer/prefill_rooms.h"
-#include "transfer/tcp_backend.h"
-#if TERN_WITH_CUDA
-#include "transfer/cuda_ipc_backend.h"
-#if TERN_HAVE_NCCL
-#include "transfer/nccl_backend.h"
-#endif
-#endif
 #include "tools/embedded_model.h"
 #include "tools/http_options.h"
-#include "tools/placement.h"
-#include "tools/profiled_runner.h"
-#include "tools/synthetic_placement.h"
 #include "tools/verb.h"
+#include "transfer/decode_rooms.h"
+#include "transfer/prefill_rooms.h"
 
 namespace {
 
@@ -49,7 +43,7 @@ using namespace tern;
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", served_name, api_key, state_memory = "0.1", kv_mode = "auto";
   std::string device = "cpu", cuda_graphs = "on", sampling = "device";
-  tools::TuneOptions tune;
+  app::TuneOptions tune;
   bool no_cuda_graphs = false;
   // --synthetic: random weights built in place on the device (docs/bench-step.md), no checkpoint
   bool synthetic = false;
@@ -79,7 +73,7 @@ int64_t parse_memory(const std::string& s, const std::string& device) {
   const double v = std::stod(s, &used);
   const std::string suffix = s.substr(used);
   if (suffix.empty() && v > 0 && v < 1)
-    return static_cast<int64_t>(v * static_cast<double>(tools::free_state_memory(device)));
+    return static_cast<int64_t>(v * static_cast<double>(app::free_state_memory(device)));
   const double scale = suffix == "" ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20 : suffix == "G" ? 1 << 30 : -1;
   TERN_CHECK(scale > 0 && v > 0, "--state-memory: expected bytes (e.g. 512M, 2G) or a fraction (0.25), found \"", s, "\"");
   return static_cast<int64_t>(v * scale);
@@ -95,7 +89,7 @@ int64_t checkpoint_bytes(const std::string& dir) {
 struct Loaded {
   std::shared_ptr<engine::Engine> engine;
   std::unique_ptr<server::TextCodec> codec;
-  tools::Placement placed;  // keeps the device weights alive
+  app::Placement placed;  // keeps the device weights alive
   std::string name;
   int64_t max_model_len = 0;
 };
@@ -106,9 +100,9 @@ Loaded load(const ServeArgs& a) {
   const std::string tok = tokenizer::locate_tokenizer(tokenizer::TokenizerSearch::from_environment(a.tokenizer, dir));
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
-  tools::prepare_device(a.device);
+  app::prepare_device(a.device);
   std::string kv_note;
-  const model::KvMode kv = tools::parse_kv_mode(a.kv_mode, a.device, &kv_note);
+  const model::KvMode kv = app::parse_kv_mode(a.kv_mode, a.device, &kv_note);
   log::info(kv_note);
   std::shared_ptr<model::Model> m;
   int64_t weight_bytes = 0;
@@ -118,7 +112,7 @@ Loaded load(const ServeArgs& a) {
     TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
                "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
     const auto reserve = static_cast<int64_t>(a.synthetic_headroom_gib * (1 << 30));
-    tools::SyntheticPlacement sp = tools::place_synthetic_model(tools::synthetic_config(a.synthetic_config), experts, kv,
+    app::SyntheticPlacement sp = app::place_synthetic_model(app::synthetic_config(a.synthetic_config), experts, kv,
                                                                 a.device, a.device == "cpu" ? 0 : reserve, 1);
     m = sp.model;
     weight_bytes = static_cast<int64_t>(sp.sharing.stored_bytes);
@@ -129,11 +123,11 @@ Loaded load(const ServeArgs& a) {
   } else {
     auto weights = model::load_model(dir);
     m = std::make_shared<model::Model>(std::move(weights), kv);
-    l.placed = tools::place_model(*m, a.device);
+    l.placed = app::place_model(*m, a.device);
     weight_bytes = checkpoint_bytes(dir);
     source = dir;
   }
-  for (const auto& line : tools::configure_kernels(*m, a.device, a.tune)) log::info(line);
+  for (const auto& line : app::configure_kernels(*m, a.device, a.tune)) log::info(line);
   const auto& config = m->config();
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);
@@ -159,9 +153,9 @@ Loaded load(const ServeArgs& a) {
     // The largest step's activations and library scratch are reserved before the state budget is taken
     // from what is free, so a fraction like 0.8 leaves room for a full token budget's step.
     const int64_t step_tokens = std::min<int64_t>(a.token_budget, l.max_model_len);
-    const int64_t free_before = tools::free_state_memory(a.device);
+    const int64_t free_before = app::free_state_memory(a.device);
     runner->reserve_step_memory(step_tokens);
-    const int64_t free_after = tools::free_state_memory(a.device);
+    const int64_t free_after = app::free_state_memory(a.device);
     log::info("memory: a step of ", step_tokens, " tokens (the token budget) reserved ",
               static_cast<double>(free_before - free_after) / (1 << 30),
               " GiB of activations and scratch (one prefill at startup); ", static_cast<double>(free_after) / (1 << 30),
@@ -178,7 +172,7 @@ Loaded load(const ServeArgs& a) {
   o.handover_on_device = a.pd_backend != "tcp";  // cuda-ipc and nccl read the state from the device
   std::shared_ptr<engine::ModelRunner> stepper = runner;
   if (a.profile_steps > 0)
-    stepper = std::make_shared<tools::ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);
+    stepper = std::make_shared<app::ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);
   l.engine = std::make_shared<engine::Engine>(stepper, std::move(o));
   log::info("memory plan: ", l.engine->memory_plan());
   for (const auto& k : runner->kernel_paths()) log::info("kernel: ", k);
@@ -317,33 +311,15 @@ struct PdParts {
       context.bootstrap = cat(v6 ? "[" : "", host, v6 ? "]" : "", ":", prefill->port());
     }
   }
-  // The data path of the transfers (docs/disaggregation.md, "Transfer backends"): tcp everywhere; cuda-ipc
-  // (same host) and nccl (GPU to GPU) in CUDA builds, for a model on the GPU.
+  // The data path of the transfers (app/pd_transfer.h).
   std::unique_ptr<transfer::Backend> make_backend(const ServeArgs& a, const std::string& host, net::HttpServer& http) {
-    if (a.pd_backend == "tcp") {
-      transfer::TcpBackendOptions t;
-      t.bind_host = host;
-      t.port = static_cast<uint16_t>(a.pd_port);
-      t.listen = context.role == server::Role::decode;
-      t.connect_timeout = options.channel.connect_timeout;
-      t.stall_timeout = options.channel.peer_timeout;
-      return transfer::make_tcp_backend(http.io_context(), t);
-    }
-    TERN_CHECK(a.pd_backend == "cuda-ipc" || a.pd_backend == "nccl", "--pd-backend: expected tcp, cuda-ipc or nccl, found \"",
-               a.pd_backend, "\"");
-    TERN_CHECK(a.device == "cuda", "--pd-backend ", a.pd_backend, " moves device memory: it needs --device cuda");
-#if TERN_WITH_CUDA
-    if (a.pd_backend == "cuda-ipc") return transfer::make_cuda_ipc_backend(http.io_context(), {});
-#if TERN_HAVE_NCCL
-    transfer::NcclOptions n;
-    n.timeout = options.transfer_timeout;
-    return transfer::make_nccl_backend(http.io_context(), n);
-#else
-    fail("--pd-backend nccl: this tern was built without NCCL (no nccl.h when it was configured)");
-#endif
-#else
-    fail("--pd-backend ", a.pd_backend, ": this tern was built without the CUDA backend");
-#endif
+    app::PdBackendChoice c;
+    c.name = a.pd_backend;
+    c.device = a.device;
+    c.bind_host = host;
+    c.port = static_cast<uint16_t>(a.pd_port);
+    c.listen = context.role == server::Role::decode;
+    return app::make_pd_backend(c, options, http.io_context());
   }
   // After the model is loaded (the decode side needs the engine).
   void start(net::HttpServer& http, engine::Engine& engine, const std::string& model) {
@@ -394,7 +370,7 @@ int run_serve(const ServeArgs& a) {
     l = load(a);
     l.engine->start();
     warm_up(*l.engine);
-    if (a.device != "cpu") log::info("device memory after the warm-up step: ", tools::device_memory_report(l.placed));
+    if (a.device != "cpu") log::info("device memory after the warm-up step: ", app::device_memory_report(l.placed));
   } catch (...) {
     http.stop();
     io.join();

@@ -1,4 +1,4 @@
-#include "tools/placement.h"
+#include "app/device.h"
 
 #include <fstream>
 
@@ -10,7 +10,7 @@
 #include "backends/cuda/device_memory.h"
 #endif
 
-namespace tern::tools {
+namespace tern::app {
 namespace {
 
 int64_t host_available_bytes() {
@@ -144,4 +144,4 @@ int64_t free_state_memory(const std::string& device) {
   return host_available_bytes();
 }
 
-}  // namespace tern::tools
+}  // namespace tern::app

@@ -9,7 +9,7 @@
 #include "model/synthetic_model.h"
 #include "model/v4_model.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 // "full" (V4-Flash, 43 layers) or "tiny" (the embedded test shape); throws naming the choices otherwise.
 model::ModelConfig synthetic_config(const std::string& name);
@@ -31,4 +31,4 @@ SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model
 // Bytes of one sequence's state of at most max_tokens tokens for `config` (its pages, whole).
 int64_t state_bytes_per_sequence(const model::ModelConfig& config, model::KvMode kv_mode, int64_t max_tokens);
 
-}  // namespace tern::tools
+}  // namespace tern::app

@@ -1,4 +1,4 @@
-#include "tools/bench_step_device.h"
+#include "app/measure.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +21,7 @@
 #include "backends/cuda/timing.h"
 #endif
 
-namespace tern::tools {
+namespace tern::app {
 
 namespace {
 
@@ -190,15 +190,24 @@ std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::strin
 
 struct StepProfiler::Impl {
   cuda::Profiler profiler;
+  cuda::ProfileReport report;
 };
 StepProfiler::StepProfiler(const std::string& device) {
   TERN_CHECK(device == "cuda", "--profile measures GPU kernels: use it with --device cuda");
   impl_ = std::make_unique<Impl>();
 }
 void StepProfiler::start() { impl_->profiler.start(); }
-std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t layers, int top) {
+void StepProfiler::pause() {
   impl_->profiler.stop();
-  const cuda::ProfileReport r = cuda::categorize(impl_->profiler.records());
+  impl_->report = cuda::categorize(impl_->profiler.records());
+}
+std::string StepProfiler::json(int64_t steps, int top) const { return cuda::format_report_json(impl_->report, steps, top); }
+std::string StepProfiler::stop(int64_t steps, const std::string& what, int64_t layers, int top) {
+  pause();
+  return report(steps, what, layers, top);
+}
+std::string StepProfiler::report(int64_t steps, const std::string& what, int64_t layers, int top) const {
+  const cuda::ProfileReport& r = impl_->report;
   std::string s = cuda::format_report(r, steps, top, what);
   if (layers > 0 && steps > 0) {
     const int64_t launches = cuda::total_count(r);
@@ -218,13 +227,16 @@ StepProfiler::StepProfiler(const std::string&) {
   fail("--profile measures GPU kernels: this tern was built without the CUDA backend");
 }
 void StepProfiler::start() {}
+void StepProfiler::pause() {}
+std::string StepProfiler::report(int64_t, const std::string&, int64_t, int) const { return {}; }
+std::string StepProfiler::json(int64_t, int) const { return {}; }
 std::string StepProfiler::stop(int64_t, const std::string&, int64_t, int) { return {}; }
 #endif
 StepProfiler::~StepProfiler() = default;
 
-}  // namespace tern::tools
+}  // namespace tern::app
 
-namespace tern::tools {
+namespace tern::app {
 
 std::string set_activation_fill(const std::string& device, const std::string& fill) {
 #if TERN_WITH_CUDA
@@ -240,4 +252,4 @@ std::string set_activation_fill(const std::string& device, const std::string& fi
   return {};
 }
 
-}  // namespace tern::tools
+}  // namespace tern::app

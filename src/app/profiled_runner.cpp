@@ -1,13 +1,13 @@
-#include "tools/profiled_runner.h"
+#include "app/profiled_runner.h"
 
 #include <algorithm>
 #include <chrono>
 
+#include "app/measure.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "tools/bench_step_device.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 ProfiledRunner::ProfiledRunner(std::shared_ptr<engine::ModelRunner> inner, const std::string& device, int steps,
                                int layers)
@@ -55,4 +55,4 @@ void ProfiledRunner::forward_sample(const engine::StepBatch& batch, std::span<co
   run(batch, [&] { inner_->forward_sample(batch, requests, results); });
 }
 
-}  // namespace tern::tools
+}  // namespace tern::app

@@ -1,14 +1,14 @@
-#include "tools/synthetic_placement.h"
+#include "app/synthetic_placement.h"
 
 #include <chrono>
 
+#include "app/device.h"
 #include "core/error.h"
-#include "tools/placement.h"
 #if TERN_WITH_CUDA
 #include "backends/cuda/device_memory.h"
 #endif
 
-namespace tern::tools {
+namespace tern::app {
 
 model::ModelConfig synthetic_config(const std::string& name) {
   if (name == "full") return model::ModelConfig::v4_flash();
@@ -59,4 +59,4 @@ int64_t state_bytes_per_sequence(const model::ModelConfig& config, model::KvMode
   return layout->pages_for(max_tokens) * layout->page_bytes();
 }
 
-}  // namespace tern::tools
+}  // namespace tern::app

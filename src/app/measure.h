@@ -11,7 +11,7 @@
 
 #include "model/v4_model.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 struct StepTiming {
   double median_us = 0, min_us = 0, max_us = 0;
@@ -47,8 +47,14 @@ class StepProfiler {
   explicit StepProfiler(const std::string& device);
   ~StepProfiler();
   void start();
-  // Stops and returns the per-step table (op categories, top kernels, busy / wall); with `layers` > 0 also
-  // the kernel launches per step and per layer (launch gaps are what a small batch loses between kernels).
+  // Stops recording; report() and json() read what was recorded since start().
+  void pause();
+  // The per-step table (op categories, top kernels, busy / wall); with `layers` > 0 also the kernel launches
+  // per step and per layer (launch gaps are what a small batch loses between kernels).
+  std::string report(int64_t steps, const std::string& what, int64_t layers = 0, int top = 12) const;
+  // The same figures as JSON (profile_report.h's format_report_json), `top` kernels.
+  std::string json(int64_t steps, int top) const;
+  // pause(), then report().
   std::string stop(int64_t steps, const std::string& what, int64_t layers = 0, int top = 12);
 
  private:
@@ -56,4 +62,4 @@ class StepProfiler {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tern::tools
+}  // namespace tern::app

@@ -9,7 +9,7 @@
 
 #include "model/v4_model.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 struct Placement {
   std::string device = "cpu";
@@ -48,4 +48,4 @@ std::string device_memory_report(const Placement& p);
 // Bytes free where the sequence states will live: the GPU's free memory, or the host's available memory.
 int64_t free_state_memory(const std::string& device);
 
-}  // namespace tern::tools
+}  // namespace tern::app

@@ -8,7 +8,7 @@
 
 #include "engine/model_runner.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 class StepProfiler;
 
@@ -42,4 +42,4 @@ class ProfiledRunner : public engine::ModelRunner {
   int left_ = 0, timed_ = 0, layers_ = 0, seen_ = 0;
 };
 
-}  // namespace tern::tools
+}  // namespace tern::app
