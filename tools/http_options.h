@@ -1,25 +1,13 @@
-// The HTTP front's options that `tern serve` and `tern route` share (body and header limits, timeouts,
-// the connection table, the request-body budget), and the limits they make.
+// The HTTP front's options on the command line of `tern serve` and `tern route` (net/http_options.h: what they
+// are and the limits they make).
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cstddef>
 
-#include "net/http.h"
+#include "net/http_options.h"
 
 namespace tern::tools {
 
-struct HttpOptions {
-  double body_limit_mb = 8, header_timeout_s = 10, idle_timeout_s = 60;
-  size_t max_connections = 4096;
-  double max_buffered_mb = 256;
-};
-
-void add_http_options(CLI::App& app, HttpOptions& o);
-
-// The limits, checked; the file limit is raised to its hard limit and the connections kept below it
-// (`per_connection` descriptors each: a router, or a prefill or decode server, opens more for each
-// request). Logs the file limit and the connections.
-net::HttpLimits http_limits(const HttpOptions& o, size_t per_connection);
+void add_http_options(CLI::App& app, net::HttpOptions& o);
 
 }  // namespace tern::tools

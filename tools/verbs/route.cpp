@@ -25,7 +25,7 @@ struct RouteArgs {
   size_t max_requests = 4096;
   double breaker_cooldown_s = 10, connect_timeout_s = 3, request_timeout_s = 600, health_interval_s = 2,
          health_timeout_s = 2, drain_timeout_s = 30;
-  tools::HttpOptions http;
+  net::HttpOptions http;
 };
 
 std::chrono::milliseconds ms(double seconds, const char* name) {
@@ -59,7 +59,7 @@ int run_route(const RouteArgs& a) {
   std::unique_ptr<router::Router> r;
   // Each client connection may bring two upstream connections (a prefill and a decode server).
   net::HttpServer http(
-      a.host, static_cast<uint16_t>(a.port), tools::http_limits(a.http, 3),
+      a.host, static_cast<uint16_t>(a.port), net::http_limits(a.http, 3),
       [&r](net::HttpRequest&& req, std::shared_ptr<net::Exchange> ex) { r->handle(std::move(req), std::move(ex)); },
       [&r](const net::HttpRequest& head) { return r->check_head(head); });
   r = std::make_unique<router::Router>(options, http);

@@ -17,7 +17,7 @@
 #include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
-#include "tools/embedded_model.h"
+#include "app/embedded_model.h"
 #include "tools/verb.h"
 
 namespace {
@@ -89,7 +89,7 @@ int run(const RunArgs& a) {
   app::prepare_device(a.device);
   std::unique_ptr<app::StepProfiler> profiler;
   if (profile) profiler = std::make_unique<app::StepProfiler>(a.device);  // CUPTI refusing is an error before the load
-  const std::string dir = a.model.empty() ? tools::embedded_model_dir() : a.model;
+  const std::string dir = a.model.empty() ? app::embedded_model_dir() : a.model;
   const auto t0 = std::chrono::steady_clock::now();
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -14,7 +14,7 @@
 #include "model/config.h"
 #include "model/synth.h"
 
-namespace tern::tools {
+namespace tern::app {
 
 // $TERN_CACHE, else $XDG_CACHE_HOME/tern, else ~/.cache/tern.
 inline std::filesystem::path cache_root() {
@@ -40,4 +40,4 @@ inline std::string embedded_model_dir() {
   return dir.string();
 }
 
-}  // namespace tern::tools
+}  // namespace tern::app
