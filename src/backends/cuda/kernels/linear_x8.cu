@@ -192,15 +192,15 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
 #pragma unroll
       for (int e = 0; e < N / 2; ++e) grp[e] += part[e];
     } else {
-    const float sw = wtab[i];
+      const float sw = wtab[i];
 #pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      const float fa = sw * sxs[(8 * j + t2) * n + i], fb = sw * sxs[(8 * j + t2 + 1) * n + i];
-      grp[4 * j + 0] = fmaf(part[4 * j + 0], fa, grp[4 * j + 0]);
-      grp[4 * j + 1] = fmaf(part[4 * j + 1], fb, grp[4 * j + 1]);
-      grp[4 * j + 2] = fmaf(part[4 * j + 2], fa, grp[4 * j + 2]);
-      grp[4 * j + 3] = fmaf(part[4 * j + 3], fb, grp[4 * j + 3]);
-    }
+      for (int j = 0; j < N / 8; ++j) {
+        const float fa = sw * sxs[(8 * j + t2) * n + i], fb = sw * sxs[(8 * j + t2 + 1) * n + i];
+        grp[4 * j + 0] = fmaf(part[4 * j + 0], fa, grp[4 * j + 0]);
+        grp[4 * j + 1] = fmaf(part[4 * j + 1], fb, grp[4 * j + 1]);
+        grp[4 * j + 2] = fmaf(part[4 * j + 2], fa, grp[4 * j + 2]);
+        grp[4 * j + 3] = fmaf(part[4 * j + 3], fb, grp[4 * j + 3]);
+      }
     }
     if (--gleft == 0 || i == n - 1) {
 #pragma unroll
