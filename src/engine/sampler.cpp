@@ -200,4 +200,33 @@ SampleResult Sampler::sample_drawn(std::span<const float> logits, const Sampling
   return out;
 }
 
+void Sampler::distribution(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
+                           std::span<float> out) {
+  TERN_CHECK(out.size() == logits.size() && !logits.empty(), "sampler: a distribution of ", logits.size(),
+             " logits into ", out.size(), " values");
+  std::fill(out.begin(), out.end(), 0.0f);
+  work_.assign(logits.begin(), logits.end());
+  apply_penalties(params, history);
+  if (params.greedy()) {  // (unpenalised, sample_drawn's argmax of the logits: the same token)
+    out[static_cast<size_t>(argmax(work_))] = 1.0f;
+    return;
+  }
+  // draw()'s weights and candidates, in the same arithmetic
+  const float inv_t = 1.0f / params.temperature;
+  const float max_l = *std::max_element(work_.begin(), work_.end());
+  const double z = exp_weights(work_, max_l, inv_t);
+  if (params.top_k <= 0 && params.top_p >= 1.0f) {
+    double total = 0;
+    for (float w : work_)
+      if (w >= params.min_p) total += w;
+    for (size_t i = 0; i < work_.size(); ++i)
+      if (work_[i] >= params.min_p) out[i] = static_cast<float>(work_[i] / total);
+    return;
+  }
+  const int64_t n = sorted_candidates(params, z);
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += work_[order_[i]];
+  for (int64_t i = 0; i < n; ++i) out[order_[i]] = static_cast<float>(work_[order_[i]] / total);
+}
+
 }  // namespace tern::engine

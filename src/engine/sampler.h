@@ -44,6 +44,11 @@ class Sampler {
   // The same with the uniforms already drawn (draw_uniforms): sample() is draw_uniforms + this.
   SampleResult sample_drawn(std::span<const float> logits, const SamplingParams& params,
                             const TokenHistory& history, std::span<const double> uniforms);
+  // The distribution sample_drawn draws its token from (penalties, temperature, top-k, top-p, min-p): out[vocab],
+  // zero outside the candidates, the candidates' weights over their sum; for greedy params one-hot on the token
+  // sample_drawn picks. What speculative decoding's verdict takes as p and q (engine/speculative.h).
+  void distribution(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
+                    std::span<float> out);
 
  private:
   void apply_penalties(const SamplingParams& p, const TokenHistory& h);

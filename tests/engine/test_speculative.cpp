@@ -1,5 +1,6 @@
-// Speculative acceptance (engine/speculative.h): greedy drafts give greedy decoding's tokens; sampled drafts give
-// tokens distributed as the target's, whatever the draft distribution (checked by drawing many rounds).
+// Speculative acceptance (engine/speculative.h) and the distributions it takes (Sampler::distribution): greedy drafts
+// give greedy decoding's tokens; sampled drafts give tokens distributed as the target's, whatever the draft
+// distribution (checked by drawing many rounds).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 #include "engine/speculative.h"
 
 namespace tern::engine {
@@ -147,6 +149,67 @@ TEST(SpecAcceptSampled, SeededAndChecked) {
   EXPECT_THROW(accept_sampled(p, q, V, std::vector<int32_t>{0, 1}, a), Error);  // rows for one draft only
   const std::vector<float> zeros(6, 0.0f);
   EXPECT_THROW(accept_sampled(zeros, q, V, std::vector<int32_t>{0}, a), Error);  // a target row with no mass
+}
+
+}  // namespace
+}  // namespace tern::engine
+
+namespace tern::engine {
+namespace {
+
+// Sampler::distribution is what sample() draws from: for the filters and penalties, the frequencies of many seeded
+// draws match it (each token within 5 standard deviations), it sums to 1, it is zero where sample() never lands,
+// and greedy params give a one-hot row on sample()'s token.
+TEST(SamplerDistribution, IsWhatSampleDraws) {
+  const std::vector<float> logits = {1.0f, 2.5f, -0.5f, 2.4f, 0.3f, 3.0f, -2.0f, 1.7f, 0.9f, 2.9f, -1.0f, 0.0f};
+  const auto V = static_cast<int64_t>(logits.size());
+  TokenHistory h;
+  h.add_prompt(std::vector<int32_t>{5, 7}, V);
+  h.add_output(9, V);
+  h.add_output(9, V);
+  struct Case {
+    const char* name;
+    SamplingParams p;
+  };
+  std::vector<Case> cases(5);
+  cases[0] = {"temperature 0.8", {}};
+  cases[0].p.temperature = 0.8f;
+  cases[1] = {"top-k 4", {}};
+  cases[1].p.top_k = 4;
+  cases[2] = {"top-p 0.7, temperature 1.3", {}};
+  cases[2].p.top_p = 0.7f, cases[2].p.temperature = 1.3f;
+  cases[3] = {"min-p 0.2", {}};
+  cases[3].p.min_p = 0.2f;
+  cases[4] = {"penalties, top-k 6, top-p 0.9", {}};
+  cases[4].p.top_k = 6, cases[4].p.top_p = 0.9f, cases[4].p.repetition_penalty = 1.3f,
+  cases[4].p.frequency_penalty = 0.4f, cases[4].p.presence_penalty = 0.2f;
+  Sampler s;
+  for (const Case& c : cases) {
+    std::vector<float> dist(V);
+    s.distribution(logits, c.p, h, dist);
+    double sum = 0;
+    for (float x : dist) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-5) << c.name;
+    const int64_t draws = 100000;
+    std::vector<int64_t> count(V, 0);
+    std::mt19937_64 rng(17);
+    for (int64_t n = 0; n < draws; ++n) ++count[s.sample(logits, c.p, h, rng).token];
+    for (int64_t i = 0; i < V; ++i) {
+      const double f = static_cast<double>(count[i]) / draws;
+      if (dist[i] == 0.0f) EXPECT_EQ(count[i], 0) << c.name << ", token " << i;
+      EXPECT_NEAR(f, dist[i], 5 * std::sqrt(dist[i] * (1 - dist[i]) / draws) + 1e-6) << c.name << ", token " << i;
+    }
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.repetition_penalty = 1.5f;
+  std::vector<float> one(V);
+  s.distribution(logits, greedy, h, one);
+  std::mt19937_64 rng(1);
+  const int32_t t = s.sample(logits, greedy, h, rng).token;
+  for (int64_t i = 0; i < V; ++i) EXPECT_EQ(one[i], i == t ? 1.0f : 0.0f) << "greedy, token " << i;
+  std::vector<float> wrong(V - 1);
+  EXPECT_THROW(s.distribution(logits, greedy, h, wrong), Error);
 }
 
 }  // namespace
