@@ -46,7 +46,7 @@ int64_t parse_memory(const std::string& s, const std::string& device) {
   const double v = std::stod(s, &used);
   const std::string suffix = s.substr(used);
   if (suffix.empty() && v > 0 && v < 1)
-    return static_cast<int64_t>(v * static_cast<double>(app::free_state_memory(device)));
+    return static_cast<int64_t>(v * static_cast<double>(free_state_memory(device)));
   const double scale = suffix == "" ? 1 : suffix == "K" ? 1 << 10 : suffix == "M" ? 1 << 20 : suffix == "G" ? 1 << 30 : -1;
   TERN_CHECK(scale > 0 && v > 0, "--state-memory: expected bytes (e.g. 512M, 2G) or a fraction (0.25), found \"", s, "\"");
   return static_cast<int64_t>(v * scale);
@@ -62,20 +62,20 @@ int64_t checkpoint_bytes(const std::string& dir) {
 struct Loaded {
   std::shared_ptr<engine::Engine> engine;
   std::unique_ptr<server::TextCodec> codec;
-  app::Placement placed;  // keeps the device weights alive
+  Placement placed;  // keeps the device weights alive
   std::string name;
   int64_t max_model_len = 0;
 };
 
 Loaded load(const ServeOptions& a) {
   TERN_CHECK(!a.synthetic || a.model.empty(), "--synthetic serves random weights: it takes no --model");
-  const std::string dir = a.synthetic ? std::string() : a.model.empty() ? app::embedded_model_dir() : a.model;
+  const std::string dir = a.synthetic ? std::string() : a.model.empty() ? embedded_model_dir() : a.model;
   const std::string tok = tokenizer::locate_tokenizer(tokenizer::TokenizerSearch::from_environment(a.tokenizer, dir));
   Loaded l;
   l.codec = server::make_tokenizer_codec(tok);
-  app::prepare_device(a.device);
+  prepare_device(a.device);
   std::string kv_note;
-  const model::KvMode kv = app::parse_kv_mode(a.kv_mode, a.device, &kv_note);
+  const model::KvMode kv = parse_kv_mode(a.kv_mode, a.device, &kv_note);
   log::info(kv_note);
   std::shared_ptr<model::Model> m;
   int64_t weight_bytes = 0;
@@ -85,8 +85,8 @@ Loaded load(const ServeOptions& a) {
     TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
                "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
     const auto reserve = static_cast<int64_t>(a.synthetic_headroom_gib * (1 << 30));
-    app::SyntheticPlacement sp = app::place_synthetic_model(app::synthetic_config(a.synthetic_config), experts, kv,
-                                                                a.device, a.device == "cpu" ? 0 : reserve, 1);
+    SyntheticPlacement sp = place_synthetic_model(synthetic_config(a.synthetic_config), experts, kv,
+                                                  a.device, a.device == "cpu" ? 0 : reserve, 1);
     m = sp.model;
     weight_bytes = static_cast<int64_t>(sp.sharing.stored_bytes);
     source = "--synthetic " + a.synthetic_config;
@@ -96,11 +96,11 @@ Loaded load(const ServeOptions& a) {
   } else {
     auto weights = model::load_model(dir);
     m = std::make_shared<model::Model>(std::move(weights), kv);
-    l.placed = app::place_model(*m, a.device);
+    l.placed = place_model(*m, a.device);
     weight_bytes = checkpoint_bytes(dir);
     source = dir;
   }
-  for (const auto& line : app::configure_kernels(*m, a.device, a.tune)) log::info(line);
+  for (const auto& line : configure_kernels(*m, a.device, a.tune)) log::info(line);
   const auto& config = m->config();
   TERN_CHECK(config.vocab_size >= l.codec->vocab_size(), "the tokenizer ", tok, " has ", l.codec->vocab_size(),
              " ids but the model only ", config.vocab_size);
@@ -126,9 +126,9 @@ Loaded load(const ServeOptions& a) {
     // The largest step's activations and library scratch are reserved before the state budget is taken
     // from what is free, so a fraction like 0.8 leaves room for a full token budget's step.
     const int64_t step_tokens = std::min<int64_t>(a.token_budget, l.max_model_len);
-    const int64_t free_before = app::free_state_memory(a.device);
+    const int64_t free_before = free_state_memory(a.device);
     runner->reserve_step_memory(step_tokens);
-    const int64_t free_after = app::free_state_memory(a.device);
+    const int64_t free_after = free_state_memory(a.device);
     log::info("memory: a step of ", step_tokens, " tokens (the token budget) reserved ",
               static_cast<double>(free_before - free_after) / (1 << 30),
               " GiB of activations and scratch (one prefill at startup); ", static_cast<double>(free_after) / (1 << 30),
@@ -145,7 +145,7 @@ Loaded load(const ServeOptions& a) {
   o.handover_on_device = a.pd_backend != "tcp";  // cuda-ipc and nccl read the state from the device
   std::shared_ptr<engine::ModelRunner> stepper = runner;
   if (a.profile_steps > 0)
-    stepper = std::make_shared<app::ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);
+    stepper = std::make_shared<ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);
   l.engine = std::make_shared<engine::Engine>(stepper, std::move(o));
   log::info("memory plan: ", l.engine->memory_plan());
   for (const auto& k : runner->kernel_paths()) log::info("kernel: ", k);
@@ -171,10 +171,6 @@ void warm_up(engine::Engine& engine) {
   std::unique_lock lock(mu);
   TERN_CHECK(cv.wait_for(lock, std::chrono::minutes(5), [&] { return done; }), "warm-up step did not finish");
 }
-
-}  // namespace
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -286,13 +282,13 @@ struct PdParts {
   }
   // The data path of the transfers (app/pd_transfer.h).
   std::unique_ptr<transfer::Backend> make_backend(const ServeOptions& a, const std::string& host, net::HttpServer& http) {
-    app::PdBackendChoice c;
+    PdBackendChoice c;
     c.name = a.pd_backend;
     c.device = a.device;
     c.bind_host = host;
     c.port = static_cast<uint16_t>(a.pd_port);
     c.listen = context.role == server::Role::decode;
-    return app::make_pd_backend(c, options, http.io_context());
+    return make_pd_backend(c, options, http.io_context());
   }
   // After the model is loaded (the decode side needs the engine).
   void start(net::HttpServer& http, engine::Engine& engine, const std::string& model) {
@@ -343,7 +339,7 @@ int run_serve(const ServeOptions& a) {
     l = load(a);
     l.engine->start();
     warm_up(*l.engine);
-    if (a.device != "cpu") log::info("device memory after the warm-up step: ", app::device_memory_report(l.placed));
+    if (a.device != "cpu") log::info("device memory after the warm-up step: ", device_memory_report(l.placed));
   } catch (...) {
     http.stop();
     io.join();
