@@ -108,16 +108,19 @@ int32_t Sampler::draw(const SamplingParams& p, double uniform) {
   return order_[n - 1];
 }
 
+// The weight of draw_unsorted's candidates, the tokens with p >= min_p * p_max (p_max is 1 here): z, or their sum.
+double Sampler::unsorted_total(const SamplingParams& p, double z) const {
+  if (p.min_p <= 0.0f) return z;
+  double total = 0;
+  for (float w : work_)
+    if (w >= p.min_p) total += w;
+  return total;
+}
+
 // Without top-k / top-p no order is needed: an inverse-CDF scan in index order over the tokens with
 // p >= min_p * p_max (p_max is 1 here).
 int32_t Sampler::draw_unsorted(const SamplingParams& p, double z, double uniform) {
-  double total = z;
-  if (p.min_p > 0.0f) {
-    total = 0;
-    for (float w : work_)
-      if (w >= p.min_p) total += w;
-  }
-  const double u = uniform * total;
+  const double u = uniform * unsorted_total(p, z);
   double acc = 0;
   int32_t last = 0;
   for (size_t i = 0; i < work_.size(); ++i) {
@@ -216,9 +219,7 @@ void Sampler::distribution(std::span<const float> logits, const SamplingParams& 
   const float max_l = *std::max_element(work_.begin(), work_.end());
   const double z = exp_weights(work_, max_l, inv_t);
   if (params.top_k <= 0 && params.top_p >= 1.0f) {
-    double total = 0;
-    for (float w : work_)
-      if (w >= params.min_p) total += w;
+    const double total = unsorted_total(params, z);
     for (size_t i = 0; i < work_.size(); ++i)
       if (work_[i] >= params.min_p) out[i] = static_cast<float>(work_[i] / total);
     return;

@@ -54,6 +54,7 @@ class Sampler {
   void apply_penalties(const SamplingParams& p, const TokenHistory& h);
   int32_t draw(const SamplingParams& p, double uniform);
   int32_t draw_unsorted(const SamplingParams& p, double z, double uniform);
+  double unsorted_total(const SamplingParams& p, double z) const;
   int64_t sorted_candidates(const SamplingParams& p, double z);
   void fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out);
 

@@ -25,6 +25,13 @@ int32_t draw_index(int64_t vocab, double u, double total, Weight&& weight) {
   return last;
 }
 
+// A token drawn from `row`'s weights (a distribution; sums need not be exactly 1) with the uniform u.
+int32_t draw_row(const float* row, int64_t vocab, double u) {
+  double total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) total += row[i];
+  return draw_index(vocab, u, total, [&](int64_t i) { return static_cast<double>(row[i]); });
+}
+
 }  // namespace
 
 SpecVerdict accept_sampled(std::span<const float> p, std::span<const float> q, int64_t vocab,
@@ -56,16 +63,11 @@ SpecVerdict accept_sampled(std::span<const float> p, std::span<const float> q, i
       v.next = draw_index(vocab, un, residual,
                           [&](int64_t i) { return std::max(0.0, static_cast<double>(pj[i]) - qj[i]); });
     } else {  // p == q (where rejection has probability 0): the target's own row
-      double total = 0.0;
-      for (int64_t i = 0; i < vocab; ++i) total += pj[i];
-      v.next = draw_index(vocab, un, total, [&](int64_t i) { return static_cast<double>(pj[i]); });
+      v.next = draw_row(pj, vocab, un);
     }
     return v;
   }
-  const float* pk = p.data() + k * vocab;
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) total += pk[i];
-  v.next = draw_index(vocab, uniform(rng), total, [&](int64_t i) { return static_cast<double>(pk[i]); });
+  v.next = draw_row(p.data() + k * vocab, vocab, uniform(rng));
   return v;
 }
 
