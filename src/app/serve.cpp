@@ -81,8 +81,8 @@ Loaded load(const ServeOptions& a) {
   int64_t weight_bytes = 0;
   std::string source;
   if (a.synthetic) {
-    model::ExpertFormat experts{};
-    TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
+    model::WeightFormat experts{};
+    TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::WeightFormat::f32,
                "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
     const auto reserve = static_cast<int64_t>(a.synthetic_headroom_gib * (1 << 30));
     SyntheticPlacement sp = place_synthetic_model(synthetic_config(a.synthetic_config), experts, kv,

@@ -16,7 +16,7 @@ model::ModelConfig synthetic_config(const std::string& name) {
   fail("synthetic config: expected full (V4-Flash) or tiny, found \"", name, "\"");
 }
 
-SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model::ExpertFormat experts,
+SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model::WeightFormat experts,
                                          model::KvMode kv_mode, const std::string& device, int64_t reserve_bytes,
                                          uint64_t seed) {
   SyntheticPlacement p;
@@ -43,7 +43,7 @@ SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model
                 " GiB free after the weights");
   }
 #endif
-  p.description = cat("synthetic weights (seed ", seed, ", ", model::expert_format_name(experts), " experts, built in ",
+  p.description = cat("synthetic weights (seed ", seed, ", ", model::weight_format_name(experts), " experts, built in ",
                       p.build_seconds, " s): ", p.sharing.description, "; ", where, "; ", gib(reserve_bytes),
                       " GiB reserved for states, activations and graphs");
   return p;

@@ -24,7 +24,7 @@ struct SyntheticPlacement {
 
 // Builds the model on `device` (prepared with prepare_device), leaving `reserve_bytes` of the memory free
 // now (GPU memory, or the host's available memory) for states, activations, workspace and graphs.
-SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model::ExpertFormat experts,
+SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model::WeightFormat experts,
                                          model::KvMode kv_mode, const std::string& device, int64_t reserve_bytes,
                                          uint64_t seed);
 

@@ -274,12 +274,12 @@ void parse_quantization(const Fields& f, ModelConfig& c) {
   // the experts are stored like the other weights (bf16 / f32), which load_model also checks.
   if (f.has("expert_dtype")) {
     const std::string e = f.string("expert_dtype", "");
-    if (e == "fp4") c.expert_format = ExpertFormat::mxfp4;
-    else if (e == "bf16" || e == "bfloat16") c.expert_format = ExpertFormat::bf16;
+    if (e == "fp4") c.expert_format = WeightFormat::mxfp4;
+    else if (e == "bf16" || e == "bfloat16") c.expert_format = WeightFormat::bf16;
     else if (e == "fp8") f.bad("expert_dtype", "\"fp4\" or \"bf16\" (FP8 routed experts are not supported)", f.at("expert_dtype"));
     else f.bad("expert_dtype", "\"fp4\" or \"bf16\"", f.at("expert_dtype"));
   } else {
-    c.expert_format = ExpertFormat::bf16;
+    c.expert_format = WeightFormat::bf16;
   }
   c.expert_format_explicit = false;
   if (f.has("expert_format")) {
@@ -301,19 +301,9 @@ std::string_view attn_kind_name(AttnKind kind) {
   return "?";
 }
 
-std::string_view expert_format_name(ExpertFormat f) {
-  switch (f) {
-    case ExpertFormat::mxfp4: return "mxfp4";
-    case ExpertFormat::nvfp4: return "nvfp4";
-    case ExpertFormat::bf16: return "bf16";
-    case ExpertFormat::f32: return "f32";
-  }
-  return "?";
-}
-
-bool parse_expert_format(std::string_view s, ExpertFormat* out) {
-  for (ExpertFormat f : {ExpertFormat::mxfp4, ExpertFormat::nvfp4, ExpertFormat::bf16, ExpertFormat::f32}) {
-    if (s == expert_format_name(f)) {
+bool parse_expert_format(std::string_view s, WeightFormat* out) {
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4, WeightFormat::bf16, WeightFormat::f32}) {
+    if (s == weight_format_name(f)) {
       *out = f;
       return true;
     }
@@ -501,11 +491,11 @@ void ModelConfig::validate(const std::string& source) const {
             eos_token_id);
   k.positive("max_position_embeddings", max_position_embeddings);
   // Packed FP4 experts need whole scale blocks along each expert matrix's input dimension.
-  const int block = expert_format == ExpertFormat::mxfp4 ? 32 : expert_format == ExpertFormat::nvfp4 ? 16 : 1;
+  const int block = expert_format == WeightFormat::mxfp4 ? 32 : expert_format == WeightFormat::nvfp4 ? 16 : 1;
   k.require(hidden_size % block == 0, "hidden_size",
-            cat("a multiple of ", block, " (the ", expert_format_name(expert_format), " expert block)"), hidden_size);
+            cat("a multiple of ", block, " (the ", weight_format_name(expert_format), " expert block)"), hidden_size);
   k.require(moe_intermediate_size % block == 0, "moe_intermediate_size",
-            cat("a multiple of ", block, " (the ", expert_format_name(expert_format), " expert block)"),
+            cat("a multiple of ", block, " (the ", weight_format_name(expert_format), " expert block)"),
             moe_intermediate_size);
 }
 
@@ -521,7 +511,7 @@ ModelConfig ModelConfig::v4_flash() {
   c.num_mtp_layers = 1;
   c.rope_main = RopeConfig{};
   c.rope_compress = RopeConfig{160000.0, true, 16.0, 65536.0, 32.0, 1.0};
-  c.expert_format = ExpertFormat::mxfp4;
+  c.expert_format = WeightFormat::mxfp4;
   c.fp8_dense = true;
   return c;
 }
@@ -635,8 +625,8 @@ std::string ModelConfig::to_json_text() const {
     j["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
                                 {"scale_fmt", "ue8m0"}, {"weight_block_size", {128, 128}}};
   }
-  if (expert_format == ExpertFormat::mxfp4 || expert_format == ExpertFormat::nvfp4) j["expert_dtype"] = "fp4";
-  j["expert_format"] = expert_format_name(expert_format);
+  if (expert_format == WeightFormat::mxfp4 || expert_format == WeightFormat::nvfp4) j["expert_dtype"] = "fp4";
+  j["expert_format"] = weight_format_name(expert_format);
   return j.dump(2) + "\n";
 }
 

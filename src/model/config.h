@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/weight_format.h"
+
 namespace tern::model {
 
 enum class AttnKind : uint8_t {
@@ -15,11 +17,14 @@ enum class AttnKind : uint8_t {
   hca,      // heavily compressed attention: non-overlapping compressor (ratio 128)
 };
 
-enum class ExpertFormat : uint8_t { mxfp4, nvfp4, bf16, f32 };
+// The checkpoint formats are the ops' (ops/weight_format.h: one enum and one name for each, issue #17).
+using ops::WeightFormat;
+using ops::weight_format_name;  // "f32", "bf16", "fp8_block", "mxfp4", "nvfp4"
 
-std::string_view attn_kind_name(AttnKind kind);        // "sliding", "csa", "hca"
-std::string_view expert_format_name(ExpertFormat f);   // "mxfp4", "nvfp4", "bf16", "f32"
-bool parse_expert_format(std::string_view s, ExpertFormat* out);  // false for unknown names
+std::string_view attn_kind_name(AttnKind kind);  // "sliding", "csa", "hca"
+// The routed experts' format by name: "mxfp4", "nvfp4", "bf16" or "f32" (false for any other; FP8 experts are
+// not supported).
+bool parse_expert_format(std::string_view s, WeightFormat* out);
 
 struct RopeConfig {
   double theta = 10000.0;
@@ -68,7 +73,7 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
   int64_t max_position_embeddings = 1048576;
-  ExpertFormat expert_format = ExpertFormat::mxfp4;
+  WeightFormat expert_format = WeightFormat::mxfp4;
   // True when config.json names the format (tern key "expert_format"); otherwise load_model infers
   // it from the expert tensors and overwrites expert_format.
   bool expert_format_explicit = false;

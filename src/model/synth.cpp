@@ -255,15 +255,7 @@ class Planner {
   }
 
   WeightFormat dense_format() const { return c_.fp8_dense ? WeightFormat::fp8_block : WeightFormat::bf16; }
-  WeightFormat expert_format() const {
-    switch (o_.experts) {
-      case ExpertFormat::mxfp4: return WeightFormat::mxfp4;
-      case ExpertFormat::nvfp4: return WeightFormat::nvfp4;
-      case ExpertFormat::bf16: return WeightFormat::bf16;
-      case ExpertFormat::f32: return WeightFormat::f32;
-    }
-    return WeightFormat::bf16;
-  }
+  WeightFormat expert_format() const { return o_.experts; }
 
   void compressor(const std::string& p, int ratio, int64_t width, bool overlap) {
     const int64_t ch = overlap ? 2 * width : width;
@@ -330,7 +322,7 @@ class Planner {
     if (o_.transformers_names) {
       const std::string x = name(f + "experts.X");
       const std::string base = x.substr(0, x.size() - 1);
-      const DType t = o_.experts == ExpertFormat::f32 ? DType::f32 : DType::bf16;
+      const DType t = o_.experts == WeightFormat::f32 ? DType::f32 : DType::bf16;
       values_named(base + "gate_up_proj", t, {E, 2 * I, D}, 1.0 / std::sqrt(static_cast<double>(D)));
       values_named(base + "down_proj", t, {E, D, I}, 1.0 / std::sqrt(static_cast<double>(I)));
     } else {
@@ -410,8 +402,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, const SynthOptions& options) {
   TERN_CHECK(options.num_shards >= 1, "synth: the number of shards must be at least 1, found ", options.num_shards);
-  TERN_CHECK(!options.transformers_names || options.experts == ExpertFormat::bf16 || options.experts == ExpertFormat::f32,
-             "synth: transformers' names hold bf16 or f32 experts only, not ", expert_format_name(options.experts));
+  TERN_CHECK(!options.transformers_names || options.experts == WeightFormat::bf16 || options.experts == WeightFormat::f32,
+             "synth: transformers' names hold bf16 or f32 experts only, not ", weight_format_name(options.experts));
   ModelConfig c = config;
   c.expert_format = options.experts;
   c.expert_format_explicit = true;
@@ -453,7 +445,7 @@ void write_synthetic_checkpoint(const ModelConfig& config, const std::string& di
 }
 
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,
-                                ExpertFormat experts, int num_shards) {
+                                WeightFormat experts, int num_shards) {
   SynthOptions o;
   o.seed = seed;
   o.experts = experts;

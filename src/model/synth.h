@@ -12,7 +12,7 @@ namespace tern::model {
 
 struct SynthOptions {
   uint64_t seed = 1;
-  ExpertFormat experts = ExpertFormat::mxfp4;
+  WeightFormat experts = WeightFormat::mxfp4;
   int num_shards = 1;  // > 1: model-0000i-of-0000N.safetensors + model.safetensors.index.json
   // transformers' names and layout (experts stacked as gate_up_proj / down_proj); every weight bf16
   // except the f32 ones; `experts` must be bf16 or f32.
@@ -27,6 +27,6 @@ struct SynthOptions {
 // 32), NVFP4 with ue4m3 per-16 scales and an fp32 global scale; tid2eid rows are distinct experts.
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, const SynthOptions& options);
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,
-                                ExpertFormat experts, int num_shards);
+                                WeightFormat experts, int num_shards);
 
 }  // namespace tern::model

@@ -107,10 +107,7 @@ class Walker {
 
   ExpertWeights expert(Region& r, const std::string& x) {
     const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
-    const WeightFormat ef = o_.experts == ExpertFormat::mxfp4   ? WeightFormat::mxfp4
-                            : o_.experts == ExpertFormat::nvfp4 ? WeightFormat::nvfp4
-                            : o_.experts == ExpertFormat::bf16  ? WeightFormat::bf16
-                                                                : WeightFormat::f32;
+    const WeightFormat ef = o_.experts;
     ExpertWeights e;
     e.w1 = linear(r, x + "w1", I, D, ef);
     e.w2 = linear(r, x + "w2", D, I, ef);
@@ -270,7 +267,7 @@ uint64_t SyntheticSizes::total_bytes() const {
   return dense_bytes() + layer_expert_bytes() * layer_dense_bytes.size();
 }
 
-SyntheticSizes synthetic_sizes(const ModelConfig& config, ExpertFormat experts) {
+SyntheticSizes synthetic_sizes(const ModelConfig& config, WeightFormat experts) {
   SyntheticModelOptions o;
   o.experts = experts;
   Walker w(config, o);

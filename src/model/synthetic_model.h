@@ -33,7 +33,7 @@ struct SyntheticSizes {
   uint64_t dense_bytes() const;  // globals and every layer's dense part
   uint64_t total_bytes() const;  // the whole model, unshared
 };
-SyntheticSizes synthetic_sizes(const ModelConfig& config, ExpertFormat experts);
+SyntheticSizes synthetic_sizes(const ModelConfig& config, WeightFormat experts);
 
 struct ExpertSharing {
   int num_layers = 0;
@@ -51,7 +51,7 @@ ExpertSharing plan_expert_sharing(const SyntheticSizes& sizes, int64_t budget_by
 
 struct SyntheticModelOptions {
   uint64_t seed = 1;
-  ExpertFormat experts = ExpertFormat::mxfp4;
+  WeightFormat experts = WeightFormat::mxfp4;
   int64_t weight_budget_bytes = -1;  // memory the weights may take (< 0: no limit): plan_expert_sharing
 };
 

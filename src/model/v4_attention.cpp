@@ -16,14 +16,13 @@ namespace tern::model {
 void Model::attention_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
   const ModelConfig& c = w_.config;
   const AttentionWeights& A = layer(l).attn;
-  const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, H = c.num_heads, hd = c.head_dim, G = c.o_groups;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const TensorView inv_freq = layer(l).attn_kind == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
-  const Projections qkv = project(h, o.wq_a_wkv, o.wq_a, o.wkv);
+  const Projections qkv = project(h, A.wq_a_wkv, A.wq_a, A.wkv);
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::rms_norm(qkv.a, A.q_norm, eps, cq);
 
@@ -42,7 +41,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       }
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
-  ops::linear(cq, o.wq_b, q.view().reshape({N, H * hd}));
+  ops::linear(cq, A.wq_b, q.view().reshape({N, H * hd}));
   ops::norm_rope(q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
@@ -74,8 +73,8 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
   Tensor grouped = tensor(
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
-  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), o.wo_a, grouped);
-  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), o.wo_b, out);
+  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
+  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
   if (decode) ops::join_side(h.device());  // the ring store (attend_decode)
 }
 
@@ -110,12 +109,10 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
 // RMSNorm'ed and RoPE'd at position w * ratio, to each sequence's compressed rows (or indexer keys).
 Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
-  const AttentionWeights& A = w_.layers[l].attn;
-  const LayerOps& o = layer_ops_[l];
+  const AttentionWeights& A = layer(l).attn;
   CompressorInputs in;
   in.weights = indexer ? &A.indexer->compressor : &*A.compressor;
-  in.kv_gate = indexer ? project(h, o.idx_wkv_wgate, o.idx_wkv, o.idx_wgate)
-                       : project(h, o.comp_wkv_wgate, o.comp_wkv, o.comp_wgate);
+  in.kv_gate = project(h, in.weights->wkv_wgate, in.weights->wkv, in.weights->wgate);
   in.format = indexer ? ops::KvRowFormat{ops::KvFormat::f32, in.weights->width, c.rope_dim} : kv_format();
   return in;
 }
@@ -153,13 +150,13 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
 void Model::indexer_select(int l, const Batch& b, const TensorView& h, const TensorView& cq,
                            std::vector<Tensor>& selected) {
   const ModelConfig& c = w_.config;
-  const LayerOps& o = layer_ops_[l];
+  const IndexerWeights& x = *layer(l).attn.indexer;
   const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
   Tensor qi = tensor(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
-  ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
+  ops::linear(cq, x.wq_b, qi.view().reshape({N, Hi * di}));
   ops::rope(qi, b.positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(h, o.idx_weights_proj, weights);
+  ops::linear(h, x.weights_proj, weights);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
     ops::IndexerArgs args;

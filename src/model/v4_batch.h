@@ -29,7 +29,4 @@ struct Model::Batch {
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }
 };
 
-// ops::Weight view of a checkpoint-bound Linear.
-ops::Weight op_weight(const Linear& l);
-
 }  // namespace tern::model

@@ -143,7 +143,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
   ops::hc_head({streams, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
   ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
   Tensor logits = tensor(DType::f32, {N, c.vocab_size});
-  ops::linear(y, head_, logits);
+  ops::linear(y, w_.head, logits);
   return logits;
 }
 
@@ -180,13 +180,13 @@ void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool ind
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.
 Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
   const ModelConfig& c = w_.config;
-  const LayerOps& o = layer_ops_[l];
+  const IndexerWeights& x = *layer(l).attn.indexer;
   const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
   Tensor qi = tensor(DType::f32, {N, Hi, di});
-  ops::linear(cq, o.idx_wq_b, qi.view().reshape({N, Hi * di}));
+  ops::linear(cq, x.wq_b, qi.view().reshape({N, Hi * di}));
   ops::rope(qi, b.positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(h, o.idx_weights_proj, weights);
+  ops::linear(h, x.weights_proj, weights);
   ops::DecodeIndexerArgs args;
   args.q = qi;
   args.weights = weights;
@@ -217,7 +217,7 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
     args.max_compressed = b.layout->max_tokens() / args.ratio;
   }
   args.selected = selected.empty() ? TensorView() : selected.view();
-  args.sinks = w_.layers[l].attn.attn_sink;
+  args.sinks = layer(l).attn.attn_sink;
   args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // The slots' rows enter their rings on a side branch beside the attention (joined at the end of the
   // attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from kv_rows,

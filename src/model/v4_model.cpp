@@ -12,40 +12,15 @@
 
 namespace tern::model {
 
-ops::Weight op_weight(const Linear& l) {
-  return ops::Weight{l.format, l.out, l.in, l.weight, l.scale, l.global_scale, l.name};
-}
-
 namespace {
 
-ops::Expert op_expert(const ExpertWeights& e) {
-  return {op_weight(e.w1), op_weight(e.w2), op_weight(e.w3)};
-}
-
-LayerOps layer_ops(const LayerWeights& L) {
-  LayerOps o;
-  const AttentionWeights& a = L.attn;
-  o.wq_a = op_weight(a.wq_a), o.wq_b = op_weight(a.wq_b), o.wkv = op_weight(a.wkv);
-  o.wq_a_wkv = op_weight(a.wq_a_wkv);
-  o.wo_a = op_weight(a.wo_a), o.wo_b = op_weight(a.wo_b);
-  if (a.compressor) {
-    o.comp_wkv = op_weight(a.compressor->wkv), o.comp_wgate = op_weight(a.compressor->wgate);
-    o.comp_wkv_wgate = op_weight(a.compressor->wkv_wgate);
-  }
-  if (a.indexer) {
-    o.idx_wq_b = op_weight(a.indexer->wq_b), o.idx_weights_proj = op_weight(a.indexer->weights_proj);
-    o.idx_wkv = op_weight(a.indexer->compressor.wkv), o.idx_wgate = op_weight(a.indexer->compressor.wgate);
-    o.idx_wkv_wgate = op_weight(a.indexer->compressor.wkv_wgate);
-    // The indexer's top-k, like the router's, must pick the reference's entries: its inputs stay f32.
-    for (ops::Weight* w : {&o.idx_wq_b, &o.idx_weights_proj, &o.idx_wkv, &o.idx_wgate, &o.idx_wkv_wgate})
+// The products whose top-k must pick the reference's choices compute in f32 on every backend: the router gate
+// and the indexer's projections (its inputs stay f32).
+void mark_exact(LayerWeights& L) {
+  L.ffn.gate.exact = true;
+  if (IndexerWeights* x = L.attn.indexer ? &*L.attn.indexer : nullptr)
+    for (Linear* w : {&x->wq_b, &x->weights_proj, &x->compressor.wkv, &x->compressor.wgate, &x->compressor.wkv_wgate})
       w->exact = true;
-  }
-  o.gate = op_weight(L.ffn.gate);
-  o.gate.exact = true;  // f32 routing logits on every backend: the top-k must agree with the reference
-  for (const ExpertWeights& e : L.ffn.experts) o.experts.push_back(op_expert(e));
-  o.shared = op_expert(L.ffn.shared);
-  o.shared_w13 = op_weight(L.ffn.shared.w13);
-  return o;
 }
 
 ops::RopeParams rope_params(const RopeConfig& r, int64_t rope_dim) {
@@ -64,12 +39,7 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
              "\" with norm_topk_prob = ", c.norm_topk_prob,
              " is not implemented (only sqrtsoftplus with normalised weights)");
   kv_format().check();
-  for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
-  if (w_.mtp) {
-    layer_ops_.push_back(layer_ops(w_.mtp->block));
-    mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
-  }
-  head_ = op_weight(w_.head);
+  for (LayerWeights* L : all_layers()) mark_exact(*L);
   apply_activations();
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
@@ -137,14 +107,6 @@ void Model::to_device(Device device, const Upload& upload) {
     upload_hc(m.hc_head, up);
   }
   device_ = device;
-  layer_ops_.clear();
-  for (const LayerWeights& L : w_.layers) layer_ops_.push_back(layer_ops(L));
-  if (w_.mtp) {
-    layer_ops_.push_back(layer_ops(w_.mtp->block));
-    mtp_e_proj_ = op_weight(w_.mtp->e_proj), mtp_h_proj_ = op_weight(w_.mtp->h_proj);
-  }
-  head_ = op_weight(w_.head);
-  apply_activations();
   inv_freq_main_ = Tensor::copy_of(inv_freq_main_, device_);
   inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
 }
@@ -162,14 +124,22 @@ void Model::apply_activations() {
   const auto quantised = [](ops::WeightFormat f) {
     return f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
   };
-  const auto mark = [&](ops::Weight& w) { w.act_fp8 = fp8 && quantised(w.format); };
-  for (LayerOps& o : layer_ops_) {
-    for (ops::Weight* w : {&o.wq_a, &o.wq_b, &o.wkv, &o.wo_a, &o.wo_b, &o.wq_a_wkv, &o.shared.w1, &o.shared.w2,
-                           &o.shared.w3, &o.shared_w13, &o.idx_wq_b})
-      mark(*w);
-    for (ops::Expert& e : o.experts) mark(e.w1), mark(e.w2), mark(e.w3);
+  const auto mark = [&](Linear& w) { w.act_fp8 = fp8 && quantised(w.format); };
+  for (LayerWeights* L : all_layers()) {
+    AttentionWeights& a = L->attn;
+    ExpertWeights& s = L->ffn.shared;
+    for (Linear* w : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.wq_a_wkv, &s.w1, &s.w2, &s.w3, &s.w13}) mark(*w);
+    if (a.indexer) mark(a.indexer->wq_b);
+    for (ExpertWeights& e : L->ffn.experts) mark(e.w1), mark(e.w2), mark(e.w3);
   }
-  mark(mtp_e_proj_), mark(mtp_h_proj_);
+  if (w_.mtp) mark(w_.mtp->e_proj), mark(w_.mtp->h_proj);
+}
+
+std::vector<LayerWeights*> Model::all_layers() {
+  std::vector<LayerWeights*> out;
+  for (LayerWeights& L : w_.layers) out.push_back(&L);
+  if (w_.mtp) out.push_back(&w_.mtp->block);
+  return out;
 }
 
 std::vector<ops::LinearUse> Model::linears() const {
@@ -181,18 +151,27 @@ std::vector<ops::LinearUse> Model::linears() const {
       if (w == &stacked && !w->weight.empty()) return;
     }
   };
-  for (const LayerOps& o : layer_ops_) {
-    pair(o.wq_a_wkv, o.wq_a, o.wkv);
-    pair(o.comp_wkv_wgate, o.comp_wkv, o.comp_wgate);
-    pair(o.idx_wkv_wgate, o.idx_wkv, o.idx_wgate);
-    pair(o.shared_w13, o.shared.w1, o.shared.w3);
-    for (const ops::Weight* w : {&o.wq_b, &o.wo_b, &o.idx_wq_b, &o.idx_weights_proj, &o.gate, &o.shared.w2})
+  const int layers = w_.config.num_layers + (has_mtp() ? 1 : 0);
+  for (int l = 0; l < layers; ++l) {
+    const AttentionWeights& a = layer(l).attn;
+    const MoEWeights& f = layer(l).ffn;
+    pair(a.wq_a_wkv, a.wq_a, a.wkv);
+    if (a.compressor) pair(a.compressor->wkv_wgate, a.compressor->wkv, a.compressor->wgate);
+    if (a.indexer) {
+      const CompressorWeights& x = a.indexer->compressor;
+      pair(x.wkv_wgate, x.wkv, x.wgate);
+      for (const Linear* w : {&a.indexer->wq_b, &a.indexer->weights_proj})
+        if (!w->weight.empty()) out.push_back({w, 1});
+    }
+    pair(f.shared.w13, f.shared.w1, f.shared.w3);
+    for (const Linear* w : {&a.wq_b, &a.wo_b, &f.gate, &f.shared.w2})
       if (!w->weight.empty()) out.push_back({w, 1});
-    if (!o.wo_a.weight.empty()) out.push_back({&o.wo_a, config().o_groups});
+    if (!a.wo_a.weight.empty()) out.push_back({&a.wo_a, config().o_groups});
   }
-  for (const ops::Weight* w : {&mtp_e_proj_, &mtp_h_proj_})
-    if (!w->weight.empty()) out.push_back({w, 1});
-  if (!head_.weight.empty()) out.push_back({&head_, 1});
+  if (w_.mtp)
+    for (const Linear* w : {&w_.mtp->e_proj, &w_.mtp->h_proj})
+      if (!w->weight.empty()) out.push_back({w, 1});
+  if (!w_.head.weight.empty()) out.push_back({&w_.head, 1});
   return out;
 }
 
@@ -406,7 +385,7 @@ void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits
   ops::hc_head({picked, hc.fn, hc.base, hc.scale, params, y});
   ops::rms_norm(y, norm, static_cast<float>(c.rms_norm_eps), y);
   observe("final_hidden", &hc == &w_.hc_head ? -1 : mtp_layer(), y);
-  ops::linear(y, head_, logits);
+  ops::linear(y, w_.head, logits);
 }
 
 }  // namespace tern::model

@@ -40,25 +40,11 @@ struct StepSequence {
   LogitsFor logits = LogitsFor::last;
 };
 
-// Per-layer weights in the form the ops take (built once).
-// The stacked pairs (model/stacked.h) are empty where the weights keep the pair apart; the forward then runs
-// the parts as two products.
-struct LayerOps {
-  ops::Weight wq_a, wq_b, wkv, wo_a, wo_b;
-  ops::Weight wq_a_wkv;
-  ops::Weight comp_wkv, comp_wgate, comp_wkv_wgate;                            // CSA / HCA
-  ops::Weight idx_wq_b, idx_weights_proj, idx_wkv, idx_wgate, idx_wkv_wgate;  // CSA
-  ops::Weight gate;
-  std::vector<ops::Expert> experts;
-  ops::Expert shared;
-  ops::Weight shared_w13;
-};
-
 class Model {
  public:
   Model(ModelWeights weights, KvMode mode);
 
-  // Moves the model to `device`: every weight view is replaced by `upload(view)` (a copy on the device
+  // Moves the model to `device`: every weight view is replaced by `upload(view)` in place (a copy on the device
   // that the caller keeps alive, e.g. cuda::WeightStore::upload; empty views stay empty), and from then on
   // forward() allocates its intermediates there (core's Tensor(dtype, shape, device)), new_state() makes
   // device states, and only the logits come back to the host. The observer then sees device views.
@@ -78,7 +64,7 @@ class Model {
   // Every weight forward() passes to linear() or grouped_linear(), with its groups (kernel tuning).
   std::vector<ops::LinearUse> linears() const;
   // The routed experts layer `layer` passes to moe_experts() (benchmarks).
-  std::span<const ops::Expert> routed_experts(int layer) const { return layer_ops_.at(static_cast<size_t>(layer)).experts; }
+  std::span<const ops::Expert> routed_experts(int l) const { return layer(l).ffn.experts; }
 
   // The state layout of one sequence of at most max_tokens tokens in pages of tokens_per_page tokens (0: the
   // cache's default), and a fresh (empty) standalone state with pages for max_tokens on the model's device.
@@ -170,7 +156,7 @@ class Model {
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
-  // Marks the op weights the activations mode applies to (after every rebuild of the op weights).
+  // Marks the weights the activations mode applies to.
   void apply_activations();
   Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
                       bool logits_on_device);
@@ -182,8 +168,10 @@ class Model {
             const TensorView& norm);
   // Layer l's weights: a trunk layer, or the MTP block for l == mtp_layer().
   const LayerWeights& layer(int l) const {
-    return l < w_.config.num_layers ? w_.layers[static_cast<size_t>(l)] : w_.mtp->block;
+    return l < w_.config.num_layers ? w_.layers.at(static_cast<size_t>(l)) : w_.mtp->block;
   }
+  // Every layer's weights: the trunk's, then the MTP block's (when present).
+  std::vector<LayerWeights*> all_layers();
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
               const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
@@ -234,9 +222,6 @@ class Model {
   ops::Activations act_ = ops::Activations::native;
   Device device_ = Device::cpu;
   Observer observer_;
-  std::vector<LayerOps> layer_ops_;  // the trunk's layers, then the MTP block's (when present)
-  ops::Weight head_;
-  ops::Weight mtp_e_proj_, mtp_h_proj_;
   Tensor inv_freq_main_, inv_freq_compress_;
   std::vector<cache::LayerSpec> layer_specs_;
 };

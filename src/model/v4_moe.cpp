@@ -10,7 +10,6 @@ namespace tern::model {
 void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorView& out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& L = layer(l);
-  const LayerOps& o = layer_ops_[l];
   const int64_t N = b.tokens, k = c.experts_per_token;
   const auto limit = static_cast<float>(c.swiglu_limit);
   const auto routed_scale = static_cast<float>(c.routed_scaling_factor);
@@ -18,18 +17,18 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   // The shared expert reads only h: a side branch (ops/branch.h; its own stream inside decode graphs) that
   // overlaps the gate, the routing and the routed experts. y = E_shared(h); w1 h and w3 h come from one
   // product (stacked weights), swiglu reads its column ranges.
-  const ops::Expert& shared = o.shared;
+  const ExpertWeights& shared = L.ffn.shared;
   Tensor y = tensor(DType::f32, {N, c.hidden_size});
   ops::run_side(h.device(), [&] {
-    const Projections gate_up = project(h, o.shared_w13, shared.w1, shared.w3);
+    const Projections gate_up = project(h, shared.w13, shared.w1, shared.w3);
     Tensor act = tensor(DType::f32, {N, shared.w1.out});
     ops::swiglu(gate_up.a, gate_up.b, limit, act);
     ops::linear(act, shared.w2, y);
   });
 
   // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
-  Tensor logits = tensor(DType::f32, {N, o.gate.out});
-  ops::linear(h, o.gate, logits);
+  Tensor logits = tensor(DType::f32, {N, L.ffn.gate.out});
+  ops::linear(h, L.ffn.gate, logits);
   Tensor picked = tensor(DType::i32, {N, k}), weights = tensor(DType::f32, {N, k});
   if (L.hash_routed)
     ops::route_hash(logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
@@ -37,7 +36,7 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
     ops::route_scored(logits, L.ffn.gate_bias, routed_scale, picked, weights);
 
   // out = sum_k w_k E_k(h) + E_shared(h)
-  ops::moe_experts({h, picked, weights, o.experts, limit, out});
+  ops::moe_experts({h, picked, weights, L.ffn.experts, limit, out});
   ops::join_side(h.device());
   ops::add(y, out);
 }

@@ -53,14 +53,14 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   ops::embedding(w_.embed, b.ids, x);
   ops::rms_norm(x, M.enorm, eps, x);
   Tensor e = tensor(DType::f32, {N, D});
-  ops::linear(x, mtp_e_proj_, e);
+  ops::linear(x, M.e_proj, e);
   // h_proj(hnorm(h)) per stream: the N * hc stream rows as one batch    [N * hc, D]
   Tensor h = tensor(DType::f32, {N, H, D});
   for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
   const TensorView h_rows = h.view().reshape({N * H, D});
   ops::rms_norm(h_rows, M.hnorm, eps, h_rows);
   Tensor streams = tensor(DType::f32, {N, H, D});
-  ops::linear(h_rows, mtp_h_proj_, streams.view().reshape({N * H, D}));
+  ops::linear(h_rows, M.h_proj, streams.view().reshape({N * H, D}));
   // X_k = e + h_proj(hnorm(h_k))                                      [N, hc, D]
   Tensor e_streams = tensor(DType::f32, {N, H, D});
   ops::hc_expand(e, e_streams);

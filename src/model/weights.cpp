@@ -244,17 +244,6 @@ class Binder {
   std::unordered_set<std::string> used_;
 };
 
-ExpertFormat expert_format_of(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::mxfp4: return ExpertFormat::mxfp4;
-    case WeightFormat::nvfp4: return ExpertFormat::nvfp4;
-    case WeightFormat::bf16: return ExpertFormat::bf16;
-    case WeightFormat::f32: return ExpertFormat::f32;
-    case WeightFormat::fp8_block: break;
-  }
-  fail("FP8 routed experts are not supported (expected MXFP4, NVFP4, BF16 or F32)");
-}
-
 CompressorWeights bind_compressor(Binder& b, const ModelConfig& c, const std::string& p, int ratio, int64_t width,
                                   bool overlap) {
   CompressorWeights w;
@@ -279,11 +268,11 @@ HyperConnWeights bind_hc(Binder& b, const std::string& fn, const std::string& ba
 void check_expert_format(ModelConfig& c, const Linear& l, bool first, const std::string& file) {
   const bool ok = l.format != WeightFormat::fp8_block;
   TERN_CHECK(ok, file, ": tensor \"", l.name, "\": FP8 routed experts are not supported (expected MXFP4, NVFP4, BF16 or F32)");
-  const ExpertFormat f = expert_format_of(l.format);
+  const WeightFormat f = l.format;
   if (first && !c.expert_format_explicit) c.expert_format = f;
-  TERN_CHECK(f == c.expert_format, file, ": tensor \"", l.name, "\": expected ", expert_format_name(c.expert_format),
+  TERN_CHECK(f == c.expert_format, file, ": tensor \"", l.name, "\": expected ", weight_format_name(c.expert_format),
              c.expert_format_explicit ? " (config.json \"expert_format\")" : " (the format of the first expert)",
-             ", found ", expert_format_name(f));
+             ", found ", weight_format_name(f));
 }
 
 void check_tid2eid(const TensorView& t, int experts, const std::string& file, const std::string& n) {

@@ -10,24 +10,14 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "ops/moe.h"
 #include "ops/weight.h"
 
 namespace tern::model {
 
-// The checkpoint formats are the ops' (ops/weight.h: one enum and one name for each, issue #17), so binding a
-// weight for the ops copies its format instead of translating it.
-using ops::WeightFormat;
-using ops::weight_format_name;  // "f32", "bf16", "fp8_block", "mxfp4", "nvfp4"
-
-// One linear map y = W x with W of shape [out, in] in one of the formats above.
-struct Linear {
-  WeightFormat format = WeightFormat::bf16;
-  int64_t out = 0, in = 0;
-  TensorView weight;
-  TensorView scale;          // empty for f32 / bf16
-  float global_scale = 1.0f;  // nvfp4 only
-  std::string name;          // checkpoint name, for messages and kernel-path reports
-};
+// One linear map y = W x with W of shape [out, in]: the ops' weight (ops/weight.h), bound here with its format,
+// views and checkpoint name (for messages and kernel-path reports). The Model sets its `exact` and `act_fp8`.
+using Linear = ops::Weight;
 
 struct CompressorWeights {
   int ratio = 0;
@@ -54,12 +44,9 @@ struct AttentionWeights {
   std::optional<IndexerWeights> indexer;        // CSA layers
 };
 
-struct ExpertWeights {
-  Linear w1, w2, w3;  // gate [inter, hidden], down [hidden, inter], up [inter, hidden]
-  // The shared expert's w1 and w3 stacked (model/stacked.h; w1 and w3 view it); empty: apart, as the routed
-  // experts' always are (the MoE kernels read those per expert).
-  Linear w13;
-};
+// gate w1 [inter, hidden], down w2 [hidden, inter], up w3 [inter, hidden]; w13: the shared expert's w1 and w3
+// stacked (model/stacked.h; w1 and w3 view it), empty for the routed experts (ops/moe.h).
+using ExpertWeights = ops::Expert;
 
 struct MoEWeights {
   Linear gate;                // [n_routed_experts, hidden]

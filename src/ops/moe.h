@@ -22,6 +22,9 @@ void route_hash(const TensorView& logits, const TensorView& tid2eid, const Tenso
 
 struct Expert {
   Weight w1, w2, w3;  // gate [inter, D], down [D, inter], up [inter, D]
+  // w1 and w3 stacked, [2 inter, D] (the model's shared expert, model/stacked.h: w1 and w3 then view it); empty:
+  // apart, as the routed experts' always are (the MoE kernels read those per expert).
+  Weight w13;
 };
 
 struct MoeExpertsArgs {

@@ -4,22 +4,6 @@
 
 namespace tern::ops {
 
-std::string_view weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::f32:
-      return "f32";
-    case WeightFormat::bf16:
-      return "bf16";
-    case WeightFormat::fp8_block:
-      return "fp8_block";
-    case WeightFormat::mxfp4:
-      return "mxfp4";
-    case WeightFormat::nvfp4:
-      return "nvfp4";
-  }
-  return "?";
-}
-
 namespace {
 
 void check_packed_fp4(const Weight& w, const std::string& what) {

@@ -1,5 +1,6 @@
-// A weight matrix W [out, in] in one of the checkpoint formats, as the ops see it. The model maps its
-// checkpoint-bound `model::Linear` onto this (ops may not include model headers).
+// A weight matrix W [out, in] in one of the checkpoint formats: the one description of a weight (issue #17). The
+// model's loader binds these (model::Linear is this type), Model::to_device uploads them in place, and the ops
+// take them as they are.
 #pragma once
 
 #include <cstdint>
@@ -7,18 +8,9 @@
 #include <string_view>
 
 #include "core/tensor.h"
+#include "ops/weight_format.h"
 
 namespace tern::ops {
-
-enum class WeightFormat : uint8_t {
-  f32,        // weight f32 [out, in]
-  bf16,       // weight bf16 [out, in]
-  fp8_block,  // weight e4m3 [out, in] + scale e8m0 (or f32) [ceil(out/128), ceil(in/128)]
-  mxfp4,      // weight e2m1 [out, in] or i8/u8 [out, in/2] (low nibble first) + scale e8m0 [out, in/32]
-  nvfp4,      // as mxfp4 + scale ue4m3 [out, in/16] + global_scale: W = e2m1 * scale * global_scale
-};
-
-std::string_view weight_format_name(WeightFormat f);
 
 struct Weight {
   WeightFormat format = WeightFormat::f32;

@@ -613,7 +613,7 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
       for (const Choice& c : choices) {
         cuda::set_exact_path(c.path);
         cuda::LinearParams p;
-        p.w.kind = sh.f == ops::WeightFormat::fp8_block ? cuda::WeightKind::fp8 : cuda::WeightKind::bf16;
+        p.w.kind = sh.f == ops::WeightFormat::fp8_block ? cuda::WeightFormat::fp8_block : cuda::WeightFormat::bf16;
         p.w.w = rot.copies[0].weight.data();
         p.w.s = rot.copies[0].scale.empty() ? nullptr : rot.copies[0].scale.data();
         p.w.out = sh.out;

@@ -59,9 +59,9 @@ std::vector<ExactCase> exact_cases(const Shapes& s) {
 // LinearParams as the backend's run_linear fills them for x [T, in] (for the path names).
 cuda::LinearParams params_of(const ops::Weight& dw, const float* x, int64_t T) {
   cuda::LinearParams p;
-  p.w.kind = dw.format == WeightFormat::fp8_block ? cuda::WeightKind::fp8
-             : dw.format == WeightFormat::bf16    ? cuda::WeightKind::bf16
-                                                  : cuda::WeightKind::f32;
+  p.w.kind = dw.format == WeightFormat::fp8_block ? cuda::WeightFormat::fp8_block
+             : dw.format == WeightFormat::bf16    ? cuda::WeightFormat::bf16
+                                                  : cuda::WeightFormat::f32;
   p.w.w = dw.weight.data();
   p.w.s = dw.scale.empty() ? nullptr : dw.scale.data();
   p.w.out = dw.out;

@@ -94,7 +94,7 @@ void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph,
   EXPECT_EQ(lin.graph_count, from_graph ? calls : 0) << listing(r);
   EXPECT_EQ(norm.graph_count, from_graph ? calls : 0) << listing(r);
   ASSERT_EQ(lin.names.size(), 1u) << listing(r);
-  EXPECT_EQ(lin.names[0].rfind("linear_bulk_kernel<bf16, ", 0), 0u) << lin.names[0];  // the WFmt table is right
+  EXPECT_EQ(lin.names[0].rfind("linear_bulk_kernel<bf16, ", 0), 0u) << lin.names[0];  // the WeightFormat table is right
   for (const cuda::KernelTime& k : r.kernels)
     if (cuda::kernel_base_name(k.name) == "linear_bulk_kernel") {
       EXPECT_EQ(cuda::categorize_kernel(k.name), cuda::OpCategory::dense_gemm);

@@ -79,7 +79,7 @@ TEST(StackedLinears, ProductIsThePartsSideBySideAtV4Shapes) {
     });
     EXPECT_EQ(s.out, p.a_out + p.b_out);
     EXPECT_EQ(a.l.weight.data(), s.weight.data());  // the parts now view the stack
-    ops::Weight ws = model::op_weight(s), wa = model::op_weight(a0), wb = model::op_weight(b0);
+    ops::Weight ws = s, wa = a0, wb = b0;
     ws.exact = wa.exact = wb.exact = p.exact;
     Tensor ys(DType::f32, {T, s.out}), ya(DType::f32, {T, p.a_out}), yb(DType::f32, {T, p.b_out});
     ops::linear(x, ws, ys);

@@ -20,7 +20,7 @@ class SyntheticModelTest : public ::testing::Test {
   void SetUp() override { cpu::register_backend(); }
 };
 
-SyntheticModel build(uint64_t seed, ExpertFormat experts = ExpertFormat::mxfp4, int64_t budget = -1) {
+SyntheticModel build(uint64_t seed, WeightFormat experts = WeightFormat::mxfp4, int64_t budget = -1) {
   SyntheticModelOptions o;
   o.seed = seed;
   o.experts = experts;
@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, TensorView>> layer_tensors(const LayerWeights
 // The std of W after dequantization, and whether every value is finite.
 double dequantized_std(const Linear& l, bool* finite) {
   Tensor w(DType::f32, {l.out, l.in});
-  ops::dequantize(op_weight(l), w);
+  ops::dequantize(l, w);
   double sum = 0, sq = 0;
   *finite = true;
   for (int64_t i = 0; i < w.numel(); ++i) {
@@ -98,7 +98,7 @@ TEST_F(SyntheticModelTest, DeterministicPerSeedAndNeverAllZero) {
 }
 
 TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
-  for (ExpertFormat f : {ExpertFormat::mxfp4, ExpertFormat::nvfp4}) {
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     const SyntheticModel m = build(3, f);
     const LayerWeights& L = m.weights.layers[0];
     for (const Linear* l : {&L.attn.wq_a, &L.ffn.shared.w2, &L.ffn.experts[0].w1, &L.ffn.experts[1].w2}) {
@@ -108,7 +108,7 @@ TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
       EXPECT_TRUE(finite);
       EXPECT_NEAR(sd * std::sqrt(static_cast<double>(l->in)), 1.0, 0.15);
     }
-    EXPECT_EQ(L.ffn.experts[0].w1.format, f == ExpertFormat::mxfp4 ? WeightFormat::mxfp4 : WeightFormat::nvfp4);
+    EXPECT_EQ(L.ffn.experts[0].w1.format, f == WeightFormat::mxfp4 ? WeightFormat::mxfp4 : WeightFormat::nvfp4);
     EXPECT_EQ(L.attn.wq_a.format, WeightFormat::fp8_block);
   }
   // Norms 1 +- 0.1; tid2eid rows are distinct experts in range.
@@ -130,10 +130,10 @@ TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
 }
 
 TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
-  const SyntheticSizes s = synthetic_sizes(ModelConfig::tiny(), ExpertFormat::mxfp4);
+  const SyntheticSizes s = synthetic_sizes(ModelConfig::tiny(), WeightFormat::mxfp4);
   // Room for the dense part and two layers' experts of four.
   const auto budget = static_cast<int64_t>(s.dense_bytes() + 2 * s.layer_expert_bytes() + s.layer_expert_bytes() / 2);
-  SyntheticModel m = build(5, ExpertFormat::mxfp4, budget);
+  SyntheticModel m = build(5, WeightFormat::mxfp4, budget);
   ASSERT_EQ(m.sharing.own_layers, 2);
   EXPECT_EQ(m.sharing.description.rfind("layers 2-3 reuse the routed experts of layers 0-1: ", 0), 0u)
       << m.sharing.description;
@@ -151,7 +151,7 @@ TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
 }
 
 TEST(ExpertSharingPlan, FullModelOnOneCard) {
-  const SyntheticSizes s = synthetic_sizes(ModelConfig::v4_flash(), ExpertFormat::mxfp4);
+  const SyntheticSizes s = synthetic_sizes(ModelConfig::v4_flash(), WeightFormat::mxfp4);
   // One expert: three [2048, 4096] MXFP4 matrices, 4.25 bits per weight (13.37 MB; performance.md's 12.98 MB
   // undercounts it by 3%); about 155 GB in all.
   const ModelConfig c = ModelConfig::v4_flash();
@@ -181,7 +181,7 @@ TEST(PerfModel, MatchesThePerformanceDesign) {
   EXPECT_NEAR(expected_distinct_experts(256, 6, 1), 6.0, 1e-9);
   EXPECT_NEAR(expected_distinct_experts(256, 6, 64), 200.0, 2.0);
   const ModelConfig c = ModelConfig::v4_flash();
-  const SyntheticSizes s = synthetic_sizes(c, ExpertFormat::mxfp4);
+  const SyntheticSizes s = synthetic_sizes(c, WeightFormat::mxfp4);
   // performance.md's table (11.1 GB at batch 1, 119 GB at 64, 150 GB at 256), within its 3% expert undercount.
   EXPECT_NEAR(decode_step_bytes(s, c, 1) / 1e9, 11.1, 1.0);
   EXPECT_NEAR(decode_step_bytes(s, c, 64) / 1e9, 119.0, 6.0);

@@ -122,7 +122,7 @@ TEST(Config, OfficialKeys) {
   EXPECT_EQ(c.rope_for(1).factor, 16.0);
   EXPECT_EQ(c.rope_for(1).original_max_position, 65536.0);
   EXPECT_TRUE(c.fp8_dense);
-  EXPECT_EQ(c.expert_format, ExpertFormat::mxfp4);
+  EXPECT_EQ(c.expert_format, WeightFormat::mxfp4);
   EXPECT_FALSE(c.expert_format_explicit);
 }
 
@@ -130,7 +130,7 @@ TEST(Config, TransformersKeysGiveTheSameModel) {
   const ModelConfig t = parse(transformers_tiny());
   expect_same_model(t, parse(official_tiny()));
   EXPECT_FALSE(t.fp8_dense);  // no quantization_config
-  EXPECT_EQ(t.expert_format, ExpertFormat::bf16);
+  EXPECT_EQ(t.expert_format, WeightFormat::bf16);
 }
 
 TEST(Config, TransformersFlatRopeParametersAreTheCompressBranch) {
@@ -168,7 +168,7 @@ TEST(Config, MtpRatiosAndExpertFormatKey) {
   const ModelConfig c = parse(j);
   EXPECT_EQ(c.compress_ratios, (std::vector<int>{0, 4, 8, 4}));
   EXPECT_EQ(c.mtp_compress_ratios, (std::vector<int>{0}));
-  EXPECT_EQ(c.expert_format, ExpertFormat::nvfp4);
+  EXPECT_EQ(c.expert_format, WeightFormat::nvfp4);
   EXPECT_TRUE(c.expert_format_explicit);
 }
 

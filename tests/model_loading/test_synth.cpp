@@ -33,11 +33,11 @@ std::vector<std::string> files_of(const std::string& dir) {
 
 TEST(Synth, SameSeedSameBytes) {
   ScratchDir a("syn-a"), b("syn-b"), c("syn-c");
-  write_synthetic_checkpoint(small_config(), a.str(), 11, ExpertFormat::nvfp4, 2);
+  write_synthetic_checkpoint(small_config(), a.str(), 11, WeightFormat::nvfp4, 2);
   set_thread_count(1);  // the output must not depend on the number of threads
-  write_synthetic_checkpoint(small_config(), b.str(), 11, ExpertFormat::nvfp4, 2);
+  write_synthetic_checkpoint(small_config(), b.str(), 11, WeightFormat::nvfp4, 2);
   set_thread_count(0);
-  write_synthetic_checkpoint(small_config(), c.str(), 12, ExpertFormat::nvfp4, 2);
+  write_synthetic_checkpoint(small_config(), c.str(), 12, WeightFormat::nvfp4, 2);
   const auto files = files_of(a.str());
   ASSERT_EQ(files, (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
                                              "model-00002-of-00002.safetensors", "model.safetensors.index.json"}));
@@ -48,8 +48,8 @@ TEST(Synth, SameSeedSameBytes) {
 
 TEST(Synth, RewritingADirectoryReplacesTheOldCheckpoint) {
   ScratchDir a("syn");
-  write_synthetic_checkpoint(small_config(), a.str(), 1, ExpertFormat::mxfp4, 3);
-  write_synthetic_checkpoint(small_config(), a.str(), 1, ExpertFormat::mxfp4, 1);
+  write_synthetic_checkpoint(small_config(), a.str(), 1, WeightFormat::mxfp4, 3);
+  write_synthetic_checkpoint(small_config(), a.str(), 1, WeightFormat::mxfp4, 1);
   EXPECT_EQ(files_of(a.str()), (std::vector<std::string>{"config.json", "model.safetensors"}));
 }
 
@@ -79,7 +79,7 @@ struct Stats {
 TEST(Synth, ValuesFollowTheFormats) {
   ScratchDir dir("syn");
   const ModelConfig c = small_config();
-  write_synthetic_checkpoint(c, dir.str(), 5, ExpertFormat::mxfp4, 1);
+  write_synthetic_checkpoint(c, dir.str(), 5, WeightFormat::mxfp4, 1);
   const ModelWeights w = load_model(dir.str());
 
   // FP8 block scales: powers of two by type, every block's amax within 448 * scale, and used.
@@ -129,7 +129,7 @@ TEST(Synth, ValuesFollowTheFormats) {
 TEST(Synth, Nvfp4ScalesCoverTheBlocks) {
   ScratchDir dir("syn");
   const ModelConfig c = small_config();
-  write_synthetic_checkpoint(c, dir.str(), 5, ExpertFormat::nvfp4, 1);
+  write_synthetic_checkpoint(c, dir.str(), 5, WeightFormat::nvfp4, 1);
   const ModelWeights w = load_model(dir.str());
   const Linear& e = w.layers[3].ffn.experts[2].w1;
   Stats s;
@@ -146,12 +146,12 @@ TEST(Synth, RejectsBadOptions) {
   ScratchDir dir("syn");
   SynthOptions o;
   o.transformers_names = true;
-  o.experts = ExpertFormat::mxfp4;
+  o.experts = WeightFormat::mxfp4;
   testing::expect_error([&] { write_synthetic_checkpoint(small_config(), dir.str(), o); },
                         {"transformers' names hold bf16 or f32 experts only"});
   ModelConfig bad = small_config();
   bad.o_groups = 3;
-  testing::expect_error([&] { write_synthetic_checkpoint(bad, dir.str(), 1, ExpertFormat::mxfp4, 1); },
+  testing::expect_error([&] { write_synthetic_checkpoint(bad, dir.str(), 1, WeightFormat::mxfp4, 1); },
                         {"synth config: field \"o_groups\""});
 }
 

@@ -87,12 +87,12 @@ void check_common(const ModelWeights& w, const ModelConfig& c) {
 TEST(LoadModel, OfficialMxfp4Sharded) {
   ScratchDir dir("w");
   const ModelConfig c = small_config();
-  write_synthetic_checkpoint(c, dir.str(), 3, ExpertFormat::mxfp4, 3);
+  write_synthetic_checkpoint(c, dir.str(), 3, WeightFormat::mxfp4, 3);
   const ModelWeights w = load_model(dir.str());
   check_common(w, c);
   EXPECT_EQ(w.naming, "official");
   EXPECT_EQ(w.num_files, 3);
-  EXPECT_EQ(w.config.expert_format, ExpertFormat::mxfp4);
+  EXPECT_EQ(w.config.expert_format, WeightFormat::mxfp4);
   EXPECT_TRUE(w.config.fp8_dense);
   const Linear& wq = w.layers[1].attn.wq_b;
   EXPECT_EQ(wq.format, WeightFormat::fp8_block);
@@ -113,7 +113,7 @@ TEST(LoadModel, OfficialMxfp4Sharded) {
 TEST(LoadModel, OfficialNvfp4) {
   ScratchDir dir("w");
   const ModelConfig c = small_config();
-  write_synthetic_checkpoint(c, dir.str(), 4, ExpertFormat::nvfp4, 1);
+  write_synthetic_checkpoint(c, dir.str(), 4, WeightFormat::nvfp4, 1);
   const ModelWeights w = load_model(dir.str());
   check_common(w, c);
   const Linear& e = w.layers[3].ffn.experts[0].w3;
@@ -122,16 +122,16 @@ TEST(LoadModel, OfficialNvfp4) {
   EXPECT_EQ(e.scale.dtype(), DType::ue4m3);
   EXPECT_EQ(e.scale.shape(), (Shape{c.moe_intermediate_size, c.hidden_size / 16}));
   EXPECT_GT(e.global_scale, 0.0f);
-  EXPECT_EQ(w.config.expert_format, ExpertFormat::nvfp4);
+  EXPECT_EQ(w.config.expert_format, WeightFormat::nvfp4);
 }
 
 TEST(LoadModel, ExpertFormatInferredWhenConfigDoesNotSayIt) {
   ScratchDir dir("w");
-  write_synthetic_checkpoint(small_config(), dir.str(), 4, ExpertFormat::nvfp4, 1);
+  write_synthetic_checkpoint(small_config(), dir.str(), 4, WeightFormat::nvfp4, 1);
   auto j = nlohmann::json::parse(read_file(dir.file("config.json")));
   j.erase("expert_format");  // expert_dtype "fp4" alone would mean MXFP4
   write_file(dir.file("config.json"), j.dump());
-  EXPECT_EQ(load_model(dir.str()).config.expert_format, ExpertFormat::nvfp4);
+  EXPECT_EQ(load_model(dir.str()).config.expert_format, WeightFormat::nvfp4);
   j["expert_format"] = "mxfp4";
   write_file(dir.file("config.json"), j.dump());
   expect_error([&] { load_model(dir.str()); },
@@ -142,7 +142,7 @@ TEST(LoadModel, ExpertFormatInferredWhenConfigDoesNotSayIt) {
 TEST(LoadModel, Bf16Experts) {
   ScratchDir dir("w");
   const ModelConfig c = small_config();
-  write_synthetic_checkpoint(c, dir.str(), 5, ExpertFormat::bf16, 1);
+  write_synthetic_checkpoint(c, dir.str(), 5, WeightFormat::bf16, 1);
   const ModelWeights w = load_model(dir.str());
   check_common(w, c);
   EXPECT_EQ(w.layers[0].ffn.experts[7].w2.format, WeightFormat::bf16);
@@ -153,7 +153,7 @@ TEST(LoadModel, TransformersNamesStackedExperts) {
   const ModelConfig c = small_config();
   SynthOptions o;
   o.seed = 6;
-  o.experts = ExpertFormat::bf16;
+  o.experts = WeightFormat::bf16;
   o.num_shards = 2;
   o.transformers_names = true;
   write_synthetic_checkpoint(c, dir.str(), o);
@@ -223,7 +223,7 @@ class BindErrors : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     src_ = new ScratchDir("bind-src");
-    write_synthetic_checkpoint(small_config(), src_->str(), 9, ExpertFormat::mxfp4, 1);
+    write_synthetic_checkpoint(small_config(), src_->str(), 9, WeightFormat::mxfp4, 1);
   }
   static void TearDownTestSuite() {
     delete src_;
@@ -401,7 +401,7 @@ TEST_P(Fixtures, Load) {
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not present";
   const ModelWeights w = load_model(dir);
   check_common(w, w.config);
-  const ExpertFormat want = std::string(GetParam()).find("nvfp4") != std::string::npos ? ExpertFormat::nvfp4 : ExpertFormat::mxfp4;
+  const WeightFormat want = std::string(GetParam()).find("nvfp4") != std::string::npos ? WeightFormat::nvfp4 : WeightFormat::mxfp4;
   EXPECT_EQ(w.config.expert_format, want);
   EXPECT_EQ(w.naming, "official");
 }

@@ -40,23 +40,23 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::compressor_kernel(tern::cuda::CompressorParams)", C::compressor},
     {"void tern::cuda::dev::(anonymous namespace)::compressor_emit_kernel<16>(tern::cuda::CompressEmitParams)", C::compressor},
     {"tern::cuda::dev::(anonymous namespace)::moe_plan_kernel(int const*, long, long, int, int*, int*, int*, int*, int*)", C::moe},
-    {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)3, 1, true>(tern::cuda::dev::MoeArgs)", C::moe},
-    {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
-    {"void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},
-    {"void tern::cuda::dev::moe_bulk_kernel<(tern::cuda::dev::WFmt)3, true>(tern::cuda::dev::MoeBulkArgs)", C::moe},
-    {"void tern::cuda::dev::moe_bulk_kernel<(tern::cuda::dev::WFmt)4, false>(tern::cuda::dev::MoeBulkArgs)", C::moe},
+    {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)3, 1, true>(tern::cuda::dev::MoeArgs)", C::moe},
+    {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
+    {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},
+    {"void tern::cuda::dev::moe_bulk_kernel<(tern::ops::WeightFormat)3, true>(tern::cuda::dev::MoeBulkArgs)", C::moe},
+    {"void tern::cuda::dev::moe_bulk_kernel<(tern::ops::WeightFormat)4, false>(tern::cuda::dev::MoeBulkArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_combine_kernel(float const*, int const*, float const*, long, int, long, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_scored_kernel(float const*, float const*, long, long, int, float, int*, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_hash_kernel(float const*, void const*, int, long, long const*, long, long, int, float, int*, float*, int*)", C::moe},
-    {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)2, 1>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
-    {"void tern::cuda::dev::linear_stream_kernel<(tern::cuda::dev::WFmt)2, 2, 1>(tern::cuda::dev::StreamArgs)", C::dense_gemm},
-    {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)1, 4>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
+    {"void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)2, 1>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
+    {"void tern::cuda::dev::linear_stream_kernel<(tern::ops::WeightFormat)2, 2, 1>(tern::cuda::dev::StreamArgs)", C::dense_gemm},
+    {"void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)1, 4>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_rows_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, int, float*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_exact_lanes_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*, float*, int*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::linear_exact_tc_kernel<true>(tern::cuda::dev::(anonymous namespace)::TcArgs)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::norm_rope_kernel<16>(float const*, long, void const*, tern::cuda::NormWeight, float, long, long, long, long const*, float const*, long, float*)", C::mhc_norm_rope},
-    {"void tern::cuda::dev::linear_bulk_kernel<(tern::cuda::dev::WFmt)1, 2>(tern::cuda::dev::BulkLinArgs)", C::dense_gemm},
-    {"void tern::cuda::dev::linear_x_window_kernel<(tern::cuda::dev::WFmt)2>(float const*, long, long, long, unsigned char*)", C::dense_gemm},
+    {"void tern::cuda::dev::linear_bulk_kernel<(tern::ops::WeightFormat)1, 2>(tern::cuda::dev::BulkLinArgs)", C::dense_gemm},
+    {"void tern::cuda::dev::linear_x_window_kernel<(tern::ops::WeightFormat)2>(float const*, long, long, long, unsigned char*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::linear_simple_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<24>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
@@ -90,13 +90,13 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_kernel<512>(tern::cuda::AttentionParams)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_wgmma_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::wgmma_probe_kernel(float const*, float const*, float*, float*)", C::other},
-    {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_kernel<(tern::cuda::dev::WFmt)3, 64, true>(tern::cuda::dev::(anonymous namespace)::GroupedArgs)", C::moe},
+    {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_kernel<(tern::ops::WeightFormat)3, 64, true>(tern::cuda::dev::(anonymous namespace)::GroupedArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_gather_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_tiles_kernel(int const*, int const*, int, int*)", C::moe},
-    {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_wgmma_kernel<(tern::cuda::dev::WFmt)3, true, 112>(tern::cuda::dev::(anonymous namespace)::WgArgs)", C::moe},
+    {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_wgmma_kernel<(tern::ops::WeightFormat)3, true, 112>(tern::cuda::dev::(anonymous namespace)::WgArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_wgmma_gather_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_wgmma_tiles_kernel(int const*, int const*, int, int*)", C::moe},
-    {"tern::cuda::dev::(anonymous namespace)::moe_expand_kernel(tern::cuda::ExpertDesc const*, tern::cuda::WeightKind, int, int const*, int, long, long, unsigned short*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_expand_kernel(tern::cuda::ExpertDesc const*, tern::ops::WeightFormat, int, int const*, int, long, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_gather_bf16_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_swiglu_bf16_kernel(float const*, long, long, float, unsigned short*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::fill_random_bf16_kernel(unsigned short*, long, float, unsigned long)", C::other},
@@ -126,8 +126,8 @@ TEST(ProfileReport, EveryCurrentKernelHasItsCategory) {
 TEST(ProfileReport, DemanglesDeviceSymbols) {
   EXPECT_EQ(demangle("_ZN4tern4cuda3dev38_GLOBAL__N__51d87af5_6_moe_cu_83ac718215moe_plan_kernelEPKilliPiS5_S5_S5_S5_"),
             "tern::cuda::dev::(anonymous namespace)::moe_plan_kernel(int const*, long, long, int, int*, int*, int*, int*, int*)");
-  const std::string mma = demangle("_ZN4tern4cuda3dev17linear_mma_kernelILNS1_4WFmtE3ELi4EEEvNS1_10LinearArgsE");
-  EXPECT_EQ(mma, "void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)3, 4>(tern::cuda::dev::LinearArgs)");
+  const std::string mma = demangle("_ZN4tern4cuda3dev17linear_mma_kernelILNS_3ops12WeightFormatE3ELi4EEEvNS1_10LinearArgsE");
+  EXPECT_EQ(mma, "void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)3, 4>(tern::cuda::dev::LinearArgs)");
   EXPECT_EQ(kernel_display_name(mma), "linear_mma_kernel<mxfp4, 4>");
   EXPECT_EQ(categorize_kernel(mma), C::dense_gemm);
   const std::string mix = demangle("_ZN4tern4cuda3dev38_GLOBAL__N__c693f939_6_mhc_cu_11c122a0L13hc_mix_kernelILi24EEEvPKfS5_llPf");
@@ -143,7 +143,7 @@ TEST(ProfileReport, NamesForTables) {
             "attention_kernel");
   EXPECT_EQ(kernel_display_name("void tern::cuda::dev::(anonymous namespace)::attention_kernel<4>(tern::cuda::AttentionParams, int, long)"),
             "attention_kernel<4>");
-  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::moe_expert_kernel<(tern::cuda::dev::WFmt)3, 1, true>(tern::cuda::dev::MoeArgs)"),
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)3, 1, true>(tern::cuda::dev::MoeArgs)"),
             "moe_expert_kernel<mxfp4, 1, true>");
   EXPECT_EQ(kernel_display_name("tern::cuda::dev::(anonymous namespace)::rope_kernel(float*, long, long, long, long const*, float const*, long, int)"),
             "rope_kernel");
@@ -223,16 +223,13 @@ TEST(ProfileReport, EveryKernelInTheSourcesIsMappedOnPurpose) {
   }
 }
 
-// kernel_display_name writes dev::WFmt values out by name; they must follow the enum's order.
+// kernel_display_name writes the kernels' ops::WeightFormat template arguments out by name.
 TEST(ProfileReport, WeightFormatNamesFollowTheEnum) {
-  std::ifstream in(std::filesystem::path(TERN_SOURCE_DIR) / "src/backends/cuda/kernels/mma_tile.cuh");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  EXPECT_NE(buf.str().find("enum class WFmt : int { f32, bf16, fp8, mxfp4, nvfp4 };"), std::string::npos)
-      << "dev::WFmt changed: update kWeightFormats in profile_report.cpp";
-  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)0, 2>(x)"), "linear_mma_kernel<f32, 2>");
-  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)4, 2>(x)"), "linear_mma_kernel<nvfp4, 2>");
-  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)9, 2>(x)"), "linear_mma_kernel<(WFmt)9, 2>");
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)2, 2>(x)"), "linear_mma_kernel<fp8, 2>");
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)3, 2>(x)"), "linear_mma_kernel<mxfp4, 2>");
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)0, 2>(x)"), "linear_mma_kernel<f32, 2>");
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)4, 2>(x)"), "linear_mma_kernel<nvfp4, 2>");
+  EXPECT_EQ(kernel_display_name("void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)9, 2>(x)"), "linear_mma_kernel<(WeightFormat)9, 2>");
 }
 
 // Two steps of a made-up profile: attention 2 x 3000 ns, one linear 4 x 1000 ns, a copy 2 x 500 ns, one
@@ -241,7 +238,7 @@ ProfileRecords sample_records() {
   ProfileRecords r;
   r.kernels = {
       {"void tern::cuda::dev::(anonymous namespace)::attention_kernel<4>(tern::cuda::AttentionParams, int, long)", 2, 6000, 2},
-      {"void tern::cuda::dev::linear_mma_kernel<(tern::cuda::dev::WFmt)2, 1>(tern::cuda::dev::LinearArgs)", 4, 4000, 0},
+      {"void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)2, 1>(tern::cuda::dev::LinearArgs)", 4, 4000, 0},
       {"[memcpy DtoH]", 2, 1000, 0},
       {"mystery_kernel", 2, 500, 0},
   };

@@ -151,8 +151,8 @@ int run(const Args& a) {
   const std::vector<int64_t> prefills = parse_list(a.prefill, "--prefill");
   TERN_CHECK(a.steps >= 1 && a.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
   TERN_CHECK(a.kv_mode == "exact" || a.kv_mode == "fp8", "--kv-mode: expected exact or fp8, found \"", a.kv_mode, "\"");
-  model::ExpertFormat experts{};
-  TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::ExpertFormat::f32,
+  model::WeightFormat experts{};
+  TERN_CHECK(model::parse_expert_format(a.experts, &experts) && experts != model::WeightFormat::f32,
              "--experts: expected mxfp4, nvfp4 or bf16, found \"", a.experts, "\"");
   const model::KvMode kv = a.kv_mode == "fp8" ? model::KvMode::fp8 : model::KvMode::exact;
   const std::string activations(ops::activations_name(app::resolve_activations(a.tune.activations, a.device)));

@@ -40,7 +40,7 @@ int run_inspect(const std::string& dir) {
               c.num_layers, swa, csa, hca, static_cast<long long>(c.hidden_size), c.num_heads,
               static_cast<long long>(c.head_dim), static_cast<long long>(c.vocab_size));
   std::printf("experts:    %d routed (%s), top-%d, width %lld, %d hash-routed layers\n", c.n_routed_experts,
-              std::string(expert_format_name(c.expert_format)).c_str(), c.experts_per_token,
+              std::string(weight_format_name(c.expert_format)).c_str(), c.experts_per_token,
               static_cast<long long>(c.moe_intermediate_size), c.num_hash_layers);
   std::printf("linears:   ");
   for (const auto& [f, n] : formats) std::printf(" %s=%d", f.c_str(), n);

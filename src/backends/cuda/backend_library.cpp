@@ -46,7 +46,7 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   if (!fp8_library_enabled()) return false;
   const DeviceMat m = device_mat(w);
   const int64_t T = x.dim(0), cols = groups * m.in, out_g = m.out / groups;
-  if (m.kind != WeightKind::fp8 || m.in % 128 != 0 || out_g % 128 != 0 || m.s_cols != m.in / 128) return false;
+  if (m.kind != WeightFormat::fp8_block || m.in % 128 != 0 || out_g % 128 != 0 || m.s_cols != m.in / 128) return false;
   if (!aligned16(x.data()) || !aligned16(m.w) || !aligned16(y.data()) || !impl.lib().fp8_block_supported()) return false;
   cudaStream_t s = impl.stream;
   // The weight's scales as f32 in cuBLASLt's padded layout, made per call (out/128 x in/128 values: a few us against
@@ -93,10 +93,10 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
   // Exact weights (the top-k choices downstream must agree with the reference) are products at f32 accuracy.
   // Narrow products (weights_proj, 64 rows: 169 us split against 108 us in f32 at 8 192 tokens) stay on cuBLAS
   // f32: three bf16 products of 64 columns do not fill the card.
-  const bool bf16_numbers = m.kind == WeightKind::bf16 || (m.kind == WeightKind::fp8 && !m.scale_f32);
+  const bool bf16_numbers = m.kind == WeightFormat::bf16 || (m.kind == WeightFormat::fp8_block && !m.scale_f32);
   if (w.exact && (!bf16_numbers || rows < 128)) {  // f32 throughout (f32 scales, FP4 global scales: not bf16 numbers)
     const float* wf = static_cast<const float*>(m.w);
-    if (m.kind != WeightKind::f32) {
+    if (m.kind != WeightFormat::f32) {
       float* expanded = static_cast<float*>(impl.scratch(static_cast<size_t>(m.out * in) * 4));
       launch_expand_f32(m, expanded, s);
       check_launch("expand_f32");
@@ -112,13 +112,13 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
     // (no TF32) ran these at 50 TFLOP/s, 2.8 ms an indexer wq_b at 8 192 tokens.
     Carve c;
     const size_t xs_at = c.take(static_cast<size_t>(3 * T * ldx) * 2);
-    const size_t wb_at = m.kind == WeightKind::bf16 ? 0 : c.take(static_cast<size_t>(m.out * in) * 2);
+    const size_t wb_at = m.kind == WeightFormat::bf16 ? 0 : c.take(static_cast<size_t>(m.out * in) * 2);
     char* ws = static_cast<char*>(impl.scratch(c.used));
     auto* xs = reinterpret_cast<uint16_t*>(ws + xs_at);
     launch_split_bf16x3(x.data_as<const float>(), T, ldx, ldx, xs, s);
     check_launch("split_bf16x3");
     const void* wb = m.w;
-    if (m.kind != WeightKind::bf16) {
+    if (m.kind != WeightFormat::bf16) {
       launch_expand_bf16(m, reinterpret_cast<uint16_t*>(ws + wb_at), s);
       check_launch("expand_bf16");
       wb = ws + wb_at;
@@ -130,18 +130,18 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
   }
   Carve c;
   const size_t xb_at = c.take(static_cast<size_t>(T * ldx) * 2);
-  const size_t wb_at = m.kind == WeightKind::bf16 ? 0 : c.take(static_cast<size_t>(m.out * in) * 2);
+  const size_t wb_at = m.kind == WeightFormat::bf16 ? 0 : c.take(static_cast<size_t>(m.out * in) * 2);
   char* ws = static_cast<char*>(impl.scratch(c.used));
   auto* xb = reinterpret_cast<uint16_t*>(ws + xb_at);
   launch_round_bf16(x.data_as<const float>(), T, ldx, ldx, xb, s);
   check_launch("round_bf16");
   const void* wb = m.w;
-  if (m.kind != WeightKind::bf16) {
+  if (m.kind != WeightFormat::bf16) {
     launch_expand_bf16(m, reinterpret_cast<uint16_t*>(ws + wb_at), s);
     check_launch("expand_bf16");
     wb = ws + wb_at;
   }
-  const float alpha = m.kind == WeightKind::nvfp4 ? m.global_scale : 1.0f;
+  const float alpha = m.kind == WeightFormat::nvfp4 ? m.global_scale : 1.0f;
   impl.lib().bf16(s, T, rows, in, xb, ldx, wb, in, yp, m.out, alpha, b);
   return true;
 }
@@ -304,7 +304,7 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
   auto* h13 = reinterpret_cast<float*>(lw + h13_at);
   auto* h = reinterpret_cast<uint16_t*>(lw + h_at);
 
-  auto gscale = [&](const ops::Weight& w) { return p.kind == WeightKind::nvfp4 ? w.global_scale : 1.0f; };
+  auto gscale = [&](const ops::Weight& w) { return p.kind == WeightFormat::nvfp4 ? w.global_scale : 1.0f; };
   // w1 and w3 are adjacent in the expansion: one [2 inter, D] product per expert, unless NVFP4 gives them
   // different global scales (then one product each, into the two halves of h13's rows).
   bool fused = true;

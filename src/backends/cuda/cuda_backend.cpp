@@ -421,13 +421,7 @@ void require_cuda_f32_rows(std::string_view op, std::initializer_list<const Tens
 
 DeviceMat device_mat(const ops::Weight& w) {
   DeviceMat m;
-  switch (w.format) {
-    case ops::WeightFormat::f32: m.kind = WeightKind::f32; break;
-    case ops::WeightFormat::bf16: m.kind = WeightKind::bf16; break;
-    case ops::WeightFormat::fp8_block: m.kind = WeightKind::fp8; break;
-    case ops::WeightFormat::mxfp4: m.kind = WeightKind::mxfp4; break;
-    case ops::WeightFormat::nvfp4: m.kind = WeightKind::nvfp4; break;
-  }
+  m.kind = w.format;
   TERN_CHECK(w.weight.device() == Device::cuda && (w.scale.empty() || w.scale.device() == Device::cuda),
              "cuda: weight ", w.name, " is not in device memory (upload it with WeightStore)");
   m.w = w.weight.data();

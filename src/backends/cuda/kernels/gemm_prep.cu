@@ -13,7 +13,7 @@ namespace {
 
 // A weight as the expanders read it (row-major, `in` a multiple of 32).
 struct Mat16 {
-  WeightKind kind;
+  WeightFormat kind;
   const uint8_t* w;
   const uint8_t* s;
   int64_t in, s_cols;
@@ -25,7 +25,7 @@ struct Mat16 {
 template <bool kGlobal>
 __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t col, float (&v)[16]) {
   switch (m.kind) {
-    case WeightKind::f32: {
+    case WeightFormat::f32: {
       const float4* p = reinterpret_cast<const float4*>(m.w + (row * m.in + col) * 4);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -34,7 +34,7 @@ __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t co
       }
       return;
     }
-    case WeightKind::bf16: {
+    case WeightFormat::bf16: {
       const uint4* p = reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t co
       }
       return;
     }
-    case WeightKind::fp8: {
+    case WeightFormat::fp8_block: {
       const uint4 q = *reinterpret_cast<const uint4*>(m.w + row * m.in + col);
       const int64_t si = (row / 128) * m.s_cols + col / 128;
       const float s = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
@@ -57,11 +57,11 @@ __device__ __forceinline__ void decode16(const Mat16& m, int64_t row, int64_t co
       for (int i = 0; i < 16; ++i) v[i] = e4m3_to_f32(static_cast<uint8_t>(words[i / 4] >> (8 * (i % 4)))) * s;
       return;
     }
-    case WeightKind::mxfp4:
-    case WeightKind::nvfp4: {
+    case WeightFormat::mxfp4:
+    case WeightFormat::nvfp4: {
       const uint2 q = *reinterpret_cast<const uint2*>(m.w + row * (m.in / 2) + col / 2);
       float s;
-      if (m.kind == WeightKind::mxfp4) {
+      if (m.kind == WeightFormat::mxfp4) {
         s = e8m0_to_f32(m.s[row * m.s_cols + col / 32]);
       } else {
         s = ue4m3_to_f32(m.s[row * m.s_cols + col / 16]);
@@ -101,12 +101,12 @@ __global__ void expand_kernel(Mat16 m, int64_t rows, Out* out) {
   }
 }
 
-__device__ __forceinline__ int64_t expert_scale_cols(WeightKind k, int64_t in) {
-  return k == WeightKind::fp8 ? (in + 127) / 128 : k == WeightKind::mxfp4 ? in / 32 : k == WeightKind::nvfp4 ? in / 16 : 0;
+__device__ __forceinline__ int64_t expert_scale_cols(WeightFormat k, int64_t in) {
+  return k == WeightFormat::fp8_block ? (in + 127) / 128 : k == WeightFormat::mxfp4 ? in / 32 : k == WeightFormat::nvfp4 ? in / 16 : 0;
 }
 
 // grid (pieces of one matrix, job, matrix): matrix 0 = w1, 1 = w3 ([inter, D]), 2 = w2 ([D, inter]).
-__global__ void moe_expand_kernel(const ExpertDesc* experts, WeightKind kind, int scale_f32, const int* jobs,
+__global__ void moe_expand_kernel(const ExpertDesc* experts, WeightFormat kind, int scale_f32, const int* jobs,
                                   int first, int64_t D, int64_t inter, uint16_t* out) {
   pdl_prologue();
   const int j = blockIdx.y, which = blockIdx.z;
@@ -286,7 +286,7 @@ void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k,
   launch(dev::moe_gather_bf16_kernel, dev::grid_stride_blocks(n), 256, 0, stream, x, sorted, P, k, D, xs);
 }
 
-void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f32, const int* jobs, int first,
+void launch_moe_expand(const ExpertDesc* experts, WeightFormat kind, bool scale_f32, const int* jobs, int first,
                        int count, int64_t D, int64_t inter, uint16_t* out, cudaStream_t stream) {
   if (count == 0) return;
   const int64_t pieces = inter * D / 16;

@@ -32,7 +32,7 @@ void launch_moe_gather_bf16(const float* x, const int* sorted, int64_t P, int k,
                             cudaStream_t stream);
 // MoE: out[j] = w1, w3, w2 of expert jobs[3 * (first + j)] as bf16 (without NVFP4's global scales), each
 // inter * D elements, for j < count.
-void launch_moe_expand(const ExpertDesc* experts, WeightKind kind, bool scale_f32, const int* jobs, int first,
+void launch_moe_expand(const ExpertDesc* experts, WeightFormat kind, bool scale_f32, const int* jobs, int first,
                        int count, int64_t D, int64_t inter, uint16_t* out, cudaStream_t stream);
 // MoE: h[r, c] = bf16(silu(min(g, limit)) * clamp(u, -limit, limit)), g = h13[r, c], u = h13[r, inter + c].
 void launch_moe_swiglu_bf16(const float* h13, int64_t rows, int64_t inter, float limit, uint16_t* h,

@@ -15,26 +15,26 @@
 
 namespace tern::cuda {
 
-extern template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
-extern template void launch_linear_stream<dev::WFmt::mxfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
-extern template void launch_linear_stream<dev::WFmt::nvfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_stream<WeightFormat::fp8_block>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_stream<WeightFormat::mxfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_stream<WeightFormat::nvfp4>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
 
-extern template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
-extern template void launch_linear_bulk<dev::WFmt::bf16>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_bulk<WeightFormat::fp8_block>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
+extern template void launch_linear_bulk<WeightFormat::bf16>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 
-extern template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
-extern template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
-extern template void launch_linear_mma<dev::WFmt::fp8>(const LinearParams&, const LinearPlan&, cudaStream_t);
-extern template void launch_linear_mma<dev::WFmt::mxfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
-extern template void launch_linear_mma<dev::WFmt::nvfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<WeightFormat::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<WeightFormat::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<WeightFormat::fp8_block>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<WeightFormat::mxfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+extern template void launch_linear_mma<WeightFormat::nvfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
 
-int chunk_of(WeightKind k) { return (k == WeightKind::mxfp4 || k == WeightKind::nvfp4) ? 128 : 64; }
+int chunk_of(WeightFormat k) { return (k == WeightFormat::mxfp4 || k == WeightFormat::nvfp4) ? 128 : 64; }
 
 bool linear_mma_ok(const LinearParams& p) {
   const int64_t chunk = chunk_of(p.w.kind);
   const auto addr = reinterpret_cast<uintptr_t>(p.x);
   return p.w.in % chunk == 0 && (p.rows_per_group == p.w.out || p.rows_per_group % 32 == 0) && addr % 16 == 0 && p.x_stride % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(p.w.w) % 16 == 0 && (p.w.kind != WeightKind::nvfp4 || p.w.s_cols % 2 == 0);
+         reinterpret_cast<uintptr_t>(p.w.w) % 16 == 0 && (p.w.kind != WeightFormat::nvfp4 || p.w.s_cols % 2 == 0);
 }
 
 // Batch invariance: the K range of W is cut into groups that depend on the weight's shape only (as many
@@ -63,7 +63,7 @@ LinearPlan plan_linear(const LinearParams& p) {
 
 namespace {
 
-bool is_streamed(WeightKind k) { return k == WeightKind::fp8 || k == WeightKind::mxfp4 || k == WeightKind::nvfp4; }
+bool is_streamed(WeightFormat k) { return k == WeightFormat::fp8_block || k == WeightFormat::mxfp4 || k == WeightFormat::nvfp4; }
 
 }  // namespace
 
@@ -72,8 +72,8 @@ bool is_streamed(WeightKind k) { return k == WeightKind::fp8 || k == WeightKind:
 bool linear_stream_ok(const LinearParams& p) {
   if (!is_streamed(p.w.kind) || !linear_mma_ok(p)) return false;
   if (p.rows_per_group != p.w.out && p.rows_per_group % dev::kStreamRows != 0) return false;
-  if (p.w.kind == WeightKind::fp8) return true;
-  const int word = p.w.kind == WeightKind::nvfp4 ? 8 : 4;
+  if (p.w.kind == WeightFormat::fp8_block) return true;
+  const int word = p.w.kind == WeightFormat::nvfp4 ? 8 : 4;
   return p.w.s != nullptr && reinterpret_cast<uintptr_t>(p.w.s) % word == 0 && p.w.s_cols % word == 0;
 }
 
@@ -97,7 +97,7 @@ int stream_ksplit(const LinearParams& p, int64_t bx, int64_t bz, int64_t chunks_
   const int64_t chunks = p.w.in / chunk_of(p.w.kind);
   const int64_t ngroups = (chunks + chunks_per_group - 1) / chunks_per_group;
   const bool fits = bx * bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
-  const double per_elem = p.w.kind == WeightKind::fp8 ? 1.0 : p.w.kind == WeightKind::bf16 ? 2.0 : 0.5;
+  const double per_elem = p.w.kind == WeightFormat::fp8_block ? 1.0 : p.w.kind == WeightFormat::bf16 ? 2.0 : 0.5;
   const double wbytes = static_cast<double>(p.w.out) * p.w.in * per_elem;
   const double share = std::min(1.0, static_cast<double>(bx * bz) / (0.6 * p.num_sms));
   const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
@@ -167,12 +167,12 @@ StreamPlan plan_linear_stream(const LinearParams& p) {
   const int rows = plan.nt * 8;
   const int64_t fit = ((dev::stream_x_budget(plan.nt) / rows - 64) / 2) / chunk;  // chunks of x the budget holds
   plan.win_chunks = static_cast<int>(std::clamp<int64_t>(fit, 1, range));
-  plan.scale_words = p.w.kind == WeightKind::fp8 ? static_cast<int>(range * chunk / 128 + 2) : 0;
+  plan.scale_words = p.w.kind == WeightFormat::fp8_block ? static_cast<int>(range * chunk / 128 + 2) : 0;
   const int warps = dev::stream_warps(plan.mt);
-  const int ring = p.w.kind == WeightKind::fp8 ? (plan.mt == 2 ? dev::ring_bytes<dev::WFmt::fp8, 2>()
-                                                                : dev::ring_bytes<dev::WFmt::fp8, 1>())
-                                               : (plan.mt == 2 ? dev::ring_bytes<dev::WFmt::mxfp4, 2>()
-                                                                : dev::ring_bytes<dev::WFmt::mxfp4, 1>());
+  const int ring = p.w.kind == WeightFormat::fp8_block ? (plan.mt == 2 ? dev::ring_bytes<WeightFormat::fp8_block, 2>()
+                                                                : dev::ring_bytes<WeightFormat::fp8_block, 1>())
+                                               : (plan.mt == 2 ? dev::ring_bytes<WeightFormat::mxfp4, 2>()
+                                                                : dev::ring_bytes<WeightFormat::mxfp4, 1>());
   plan.smem = static_cast<size_t>(warps) * ring + rows * (plan.win_chunks * chunk * 2 + 64) + plan.scale_words * 4;
   return plan;
 }
@@ -199,7 +199,7 @@ void set_linear_variant(int variant) { g_linear_variant.store(variant, std::memo
 // groups whole 128-row tiles); its copies need 16-byte aligned rows, which linear_mma_ok's 64-column chunks
 // and aligned base give.
 bool linear_bulk_ok(const LinearParams& p) {
-  if (p.w.kind != WeightKind::fp8 && p.w.kind != WeightKind::bf16) return false;
+  if (p.w.kind != WeightFormat::fp8_block && p.w.kind != WeightFormat::bf16) return false;
   if (!linear_mma_ok(p)) return false;
   return p.rows_per_group == p.w.out || p.rows_per_group % dev::kBulkLinRows == 0;
 }
@@ -209,7 +209,7 @@ bool linear_bulk_ok(const LinearParams& p) {
 // same bits in both, so the faster one is kept; bf16 gained 1.8x at 16 tokens over linear_mma.
 bool linear_bulk_used(const LinearParams& p) {
   const int v = linear_variant();
-  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightKind::bf16));
+  return linear_bulk_ok(p) && (v == 2 || (v == 0 && p.w.kind == WeightFormat::bf16));
 }
 
 // Tiles, groups and splits as plan_linear_stream (the same groups: the same bits for FP8). Shared memory is
@@ -227,8 +227,8 @@ BulkLinearPlan plan_linear_bulk(const LinearParams& p) {
   plan.ksplit = stream_ksplit(p, plan.bx, plan.bz, plan.chunks_per_group);
   const int64_t range = plan.ksplit > 1 ? plan.chunks_per_group : chunks;  // chunks one block walks
   const int rows = plan.nt * 8;
-  const bool fp8 = p.w.kind == WeightKind::fp8;
-  const int cb = fp8 ? dev::bulk_chunk_bytes<dev::WFmt::fp8>() : dev::bulk_chunk_bytes<dev::WFmt::bf16>();
+  const bool fp8 = p.w.kind == WeightFormat::fp8_block;
+  const int cb = fp8 ? dev::bulk_chunk_bytes<WeightFormat::fp8_block>() : dev::bulk_chunk_bytes<WeightFormat::bf16>();
   // Two blocks per multiprocessor (227 KB, 1 KB reserved each) up to 32 tokens (64-112 registers); at 64 tokens
   // the 8 n-tiles' accumulators take ~166 registers, one block fits, and it gets the whole shared memory.
   const int64_t block_budget = plan.nt == 8 ? 220 * 1024 : 110 * 1024;
@@ -329,7 +329,7 @@ int64_t stream_workspace_floats(const LinearParams& p, int ksplit) {
 
 // Converts x into the windows' layout in the workspace after the split-K partials and returns it, or nullptr
 // (the kernel stages x itself) when not used or the workspace is short.
-template <dev::WFmt F>
+template <WeightFormat F>
 const uint8_t* make_x_windows(const LinearParams& p, int ksplit, cudaStream_t stream) {
   if (!x_window_used(p) || p.partial == nullptr) return nullptr;
   const int64_t at = round_up4(split_partial_floats(p, ksplit));
@@ -369,19 +369,19 @@ struct SimpleMat {
 };
 
 __device__ float weight_at(const SimpleMat& m, int64_t r, int64_t c) {
-  switch (static_cast<WeightKind>(m.kind)) {
-    case WeightKind::f32: return reinterpret_cast<const float*>(m.w)[r * m.in + c];
-    case WeightKind::bf16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(m.w)[r * m.in + c]);
-    case WeightKind::fp8: {
+  switch (static_cast<WeightFormat>(m.kind)) {
+    case WeightFormat::f32: return reinterpret_cast<const float*>(m.w)[r * m.in + c];
+    case WeightFormat::bf16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(m.w)[r * m.in + c]);
+    case WeightFormat::fp8_block: {
       const int64_t si = (r / 128) * m.s_cols + c / 128;
       const float s = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
       return e4m3_to_f32(m.w[r * m.in + c]) * s;
     }
-    case WeightKind::mxfp4:
-    case WeightKind::nvfp4: {
+    case WeightFormat::mxfp4:
+    case WeightFormat::nvfp4: {
       const uint8_t byte = m.w[r * (m.in / 2) + c / 2];
       const float v = e2m1_to_f32((c & 1) ? byte >> 4 : byte & 0xf);
-      if (static_cast<WeightKind>(m.kind) == WeightKind::mxfp4) return v * e8m0_to_f32(m.s[r * m.s_cols + c / 32]);
+      if (static_cast<WeightFormat>(m.kind) == WeightFormat::mxfp4) return v * e8m0_to_f32(m.s[r * m.s_cols + c / 32]);
       return v * ue4m3_to_f32(m.s[r * m.s_cols + c / 16]) * m.global_scale;
     }
   }
@@ -615,29 +615,29 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
   if (!linear_mma_ok(p)) return launch_linear_exact(p, stream);
   if (linear_bulk_used(p)) {
     const BulkLinearPlan plan = plan_linear_bulk(p);
-    if (p.w.kind == WeightKind::fp8)
-      launch_linear_bulk<dev::WFmt::fp8>(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.ksplit, stream), stream);
+    if (p.w.kind == WeightFormat::fp8_block)
+      launch_linear_bulk<WeightFormat::fp8_block>(p, plan, make_x_windows<WeightFormat::fp8_block>(p, plan.ksplit, stream), stream);
     else
-      launch_linear_bulk<dev::WFmt::bf16>(p, plan, make_x_windows<dev::WFmt::bf16>(p, plan.ksplit, stream), stream);
+      launch_linear_bulk<WeightFormat::bf16>(p, plan, make_x_windows<WeightFormat::bf16>(p, plan.ksplit, stream), stream);
     return;
   }
   if (linear_stream_ok(p)) {
     const StreamPlan plan = plan_linear_stream(p);
-    if (p.w.kind == WeightKind::fp8)
-      launch_linear_stream<dev::WFmt::fp8>(p, plan, make_x_windows<dev::WFmt::fp8>(p, plan.ksplit, stream), stream);
-    else if (p.w.kind == WeightKind::mxfp4)
-      launch_linear_stream<dev::WFmt::mxfp4>(p, plan, make_x_windows<dev::WFmt::mxfp4>(p, plan.ksplit, stream), stream);
+    if (p.w.kind == WeightFormat::fp8_block)
+      launch_linear_stream<WeightFormat::fp8_block>(p, plan, make_x_windows<WeightFormat::fp8_block>(p, plan.ksplit, stream), stream);
+    else if (p.w.kind == WeightFormat::mxfp4)
+      launch_linear_stream<WeightFormat::mxfp4>(p, plan, make_x_windows<WeightFormat::mxfp4>(p, plan.ksplit, stream), stream);
     else
-      launch_linear_stream<dev::WFmt::nvfp4>(p, plan, make_x_windows<dev::WFmt::nvfp4>(p, plan.ksplit, stream), stream);
+      launch_linear_stream<WeightFormat::nvfp4>(p, plan, make_x_windows<WeightFormat::nvfp4>(p, plan.ksplit, stream), stream);
     return;
   }
   const LinearPlan plan = plan_linear(p);
   switch (p.w.kind) {
-    case WeightKind::f32: launch_linear_mma<dev::WFmt::f32>(p, plan, stream); return;
-    case WeightKind::bf16: launch_linear_mma<dev::WFmt::bf16>(p, plan, stream); return;
-    case WeightKind::fp8: launch_linear_mma<dev::WFmt::fp8>(p, plan, stream); return;
-    case WeightKind::mxfp4: launch_linear_mma<dev::WFmt::mxfp4>(p, plan, stream); return;
-    case WeightKind::nvfp4: launch_linear_mma<dev::WFmt::nvfp4>(p, plan, stream); return;
+    case WeightFormat::f32: launch_linear_mma<WeightFormat::f32>(p, plan, stream); return;
+    case WeightFormat::bf16: launch_linear_mma<WeightFormat::bf16>(p, plan, stream); return;
+    case WeightFormat::fp8_block: launch_linear_mma<WeightFormat::fp8_block>(p, plan, stream); return;
+    case WeightFormat::mxfp4: launch_linear_mma<WeightFormat::mxfp4>(p, plan, stream); return;
+    case WeightFormat::nvfp4: launch_linear_mma<WeightFormat::nvfp4>(p, plan, stream); return;
   }
 }
 
@@ -646,10 +646,10 @@ void launch_linear(const LinearParams& p, cudaStream_t stream) {
 // inside one row group and enough arrival counters and partial-sum space for its K slices.
 bool linear_exact_fast_ok(const LinearParams& p) {
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if ((p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
+  if ((p.w.kind != WeightFormat::bf16 && p.w.kind != WeightFormat::fp8_block) || p.w.in % 8 != 0 || p.x_stride % 4 != 0 ||
       !aligned16(p.w.w) || !aligned16(p.x))
     return false;
-  if (p.w.kind == WeightKind::bf16) return p.w.in < (int64_t{1} << 31);  // linear_exact_rows_kernel
+  if (p.w.kind == WeightFormat::bf16) return p.w.in < (int64_t{1} << 31);  // linear_exact_rows_kernel
   if (p.rows_per_group % dev::kExactRows != 0 && p.rows_per_group < p.w.out) return false;
   const dim3 g = dev::exact_grid(p);
   if (g.z > 65535) return false;
@@ -658,7 +658,7 @@ bool linear_exact_fast_ok(const LinearParams& p) {
 }
 
 int64_t linear_exact_partial_floats(const LinearParams& p) {
-  if (p.w.kind != WeightKind::fp8) return 0;  // (the tensor-core kernel needs none)
+  if (p.w.kind != WeightFormat::fp8_block) return 0;  // (the tensor-core kernel needs none)
   const dim3 g = dev::exact_grid(p);
   return g.y > 1 ? static_cast<int64_t>(g.y) * p.T * p.w.out : 0;
 }
@@ -672,7 +672,7 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
            p.rows_per_group, p.T, p.y);
     return;
   }
-  if (p.w.kind == WeightKind::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
+  if (p.w.kind == WeightFormat::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
     const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
     const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
                     static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
@@ -687,7 +687,7 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
 std::string linear_exact_path_name(const LinearParams& p) {
   if (exact_on_tensor_cores(p.w.kind) && linear_exact_tc_ok(p)) return linear_exact_tc_name(p);
   return !linear_exact_fast_ok(p)      ? "linear_simple (CUDA cores, f32)"
-         : p.w.kind == WeightKind::bf16 ? "linear_exact_rows (CUDA cores, f32)"
+         : p.w.kind == WeightFormat::bf16 ? "linear_exact_rows (CUDA cores, f32)"
                                         : "linear_exact_lanes (CUDA cores, f32)";
 }
 
@@ -696,18 +696,18 @@ std::string linear_path_name(const LinearParams& p) {
   // linear_x_window_kernel first where the workspace allows (it does wherever linear_partial_floats sized it)
   const std::string xw = x_window_used(p) ? "x_window + " : "";
   if (linear_bulk_used(p))
-    return xw + (p.w.kind == WeightKind::fp8 ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
+    return xw + (p.w.kind == WeightFormat::fp8_block ? "linear_bulk<fp8 block>" : "linear_bulk<bf16>") +
            " (tensor cores, cp.async.bulk warp rings)";
   if (linear_stream_ok(p)) {
-    const char* fmt = p.w.kind == WeightKind::fp8 ? "fp8 block" : p.w.kind == WeightKind::mxfp4 ? "mxfp4" : "nvfp4";
+    const char* fmt = p.w.kind == WeightFormat::fp8_block ? "fp8 block" : p.w.kind == WeightFormat::mxfp4 ? "mxfp4" : "nvfp4";
     return xw + "linear_stream<" + fmt + "> (tensor cores, cp.async weight ring)";
   }
   switch (p.w.kind) {
-    case WeightKind::f32: return "linear_mma<f32->bf16> (tensor cores)";
-    case WeightKind::bf16: return "linear_mma<bf16> (tensor cores)";
-    case WeightKind::fp8: return "linear_mma<fp8 block> (tensor cores)";
-    case WeightKind::mxfp4: return "linear_mma<mxfp4> (tensor cores)";
-    case WeightKind::nvfp4: return "linear_mma<nvfp4> (tensor cores)";
+    case WeightFormat::f32: return "linear_mma<f32->bf16> (tensor cores)";
+    case WeightFormat::bf16: return "linear_mma<bf16> (tensor cores)";
+    case WeightFormat::fp8_block: return "linear_mma<fp8 block> (tensor cores)";
+    case WeightFormat::mxfp4: return "linear_mma<mxfp4> (tensor cores)";
+    case WeightFormat::nvfp4: return "linear_mma<nvfp4> (tensor cores)";
   }
   return "?";
 }

@@ -11,13 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "ops/weight_format.h"
+
 namespace tern::cuda {
 
-enum class WeightKind : int { f32, bf16, fp8, mxfp4, nvfp4 };
+using ops::WeightFormat;
 
 // A weight matrix in device memory, as the kernels see it.
 struct DeviceMat {
-  WeightKind kind = WeightKind::f32;
+  WeightFormat kind = WeightFormat::f32;
   const void* w = nullptr;
   const void* s = nullptr;  // scales (fp8: e8m0 or f32 per 128x128; mxfp4: e8m0 per 32; nvfp4: ue4m3 per 16)
   int64_t out = 0, in = 0;
@@ -45,7 +47,7 @@ struct LinearParams {
 };
 
 // Columns one k-chunk of the tensor-core path covers for this format (its K must be a multiple).
-int chunk_of(WeightKind k);
+int chunk_of(WeightFormat k);
 
 // True when the tensor-core path takes this product (shape and alignment); otherwise launch_linear uses
 // the exact CUDA-core kernel.
@@ -97,7 +99,7 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream);
 enum class ExactPath : int { cuda_cores, fp8_on_tensor_cores, tensor_cores };
 ExactPath exact_path();
 void set_exact_path(ExactPath path);  // tests and benchmarks
-bool exact_on_tensor_cores(WeightKind kind);
+bool exact_on_tensor_cores(WeightFormat kind);
 // True when linear_exact_tc_kernel can take this product; otherwise `why` (when given) says what it lacks.
 bool linear_exact_tc_ok(const LinearParams& p, std::string* why = nullptr);
 void launch_linear_exact_tc(const LinearParams& p, cudaStream_t stream);  // no workspace

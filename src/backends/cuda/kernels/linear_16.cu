@@ -3,6 +3,6 @@
 #include "backends/cuda/kernels/linear_impl.cuh"
 
 namespace tern::cuda {
-template void launch_linear_mma<dev::WFmt::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
-template void launch_linear_mma<dev::WFmt::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
+template void launch_linear_mma<WeightFormat::f32>(const LinearParams&, const LinearPlan&, cudaStream_t);
+template void launch_linear_mma<WeightFormat::bf16>(const LinearParams&, const LinearPlan&, cudaStream_t);
 }  // namespace tern::cuda

@@ -3,5 +3,5 @@
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
 
 namespace tern::cuda {
-template void launch_linear_bulk<dev::WFmt::fp8>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
+template void launch_linear_bulk<WeightFormat::fp8_block>(const LinearParams&, const BulkLinearPlan&, const uint8_t*, cudaStream_t);
 }  // namespace tern::cuda

@@ -46,9 +46,9 @@ constexpr int kBulkLinRows = 16 * kBulkLinWarps;
 constexpr int kBulkLinMaxSmem = 225 * 1024;   // under sm_90's 227 KB opt-in limit: the kernel has static shared memory too
 
 // Bytes of one weight row per chunk (64 columns) in the bulk kernel's formats.
-template <WFmt F>
+template <WeightFormat F>
 constexpr int bulk_chunk_bytes() {
-  return F == WFmt::fp8 ? 64 : 128;
+  return F == WeightFormat::fp8_block ? 64 : 128;
 }
 
 struct BulkLinArgs {
@@ -66,7 +66,7 @@ struct BulkLinArgs {
 // acc += one chunk: the lane's rows g and g+8 at `w` and `w + 8 * row_stride` of the stage (its 16 (FP8) or
 // 32 (bf16) bytes of the chunk: the mma_tile.cuh lane-contiguous k permutation), x from the window chunk at
 // `xb` (lane offset applied). Same instruction order per accumulator as stream_tile.cuh's consume_chunk.
-template <WFmt F, int NT>
+template <WeightFormat F, int NT>
 __device__ __forceinline__ void bulk_lin_chunk(uint32_t w, int row8, uint32_t xb, int wstride, int n_live,
                                                uint32_t fmult, float (&acc)[NT][4]) {
   LaneRow<F> r0, r1;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void bulk_lin_chunk(uint32_t w, int row8, uint32_t xb
   });
 }
 
-template <WFmt F, int NT>
+template <WeightFormat F, int NT>
 __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLinArgs a) {
   constexpr int kChunk = Fmt<F>::kChunk, kCB = bulk_chunk_bytes<F>();
   extern __shared__ __align__(128) uint8_t smem[];
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
   // finishes; x, y, the partials and the counters are touched only after grid_dependency_wait().
   for (int s = 0; s < min(a.stages, nstages); ++s) issue(s);
   const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
-  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
+  if constexpr (F == WeightFormat::fp8_block) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
   grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
     const int s = i / SC, cc = i - s * SC;
     if (cc == 0) ring.wait_full(s);
     uint32_t fm = 0;
-    if constexpr (F == WFmt::fp8) fm = fp8_tab[(c_begin + i) * kChunk / 128 - sb0];
+    if constexpr (F == WeightFormat::fp8_block) fm = fp8_tab[(c_begin + i) * kChunk / 128 - sb0];
     const uint32_t w = ring0 + ring.slot(s) * stage_bytes + cc * kCB + lane_w;
     bulk_lin_chunk<F, NT>(w, row8, lane_x + wi * XWindow<F>::kChunkBytes, wstride, n_live, fm, part);
     if ((c_begin + i + 1) % a.chunks_per_group == 0 || i == n - 1) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kBulkLinWarps * 32) linear_bulk_kernel(BulkLin
                  tile_row0, kBulkLinRows, a.out, a.T, tok0, tok0 + live_toks, a.mat.out_mult);
 }
 
-template <WFmt F, int NT>
+template <WeightFormat F, int NT>
 void launch_bulk_lin_variant(const BulkLinArgs& a, const BulkLinearPlan& plan, cudaStream_t stream) {
   static const bool attr = [] {
     cudaFuncSetAttribute(linear_bulk_kernel<F, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkLinMaxSmem);
@@ -217,7 +217,7 @@ void launch_bulk_lin_variant(const BulkLinArgs& a, const BulkLinearPlan& plan, c
 
 }  // namespace dev
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, const uint8_t* xw, cudaStream_t stream) {
   dev::BulkLinArgs a{};
   a.mat.w = static_cast<const uint8_t*>(p.w.w);
@@ -225,9 +225,9 @@ void launch_linear_bulk(const LinearParams& p, const BulkLinearPlan& plan, const
   a.mat.in = p.w.in;
   a.mat.s_cols = p.w.s_cols;
   a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
-  a.mat.out_mult = F == dev::WFmt::fp8 ? dev::kWeightShift : 1.0f;
+  a.mat.out_mult = F == WeightFormat::fp8_block ? dev::kWeightShift : 1.0f;
   a.out = p.w.out;
-  a.row_bytes = F == dev::WFmt::fp8 ? p.w.in : 2 * p.w.in;
+  a.row_bytes = F == WeightFormat::fp8_block ? p.w.in : 2 * p.w.in;
   a.rows_per_group = p.rows_per_group;
   a.x_stride = p.x_stride;
   a.T = p.T;

@@ -315,8 +315,8 @@ bool plan_exact_tc(const LinearParams& p, TcPlan& plan, std::string* why) {
     return false;
   };
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if (p.w.kind != WeightKind::bf16 && p.w.kind != WeightKind::fp8) return no("weights neither bf16 nor fp8 block");
-  if (p.w.kind == WeightKind::fp8 && (p.w.scale_f32 || p.w.s == nullptr))
+  if (p.w.kind != WeightFormat::bf16 && p.w.kind != WeightFormat::fp8_block) return no("weights neither bf16 nor fp8 block");
+  if (p.w.kind == WeightFormat::fp8_block && (p.w.scale_f32 || p.w.s == nullptr))
     return no("fp8 scales not e8m0 (an f32 scale need not be a power of two: not a bf16 number)");
   if (p.w.in % kTcPiece != 0) return no("row length not a multiple of 128");
   int wk = 0;
@@ -381,9 +381,9 @@ ExactPath exact_path() {
 
 void set_exact_path(ExactPath path) { g_exact_path.store(static_cast<int>(path), std::memory_order_relaxed); }
 
-bool exact_on_tensor_cores(WeightKind kind) {
+bool exact_on_tensor_cores(WeightFormat kind) {
   const ExactPath p = exact_path();
-  return p == ExactPath::tensor_cores || (p == ExactPath::fp8_on_tensor_cores && kind == WeightKind::fp8);
+  return p == ExactPath::tensor_cores || (p == ExactPath::fp8_on_tensor_cores && kind == WeightFormat::fp8_block);
 }
 
 bool linear_exact_tc_ok(const LinearParams& p, std::string* why) {
@@ -395,14 +395,14 @@ void launch_linear_exact_tc(const LinearParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   dev::TcPlan plan;
   if (!dev::plan_exact_tc(p, plan, nullptr)) fail("launch_linear_exact_tc: a product the kernel cannot take");
-  if (p.w.kind == WeightKind::fp8) dev::launch_tc<true>(p, plan, stream);
+  if (p.w.kind == WeightFormat::fp8_block) dev::launch_tc<true>(p, plan, stream);
   else dev::launch_tc<false>(p, plan, stream);
 }
 
 std::string linear_exact_tc_name(const LinearParams& p) {
   dev::TcPlan plan;
   if (!dev::plan_exact_tc(p, plan, nullptr)) return "";
-  return cat("linear_exact_tc<", p.w.kind == WeightKind::fp8 ? "fp8 block" : "bf16",
+  return cat("linear_exact_tc<", p.w.kind == WeightFormat::fp8_block ? "fp8 block" : "bf16",
              "> (tensor cores, x as three bf16 terms, f32 accumulate; ", plan.slices, " K slice",
              plan.slices > 1 ? "s" : "", " a cluster, ", plan.wk, " warp", plan.wk > 1 ? "s" : "",
              " along K a block)");

@@ -3,6 +3,6 @@
 #include "backends/cuda/kernels/linear_impl.cuh"
 
 namespace tern::cuda {
-template void launch_linear_mma<dev::WFmt::mxfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
-template void launch_linear_mma<dev::WFmt::nvfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+template void launch_linear_mma<WeightFormat::mxfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
+template void launch_linear_mma<WeightFormat::nvfp4>(const LinearParams&, const LinearPlan&, cudaStream_t);
 }  // namespace tern::cuda

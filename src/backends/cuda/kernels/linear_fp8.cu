@@ -3,5 +3,5 @@
 #include "backends/cuda/kernels/linear_impl.cuh"
 
 namespace tern::cuda {
-template void launch_linear_mma<dev::WFmt::fp8>(const LinearParams&, const LinearPlan&, cudaStream_t);
+template void launch_linear_mma<WeightFormat::fp8_block>(const LinearParams&, const LinearPlan&, cudaStream_t);
 }  // namespace tern::cuda

@@ -32,7 +32,7 @@ struct LinearArgs {
   int64_t chunks_per_split;
 };
 
-template <WFmt F, int NT>
+template <WeightFormat F, int NT>
 __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
   grid_dependency_wait();  // PDL (launch.cuh): weights and x are loaded together below, nothing comes earlier
   constexpr int kChunk = Fmt<F>::kChunk;
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
         const int64_t row = row0 + 16 * m + g + 8 * r;
         const bool in = row < a.out;
         wrow[m][r] = in ? a.mat.w + row * a.row_bytes : nullptr;
-        if constexpr (F == WFmt::fp8)
+        if constexpr (F == WeightFormat::fp8_block)
           srow[m][r] = a.mat.s + (row0 / 128) * a.mat.s_cols * scale_bytes;
         else
           srow[m][r] = in && a.mat.s != nullptr ? a.mat.s + row * a.mat.s_cols : nullptr;
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(128) linear_mma_kernel(LinearArgs a) {
 
 }  // namespace dev
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_linear_mma(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream) {
   dev::LinearArgs a{};
   a.mat.w = static_cast<const uint8_t*>(p.w.w);
@@ -123,15 +123,15 @@ void launch_linear_mma(const LinearParams& p, const LinearPlan& plan, cudaStream
   a.mat.in = p.w.in;
   a.mat.s_cols = p.w.s_cols;
   a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
-  a.mat.out_mult = dev::is_scaled<F>() ? dev::kWeightShift * (F == dev::WFmt::nvfp4 ? p.w.global_scale : 1.0f)
+  a.mat.out_mult = dev::is_scaled<F>() ? dev::kWeightShift * (F == WeightFormat::nvfp4 ? p.w.global_scale : 1.0f)
                                        : 1.0f;
   a.out = p.w.out;
   switch (F) {
-    case dev::WFmt::f32: a.row_bytes = p.w.in * 4; break;
-    case dev::WFmt::bf16: a.row_bytes = p.w.in * 2; break;
-    case dev::WFmt::fp8: a.row_bytes = p.w.in; break;
-    case dev::WFmt::mxfp4:
-    case dev::WFmt::nvfp4: a.row_bytes = p.w.in / 2; break;
+    case WeightFormat::f32: a.row_bytes = p.w.in * 4; break;
+    case WeightFormat::bf16: a.row_bytes = p.w.in * 2; break;
+    case WeightFormat::fp8_block: a.row_bytes = p.w.in; break;
+    case WeightFormat::mxfp4:
+    case WeightFormat::nvfp4: a.row_bytes = p.w.in / 2; break;
   }
   a.rows_per_group = p.rows_per_group;
   a.x_stride = p.x_stride;

@@ -3,5 +3,5 @@
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
 
 namespace tern::cuda {
-template void launch_linear_stream<dev::WFmt::fp8>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
+template void launch_linear_stream<WeightFormat::fp8_block>(const LinearParams&, const StreamPlan&, const uint8_t*, cudaStream_t);
 }  // namespace tern::cuda

@@ -53,7 +53,7 @@ struct StreamArgs {
   int* counters;
 };
 
-template <WFmt F, int MT, int NT>
+template <WeightFormat F, int MT, int NT>
 __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(StreamArgs a) {
   constexpr int kWarps = stream_warps(MT), kChunk = Fmt<F>::kChunk;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     cp_async_commit();
   }
   const int64_t sb0 = c_begin * kChunk / 128;  // first fp8 scale block of the range
-  if constexpr (F == WFmt::fp8) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
+  if constexpr (F == WeightFormat::fp8_block) stage_fp8_scales(a.mat, tile_row0, sb0, a.scale_words, fp8_tab);
   grid_dependency_wait();
 
   const int64_t xcol0 = (tile_row0 / a.rows_per_group) * a.mat.in;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
     cp_async_wait<kStages - 2>();
     __syncwarp();
     uint32_t fm[MT];
-    if constexpr (F == WFmt::fp8) {
+    if constexpr (F == WeightFormat::fp8_block) {
       static_assert(kChunk == 64, "two FP8 chunks a 128-column scale block");
       const uint32_t v = fp8_tab[(i + sodd) >> 1];
 #pragma unroll
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(stream_warps(MT) * 32) linear_stream_kernel(St
                  tile_row0, kStreamRows, a.out, a.T, tok0, tok0 + live_toks, a.mat.out_mult);
 }
 
-template <WFmt F, int MT, int NT>
+template <WeightFormat F, int MT, int NT>
 void launch_stream_variant(const StreamArgs& a, const StreamPlan& plan, cudaStream_t stream) {
   static const bool attr = [] {
     cudaFuncSetAttribute(linear_stream_kernel<F, MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -190,7 +190,7 @@ void launch_stream_variant(const StreamArgs& a, const StreamPlan& plan, cudaStre
 
 }  // namespace dev
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, const uint8_t* xw, cudaStream_t stream) {
   dev::StreamArgs a{};
   a.mat.w = static_cast<const uint8_t*>(p.w.w);
@@ -198,9 +198,9 @@ void launch_linear_stream(const LinearParams& p, const StreamPlan& plan, const u
   a.mat.in = p.w.in;
   a.mat.s_cols = p.w.s_cols;
   a.mat.scale_f32 = p.w.scale_f32 ? 1 : 0;
-  a.mat.out_mult = dev::kWeightShift * (F == dev::WFmt::nvfp4 ? p.w.global_scale : 1.0f);
+  a.mat.out_mult = dev::kWeightShift * (F == WeightFormat::nvfp4 ? p.w.global_scale : 1.0f);
   a.out = p.w.out;
-  a.row_bytes = F == dev::WFmt::fp8 ? p.w.in : p.w.in / 2;
+  a.row_bytes = F == WeightFormat::fp8_block ? p.w.in : p.w.in / 2;
   a.rows_per_group = p.rows_per_group;
   a.x_stride = p.x_stride;
   a.T = p.T;

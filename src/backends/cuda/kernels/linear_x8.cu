@@ -287,7 +287,7 @@ X8Plan plan_x8(const LinearParams& p) {
   pl.nt = std::min(p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8, x8_max_tile_n8());
   pl.bx = p.w.out / dev::kX8Rows;
   pl.bz = (p.T + 8 * pl.nt - 1) / (8 * pl.nt);
-  const bool bf16 = p.w.kind == WeightKind::bf16;
+  const bool bf16 = p.w.kind == WeightFormat::bf16;
   pl.nkb = p.w.in * (bf16 ? 2 : 1) / 128;  // 128-byte blocks of a row: 128 FP8 or 64 bf16 columns
   int64_t groups = std::max<int64_t>(1, 2LL * p.num_sms / pl.bx);
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, pl.nkb / (dev::kXwStages - 1)), 64});
@@ -311,9 +311,9 @@ X8Plan plan_x8(const LinearParams& p) {
 
 bool linear_x8_ok(const LinearParams& p) {
   const DeviceMat& w = p.w;
-  const bool bf16 = w.kind == WeightKind::bf16;
+  const bool bf16 = w.kind == WeightFormat::bf16;
   const int64_t block = bf16 ? 64 : 128;  // columns a 128-byte stage holds
-  if ((w.kind != WeightKind::fp8 && !bf16) || w.in % block != 0 || w.out % 128 != 0 || p.T <= 0) return false;
+  if ((w.kind != WeightFormat::fp8_block && !bf16) || w.in % block != 0 || w.out % 128 != 0 || p.T <= 0) return false;
   if (p.rows_per_group != w.out && p.rows_per_group % 128 != 0) return false;
   if (p.x_stride % block != 0 || reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
   return bf16 || w.s_cols == w.in / 128;
@@ -348,7 +348,7 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
   a.partial = p.partial;
   a.counters = p.counters;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
-  if (p.w.kind == WeightKind::bf16) dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
+  if (p.w.kind == WeightFormat::bf16) dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
   else dev::launch_x8_tokens<false>(pl.nt, a, grid, pl.smem, stream);
 }
 

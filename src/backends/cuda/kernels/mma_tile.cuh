@@ -15,25 +15,26 @@
 #include <utility>
 
 #include "backends/cuda/kernels/device_common.cuh"
+#include "ops/weight_format.h"
 
 namespace tern::cuda::dev {
 
-enum class WFmt : int { f32, bf16, fp8, mxfp4, nvfp4 };
+using ops::WeightFormat;  // the kernels' template parameter is the ops' format (ops/weight_format.h)
 
 // kChunk: columns one quad (4 lanes) covers per iteration; kLaneCols: columns per lane; kLaneBytes: weight
 // bytes per lane per row; kSteps: mma k-steps per chunk (kLaneCols / 4).
-template <WFmt F> struct Fmt;
-template <> struct Fmt<WFmt::f32> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 64; };
-template <> struct Fmt<WFmt::bf16> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 32; };
-template <> struct Fmt<WFmt::fp8> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 16; };
-template <> struct Fmt<WFmt::mxfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
-template <> struct Fmt<WFmt::nvfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
+template <WeightFormat F> struct Fmt;
+template <> struct Fmt<WeightFormat::f32> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 64; };
+template <> struct Fmt<WeightFormat::bf16> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 32; };
+template <> struct Fmt<WeightFormat::fp8_block> { static constexpr int kChunk = 64, kLaneCols = 16, kLaneBytes = 16; };
+template <> struct Fmt<WeightFormat::mxfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
+template <> struct Fmt<WeightFormat::nvfp4> { static constexpr int kChunk = 128, kLaneCols = 32, kLaneBytes = 16; };
 
 constexpr float kWeightShift = 65536.0f;  // weights are held as W * 2^-16 in scaled formats
 
-template <WFmt F>
+template <WeightFormat F>
 constexpr bool is_scaled() {
-  return F == WFmt::fp8 || F == WFmt::mxfp4 || F == WFmt::nvfp4;
+  return F == WeightFormat::fp8_block || F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 }
 
 // One weight matrix as the kernels read it.
@@ -117,12 +118,12 @@ __device__ __forceinline__ void ue4m3x2_mult_bf16x2(uint32_t two, uint32_t (&m)[
 
 
 // Raw weight bytes of one lane for one row of one chunk.
-template <WFmt F>
+template <WeightFormat F>
 struct LaneRow {
   uint4 v[Fmt<F>::kLaneBytes / 16];
 };
 
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void load_lane_row(LaneRow<F>& r, const uint8_t* row, int64_t col) {
   constexpr int kN = Fmt<F>::kLaneBytes / 16;
   if (row == nullptr) {
@@ -131,9 +132,9 @@ __device__ __forceinline__ void load_lane_row(LaneRow<F>& r, const uint8_t* row,
     return;
   }
   const uint8_t* p;
-  if constexpr (F == WFmt::f32) p = row + col * 4;
-  else if constexpr (F == WFmt::bf16) p = row + col * 2;
-  else if constexpr (F == WFmt::fp8) p = row + col;
+  if constexpr (F == WeightFormat::f32) p = row + col * 4;
+  else if constexpr (F == WeightFormat::bf16) p = row + col * 2;
+  else if constexpr (F == WeightFormat::fp8_block) p = row + col;
   else p = row + col / 2;
 #pragma unroll
   for (int i = 0; i < kN; ++i) r.v[i] = ldg_stream(p + 16 * i);
@@ -145,41 +146,41 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 
 // The A pair (P = 0: k slots 2t,2t+1; P = 1: 2t+8,2t+9) of k-step S from one lane's raw row; `m` holds the
 // bf16x2 scale multiplier(s) of scaled formats (nvfp4: m[0] for the first 16 columns, m[1] for the rest).
-template <WFmt F, int S, int P>
+template <WeightFormat F, int S, int P>
 __device__ __forceinline__ uint32_t a_pair(const LaneRow<F>& r, const uint32_t (&m)[2]) {
-  if constexpr (F == WFmt::f32) {
+  if constexpr (F == WeightFormat::f32) {
     // 16 floats in 4 uint4: pair = floats 4S+2P, 4S+2P+1
     const uint4& v = r.v[S];
     return P == 0 ? pack_bf16(__uint_as_float(v.x), __uint_as_float(v.y))
                   : pack_bf16(__uint_as_float(v.z), __uint_as_float(v.w));
-  } else if constexpr (F == WFmt::bf16) {
+  } else if constexpr (F == WeightFormat::bf16) {
     return word_of(r.v[(2 * S + P) / 4], (2 * S + P) % 4);
-  } else if constexpr (F == WFmt::fp8) {
+  } else if constexpr (F == WeightFormat::fp8_block) {
     const uint32_t w = word_of(r.v[0], S);
     return bf16_mul2(e4m3x2_to_bf16x2_raw(w, P == 0 ? 0x9180u : 0xB3A2u), m[0]);
   } else {
     const uint32_t w = word_of(r.v[0], S / 2);
     const uint32_t raw = e2m1x2_to_bf16x2_raw<2 * (S % 2) + P>(w);
-    if constexpr (F == WFmt::mxfp4) return bf16_mul2(raw, m[0]);
+    if constexpr (F == WeightFormat::mxfp4) return bf16_mul2(raw, m[0]);
     else return bf16_mul2(raw, m[S / 4]);
   }
 }
 
 // Scale multipliers of one row for the chunk at `col0` (lane's first column `lcol`).
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void row_scales(const MatRef& w, const uint8_t* srow, int64_t col0, int64_t lcol,
                                            uint32_t (&m)[2]) {
-  if constexpr (F == WFmt::fp8) {
+  if constexpr (F == WeightFormat::fp8_block) {
     // srow: the scale row of the warp's 128-row block; one scale per 128 columns.
     const int64_t j = col0 / 128;
     const float s = w.scale_f32 ? reinterpret_cast<const float*>(srow)[j] : e8m0_to_f32(srow[j]);
     m[0] = bf16x2_splat(s * 0x1p104f);  // e4m3 raw is 2^-120: W * 2^-16
     m[1] = m[0];
-  } else if constexpr (F == WFmt::mxfp4) {
+  } else if constexpr (F == WeightFormat::mxfp4) {
     if (srow == nullptr) { m[0] = m[1] = 0; return; }
     m[0] = e8m0_mult_bf16x2(srow[lcol / 32]);  // e2m1 raw is 2^-126
     m[1] = m[0];
-  } else if constexpr (F == WFmt::nvfp4) {
+  } else if constexpr (F == WeightFormat::nvfp4) {
     if (srow == nullptr) { m[0] = m[1] = 0; return; }
     const uint8_t* s = srow + lcol / 16;
     ue4m3x2_mult_bf16x2(s[0] | (static_cast<uint32_t>(s[1]) << 8), m);
@@ -199,13 +200,13 @@ __device__ __forceinline__ void static_for(Fn&& fn) {
 }
 
 // B pairs of k-step S for one token row (x already offset to the lane's first column).
-template <WFmt F, int S>
+template <WeightFormat F, int S>
 __device__ __forceinline__ void b_pairs(const float* x, uint32_t& b0, uint32_t& b1) {
   if (x == nullptr) {
     b0 = b1 = 0;
     return;
   }
-  if constexpr (F == WFmt::mxfp4 || F == WFmt::nvfp4) {
+  if constexpr (F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4) {
     constexpr int c = 8 * (S / 2) + 2 * (S % 2);
     const float2 lo = *reinterpret_cast<const float2*>(x + c);
     const float2 hi = *reinterpret_cast<const float2*>(x + c + 4);
@@ -224,7 +225,7 @@ __device__ __forceinline__ void b_pairs(const float* x, uint32_t& b0, uint32_t& 
 // wrow[m][r]: start of weight row (g + 8r) of m-tile m, or nullptr past the matrix; srow[m][r]: its scale
 // row (fp4), or the 128-row block's scale row (fp8); xrow[n]: this lane's token row (token 8n + g), offset
 // to the matrix's first column (16-byte aligned), or nullptr for padding tokens.
-template <WFmt F, int MT, int NT>
+template <WeightFormat F, int MT, int NT>
 __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t* const (&wrow)[MT][2],
                                          const uint8_t* const (&srow)[MT][2], const float* const (&xrow)[NT],
                                          int64_t k_begin, int64_t k_end, float (&acc)[MT][NT][4]) {
@@ -254,7 +255,7 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
         row_scales<F>(mat[m], srow[m][0], kk, kk + t * Tr::kLaneCols, msc[g][m][0]);
-        if constexpr (F == WFmt::fp8) {  // one scale per 128x128 block: both rows share it
+        if constexpr (F == WeightFormat::fp8_block) {  // one scale per 128x128 block: both rows share it
           msc[g][m][1][0] = msc[g][m][0][0];
           msc[g][m][1][1] = msc[g][m][0][1];
         } else {

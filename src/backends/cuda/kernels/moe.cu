@@ -8,14 +8,14 @@
 
 namespace tern::cuda {
 
-extern template void launch_moe_experts<dev::WFmt::f32>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_experts<dev::WFmt::bf16>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_experts<dev::WFmt::fp8>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_experts<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_experts<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-extern template void launch_moe_bulk<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
+extern template void launch_moe_experts<WeightFormat::f32>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<WeightFormat::bf16>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<WeightFormat::fp8_block>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<WeightFormat::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_experts<WeightFormat::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+extern template void launch_moe_bulk<WeightFormat::mxfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
                                                        const MoeBulkPlan&, int, char*, cudaStream_t);
-extern template void launch_moe_bulk<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
+extern template void launch_moe_bulk<WeightFormat::nvfp4>(const MoeParams&, const MoeLayout&, const MoeBulkPlan&,
                                                        const MoeBulkPlan&, int, char*, cudaStream_t);
 
 
@@ -269,7 +269,7 @@ void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i6
          tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
 }
 
-bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter) {
+bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter) {
   const int64_t chunk = chunk_of(kind);
   return D % chunk == 0 && inter % chunk == 0 && D % 32 == 0 && inter % 16 == 0;
 }
@@ -327,7 +327,7 @@ struct BulkPlans {
 BulkPlans bulk_plans(const MoeParams& p) {
   BulkPlans b;
   const MoeVariant& v = variant_of(p);
-  if (!v.bulk || (p.kind != WeightKind::mxfp4 && p.kind != WeightKind::nvfp4) || p.T > kMoeBulkMaxTokens ||
+  if (!v.bulk || (p.kind != WeightFormat::mxfp4 && p.kind != WeightFormat::nvfp4) || p.T > kMoeBulkMaxTokens ||
       !p.experts_aligned)
     return b;
   b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, v.lean);
@@ -347,7 +347,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
                           bool pad, bool pad_scales, bool lean) {
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
-  const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightKind::nvfp4 ? 16 : 32);
+  const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightFormat::nvfp4 ? 16 : 32);
   const int64_t chunks = in / 128;
   constexpr int64_t kStageWeightBytes = 32 * 1024;  // weight bytes per stage at most (16 rows of 2 KB)
   // K slices as moe_expert_kernel takes them; m-tiles per item: the largest power of two up to max_mt whose
@@ -381,7 +381,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.s_stride = static_cast<int>(s_cols + (pl.pad_scales ? 16 : 0));
   pl.scale_off = 2 * mt * pl.oct_bytes;
   pl.stage_bytes = (pl.scale_off + 16 * mt * pl.s_stride + 127) / 128 * 128;
-  pl.win_stride = dev::XWindow<dev::WFmt::mxfp4>::stride(static_cast<int>(in));
+  pl.win_stride = dev::XWindow<WeightFormat::mxfp4>::stride(static_cast<int>(in));
   pl.job_tokens = job_tokens;
   const int win_bytes = job_tokens * pl.win_stride;
   const int red_bytes = units * 4 * 32 * static_cast<int>(sizeof(float));  // per ring slot (ks > 1)
@@ -454,17 +454,17 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
   char* ws = static_cast<char*>(workspace);
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
                   reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);
-  if (bulk.ok && p.kind == WeightKind::mxfp4) {
-    launch_moe_bulk<dev::WFmt::mxfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
+  if (bulk.ok && p.kind == WeightFormat::mxfp4) {
+    launch_moe_bulk<WeightFormat::mxfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
   } else if (bulk.ok) {
-    launch_moe_bulk<dev::WFmt::nvfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
+    launch_moe_bulk<WeightFormat::nvfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
   } else {
     switch (p.kind) {
-      case WeightKind::f32: launch_moe_experts<dev::WFmt::f32>(p, L, ws, stream); break;
-      case WeightKind::bf16: launch_moe_experts<dev::WFmt::bf16>(p, L, ws, stream); break;
-      case WeightKind::fp8: launch_moe_experts<dev::WFmt::fp8>(p, L, ws, stream); break;
-      case WeightKind::mxfp4: launch_moe_experts<dev::WFmt::mxfp4>(p, L, ws, stream); break;
-      case WeightKind::nvfp4: launch_moe_experts<dev::WFmt::nvfp4>(p, L, ws, stream); break;
+      case WeightFormat::f32: launch_moe_experts<WeightFormat::f32>(p, L, ws, stream); break;
+      case WeightFormat::bf16: launch_moe_experts<WeightFormat::bf16>(p, L, ws, stream); break;
+      case WeightFormat::fp8_block: launch_moe_experts<WeightFormat::fp8_block>(p, L, ws, stream); break;
+      case WeightFormat::mxfp4: launch_moe_experts<WeightFormat::mxfp4>(p, L, ws, stream); break;
+      case WeightFormat::nvfp4: launch_moe_experts<WeightFormat::nvfp4>(p, L, ws, stream); break;
     }
   }
   launch_moe_combine(p, reinterpret_cast<const float*>(ws + L.y), reinterpret_cast<const int*>(ws + L.pos), stream);

@@ -36,7 +36,7 @@ struct MoeParams {
   int k = 0;
   int64_t E = 0;
   const ExpertDesc* experts = nullptr;  // device array [E]
-  WeightKind kind = WeightKind::mxfp4;
+  WeightFormat kind = WeightFormat::mxfp4;
   bool scale_f32 = false;
   float limit = 10.0f;
   float* out = nullptr;  // [T, D]
@@ -61,7 +61,7 @@ void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t str
 int moe_variant_count();
 const char* moe_variant_name(int variant);
 
-bool moe_kind_supported(WeightKind kind, int64_t D, int64_t inter);
+bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
 // Name of the expert kernels launch_moe takes for these params (startup report, benchmarks, tests).
 const char* moe_path_name(const MoeParams& p);

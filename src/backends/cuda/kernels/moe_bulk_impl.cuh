@@ -55,7 +55,7 @@ struct MoeBulkPlan {
 MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
                           bool pad, bool pad_scales, bool lean);
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
                      int num_sms, char* ws, cudaStream_t stream);
 
@@ -217,7 +217,7 @@ __device__ __forceinline__ uint32_t lds8_at(uint32_t a) {
 // permutation), its scale byte(s) and the same columns of x. Rows of the x window past the job's tokens hold
 // stale values: they only reach output columns that are never stored (mma columns are independent).
 // mxfp4: the lane's offset `s` already points at its own e8m0 byte (one ld.shared.u8, no shift and mask).
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& o, int row8_w, int row8_s,
                                              uint32_t win, int chunks, float (&acc)[4]) {
   const int t = threadIdx.x & 3;
@@ -229,7 +229,7 @@ __device__ __forceinline__ void bulk_consume(uint32_t stage, const LaneOffsets& 
     r0.v[0] = lds128_at(w);
     r1.v[0] = lds128_at(w + row8_w);
     uint32_t m0[2], m1[2];
-    if constexpr (F == WFmt::mxfp4) {
+    if constexpr (F == WeightFormat::mxfp4) {
       m0[0] = m0[1] = e8m0_mult_bf16x2(lds8_at(s));
       m1[0] = m1[1] = e8m0_mult_bf16x2(lds8_at(s + row8_s));
     } else {
@@ -291,7 +291,7 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // LEAN: the item bookkeeping (job = item / tiles, tile = item % tiles, the group's turn idx % groups, the
 // ring slot and parity) by counters advanced once per item instead of run-time integer divisions; the
 // same items, slots and sums.
-template <WFmt F, bool UP, bool WIDE, bool LEAN>
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh): nothing before the wait. The weights never change, but WHICH rows to copy comes from
   // the plan kernel's job list (num_jobs sets the block's item range, jobs the experts): written every step
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   constexpr int kWord = scale_word_bytes<F>();
   const LaneOffsets lo{static_cast<uint32_t>(2 * mtile * pl.oct_bytes + w_in_octet + per * slice * 64 + t * 16),
                        static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
-                                             (F == WFmt::mxfp4 ? t : 0)),
+                                             (F == WeightFormat::mxfp4 ? t : 0)),
                        static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
                                              per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       const int which = UP ? (m == 0 ? 0 : 2) : 1;
-      mult[m] = kWeightShift * (F == WFmt::nvfp4 ? d.global_scale[which] : 1.0f);
+      mult[m] = kWeightShift * (F == WeightFormat::nvfp4 ? d.global_scale[which] : 1.0f);
     }
     auto xrow = [&](int i) -> const float* {
       if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   }
 }
 
-template <WFmt F, bool UP, bool WIDE, bool LEAN>
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
 void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   static const bool attr = [] {
     cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -444,7 +444,7 @@ void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) 
   launch(moe_bulk_kernel<F, UP, WIDE, LEAN>, grid, threads, a.plan.smem, stream, a);
 }
 
-template <WFmt F, bool UP>
+template <WeightFormat F, bool UP>
 void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   const bool wide = a.plan.consumers > kBulkNarrowConsumers;
   if (a.plan.lean) {
@@ -458,7 +458,7 @@ void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
 
 }  // namespace dev
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
                      int num_sms, char* ws, cudaStream_t stream) {
   dev::MoeBulkArgs a;

@@ -2,6 +2,6 @@
 #include "backends/cuda/kernels/moe_impl.cuh"
 
 namespace tern::cuda {
-template void launch_moe_experts<dev::WFmt::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
-template void launch_moe_experts<dev::WFmt::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+template void launch_moe_experts<WeightFormat::mxfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
+template void launch_moe_experts<WeightFormat::nvfp4>(const MoeParams&, const MoeLayout&, char*, cudaStream_t);
 }  // namespace tern::cuda

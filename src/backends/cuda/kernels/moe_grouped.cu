@@ -168,13 +168,13 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
-template <WFmt F, int BM, int BN_, bool UP, bool SWAP>
+template <WeightFormat F, int BM, int BN_, bool UP, bool SWAP>
 __global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedTile<BM, BN_, SWAP>::kMinBlocks)
     moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = GroupedTile<BM, BN_, SWAP>;
   constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
-  constexpr bool kNv = F == WFmt::nvfp4;
+  constexpr bool kNv = F == WeightFormat::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int nj = *a.num_jobs;
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedT
   }
 }
 
-template <WFmt F, int BM, int BN, bool UP, bool SWAP>
+template <WeightFormat F, int BM, int BN, bool UP, bool SWAP>
 void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   using Tile = GroupedTile<BM, BN, SWAP>;
   static const bool attr = [] {
@@ -458,7 +458,7 @@ void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t st
   launch(moe_grouped_kernel<F, BM, BN, UP, SWAP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
 }
 
-template <WFmt F, int BM, int BN, bool SWAP>
+template <WeightFormat F, int BM, int BN, bool SWAP>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
@@ -476,15 +476,15 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t
 
 template <int BM, int BN, bool SWAP = (BM >= 128)>
 void launch_up_down_fmt(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
-  if (p.kind == WeightKind::nvfp4) launch_up_down<WFmt::nvfp4, BM, BN, SWAP>(p, b, stream);
-  else launch_up_down<WFmt::mxfp4, BM, BN, SWAP>(p, b, stream);
+  if (p.kind == WeightFormat::nvfp4) launch_up_down<WeightFormat::nvfp4, BM, BN, SWAP>(p, b, stream);
+  else launch_up_down<WeightFormat::mxfp4, BM, BN, SWAP>(p, b, stream);
 }
 
 }  // namespace
 }  // namespace dev
 
 bool moe_grouped_supported(const MoeParams& p) {
-  return (p.kind == WeightKind::mxfp4 || p.kind == WeightKind::nvfp4) && p.D % dev::kGroupedK == 0 &&
+  return (p.kind == WeightFormat::mxfp4 || p.kind == WeightFormat::nvfp4) && p.D % dev::kGroupedK == 0 &&
          p.inter % dev::kGroupedK == 0 && p.E <= 1024 && p.experts_aligned;
 }
 
@@ -532,7 +532,7 @@ void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::
 int moe_grouped_tile_pairs(const MoeParams& p) { return tile_shape(p).bm; }
 
 const char* moe_grouped_path_name(const MoeParams& p) {
-  const bool nv = p.kind == WeightKind::nvfp4;
+  const bool nv = p.kind == WeightFormat::nvfp4;
   if (p.E == 0) {  // shape only (CudaBackend::moe_path): the tile is picked per call
     switch (moe_grouped_tile_config()) {
       case kMoeGroupedTileOld:

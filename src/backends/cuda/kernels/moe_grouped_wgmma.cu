@@ -354,12 +354,12 @@ __device__ __forceinline__ void cp_async_at(uint32_t dst, const void* src, bool 
 // raw words), so k-step 0 of the next stage decodes during group 7. A slot is handed back at k-step 0 of the
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
-template <WFmt F, bool UP, int NT>
+template <WeightFormat F, bool UP, int NT>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = WgTile<NT, UP>;
   constexpr int kStages = Tile::kStages;
-  constexpr bool kNv = F == WFmt::nvfp4;
+  constexpr bool kNv = F == WeightFormat::nvfp4;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int nj = *a.num_jobs;
@@ -582,7 +582,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
 }
 
-template <WFmt F, bool UP, int NT>
+template <WeightFormat F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   constexpr int kSmem = WgTile<NT, UP>::kSmem;
   static const bool attr = [] {
@@ -603,7 +603,7 @@ void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   launch(moe_grouped_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
 }
 
-template <WFmt F, int NT>
+template <WeightFormat F, int NT>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / NT) <= P / NT + jobs: the grid's bound without reading the plan back
@@ -621,7 +621,7 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
   launch_wgmma<F, false, NT>(a, m_bound, stream);
 }
 
-template <WFmt F>
+template <WeightFormat F>
 void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows,
                       cudaStream_t stream) {
   switch (nt) {
@@ -696,7 +696,7 @@ const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
 #undef TERN_WG_NAMES
 #undef TERN_WG_NAME
   const int n = moe_grouped_wgmma_tile_pairs(p);
-  return names[p.kind == WeightKind::nvfp4 ? 1 : 0][n == 64    ? 0
+  return names[p.kind == WeightFormat::nvfp4 ? 1 : 0][n == 64    ? 0
                                                     : n == 96  ? 1
                                                     : n == 112 ? 2
                                                     : n == 128 ? 3
@@ -711,10 +711,10 @@ void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cu
   launch(dev::moe_grouped_wgmma_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0,
          stream, p.x, b.sorted, P, p.k, p.D, rows, b.xs);
   launch(dev::moe_grouped_wgmma_tiles_kernel, 1, 32, 0, stream, b.jobs, b.num_jobs, nt, b.tile_first);
-  if (p.kind == WeightKind::nvfp4)
-    dev::launch_up_down_n<dev::WFmt::nvfp4>(nt, p, b, rows, stream);
+  if (p.kind == WeightFormat::nvfp4)
+    dev::launch_up_down_n<WeightFormat::nvfp4>(nt, p, b, rows, stream);
   else
-    dev::launch_up_down_n<dev::WFmt::mxfp4>(nt, p, b, rows, stream);
+    dev::launch_up_down_n<WeightFormat::mxfp4>(nt, p, b, rows, stream);
 }
 
 }  // namespace tern::cuda

@@ -41,7 +41,7 @@ struct MoeLayout {
 };
 
 // Launches the up (w1, w3 + SwiGLU) and down (w2) kernels for one format.
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaStream_t stream);
 
 namespace dev {
@@ -66,23 +66,23 @@ struct MoeArgs {
   float* y;           // [P, D] by sorted slot
 };
 
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ int64_t scale_cols(int64_t in) {
-  if constexpr (F == WFmt::fp8) return (in + 127) / 128;
-  else if constexpr (F == WFmt::mxfp4) return in / 32;
-  else if constexpr (F == WFmt::nvfp4) return in / 16;
+  if constexpr (F == WeightFormat::fp8_block) return (in + 127) / 128;
+  else if constexpr (F == WeightFormat::mxfp4) return in / 32;
+  else if constexpr (F == WeightFormat::nvfp4) return in / 16;
   else return 0;
 }
 
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ int64_t row_bytes(int64_t in) {
-  if constexpr (F == WFmt::f32) return in * 4;
-  else if constexpr (F == WFmt::bf16) return in * 2;
-  else if constexpr (F == WFmt::fp8) return in;
+  if constexpr (F == WeightFormat::f32) return in * 4;
+  else if constexpr (F == WeightFormat::bf16) return in * 2;
+  else if constexpr (F == WeightFormat::fp8_block) return in;
   else return in / 2;
 }
 
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ MatRef expert_mat(const ExpertDesc& e, int which, int64_t in, int scale_f32) {
   MatRef m;
   m.w = static_cast<const uint8_t*>(e.w[which]);
@@ -90,19 +90,19 @@ __device__ __forceinline__ MatRef expert_mat(const ExpertDesc& e, int which, int
   m.in = in;
   m.s_cols = scale_cols<F>(in);
   m.scale_f32 = scale_f32;
-  m.out_mult = is_scaled<F>() ? kWeightShift * (F == WFmt::nvfp4 ? e.global_scale[which] : 1.0f) : 1.0f;
+  m.out_mult = is_scaled<F>() ? kWeightShift * (F == WeightFormat::nvfp4 ? e.global_scale[which] : 1.0f) : 1.0f;
   return m;
 }
 
 // Rows [row, row+16) of matrix `m` for this lane: (g, g+8) pointers and scale rows.
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void tile_rows(const MatRef& m, int64_t row0, int64_t rows, int g, const uint8_t* (&w)[2],
                                           const uint8_t* (&s)[2]) {
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
     const bool in = row < rows;
     w[r] = in ? m.w + row * row_bytes<F>(m.in) : nullptr;
-    if constexpr (F == WFmt::fp8)
+    if constexpr (F == WeightFormat::fp8_block)
       s[r] = m.s + (row0 / 128) * m.s_cols * (m.scale_f32 ? 4 : 1);
     else
       s[r] = in && m.s != nullptr ? m.s + row * m.s_cols : nullptr;
@@ -112,7 +112,7 @@ __device__ __forceinline__ void tile_rows(const MatRef& m, int64_t row0, int64_t
 // Block (kMoeWarps warps) = one job x 32 weight rows: UP: 16 rows of w1 and the same 16 of w3 (SwiGLU
 // fused), DOWN: 32 rows of w2. The warps take the K slices (moe_k_slices); partial sums meet in shared
 // memory and are added in slice order.
-template <WFmt F, int NT, bool UP>
+template <WeightFormat F, int NT, bool UP>
 __global__ void __launch_bounds__(kMoeWarps * 32) moe_expert_kernel(MoeArgs a) {
   grid_dependency_wait();  // PDL: first, as the job (and so the expert's weights) is the plan kernel's output
   const int job = blockIdx.y;
@@ -216,7 +216,7 @@ void point_at_workspace(Args& a, const MoeParams& p, const MoeLayout& L, char* w
   a.y = reinterpret_cast<float*>(ws + L.y);
 }
 
-template <dev::WFmt F>
+template <WeightFormat F>
 void launch_moe_experts(const MoeParams& p, const MoeLayout& L, char* ws, cudaStream_t stream) {
   dev::MoeArgs a;
   point_at_workspace(a, p, L, ws);

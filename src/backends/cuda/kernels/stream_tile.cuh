@@ -53,19 +53,19 @@ __device__ __forceinline__ uint2 lds64(const void* p) {
   return v;
 }
 
-template <WFmt F>
+template <WeightFormat F>
 constexpr bool is_fp4() {
-  return F == WFmt::mxfp4 || F == WFmt::nvfp4;
+  return F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 }
 // Bytes of one row's scale word per chunk (fp4), copied by one lane.
-template <WFmt F>
+template <WeightFormat F>
 constexpr int scale_word_bytes() {
-  return F == WFmt::nvfp4 ? 8 : 4;
+  return F == WeightFormat::nvfp4 ? 8 : 4;
 }
 
 // Shared-memory bytes of one warp's ring: weights (2*MT rows x 32 lanes x 16 B per stage) and fp4 scale
 // words (32 lanes x 8 B per stage).
-template <WFmt F, int MT>
+template <WeightFormat F, int MT>
 constexpr int ring_bytes() {
   return kStages * (2 * MT * 32 * 16 + (is_fp4<F>() ? 32 * 8 : 0));
 }
@@ -75,7 +75,7 @@ constexpr int ring_bytes() {
 // 8-byte half S%2 of piece S/2; fp4 pieces hold their 8 columns in the order 0,4,1,5,2,6,3,7 (the nibble
 // pairs of e2m1x2_to_bf16x2_raw). Rows are `stride` bytes apart (== 64 mod 128: the two token rows of a
 // quarter-warp's loads fall in different banks).
-template <WFmt F>
+template <WeightFormat F>
 struct XWindow {
   static constexpr int kChunkBytes = Fmt<F>::kChunk * 2;
   static constexpr int kPieces = Fmt<F>::kLaneCols / 8;
@@ -85,14 +85,14 @@ struct XWindow {
 
 // One 8-column piece of x (columns cc .. cc + 7: a, c) as the window holds it, bf16 (fp4: in the order
 // 0,4,1,5,2,6,3,7), and its byte offset in a window row from the row's first (chunk-aligned) column.
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ uint4 x_piece(const float4& a, const float4& c) {
   if constexpr (is_fp4<F>())
     return make_uint4(pack_bf16(a.x, c.x), pack_bf16(a.y, c.y), pack_bf16(a.z, c.z), pack_bf16(a.w, c.w));
   else
     return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(c.x, c.y), pack_bf16(c.z, c.w));
 }
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ int64_t x_piece_offset(int64_t cc) {
   const int64_t chunk = cc / Fmt<F>::kChunk;
   const int in_chunk = static_cast<int>(cc % Fmt<F>::kChunk);
@@ -103,7 +103,7 @@ __device__ __forceinline__ int64_t x_piece_offset(int64_t cc) {
 // Fills the window (rows `stride` bytes apart): rows [0, rows) of the tile are x rows (row i of the tile at
 // xrow(i), nullptr for a padding row: zeros), columns [col0, col0 + cols) of each. Called by all `nthreads`
 // threads of the block.
-template <WFmt F, typename RowFn>
+template <WeightFormat F, typename RowFn>
 __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, int cols, int stride, RowFn xrow,
                                         int tid, int nthreads) {
   constexpr int kBatch = 4;  // pieces whose loads are in flight together (x comes from L2)
@@ -139,7 +139,7 @@ __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, in
 // r * cols * 2 bytes; a chunk-aligned column range of a row is then one contiguous run of the window row), and
 // copy_x_window fills a block's window from it with cp.async, every piece in flight at once. Same bytes as
 // stage_x, so the same results bit for bit.
-template <WFmt F>
+template <WeightFormat F>
 __global__ void linear_x_window_kernel(const float* x, int64_t x_stride, int64_t T, int64_t cols, uint8_t* xw) {
   pdl_prologue();
   const int64_t per_row = cols / 8;
@@ -172,7 +172,7 @@ __device__ __forceinline__ void copy_x_window(uint8_t* win, int rows, int64_t li
 // A block's x window, the one place both streaming kernels fill it: rows [0, rows) are tokens tok0 + i (zeros
 // from T on), columns [xcol0 + c0, + cols) of x (xcol0: the tile's row group). From the product's windows
 // (xw, linear_x_window_kernel) when they were made, else read and converted here (stage_x). All threads.
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void fill_x_window(uint8_t* win, int rows, int stride, const float* x, int64_t x_stride,
                                               int64_t T, int64_t tok0, int64_t xcol0, const uint8_t* xw,
                                               int64_t xw_row_bytes, int64_t c0, int cols) {
@@ -206,7 +206,7 @@ __device__ __forceinline__ void stage_fp8_scales(const MatRef& mat, int64_t tile
 
 // One lane's share of its warp's MT m-tiles: the 2*MT rows it copies (row r = m-tile r/2, row g + 8*(r%2)),
 // and for fp4 the scale row it copies (r = t, when t < 2*MT).
-template <WFmt F, int MT>
+template <WeightFormat F, int MT>
 struct LaneSrc {
   const uint8_t* w[2 * MT];  // start of each weight row (a mapped address when !w_ok)
   bool w_ok[2 * MT];
@@ -215,7 +215,7 @@ struct LaneSrc {
 };
 
 // Issues this lane's copies of chunk `chunk` (matrix column chunk * kChunk) into ring stage `slot`.
-template <WFmt F, int MT>
+template <WeightFormat F, int MT>
 __device__ __forceinline__ void issue_chunk(uint8_t* ring, int slot, const LaneSrc<F, MT>& src, int64_t chunk,
                                             int lane) {
   constexpr int kRowBytes = 16 * 4;  // bytes of one row per chunk (4 lanes x 16 B)
@@ -232,9 +232,9 @@ __device__ __forceinline__ void issue_chunk(uint8_t* ring, int slot, const LaneS
 }
 
 // Scale multiplier(s) of row r (fp4) from the ring's scale words of this row group.
-template <WFmt F>
+template <WeightFormat F>
 __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_t (&m)[2]) {
-  if constexpr (F == WFmt::mxfp4) {
+  if constexpr (F == WeightFormat::mxfp4) {
     m[0] = e8m0_mult_bf16x2((word.x >> (8 * t)) & 0xffu);  // e2m1 raw is 2^-126: W * 2^-16
     m[1] = m[0];
   } else {
@@ -247,7 +247,7 @@ __device__ __forceinline__ void fp4_row_scales(const uint2& word, int t, uint32_
 // n < n_live (the rest are all padding). fp8_mult[m]: the bf16x2 scale multiplier of m-tile m for this
 // chunk (fp8 only). FULL: n_live == NT, known at compile time (the common case from 9 tokens: no per-n-tile
 // test around each load and mma; the same operations in the same order).
-template <WFmt F, int MT, int NT, bool FULL = false>
+template <WeightFormat F, int MT, int NT, bool FULL = false>
 __device__ __forceinline__ void consume_chunk(const uint8_t* ring, int slot, const uint8_t* win, int wstride,
                                               int wchunk, int n_live, const uint32_t (&fp8_mult)[MT],
                                               float (&acc)[MT][NT][4]) {
