@@ -57,6 +57,9 @@ IHD = 128
 ITOPK = 4
 HC = 4
 SWA = 16
+# YaRN (the config's rope_scaling; make_odd_fixture.py overrides these with the sizes above)
+YARN_FACTOR = 16
+YARN_ORIGINAL_MAX = 65536
 
 WEIGHT_SEED = 20260501
 # The MTP layer (mtp.0) draws its weights from its own generator, after and apart from the trunk's: the trunk's
@@ -144,8 +147,8 @@ def official_config(expert_format):
         "rope_theta": 10000.0,
         "rope_scaling": {
             "type": "yarn",
-            "factor": 16,
-            "original_max_position_embeddings": 65536,
+            "factor": YARN_FACTOR,
+            "original_max_position_embeddings": YARN_ORIGINAL_MAX,
             "beta_fast": 32,
             "beta_slow": 1,
         },
@@ -183,7 +186,7 @@ def hf_config():
         mlp_layer_types=["hash_moe"] * NHASH + ["moe"] * (NL - NHASH),
         index_n_heads=IH, index_head_dim=IHD, index_topk=ITOPK, hc_mult=HC, hc_sinkhorn_iters=20, hc_eps=1e-6,
         rms_norm_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0,
-        rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
+        rope_parameters={"rope_type": "yarn", "factor": float(YARN_FACTOR), "original_max_position_embeddings": YARN_ORIGINAL_MAX,
                          "beta_fast": 32, "beta_slow": 1},
         max_position_embeddings=1048576, bos_token_id=0, eos_token_id=1, num_nextn_predict_layers=0,
         tie_word_embeddings=False,

@@ -1,0 +1,112 @@
+// The CPU model against the PyTorch reference on the odd-shape fixture (tests/fixtures/odd-mxfp4,
+// tools/reference/make_odd_fixture.py; issue #17 item 3): hidden 320, 6 heads in 3 groups, head_dim 104 with 24
+// RoPE dims, q_lora_rank 96, o_lora_rank 48, 6 experts top-3, intermediate 96, indexer head_dim 56, window 12,
+// YaRN factor 4 over 4 096. Every size the tiny fixtures keep at a power of two is something else here.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "fixture.h"
+#include "ops/sample.h"
+
+namespace tern::test {
+namespace {
+
+constexpr float kTolerance = 1e-4f;  // max|d| <= 1e-4 * max|ref|, as the tiny fixtures' parity
+const char* const kOdd = "odd-mxfp4";
+
+TEST(OddShapes, TheFixtureHasTheOddSizes) {
+  const model::ModelConfig& c = Fixture::get(kOdd).weights().config;
+  EXPECT_EQ(c.hidden_size, 320);
+  EXPECT_EQ(c.num_heads, 6);
+  EXPECT_EQ(c.o_groups, 3);
+  EXPECT_EQ(c.head_dim, 104);
+  EXPECT_EQ(c.rope_dim, 24);
+  EXPECT_EQ(c.n_routed_experts, 6);
+  EXPECT_EQ(c.experts_per_token, 3);
+  EXPECT_EQ(c.index_head_dim, 56);
+  EXPECT_EQ(c.sliding_window, 12);
+  EXPECT_EQ(c.expert_format, model::WeightFormat::mxfp4);
+}
+
+// Every prompt at once (one forward over all sequences), then each in chunks of 5: every position's logits.
+TEST(OddShapes, PromptLogitsInOneBatchAndInChunks) {
+  const Fixture& f = Fixture::get(kOdd);
+  model::Model m(f.weights(), model::KvMode::exact);
+  const int P = f.num_prompts();
+  ASSERT_GE(P, 9);
+  const int64_t vocab = m.config().vocab_size;
+  std::vector<std::vector<int64_t>> ids(P);
+  std::vector<cache::SequenceState> states;
+  std::vector<model::StepSequence> batch;
+  for (int p = 0; p < P; ++p) {
+    ids[p] = f.ids(p);
+    states.push_back(m.new_state(static_cast<int64_t>(ids[p].size())));
+  }
+  for (int p = 0; p < P; ++p) batch.push_back({&states[p], ids[p], model::LogitsFor::all});
+  const Tensor all = m.forward(batch);
+  float worst = 0;
+  int64_t row = 0;
+  for (int p = 0; p < P; ++p) {
+    const TensorView want = f.tensor("prompt." + std::to_string(p) + ".logits");
+    const auto T = static_cast<int64_t>(ids[p].size());
+    ASSERT_EQ(want.numel(), T * vocab);
+    const Diff d = diff(all.data<float>() + row * vocab, want.data_as<const float>(), T * vocab);
+    worst = std::max(worst, d.rel());
+    EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " (length " << T << "), one batch";
+    row += T;
+
+    cache::SequenceState state = m.new_state(T);
+    for (int64_t begin = 0; begin < T; begin += 5) {
+      const int64_t n = std::min<int64_t>(5, T - begin);
+      const model::StepSequence s{&state, std::span<const int64_t>(ids[p]).subspan(begin, n), model::LogitsFor::all};
+      const Tensor logits = m.forward({&s, 1});
+      const Diff dc = diff(logits.data<float>(), want.data_as<const float>() + begin * vocab, n * vocab);
+      worst = std::max(worst, dc.rel());
+      EXPECT_LE(dc.max_abs, kTolerance * dc.ref_max) << "prompt " << p << " chunk at " << begin;
+    }
+  }
+  std::printf("[%s] prompt logits (one batch, chunks of 5): max|d|/max|ref| = %.3g over %d prompts\n", kOdd, worst, P);
+}
+
+// Prefill, then token-by-token greedy decode: the reference's tokens, and its logits at every step.
+TEST(OddShapes, GreedyContinuations) {
+  const Fixture& f = Fixture::get(kOdd);
+  model::Model m(f.weights(), model::KvMode::exact);
+  const int64_t vocab = m.config().vocab_size;
+  float worst = 0;
+  for (int p : prompts_to_run(f)) {
+    const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
+    const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
+    ASSERT_EQ(step_logits.numel(), static_cast<int64_t>(want.size()) * vocab);
+    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
+    std::vector<int64_t> got;
+    for (size_t step = 0; step < want.size(); ++step) {
+      const std::span<const int64_t> tokens =
+          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
+      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
+      const Tensor logits = m.forward({&s, 1});
+      got.push_back(ops::argmax({logits.data<float>(), static_cast<size_t>(vocab)}));
+      const Diff d = diff(logits.data<float>(), step_logits.data_as<const float>() + step * vocab, vocab);
+      worst = std::max(worst, d.rel());
+      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " step " << step;
+    }
+    EXPECT_EQ(got, want) << "prompt " << p;
+  }
+  std::printf("[%s] greedy steps: max|d|/max|ref| = %.3g\n", kOdd, worst);
+}
+
+// DeepSeek's FP8 KV rows hold the no-RoPE dims in blocks of 64: 80 cannot be held, and the model says so.
+TEST(OddShapes, Fp8KvRowsAreRefusedWithAClearMessage) {
+  const Fixture& f = Fixture::get(kOdd);
+  try {
+    model::Model m(f.weights(), model::KvMode::fp8);
+    FAIL() << "an FP8 KV model was built for 80 no-RoPE dims";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-RoPE dims (80) must be a multiple of 64"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tern::test
