@@ -30,8 +30,9 @@ inline void add_tune_options(CLI::App& app, app::TuneOptions& t) {
   app.add_option("--activations", t.activations,
                  "auto (fp8 on a GPU, native on the CPU), native (each backend's own: CPU f32, GPU bf16 tensor-core "
                  "operands) or fp8 (the official reference's: x quantised to e4m3 in 1x128 blocks with power-of-two "
-                 "scales before each FP8 and FP4 product)")
-      ->check(CLI::IsMember({"auto", "native", "fp8"}))
+                 "scales before each FP8 and FP4 product) or f32 (the exact mode: every product exact in f32, the GPU's "
+                 "on its exact kernels; slow, for checks)")
+      ->check(CLI::IsMember({"auto", "native", "fp8", "f32"}))
       ->capture_default_str();
   app.add_option("--tune", t.mode,
                  "off, cached or on: with --device cuda, run the linear kernels with the configurations measured "

@@ -70,12 +70,20 @@ std::vector<std::string> configure_kernels(model::Model& m, const std::string& d
              "\"");
   m.set_activations(resolve_activations(t.activations, device));
   std::vector<std::string> lines;
-  lines.push_back(m.activations() == ops::Activations::fp8
-                      ? std::string("activations fp8: x quantised to e4m3 in 1x128 blocks (power-of-two scales) before "
-                                    "each FP8 product and the routed experts' products, as the official reference; "
-                                    "bf16 products keep their own")
-                      : std::string("activations native (FP8 products take x as f32 on the CPU, bf16 on the GPU's "
-                                    "tensor cores)"));
+  switch (m.activations()) {
+    case ops::Activations::fp8:
+      lines.emplace_back("activations fp8: x quantised to e4m3 in 1x128 blocks (power-of-two scales) before each FP8 "
+                         "product and the routed experts' products, as the official reference; bf16 products keep "
+                         "their own");
+      break;
+    case ops::Activations::f32:
+      lines.emplace_back("activations f32 (the exact mode): every product exact in f32 on every device, the GPU's on its "
+                         "exact kernels (slow: for checks, not serving)");
+      break;
+    case ops::Activations::native:
+      lines.emplace_back("activations native (FP8 products take x as f32 on the CPU, bf16 on the GPU's tensor cores)");
+      break;
+  }
   if (device != "cuda") return lines;
 #if TERN_WITH_CUDA
   cuda::CudaBackend& b = cuda::register_backend();

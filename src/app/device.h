@@ -29,7 +29,7 @@ struct TuneOptions {
   bool batch_invariant = false;
   std::string activations = "auto";
 };
-// --activations: "native", "fp8" or "auto" (the default): fp8 on a GPU (the official reference's activations, and
+// --activations: "native", "fp8", "f32" (the exact mode: every product exact in f32, slow) or "auto" (the default): fp8 on a GPU (the official reference's activations, and
 // faster there: results.md session 13), native on the CPU (tern's f32 reference numerics). Throws naming a bad value.
 ops::Activations resolve_activations(const std::string& flag, const std::string& device);
 // Kernel choices for a model: --activations native|fp8|auto (ops/act_quant.h; every device), and on the GPU

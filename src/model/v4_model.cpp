@@ -39,7 +39,6 @@ Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(
              "\" with norm_topk_prob = ", c.norm_topk_prob,
              " is not implemented (only sqrtsoftplus with normalised weights)");
   kv_format().check();
-  for (LayerWeights* L : all_layers()) mark_exact(*L);
   apply_activations();
   inv_freq_main_ = ops::rope_inv_freq(rope_params(c.rope_main, c.rope_dim));
   inv_freq_compress_ = ops::rope_inv_freq(rope_params(c.rope_compress, c.rope_dim));
@@ -117,22 +116,33 @@ void Model::set_activations(ops::Activations a) {
 }
 
 void Model::apply_activations() {
-  const bool fp8 = act_ == ops::Activations::fp8;
+  const bool fp8 = act_ == ops::Activations::fp8, f32 = act_ == ops::Activations::f32;
   // The official reference quantises x before every FP8 linear (the indexer's wq_b too: it stays an exact
   // product of the quantised x) and the routed experts' inputs (FP4 weight x FP8 activation); bf16 weights (the
   // router gate, the compressors, the indexer's weights_proj, the head) take x as it is.
   const auto quantised = [](ops::WeightFormat f) {
     return f == ops::WeightFormat::fp8_block || f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
   };
-  const auto mark = [&](Linear& w) { w.act_fp8 = fp8 && quantised(w.format); };
+  const auto mark_fp8 = [&](Linear& w) { w.act_fp8 = fp8 && quantised(w.format); };
+  // f32 (the exact mode): every product exact; otherwise only those mark_exact names.
+  const auto mark_f32 = [&](Linear& w) { w.exact = f32; };
   for (LayerWeights* L : all_layers()) {
     AttentionWeights& a = L->attn;
     ExpertWeights& s = L->ffn.shared;
-    for (Linear* w : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.wq_a_wkv, &s.w1, &s.w2, &s.w3, &s.w13}) mark(*w);
-    if (a.indexer) mark(a.indexer->wq_b);
-    for (ExpertWeights& e : L->ffn.experts) mark(e.w1), mark(e.w2), mark(e.w3);
+    for (Linear* w : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.wq_a_wkv, &s.w1, &s.w2, &s.w3, &s.w13})
+      mark_fp8(*w), mark_f32(*w);
+    for (ExpertWeights& e : L->ffn.experts) mark_fp8(e.w1), mark_fp8(e.w2), mark_fp8(e.w3);
+    for (ExpertWeights& e : L->ffn.experts) mark_f32(e.w1), mark_f32(e.w2), mark_f32(e.w3);
+    if (a.indexer) mark_fp8(a.indexer->wq_b);
+    for (CompressorWeights* c : {a.compressor ? &*a.compressor : nullptr, a.indexer ? &a.indexer->compressor : nullptr})
+      if (c != nullptr) mark_f32(c->wkv), mark_f32(c->wgate), mark_f32(c->wkv_wgate);
+    mark_f32(L->ffn.gate);
+    mark_exact(*L);  // after: the gate and the indexer stay exact in every mode
   }
-  if (w_.mtp) mark(w_.mtp->e_proj), mark(w_.mtp->h_proj);
+  if (w_.mtp) {
+    for (Linear* w : {&w_.mtp->e_proj, &w_.mtp->h_proj}) mark_fp8(*w), mark_f32(*w);
+  }
+  mark_f32(w_.head);
 }
 
 std::vector<LayerWeights*> Model::all_layers() {

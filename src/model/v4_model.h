@@ -55,9 +55,10 @@ class Model {
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   KvMode kv_mode() const { return mode_; }
-  // Which activations the FP8 and FP4 products see (ops/act_quant.h): native (the default) or fp8, the official
-  // reference's act_quant before each of them (attention projections, the indexer's wq_b, shared expert, MTP
-  // projections, the routed experts' x and h; not the bf16 products). Kept across to_device.
+  // Which activations the products see (ops/act_quant.h): native (the default); fp8, the official reference's
+  // act_quant before each FP8 and FP4 product (attention projections, the indexer's wq_b, shared expert, MTP
+  // projections, the routed experts' x and h; not the bf16 products); or f32, the exact mode (every weight
+  // `exact`, the head and the experts included). Kept across to_device.
   void set_activations(ops::Activations a);
   ops::Activations activations() const { return act_; }
   ops::KvRowFormat kv_format() const;

@@ -14,6 +14,8 @@ std::string_view activations_name(Activations a) {
       return "native";
     case Activations::fp8:
       return "fp8";
+    case Activations::f32:
+      return "f32";
   }
   return "?";
 }
@@ -21,7 +23,9 @@ std::string_view activations_name(Activations a) {
 Activations parse_activations(std::string_view s) {
   if (s == "native") return Activations::native;
   if (s == "fp8") return Activations::fp8;
-  fail("activations \"", s, "\": expected native (each backend's own) or fp8 (1x128 e4m3, power-of-two scales)");
+  if (s == "f32") return Activations::f32;
+  fail("activations \"", s, "\": expected native (each backend's own), fp8 (1x128 e4m3, power-of-two scales) or f32 "
+       "(every product exact in f32: slow)");
 }
 
 int fp8_scale_exponent(float amax) {

@@ -16,13 +16,16 @@ namespace tern::ops {
 
 inline constexpr int64_t kActBlock = 128;
 
-// Which activations the FP8 and FP4 products see.
+// Which activations the products see.
 enum class Activations : uint8_t {
   native,  // each backend's own (CPU f32, CUDA bf16 tensor-core operands)
   fp8,     // the official reference's: 1x128 e4m3 with power-of-two scales
+  f32,     // the exact mode (issue #17): every product in f32 on every backend (each weight `exact`: on the GPU the
+           // exact CUDA-core and split tensor-core kernels; slow), so a GPU run differs from the CPU's only by
+           // summation order and tells a rounding from a kernel bug
 };
 std::string_view activations_name(Activations a);
-// "native" or "fp8"; throws tern::Error naming the choices otherwise.
+// "native", "fp8" or "f32"; throws tern::Error naming the choices otherwise.
 Activations parse_activations(std::string_view s);
 
 // The exponent k of the scale 2^k for a block whose largest |value| is amax (the reference's rule, evaluated

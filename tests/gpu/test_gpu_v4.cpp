@@ -347,6 +347,46 @@ TEST_P(GpuV4, MoeExperts) {
   cuda::register_backend().check_device_errors();
 }
 
+// The exact experts (--activations f32: every expert weight `exact`): f32 CUDA-core products, so the GPU is held to
+// the f32 bound against the CPU, at this shape's width and depth and at the odd fixture's (hidden 320, width 96,
+// 6 experts top-3), in every expert format.
+TEST_P(GpuV4, MoeExpertsExact) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  struct Case {
+    int64_t E, k, D, inter;
+  };
+  for (const Case c : {Case{std::min<int64_t>(s.experts, 16), s.experts_per_token, s.D, s.inter}, Case{6, 3, 320, 96}}) {
+    for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4, ops::WeightFormat::fp8_block,
+                                ops::WeightFormat::bf16}) {
+      RandomExperts experts(f, c.E, c.D, c.inter, r);
+      std::vector<ops::Expert> dexp = experts.on_device;
+      for (ops::Expert& e : dexp) e.w1.exact = e.w2.exact = e.w3.exact = true;
+      for (int64_t T : {1, 5}) {
+        Tensor x = random_f32({T, c.D}, r), w = random_f32({T, c.k}, r, 0.5f);
+        Tensor idx(DType::i32, {T, c.k});
+        for (int64_t t = 0; t < T; ++t) {  // distinct experts per token
+          std::vector<int32_t> all(c.E);
+          std::iota(all.begin(), all.end(), 0);
+          for (int64_t j = 0; j < c.k; ++j) std::swap(all[j], all[j + r.index(c.E - j)]);
+          std::copy_n(all.begin(), c.k, idx.data<int32_t>() + t * c.k);
+        }
+        Tensor ref(DType::f32, {T, c.D});
+        ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+        auto dx = upload(x), dw = upload(w), didx = upload(idx), out = poisoned(DType::f32, {T, c.D});
+        const std::string path = cuda::register_backend().moe_path(dexp[0].w1, T);
+        EXPECT_NE(path.find("moe_exact"), std::string::npos) << path;
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        expect_close(out, ref, kTolF32,
+                     cat("exact moe_experts ", ops::weight_format_name(f), " E=", c.E, " D=", c.D, " inter=", c.inter,
+                         " T=", T));
+      }
+    }
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 // Every expert-kernel variant takes its K slices from the weight shape alone (moe_k_slices) and adds each
 // output's slices in slice order, chunks in column order: so every variant, the register kernel included,
 // must give variant 0's bits, not merely bits close to the reference. This is what makes the variants 5-7 of

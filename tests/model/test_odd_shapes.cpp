@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "core/error.h"
 #include "fixture.h"
@@ -95,6 +96,28 @@ TEST(OddShapes, GreedyContinuations) {
     EXPECT_EQ(got, want) << "prompt " << p;
   }
   std::printf("[%s] greedy steps: max|d|/max|ref| = %.3g\n", kOdd, worst);
+}
+
+// The exact mode (--activations f32) marks every weight exact: the CPU computes in f32 anyway, so its logits are
+// the native mode's bits; and the marks are the whole mode (back to native, only the gate and indexer stay exact).
+TEST(OddShapes, ExactModeIsTheCpusOwnArithmetic) {
+  const Fixture& f = Fixture::get(kOdd);
+  model::Model native(f.weights(), model::KvMode::exact), exact(f.weights(), model::KvMode::exact);
+  exact.set_activations(ops::Activations::f32);
+  const model::LayerWeights& L = exact.weights().layers[2];
+  EXPECT_TRUE(L.attn.wq_b.exact && L.ffn.experts[0].w2.exact && L.ffn.shared.w1.exact && exact.weights().head.exact);
+  EXPECT_FALSE(L.attn.wq_b.act_fp8);
+  const std::vector<int64_t> ids = f.ids(f.num_prompts() - 1);
+  cache::SequenceState a = native.new_state(static_cast<int64_t>(ids.size())),
+                       b = exact.new_state(static_cast<int64_t>(ids.size()));
+  const model::StepSequence sa{&a, ids, model::LogitsFor::all}, sb{&b, ids, model::LogitsFor::all};
+  const Tensor la = native.forward({&sa, 1}), lb = exact.forward({&sb, 1});
+  ASSERT_EQ(la.numel(), lb.numel());
+  EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.numel() * sizeof(float)), 0);
+  exact.set_activations(ops::Activations::native);
+  const model::LayerWeights& N = exact.weights().layers[3];
+  EXPECT_FALSE(N.attn.wq_b.exact || N.ffn.experts[0].w1.exact || exact.weights().head.exact);
+  EXPECT_TRUE(N.ffn.gate.exact && N.attn.indexer->wq_b.exact && N.attn.indexer->compressor.wkv.exact);
 }
 
 // DeepSeek's FP8 KV rows hold the no-RoPE dims in blocks of 64: 80 cannot be held, and the model says so.

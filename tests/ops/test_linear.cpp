@@ -207,6 +207,8 @@ TEST(ActQuant, LinearTakesTheQuantisedRows) {
 TEST(ActQuant, ParsesItsModes) {
   EXPECT_EQ(ops::parse_activations("fp8"), ops::Activations::fp8);
   EXPECT_EQ(ops::parse_activations("native"), ops::Activations::native);
+  EXPECT_EQ(ops::parse_activations("f32"), ops::Activations::f32);
+  EXPECT_EQ(ops::activations_name(ops::Activations::f32), "f32");
   EXPECT_THROW(ops::parse_activations("bf16"), Error);
 }
 

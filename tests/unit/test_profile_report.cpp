@@ -44,6 +44,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_bulk_kernel<(tern::ops::WeightFormat)3, true>(tern::cuda::dev::MoeBulkArgs)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_exact_kernel(tern::cuda::MoeParams, float*, int*)", C::moe},
     {"void tern::cuda::dev::moe_bulk_kernel<(tern::ops::WeightFormat)4, false>(tern::cuda::dev::MoeBulkArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_combine_kernel(float const*, int const*, float const*, long, int, long, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_scored_kernel(float const*, float const*, long, long, int, float, int*, float*)", C::moe},

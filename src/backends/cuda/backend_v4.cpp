@@ -308,12 +308,25 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.out = a.out.data_as<float>();
   p.err = impl_->err();
   TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");
-  TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
-             ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
   const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;
   p.variant = impl_->moe_variant;
+  // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
+  for (const ops::Expert& e : a.experts)
+    TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
+               "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
+  if (e0.w1.exact) {
+    TERN_CHECK(!e0.w1.act_fp8, "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
+               "each other)");
+    TERN_CHECK(moe_exact_smem_bytes(p) <= kMoeExactMaxSmem, "no cuda kernel for op moe_experts (exact experts of ",
+               p.D, " -> ", p.inter, ": more shared memory than a block has)");
+    launch_moe_exact(p, impl_->scratch(moe_exact_workspace_bytes(p)), impl_->stream);
+    check_launch("moe_experts (exact)");
+    return;
+  }
+  TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
+             ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
   // --activations fp8: x quantised here, h by every path between its up and down products (MoeParams::act_fp8).
   Tensor xq;
   if (e0.w1.act_fp8) {
@@ -341,6 +354,7 @@ void CudaBackend::set_moe_variant(int variant) {
 }
 
 std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
+  if (w1.exact) return "moe_exact (f32 CUDA cores, one block a pick) + moe_combine";
   // Device allocations are 256-byte aligned: what the bulk kernels need of the expert pointers.
   MoeParams p = moe_shape(w1, w1, T, 1);
   p.experts_aligned = true;

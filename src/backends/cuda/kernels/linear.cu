@@ -12,6 +12,7 @@
 #include "backends/cuda/kernels/linear_bulk_impl.cuh"
 #include "backends/cuda/kernels/linear_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
+#include "backends/cuda/kernels/weight_at.cuh"
 
 namespace tern::cuda {
 
@@ -358,35 +359,6 @@ int64_t linear_partial_floats(const LinearParams& p) {
 
 namespace dev {
 namespace {
-
-struct SimpleMat {
-  int kind;
-  const uint8_t* w;
-  const uint8_t* s;
-  int64_t out, in, s_cols;
-  int scale_f32;
-  float global_scale;
-};
-
-__device__ float weight_at(const SimpleMat& m, int64_t r, int64_t c) {
-  switch (static_cast<WeightFormat>(m.kind)) {
-    case WeightFormat::f32: return reinterpret_cast<const float*>(m.w)[r * m.in + c];
-    case WeightFormat::bf16: return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(m.w)[r * m.in + c]);
-    case WeightFormat::fp8_block: {
-      const int64_t si = (r / 128) * m.s_cols + c / 128;
-      const float s = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
-      return e4m3_to_f32(m.w[r * m.in + c]) * s;
-    }
-    case WeightFormat::mxfp4:
-    case WeightFormat::nvfp4: {
-      const uint8_t byte = m.w[r * (m.in / 2) + c / 2];
-      const float v = e2m1_to_f32((c & 1) ? byte >> 4 : byte & 0xf);
-      if (static_cast<WeightFormat>(m.kind) == WeightFormat::mxfp4) return v * e8m0_to_f32(m.s[r * m.s_cols + c / 32]);
-      return v * ue4m3_to_f32(m.s[r * m.s_cols + c / 16]) * m.global_scale;
-    }
-  }
-  return nan_f32();
-}
 
 // Tokens per warp of the exact kernel: each weight element is decoded once for all of them.
 constexpr int kSimpleTokens = 8;

@@ -70,6 +70,14 @@ inline constexpr int64_t kMoeBulkMaxTokens = 64;
 // num_sms: the device's multiprocessor count (the bulk kernels run one persistent block on each).
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream);
 
+// The exact experts (moe_exact.cu; --activations f32, every expert weight `exact`): f32 CUDA-core products, one
+// block per (token, pick), then launch_moe_combine. The workspace holds y [T * k, D] and pos [T * k]; the block's
+// shared memory (D + inter) floats, at most kMoeExactMaxSmem.
+inline constexpr size_t kMoeExactMaxSmem = 227 * 1024;
+int64_t moe_exact_workspace_bytes(const MoeParams& p);
+size_t moe_exact_smem_bytes(const MoeParams& p);
+void launch_moe_exact(const MoeParams& p, void* workspace, cudaStream_t stream);
+
 // For the library path (backend_library.cpp), the combine launch_moe ends with: out[t] = sum over the picks
 // j of weights[t, j] * y[pos[t, j]], in pick order.
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream);
