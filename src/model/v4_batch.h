@@ -20,10 +20,12 @@ struct Model::Batch {
   TensorView positions;  // i64 [N]
   Tensor ids_storage, positions_storage;  // what ids / positions view in an eager batch
   std::vector<Seq> seqs;
-  // A decode step (decode_body): N slots of one token each, per-slot state addresses in these tables;
-  // seqs is then empty, and every sequence's state has `layout`'s page geometry and at most its max_tokens.
+  // A step on the step tables: N slots of one token each (a sequence's q <= max_queries tokens in consecutive
+  // slots), per-slot positions, sequences and state addresses in these tables; every sequence's state has
+  // `layout`'s page geometry and at most max_tokens positions. seqs is empty in a recorded step (decode_body).
   const DecodeTables* decode = nullptr;
   const cache::StateLayout* layout = nullptr;
+  int64_t max_queries = 1, max_tokens = 0;
   std::vector<int64_t> wanted;  // batch rows whose logits are returned
 
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }

@@ -1,6 +1,6 @@
-// Batched decode steps (v4_model.h, "Batched decode steps"): the forward of forward() with the
-// per-sequence ops (compressors, indexer, attention, window-ring store) replaced by one launch for all
-// slots, which reads each slot's position and state addresses from device tables.
+// Steps on the step tables (v4_model.h, "Steps on the step tables"): the forward with the per-sequence ops
+// (compressors, indexer, attention, window-ring store) replaced by one launch for all slots, which reads each
+// slot's position, sequence and state addresses from device tables.
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -19,7 +19,7 @@
 namespace tern::model {
 
 namespace {
-constexpr int kGlobalWords = 4, kWordsPerLayer = 4;
+constexpr int kGlobalWords = 5, kWordsPerLayer = 4;
 int64_t address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
 
 // Slot rows of layer l (compressed rows, or indexer keys) in pages of `layout`'s geometry.
@@ -55,53 +55,64 @@ void Model::check_state(const cache::SequenceState& state) const {
   TERN_CHECK(state.device() == device_, "forward: the state is not on the model's device (make it with new_state())");
 }
 
-std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout) const {
+std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
+                                  int64_t max_queries) const {
   if (observer_) return "an observer is set";
   if (batch.empty()) return "an empty batch";
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
-    if (s.tokens.size() != 1) return "prefill in the step";
-    if (s.logits != LogitsFor::last) return "a decode token without logits";
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    if (n < 1 || n > max_queries) return "prefill in the step";
+    if (n > w_.config.sliding_window) return "more tokens of a sequence than its window";
+    if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
     if (s.state == nullptr || !seen.insert(s.state).second) return "a missing or repeated state";
     const cache::StateLayout& l = s.state->layout();
     if (l.max_tokens() > layout.max_tokens()) return "a sequence longer than the graphs' bound";
     if (l.page_bytes() != layout.page_bytes() || l.tokens_per_page() != layout.tokens_per_page())
       return "a state in pages of another geometry";
-    if (s.state->capacity() < s.state->position() + 1) return "a state without pages for its next token";
+    if (s.state->capacity() < s.state->position() + n) return "a state without pages for its next tokens";
   }
   return {};
 }
 
 void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const {
-  const int64_t S = slots, B = static_cast<int64_t>(batch.size());
-  TERN_CHECK(B <= S && static_cast<int64_t>(words.size()) >= decode_words(S), "fill_decode_tables: ", B,
-             " sequences in ", S, " slots, ", words.size(), " words");
+  const int64_t S = slots;
+  int64_t tokens = 0;
+  for (const StepSequence& s : batch) tokens += static_cast<int64_t>(s.tokens.size());
+  TERN_CHECK(tokens <= S && static_cast<int64_t>(words.size()) >= decode_words(S), "fill_decode_tables: ", tokens,
+             " tokens in ", S, " slots, ", words.size(), " words");
   std::fill(words.begin(), words.begin() + decode_words(S), int64_t{0});
-  for (int64_t i = 0; i < S; ++i) words[S + i] = -1;  // inert padding
-  for (int64_t i = 0; i < B; ++i) {
-    const StepSequence& s = batch[i];
-    TERN_CHECK(s.state != nullptr && s.tokens.size() == 1, "fill_decode_tables: slot ", i,
-               " needs a state and exactly one token");
+  for (int64_t i = 0; i < S; ++i) words[S + i] = -1, words[4 * S + i] = i;  // inert padding, each its own sequence
+  int64_t i = 0;  // the next slot
+  for (size_t k = 0; k < batch.size(); ++k) {
+    const StepSequence& s = batch[k];
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    TERN_CHECK(s.state != nullptr && n >= 1, "fill_decode_tables: sequence ", k, " needs a state and a token");
     check_state(*s.state);
     const int64_t pos = s.state->position();
-    TERN_CHECK(pos + 1 <= s.state->layout().max_tokens(), "forward: ", pos + 1,
+    TERN_CHECK(pos + n <= s.state->layout().max_tokens(), "forward: ", pos + n,
                " tokens exceed the state's capacity of ", s.state->layout().max_tokens());
-    TERN_CHECK(s.state->capacity() >= pos + 1, "fill_decode_tables: slot ", i, "'s state holds pages for ",
-               s.state->capacity(), " positions, not ", pos + 1, " (reserve() first)");
-    words[i] = s.tokens[0];
-    words[S + i] = pos;
-    for (int l = 0; l < static_cast<int>(layer_specs_.size()); ++l) {
-      int64_t* w = words.data() + (kGlobalWords + kWordsPerLayer * l) * S + i;
-      const int ratio = layer_specs_[l].ratio;
-      w[0 * S] = address(s.state->ring(l));
-      if (ratio > 0) {
-        const PagedRows rows = s.state->compressed_rows(l);  // every layer's rows: the same pool and table
-        words[2 * S + i] = address(rows.pool);
-        words[3 * S + i] = address(rows.block_table);
-        w[1 * S] = address(s.state->compressor_acc(l));
-        w[3 * S] = pos / ratio * ratio;
+    TERN_CHECK(s.state->capacity() >= pos + n, "fill_decode_tables: sequence ", k, "'s state holds pages for ",
+               s.state->capacity(), " positions, not ", pos + n, " (reserve() first)");
+    const int64_t first = i;
+    for (int64_t t = 0; t < n; ++t, ++i) {
+      const int64_t p = pos + t;
+      words[i] = s.tokens[static_cast<size_t>(t)];
+      words[S + i] = p;
+      words[4 * S + i] = first;
+      for (int l = 0; l < static_cast<int>(layer_specs_.size()); ++l) {
+        int64_t* w = words.data() + (kGlobalWords + kWordsPerLayer * l) * S + i;
+        const int ratio = layer_specs_[l].ratio;
+        w[0 * S] = address(s.state->ring(l));
+        if (ratio > 0) {
+          const PagedRows rows = s.state->compressed_rows(l);  // every layer's rows: the same pool and table
+          words[2 * S + i] = address(rows.pool);
+          words[3 * S + i] = address(rows.block_table);
+          w[1 * S] = address(s.state->compressor_acc(l));
+          w[3 * S] = p / ratio * ratio;
+        }
+        if (layer_specs_[l].index_row_bytes > 0) w[2 * S] = address(s.state->indexer_acc(l));
       }
-      if (layer_specs_[l].index_row_bytes > 0) w[2 * S] = address(s.state->indexer_acc(l));
     }
   }
 }
@@ -114,7 +125,7 @@ Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots)
     return TensorView(words.data_as<int64_t>() + k * S, DType::i64, {S}, words.device());
   };
   DecodeTables t;
-  t.ids = array(0), t.positions = array(1), t.pools = array(2), t.row_tables = array(3);
+  t.ids = array(0), t.positions = array(1), t.pools = array(2), t.row_tables = array(3), t.firsts = array(4);
   for (int64_t l = 0; l < static_cast<int64_t>(layer_specs_.size()); ++l) {
     const int64_t k = kGlobalWords + kWordsPerLayer * l;
     t.layers.push_back({array(k), array(k + 1), array(k + 2), array(k + 3)});
@@ -134,6 +145,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
   b.positions = t.positions;
   b.decode = &t;
   b.layout = &layout;
+  b.max_tokens = layout.max_tokens();
   const int64_t N = b.tokens, D = c.hidden_size;
   const Tensor streams = run_layers(b);
   // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the
@@ -159,8 +171,11 @@ void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool ind
   const int ratio = c.compress_ratio(l);
   const int64_t N = b.tokens, width = cw.width;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const ops::DecodeCompressorArgs update{
-      indexer ? t.indexer_acc : t.compressor_acc, kv, gate, cw.ape, b.positions, ratio, cw.overlap, width, {}};
+  ops::DecodeCompressorArgs update;
+  update.accs = indexer ? t.indexer_acc : t.compressor_acc;
+  update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = b.positions;
+  if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
+  update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
   const ops::DecodePagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
   if (fused_compress_emit()) {
     ops::decode_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
@@ -193,7 +208,7 @@ Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const T
   args.keys = paged_rows(*b.decode, *b.layout, l, /*keys=*/true);
   args.positions = b.positions;
   args.ratio = c.compress_ratio(l);
-  args.max_keys = b.layout->max_tokens() / args.ratio;
+  args.max_keys = b.max_tokens / args.ratio;
   Tensor selected = tensor(DType::i32, {N, c.index_topk});
   ops::decode_indexer_topk(args, c.index_topk, selected);
   return selected;
@@ -207,6 +222,7 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
   ops::DecodeAttentionArgs args;
   args.q = q;
   args.positions = b.positions;
+  if (b.max_queries > 1) args.firsts = b.decode->firsts;
   args.format = kv_format();
   args.rows = kv_rows;
   args.rings = t.ring;
@@ -214,15 +230,21 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
   args.ratio = c.compress_ratio(l);
   if (args.ratio > 0) {
     args.compressed = paged_rows(*b.decode, *b.layout, l, /*keys=*/false);
-    args.max_compressed = b.layout->max_tokens() / args.ratio;
+    args.max_compressed = b.max_tokens / args.ratio;
   }
   args.selected = selected.empty() ? TensorView() : selected.view();
   args.sinks = layer(l).attn.attn_sink;
   args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // The slots' rows enter their rings on a side branch beside the attention (joined at the end of the
-  // attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from kv_rows,
-  // never the slot p % window the store writes, and no two slots share a ring.
-  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, b.positions, c.sliding_window); });
+  // One token a sequence: the slots' rows enter their rings on a side branch beside the attention (joined at the
+  // end of the attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from
+  // kv_rows, never the slot p % window the store writes, and no two slots share a ring. Several: a later token's
+  // ring slot holds a row an earlier token of the sequence reads, so the rows enter after the attention.
+  if (b.max_queries > 1) {
+    ops::decode_attention(args, heads);
+    ops::store_ring_rows(kv_rows, t.ring, b.positions, b.decode->firsts, c.sliding_window);
+    return;
+  }
+  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, b.positions, {}, c.sliding_window); });
   ops::decode_attention(args, heads);
 }
 

@@ -321,10 +321,27 @@ Tensor Model::forward(std::span<const StepSequence> batch, std::span<const Logit
 Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for,
                            Tensor* streams_out, bool logits_on_device) {
   const ModelConfig& c = w_.config;
-  const Batch b = make_batch(batch);
+  Batch b = make_batch(batch);
   const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
+  // A step the step tables take (every sequence 1..kMaxStepQueries tokens, one page geometry) runs on them: the
+  // code the recorded steps run. Longer chunks run per sequence.
+  Tensor words;
+  DecodeTables tables;
+  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
+  for (const StepSequence& s : batch)
+    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
+  if (step_tables_ && decode_refusal(batch, *bound, kMaxStepQueries).empty()) {
+    words = Tensor(DType::i64, {decode_words(N)});
+    fill_decode_tables(batch, N, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
+    words = on_device(std::move(words));
+    tables = decode_tables(words, N);
+    b.decode = &tables;
+    b.layout = bound;
+    b.max_tokens = bound->max_tokens();
+    for (const Batch::Seq& s : b.seqs) b.max_queries = std::max(b.max_queries, s.n);
+  }
   const Tensor streams = run_layers(b);
   if (streams_out != nullptr) {  // the pre-hc_head streams of the chosen rows
     std::vector<int64_t> rows;

@@ -118,34 +118,44 @@ class Model {
   void set_observer(Observer observer) { observer_ = std::move(observer); }
   bool has_observer() const { return static_cast<bool>(observer_); }
 
-  // Batched decode steps (model/v4_decode.cpp), what the CUDA graphs record (model/decode_graphs.h): every
-  // sequence brings exactly one token and wants its logits; the step is laid out in `slots` slots (the
-  // sequences first, then inert padding at position -1), and each op runs once for all slots, reading
-  // per-slot positions and state addresses from device tables. Same arithmetic per token as forward().
+  // Steps on the step tables (model/v4_decode.cpp): every sequence brings 1 <= q <= kMaxStepQueries tokens (a
+  // decode token, or k + 1 tokens to verify); the step is laid out in `slots` slots, one token each (each
+  // sequence's tokens in consecutive slots, then inert padding at position -1), and each op runs once for all
+  // slots, reading per-slot positions, sequences and state addresses from device tables. Same arithmetic per token
+  // as the per-sequence chunk path. forward() runs every step it can this way (step_refusal); the CUDA graphs
+  // record it (model/decode_graphs.h, one token a sequence for now).
   //
   // The tables, i64 [decode_words(slots)] on the device: array k of `slots` words at k * slots; 0 token
   // ids, 1 positions, 2 the state's page pool and 3 its row block table on the device (addresses: every
-  // layer's compressed rows and indexer keys are rows of those pages), then per layer l at 4 + 4 l: ring,
-  // compressor accumulators, indexer accumulators (addresses; 0 where the layer has none), and the position
-  // of the compressed entry the token would close ((p / ratio) * ratio).
+  // layer's compressed rows and indexer keys are rows of those pages), 4 the slot of the first token of the slot's
+  // sequence (ops/decode.h "firsts"), then per layer l at 5 + 4 l: ring, compressor accumulators, indexer
+  // accumulators (addresses; 0 where the layer has none), and the position of the compressed entry the token
+  // would close ((p / ratio) * ratio).
+  static constexpr int64_t kMaxStepQueries = 4;
   struct DecodeTables {
-    TensorView ids, positions, pools, row_tables;
+    TensorView ids, positions, pools, row_tables, firsts;
     struct Layer {
       TensorView ring, compressor_acc, indexer_acc, entry_positions;
     };
     std::vector<Layer> layers;
   };
-  int64_t decode_words(int64_t slots) const { return (4 + 4 * static_cast<int64_t>(layer_specs_.size())) * slots; }
-  // Why `batch` cannot run as a decode step recorded for states of `layout` (at most its max_tokens tokens,
-  // in pages of its geometry); empty: it can.
-  std::string decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout) const;
-  // Writes the host image of the tables (decode_words(slots) words) for `batch` padded to `slots`.
+  int64_t decode_words(int64_t slots) const { return (5 + 4 * static_cast<int64_t>(layer_specs_.size())) * slots; }
+  // Why `batch` cannot run on the step tables for states of `layout` (at most its max_tokens tokens, in pages of
+  // its geometry) with up to max_queries tokens a sequence; empty: it can. A recorded decode step (max_queries
+  // 1) also needs every sequence to want its logits.
+  std::string decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
+                             int64_t max_queries = 1) const;
+  // Writes the host image of the tables (decode_words(slots) words) for `batch` (its tokens, one a slot) padded
+  // to `slots`.
   void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const;
+  // Whether forward() runs the steps it can on the step tables (the default) or every step on the per-sequence
+  // chunk path (tests compare the two; A/B).
+  void set_step_tables(bool on) { step_tables_ = on; }
   // Views of the device tables.
   DecodeTables decode_tables(const TensorView& words, int64_t slots) const;
-  // The device work of one decode step: no host synchronisation, no host data, every shape a function of
-  // the slots alone (so it can be captured once and replayed). Returns the device logits f32 [slots,
-  // vocab] (padding rows are garbage-free but meaningless). Does not advance the states (decode_done).
+  // The device work of one decode step (one token a sequence): no host synchronisation, no host data, every shape
+  // a function of the slots alone (so it can be captured once and replayed). Returns the device logits f32
+  // [slots, vocab] (padding rows are garbage-free but meaningless). Does not advance the states (decode_done).
   Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout);
   // After the step ran: each sequence of the batch has consumed its token.
   static void decode_done(std::span<const StepSequence> batch);
@@ -225,6 +235,7 @@ class Model {
   Observer observer_;
   Tensor inv_freq_main_, inv_freq_compress_;
   std::vector<cache::LayerSpec> layer_specs_;
+  bool step_tables_ = true;
 };
 
 // Generation helpers for tests and `tern run`: prefill the prompt (in chunks of `chunk` tokens; 0 = all at

@@ -53,7 +53,7 @@ void Backend::decode_compress_emit(const DecodeCompressEmitArgs&) {
 void Backend::decode_indexer_topk(const DecodeIndexerArgs&, int, const TensorView&) {
   no_kernel("decode_indexer_topk", "batched decode steps");
 }
-void Backend::store_ring_rows(const TensorView&, const TensorView&, const TensorView&, int64_t) {
+void Backend::store_ring_rows(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int64_t) {
   no_kernel("store_ring_rows", "batched decode steps");
 }
 void Backend::store_paged_rows(const TensorView&, const DecodePagedRows&, const TensorView&, int) {

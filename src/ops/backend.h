@@ -81,7 +81,7 @@ class Backend {
   virtual void decode_compress_emit(const DecodeCompressEmitArgs& a);
   virtual void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
   virtual void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                               int64_t window);
+                               const TensorView& firsts, int64_t window);
   virtual void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions,
                                 int ratio);
   // sampling.h (specs checked and counted by ops::sample_rows; results on the host on return)

@@ -1,13 +1,15 @@
-// Batched decode-step ops: every slot of the batch brings exactly one token of its own sequence, and one
-// launch serves all slots. What differs per slot (the token's position, where its state lives) is read
-// on the device from per-step arrays, so a step can be recorded once (a CUDA graph) and replayed with new
-// arrays. A slot at position -1 is inert padding: it reads no state, writes none, raises no error.
+// Batched step ops: every slot of the batch brings one token, and one launch serves all slots. A sequence brings
+// q >= 1 tokens in consecutive slots at consecutive positions (a decode token, or k + 1 tokens to verify): slot i
+// belongs to the sequence whose first slot is firsts[i] (an i64 [slots] array; empty: every slot is its own
+// sequence, q = 1). What differs per slot (the token's position, its sequence, where its state lives) is read on
+// the device from per-step arrays, so a step can be recorded once (a CUDA graph) and replayed with new arrays.
+// A slot at position -1 is inert padding (its own sequence): it reads no state, writes none, raises no error.
 //
 // Address tables are i64 [slots] tensors holding device addresses (0 for inert slots): each slot's ring or
 // accumulators. Compressed rows and indexer keys are paged (DecodePagedRows): per slot the address of its
 // sequence's pool and row block table, and one page geometry for all slots.
-// Each op computes per slot exactly what its eager counterpart computes for a one-token chunk (same
-// kernels, same reduction orders), so a decode step gives the eager forward's bits.
+// Each op computes per sequence exactly what its eager counterpart computes for the chunk of that sequence's
+// tokens (same kernels, same reduction orders), so a step gives the eager forward's bits.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +27,14 @@ struct DecodePagedRows {
   int64_t page_bytes = 0, offset_in_page = 0, rows_per_page = 0, row_bytes = 0;
 };
 
+// Slot i's query at positions[i] sees the window positions >= its sequence's first position
+// (positions[firsts[i]]) in this step's rows (row firsts[i] + position - first position), the older ones in its
+// ring; so the step's rows enter the rings after the attention (store_ring_rows).
 struct DecodeAttentionArgs {
   TensorView q;          // f32 [slots, heads, head_dim]
   TensorView positions;  // i64 [slots]
   KvRowFormat format;
-  TensorView rows;        // u8 [slots, row_bytes]: each slot's own new row (not yet in its ring)
+  TensorView rows;        // u8 [slots, row_bytes]: the step's new rows (not yet in the rings)
   TensorView rings;       // i64 [slots]: ring addresses (u8 [window, row_bytes] each)
   DecodePagedRows compressed;  // each slot's compressed rows (ratio > 0)
   int64_t window = 0;
@@ -38,9 +43,12 @@ struct DecodeAttentionArgs {
   TensorView selected;         // i32 [slots, k] (CSA) or empty
   TensorView sinks;            // f32 [heads]
   float scale = 1.0f;
+  TensorView firsts;  // i64 [slots] or empty (one token a sequence)
 };
 void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
 
+// A sequence's tokens fold into its accumulators in slot order (one chunk); the entry a token closes goes to that
+// token's slot.
 struct DecodeCompressorArgs {
   TensorView accs;       // i64 [slots]: accumulator addresses (f32 [overlap ? 2 : 1, 3, width] each)
   TensorView kv, gate;   // f32 [slots, channels], rows equally spaced (as CompressorArgs' kv and gate)
@@ -50,6 +58,8 @@ struct DecodeCompressorArgs {
   bool overlap = false;
   int64_t width = 0;
   TensorView emitted;  // f32 [slots, width]: row i written only when slot i's token closes a window
+  TensorView firsts;   // i64 [slots] or empty (one token a sequence)
+  int64_t max_queries = 1;  // bound on any sequence's tokens in the step (the CUDA kernel's windows per chunk)
 };
 void decode_compressor(const DecodeCompressorArgs& a);
 
@@ -80,8 +90,10 @@ struct DecodeIndexerArgs {
 void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
 
 // Stores row i of `rows` (u8 [slots, row_bytes]) into slot i's window ring (at rings[i], ring slot
-// position % window).
-void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions, int64_t window);
+// position % window), unless a later token of its sequence takes that ring slot in the same step (slot i + window
+// has the same first slot): only a sequence's last `window` rows land. firsts: as above (empty: one token each).
+void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                     const TensorView& firsts, int64_t window);
 // Stores row i of `rows` into slot i's paged rows as entry position / ratio, when the token closes a window.
 void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio);
 

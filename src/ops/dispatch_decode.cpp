@@ -14,6 +14,11 @@ void expect_table(std::string_view op, std::string_view arg, const TensorView& t
   expect_shape(op, arg, t, {slots});
   expect_dtype(op, arg, t, {DType::i64});
 }
+// firsts (when given): i64 [slots], each slot's first slot of its sequence (not after it). The values stay on the
+// device; the backends treat a bad one as the other tables' bad addresses.
+void expect_firsts(std::string_view op, const TensorView& firsts, int64_t slots) {
+  if (!firsts.empty()) expect_table(op, "firsts", firsts, slots);
+}
 void expect_paged_tables(std::string_view op, std::string_view arg, const DecodePagedRows& r, int64_t slots) {
   expect_table(op, arg, r.pools, slots);
   expect_table(op, arg, r.tables, slots);
@@ -28,6 +33,7 @@ void decode_attention(const DecodeAttentionArgs& a, const TensorView& out) {
   const int64_t S = a.q.dim(0);
   expect_table("decode_attention", "positions", a.positions, S);
   expect_table("decode_attention", "rings", a.rings, S);
+  expect_firsts("decode_attention", a.firsts, S);
   if (a.ratio > 0) {
     expect_paged_tables("decode_attention", "compressed", a.compressed, S);
     TERN_CHECK(a.compressed.row_bytes == a.format.row_bytes(), "decode_attention: compressed rows of ",
@@ -51,6 +57,9 @@ void expect_compressor_args(std::string_view op, const DecodeCompressorArgs& a) 
   const int64_t S = a.positions.dim(0), C = a.width * (a.overlap ? 2 : 1);
   expect_table(op, "positions", a.positions, S);
   expect_table(op, "accs", a.accs, S);
+  expect_firsts(op, a.firsts, S);
+  TERN_CHECK(a.max_queries >= 1 && (a.max_queries == 1 || !a.firsts.empty()), op, ": max_queries ", a.max_queries,
+             " needs firsts (one token a sequence without them)");
   detail::expect_rows(op, "kv", a.kv, {S, C});
   detail::expect_rows(op, "gate", a.gate, {S, C});
   TERN_CHECK(a.kv.row_stride() == a.gate.row_stride(), op, ": kv and gate rows must be equally spaced");
@@ -99,14 +108,16 @@ void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView&
       .decode_indexer_topk(a, topk, indices);
 }
 
-void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions, int64_t window) {
+void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                     const TensorView& firsts, int64_t window) {
   const int64_t S = rows.dim(0);
   expect_table("store_ring_rows", "rings", rings, S);
   expect_table("store_ring_rows", "positions", positions, S);
+  expect_firsts("store_ring_rows", firsts, S);
   expect_dtype("store_ring_rows", "rows", rows, {DType::u8});
   TERN_CHECK(window > 0, "store_ring_rows: a ring needs window > 0");
   backend_for(common_device("store_ring_rows", {&rows, &rings, &positions}))
-      .store_ring_rows(rows, rings, positions, window);
+      .store_ring_rows(rows, rings, positions, firsts, window);
 }
 
 void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio) {

@@ -288,6 +288,85 @@ TEST(GpuAttention, DecodeV4Shapes) {
   cuda::register_backend().check_device_errors();
 }
 
+int64_t addr(const TensorView& t) { return reinterpret_cast<int64_t>(t.data()); }
+Tensor i64(const std::vector<int64_t>& v) {
+  Tensor t(DType::i64, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return t;
+}
+
+// Sequences of q = 1..4 queries (a verify step) in one decode launch with `firsts`, at V4-Flash's shapes (64 heads
+// of 512, FP8 rows, window 128; CSA with 512 picks, HCA): each sequence's queries read its earlier rows of the step
+// (chunk_rows) and its ring, as the CPU's eager op on the chunk does.
+TEST(GpuAttention, DecodeSequencesOfSeveralQueries) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  const double tol = attention_on_tensor_cores(kFmt, kH) ? kTolBf16 : kTolF32;
+  for (const Case& c : kCases) {
+    const int64_t seqs = 9;
+    std::vector<int64_t> qs, starts;
+    int64_t S = 0;
+    for (int64_t k = 0; k < seqs; ++k) {
+      qs.push_back(1 + k % 4);
+      starts.push_back(k == 4 ? 2 : c.base + (c.step * k) % c.spread);  // one sequence at its very start
+      S += qs.back();
+    }
+    Tensor q = random_f32({S, kH, kHd}, r), rows = packed_rows(S, r), sinks = random_f32({kH}, r);
+    Tensor sel(DType::i32, {S, kTopk}), ref(DType::f32, {S, kH, kHd});
+    std::vector<Tensor> rings;
+    std::vector<PagedPair> comps;
+    std::vector<int64_t> pos(S), firsts(S), ring_addr(S), pool_addr(S), table_addr(S);
+    int64_t max_visible = 0;
+    for (int64_t k = 0, i0 = 0; k < seqs; i0 += qs[k], ++k) {
+      const int64_t n = qs[k], P = starts[k], visible = (P + n) / c.ratio;
+      max_visible = std::max(max_visible, visible);
+      rings.push_back(packed_rows(kW, r));
+      comps.push_back(paged_pair(packed_rows(std::max<int64_t>(visible, 1), r), kRowsPerPage, r));
+      for (int64_t t = 0; t < n; ++t) {  // each query's picks among the entries it sees
+        const int64_t i = i0 + t, vis = (P + t + 1) / c.ratio;
+        pos[i] = P + t, firsts[i] = i0;
+        for (int64_t j = 0; j < kTopk; ++j)
+          sel.data<int32_t>()[i * kTopk + j] = j < vis ? static_cast<int32_t>((j * 7 + t) % vis) : -1;
+      }
+      ops::AttentionArgs e{q.view().rows(i0, i0 + n), P, kFmt, rows.view().rows(i0, i0 + n), rings.back(), kW,
+                           comps.back().host, visible, c.ratio, c.select ? sel.view().rows(i0, i0 + n) : TensorView(),
+                           sinks, 1.0f / std::sqrt(static_cast<float>(kHd))};
+      ops::sparse_attention(e, ref.view().rows(i0, i0 + n));
+    }
+    std::vector<cuda::DeviceTensor> keep;
+    for (int64_t k = 0, i0 = 0; k < seqs; i0 += qs[k], ++k) {
+      keep.push_back(upload(rings[k]));
+      for (int64_t t = 0; t < qs[k]; ++t) {
+        ring_addr[i0 + t] = addr(keep.back());
+        pool_addr[i0 + t] = addr(comps[k].device_pool);
+        table_addr[i0 + t] = addr(comps[k].device_table);
+      }
+    }
+    auto dq = upload(q), drows = upload(rows), dsel = upload(sel), dsinks = upload(sinks), dpos = upload(i64(pos)),
+         dfirsts = upload(i64(firsts)), drings = upload(i64(ring_addr)), dpools = upload(i64(pool_addr)),
+         dtables = upload(i64(table_addr));
+    ops::DecodeAttentionArgs a;
+    a.q = dq;
+    a.positions = dpos;
+    a.firsts = dfirsts;
+    a.format = kFmt;
+    a.rows = drows;
+    a.rings = drings;
+    a.window = kW;
+    a.ratio = c.ratio;
+    a.compressed = {dpools, dtables, comps[0].device.page_bytes(), comps[0].device.offset_in_page, kRowsPerPage,
+                    kFmt.row_bytes()};
+    a.max_compressed = max_visible;
+    if (c.select) a.selected = dsel;
+    a.sinks = dsinks;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
+    auto out = poisoned(DType::f32, {S, kH, kHd});
+    ops::decode_attention(a, out);
+    expect_close(out, ref, tol, cat("decode_attention with firsts ", c.name));
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 // A slot alone, eagerly and inside a batch of 64 (60 slots and 4 inert ones) gives the same bits, for a sample of
 // slots including the short ones; inert slots write zeros.
 void check_batch_invariance(Rand& r) {

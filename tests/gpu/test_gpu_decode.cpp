@@ -219,6 +219,98 @@ TEST(GpuDecodeOps, CompressEmit) {
   cuda::register_backend().check_device_errors();
 }
 
+// Sequences of q = 1..5 tokens (verify-shaped) through decode_compress_emit and decode_compressor with `firsts`, at
+// V4-Flash's widths: the GPU against the CPU's step op (the eager chunk per sequence) on the same states: the
+// accumulators after the step, the entries stored (one chunk may close two windows), the emitted rows at their
+// closing tokens' slots. Chunks start at every offset in a window.
+void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, const char* name) {
+  const int64_t C = width * (overlap ? 2 : 1), n_acc = overlap ? 2 : 1, rpp = 64;
+  const ops::KvRowFormat f{ops::KvFormat::f32, width, 64};
+  const int64_t rb = f.row_bytes();
+  std::vector<int64_t> qs, starts;
+  for (int64_t k = 0; k < 10; ++k) qs.push_back(1 + k % std::min<int64_t>(5, ratio + 1)), starts.push_back(40 * ratio + 3 * k);
+  int64_t S = 0;
+  for (int64_t q : qs) S += q;
+  Tensor ape = random_f32({ratio, C}, r), kv = random_f32({S, C}, r), gate = random_f32({S, C}, r, 2.0f);
+  Tensor norm = random_f32({width}, r), inv_freq = ops::rope_inv_freq({160000.0, 64, true, 16.0, 65536.0, 32.0, 1.0});
+  std::vector<Tensor> accs;
+  std::vector<cuda::DeviceTensor> daccs;
+  std::vector<PagedPair> dest;
+  std::vector<int64_t> pos(S), firsts(S), h_acc(S), d_acc(S), h_pool(S), h_table(S), d_pool(S), d_table(S);
+  for (size_t k = 0, i0 = 0; k < qs.size(); i0 += qs[k], ++k) {
+    const int64_t P = starts[k];
+    accs.emplace_back(DType::f32, Shape{n_acc, 3, width});
+    Tensor pk = random_f32({P, C}, r), pg = random_f32({P, C}, r, 2.0f), em(DType::f32, {P / ratio, width});
+    ops::compressor_update({accs.back(), pk, pg, ape, 0, ratio, overlap, em});  // the state after 0 .. P-1
+    daccs.push_back(upload(accs.back()));
+    Tensor old(DType::u8, {(P + qs[k]) / ratio + 1, rb});
+    random_bytes(old, r);
+    dest.push_back(paged_pair(old, rpp, r));
+    for (int64_t t = 0; t < qs[k]; ++t) {
+      const size_t i = i0 + static_cast<size_t>(t);
+      pos[i] = P + t, firsts[i] = static_cast<int64_t>(i0);
+      h_acc[i] = addr(accs.back()), d_acc[i] = addr(daccs.back());
+      h_pool[i] = addr(dest.back().host_pool), h_table[i] = addr(dest.back().host_table);
+      d_pool[i] = addr(dest.back().device_pool), d_table[i] = addr(dest.back().device_table);
+    }
+  }
+  const PagedRows& geo = dest[0].host;
+  const int64_t max_q = *std::max_element(qs.begin(), qs.end());
+  ops::DecodeCompressEmitArgs a;
+  a.compressor = {i64(h_acc), kv, gate, ape, i64(pos), ratio, overlap, width, {}, i64(firsts), max_q};
+  a.norm = norm, a.eps = 1e-6f, a.inv_freq = inv_freq, a.format = f;
+  a.dest = {i64(h_pool), i64(h_table), geo.page_bytes(), geo.offset_in_page, rpp, rb};
+  ops::decode_compress_emit(a);  // the CPU reference
+  auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(i64(pos)), dfirsts = upload(i64(firsts)),
+       dacc_t = upload(i64(d_acc)), dpools = upload(i64(d_pool)), dtables = upload(i64(d_table)), dnorm = upload(norm),
+       dfreq = upload(inv_freq);
+  ops::DecodeCompressEmitArgs da = a;
+  da.compressor = {dacc_t, dkv, dgate, dape, dpos, ratio, overlap, width, {}, dfirsts, max_q};
+  da.norm = dnorm, da.inv_freq = dfreq;
+  da.dest.pools = dpools, da.dest.tables = dtables;
+  ops::decode_compress_emit(da);
+  for (size_t k = 0; k < qs.size(); ++k) {
+    const std::string seq = cat(name, ": sequence ", k, " (", qs[k], " tokens from ", starts[k], ")");
+    EXPECT_LE(compare(daccs[k], accs[k]).rel_err, kTolF32) << seq << ": accumulators";
+    const Tensor got_pool = cuda::to_host(dest[k].device_pool);
+    PagedRows got = dest[k].host;
+    got.pool = got_pool;
+    for (int64_t e = starts[k] / ratio; e < (starts[k] + qs[k]) / ratio; ++e) {  // the entries the chunk closed
+      Tensor want_row(DType::f32, {1, width}), got_row(DType::f32, {1, width});
+      ops::decode_kv_row(dest[k].host.row(e), f, want_row.data<float>());
+      ops::decode_kv_row(got.row(e), f, got_row.data<float>());
+      expect_close(upload(got_row), want_row, kTolF32, cat(seq, " entry ", e));
+    }
+  }
+  // decode_compressor with firsts: each closing token's slot gets its entry.
+  Tensor emitted(DType::f32, {S, width});
+  std::vector<Tensor> accs2;
+  std::vector<cuda::DeviceTensor> daccs2;
+  std::vector<int64_t> h2(S), d2(S);
+  for (size_t k = 0, i0 = 0; k < qs.size(); i0 += qs[k], ++k) {
+    accs2.push_back(Tensor::copy_of(accs[k], Device::cpu));
+    daccs2.push_back(upload(accs2.back()));
+    for (int64_t t = 0; t < qs[k]; ++t) h2[i0 + t] = addr(accs2.back()), d2[i0 + t] = addr(daccs2.back());
+  }
+  ops::decode_compressor({i64(h2), kv, gate, ape, i64(pos), ratio, overlap, width, emitted, i64(firsts), max_q});
+  auto dem = poisoned(DType::f32, {S, width});
+  auto dacc2 = upload(i64(d2));
+  ops::decode_compressor({dacc2, dkv, dgate, dape, dpos, ratio, overlap, width, dem, dfirsts, max_q});
+  for (int64_t i = 0; i < S; ++i)
+    if ((pos[i] + 1) % ratio == 0)
+      expect_close(dem.view().rows(i, i + 1), emitted.view().rows(i, i + 1), kTolF32,
+                   cat(name, " emitted at slot ", i, " (position ", pos[i], ")"));
+}
+
+TEST(GpuDecodeOps, CompressSequencesOfSeveralTokens) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  check_compress_sequences(4, true, 512, r, "csa");
+  check_compress_sequences(4, true, 128, r, "csa indexer keys");
+  check_compress_sequences(128, false, 512, r, "hca");
+  cuda::register_backend().check_device_errors();
+}
+
 TEST(GpuDecodeOps, IndexerTopk) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
@@ -304,9 +396,9 @@ TEST(GpuDecodeOps, StoreRingRows) {
     da[i] = null_slot ? 0 : addr(drings[i]);
   }
   const Tensor pos = i64(positions);
-  ops::store_ring_rows(rows, i64(ha), pos, window);
+  ops::store_ring_rows(rows, i64(ha), pos, {}, window);
   auto drows = upload(rows), dpos = upload(pos), dtab = upload(i64(da));
-  ops::store_ring_rows(drows, dtab, dpos, window);
+  ops::store_ring_rows(drows, dtab, dpos, {}, window);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(rings[i], drings[i])) << "store_ring_rows: slot " << i << " at " << positions[i];
   cuda::register_backend().check_device_errors();

@@ -266,6 +266,42 @@ TEST_P(GpuModel_, ActivationsFp8AgainstCpu) {
   EXPECT_LE(worst[1], std::max(4.0 * worst[0], 1e-3));
 }
 
+// Steps of 1..kMaxStepQueries tokens a sequence (verify-shaped, mixed in one batch) on the step tables (the
+// decode kernels with `firsts`: a query reads its sequence's earlier rows of the step, the compressor folds the
+// sequence's tokens as one chunk, the rings take the rows after the attention) against the per-sequence chunk
+// path on the GPU: the same bits, every token's logits and the final states (as batch invariance asks of any
+// chunking). FP8 and exact KV rows.
+TEST_P(GpuModel_, StepTablesMatchTheChunkPath) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    GpuModel tables(f, mode), chunks(f, mode);
+    chunks.model.set_step_tables(false);
+    const int64_t B = 3, max_tokens = 96, vocab = tables.model.config().vocab_size;
+    std::vector<cache::SequenceState> st, sc;
+    for (int64_t k = 0; k < B; ++k)
+      st.push_back(tables.model.new_state(max_tokens)), sc.push_back(chunks.model.new_state(max_tokens));
+    for (int step = 0; step < 24; ++step) {
+      std::vector<std::vector<int64_t>> ids(B);
+      std::vector<model::StepSequence> a, b;
+      for (int64_t k = 0; k < B; ++k) {
+        const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+        for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
+      }
+      for (int64_t k = 0; k < B; ++k) {
+        a.push_back({&st[k], ids[k], model::LogitsFor::all});
+        b.push_back({&sc[k], ids[k], model::LogitsFor::all});
+      }
+      const Tensor got = tables.model.forward(a), want = chunks.model.forward(b);
+      ASSERT_EQ(got.numel(), want.numel());
+      ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+          << "kv mode " << static_cast<int>(mode) << " step " << step << ": the step tables' logits differ";
+    }
+    for (int64_t k = 0; k < B; ++k) EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << "sequence " << k;
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 // The exact mode (--activations f32, issue #17 item 3) on the odd-shape fixture (tests/fixtures/odd-mxfp4: hidden
 // 320, head_dim 104 with 24 RoPE dims, 6 experts top-3, window 12, ...): every product exact on the GPU, so the
 // CPU's f32 parity bound holds (1e-4 of max|ref|, teacher-forced, every prompt) and the greedy continuations are

@@ -53,6 +53,7 @@ TEST(DecodeTables, PaddingSlotsAreInert) {
   }
   EXPECT_EQ(w[3], 0);       // padding: token 0
   EXPECT_EQ(w[S + 3], -1);  // padding: inert
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(w[4 * S + k], k);  // one token a sequence (padding too): its own first
   for (int k = 0; k < 3; ++k) {  // each state's own pool and row block table (standalone states: own pools)
     const PagedRows rows = states[k].compressed_rows(1);
     EXPECT_EQ(w[2 * S + k], reinterpret_cast<intptr_t>(rows.pool.data()));
@@ -62,7 +63,7 @@ TEST(DecodeTables, PaddingSlotsAreInert) {
   EXPECT_EQ(w[2 * S + 3], 0);
   EXPECT_EQ(w[3 * S + 3], 0);
   for (int l = 0; l < c.num_layers; ++l) {
-    const int64_t* L = w.data() + (4 + 4 * l) * S;
+    const int64_t* L = w.data() + (5 + 4 * l) * S;
     const int r = c.compress_ratio(l);
     for (int k = 0; k < 3; ++k) {
       EXPECT_EQ(L[k], reinterpret_cast<intptr_t>(states[k].ring(l).data()));
@@ -114,14 +115,15 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
 }
 
 
-// The decode-step path of production (Model::decode_body: the *_decode twins of v4_decode.cpp and the
-// batched ops) on the CPU backend, with host address tables: over enough steps that CSA and HCA windows
-// close, every sequence's logits are the eager forward()'s bits on a twin state, with inert padding slots.
+// The recorded decode step (Model::decode_body: the step tables and the batched step ops) on the CPU backend,
+// with host address tables: over enough steps that CSA and HCA windows close, every sequence's logits are the
+// per-sequence chunk path's bits on a twin state, with inert padding slots.
 TEST(DecodeBody, OnTheCpuMatchesForward) {
   for (const std::string& name : Fixture::names()) {
     const Fixture& f = Fixture::get(name);
     for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
       model::Model m(f.weights(), mode);
+      m.set_step_tables(false);  // forward(): the chunk path, what decode_body is held to
       const int64_t max_tokens = 96, S = 4, B = 3;
       std::vector<cache::SequenceState> eager, dec;
       for (int64_t k = 0; k < B; ++k) eager.push_back(m.new_state(max_tokens)), dec.push_back(m.new_state(max_tokens));
@@ -156,6 +158,58 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
       }
     }
   }
+}
+
+// Steps of several tokens a sequence (verify-shaped: 1..kMaxStepQueries, mixed in one batch) on the step tables
+// against the per-sequence chunk path, on the CPU: three sequences walk their prompts and then generated tokens
+// in chunks of varying sizes, long enough that CSA and HCA windows close inside chunks; every step's logits of
+// every token (LogitsFor::all) must be the same bits, and so must the states (serialized) at the end.
+TEST(StepTables, SeveralTokensASequenceMatchTheChunkPath) {
+  for (const std::string& name : {std::string("tiny-mxfp4"), std::string("odd-mxfp4")}) {
+    const Fixture& f = Fixture::get(name);
+    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
+      if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;  // its no-RoPE dims do not fit FP8 rows
+      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
+      chunks.set_step_tables(false);
+      const int64_t B = 3, max_tokens = 96, vocab = tables.config().vocab_size;
+      std::vector<cache::SequenceState> st, sc;
+      for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
+      // Chunk sizes per step and sequence: 1..4, each sequence on its own cycle.
+      for (int step = 0; step < 24; ++step) {
+        std::vector<std::vector<int64_t>> ids(B);
+        std::vector<model::StepSequence> a, b;
+        for (int64_t k = 0; k < B; ++k) {
+          const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+          for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
+        }
+        for (int64_t k = 0; k < B; ++k) {
+          a.push_back({&st[k], ids[k], model::LogitsFor::all});
+          b.push_back({&sc[k], ids[k], model::LogitsFor::all});
+        }
+        const Tensor got = tables.forward(a), want = chunks.forward(b);
+        ASSERT_EQ(got.numel(), want.numel());
+        ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+            << name << " kv mode " << static_cast<int>(mode) << " step " << step << ": the step tables' logits differ";
+      }
+      for (int64_t k = 0; k < B; ++k) {
+        EXPECT_EQ(st[k].position(), sc[k].position());
+        EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << name << " sequence " << k << ": states differ";
+      }
+    }
+  }
+}
+
+// A chunk past kMaxStepQueries runs per sequence; so does a step whose states are in pages of another geometry.
+TEST(StepTables, RefusalsOfForward) {
+  const Fixture& f = Fixture::get("tiny-mxfp4");
+  model::Model m(f.weights(), model::KvMode::exact);
+  cache::SequenceState a = m.new_state(32);
+  const auto layout = m.state_layout(32);
+  std::vector<int64_t> five(5, 3), four(4, 3);
+  const model::StepSequence s5{&a, five, model::LogitsFor::all}, s4{&a, four, model::LogitsFor::all};
+  EXPECT_EQ(m.decode_refusal({&s5, 1}, *layout, model::Model::kMaxStepQueries), "prefill in the step");
+  EXPECT_EQ(m.decode_refusal({&s4, 1}, *layout, model::Model::kMaxStepQueries), "");
+  EXPECT_EQ(m.decode_refusal({&s4, 1}, *layout), "prefill in the step");  // a recorded step: one token each
 }
 
 }  // namespace

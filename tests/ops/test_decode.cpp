@@ -407,7 +407,7 @@ void check_store_ring(int64_t window, int64_t row_bytes, const std::vector<int64
                   row_bytes);
     ring_addr[i] = p < 0 && i == S - 1 ? 0 : addr(rings[i]);
   }
-  ops::store_ring_rows(rows, table(ring_addr), table(positions), window);
+  ops::store_ring_rows(rows, table(ring_addr), table(positions), {}, window);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(rings[i], want[i])) << "slot " << i << " at position " << positions[i];
 }
@@ -528,7 +528,7 @@ TEST(DecodeOps, RejectBadInput) {
   const ops::DecodePagedRows nowhere{zeros, zeros, 256, 0, 4, 64};
   EXPECT_THROW(ops::store_paged_rows(r, nowhere, closing, 4), Error);
   EXPECT_NO_THROW(ops::store_paged_rows(r, nowhere, table({6, -1}), 4));  // closes no window: writes nothing
-  EXPECT_THROW(ops::store_ring_rows(r, table({0, 0}), closing, 8), Error);
+  EXPECT_THROW(ops::store_ring_rows(r, table({0, 0}), closing, {}, 8), Error);
 }
 
 }  // namespace

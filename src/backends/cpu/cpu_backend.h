@@ -48,7 +48,7 @@ class CpuBackend final : public ops::Backend {
   void decode_compress_emit(const ops::DecodeCompressEmitArgs& a) override;
   void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) override;
   void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                       int64_t window) override;
+                       const TensorView& firsts, int64_t window) override;
   void store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest, const TensorView& positions,
                         int ratio) override;
 

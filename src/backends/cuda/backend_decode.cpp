@@ -32,6 +32,7 @@ void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tens
   p.ratio = a.ratio;
   p.num_compressed = a.ratio > 0 ? a.max_compressed : 0;
   p.positions = a.positions.data_as<const int64_t>();
+  p.firsts = a.firsts.empty() ? nullptr : a.firsts.data_as<const int64_t>();
   p.rings = table(a.rings);
   if (a.ratio > 0) {
     p.compressed = geometry(a.compressed);
@@ -57,8 +58,12 @@ CompressorParams compressor_params(const char* op, const ops::DecodeCompressorAr
   p.overlap = a.overlap;
   p.emitted = a.emitted.empty() ? nullptr : a.emitted.data_as<float>();
   p.positions = a.positions.data_as<const int64_t>();
+  p.firsts = a.firsts.empty() ? nullptr : a.firsts.data_as<const int64_t>();
   p.accs = table(a.accs);
   p.slots = a.positions.dim(0);
+  // A chunk's windows are the block's lanes 0..2 (w0, w0 + 1, the last): at most ratio + 1 tokens.
+  TERN_CHECK(a.max_queries <= a.ratio + 1, "cuda ", op, ": sequences of up to ", a.max_queries, " tokens at ratio ",
+             a.ratio, " (the step kernels take at most ratio + 1 = ", a.ratio + 1, ")");
   return p;
 }
 }  // namespace
@@ -123,14 +128,16 @@ void require_device_tables(const char* op, std::initializer_list<const TensorVie
 }  // namespace
 
 void CudaBackend::store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                                  int64_t window) {
+                                  const TensorView& firsts, int64_t window) {
   require_device_tables("store_ring_rows", {&rows, &rings, &positions});
+  if (!firsts.empty()) require_device_tables("store_ring_rows", {&firsts});
   StoreRowsParams p;
   p.src = rows.data_as<const uint8_t>();
   p.positions = positions.data_as<const int64_t>();
   p.slots = rows.dim(0);
   p.row_bytes = rows.dim(1);
   p.rings = table(rings);
+  p.firsts = firsts.empty() ? nullptr : firsts.data_as<const int64_t>();
   p.window = window;
   launch_store_rows(p, impl_->stream);
   check_launch("store_ring_rows");

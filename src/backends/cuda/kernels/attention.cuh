@@ -48,7 +48,11 @@ struct AttentionParams {
   // starts at the address rings[i], its compressed rows are in the pages of the pool at pools[i] through the
   // block table at comp_tables[i] (compressed gives only the page geometry), and it sees (positions[i] + 1) /
   // ratio compressed rows; num_compressed is then only the bound that sizes the launch.
+  // With firsts (a sequence of several queries in consecutive slots): slot i's window positions from its
+  // sequence's first position positions[firsts[i]] on are the step's rows chunk_rows[firsts[i] + position - first
+  // position], the older ones in its ring.
   const int64_t* positions = nullptr;
+  const int64_t* firsts = nullptr;
   const uint64_t* rings = nullptr;
   const uint64_t* pools = nullptr;
   const uint64_t* comp_tables = nullptr;

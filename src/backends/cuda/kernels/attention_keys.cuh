@@ -23,8 +23,9 @@ __device__ inline KeyList keys_of(const AttentionParams& a, int64_t i) {
   int64_t num_compressed = a.num_compressed;
   if (a.positions != nullptr) {
     k.p = a.positions[i];
-    k.start = k.p;
-    k.chunk = a.chunk_rows + i * a.fmt.row_bytes;
+    const int64_t first = a.firsts != nullptr && k.p >= 0 ? a.firsts[i] : i;  // its sequence's first slot
+    k.start = a.positions[first];
+    k.chunk = a.chunk_rows + first * a.fmt.row_bytes;
     k.ring = k.p >= 0 ? reinterpret_cast<const uint8_t*>(a.rings[i]) : nullptr;
     k.compressed = a.compressed;  // the page geometry; the slot's pool and block table:
     if (a.ratio > 0 && k.p >= 0) {

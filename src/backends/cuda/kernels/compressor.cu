@@ -22,7 +22,7 @@ constexpr int kChannels = 32, kLanes = 8;
 
 __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(CompressorParams p) {
   pdl_prologue();
-  // Decode mode: this block's slot as a one-token chunk of its own sequence.
+  // Decode (step) mode: this block's slot's sequence as its chunk (continuation slots return).
   if (p.positions != nullptr && !select_decode_slot(p, blockIdx.y)) return;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + (threadIdx.x % kChannels);
   const int lane = threadIdx.x / kChannels;
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(Compresso
     Acc open;
     if (p.overlap) fold_tokens(p, open, (w - 1) * r, w * r, c);  // the previous window's first halves
     fold_tokens(p, open, w * r, (w + 1) * r, p.overlap ? p.width + c : c);
-    p.emitted[(w - w0) * p.width + c] = open.v / open.s;
+    p.emitted[emit_row(p, w) * p.width + c] = open.v / open.s;
     return;
   }
   Acc acc0, acc1;
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kChannels* kLanes) compressor_kernel(Compresso
   if (lane > 2 || w > wlast || (lane == 2 && wlast < w0 + 2)) return;
   bool complete = false;
   const float value = fold_window(p, c, w, acc0, acc1, &complete);
-  if (complete) p.emitted[(w - w0) * p.width + c] = value;
+  if (complete) p.emitted[emit_row(p, w) * p.width + c] = value;
 }
 
 }  // namespace

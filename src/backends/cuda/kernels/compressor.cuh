@@ -20,10 +20,14 @@ struct CompressorParams {
   int ratio = 0;
   bool overlap = false;
   float* emitted = nullptr;    // [>= emit count, width]
-  // Decode mode (positions != null): blockIdx.y is a slot of one token at positions[slot] (-1: inert,
-  // touches nothing); its accumulators start at the address accs[slot], its kv / gate are row `slot`, and
-  // an entry it completes goes to emitted row `slot`. n, start_pos and acc are then unused.
+  // Decode (step) mode (positions != null): blockIdx.y is a slot at positions[slot] (-1: inert, touches nothing).
+  // A sequence's first slot (firsts[slot] == slot; every slot without firsts) folds the sequence's tokens (its
+  // slots slot .. while firsts names it) as one chunk from the address accs[slot], its kv / gate rows from row
+  // `slot`; the entry of window w goes to the row of the token that closes it (emit_row). The other slots'
+  // blocks return at once. n, start_pos and acc are then set per block. A chunk spans at most three windows
+  // (w0, w0 + 1 and the last: the block's lanes 0..2; the backend checks max_queries <= ratio + 1).
   const int64_t* positions = nullptr;
+  const int64_t* firsts = nullptr;
   const uint64_t* accs = nullptr;
   int64_t slots = 0;
 };

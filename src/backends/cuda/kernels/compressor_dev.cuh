@@ -26,17 +26,28 @@ struct Acc {
   }
 };
 
-// Decode mode: points p at slot `slot` as a one-token chunk of its own sequence (its position, accumulators
-// and kv / gate row; emitted row `slot` when p has emitted rows). False when the slot is inert.
+// Decode (step) mode: points p at slot `slot` as the chunk of its sequence's tokens (its position, accumulators
+// and kv / gate rows; emitted rows from row `slot` when p has emitted rows). False when the slot is inert or
+// continues a sequence whose first slot takes the chunk.
 __device__ __forceinline__ bool select_decode_slot(CompressorParams& p, int64_t slot) {
   p.start_pos = p.positions[slot];
   if (p.start_pos < 0) return false;
   p.n = 1;
+  if (p.firsts != nullptr) {  // the sequence's first slot takes its whole chunk; the others nothing
+    if (p.firsts[slot] != slot) return false;
+    while (slot + p.n < p.slots && p.firsts[slot + p.n] == slot) ++p.n;
+  }
   p.acc = reinterpret_cast<float*>(p.accs[slot]);
   p.kv += slot * p.row_stride;
   p.gate += slot * p.row_stride;
   if (p.emitted != nullptr) p.emitted += slot * p.width;
   return true;
+}
+
+// The row of p.emitted window w's entry goes to: eager mode, w - w0 (the chunk's entries in order); step mode, the
+// row of the token that closes w (its slot relative to the chunk's first; 0 for a one-token chunk).
+__device__ __forceinline__ int64_t emit_row(const CompressorParams& p, int64_t w) {
+  return p.positions != nullptr ? w * p.ratio + p.ratio - 1 - p.start_pos : w - p.start_pos / p.ratio;
 }
 
 // Pending accumulator k (0; 1: the overlapped series' first halves) of channel c.
