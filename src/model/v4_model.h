@@ -251,10 +251,29 @@ struct GenerateOptions {
   std::function<void()> before_decode, after_decode;
   // Runs the decode steps instead of model.forward when set (DecodeGraphs::forward, say).
   std::function<Tensor(std::span<const StepSequence>)> decode_forward;
+  // MTP speculative decoding (issue #18; greedy only): each round drafts this many tokens (1..kMaxStepQueries - 1)
+  // with the MTP layer (its first draft from the prompt's / last round's catch-up row, the rest chained), verifies
+  // them with the pending token in one step of k + 1 tokens on the step tables, keeps the drafts the target's
+  // greedy choices agree with and the target's next token. Rejected drafts are rolled back exactly: the state's
+  // snapshot before the verify is restored and the kept tokens replayed (a second forward; a cheaper rollback is
+  // next), and the MTP window's rows of the chained drafts are put back. 0: plain decoding.
+  int64_t speculative_tokens = 0;
+  // Benchmarking only (the machinery without a trained draft): drafts forced to this continuation (the target's own
+  // greedy tokens, from a plain run) where it reaches, each kept as it is with probability oracle_accept and
+  // otherwise replaced by another token (so it is rejected). Empty: the MTP layer's drafts.
+  std::vector<int64_t> draft_oracle;
+  double oracle_accept = 1.0;
 };
 struct GenerateResult {
   std::vector<int64_t> tokens;  // the generated tokens
   double prefill_seconds = 0, decode_seconds = 0;
+  // Speculative decoding: verify steps, drafts proposed, drafts kept (acceptance length = (accepted + rounds) /
+  // rounds: tokens per verify step).
+  int64_t rounds = 0, drafts = 0, accepted = 0;
+  // Each round's first draft row: its position (m - 1) and the MTP layer's logits there (tests: a clean catch-up
+  // over the same tokens gives the same bits when the window is rolled back right).
+  std::vector<int64_t> first_draft_positions;
+  std::vector<std::vector<float>> first_draft_logits;
 };
 GenerateResult generate(Model& model, cache::SequenceState& state, std::span<const int64_t> prompt,
                         const GenerateOptions& options);

@@ -277,27 +277,7 @@ TEST_P(GpuModel_, StepTablesMatchTheChunkPath) {
   for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
     GpuModel tables(f, mode), chunks(f, mode);
     chunks.model.set_step_tables(false);
-    const int64_t B = 3, max_tokens = 96, vocab = tables.model.config().vocab_size;
-    std::vector<cache::SequenceState> st, sc;
-    for (int64_t k = 0; k < B; ++k)
-      st.push_back(tables.model.new_state(max_tokens)), sc.push_back(chunks.model.new_state(max_tokens));
-    for (int step = 0; step < 24; ++step) {
-      std::vector<std::vector<int64_t>> ids(B);
-      std::vector<model::StepSequence> a, b;
-      for (int64_t k = 0; k < B; ++k) {
-        const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
-        for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
-      }
-      for (int64_t k = 0; k < B; ++k) {
-        a.push_back({&st[k], ids[k], model::LogitsFor::all});
-        b.push_back({&sc[k], ids[k], model::LogitsFor::all});
-      }
-      const Tensor got = tables.model.forward(a), want = chunks.model.forward(b);
-      ASSERT_EQ(got.numel(), want.numel());
-      ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
-          << "kv mode " << static_cast<int>(mode) << " step " << step << ": the step tables' logits differ";
-    }
-    for (int64_t k = 0; k < B; ++k) EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << "sequence " << k;
+    check_step_tables_match_chunks(tables.model, chunks.model, cat("gpu kv mode ", static_cast<int>(mode)));
   }
   cuda::register_backend().check_device_errors();
 }

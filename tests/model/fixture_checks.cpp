@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -138,6 +139,32 @@ void print_bf16_set_gaps(const Fixture& f, const std::string& who) {
   std::printf("[%s %s] bf16 set: the reference's bf16-x runs' smallest router top-k gap %.3g, indexer top-k gap "
               "%.3g of max|score|\n",
               who.c_str(), f.name().c_str(), router.data_as<const float>()[0], indexer.data_as<const float>()[0]);
+}
+
+void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what) {
+  const int64_t B = 3, max_tokens = 96, vocab = tables.config().vocab_size;
+  std::vector<cache::SequenceState> st, sc;
+  for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
+  for (int step = 0; step < 24; ++step) {
+    std::vector<std::vector<int64_t>> ids(B);
+    std::vector<model::StepSequence> a, b;
+    for (int64_t k = 0; k < B; ++k) {  // 1..4 tokens, each sequence on its own cycle
+      const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+      for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
+    }
+    for (int64_t k = 0; k < B; ++k) {
+      a.push_back({&st[k], ids[k], model::LogitsFor::all});
+      b.push_back({&sc[k], ids[k], model::LogitsFor::all});
+    }
+    const Tensor got = tables.forward(a), want = chunks.forward(b);
+    ASSERT_EQ(got.numel(), want.numel());
+    ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+        << what << " step " << step << ": the step tables' logits differ from the chunk path's";
+  }
+  for (int64_t k = 0; k < B; ++k) {
+    EXPECT_EQ(st[k].position(), sc[k].position());
+    EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << what << " sequence " << k << ": states differ";
+  }
 }
 
 }  // namespace tern::test

@@ -29,4 +29,10 @@ void check_greedy(model::Model& m, Device device, const Fixture& f, const std::s
 // The bf16 set's smallest router / indexer top-k gaps in the reference's bf16 runs (bf16.min_*_gap).
 void print_bf16_set_gaps(const Fixture& f, const std::string& who);
 
+// One code path for every step shape (issue #17): three sequences through 24 steps of 1..kMaxStepQueries tokens
+// each (mixed in a step; long enough that CSA and HCA windows close inside them) on `tables` (the step tables)
+// and on `chunks` (set_step_tables(false): per sequence), the same models on the same device: every step's logits
+// of every token, and the final states, must be the same bits. `what` names the run in failures.
+void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what);
+
 }  // namespace tern::test

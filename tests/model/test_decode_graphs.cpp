@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fixture.h"
+#include "fixture_checks.h"
 #include "model/decode_graphs.h"
 
 namespace tern::test {
@@ -171,30 +172,7 @@ TEST(StepTables, SeveralTokensASequenceMatchTheChunkPath) {
       if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;  // its no-RoPE dims do not fit FP8 rows
       model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
       chunks.set_step_tables(false);
-      const int64_t B = 3, max_tokens = 96, vocab = tables.config().vocab_size;
-      std::vector<cache::SequenceState> st, sc;
-      for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
-      // Chunk sizes per step and sequence: 1..4, each sequence on its own cycle.
-      for (int step = 0; step < 24; ++step) {
-        std::vector<std::vector<int64_t>> ids(B);
-        std::vector<model::StepSequence> a, b;
-        for (int64_t k = 0; k < B; ++k) {
-          const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
-          for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
-        }
-        for (int64_t k = 0; k < B; ++k) {
-          a.push_back({&st[k], ids[k], model::LogitsFor::all});
-          b.push_back({&sc[k], ids[k], model::LogitsFor::all});
-        }
-        const Tensor got = tables.forward(a), want = chunks.forward(b);
-        ASSERT_EQ(got.numel(), want.numel());
-        ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
-            << name << " kv mode " << static_cast<int>(mode) << " step " << step << ": the step tables' logits differ";
-      }
-      for (int64_t k = 0; k < B; ++k) {
-        EXPECT_EQ(st[k].position(), sc[k].position());
-        EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << name << " sequence " << k << ": states differ";
-      }
+      check_step_tables_match_chunks(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
     }
   }
 }

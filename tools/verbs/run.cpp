@@ -33,6 +33,10 @@ struct RunArgs {
   uint64_t seed = 0;
   int threads = 0;
   bool profile = false;
+  std::string speculative = "off";
+  int64_t num_speculative_tokens = 3;
+  bool draft_oracle = false;
+  double oracle_accept = 1.0;
 };
 
 std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
@@ -123,6 +127,21 @@ int run(const RunArgs& a) {
     o.before_decode = [&] { profiler->start(); };
     o.after_decode = [&] { profiler->pause(); };
   }
+  TERN_CHECK(a.speculative == "off" || a.speculative == "mtp", "--speculative: expected off or mtp, found \"",
+             a.speculative, "\"");
+  if (a.speculative == "mtp") {
+    o.speculative_tokens = a.num_speculative_tokens;
+    if (a.draft_oracle) {  // the target's own greedy continuation, from a plain run first (benchmarking only)
+      cache::SequenceState plain = m.new_state(static_cast<int64_t>(prompt.size()) + a.max_tokens);
+      model::GenerateOptions p = o;
+      p.speculative_tokens = 0;
+      p.before_decode = p.after_decode = nullptr;
+      o.draft_oracle = model::generate(m, plain, prompt, p).tokens;
+      o.oracle_accept = a.oracle_accept;
+    }
+  } else {
+    TERN_CHECK(!a.draft_oracle, "--draft-oracle needs --speculative mtp");
+  }
   const model::GenerateResult r = model::generate(m, state, prompt, o);
   std::printf("prompt: %zu tokens%s\ntokens:", prompt.size(), a.prompt_ids.empty() ? " (default)" : "");
   for (int64_t t : r.tokens) std::printf(" %ld", static_cast<long>(t));
@@ -138,6 +157,16 @@ int run(const RunArgs& a) {
   std::printf("decode steps: %llu replayed from a CUDA graph, %llu eager%s%s%s\n",
               static_cast<unsigned long long>(gs.graph_steps), static_cast<unsigned long long>(gs.eager_total()),
               why.empty() ? "" : " (", why.c_str(), why.empty() ? "" : ")");
+  if (r.rounds > 0)
+    std::printf("speculative (MTP, %ld drafts a step%s): %lld verify steps, %lld of %lld drafts kept, acceptance "
+                "length %.2f tokens a step; verify steps run eagerly on the step tables, rollbacks replay the kept "
+                "tokens\n",
+                static_cast<long>(o.speculative_tokens),
+                a.draft_oracle ? cat(", ORACLE drafts (benchmarking: the target's own tokens, each kept with probability ",
+                                     a.oracle_accept, ")").c_str()
+                               : "",
+                static_cast<long long>(r.rounds), static_cast<long long>(r.accepted), static_cast<long long>(r.drafts),
+                static_cast<double>(r.accepted + r.rounds) / static_cast<double>(r.rounds));
   if (profiler) print_profile(*profiler, static_cast<int64_t>(decoded), a.profile_json);
   return 0;
 }
@@ -165,6 +194,17 @@ const bool registered = tern::tools::register_verb(
                     "with --device cuda: GPU profile (CUPTI) of the decode steps, per step: op categories, top "
                     "kernels, GPU busy / wall");
        app.add_option("--profile-json", a->profile_json, "also write the profile as JSON to this file (implies --profile)");
+       app.add_option("--speculative", a->speculative,
+                      "off or mtp: speculative decoding with the checkpoint's MTP layer (greedy; docs/mtp.md)")
+           ->capture_default_str();
+       app.add_option("--num-speculative-tokens", a->num_speculative_tokens, "drafts a verify step checks (1 to 3)")
+           ->capture_default_str();
+       app.add_flag("--draft-oracle", a->draft_oracle,
+                    "benchmarking only: drafts forced to the target's own greedy tokens (a plain run first), so the "
+                    "verify machinery is measured without a trained draft");
+       app.add_option("--oracle-accept", a->oracle_accept,
+                      "with --draft-oracle: the probability each forced draft is kept as it is (else it is rejected)")
+           ->capture_default_str();
        return [a] { return run(*a); };
      }});
 

@@ -1,0 +1,175 @@
+// MTP speculative decoding at the model level (generate with speculative_tokens; issue #18), on the CPU: greedy
+// output with MTP equals plain greedy decoding token for token at k = 1, 2, 3, whether the drafts are the (random,
+// mostly rejected) MTP layer's, an oracle's (all kept: the target's own continuation) or an oracle's kept with
+// probability 1/2 (partial acceptance); and the rollback it uses (snapshot, restore, replay of the kept tokens)
+// leaves a state bit-identical to plain decoding of the kept tokens.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+#include "fixture.h"
+
+namespace tern::test {
+namespace {
+
+using model::GenerateOptions;
+using model::LogitsFor;
+using model::Model;
+
+class Speculative : public ::testing::TestWithParam<std::string> {};
+
+model::GenerateResult run(Model& m, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
+  cache::SequenceState state = m.new_state(static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
+  return model::generate(m, state, prompt, o);
+}
+
+TEST_P(Speculative, GreedyOutputEqualsPlainDecoding) {
+  const Fixture& f = Fixture::get(GetParam());
+  Model m(f.weights(), model::KvMode::exact);
+  ASSERT_TRUE(m.has_mtp());
+  int64_t rounds = 0, drafts = 0, kept = 0;
+  // Under ASan / UBSan (memory safety, not numerics: fixture.h) two prompts.
+  const std::vector<int> prompts = sanitized_build() ? std::vector<int>{3, f.num_prompts() - 1}
+                                                     : std::vector<int>{0, 3, 8, f.num_prompts() - 1};
+  for (int p : prompts) {
+    const std::vector<int64_t> prompt = f.ids(p);
+    GenerateOptions plain;
+    plain.max_new_tokens = 24;
+    plain.prefill_chunk = 5;
+    const std::vector<int64_t> want = run(m, prompt, plain).tokens;
+    ASSERT_EQ(want.size(), 24u);
+    for (int64_t k = 1; k <= 3; ++k) {
+      for (int mode = 0; mode < 3; ++mode) {  // the MTP layer's drafts, an oracle's, an oracle's kept half the time
+        GenerateOptions o = plain;
+        o.speculative_tokens = k;
+        o.seed = 100 + static_cast<uint64_t>(p);
+        if (mode > 0) o.draft_oracle = want, o.oracle_accept = mode == 1 ? 1.0 : 0.5;
+        const model::GenerateResult got = run(m, prompt, o);
+        EXPECT_EQ(got.tokens, want) << "prompt " << p << " k " << k << " mode " << mode;
+        if (mode == 1) {  // every draft kept: k + 1 tokens a round
+          EXPECT_EQ(got.accepted, got.drafts) << "prompt " << p << " k " << k;
+          EXPECT_LE(got.rounds, (23 + k) / (k + 1)) << "prompt " << p << " k " << k;
+        }
+        if (mode == 2) rounds += got.rounds, drafts += got.drafts, kept += got.accepted;
+      }
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, drafts);
+  std::printf("[%s] oracle kept with probability 0.5: %lld of %lld drafts kept over %lld rounds\n", GetParam().c_str(),
+              static_cast<long long>(kept), static_cast<long long>(drafts), static_cast<long long>(rounds));
+}
+
+// The MTP layer's window through speculative rounds (chained drafts write speculative rows into it, which the round
+// puts back): every round's first draft logits are a plain catch-up's over the same tokens, bit for bit, and at
+// the end the window holds what that catch-up wrote.
+TEST_P(Speculative, MtpWindowIsThePlainCatchUps) {
+  const Fixture& f = Fixture::get(GetParam());
+  Model m(f.weights(), model::KvMode::exact);
+  const std::vector<int64_t> prompt = f.ids(3);
+  GenerateOptions plain;
+  plain.max_new_tokens = 20;
+  const std::vector<int64_t> want = run(m, prompt, plain).tokens;
+  for (double keep : {1.0, 0.5, 0.0}) {
+    GenerateOptions o = plain;
+    o.speculative_tokens = 3;
+    o.draft_oracle = want, o.oracle_accept = keep;
+    cache::SequenceState spec = m.new_state(static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
+    const model::GenerateResult got = model::generate(m, spec, prompt, o);
+    ASSERT_EQ(got.tokens, want);
+    const int64_t P = spec.position();  // consumed: the prompt and the generated tokens before the last
+    std::vector<int64_t> ids = prompt;
+    ids.insert(ids.end(), want.begin(), want.end());
+    cache::SequenceState ref = m.new_state(P);
+    const model::StepSequence s{&ref, std::span<const int64_t>(ids).subspan(0, P), LogitsFor::none};
+    const LogitsFor all = LogitsFor::all;
+    Tensor streams;
+    m.forward({&s, 1}, {&all, 1}, streams);
+    const Model::MtpStep c{&ref, 0, streams.view().rows(0, P - 1), std::span<const int64_t>(ids).subspan(1, P - 1),
+                           LogitsFor::all};
+    const Tensor clean = m.mtp_forward({&c, 1}).logits;  // row p: the MTP layer at p on the true tokens
+    const int64_t vocab = m.config().vocab_size;
+    ASSERT_FALSE(got.first_draft_positions.empty());
+    for (size_t i = 0; i < got.first_draft_positions.size(); ++i) {  // every round's first draft row
+      const int64_t p = got.first_draft_positions[i];
+      ASSERT_LT(p, P - 1);  // the last consumed position's row is the next round's (not in the clean run)
+      EXPECT_EQ(std::memcmp(got.first_draft_logits[i].data(), clean.data<float>() + p * vocab, vocab * sizeof(float)), 0)
+          << "oracle kept with probability " << keep << ": round " << i << "'s first draft (position " << p << ")";
+    }
+    const TensorView a = spec.ring(m.mtp_layer()), b = ref.ring(m.mtp_layer());
+    ASSERT_EQ(a.nbytes(), b.nbytes());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "oracle kept with probability " << keep;
+  }
+}
+
+// The rollback: a verify step of [y, d_1, d_2, d_3] whose drafts are partly wrong, the snapshot from before it
+// restored and the kept tokens replayed, against plain decoding (one token a step) of the kept tokens: the states
+// serialize to the same bytes and the next step's logits are the same bits.
+TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
+  const Fixture& f = Fixture::get(GetParam());
+  Model m(f.weights(), model::KvMode::fp8);
+  const std::vector<int64_t> prompt = f.ids(f.num_prompts() - 1);
+  const int64_t vocab = m.config().vocab_size;
+  for (int64_t kept = 0; kept <= 3; ++kept) {
+    cache::SequenceState a = m.new_state(static_cast<int64_t>(prompt.size()) + 8),
+                         b = m.new_state(static_cast<int64_t>(prompt.size()) + 8);
+    for (cache::SequenceState* s : {&a, &b}) {
+      const model::StepSequence pre{s, prompt, LogitsFor::none};
+      m.forward({&pre, 1});
+    }
+    const std::vector<int64_t> v = {7, (11 + 3 * kept) % vocab, 13, (17 + kept) % vocab};
+    const cache::Snapshot before = a.snapshot();
+    const model::StepSequence verify{&a, v, LogitsFor::all};
+    m.forward({&verify, 1});
+    a.restore(before);
+    const model::StepSequence replay{&a, std::span<const int64_t>(v).subspan(0, kept + 1), LogitsFor::none};
+    m.forward({&replay, 1});
+    for (int64_t i = 0; i <= kept; ++i) {
+      const model::StepSequence one{&b, std::span<const int64_t>(v).subspan(i, 1), LogitsFor::last};
+      m.forward({&one, 1});
+    }
+    ASSERT_EQ(a.position(), b.position());
+    EXPECT_EQ(a.serialize(), b.serialize()) << "kept " << kept;
+    const int64_t t = 5;
+    const model::StepSequence na{&a, {&t, 1}, LogitsFor::last}, nb{&b, {&t, 1}, LogitsFor::last};
+    const Tensor la = m.forward({&na, 1}), lb = m.forward({&nb, 1});
+    EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.nbytes()), 0) << "kept " << kept;
+  }
+}
+
+void expect_error(const std::function<void()>& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error (expected one naming \"" << part << "\")";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(SpeculativeOptions, RefusedWithClearMessages) {
+  const Fixture& f = Fixture::get("tiny-mxfp4");
+  Model m(f.weights(), model::KvMode::exact);
+  const std::vector<int64_t> prompt = f.ids(0);
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  o.speculative_tokens = 4;
+  expect_error([&] { run(m, prompt, o); }, "1 to 3");
+  o.speculative_tokens = 2;
+  o.temperature = 0.7f;
+  expect_error([&] { run(m, prompt, o); }, "greedy");
+  const Fixture& odd = Fixture::get("odd-mxfp4");  // no MTP layer
+  Model no_mtp(odd.weights(), model::KvMode::exact);
+  o.temperature = 0.0f;
+  expect_error([&] { run(no_mtp, odd.ids(0), o); }, "MTP layer");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Speculative, ::testing::ValuesIn(Fixture::names()));
+
+}  // namespace
+}  // namespace tern::test
