@@ -49,9 +49,11 @@ DecodeGraphs::DecodeGraphs(Model& model, DecodeGraphOptions options)
                  std::adjacent_find(buckets_.begin(), buckets_.end()) == buckets_.end(),
              "decode graphs: buckets must be ascending, distinct and >= 1");
   TERN_CHECK(options_.max_tokens >= 1, "decode graphs: max_tokens (the longest sequence) must be set");
+  TERN_CHECK(options_.max_queries >= 1 && options_.max_queries <= Model::kMaxStepQueries, "decode graphs: ",
+             options_.max_queries, " tokens a sequence (1 to ", Model::kMaxStepQueries, ")");
   layout_ = model_.state_layout(options_.max_tokens, options_.tokens_per_page);
-  handles_.assign(buckets_.size(), -1);
-  logits_.resize(buckets_.size());
+  handles_.assign(buckets_.size() * static_cast<size_t>(options_.max_queries), -1);
+  logits_.resize(handles_.size());
 }
 
 void DecodeGraphs::prepare() {
@@ -69,25 +71,25 @@ void DecodeGraphs::prepare() {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t largest = buckets_.back();
+  const int64_t largest = buckets_.back(), q_max = options_.max_queries, slots_max = largest * q_max;
   try {
-    const int64_t words = model_.decode_words(largest);
+    const int64_t words = model_.decode_words(slots_max);
     staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
-    tables_ = Tensor(DType::i64, {model_.decode_words(largest)}, model_.device());
-    // Dry run at the largest bucket, every slot inert: sizes the arena, grows the backend's workspace
-    // and builds its tables before any capture.
-    upload_tables({}, largest);
+    tables_ = Tensor(DType::i64, {words}, model_.device());
+    // Dry run at the largest bucket (of the most tokens a sequence), every slot inert: sizes the arena, grows the
+    // backend's workspace and builds its tables before any capture.
+    upload_tables({}, slots_max);
     graphs_->arena_begin(/*measure=*/true);
     try {
-      const Model::DecodeTables t = model_.decode_tables(tables_, largest);
-      (void)model_.decode_body(t, *layout_);
+      const Model::DecodeTables t = model_.decode_tables(tables_, slots_max);
+      (void)model_.decode_body(t, *layout_, q_max);
     } catch (...) {
       graphs_->arena_end();
       throw;
     }
     graphs_->arena_reserve(graphs_->arena_end());
     stats_.arena_bytes = graphs_->arena_bytes();
-    for (size_t i = 0; i < buckets_.size(); ++i) record(i);
+    for (size_t i = 0; i < buckets_.size(); ++i) record(i, 1);  // verify buckets (q > 1): on first use
   } catch (const std::exception& e) {
     disabled_ = std::string("capture failed: ") + e.what();
     log::warn("decode steps run eagerly: ", disabled_);
@@ -109,19 +111,20 @@ void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t sl
   copy_view(staging_.rows(0, words), tables_.view().rows(0, words));
 }
 
-void DecodeGraphs::record(size_t i) {
-  const int64_t slots = buckets_[i];
+void DecodeGraphs::record(size_t i, int64_t q) {
+  const int64_t slots = buckets_[i] * q;
+  const size_t g = graph_index(i, q);
   const Model::DecodeTables t = model_.decode_tables(tables_, slots);
   Tensor logits;
   graphs_->arena_begin(/*measure=*/false);
   try {
-    handles_[i] = graphs_->capture([&] { logits = model_.decode_body(t, *layout_); });
+    handles_[g] = graphs_->capture([&] { logits = model_.decode_body(t, *layout_, q); });
   } catch (...) {
     graphs_->arena_end();
     throw;
   }
   graphs_->arena_end();
-  logits_[i] = std::move(logits);
+  logits_[g] = std::move(logits);
   generation_ = graphs_->generation();
   stats_.graph_bytes = graphs_->graph_bytes();
   ++stats_.captures;
@@ -148,13 +151,22 @@ Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::strin
 Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view) {
   prepare();
   if (!disabled_.empty()) return eager(batch, disabled_, on_device, view);
-  const std::string refusal = model_.decode_refusal(batch, *layout_);
+  // q: the tokens every sequence brings (1: a decode step; 2 ..: a verify step, every row's logits wanted).
+  const int64_t q = batch.empty() ? 1 : static_cast<int64_t>(batch.front().tokens.size());
+  const bool verify = q > 1 && q <= options_.max_queries &&
+                      std::all_of(batch.begin(), batch.end(), [&](const StepSequence& s) {
+                        return static_cast<int64_t>(s.tokens.size()) == q && s.logits == LogitsFor::all;
+                      });
+  const std::string refusal = model_.decode_refusal(batch, *layout_, verify ? q : 1);
   if (!refusal.empty()) return eager(batch, refusal, on_device, view);
+  const int64_t qs = verify ? q : 1;
   const auto B = static_cast<int64_t>(batch.size());
-  const int64_t slots = pick_decode_bucket(buckets_, B);
-  if (slots < 0)
+  const int64_t bucket = pick_decode_bucket(buckets_, B);
+  if (bucket < 0)
     return eager(batch, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")", on_device, view);
-  const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), slots) - buckets_.begin());
+  const int64_t slots = bucket * qs;
+  const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
+  const size_t g = graph_index(i, qs);
   if (graphs_->generation() != generation_) {  // the workspace or the arena moved: record again
     log::info("decode graphs: the backend's workspace moved; recording the buckets again as they are used");
     graphs_->drop_all();
@@ -162,9 +174,9 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
     for (Tensor& t : logits_) t = Tensor();
     generation_ = graphs_->generation();
   }
-  if (handles_[i] < 0) {
+  if (handles_[g] < 0) {
     try {
-      record(i);
+      record(i, qs);
     } catch (const std::exception& e) {
       disabled_ = std::string("capture failed: ") + e.what();
       log::warn("decode steps run eagerly from now on: ", disabled_);
@@ -172,14 +184,14 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
     }
   }
   upload_tables(batch, slots);
-  graphs_->replay(handles_[i]);
-  const int64_t vocab = model_.config().vocab_size;
+  graphs_->replay(handles_[g]);
+  const int64_t vocab = model_.config().vocab_size, rows = B * qs;  // every row of a verify step; one a decode
   Tensor logits;
   if (on_device) {
-    *view = logits_[i].view().rows(0, B);  // read (sampled) before the next replay
+    *view = logits_[g].view().rows(0, rows);  // read (sampled) before the next replay
   } else {
-    logits = Tensor(DType::f32, {B, vocab});
-    copy_view(logits_[i].view().rows(0, B), logits);
+    logits = Tensor(DType::f32, {rows, vocab});
+    copy_view(logits_[g].view().rows(0, rows), logits);
   }
   Model::decode_done(batch);
   ++stats_.graph_steps;

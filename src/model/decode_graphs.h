@@ -32,6 +32,10 @@ struct DecodeGraphOptions {
   std::vector<int64_t> buckets;  // ascending; empty: default_decode_buckets(max_batch)
   int64_t max_tokens = 0;      // bound on any sequence's capacity (sizes the indexer and attention launches)
   int64_t tokens_per_page = 0;  // the states' page geometry (cache::StateLayout; 0: the cache's default)
+  // Tokens a sequence a replayed step may bring: 1 records decode steps; up to Model::kMaxStepQueries also
+  // records verify steps (every sequence the same q >= 2 tokens, LogitsFor::all), buckets over (sequences, q):
+  // bucket b of q runs b * q slots, recorded on first use. The arena is sized for the largest bucket at this q.
+  int64_t max_queries = 1;
 };
 
 struct DecodeGraphStats {
@@ -49,8 +53,8 @@ class DecodeGraphs {
   // touched) and records every bucket, logging the time and memory. Graphs off, a CPU model or a failure
   // leaves every step eager, with the reason logged and counted.
   void prepare();
-  // As Model::forward (host logits, states advanced): a graph replay when the batch is decode-only and
-  // fits a bucket, else the eager forward.
+  // As Model::forward (host logits, states advanced): a graph replay when the batch is decode-only (or a verify
+  // step, with max_queries > 1) and fits a bucket, else the eager forward.
   Tensor forward(std::span<const StepSequence> batch);
   // The same with the logits left on the device: a view valid until the next step (the replayed step's
   // rows, or the eager step's logits, which `hold` keeps).
@@ -66,7 +70,9 @@ class DecodeGraphs {
   Tensor step(std::span<const StepSequence> batch, bool on_device, TensorView* view);
   Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view);
   void upload_tables(std::span<const StepSequence> batch, int64_t slots);
-  void record(size_t bucket);
+  // Graph g = (q - 1) * buckets + bucket index: bucket buckets_[i] of q tokens a sequence.
+  size_t graph_index(size_t bucket, int64_t q) const { return static_cast<size_t>(q - 1) * buckets_.size() + bucket; }
+  void record(size_t bucket, int64_t q);
 
   Model& model_;
   DecodeGraphOptions options_;
@@ -76,8 +82,8 @@ class DecodeGraphs {
   std::string disabled_;
   TensorView staging_;  // host i64 [decode_words(largest)], page-locked (ops::StepGraphs::pinned_host)
   Tensor tables_;   // device copy
-  std::vector<int> handles_;     // per bucket; -1: not recorded
-  std::vector<Tensor> logits_;   // per bucket: the recorded step's device logits (arena)
+  std::vector<int> handles_;     // per graph (graph_index); -1: not recorded
+  std::vector<Tensor> logits_;   // per graph: the recorded step's device logits (arena)
   uint64_t generation_ = 0;
   bool prepared_ = false;
   DecodeGraphStats stats_;

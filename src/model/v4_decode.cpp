@@ -134,10 +134,12 @@ Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots)
 }
 
 void Model::decode_done(std::span<const StepSequence> batch) {
-  for (const StepSequence& s : batch) s.state->advance(1);
+  for (const StepSequence& s : batch) s.state->advance(static_cast<int64_t>(s.tokens.size()));
 }
 
-Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout) {
+Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
+  TERN_CHECK(max_queries >= 1 && max_queries <= kMaxStepQueries, "decode_body: ", max_queries,
+             " tokens a sequence (1 to ", kMaxStepQueries, ")");
   const ModelConfig& c = w_.config;
   Batch b;
   b.tokens = t.ids.numel();
@@ -146,6 +148,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
   b.decode = &t;
   b.layout = &layout;
   b.max_tokens = layout.max_tokens();
+  b.max_queries = max_queries;
   const int64_t N = b.tokens, D = c.hidden_size;
   const Tensor streams = run_layers(b);
   // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the

@@ -153,11 +153,12 @@ class Model {
   void set_step_tables(bool on) { step_tables_ = on; }
   // Views of the device tables.
   DecodeTables decode_tables(const TensorView& words, int64_t slots) const;
-  // The device work of one decode step (one token a sequence): no host synchronisation, no host data, every shape
-  // a function of the slots alone (so it can be captured once and replayed). Returns the device logits f32
-  // [slots, vocab] (padding rows are garbage-free but meaningless). Does not advance the states (decode_done).
-  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout);
-  // After the step ran: each sequence of the batch has consumed its token.
+  // The device work of one step on the tables (up to max_queries tokens a sequence: 1 for a decode step, k + 1 for
+  // a verify step): no host synchronisation, no host data, every shape a function of the slots and max_queries
+  // alone (so it can be captured once and replayed). Returns the device logits f32 [slots, vocab] (padding rows
+  // are garbage-free but meaningless). Does not advance the states (decode_done).
+  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries = 1);
+  // After the step ran: each sequence of the batch has consumed its tokens.
   static void decode_done(std::span<const StepSequence> batch);
 
  private:

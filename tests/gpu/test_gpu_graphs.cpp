@@ -137,6 +137,49 @@ TEST_P(GpuGraphs_, ReplayEqualsEager) {
 }
 
 // Decode steps per second, eager forward vs graph replay, at a few batch sizes (printed, not asserted).
+// Verify steps (MTP: every sequence k + 1 = 4 tokens, every row's logits) replayed from their own graphs (buckets
+// over (sequences, q): DecodeGraphOptions::max_queries) against the eager forward on twin states: batches of 1..3
+// padded to the buckets 1, 2, 4, decode steps between them, positions crossing the window and the compression
+// boundaries. The same bits, and the graphs (not the eager path) ran the verify steps.
+TEST_P(GpuGraphs_, VerifyStepsReplayEqualsEager) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    GpuModel g(f, mode);
+    const int64_t vocab = g.model.config().vocab_size, max_tokens = 128, q = 4;
+    model::DecodeGraphOptions o;
+    o.buckets = {1, 2, 4};
+    o.max_tokens = max_tokens;
+    o.max_queries = q;
+    model::DecodeGraphs graphs(g.model, o);
+    graphs.prepare();
+    ASSERT_EQ(graphs.disabled_reason(), "");
+    std::vector<cache::SequenceState> ge, ee;
+    for (int k = 0; k < 3; ++k) ge.push_back(g.model.new_state(max_tokens)), ee.push_back(g.model.new_state(max_tokens));
+    for (int step = 0; step < 24; ++step) {
+      const int64_t B = 1 + step % 3, n = step % 2 == 0 ? q : 1;  // verify and decode steps in turn
+      std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B));
+      std::vector<model::StepSequence> a, b;
+      for (int64_t k = 0; k < B; ++k)
+        for (int64_t t = 0; t < n; ++t) ids[k].push_back((3 + 17 * step + 29 * k + 7 * t) % vocab);
+      for (int64_t k = 0; k < B; ++k) {
+        const model::LogitsFor want = n > 1 ? model::LogitsFor::all : model::LogitsFor::last;
+        a.push_back({&ge[k], ids[k], want});
+        b.push_back({&ee[k], ids[k], want});
+      }
+      const uint64_t graph_steps = graphs.stats().graph_steps;
+      const Tensor got = graphs.forward(a), eager = g.model.forward(b);
+      EXPECT_EQ(graphs.stats().graph_steps, graph_steps + 1) << "step " << step << " (" << n << " tokens) ran eagerly";
+      ASSERT_EQ(got.numel(), eager.numel());
+      ASSERT_EQ(std::memcmp(got.data<float>(), eager.data<float>(), got.nbytes()), 0)
+          << "kv mode " << static_cast<int>(mode) << " step " << step << " (" << n << " tokens a sequence x " << B << ")";
+    }
+    // Sequences that took only some steps sit at other positions; the states must still match their twins.
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(ge[k].serialize(), ee[k].serialize()) << "sequence " << k;
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 TEST_P(GpuGraphs_, Speed) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());

@@ -45,8 +45,35 @@ struct Args {
   // --fill-check: the longest prompt's logits with the activations poisoned (NaN bytes) and zero-filled must be
   // the same bits (so no op of the full-size model reads an activation element it did not write).
   bool fill_check = false;
+  // --speculative k: beside each decode row, the verify step of MTP speculative decoding (k + 1 tokens a sequence,
+  // replayed from its own CUDA graph) and the tokens/s it gives at acceptance lengths 1.8, 2.5 and 3.0.
+  int64_t speculative = 0;
   tern::app::TuneOptions tune;
 };
+
+// A verify step at batch B: B sequences of k + 1 tokens, against the decode step of the same batch and context.
+struct VerifyRow {
+  int64_t batch = 0, context = 0, tokens = 0;  // tokens: k + 1 a sequence
+  double step_ms = 0, decode_ms = 0;
+  std::string note;
+};
+constexpr double kAcceptanceLengths[] = {1.8, 2.5, 3.0};
+std::string verify_line(const VerifyRow& r) {
+  std::string s = tern::cat("| ", r.batch, " | ", r.context, " | ", r.tokens, " | ");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%.3f | %.3f | %.2f |", r.step_ms, r.decode_ms, r.step_ms / r.decode_ms);
+  s += buf;
+  for (double L : kAcceptanceLengths) {
+    std::snprintf(buf, sizeof buf, " %.0f |", static_cast<double>(r.batch) * L / (r.step_ms / 1e3));
+    s += buf;
+  }
+  return s + (r.note.empty() ? "" : " " + r.note);
+}
+const char* kVerifyHeader =
+    "verify steps (MTP: k + 1 tokens a sequence; tokens/s = batch x acceptance length / verify step, before the "
+    "drafts' own cost: the synthetic model has no MTP layer; each draft adds about one layer and the head):\n"
+    "| batch | context | tokens a sequence | verify ms | decode ms | ratio | tokens/s at 1.8 | at 2.5 | at 3.0 |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 std::vector<int64_t> parse_list(const std::string& text, const char* option) {
   std::vector<int64_t> v;
@@ -182,7 +209,11 @@ int run(const Args& a) {
   const double gemm_ref = std::max(gemm_bf16, gemm_fp8);
 
   // Memory: the states of the largest configuration, plus headroom for activations, workspace and graphs.
-  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) + 4;
+  TERN_CHECK(a.speculative >= 0 && a.speculative + 1 <= model::Model::kMaxStepQueries, "--speculative: 0 (off) to ",
+             model::Model::kMaxStepQueries - 1, " drafts, found ", a.speculative);
+  // Positions the timed steps consume: one a decode step, k + 1 a verify step (--speculative k).
+  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) *
+                                  (1 + (a.speculative > 0 ? a.speculative + 1 : 0)) + 4;
   const int64_t max_context = std::max({contexts.back(), prefills.back(), mixed_prompt});
   const int64_t seq_bytes = app::state_bytes_per_sequence(config, kv, max_context + margin);
   const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
@@ -207,6 +238,7 @@ int run(const Args& a) {
   }
 
   std::vector<DecodeRow> decode_rows;
+  std::vector<VerifyRow> verify_rows;
   std::vector<PrefillRow> prefill_rows;
   std::vector<MixedRow> mixed_rows;
   std::set<int64_t> lengths(contexts.begin(), contexts.end());
@@ -349,6 +381,7 @@ int run(const Args& a) {
     go.buckets = fitting;
     go.max_tokens = layout->max_tokens();
     go.tokens_per_page = layout->tokens_per_page();
+    go.max_queries = a.speculative + 1;
     model::DecodeGraphs graphs(m, go);
     graphs.prepare();
     std::vector<int64_t> ids(static_cast<size_t>(seqs));
@@ -382,6 +415,29 @@ int run(const Args& a) {
         r.note = m.device() == Device::cpu ? "(eager: CPU)" : "(EAGER: " + graphs.disabled_reason() + ")";
       decode_rows.push_back(r);
       say(cat("decode ", decode_line(r)));
+      if (a.speculative > 0) {  // the verify step of the same batch: k + 1 fresh tokens a sequence
+        const int64_t q = a.speculative + 1;
+        std::vector<std::vector<int64_t>> vids(static_cast<size_t>(B), std::vector<int64_t>(static_cast<size_t>(q)));
+        std::vector<model::StepSequence> vb;
+        for (int64_t i = 0; i < B; ++i)
+          vb.push_back({&states[static_cast<size_t>(i)], vids[static_cast<size_t>(i)], model::LogitsFor::all});
+        auto verify = [&] {
+          for (int64_t i = 0; i < B; ++i)
+            for (int64_t t = 0; t < q; ++t)
+              vids[static_cast<size_t>(i)][static_cast<size_t>(t)] =
+                  token(2000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i * q + t), config.vocab_size);
+          ++step_no;
+          (void)graphs.forward_device(vb, hold);
+        };
+        const uint64_t verify_eager_before = graphs.stats().eager_total();
+        const app::StepTiming vt = app::time_steps(a.device, verify, a.warmup, a.steps);
+        VerifyRow v;
+        v.batch = B, v.context = L, v.tokens = q, v.step_ms = vt.median_us / 1e3, v.decode_ms = r.step_ms;
+        if (graphs.stats().eager_total() != verify_eager_before)
+          v.note = m.device() == Device::cpu ? "(eager: CPU)" : "(EAGER: " + graphs.disabled_reason() + ")";
+        verify_rows.push_back(v);
+        say(cat("verify ", verify_line(v)));
+      }
       if (profiler && std::find(a.profile_batches.begin(), a.profile_batches.end(), B) != a.profile_batches.end()) {
         profiler->start();
         for (int i = 0; i < a.steps; ++i) step();
@@ -418,6 +474,10 @@ int run(const Args& a) {
           " / fp8 ", gemm_fp8, " TFLOP/s"));
   say(kDecodeHeader);
   for (const DecodeRow& r : decode_rows) say(decode_line(r));
+  if (!verify_rows.empty()) {
+    say(kVerifyHeader);
+    for (const VerifyRow& v : verify_rows) say(verify_line(v));
+  }
   say(kPrefillHeader);
   for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
   if (!mixed_rows.empty()) {
@@ -447,6 +507,9 @@ int run(const Args& a) {
       j["decode"].push_back({{"batch", r.batch}, {"context", r.context}, {"step_ms", r.step_ms}, {"min_ms", r.min_ms},
                              {"max_ms", r.max_ms}, {"tokens_per_s", r.tokens_s}, {"bytes_per_step", r.bytes},
                              {"gbs", r.gbs}, {"of_copy", r.of_copy}, {"note", r.note}});
+    for (const VerifyRow& v : verify_rows)
+      j["verify"].push_back({{"batch", v.batch}, {"context", v.context}, {"tokens_per_sequence", v.tokens},
+                             {"step_ms", v.step_ms}, {"decode_step_ms", v.decode_ms}, {"note", v.note}});
     for (const PrefillRow& r : prefill_rows)
       j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
                               {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm},
@@ -489,6 +552,11 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--mixed", a->mixed,
                       "PROMPT:DECODES: also time a server-like step, a new prompt with DECODES decode tokens at each "
                       "decode context (eager; profiled with --profile)");
+       app.add_option("--speculative", a->speculative,
+                      "k (1 to 3): also time the MTP verify step (k + 1 tokens a sequence, its own CUDA graph) at each "
+                      "decode batch, against the decode step, with the tokens/s it gives at acceptance lengths 1.8, 2.5 "
+                      "and 3.0 (0: off)")
+           ->capture_default_str();
        app.add_flag("--fill-check", a->fill_check,
                     "Check that the longest prompt's logits are the same bits with the activations NaN-filled and "
                     "zero-filled (no op reads an element it did not write)");
