@@ -29,7 +29,8 @@ Model::MtpResult mtp_rows(Model& model, cache::SequenceState& state, int64_t sta
 //           rows are speculative: the window is saved first and put back after the verify);
 //   verify: one step of [y, d_1 .. d_k] at m .. m + k (the step tables: kMaxStepQueries), logits and streams of all;
 //   accept: a = the drafts the target's greedy choices g_0 .. agree with; the round emits d_1 .. d_a, g_a;
-//   roll back (a < k): the state's snapshot from before the verify is restored and [y, d_1 .. d_a] replayed;
+//   roll back (a < k): the state's snapshot from before the verify is restored and [y, d_1 .. d_a]'s window rows and
+//           compressor inputs, kept from the verify step, stored and refolded (Model::rollback_step);
 //   catch up: the MTP rows of m .. m + a - 1 (next tokens d_1 .. d_a); m + a is the next round's first draft row.
 GenerateResult generate_speculative(Model& model, cache::SequenceState& state, std::span<const int64_t> prompt,
                                     const GenerateOptions& o) {
@@ -88,18 +89,15 @@ GenerateResult generate_speculative(Model& model, cache::SequenceState& state, s
     const cache::Snapshot before = state.snapshot();
     const StepSequence verify{&state, v, LogitsFor::all};
     Tensor streams;
-    const Tensor target = model.forward({&verify, 1}, {&all, 1}, streams);
+    Model::StepRecord record;
+    const Tensor target = model.forward({&verify, 1}, {&all, 1}, streams, false, &record);
     int64_t a = 0;
     while (a < kr && d[static_cast<size_t>(a)] == argmax_row(target, a, vocab)) ++a;
     const int64_t next = argmax_row(target, a, vocab);
     ++result.rounds, result.drafts += kr, result.accepted += a;
-    // Roll back what the rejected drafts left.
-    if (a < kr) {
-      state.restore(before);
-      const StepSequence replay{&state, std::span<const int64_t>(v).subspan(0, static_cast<size_t>(a + 1)),
-                                LogitsFor::none};
-      model.forward({&replay, 1}, {&all, 1}, streams);
-    }
+    // Roll back what the rejected drafts left: the kept tokens' rows and compressor inputs from the verify step
+    // (their streams too: a token's activations do not depend on the tokens after it).
+    if (a < kr) model.rollback_step(state, before, record, 0, a + 1);
     if (!saved_window.empty()) ops::copy(saved_window, state.ring(mtp));
     // Emit, catch the MTP layer up on the kept positions, and carry the last one.
     for (int64_t j = 0; j < a && static_cast<int64_t>(result.tokens.size()) < o.max_new_tokens; ++j)

@@ -51,6 +51,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const ops::KvRowFormat format = kv_format();
   Tensor kv_rows = tensor(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]
   ops::kv_pack(kv, format, kv_rows);
+  if (b.record != nullptr) b.record->layers[static_cast<size_t>(l)].rows = kv_rows;
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
@@ -113,7 +114,7 @@ Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, boo
   CompressorInputs in;
   in.weights = indexer ? &A.indexer->compressor : &*A.compressor;
   in.kv_gate = project(h, in.weights->wkv_wgate, in.weights->wkv, in.weights->wgate);
-  in.format = indexer ? ops::KvRowFormat{ops::KvFormat::f32, in.weights->width, c.rope_dim} : kv_format();
+  in.format = entry_format(*in.weights, indexer);
   return in;
 }
 

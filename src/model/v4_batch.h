@@ -26,6 +26,7 @@ struct Model::Batch {
   const DecodeTables* decode = nullptr;
   const cache::StateLayout* layout = nullptr;
   int64_t max_queries = 1, max_tokens = 0;
+  StepRecord* record = nullptr;  // when set (a step on the tables): what rollback_step needs is kept here
   std::vector<int64_t> wanted;  // batch rows whose logits are returned
 
   TensorView rows(const TensorView& t, const Seq& s) const { return t.rows(s.begin, s.begin + s.n); }

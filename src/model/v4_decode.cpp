@@ -165,11 +165,21 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
 // compress() for every slot: the entry a slot's token closes is normed, RoPE'd at its position and stored
 // by the device (which decides whether the token closes a window).
 void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool indexer) {
-  const ModelConfig& c = w_.config;
   const CompressorInputs in = compressor_inputs(l, h, indexer);
-  const CompressorWeights& cw = *in.weights;
-  const TensorView &kv = in.kv_gate.a, &gate = in.kv_gate.b;  // rows strided when stacked
-  const ops::KvRowFormat& format = in.format;
+  if (b.record != nullptr) {  // kept for rollback_step: the projections and what they view
+    StepRecord::Compressor& r = indexer ? b.record->layers[static_cast<size_t>(l)].indexer
+                                        : b.record->layers[static_cast<size_t>(l)].compressor;
+    r.storage[0] = in.kv_gate.stacked_out, r.storage[1] = in.kv_gate.a_out, r.storage[2] = in.kv_gate.b_out;
+    r.kv = in.kv_gate.a, r.gate = in.kv_gate.b;
+  }
+  emit_entries(l, b, in.kv_gate.a, in.kv_gate.b, indexer);  // rows strided when stacked
+}
+
+void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const TensorView& gate, bool indexer) {
+  const ModelConfig& c = w_.config;
+  const AttentionWeights& A = layer(l).attn;
+  const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
+  const ops::KvRowFormat format = entry_format(cw, indexer);
   const DecodeTables::Layer& t = b.decode->layers[l];
   const int ratio = c.compress_ratio(l);
   const int64_t N = b.tokens, width = cw.width;
@@ -193,6 +203,45 @@ void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool ind
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
   ops::kv_pack(emitted, format, rows);
   ops::store_paged_rows(rows, dest, b.positions, ratio);
+}
+
+void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
+                          int64_t first_row, int64_t kept) {
+  const ModelConfig& c = w_.config;
+  TERN_CHECK(static_cast<int>(record.layers.size()) == c.num_layers,
+             "rollback_step: the step was not recorded (it did not run on the step tables)");
+  TERN_CHECK(kept >= 1 && kept <= kMaxStepQueries && first_row >= 0 &&
+                 first_row + kept <= record.layers.front().rows.dim(0),
+             "rollback_step: tokens ", first_row, " .. ", first_row + kept, " of a step of ",
+             record.layers.front().rows.dim(0));
+  check_state(state);
+  state.restore(before);
+  // The kept tokens as a step of their own on the tables (their ids are not read: only positions and addresses).
+  const std::vector<int64_t> ids(static_cast<size_t>(kept), 0);
+  const StepSequence s{&state, ids, LogitsFor::none};
+  Tensor words(DType::i64, {decode_words(kept)});
+  fill_decode_tables({&s, 1}, kept, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
+  words = on_device(std::move(words));
+  const DecodeTables t = decode_tables(words, kept);
+  Batch b;
+  b.tokens = kept;
+  b.ids = t.ids, b.positions = t.positions;
+  b.decode = &t;
+  b.layout = &state.layout();
+  b.max_tokens = state.layout().max_tokens();
+  b.max_queries = kept;
+  const TensorView firsts = kept > 1 ? t.firsts : TensorView();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const StepRecord::Layer& r = record.layers[static_cast<size_t>(l)];
+    ops::store_ring_rows(r.rows.view().rows(first_row, first_row + kept), t.layers[static_cast<size_t>(l)].ring,
+                         t.positions, firsts, c.sliding_window);
+    for (const bool indexer : {false, true}) {
+      const StepRecord::Compressor& cr = indexer ? r.indexer : r.compressor;
+      if (cr.kv.empty()) continue;  // the layer has no such compressor
+      emit_entries(l, b, cr.kv.rows(first_row, first_row + kept), cr.gate.rows(first_row, first_row + kept), indexer);
+    }
+  }
+  state.advance(kept);
 }
 
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.

@@ -308,18 +308,18 @@ void Model::lay_out_tokens(Batch& b, const std::function<std::span<const int64_t
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch, bool logits_on_device) {
-  return forward_impl(batch, {}, nullptr, logits_on_device);
+  return forward_impl(batch, {}, nullptr, logits_on_device, nullptr);
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
-                      bool logits_on_device) {
+                      bool logits_on_device, StepRecord* record) {
   TERN_CHECK(streams_for.size() == batch.size(), "forward: ", streams_for.size(), " stream choices for ",
              batch.size(), " sequences");
-  return forward_impl(batch, streams_for, &streams, logits_on_device);
+  return forward_impl(batch, streams_for, &streams, logits_on_device, record);
 }
 
 Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for,
-                           Tensor* streams_out, bool logits_on_device) {
+                           Tensor* streams_out, bool logits_on_device, StepRecord* record) {
   const ModelConfig& c = w_.config;
   Batch b = make_batch(batch);
   const int64_t N = b.tokens;
@@ -341,7 +341,12 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
     b.layout = bound;
     b.max_tokens = bound->max_tokens();
     for (const Batch::Seq& s : b.seqs) b.max_queries = std::max(b.max_queries, s.n);
+    if (record != nullptr) {
+      record->layers.assign(static_cast<size_t>(w_.config.num_layers), {});
+      b.record = record;
+    }
   }
+  if (record != nullptr && b.record == nullptr) record->layers.clear();  // a chunk path step keeps nothing
   const Tensor streams = run_layers(b);
   if (streams_out != nullptr) {  // the pre-hc_head streams of the chosen rows
     std::vector<int64_t> rows;

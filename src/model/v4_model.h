@@ -73,6 +73,21 @@ class Model {
   std::shared_ptr<const cache::StateLayout> state_layout(int64_t max_tokens, int64_t tokens_per_page = 0) const;
   cache::SequenceState new_state(int64_t max_tokens) const;
 
+  // What a step on the step tables keeps for rollback_step (speculative decoding's verify steps): per trunk layer
+  // the step's window rows and its compressors' kv / gate projections, every token of the step. forward(...,
+  // record) fills it when the step runs on the tables (left empty otherwise).
+  struct StepRecord {
+    struct Compressor {
+      Tensor storage[3];  // what kv and gate view
+      TensorView kv, gate;
+    };
+    struct Layer {
+      Tensor rows;  // u8 [N, kv_row_bytes]
+      Compressor compressor, indexer;
+    };
+    std::vector<Layer> layers;
+  };
+
   // Runs the batch; returns logits f32 [rows, vocab]: each sequence's requested rows, in batch order
   // (all: one per token, last: one, none: nothing). On the host, or with logits_on_device on the model's
   // device (no copy back: a device sampler reads them there).
@@ -81,7 +96,16 @@ class Model {
   // picks of sequence i (none / last / all; one entry per sequence), in batch order, into `streams` on the
   // model's device: what the MTP layer reads (mtp_forward).
   Tensor forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
-                 bool logits_on_device = false);
+                 bool logits_on_device = false, StepRecord* record = nullptr);
+
+  // Rolls a sequence back after a recorded step that brought it tokens from batch row `first_row` on: with its
+  // state restored to `before` (its snapshot from before that step), the window rows of its first `kept` tokens are
+  // stored again and their compressor inputs refolded into the accumulators (the entries they close are stored
+  // again, the same bits), so the state is the one a step of only those tokens leaves, without running the layers
+  // again (compressed rows and indexer keys past the kept tokens lie beyond the restored counts). The MTP layer's
+  // window is the caller's (generate puts it back from a copy).
+  void rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
+                     int64_t first_row, int64_t kept);
 
   // The MTP layer (model/v4_mtp.cpp; present when the checkpoint has mtp.0.*). Row i of a sequence, at
   // position p = start + i, reads the hidden h_p (the trunk's streams of position p, or when chaining drafts
@@ -171,7 +195,10 @@ class Model {
   // Marks the weights the activations mode applies to.
   void apply_activations();
   Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
-                      bool logits_on_device);
+                      bool logits_on_device, StepRecord* record);
+  // compress_decode's second half: the entries of the step's tokens from their kv / gate rows (rollback_step refolds
+  // recorded rows through it).
+  void emit_entries(int layer, const Batch& b, const TensorView& kv, const TensorView& gate, bool indexer);
   Tensor run_layers(const Batch& b);
   void block(int l, const Batch& b, Tensor& streams);  // streams [N, hc, D] through layer l, in place
   // logits = head(norm(hc_head(streams))) of the batch's wanted rows, with the trunk's hc_head and norm or the
@@ -204,6 +231,10 @@ class Model {
     ops::KvRowFormat format;
   };
   CompressorInputs compressor_inputs(int layer, const TensorView& h, bool indexer);
+  // The row format of a compressor's entries: indexer keys stay exact (f32), attention rows follow the KV mode.
+  ops::KvRowFormat entry_format(const CompressorWeights& cw, bool indexer) const {
+    return indexer ? ops::KvRowFormat{ops::KvFormat::f32, cw.width, w_.config.rope_dim} : kv_format();
+  }
   void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
   void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
                       std::vector<Tensor>& selected);
@@ -255,9 +286,9 @@ struct GenerateOptions {
   // MTP speculative decoding (issue #18; greedy only): each round drafts this many tokens (1..kMaxStepQueries - 1)
   // with the MTP layer (its first draft from the prompt's / last round's catch-up row, the rest chained), verifies
   // them with the pending token in one step of k + 1 tokens on the step tables, keeps the drafts the target's
-  // greedy choices agree with and the target's next token. Rejected drafts are rolled back exactly: the state's
-  // snapshot before the verify is restored and the kept tokens replayed (a second forward; a cheaper rollback is
-  // next), and the MTP window's rows of the chained drafts are put back. 0: plain decoding.
+  // greedy choices agree with and the target's next token. Rejected drafts are rolled back exactly (rollback_step:
+  // the snapshot from before the verify, then the kept tokens' recorded rows and compressor inputs), and the MTP
+  // window's rows of the chained drafts are put back. 0: plain decoding.
   int64_t speculative_tokens = 0;
   // Benchmarking only (the machinery without a trained draft): drafts forced to this continuation (the target's own
   // greedy tokens, from a plain run) where it reaches, each kept as it is with probability oracle_accept and

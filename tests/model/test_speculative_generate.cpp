@@ -108,41 +108,11 @@ TEST_P(Speculative, MtpWindowIsThePlainCatchUps) {
   }
 }
 
-// The rollback: a verify step of [y, d_1, d_2, d_3] whose drafts are partly wrong, the snapshot from before it
-// restored and the kept tokens replayed, against plain decoding (one token a step) of the kept tokens: the states
-// serialize to the same bytes and the next step's logits are the same bits.
-TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
-  const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::fp8);
-  const std::vector<int64_t> prompt = f.ids(f.num_prompts() - 1);
-  const int64_t vocab = m.config().vocab_size;
-  for (int64_t kept = 0; kept <= 3; ++kept) {
-    cache::SequenceState a = m.new_state(static_cast<int64_t>(prompt.size()) + 8),
-                         b = m.new_state(static_cast<int64_t>(prompt.size()) + 8);
-    for (cache::SequenceState* s : {&a, &b}) {
-      const model::StepSequence pre{s, prompt, LogitsFor::none};
-      m.forward({&pre, 1});
-    }
-    const std::vector<int64_t> v = {7, (11 + 3 * kept) % vocab, 13, (17 + kept) % vocab};
-    const cache::Snapshot before = a.snapshot();
-    const model::StepSequence verify{&a, v, LogitsFor::all};
-    m.forward({&verify, 1});
-    a.restore(before);
-    const model::StepSequence replay{&a, std::span<const int64_t>(v).subspan(0, kept + 1), LogitsFor::none};
-    m.forward({&replay, 1});
-    for (int64_t i = 0; i <= kept; ++i) {
-      const model::StepSequence one{&b, std::span<const int64_t>(v).subspan(i, 1), LogitsFor::last};
-      m.forward({&one, 1});
-    }
-    ASSERT_EQ(a.position(), b.position());
-    EXPECT_EQ(a.serialize(), b.serialize()) << "kept " << kept;
-    const int64_t t = 5;
-    const model::StepSequence na{&a, {&t, 1}, LogitsFor::last}, nb{&b, {&t, 1}, LogitsFor::last};
-    const Tensor la = m.forward({&na, 1}), lb = m.forward({&nb, 1});
-    EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.nbytes()), 0) << "kept " << kept;
-  }
-}
-
+// The rollback: a verify step of [y, d_1, d_2, d_3] whose drafts are partly wrong, then Model::rollback_step (the
+// snapshot from before it restored, the kept tokens' recorded rows stored and compressor inputs refolded), against
+// plain decoding (one token a step) of the kept tokens: the states serialize to the same bytes and the next step's
+// logits are the same bits. Both KV modes; positions from the prompt's end across windows and compression
+// boundaries (several rounds in a row).
 void expect_error(const std::function<void()>& fn, const std::string& part) {
   try {
     fn();
@@ -150,6 +120,58 @@ void expect_error(const std::function<void()>& fn, const std::string& part) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
+}
+
+TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
+  const Fixture& f = Fixture::get(GetParam());
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    Model m(f.weights(), mode);
+    const std::vector<int64_t> prompt = f.ids(f.num_prompts() - 1);
+    const int64_t vocab = m.config().vocab_size, rounds = 12;
+    cache::SequenceState a = m.new_state(static_cast<int64_t>(prompt.size()) + 4 * rounds + 2),
+                         b = m.new_state(static_cast<int64_t>(prompt.size()) + 4 * rounds + 2);
+    for (cache::SequenceState* s : {&a, &b}) {
+      const model::StepSequence pre{s, prompt, LogitsFor::none};
+      m.forward({&pre, 1});
+    }
+    const LogitsFor all = LogitsFor::all;
+    for (int64_t r = 0; r < rounds; ++r) {
+      const int64_t kept = 1 + r % 4;  // 4: every token kept (no rollback needed, but it must hold too)
+      const std::vector<int64_t> v = {(7 + 5 * r) % vocab, (11 + 3 * r) % vocab, (13 + r) % vocab, (17 + 2 * r) % vocab};
+      const cache::Snapshot before = a.snapshot();
+      const model::StepSequence verify{&a, v, LogitsFor::all};
+      Tensor streams;
+      Model::StepRecord record;
+      m.forward({&verify, 1}, {&all, 1}, streams, false, &record);
+      m.rollback_step(a, before, record, 0, kept);
+      for (int64_t i = 0; i < kept; ++i) {
+        const model::StepSequence one{&b, std::span<const int64_t>(v).subspan(static_cast<size_t>(i), 1), LogitsFor::last};
+        m.forward({&one, 1});
+      }
+      ASSERT_EQ(a.position(), b.position());
+      ASSERT_EQ(a.serialize(), b.serialize()) << "kv mode " << static_cast<int>(mode) << " round " << r << " kept " << kept;
+    }
+    const int64_t t = 5;
+    const model::StepSequence na{&a, {&t, 1}, LogitsFor::last}, nb{&b, {&t, 1}, LogitsFor::last};
+    const Tensor la = m.forward({&na, 1}), lb = m.forward({&nb, 1});
+    EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.nbytes()), 0);
+  }
+}
+
+// A step that ran per sequence (more tokens than the step tables take) keeps no record: rollback_step refuses it.
+TEST(SpeculativeRollback, RefusesAStepThatWasNotRecorded) {
+  const Fixture& f = Fixture::get("tiny-mxfp4");
+  Model m(f.weights(), model::KvMode::exact);
+  cache::SequenceState s = m.new_state(16);
+  const cache::Snapshot before = s.snapshot();
+  const std::vector<int64_t> five = {3, 4, 5, 6, 7};
+  const model::StepSequence step{&s, five, LogitsFor::all};
+  const LogitsFor all = LogitsFor::all;
+  Tensor streams;
+  Model::StepRecord record;
+  m.forward({&step, 1}, {&all, 1}, streams, false, &record);
+  EXPECT_TRUE(record.layers.empty());
+  expect_error([&] { m.rollback_step(s, before, record, 0, 2); }, "not recorded");
 }
 
 TEST(SpeculativeOptions, RefusedWithClearMessages) {
