@@ -36,7 +36,8 @@ ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::State
   return r;
 }
 
-// Whether compress_decode runs the emit chain as one op (decode_compress_emit) rather than five; on unless
+// Whether emit_entries runs the emit chain as one op (decode_compress_emit, where the backend has it for the
+// width) rather than five; on unless
 // the environment says TERN_FUSED_COMPRESS=0 (for A/B: both give the same bits). Read once.
 bool fused_compress_emit() {
   static const bool on = [] {
@@ -190,7 +191,7 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
   update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
   const ops::DecodePagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
-  if (fused_compress_emit()) {
+  if (fused_compress_emit() && ops::decode_compress_emit_supported(kv.device(), width)) {
     ops::decode_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
     return;
   }

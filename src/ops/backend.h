@@ -79,6 +79,7 @@ class Backend {
   virtual void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
   virtual void decode_compressor(const DecodeCompressorArgs& a);
   virtual void decode_compress_emit(const DecodeCompressEmitArgs& a);
+  virtual bool decode_compress_emit_supported(int64_t width) const { return width > 0; }
   virtual void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
   virtual void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                                const TensorView& firsts, int64_t window);

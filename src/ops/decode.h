@@ -77,6 +77,9 @@ struct DecodeCompressEmitArgs {
   DecodePagedRows dest;
 };
 void decode_compress_emit(const DecodeCompressEmitArgs& a);
+// Whether `device`'s backend has the one-op chain for entries of `width` dims (the CUDA kernel: 128, 256, 512);
+// otherwise the caller runs the five ops it stands for (the same bits).
+bool decode_compress_emit_supported(Device device, int64_t width);
 
 struct DecodeIndexerArgs {
   TensorView q;          // f32 [slots, index_heads, dim]

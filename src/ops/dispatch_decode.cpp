@@ -74,6 +74,10 @@ void decode_compressor(const DecodeCompressorArgs& a) {
   backend_for(common_device("decode_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).decode_compressor(a);
 }
 
+bool decode_compress_emit_supported(Device device, int64_t width) {
+  return backend_for(device).decode_compress_emit_supported(width);
+}
+
 void decode_compress_emit(const DecodeCompressEmitArgs& a) {
   const char* op = "decode_compress_emit";
   const DecodeCompressorArgs& c = a.compressor;

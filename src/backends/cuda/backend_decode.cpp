@@ -74,6 +74,8 @@ void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
   check_launch("decode_compressor");
 }
 
+bool CudaBackend::decode_compress_emit_supported(int64_t width) const { return compress_emit_width_supported(width); }
+
 void CudaBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
   const char* op = "decode_compress_emit";
   const ops::DecodeCompressorArgs& c = a.compressor;

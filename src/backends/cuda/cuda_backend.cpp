@@ -331,8 +331,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
       "decode_compress_emit: compressor_emit_kernel, a compressor's accumulator update, rms_norm, RoPE, row "
-      "packing and paged store in one launch (the five kernels' device code, same bits; TERN_FUSED_COMPRESS=0 "
-      "runs them in turn); replayed as "
+      "packing and paged store in one launch (the five kernels' device code, same bits; TERN_FUSED_COMPRESS=0, "
+      "or entries of another width than 128 / 256 / 512, runs them in turn); replayed as "
       "CUDA graphs per batch bucket (docs/cuda-backend.md, \"CUDA graphs\")",
       "sample_rows (device sampling: penalties, temperature, top-k / top-p / min-p, seeded draw, logprobs): "
       "sample_rows_kernel, one block per row, radix select + bitonic sort of candidate tiers, the host "

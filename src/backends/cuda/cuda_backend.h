@@ -60,6 +60,7 @@ class CudaBackend final : public ops::Backend {
   void decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) override;
   void decode_compressor(const ops::DecodeCompressorArgs& a) override;
   void decode_compress_emit(const ops::DecodeCompressEmitArgs& a) override;
+  bool decode_compress_emit_supported(int64_t width) const override;
   void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) override;
   void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                        const TensorView& firsts, int64_t window) override;
