@@ -10,6 +10,7 @@
 namespace tern::model {
 
 namespace {
+constexpr int kCaptureFailed = -2;  // a verify bucket's handle when its capture failed (eager from then on)
 std::string mib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1 << 20));
@@ -76,18 +77,27 @@ void DecodeGraphs::prepare() {
     const int64_t words = model_.decode_words(slots_max);
     staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
     tables_ = Tensor(DType::i64, {words}, model_.device());
-    // Dry run at the largest bucket (of the most tokens a sequence), every slot inert: sizes the arena, grows the
-    // backend's workspace and builds its tables before any capture.
-    upload_tables({}, slots_max);
-    graphs_->arena_begin(/*measure=*/true);
-    try {
-      const Model::DecodeTables t = model_.decode_tables(tables_, slots_max);
-      (void)model_.decode_body(t, *layout_, q_max);
-    } catch (...) {
-      graphs_->arena_end();
-      throw;
+    // Dry runs, every slot inert: the largest decode bucket, and with verify steps every bucket of the most tokens
+    // a sequence (an op's workspace need is not monotone in the tokens: split-K partials, the library path from
+    // 512): size the arena (the largest of them), grow the backend's workspace and build its tables before any
+    // capture (no workspace may grow inside one).
+    std::vector<std::pair<int64_t, int64_t>> runs = {{largest, 1}};  // (slots, tokens a sequence)
+    if (q_max > 1)
+      for (int64_t b : buckets_) runs.push_back({b * q_max, q_max});
+    size_t arena = 0;
+    for (const auto& [slots, q] : runs) {
+      upload_tables({}, slots);
+      graphs_->arena_begin(/*measure=*/true);
+      try {
+        const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+        (void)model_.decode_body(t, *layout_, q);
+      } catch (...) {
+        graphs_->arena_end();
+        throw;
+      }
+      arena = std::max(arena, graphs_->arena_end());
     }
-    graphs_->arena_reserve(graphs_->arena_end());
+    graphs_->arena_reserve(arena);
     stats_.arena_bytes = graphs_->arena_bytes();
     for (size_t i = 0; i < buckets_.size(); ++i) record(i, 1);  // verify buckets (q > 1): on first use
   } catch (const std::exception& e) {
@@ -174,10 +184,17 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
     for (Tensor& t : logits_) t = Tensor();
     generation_ = graphs_->generation();
   }
+  if (handles_[g] == kCaptureFailed) return eager(batch, "a verify bucket whose capture failed", on_device, view);
   if (handles_[g] < 0) {
     try {
       record(i, qs);
     } catch (const std::exception& e) {
+      if (qs > 1) {  // this verify bucket alone runs eagerly; the decode graphs stay
+        handles_[g] = kCaptureFailed;
+        log::warn("decode graphs: verify steps of ", bucket, " sequences x ", qs, " tokens run eagerly: capture failed: ",
+                  e.what());
+        return eager(batch, "a verify bucket whose capture failed", on_device, view);
+      }
       disabled_ = std::string("capture failed: ") + e.what();
       log::warn("decode steps run eagerly from now on: ", disabled_);
       return eager(batch, disabled_, on_device, view);

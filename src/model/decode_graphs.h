@@ -82,7 +82,7 @@ class DecodeGraphs {
   std::string disabled_;
   TensorView staging_;  // host i64 [decode_words(largest)], page-locked (ops::StepGraphs::pinned_host)
   Tensor tables_;   // device copy
-  std::vector<int> handles_;     // per graph (graph_index); -1: not recorded
+  std::vector<int> handles_;     // per graph (graph_index); -1: not recorded, -2: a verify bucket that failed to record
   std::vector<Tensor> logits_;   // per graph: the recorded step's device logits (arena)
   uint64_t generation_ = 0;
   bool prepared_ = false;

@@ -65,6 +65,9 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (n < 1 || n > max_queries) return "prefill in the step";
     if (n > w_.config.sliding_window) return "more tokens of a sequence than its window";
+    for (int l = 0; l < w_.config.num_layers; ++l)  // a compressor chunk of the step kernels: three windows
+      if (const int r = w_.config.compress_ratio(l); r > 0 && n > 2 * r + 1)
+        return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
     if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
     if (s.state == nullptr || !seen.insert(s.state).second) return "a missing or repeated state";
     const cache::StateLayout& l = s.state->layout();

@@ -61,9 +61,9 @@ CompressorParams compressor_params(const char* op, const ops::DecodeCompressorAr
   p.firsts = a.firsts.empty() ? nullptr : a.firsts.data_as<const int64_t>();
   p.accs = table(a.accs);
   p.slots = a.positions.dim(0);
-  // A chunk's windows are the block's lanes 0..2 (w0, w0 + 1, the last): at most ratio + 1 tokens.
-  TERN_CHECK(a.max_queries <= a.ratio + 1, "cuda ", op, ": sequences of up to ", a.max_queries, " tokens at ratio ",
-             a.ratio, " (the step kernels take at most ratio + 1 = ", a.ratio + 1, ")");
+  // A chunk's windows are the block's lanes 0..2 (w0, w0 + 1, the last): three windows hold any 2 ratio + 1 tokens.
+  TERN_CHECK(a.max_queries <= 2 * a.ratio + 1, "cuda ", op, ": sequences of up to ", a.max_queries,
+             " tokens at ratio ", a.ratio, " (the step kernels take at most 2 ratio + 1 = ", 2 * a.ratio + 1, ")");
   return p;
 }
 }  // namespace

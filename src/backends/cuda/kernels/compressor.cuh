@@ -25,7 +25,7 @@ struct CompressorParams {
   // slots slot .. while firsts names it) as one chunk from the address accs[slot], its kv / gate rows from row
   // `slot`; the entry of window w goes to the row of the token that closes it (emit_row). The other slots'
   // blocks return at once. n, start_pos and acc are then set per block. A chunk spans at most three windows
-  // (w0, w0 + 1 and the last: the block's lanes 0..2; the backend checks max_queries <= ratio + 1).
+  // (w0, w0 + 1 and the last: the block's lanes 0..2; the backend checks max_queries <= 2 ratio + 1).
   const int64_t* positions = nullptr;
   const int64_t* firsts = nullptr;
   const uint64_t* accs = nullptr;

@@ -15,6 +15,7 @@ __global__ void store_rows_kernel(StoreRowsParams p) {
     if ((pos + 1) % p.ratio != 0) return;
     dst = slot_paged_row(p.paged, p.pools, p.tables, slot, pos / p.ratio);
   } else {
+    // The op's contract for any q (the model refuses q > window today, so this does not fire there).
     if (p.firsts != nullptr && slot + p.window < p.slots && p.firsts[slot + p.window] == p.firsts[slot]) return;
     dst = reinterpret_cast<uint8_t*>(p.rings[slot]) + (pos % p.window) * p.row_bytes;
   }

@@ -75,9 +75,13 @@ void launch_moe_exact(const MoeParams& p, void* workspace, cudaStream_t stream) 
   auto* y = static_cast<float*>(workspace);
   int* pos = reinterpret_cast<int*>(y + p.T * p.k * p.D);
   const size_t smem = moe_exact_smem_bytes(p);
-  // Past the default 48 KB (a failure here shows in the launch's error, which the caller checks).
-  if (smem > 48 * 1024)
-    (void)cudaFuncSetAttribute(dev::moe_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  // Past the default 48 KB: the kernel's limit raised once to the most a block has (a failure shows in the launch's
+  // error, which the caller checks).
+  if (smem > 48 * 1024) {
+    static const bool raised = cudaFuncSetAttribute(dev::moe_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kMoeExactMaxSmem)) == cudaSuccess;
+    (void)raised;
+  }
   launch(dev::moe_exact_kernel, static_cast<unsigned>(p.T * p.k), dev::kExactThreads, smem, stream, p, y, pos);
   launch_moe_combine(p, y, pos, stream);
 }
