@@ -69,8 +69,10 @@ GenerateResult generate_speculative(Model& model, cache::SequenceState& state, s
     // Draft.
     std::vector<int64_t> d;
     Model::MtpResult r = mtp_rows(model, state, m - 1, carry, {&y, 1});
-    result.first_draft_positions.push_back(m - 1);
-    result.first_draft_logits.emplace_back(r.logits.data<float>(), r.logits.data<float>() + vocab);
+    if (o.keep_first_draft_logits) {
+      result.first_draft_positions.push_back(m - 1);
+      result.first_draft_logits.emplace_back(r.logits.data<float>(), r.logits.data<float>() + vocab);
+    }
     Tensor saved_window;
     if (kr > 1) saved_window = Tensor::copy_of(state.ring(mtp), state.device());
     for (int64_t j = 1; j <= kr; ++j) {
@@ -100,6 +102,7 @@ GenerateResult generate_speculative(Model& model, cache::SequenceState& state, s
     if (a < kr) model.rollback_step(state, before, record, 0, a + 1);
     if (!saved_window.empty()) ops::copy(saved_window, state.ring(mtp));
     // Emit, catch the MTP layer up on the kept positions, and carry the last one.
+    const size_t emitted_from = result.tokens.size();
     for (int64_t j = 0; j < a && static_cast<int64_t>(result.tokens.size()) < o.max_new_tokens; ++j)
       result.tokens.push_back(d[static_cast<size_t>(j)]);
     if (static_cast<int64_t>(result.tokens.size()) < o.max_new_tokens) result.tokens.push_back(next);
@@ -107,8 +110,8 @@ GenerateResult generate_speculative(Model& model, cache::SequenceState& state, s
     carry = Tensor::copy_of(streams.view().rows(a, a + 1), streams.device());
     m += a + 1;
     y = next;
-    // A stop token among the kept drafts ends the output there.
-    for (size_t i = 0; i < result.tokens.size(); ++i)
+    // A stop token among this round's tokens ends the output there.
+    for (size_t i = emitted_from; i < result.tokens.size(); ++i)
       if (result.tokens[i] == o.stop_token) {
         result.tokens.resize(i + 1);
         y = o.stop_token;

@@ -1,7 +1,9 @@
 // Steps on the step tables (v4_model.h, "Steps on the step tables"): the forward with the per-sequence ops
 // (compressors, indexer, attention, window-ring store) replaced by one launch for all slots, which reads each
 // slot's position, sequence and state addresses from device tables.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 #include <unordered_set>
@@ -60,14 +62,16 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
                                   int64_t max_queries) const {
   if (observer_) return "an observer is set";
   if (batch.empty()) return "an empty batch";
+  // A compressor chunk of the step kernels spans at most three windows: 2 ratio + 1 tokens of the smallest ratio.
+  int64_t chunk_bound = INT64_MAX;
+  for (int l = 0; l < w_.config.num_layers; ++l)
+    if (const int r = w_.config.compress_ratio(l); r > 0) chunk_bound = std::min<int64_t>(chunk_bound, 2 * r + 1);
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
     const auto n = static_cast<int64_t>(s.tokens.size());
     if (n < 1 || n > max_queries) return "prefill in the step";
     if (n > w_.config.sliding_window) return "more tokens of a sequence than its window";
-    for (int l = 0; l < w_.config.num_layers; ++l)  // a compressor chunk of the step kernels: three windows
-      if (const int r = w_.config.compress_ratio(l); r > 0 && n > 2 * r + 1)
-        return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
+    if (n > chunk_bound) return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
     if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
     if (s.state == nullptr || !seen.insert(s.state).second) return "a missing or repeated state";
     const cache::StateLayout& l = s.state->layout();
@@ -137,6 +141,23 @@ Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots)
   return t;
 }
 
+Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words) const {
+  words = Tensor(DType::i64, {decode_words(slots)});
+  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
+  words = on_device(std::move(words));
+  return decode_tables(words, slots);
+}
+
+void Model::use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
+  b.tokens = t.ids.numel();
+  b.ids = t.ids;
+  b.positions = t.positions;
+  b.decode = &t;
+  b.layout = &layout;
+  b.max_tokens = layout.max_tokens();
+  b.max_queries = max_queries;
+}
+
 void Model::decode_done(std::span<const StepSequence> batch) {
   for (const StepSequence& s : batch) s.state->advance(static_cast<int64_t>(s.tokens.size()));
 }
@@ -146,13 +167,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
              " tokens a sequence (1 to ", kMaxStepQueries, ")");
   const ModelConfig& c = w_.config;
   Batch b;
-  b.tokens = t.ids.numel();
-  b.ids = t.ids;
-  b.positions = t.positions;
-  b.decode = &t;
-  b.layout = &layout;
-  b.max_tokens = layout.max_tokens();
-  b.max_queries = max_queries;
+  use_tables(b, t, layout, max_queries);
   const int64_t N = b.tokens, D = c.hidden_size;
   const Tensor streams = run_layers(b);
   // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the
@@ -223,17 +238,10 @@ void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& be
   // The kept tokens as a step of their own on the tables (their ids are not read: only positions and addresses).
   const std::vector<int64_t> ids(static_cast<size_t>(kept), 0);
   const StepSequence s{&state, ids, LogitsFor::none};
-  Tensor words(DType::i64, {decode_words(kept)});
-  fill_decode_tables({&s, 1}, kept, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
-  words = on_device(std::move(words));
-  const DecodeTables t = decode_tables(words, kept);
+  Tensor words;
+  const DecodeTables t = eager_tables({&s, 1}, kept, words);
   Batch b;
-  b.tokens = kept;
-  b.ids = t.ids, b.positions = t.positions;
-  b.decode = &t;
-  b.layout = &state.layout();
-  b.max_tokens = state.layout().max_tokens();
-  b.max_queries = kept;
+  use_tables(b, t, state.layout(), kept);
   const TensorView firsts = kept > 1 ? t.firsts : TensorView();
   for (int l = 0; l < c.num_layers; ++l) {
     const StepRecord::Layer& r = record.layers[static_cast<size_t>(l)];

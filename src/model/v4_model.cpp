@@ -131,8 +131,8 @@ void Model::apply_activations() {
     ExpertWeights& s = L->ffn.shared;
     for (Linear* w : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.wq_a_wkv, &s.w1, &s.w2, &s.w3, &s.w13})
       mark_fp8(*w), mark_f32(*w);
-    for (ExpertWeights& e : L->ffn.experts) mark_fp8(e.w1), mark_fp8(e.w2), mark_fp8(e.w3);
-    for (ExpertWeights& e : L->ffn.experts) mark_f32(e.w1), mark_f32(e.w2), mark_f32(e.w3);
+    for (ExpertWeights& e : L->ffn.experts)
+      for (Linear* w : {&e.w1, &e.w2, &e.w3}) mark_fp8(*w), mark_f32(*w);
     if (a.indexer) mark_fp8(a.indexer->wq_b);
     for (CompressorWeights* c : {a.compressor ? &*a.compressor : nullptr, a.indexer ? &a.indexer->compressor : nullptr})
       if (c != nullptr) mark_f32(c->wkv), mark_f32(c->wgate), mark_f32(c->wkv_wgate);
@@ -333,14 +333,10 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
   for (const StepSequence& s : batch)
     if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
   if (step_tables_ && decode_refusal(batch, *bound, kMaxStepQueries).empty()) {
-    words = Tensor(DType::i64, {decode_words(N)});
-    fill_decode_tables(batch, N, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
-    words = on_device(std::move(words));
-    tables = decode_tables(words, N);
-    b.decode = &tables;
-    b.layout = bound;
-    b.max_tokens = bound->max_tokens();
-    for (const Batch::Seq& s : b.seqs) b.max_queries = std::max(b.max_queries, s.n);
+    tables = eager_tables(batch, N, words);
+    int64_t max_queries = 1;
+    for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
+    use_tables(b, tables, *bound, max_queries);
     if (record != nullptr) {
       record->layers.assign(static_cast<size_t>(w_.config.num_layers), {});
       b.record = record;

@@ -188,6 +188,12 @@ class Model {
  private:
   struct Batch;
   Batch make_batch(std::span<const StepSequence> batch) const;
+  // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
+  // it), and the views of it.
+  DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words) const;
+  // Points b at tables t: a step of t's slots, up to max_queries tokens a sequence, in states of `layout`'s page
+  // geometry and at most its max_tokens positions.
+  static void use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries);
   // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;
@@ -295,6 +301,8 @@ struct GenerateOptions {
   // otherwise replaced by another token (so it is rejected). Empty: the MTP layer's drafts.
   std::vector<int64_t> draft_oracle;
   double oracle_accept = 1.0;
+  // Tests: keep each round's first-draft logits in the result (first_draft_logits).
+  bool keep_first_draft_logits = false;
 };
 struct GenerateResult {
   std::vector<int64_t> tokens;  // the generated tokens
@@ -302,8 +310,8 @@ struct GenerateResult {
   // Speculative decoding: verify steps, drafts proposed, drafts kept (acceptance length = (accepted + rounds) /
   // rounds: tokens per verify step).
   int64_t rounds = 0, drafts = 0, accepted = 0;
-  // Each round's first draft row: its position (m - 1) and the MTP layer's logits there (tests: a clean catch-up
-  // over the same tokens gives the same bits when the window is rolled back right).
+  // With keep_first_draft_logits, each round's first draft row: its position (m - 1) and the MTP layer's logits
+  // there (tests: a clean catch-up over the same tokens gives the same bits when the window is rolled back right).
   std::vector<int64_t> first_draft_positions;
   std::vector<std::vector<float>> first_draft_logits;
 };

@@ -112,6 +112,14 @@ HostWeight random_weight(ops::WeightFormat f, int64_t out, int64_t in, Rand& r, 
   return h;
 }
 
+int64_t addr(const TensorView& t) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data())); }
+
+Tensor i64(const std::vector<int64_t>& v) {
+  Tensor t(DType::i64, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return t;
+}
+
 cuda::DeviceTensor upload(const TensorView& host) { return cuda::to_device(host); }
 
 cuda::DeviceTensor poisoned(DType dtype, Shape shape) {

@@ -82,6 +82,9 @@ struct RandomExperts {
 
 // Device copy of a host tensor, and a device tensor poisoned with 0xff bytes (NaN for f32).
 cuda::DeviceTensor upload(const TensorView& host);
+// A tensor's address as the step ops' address tables hold it, and a host i64 [n] table of such words.
+int64_t addr(const TensorView& t);
+Tensor i64(const std::vector<int64_t>& v);
 cuda::DeviceTensor poisoned(DType dtype, Shape shape);
 
 // Rows (host, [n, ...]) in pages as the state pool holds them: rows_per_page per page at a byte offset,

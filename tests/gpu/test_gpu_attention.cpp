@@ -288,13 +288,6 @@ TEST(GpuAttention, DecodeV4Shapes) {
   cuda::register_backend().check_device_errors();
 }
 
-int64_t addr(const TensorView& t) { return reinterpret_cast<int64_t>(t.data()); }
-Tensor i64(const std::vector<int64_t>& v) {
-  Tensor t(DType::i64, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  return t;
-}
-
 // Sequences of q = 1..4 queries (a verify step) in one decode launch with `firsts`, at V4-Flash's shapes (64 heads
 // of 512, FP8 rows, window 128; CSA with 512 picks, HCA): each sequence's queries read its earlier rows of the step
 // (chunk_rows) and its ring, as the CPU's eager op on the chunk does.

@@ -21,14 +21,6 @@
 namespace tern::gputest {
 namespace {
 
-int64_t addr(const TensorView& t) {
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()));
-}
-Tensor i64(const std::vector<int64_t>& v) {
-  Tensor t(DType::i64, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  return t;
-}
 void random_bytes(const TensorView& t, Rand& r) {
   for (size_t i = 0; i < t.nbytes(); ++i) t.data_as<uint8_t>()[i] = static_cast<uint8_t>(r.bits());
 }

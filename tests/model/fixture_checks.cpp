@@ -167,4 +167,26 @@ void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, 
   }
 }
 
+float check_greedy_exact(model::Model& m, const Fixture& f, int p, float tolerance) {
+  const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
+  const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
+  const int64_t vocab = m.config().vocab_size;
+  cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
+  std::vector<int64_t> got;
+  float worst = 0;
+  for (size_t step = 0; step < want.size(); ++step) {
+    const std::span<const int64_t> tokens =
+        step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
+    const model::StepSequence s{&state, tokens, model::LogitsFor::last};
+    const Tensor logits = m.forward({&s, 1});
+    got.push_back(ops::argmax({logits.data<float>(), static_cast<size_t>(vocab)}));
+    if (step_logits.empty()) continue;
+    const Diff d = diff(logits.data<float>(), step_logits.data_as<const float>() + step * vocab, vocab);
+    worst = std::max(worst, d.rel());
+    EXPECT_LE(d.max_abs, tolerance * d.ref_max) << f.name() << " prompt " << p << " step " << step;
+  }
+  EXPECT_EQ(got, want) << f.name() << " prompt " << p;
+  return worst;
+}
+
 }  // namespace tern::test

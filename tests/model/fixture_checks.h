@@ -29,6 +29,12 @@ void check_greedy(model::Model& m, Device device, const Fixture& f, const std::s
 // The bf16 set's smallest router / indexer top-k gaps in the reference's bf16 runs (bf16.min_*_gap).
 void print_bf16_set_gaps(const Fixture& f, const std::string& who);
 
+// Prompt p of `f` prefilled, then decoded token by token greedily as long as the reference's continuation
+// (prompt.<p>.greedy): the tokens must be the reference's, and where the fixture stores every step's logits
+// (prompt.<p>.greedy_logits) each within tolerance * max|that step's ref|. Returns the worst step's max|d|/max|ref|
+// (0 without step logits). The states live on the model's device.
+float check_greedy_exact(model::Model& m, const Fixture& f, int p, float tolerance);
+
 // One code path for every step shape (issue #17): three sequences through 24 steps of 1..kMaxStepQueries tokens
 // each (mixed in a step; long enough that CSA and HCA windows close inside them) on `tables` (the step tables)
 // and on `chunks` (set_step_tables(false): per sequence), the same models on the same device: every step's logits

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "fixture.h"
+#include "fixture_checks.h"
 #include "ops/sample.h"
 
 namespace tern::test {
@@ -75,25 +76,12 @@ TEST(OddShapes, PromptLogitsInOneBatchAndInChunks) {
 TEST(OddShapes, GreedyContinuations) {
   const Fixture& f = Fixture::get(kOdd);
   model::Model m(f.weights(), model::KvMode::exact);
-  const int64_t vocab = m.config().vocab_size;
   float worst = 0;
   for (int p : prompts_to_run(f)) {
-    const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
-    const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
-    ASSERT_EQ(step_logits.numel(), static_cast<int64_t>(want.size()) * vocab);
-    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
-    std::vector<int64_t> got;
-    for (size_t step = 0; step < want.size(); ++step) {
-      const std::span<const int64_t> tokens =
-          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
-      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
-      const Tensor logits = m.forward({&s, 1});
-      got.push_back(ops::argmax({logits.data<float>(), static_cast<size_t>(vocab)}));
-      const Diff d = diff(logits.data<float>(), step_logits.data_as<const float>() + step * vocab, vocab);
-      worst = std::max(worst, d.rel());
-      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " step " << step;
-    }
-    EXPECT_EQ(got, want) << "prompt " << p;
+    ASSERT_EQ(f.tensor("prompt." + std::to_string(p) + ".greedy_logits").numel(),
+              static_cast<int64_t>(f.greedy(p).size()) * f.weights().config.vocab_size)
+        << "prompt " << p;
+    worst = std::max(worst, check_greedy_exact(m, f, p, kTolerance));
   }
   std::printf("[%s] greedy steps: max|d|/max|ref| = %.3g\n", kOdd, worst);
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "fixture.h"
+#include "fixture_checks.h"
 #include "ops/sample.h"
 
 namespace tern::test {
@@ -96,25 +97,7 @@ TEST_P(Parity, Greedy32Tokens) {
   const Fixture& f = Fixture::get(GetParam());
   model::Model m(f.weights(), model::KvMode::exact);
   float worst = 0;
-  for (int p : prompts_to_run(f)) {
-    const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
-    const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");
-    cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size() + want.size()));
-    const int64_t vocab = m.config().vocab_size;
-    std::vector<int64_t> got;
-    for (size_t step = 0; step < want.size(); ++step) {
-      const std::span<const int64_t> tokens =
-          step == 0 ? std::span<const int64_t>(ids) : std::span<const int64_t>(&got.back(), 1);
-      const model::StepSequence s{&state, tokens, model::LogitsFor::last};
-      const Tensor logits = m.forward({&s, 1});
-      got.push_back(ops::argmax({logits.data<float>(), static_cast<size_t>(vocab)}));
-      if (step_logits.empty()) continue;
-      const Diff d = diff(logits.data<float>(), step_logits.data_as<const float>() + step * vocab, vocab);
-      worst = std::max(worst, d.rel());
-      EXPECT_LE(d.max_abs, kTolerance * d.ref_max) << "prompt " << p << " step " << step;
-    }
-    EXPECT_EQ(got, want) << "prompt " << p;
-  }
+  for (int p : prompts_to_run(f)) worst = std::max(worst, check_greedy_exact(m, f, p, kTolerance));
   std::printf("[%s] greedy decode-step logits: max|d|/max|ref| = %.3g\n", GetParam().c_str(), worst);
 }
 

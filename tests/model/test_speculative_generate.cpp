@@ -80,6 +80,7 @@ TEST_P(Speculative, MtpWindowIsThePlainCatchUps) {
     GenerateOptions o = plain;
     o.speculative_tokens = 3;
     o.draft_oracle = want, o.oracle_accept = keep;
+    o.keep_first_draft_logits = true;
     cache::SequenceState spec = m.new_state(static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
     const model::GenerateResult got = model::generate(m, spec, prompt, o);
     ASSERT_EQ(got.tokens, want);
