@@ -117,6 +117,10 @@ TensorView SequenceState::indexer_acc(int l) const {
   return fixed_part(layout().places(l).indexer_acc, DType::f32, {layout().spec(l).indexer_acc_floats});
 }
 
+TensorView SequenceState::carry(int l) const {
+  return fixed_part(layout().places(l).carry, DType::f32, {layout().spec(l).carry_floats});
+}
+
 PagedRows SequenceState::paged(int l, bool keys) const {
   const LayerSpec& s = layout().spec(l);
   const StateLayout::LayerPlaces& p = layout().places(l);

@@ -29,7 +29,8 @@ namespace tern::cache {
 struct Snapshot {
   uint64_t fingerprint = 0;
   int64_t position = 0;
-  std::vector<std::byte> fixed;  // the fixed pages, in block-table order
+  std::vector<std::byte> fixed;  // the fixed pages, in block-table order, on the host (snapshot())
+  TensorView slot;               // or in memory the caller reserved (snapshot_into()), on any device
 };
 
 // A run of rows [first, first + rows.dim(0)) that lie in one page: u8 [n, row_bytes] (for writing rows).
@@ -73,6 +74,7 @@ class SequenceState {
   TensorView ring(int layer) const;            // u8 [window, kv_row_bytes]
   TensorView compressor_acc(int layer) const;  // f32 [compressor_acc_floats]
   TensorView indexer_acc(int layer) const;     // f32 [indexer_acc_floats]
+  TensorView carry(int layer) const;           // f32 [carry_floats]
   // The reserved rows, paged (block table on the state's device); empty for a layer without compressor.
   PagedRows compressed_rows(int layer) const;  // rows of kv_row_bytes
   PagedRows index_keys(int layer) const;       // rows of index_row_bytes
@@ -85,6 +87,10 @@ class SequenceState {
   void store_window_rows(int layer, int64_t start, const TensorView& rows);
 
   Snapshot snapshot() const;
+  // The same into `slot` (u8, at least snapshot_bytes(), typically on the state's device: no host round trip),
+  // which must outlive the snapshot's use: what a server reserves per running sequence up front.
+  Snapshot snapshot_into(const TensorView& slot) const;
+  int64_t snapshot_bytes() const { return layout().fixed_pages() * layout().page_bytes(); }
   // Throws unless the snapshot comes from a state of the same layout and fits the reserved pages.
   void restore(const Snapshot& s);
 

@@ -40,7 +40,7 @@ template <typename Fn>
 static void for_each_part(const SequenceState& s, int64_t position, Fn&& fn) {
   const StateLayout& l = s.layout();
   for (int layer = 0; layer < l.num_layers(); ++layer)
-    for (const TensorView& v : {s.ring(layer), s.compressor_acc(layer), s.indexer_acc(layer)})
+    for (const TensorView& v : {s.ring(layer), s.compressor_acc(layer), s.indexer_acc(layer), s.carry(layer)})
       if (v.nbytes() > 0) fn(TensorView(v.data(), DType::u8, {static_cast<int64_t>(v.nbytes())}, v.device()));
   for (int layer = 0; layer < l.num_layers(); ++layer) {
     const int64_t n = l.entries(layer, position);
@@ -62,15 +62,31 @@ Snapshot SequenceState::snapshot() const {
   return s;
 }
 
+Snapshot SequenceState::snapshot_into(const TensorView& slot) const {
+  const int64_t page_bytes = layout().page_bytes();
+  TERN_CHECK(slot.dtype() == DType::u8 && slot.is_contiguous() && slot.nbytes() >= static_cast<size_t>(snapshot_bytes()),
+             "snapshot_into: the slot holds ", slot.nbytes(), " contiguous bytes, the fixed pages take ", snapshot_bytes());
+  Snapshot s;
+  s.fingerprint = layout().fingerprint();
+  s.position = position_;
+  s.slot = TensorView(slot.data(), DType::u8, {snapshot_bytes()}, slot.device());
+  for (int64_t i = 0; i < layout().fixed_pages(); ++i) copy_view(page(i), s.slot.rows(i * page_bytes, (i + 1) * page_bytes));
+  return s;
+}
+
 void SequenceState::restore(const Snapshot& s) {
-  const auto page_bytes = static_cast<size_t>(layout().page_bytes());
-  TERN_CHECK(s.fingerprint == layout().fingerprint() &&
-                 s.fixed.size() == static_cast<size_t>(layout().fixed_pages()) * page_bytes,
+  const int64_t page_bytes = layout().page_bytes();
+  const auto saved = static_cast<int64_t>(s.slot.empty() ? s.fixed.size() : s.slot.nbytes());
+  TERN_CHECK(s.fingerprint == layout().fingerprint() && saved == snapshot_bytes(),
              "restore: the snapshot was taken from a state of another layout");
   TERN_CHECK(s.position >= 0 && s.position <= capacity(), "restore: position ", s.position,
              " beyond the state's capacity of ", capacity());
-  for (int64_t i = 0; i < layout().fixed_pages(); ++i)
-    copy_view(host_bytes(s.fixed.data() + static_cast<size_t>(i) * page_bytes, page_bytes), page(i));
+  for (int64_t i = 0; i < layout().fixed_pages(); ++i) {
+    const TensorView from = s.slot.empty()
+                                ? host_bytes(s.fixed.data() + static_cast<size_t>(i * page_bytes), static_cast<size_t>(page_bytes))
+                                : s.slot.rows(i * page_bytes, (i + 1) * page_bytes);
+    copy_view(from, page(i));
+  }
   position_ = s.position;
 }
 

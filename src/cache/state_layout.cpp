@@ -35,7 +35,7 @@ StateLayout::StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int6
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerSpec& s = layers_[l];
     TERN_CHECK(s.window > 0 && s.kv_row_bytes > 0 && s.ratio >= 0 && s.compressor_acc_floats >= 0 &&
-                   s.index_row_bytes >= 0 && s.indexer_acc_floats >= 0,
+                   s.index_row_bytes >= 0 && s.indexer_acc_floats >= 0 && s.carry_floats >= 0,
                "state layout: layer ", l, " needs a positive window and row size and no negative sizes");
     TERN_CHECK(s.ratio > 0 || s.index_row_bytes == 0, "state layout: layer ", l, " has indexer keys but no ratio");
     if (s.ratio > 0) {
@@ -44,9 +44,10 @@ StateLayout::StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int6
     }
     largest_fixed = std::max({largest_fixed, s.window * s.kv_row_bytes,
                               s.compressor_acc_floats * static_cast<int64_t>(sizeof(float)),
-                              s.indexer_acc_floats * static_cast<int64_t>(sizeof(float))});
+                              s.indexer_acc_floats * static_cast<int64_t>(sizeof(float)),
+                              s.carry_floats * static_cast<int64_t>(sizeof(float))});
     for (int64_t v : {s.window, s.kv_row_bytes, static_cast<int64_t>(s.ratio), s.compressor_acc_floats,
-                      s.index_row_bytes, s.indexer_acc_floats})
+                      s.index_row_bytes, s.indexer_acc_floats, s.carry_floats})
       h = fnv1a(h, v);
   }
   fingerprint_ = h;
@@ -89,6 +90,7 @@ StateLayout::StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int6
     places_[l].ring = place(s.window * s.kv_row_bytes);
     places_[l].compressor_acc = place(s.compressor_acc_floats * static_cast<int64_t>(sizeof(float)));
     places_[l].indexer_acc = place(s.indexer_acc_floats * static_cast<int64_t>(sizeof(float)));
+    places_[l].carry = place(s.carry_floats * static_cast<int64_t>(sizeof(float)));
   }
   fixed_pages_ = static_cast<int64_t>(used.size());
 }

@@ -27,6 +27,10 @@ struct LayerSpec {
   int64_t compressor_acc_floats = 0;  // f32 accumulator state of the attention compressor
   int64_t index_row_bytes = 0;        // bytes of one indexer key; 0: no indexer
   int64_t indexer_acc_floats = 0;     // f32 accumulator state of the indexer's compressor
+  // f32 the layer carries from the last consumed position to the next step: the MTP layer's copy of the trunk's
+  // hidden streams of that position, which the next draft row reads (speculative decoding; 0: none). In the
+  // state, so a snapshot, a preemption's recompute and a prefill-decode transfer all keep it with the window.
+  int64_t carry_floats = 0;
 
   bool operator==(const LayerSpec&) const = default;
 };
@@ -45,7 +49,7 @@ class StateLayout {
   StateLayout(std::vector<LayerSpec> layers, int64_t max_tokens, int64_t tokens_per_page = 0);
 
   struct LayerPlaces {
-    PagePlace ring, compressor_acc, indexer_acc;  // in the fixed pages
+    PagePlace ring, compressor_acc, indexer_acc, carry;  // in the fixed pages
     int64_t rows_per_page = 0;                    // compressed rows (= indexer keys) per row page; 0: none
     int64_t compressed_offset = 0;                // where they start in every row page
     int64_t index_keys_offset = 0;

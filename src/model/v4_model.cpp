@@ -225,10 +225,11 @@ std::vector<cache::LayerSpec> Model::make_layer_specs() const {
     }
     specs.push_back(s);
   }
-  if (w_.mtp) {  // the MTP layer: its own sliding window, nothing else (compress ratio 0)
+  if (w_.mtp) {  // the MTP layer: its own sliding window and the trunk hidden it carries (compress ratio 0)
     cache::LayerSpec s;
     s.window = c.sliding_window;
     s.kv_row_bytes = kv_format().row_bytes();
+    s.carry_floats = c.hc_mult * c.hidden_size;
     specs.push_back(s);
   }
   return specs;

@@ -1,0 +1,164 @@
+#include "model/speculator.h"
+
+#include <algorithm>
+
+#include "ops/elementwise.h"
+
+namespace tern::model {
+
+namespace {
+
+// A contiguous view's bytes as u8 [nbytes].
+TensorView bytes_of(const TensorView& v) {
+  return TensorView(v.data(), DType::u8, {static_cast<int64_t>(v.nbytes())}, v.device());
+}
+
+}  // namespace
+
+Speculator::Speculator(Model& model, const cache::StateLayout& layout, int max_sequences)
+    : model_(model), max_sequences_(max_sequences) {
+  TERN_CHECK(model.has_mtp(), "speculative decoding needs the MTP layer (the checkpoint has no mtp.0.* tensors)");
+  TERN_CHECK(max_sequences >= 1, "speculator: max_sequences must be positive, found ", max_sequences);
+  const int l = model.mtp_layer();
+  TERN_CHECK(layout.num_layers() == l + 1 && layout.spec(l).carry_floats > 0,
+             "speculator: the state layout has no MTP window and carry (not this model's layout)");
+  snapshot_bytes_ = layout.fixed_pages() * layout.page_bytes();
+  window_bytes_ = layout.spec(l).window * layout.spec(l).kv_row_bytes;
+  snapshots_ = Tensor(DType::u8, {max_sequences, snapshot_bytes_}, model.device(), TensorInit::uninitialized);
+  windows_ = Tensor(DType::u8, {max_sequences, window_bytes_}, model.device(), TensorInit::uninitialized);
+}
+
+TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
+  return slots.view().rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).reshape({bytes});
+}
+
+void Speculator::catch_up(std::span<const Model::MtpStep> rows) {
+  if (!rows.empty()) (void)model_.mtp_forward(rows);
+}
+
+Tensor Speculator::forward(std::span<const StepSequence> batch, bool logits_on_device) {
+  const ModelConfig& c = model_.config();
+  const int64_t H = c.hc_mult, D = c.hidden_size;
+  const int mtp = model_.mtp_layer();
+  std::vector<int64_t> starts;
+  int64_t rows = 0;
+  for (const StepSequence& s : batch) {
+    TERN_CHECK(s.state != nullptr && !s.tokens.empty(), "speculator: every sequence needs a state and a token");
+    starts.push_back(s.state->position());
+    rows += static_cast<int64_t>(s.tokens.size()) - 1 + (starts.back() > 0 ? 1 : 0);
+  }
+  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+  Tensor streams;
+  Tensor logits = model_.forward(batch, all, streams, logits_on_device);
+  // The hidden of every MTP row: the carry (row start - 1), then the step's rows but the last.
+  Tensor hidden(DType::f32, {rows, H, D}, model_.device(), TensorInit::uninitialized);
+  std::vector<Model::MtpStep> steps;
+  int64_t at = 0, from = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    const auto n = static_cast<int64_t>(s.tokens.size());
+    const bool carried = starts[i] > 0;
+    const int64_t m = n - 1 + (carried ? 1 : 0);
+    if (carried) ops::copy(s.state->carry(mtp), hidden.view().rows(at, at + 1));
+    if (n > 1) ops::copy(streams.view().rows(from, from + n - 1), hidden.view().rows(at + (carried ? 1 : 0), at + m));
+    if (m > 0)
+      steps.push_back({s.state, carried ? starts[i] - 1 : starts[i], hidden.view().rows(at, at + m),
+                       carried ? s.tokens : s.tokens.subspan(1), LogitsFor::none});
+    ops::copy(streams.view().rows(from + n - 1, from + n), s.state->carry(mtp));
+    at += m;
+    from += n;
+  }
+  catch_up(steps);
+  return logits;
+}
+
+void Speculator::draft(std::span<const DraftSequence> seqs, const Chooser& choose) {
+  TERN_CHECK(static_cast<int>(seqs.size()) <= max_sequences_, "speculator: ", seqs.size(),
+             " sequences draft at once; slots were reserved for ", max_sequences_);
+  const ModelConfig& c = model_.config();
+  const int64_t H = c.hc_mult, D = c.hidden_size, vocab = c.vocab_size;
+  const int mtp = model_.mtp_layer();
+  drafting_.assign(seqs.begin(), seqs.end());
+  tokens_.assign(seqs.size(), {});
+  verified_ = false;
+  int rounds = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const DraftSequence& s = seqs[i];
+    TERN_CHECK(s.state != nullptr && s.count >= 1 && s.count <= kMaxDrafts, "speculator: sequence ", i, " wants ",
+               s.count, " drafts (1 to ", kMaxDrafts, ")");
+    TERN_CHECK(s.state->position() >= 1, "speculator: sequence ", i, " has consumed no token (nothing to draft from)");
+    tokens_[i].reserve(static_cast<size_t>(kMaxDrafts) + 1);  // spans into it stay valid
+    tokens_[i].push_back(s.last);
+    rounds = std::max(rounds, s.count);
+  }
+  Model::MtpResult r;
+  std::vector<size_t> row_of(seqs.size());  // the sequence's row in r (the previous round)
+  for (int j = 0; j < rounds; ++j) {
+    std::vector<Model::MtpStep> steps;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].count <= j) continue;
+      const int64_t m = seqs[i].state->position();
+      const TensorView hidden = j == 0 ? seqs[i].state->carry(mtp).reshape({1, H, D})
+                                       : r.streams.view().rows(static_cast<int64_t>(row_of[i]),
+                                                               static_cast<int64_t>(row_of[i]) + 1);
+      steps.push_back({seqs[i].state, m - 1 + j, hidden, {&tokens_[i][static_cast<size_t>(j)], 1}, LogitsFor::last});
+      who.push_back(i);
+    }
+    Model::MtpResult next = model_.mtp_forward(steps);
+    for (size_t w = 0; w < who.size(); ++w) {
+      const size_t i = who[w];
+      tokens_[i].push_back(choose(i, j, {next.logits.data<float>() + w * vocab, static_cast<size_t>(vocab)}));
+      row_of[i] = w;
+    }
+    r = std::move(next);
+    if (j == 0)  // row m - 1 is final; the chained rows after it are speculative
+      for (size_t i = 0; i < seqs.size(); ++i)
+        if (seqs[i].count > 1) ops::copy(bytes_of(seqs[i].state->ring(mtp)), slot(windows_, i, window_bytes_));
+  }
+}
+
+Tensor Speculator::verify(std::span<const StepSequence> batch) {
+  TERN_CHECK(batch.size() == drafting_.size() && !verified_,
+             "speculator: verify() takes the sequences of the last draft(), once");
+  before_.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    TERN_CHECK(batch[i].state == drafting_[i].state && std::ranges::equal(batch[i].tokens, tokens_[i]) &&
+                   batch[i].logits == LogitsFor::all,
+               "speculator: verify sequence ", i, " is not [y, drafts] of the last draft() with every row's logits");
+    before_.push_back(batch[i].state->snapshot_into(slot(snapshots_, i, snapshot_bytes_)));
+  }
+  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+  record_ = {};
+  Tensor logits = model_.forward(batch, all, streams_, false, &record_);
+  TERN_CHECK(batch.empty() || !record_.layers.empty(),
+             "speculator: the verify step did not run on the step tables (nothing to roll back with)");
+  verified_ = true;
+  return logits;
+}
+
+void Speculator::settle(std::span<const int64_t> kept) {
+  TERN_CHECK(verified_ && kept.size() == drafting_.size(), "speculator: settle() takes one count per sequence of the "
+             "last verify()");
+  const int mtp = model_.mtp_layer();
+  std::vector<Model::MtpStep> steps;
+  int64_t first = 0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    cache::SequenceState& state = *drafting_[i].state;
+    const auto n = static_cast<int64_t>(tokens_[i].size());
+    const int64_t a = kept[i], m = before_[i].position;
+    TERN_CHECK(a >= 1 && a <= n, "speculator: sequence ", i, " keeps ", a, " of its ", n, " tokens");
+    if (a < n) model_.rollback_step(state, before_[i], record_, first, a);
+    if (drafting_[i].count > 1) ops::copy(slot(windows_, i, window_bytes_), bytes_of(state.ring(mtp)));
+    if (a > 1)
+      steps.push_back({&state, m, streams_.view().rows(first, first + a - 1),
+                       std::span<const int64_t>(tokens_[i]).subspan(1, static_cast<size_t>(a - 1)), LogitsFor::none});
+    ops::copy(streams_.view().rows(first + a - 1, first + a), state.carry(mtp));
+    first += n;
+  }
+  catch_up(steps);
+  verified_ = false;
+  drafting_.clear();
+}
+
+}  // namespace tern::model

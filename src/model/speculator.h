@@ -1,0 +1,78 @@
+// Speculative decoding's model side (issue #18, docs/mtp.md), for a batch of sequences: the MTP layer kept caught
+// up on every consumed position, drafting with it, and settling a verify step (the rejected tokens rolled back
+// exactly, the kept ones caught up). Both the serving engine (engine/v4_runner.h) and `generate` drive it.
+//
+// A sequence's round, with its state at position m (the token y = x_m sampled, not consumed yet):
+//   draft:   the MTP row of m - 1 (the carry h_{m-1}, y) gives d_1; chained rows m .. m + k - 2 (their hidden the
+//            previous row's MTP output) give d_2 .. d_k. Row m - 1 is final; the chained rows are speculative, so
+//            the MTP window is copied before them and put back by settle();
+//   verify:  one step of [y, d_1 .. d_k] at m .. m + k on the step tables, recorded, after a snapshot of the state;
+//   settle:  a tokens kept of k + 1: the snapshot restored and the kept tokens' window rows and compressor inputs
+//            re-stored from the record (Model::rollback_step) when a < k + 1; the MTP rows of m .. m + a - 2
+//            (next tokens d_1 .. d_{a-1}) run on the verify step's streams; the carry := the streams of m + a - 1.
+// The carry is each state's (cache LayerSpec::carry_floats of the MTP layer), so snapshots, preemption and
+// prefill-decode transfers keep it. Every plain step goes through forward(), which keeps the window and the
+// carry up to date: its sequences' rows start - 1 .. start + n - 2 (next tokens known), carry := row start + n - 1.
+//
+// The snapshot slots and window copies are reserved up front for max_sequences sequences on the model's
+// device (bytes_per_sequence()), so a batch never shrinks for lack of them.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "model/v4_model.h"
+
+namespace tern::model {
+
+struct DraftSequence {
+  cache::SequenceState* state = nullptr;  // at position m, caught up (its carry is h_{m-1})
+  int64_t last = 0;                       // y = x_m, sampled, not consumed
+  int count = 0;                          // drafts wanted: 1 .. Model::kMaxStepQueries - 1
+};
+
+class Speculator {
+ public:
+  // `layout`: the states' layout (snapshot size); max_sequences: the most sequences of one verify step.
+  Speculator(Model& model, const cache::StateLayout& layout, int max_sequences);
+  int max_sequences() const { return max_sequences_; }
+  static constexpr int kMaxDrafts = static_cast<int>(Model::kMaxStepQueries) - 1;
+  // Reserved per sequence: its snapshot slot (the state's fixed pages) and its MTP window copy.
+  int64_t bytes_per_sequence() const { return snapshot_bytes_ + window_bytes_; }
+
+  // A plain step with the MTP layer kept up: Model::forward with every row's streams, then the MTP rows of the
+  // positions whose next token the step knows, and the carries. Returns forward's logits.
+  Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
+
+  // Round j runs the MTP rows of every sequence that wants more than j drafts; choose(i, j, logits) gives draft
+  // j + 1 of sequence i from its row's logits (the draft distribution q_{j+1}).
+  using Chooser = std::function<int64_t(size_t seq, int j, std::span<const float> logits)>;
+  void draft(std::span<const DraftSequence> seqs, const Chooser& choose);
+
+  // The verify step of the last draft(): batch[i] brings [y, d_1 .. d_k] of seqs[i] (LogitsFor::all). Returns the
+  // logits of every row, f32 [sum (k_i + 1), vocab] on the host.
+  Tensor verify(std::span<const StepSequence> batch);
+
+  // Sequence i of the last verify() keeps its first kept[i] tokens (1 .. k_i + 1).
+  void settle(std::span<const int64_t> kept);
+
+ private:
+  Model& model_;
+  int max_sequences_;
+  int64_t snapshot_bytes_ = 0, window_bytes_ = 0;
+  Tensor snapshots_, windows_;  // u8 [max_sequences, bytes] on the model's device
+  // The round in flight (draft -> verify -> settle).
+  std::vector<DraftSequence> drafting_;
+  std::vector<std::vector<int64_t>> tokens_;  // per sequence: y, d_1 .. d_k
+  std::vector<cache::Snapshot> before_;
+  Model::StepRecord record_;
+  Tensor streams_;  // the verify step's, every row
+  bool verified_ = false;
+
+  TensorView slot(Tensor& slots, size_t i, int64_t bytes) const;
+  // The MTP rows of `rows` (per sequence: state, first position, hidden rows, next tokens); no logits.
+  void catch_up(std::span<const Model::MtpStep> rows);
+};
+
+}  // namespace tern::model
