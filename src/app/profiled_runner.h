@@ -29,6 +29,13 @@ class ProfiledRunner : public engine::ModelRunner {
   std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
   bool samples_on_device() const override { return inner_->samples_on_device(); }
   engine::StepPaths step_paths() const override { return inner_->step_paths(); }
+  int speculative_tokens() const override { return inner_->speculative_tokens(); }
+  int speculative_sequences() const override { return inner_->speculative_sequences(); }
+  int64_t speculative_bytes_per_sequence() const override { return inner_->speculative_bytes_per_sequence(); }
+  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
+    inner_->draft(requests, choose);
+  }
+  void settle(std::span<const int32_t> kept) override { inner_->settle(kept); }
   void forward(const engine::StepBatch& batch, std::span<float> logits) override;
   void forward_sample(const engine::StepBatch& batch, std::span<const engine::SampleRequest> requests,
                       std::span<engine::SampleResult> results) override;

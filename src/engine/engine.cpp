@@ -43,6 +43,15 @@ Engine::Engine(std::shared_ptr<ModelRunner> runner, EngineOptions options)
   max_context_ = runner_->max_context();
   auto& l = options_.limits;
   l.token_budget = std::max<int64_t>(l.token_budget, l.max_running);  // every running sequence can decode
+  speculative_tokens_ = runner_->speculative_tokens();
+  if (speculative_tokens_ > 0) {
+    TERN_CHECK(runner_->speculative_sequences() >= l.max_running, "engine: the runner reserved speculative rollback "
+               "memory for ", runner_->speculative_sequences(), " sequences; up to ", l.max_running, " may run");
+    metrics_.speculative_tokens = speculative_tokens_;
+    metrics_.spec_accepted_per_position.assign(static_cast<size_t>(speculative_tokens_), 0);
+  }
+  TERN_CHECK(options_.oracle_accept <= 1 && (options_.oracle_accept < 0 || speculative_tokens_ > 0),
+             "engine: the oracle acceptance (", options_.oracle_accept, ") needs speculative decoding and at most 1");
   publish_gauges();
 }
 
@@ -58,7 +67,7 @@ std::string Engine::memory_plan() const {
              " (a sequence holds ", g.fixed_pages, " fixed pages + 1 page per ", g.tokens_per_page, " tokens; ",
              pool_.total_pages() / per_seq_4k, " sequences of 4096 tokens); logits workspace up to ", logits >> 20,
              " MiB (", options_.limits.max_running, " rows); step budget ", options_.limits.token_budget,
-             " tokens, ", options_.limits.max_running, " sequences");
+             " tokens, ", options_.limits.max_running, " sequences", speculative_plan());
 }
 
 int64_t Engine::state_capacity_tokens() const {
@@ -209,12 +218,13 @@ void Engine::drain_inbox() {
   for (const auto& p : provided) import_state(p);
 }
 
-std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids) const {
+std::vector<SchedSeq> Engine::sched_view(const std::vector<uint64_t>& ids, bool speculate) const {
   std::vector<SchedSeq> out;
   out.reserve(ids.size());
   for (uint64_t id : ids) {
     const Sequence& s = *seqs_.at(id);
-    out.push_back({id, static_cast<int64_t>(s.tokens.size()), s.num_computed, pool_.pages_held(id), s.request.client});
+    out.push_back({id, static_cast<int64_t>(s.tokens.size()), s.num_computed, pool_.pages_held(id), s.request.client,
+                   lookahead(s, speculate)});
   }
   return out;
 }
@@ -223,8 +233,8 @@ bool Engine::step() {
   const auto t0 = Clock::now();
   drain_inbox();
   reserve_remote();
-  const auto running = sched_view(running_);
-  const auto waiting = sched_view(std::vector<uint64_t>(waiting_.begin(), waiting_.end()));
+  const auto running = sched_view(running_, speculate_now());
+  const auto waiting = sched_view(std::vector<uint64_t>(waiting_.begin(), waiting_.end()), false);
   SchedulerInput in{running, waiting, pool_.free_pages(), pool_.geometry(), options_.limits};
   in.limits.admission_reserve_pages = static_cast<int64_t>(running_.size()) / 8;
   const BatchPlan plan = schedule(in);
@@ -269,26 +279,40 @@ void Engine::apply_plan(const BatchPlan& plan) {
 
 void Engine::run_batch(const BatchPlan& plan) {
   batch_.clear();
+  for (const auto& c : plan.chunks)
+    TERN_CHECK(pool_.reserve(c.id, c.start + c.count + c.drafts), "state pool: the plan does not fit (scheduler bug)");
+  if (speculative_tokens_ > 0) draft(plan);
   for (const auto& c : plan.chunks) {
     Sequence& s = *seqs_.at(c.id);
-    TERN_CHECK(pool_.reserve(c.id, c.start + c.count), "state pool: the plan does not fit (scheduler bug)");
-    batch_.chunks.push_back({c.id, &pool_.state(c.id), c.start, static_cast<int32_t>(c.count), c.sample ? 1 : 0,
-                             static_cast<int64_t>(batch_.tokens.size())});
+    const auto drafts = static_cast<int32_t>(c.drafts);
+    batch_.chunks.push_back({c.id, &pool_.state(c.id), c.start, static_cast<int32_t>(c.count + c.drafts),
+                             c.sample ? 1 + drafts : 0, static_cast<int64_t>(batch_.tokens.size()), drafts});
     batch_.tokens.insert(batch_.tokens.end(), s.tokens.begin() + c.start, s.tokens.begin() + c.start + c.count);
+    if (drafts > 0) batch_.tokens.insert(batch_.tokens.end(), drafts_.at(c.id).begin(), drafts_.at(c.id).end());
   }
   const auto rows = static_cast<size_t>(batch_.num_logits());
-  std::vector<std::pair<Sequence*, size_t>> sampled;  // sequence, logits row
+  struct Sampled {
+    Sequence* seq;
+    const PlannedChunk* chunk;
+    size_t row;  // its first row of logits
+  };
+  std::vector<Sampled> sampled;
+  size_t row = 0;
   for (const auto& c : plan.chunks)
-    if (c.sample) sampled.emplace_back(seqs_.at(c.id).get(), sampled.size());
-  results_.resize(sampled.size());
+    if (c.sample) {
+      sampled.push_back({seqs_.at(c.id).get(), &c, row});
+      row += static_cast<size_t>(1 + c.drafts);
+    }
+  emitted_.resize(sampled.size());
   const auto t0 = Clock::now();
   if (runner_->samples_on_device()) {
     // The runner samples where the logits are; the uniforms come from each request's generator here,
     // as the host sampler would draw them (same count, same order).
+    results_.resize(sampled.size());
     uniforms_.resize(sampled.size() * kMaxUniformsPerSample);
     sample_requests_.resize(sampled.size());
     for (size_t i = 0; i < sampled.size(); ++i) {
-      Sequence& s = *sampled[i].first;
+      Sequence& s = *sampled[i].seq;
       std::span<double> u(uniforms_.data() + i * kMaxUniformsPerSample, kMaxUniformsPerSample);
       const int n = draw_uniforms(s.request.sampling, s.rng, u);
       sample_requests_[i] = {&s.request.sampling, &s.history, u.first(static_cast<size_t>(n))};
@@ -299,23 +323,39 @@ void Engine::run_batch(const BatchPlan& plan) {
     runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
   }
   const auto t1 = Clock::now();
-  for (const auto& c : plan.chunks) seqs_.at(c.id)->num_computed += c.count;
-  if (!runner_->samples_on_device()) {
+  for (const auto& c : plan.chunks)
+    if (c.drafts == 0) seqs_.at(c.id)->num_computed += c.count;  // a verify chunk's after its verdict
+  std::vector<int32_t> kept(sampled.size(), 0);  // tokens the state keeps, per verify chunk
+  if (runner_->samples_on_device()) {
+    for (size_t i = 0; i < sampled.size(); ++i) emitted_[i].assign(1, std::move(results_[i]));
+  } else {
     // Sample every row (in parallel: each row is independent and owns its RNG), then deliver in order.
     parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {
       std::unique_ptr<Sampler> sampler = take_sampler();
       for (int64_t i = lo; i < hi; ++i) {
-        Sequence& s = *sampled[i].first;
-        std::span<const float> logits(logits_.data() + sampled[i].second * vocab_, static_cast<size_t>(vocab_));
-        results_[i] = sampler->sample(logits, s.request.sampling, s.history, s.rng);
+        Sequence& s = *sampled[i].seq;
+        const float* logits = logits_.data() + sampled[i].row * vocab_;
+        emitted_[i].clear();
+        if (sampled[i].chunk->drafts > 0) {
+          kept[i] = verdict(s, *sampled[i].chunk, logits, *sampler, emitted_[i]);
+        } else {
+          emitted_[i].push_back(
+              sampler->sample({logits, static_cast<size_t>(vocab_)}, s.request.sampling, s.history, s.rng));
+        }
       }
       give_sampler(std::move(sampler));
     });
   }
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    RequestUpdate update;
-    after_sample(*sampled[i].first, results_[i], update);
+  if (speculative_tokens_ > 0) {
+    std::vector<int32_t> settle;
+    for (size_t i = 0; i < sampled.size(); ++i)
+      if (sampled[i].chunk->drafts > 0) {
+        settle.push_back(kept[i]);
+        sampled[i].seq->num_computed += kept[i];
+      }
+    if (!settle.empty()) runner_->settle(settle);
   }
+  for (size_t i = 0; i < sampled.size(); ++i) after_sample(*sampled[i].seq, emitted_[i]);
   std::lock_guard lock(metrics_mutex_);
   metrics_.forward_seconds.observe(std::chrono::duration<double>(t1 - t0).count());
   metrics_.sample_seconds.observe(std::chrono::duration<double>(Clock::now() - t1).count());
@@ -334,10 +374,12 @@ void Engine::give_sampler(std::unique_ptr<Sampler> s) {
   samplers_.push_back(std::move(s));
 }
 
-// Appends the sampled token, applies the stop rules and delivers the update.
-void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& update) {
+void Engine::after_sample(Sequence& s, std::span<const SampleResult> tokens) {
   const auto& stop = s.request.stop;
+  RequestUpdate update;
   if (s.request.handover) {  // prefill role: the state and this token go to a decode engine
+    TERN_CHECK(tokens.size() == 1, "engine: a handed-over request samples one token");
+    const SampleResult& r = tokens.front();
     auto h = std::make_shared<Handover>();
     h->prompt.assign(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
     h->capacity = capacity(s);
@@ -353,24 +395,26 @@ void Engine::after_sample(Sequence& s, const SampleResult& r, RequestUpdate& upd
     ++s.generated;
     return finish(s, FinishReason::handover, std::move(update));
   }
-  s.tokens.push_back(r.token);
-  ++s.generated;
   s.state = RequestState::decoding;
-  if (s.request.sampling.presence_penalty != 0 || s.request.sampling.frequency_penalty != 0 ||
-      s.request.sampling.repetition_penalty != 1)
-    s.history.add_output(r.token, vocab_);
-  const bool is_eos = !stop.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
-                                                    r.token) != options_.eos_token_ids.end();
-  const bool is_stop_id = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), r.token) !=
-                          stop.stop_token_ids.end();
-  // A stop token counts in completion_tokens and shows in logprobs (as vLLM does), never in the text.
-  update.tokens.push_back({r.token, r.logprob, r.top});
-  if (is_eos || is_stop_id) return finish(s, FinishReason::stop, std::move(update));
-  bool stopped = false;
-  update.text = s.text.push(options_.token_bytes(r.token), &stopped);
-  if (stopped) return finish(s, FinishReason::stop, std::move(update));
-  if (s.generated >= stop.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_)
-    return finish(s, FinishReason::length, std::move(update));
+  const bool penalised = s.request.sampling.presence_penalty != 0 || s.request.sampling.frequency_penalty != 0 ||
+                         s.request.sampling.repetition_penalty != 1;
+  for (const SampleResult& r : tokens) {
+    s.tokens.push_back(r.token);
+    ++s.generated;
+    if (penalised) s.history.add_output(r.token, vocab_);
+    const bool is_eos = !stop.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                                                      r.token) != options_.eos_token_ids.end();
+    const bool is_stop_id = std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), r.token) !=
+                            stop.stop_token_ids.end();
+    // A stop token counts in completion_tokens and shows in logprobs (as vLLM does), never in the text.
+    update.tokens.push_back({r.token, r.logprob, r.top});
+    if (is_eos || is_stop_id) return finish(s, FinishReason::stop, std::move(update));
+    bool stopped = false;
+    update.text += s.text.push(options_.token_bytes(r.token), &stopped);
+    if (stopped) return finish(s, FinishReason::stop, std::move(update));
+    if (s.generated >= stop.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_)
+      return finish(s, FinishReason::length, std::move(update));
+  }
   deliver(s, std::move(update));
 }
 

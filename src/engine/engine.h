@@ -34,6 +34,14 @@ struct EngineOptions {
   // Prefill role: the handed-over state stays on the model's device (for a transfer backend that reads
   // device memory: cuda-ipc, nccl) instead of crossing to the host.
   bool handover_on_device = false;
+  // Speculative decoding, when the runner speculates (ModelRunner::speculative_tokens() > 0; docs/mtp.md):
+  // sequences draft only in steps where at most this many sequences decode (0: always): `--speculative auto`'s
+  // threshold, above which verifying costs more than it saves.
+  int speculative_max_batch = 0;
+  // Benchmarks only (`--speculative-oracle-accept p`): each draft is kept with probability p whatever the target
+  // says, and the drafts are emitted: the output is NOT the model's. Measures the machinery at a chosen acceptance
+  // on weights whose drafts are never right. < 0: off (the exact verdict).
+  double oracle_accept = -1;
 };
 
 class Engine {
@@ -99,14 +107,25 @@ class Engine {
   void import_state(const Provided& p);
   void apply_plan(const BatchPlan& plan);
   void run_batch(const BatchPlan& plan);
-  void after_sample(Sequence& seq, const SampleResult& result, RequestUpdate& update);
+  // Appends a step's tokens for `seq` (one, or a verify step's kept drafts and next token) through the stop
+  // rules and delivers one update; tokens after a stop are dropped.
+  void after_sample(Sequence& seq, std::span<const SampleResult> tokens);
+  // Speculative decoding (engine_speculative.cpp): how many drafts `seq` may verify this step; the drafts of the
+  // plan's verify chunks (runner draft(), choices from each request's sampling); the verdict of one verify chunk
+  // from its k + 1 rows of logits (its kept tokens into `out`, returns how many of its tokens the state keeps).
+  int64_t lookahead(const Sequence& seq, bool speculate) const;
+  void draft(const BatchPlan& plan);
+  int32_t verdict(Sequence& seq, const PlannedChunk& c, const float* logits, Sampler& sampler,
+                  std::vector<SampleResult>& out);
   void finish(Sequence& seq, FinishReason reason, RequestUpdate update);
   void deliver(Sequence& seq, RequestUpdate update);
   void free_state(Sequence& seq);
   void publish_gauges();
   std::unique_ptr<Sampler> take_sampler();
   void give_sampler(std::unique_ptr<Sampler> s);
-  std::vector<SchedSeq> sched_view(const std::vector<uint64_t>& ids) const;
+  std::vector<SchedSeq> sched_view(const std::vector<uint64_t>& ids, bool speculate) const;
+  bool speculate_now() const;          // whether this step's decoding sequences draft (the auto threshold)
+  std::string speculative_plan() const;  // memory_plan()'s speculative part ("" when off)
 
   std::shared_ptr<ModelRunner> runner_;
   EngineOptions options_;
@@ -127,6 +146,12 @@ class Engine {
   int64_t reserved_ = 0;           // remote requests holding state memory, awaiting their state
   StepBatch batch_;
   std::vector<float> logits_;
+  std::vector<std::vector<SampleResult>> emitted_;  // per sampled chunk of the step: its tokens
+  // Speculative decoding: drafts per runner draft round (k, 0: off); the step's drafts and their distributions
+  // (q, [drafts][vocab] for sampled requests), by sequence id.
+  int speculative_tokens_ = 0;
+  std::unordered_map<uint64_t, std::vector<int32_t>> drafts_;
+  std::unordered_map<uint64_t, std::vector<float>> draft_dists_;
 
   // Shared with submit/abort callers.
   mutable std::mutex inbox_mutex_;

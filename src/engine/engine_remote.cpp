@@ -89,8 +89,8 @@ void Engine::import_state(const Provided& p) {
     --reserved_;
     running_.insert(std::upper_bound(running_.begin(), running_.end(), s.id), s.id);
     // The first token as if sampled here: penalties' counts, stop rules, text and delivery.
-    RequestUpdate update;
-    after_sample(s, SampleResult{h.first.token, h.first.logprob, h.first.top}, update);
+    const SampleResult first{h.first.token, h.first.logprob, h.first.top};
+    after_sample(s, {&first, 1});
   } catch (const std::exception& e) {
     error = e.what();
     log::warn("request ", p.id, ": state import refused: ", error);

@@ -27,6 +27,11 @@ struct Engine::Sequence {
   TokenHistory history;
   TextStream text;
   Clock::time_point arrival, last_token;
+
+  // Past its first token with exactly that token left to consume: a decode step (which may verify drafts).
+  bool decoding() const {
+    return num_computed >= 1 && generated >= 1 && static_cast<int64_t>(tokens.size()) - num_computed == 1;
+  }
 };
 
 }  // namespace tern::engine

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "core/histogram.h"
 #include "engine/model_runner.h"
@@ -23,6 +24,13 @@ struct EngineMetrics {
   uint64_t steps_total = 0;
   std::array<uint64_t, 6> finished_total{};  // by FinishReason
   StepPaths step_paths;  // the runner's steps: CUDA graph replays, eager steps by reason
+  // speculative decoding (vLLM's spec_decode counters): verify rounds (one per sequence and step that drafted),
+  // draft tokens proposed, accepted, and accepted by draft position (0 .. k - 1)
+  uint64_t spec_drafts_total = 0;
+  uint64_t spec_draft_tokens_total = 0;
+  uint64_t spec_accepted_tokens_total = 0;
+  std::vector<uint64_t> spec_accepted_per_position;
+  int speculative_tokens = 0;  // k, 0: off
   // histograms
   Histogram time_to_first_token_seconds;
   Histogram inter_token_latency_seconds;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -28,7 +29,21 @@ struct StepChunk {
   int32_t count = 0;
   int32_t num_logits = 0;
   int64_t token_offset = 0;  // into StepBatch::tokens
+  // Speculative decoding's verify chunk: its last `drafts` tokens are the drafts of the last draft() (then
+  // num_logits == count); the runner keeps what settle() needs to roll back the rejected ones.
+  int32_t drafts = 0;
 };
+
+// One sequence's drafting (speculative decoding): its state at position m, the token x_m sampled and not yet
+// consumed, and how many drafts to propose after it.
+struct DraftRequest {
+  uint64_t seq = 0;
+  cache::SequenceState* state = nullptr;
+  int32_t last = 0;
+  int32_t count = 0;
+};
+// Picks draft j + 1 of request i from the draft model's logits row (its distribution q_{j+1}).
+using DraftChooser = std::function<int32_t(size_t i, int j, std::span<const float> logits)>;
 
 // Which path the runner's steps took: replayed CUDA graphs, and eager steps by reason.
 struct StepPaths {
@@ -76,6 +91,18 @@ class ModelRunner {
                               std::span<SampleResult> results);
   // Counts of the steps run so far by path (the default counts nothing: a runner that tracks no paths).
   virtual StepPaths step_paths() const { return {}; }
+
+  // Speculative decoding (engine/speculative.h, docs/mtp.md). speculative_tokens(): the drafts a verify step may
+  // bring per sequence (0: the runner does not speculate); speculative_sequences(): the most sequences one round
+  // may hold (their rollback memory is reserved up front, speculative_bytes_per_sequence() each).
+  virtual int speculative_tokens() const { return 0; }
+  virtual int speculative_sequences() const { return 0; }
+  virtual int64_t speculative_bytes_per_sequence() const { return 0; }
+  // A round: draft() proposes the drafts (in request order), the next forward() verifies them (chunks with
+  // `drafts`, in the same order), settle() keeps the first kept[i] tokens (1 .. drafts + 1) of verify chunk i and
+  // rolls the rest back exactly.
+  virtual void draft(std::span<const DraftRequest> requests, const DraftChooser& choose);
+  virtual void settle(std::span<const int32_t> kept);
 };
 
 }  // namespace tern::engine

@@ -162,6 +162,13 @@ int64_t Sampler::sorted_candidates(const SamplingParams& p, double z) {
   return keep;
 }
 
+SampleResult Sampler::describe(std::span<const float> logits, int32_t token, const SamplingParams& params) {
+  SampleResult out;
+  out.token = token;
+  if (params.top_logprobs >= 0) fill_logprobs(logits, params.top_logprobs, out);
+  return out;
+}
+
 void Sampler::fill_logprobs(std::span<const float> logits, int top_n, SampleResult& out) {
   const float max_l = *std::max_element(logits.begin(), logits.end());
   double z = 0;

@@ -49,6 +49,9 @@ class Sampler {
   // sample_drawn picks. What speculative decoding's verdict takes as p and q (engine/speculative.h).
   void distribution(std::span<const float> logits, const SamplingParams& params, const TokenHistory& history,
                     std::span<float> out);
+  // `token` as chosen from `logits` some other way (speculative decoding's kept drafts and verdicts): the logprob
+  // and alternatives sample_drawn would report for it under `params`.
+  SampleResult describe(std::span<const float> logits, int32_t token, const SamplingParams& params);
 
  private:
   void apply_penalties(const SamplingParams& p, const TokenHistory& h);

@@ -7,7 +7,7 @@ namespace tern::engine {
 
 int64_t BatchPlan::num_tokens() const {
   int64_t n = 0;
-  for (const auto& c : chunks) n += c.count;
+  for (const auto& c : chunks) n += c.count + c.drafts;
   return n;
 }
 
@@ -69,10 +69,11 @@ class Planner {
     const SchedSeq& s = in_.running[i];
     const int64_t count = chunk_size(remaining(i));
     if (count <= 0) return;
-    if (!make_room(i, in_.geometry.pages_for(s.num_computed + count) - s.pages_held)) return;
+    const int64_t drafts = remaining(i) == 1 ? std::clamp<int64_t>(budget_ - count, 0, s.lookahead) : 0;
+    if (!make_room(i, in_.geometry.pages_for(s.num_computed + count + drafts) - s.pages_held)) return;
     slots_[i].chunk = static_cast<int>(plan_.chunks.size());
-    plan_.chunks.push_back({s.id, s.num_computed, count, s.num_computed + count == s.num_tokens});
-    budget_ -= count;
+    plan_.chunks.push_back({s.id, s.num_computed, count, s.num_computed + count == s.num_tokens, drafts});
+    budget_ -= count + drafts;
   }
 
   // The client with the most running sequences now (ties: the one whose youngest is youngest).
@@ -124,8 +125,9 @@ class Planner {
     --running_of_[in_.running[j].client];
     free_ += in_.running[j].pages_held + slot.grown;
     if (slot.chunk >= 0) {
-      budget_ += plan_.chunks[slot.chunk].count;
+      budget_ += plan_.chunks[slot.chunk].count + plan_.chunks[slot.chunk].drafts;
       plan_.chunks[slot.chunk].count = 0;
+      plan_.chunks[slot.chunk].drafts = 0;
     }
     plan_.preempted.push_back(in_.running[j].id);
   }

@@ -2,7 +2,8 @@
 // to the next step's batch plan. No model, no clock, no threads: unit tests drive it with plain structs.
 //
 // Policy (continuous batching with chunked prefill, fair across clients):
-//  1. every running sequence that is decoding gets its next token (oldest first);
+//  1. every running sequence that is decoding gets its next token (oldest first), and the drafts it may verify
+//     (SchedSeq::lookahead) while the budget lasts;
 //  2. running sequences still prefilling get the next chunk of their prompt within the token budget,
 //     round-robin across clients (each client's oldest first);
 //  3. waiting sequences are admitted while the budget, the running cap and the free pages allow, the
@@ -31,6 +32,9 @@ struct SchedSeq {
   int64_t num_computed = 0;  // tokens already folded into the state
   int64_t pages_held = 0;
   uint64_t client = 0;  // who asked for it: sequences are shared fairly between clients
+  // Speculative decoding: drafts a decoding sequence may verify in this step (0: none). A decode chunk with
+  // drafts takes 1 + drafts tokens of the budget and pages for them; fewer drafts when the budget runs short.
+  int64_t lookahead = 0;
 };
 
 struct SchedulerLimits {
@@ -53,6 +57,7 @@ struct PlannedChunk {
   int64_t start = 0;  // == num_computed
   int64_t count = 0;
   bool sample = false;  // the chunk reaches num_tokens: a new token is sampled after it
+  int64_t drafts = 0;   // a decode chunk's drafts to verify after its token (speculative decoding)
 };
 
 struct BatchPlan {

@@ -71,6 +71,10 @@ SpecVerdict accept_sampled(std::span<const float> p, std::span<const float> q, i
   return v;
 }
 
+int32_t draw_from(std::span<const float> dist, double u) {
+  return draw_row(dist.data(), static_cast<int64_t>(dist.size()), u);
+}
+
 SpecVerdict accept_greedy(std::span<const int32_t> target_argmax, std::span<const int32_t> drafts) {
   TERN_CHECK(target_argmax.size() == drafts.size() + 1, "speculative acceptance: ", drafts.size(),
              " drafts need the target's choice at ", drafts.size() + 1, " positions, got ", target_argmax.size());

@@ -31,6 +31,10 @@ SpecVerdict accept_sampled(std::span<const float> p, std::span<const float> q, i
 // Greedy decoding: drafts are kept while each equals the target's choice at its position (target_argmax[j], the
 // k + 1 tokens greedy decoding picks from the verify step's rows); `next` is the target's choice after them. The
 // emitted tokens are those greedy decoding gives without drafts.
+// A token drawn from `dist` (non-negative weights, summing to about 1) with the uniform u in [0, 1): the first index
+// whose cumulative weight exceeds u times the sum. How a sampled draft is drawn from its q.
+int32_t draw_from(std::span<const float> dist, double u);
+
 SpecVerdict accept_greedy(std::span<const int32_t> target_argmax, std::span<const int32_t> drafts);
 
 }  // namespace tern::engine

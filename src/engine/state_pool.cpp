@@ -15,6 +15,14 @@ void ModelRunner::forward_sample(const StepBatch&, std::span<const SampleRequest
   TERN_CHECK(false, "runner ", name(), " does not sample on its device (samples_on_device() is false)");
 }
 
+void ModelRunner::draft(std::span<const DraftRequest>, const DraftChooser&) {
+  TERN_CHECK(false, "runner ", name(), " does not speculate (speculative_tokens() is 0)");
+}
+
+void ModelRunner::settle(std::span<const int32_t>) {
+  TERN_CHECK(false, "runner ", name(), " does not speculate (speculative_tokens() is 0)");
+}
+
 int64_t PageGeometry::pages_for(int64_t tokens) const {
   const int64_t rows = tokens_per_page > 0 && tokens > 0 ? (tokens + tokens_per_page - 1) / tokens_per_page : 0;
   return fixed_pages + rows;

@@ -29,11 +29,69 @@ void V4Runner::reserve_step_memory(int64_t tokens) {
   const int64_t vocab = model_->config().vocab_size;
   for (int64_t i = 0; i < tokens; ++i) prompt[static_cast<size_t>(i)] = (i * 7919) % vocab;
   const model::StepSequence seq{&state, prompt, model::LogitsFor::last};
-  (void)model_->forward({&seq, 1});  // host logits: returns when the device is done
+  // host logits: returns when the device is done; with speculative decoding the MTP catch-up and its streams too
+  if (spec_)
+    (void)spec_->forward({&seq, 1});
+  else
+    (void)model_->forward({&seq, 1});
+}
+
+void V4Runner::enable_speculative(int k, int max_sequences, int64_t tokens_per_page) {
+  TERN_CHECK(model_->has_mtp(), "--speculative mtp: the model has no MTP layer (its checkpoint has no mtp.0.* tensors)");
+  TERN_CHECK(k >= 1 && k <= model::Speculator::kMaxDrafts, "--num-speculative-tokens: ", k, " (1 to ",
+             model::Speculator::kMaxDrafts, ": a verify step brings k + 1 tokens a sequence)");
+  spec_ = std::make_unique<model::Speculator>(*model_, *model_->state_layout(max_context_, tokens_per_page),
+                                              max_sequences);
+  spec_k_ = k;
+}
+
+void V4Runner::draft(std::span<const DraftRequest> requests, const DraftChooser& choose) {
+  TERN_CHECK(spec_ != nullptr, "V4 runner: speculative decoding is not enabled");
+  std::vector<model::DraftSequence> seqs;
+  for (const DraftRequest& r : requests) {
+    TERN_CHECK(r.count >= 1 && r.count <= spec_k_, "V4 runner: sequence ", r.seq, " asks for ", r.count,
+               " drafts (1 to ", spec_k_, ")");
+    seqs.push_back({r.state, r.last, r.count});
+  }
+  spec_->draft(seqs, [&](size_t i, int j, std::span<const float> row) -> int64_t { return choose(i, j, row); });
+}
+
+void V4Runner::settle(std::span<const int32_t> kept) {
+  TERN_CHECK(spec_ != nullptr, "V4 runner: speculative decoding is not enabled");
+  const std::vector<int64_t> k(kept.begin(), kept.end());
+  spec_->settle(k);
+}
+
+void V4Runner::speculative_forward(const StepBatch& batch, std::span<float> logits) {
+  rest_.clear();
+  verify_.clear();
+  for (size_t i = 0; i < batch.chunks.size(); ++i) (batch.chunks[i].drafts > 0 ? verify_ : rest_).push_back(steps_[i]);
+  const Tensor rest = rest_.empty() ? Tensor() : spec_->forward(rest_);
+  const Tensor verify = verify_.empty() ? Tensor() : spec_->verify(verify_);
+  const int64_t vocab = model_->config().vocab_size;
+  int64_t at = 0, from_rest = 0, from_verify = 0;
+  for (const auto& c : batch.chunks) {
+    int64_t& from = c.drafts > 0 ? from_verify : from_rest;
+    const Tensor& src = c.drafts > 0 ? verify : rest;
+    const int64_t n = c.num_logits * vocab;
+    TERN_CHECK((at + n) <= static_cast<int64_t>(logits.size()) && (from + n) <= src.view().numel(),
+               "V4 runner: the speculative step returned fewer logits than its chunks want");
+    std::memcpy(logits.data() + at, src.data<float>() + from, static_cast<size_t>(n) * sizeof(float));
+    at += n;
+    from += n;
+  }
+  TERN_CHECK(at == static_cast<int64_t>(logits.size()), "V4 runner: ", at / vocab, " rows of logits for ",
+             logits.size() / static_cast<size_t>(vocab), " wanted");
 }
 
 StepPaths V4Runner::step_paths() const {
   StepPaths p;
+  if (spec_) {
+    if (speculative_steps_ > 0)
+      p.eager_steps["speculative decoding (the MTP layer reads every row's trunk streams; not in graphs yet)"] =
+          speculative_steps_;
+    return p;
+  }
   if (!graphs_) {
     if (steps_without_graphs_ > 0) p.eager_steps["cuda graphs not enabled"] = steps_without_graphs_;
     return p;
@@ -45,13 +103,18 @@ StepPaths V4Runner::step_paths() const {
 
 std::vector<std::string> V4Runner::kernel_paths() const {
   std::vector<std::string> paths = ops::backend_for(model_->device()).kernel_paths();
+  if (spec_)
+    paths.push_back(cat("speculative decoding: MTP, ", spec_k_, " drafts a round, ", spec_->max_sequences(),
+                        " sequences; every step eager (no CUDA graphs) with the MTP layer caught up"));
   paths.push_back(samples_on_device()
                       ? "sampling: on the device (ops::sample_rows; only tokens and logprobs come back)"
                       : "sampling: on the host (engine Sampler; the logits are copied back each step)");
   return paths;
 }
 
-bool V4Runner::samples_on_device() const { return device_sampling_ && model_->device() != Device::cpu; }
+bool V4Runner::samples_on_device() const {
+  return device_sampling_ && model_->device() != Device::cpu && spec_ == nullptr;
+}
 
 void V4Runner::prepare_steps(const StepBatch& batch) {
   tokens_.assign(batch.tokens.begin(), batch.tokens.end());
@@ -62,6 +125,9 @@ void V4Runner::prepare_steps(const StepBatch& batch) {
                c.state->position(), ", the step starts at ", c.start);
     TERN_CHECK(c.num_logits == 0 || c.num_logits == 1 || c.num_logits == c.count,
                "V4 runner: logits for ", c.num_logits, " of ", c.count, " tokens are not supported");
+    TERN_CHECK(c.drafts == 0 || (spec_ && c.drafts + 1 == c.count && c.num_logits == c.count),
+               "V4 runner: sequence ", c.seq, " brings ", c.drafts, " drafts in ", c.count, " tokens (",
+               spec_ ? "a verify chunk is [last, drafts] with every row's logits" : "speculative decoding is off", ")");
     const model::LogitsFor want = c.num_logits == 0   ? model::LogitsFor::none
                                   : c.num_logits == 1 ? model::LogitsFor::last
                                                       : model::LogitsFor::all;
@@ -71,6 +137,11 @@ void V4Runner::prepare_steps(const StepBatch& batch) {
 
 void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   prepare_steps(batch);
+  if (spec_) {
+    speculative_forward(batch, logits);
+    ++speculative_steps_;
+    return;
+  }
   Tensor out;
   if (graphs_) {
     out = graphs_->forward(steps_);

@@ -6,6 +6,7 @@
 
 #include "engine/model_runner.h"
 #include "model/decode_graphs.h"
+#include "model/speculator.h"
 #include "model/v4_model.h"
 #include "ops/sampling.h"
 
@@ -40,6 +41,17 @@ class V4Runner : public ModelRunner {
   // state budget taken from the free memory after this call cannot starve a large step (vLLM's profile run
   // before it sizes the KV cache). Nothing runs for a host model.
   void reserve_step_memory(int64_t tokens);
+  // Speculative decoding with the model's MTP layer (model/speculator.h): k drafts a round (1 ..
+  // Speculator::kMaxDrafts), the rollback memory of max_sequences sequences of state_layout(tokens_per_page)
+  // reserved now on the model's device. Every step then runs eagerly (the MTP layer reads the trunk streams of
+  // every row, which the decode graphs do not return) and sampling moves to the host (the verdict reads whole
+  // distributions). Call before reserve_step_memory, which then reserves the MTP catch-up of a full step too.
+  void enable_speculative(int k, int max_sequences, int64_t tokens_per_page = 0);
+  int speculative_tokens() const override { return spec_ ? spec_k_ : 0; }
+  int speculative_sequences() const override { return spec_ ? spec_->max_sequences() : 0; }
+  int64_t speculative_bytes_per_sequence() const override { return spec_ ? spec_->bytes_per_sequence() : 0; }
+  void draft(std::span<const DraftRequest> requests, const DraftChooser& choose) override;
+  void settle(std::span<const int32_t> kept) override;
 
  private:
   std::shared_ptr<model::Model> model_;
@@ -50,6 +62,10 @@ class V4Runner : public ModelRunner {
   std::vector<model::StepSequence> steps_;
   std::unique_ptr<model::DecodeGraphs> graphs_;
   uint64_t steps_without_graphs_ = 0;
+  std::unique_ptr<model::Speculator> spec_;
+  int spec_k_ = 0;
+  uint64_t speculative_steps_ = 0;
+  std::vector<model::StepSequence> rest_, verify_;  // a speculative step's plain and verify sequences
   bool device_sampling_ = true;
   // forward_sample's per-step buffers.
   std::vector<std::vector<int32_t>> seen_;
@@ -58,6 +74,9 @@ class V4Runner : public ModelRunner {
   std::vector<ops::SampledRow> sampled_;
 
   void prepare_steps(const StepBatch& batch);
+  // forward() with speculative decoding on: the plain chunks through Speculator::forward, the verify chunks through
+  // Speculator::verify; host logits in chunk order.
+  void speculative_forward(const StepBatch& batch, std::span<float> logits);
 };
 
 }  // namespace tern::engine

@@ -46,6 +46,34 @@ TEST(Scheduler, DecodesComeBeforePrefillChunks) {
   EXPECT_EQ(plan.num_tokens(), 20);
 }
 
+// Speculative decoding: a decoding sequence's drafts take budget and pages after its token; the budget left decides
+// how many the later ones get, and prefill chunks get what remains.
+TEST(Scheduler, DraftsTakeBudgetAndPages) {
+  std::vector<SchedSeq> running{{1, 19, 18, 2, 0, 3}, {2, 8, 7, 2, 0, 3}, {3, 60, 20, 3, 0, 3}};
+  auto plan = schedule(input(running, {}, 100, 6));
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].id, 1u);
+  EXPECT_EQ(plan.chunks[0].count, 1);
+  EXPECT_EQ(plan.chunks[0].drafts, 3);
+  EXPECT_EQ(plan.chunks[1].id, 2u);
+  EXPECT_EQ(plan.chunks[1].drafts, 1);  // 6 - 4 - 1
+  EXPECT_EQ(plan.num_tokens(), 6);
+  // Pages for the verified positions: sequence 1 (fixed + 2 row pages of 10 tokens) verifies 18 .. 21 and takes a
+  // fourth, sequence 2 (7 tokens, 2 pages) verifies 7 .. 10 and takes a third; the prefill chunk 20 .. 29 one more.
+  running[0].pages_held = 3;
+  plan = schedule(input(running, {}, 3, 18));
+  ASSERT_EQ(plan.chunks.size(), 3u);
+  EXPECT_EQ(plan.chunks[0].drafts, 3);
+  EXPECT_EQ(plan.chunks[1].drafts, 3);
+  EXPECT_EQ(plan.preempted.size(), 0u);
+  EXPECT_EQ(plan.chunks.back().id, 3u);  // the prefill chunk after the decodes: 18 - 4 - 4
+  EXPECT_EQ(plan.chunks.back().count, 10);
+  EXPECT_TRUE(schedule(input(running, {}, 2, 18)).preempted.size() == 1u);  // one page short: someone waits
+  // A prefilling sequence never drafts.
+  for (const auto& c : plan.chunks)
+    if (c.id == 3) EXPECT_EQ(c.drafts, 0);
+}
+
 TEST(Scheduler, RespectsTokenBudgetAndRunningCap) {
   std::vector<SchedSeq> waiting;
   for (uint64_t i = 1; i <= 6; ++i) waiting.push_back({i, 10, 0, 0});

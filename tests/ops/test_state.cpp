@@ -92,6 +92,32 @@ TEST(SequenceState, SnapshotRestoreRollsBack) {
   EXPECT_THROW(short_one.restore(snap), Error);
 }
 
+// A layer with a carry (the MTP layer's): snapshot_into a reserved slot restores it with the rest, and a slot too
+// small is refused.
+TEST(SequenceState, SnapshotIntoASlotKeepsTheCarry) {
+  test::Random rng(63);
+  std::vector<cache::LayerSpec> specs = {{4, 40, 4, 2 * 3 * 10, 24, 2 * 3 * 6}, {4, 40, 0, 0, 0, 0, 32}};
+  const auto layout = std::make_shared<const cache::StateLayout>(specs, 64, 8);
+  EXPECT_NE(layout->fingerprint(), small_layout()->fingerprint());
+  cache::SequenceState s(layout);
+  scribble(s, rng, 11);
+  const TensorView carry = s.carry(1);
+  ASSERT_EQ(carry.numel(), 32);
+  for (int64_t i = 0; i < 32; ++i) carry.data_as<float>()[i] = rng.normal();
+  const std::vector<std::byte> before = s.serialize();
+  Tensor slot(DType::u8, {s.snapshot_bytes() + 64});
+  const cache::Snapshot snap = s.snapshot_into(slot);
+  EXPECT_TRUE(snap.fixed.empty());
+  scribble(s, rng, 3);
+  for (int64_t i = 0; i < 32; ++i) carry.data_as<float>()[i] = rng.normal();
+  EXPECT_NE(s.serialize(), before);
+  s.restore(snap);
+  EXPECT_EQ(s.position(), 11);
+  EXPECT_EQ(s.serialize(), before);  // the carry is one of the serialised fixed parts
+  Tensor small(DType::u8, {s.snapshot_bytes() - 1});
+  EXPECT_THROW((void)s.snapshot_into(small), Error);
+}
+
 TEST(SequenceState, SerializeRoundTripsAndChecksItsInput) {
   test::Random rng(62);
   cache::SequenceState s(small_layout());

@@ -1,0 +1,143 @@
+// Speculative decoding in the engine (issue #18, docs/mtp.md): which sequences draft in a step, their drafts from
+// each request's own sampling, and the verdict of a verify step (engine/speculative.h) with its tokens, logprobs
+// and counters. The runner drafts, verifies and rolls back (ModelRunner::draft / forward / settle).
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/engine_sequence.h"
+#include "engine/speculative.h"
+
+namespace tern::engine {
+
+namespace {
+
+bool penalised(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+// The params of a choice that needs no logprobs (a draft, a greedy row of the verdict).
+SamplingParams without_logprobs(SamplingParams p) {
+  p.top_logprobs = -1;
+  return p;
+}
+
+}  // namespace
+
+bool Engine::speculate_now() const {
+  if (speculative_tokens_ == 0) return false;
+  if (options_.speculative_max_batch <= 0) return true;
+  int64_t n = 0;
+  for (uint64_t id : running_) n += seqs_.at(id)->decoding() ? 1 : 0;
+  return n <= options_.speculative_max_batch;
+}
+
+int64_t Engine::lookahead(const Sequence& s, bool speculate) const {
+  if (!speculate || s.request.handover || !s.decoding()) return 0;
+  // A verify step emits up to drafts + 1 tokens: within max_tokens and the context.
+  const int64_t by_length = s.request.stop.max_tokens - s.generated - 1;
+  const int64_t by_context = max_context_ - static_cast<int64_t>(s.tokens.size()) - 1;
+  return std::clamp<int64_t>(std::min(by_length, by_context), 0, speculative_tokens_);
+}
+
+std::string Engine::speculative_plan() const {
+  if (speculative_tokens_ == 0) return "";
+  const int64_t per = runner_->speculative_bytes_per_sequence(), n = runner_->speculative_sequences();
+  return cat("; speculative decoding: ", speculative_tokens_, " drafts a round, rollback memory ", per >> 10,
+             " KiB a sequence reserved up front for ", n, " sequences (", (per * n) >> 20, " MiB), state pages for ",
+             speculative_tokens_, " more positions a decoding sequence; drafting ",
+             options_.speculative_max_batch > 0 ? cat("while at most ", options_.speculative_max_batch,
+                                                      " sequences decode")
+                                                : std::string("at every batch size"),
+             options_.oracle_accept >= 0
+                 ? cat("; ORACLE acceptance ", options_.oracle_accept, " (benchmarks only: the output is not the model's)")
+                 : std::string());
+}
+
+void Engine::draft(const BatchPlan& plan) {
+  drafts_.clear();
+  draft_dists_.clear();
+  std::vector<DraftRequest> requests;
+  std::vector<Sequence*> seqs;
+  for (const auto& c : plan.chunks) {
+    if (c.drafts == 0) continue;
+    Sequence& s = *seqs_.at(c.id);
+    requests.push_back({c.id, &pool_.state(c.id), s.tokens.back(), static_cast<int32_t>(c.drafts)});
+    seqs.push_back(&s);
+    drafts_[c.id].reserve(static_cast<size_t>(c.drafts));
+  }
+  if (requests.empty()) return;
+  std::unique_ptr<Sampler> sampler = take_sampler();
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  // Each draft from the request's own sampling of the draft model's row: q_j is what the verdict divides by.
+  runner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) -> int32_t {
+    Sequence& s = *seqs[i];
+    const SamplingParams& p = s.request.sampling;
+    int32_t token = 0;
+    if (p.greedy()) {
+      token = sampler->sample_drawn(logits, without_logprobs(p), s.history, {}).token;
+    } else {
+      std::vector<float>& q = draft_dists_[s.id];
+      q.resize(static_cast<size_t>((j + 1) * vocab_));
+      const std::span<float> row(q.data() + j * vocab_, static_cast<size_t>(vocab_));
+      sampler->distribution(logits, p, s.history, row);
+      token = draw_from(row, uniform(s.rng));
+    }
+    drafts_[s.id].push_back(token);
+    return token;
+  });
+  give_sampler(std::move(sampler));
+}
+
+int32_t Engine::verdict(Sequence& s, const PlannedChunk& c, const float* logits, Sampler& sampler,
+                        std::vector<SampleResult>& out) {
+  const auto k = static_cast<int64_t>(c.drafts);
+  const std::vector<int32_t>& d = drafts_.at(s.id);
+  TERN_CHECK(static_cast<int64_t>(d.size()) == k, "engine: sequence ", s.id, " has ", d.size(), " drafts, the plan ", k);
+  const SamplingParams& p = s.request.sampling;
+  // The target's row j sees the request's history plus d_1 .. d_j (penalties read it).
+  const bool pen = penalised(p);
+  TokenHistory extended = pen ? s.history : TokenHistory{};
+  const TokenHistory& history = pen ? extended : s.history;
+  const auto row = [&](int64_t j) { return std::span<const float>(logits + j * vocab_, static_cast<size_t>(vocab_)); };
+  int64_t a = 0;
+  int32_t next = 0;
+  if (options_.oracle_accept >= 0) {  // benchmarks only: acceptance by fiat
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    while (a < k && uniform(s.rng) < options_.oracle_accept) {
+      if (pen) extended.add_output(d[static_cast<size_t>(a)], vocab_);
+      ++a;
+    }
+    next = sampler.sample(row(a), without_logprobs(p), history, s.rng).token;
+  } else if (p.greedy()) {  // the drafts the target's own choices agree with (accept_greedy, row by row)
+    for (;; ++a) {
+      const int32_t g = sampler.sample_drawn(row(a), without_logprobs(p), history, {}).token;
+      if (a == k || g != d[static_cast<size_t>(a)]) {
+        next = g;
+        break;
+      }
+      if (pen) extended.add_output(g, vocab_);
+    }
+  } else {  // rejection sampling against the drafts' distributions: the target's distribution exactly
+    std::vector<float> target(static_cast<size_t>((k + 1) * vocab_));
+    for (int64_t j = 0; j <= k; ++j) {
+      sampler.distribution(row(j), p, history, std::span<float>(target.data() + j * vocab_, static_cast<size_t>(vocab_)));
+      if (pen && j < k) extended.add_output(d[static_cast<size_t>(j)], vocab_);
+    }
+    const SpecVerdict v = accept_sampled(target, draft_dists_.at(s.id), vocab_, d, s.rng);
+    a = v.accepted;
+    next = v.next;
+  }
+  for (int64_t j = 0; j < a; ++j) out.push_back(sampler.describe(row(j), d[static_cast<size_t>(j)], p));
+  out.push_back(sampler.describe(row(a), next, p));
+  {
+    std::lock_guard lock(metrics_mutex_);
+    ++metrics_.spec_drafts_total;
+    metrics_.spec_draft_tokens_total += static_cast<uint64_t>(k);
+    metrics_.spec_accepted_tokens_total += static_cast<uint64_t>(a);
+    for (int64_t j = 0; j < a; ++j) ++metrics_.spec_accepted_per_position[static_cast<size_t>(j)];
+  }
+  return static_cast<int32_t>(a + 1);
+}
+
+}  // namespace tern::engine
