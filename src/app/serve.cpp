@@ -16,6 +16,7 @@
 #include "app/embedded_model.h"
 #include "app/pd_transfer.h"
 #include "app/profiled_runner.h"
+#include "app/speculative_threshold.h"
 #include "app/synthetic_placement.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -57,6 +58,34 @@ int64_t checkpoint_bytes(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && e.path().extension() == ".safetensors") n += static_cast<int64_t>(e.file_size());
   return n;
+}
+
+// --speculative auto: the measured threshold (app/speculative_threshold.h) unless --speculative-max-batch gives one;
+// mtp: every batch size unless given. Logs the value and where it came from.
+int64_t resolve_speculative_max_batch(const ServeOptions& a, const model::Model& m) {
+  const int k = a.num_speculative_tokens;
+  if (a.speculative_max_batch >= 0) {
+    log::info("speculative decoding: MTP, ", k, " drafts a round, while at most ", a.speculative_max_batch,
+              " sequences decode (--speculative-max-batch", a.speculative_max_batch == 0 ? "; 0: every batch size)" : ")");
+    return a.speculative_max_batch;
+  }
+  if (a.speculative == "mtp") {
+    log::info("speculative decoding: MTP, ", k, " drafts a round, at every batch size (--speculative mtp)");
+    return 0;
+  }
+  const std::string device = speculative_device_key(a.device), path = speculative_threshold_path();
+  const std::string key = speculative_model_key(m);
+  const auto t = load_speculative_threshold(device, key, k, path);
+  TERN_CHECK(t.has_value(), "--speculative auto: no measured threshold for ", k, " drafts on ", device, " with ", key,
+             " in ", path, ": measure it with `tern bench-step --speculative ", k,
+             " --save-speculative-threshold` (same model shape) or give --speculative-max-batch N");
+  TERN_CHECK(t->max_batch > 0, "--speculative auto: the measurement in ", path, " (", t->measured, ") found that ", k,
+             " drafts never pay on ", device, " at acceptance length ", t->acceptance_length,
+             "; use --speculative off, or force it with --speculative-max-batch N");
+  log::info("speculative decoding: MTP, ", k, " drafts a round, while at most ", t->max_batch,
+            " sequences decode (--speculative auto: measured ", t->measured, " at acceptance length ",
+            t->acceptance_length, ", from ", path, ")");
+  return t->max_batch;
 }
 
 struct Loaded {
@@ -115,13 +144,27 @@ Loaded load(const ServeOptions& a) {
   auto runner = std::make_shared<engine::V4Runner>(m, l.name, weight_bytes, l.max_model_len);
   TERN_CHECK(a.cuda_graphs == "on" || a.cuda_graphs == "off", "--cuda-graphs: expected on or off, found \"",
              a.cuda_graphs, "\"");
+  TERN_CHECK(a.speculative == "off" || a.speculative == "mtp" || a.speculative == "auto",
+             "--speculative: expected off, mtp or auto, found \"", a.speculative, "\"");
+  const bool speculate = a.speculative != "off";
+  TERN_CHECK(speculate || (a.speculative_max_batch < 0 && a.speculative_oracle_accept < 0),
+             "--speculative-max-batch and --speculative-oracle-accept need --speculative mtp or auto");
   model::DecodeGraphOptions graphs;
-  graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
+  graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs && !speculate;
+  if (speculate && a.cuda_graphs == "on" && !a.no_cuda_graphs && a.device != "cpu")
+    log::info("cuda graphs: off under --speculative (the MTP layer reads every row's trunk streams, which the decode "
+              "graphs do not return yet; docs/mtp.md)");
   graphs.max_batch = a.cuda_graph_max_batch > 0 ? a.cuda_graph_max_batch : std::min(a.max_running, 128);
   runner->enable_decode_graphs(graphs);  // records the decode buckets now (startup), or logs why not
   TERN_CHECK(a.sampling == "device" || a.sampling == "host", "--sampling: expected device or host, found \"",
              a.sampling, "\"");
   runner->set_device_sampling(a.sampling == "device");  // a CPU model samples on the host either way
+  int64_t speculative_max_batch = 0;
+  if (speculate) {
+    // The rollback memory of every running sequence is taken now, before the state budget: the batch never shrinks.
+    runner->enable_speculative(a.num_speculative_tokens, a.max_running);
+    speculative_max_batch = resolve_speculative_max_batch(a, *m);
+  }
   if (a.device != "cpu") {
     // The largest step's activations and library scratch are reserved before the state budget is taken
     // from what is free, so a fraction like 0.8 leaves room for a full token budget's step.
@@ -143,6 +186,11 @@ Loaded load(const ServeOptions& a) {
   const server::TextCodec* codec = l.codec.get();
   o.token_bytes = [codec](int32_t t) { return codec->token_bytes(t); };
   o.handover_on_device = a.pd_backend != "tcp";  // cuda-ipc and nccl read the state from the device
+  o.speculative_max_batch = static_cast<int>(std::min<int64_t>(speculative_max_batch, a.max_running));
+  o.oracle_accept = a.speculative_oracle_accept;
+  if (a.speculative_oracle_accept >= 0)
+    log::warn("--speculative-oracle-accept ", a.speculative_oracle_accept, ": BENCHMARK MODE, drafts are kept by chance "
+              "and emitted: the output is not the model's");
   std::shared_ptr<engine::ModelRunner> stepper = runner;
   if (a.profile_steps > 0)
     stepper = std::make_shared<ProfiledRunner>(runner, a.device, a.profile_steps, config.num_layers);

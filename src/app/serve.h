@@ -29,6 +29,13 @@ struct ServeOptions {
   int64_t token_budget = 2048, max_chunk = 2048, max_model_len = 0;
   double request_timeout_s = 600, drain_timeout_s = 30;
   net::HttpOptions http;
+  // MTP speculative decoding (docs/mtp.md): off, mtp (at every batch size) or auto (while at most the measured
+  // threshold's sequences decode); --speculative-max-batch overrides the threshold (0: every batch size); the oracle
+  // acceptance is for benchmarks only (the output is not the model's).
+  std::string speculative = "off";
+  int num_speculative_tokens = 3;
+  int64_t speculative_max_batch = -1;  // -1: auto's stored measurement, mtp's every batch size
+  double speculative_oracle_accept = -1;
   // admission (docs/serving.md, "Limits")
   int64_t max_request_tokens = 0, max_client_tokens = 0;  // 0: what the state memory holds
   std::vector<std::string> forwarded_allow_ips;

@@ -52,9 +52,19 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
     for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
     out += fmt::format("tern:eager_steps_by_reason_total{{{},reason=\"{}\"}} {}\n", l, r, n);
   }
-  // No speculative decoding yet: reported as zero, not omitted.
-  prom_scalar(out, "spec_decode_num_drafted_tokens_total", "counter", "Draft tokens proposed.", 0, l);
-  prom_scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", 0, l);
+  // Speculative decoding, vLLM's counters (zero, not omitted, when off; per position only when on).
+  prom_scalar(out, "spec_decode_num_drafts_total", "counter", "Verify rounds: one per sequence per step that drafted.",
+              double(m.spec_drafts_total), l);
+  prom_scalar(out, "spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
+              double(m.spec_draft_tokens_total), l);
+  prom_scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+              double(m.spec_accepted_tokens_total), l);
+  if (!m.spec_accepted_per_position.empty()) {
+    prom_header(out, "spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by draft position.");
+    for (size_t i = 0; i < m.spec_accepted_per_position.size(); ++i)
+      out += fmt::format("tern:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", l, i,
+                         m.spec_accepted_per_position[i]);
+  }
   prom_scalar(out, "http_requests_total", "counter", "HTTP requests received.", double(s.http_requests_total), l);
   prom_scalar(out, "http_client_errors_total", "counter", "HTTP 4xx answers.", double(s.http_errors_4xx_total), l);
   prom_scalar(out, "http_server_errors_total", "counter", "HTTP 5xx answers.", double(s.http_errors_5xx_total), l);

@@ -10,19 +10,23 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "app/device.h"
 #include "app/measure.h"
+#include "app/speculative_threshold.h"
 #include "app/synthetic_placement.h"
 #include "cache/page_pool.h"
 #include "cache/sequence_state.h"
 #include "core/error.h"
 #include "model/decode_graphs.h"
 #include "model/perf_model.h"
+#include "model/speculator.h"
 #include "ops/recorded_steps.h"
+#include "ops/sample.h"
 #include "ops/synth_values.h"
 #include "tools/verb.h"
 
@@ -48,8 +52,42 @@ struct Args {
   // --speculative k: beside each decode row, the verify step of MTP speculative decoding (k + 1 tokens a sequence,
   // replayed from its own CUDA graph) and the tokens/s it gives at acceptance lengths 1.8, 2.5 and 3.0.
   int64_t speculative = 0;
+  // With --speculative and a model with an MTP layer: the whole round as the engine runs it, and the auto threshold
+  // at this acceptance length (0: the rule of thumb for k, kDefaultAcceptance), saved for `tern serve --speculative
+  // auto` with --save-speculative-threshold (app/speculative_threshold.h).
+  double speculative_acceptance = 0;
+  bool save_speculative_threshold = false;
   tern::app::TuneOptions tune;
 };
+
+// Expected acceptance lengths by k (v4-speculative.md section 4: position 1 kept about 85% of the time, position 2
+// about 50%, position 3 about 15%; published V4 lengths at k = 3 are 2.5 to 2.8).
+constexpr double kDefaultAcceptance[] = {1.0, 1.8, 2.3, 2.5};
+
+// An MTP round at batch B, as the engine runs it (model/speculator.h): drafting k tokens (k MTP rows a sequence, one
+// batch per position), the verify step (eager, recorded, after the snapshots) and the settle (sequence i keeps
+// i % (k + 1) + 1 tokens: rollbacks and catch-ups of every length), against the plain decode step.
+struct RoundRow {
+  int64_t batch = 0, context = 0, k = 0;
+  double round_ms = 0, decode_ms = 0;
+  double ratio() const { return round_ms / decode_ms; }
+};
+std::string round_line(const RoundRow& r) {
+  std::string s = tern::cat("| ", r.batch, " | ", r.context, " | ", r.k, " | ");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%.3f | %.3f | %.2f |", r.round_ms, r.decode_ms, r.ratio());
+  s += buf;
+  for (double L : {1.8, 2.5, 3.0}) {
+    std::snprintf(buf, sizeof buf, " %.0f |", static_cast<double>(r.batch) * std::min(L, r.k + 1.0) / (r.round_ms / 1e3));
+    s += buf;
+  }
+  return s;
+}
+const char* kRoundHeader =
+    "MTP rounds (draft + verify + settle, as the engine runs them; pays while round / decode < the acceptance "
+    "length):\n"
+    "| batch | context | k | round ms | decode ms | ratio | tokens/s at 1.8 | at 2.5 | at 3.0 |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 // A verify step at batch B: B sequences of k + 1 tokens, against the decode step of the same batch and context.
 struct VerifyRow {
@@ -211,9 +249,10 @@ int run(const Args& a) {
   // Memory: the states of the largest configuration, plus headroom for activations, workspace and graphs.
   TERN_CHECK(a.speculative >= 0 && a.speculative + 1 <= model::Model::kMaxStepQueries, "--speculative: 0 (off) to ",
              model::Model::kMaxStepQueries - 1, " drafts, found ", a.speculative);
-  // Positions the timed steps consume: one a decode step, k + 1 a verify step (--speculative k).
+  // Positions the timed steps consume: one a decode step, k + 1 a verify step and up to k + 1 an MTP round
+  // (--speculative k).
   const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) *
-                                  (1 + (a.speculative > 0 ? a.speculative + 1 : 0)) + 4;
+                                  (1 + (a.speculative > 0 ? 2 * (a.speculative + 1) : 0)) + 4;
   const int64_t max_context = std::max({contexts.back(), prefills.back(), mixed_prompt});
   const int64_t seq_bytes = app::state_bytes_per_sequence(config, kv, max_context + margin);
   const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
@@ -239,6 +278,8 @@ int run(const Args& a) {
 
   std::vector<DecodeRow> decode_rows;
   std::vector<VerifyRow> verify_rows;
+  std::vector<RoundRow> round_rows;
+  std::unique_ptr<model::Speculator> speculator;
   std::vector<PrefillRow> prefill_rows;
   std::vector<MixedRow> mixed_rows;
   std::set<int64_t> lengths(contexts.begin(), contexts.end());
@@ -437,6 +478,33 @@ int run(const Args& a) {
           v.note = m.device() == Device::cpu ? "(eager: CPU)" : "(EAGER: " + graphs.disabled_reason() + ")";
         verify_rows.push_back(v);
         say(cat("verify ", verify_line(v)));
+        if (m.has_mtp()) {
+          if (!speculator || speculator->max_sequences() < B)
+            speculator = std::make_unique<model::Speculator>(m, *layout, static_cast<int>(fitting.back()));
+          std::vector<model::DraftSequence> drafts;
+          for (int64_t i = 0; i < B; ++i)
+            drafts.push_back({&states[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], static_cast<int>(a.speculative)});
+          std::vector<int64_t> kept(static_cast<size_t>(B));
+          for (int64_t i = 0; i < B; ++i) kept[static_cast<size_t>(i)] = i % q + 1;
+          auto round = [&] {
+            speculator->draft(drafts, [&](size_t i, int j, std::span<const float> row) {
+              const int64_t d = ops::argmax(row);
+              vids[i][static_cast<size_t>(j) + 1] = d;
+              return d;
+            });
+            for (int64_t i = 0; i < B; ++i) vids[static_cast<size_t>(i)][0] = drafts[static_cast<size_t>(i)].last;
+            (void)speculator->verify(vb);
+            speculator->settle(kept);
+            for (int64_t i = 0; i < B; ++i)
+              drafts[static_cast<size_t>(i)].last = token(3000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i), config.vocab_size);
+            ++step_no;
+          };
+          const app::StepTiming rt = app::time_steps(a.device, round, a.warmup, a.steps);
+          RoundRow rr;
+          rr.batch = B, rr.context = L, rr.k = a.speculative, rr.round_ms = rt.median_us / 1e3, rr.decode_ms = r.step_ms;
+          round_rows.push_back(rr);
+          say(cat("round ", round_line(rr)));
+        }
       }
       if (profiler && std::find(a.profile_batches.begin(), a.profile_batches.end(), B) != a.profile_batches.end()) {
         profiler->start();
@@ -478,6 +546,32 @@ int run(const Args& a) {
     say(kVerifyHeader);
     for (const VerifyRow& v : verify_rows) say(verify_line(v));
   }
+  if (a.speculative > 0 && !m.has_mtp()) say("MTP rounds: not measured (the model has no MTP layer)");
+  if (!round_rows.empty()) {
+    say(kRoundHeader);
+    for (const RoundRow& r : round_rows) say(round_line(r));
+    // The auto threshold from the first context's rows.
+    const double L = a.speculative_acceptance > 0 ? a.speculative_acceptance : kDefaultAcceptance[a.speculative];
+    app::SpeculativeThreshold t;
+    t.device = app::speculative_device_key(a.device);
+    t.model = app::speculative_model_key(m);
+    t.k = static_cast<int>(a.speculative);
+    t.acceptance_length = L;
+    for (const RoundRow& r : round_rows)
+      if (r.context == round_rows.front().context) t.ratios.emplace_back(r.batch, r.ratio());
+    t.max_batch = app::threshold_from_ratios(t.ratios, L);
+    t.measured = cat(date, ", commit ", commit, ", context ", round_rows.front().context);
+    say(cat("speculative auto threshold at acceptance length ", L, ": ",
+            t.max_batch > 0 ? cat("draft while at most ", t.max_batch, " sequences decode") : std::string("never pays"),
+            " (context ", round_rows.front().context, "; the largest batch before the round costs L decode steps)"));
+    if (a.save_speculative_threshold) {
+      app::save_speculative_threshold(t);
+      say(cat("saved to ", app::speculative_threshold_path(), " for ", t.device, ", ", t.model));
+    }
+  }
+  TERN_CHECK(!a.save_speculative_threshold || !round_rows.empty(),
+             "--save-speculative-threshold: no MTP round was measured (needs --speculative k and a model with an MTP "
+             "layer)");
   say(kPrefillHeader);
   for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
   if (!mixed_rows.empty()) {
@@ -510,6 +604,9 @@ int run(const Args& a) {
     for (const VerifyRow& v : verify_rows)
       j["verify"].push_back({{"batch", v.batch}, {"context", v.context}, {"tokens_per_sequence", v.tokens},
                              {"step_ms", v.step_ms}, {"decode_step_ms", v.decode_ms}, {"note", v.note}});
+    for (const RoundRow& r : round_rows)
+      j["rounds"].push_back({{"batch", r.batch}, {"context", r.context}, {"k", r.k}, {"round_ms", r.round_ms},
+                             {"decode_step_ms", r.decode_ms}});
     for (const PrefillRow& r : prefill_rows)
       j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
                               {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm},
@@ -557,6 +654,11 @@ const bool registered = tern::tools::register_verb(
                       "decode batch, against the decode step, with the tokens/s it gives at acceptance lengths 1.8, 2.5 "
                       "and 3.0 (0: off)")
            ->capture_default_str();
+       app.add_option("--speculative-acceptance", a->speculative_acceptance,
+                      "acceptance length the auto threshold is taken at (default by k: 1.8, 2.3, 2.5)");
+       app.add_flag("--save-speculative-threshold", a->save_speculative_threshold,
+                    "save the measured auto threshold for `tern serve --speculative auto` on this device and model "
+                    "shape (needs --speculative k and an MTP layer)");
        app.add_flag("--fill-check", a->fill_check,
                     "Check that the longest prompt's logits are the same bits with the activations NaN-filled and "
                     "zero-filled (no op reads an element it did not write)");

@@ -40,6 +40,17 @@ void add_options(CLI::App& app, app::ServeOptions& a) {
   app.add_option("--cuda-graph-max-batch", a.cuda_graph_max_batch,
                  "largest decode batch recorded as a graph (default: min(--max-running, 128))");
   app.add_option("--max-running", a.max_running, "Sequences in a step at most")->capture_default_str();
+  app.add_option("--speculative", a.speculative,
+                 "MTP speculative decoding: off, mtp (at every batch size) or auto (while at most the threshold "
+                 "bench-step measured decode; docs/mtp.md)")
+      ->capture_default_str();
+  app.add_option("--num-speculative-tokens", a.num_speculative_tokens, "Drafts a round (1 to 3)")->capture_default_str();
+  app.add_option("--speculative-max-batch", a.speculative_max_batch,
+                 "Draft only while at most this many sequences decode (0: every batch size); overrides auto's "
+                 "measured threshold");
+  app.add_option("--speculative-oracle-accept", a.speculative_oracle_accept,
+                 "BENCHMARKS ONLY: keep each draft with this probability whatever the target says (the output is not "
+                 "the model's); measures the machinery at a chosen acceptance");
   app.add_option("--token-budget", a.token_budget, "New tokens per step at most")->capture_default_str();
   app.add_option("--max-chunk", a.max_chunk, "Prefill tokens per sequence per step")->capture_default_str();
   app.add_option("--max-model-len", a.max_model_len, "Context length served (default: the model's, at most 8192)");

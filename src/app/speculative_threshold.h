@@ -1,0 +1,42 @@
+// `tern serve --speculative auto`'s threshold (docs/mtp.md, "The auto threshold"): the largest decode batch at which
+// an MTP round (drafting, the verify step, settling) still costs less than the tokens it brings at the expected
+// acceptance length, measured by `tern bench-step --speculative k --save-speculative-threshold` on this machine and
+// kept per (device, model shape, k) in speculative-thresholds.json in the cache directory ($TERN_CACHE, else
+// $XDG_CACHE_HOME/tern, else ~/.cache/tern). `tern serve` prints the value it uses and where it came from;
+// --speculative-max-batch overrides it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/v4_model.h"
+
+namespace tern::app {
+
+struct SpeculativeThreshold {
+  std::string device;  // "cpu" or the GPU's description
+  std::string model;   // speculative_model_key()
+  int k = 0;
+  double acceptance_length = 0;  // the expected acceptance length the threshold was taken at
+  int64_t max_batch = 0;         // speculate while at most this many sequences decode; 0: never pays
+  // The measurement behind it: per batch, round time / plain decode step time (it pays while below the length).
+  std::vector<std::pair<int64_t, double>> ratios;
+  std::string measured;  // when and with what (commit, context), for the startup line
+};
+
+// The model's shape as far as a step's cost goes (layers, hidden, experts, vocab, the routed experts' format).
+std::string speculative_model_key(const model::Model& m);
+// "cpu", or the CUDA device's description.
+std::string speculative_device_key(const std::string& device);
+std::string speculative_threshold_path();
+// The largest batch whose ratio is below `acceptance_length` among consecutive measured batches from the
+// smallest (0 when even the smallest does not pay).
+int64_t threshold_from_ratios(const std::vector<std::pair<int64_t, double>>& ratios, double acceptance_length);
+// Adds or replaces the entry of (device, model, k) in `path`; throws naming the file when it cannot write.
+void save_speculative_threshold(const SpeculativeThreshold& t, const std::string& path = speculative_threshold_path());
+std::optional<SpeculativeThreshold> load_speculative_threshold(const std::string& device, const std::string& model, int k,
+                                                               const std::string& path = speculative_threshold_path());
+
+}  // namespace tern::app
