@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "engine/v4_runner.h"
 
 #include "fixture.h"
@@ -53,10 +54,11 @@ class DraftBias : public engine::ModelRunner {
   void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
     inner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) {
       const auto r = static_cast<size_t>(requests[i].seq - 1);
+      if (r >= outputs_.size()) return choose(i, j, logits);
       // d_{j+1} stands for the token at position m + 1 + j: output index m + 1 + j - prompt length.
       const int64_t at = requests[i].state->position() + 1 + j - prompt_lens_.at(r);
       row_.assign(logits.begin(), logits.end());
-      if (at < static_cast<int64_t>(outputs_.at(r).size()) && coin_(rng_) < p_)
+      if (at < static_cast<int64_t>(outputs_[r].size()) && coin_(rng_) < p_)
         row_[static_cast<size_t>(outputs_[r][static_cast<size_t>(at)])] += boost_;
       return choose(i, j, row_);
     });
@@ -280,6 +282,131 @@ TEST_P(SpeculativeEngine, OracleAcceptanceKeepsEveryDraft) {
   EngineOptions bad = engine_options();
   bad.oracle_accept = 0.5;
   EXPECT_THROW(Engine(make_runner(m, 0), bad), Error);  // an oracle without speculation is refused
+}
+
+// Draft rows that resemble the target's but differ from it: for the draft after the first output token a, the target's
+// own row at that position (precomputed) tilted (+1 on its least likely candidate, -1 on its most likely), so that the
+// verdict both keeps and rejects drafts. Other drafts pass through.
+class TiltedDrafts : public DraftBias {
+ public:
+  // rows[a]: the target's logits after a; tilt[a]: {least, most likely candidate} there.
+  TiltedDrafts(std::shared_ptr<engine::ModelRunner> inner, std::map<int32_t, std::vector<float>> rows,
+               std::map<int32_t, std::pair<int32_t, int32_t>> tilt)
+      : DraftBias(std::move(inner), {}, {}, 0.0), rows_(std::move(rows)), tilt_(std::move(tilt)) {}
+  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
+    DraftBias::draft(requests, [&](size_t i, int j, std::span<const float> logits) {
+      auto it = rows_.find(requests[i].last);
+      if (j > 0 || it == rows_.end()) return choose(i, j, logits);
+      row_ = it->second;
+      row_[static_cast<size_t>(tilt_.at(it->first).first)] += 1.0f;
+      row_[static_cast<size_t>(tilt_.at(it->first).second)] -= 1.0f;
+      return choose(i, j, row_);
+    });
+  }
+
+ private:
+  std::map<int32_t, std::vector<float>> rows_;
+  std::map<int32_t, std::pair<int32_t, int32_t>> tilt_;
+  std::vector<float> row_;
+};
+
+// Sampling with MTP keeps the target's distribution, through the engine: 2 000 seeded requests (temperature 1, top-k 3)
+// of one prompt sample x_1 in the prefill step and x_2 in a verify step whose draft comes from a row tilted away from
+// the target's; the joint (x_1, x_2) counts against p(x_1) p(x_2 | x_1) from plain forwards, by Pearson's chi-square.
+// Cells expected below 5 are pooled. The test fails above the chi-square's 1 - 1e-6 quantile (Wilson-Hilferty), so a
+// correct engine fails it with probability about 1e-6.
+TEST_P(SpeculativeEngine, SampledOutputKeepsTheTargetDistribution) {
+  if (sanitized_build()) GTEST_SKIP() << "statistics, not memory safety: the normal build runs it";
+  auto m = model();
+  const int64_t vocab = m->config().vocab_size;
+  GenerationRequest base = mixed_requests(1, vocab, 16)[0];
+  base.prompt.resize(std::min<size_t>(base.prompt.size(), 6));
+  base.sampling.temperature = 1.0f;
+  base.sampling.top_k = 3;
+  base.sampling.top_p = 1.0f;
+  base.stop.max_tokens = 3;  // x_1 plainly, then a verify step of [x_1, d]: room for one draft
+  engine::Sampler sampler;
+  const engine::TokenHistory none;
+  // Plain forwards: p(x_1) and, for each candidate a, p(x_2 | a) and the target's row there.
+  auto logits_after = [&](const std::vector<int32_t>& tokens) {
+    cache::SequenceState st = m->new_state(static_cast<int64_t>(tokens.size()) + 1);
+    const std::vector<int64_t> ids(tokens.begin(), tokens.end());
+    const model::StepSequence seq{&st, ids, model::LogitsFor::last};
+    const Tensor out = m->forward({&seq, 1});
+    return std::vector<float>(out.data<float>(), out.data<float>() + vocab);
+  };
+  auto dist = [&](const std::vector<float>& logits) {
+    std::vector<float> d(static_cast<size_t>(vocab));
+    sampler.distribution(logits, base.sampling, none, d);
+    return d;
+  };
+  const std::vector<float> p1 = dist(logits_after(base.prompt));
+  std::map<int32_t, std::vector<float>> rows, p2;
+  std::map<int32_t, std::pair<int32_t, int32_t>> tilt;
+  std::vector<int32_t> candidates;
+  for (int32_t a = 0; a < vocab; ++a) {
+    if (p1[static_cast<size_t>(a)] == 0.0f) continue;
+    candidates.push_back(a);
+    std::vector<int32_t> t = base.prompt;
+    t.push_back(a);
+    rows[a] = logits_after(t);
+    p2[a] = dist(rows[a]);
+    int32_t least = -1, most = -1;
+    for (int32_t b = 0; b < vocab; ++b) {
+      const float q = p2[a][static_cast<size_t>(b)];
+      if (q == 0.0f) continue;
+      if (least < 0 || q < p2[a][static_cast<size_t>(least)]) least = b;
+      if (most < 0 || q > p2[a][static_cast<size_t>(most)]) most = b;
+    }
+    tilt[a] = {least, most};
+  }
+  ASSERT_EQ(candidates.size(), 3u);
+  const int n = 2000;
+  std::vector<GenerationRequest> requests(n, base);
+  for (int i = 0; i < n; ++i) requests[static_cast<size_t>(i)].sampling.seed = 1000 + static_cast<uint64_t>(i);
+  auto runner = std::make_shared<TiltedDrafts>(make_runner(m, 1, 256), rows, tilt);
+  EngineOptions o = engine_options(256);
+  o.limits.token_budget = 2048;
+  engine::EngineMetrics metrics;
+  const std::vector<Output> got = run(runner, requests, o, &metrics);
+  std::map<std::pair<int32_t, int32_t>, int64_t> counts;
+  for (const Output& g : got) {
+    ASSERT_GE(g.tokens.size(), 2u);
+    ++counts[{g.tokens[0], g.tokens[1]}];
+  }
+  // Pearson's statistic over the cells of probability > 0 (those expected below 5 pooled into one).
+  double x = 0, pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  int64_t seen = 0;
+  for (int32_t a : candidates)
+    for (int32_t b = 0; b < vocab; ++b) {
+      const double prob = static_cast<double>(p1[static_cast<size_t>(a)]) * p2[a][static_cast<size_t>(b)];
+      const auto it = counts.find({a, b});
+      const double o_ab = it == counts.end() ? 0.0 : static_cast<double>(it->second);
+      if (prob == 0.0) {
+        EXPECT_EQ(o_ab, 0.0) << "(" << a << ", " << b << ") has probability 0";
+        continue;
+      }
+      seen += static_cast<int64_t>(o_ab);
+      const double e = n * prob;
+      if (e < 5) {
+        pooled_e += e, pooled_o += o_ab;
+        continue;
+      }
+      x += (o_ab - e) * (o_ab - e) / e;
+      ++cells;
+    }
+  if (pooled_e > 0) x += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e, ++cells;
+  EXPECT_EQ(seen, n);
+  const double dof = cells - 1, z = 4.753;  // the standard normal's 1 - 1e-6 quantile
+  const double h = 2.0 / (9.0 * dof), critical = dof * std::pow(1.0 - h + z * std::sqrt(h), 3.0);
+  EXPECT_LE(x, critical) << cells << " cells";
+  // Both verdicts happened: some drafts kept, some rejected.
+  EXPECT_GT(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total / 10);
+  EXPECT_LT(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total);
+  std::printf("[%s] joint (x1, x2) of %d seeds: chi-square %.1f over %d cells (limit %.1f); %llu of %llu drafts kept\n",
+              GetParam().c_str(), n, x, cells, critical, static_cast<unsigned long long>(metrics.spec_accepted_tokens_total),
+              static_cast<unsigned long long>(metrics.spec_draft_tokens_total));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeEngine, ::testing::Values("tiny-mxfp4", "tiny-nvfp4"),
