@@ -16,146 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "engine/sampler.h"
-#include "engine/v4_runner.h"
 
 #include "fixture.h"
+#include "speculative_harness.h"
 
 namespace tern::test {
 namespace {
 
 using engine::Engine;
-using engine::EngineOptions;
-using engine::FinishReason;
-using engine::GenerationRequest;
-using engine::RequestUpdate;
-
-class DraftBias : public engine::ModelRunner {
- public:
-  // outputs[i]: the plain greedy output of the i-th submitted request (sequence id i + 1 in a fresh engine);
-  // each draft is pushed to it with probability `p` (by `boost` on its logit).
-  DraftBias(std::shared_ptr<engine::ModelRunner> inner, std::vector<std::vector<int32_t>> outputs,
-            std::vector<int64_t> prompt_lens, double p, float boost = 1e4f)
-      : inner_(std::move(inner)), outputs_(std::move(outputs)), prompt_lens_(std::move(prompt_lens)), p_(p),
-        boost_(boost) {}
-  std::string name() const override { return inner_->name(); }
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t max_context() const override { return inner_->max_context(); }
-  std::shared_ptr<const cache::StateLayout> state_layout(int64_t t) const override { return inner_->state_layout(t); }
-  Device state_device() const override { return inner_->state_device(); }
-  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
-  std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
-  void forward(const engine::StepBatch& batch, std::span<float> logits) override { inner_->forward(batch, logits); }
-  int speculative_tokens() const override { return inner_->speculative_tokens(); }
-  int speculative_sequences() const override { return inner_->speculative_sequences(); }
-  int64_t speculative_bytes_per_sequence() const override { return inner_->speculative_bytes_per_sequence(); }
-  void settle(std::span<const int32_t> kept) override { inner_->settle(kept); }
-  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
-    inner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) {
-      const auto r = static_cast<size_t>(requests[i].seq - 1);
-      if (r >= outputs_.size()) return choose(i, j, logits);
-      // d_{j+1} stands for the token at position m + 1 + j: output index m + 1 + j - prompt length.
-      const int64_t at = requests[i].state->position() + 1 + j - prompt_lens_.at(r);
-      row_.assign(logits.begin(), logits.end());
-      if (at < static_cast<int64_t>(outputs_[r].size()) && coin_(rng_) < p_)
-        row_[static_cast<size_t>(outputs_[r][static_cast<size_t>(at)])] += boost_;
-      return choose(i, j, row_);
-    });
-  }
-
- private:
-  std::shared_ptr<engine::ModelRunner> inner_;
-  std::vector<std::vector<int32_t>> outputs_;
-  std::vector<int64_t> prompt_lens_;
-  double p_;
-  float boost_;
-  std::mt19937_64 rng_{7};
-  std::uniform_real_distribution<double> coin_{0.0, 1.0};
-  std::vector<float> row_;
-};
-
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<engine::TokenLogprob>> top;
-  std::string text;
-  FinishReason finish = FinishReason::none;
-  int64_t completion_tokens = 0;
-};
-
-std::string token_text(int32_t t) { return "<" + std::to_string(t) + ">"; }
-
-EngineOptions engine_options(int max_running = 64) {
-  EngineOptions o;
-  o.state_memory_bytes = int64_t{256} << 20;
-  o.limits.max_running = max_running;
-  o.limits.token_budget = 512;
-  o.limits.max_chunk = 32;  // prompts arrive in several chunks, mixed with decode and verify steps
-  o.token_bytes = token_text;
-  return o;
-}
-
-std::shared_ptr<engine::V4Runner> make_runner(std::shared_ptr<model::Model> m, int k, int max_sequences = 64) {
-  auto r = std::make_shared<engine::V4Runner>(m, "fixture", 0, 256);
-  if (k > 0) r->enable_speculative(k, max_sequences);
-  return r;
-}
-
-std::vector<Output> run(std::shared_ptr<engine::ModelRunner> runner, const std::vector<GenerationRequest>& requests,
-                        EngineOptions o = engine_options(), engine::EngineMetrics* metrics = nullptr) {
-  Engine e(std::move(runner), std::move(o));
-  std::vector<Output> out(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i)
-    e.submit(requests[i], [&out, i](RequestUpdate&& u) {
-      for (const auto& t : u.tokens) {
-        out[i].tokens.push_back(t.token);
-        out[i].logprobs.push_back(t.logprob);
-        out[i].top.push_back(t.top);
-      }
-      out[i].text += u.text;
-      out[i].completion_tokens = u.completion_tokens;
-      if (u.finish != FinishReason::none) out[i].finish = u.finish;
-    });
-  while (!e.idle()) e.step();
-  if (metrics) *metrics = e.metrics();
-  return out;
-}
-
-// 64 greedy requests of mixed prompt lengths; every fourth with penalties, every fifth with logprobs; stop strings
-// are added by the caller from the plain output.
-std::vector<GenerationRequest> mixed_requests(int n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<GenerationRequest> out;
-  for (int i = 0; i < n; ++i) {
-    GenerationRequest r;
-    const int len = 1 + static_cast<int>(rng() % 70);
-    for (int t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
-    r.sampling.temperature = 0;
-    if (i % 4 == 1) r.sampling.repetition_penalty = 1.3f, r.sampling.presence_penalty = 0.5f;
-    if (i % 5 == 2) r.sampling.top_logprobs = 3;
-    r.stop.max_tokens = 6 + i % 9;
-    r.stop.ignore_eos = true;
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
-void expect_same(const std::vector<Output>& got, const std::vector<Output>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << ", request " << i;
-    EXPECT_EQ(got[i].text, want[i].text) << what << ", request " << i;
-    EXPECT_EQ(got[i].finish, want[i].finish) << what << ", request " << i;
-    EXPECT_EQ(got[i].completion_tokens, want[i].completion_tokens) << what << ", request " << i;
-    if (got[i].tokens != want[i].tokens) continue;
-    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
-      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << what << ", request " << i << " token " << t;
-      ASSERT_EQ(got[i].top[t].size(), want[i].top[t].size());
-      for (size_t a = 0; a < got[i].top[t].size(); ++a) EXPECT_EQ(got[i].top[t][a].token, want[i].top[t][a].token);
-    }
-  }
-}
 
 class SpeculativeEngine : public ::testing::TestWithParam<std::string> {
  protected:
@@ -168,59 +37,18 @@ class SpeculativeEngine : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(SpeculativeEngine, GreedyOutputEqualsPlainDecoding) {
-  auto m = model();
-  const int64_t vocab = m->config().vocab_size;
-  const int n = sanitized_build() ? 12 : 64;
-  std::vector<GenerationRequest> requests = mixed_requests(n, vocab, 11);
-  // Stop strings from the plain output: every third request stops at the text of its fourth token.
-  std::vector<Output> want = run(make_runner(m, 0), requests);
-  for (int i = 0; i < n; i += 3)
-    if (want[static_cast<size_t>(i)].tokens.size() > 4)
-      requests[static_cast<size_t>(i)].stop.stop = {token_text(want[static_cast<size_t>(i)].tokens[3])};
-  want = run(make_runner(m, 0), requests);
-  std::vector<std::vector<int32_t>> outputs;
-  std::vector<int64_t> lens;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    outputs.push_back(want[i].tokens);
-    lens.push_back(static_cast<int64_t>(requests[i].prompt.size()));
-  }
-  uint64_t drafts = 0, accepted = 0;
-  for (int k = 1; k <= 3; ++k)
-    for (double p : {0.0, 0.7, 1.0}) {  // the MTP layer's own drafts; pushed to the right token 70% / always
-      auto runner = make_runner(m, k);
-      std::shared_ptr<engine::ModelRunner> r = runner;
-      if (p > 0) r = std::make_shared<DraftBias>(runner, outputs, lens, p);
-      engine::EngineMetrics metrics;
-      const std::vector<Output> got = run(r, requests, engine_options(), &metrics);
-      const std::string what = "k " + std::to_string(k) + ", drafts right with p " + std::to_string(p);
-      expect_same(got, want, what);
-      EXPECT_GT(metrics.spec_drafts_total, 0u) << what;
-      EXPECT_LE(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total) << what;
-      uint64_t by_position = 0;
-      for (size_t j = 0; j < metrics.spec_accepted_per_position.size(); ++j) {
-        by_position += metrics.spec_accepted_per_position[j];
-        if (j > 0) EXPECT_LE(metrics.spec_accepted_per_position[j], metrics.spec_accepted_per_position[j - 1]);
-      }
-      EXPECT_EQ(by_position, metrics.spec_accepted_tokens_total) << what;
-      if (p == 1.0) EXPECT_GT(metrics.spec_accepted_tokens_total * 10, metrics.spec_draft_tokens_total * 8) << what;
-      if (p == 0.7) drafts += metrics.spec_draft_tokens_total, accepted += metrics.spec_accepted_tokens_total;
-    }
-  // Partial acceptance happened (so did rollback of the rest): neither none nor all kept.
-  EXPECT_GT(accepted, drafts / 5);
-  EXPECT_LT(accepted, drafts);
-  std::printf("[%s] 64 requests, drafts right 70%% of the time: %llu of %llu drafts kept over k = 1, 2, 3\n",
-              GetParam().c_str(), static_cast<unsigned long long>(accepted), static_cast<unsigned long long>(drafts));
+  check_speculative_greedy(model(), sanitized_build() ? 12 : 64, GetParam());
 }
 
 TEST_P(SpeculativeEngine, AloneEqualsPlainDecoding) {
   auto m = model();
   std::vector<GenerationRequest> requests = mixed_requests(1, m->config().vocab_size, 12);
   requests[0].stop.max_tokens = 30;
-  const std::vector<Output> want = run(make_runner(m, 0), requests);
+  const std::vector<SpecOutput> want = run_engine(spec_runner(m, 0), requests);
   for (int k = 1; k <= 3; ++k) {
-    auto runner = std::make_shared<DraftBias>(make_runner(m, k), std::vector<std::vector<int32_t>>{want[0].tokens},
+    auto runner = std::make_shared<DraftBias>(spec_runner(m, k), std::vector<std::vector<int32_t>>{want[0].tokens},
                                               std::vector<int64_t>{static_cast<int64_t>(requests[0].prompt.size())}, 0.6);
-    expect_same(run(runner, requests), want, "alone, k " + std::to_string(k));
+    expect_same(run_engine(runner, requests), want, "alone, k " + std::to_string(k));
   }
 }
 
@@ -234,8 +62,8 @@ TEST_P(SpeculativeEngine, SeededSamplingRepeats) {
     requests[i].stop.max_tokens = 12;
   }
   engine::EngineMetrics metrics;
-  const std::vector<Output> a = run(make_runner(m, 3), requests, engine_options(), &metrics);
-  const std::vector<Output> b = run(make_runner(m, 3), requests);
+  const std::vector<SpecOutput> a = run_engine(spec_runner(m, 3), requests, spec_engine_options(), &metrics);
+  const std::vector<SpecOutput> b = run_engine(spec_runner(m, 3), requests);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
     EXPECT_EQ(static_cast<int64_t>(a[i].tokens.size()), requests[i].stop.max_tokens);
@@ -248,8 +76,8 @@ TEST_P(SpeculativeEngine, SeededSamplingRepeats) {
 TEST_P(SpeculativeEngine, FullBatchKeepsRunning) {
   auto m = model();
   std::vector<GenerationRequest> requests = mixed_requests(16, m->config().vocab_size, 14);
-  EngineOptions o = engine_options(16);
-  auto runner = make_runner(m, 3, 16);
+  EngineOptions o = spec_engine_options(16);
+  auto runner = spec_runner(m, 3, 16);
   const auto layout = runner->state_layout(0);
   int64_t pages = 0;
   for (const auto& r : requests) pages += layout->pages_for(static_cast<int64_t>(r.prompt.size()) + r.stop.max_tokens);
@@ -273,15 +101,15 @@ TEST_P(SpeculativeEngine, FullBatchKeepsRunning) {
 TEST_P(SpeculativeEngine, OracleAcceptanceKeepsEveryDraft) {
   auto m = model();
   std::vector<GenerationRequest> requests = mixed_requests(4, m->config().vocab_size, 15);
-  EngineOptions o = engine_options();
+  EngineOptions o = spec_engine_options();
   o.oracle_accept = 1.0;
   engine::EngineMetrics metrics;
-  const std::vector<Output> got = run(make_runner(m, 3), requests, o, &metrics);
+  const std::vector<SpecOutput> got = run_engine(spec_runner(m, 3), requests, o, &metrics);
   EXPECT_EQ(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), requests[i].stop.max_tokens);
-  EngineOptions bad = engine_options();
+  EngineOptions bad = spec_engine_options();
   bad.oracle_accept = 0.5;
-  EXPECT_THROW(Engine(make_runner(m, 0), bad), Error);  // an oracle without speculation is refused
+  EXPECT_THROW(Engine(spec_runner(m, 0), bad), Error);  // an oracle without speculation is refused
 }
 
 // Draft rows that resemble the target's but differ from it: for the draft after the first output token a, the target's
@@ -364,13 +192,13 @@ TEST_P(SpeculativeEngine, SampledOutputKeepsTheTargetDistribution) {
   const int n = 2000;
   std::vector<GenerationRequest> requests(n, base);
   for (int i = 0; i < n; ++i) requests[static_cast<size_t>(i)].sampling.seed = 1000 + static_cast<uint64_t>(i);
-  auto runner = std::make_shared<TiltedDrafts>(make_runner(m, 1, 256), rows, tilt);
-  EngineOptions o = engine_options(256);
+  auto runner = std::make_shared<TiltedDrafts>(spec_runner(m, 1, 256), rows, tilt);
+  EngineOptions o = spec_engine_options(256);
   o.limits.token_budget = 2048;
   engine::EngineMetrics metrics;
-  const std::vector<Output> got = run(runner, requests, o, &metrics);
+  const std::vector<SpecOutput> got = run_engine(runner, requests, o, &metrics);
   std::map<std::pair<int32_t, int32_t>, int64_t> counts;
-  for (const Output& g : got) {
+  for (const SpecOutput& g : got) {
     ASSERT_GE(g.tokens.size(), 2u);
     ++counts[{g.tokens[0], g.tokens[1]}];
   }
