@@ -97,6 +97,29 @@ TEST_P(SpeculativeEngine, FullBatchKeepsRunning) {
   EXPECT_GT(e.metrics().spec_drafts_total, 0u);
 }
 
+// Preemption under speculation: a state memory for a few sequences preempts the youngest and recomputes them from
+// their tokens (the MTP window and the carry rebuilt by the recompute's catch-up); the output stays plain decoding's.
+TEST_P(SpeculativeEngine, PreemptedSequencesRecomputeExactly) {
+  auto m = model();
+  std::vector<GenerationRequest> requests = mixed_requests(12, m->config().vocab_size, 17);
+  for (auto& r : requests) r.stop.max_tokens = 40;
+  EngineOptions o = spec_engine_options(12);
+  const auto layout = spec_runner(m, 0)->state_layout(0);
+  o.state_memory_bytes = 3 * layout->pages_for(100) * layout->page_bytes();
+  const std::vector<SpecOutput> want = run_engine(spec_runner(m, 0), requests, o);
+  std::vector<std::vector<int32_t>> outputs;
+  std::vector<int64_t> lens;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    outputs.push_back(want[i].tokens);
+    lens.push_back(static_cast<int64_t>(requests[i].prompt.size()));
+  }
+  engine::EngineMetrics metrics;
+  auto runner = std::make_shared<DraftBias>(spec_runner(m, 3, 12), outputs, lens, 0.7);
+  expect_same(run_engine(runner, requests, o, &metrics), want, "preempted");
+  EXPECT_GT(metrics.preemptions_total, 0u);
+  EXPECT_GT(metrics.spec_accepted_tokens_total, 0u);
+}
+
 // The oracle (benchmarks only) keeps every draft at acceptance 1: k + 1 tokens a round.
 TEST_P(SpeculativeEngine, OracleAcceptanceKeepsEveryDraft) {
   auto m = model();
