@@ -260,6 +260,22 @@ TEST_P(SpeculativeEngine, SampledOutputKeepsTheTargetDistribution) {
               static_cast<unsigned long long>(metrics.spec_draft_tokens_total));
 }
 
+// A checkpoint without the MTP layer (the odd-shape fixture has none) cannot speculate: refused naming why; k out of
+// range too.
+TEST(SpeculativeRunner, RefusesWithoutTheMtpLayerOrBeyondThreeDrafts) {
+  auto odd = std::make_shared<model::Model>(Fixture::get("odd-mxfp4").weights(), model::KvMode::exact);
+  ASSERT_FALSE(odd->has_mtp());
+  try {
+    spec_runner(odd, 2);
+    FAIL() << "speculation without an MTP layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no MTP layer"), std::string::npos) << e.what();
+  }
+  auto tiny = std::make_shared<model::Model>(Fixture::get("tiny-mxfp4").weights(), model::KvMode::exact);
+  EXPECT_THROW(spec_runner(tiny, 4), Error);
+  EXPECT_THROW(spec_runner(tiny, 0)->draft({}, {}), Error);  // a runner that does not speculate says so
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeEngine, ::testing::Values("tiny-mxfp4", "tiny-nvfp4"),
                          [](const auto& info) { return info.param.substr(5); });
 
