@@ -535,8 +535,7 @@ ModelConfig ModelConfig::tiny() {
   c.compress_ratios = {0, 4, 8, 4};
   c.csa_ratio = 4;
   c.hca_ratio = 8;
-  c.mtp_compress_ratios.clear();
-  c.num_mtp_layers = 0;
+  // V4-Flash's MTP layer (mtp_compress_ratios {0}, num_mtp_layers 1), as the fixtures have it.
   c.index_n_heads = 4;
   c.index_head_dim = 128;
   c.index_topk = 4;

@@ -19,6 +19,12 @@ double decode_step_bytes(const SyntheticSizes& s, const ModelConfig& c, int64_t 
   return bytes + static_cast<double>(s.layer_dense_bytes.size()) * distinct * static_cast<double>(s.expert_bytes);
 }
 
+double mtp_draft_step_bytes(const SyntheticSizes& s, const ModelConfig& c, int64_t batch) {
+  if (s.mtp_layers == 0) return 0;
+  const double distinct = expected_distinct_experts(c.n_routed_experts, c.experts_per_token, batch);
+  return static_cast<double>(s.mtp_dense_bytes + s.head_bytes) + distinct * static_cast<double>(s.expert_bytes);
+}
+
 double active_params_per_token(const ModelConfig& c, bool head) {
   const double D = static_cast<double>(c.hidden_size), H = c.num_heads, hd = static_cast<double>(c.head_dim);
   const double ql = static_cast<double>(c.q_lora_rank), ol = static_cast<double>(c.o_lora_rank), g = c.o_groups;

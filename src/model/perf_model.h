@@ -19,8 +19,14 @@ double expected_distinct_experts(int64_t experts, int64_t per_token, int64_t bat
 double decode_step_bytes(const SyntheticSizes& sizes, const ModelConfig& c, int64_t batch,
                          double distinct_per_layer = -1);
 
+// A decode step does not run the MTP layer (decode_step_bytes leaves out its SyntheticSizes::mtp_dense_bytes and
+// experts); one MTP draft step of `batch` sequences reads its dense part, the head and its distinct experts. 0
+// without an MTP layer.
+double mtp_draft_step_bytes(const SyntheticSizes& sizes, const ModelConfig& c, int64_t batch);
+
 // Parameters one token multiplies (per layer: attention, compressor, indexer, router gate, shared expert,
-// the k routed experts and mHC's mixes; not the embedding; the head only when `head`).
+// the k routed experts and mHC's mixes; not the embedding; the head only when `head`). The trunk only: a
+// forward does not run the MTP layer (drafting and its prompt catch-up do).
 double active_params_per_token(const ModelConfig& c, bool head);
 
 // FLOPs of prefilling `tokens` tokens from position 0 (logits for the last token only): 2 x the active

@@ -168,7 +168,9 @@ class Planner {
     linear("head", c_.vocab_size, D, WeightFormat::bf16);
     norm("norm.weight", D);
     hyper("hc_head_fn", "hc_head_base", "hc_head_scale", hc, hc * D, 1);
-    for (int l = 0; l < c_.num_layers; ++l) layer(l);
+    for (int l = 0; l < c_.num_layers; ++l)
+      block(cat("layers.", l, "."), c_.attn_kind(l), c_.compress_ratio(l), c_.hash_routed(l));
+    if (synthesizes_mtp(c_)) mtp();
     return std::move(items_);
   }
 
@@ -288,10 +290,24 @@ class Planner {
     });
   }
 
-  void layer(int l) {
+  // mtp.0 as model/weights.cpp binds it: e_proj / h_proj (FP8 in the official checkpoint, as the trunk's dense
+  // linears), enorm / hnorm, one SWA-only (ratio 0) score-routed block, its own hc_head and norm.
+  void mtp() {
+    const int64_t D = c_.hidden_size, hc = c_.hc_mult;
+    const std::string p = "mtp.0.";
+    norm(p + "enorm.weight", D);
+    norm(p + "hnorm.weight", D);
+    linear(p + "e_proj", D, D, dense_format());
+    linear(p + "h_proj", D, D, dense_format());
+    block(p, AttnKind::sliding, 0, false);
+    hyper(p + "hc_head_fn", p + "hc_head_base", p + "hc_head_scale", hc, hc * D, 1);
+    norm(p + "norm.weight", D);
+  }
+
+  // One V4 block under prefix p ("layers.N." or "mtp.0.").
+  void block(const std::string& p, AttnKind kind, int ratio, bool hash_routed) {
     const int64_t D = c_.hidden_size, H = c_.num_heads, hd = c_.head_dim, hc = c_.hc_mult;
     const int64_t I = c_.moe_intermediate_size, E = c_.n_routed_experts;
-    const std::string p = cat("layers.", l, ".");
     norm(p + "attn_norm.weight", D);
     norm(p + "ffn_norm.weight", D);
     hyper(p + "hc_attn_fn", p + "hc_attn_base", p + "hc_attn_scale", (2 + hc) * hc, hc * D, 3);
@@ -305,16 +321,15 @@ class Planner {
     norm(a + "q_norm.weight", c_.q_lora_rank);
     norm(a + "kv_norm.weight", hd);
     f32(a + "attn_sink", {H}, 0.0, 1.0);
-    const AttnKind kind = c_.attn_kind(l);
-    if (kind != AttnKind::sliding) compressor(a + "compressor.", c_.compress_ratio(l), hd, kind == AttnKind::csa);
+    if (kind != AttnKind::sliding) compressor(a + "compressor.", ratio, hd, kind == AttnKind::csa);
     if (kind == AttnKind::csa) {
       linear(a + "indexer.wq_b", c_.index_n_heads * c_.index_head_dim, c_.q_lora_rank, dense_format());
       linear(a + "indexer.weights_proj", c_.index_n_heads, D, WeightFormat::bf16);
-      compressor(a + "indexer.compressor.", c_.compress_ratio(l), c_.index_head_dim, true);
+      compressor(a + "indexer.compressor.", ratio, c_.index_head_dim, true);
     }
     const std::string f = p + "ffn.";
     linear(f + "gate", E, D, WeightFormat::bf16);
-    if (c_.hash_routed(l)) {
+    if (hash_routed) {
       tid2eid(f + "gate.tid2eid");
     } else {
       f32(f + "gate.bias", {E}, 0.0, 0.1);
@@ -442,6 +457,14 @@ void write_synthetic_checkpoint(const ModelConfig& config, const std::string& di
     const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_text((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
+}
+
+bool synthesizes_mtp(const ModelConfig& config) {
+  if (config.num_mtp_layers < 1) return false;
+  const int ratio = config.mtp_compress_ratios.empty() ? 0 : config.mtp_compress_ratios[0];
+  TERN_CHECK(ratio == 0, "synthetic MTP layer: its compress ratio is ", ratio,
+             "; tern implements the sliding-window-only MTP layer (ratio 0) of DeepSeek-V4");
+  return true;
 }
 
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,

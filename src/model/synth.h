@@ -1,6 +1,7 @@
 // Synthetic checkpoints: random weights of any ModelConfig shape in the official names and formats
 // (FP8 block-scaled dense linears, MXFP4 / NVFP4 / bf16 routed experts), or in transformers' names
 // (everything bf16, experts stacked). Deterministic: the same options give byte-identical files.
+// With the MTP layer when the config has one (synthesizes_mtp), so that speculative decoding runs on them.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,11 @@ struct SynthOptions {
 // quantized with power-of-two e8m0 scales (FP8: amax/scale <= 448 per 128x128 block; MXFP4: <= 6 per
 // 32), NVFP4 with ue4m3 per-16 scales and an fp32 global scale; tid2eid rows are distinct experts.
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, const SynthOptions& options);
+
+// Whether the synthetic checkpoint and the synthetic model (model/synthetic_model.h) of `config` have the MTP layer
+// mtp.0 (config.num_mtp_layers >= 1; mtp.1 and later are never made: tern uses mtp.0 only). Throws when its
+// compress ratio is not 0: tern implements DeepSeek-V4's sliding-window-only MTP layer.
+bool synthesizes_mtp(const ModelConfig& config);
 void write_synthetic_checkpoint(const ModelConfig& config, const std::string& dir, uint64_t seed,
                                 WeightFormat experts, int num_shards);
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/stacked.h"
+#include "model/synth.h"
 #include "ops/synth.h"
 #include "ops/synth_values.h"
 
@@ -45,20 +46,57 @@ class Walker {
 
   // The layer's dense part from `dense`, its routed experts from `experts` (or, with none, `shared_from`'s).
   LayerWeights layer(int l, Region& dense, Region* experts, const LayerWeights* shared_from, uint64_t* table_bytes) {
+    return block(cat("layers.", l, "."), l, c_.attn_kind(l), c_.compress_ratio(l), c_.hash_routed(l), dense, experts,
+                 shared_from, table_bytes);
+  }
+
+  // mtp.0 as model/weights.cpp binds it: the projections and norms around one SWA-only (ratio 0), score-routed
+  // block whose index is its layer in the state layout (config.num_layers); the dense part from `dense`, the
+  // routed experts as for a layer.
+  MtpWeights mtp(Region& dense, Region* experts, const LayerWeights* shared_from) {
+    const int64_t D = c_.hidden_size, hc = c_.hc_mult;
+    const std::string p = "mtp.0.";
+    MtpWeights m;
+    m.enorm = norm(dense, p + "enorm.weight", D);
+    m.hnorm = norm(dense, p + "hnorm.weight", D);
+    m.e_proj = linear(dense, p + "e_proj", D, D, dense_format());  // FP8 in the official checkpoint
+    m.h_proj = linear(dense, p + "h_proj", D, D, dense_format());
+    uint64_t no_table = 0;
+    m.block = block(p, c_.num_layers, AttnKind::sliding, 0, false, dense, experts, shared_from, &no_table);
+    m.hc_head = hyper(dense, p + "hc_head_fn", p + "hc_head_base", p + "hc_head_scale", hc, hc * D, 1);
+    m.norm = norm(dense, p + "norm.weight", D);
+    return m;
+  }
+
+  ExpertWeights expert(Region& r, const std::string& x) {
+    const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
+    const WeightFormat ef = o_.experts;
+    ExpertWeights e;
+    e.w1 = linear(r, x + "w1", I, D, ef);
+    e.w2 = linear(r, x + "w2", D, I, ef);
+    e.w3 = linear(r, x + "w3", I, D, ef);
+    return e;
+  }
+
+ private:
+  WeightFormat dense_format() const { return c_.fp8_dense ? WeightFormat::fp8_block : WeightFormat::bf16; }
+
+  // One V4 block under prefix p ("layers.N." or "mtp.0."), as model/weights.cpp's bind_block binds it.
+  LayerWeights block(const std::string& p, int index, AttnKind kind, int ratio, bool hash_routed, Region& dense,
+                     Region* experts, const LayerWeights* shared_from, uint64_t* table_bytes) {
     const int64_t D = c_.hidden_size, H = c_.num_heads, hd = c_.head_dim, hc = c_.hc_mult;
     const int64_t I = c_.moe_intermediate_size, E = c_.n_routed_experts;
     LayerWeights L;
-    L.index = l;
-    L.attn_kind = c_.attn_kind(l);
-    L.hash_routed = c_.hash_routed(l);
-    const std::string p = cat("layers.", l, ".");
+    L.index = index;
+    L.attn_kind = kind;
+    L.hash_routed = hash_routed;
     L.attn_norm = norm(dense, p + "attn_norm.weight", D);
     L.ffn_norm = norm(dense, p + "ffn_norm.weight", D);
     L.hc_attn = hyper(dense, p + "hc_attn_fn", p + "hc_attn_base", p + "hc_attn_scale", (2 + hc) * hc, hc * D, 3);
     L.hc_ffn = hyper(dense, p + "hc_ffn_fn", p + "hc_ffn_base", p + "hc_ffn_scale", (2 + hc) * hc, hc * D, 3);
     const std::string a = p + "attn.";
     AttentionWeights& at = L.attn;
-    const WeightFormat df = c_.fp8_dense ? WeightFormat::fp8_block : WeightFormat::bf16;
+    const WeightFormat df = dense_format();
     at.wq_a = describe(a + "wq_a", c_.q_lora_rank, D, df);
     at.wkv = describe(a + "wkv", hd, D, df);
     at.wq_a_wkv = stacked(dense, at.wq_a, at.wkv);
@@ -68,7 +106,6 @@ class Walker {
     at.q_norm = norm(dense, a + "q_norm.weight", c_.q_lora_rank);
     at.kv_norm = norm(dense, a + "kv_norm.weight", hd);
     at.attn_sink = values(dense, a + "attn_sink", DType::f32, {H}, ops::SynthKind::normal, 0.0f, 1.0f);
-    const int ratio = c_.compress_ratio(l);
     if (ratio > 0) at.compressor = compressor(dense, a + "compressor.", ratio, hd, L.attn_kind == AttnKind::csa);
     if (L.attn_kind == AttnKind::csa) {
       IndexerWeights ix;
@@ -95,7 +132,7 @@ class Walker {
       m.experts.resize(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) m.experts[static_cast<size_t>(e)] = expert(*experts, cat(f, "experts.", e, "."));
     } else {
-      TERN_CHECK(shared_from != nullptr, "synthetic model: layer ", l, " has neither experts nor a layer to share");
+      TERN_CHECK(shared_from != nullptr, "synthetic model: ", p, " has neither experts nor a layer to share");
       m.experts = shared_from->ffn.experts;
     }
     m.shared.w1 = describe(f + "shared_experts.w1", I, D, df);
@@ -105,17 +142,6 @@ class Walker {
     return L;
   }
 
-  ExpertWeights expert(Region& r, const std::string& x) {
-    const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
-    const WeightFormat ef = o_.experts;
-    ExpertWeights e;
-    e.w1 = linear(r, x + "w1", I, D, ef);
-    e.w2 = linear(r, x + "w2", D, I, ef);
-    e.w3 = linear(r, x + "w3", I, D, ef);
-    return e;
-  }
-
- private:
   void fill(Region& r, const std::string& name, const TensorView& out, ops::SynthFillArgs a) {
     ++tensors_;
     if (r.measuring()) return;
@@ -253,18 +279,29 @@ class Walker {
 
 std::string gb(uint64_t bytes) { return cat(std::round(static_cast<double>(bytes) / 1e8) / 10, " GB"); }
 
-std::string layer_range(int first, int last) { return first == last ? cat(first) : cat(first, "-", last); }
+// "layer 3", "layers 2-5".
+std::string layers_named(int first, int last) {
+  return first == last ? cat("layer ", first) : cat("layers ", first, "-", last);
+}
+
+// Who reads another layer's experts: "layers 40-42 and the MTP layer (as layer 43)", "the MTP layer (as layer 43)".
+std::string readers_named(const ExpertSharing& p) {
+  const int mtp = p.mtp ? p.num_layers - 1 : -1, trunk_last = p.num_layers - 1 - (p.mtp ? 1 : 0);
+  std::string s = p.own_layers <= trunk_last ? layers_named(p.own_layers, trunk_last) : "";
+  if (mtp >= 0) s += cat(s.empty() ? "" : " and ", "the MTP layer (as layer ", mtp, ")");
+  return s;
+}
 
 }  // namespace
 
 uint64_t SyntheticSizes::dense_bytes() const {
-  uint64_t n = global_bytes;
+  uint64_t n = global_bytes + mtp_dense_bytes;
   for (uint64_t b : layer_dense_bytes) n += b;
   return n;
 }
 
 uint64_t SyntheticSizes::total_bytes() const {
-  return dense_bytes() + layer_expert_bytes() * layer_dense_bytes.size();
+  return dense_bytes() + layer_expert_bytes() * static_cast<uint64_t>(expert_layers());
 }
 
 SyntheticSizes synthetic_sizes(const ModelConfig& config, WeightFormat experts) {
@@ -278,13 +315,19 @@ SyntheticSizes synthetic_sizes(const ModelConfig& config, WeightFormat experts) 
   s.global_bytes = g.used;
   s.embed_bytes = aligned(dtype_bytes(DType::bf16, config.vocab_size * config.hidden_size));
   s.head_bytes = s.embed_bytes;  // both bf16 [vocab, hidden]
+  const LayerWeights empty;
   for (int l = 0; l < config.num_layers; ++l) {
     Region d;
     uint64_t table = 0;
-    LayerWeights empty;
     (void)w.layer(l, d, nullptr, &empty, &table);
     s.layer_dense_bytes.push_back(d.used);
     s.layer_table_bytes.push_back(table);
+  }
+  if (synthesizes_mtp(config)) {
+    Region d;
+    (void)w.mtp(d, nullptr, &empty);
+    s.mtp_layers = 1;
+    s.mtp_dense_bytes = d.used;
   }
   Region one;
   (void)w.expert(one, "layers.0.ffn.experts.0.");
@@ -295,7 +338,8 @@ SyntheticSizes synthetic_sizes(const ModelConfig& config, WeightFormat experts) 
 
 ExpertSharing plan_expert_sharing(const SyntheticSizes& s, int64_t budget_bytes) {
   ExpertSharing p;
-  p.num_layers = static_cast<int>(s.layer_dense_bytes.size());
+  p.num_layers = s.expert_layers();
+  p.mtp = s.mtp_layers > 0;
   p.model_bytes = s.total_bytes();
   const uint64_t per_layer = s.layer_expert_bytes();
   if (budget_bytes < 0 || p.model_bytes <= static_cast<uint64_t>(budget_bytes) || per_layer == 0) {
@@ -309,12 +353,13 @@ ExpertSharing plan_expert_sharing(const SyntheticSizes& s, int64_t budget_bytes)
   }
   p.stored_bytes = s.dense_bytes() + per_layer * static_cast<uint64_t>(p.own_layers);
   if (!p.shared()) {
-    p.description = cat("every layer has its own routed experts: ", gb(p.model_bytes), " model");
+    p.description = cat("every layer has its own routed experts", p.mtp ? " (the MTP layer's too)" : "", ": ",
+                        gb(p.model_bytes), " model");
   } else {
-    const int reused = std::min(p.own_layers, p.num_layers - p.own_layers);
-    p.description = cat("layers ", layer_range(p.own_layers, p.num_layers - 1), " reuse the routed experts of layers ",
-                        layer_range(0, reused - 1),
-                        p.num_layers - p.own_layers > p.own_layers ? cat(" (layer l reads layer l mod ", p.own_layers, "'s)") : "",
+    const int readers = p.num_layers - p.own_layers, reused = std::min(p.own_layers, readers);
+    p.description = cat(readers_named(p), readers == 1 ? " reuses" : " reuse", " the routed experts of ",
+                        layers_named(0, reused - 1),
+                        readers > p.own_layers ? cat(" (layer l reads layer l mod ", p.own_layers, "'s)") : "",
                         ": ", gb(p.model_bytes), " model, ", gb(p.stored_bytes), " stored");
   }
   return p;
@@ -352,6 +397,15 @@ SyntheticModel build_synthetic_model(const ModelConfig& config, Device device, c
     } else {
       const LayerWeights& src = mw.layers[static_cast<size_t>(out.sharing.source_layer(l))];
       mw.layers.push_back(w.layer(l, d, nullptr, &src, &table));
+    }
+  }
+  if (out.sizes.mtp_layers > 0) {  // last in the sharing order: its experts are layer num_layers's
+    Region d = region(out.sizes.mtp_dense_bytes);
+    if (c.num_layers < out.sharing.own_layers) {
+      Region e = region(out.sizes.layer_expert_bytes());
+      mw.mtp = w.mtp(d, &e, nullptr);
+    } else {
+      mw.mtp = w.mtp(d, nullptr, &mw.layers[static_cast<size_t>(out.sharing.source_layer(c.num_layers))]);
     }
   }
   // The fills run on the device's stream: a copy back waits for them.

@@ -1,5 +1,5 @@
 // The synthetic model built in place (model/synthetic_model.h) on the CPU backend, its expert-sharing planner,
-// and the performance model of `tern bench-step` (model/perf_model.h).
+// and the performance model of `tern bench-step` (model/perf_model.h). Its MTP layer: test_synthetic_mtp.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,9 +81,20 @@ TEST_F(SyntheticModelTest, DeterministicPerSeedAndNeverAllZero) {
   EXPECT_FALSE(a.sharing.shared());
   EXPECT_TRUE(same_bytes(a.weights.embed, b.weights.embed));
   EXPECT_FALSE(same_bytes(a.weights.embed, c.weights.embed));
-  for (size_t l = 0; l < a.weights.layers.size(); ++l) {
-    const auto ta = layer_tensors(a.weights.layers[l]), tb = layer_tensors(b.weights.layers[l]),
-               tc = layer_tensors(c.weights.layers[l]);
+  ASSERT_TRUE(a.weights.mtp.has_value());
+  // Block l: a trunk layer, or (l == layers) the MTP layer with its own tensors.
+  const auto block_tensors = [](const ModelWeights& w, size_t l) {
+    if (l < w.layers.size()) return layer_tensors(w.layers[l]);
+    const MtpWeights& m = *w.mtp;
+    auto v = layer_tensors(m.block);
+    for (const Linear* p : {&m.e_proj, &m.h_proj})
+      v.emplace_back(p->name, p->weight), v.emplace_back(p->name + " scale", p->scale);
+    v.emplace_back("mtp enorm", m.enorm), v.emplace_back("mtp hnorm", m.hnorm), v.emplace_back("mtp norm", m.norm);
+    v.emplace_back("mtp hc_head fn", m.hc_head.fn), v.emplace_back("mtp hc_head base", m.hc_head.base);
+    return v;
+  };
+  for (size_t l = 0; l <= a.weights.layers.size(); ++l) {
+    const auto ta = block_tensors(a.weights, l), tb = block_tensors(b.weights, l), tc = block_tensors(c.weights, l);
     ASSERT_EQ(ta.size(), tb.size());
     for (size_t i = 0; i < ta.size(); ++i) {
       SCOPED_TRACE(ta[i].first);
@@ -101,7 +112,8 @@ TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     const SyntheticModel m = build(3, f);
     const LayerWeights& L = m.weights.layers[0];
-    for (const Linear* l : {&L.attn.wq_a, &L.ffn.shared.w2, &L.ffn.experts[0].w1, &L.ffn.experts[1].w2}) {
+    for (const Linear* l : {&L.attn.wq_a, &L.ffn.shared.w2, &L.ffn.experts[0].w1, &L.ffn.experts[1].w2,
+                            &m.weights.mtp->e_proj, &m.weights.mtp->block.ffn.experts[2].w3}) {
       SCOPED_TRACE(l->name + " " + std::string(weight_format_name(l->format)));
       bool finite = false;
       const double sd = dequantized_std(*l, &finite);
@@ -135,8 +147,12 @@ TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
   const auto budget = static_cast<int64_t>(s.dense_bytes() + 2 * s.layer_expert_bytes() + s.layer_expert_bytes() / 2);
   SyntheticModel m = build(5, WeightFormat::mxfp4, budget);
   ASSERT_EQ(m.sharing.own_layers, 2);
-  EXPECT_EQ(m.sharing.description.rfind("layers 2-3 reuse the routed experts of layers 0-1: ", 0), 0u)
+  // The MTP layer counts as layer 4 (its index in the state layout): 4 mod 2 = 0.
+  EXPECT_EQ(m.sharing.description.rfind("layers 2-3 and the MTP layer (as layer 4) reuse the routed experts of layers "
+                                        "0-1 (layer l reads layer l mod 2's): ", 0), 0u)
       << m.sharing.description;
+  EXPECT_EQ(m.weights.mtp->block.ffn.experts[5].w1.weight.data(),
+            m.weights.layers[0].ffn.experts[5].w1.weight.data());
   EXPECT_EQ(m.weights.layers[2].ffn.experts[0].w1.weight.data(), m.weights.layers[0].ffn.experts[0].w1.weight.data());
   EXPECT_EQ(m.weights.layers[3].ffn.experts[7].w2.scale.data(), m.weights.layers[1].ffn.experts[7].w2.scale.data());
   EXPECT_NE(m.weights.layers[1].ffn.experts[0].w1.weight.data(), m.weights.layers[0].ffn.experts[0].w1.weight.data());
@@ -153,20 +169,26 @@ TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
 TEST(ExpertSharingPlan, FullModelOnOneCard) {
   const SyntheticSizes s = synthetic_sizes(ModelConfig::v4_flash(), WeightFormat::mxfp4);
   // One expert: three [2048, 4096] MXFP4 matrices, 4.25 bits per weight (13.37 MB; performance.md's 12.98 MB
-  // undercounts it by 3%); about 155 GB in all.
+  // undercounts it by 3%); about 160 GB in all.
   const ModelConfig c = ModelConfig::v4_flash();
   EXPECT_EQ(s.expert_bytes, 3u * static_cast<uint64_t>(c.moe_intermediate_size * c.hidden_size / 2 +
                                                        c.moe_intermediate_size * c.hidden_size / 32));
-  EXPECT_NEAR(static_cast<double>(s.total_bytes()) / 1e9, 153.0, 4.0);
+  EXPECT_NEAR(static_cast<double>(s.total_bytes()) / 1e9, 160.0, 4.0);  // the MTP layer's 3.6 GB included
   EXPECT_FALSE(plan_expert_sharing(s, -1).shared());
   EXPECT_FALSE(plan_expert_sharing(s, static_cast<int64_t>(s.total_bytes())).shared());
-  // Room for 40 layers' experts and a half: layers 40-42 reuse 0-2.
+  // Room for 40 layers' experts and a half: layers 40-42 and the MTP layer (layer 43 here) reuse 0-3.
   const auto budget40 = static_cast<int64_t>(s.dense_bytes() + 40 * s.layer_expert_bytes() + s.layer_expert_bytes() / 2);
   const ExpertSharing p = plan_expert_sharing(s, budget40);
+  EXPECT_EQ(p.num_layers, 44);
+  EXPECT_TRUE(p.mtp);
   EXPECT_EQ(p.own_layers, 40);
   EXPECT_EQ(p.source_layer(39), 39);
   EXPECT_EQ(p.source_layer(42), 2);
-  EXPECT_EQ(p.description.rfind("layers 40-42 reuse the routed experts of layers 0-2: ", 0), 0u) << p.description;
+  EXPECT_EQ(p.source_layer(43), 3);
+  EXPECT_EQ(p.description.rfind(
+                "layers 40-42 and the MTP layer (as layer 43) reuse the routed experts of layers 0-3: ", 0),
+            0u)
+      << p.description;
   // Fewer own layers than shared ones: layer l reads l mod own.
   const ExpertSharing q =
       plan_expert_sharing(s, static_cast<int64_t>(s.dense_bytes() + 20 * s.layer_expert_bytes()));

@@ -1,5 +1,6 @@
 // The synthesizer: byte-identical output for a seed, and values that follow the documented formats
-// (power-of-two scales within range, std ~ 1/sqrt(fan_in) after dequantization, distinct tid2eid).
+// (power-of-two scales within range, std ~ 1/sqrt(fan_in) after dequantization, distinct tid2eid), the MTP layer
+// included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -140,6 +141,58 @@ TEST(Synth, Nvfp4ScalesCoverTheBlocks) {
       s.add(fp4_value(e, r, k) * ue4m3_to_f32(sc) * e.global_scale);
     }
   EXPECT_NEAR(s.std() * std::sqrt(static_cast<double>(e.in)), 1.0, 0.08);
+}
+
+// The MTP layer mtp.0 as the official checkpoint has it (small_config mirrors V4-Flash: num_nextn_predict_layers 1,
+// its compress ratio 0), so that loading the written checkpoint gives a model with MTP; none without it in the config.
+TEST(Synth, WritesTheMtpLayer) {
+  ScratchDir dir("syn");
+  const ModelConfig c = small_config();
+  ASSERT_EQ(c.num_mtp_layers, 1);
+  write_synthetic_checkpoint(c, dir.str(), 6, WeightFormat::nvfp4, 2);
+  const ModelWeights w = load_model(dir.str());
+  ASSERT_TRUE(w.mtp.has_value());
+  const MtpWeights& m = *w.mtp;
+  EXPECT_EQ(w.config.num_mtp_layers, 1);
+  EXPECT_EQ(m.block.index, c.num_layers);
+  EXPECT_EQ(m.block.attn_kind, AttnKind::sliding);
+  EXPECT_FALSE(m.block.attn.compressor.has_value());
+  EXPECT_FALSE(m.block.hash_routed);
+  EXPECT_EQ(m.block.ffn.experts[0].w2.format, WeightFormat::nvfp4);
+  for (const Linear* l : {&m.e_proj, &m.h_proj, &m.block.attn.wq_b}) {
+    EXPECT_EQ(l->format, WeightFormat::fp8_block) << l->name;
+  }
+  Stats st;
+  for (int64_t r = 0; r < m.e_proj.out; ++r)
+    for (int64_t k = 0; k < m.e_proj.in; ++k) st.add(fp8_dequant(m.e_proj, r, k));
+  EXPECT_NEAR(st.std() * std::sqrt(static_cast<double>(m.e_proj.in)), 1.0, 0.05);
+  EXPECT_EQ(m.hc_head.scale.shape(), (Shape{1}));
+
+  // transformers' names: the block's tensors renamed as the trunk's ("model.mtp.0.*"), bound as such.
+  ScratchDir hf("syn-hf");
+  SynthOptions o;
+  o.transformers_names = true;
+  o.experts = WeightFormat::bf16;
+  write_synthetic_checkpoint(c, hf.str(), o);
+  const ModelWeights h = load_model(hf.str());
+  ASSERT_TRUE(h.mtp.has_value());
+  EXPECT_EQ(h.mtp->e_proj.format, WeightFormat::bf16);
+  EXPECT_TRUE(Checkpoint::open(hf.str()).has("model.mtp.0.self_attn.q_a_proj.weight"));
+
+  // Without num_nextn_predict_layers: no mtp.* tensors.
+  ScratchDir none("syn-none");
+  ModelConfig n = c;
+  n.num_mtp_layers = 0;
+  n.mtp_compress_ratios.clear();
+  write_synthetic_checkpoint(n, none.str(), 6, WeightFormat::nvfp4, 1);
+  EXPECT_FALSE(load_model(none.str()).mtp.has_value());
+  for (const std::string& name : Checkpoint::open(none.str()).names()) EXPECT_NE(name.rfind("mtp.", 0), 0u) << name;
+
+  // Only the sliding-window MTP layer (ratio 0) exists in tern.
+  ModelConfig csa = c;
+  csa.mtp_compress_ratios = {4};
+  testing::expect_error([&] { write_synthetic_checkpoint(csa, none.str(), 6, WeightFormat::nvfp4, 1); },
+                        {"synthetic MTP layer: its compress ratio is 4"});
 }
 
 TEST(Synth, RejectsBadOptions) {

@@ -109,7 +109,7 @@ std::string verify_line(const VerifyRow& r) {
 }
 const char* kVerifyHeader =
     "verify steps (MTP: k + 1 tokens a sequence; tokens/s = batch x acceptance length / verify step, before the "
-    "drafts' own cost: the synthetic model has no MTP layer; each draft adds about one layer and the head):\n"
+    "drafts' own cost: the MTP rounds rows time the whole round):\n"
     "| batch | context | tokens a sequence | verify ms | decode ms | ratio | tokens/s at 1.8 | at 2.5 | at 3.0 |\n"
     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 

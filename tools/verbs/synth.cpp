@@ -1,5 +1,5 @@
 // `tern synth`: writes a random-weight checkpoint of the tiny or the full V4-Flash shape (official
-// names and formats), for tests and load-time benchmarks.
+// names and formats; both shapes have V4-Flash's MTP layer mtp.0), for tests and load-time benchmarks.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -56,8 +56,9 @@ int run_synth(const SynthArgs& a) {
   uint64_t bytes = 0;
   for (const auto& de : std::filesystem::directory_iterator(a.out))
     if (de.is_regular_file()) bytes += de.file_size();
-  std::printf("wrote %s: %s shape, %d layers, %d routed experts (%s), %.3f GB in %.1f s\n", a.out.c_str(),
-              a.shape.c_str(), c.num_layers, c.n_routed_experts, a.experts.c_str(), bytes / 1e9, s);
+  std::printf("wrote %s: %s shape, %d layers%s, %d routed experts (%s), %.3f GB in %.1f s\n", a.out.c_str(),
+              a.shape.c_str(), c.num_layers, synthesizes_mtp(c) ? " and the MTP layer" : "", c.n_routed_experts,
+              a.experts.c_str(), bytes / 1e9, s);
   return 0;
 }
 
