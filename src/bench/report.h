@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/speculative.h"
 #include "bench/stats.h"
 
 namespace tern::bench {
@@ -33,6 +34,7 @@ struct RunReport {
   int max_concurrency = 0;     // 0: unlimited
   Summary summary;
   ClientOverhead overhead;
+  SpeculativeOutcome speculative;  // the server's acceptance figures over this run (GET /metrics)
   std::vector<RequestResult> results;
 };
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -76,6 +77,54 @@ std::string table(const std::vector<RunReport>& runs) {
   return out + "</table>";
 }
 
+std::string cell(const std::optional<double>& v, const char* format) {
+  return v ? "<td>" + fmt::format(fmt::runtime(format), *v) + "</td>" : "<td>&ndash;</td>";
+}
+
+// The server's acceptance figures, one row per run (a table of its own: the results table is full),
+// or one line saying the server reported none.
+std::string speculative_section(const std::vector<RunReport>& runs) {
+  const RunReport* any = nullptr;
+  std::size_t positions = 0;
+  for (const auto& r : runs) {
+    if (!r.speculative.stats) continue;
+    if (!any) any = &r;
+    positions = std::max(positions, r.speculative.stats->per_position.size());
+  }
+  if (!any) {
+    const std::string& why = runs.empty() ? "" : runs.front().speculative.note;
+    std::string reason = why.empty() ? "" : " (" + xml_escape(why) + ")";
+    return "<p>Speculative decoding: not reported by the server" + reason + ".</p>";
+  }
+  std::string out = "<h2>Speculative decoding</h2><table><tr><th>Configuration</th><th>Acceptance rate (%)</th>"
+                    "<th>Acceptance length</th><th>Drafts</th><th>Draft tokens</th><th>Accepted tokens</th>";
+  for (std::size_t i = 0; i < positions; ++i) out += fmt::format("<th>Position {} (%)</th>", i);
+  out += "</tr>";
+  for (const auto& r : runs) {
+    out += "<tr><td>" + xml_escape(r.label) + "</td>";
+    if (!r.speculative.stats) {
+      out += fmt::format("<td colspan='{}'>not reported ({})</td></tr>", 5 + positions,
+                         xml_escape(r.speculative.note));
+      continue;
+    }
+    const SpeculativeStats& s = *r.speculative.stats;
+    auto percent = [](const std::optional<double>& v) { return v ? std::optional<double>(*v * 100) : std::nullopt; };
+    out += cell(percent(s.acceptance_rate), "{:.2f}") + cell(s.acceptance_length, "{:.2f}") +
+           cell(s.drafts, "{:.0f}") + cell(s.draft_tokens, "{:.0f}") + cell(s.accepted_tokens, "{:.0f}");
+    for (std::size_t i = 0; i < positions; ++i)
+      out += cell(i < s.per_position.size() ? std::optional<double>(s.per_position[i] * 100) : std::nullopt, "{:.1f}");
+    out += "</tr>";
+  }
+  const SpeculativeStats& s = *any->speculative.stats;
+  out += "</table>";
+  out += s.run_delta ? "<p>From the server's " + xml_escape(s.source) +
+                           ": counters at GET /metrics, differences over each run. Acceptance rate: accepted / "
+                           "draft tokens; length: 1 + accepted / drafts; position i: accepted at i / drafts.</p>"
+                     : "<p>SGLang's gauges at GET /metrics after each run (its recent window, not the run's "
+                       "totals).</p>";
+  return out;
+}
+
 std::string failures(const std::vector<RunReport>& runs) {
   std::string out;
   for (const auto& r : runs)
@@ -104,7 +153,7 @@ std::string html_report(const RunContext& ctx, const std::vector<RunReport>& run
                      xml_escape(ctx.tokenizer));
   out += fmt::format("<dt>Requests</dt><dd>{} per run, request rate {}, burstiness {:g}, seed {}</dd></dl>",
                      ctx.num_prompts, rate, ctx.burstiness, ctx.seed);
-  out += "<h2>Results</h2>" + table(runs) + failures(runs);
+  out += "<h2>Results</h2>" + table(runs) + failures(runs) + speculative_section(runs);
   out += "<h2>Against concurrency</h2><div class='plots'>" + against_concurrency(runs) + "</div>";
   out += "<h2>Latency distributions</h2><div class='plots'>" + distributions(runs) + "</div>";
   out += "<p>TTFT: first content chunk minus send time. TPOT: (latency &minus; TTFT) / (output tokens &minus; 1). "

@@ -37,6 +37,47 @@ Distribution distribution_from(const json& j) {
 // (invalid JSON); tern writes the string "inf" instead.
 json rate_json(double rate) { return std::isinf(rate) ? json("inf") : json(rate); }
 
+json optional_json(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+// Counter deltas are whole numbers; written as integers, as vllm bench serve writes them.
+json count_json(const std::optional<double>& v) {
+  if (v && std::isfinite(*v) && *v == std::floor(*v)) return json(static_cast<long long>(*v));
+  return optional_json(v);
+}
+std::optional<double> optional_from(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
+  return j[key].get<double>();
+}
+
+// null when the server reported nothing (tern.speculative_note says why). Rates are fractions (vLLM's
+// JSON has acceptance_rate in percent; per-position rates are fractions in both).
+json speculative_json(const SpeculativeOutcome& spec) {
+  if (!spec.stats) return nullptr;
+  const SpeculativeStats& s = *spec.stats;
+  return {{"source", s.source},
+          {"run_delta", s.run_delta},
+          {"drafts", count_json(s.drafts)},
+          {"draft_tokens", count_json(s.draft_tokens)},
+          {"accepted_tokens", count_json(s.accepted_tokens)},
+          {"acceptance_rate", optional_json(s.acceptance_rate)},
+          {"acceptance_length", optional_json(s.acceptance_length)},
+          {"per_position_acceptance_rate", s.per_position}};
+}
+
+SpeculativeOutcome speculative_from(const json& result) {
+  SpeculativeOutcome spec;
+  if (result.contains("tern")) spec.note = result["tern"].value("speculative_note", "");
+  const json& j = result.contains("speculative") ? result["speculative"] : json(nullptr);
+  if (!j.is_object()) return spec;
+  SpeculativeStats s;
+  s.source = j.value("source", ""), s.run_delta = j.value("run_delta", true);
+  s.drafts = optional_from(j, "drafts"), s.draft_tokens = optional_from(j, "draft_tokens");
+  s.accepted_tokens = optional_from(j, "accepted_tokens");
+  s.acceptance_rate = optional_from(j, "acceptance_rate"), s.acceptance_length = optional_from(j, "acceptance_length");
+  s.per_position = j.value("per_position_acceptance_rate", std::vector<double>{});
+  spec.stats = s;
+  return spec;
+}
+
 json tern_extras(const RunContext& ctx, const RunReport& run) {
   const Summary& s = run.summary;
   json failures = json::object();
@@ -53,7 +94,8 @@ json tern_extras(const RunContext& ctx, const RunReport& run) {
                  {"warmup_requests", ctx.warmup_requests},
                  {"usage_missing", s.usage_missing},
                  {"client_overhead_ms", distribution_json(run.overhead.chunk_ms)},
-                 {"kernel_timestamps", run.overhead.kernel_timestamps}};
+                 {"kernel_timestamps", run.overhead.kernel_timestamps},
+                 {"speculative_note", run.speculative.note}};
   if (s.goodput) extras["request_goodput"] = *s.goodput;
   return extras;
 }
@@ -102,6 +144,7 @@ json result_json(const RunContext& ctx, const RunReport& run, bool details) {
   put_distribution(j, "ttft", s.ttft_ms);
   put_distribution(j, "tpot", s.tpot_ms);
   put_distribution(j, "itl", s.itl_ms);
+  j["speculative"] = speculative_json(run.speculative);
   j["tern"] = tern_extras(ctx, run);
   if (details) put_details(j, run);
   return j;
@@ -158,6 +201,7 @@ std::vector<RunReport> runs_from_json_lines(const std::string& path, RunContext&
     if (j["tern"].contains("request_goodput")) run.summary.goodput = j["tern"]["request_goodput"].get<double>();
     run.overhead.chunk_ms = distribution_from(j["tern"]["client_overhead_ms"]);
     run.overhead.kernel_timestamps = j["tern"].value("kernel_timestamps", false);
+    run.speculative = speculative_from(j);
     runs.push_back(std::move(run));
   }
   TERN_CHECK(!runs.empty(), "tern bench: ", path, " holds no result");

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -35,6 +36,24 @@ void failure_block(std::ostream& out, const Summary& s) {
   }
 }
 
+// vllm bench serve's "Speculative Decoding" block (its labels, rates in percent), plus where the
+// figures come from, since SGLang's gauges are not run totals.
+void speculative_block(std::ostream& out, const SpeculativeOutcome& spec) {
+  if (!spec.stats) return;
+  const SpeculativeStats& s = *spec.stats;
+  title(out, "Speculative Decoding");
+  if (s.acceptance_rate) num(out, "Acceptance rate (%):", *s.acceptance_rate * 100);
+  if (s.acceptance_length) num(out, "Acceptance length:", *s.acceptance_length);
+  if (s.drafts) num(out, "Drafts:", *s.drafts, 0);
+  if (s.draft_tokens) num(out, "Draft tokens:", *s.draft_tokens, 0);
+  if (s.accepted_tokens) num(out, "Accepted tokens:", *s.accepted_tokens, 0);
+  if (!s.per_position.empty()) out << "Per-position acceptance (%):\n";
+  for (std::size_t i = 0; i < s.per_position.size(); ++i)
+    num(out, fmt::format("  Position {}:", i), s.per_position[i] * 100);
+  line(out, "Source:", s.run_delta ? s.source + ": counters, run delta" : s.source + ": gauges after the run");
+  if (!spec.note.empty()) out << "Note: " << spec.note << "\n";
+}
+
 }  // namespace
 
 void print_summary(std::ostream& out, const RunContext& ctx, const RunReport& run) {
@@ -65,18 +84,34 @@ void print_summary(std::ostream& out, const RunContext& ctx, const RunReport& ru
   num(out, "Max overhead (ms):", run.overhead.chunk_ms.max, 3);
   line(out, "Arrival clock:", run.overhead.kernel_timestamps ? "kernel SO_TIMESTAMPNS" : "read completion");
   failure_block(out, s);
+  speculative_block(out, run.speculative);
   out << fmt::format("{:=^53}\n", "");
   out << "Workload: " << ctx.workload << "\nPrompts built with: " << ctx.tokenizer << "\n";
   if (s.usage_missing) out << "Note: some responses had no usage; their output length is max_tokens.\n";
+  if (!run.speculative.stats) {
+    const std::string& why = run.speculative.note;
+    out << "Server metrics: speculative decoding: not reported by the server" << (why.empty() ? "" : " (" + why + ")")
+        << "\n";
+  }
 }
 
 void print_sweep_table(std::ostream& out, const std::vector<RunReport>& runs) {
-  out << "| Configuration | Throughput (tok/s) | TPOT (ms) | TTFT (ms) |\n";
-  out << "|---|---|---|---|\n";
+  // The acceptance length column only when the server reported one: TPOT depends on it.
+  bool spec = std::any_of(runs.begin(), runs.end(), [](const RunReport& r) {
+    return r.speculative.stats && r.speculative.stats->acceptance_length;
+  });
+  out << "| Configuration | Throughput (tok/s) | TPOT (ms) | TTFT (ms) |" << (spec ? " Acceptance length |" : "")
+      << "\n";
+  out << "|---|---|---|---|" << (spec ? "---|" : "") << "\n";
   for (const auto& r : runs) {
     std::string failed = r.summary.failed ? fmt::format(" ({} failed)", r.summary.failed) : "";
-    out << fmt::format("| {}{} | {:.1f} | {:.2f} | {:.2f} |\n", r.label, failed, r.summary.output_throughput,
+    out << fmt::format("| {}{} | {:.1f} | {:.2f} | {:.2f} |", r.label, failed, r.summary.output_throughput,
                        r.summary.tpot_ms.mean, r.summary.ttft_ms.mean);
+    if (spec) {
+      const auto& s = r.speculative.stats;
+      out << (s && s->acceptance_length ? fmt::format(" {:.2f} |", *s->acceptance_length) : " - |");
+    }
+    out << "\n";
   }
 }
 

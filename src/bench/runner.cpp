@@ -16,6 +16,9 @@
 namespace tern::bench {
 namespace {
 
+// A /metrics page is small and served from memory; a server slow to give it is not waited on long.
+constexpr double kScrapeTimeoutS = 10;
+
 // One line, redrawn in place on a terminal; on a pipe, a line every ~5 s so logs stay readable.
 class ProgressBar {
  public:
@@ -92,8 +95,16 @@ RunReport run_once(const BenchConfig& config, const std::vector<RequestSpec>& re
   options.max_concurrency = max_concurrency;
   options.on_progress = [&bar](const Progress& p) { bar(p); };
   options.tag_requests = config.tag_requests;
+  // Scraped outside run_requests, so the two GETs add nothing to the run's clock.
+  double scrape_timeout_s = std::min(config.target.timeout_s, kScrapeTimeoutS);
+  MetricsScrape before;
+  if (config.server_metrics) before = scrape_metrics(config.target, scrape_timeout_s);
   RunOutput output = run_requests(config.target, requests, options);
   RunReport report;
+  if (config.server_metrics)
+    report.speculative = speculative_outcome(before, scrape_metrics(config.target, scrape_timeout_s));
+  else
+    report.speculative.note = "GET /metrics not read: --no-server-metrics";
   report.label = label;
   report.max_concurrency = max_concurrency;
   report.summary = summarize(output.results, config.slo);

@@ -27,6 +27,7 @@ struct BenchConfig {
   std::string html_file;
   bool progress = true;
   bool tag_requests = false;
+  bool server_metrics = true;      // read GET /metrics around each run (speculative decoding)
 };
 
 struct BenchOutcome {

@@ -54,10 +54,11 @@ struct FakeServer::Impl {
            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   }
 
-  awaitable<nlohmann::json> read_request(tcp::socket& s, std::string& request_line) {
+  awaitable<nlohmann::json> read_request(tcp::socket& s, std::string& request_line, std::string& headers) {
     std::string buf;
     std::size_t head = co_await asio::async_read_until(s, asio::dynamic_buffer(buf), "\r\n\r\n", use_awaitable);
     request_line = buf.substr(0, buf.find("\r\n"));
+    headers = buf.substr(0, head);
     std::size_t at = buf.find("Content-Length: ");
     std::size_t length = at == std::string::npos ? 0 : std::stoul(buf.substr(at + 16));
     if (buf.size() < head + length)
@@ -109,10 +110,20 @@ struct FakeServer::Impl {
                            options.models_status == 200 ? list.dump() : error);
   }
 
+  std::string metrics_response(const std::string& headers) const {
+    std::string wanted = "Authorization: Bearer " + options.metrics_key + "\r\n";
+    if (!options.metrics_key.empty() && headers.find(wanted) == std::string::npos)
+      return simple_response(401, "text/plain", "no key");
+    std::lock_guard lock(mutex);
+    return simple_response(200, "text/plain; version=0.0.4", options.metrics(seen));
+  }
+
   awaitable<void> session(tcp::socket s) {
     try {
-      std::string request_line;
-      nlohmann::json req = co_await read_request(s, request_line);
+      std::string request_line, headers;
+      nlohmann::json req = co_await read_request(s, request_line, headers);
+      if (request_line.rfind("GET /metrics ", 0) == 0 && options.metrics)
+        co_return co_await write(s, metrics_response(headers));
       bool models_request = request_line.rfind("GET /v1/models ", 0) == 0;
       if (!models_request && request_line.rfind("POST ", 0) != 0) {
         std::string missing = R"({"error":{"message":"not found","type":"not_found","param":null,"code":404}})";

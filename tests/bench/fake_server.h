@@ -11,10 +11,12 @@
 //   close       a few chunks, then the connection closes without [DONE]
 //   json        HTTP 200 with a plain JSON body instead of a stream
 // GET /v1/models lists `models` with `models_status` 200, answers an OpenAI error with any other
-// status, and never answers with 0. Any other GET is a 404.
+// status, and never answers with 0. GET /metrics answers `metrics(requests seen)` when it is set (401
+// without "Authorization: Bearer `metrics_key`" when that is set). Any other GET is a 404.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,8 @@ struct FakeServerOptions {
   int prompt_tokens = 7;                      // reported in usage
   std::vector<std::string> models{"ok"};      // GET /v1/models
   int models_status = 200;
+  std::function<std::string(int requests_seen)> metrics{};  // Prometheus text; unset: GET /metrics is a 404
+  std::string metrics_key{};
 };
 
 class FakeServer {

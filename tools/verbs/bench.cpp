@@ -18,6 +18,7 @@ struct Cli {
   std::string report_from;
   int output_len = 0;
   bool no_progress = false;
+  bool no_server_metrics = false;
 };
 
 void add_target_options(CLI::App& app, Cli& c) {
@@ -70,6 +71,8 @@ void add_run_options(CLI::App& app, Cli& c) {
   app.add_flag("--output-details", b.output_details, "Include per-request lists in the JSON");
   app.add_option("--html", b.html_file, "Write a self-contained HTML report");
   app.add_flag("--no-progress", c.no_progress, "No progress bar");
+  app.add_flag("--no-server-metrics", c.no_server_metrics,
+               "Do not read GET /metrics around each run (speculative-decoding acceptance)");
   app.add_option("--report-from", c.report_from, "Only build the HTML report from JSON lines (with details)");
 }
 
@@ -103,6 +106,7 @@ void finish_config(Cli& c) {
     TERN_CHECK(b.target.extra_body.is_object(), "tern bench: --extra-request-body must be a JSON object");
   }
   b.progress = !c.no_progress;
+  b.server_metrics = !c.no_server_metrics;
   for (int level : b.sweep) TERN_CHECK(level > 0, "tern bench: --sweep-concurrency levels must be positive");
 }
 
