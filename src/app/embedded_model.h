@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/synth.h"
@@ -19,7 +20,7 @@ namespace tern::app {
 // $TERN_CACHE, else $XDG_CACHE_HOME/tern, else ~/.cache/tern.
 inline std::filesystem::path cache_root() {
   namespace fs = std::filesystem;
-  if (const char* t = std::getenv("TERN_CACHE")) return t;
+  if (const auto t = env_string("TERN_CACHE")) return *t;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "tern";
   const char* home = std::getenv("HOME");
   return fs::path(home ? home : "/tmp") / ".cache" / "tern";

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/env.h"
+
 namespace tern {
 namespace {
 
@@ -86,11 +88,9 @@ class Pool {
 };
 
 int default_threads() {
-  if (const char* env = std::getenv("TERN_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
+  // TERN_THREADS: the pool's threads; unset: one a hardware thread.
+  const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(env_int("TERN_THREADS", hardware, 1, 1 << 16));
 }
 
 std::mutex g_pool_mu;

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "core/env.h"
 #include "model/v4_batch.h"
 #include "ops/branch.h"
 #include "ops/decode.h"
@@ -42,10 +43,7 @@ ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::State
 // width) rather than five; on unless
 // the environment says TERN_FUSED_COMPRESS=0 (for A/B: both give the same bits). Read once.
 bool fused_compress_emit() {
-  static const bool on = [] {
-    const char* v = std::getenv("TERN_FUSED_COMPRESS");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = env_flag("TERN_FUSED_COMPRESS", true);
   return on;
 }
 }  // namespace

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -41,7 +42,7 @@ TokenizerSearch TokenizerSearch::from_environment(std::string explicit_path, std
   TokenizerSearch s;
   s.explicit_path = std::move(explicit_path);
   s.model_dir = std::move(model_dir);
-  s.env_path = env_or_empty("TERN_TOKENIZER");
+  s.env_path = env_string("TERN_TOKENIZER").value_or("");
   s.pythonpath = env_or_empty("PYTHONPATH");
   s.virtual_env = env_or_empty("VIRTUAL_ENV");
   s.home = env_or_empty("HOME");

@@ -21,6 +21,7 @@
 #include "app/synthetic_placement.h"
 #include "cache/page_pool.h"
 #include "cache/sequence_state.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "model/decode_graphs.h"
 #include "model/perf_model.h"
@@ -230,9 +231,8 @@ int run(const Args& a) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   // $TERN_COMMIT: what the binaries were built from (scripts/gpu-pack -> gpu-check); else this tree's HEAD.
-  const char* built = std::getenv("TERN_COMMIT");
-  const std::string commit = built != nullptr && *built != '\0' ? std::string(built)
-                                                                : run_and_read("git rev-parse --short HEAD 2>/dev/null");
+  const std::optional<std::string> built = env_string("TERN_COMMIT");
+  const std::string commit = built ? *built : run_and_read("git rev-parse --short HEAD 2>/dev/null");
   say(cat("== tern bench-step: ", a.config, " config (", config.num_layers, " layers), ", a.experts, " experts, kv ",
           a.kv_mode, ", activations ", activations, ", device ", a.device, "; commit ", commit, ", ", date));
 

@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels/kv_row.cuh"
 #include "backends/cuda/kernels/norm.cuh"
 #include "backends/cuda/kernels/rope.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -91,10 +92,7 @@ namespace {
 // TERN_X8_BF16=0 sends bf16 decode products back to linear_bulk (A/B); the other linear variants
 // (set_linear_variant, TERN_LINEAR_VARIANT) keep their own bf16 kernels.
 bool linear_x8_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_X8_BF16");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
+  static const bool on = env_flag("TERN_X8_BF16", true);
   return on && linear_variant() == 0;
 }
 

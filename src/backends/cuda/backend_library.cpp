@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -32,10 +33,7 @@ struct Carve {
 
 // TERN_FP8_LIBRARY=0 sends prefill chunks of --activations fp8 to the dequantised x on cuBLAS bf16 instead (A/B).
 bool fp8_library_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_FP8_LIBRARY");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
+  static const bool on = env_flag("TERN_FP8_LIBRARY", true);
   return on;
 }
 

@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels/errors.h"
 #include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/cuda_graph_arena.h"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -24,12 +25,13 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->error_word = DeviceBuffer(sizeof(int));
   TERN_CUDA(cudaMemset(impl_->error_word.data(), 0, sizeof(int)));
   // TERN_MOE_VARIANT: a debugging override of the routed-expert kernel variant (CudaBackend::moe_variant_name;
-  // 3 forces the register kernel), e.g. to take a suspect kernel out of a whole-model run.
-  if (const char* v = std::getenv("TERN_MOE_VARIANT"); v != nullptr && *v != '\0') set_moe_variant(std::atoi(v));
+  // 4 forces the register kernel), e.g. to take a suspect kernel out of a whole-model run. An integer from 0 to
+  // moe_variants() - 1; anything else is refused.
+  if (env_string("TERN_MOE_VARIANT"))
+    set_moe_variant(static_cast<int>(env_int("TERN_MOE_VARIANT", 0, 0, moe_variants() - 1)));
   // TERN_MOE_PREFILL=library: prefill chunks' FP4 experts on the older library path (A/B against the grouped
-  // kernels); anything else, or unset, keeps the grouped kernels.
-  if (const char* v = std::getenv("TERN_MOE_PREFILL"); v != nullptr && std::string_view(v) == "library")
-    impl_->moe_prefill_library = true;
+  // kernels); grouped, or unset, keeps the grouped kernels; anything else is refused.
+  if (env_choice("TERN_MOE_PREFILL", {"grouped", "library"}, "grouped") == "library") impl_->moe_prefill_library = true;
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -51,10 +53,7 @@ CudaBackend::Impl::~Impl() {
 }
 
 bool CudaBackend::side_streams_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_SIDE_STREAM");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
+  static const bool on = env_flag("TERN_SIDE_STREAM", true);
   return on;
 }
 
@@ -120,10 +119,7 @@ void* grow(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream) {
 // f32) first, so an op that reads scratch it did not write this call sees NaN at once instead of another op's
 // stale values. Recorded graphs get the fill as a node.
 static bool poison_scratch() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_POISON_SCRATCH");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
+  static const bool on = env_flag("TERN_POISON_SCRATCH", false);
   return on;
 }
 
@@ -138,8 +134,8 @@ std::atomic<int> g_activation_fill{-1};  // -1: not read from the environment ye
 CudaBackend::ActivationFill CudaBackend::activation_fill() {
   int v = g_activation_fill.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_ACTIVATION_FILL");
-    v = static_cast<int>(parse_activation_fill(e != nullptr ? e : "none", "TERN_ACTIVATION_FILL"));
+    v = static_cast<int>(parse_activation_fill(env_choice("TERN_ACTIVATION_FILL", {"none", "zero", "poison"}, "none"),
+                                               "TERN_ACTIVATION_FILL"));
     g_activation_fill.store(v, std::memory_order_relaxed);
   }
   return static_cast<ActivationFill>(v);

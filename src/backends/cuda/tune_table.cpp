@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -98,8 +99,8 @@ TuneEntry TuneTable::fastest(std::span<const int> candidates, const std::functio
 
 std::string default_tune_path(const std::string& device) {
   std::string dir;
-  if (const char* d = std::getenv("TERN_CACHE_DIR"); d != nullptr && *d != '\0') {
-    dir = d;
+  if (const std::optional<std::string> d = env_string("TERN_CACHE_DIR")) {
+    dir = *d;
   } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
     dir = cat(x, "/tern");
   } else {

@@ -18,6 +18,7 @@
 #include "backends/cuda/kernels/attention_split.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -295,16 +296,12 @@ constexpr const char* kDecodeNames[] = {"cluster", "heads", "heads16", "heads32"
 AttentionDecode attention_decode() {
   int v = g_attention_decode.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_ATTENTION_DECODE");
-    v = 1;  // heads: measured faster at every batch (results.md, session 11 call 8)
-    if (e != nullptr && *e != '\0') {
-      v = -1;
-      for (int k = 0; k < 4; ++k)
-        if (std::strcmp(e, kDecodeNames[k]) == 0) v = k;
-      if (v < 0)
-        fail("TERN_ATTENTION_DECODE=", e, ": expected heads (attention_heads_kernel, 16 or 32 heads a block by launch size: the "
-             "default), heads16, heads32 or cluster (attention_mma_kernel, all heads a block)");
-    }
+    // heads (attention_heads_kernel, 16 or 32 heads a block by launch size): the default, measured faster at every
+    // batch (results.md, session 11 call 8); heads16, heads32 force the block; cluster: attention_mma_kernel, all
+    // heads a block.
+    const std::string s = env_choice("TERN_ATTENTION_DECODE", {"heads", "heads16", "heads32", "cluster"}, "heads");
+    for (int k = 0; k < 4; ++k)
+      if (s == kDecodeNames[k]) v = k;
     g_attention_decode.store(v, std::memory_order_relaxed);
   }
   return static_cast<AttentionDecode>(v);

@@ -31,6 +31,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_prefill_steps.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -216,8 +217,7 @@ constexpr int kDefaultAttentionPrefill = 3;
 int attention_prefill_version() {
   int v = g_attention_prefill.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_ATTENTION_PREFILL");
-    v = e != nullptr && *e != '\0' ? std::clamp(std::atoi(e), 0, 3) : kDefaultAttentionPrefill;
+    v = static_cast<int>(env_int("TERN_ATTENTION_PREFILL", kDefaultAttentionPrefill, 0, 3));
     g_attention_prefill.store(v, std::memory_order_relaxed);
   }
   return v;

@@ -55,10 +55,10 @@ void launch_indexer_scores_mma(const IndexerParams& p, float* scores, int num_sm
 // Queries a block of the fused kernel for this launch (tests and the benchmark print it).
 int indexer_mma_queries_per_block(int64_t n, int64_t num_keys, int num_sms);
 
-// How indexer_topk scores a prefill chunk (>= kLibraryMinTokens queries, not batch invariant): sgemm (the
-// default: gather the keys, cuBLAS f32 q . k into [n x heads, keys], indexer_reduce_kernel), mma (the fused
-// kernel above, bf16x6) or mma_fp16x3. TERN_INDEXER_PREFILL=sgemm|mma|mma-bf16x6|mma-fp16x3 sets it at first
-// use; set_indexer_prefill for tests and benches.
+// How indexer_topk scores a prefill chunk (>= kLibraryMinTokens queries, not batch invariant): sgemm (gather
+// the keys, cuBLAS f32 q . k into [n x heads, keys], indexer_reduce_kernel), mma (the default since session 10:
+// the fused kernel above, bf16x6) or mma_fp16x3. TERN_INDEXER_PREFILL=auto|sgemm|mma|mma-bf16x6|mma-fp16x3 sets
+// it at first use (other values are refused); set_indexer_prefill for tests and benches.
 enum class IndexerPrefill : int { sgemm = 0, mma = 1, mma_fp16x3 = 2 };
 IndexerPrefill indexer_prefill();
 void set_indexer_prefill(IndexerPrefill mode);

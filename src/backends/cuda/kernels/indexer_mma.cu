@@ -50,6 +50,7 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -406,8 +407,9 @@ void launch_split(const IndexerParams& p, float* scores, int qpb, cudaStream_t s
 IndexerPrefill indexer_prefill() {
   int v = dev::g_prefill.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_INDEXER_PREFILL");
-    const std::string_view s = e != nullptr ? e : "";
+    // "auto": dev::kDefaultPrefill.
+    const std::string s =
+        env_choice("TERN_INDEXER_PREFILL", {"auto", "mma", "mma-bf16x6", "mma-fp16x3", "sgemm"}, "auto");
     const IndexerPrefill m = s == "mma" || s == "mma-bf16x6" ? IndexerPrefill::mma
                              : s == "mma-fp16x3"             ? IndexerPrefill::mma_fp16x3
                              : s == "sgemm"                  ? IndexerPrefill::sgemm

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/cuda/kernels/launch.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace {
@@ -15,8 +16,7 @@ std::atomic<int> g_pdl{-1};  // -1: not read yet
 bool pdl_enabled() {
   int v = g_pdl.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_PDL");
-    v = e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 1;
+    v = env_flag("TERN_PDL", true) ? 1 : 0;
     g_pdl.store(v, std::memory_order_relaxed);
   }
   return v != 0;

@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/linear_impl.cuh"
 #include "backends/cuda/kernels/linear_stream_impl.cuh"
 #include "backends/cuda/kernels/weight_at.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -120,12 +121,11 @@ namespace {
 
 std::atomic<int> g_stream_mt{-1};  // -1: not read from TERN_STREAM_MT yet
 
-// An A/B knob's value: environment variable `name` when it reads `a` or `b`, else 0 (the rule decides).
-int env_choice(const char* name, int a, int b) {
-  const char* e = std::getenv(name);
-  if (e == nullptr) return 0;
-  const std::string_view v(e);
-  return v == std::to_string(a) ? a : v == std::to_string(b) ? b : 0;
+// An A/B knob's value: environment variable `name` when it reads `a` or `b`, 0 (the rule decides) when it is
+// unset or reads auto; anything else is refused (core/env.h).
+int env_forced(const char* name, int a, int b) {
+  const std::string v = env_choice(name, {"auto", std::to_string(a), std::to_string(b)}, "auto");
+  return v == "auto" ? 0 : std::stoi(v);
 }
 
 }  // namespace
@@ -135,7 +135,7 @@ void set_stream_m_tiles(int mt) { g_stream_mt.store(mt == 1 || mt == 2 ? mt : 0,
 int stream_m_tiles(int nt, int64_t weights) {
   int forced = g_stream_mt.load(std::memory_order_relaxed);
   if (forced < 0) {
-    forced = env_choice("TERN_STREAM_MT", 1, 2);
+    forced = env_forced("TERN_STREAM_MT", 1, 2);
     g_stream_mt.store(forced, std::memory_order_relaxed);
   }
   if (forced > 0) return forced;
@@ -149,7 +149,7 @@ int stream_m_tiles(int nt, int64_t weights) {
 // 34.3 / 39.0, wo_a 53.1 / 60.7, wo_b 50.8 / 97.0. TERN_STREAM_MAX_NT=4 or 8 forces one. The same bits either
 // way (a token's sums do not depend on its tile).
 int stream_max_n_tiles(int64_t weights) {
-  static const int forced = env_choice("TERN_STREAM_MAX_NT", 4, 8);
+  static const int forced = env_forced("TERN_STREAM_MAX_NT", 4, 8);
   if (forced > 0) return forced;
   return weights <= (int64_t{8} << 20) ? 4 : 8;
 }
@@ -187,8 +187,7 @@ std::atomic<int> g_linear_variant{-1};
 int linear_variant() {
   int v = g_linear_variant.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_LINEAR_VARIANT");
-    v = e != nullptr && *e != '\0' ? std::atoi(e) : 0;
+    v = static_cast<int>(env_int("TERN_LINEAR_VARIANT", 0, 0, 2));
     g_linear_variant.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -309,10 +308,7 @@ int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }  // floats: keeps the x
 // where it is short the kernels stage x themselves: the same bits either way.
 // TERN_X_WINDOW_MIN sets the first token count that takes them (9; for A/Bs).
 int64_t x_window_min_tokens() {
-  static const int64_t n = [] {
-    const char* e = std::getenv("TERN_X_WINDOW_MIN");
-    return e != nullptr && std::atoll(e) > 0 ? static_cast<int64_t>(std::atoll(e)) : int64_t{9};
-  }();
+  static const int64_t n = env_int("TERN_X_WINDOW_MIN", 9, 1, int64_t{1} << 30);
   return n;
 }
 bool x_window_wanted(const LinearParams& p) { return p.T > 8; }

@@ -45,6 +45,7 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -367,13 +368,12 @@ std::atomic<int> g_exact_path{-1};
 ExactPath exact_path() {
   int v = g_exact_path.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_EXACT_PATH");
-    const std::string_view s = e != nullptr ? e : "";
-    if (s.empty() || s == "auto") v = static_cast<int>(ExactPath::fp8_on_tensor_cores);
-    else if (s == "cuda-cores") v = static_cast<int>(ExactPath::cuda_cores);
-    else if (s == "tc") v = static_cast<int>(ExactPath::tensor_cores);
-    else fail("TERN_EXACT_PATH=", s, ": expected auto (FP8 exact products on tensor cores, bf16 ones on CUDA cores), "
-              "tc (every exact product the tensor-core kernel takes) or cuda-cores");
+    // auto: FP8 exact products on tensor cores, bf16 ones on CUDA cores; tc: every exact product the
+    // tensor-core kernel takes; cuda-cores: none.
+    const std::string s = env_choice("TERN_EXACT_PATH", {"auto", "tc", "cuda-cores"}, "auto");
+    v = static_cast<int>(s == "tc"           ? ExactPath::tensor_cores
+                         : s == "cuda-cores" ? ExactPath::cuda_cores
+                                             : ExactPath::fp8_on_tensor_cores);
     g_exact_path.store(v, std::memory_order_relaxed);
   }
   return static_cast<ExactPath>(v);

@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -270,11 +271,7 @@ struct X8Plan {
 // (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
 // its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
 int x8_max_tile_n8() {
-  static const int n8 = [] {
-    const char* e = std::getenv("TERN_X8_MAX_N");
-    const int n = e != nullptr && *e != '\0' ? std::atoi(e) : 64;
-    return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
-  }();
+  static const int n8 = std::stoi(env_choice("TERN_X8_MAX_N", {"8", "16", "32", "64"}, "64")) / 8;
   return n8;
 }
 

@@ -23,6 +23,7 @@
 #include "backends/cuda/kernels/mma_tile.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -516,8 +517,8 @@ TileShape tile_shape(const MoeParams& p) {
 int moe_grouped_tile_config() {
   int v = g_tile_config.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* e = std::getenv("TERN_MOE_GROUPED_TILE");
-    const std::string_view s = e != nullptr ? e : "";
+    const std::string s =
+        env_choice("TERN_MOE_GROUPED_TILE", {"default", "old", "128x128", "small-unswapped"}, "default");
     v = s == "old"               ? kMoeGroupedTileOld
         : s == "128x128"         ? kMoeGroupedTileNarrow
         : s == "small-unswapped" ? kMoeGroupedTileSmallUnswapped

@@ -26,7 +26,7 @@ bool moe_grouped_supported(const MoeParams& p);
 // as A (the kernels before the 128-pair tile, for A/B); kMoeGroupedTileNarrow the 128 x 128 tile where the
 // default takes 128 x 256; kMoeGroupedTileSmallUnswapped session 9's default (32 / 64-pair tiles with x as A,
 // 128 x 256 with the weights as A). Initialised from TERN_MOE_GROUPED_TILE (old, 128x128, small-unswapped;
-// anything else the default); moe_grouped_path_name says which runs.
+// default or unset the default; anything else is refused); moe_grouped_path_name says which runs.
 inline constexpr int kMoeGroupedTileDefault = 0, kMoeGroupedTileOld = 1, kMoeGroupedTileNarrow = 2,
                      kMoeGroupedTileSmallUnswapped = 3;
 int moe_grouped_tile_config();

@@ -57,6 +57,7 @@
 #include "backends/cuda/kernels/mma_tile.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -647,11 +648,8 @@ void launch_up_down_n(int nt, const MoeParams& p, const MoeGroupedBuffers& b, in
 }  // namespace dev
 
 const char* moe_grouped_kernel_forced() {
-  const char* v = std::getenv("TERN_MOE_GROUPED");
-  if (v == nullptr || *v == '\0') return "";
-  if (std::strcmp(v, "wgmma") == 0) return "wgmma";
-  if (std::strcmp(v, "mma") == 0) return "mma";
-  fail("TERN_MOE_GROUPED: expected wgmma or mma, found \"", v, "\"");
+  const std::string v = env_choice("TERN_MOE_GROUPED", {"auto", "wgmma", "mma"}, "auto");
+  return v == "wgmma" ? "wgmma" : v == "mma" ? "mma" : "";
 }
 
 bool moe_grouped_wgmma_selected(const MoeParams& p) {
@@ -661,10 +659,9 @@ bool moe_grouped_wgmma_selected(const MoeParams& p) {
 }
 
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
-  if (const char* v = std::getenv("TERN_MOE_WGMMA_N")) {
-    const int n = std::atoi(v);
-    if (n == 32 || n == 64 || n == 96 || n == 112 || n == 128) return n;
-  }
+  if (const std::string v = env_choice("TERN_MOE_WGMMA_N", {"auto", "32", "64", "96", "112", "128"}, "auto");
+      v != "auto")
+    return std::stoi(v);
   if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
   // The width whose whole tiles best cover an expert's pairs at the mean plus 10% (most experts of a uniform
   // routing: 8K tokens of V4-Flash, mean 192, take 2 x 112); ties to the wider tile (fewer weight reads).

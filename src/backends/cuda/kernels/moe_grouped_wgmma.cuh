@@ -13,17 +13,18 @@
 namespace tern::cuda {
 
 // Whether a prefill chunk's grouped experts take the wgmma kernels: TERN_MOE_GROUPED=wgmma always, =mma never
-// (read at each call, so tests and benchmarks can switch); unset, from kMoeWgmmaMinPairs mean pairs an expert
-// (measured on the H200, session 10 call 6, one V4-Flash layer: 2K tokens (48 an expert) 3.12 -> 2.38 ms, 8K
-// 9.32 -> 5.70 ms; at 1K (24 an expert, a 64-pair tile mostly padding) mma.sync's 1.79 beats wgmma's 2.30).
+// (read at each call, so tests and benchmarks can switch; other values refused); unset or auto, from
+// kMoeWgmmaMinPairs mean pairs an expert (measured on the H200, session 10 call 6, one V4-Flash layer: 2K tokens
+// (48 an expert) 3.12 -> 2.38 ms, 8K 9.32 -> 5.70 ms; at 1K (24 an expert, a 64-pair tile mostly padding)
+// mma.sync's 1.79 beats wgmma's 2.30).
 // p.E == 0 (a shape-only query): true only when forced.
 inline constexpr int64_t kMoeWgmmaMinPairs = 48;
 bool moe_grouped_wgmma_selected(const MoeParams& p);
-// "wgmma", "mma" or "" (unset: by pairs per expert), for path names.
+// "wgmma", "mma" or "" (unset or auto: by pairs per expert), for path names.
 const char* moe_grouped_kernel_forced();
-// Pairs a tile (wgmma N: 32, 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs, else chosen from the mean pairs
-// per expert (0 when p.E == 0, a shape-only query). Narrower tiles pad less of an expert's last tile and read
-// the weights more often.
+// Pairs a tile (wgmma N: 32, 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs (read at each call; auto or
+// unset: the rule; other values refused), else chosen from the mean pairs per expert (0 when p.E == 0, a
+// shape-only query). Narrower tiles pad less of an expert's last tile and read the weights more often.
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
 // Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
 int64_t moe_grouped_rows(const MoeParams& p);

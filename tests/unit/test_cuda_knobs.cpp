@@ -1,0 +1,181 @@
+// The CUDA backend's TERN_* knobs as their accessors read them (issue #17): the documented values select what
+// they did before core/env.h, and a value a knob does not know is refused instead of running the default path.
+// Host code only (no kernel, no device call): runs on machines without a GPU, in builds with the CUDA toolkit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "backends/cuda/kernels/attention.cuh"
+#include "backends/cuda/kernels/indexer.cuh"
+#include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
+#include "core/error.h"
+
+namespace tern::cuda {
+namespace {
+
+// Sets (nullptr: unsets) one variable for a scope; restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* was = std::getenv(name)) was_ = was, had_ = true;
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? was_.c_str() : nullptr); }
+  void set(const char* value) const {
+    if (value != nullptr) setenv(name_, value, 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string was_;
+  bool had_ = false;
+};
+
+// The message of the tern::Error that `f` throws ("" when it does not throw).
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Knobs read once keep -1 in their atomic until read; storing it back (through the setter, as a test-only
+// value) makes the next call read the environment again.
+template <class E>
+E unread() {
+  return static_cast<E>(-1);
+}
+
+TEST(CudaKnobs, MoeGroupedReadAtEachCall) {
+  ScopedEnv env("TERN_MOE_GROUPED", nullptr);
+  EXPECT_STREQ(moe_grouped_kernel_forced(), "");
+  for (const char* v : {"", "auto"}) {
+    env.set(v);
+    EXPECT_STREQ(moe_grouped_kernel_forced(), "") << v;
+  }
+  env.set("wgmma");
+  EXPECT_STREQ(moe_grouped_kernel_forced(), "wgmma");
+  env.set("mma");
+  EXPECT_STREQ(moe_grouped_kernel_forced(), "mma");
+  env.set("wgma");
+  EXPECT_EQ(refusal([] { moe_grouped_kernel_forced(); }),
+            "TERN_MOE_GROUPED=\"wgma\": expected auto, wgmma or mma (unset: auto)");
+}
+
+TEST(CudaKnobs, MoeWgmmaN) {
+  ScopedEnv env("TERN_MOE_WGMMA_N", nullptr);
+  MoeParams shape_only;  // E == 0: 0 unless forced
+  EXPECT_EQ(moe_grouped_wgmma_tile_pairs(shape_only), 0);
+  env.set("auto");
+  EXPECT_EQ(moe_grouped_wgmma_tile_pairs(shape_only), 0);
+  for (int n : {32, 64, 96, 112, 128}) {
+    env.set(std::to_string(n).c_str());
+    EXPECT_EQ(moe_grouped_wgmma_tile_pairs(shape_only), n);
+  }
+  // Before: any other value fell back to the rule without a word.
+  for (const char* junk : {"100", "0", "96x", "wide"}) {
+    env.set(junk);
+    EXPECT_THROW(moe_grouped_wgmma_tile_pairs(shape_only), Error) << junk;
+  }
+  env.set("100");
+  EXPECT_EQ(refusal([&] { moe_grouped_wgmma_tile_pairs(shape_only); }),
+            "TERN_MOE_WGMMA_N=\"100\": expected auto, 32, 64, 96, 112 or 128 (unset: auto)");
+}
+
+TEST(CudaKnobs, MoeGroupedTile) {
+  const int saved = moe_grouped_tile_config();
+  ScopedEnv env("TERN_MOE_GROUPED_TILE", nullptr);
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_MOE_GROUPED_TILE", v);
+    set_moe_grouped_tile_config(-1);
+    return moe_grouped_tile_config();
+  };
+  EXPECT_EQ(read(nullptr), kMoeGroupedTileDefault);
+  EXPECT_EQ(read(""), kMoeGroupedTileDefault);
+  EXPECT_EQ(read("default"), kMoeGroupedTileDefault);
+  EXPECT_EQ(read("old"), kMoeGroupedTileOld);
+  EXPECT_EQ(read("128x128"), kMoeGroupedTileNarrow);
+  EXPECT_EQ(read("small-unswapped"), kMoeGroupedTileSmallUnswapped);
+  EXPECT_EQ(refusal([&] { read("128x256"); }),
+            "TERN_MOE_GROUPED_TILE=\"128x256\": expected default, old, 128x128 or small-unswapped (unset: default)");
+  set_moe_grouped_tile_config(saved);
+}
+
+TEST(CudaKnobs, IndexerPrefill) {
+  const IndexerPrefill saved = indexer_prefill();
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_INDEXER_PREFILL", v);
+    set_indexer_prefill(unread<IndexerPrefill>());
+    return indexer_prefill();
+  };
+  EXPECT_EQ(read(nullptr), IndexerPrefill::mma);
+  EXPECT_EQ(read("auto"), IndexerPrefill::mma);
+  EXPECT_EQ(read("mma"), IndexerPrefill::mma);
+  EXPECT_EQ(read("mma-bf16x6"), IndexerPrefill::mma);
+  EXPECT_EQ(read("mma-fp16x3"), IndexerPrefill::mma_fp16x3);
+  EXPECT_EQ(read("sgemm"), IndexerPrefill::sgemm);
+  EXPECT_EQ(refusal([&] { read("sgem"); }),
+            "TERN_INDEXER_PREFILL=\"sgem\": expected auto, mma, mma-bf16x6, mma-fp16x3 or sgemm (unset: auto)");
+  set_indexer_prefill(saved);
+}
+
+TEST(CudaKnobs, ExactPath) {
+  const ExactPath saved = exact_path();
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_EXACT_PATH", v);
+    set_exact_path(unread<ExactPath>());
+    return exact_path();
+  };
+  EXPECT_EQ(read(nullptr), ExactPath::fp8_on_tensor_cores);
+  EXPECT_EQ(read("auto"), ExactPath::fp8_on_tensor_cores);
+  EXPECT_EQ(read("tc"), ExactPath::tensor_cores);
+  EXPECT_EQ(read("cuda-cores"), ExactPath::cuda_cores);
+  EXPECT_EQ(refusal([&] { read("cuda_cores"); }),
+            "TERN_EXACT_PATH=\"cuda_cores\": expected auto, tc or cuda-cores (unset: auto)");
+  set_exact_path(saved);
+}
+
+TEST(CudaKnobs, AttentionDecode) {
+  const AttentionDecode saved = attention_decode();
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_ATTENTION_DECODE", v);
+    set_attention_decode(unread<AttentionDecode>());
+    return attention_decode();
+  };
+  EXPECT_EQ(read(nullptr), AttentionDecode::heads);
+  EXPECT_EQ(read("heads"), AttentionDecode::heads);
+  EXPECT_EQ(read("heads16"), AttentionDecode::heads16);
+  EXPECT_EQ(read("heads32"), AttentionDecode::heads32);
+  EXPECT_EQ(read("cluster"), AttentionDecode::cluster);
+  EXPECT_EQ(refusal([&] { read("heads8"); }),
+            "TERN_ATTENTION_DECODE=\"heads8\": expected heads, heads16, heads32 or cluster (unset: heads)");
+  set_attention_decode(saved);
+}
+
+TEST(CudaKnobs, LinearVariant) {
+  const int saved = linear_variant();
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_LINEAR_VARIANT", v);
+    set_linear_variant(-1);
+    return linear_variant();
+  };
+  EXPECT_EQ(read(nullptr), 0);
+  EXPECT_EQ(read("0"), 0);
+  EXPECT_EQ(read("1"), 1);
+  EXPECT_EQ(read("2"), 2);
+  // Before: 3 ran a mix of paths no variant names, and junk (atoi: 0) the default.
+  EXPECT_EQ(refusal([&] { read("3"); }),
+            "TERN_LINEAR_VARIANT=\"3\": out of range, expected an integer from 0 to 2 (unset: 0)");
+  EXPECT_THROW(read("bulk"), Error);
+  set_linear_variant(saved);
+}
+
+}  // namespace
+}  // namespace tern::cuda
