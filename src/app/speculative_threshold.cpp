@@ -63,7 +63,12 @@ std::string speculative_model_key(const model::Model& m) {
 
 std::string speculative_device_key(const std::string& device) {
 #ifdef TERN_WITH_CUDA
-  if (device == "cuda") return cuda::device_description();
+  if (device == "cuda") {
+    // The description without what changes from run to run (its parenthesised free memory).
+    std::string d = cuda::device_description();
+    if (const size_t open = d.find(" ("); open != std::string::npos) d.erase(open);
+    return d;
+  }
 #endif
   return device;
 }

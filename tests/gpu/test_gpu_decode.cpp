@@ -248,10 +248,12 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
   }
   const PagedRows& geo = dest[0].host;
   const int64_t max_q = *std::max_element(qs.begin(), qs.end());
+  // The address tables as named tensors: the args hold views, which must not outlive them.
+  const Tensor t_acc = i64(h_acc), t_pos = i64(pos), t_firsts = i64(firsts), t_pool = i64(h_pool), t_table = i64(h_table);
   ops::DecodeCompressEmitArgs a;
-  a.compressor = {i64(h_acc), kv, gate, ape, i64(pos), ratio, overlap, width, {}, i64(firsts), max_q};
+  a.compressor = {t_acc, kv, gate, ape, t_pos, ratio, overlap, width, {}, t_firsts, max_q};
   a.norm = norm, a.eps = 1e-6f, a.inv_freq = inv_freq, a.format = f;
-  a.dest = {i64(h_pool), i64(h_table), geo.page_bytes(), geo.offset_in_page, rpp, rb};
+  a.dest = {t_pool, t_table, geo.page_bytes(), geo.offset_in_page, rpp, rb};
   ops::decode_compress_emit(a);  // the CPU reference
   auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(i64(pos)), dfirsts = upload(i64(firsts)),
        dacc_t = upload(i64(d_acc)), dpools = upload(i64(d_pool)), dtables = upload(i64(d_table)), dnorm = upload(norm),
