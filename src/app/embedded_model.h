@@ -26,13 +26,17 @@ inline std::filesystem::path cache_root() {
   return fs::path(home ? home : "/tmp") / ".cache" / "tern";
 }
 
+// The directory's name changes with the model's content, so a cache an older build wrote is not taken for it
+// (session 16: "tiny-v4-mtp", the MTP layer added; "tiny-v4" before).
+inline constexpr const char* kEmbeddedModelName = "tiny-v4-mtp";
+
 inline std::string embedded_model_dir() {
   namespace fs = std::filesystem;
-  const fs::path root = cache_root(), dir = root / "tiny-v4";
+  const fs::path root = cache_root(), dir = root / kEmbeddedModelName;
   if (fs::exists(dir / "config.json")) return dir.string();
   std::fprintf(stderr, "making the embedded tiny model in %s (once)\n", dir.c_str());
   fs::create_directories(root);
-  const fs::path tmp = root / cat("tiny-v4.tmp.", getpid());
+  const fs::path tmp = root / cat(kEmbeddedModelName, ".tmp.", getpid());
   fs::remove_all(tmp);
   model::write_synthetic_checkpoint(model::ModelConfig::tiny(), tmp.string(), model::SynthOptions{});
   std::error_code ec;
