@@ -164,8 +164,9 @@ AttentionParams attention_params(const char* op, const TensorView& q, const ops:
                                  const TensorView& out, const CudaBackend::Impl& impl) {
   require_cuda_f32(op, {&q, &sinks, &out});
   const int64_t hd = format.head_dim;
-  TERN_CHECK(hd == 128 || hd == 256 || hd == 512, "no cuda kernel for op ", op, " with head_dim ", hd,
-             " (built for 128, 256, 512)");
+  TERN_CHECK(attention_built_for(hd) || (format.format == ops::KvFormat::f32 && hd <= kAttentionAnyMaxHeadDim),
+             "no cuda kernel for op ", op, " with head_dim ", hd, " (built for 128, 256, 512; f32 rows of any head_dim "
+             "up to ", kAttentionAnyMaxHeadDim, ")");
   TERN_CHECK(format.format != ops::KvFormat::fp8_ds || format.rope_dim % 4 == 0, "no cuda kernel for op ", op,
              " with FP8 rows and rope_dim ", format.rope_dim,
              " (the row decoder reads 8-byte granules: rope_dim must be a multiple of 4)");

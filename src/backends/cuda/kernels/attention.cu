@@ -312,6 +312,7 @@ void set_attention_decode(AttentionDecode d) { g_attention_decode.store(static_c
 const char* attention_decode_name(AttentionDecode d) { return kDecodeNames[static_cast<int>(d)]; }
 
 AttentionPath attention_path(const AttentionParams& p) {
+  if (!attention_built_for(p.fmt.head_dim)) return AttentionPath::f32_cuda_cores_any_width;
   const int64_t hd = p.fmt.head_dim;
   const size_t smem = attention_mma_smem_bytes(p.fmt);
   const bool mma = p.fmt.fp8 && p.heads <= kAttentionMmaMaxHeads && (hd == 128 || hd == 256 || hd == 512) &&
@@ -339,6 +340,8 @@ const char* attention_path_name(AttentionPath path) {
         case AttentionDecode::heads32: return "bf16 tensor cores (attention_heads_kernel, 32 heads a block)";
         default: return "bf16 tensor cores (attention_heads_kernel, 16 or 32 heads a block by launch size)";
       }
+    case AttentionPath::f32_cuda_cores_any_width:
+      return "f32 CUDA cores, a head_dim of its own (attention_any_kernel)";
     case AttentionPath::bf16_tensor_cores:
       return attention_decode() == AttentionDecode::cluster
                  ? "bf16 tensor cores (attention_mma_kernel)"
@@ -371,6 +374,7 @@ cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t strea
   if (path == AttentionPath::bf16_tensor_cores_prefill) return launch_attention_prefill(p, stream);
   if (path == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
   if (path == AttentionPath::bf16_tensor_cores_heads) return launch_attention_heads(p, stream);
+  if (path == AttentionPath::f32_cuda_cores_any_width) return launch_attention_any(p, stream);
   const int splits = attention_splits(p);
   const int64_t step = queries_per_launch(p, splits);
   const unsigned groups = static_cast<unsigned>((p.heads + dev::kHeadsPerBlock - 1) / dev::kHeadsPerBlock);

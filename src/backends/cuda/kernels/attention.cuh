@@ -61,7 +61,14 @@ struct AttentionParams {
   bool prefill = false;
 };
 
-enum class AttentionPath { f32_cuda_cores, bf16_tensor_cores, bf16_tensor_cores_prefill, bf16_tensor_cores_heads };
+// f32_cuda_cores_any_width: f32 rows of a head_dim the other kernels are not built for (attention_any.cu).
+enum class AttentionPath {
+  f32_cuda_cores,
+  bf16_tensor_cores,
+  bf16_tensor_cores_prefill,
+  bf16_tensor_cores_heads,
+  f32_cuda_cores_any_width
+};
 AttentionPath attention_path(const AttentionParams& p);
 const char* attention_path_name(AttentionPath path);
 
@@ -71,6 +78,12 @@ int64_t attention_partial_floats(const AttentionParams& p);
 // Launches the path attention_path(p) names; returns the launch's error (the cluster launch reports it
 // here, not only through cudaGetLastError).
 cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream);
+
+// Whether the built kernels take head_dim hd (128, 256, 512); f32 rows of any other head_dim up to
+// kAttentionAnyMaxHeadDim take attention_any_kernel (launch_attention_any: f32 CUDA cores, one warp a head).
+inline bool attention_built_for(int64_t hd) { return hd == 128 || hd == 256 || hd == 512; }
+constexpr int64_t kAttentionAnyMaxHeadDim = 512;
+cudaError_t launch_attention_any(const AttentionParams& p, cudaStream_t stream);
 
 // The tensor-core path alone (attention_mma.cu); the caller has checked attention_path(p).
 constexpr int kAttentionMmaMaxHeads = 64;
