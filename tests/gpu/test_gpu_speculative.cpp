@@ -37,7 +37,9 @@ class GpuSpeculative : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuSpeculative, EngineGreedyEqualsPlainDecoding) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());
-  check_speculative_greedy(gpu_model(f, model::KvMode::fp8), 64, "gpu " + GetParam());
+  // Logprobs within 2e-2: the verify step's logits are bf16 products tiled for 2-4 tokens a sequence, the decode
+  // step's for one (the tokens must still be equal).
+  check_speculative_greedy(gpu_model(f, model::KvMode::fp8), 64, "gpu " + GetParam(), 2e-2);
   cuda::register_backend().check_device_errors();
 }
 
