@@ -150,10 +150,9 @@ Loaded load(const ServeOptions& a) {
   TERN_CHECK(speculate || (a.speculative_max_batch < 0 && a.speculative_oracle_accept < 0),
              "--speculative-max-batch and --speculative-oracle-accept need --speculative mtp or auto");
   model::DecodeGraphOptions graphs;
-  graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs && !speculate;
-  if (speculate && a.cuda_graphs == "on" && !a.no_cuda_graphs && a.device != "cpu")
-    log::info("cuda graphs: off under --speculative (the MTP layer reads every row's trunk streams, which the decode "
-              "graphs do not return yet; docs/mtp.md)");
+  graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
+  if (speculate)  // verify steps replay graphs too (a k out of range is refused by enable_speculative, below)
+    graphs.max_queries = std::clamp<int64_t>(a.num_speculative_tokens + 1, 1, model::Model::kMaxStepQueries);
   graphs.max_batch = a.cuda_graph_max_batch > 0 ? a.cuda_graph_max_batch : std::min(a.max_running, 128);
   runner->enable_decode_graphs(graphs);  // records the decode buckets now (startup), or logs why not
   TERN_CHECK(a.sampling == "device" || a.sampling == "host", "--sampling: expected device or host, found \"",

@@ -17,6 +17,7 @@ void V4Runner::enable_decode_graphs(model::DecodeGraphOptions options) {
   if (options.max_tokens <= 0) options.max_tokens = max_context_;
   graphs_ = std::make_unique<model::DecodeGraphs>(*model_, std::move(options));
   graphs_->prepare();
+  use_graphs_for_speculation();
 }
 
 void V4Runner::reserve_step_memory(int64_t tokens) {
@@ -43,6 +44,13 @@ void V4Runner::enable_speculative(int k, int max_sequences, int64_t tokens_per_p
   spec_ = std::make_unique<model::Speculator>(*model_, *model_->state_layout(max_context_, tokens_per_page),
                                               max_sequences);
   spec_k_ = k;
+  use_graphs_for_speculation();
+}
+
+void V4Runner::use_graphs_for_speculation() {
+  if (!spec_ || !graphs_) return;
+  spec_->set_trunk_step([this](std::span<const model::StepSequence> batch, bool want_record,
+                               model::DecodeGraphs::Trunk& out) { return graphs_->forward_trunk(batch, want_record, out); });
 }
 
 void V4Runner::draft(std::span<const DraftRequest> requests, const DraftChooser& choose) {
@@ -86,12 +94,6 @@ void V4Runner::speculative_forward(const StepBatch& batch, std::span<float> logi
 
 StepPaths V4Runner::step_paths() const {
   StepPaths p;
-  if (spec_) {
-    if (speculative_steps_ > 0)
-      p.eager_steps["speculative decoding (the MTP layer reads every row's trunk streams; not in graphs yet)"] =
-          speculative_steps_;
-    return p;
-  }
   if (!graphs_) {
     if (steps_without_graphs_ > 0) p.eager_steps["cuda graphs not enabled"] = steps_without_graphs_;
     return p;
@@ -105,7 +107,9 @@ std::vector<std::string> V4Runner::kernel_paths() const {
   std::vector<std::string> paths = ops::backend_for(model_->device()).kernel_paths();
   if (spec_)
     paths.push_back(cat("speculative decoding: MTP, ", spec_k_, " drafts a round, ", spec_->max_sequences(),
-                        " sequences; every step eager (no CUDA graphs) with the MTP layer caught up"));
+                        " sequences; the trunk's decode and verify steps ",
+                        graphs_ ? "replay CUDA graphs (with their streams and record)" : "run eagerly",
+                        ", the drafting, the rollback and the MTP catch-up run eagerly"));
   paths.push_back(samples_on_device()
                       ? "sampling: on the device (ops::sample_rows; only tokens and logprobs come back)"
                       : "sampling: on the host (engine Sampler; the logits are copied back each step)");
@@ -139,7 +143,7 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   prepare_steps(batch);
   if (spec_) {
     speculative_forward(batch, logits);
-    ++speculative_steps_;
+    if (!graphs_) ++steps_without_graphs_;
     return;
   }
   Tensor out;

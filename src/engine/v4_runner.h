@@ -43,9 +43,10 @@ class V4Runner : public ModelRunner {
   void reserve_step_memory(int64_t tokens);
   // Speculative decoding with the model's MTP layer (model/speculator.h): k drafts a round (1 ..
   // Speculator::kMaxDrafts), the rollback memory of max_sequences sequences of state_layout(tokens_per_page)
-  // reserved now on the model's device. Every step then runs eagerly (the MTP layer reads the trunk streams of
-  // every row, which the decode graphs do not return) and sampling moves to the host (the verdict reads whole
-  // distributions). Call before reserve_step_memory, which then reserves the MTP catch-up of a full step too.
+  // reserved now on the model's device. With decode graphs (enable_decode_graphs with max_queries k + 1) the trunk's
+  // decode and verify steps replay them, returning their streams and record; the drafting, rollback and MTP catch-up
+  // run eagerly. Sampling moves to the host (the verdict reads whole distributions). Call before
+  // reserve_step_memory, which then reserves the MTP catch-up of a full step too.
   void enable_speculative(int k, int max_sequences, int64_t tokens_per_page = 0);
   int speculative_tokens() const override { return spec_ ? spec_k_ : 0; }
   int speculative_sequences() const override { return spec_ ? spec_->max_sequences() : 0; }
@@ -64,7 +65,6 @@ class V4Runner : public ModelRunner {
   uint64_t steps_without_graphs_ = 0;
   std::unique_ptr<model::Speculator> spec_;
   int spec_k_ = 0;
-  uint64_t speculative_steps_ = 0;
   std::vector<model::StepSequence> rest_, verify_;  // a speculative step's plain and verify sequences
   bool device_sampling_ = true;
   // forward_sample's per-step buffers.
@@ -74,6 +74,8 @@ class V4Runner : public ModelRunner {
   std::vector<ops::SampledRow> sampled_;
 
   void prepare_steps(const StepBatch& batch);
+  // With both speculation and graphs: the Speculator's trunk steps replay the graphs (DecodeGraphs::forward_trunk).
+  void use_graphs_for_speculation();
   // forward() with speculative decoding on: the plain chunks through Speculator::forward, the verify chunks through
   // Speculator::verify; host logits in chunk order.
   void speculative_forward(const StepBatch& batch, std::span<float> logits);

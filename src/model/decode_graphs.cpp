@@ -55,6 +55,8 @@ DecodeGraphs::DecodeGraphs(Model& model, DecodeGraphOptions options)
   layout_ = model_.state_layout(options_.max_tokens, options_.tokens_per_page);
   handles_.assign(buckets_.size() * static_cast<size_t>(options_.max_queries), -1);
   logits_.resize(handles_.size());
+  streams_.resize(handles_.size());
+  records_.resize(handles_.size());
 }
 
 void DecodeGraphs::prepare() {
@@ -90,7 +92,9 @@ void DecodeGraphs::prepare() {
       graphs_->arena_begin(/*measure=*/true);
       try {
         const Model::DecodeTables t = model_.decode_tables(tables_, slots);
-        (void)model_.decode_body(t, *layout_, q);
+        Tensor streams;
+        Model::StepRecord record;  // the kept streams and record take arena too
+        (void)model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr);
       } catch (...) {
         graphs_->arena_end();
         throw;
@@ -125,16 +129,20 @@ void DecodeGraphs::record(size_t i, int64_t q) {
   const int64_t slots = buckets_[i] * q;
   const size_t g = graph_index(i, q);
   const Model::DecodeTables t = model_.decode_tables(tables_, slots);
-  Tensor logits;
+  Tensor logits, streams;
+  Model::StepRecord record;
   graphs_->arena_begin(/*measure=*/false);
   try {
-    handles_[g] = graphs_->capture([&] { logits = model_.decode_body(t, *layout_, q); });
+    handles_[g] = graphs_->capture(
+        [&] { logits = model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr); });
   } catch (...) {
     graphs_->arena_end();
     throw;
   }
   graphs_->arena_end();
   logits_[g] = std::move(logits);
+  streams_[g] = std::move(streams);
+  records_[g] = std::move(record);
   generation_ = graphs_->generation();
   stats_.graph_bytes = graphs_->graph_bytes();
   ++stats_.captures;
@@ -148,19 +156,36 @@ TensorView DecodeGraphs::forward_device(std::span<const StepSequence> batch, Ten
   return view;
 }
 
+Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out) {
+  out = {};
+  return step(batch, false, nullptr, &out, want_record);
+}
+
 Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device,
-                           TensorView* view) {
+                           TensorView* view, Trunk* trunk, bool want_record) {
   const uint64_t n = ++stats_.eager_steps[reason];
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
+  if (trunk != nullptr) {
+    const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+    Tensor logits = model_.forward(batch, all, eager_streams_, on_device, want_record ? &eager_record_ : nullptr);
+    trunk->streams = eager_streams_.view();
+    trunk->record = want_record && !eager_record_.layers.empty() ? &eager_record_ : nullptr;
+    if (view != nullptr) *view = logits.view();
+    return logits;
+  }
   Tensor logits = model_.forward(batch, on_device);
   if (view != nullptr) *view = logits.view();
   return logits;
 }
 
-Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view) {
+Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view, Trunk* trunk,
+                          bool want_record) {
   prepare();
-  if (!disabled_.empty()) return eager(batch, disabled_, on_device, view);
+  const auto eager = [&](const std::string& reason) {
+    return this->eager(batch, reason, on_device, view, trunk, want_record);
+  };
+  if (!disabled_.empty()) return eager(disabled_);
   // q: the tokens every sequence brings (1: a decode step; 2 ..: a verify step, every row's logits wanted).
   const int64_t q = batch.empty() ? 1 : static_cast<int64_t>(batch.front().tokens.size());
   const bool verify = q > 1 && q <= options_.max_queries &&
@@ -168,12 +193,12 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
                         return static_cast<int64_t>(s.tokens.size()) == q && s.logits == LogitsFor::all;
                       });
   const std::string refusal = model_.decode_refusal(batch, *layout_, verify ? q : 1);
-  if (!refusal.empty()) return eager(batch, refusal, on_device, view);
+  if (!refusal.empty()) return eager(refusal);
   const int64_t qs = verify ? q : 1;
   const auto B = static_cast<int64_t>(batch.size());
   const int64_t bucket = pick_decode_bucket(buckets_, B);
   if (bucket < 0)
-    return eager(batch, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")", on_device, view);
+    return eager("batch above the largest bucket (" + std::to_string(buckets_.back()) + ")");
   const int64_t slots = bucket * qs;
   const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
   const size_t g = graph_index(i, qs);
@@ -182,9 +207,11 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
     graphs_->drop_all();
     std::fill(handles_.begin(), handles_.end(), -1);
     for (Tensor& t : logits_) t = Tensor();
+    for (Tensor& t : streams_) t = Tensor();
+    for (Model::StepRecord& r : records_) r = {};
     generation_ = graphs_->generation();
   }
-  if (handles_[g] == kCaptureFailed) return eager(batch, "a verify bucket whose capture failed", on_device, view);
+  if (handles_[g] == kCaptureFailed) return eager("a verify bucket whose capture failed");
   if (handles_[g] < 0) {
     try {
       record(i, qs);
@@ -193,11 +220,11 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
         handles_[g] = kCaptureFailed;
         log::warn("decode graphs: verify steps of ", bucket, " sequences x ", qs, " tokens run eagerly: capture failed: ",
                   e.what());
-        return eager(batch, "a verify bucket whose capture failed", on_device, view);
+        return eager("a verify bucket whose capture failed");
       }
       disabled_ = std::string("capture failed: ") + e.what();
       log::warn("decode steps run eagerly from now on: ", disabled_);
-      return eager(batch, disabled_, on_device, view);
+      return eager(disabled_);
     }
   }
   upload_tables(batch, slots);
@@ -209,6 +236,10 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
   } else {
     logits = Tensor(DType::f32, {rows, vocab});
     copy_view(logits_[g].view().rows(0, rows), logits);
+  }
+  if (trunk != nullptr) {
+    trunk->streams = streams_[g].view().rows(0, rows);
+    trunk->record = qs > 1 && want_record ? &records_[g] : nullptr;
   }
   Model::decode_done(batch);
   ++stats_.graph_steps;

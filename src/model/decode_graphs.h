@@ -59,6 +59,14 @@ class DecodeGraphs {
   // The same with the logits left on the device: a view valid until the next step (the replayed step's
   // rows, or the eager step's logits, which `hold` keeps).
   TensorView forward_device(std::span<const StepSequence> batch, Tensor& hold);
+  // As Model::forward(batch, every row's streams, streams, false, record): host logits, and views of the step's
+  // trunk streams (every row, batch order) and, with want_record, its StepRecord, valid until the next step (a
+  // replayed graph's arena, or the eager step's tensors kept here). What speculative decoding's steps run on.
+  struct Trunk {
+    TensorView streams;
+    const Model::StepRecord* record = nullptr;
+  };
+  Tensor forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out);
 
   const DecodeGraphStats& stats() const { return stats_; }
   const std::vector<int64_t>& buckets() const { return buckets_; }
@@ -67,8 +75,10 @@ class DecodeGraphs {
 
  private:
   // A step; with on_device the logits stay on the device and *view shows them.
-  Tensor step(std::span<const StepSequence> batch, bool on_device, TensorView* view);
-  Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view);
+  Tensor step(std::span<const StepSequence> batch, bool on_device, TensorView* view, Trunk* trunk = nullptr,
+             bool want_record = false);
+  Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view,
+               Trunk* trunk = nullptr, bool want_record = false);
   void upload_tables(std::span<const StepSequence> batch, int64_t slots);
   // Graph g = (q - 1) * buckets + bucket index: bucket buckets_[i] of q tokens a sequence.
   size_t graph_index(size_t bucket, int64_t q) const { return static_cast<size_t>(q - 1) * buckets_.size() + bucket; }
@@ -84,6 +94,10 @@ class DecodeGraphs {
   Tensor tables_;   // device copy
   std::vector<int> handles_;     // per graph (graph_index); -1: not recorded, -2: a verify bucket that failed to record
   std::vector<Tensor> logits_;   // per graph: the recorded step's device logits (arena)
+  std::vector<Tensor> streams_;  // per graph: its trunk streams of every slot (arena)
+  std::vector<Model::StepRecord> records_;  // per verify graph (q > 1): its StepRecord (arena)
+  Tensor eager_streams_;                     // forward_trunk's eager step's
+  Model::StepRecord eager_record_;
   uint64_t generation_ = 0;
   bool prepared_ = false;
   DecodeGraphStats stats_;

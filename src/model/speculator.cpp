@@ -32,6 +32,15 @@ TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
   return slots.view().rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).reshape({bytes});
 }
 
+Tensor Speculator::trunk(std::span<const StepSequence> batch, bool want_record, DecodeGraphs::Trunk& out) {
+  if (trunk_step_) return trunk_step_(batch, want_record, out);
+  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+  Tensor logits = model_.forward(batch, all, own_streams_, false, want_record ? &own_record_ : nullptr);
+  out.streams = own_streams_.view();
+  out.record = want_record && !own_record_.layers.empty() ? &own_record_ : nullptr;
+  return logits;
+}
+
 void Speculator::catch_up(std::span<const Model::MtpStep> rows) {
   if (!rows.empty()) (void)model_.mtp_forward(rows);
 }
@@ -47,9 +56,18 @@ Tensor Speculator::forward(std::span<const StepSequence> batch, bool logits_on_d
     starts.push_back(s.state->position());
     rows += static_cast<int64_t>(s.tokens.size()) - 1 + (starts.back() > 0 ? 1 : 0);
   }
-  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  Tensor streams;
-  Tensor logits = model_.forward(batch, all, streams, logits_on_device);
+  DecodeGraphs::Trunk step;
+  Tensor logits;
+  Tensor streams_own;
+  TensorView streams;
+  if (logits_on_device) {  // (no trunk step: a caller that keeps the logits on the device runs its own forward)
+    const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+    logits = model_.forward(batch, all, streams_own, true);
+    streams = streams_own.view();
+  } else {
+    logits = trunk(batch, false, step);
+    streams = step.streams;
+  }
   // The hidden of every MTP row: the carry (row start - 1), then the step's rows but the last.
   Tensor hidden(DType::f32, {rows, H, D}, model_.device(), TensorInit::uninitialized);
   std::vector<Model::MtpStep> steps;
@@ -60,11 +78,11 @@ Tensor Speculator::forward(std::span<const StepSequence> batch, bool logits_on_d
     const bool carried = starts[i] > 0;
     const int64_t m = n - 1 + (carried ? 1 : 0);
     if (carried) ops::copy(s.state->carry(mtp), hidden.view().rows(at, at + 1));
-    if (n > 1) ops::copy(streams.view().rows(from, from + n - 1), hidden.view().rows(at + (carried ? 1 : 0), at + m));
+    if (n > 1) ops::copy(streams.rows(from, from + n - 1), hidden.view().rows(at + (carried ? 1 : 0), at + m));
     if (m > 0)
       steps.push_back({s.state, carried ? starts[i] - 1 : starts[i], hidden.view().rows(at, at + m),
                        carried ? s.tokens : s.tokens.subspan(1), LogitsFor::none});
-    ops::copy(streams.view().rows(from + n - 1, from + n), s.state->carry(mtp));
+    ops::copy(streams.rows(from + n - 1, from + n), s.state->carry(mtp));
     at += m;
     from += n;
   }
@@ -128,10 +146,8 @@ Tensor Speculator::verify(std::span<const StepSequence> batch) {
                "speculator: verify sequence ", i, " is not [y, drafts] of the last draft() with every row's logits");
     before_.push_back(batch[i].state->snapshot_into(slot(snapshots_, i, snapshot_bytes_)));
   }
-  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  record_ = {};
-  Tensor logits = model_.forward(batch, all, streams_, false, &record_);
-  TERN_CHECK(batch.empty() || !record_.layers.empty(),
+  Tensor logits = trunk(batch, true, verified_trunk_);
+  TERN_CHECK(batch.empty() || verified_trunk_.record != nullptr,
              "speculator: the verify step did not run on the step tables (nothing to roll back with)");
   verified_ = true;
   return logits;
@@ -148,12 +164,12 @@ void Speculator::settle(std::span<const int64_t> kept) {
     const auto n = static_cast<int64_t>(tokens_[i].size());
     const int64_t a = kept[i], m = before_[i].position;
     TERN_CHECK(a >= 1 && a <= n, "speculator: sequence ", i, " keeps ", a, " of its ", n, " tokens");
-    if (a < n) model_.rollback_step(state, before_[i], record_, first, a);
+    if (a < n) model_.rollback_step(state, before_[i], *verified_trunk_.record, first, a);
     if (drafting_[i].count > 1) ops::copy(slot(windows_, i, window_bytes_), bytes_of(state.ring(mtp)));
     if (a > 1)
-      steps.push_back({&state, m, streams_.view().rows(first, first + a - 1),
+      steps.push_back({&state, m, verified_trunk_.streams.rows(first, first + a - 1),
                        std::span<const int64_t>(tokens_[i]).subspan(1, static_cast<size_t>(a - 1)), LogitsFor::none});
-    ops::copy(streams_.view().rows(first + a - 1, first + a), state.carry(mtp));
+    ops::copy(verified_trunk_.streams.rows(first + a - 1, first + a), state.carry(mtp));
     first += n;
   }
   catch_up(steps);

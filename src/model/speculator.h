@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "model/decode_graphs.h"
 #include "model/v4_model.h"
 
 namespace tern::model {
@@ -57,6 +58,12 @@ class Speculator {
   // Sequence i of the last verify() keeps its first kept[i] tokens (1 .. k_i + 1).
   void settle(std::span<const int64_t> kept);
 
+  // How the trunk's steps run (forward's and verify's): by default Model::forward with every row's streams (and the
+  // record); the serving runner gives its CUDA graphs (DecodeGraphs::forward_trunk), whose views live until its next
+  // step. Returns the host logits; fills the streams (every row, batch order) and, when asked, the record.
+  using TrunkStep = std::function<Tensor(std::span<const StepSequence>, bool want_record, DecodeGraphs::Trunk&)>;
+  void set_trunk_step(TrunkStep step) { trunk_step_ = std::move(step); }
+
  private:
   Model& model_;
   int max_sequences_;
@@ -66,9 +73,13 @@ class Speculator {
   std::vector<DraftSequence> drafting_;
   std::vector<std::vector<int64_t>> tokens_;  // per sequence: y, d_1 .. d_k
   std::vector<cache::Snapshot> before_;
-  Model::StepRecord record_;
-  Tensor streams_;  // the verify step's, every row
+  DecodeGraphs::Trunk verified_trunk_;  // the verify step's streams (every row) and record
   bool verified_ = false;
+  TrunkStep trunk_step_;
+  Tensor own_streams_;  // the default trunk step's
+  Model::StepRecord own_record_;
+
+  Tensor trunk(std::span<const StepSequence> batch, bool want_record, DecodeGraphs::Trunk& out);
 
   TensorView slot(Tensor& slots, size_t i, int64_t bytes) const;
   // The MTP rows of `rows` (per sequence: state, first position, hidden rows, next tokens); no logits.

@@ -160,14 +160,20 @@ void Model::decode_done(std::span<const StepSequence> batch) {
   for (const StepSequence& s : batch) s.state->advance(static_cast<int64_t>(s.tokens.size()));
 }
 
-Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
+Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries,
+                          Tensor* streams_out, StepRecord* record) {
   TERN_CHECK(max_queries >= 1 && max_queries <= kMaxStepQueries, "decode_body: ", max_queries,
              " tokens a sequence (1 to ", kMaxStepQueries, ")");
   const ModelConfig& c = w_.config;
   Batch b;
   use_tables(b, t, layout, max_queries);
+  if (record != nullptr) {
+    record->layers.assign(static_cast<size_t>(c.num_layers), {});
+    b.record = record;
+  }
   const int64_t N = b.tokens, D = c.hidden_size;
   const Tensor streams = run_layers(b);
+  if (streams_out != nullptr) *streams_out = streams;
   // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the
   // same bits either way, every kernel here being per row).
   Tensor y = tensor(DType::f32, {N, D});

@@ -181,7 +181,10 @@ class Model {
   // a verify step): no host synchronisation, no host data, every shape a function of the slots and max_queries
   // alone (so it can be captured once and replayed). Returns the device logits f32 [slots, vocab] (padding rows
   // are garbage-free but meaningless). Does not advance the states (decode_done).
-  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries = 1);
+  // With streams_out: the trunk streams of every slot, f32 [slots, hc, D] (what the MTP layer reads); with record:
+  // the step's StepRecord (a verify step's rollback), both left in the step's memory (a graph's arena).
+  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries = 1,
+                     Tensor* streams_out = nullptr, StepRecord* record = nullptr);
   // After the step ran: each sequence of the batch has consumed its tokens.
   static void decode_done(std::span<const StepSequence> batch);
 

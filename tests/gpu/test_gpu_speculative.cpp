@@ -43,6 +43,15 @@ TEST_P(GpuSpeculative, EngineGreedyEqualsPlainDecoding) {
   cuda::register_backend().check_device_errors();
 }
 
+// The same with the trunk's decode and verify steps replayed from CUDA graphs (their streams and record from the
+// graph's arena), as `tern serve --speculative` runs them.
+TEST_P(GpuSpeculative, EngineWithGraphsGreedyEqualsPlainDecoding) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  check_speculative_greedy(gpu_model(f, model::KvMode::fp8), 64, "gpu graphs " + GetParam(), 2e-2, /*graphs=*/true);
+  cuda::register_backend().check_device_errors();
+}
+
 TEST_P(GpuSpeculative, GenerateGreedyEqualsPlainDecoding) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());

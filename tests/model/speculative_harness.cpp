@@ -22,8 +22,14 @@ EngineOptions spec_engine_options(int max_running) {
   return o;
 }
 
-std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences) {
+std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences, bool graphs) {
   auto r = std::make_shared<engine::V4Runner>(m, "fixture", 0, 256);
+  if (graphs) {
+    model::DecodeGraphOptions g;
+    g.max_batch = max_sequences;
+    g.max_queries = k + 1;
+    r->enable_decode_graphs(g);
+  }
   if (k > 0) r->enable_speculative(k, max_sequences);
   return r;
 }
@@ -85,15 +91,16 @@ void expect_same(const std::vector<SpecOutput>& got, const std::vector<SpecOutpu
   }
 }
 
-void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std::string& label, double logprob_tol) {
+void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std::string& label, double logprob_tol,
+                              bool graphs) {
   const int64_t vocab = m->config().vocab_size;
   std::vector<GenerationRequest> requests = mixed_requests(n, vocab, 11);
   // Stop strings from the plain output: every third request stops at the text of its fourth token.
-  std::vector<SpecOutput> want = run_engine(spec_runner(m, 0), requests);
+  std::vector<SpecOutput> want = run_engine(spec_runner(m, 0, 64, graphs), requests);
   for (int i = 0; i < n; i += 3)
     if (want[static_cast<size_t>(i)].tokens.size() > 4)
       requests[static_cast<size_t>(i)].stop.stop = {token_text(want[static_cast<size_t>(i)].tokens[3])};
-  want = run_engine(spec_runner(m, 0), requests);
+  want = run_engine(spec_runner(m, 0, 64, graphs), requests);
   std::vector<std::vector<int32_t>> outputs;
   std::vector<int64_t> lens;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -103,7 +110,7 @@ void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std:
   uint64_t drafts = 0, accepted = 0;
   for (int k = 1; k <= 3; ++k)
     for (double p : {0.0, 0.7, 1.0}) {  // the MTP layer's own drafts; pushed to the right token 70% / always
-      auto runner = spec_runner(m, k);
+      auto runner = spec_runner(m, k, 64, graphs);
       std::shared_ptr<engine::ModelRunner> r = runner;
       if (p > 0) r = std::make_shared<DraftBias>(runner, outputs, lens, p);
       engine::EngineMetrics metrics;

@@ -74,8 +74,10 @@ struct SpecOutput {
 std::string token_text(int32_t t);
 // A state memory of 256 MiB, `max_running` sequences, a budget of 512 tokens, prompts in chunks of 32.
 EngineOptions spec_engine_options(int max_running = 64);
-// The real runner over `m` (context 256), speculating with k drafts (0: off).
-std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences = 64);
+// The real runner over `m` (context 256), speculating with k drafts (0: off); with graphs, its decode (and verify)
+// steps replay CUDA graphs (a GPU model; on the CPU they run eagerly, said so).
+std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences = 64,
+                                              bool graphs = false);
 // Every request through a fresh engine, stepped on this thread to the end.
 std::vector<SpecOutput> run_engine(std::shared_ptr<engine::ModelRunner> runner, const std::vector<GenerationRequest>& requests,
                                    EngineOptions o = spec_engine_options(), engine::EngineMetrics* metrics = nullptr);
@@ -89,6 +91,6 @@ void expect_same(const std::vector<SpecOutput>& got, const std::vector<SpecOutpu
 // plain output) at k = 1, 2, 3, with the MTP layer's drafts and with drafts pushed right 70% and 100% of the time;
 // the counters add up and partial acceptance happened. `label` names the model in the printed acceptance.
 void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std::string& label,
-                              double logprob_tol = 1e-4);
+                              double logprob_tol = 1e-4, bool graphs = false);
 
 }  // namespace tern::test

@@ -482,6 +482,11 @@ int run(const Args& a) {
         if (m.has_mtp()) {
           if (!speculator || speculator->max_sequences() < B)
             speculator = std::make_unique<model::Speculator>(m, *layout, static_cast<int>(fitting.back()));
+          // The trunk's verify steps replay this context's graphs (returning streams and record), as the server's do.
+          speculator->set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record,
+                                         model::DecodeGraphs::Trunk& out) {
+            return graphs.forward_trunk(steps, want_record, out);
+          });
           std::vector<model::DraftSequence> drafts;
           for (int64_t i = 0; i < B; ++i)
             drafts.push_back({&states[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], static_cast<int>(a.speculative)});
