@@ -32,6 +32,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::(anonymous namespace)::attention_mma_kernel<512>(tern::cuda::AttentionParams, long)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_heads_kernel<512, 1>(tern::cuda::AttentionParams, long)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::attention_combine_kernel(tern::cuda::AttentionParams, int, long)", C::attention},
+    {"tern::cuda::dev::(anonymous namespace)::attention_any_kernel(tern::cuda::AttentionParams)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::kv_pack_kernel(float const*, tern::cuda::KvRowDesc, unsigned char*)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::kv_unpack_kernel(unsigned char const*, long, tern::cuda::KvRowDesc, float*)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::store_rows_kernel(tern::cuda::StoreRowsParams)", C::attention},
