@@ -81,7 +81,10 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
   return {};
 }
 
-void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const {
+void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
+                               std::span<const int64_t> starts) const {
+  TERN_CHECK(starts.empty() || starts.size() == batch.size(), "fill_decode_tables: ", starts.size(), " starts for ",
+             batch.size(), " sequences");
   const int64_t S = slots;
   int64_t tokens = 0;
   for (const StepSequence& s : batch) tokens += static_cast<int64_t>(s.tokens.size());
@@ -95,8 +98,8 @@ void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slot
     const auto n = static_cast<int64_t>(s.tokens.size());
     TERN_CHECK(s.state != nullptr && n >= 1, "fill_decode_tables: sequence ", k, " needs a state and a token");
     check_state(*s.state);
-    const int64_t pos = s.state->position();
-    TERN_CHECK(pos + n <= s.state->layout().max_tokens(), "forward: ", pos + n,
+    const int64_t pos = starts.empty() ? s.state->position() : starts[k];
+    TERN_CHECK(pos >= 0 && pos + n <= s.state->layout().max_tokens(), "forward: ", pos + n,
                " tokens exceed the state's capacity of ", s.state->layout().max_tokens());
     TERN_CHECK(s.state->capacity() >= pos + n, "fill_decode_tables: sequence ", k, "'s state holds pages for ",
                s.state->capacity(), " positions, not ", pos + n, " (reserve() first)");
@@ -139,9 +142,10 @@ Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots)
   return t;
 }
 
-Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words) const {
+Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
+                                        std::span<const int64_t> starts) const {
   words = Tensor(DType::i64, {decode_words(slots)});
-  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())});
+  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())}, starts);
   words = on_device(std::move(words));
   return decode_tables(words, slots);
 }
@@ -295,7 +299,7 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
   args.rows = kv_rows;
   args.rings = t.ring;
   args.window = c.sliding_window;
-  args.ratio = c.compress_ratio(l);
+  args.ratio = layer_specs_[static_cast<size_t>(l)].ratio;  // the MTP layer's (l = num_layers) too: 0
   if (args.ratio > 0) {
     args.compressed = paged_rows(*b.decode, *b.layout, l, /*keys=*/false);
     args.max_compressed = b.max_tokens / args.ratio;

@@ -171,7 +171,9 @@ class Model {
                              int64_t max_queries = 1) const;
   // Writes the host image of the tables (decode_words(slots) words) for `batch` (its tokens, one a slot) padded
   // to `slots`.
-  void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words) const;
+  // starts: each sequence's first position (the MTP layer's rows trail the state by one); empty: its state's position.
+  void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
+                          std::span<const int64_t> starts = {}) const;
   // Whether forward() runs the steps it can on the step tables (the default) or every step on the per-sequence
   // chunk path (tests compare the two; A/B).
   void set_step_tables(bool on) { step_tables_ = on; }
@@ -193,7 +195,8 @@ class Model {
   Batch make_batch(std::span<const StepSequence> batch) const;
   // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
   // it), and the views of it.
-  DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words) const;
+  DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
+                            std::span<const int64_t> starts = {}) const;
   // Points b at tables t: a step of t's slots, up to max_queries tokens a sequence, in states of `layout`'s page
   // geometry and at most its max_tokens positions.
   static void use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries);

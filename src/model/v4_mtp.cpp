@@ -47,6 +47,25 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   r.logits = Tensor(DType::f32, {0, c.vocab_size});
   if (N == 0) return r;
   lay_out_tokens(b, [&](size_t i) { return batch[i].next; });
+  // Rows of 1..kMaxStepQueries a sequence (drafting, a verify's catch-up) run on the step tables, as the trunk's
+  // steps do: one launch per op for the whole batch instead of a pass per sequence. Longer catch-ups (a prompt
+  // chunk's) run per sequence.
+  Tensor words;
+  DecodeTables tables;
+  std::vector<StepSequence> steps;
+  std::vector<int64_t> starts;
+  const cache::StateLayout* bound = nullptr;
+  for (const MtpStep& s : batch) {
+    steps.push_back({s.state, s.next, s.logits});
+    starts.push_back(s.start);
+    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
+  }
+  if (step_tables_ && decode_refusal(steps, *bound, kMaxStepQueries).empty()) {
+    tables = eager_tables(steps, N, words, starts);
+    int64_t max_queries = 1;
+    for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
+    use_tables(b, tables, *bound, max_queries);
+  }
 
   // e = e_proj(enorm(embed(next)))                                    [N, D]
   Tensor x = tensor(DType::f32, {N, D});
