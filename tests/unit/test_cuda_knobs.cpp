@@ -12,6 +12,7 @@
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "core/error.h"
+#include "refusal.h"
 
 namespace tern::cuda {
 namespace {
@@ -35,16 +36,7 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-// The message of the tern::Error that `f` throws ("" when it does not throw).
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::refusal;
 
 // Knobs read once keep -1 in their atomic until read; storing it back (through the setter, as a test-only
 // value) makes the next call read the environment again.

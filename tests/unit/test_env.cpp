@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "refusal.h"
 
 namespace tern {
 namespace {
@@ -24,16 +25,7 @@ class Env : public ::testing::Test {
   static void set(const char* value) { setenv(kVar, value, 1); }
 };
 
-// The message of the tern::Error that `f` throws ("" when it does not throw).
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::refusal;
 
 TEST_F(Env, StringUnsetEmptyAndSet) {
   EXPECT_EQ(env_string(kVar), std::nullopt);
