@@ -32,8 +32,9 @@ class ProfiledRunner : public engine::ModelRunner {
   int speculative_tokens() const override { return inner_->speculative_tokens(); }
   int speculative_sequences() const override { return inner_->speculative_sequences(); }
   int64_t speculative_bytes_per_sequence() const override { return inner_->speculative_bytes_per_sequence(); }
-  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
-    inner_->draft(requests, choose);
+  std::vector<std::vector<int32_t>> draft(std::span<const engine::DraftRequest> requests,
+                                          const engine::DraftChooser& choose) override {
+    return inner_->draft(requests, choose);
   }
   void settle(std::span<const int32_t> kept) override { inner_->settle(kept); }
   void forward(const engine::StepBatch& batch, std::span<float> logits) override;

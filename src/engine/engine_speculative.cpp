@@ -62,15 +62,16 @@ void Engine::draft(const BatchPlan& plan) {
   for (const auto& c : plan.chunks) {
     if (c.drafts == 0) continue;
     Sequence& s = *seqs_.at(c.id);
-    requests.push_back({c.id, &pool_.state(c.id), s.tokens.back(), static_cast<int32_t>(c.drafts)});
+    const SamplingParams& p = s.request.sampling;
+    requests.push_back({c.id, &pool_.state(c.id), s.tokens.back(), static_cast<int32_t>(c.drafts),
+                        p.greedy() && !penalised(p)});
     seqs.push_back(&s);
-    drafts_[c.id].reserve(static_cast<size_t>(c.drafts));
   }
   if (requests.empty()) return;
   std::unique_ptr<Sampler> sampler = take_sampler();
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   // Each draft from the request's own sampling of the draft model's row: q_j is what the verdict divides by.
-  runner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) -> int32_t {
+  std::vector<std::vector<int32_t>> drafted = runner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) -> int32_t {
     Sequence& s = *seqs[i];
     const SamplingParams& p = s.request.sampling;
     int32_t token = 0;
@@ -83,10 +84,12 @@ void Engine::draft(const BatchPlan& plan) {
       sampler->distribution(logits, p, s.history, row);
       token = draw_from(row, uniform(s.rng));
     }
-    drafts_[s.id].push_back(token);
     return token;
   });
   give_sampler(std::move(sampler));
+  TERN_CHECK(drafted.size() == requests.size(), "engine: the runner drafted for ", drafted.size(), " of ",
+             requests.size(), " sequences");
+  for (size_t i = 0; i < requests.size(); ++i) drafts_[requests[i].seq] = std::move(drafted[i]);
 }
 
 int32_t Engine::verdict(Sequence& s, const PlannedChunk& c, const float* logits, Sampler& sampler,

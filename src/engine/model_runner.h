@@ -41,6 +41,9 @@ struct DraftRequest {
   cache::SequenceState* state = nullptr;
   int32_t last = 0;
   int32_t count = 0;
+  // Greedy without penalties: each draft is the draft row's argmax, taken where the logits are (the chooser is
+  // not called for it).
+  bool greedy = false;
 };
 // Picks draft j + 1 of request i from the draft model's logits row (its distribution q_{j+1}).
 using DraftChooser = std::function<int32_t(size_t i, int j, std::span<const float> logits)>;
@@ -98,10 +101,10 @@ class ModelRunner {
   virtual int speculative_tokens() const { return 0; }
   virtual int speculative_sequences() const { return 0; }
   virtual int64_t speculative_bytes_per_sequence() const { return 0; }
-  // A round: draft() proposes the drafts (in request order), the next forward() verifies them (chunks with
-  // `drafts`, in the same order), settle() keeps the first kept[i] tokens (1 .. drafts + 1) of verify chunk i and
-  // rolls the rest back exactly.
-  virtual void draft(std::span<const DraftRequest> requests, const DraftChooser& choose);
+  // A round: draft() proposes the drafts (returned in request order: count tokens each), the next forward()
+  // verifies them (chunks with `drafts`, in the same order), settle() keeps the first kept[i] tokens (1 .. drafts +
+  // 1) of verify chunk i and rolls the rest back exactly.
+  virtual std::vector<std::vector<int32_t>> draft(std::span<const DraftRequest> requests, const DraftChooser& choose);
   virtual void settle(std::span<const int32_t> kept);
 };
 

@@ -15,8 +15,9 @@ void ModelRunner::forward_sample(const StepBatch&, std::span<const SampleRequest
   TERN_CHECK(false, "runner ", name(), " does not sample on its device (samples_on_device() is false)");
 }
 
-void ModelRunner::draft(std::span<const DraftRequest>, const DraftChooser&) {
+std::vector<std::vector<int32_t>> ModelRunner::draft(std::span<const DraftRequest>, const DraftChooser&) {
   TERN_CHECK(false, "runner ", name(), " does not speculate (speculative_tokens() is 0)");
+  return {};
 }
 
 void ModelRunner::settle(std::span<const int32_t>) {

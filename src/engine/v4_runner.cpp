@@ -53,15 +53,19 @@ void V4Runner::use_graphs_for_speculation() {
                                model::DecodeGraphs::Trunk& out) { return graphs_->forward_trunk(batch, want_record, out); });
 }
 
-void V4Runner::draft(std::span<const DraftRequest> requests, const DraftChooser& choose) {
+std::vector<std::vector<int32_t>> V4Runner::draft(std::span<const DraftRequest> requests, const DraftChooser& choose) {
   TERN_CHECK(spec_ != nullptr, "V4 runner: speculative decoding is not enabled");
   std::vector<model::DraftSequence> seqs;
   for (const DraftRequest& r : requests) {
     TERN_CHECK(r.count >= 1 && r.count <= spec_k_, "V4 runner: sequence ", r.seq, " asks for ", r.count,
                " drafts (1 to ", spec_k_, ")");
-    seqs.push_back({r.state, r.last, r.count});
+    seqs.push_back({r.state, r.last, r.count, r.greedy});
   }
   spec_->draft(seqs, [&](size_t i, int j, std::span<const float> row) -> int64_t { return choose(i, j, row); });
+  std::vector<std::vector<int32_t>> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (int64_t d : spec_->drafts(i)) out[i].push_back(static_cast<int32_t>(d));
+  return out;
 }
 
 void V4Runner::settle(std::span<const int32_t> kept) {

@@ -51,7 +51,7 @@ class V4Runner : public ModelRunner {
   int speculative_tokens() const override { return spec_ ? spec_k_ : 0; }
   int speculative_sequences() const override { return spec_ ? spec_->max_sequences() : 0; }
   int64_t speculative_bytes_per_sequence() const override { return spec_ ? spec_->bytes_per_sequence() : 0; }
-  void draft(std::span<const DraftRequest> requests, const DraftChooser& choose) override;
+  std::vector<std::vector<int32_t>> draft(std::span<const DraftRequest> requests, const DraftChooser& choose) override;
   void settle(std::span<const int32_t> kept) override;
 
  private:

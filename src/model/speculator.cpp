@@ -120,13 +120,20 @@ void Speculator::draft(std::span<const DraftSequence> seqs, const Chooser& choos
       const TensorView hidden = j == 0 ? seqs[i].state->carry(mtp).reshape({1, H, D})
                                        : r.streams.view().rows(static_cast<int64_t>(row_of[i]),
                                                                static_cast<int64_t>(row_of[i]) + 1);
-      steps.push_back({seqs[i].state, m - 1 + j, hidden, {&tokens_[i][static_cast<size_t>(j)], 1}, LogitsFor::last});
+      steps.push_back({seqs[i].state, m - 1 + j, hidden, {&tokens_[i][static_cast<size_t>(j)], 1}, LogitsFor::last,
+                       seqs[i].greedy});
       who.push_back(i);
     }
     Model::MtpResult next = model_.mtp_forward(steps);
+    int64_t host_row = 0;  // the chooser's rows come back in order, the greedy ones stay where they are
     for (size_t w = 0; w < who.size(); ++w) {
       const size_t i = who[w];
-      tokens_[i].push_back(choose(i, j, {next.logits.data<float>() + w * vocab, static_cast<size_t>(vocab)}));
+      if (seqs[i].greedy) {
+        tokens_[i].push_back(next.argmax.at(w));
+      } else {
+        tokens_[i].push_back(choose(i, j, {next.logits.data<float>() + host_row * vocab, static_cast<size_t>(vocab)}));
+        ++host_row;
+      }
       row_of[i] = w;
     }
     r = std::move(next);

@@ -31,6 +31,9 @@ struct DraftSequence {
   cache::SequenceState* state = nullptr;  // at position m, caught up (its carry is h_{m-1})
   int64_t last = 0;                       // y = x_m, sampled, not consumed
   int count = 0;                          // drafts wanted: 1 .. Model::kMaxStepQueries - 1
+  // Each draft the MTP row's argmax, taken where the logits are (no row crosses to the host; the chooser is not
+  // called): a greedy request without penalties.
+  bool greedy = false;
 };
 
 class Speculator {
@@ -47,9 +50,11 @@ class Speculator {
   Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
 
   // Round j runs the MTP rows of every sequence that wants more than j drafts; choose(i, j, logits) gives draft
-  // j + 1 of sequence i from its row's logits (the draft distribution q_{j+1}).
+  // j + 1 of sequence i from its row's logits (the draft distribution q_{j+1}), unless the sequence is greedy.
   using Chooser = std::function<int64_t(size_t seq, int j, std::span<const float> logits)>;
   void draft(std::span<const DraftSequence> seqs, const Chooser& choose);
+  // Sequence i's drafts of the last draft().
+  std::span<const int64_t> drafts(size_t i) const { return std::span<const int64_t>(tokens_.at(i)).subspan(1); }
 
   // The verify step of the last draft(): batch[i] brings [y, d_1 .. d_k] of seqs[i] (LogitsFor::all). Returns the
   // logits of every row, f32 [sum (k_i + 1), vocab] on the host.

@@ -125,9 +125,13 @@ class Model {
     TensorView streams;                     // f32 [n, hc, D] on the model's device: h at start .. start+n-1
     std::span<const int64_t> next;          // n tokens: the tokens at start+1 .. start+n
     LogitsFor logits = LogitsFor::all;
+    // The wanted rows' argmax instead of their logits, taken where the logits are (a greedy draft: no vocab-wide
+    // row crosses to the host).
+    bool argmax = false;
   };
   struct MtpResult {
-    Tensor logits;   // f32 [rows, vocab] on the host: the requested rows, in batch order
+    Tensor logits;   // f32 [rows, vocab] on the host: the requested rows of the steps without argmax, in batch order
+    std::vector<int64_t> argmax;  // per requested row of every step, in batch order: its argmax (argmax steps)
     Tensor streams;  // f32 [N, hc, D] on the model's device: the block's output (before hc_head) of every row,
                      // in batch order: the hidden of the next chained draft step
   };

@@ -14,6 +14,8 @@
 #include "ops/linear.h"
 #include "ops/mhc.h"
 #include "ops/norm.h"
+#include "ops/sample.h"
+#include "ops/sampling.h"
 
 namespace tern::model {
 
@@ -89,15 +91,45 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   // The block: attention over the MTP layer's window, then the MoE, each inside its mHC.
   block(l, b, streams);
 
-  // logits = head(norm(hc_head_mtp(X'))) of the wanted rows
-  r.logits = Tensor(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});
-  if (!b.wanted.empty()) {
-    if (device_ == Device::cpu) {
-      head(b, streams, r.logits, M.hc_head, M.norm);
-    } else {
-      Tensor device_logits = tensor(DType::f32, r.logits.shape());
-      head(b, streams, device_logits, M.hc_head, M.norm);
-      ops::copy(device_logits, r.logits);
+  // logits = head(norm(hc_head_mtp(X'))) of the wanted rows; argmax steps keep only their rows' argmax.
+  const auto W = static_cast<int64_t>(b.wanted.size());
+  std::vector<char> by_argmax;  // per wanted row
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t rows = batch[i].logits == LogitsFor::all ? b.seqs[i].n : batch[i].logits == LogitsFor::last ? 1 : 0;
+    by_argmax.insert(by_argmax.end(), static_cast<size_t>(rows), batch[i].argmax ? 1 : 0);
+  }
+  const auto host_rows = static_cast<int64_t>(std::count(by_argmax.begin(), by_argmax.end(), 0));
+  r.logits = Tensor(DType::f32, {host_rows, c.vocab_size});
+  r.argmax.assign(static_cast<size_t>(W), -1);
+  if (W > 0) {
+    Tensor all = device_ == Device::cpu ? Tensor(DType::f32, {W, c.vocab_size}) : tensor(DType::f32, {W, c.vocab_size});
+    head(b, streams, all, M.hc_head, M.norm);
+    if (host_rows < W) {  // the argmax rows' tokens, where the logits are
+      if (device_ == Device::cpu) {
+        for (int64_t w = 0; w < W; ++w)
+          if (by_argmax[static_cast<size_t>(w)])
+            r.argmax[static_cast<size_t>(w)] =
+                ops::argmax({all.data<float>() + w * c.vocab_size, static_cast<size_t>(c.vocab_size)});
+      } else {
+        std::vector<ops::SampleRowSpec> specs(static_cast<size_t>(W));
+        for (auto& s : specs) s.params.temperature = 0.0f;  // greedy, no penalties, no logprobs
+        std::vector<ops::SampledRow> picked(static_cast<size_t>(W));
+        ops::sample_rows(all, specs, picked);
+        for (int64_t w = 0; w < W; ++w)
+          if (by_argmax[static_cast<size_t>(w)]) r.argmax[static_cast<size_t>(w)] = picked[static_cast<size_t>(w)].token;
+      }
+    }
+    // The other rows to the host, in runs.
+    for (int64_t w = 0, h = 0; w < W;) {
+      if (by_argmax[static_cast<size_t>(w)]) {
+        ++w;
+        continue;
+      }
+      int64_t e = w;
+      while (e < W && !by_argmax[static_cast<size_t>(e)]) ++e;
+      ops::copy(all.view().rows(w, e), r.logits.view().rows(h, h + e - w));
+      h += e - w;
+      w = e;
     }
   }
   r.streams = std::move(streams);

@@ -38,8 +38,12 @@ class DraftBias : public engine::ModelRunner {
   int speculative_sequences() const override { return inner_->speculative_sequences(); }
   int64_t speculative_bytes_per_sequence() const override { return inner_->speculative_bytes_per_sequence(); }
   void settle(std::span<const int32_t> kept) override { inner_->settle(kept); }
-  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
-    inner_->draft(requests, [&](size_t i, int j, std::span<const float> logits) {
+  // Every draft through the chooser (a greedy request's too: its row is what gets pushed).
+  std::vector<std::vector<int32_t>> draft(std::span<const engine::DraftRequest> requests,
+                                          const engine::DraftChooser& choose) override {
+    std::vector<engine::DraftRequest> chosen(requests.begin(), requests.end());
+    for (auto& r : chosen) r.greedy = false;
+    return inner_->draft(chosen, [&](size_t i, int j, std::span<const float> logits) {
       const auto r = static_cast<size_t>(requests[i].seq - 1);
       if (r >= outputs_.size()) return choose(i, j, logits);
       // d_{j+1} stands for the token at position m + 1 + j: output index m + 1 + j - prompt length.

@@ -144,8 +144,9 @@ class TiltedDrafts : public DraftBias {
   TiltedDrafts(std::shared_ptr<engine::ModelRunner> inner, std::map<int32_t, std::vector<float>> rows,
                std::map<int32_t, std::pair<int32_t, int32_t>> tilt)
       : DraftBias(std::move(inner), {}, {}, 0.0), rows_(std::move(rows)), tilt_(std::move(tilt)) {}
-  void draft(std::span<const engine::DraftRequest> requests, const engine::DraftChooser& choose) override {
-    DraftBias::draft(requests, [&](size_t i, int j, std::span<const float> logits) {
+  std::vector<std::vector<int32_t>> draft(std::span<const engine::DraftRequest> requests,
+                                          const engine::DraftChooser& choose) override {
+    return DraftBias::draft(requests, [&](size_t i, int j, std::span<const float> logits) {
       auto it = rows_.find(requests[i].last);
       if (j > 0 || it == rows_.end()) return choose(i, j, logits);
       row_ = it->second;

@@ -488,17 +488,18 @@ int run(const Args& a) {
             return graphs.forward_trunk(steps, want_record, out);
           });
           std::vector<model::DraftSequence> drafts;
-          for (int64_t i = 0; i < B; ++i)
-            drafts.push_back({&states[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], static_cast<int>(a.speculative)});
+          for (int64_t i = 0; i < B; ++i)  // greedy drafts: the argmax where the logits are, as the server's greedy requests
+            drafts.push_back({&states[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], static_cast<int>(a.speculative),
+                              true});
           std::vector<int64_t> kept(static_cast<size_t>(B));
           for (int64_t i = 0; i < B; ++i) kept[static_cast<size_t>(i)] = i % q + 1;
           auto round = [&] {
-            speculator->draft(drafts, [&](size_t i, int j, std::span<const float> row) {
-              const int64_t d = ops::argmax(row);
-              vids[i][static_cast<size_t>(j) + 1] = d;
-              return d;
-            });
-            for (int64_t i = 0; i < B; ++i) vids[static_cast<size_t>(i)][0] = drafts[static_cast<size_t>(i)].last;
+            speculator->draft(drafts, [&](size_t, int, std::span<const float> row) { return ops::argmax(row); });
+            for (int64_t i = 0; i < B; ++i) {
+              vids[static_cast<size_t>(i)][0] = drafts[static_cast<size_t>(i)].last;
+              const std::span<const int64_t> d = speculator->drafts(static_cast<size_t>(i));
+              std::copy(d.begin(), d.end(), vids[static_cast<size_t>(i)].begin() + 1);
+            }
             (void)speculator->verify(vb);
             speculator->settle(kept);
             for (int64_t i = 0; i < B; ++i)
