@@ -396,8 +396,7 @@ void Engine::after_sample(Sequence& s, std::span<const SampleResult> tokens) {
     return finish(s, FinishReason::handover, std::move(update));
   }
   s.state = RequestState::decoding;
-  const bool penalised = s.request.sampling.presence_penalty != 0 || s.request.sampling.frequency_penalty != 0 ||
-                         s.request.sampling.repetition_penalty != 1;
+  const bool penalised = s.request.sampling.penalised();
   for (const SampleResult& r : tokens) {
     s.tokens.push_back(r.token);
     ++s.generated;

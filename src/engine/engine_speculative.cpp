@@ -12,10 +12,6 @@ namespace tern::engine {
 
 namespace {
 
-bool penalised(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-}
-
 // The params of a choice that needs no logprobs (a draft, a greedy row of the verdict).
 SamplingParams without_logprobs(SamplingParams p) {
   p.top_logprobs = -1;
@@ -64,7 +60,7 @@ void Engine::draft(const BatchPlan& plan) {
     Sequence& s = *seqs_.at(c.id);
     const SamplingParams& p = s.request.sampling;
     requests.push_back({c.id, &pool_.state(c.id), s.tokens.back(), static_cast<int32_t>(c.drafts),
-                        p.greedy() && !penalised(p)});
+                        p.greedy() && !p.penalised()});
     seqs.push_back(&s);
   }
   if (requests.empty()) return;
@@ -99,7 +95,7 @@ int32_t Engine::verdict(Sequence& s, const PlannedChunk& c, const float* logits,
   TERN_CHECK(static_cast<int64_t>(d.size()) == k, "engine: sequence ", s.id, " has ", d.size(), " drafts, the plan ", k);
   const SamplingParams& p = s.request.sampling;
   // The target's row j sees the request's history plus d_1 .. d_j (penalties read it).
-  const bool pen = penalised(p);
+  const bool pen = p.penalised();
   TokenHistory extended = pen ? s.history : TokenHistory{};
   const TokenHistory& history = pen ? extended : s.history;
   const auto row = [&](int64_t j) { return std::span<const float>(logits + j * vocab_, static_cast<size_t>(vocab_)); };

@@ -23,6 +23,8 @@ struct SamplingParams {
   int top_logprobs = -1;           // -1: no logprobs; 0..20: the chosen token's and this many more
 
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  // Whether any penalty reads the history (the sampler's penalties; the engine keeps the history only then).
+  bool penalised() const { return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f; }
 };
 
 struct StopParams {

@@ -197,9 +197,7 @@ SampleResult Sampler::sample_drawn(std::span<const float> logits, const Sampling
   TERN_CHECK(uniforms.size() == static_cast<size_t>(uniforms_per_sample(params)), "sampler: ", uniforms.size(),
              " uniforms given, the request takes ", uniforms_per_sample(params));
   SampleResult out;
-  const bool penalised = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
-                         params.frequency_penalty != 0.0f;
-  if (params.greedy() && !penalised) {
+  if (params.greedy() && !params.penalised()) {
     out.token = argmax(logits);
   } else {
     work_.assign(logits.begin(), logits.end());

@@ -156,6 +156,15 @@ TensorView DecodeGraphs::forward_device(std::span<const StepSequence> batch, Ten
   return view;
 }
 
+Tensor DecodeGraphs::eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
+                                 Tensor& streams, Model::StepRecord& record, Trunk& out) {
+  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+  Tensor logits = model.forward(batch, all, streams, on_device, want_record ? &record : nullptr);
+  out.streams = streams.view();
+  out.record = want_record && !record.layers.empty() ? &record : nullptr;
+  return logits;
+}
+
 Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out) {
   out = {};
   return step(batch, false, nullptr, &out, want_record);
@@ -167,10 +176,7 @@ Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::strin
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
   if (trunk != nullptr) {
-    const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-    Tensor logits = model_.forward(batch, all, eager_streams_, on_device, want_record ? &eager_record_ : nullptr);
-    trunk->streams = eager_streams_.view();
-    trunk->record = want_record && !eager_record_.layers.empty() ? &eager_record_ : nullptr;
+    Tensor logits = eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
     if (view != nullptr) *view = logits.view();
     return logits;
   }

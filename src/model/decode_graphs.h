@@ -67,6 +67,10 @@ class DecodeGraphs {
     const Model::StepRecord* record = nullptr;
   };
   Tensor forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out);
+  // forward_trunk's eager step, for any caller: Model::forward with every row's streams into `streams` (and, with
+  // want_record, the record into `record`), `out` viewing them.
+  static Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
+                            Tensor& streams, Model::StepRecord& record, Trunk& out);
 
   const DecodeGraphStats& stats() const { return stats_; }
   const std::vector<int64_t>& buckets() const { return buckets_; }

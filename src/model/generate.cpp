@@ -1,5 +1,6 @@
 // Prefill then decode, for tests and `tern run`: plainly, or with MTP speculative decoding (greedy).
 #include <chrono>
+#include <functional>
 
 #include "model/speculator.h"
 #include "model/v4_model.h"
@@ -14,6 +15,20 @@ using clock = std::chrono::steady_clock;
 
 int64_t argmax_row(const Tensor& logits, int64_t row, int64_t vocab) {
   return ops::argmax({logits.data<float>() + row * vocab, static_cast<size_t>(vocab)});
+}
+
+// The prompt in chunks of `chunk` tokens (0: one chunk), each a step `run` takes; the last chunk's logits (its last
+// row).
+Tensor prefill(cache::SequenceState& state, std::span<const int64_t> prompt, int64_t chunk_tokens,
+               const std::function<Tensor(const StepSequence&)>& run) {
+  const auto chunk = static_cast<size_t>(chunk_tokens > 0 ? chunk_tokens : static_cast<int64_t>(prompt.size()));
+  Tensor logits;
+  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
+    const size_t n = std::min(chunk, prompt.size() - begin);
+    const bool last = begin + n == prompt.size();
+    logits = run({&state, prompt.subspan(begin, n), last ? LogitsFor::last : LogitsFor::none});
+  }
+  return logits;
 }
 
 // Speculative decoding with the MTP layer, greedy (GenerateOptions::speculative_tokens), one sequence through
@@ -31,14 +46,8 @@ GenerateResult generate_speculative(Model& model, cache::SequenceState& state, s
   Speculator spec(model, state.layout(), 1);
   GenerateResult result;
   const auto t0 = clock::now();
-  const auto chunk = static_cast<size_t>(o.prefill_chunk > 0 ? o.prefill_chunk : prompt.size());
-  Tensor logits;
-  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
-    const size_t n = std::min(chunk, prompt.size() - begin);
-    const bool last = begin + n == prompt.size();
-    const StepSequence step{&state, prompt.subspan(begin, n), last ? LogitsFor::last : LogitsFor::none};
-    logits = spec.forward({&step, 1});
-  }
+  const Tensor logits =
+      prefill(state, prompt, o.prefill_chunk, [&](const StepSequence& s) { return spec.forward({&s, 1}); });
   const auto t1 = clock::now();
   if (o.before_decode) o.before_decode();
   const auto t2 = clock::now();
@@ -104,14 +113,8 @@ GenerateResult generate(Model& model, cache::SequenceState& state, std::span<con
   GenerateResult result;
   ops::Rng rng(options.seed);
   const auto t0 = clock::now();
-  const auto chunk = static_cast<size_t>(options.prefill_chunk > 0 ? options.prefill_chunk : prompt.size());
-  Tensor logits;
-  for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
-    const size_t n = std::min(chunk, prompt.size() - begin);
-    const bool last = begin + n == prompt.size();
-    const StepSequence step{&state, prompt.subspan(begin, n), last ? LogitsFor::last : LogitsFor::none};
-    logits = model.forward({&step, 1});
-  }
+  Tensor logits =
+      prefill(state, prompt, options.prefill_chunk, [&](const StepSequence& s) { return model.forward({&s, 1}); });
   const auto t1_prefill = clock::now();
   if (options.before_decode) options.before_decode();
   const auto t1 = clock::now();

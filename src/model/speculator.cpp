@@ -34,18 +34,14 @@ TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
 
 Tensor Speculator::trunk(std::span<const StepSequence> batch, bool want_record, DecodeGraphs::Trunk& out) {
   if (trunk_step_) return trunk_step_(batch, want_record, out);
-  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  Tensor logits = model_.forward(batch, all, own_streams_, false, want_record ? &own_record_ : nullptr);
-  out.streams = own_streams_.view();
-  out.record = want_record && !own_record_.layers.empty() ? &own_record_ : nullptr;
-  return logits;
+  return DecodeGraphs::eager_trunk(model_, batch, want_record, false, own_streams_, own_record_, out);
 }
 
 void Speculator::catch_up(std::span<const Model::MtpStep> rows) {
   if (!rows.empty()) (void)model_.mtp_forward(rows);
 }
 
-Tensor Speculator::forward(std::span<const StepSequence> batch, bool logits_on_device) {
+Tensor Speculator::forward(std::span<const StepSequence> batch) {
   const ModelConfig& c = model_.config();
   const int64_t H = c.hc_mult, D = c.hidden_size;
   const int mtp = model_.mtp_layer();
@@ -57,17 +53,8 @@ Tensor Speculator::forward(std::span<const StepSequence> batch, bool logits_on_d
     rows += static_cast<int64_t>(s.tokens.size()) - 1 + (starts.back() > 0 ? 1 : 0);
   }
   DecodeGraphs::Trunk step;
-  Tensor logits;
-  Tensor streams_own;
-  TensorView streams;
-  if (logits_on_device) {  // (no trunk step: a caller that keeps the logits on the device runs its own forward)
-    const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-    logits = model_.forward(batch, all, streams_own, true);
-    streams = streams_own.view();
-  } else {
-    logits = trunk(batch, false, step);
-    streams = step.streams;
-  }
+  Tensor logits = trunk(batch, false, step);
+  const TensorView streams = step.streams;
   // The hidden of every MTP row: the carry (row start - 1), then the step's rows but the last.
   Tensor hidden(DType::f32, {rows, H, D}, model_.device(), TensorInit::uninitialized);
   std::vector<Model::MtpStep> steps;

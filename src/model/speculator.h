@@ -45,9 +45,9 @@ class Speculator {
   // Reserved per sequence: its snapshot slot (the state's fixed pages) and its MTP window copy.
   int64_t bytes_per_sequence() const { return snapshot_bytes_ + window_bytes_; }
 
-  // A plain step with the MTP layer kept up: Model::forward with every row's streams, then the MTP rows of the
-  // positions whose next token the step knows, and the carries. Returns forward's logits.
-  Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
+  // A plain step with the MTP layer kept up: the trunk step (below) with every row's streams, then the MTP rows of
+  // the positions whose next token the step knows, and the carries. Returns the host logits.
+  Tensor forward(std::span<const StepSequence> batch);
 
   // Round j runs the MTP rows of every sequence that wants more than j drafts; choose(i, j, logits) gives draft
   // j + 1 of sequence i from its row's logits (the draft distribution q_{j+1}), unless the sequence is greedy.

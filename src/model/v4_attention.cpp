@@ -109,7 +109,6 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
 // Runs the attention compressor (or the indexer's) over the batch and appends the completed entries,
 // RMSNorm'ed and RoPE'd at position w * ratio, to each sequence's compressed rows (or indexer keys).
 Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, bool indexer) {
-  const ModelConfig& c = w_.config;
   const AttentionWeights& A = layer(l).attn;
   CompressorInputs in;
   in.weights = indexer ? &A.indexer->compressor : &*A.compressor;

@@ -150,6 +150,19 @@ Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int
   return decode_tables(words, slots);
 }
 
+bool Model::try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
+                            DecodeTables& tables, Tensor& words) const {
+  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
+  for (const StepSequence& s : batch)
+    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
+  if (!step_tables_ || bound == nullptr || !decode_refusal(batch, *bound, kMaxStepQueries).empty()) return false;
+  tables = eager_tables(batch, b.tokens, words, starts);
+  int64_t max_queries = 1;
+  for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
+  use_tables(b, tables, *bound, max_queries);
+  return true;
+}
+
 void Model::use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
   b.tokens = t.ids.numel();
   b.ids = t.ids;

@@ -330,18 +330,9 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
   // code the recorded steps run. Longer chunks run per sequence.
   Tensor words;
   DecodeTables tables;
-  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
-  for (const StepSequence& s : batch)
-    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
-  if (step_tables_ && decode_refusal(batch, *bound, kMaxStepQueries).empty()) {
-    tables = eager_tables(batch, N, words);
-    int64_t max_queries = 1;
-    for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
-    use_tables(b, tables, *bound, max_queries);
-    if (record != nullptr) {
-      record->layers.assign(static_cast<size_t>(w_.config.num_layers), {});
-      b.record = record;
-    }
+  if (try_step_tables(b, batch, {}, tables, words) && record != nullptr) {
+    record->layers.assign(static_cast<size_t>(w_.config.num_layers), {});
+    b.record = record;
   }
   if (record != nullptr && b.record == nullptr) record->layers.clear();  // a chunk path step keeps nothing
   const Tensor streams = run_layers(b);

@@ -204,6 +204,11 @@ class Model {
   // Points b at tables t: a step of t's slots, up to max_queries tokens a sequence, in states of `layout`'s page
   // geometry and at most its max_tokens positions.
   static void use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries);
+  // An eager step on the step tables when they take it (every sequence 1..kMaxStepQueries tokens, one page geometry,
+  // step tables on): builds them into `tables` / `words` and points b at them; false (b untouched) otherwise. The
+  // trunk's forward and the MTP layer's rows (starts: their first positions) share it.
+  bool try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
+                       DecodeTables& tables, Tensor& words) const;
   // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;

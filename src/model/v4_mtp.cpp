@@ -56,18 +56,11 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   DecodeTables tables;
   std::vector<StepSequence> steps;
   std::vector<int64_t> starts;
-  const cache::StateLayout* bound = nullptr;
   for (const MtpStep& s : batch) {
     steps.push_back({s.state, s.next, s.logits});
     starts.push_back(s.start);
-    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
   }
-  if (step_tables_ && decode_refusal(steps, *bound, kMaxStepQueries).empty()) {
-    tables = eager_tables(steps, N, words, starts);
-    int64_t max_queries = 1;
-    for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
-    use_tables(b, tables, *bound, max_queries);
-  }
+  (void)try_step_tables(b, steps, starts, tables, words);
 
   // e = e_proj(enorm(embed(next)))                                    [N, D]
   Tensor x = tensor(DType::f32, {N, D});
@@ -101,7 +94,9 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   const auto host_rows = static_cast<int64_t>(std::count(by_argmax.begin(), by_argmax.end(), 0));
   r.logits = Tensor(DType::f32, {host_rows, c.vocab_size});
   r.argmax.assign(static_cast<size_t>(W), -1);
-  if (W > 0) {
+  if (W > 0 && host_rows == W && device_ == Device::cpu) {  // every row wanted on the host, where it is
+    head(b, streams, r.logits, M.hc_head, M.norm);
+  } else if (W > 0) {
     Tensor all = device_ == Device::cpu ? Tensor(DType::f32, {W, c.vocab_size}) : tensor(DType::f32, {W, c.vocab_size});
     head(b, streams, all, M.hc_head, M.norm);
     if (host_rows < W) {  // the argmax rows' tokens, where the logits are
