@@ -26,18 +26,21 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::rms_norm(qkv.a, A.q_norm, eps, cq);
 
-  // Decode steps: the indexer (its compressor, then each slot's top-k), or else the compressor, needs only h
-  // and cq: a side branch (ops/branch.h; its own stream inside decode graphs) beside the query and KV
-  // projections below, joined before the attention.
-  const bool decode = b.decode != nullptr;
-  Tensor selected;  // decode: the indexer's picks
-  if (decode && (A.indexer || A.compressor))
+  // The rows on the step tables (rows 0 .. Ns - 1: decode tokens, verify and short chunks; every row in a step
+  // wholly on them) and the sequences that run per sequence (prefill chunks: rows Ns .. N - 1), both in one step.
+  // On the tables the indexer (its compressor, then each slot's top-k), or else the compressor, needs only h and
+  // cq: a side branch (ops/branch.h; its own stream inside decode graphs) beside the query and KV projections
+  // below, joined before the attention.
+  const int64_t Ns = b.decode != nullptr ? b.table_tokens : 0;
+  const TensorView h_t = h.rows(0, Ns);
+  Tensor selected;  // the tables' rows: the indexer's picks
+  if (Ns > 0 && (A.indexer || A.compressor))
     ops::run_side(h.device(), [&] {
       if (A.indexer) {
-        compress_decode(l, b, h, /*indexer=*/true);
-        selected = indexer_decode(l, b, h, cq);
+        compress_decode(l, b, h_t, /*indexer=*/true);
+        selected = indexer_decode(l, b, h_t, cq.view().rows(0, Ns));
       } else {
-        compress_decode(l, b, h, /*indexer=*/false);
+        compress_decode(l, b, h_t, /*indexer=*/false);
       }
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
@@ -56,18 +59,19 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
   // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
   Tensor heads = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim]
-  if (decode) {  // one launch per op for every slot (model/v4_decode.cpp)
-    if (A.indexer && A.compressor) compress_decode(l, b, h, /*indexer=*/false);
-    ops::join_side(h.device());
-    attend_decode(l, b, q, kv_rows, selected, heads);
-  } else {
-    std::vector<Tensor> selected(b.seqs.size());
+  if (Ns < N) {  // per sequence (the chunk path below), for the sequences not on the tables
+    std::vector<Tensor> picked(b.seqs.size());
     if (A.compressor) compress(l, b, h, /*indexer=*/false);
     if (A.indexer) {
       compress(l, b, h, /*indexer=*/true);
-      indexer_select(l, b, h, cq, selected);
+      indexer_select(l, b, h, cq, picked);
     }
-    attend(l, b, q, kv_rows, selected, heads);
+    attend(l, b, q, kv_rows, picked, heads);
+  }
+  if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
+    if (A.indexer && A.compressor) compress_decode(l, b, h_t, /*indexer=*/false);
+    ops::join_side(h.device());
+    attend_decode(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns));
   }
   ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
 
@@ -76,7 +80,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
   ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
   ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
-  if (decode) ops::join_side(h.device());  // the ring store (attend_decode)
+  if (Ns > 0) ops::join_side(h.device());  // the ring store (attend_decode)
 }
 
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
@@ -86,6 +90,7 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
   const ModelConfig& c = w_.config;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
+    if (s.on_tables) continue;
     ops::AttentionArgs args;
     args.q = b.rows(q, s);
     args.start = s.start;
@@ -119,29 +124,31 @@ Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, boo
 
 void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
-  const CompressorInputs in = compressor_inputs(l, h, indexer);
+  const int64_t first = b.decode != nullptr ? b.table_tokens : 0;  // the chunk path's rows: first .. N - 1
+  const CompressorInputs in = compressor_inputs(l, h.rows(first, b.tokens), indexer);
   const CompressorWeights& cw = *in.weights;
   const TensorView &kv = in.kv_gate.a, &gate = in.kv_gate.b;  // rows strided when stacked
   const ops::KvRowFormat& format = in.format;
   const int ratio = c.compress_ratio(l);
   const int64_t width = cw.width;
   for (const Batch::Seq& s : b.seqs) {
+    if (s.on_tables) continue;
     const int64_t emit = ops::compressor_emit_count(s.start, s.n, ratio);
     Tensor emitted = tensor(DType::f32, {emit, width});
     const TensorView acc = (indexer ? s.state->indexer_acc(l) : s.state->compressor_acc(l))
                                .reshape({cw.overlap ? 2 : 1, 3, width});
     ops::compressor_update(
-        {acc, b.rows(kv, s), b.rows(gate, s), cw.ape, s.start, ratio, cw.overlap, emitted});
+        {acc, b.rows(kv, s, first), b.rows(gate, s, first), cw.ape, s.start, ratio, cw.overlap, emitted});
     if (emit == 0) continue;
     ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
-    const int64_t first = s.start / ratio;  // entry index of the first emitted row
+    const int64_t entry = s.start / ratio;  // entry index of the first emitted row
     Tensor positions(DType::i64, {emit});
-    for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (first + e) * ratio;
+    for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (entry + e) * ratio;
     positions = on_device(std::move(positions));
     ops::rope(emitted, positions, inv_freq_compress_);
     observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
     // The state's rows live in pages: pack each run of rows that share a page straight into it.
-    for (const cache::RowRun& run : s.state->row_runs(l, indexer, first, first + emit))
+    for (const cache::RowRun& run : s.state->row_runs(l, indexer, entry, entry + emit))
       ops::kv_pack(emitted.view().rows(run.first, run.first + run.rows.dim(0)), format, run.rows);
   }
 }
@@ -151,17 +158,20 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
                            std::vector<Tensor>& selected) {
   const ModelConfig& c = w_.config;
   const IndexerWeights& x = *layer(l).attn.indexer;
-  const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
+  const int64_t first = b.decode != nullptr ? b.table_tokens : 0;  // the chunk path's rows: first .. N - 1
+  const int64_t N = b.tokens - first, Hi = c.index_n_heads, di = c.index_head_dim;
+  const TensorView positions = b.positions.rows(first, b.tokens);
   Tensor qi = tensor(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
-  ops::linear(cq, x.wq_b, qi.view().reshape({N, Hi * di}));
-  ops::rope(qi, b.positions, inv_freq_compress_);
+  ops::linear(cq.rows(first, b.tokens), x.wq_b, qi.view().reshape({N, Hi * di}));
+  ops::rope(qi, positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(h, x.weights_proj, weights);
+  ops::linear(h.rows(first, b.tokens), x.weights_proj, weights);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
+    if (s.on_tables) continue;
     ops::IndexerArgs args;
-    args.q = b.rows(qi, s);
-    args.weights = b.rows(weights, s);
+    args.q = b.rows(qi, s, first);
+    args.weights = b.rows(weights, s, first);
     args.keys = s.state->index_keys(l);
     args.num_keys = s.state->layout().entries(l, s.start + s.n);
     args.positions = b.rows(b.positions, s);

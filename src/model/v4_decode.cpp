@@ -56,27 +56,37 @@ void Model::check_state(const cache::SequenceState& state) const {
   TERN_CHECK(state.device() == device_, "forward: the state is not on the model's device (make it with new_state())");
 }
 
-std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
-                                  int64_t max_queries) const {
-  if (observer_) return "an observer is set";
-  if (batch.empty()) return "an empty batch";
+std::string Model::sequence_refusal(const StepSequence& s, int64_t max_queries) const {
   // A compressor chunk of the step kernels spans at most three windows: 2 ratio + 1 tokens of the smallest ratio.
   int64_t chunk_bound = INT64_MAX;
   for (int l = 0; l < w_.config.num_layers; ++l)
     if (const int r = w_.config.compress_ratio(l); r > 0) chunk_bound = std::min<int64_t>(chunk_bound, 2 * r + 1);
+  const auto n = static_cast<int64_t>(s.tokens.size());
+  if (n < 1 || n > max_queries) return "prefill in the step";
+  if (n > w_.config.sliding_window) return "more tokens of a sequence than its window";
+  if (n > chunk_bound) return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
+  if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
+  if (s.state == nullptr) return "a missing state";
+  if (s.state->capacity() < s.state->position() + n) return "a state without pages for its next tokens";
+  return {};
+}
+
+std::string Model::geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout) {
+  if (state.max_tokens() > layout.max_tokens()) return "a sequence longer than the graphs' bound";
+  if (state.page_bytes() != layout.page_bytes() || state.tokens_per_page() != layout.tokens_per_page())
+    return "a state in pages of another geometry";
+  return {};
+}
+
+std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
+                                  int64_t max_queries) const {
+  if (observer_) return "an observer is set";
+  if (batch.empty()) return "an empty batch";
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
-    const auto n = static_cast<int64_t>(s.tokens.size());
-    if (n < 1 || n > max_queries) return "prefill in the step";
-    if (n > w_.config.sliding_window) return "more tokens of a sequence than its window";
-    if (n > chunk_bound) return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
-    if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
-    if (s.state == nullptr || !seen.insert(s.state).second) return "a missing or repeated state";
-    const cache::StateLayout& l = s.state->layout();
-    if (l.max_tokens() > layout.max_tokens()) return "a sequence longer than the graphs' bound";
-    if (l.page_bytes() != layout.page_bytes() || l.tokens_per_page() != layout.tokens_per_page())
-      return "a state in pages of another geometry";
-    if (s.state->capacity() < s.state->position() + n) return "a state without pages for its next tokens";
+    if (std::string why = sequence_refusal(s, max_queries); !why.empty()) return why;
+    if (!seen.insert(s.state).second) return "a missing or repeated state";
+    if (std::string why = geometry_refusal(s.state->layout(), layout); !why.empty()) return why;
   }
   return {};
 }
@@ -165,6 +175,7 @@ bool Model::try_step_tables(Batch& b, std::span<const StepSequence> batch, std::
 
 void Model::use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
   b.tokens = t.ids.numel();
+  b.table_tokens = b.tokens;
   b.ids = t.ids;
   b.positions = t.positions;
   b.decode = &t;
@@ -222,11 +233,11 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   const ops::KvRowFormat format = entry_format(cw, indexer);
   const DecodeTables::Layer& t = b.decode->layers[l];
   const int ratio = c.compress_ratio(l);
-  const int64_t N = b.tokens, width = cw.width;
+  const int64_t N = kv.dim(0), width = cw.width;  // the tables' slots
   const float eps = static_cast<float>(c.rms_norm_eps);
   ops::DecodeCompressorArgs update;
   update.accs = indexer ? t.indexer_acc : t.compressor_acc;
-  update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = b.positions;
+  update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = b.decode->positions;
   if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
   update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
   const ops::DecodePagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
@@ -242,7 +253,7 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   ops::rope(emitted, t.entry_positions, inv_freq_compress_);
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
   ops::kv_pack(emitted, format, rows);
-  ops::store_paged_rows(rows, dest, b.positions, ratio);
+  ops::store_paged_rows(rows, dest, b.decode->positions, ratio);
 }
 
 void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
@@ -281,17 +292,17 @@ void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& be
 Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
   const ModelConfig& c = w_.config;
   const IndexerWeights& x = *layer(l).attn.indexer;
-  const int64_t N = b.tokens, Hi = c.index_n_heads, di = c.index_head_dim;
+  const int64_t N = h.dim(0), Hi = c.index_n_heads, di = c.index_head_dim;  // the tables' slots
   Tensor qi = tensor(DType::f32, {N, Hi, di});
   ops::linear(cq, x.wq_b, qi.view().reshape({N, Hi * di}));
-  ops::rope(qi, b.positions, inv_freq_compress_);
+  ops::rope(qi, b.decode->positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
   ops::linear(h, x.weights_proj, weights);
   ops::DecodeIndexerArgs args;
   args.q = qi;
   args.weights = weights;
   args.keys = paged_rows(*b.decode, *b.layout, l, /*keys=*/true);
-  args.positions = b.positions;
+  args.positions = b.decode->positions;
   args.ratio = c.compress_ratio(l);
   args.max_keys = b.max_tokens / args.ratio;
   Tensor selected = tensor(DType::i32, {N, c.index_topk});
@@ -300,13 +311,14 @@ Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const T
 }
 
 // attend() for every slot, then each slot's row enters its ring.
-void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows, const Tensor& selected,
-                          const Tensor& heads) {
+void Model::attend_decode(int l, const Batch& b, const TensorView& q, const TensorView& kv_rows,
+                          const Tensor& selected, const TensorView& heads) {
   const ModelConfig& c = w_.config;
   const DecodeTables::Layer& t = b.decode->layers[l];
+  const TensorView positions = b.decode->positions;
   ops::DecodeAttentionArgs args;
   args.q = q;
-  args.positions = b.positions;
+  args.positions = positions;
   if (b.max_queries > 1) args.firsts = b.decode->firsts;
   args.format = kv_format();
   args.rows = kv_rows;
@@ -326,10 +338,10 @@ void Model::attend_decode(int l, const Batch& b, const Tensor& q, const Tensor& 
   // ring slot holds a row an earlier token of the sequence reads, so the rows enter after the attention.
   if (b.max_queries > 1) {
     ops::decode_attention(args, heads);
-    ops::store_ring_rows(kv_rows, t.ring, b.positions, b.decode->firsts, c.sliding_window);
+    ops::store_ring_rows(kv_rows, t.ring, positions, b.decode->firsts, c.sliding_window);
     return;
   }
-  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, b.positions, {}, c.sliding_window); });
+  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, positions, {}, c.sliding_window); });
   ops::decode_attention(args, heads);
 }
 

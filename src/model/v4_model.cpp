@@ -1,5 +1,6 @@
 // The V4 forward: embedding, the layers (each an attention and a MoE sub-layer wrapped in mHC), hc_head,
 // final norm and head. deepseek-v4.md section 2, as op calls.
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 
@@ -266,8 +267,9 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   streams = std::move(next);
 }
 
-// Lays the batch's tokens out one after another: ids, positions, and the rows whose logits are wanted.
-Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
+// Lays the batch's tokens out one after another (those on the step tables first): ids, positions, and the rows
+// whose logits are wanted.
+Model::Batch Model::make_batch(std::span<const StepSequence> batch, std::span<const char> on_tables) const {
   Batch b;
   std::unordered_set<const cache::SequenceState*> seen;
   for (const StepSequence& s : batch) {
@@ -283,11 +285,32 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch) const {
     const auto n = static_cast<int64_t>(s.tokens.size());
     TERN_CHECK(s.state->position() + n <= s.state->capacity(), "forward: ", s.state->position() + n,
                " tokens exceed the state's capacity of ", s.state->capacity(), " (reserve its pages first)");
-    b.seqs.push_back({s.state, b.tokens, n, s.state->position(), s.logits});
+    b.seqs.push_back({s.state, 0, n, s.state->position(), s.logits, !on_tables.empty() && on_tables[b.seqs.size()]});
     b.tokens += n;
   }
+  int64_t row = 0;
+  for (const bool tables : {true, false})
+    for (Batch::Seq& s : b.seqs)
+      if (s.on_tables == tables) s.begin = row, row += s.n;
   lay_out_tokens(b, [&](size_t i) { return batch[i].tokens; });
   return b;
+}
+
+const cache::StateLayout* Model::plan_step_tables(std::span<const StepSequence> batch, std::vector<char>& on) const {
+  on.assign(batch.size(), 0);
+  if (!step_tables_ || observer_) return nullptr;
+  const cache::StateLayout* bound = nullptr;  // the first such state's geometry; the largest max_tokens
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    if (!sequence_refusal(s, kMaxStepQueries).empty()) continue;
+    const cache::StateLayout& layout = s.state->layout();
+    if (bound != nullptr &&
+        (layout.page_bytes() != bound->page_bytes() || layout.tokens_per_page() != bound->tokens_per_page()))
+      continue;  // pages of another geometry than the tables' first sequence: per sequence
+    on[i] = 1;
+    if (bound == nullptr || layout.max_tokens() > bound->max_tokens()) bound = &layout;
+  }
+  return bound;
 }
 
 void Model::lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const {
@@ -322,19 +345,36 @@ Tensor Model::forward(std::span<const StepSequence> batch, std::span<const Logit
 Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for,
                            Tensor* streams_out, bool logits_on_device, StepRecord* record) {
   const ModelConfig& c = w_.config;
-  Batch b = make_batch(batch);
+  // The sequences the step tables take (1..kMaxStepQueries tokens, one page geometry) run on them, the code the
+  // recorded steps run, laid out first; longer chunks run per sequence in the same step.
+  std::vector<char> on_tables;
+  const cache::StateLayout* bound = plan_step_tables(batch, on_tables);
+  Batch b = make_batch(batch, on_tables);
   const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
-  // A step the step tables take (every sequence 1..kMaxStepQueries tokens, one page geometry) runs on them: the
-  // code the recorded steps run. Longer chunks run per sequence.
   Tensor words;
   DecodeTables tables;
-  if (try_step_tables(b, batch, {}, tables, words) && record != nullptr) {
-    record->layers.assign(static_cast<size_t>(w_.config.num_layers), {});
-    b.record = record;
+  if (bound != nullptr) {
+    std::vector<StepSequence> rows;  // the tables' sequences in their row order
+    int64_t max_queries = 1;
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (on_tables[i]) rows.push_back(batch[i]), max_queries = std::max<int64_t>(max_queries, b.seqs[i].n);
+    int64_t slots = 0;
+    for (const StepSequence& s : rows) slots += static_cast<int64_t>(s.tokens.size());
+    tables = eager_tables(rows, slots, words);
+    if (slots == N) {  // wholly on the tables
+      use_tables(b, tables, *bound, max_queries);
+      if (record != nullptr) record->layers.assign(static_cast<size_t>(w_.config.num_layers), {}), b.record = record;
+    } else {  // a mixed step: ids and positions stay the step's (the tables' are its first rows)
+      b.decode = &tables, b.layout = bound, b.max_tokens = bound->max_tokens(), b.max_queries = max_queries;
+      b.table_tokens = slots;
+      ++step_paths_.mixed_steps;
+    }
   }
-  if (record != nullptr && b.record == nullptr) record->layers.clear();  // a chunk path step keeps nothing
+  step_paths_.table_tokens += b.table_tokens;
+  step_paths_.chunk_tokens += N - b.table_tokens;
+  if (record != nullptr && b.record == nullptr) record->layers.clear();  // not wholly on the tables: keeps nothing
   const Tensor streams = run_layers(b);
   if (streams_out != nullptr) {  // the pre-hc_head streams of the chosen rows
     std::vector<int64_t> rows;

@@ -150,8 +150,9 @@ class Model {
   // decode token, or k + 1 tokens to verify); the step is laid out in `slots` slots, one token each (each
   // sequence's tokens in consecutive slots, then inert padding at position -1), and each op runs once for all
   // slots, reading per-slot positions, sequences and state addresses from device tables. Same arithmetic per token
-  // as the per-sequence chunk path. forward() runs every step it can this way (step_refusal); the CUDA graphs
-  // record it (model/decode_graphs.h, one token a sequence for now).
+  // as the per-sequence chunk path. forward() runs every sequence it can this way (sequence_refusal), and those it
+  // cannot (prefill chunks) per sequence in the same step (a mixed step); the CUDA graphs record steps wholly on the
+  // tables (model/decode_graphs.h: decode steps and verify steps).
   //
   // The tables, i64 [decode_words(slots)] on the device: array k of `slots` words at k * slots; 0 token
   // ids, 1 positions, 2 the state's page pool and 3 its row block table on the device (addresses: every
@@ -173,6 +174,18 @@ class Model {
   // 1) also needs every sequence to want its logits.
   std::string decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
                              int64_t max_queries = 1) const;
+  // Why one sequence's tokens cannot run on the step tables with up to max_queries tokens a sequence (too many
+  // tokens for the step kernels, no state, no pages for them); empty: they can. forward() sends the sequences
+  // it refuses per sequence and the others on the tables, in one step.
+  std::string sequence_refusal(const StepSequence& s, int64_t max_queries) const;
+  // Why a state of layout `state` cannot share tables bound by `layout` (longer, or pages of another geometry).
+  static std::string geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout);
+  // Tokens forward() has run on the step tables and per sequence since the model was made (a mixed step counts in
+  // both): which path a step took, for tests and the profile.
+  struct StepPaths {
+    int64_t table_tokens = 0, chunk_tokens = 0, mixed_steps = 0;
+  };
+  const StepPaths& step_paths() const { return step_paths_; }
   // Writes the host image of the tables (decode_words(slots) words) for `batch` (its tokens, one a slot) padded
   // to `slots`.
   // starts: each sequence's first position (the MTP layer's rows trail the state by one); empty: its state's position.
@@ -196,7 +209,12 @@ class Model {
 
  private:
   struct Batch;
-  Batch make_batch(std::span<const StepSequence> batch) const;
+  // Lays the batch out: the sequences marked in on_tables (if any) first, in batch order, then the others; b.seqs
+  // keeps the batch's order (so do the wanted rows).
+  Batch make_batch(std::span<const StepSequence> batch, std::span<const char> on_tables = {}) const;
+  // Which sequences of a forward() step run on the step tables (on[i]) and the layout bounding them (their
+  // largest; one page geometry); nullptr when none does (tables off, an observer set, or every one refused).
+  const cache::StateLayout* plan_step_tables(std::span<const StepSequence> batch, std::vector<char>& on) const;
   // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
   // it), and the views of it.
   DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
@@ -256,13 +274,16 @@ class Model {
   ops::KvRowFormat entry_format(const CompressorWeights& cw, bool indexer) const {
     return indexer ? ops::KvRowFormat{ops::KvFormat::f32, cw.width, w_.config.rope_dim} : kv_format();
   }
+  // The per-sequence chunk path: each sequence not on the step tables (h, cq, q, kv_rows, heads: every row of the
+  // step; the rows of sequences on the tables are left alone).
   void compress(int layer, const Batch& b, const TensorView& h, bool indexer);
   void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
                       std::vector<Tensor>& selected);
+  // The same for the rows on the step tables (h, cq, q, kv_rows, heads: rows 0 .. table_tokens - 1 of the step).
   void compress_decode(int layer, const Batch& b, const TensorView& h, bool indexer);
   Tensor indexer_decode(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
-  void attend_decode(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows, const Tensor& selected,
-                     const Tensor& heads);
+  void attend_decode(int layer, const Batch& b, const TensorView& q, const TensorView& kv_rows,
+                     const Tensor& selected, const TensorView& heads);
   void check_state(const cache::SequenceState& state) const;
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
@@ -289,6 +310,7 @@ class Model {
   Tensor inv_freq_main_, inv_freq_compress_;
   std::vector<cache::LayerSpec> layer_specs_;
   bool step_tables_ = true;
+  StepPaths step_paths_;
 };
 
 // Generation helpers for tests and `tern run`: prefill the prompt (in chunks of `chunk` tokens; 0 = all at

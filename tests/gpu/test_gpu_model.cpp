@@ -282,6 +282,19 @@ TEST_P(GpuModel_, StepTablesMatchTheChunkPath) {
   cuda::register_backend().check_device_errors();
 }
 
+// Mixed steps on the GPU (prefill chunks per sequence beside rows on the step tables in one eager step): the bits
+// of the chunk path, as on the CPU (StepTables.MixedStepsMatchTheChunkPath).
+TEST_P(GpuModel_, MixedStepsMatchTheChunkPath) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    GpuModel tables(f, mode), chunks(f, mode);
+    chunks.model.set_step_tables(false);
+    check_mixed_steps_match_chunks(tables.model, chunks.model, cat("gpu kv mode ", static_cast<int>(mode)));
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 // The exact mode (--activations f32, issue #17 item 3) on the odd-shape fixture (tests/fixtures/odd-mxfp4: hidden
 // 320, head_dim 104 with 24 RoPE dims, 6 experts top-3, window 12, ...): every product exact on the GPU, so the
 // CPU's f32 parity bound holds (1e-4 of max|ref|, teacher-forced, every prompt) and the greedy continuations are

@@ -167,6 +167,43 @@ void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, 
   }
 }
 
+void check_mixed_steps_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what) {
+  const int64_t B = 4, max_tokens = 160, vocab = tables.config().vocab_size;
+  const model::Model::StepPaths before = tables.step_paths();
+  std::vector<cache::SequenceState> st, sc;
+  for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
+  // Sequence 0 (first in the batch, so the tables' rows come after it in its order) brings prefill-sized chunks in
+  // most steps; the others 1..4 tokens, and now and then 5..7 (past the tables' bound: per sequence too).
+  const int64_t long_chunks[] = {9, 1, 17, 3, 6, 12, 2, 5};
+  for (int step = 0; step < 16; ++step) {
+    std::vector<std::vector<int64_t>> ids(B);
+    std::vector<model::StepSequence> a, b;
+    for (int64_t k = 0; k < B; ++k) {
+      int64_t q = k == 0 ? long_chunks[step % 8] : 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+      if (k == 2 && step % 5 == 4) q = 5 + step % 3;
+      for (int64_t t = 0; t < q; ++t) ids[k].push_back((11 + 37 * step + 17 * k + 3 * t) % vocab);
+    }
+    for (int64_t k = 0; k < B; ++k) {
+      a.push_back({&st[k], ids[k], model::LogitsFor::all});
+      b.push_back({&sc[k], ids[k], model::LogitsFor::all});
+    }
+    const Tensor got = tables.forward(a), want = chunks.forward(b);
+    ASSERT_EQ(got.numel(), want.numel());
+    ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
+        << what << " step " << step << ": a mixed step's logits differ from the chunk path's";
+  }
+  for (int64_t k = 0; k < B; ++k) {
+    EXPECT_EQ(st[k].position(), sc[k].position());
+    EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << what << " sequence " << k << ": states differ";
+  }
+  // The steps did mix: some tokens ran on the tables and some per sequence in one step (12 of the 16 steps).
+  const model::Model::StepPaths& after = tables.step_paths();
+  EXPECT_EQ(after.mixed_steps - before.mixed_steps, 12) << what;
+  EXPECT_GT(after.table_tokens, before.table_tokens) << what;
+  EXPECT_GT(after.chunk_tokens, before.chunk_tokens) << what;
+  EXPECT_EQ(chunks.step_paths().table_tokens, 0) << what << ": the chunk model ran tokens on the tables";
+}
+
 float check_greedy_exact(model::Model& m, const Fixture& f, int p, float tolerance) {
   const std::vector<int64_t> ids = f.ids(p), want = f.greedy(p);
   const TensorView step_logits = f.tensor("prompt." + std::to_string(p) + ".greedy_logits");

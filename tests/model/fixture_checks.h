@@ -41,4 +41,10 @@ float check_greedy_exact(model::Model& m, const Fixture& f, int p, float toleran
 // of every token, and the final states, must be the same bits. `what` names the run in failures.
 void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what);
 
+// Mixed steps (issue #15 item 5): four sequences through 16 steps in which one brings prefill-sized chunks (and
+// another now and then 5..7 tokens) beside the others' 1..kMaxStepQueries: the chunks run per sequence and the
+// rest on the step tables in the same step. Every token's logits and the final states must be the bits of
+// `chunks` (every step per sequence), and `tables`' step_paths() must show the mixed steps.
+void check_mixed_steps_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what);
+
 }  // namespace tern::test

@@ -177,6 +177,19 @@ TEST(StepTables, SeveralTokensASequenceMatchTheChunkPath) {
   }
 }
 
+// Prefill chunks beside decode and verify-sized rows in one step: the chunks per sequence, the rest on the tables.
+TEST(StepTables, MixedStepsMatchTheChunkPath) {
+  for (const std::string& name : {std::string("tiny-mxfp4"), std::string("odd-mxfp4")}) {
+    const Fixture& f = Fixture::get(name);
+    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
+      if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;  // its no-RoPE dims do not fit FP8 rows
+      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
+      chunks.set_step_tables(false);
+      check_mixed_steps_match_chunks(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
+    }
+  }
+}
+
 // A chunk past kMaxStepQueries runs per sequence; so does a step whose states are in pages of another geometry.
 TEST(StepTables, RefusalsOfForward) {
   const Fixture& f = Fixture::get("tiny-mxfp4");
