@@ -48,10 +48,13 @@ struct DraftRequest {
 // Picks draft j + 1 of request i from the draft model's logits row (its distribution q_{j+1}).
 using DraftChooser = std::function<int32_t(size_t i, int j, std::span<const float> logits)>;
 
-// Which path the runner's steps took: replayed CUDA graphs, and eager steps by reason.
+// Which path the runner's steps took: replayed CUDA graphs, and eager steps by reason; within the eager steps, the
+// tokens whose attention, compressor and indexer ran on the step tables (one launch per op for all of them) or per
+// sequence (prefill chunks), and the steps that held both (model::Model::step_paths).
 struct StepPaths {
   uint64_t graph_steps = 0;
   std::map<std::string, uint64_t> eager_steps;
+  uint64_t table_tokens = 0, per_sequence_tokens = 0, mixed_steps = 0;
 };
 
 // One sampled row's request for ModelRunner::forward_sample: what the host sampler takes, with the

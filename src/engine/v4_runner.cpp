@@ -98,6 +98,10 @@ void V4Runner::speculative_forward(const StepBatch& batch, std::span<float> logi
 
 StepPaths V4Runner::step_paths() const {
   StepPaths p;
+  const model::Model::StepPaths& eager = model_->step_paths();
+  p.table_tokens = static_cast<uint64_t>(eager.table_tokens);
+  p.per_sequence_tokens = static_cast<uint64_t>(eager.chunk_tokens);
+  p.mixed_steps = static_cast<uint64_t>(eager.mixed_steps);
   if (!graphs_) {
     if (steps_without_graphs_ > 0) p.eager_steps["cuda graphs not enabled"] = steps_without_graphs_;
     return p;

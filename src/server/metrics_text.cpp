@@ -52,6 +52,15 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
     for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
     out += fmt::format("tern:eager_steps_by_reason_total{{{},reason=\"{}\"}} {}\n", l, r, n);
   }
+  prom_header(out, "eager_step_tokens_total", "counter",
+              "Tokens of eager steps by where their attention, compressor and indexer ran: step_tables (one launch "
+              "per op for all of them) or per_sequence (prefill chunks).");
+  out += fmt::format("tern:eager_step_tokens_total{{{},path=\"step_tables\"}} {}\n", l, m.step_paths.table_tokens);
+  out += fmt::format("tern:eager_step_tokens_total{{{},path=\"per_sequence\"}} {}\n", l,
+                     m.step_paths.per_sequence_tokens);
+  prom_scalar(out, "mixed_steps_total", "counter",
+              "Eager steps with prefill chunks per sequence beside tokens on the step tables.",
+              double(m.step_paths.mixed_steps), l);
   // Speculative decoding, vLLM's counters (zero, not omitted, when off; per position only when on).
   prom_scalar(out, "spec_decode_num_drafts_total", "counter", "Verify rounds: one per sequence per step that drafted.",
               double(m.spec_drafts_total), l);

@@ -220,3 +220,31 @@ def test_step_paths_in_metrics(client, server):
         assert graphs == 0  # the CPU model runs every step eagerly ("the model is on the CPU")
     else:
         assert graphs > 0  # the decode steps of a lone request replay graphs
+
+
+def _path_tokens(text, path):
+    prefix = "tern:eager_step_tokens_total{"
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith(prefix) and f'path="{path}"' in l)
+
+
+def test_mixed_steps_in_metrics(client, server):
+    """A prompt admitted while another request decodes shares its step: the prompt per sequence, the decode token on
+    the step tables (a mixed step), and /metrics says so."""
+    before = metrics_text(server)
+    mixed0, chunk0 = metric(server, "mixed_steps_total", before), _path_tokens(before, "per_sequence")
+    stream = client.completions.create(model=server.model, prompt=[11, 12, 13], max_tokens=160, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)  # the first request decodes now
+    second = client.completions.create(model=server.model, prompt=list(range(20, 60)), max_tokens=2, temperature=0)
+    rest = list(chunks)
+    assert second.usage.prompt_tokens == 40 and rest
+    assert wait_for(lambda: metric(server, "num_requests_running") == 0 and metric(server, "num_requests_waiting") == 0)
+    text = metrics_text(server)
+    # The 40-token prompt ran per sequence (tokens past the tables' four a sequence), beside the first request's
+    # decode token on the tables.
+    assert _path_tokens(text, "per_sequence") - chunk0 >= 40
+    assert metric(server, "mixed_steps_total", text) - mixed0 >= 1
+    if not DEVICE_ARGS or "cpu" in DEVICE_ARGS:
+        assert _path_tokens(text, "step_tables") > 0  # the CPU runs its decode steps eagerly, on the tables
