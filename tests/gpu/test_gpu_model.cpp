@@ -266,6 +266,16 @@ TEST_P(GpuModel_, ActivationsFp8AgainstCpu) {
   EXPECT_LE(worst[1], std::max(4.0 * worst[0], 1e-3));
 }
 
+// check(tables, chunks, what) on the GPU, FP8 and exact KV rows, `chunks` sending every step per sequence.
+void on_gpu_for_kv_modes(const Fixture& f, void (*check)(model::Model&, model::Model&, const std::string&)) {
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    GpuModel tables(f, mode), chunks(f, mode);
+    chunks.model.set_step_tables(false);
+    check(tables.model, chunks.model, cat("gpu kv mode ", static_cast<int>(mode)));
+  }
+  cuda::register_backend().check_device_errors();
+}
+
 // Steps of 1..kMaxStepQueries tokens a sequence (verify-shaped, mixed in one batch) on the step tables (the
 // decode kernels with `firsts`: a query reads its sequence's earlier rows of the step, the compressor folds the
 // sequence's tokens as one chunk, the rings take the rows after the attention) against the per-sequence chunk
@@ -273,26 +283,14 @@ TEST_P(GpuModel_, ActivationsFp8AgainstCpu) {
 // chunking). FP8 and exact KV rows.
 TEST_P(GpuModel_, StepTablesMatchTheChunkPath) {
   TERN_REQUIRE_GPU();
-  const Fixture& f = Fixture::get(GetParam());
-  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
-    GpuModel tables(f, mode), chunks(f, mode);
-    chunks.model.set_step_tables(false);
-    check_step_tables_match_chunks(tables.model, chunks.model, cat("gpu kv mode ", static_cast<int>(mode)));
-  }
-  cuda::register_backend().check_device_errors();
+  on_gpu_for_kv_modes(Fixture::get(GetParam()), check_step_tables_match_chunks);
 }
 
 // Mixed steps on the GPU (prefill chunks per sequence beside rows on the step tables in one eager step): the bits
 // of the chunk path, as on the CPU (StepTables.MixedStepsMatchTheChunkPath).
 TEST_P(GpuModel_, MixedStepsMatchTheChunkPath) {
   TERN_REQUIRE_GPU();
-  const Fixture& f = Fixture::get(GetParam());
-  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
-    GpuModel tables(f, mode), chunks(f, mode);
-    chunks.model.set_step_tables(false);
-    check_mixed_steps_match_chunks(tables.model, chunks.model, cat("gpu kv mode ", static_cast<int>(mode)));
-  }
-  cuda::register_backend().check_device_errors();
+  on_gpu_for_kv_modes(Fixture::get(GetParam()), check_mixed_steps_match_chunks);
 }
 
 // The exact mode (--activations f32, issue #17 item 3) on the odd-shape fixture (tests/fixtures/odd-mxfp4: hidden

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -141,17 +142,19 @@ void print_bf16_set_gaps(const Fixture& f, const std::string& who) {
               who.c_str(), f.name().c_str(), router.data_as<const float>()[0], indexer.data_as<const float>()[0]);
 }
 
-void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what) {
-  const int64_t B = 3, max_tokens = 96, vocab = tables.config().vocab_size;
+namespace {
+// `steps` steps of B sequences on both models, sequence k bringing q_of(step, k) tokens: every token's logits the same
+// bits (LogitsFor::all), then the final states (serialized). `what` names the run in failures.
+void compare_twin_steps(model::Model& tables, model::Model& chunks, int64_t B, int64_t max_tokens, int steps,
+                        const std::function<int64_t(int, int64_t)>& q_of, const std::string& what) {
+  const int64_t vocab = tables.config().vocab_size;
   std::vector<cache::SequenceState> st, sc;
   for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
-  for (int step = 0; step < 24; ++step) {
-    std::vector<std::vector<int64_t>> ids(B);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B));
     std::vector<model::StepSequence> a, b;
-    for (int64_t k = 0; k < B; ++k) {  // 1..4 tokens, each sequence on its own cycle
-      const int64_t q = 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
-      for (int64_t t = 0; t < q; ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
-    }
+    for (int64_t k = 0; k < B; ++k)
+      for (int64_t t = 0; t < q_of(step, k); ++t) ids[k].push_back((7 + 31 * step + 13 * k + 5 * t) % vocab);
     for (int64_t k = 0; k < B; ++k) {
       a.push_back({&st[k], ids[k], model::LogitsFor::all});
       b.push_back({&sc[k], ids[k], model::LogitsFor::all});
@@ -166,36 +169,25 @@ void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, 
     EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << what << " sequence " << k << ": states differ";
   }
 }
+}  // namespace
+
+void check_step_tables_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what) {
+  // 1..4 tokens, each sequence on its own cycle
+  compare_twin_steps(tables, chunks, 3, 96, 24, [](int step, int64_t k) {
+    return 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+  }, what);
+}
 
 void check_mixed_steps_match_chunks(model::Model& tables, model::Model& chunks, const std::string& what) {
-  const int64_t B = 4, max_tokens = 160, vocab = tables.config().vocab_size;
   const model::Model::StepPaths before = tables.step_paths();
-  std::vector<cache::SequenceState> st, sc;
-  for (int64_t k = 0; k < B; ++k) st.push_back(tables.new_state(max_tokens)), sc.push_back(chunks.new_state(max_tokens));
   // Sequence 0 (first in the batch, so the tables' rows come after it in its order) brings prefill-sized chunks in
   // most steps; the others 1..4 tokens, and now and then 5..7 (past the tables' bound: per sequence too).
-  const int64_t long_chunks[] = {9, 1, 17, 3, 6, 12, 2, 5};
-  for (int step = 0; step < 16; ++step) {
-    std::vector<std::vector<int64_t>> ids(B);
-    std::vector<model::StepSequence> a, b;
-    for (int64_t k = 0; k < B; ++k) {
-      int64_t q = k == 0 ? long_chunks[step % 8] : 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
-      if (k == 2 && step % 5 == 4) q = 5 + step % 3;
-      for (int64_t t = 0; t < q; ++t) ids[k].push_back((11 + 37 * step + 17 * k + 3 * t) % vocab);
-    }
-    for (int64_t k = 0; k < B; ++k) {
-      a.push_back({&st[k], ids[k], model::LogitsFor::all});
-      b.push_back({&sc[k], ids[k], model::LogitsFor::all});
-    }
-    const Tensor got = tables.forward(a), want = chunks.forward(b);
-    ASSERT_EQ(got.numel(), want.numel());
-    ASSERT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0)
-        << what << " step " << step << ": a mixed step's logits differ from the chunk path's";
-  }
-  for (int64_t k = 0; k < B; ++k) {
-    EXPECT_EQ(st[k].position(), sc[k].position());
-    EXPECT_EQ(st[k].serialize(), sc[k].serialize()) << what << " sequence " << k << ": states differ";
-  }
+  compare_twin_steps(tables, chunks, 4, 160, 16, [](int step, int64_t k) -> int64_t {
+    static constexpr int64_t kLong[] = {9, 1, 17, 3, 6, 12, 2, 5};
+    if (k == 0) return kLong[step % 8];
+    if (k == 2 && step % 5 == 4) return 5 + step % 3;
+    return 1 + (step + k * 2 + step / 3) % model::Model::kMaxStepQueries;
+  }, what);
   // The steps did mix: some tokens ran on the tables and some per sequence in one step (12 of the 16 steps).
   const model::Model::StepPaths& after = tables.step_paths();
   EXPECT_EQ(after.mixed_steps - before.mixed_steps, 12) << what;

@@ -161,34 +161,30 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
   }
 }
 
+// check(tables, chunks, what) on the tiny and odd fixtures, exact and FP8 KV (the odd one's no-RoPE dims do not fit
+// FP8 rows), with `chunks` sending every step per sequence.
+void for_fixtures_and_kv_modes(void (*check)(model::Model&, model::Model&, const std::string&)) {
+  for (const std::string& name : {std::string("tiny-mxfp4"), std::string("odd-mxfp4")}) {
+    const Fixture& f = Fixture::get(name);
+    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
+      if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;
+      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
+      chunks.set_step_tables(false);
+      check(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
+    }
+  }
+}
+
 // Steps of several tokens a sequence (verify-shaped: 1..kMaxStepQueries, mixed in one batch) on the step tables
 // against the per-sequence chunk path, on the CPU: three sequences walk their prompts and then generated tokens
 // in chunks of varying sizes, long enough that CSA and HCA windows close inside chunks; every step's logits of
 // every token (LogitsFor::all) must be the same bits, and so must the states (serialized) at the end.
 TEST(StepTables, SeveralTokensASequenceMatchTheChunkPath) {
-  for (const std::string& name : {std::string("tiny-mxfp4"), std::string("odd-mxfp4")}) {
-    const Fixture& f = Fixture::get(name);
-    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
-      if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;  // its no-RoPE dims do not fit FP8 rows
-      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
-      chunks.set_step_tables(false);
-      check_step_tables_match_chunks(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
-    }
-  }
+  for_fixtures_and_kv_modes(check_step_tables_match_chunks);
 }
 
 // Prefill chunks beside decode and verify-sized rows in one step: the chunks per sequence, the rest on the tables.
-TEST(StepTables, MixedStepsMatchTheChunkPath) {
-  for (const std::string& name : {std::string("tiny-mxfp4"), std::string("odd-mxfp4")}) {
-    const Fixture& f = Fixture::get(name);
-    for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
-      if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;  // its no-RoPE dims do not fit FP8 rows
-      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
-      chunks.set_step_tables(false);
-      check_mixed_steps_match_chunks(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
-    }
-  }
-}
+TEST(StepTables, MixedStepsMatchTheChunkPath) { for_fixtures_and_kv_modes(check_mixed_steps_match_chunks); }
 
 // A chunk past kMaxStepQueries runs per sequence; so does a step whose states are in pages of another geometry.
 TEST(StepTables, RefusalsOfForward) {
