@@ -31,7 +31,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // On the tables the indexer (its compressor, then each slot's top-k), or else the compressor, needs only h and
   // cq: a side branch (ops/branch.h; its own stream inside decode graphs) beside the query and KV projections
   // below, joined before the attention.
-  const int64_t Ns = b.decode != nullptr ? b.table_tokens : 0;
+  const int64_t Ns = b.table_tokens;
   const TensorView h_t = h.rows(0, Ns);
   Tensor selected;  // the tables' rows: the indexer's picks
   if (Ns > 0 && (A.indexer || A.compressor))
@@ -124,7 +124,7 @@ Model::CompressorInputs Model::compressor_inputs(int l, const TensorView& h, boo
 
 void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
   const ModelConfig& c = w_.config;
-  const int64_t first = b.decode != nullptr ? b.table_tokens : 0;  // the chunk path's rows: first .. N - 1
+  const int64_t first = b.table_tokens;  // the chunk path's rows: first .. N - 1
   const CompressorInputs in = compressor_inputs(l, h.rows(first, b.tokens), indexer);
   const CompressorWeights& cw = *in.weights;
   const TensorView &kv = in.kv_gate.a, &gate = in.kv_gate.b;  // rows strided when stacked
@@ -158,7 +158,7 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
                            std::vector<Tensor>& selected) {
   const ModelConfig& c = w_.config;
   const IndexerWeights& x = *layer(l).attn.indexer;
-  const int64_t first = b.decode != nullptr ? b.table_tokens : 0;  // the chunk path's rows: first .. N - 1
+  const int64_t first = b.table_tokens;  // the chunk path's rows: first .. N - 1
   const int64_t N = b.tokens - first, Hi = c.index_n_heads, di = c.index_head_dim;
   const TensorView positions = b.positions.rows(first, b.tokens);
   Tensor qi = tensor(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]

@@ -28,7 +28,7 @@ struct Model::Batch {
   // step). A step wholly on the tables has table_tokens == tokens and its ids / positions are the tables'.
   // seqs is empty in a recorded step (decode_body).
   const DecodeTables* decode = nullptr;
-  int64_t table_tokens = 0;
+  int64_t table_tokens = 0;  // 0 without tables
   const cache::StateLayout* layout = nullptr;
   int64_t max_queries = 1, max_tokens = 0;
   StepRecord* record = nullptr;  // when set (a step on the tables): what rollback_step needs is kept here

@@ -73,8 +73,7 @@ std::string Model::sequence_refusal(const StepSequence& s, int64_t max_queries) 
 
 std::string Model::geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout) {
   if (state.max_tokens() > layout.max_tokens()) return "a sequence longer than the graphs' bound";
-  if (state.page_bytes() != layout.page_bytes() || state.tokens_per_page() != layout.tokens_per_page())
-    return "a state in pages of another geometry";
+  if (!same_page_geometry(state, layout)) return "a state in pages of another geometry";
   return {};
 }
 

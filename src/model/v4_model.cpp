@@ -304,9 +304,7 @@ const cache::StateLayout* Model::plan_step_tables(std::span<const StepSequence> 
     const StepSequence& s = batch[i];
     if (!sequence_refusal(s, kMaxStepQueries).empty()) continue;
     const cache::StateLayout& layout = s.state->layout();
-    if (bound != nullptr &&
-        (layout.page_bytes() != bound->page_bytes() || layout.tokens_per_page() != bound->tokens_per_page()))
-      continue;  // pages of another geometry than the tables' first sequence: per sequence
+    if (bound != nullptr && !same_page_geometry(layout, *bound)) continue;  // per sequence
     on[i] = 1;
     if (bound == nullptr || layout.max_tokens() > bound->max_tokens()) bound = &layout;
   }
@@ -357,11 +355,13 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
   DecodeTables tables;
   if (bound != nullptr) {
     std::vector<StepSequence> rows;  // the tables' sequences in their row order
-    int64_t max_queries = 1;
+    int64_t max_queries = 1, slots = 0;
     for (size_t i = 0; i < batch.size(); ++i)
-      if (on_tables[i]) rows.push_back(batch[i]), max_queries = std::max<int64_t>(max_queries, b.seqs[i].n);
-    int64_t slots = 0;
-    for (const StepSequence& s : rows) slots += static_cast<int64_t>(s.tokens.size());
+      if (on_tables[i]) {
+        rows.push_back(batch[i]);
+        max_queries = std::max<int64_t>(max_queries, b.seqs[i].n);
+        slots += b.seqs[i].n;
+      }
     tables = eager_tables(rows, slots, words);
     if (slots == N) {  // wholly on the tables
       use_tables(b, tables, *bound, max_queries);

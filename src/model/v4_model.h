@@ -178,8 +178,6 @@ class Model {
   // tokens for the step kernels, no state, no pages for them); empty: they can. forward() sends the sequences
   // it refuses per sequence and the others on the tables, in one step.
   std::string sequence_refusal(const StepSequence& s, int64_t max_queries) const;
-  // Why a state of layout `state` cannot share tables bound by `layout` (longer, or pages of another geometry).
-  static std::string geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout);
   // Tokens forward() has run on the step tables and per sequence since the model was made (a mixed step counts in
   // both): which path a step took, for tests and the profile.
   struct StepPaths {
@@ -215,6 +213,11 @@ class Model {
   // Which sequences of a forward() step run on the step tables (on[i]) and the layout bounding them (their
   // largest; one page geometry); nullptr when none does (tables off, an observer set, or every one refused).
   const cache::StateLayout* plan_step_tables(std::span<const StepSequence> batch, std::vector<char>& on) const;
+  // Why a state of layout `state` cannot share tables bound by `layout` (longer, or pages of another geometry).
+  static std::string geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout);
+  static bool same_page_geometry(const cache::StateLayout& a, const cache::StateLayout& b) {
+    return a.page_bytes() == b.page_bytes() && a.tokens_per_page() == b.tokens_per_page();
+  }
   // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
   // it), and the views of it.
   DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
