@@ -51,8 +51,8 @@ void ProfiledRunner::forward(const engine::StepBatch& batch, std::span<float> lo
 }
 
 void ProfiledRunner::forward_sample(const engine::StepBatch& batch, std::span<const engine::SampleRequest> requests,
-                                    std::span<engine::SampleResult> results) {
-  run(batch, [&] { inner_->forward_sample(batch, requests, results); });
+                                    std::span<engine::SampleResult> results, std::span<float> host_logits) {
+  run(batch, [&] { inner_->forward_sample(batch, requests, results, host_logits); });
 }
 
 }  // namespace tern::app

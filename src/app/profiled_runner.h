@@ -39,7 +39,7 @@ class ProfiledRunner : public engine::ModelRunner {
   void settle(std::span<const int32_t> kept) override { inner_->settle(kept); }
   void forward(const engine::StepBatch& batch, std::span<float> logits) override;
   void forward_sample(const engine::StepBatch& batch, std::span<const engine::SampleRequest> requests,
-                      std::span<engine::SampleResult> results) override;
+                      std::span<engine::SampleResult> results, std::span<float> host_logits) override;
 
  private:
   template <class Fn>

@@ -304,20 +304,36 @@ void Engine::run_batch(const BatchPlan& plan) {
       row += static_cast<size_t>(1 + c.drafts);
     }
   emitted_.resize(sampled.size());
+  const bool on_device = runner_->samples_on_device();
+  std::vector<size_t> host_row(sampled.size(), 0);  // device sampling: a host-verdict chunk's first row there
   const auto t0 = Clock::now();
-  if (runner_->samples_on_device()) {
+  if (on_device) {
     // The runner samples where the logits are; the uniforms come from each request's generator here,
-    // as the host sampler would draw them (same count, same order).
-    results_.resize(sampled.size());
-    uniforms_.resize(sampled.size() * kMaxUniformsPerSample);
-    sample_requests_.resize(sampled.size());
+    // as the host sampler would draw them (same count, same order). A verify chunk's rows are sampled there too
+    // when its verdict needs only the target's own choices, else they come to the host for verdict().
+    results_.assign(rows, {});
+    uniforms_.resize(rows * kMaxUniformsPerSample);
+    sample_requests_.assign(rows, {});
+    verify_histories_.clear();
+    size_t host_rows = 0;
     for (size_t i = 0; i < sampled.size(); ++i) {
       Sequence& s = *sampled[i].seq;
-      std::span<double> u(uniforms_.data() + i * kMaxUniformsPerSample, kMaxUniformsPerSample);
-      const int n = draw_uniforms(s.request.sampling, s.rng, u);
-      sample_requests_[i] = {&s.request.sampling, &s.history, u.first(static_cast<size_t>(n))};
+      const PlannedChunk& c = *sampled[i].chunk;
+      const size_t r = sampled[i].row, n = 1 + static_cast<size_t>(c.drafts);
+      if (c.drafts > 0 && verdict_on_device(s)) {
+        verify_requests(s, c, std::span<SampleRequest>(sample_requests_).subspan(r, n));
+      } else if (c.drafts > 0) {
+        for (size_t j = 0; j < n; ++j) sample_requests_[r + j].to_host = true;
+        host_row[i] = host_rows;
+        host_rows += n;
+      } else {
+        std::span<double> u(uniforms_.data() + r * kMaxUniformsPerSample, kMaxUniformsPerSample);
+        const int drawn = draw_uniforms(s.request.sampling, s.rng, u);
+        sample_requests_[r] = {&s.request.sampling, &s.history, u.first(static_cast<size_t>(drawn))};
+      }
     }
-    runner_->forward_sample(batch_, sample_requests_, results_);
+    if (logits_.size() < host_rows * vocab_) logits_.resize(host_rows * vocab_);
+    runner_->forward_sample(batch_, sample_requests_, results_, std::span<float>(logits_.data(), host_rows * vocab_));
   } else {
     if (logits_.size() < rows * vocab_) logits_.resize(rows * vocab_);
     runner_->forward(batch_, std::span<float>(logits_.data(), rows * vocab_));
@@ -326,8 +342,25 @@ void Engine::run_batch(const BatchPlan& plan) {
   for (const auto& c : plan.chunks)
     if (c.drafts == 0) seqs_.at(c.id)->num_computed += c.count;  // a verify chunk's after its verdict
   std::vector<int32_t> kept(sampled.size(), 0);  // tokens the state keeps, per verify chunk
-  if (runner_->samples_on_device()) {
-    for (size_t i = 0; i < sampled.size(); ++i) emitted_[i].assign(1, std::move(results_[i]));
+  if (on_device) {
+    // Each chunk's verdict (in parallel, as the host path's: each owns its rows and its generator).
+    parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {
+      std::unique_ptr<Sampler> sampler = take_sampler();
+      for (int64_t i = lo; i < hi; ++i) {
+        Sequence& s = *sampled[i].seq;
+        const PlannedChunk& c = *sampled[i].chunk;
+        const size_t r = sampled[i].row;
+        emitted_[i].clear();
+        if (c.drafts == 0)
+          emitted_[i].push_back(std::move(results_[r]));
+        else if (!sample_requests_[r].to_host)
+          kept[i] = verdict_of_rows(s, c, std::span<SampleResult>(results_).subspan(r, 1 + static_cast<size_t>(c.drafts)),
+                                    emitted_[i]);
+        else
+          kept[i] = verdict(s, c, logits_.data() + host_row[i] * vocab_, *sampler, emitted_[i]);
+      }
+      give_sampler(std::move(sampler));
+    });
   } else {
     // Sample every row (in parallel: each row is independent and owns its RNG), then deliver in order.
     parallel_for(0, static_cast<int64_t>(sampled.size()), [&](int64_t lo, int64_t hi) {

@@ -117,6 +117,18 @@ class Engine {
   void draft(const BatchPlan& plan);
   int32_t verdict(Sequence& seq, const PlannedChunk& c, const float* logits, Sampler& sampler,
                   std::vector<SampleResult>& out);
+  // With device sampling: whether seq's verify rows are sampled where the logits are (its verdict needs only the
+  // target's own choices: greedy, and for the oracle no logprobs), else its rows come to the host for verdict();
+  // the requests of those rows (the history of row j extended by drafts 1 .. j when penalised; into
+  // verify_histories_); and the verdict from the sampled rows (the same as verdict() on the same logits).
+  bool verdict_on_device(const Sequence& seq) const;
+  void verify_requests(Sequence& seq, const PlannedChunk& c, std::span<SampleRequest> rows);
+  int32_t verdict_of_rows(Sequence& seq, const PlannedChunk& c, std::span<SampleResult> rows,
+                          std::vector<SampleResult>& out);
+  void count_verdict(int64_t drafts, int64_t accepted);
+  // The oracle's acceptance (benchmarks only): how many of `drafts` it keeps, each with probability oracle_accept
+  // drawn from the sequence's generator until the first refusal.
+  int64_t oracle_accepts(Sequence& seq, int64_t drafts) const;
   void finish(Sequence& seq, FinishReason reason, RequestUpdate update);
   void deliver(Sequence& seq, RequestUpdate update);
   void free_state(Sequence& seq);
@@ -135,6 +147,7 @@ class Engine {
   std::vector<SampleResult> results_;
   std::vector<double> uniforms_;                 // device sampling: the rows' uniforms
   std::vector<SampleRequest> sample_requests_;   // device sampling: the rows' requests
+  std::deque<TokenHistory> verify_histories_;    // device sampling: verify rows' histories with their drafts
   int64_t vocab_ = 0;
   int64_t max_context_ = 0;
 

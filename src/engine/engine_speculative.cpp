@@ -2,6 +2,7 @@
 // each request's own sampling, and the verdict of a verify step (engine/speculative.h) with its tokens, logprobs
 // and counters. The runner drafts, verifies and rolls back (ModelRunner::draft / forward / settle).
 #include <algorithm>
+#include <random>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -102,11 +103,8 @@ int32_t Engine::verdict(Sequence& s, const PlannedChunk& c, const float* logits,
   int64_t a = 0;
   int32_t next = 0;
   if (options_.oracle_accept >= 0) {  // benchmarks only: acceptance by fiat
-    std::uniform_real_distribution<double> uniform(0.0, 1.0);
-    while (a < k && uniform(s.rng) < options_.oracle_accept) {
-      if (pen) extended.add_output(d[static_cast<size_t>(a)], vocab_);
-      ++a;
-    }
+    a = oracle_accepts(s, k);
+    for (int64_t j = 0; pen && j < a; ++j) extended.add_output(d[static_cast<size_t>(j)], vocab_);
     next = sampler.sample(row(a), without_logprobs(p), history, s.rng).token;
   } else if (p.greedy()) {  // the drafts the target's own choices agree with (accept_greedy, row by row)
     for (;; ++a) {
@@ -129,13 +127,67 @@ int32_t Engine::verdict(Sequence& s, const PlannedChunk& c, const float* logits,
   }
   for (int64_t j = 0; j < a; ++j) out.push_back(sampler.describe(row(j), d[static_cast<size_t>(j)], p));
   out.push_back(sampler.describe(row(a), next, p));
-  {
-    std::lock_guard lock(metrics_mutex_);
-    ++metrics_.spec_drafts_total;
-    metrics_.spec_draft_tokens_total += static_cast<uint64_t>(k);
-    metrics_.spec_accepted_tokens_total += static_cast<uint64_t>(a);
-    for (int64_t j = 0; j < a; ++j) ++metrics_.spec_accepted_per_position[static_cast<size_t>(j)];
+  count_verdict(k, a);
+  return static_cast<int32_t>(a + 1);
+}
+
+int64_t Engine::oracle_accepts(Sequence& s, int64_t drafts) const {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  int64_t a = 0;
+  while (a < drafts && uniform(s.rng) < options_.oracle_accept) ++a;
+  return a;
+}
+
+void Engine::count_verdict(int64_t drafts, int64_t accepted) {
+  std::lock_guard lock(metrics_mutex_);
+  ++metrics_.spec_drafts_total;
+  metrics_.spec_draft_tokens_total += static_cast<uint64_t>(drafts);
+  metrics_.spec_accepted_tokens_total += static_cast<uint64_t>(accepted);
+  for (int64_t j = 0; j < accepted; ++j) ++metrics_.spec_accepted_per_position[static_cast<size_t>(j)];
+}
+
+bool Engine::verdict_on_device(const Sequence& s) const {
+  // Greedy: the kept drafts are the rows' own choices, the next token the first row's that differs, and the logprobs
+  // of each emitted token are its row's (a kept draft is its row's choice). The oracle keeps drafts by fiat, which
+  // need not be the rows' choices: on the device only without logprobs.
+  const SamplingParams& p = s.request.sampling;
+  return p.greedy() && (options_.oracle_accept < 0 || p.top_logprobs < 0);
+}
+
+void Engine::verify_requests(Sequence& s, const PlannedChunk& c, std::span<SampleRequest> rows) {
+  const std::vector<int32_t>& d = drafts_.at(s.id);
+  TERN_CHECK(rows.size() == d.size() + 1 && static_cast<int64_t>(d.size()) == c.drafts, "engine: sequence ", s.id,
+             " has ", d.size(), " drafts, the plan ", c.drafts);
+  const SamplingParams& p = s.request.sampling;
+  // Row j sees the request's history plus d_1 .. d_j (what the host verdict's row j sees whenever it is read: only
+  // while every earlier draft was the row's own choice). Greedy rows draw no uniforms.
+  const TokenHistory* history = &s.history;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (j > 0 && p.penalised()) {
+      verify_histories_.push_back(*history);
+      verify_histories_.back().add_output(d[j - 1], vocab_);
+      history = &verify_histories_.back();
+    }
+    rows[j] = {&p, history, {}};
   }
+}
+
+int32_t Engine::verdict_of_rows(Sequence& s, const PlannedChunk& c, std::span<SampleResult> rows,
+                                std::vector<SampleResult>& out) {
+  const auto k = static_cast<int64_t>(c.drafts);
+  const std::vector<int32_t>& d = drafts_.at(s.id);
+  TERN_CHECK(static_cast<int64_t>(rows.size()) == k + 1 && static_cast<int64_t>(d.size()) == k, "engine: sequence ",
+             s.id, " brings ", rows.size(), " sampled rows for ", d.size(), " drafts");
+  int64_t a = 0;
+  if (options_.oracle_accept >= 0) {  // benchmarks only: acceptance by fiat (no logprobs: verdict_on_device)
+    a = oracle_accepts(s, k);
+    for (int64_t j = 0; j < a; ++j) out.push_back(SampleResult{d[static_cast<size_t>(j)], 0.0f, {}});
+  } else {  // the drafts the target's own choices agree with (accept_greedy)
+    while (a < k && rows[static_cast<size_t>(a)].token == d[static_cast<size_t>(a)]) ++a;
+    for (int64_t j = 0; j < a; ++j) out.push_back(std::move(rows[static_cast<size_t>(j)]));
+  }
+  out.push_back(std::move(rows[static_cast<size_t>(a)]));
+  count_verdict(k, a);
   return static_cast<int32_t>(a + 1);
 }
 

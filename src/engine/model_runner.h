@@ -55,6 +55,9 @@ struct StepPaths {
   uint64_t graph_steps = 0;
   std::map<std::string, uint64_t> eager_steps;
   uint64_t table_tokens = 0, per_sequence_tokens = 0, mixed_steps = 0;
+  // Speculative decoding's MTP rows (drafting rounds, catch-ups; not engine steps): replayed, and eager by reason.
+  uint64_t mtp_graph_steps = 0;
+  std::map<std::string, uint64_t> mtp_eager_steps;
 };
 
 // One sampled row's request for ModelRunner::forward_sample: what the host sampler takes, with the
@@ -63,6 +66,9 @@ struct SampleRequest {
   const SamplingParams* params = nullptr;
   const TokenHistory* history = nullptr;
   std::span<const double> uniforms;
+  // Not sampled: the row's logits are copied to forward_sample's host_logits instead (such rows in order), for a
+  // verdict that reads whole distributions (speculative decoding's sampled requests). params / history unread.
+  bool to_host = false;
 };
 
 struct StepBatch {
@@ -92,9 +98,11 @@ class ModelRunner {
   // (Sampler over forward's logits) otherwise.
   virtual bool samples_on_device() const { return false; }
   // forward, then samples the batch.num_logits() rows where the logits are: one request and one result
-  // per row, in chunk order. The results equal Sampler::sample_drawn's on the same logits.
+  // per row, in chunk order. The results equal Sampler::sample_drawn's on the same logits. Rows whose request is
+  // to_host are not sampled: their logits go to host_logits (vocab_size() floats each, in row order; its size
+  // must be exactly that), and their results are left as they are.
   virtual void forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
-                              std::span<SampleResult> results);
+                              std::span<SampleResult> results, std::span<float> host_logits);
   // Counts of the steps run so far by path (the default counts nothing: a runner that tracks no paths).
   virtual StepPaths step_paths() const { return {}; }
 

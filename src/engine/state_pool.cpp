@@ -11,7 +11,8 @@ int64_t StepBatch::num_logits() const {
   return n;
 }
 
-void ModelRunner::forward_sample(const StepBatch&, std::span<const SampleRequest>, std::span<SampleResult>) {
+void ModelRunner::forward_sample(const StepBatch&, std::span<const SampleRequest>, std::span<SampleResult>,
+                                 std::span<float>) {
   TERN_CHECK(false, "runner ", name(), " does not sample on its device (samples_on_device() is false)");
 }
 

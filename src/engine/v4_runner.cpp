@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "ops/backend.h"
@@ -49,8 +50,13 @@ void V4Runner::enable_speculative(int k, int max_sequences, int64_t tokens_per_p
 
 void V4Runner::use_graphs_for_speculation() {
   if (!spec_ || !graphs_) return;
-  spec_->set_trunk_step([this](std::span<const model::StepSequence> batch, bool want_record,
-                               model::DecodeGraphs::Trunk& out) { return graphs_->forward_trunk(batch, want_record, out); });
+  spec_->set_trunk_step([this](std::span<const model::StepSequence> batch, bool want_record, bool on_device,
+                               model::DecodeGraphs::Trunk& out, Tensor& hold) {
+    if (on_device) return graphs_->forward_trunk_device(batch, want_record, out, hold);
+    hold = graphs_->forward_trunk(batch, want_record, out);
+    return hold.view();
+  });
+  spec_->set_draft_step([this](std::span<const model::Model::MtpStep> rows) { return graphs_->forward_mtp(rows); });
 }
 
 std::vector<std::vector<int32_t>> V4Runner::draft(std::span<const DraftRequest> requests, const DraftChooser& choose) {
@@ -108,6 +114,8 @@ StepPaths V4Runner::step_paths() const {
   }
   p.graph_steps = graphs_->stats().graph_steps;
   p.eager_steps = graphs_->stats().eager_steps;
+  p.mtp_graph_steps = graphs_->stats().mtp_graph_steps;
+  p.mtp_eager_steps = graphs_->stats().mtp_eager;
   return p;
 }
 
@@ -116,16 +124,21 @@ std::vector<std::string> V4Runner::kernel_paths() const {
   if (spec_)
     paths.push_back(cat("speculative decoding: MTP, ", spec_k_, " drafts a round, ", spec_->max_sequences(),
                         " sequences; the trunk's decode and verify steps ",
-                        graphs_ ? "replay CUDA graphs (with their streams and record)" : "run eagerly",
-                        ", the drafting, the rollback and the MTP catch-up run eagerly"));
+                        graphs_ ? "replay CUDA graphs (with their streams and record), so do the MTP layer's "
+                                  "drafting rounds and catch-ups of a few rows a sequence"
+                                : "run eagerly, so does the drafting",
+                        "; the rollback (one step for every sequence) and a prompt chunk's catch-up run eagerly"));
   paths.push_back(samples_on_device()
-                      ? "sampling: on the device (ops::sample_rows; only tokens and logprobs come back)"
+                      ? cat("sampling: on the device (ops::sample_rows; only tokens and logprobs come back)",
+                            spec_ ? "; verify steps: greedy requests judged from their rows' device choices, a sampled "
+                                    "request's rows (and an oracle's with logprobs) copied to the host for its verdict"
+                                  : "")
                       : "sampling: on the host (engine Sampler; the logits are copied back each step)");
   return paths;
 }
 
 bool V4Runner::samples_on_device() const {
-  return device_sampling_ && model_->device() != Device::cpu && spec_ == nullptr;
+  return device_sampling_ && (model_->device() != Device::cpu || sample_on_cpu_);
 }
 
 void V4Runner::prepare_steps(const StepBatch& batch) {
@@ -167,36 +180,104 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
 }
 
 void V4Runner::forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
-                              std::span<SampleResult> results) {
+                              std::span<SampleResult> results, std::span<float> host_logits) {
   TERN_CHECK(samples_on_device(), "V4 runner: device sampling is off or the model is on the host");
   TERN_CHECK(requests.size() == results.size() && static_cast<int64_t>(requests.size()) == batch.num_logits(),
              "V4 runner: ", requests.size(), " sample requests, ", results.size(), " results, ", batch.num_logits(),
              " rows of logits");
+  const int64_t vocab = model_->config().vocab_size;
+  host_slot_.assign(requests.size(), -1);  // each to_host row's place in host_logits
+  int64_t hosts = 0;
+  for (size_t r = 0; r < requests.size(); ++r)
+    if (requests[r].to_host) host_slot_[r] = hosts++;
+  TERN_CHECK(static_cast<int64_t>(host_logits.size()) == hosts * vocab, "V4 runner: ", hosts,
+             " rows of logits go to the host, into ", host_logits.size(), " floats");
   prepare_steps(batch);
-  Tensor hold;
-  TensorView logits;
-  if (graphs_) {
-    logits = graphs_->forward_device(steps_, hold);
-  } else {
-    hold = model_->forward(steps_, /*logits_on_device=*/true);
-    logits = hold.view();
-    ++steps_without_graphs_;
+  if (!spec_) {
+    Tensor hold;
+    TensorView logits;
+    if (graphs_) {
+      logits = graphs_->forward_device(steps_, hold);
+    } else {
+      hold = model_->forward(steps_, /*logits_on_device=*/true);
+      logits = hold.view();
+      ++steps_without_graphs_;
+    }
+    rows_.resize(requests.size());
+    std::iota(rows_.begin(), rows_.end(), size_t{0});
+    sample_logits(logits, rows_, requests, results, host_logits);
+    return;
   }
-  const size_t rows = requests.size();
-  TERN_CHECK(logits.rank() == 2 && static_cast<size_t>(logits.dim(0)) == rows &&
-                 logits.dim(1) == model_->config().vocab_size,
-             "V4 runner: the model returned logits of another shape than ", rows, " x ", model_->config().vocab_size);
-  if (rows == 0) return;
-  seen_.resize(rows);
-  counts_.resize(rows);
-  specs_.resize(rows);
-  sampled_.resize(rows);
-  for (size_t r = 0; r < rows; ++r) {
-    const SampleRequest& q = requests[r];
-    TERN_CHECK(q.params != nullptr && q.history != nullptr, "V4 runner: sample request ", r, " is incomplete");
+  // Speculative decoding: the plain chunks through Speculator::forward, then the verify chunks through verify; each
+  // step's rows are sampled (and copied) before the next step runs (a replayed graph's logits live in the arena
+  // the next replay reuses).
+  rest_.clear();
+  verify_.clear();
+  rest_rows_.clear();
+  verify_rows_.clear();
+  size_t row = 0;
+  for (size_t i = 0; i < batch.chunks.size(); ++i) {
+    const bool verify = batch.chunks[i].drafts > 0;
+    (verify ? verify_ : rest_).push_back(steps_[i]);
+    for (int32_t j = 0; j < batch.chunks[i].num_logits; ++j) (verify ? verify_rows_ : rest_rows_).push_back(row++);
+  }
+  if (!rest_.empty()) {
+    Tensor hold;
+    sample_logits(spec_->forward_device(rest_, hold), rest_rows_, requests, results, host_logits);
+  }
+  if (!verify_.empty()) {
+    Tensor hold;
+    sample_logits(spec_->verify_device(verify_, hold), verify_rows_, requests, results, host_logits);
+  }
+  if (!graphs_) ++steps_without_graphs_;
+}
+
+void V4Runner::sample_logits(const TensorView& logits, std::span<const size_t> rows,
+                             std::span<const SampleRequest> requests, std::span<SampleResult> results,
+                             std::span<float> host_logits) {
+  const int64_t vocab = model_->config().vocab_size;
+  const size_t n = rows.size();
+  TERN_CHECK(logits.rank() == 2 && static_cast<size_t>(logits.dim(0)) == n && logits.dim(1) == vocab,
+             "V4 runner: the model returned logits of another shape than ", n, " x ", vocab);
+  if (n == 0) return;
+  for (size_t i = 0; i < n; ++i) {  // the rows the host's verdict reads
+    const size_t r = rows[i];
+    if (!requests[r].to_host) continue;
+    copy_view(logits.rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1),
+              TensorView(host_logits.data() + host_slot_[r] * vocab, DType::f32, {1, vocab}));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const SampleRequest& q = requests[rows[i]];
+    if (q.to_host) continue;
+    TERN_CHECK(q.params != nullptr && q.history != nullptr, "V4 runner: sample request ", rows[i], " is incomplete");
+    TERN_CHECK(q.uniforms.size() == static_cast<size_t>(uniforms_per_sample(*q.params)), "V4 runner: sample request ",
+               rows[i], " has ", q.uniforms.size(), " uniforms, it takes ", uniforms_per_sample(*q.params));
+  }
+  if (logits.device() == Device::cpu) {  // set_sampling_in_runner_on_cpu: the host sampler stands in for sample_rows
+    for (size_t i = 0; i < n; ++i) {
+      const SampleRequest& q = requests[rows[i]];
+      if (q.to_host) continue;
+      const std::span<const float> row(logits.data_as<const float>() + static_cast<int64_t>(i) * vocab,
+                                       static_cast<size_t>(vocab));
+      results[rows[i]] = cpu_sampler_.sample_drawn(row, *q.params, *q.history, q.uniforms);
+    }
+    return;
+  }
+  seen_.resize(n);
+  counts_.resize(n);
+  specs_.resize(n);
+  sampled_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const SampleRequest& q = requests[rows[i]];
+    seen_[i].clear();
+    counts_[i].clear();
+    if (q.to_host) {  // sampled greedily, not read (sample_rows takes every row of the tensor)
+      ops::SampleRowDesc d;
+      d.temperature = 0.0f;
+      specs_[i] = {d, {}, {}};
+      continue;
+    }
     const SamplingParams& p = *q.params;
-    TERN_CHECK(q.uniforms.size() == static_cast<size_t>(uniforms_per_sample(p)), "V4 runner: sample request ", r,
-               " has ", q.uniforms.size(), " uniforms, it takes ", uniforms_per_sample(p));
     ops::SampleRowDesc d;
     d.temperature = p.temperature;
     d.top_k = p.top_k;
@@ -207,25 +288,24 @@ void V4Runner::forward_sample(const StepBatch& batch, std::span<const SampleRequ
     d.repetition = p.repetition_penalty;
     d.top_logprobs = p.top_logprobs;
     d.uniform = q.uniforms.empty() ? 0.0 : q.uniforms[0];
-    seen_[r].clear();
-    counts_[r].clear();
     if (p.repetition_penalty != 1.0f) {
       const auto& seen = q.history->seen;
       for (size_t t = 0; t < seen.size(); ++t)
-        if (seen[t]) seen_[r].push_back(static_cast<int32_t>(t));
+        if (seen[t]) seen_[i].push_back(static_cast<int32_t>(t));
     }
     if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
-      counts_[r].assign(q.history->output_counts.begin(), q.history->output_counts.end());
-    specs_[r] = {d, seen_[r], counts_[r]};
+      counts_[i].assign(q.history->output_counts.begin(), q.history->output_counts.end());
+    specs_[i] = {d, seen_[i], counts_[i]};
   }
-  ops::sample_rows(logits, specs_, std::span<ops::SampledRow>(sampled_.data(), rows));
-  for (size_t r = 0; r < rows; ++r) {
-    const ops::SampledRow& o = sampled_[r];
-    SampleResult& res = results[r];
+  ops::sample_rows(logits, specs_, std::span<ops::SampledRow>(sampled_.data(), n));
+  for (size_t i = 0; i < n; ++i) {
+    if (requests[rows[i]].to_host) continue;
+    const ops::SampledRow& o = sampled_[i];
+    SampleResult& res = results[rows[i]];
     res.token = o.token;
     res.logprob = o.logprob;
     res.top.clear();
-    for (int i = 0; i < o.num_top; ++i) res.top.push_back({o.top_tokens[i], o.top_logprobs[i]});
+    for (int t = 0; t < o.num_top; ++t) res.top.push_back({o.top_tokens[t], o.top_logprobs[t]});
   }
 }
 

@@ -27,11 +27,15 @@ class V4Runner : public ModelRunner {
   std::vector<std::string> kernel_paths() const override;
   void forward(const StepBatch& batch, std::span<float> logits) override;
   // On a CUDA model (unless set_device_sampling(false)): the logits stay on the device and
-  // ops::sample_rows samples them there.
+  // ops::sample_rows samples them there, with speculative decoding too (the verify rows of greedy requests; the
+  // rows of a sampled request's verdict are copied to the host).
   bool samples_on_device() const override;
   void forward_sample(const StepBatch& batch, std::span<const SampleRequest> requests,
-                      std::span<SampleResult> results) override;
+                      std::span<SampleResult> results, std::span<float> host_logits) override;
   void set_device_sampling(bool on) { device_sampling_ = on; }
+  // Tests: a CPU model takes the device-sampling path too (forward_sample, the engine's device path), the host
+  // sampler standing in for ops::sample_rows, so that path's row split and verdicts run on the CPU.
+  void set_sampling_in_runner_on_cpu(bool on) { sample_on_cpu_ = on; }
   StepPaths step_paths() const override;
   // Decode-only steps replay CUDA graphs (model/decode_graphs.h), recorded now (startup); without this
   // call every step runs eagerly, counted as "cuda graphs not enabled".
@@ -45,7 +49,7 @@ class V4Runner : public ModelRunner {
   // Speculator::kMaxDrafts), the rollback memory of max_sequences sequences of state_layout(tokens_per_page)
   // reserved now on the model's device. With decode graphs (enable_decode_graphs with max_queries k + 1) the trunk's
   // decode and verify steps replay them, returning their streams and record; the drafting, rollback and MTP catch-up
-  // run eagerly. Sampling moves to the host (the verdict reads whole distributions). Call before
+  // run eagerly. Call before
   // reserve_step_memory, which then reserves the MTP catch-up of a full step too.
   void enable_speculative(int k, int max_sequences, int64_t tokens_per_page = 0);
   int speculative_tokens() const override { return spec_ ? spec_k_ : 0; }
@@ -66,14 +70,20 @@ class V4Runner : public ModelRunner {
   std::unique_ptr<model::Speculator> spec_;
   int spec_k_ = 0;
   std::vector<model::StepSequence> rest_, verify_;  // a speculative step's plain and verify sequences
-  bool device_sampling_ = true;
-  // forward_sample's per-step buffers.
+  bool device_sampling_ = true, sample_on_cpu_ = false;
+  // forward_sample's per-step buffers: the request of each row of the plain / verify step, each to_host row's place.
+  std::vector<size_t> rows_, rest_rows_, verify_rows_;
+  std::vector<int64_t> host_slot_;
+  Sampler cpu_sampler_;
   std::vector<std::vector<int32_t>> seen_;
   std::vector<std::vector<std::pair<int32_t, int32_t>>> counts_;
   std::vector<ops::SampleRowSpec> specs_;
   std::vector<ops::SampledRow> sampled_;
 
   void prepare_steps(const StepBatch& batch);
+  // Samples `logits` (row i: request rows[i]) where they are, and copies the to_host rows into host_logits.
+  void sample_logits(const TensorView& logits, std::span<const size_t> rows, std::span<const SampleRequest> requests,
+                     std::span<SampleResult> results, std::span<float> host_logits);
   // With both speculation and graphs: the Speculator's trunk steps replay the graphs (DecodeGraphs::forward_trunk).
   void use_graphs_for_speculation();
   // forward() with speculative decoding on: the plain chunks through Speculator::forward, the verify chunks through

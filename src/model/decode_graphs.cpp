@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 
 #include "core/error.h"
@@ -57,6 +58,9 @@ DecodeGraphs::DecodeGraphs(Model& model, DecodeGraphOptions options)
   logits_.resize(handles_.size());
   streams_.resize(handles_.size());
   records_.resize(handles_.size());
+  mtp_handles_.assign(handles_.size() + buckets_.size(), -1);  // mtp_index
+  mtp_logits_.resize(mtp_handles_.size());
+  mtp_streams_.resize(mtp_handles_.size());
 }
 
 void DecodeGraphs::prepare() {
@@ -79,28 +83,53 @@ void DecodeGraphs::prepare() {
     const int64_t words = model_.decode_words(slots_max);
     staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
     tables_ = Tensor(DType::i64, {words}, model_.device());
-    // Dry runs, every slot inert: the largest decode bucket, and with verify steps every bucket of the most tokens
-    // a sequence (an op's workspace need is not monotone in the tokens: split-K partials, the library path from
-    // 512): size the arena (the largest of them), grow the backend's workspace and build its tables before any
-    // capture (no workspace may grow inside one).
-    std::vector<std::pair<int64_t, int64_t>> runs = {{largest, 1}};  // (slots, tokens a sequence)
-    if (q_max > 1)
-      for (int64_t b : buckets_) runs.push_back({b * q_max, q_max});
+    // Dry runs, every slot inert: every decode bucket, and with verify steps every bucket of the most tokens a
+    // sequence (an op's workspace need is not monotone in the tokens: split-K partials, the grouped MoE kernels
+    // from TERN_MOE_GROUPED_MIN_TOKENS, the library path from 512): size the arena (the largest of them), grow the
+    // backend's workspace and build its tables before any capture (no workspace may grow inside one).
+    // Every graph's shape is measured: with blocks reused within a step, a step's peak need not grow with its slots.
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (slots, tokens a sequence), the largest first
+    for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) runs.push_back({*b, 1});
+    for (int64_t q = 2; q <= q_max; ++q)
+      for (int64_t b : buckets_) runs.push_back({b * q, q});
+    struct MtpRun {
+      int64_t slots, q;
+      bool head;
+    };
+    std::vector<MtpRun> mtp_runs;  // every MTP graph's (slots, rows a sequence, head)
+    if (mtp_graphs())
+      for (int64_t b : buckets_)
+        for (int64_t q = 1; q <= q_max; ++q) {
+          mtp_runs.push_back({b * q, q, false});
+          if (q == 1) mtp_runs.push_back({b, 1, true});
+        }
     size_t arena = 0;
-    for (const auto& [slots, q] : runs) {
+    const ModelConfig& c = model_.config();
+    if (mtp_graphs())  // the MTP rows' hidden input (padding slots: zeros, later stale streams; inert either way)
+      mtp_hidden_ = Tensor(DType::f32, {slots_max, c.hc_mult, c.hidden_size}, model_.device());
+    const auto measure = [&](int64_t slots, const std::function<void(const Model::DecodeTables&)>& body) {
       upload_tables({}, slots);
+      const Model::DecodeTables t = model_.decode_tables(tables_, slots);
       graphs_->arena_begin(/*measure=*/true);
       try {
-        const Model::DecodeTables t = model_.decode_tables(tables_, slots);
-        Tensor streams;
-        Model::StepRecord record;  // the kept streams and record take arena too
-        (void)model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr);
+        body(t);
       } catch (...) {
         graphs_->arena_end();
         throw;
       }
       arena = std::max(arena, graphs_->arena_end());
-    }
+    };
+    for (const auto& [slots, q] : runs)
+      measure(slots, [&, q = q](const Model::DecodeTables& t) {
+        Tensor streams;
+        Model::StepRecord record;  // the kept streams and record take arena too
+        (void)model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr);
+      });
+    for (const MtpRun& r : mtp_runs)  // the MTP layer's rows (drafting rounds, catch-ups): one layer (and the head)
+      measure(r.slots, [&](const Model::DecodeTables& t) {
+        Tensor streams;
+        (void)model_.mtp_body(t, *layout_, r.q, mtp_hidden_.view().rows(0, r.slots), &streams, r.head);
+      });
     graphs_->arena_reserve(arena);
     stats_.arena_bytes = graphs_->arena_bytes();
     for (size_t i = 0; i < buckets_.size(); ++i) record(i, 1);  // verify buckets (q > 1): on first use
@@ -118,10 +147,14 @@ void DecodeGraphs::prepare() {
             " run eagerly");
 }
 
-void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots) {
-  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()));
+void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots, std::span<const int64_t> starts) {
+  // The page-locked staging is rewritten here while the previous upload's asynchronous copy may still be queued (a
+  // decode step's MTP catch-up follows its trunk step with nothing read back between; so do the startup dry runs):
+  // wait for the device first. After a step whose results came back (the usual case) the wait costs nothing.
+  device_memory(model_.device()).synchronize();
+  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()), starts);
   const int64_t words = model_.decode_words(slots);
-  // One H2D copy from page-locked memory. The previous step's copy is done: its logits came back since.
+  // One H2D copy from page-locked memory.
   copy_view(staging_.rows(0, words), tables_.view().rows(0, words));
 }
 
@@ -131,21 +164,111 @@ void DecodeGraphs::record(size_t i, int64_t q) {
   const Model::DecodeTables t = model_.decode_tables(tables_, slots);
   Tensor logits, streams;
   Model::StepRecord record;
+  handles_[g] = capture_in_arena([&] { logits = model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr); });
+  logits_[g] = std::move(logits);
+  streams_[g] = std::move(streams);
+  records_[g] = std::move(record);
+}
+
+int DecodeGraphs::capture_in_arena(const std::function<void()>& body) {
   graphs_->arena_begin(/*measure=*/false);
+  int handle = -1;
   try {
-    handles_[g] = graphs_->capture(
-        [&] { logits = model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr); });
+    handle = graphs_->capture(body);
   } catch (...) {
     graphs_->arena_end();
     throw;
   }
   graphs_->arena_end();
-  logits_[g] = std::move(logits);
-  streams_[g] = std::move(streams);
-  records_[g] = std::move(record);
   generation_ = graphs_->generation();
   stats_.graph_bytes = graphs_->graph_bytes();
   ++stats_.captures;
+  return handle;
+}
+
+void DecodeGraphs::forget_graphs() {
+  log::info("decode graphs: the backend's workspace moved; recording the buckets again as they are used");
+  graphs_->drop_all();
+  std::fill(handles_.begin(), handles_.end(), -1);
+  std::fill(mtp_handles_.begin(), mtp_handles_.end(), -1);
+  for (auto* list : {&logits_, &streams_, &mtp_logits_, &mtp_streams_})
+    for (Tensor& t : *list) t = Tensor();
+  for (Model::StepRecord& r : records_) r = {};
+  generation_ = graphs_->generation();
+}
+
+void DecodeGraphs::record_mtp(size_t i, int64_t q, bool head) {
+  const int64_t slots = buckets_[i] * q;
+  const size_t g = mtp_index(i, q, head);
+  const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+  Tensor logits, streams;
+  mtp_handles_[g] = capture_in_arena(
+      [&] { logits = model_.mtp_body(t, *layout_, q, mtp_hidden_.view().rows(0, slots), &streams, head); });
+  mtp_logits_[g] = std::move(logits);
+  mtp_streams_[g] = std::move(streams);
+}
+
+Model::MtpResult DecodeGraphs::eager_mtp(std::span<const Model::MtpStep> steps, const std::string& reason) {
+  const uint64_t n = ++stats_.mtp_eager[reason];
+  if (n == 1) log::info("decode graphs: MTP rows run eagerly: ", reason);
+  return model_.mtp_forward(steps);
+}
+
+Model::MtpResult DecodeGraphs::forward_mtp(std::span<const Model::MtpStep> steps) {
+  prepare();
+  if (!disabled_.empty()) return eager_mtp(steps, disabled_);
+  if (!mtp_graphs()) return eager_mtp(steps, "no MTP graphs (speculation off or no MTP layer)");
+  const ModelConfig& c = model_.config();
+  const LogitsFor want = steps.empty() ? LogitsFor::last : steps.front().logits;
+  std::vector<StepSequence> seqs;
+  std::vector<int64_t> starts;
+  int64_t q = 1, rows = 0;  // the most rows a sequence, and all of them
+  for (const Model::MtpStep& s : steps) {
+    const auto n = static_cast<int64_t>(s.next.size());
+    if (s.logits != want || want == LogitsFor::all || (want == LogitsFor::last && n != 1) || n < 1 ||
+        n > options_.max_queries)
+      return eager_mtp(steps, "rows that are neither a drafting round nor a catch-up of a few tokens");
+    seqs.push_back({s.state, s.next, LogitsFor::last});  // (decode_refusal's rule for one-token rows)
+    starts.push_back(s.start);
+    q = std::max(q, n);
+    rows += n;
+  }
+  const std::string refusal = model_.decode_refusal(seqs, *layout_, q, starts);
+  if (!refusal.empty()) return eager_mtp(steps, refusal);
+  const auto B = static_cast<int64_t>(steps.size());
+  const int64_t bucket = pick_decode_bucket(buckets_, B);
+  if (bucket < 0) return eager_mtp(steps, "batch above the largest bucket (" + std::to_string(buckets_.back()) + ")");
+  const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
+  const bool head = want == LogitsFor::last;  // a drafting round (q = 1); a catch-up needs no head
+  const size_t g = mtp_index(i, q, head);
+  if (graphs_->generation() != generation_) forget_graphs();  // the workspace or the arena moved
+  if (mtp_handles_[g] == kCaptureFailed) return eager_mtp(steps, "a graph whose capture failed");
+  if (mtp_handles_[g] < 0) {
+    try {
+      record_mtp(i, q, head);
+    } catch (const std::exception& e) {
+      mtp_handles_[g] = kCaptureFailed;
+      log::warn("decode graphs: MTP rows of ", bucket, " sequences x ", q, " run eagerly: capture failed: ", e.what());
+      return eager_mtp(steps, "a graph whose capture failed");
+    }
+  }
+  upload_tables(seqs, bucket * q, starts);
+  for (int64_t k = 0, at = 0; k < B; ++k) {  // each sequence's rows in its consecutive slots
+    const TensorView& h = steps[static_cast<size_t>(k)].streams;
+    const int64_t n = static_cast<int64_t>(steps[static_cast<size_t>(k)].next.size());
+    TERN_CHECK(h.shape() == Shape({n, c.hc_mult, c.hidden_size}), "forward_mtp: streams must be f32 [", n, ", ",
+               c.hc_mult, ", ", c.hidden_size, "]");
+    copy_view(h, mtp_hidden_.view().rows(at, at + n));
+    at += n;
+  }
+  graphs_->replay(mtp_handles_[g]);
+  Model::MtpResult r;
+  if (want == LogitsFor::last) model_.mtp_pick(steps, mtp_logits_[g].view().rows(0, B), r);  // q = 1: slot k = row k
+  else r.logits = Tensor(DType::f32, {0, c.vocab_size});  // a catch-up: no row wanted
+  r.streams = Tensor(DType::f32, {rows, c.hc_mult, c.hidden_size}, model_.device(), TensorInit::uninitialized);
+  copy_view(mtp_streams_[g].view().rows(0, rows), r.streams);
+  ++stats_.mtp_graph_steps;
+  return r;
 }
 
 Tensor DecodeGraphs::forward(std::span<const StepSequence> batch) { return step(batch, false, nullptr); }
@@ -168,6 +291,14 @@ Tensor DecodeGraphs::eager_trunk(Model& model, std::span<const StepSequence> bat
 Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out) {
   out = {};
   return step(batch, false, nullptr, &out, want_record);
+}
+
+TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batch, bool want_record, Trunk& out,
+                                              Tensor& hold) {
+  out = {};
+  TensorView view;
+  hold = step(batch, true, &view, &out, want_record);
+  return view;
 }
 
 Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device,
@@ -208,15 +339,7 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
   const int64_t slots = bucket * qs;
   const auto i = static_cast<size_t>(std::find(buckets_.begin(), buckets_.end(), bucket) - buckets_.begin());
   const size_t g = graph_index(i, qs);
-  if (graphs_->generation() != generation_) {  // the workspace or the arena moved: record again
-    log::info("decode graphs: the backend's workspace moved; recording the buckets again as they are used");
-    graphs_->drop_all();
-    std::fill(handles_.begin(), handles_.end(), -1);
-    for (Tensor& t : logits_) t = Tensor();
-    for (Tensor& t : streams_) t = Tensor();
-    for (Model::StepRecord& r : records_) r = {};
-    generation_ = graphs_->generation();
-  }
+  if (graphs_->generation() != generation_) forget_graphs();  // the workspace or the arena moved
   if (handles_[g] == kCaptureFailed) return eager("a verify bucket whose capture failed");
   if (handles_[g] < 0) {
     try {

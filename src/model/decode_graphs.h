@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -40,6 +41,10 @@ struct DecodeGraphOptions {
 
 struct DecodeGraphStats {
   uint64_t graph_steps = 0;
+  // forward_mtp's calls (drafting rounds and catch-ups): replayed, and run eagerly by reason (not steps of the engine:
+  // kept out of eager_steps, whose total with graph_steps is the steps run).
+  uint64_t mtp_graph_steps = 0;
+  std::map<std::string, uint64_t> mtp_eager;
   std::map<std::string, uint64_t> eager_steps;  // by reason
   uint64_t captures = 0;                        // graphs recorded (startup and re-recordings)
   size_t arena_bytes = 0, graph_bytes = 0;
@@ -67,6 +72,16 @@ class DecodeGraphs {
     const Model::StepRecord* record = nullptr;
   };
   Tensor forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out);
+  // The same with the logits left on the device (as forward_device: a view valid until the next step, `hold` keeping
+  // an eager step's).
+  TensorView forward_trunk_device(std::span<const StepSequence> batch, bool want_record, Trunk& out, Tensor& hold);
+  // With speculation (max_queries > 1) on a model with an MTP layer: MTP rows of one token a sequence, all
+  // LogitsFor::last (a drafting round, as Speculator::draft runs them), or of 1 .. max_queries tokens a sequence,
+  // all LogitsFor::none (a catch-up: a decode step's, a settle's), replay a recorded Model::mtp_body (with its head
+  // for the drafting rounds only) per (batch bucket, most rows a sequence), recorded on first use; anything else, or
+  // a graph whose capture failed, runs Model::mtp_forward (counted in stats().mtp_eager by reason). The result is
+  // mtp_forward's (streams copied out of the graph's memory).
+  Model::MtpResult forward_mtp(std::span<const Model::MtpStep> steps);
   // forward_trunk's eager step, for any caller: Model::forward with every row's streams into `streams` (and, with
   // want_record, the record into `record`), `out` viewing them.
   static Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
@@ -83,7 +98,20 @@ class DecodeGraphs {
              bool want_record = false);
   Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view,
                Trunk* trunk = nullptr, bool want_record = false);
-  void upload_tables(std::span<const StepSequence> batch, int64_t slots);
+  void upload_tables(std::span<const StepSequence> batch, int64_t slots, std::span<const int64_t> starts = {});
+  // Whether the MTP layer's draft rows get graphs (speculation on a model with an MTP layer), and bucket i's.
+  bool mtp_graphs() const { return options_.max_queries > 1 && model_.has_mtp(); }
+  void record_mtp(size_t bucket, int64_t q, bool head);
+  // MTP graph of bucket i, q rows a sequence, with the head (drafting rounds, q = 1) or without (catch-ups): the
+  // headless ones at graph_index, the q = 1 ones with the head after them.
+  size_t mtp_index(size_t i, int64_t q, bool head) const {
+    return head ? handles_.size() + i : graph_index(i, q);
+  }
+  // Records body's device work with its tensors in the arena (the generation, graph memory and count kept up).
+  int capture_in_arena(const std::function<void()>& body);
+  // Drops every recorded graph (the backend's workspace or arena moved): each records again on its next use.
+  void forget_graphs();
+  Model::MtpResult eager_mtp(std::span<const Model::MtpStep> steps, const std::string& reason);
   // Graph g = (q - 1) * buckets + bucket index: bucket buckets_[i] of q tokens a sequence.
   size_t graph_index(size_t bucket, int64_t q) const { return static_cast<size_t>(q - 1) * buckets_.size() + bucket; }
   void record(size_t bucket, int64_t q);
@@ -100,6 +128,12 @@ class DecodeGraphs {
   std::vector<Tensor> logits_;   // per graph: the recorded step's device logits (arena)
   std::vector<Tensor> streams_;  // per graph: its trunk streams of every slot (arena)
   std::vector<Model::StepRecord> records_;  // per verify graph (q > 1): its StepRecord (arena)
+  // The MTP graphs (mtp_graphs()): per (bucket, q, head) (mtp_index) its handle, its device logits and output
+  // streams (arena), and the hidden input they all read ([largest * max_queries, hc, D], outside the arena, filled
+  // before each replay).
+  std::vector<int> mtp_handles_;
+  std::vector<Tensor> mtp_logits_, mtp_streams_;
+  Tensor mtp_hidden_;
   Tensor eager_streams_;                     // forward_trunk's eager step's
   Model::StepRecord eager_record_;
   uint64_t generation_ = 0;

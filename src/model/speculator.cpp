@@ -32,16 +32,32 @@ TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
   return slots.view().rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).reshape({bytes});
 }
 
-Tensor Speculator::trunk(std::span<const StepSequence> batch, bool want_record, DecodeGraphs::Trunk& out) {
-  if (trunk_step_) return trunk_step_(batch, want_record, out);
-  return DecodeGraphs::eager_trunk(model_, batch, want_record, false, own_streams_, own_record_, out);
+TensorView Speculator::trunk(std::span<const StepSequence> batch, bool want_record, bool on_device,
+                             DecodeGraphs::Trunk& out, Tensor& hold) {
+  if (trunk_step_) return trunk_step_(batch, want_record, on_device, out, hold);
+  hold = DecodeGraphs::eager_trunk(model_, batch, want_record, on_device, own_streams_, own_record_, out);
+  return hold.view();
 }
 
 void Speculator::catch_up(std::span<const Model::MtpStep> rows) {
-  if (!rows.empty()) (void)model_.mtp_forward(rows);
+  if (rows.empty()) return;
+  // Through the draft step (the serving runner's graphs take catch-ups of a few rows a sequence; longer ones, a
+  // prompt chunk's, run mtp_forward there).
+  if (draft_step_) (void)draft_step_(rows);
+  else (void)model_.mtp_forward(rows);
 }
 
 Tensor Speculator::forward(std::span<const StepSequence> batch) {
+  Tensor hold;
+  (void)forward_impl(batch, false, hold);
+  return hold;
+}
+
+TensorView Speculator::forward_device(std::span<const StepSequence> batch, Tensor& hold) {
+  return forward_impl(batch, true, hold);
+}
+
+TensorView Speculator::forward_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold) {
   const ModelConfig& c = model_.config();
   const int64_t H = c.hc_mult, D = c.hidden_size;
   const int mtp = model_.mtp_layer();
@@ -53,7 +69,7 @@ Tensor Speculator::forward(std::span<const StepSequence> batch) {
     rows += static_cast<int64_t>(s.tokens.size()) - 1 + (starts.back() > 0 ? 1 : 0);
   }
   DecodeGraphs::Trunk step;
-  Tensor logits = trunk(batch, false, step);
+  const TensorView logits = trunk(batch, false, on_device, step, hold);
   const TensorView streams = step.streams;
   // The hidden of every MTP row: the carry (row start - 1), then the step's rows but the last.
   Tensor hidden(DType::f32, {rows, H, D}, model_.device(), TensorInit::uninitialized);
@@ -73,8 +89,14 @@ Tensor Speculator::forward(std::span<const StepSequence> batch) {
     at += m;
     from += n;
   }
+  // A replayed trunk step's device logits live in the graphs' shared arena, which the catch-up's own graph replay
+  // overwrites: they move out first (host logits, and an eager step's, are already held).
+  if (on_device && hold.empty() && draft_step_ && !steps.empty()) {
+    hold = Tensor(DType::f32, logits.shape(), logits.device(), TensorInit::uninitialized);
+    copy_view(logits, hold.view());
+  }
   catch_up(steps);
-  return logits;
+  return hold.empty() ? logits : hold.view();
 }
 
 void Speculator::draft(std::span<const DraftSequence> seqs, const Chooser& choose) {
@@ -111,7 +133,7 @@ void Speculator::draft(std::span<const DraftSequence> seqs, const Chooser& choos
                        seqs[i].greedy});
       who.push_back(i);
     }
-    Model::MtpResult next = model_.mtp_forward(steps);
+    Model::MtpResult next = draft_step_ ? draft_step_(steps) : model_.mtp_forward(steps);
     int64_t host_row = 0;  // the chooser's rows come back in order, the greedy ones stay where they are
     for (size_t w = 0; w < who.size(); ++w) {
       const size_t i = who[w];
@@ -131,6 +153,16 @@ void Speculator::draft(std::span<const DraftSequence> seqs, const Chooser& choos
 }
 
 Tensor Speculator::verify(std::span<const StepSequence> batch) {
+  Tensor hold;
+  (void)verify_impl(batch, false, hold);
+  return hold;
+}
+
+TensorView Speculator::verify_device(std::span<const StepSequence> batch, Tensor& hold) {
+  return verify_impl(batch, true, hold);
+}
+
+TensorView Speculator::verify_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold) {
   TERN_CHECK(batch.size() == drafting_.size() && !verified_,
              "speculator: verify() takes the sequences of the last draft(), once");
   before_.clear();
@@ -140,7 +172,7 @@ Tensor Speculator::verify(std::span<const StepSequence> batch) {
                "speculator: verify sequence ", i, " is not [y, drafts] of the last draft() with every row's logits");
     before_.push_back(batch[i].state->snapshot_into(slot(snapshots_, i, snapshot_bytes_)));
   }
-  Tensor logits = trunk(batch, true, verified_trunk_);
+  const TensorView logits = trunk(batch, true, on_device, verified_trunk_, hold);
   TERN_CHECK(batch.empty() || verified_trunk_.record != nullptr,
              "speculator: the verify step did not run on the step tables (nothing to roll back with)");
   verified_ = true;
@@ -151,14 +183,20 @@ void Speculator::settle(std::span<const int64_t> kept) {
   TERN_CHECK(verified_ && kept.size() == drafting_.size(), "speculator: settle() takes one count per sequence of the "
              "last verify()");
   const int mtp = model_.mtp_layer();
+  // The sequences with rejected tokens roll back in one step on the tables (Model::rollback_steps).
+  std::vector<Model::Rollback> rollbacks;
+  for (size_t i = 0, first = 0; i < kept.size(); first += tokens_[i].size(), ++i) {
+    const auto n = static_cast<int64_t>(tokens_[i].size());
+    TERN_CHECK(kept[i] >= 1 && kept[i] <= n, "speculator: sequence ", i, " keeps ", kept[i], " of its ", n, " tokens");
+    if (kept[i] < n) rollbacks.push_back({drafting_[i].state, &before_[i], static_cast<int64_t>(first), kept[i]});
+  }
+  if (!rollbacks.empty()) model_.rollback_steps(rollbacks, *verified_trunk_.record);
   std::vector<Model::MtpStep> steps;
   int64_t first = 0;
   for (size_t i = 0; i < kept.size(); ++i) {
     cache::SequenceState& state = *drafting_[i].state;
     const auto n = static_cast<int64_t>(tokens_[i].size());
     const int64_t a = kept[i], m = before_[i].position;
-    TERN_CHECK(a >= 1 && a <= n, "speculator: sequence ", i, " keeps ", a, " of its ", n, " tokens");
-    if (a < n) model_.rollback_step(state, before_[i], *verified_trunk_.record, first, a);
     if (drafting_[i].count > 1) ops::copy(slot(windows_, i, window_bytes_), bytes_of(state.ring(mtp)));
     if (a > 1)
       steps.push_back({&state, m, verified_trunk_.streams.rows(first, first + a - 1),

@@ -48,6 +48,9 @@ class Speculator {
   // A plain step with the MTP layer kept up: the trunk step (below) with every row's streams, then the MTP rows of
   // the positions whose next token the step knows, and the carries. Returns the host logits.
   Tensor forward(std::span<const StepSequence> batch);
+  // The same with the logits on the model's device: a view valid until the next trunk step (`hold` keeps an eager
+  // step's), for sampling where they are.
+  TensorView forward_device(std::span<const StepSequence> batch, Tensor& hold);
 
   // Round j runs the MTP rows of every sequence that wants more than j drafts; choose(i, j, logits) gives draft
   // j + 1 of sequence i from its row's logits (the draft distribution q_{j+1}), unless the sequence is greedy.
@@ -59,15 +62,24 @@ class Speculator {
   // The verify step of the last draft(): batch[i] brings [y, d_1 .. d_k] of seqs[i] (LogitsFor::all). Returns the
   // logits of every row, f32 [sum (k_i + 1), vocab] on the host.
   Tensor verify(std::span<const StepSequence> batch);
+  // The same with the logits on the model's device (as forward_device).
+  TensorView verify_device(std::span<const StepSequence> batch, Tensor& hold);
 
   // Sequence i of the last verify() keeps its first kept[i] tokens (1 .. k_i + 1).
   void settle(std::span<const int64_t> kept);
 
   // How the trunk's steps run (forward's and verify's): by default Model::forward with every row's streams (and the
   // record); the serving runner gives its CUDA graphs (DecodeGraphs::forward_trunk), whose views live until its next
-  // step. Returns the host logits; fills the streams (every row, batch order) and, when asked, the record.
-  using TrunkStep = std::function<Tensor(std::span<const StepSequence>, bool want_record, DecodeGraphs::Trunk&)>;
+  // step. Returns the logits: on the host in `hold` (on_device false), or where the model is (a view, `hold` owning
+  // them where the step does not); fills the streams (every row, batch order) and, when asked, the record.
+  using TrunkStep = std::function<TensorView(std::span<const StepSequence>, bool want_record, bool on_device,
+                                             DecodeGraphs::Trunk&, Tensor& hold)>;
   void set_trunk_step(TrunkStep step) { trunk_step_ = std::move(step); }
+  // How MTP rows run (drafting rounds and catch-ups): by default Model::mtp_forward; the serving runner gives its
+  // CUDA graphs (DecodeGraphs::forward_mtp: drafting rounds and catch-ups of a few rows a sequence replay graphs,
+  // longer catch-ups run mtp_forward).
+  using DraftStep = std::function<Model::MtpResult(std::span<const Model::MtpStep>)>;
+  void set_draft_step(DraftStep step) { draft_step_ = std::move(step); }
 
  private:
   Model& model_;
@@ -81,10 +93,14 @@ class Speculator {
   DecodeGraphs::Trunk verified_trunk_;  // the verify step's streams (every row) and record
   bool verified_ = false;
   TrunkStep trunk_step_;
+  DraftStep draft_step_;
   Tensor own_streams_;  // the default trunk step's
   Model::StepRecord own_record_;
 
-  Tensor trunk(std::span<const StepSequence> batch, bool want_record, DecodeGraphs::Trunk& out);
+  TensorView trunk(std::span<const StepSequence> batch, bool want_record, bool on_device, DecodeGraphs::Trunk& out,
+                   Tensor& hold);
+  TensorView forward_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold);
+  TensorView verify_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold);
 
   TensorView slot(Tensor& slots, size_t i, int64_t bytes) const;
   // The MTP rows of `rows` (per sequence: state, first position, hidden rows, next tokens); no logits.

@@ -56,7 +56,7 @@ void Model::check_state(const cache::SequenceState& state) const {
   TERN_CHECK(state.device() == device_, "forward: the state is not on the model's device (make it with new_state())");
 }
 
-std::string Model::sequence_refusal(const StepSequence& s, int64_t max_queries) const {
+std::string Model::sequence_refusal(const StepSequence& s, int64_t max_queries, int64_t start) const {
   // A compressor chunk of the step kernels spans at most three windows: 2 ratio + 1 tokens of the smallest ratio.
   int64_t chunk_bound = INT64_MAX;
   for (int l = 0; l < w_.config.num_layers; ++l)
@@ -67,7 +67,8 @@ std::string Model::sequence_refusal(const StepSequence& s, int64_t max_queries) 
   if (n > chunk_bound) return "more tokens of a sequence than a compressor chunk of the step kernels (2 ratio + 1)";
   if (max_queries == 1 && s.logits != LogitsFor::last) return "a decode token without logits";
   if (s.state == nullptr) return "a missing state";
-  if (s.state->capacity() < s.state->position() + n) return "a state without pages for its next tokens";
+  if (s.state->capacity() < (start >= 0 ? start : s.state->position()) + n)
+    return "a state without pages for its next tokens";
   return {};
 }
 
@@ -78,12 +79,15 @@ std::string Model::geometry_refusal(const cache::StateLayout& state, const cache
 }
 
 std::string Model::decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
-                                  int64_t max_queries) const {
+                                  int64_t max_queries, std::span<const int64_t> starts) const {
+  TERN_CHECK(starts.empty() || starts.size() == batch.size(), "decode_refusal: ", starts.size(), " starts for ",
+             batch.size(), " sequences");
   if (observer_) return "an observer is set";
   if (batch.empty()) return "an empty batch";
   std::unordered_set<const cache::SequenceState*> seen;
-  for (const StepSequence& s : batch) {
-    if (std::string why = sequence_refusal(s, max_queries); !why.empty()) return why;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    if (std::string why = sequence_refusal(s, max_queries, starts.empty() ? -1 : starts[i]); !why.empty()) return why;
     if (!seen.insert(s.state).second) return "a missing or repeated state";
     if (std::string why = geometry_refusal(s.state->layout(), layout); !why.empty()) return why;
   }
@@ -91,9 +95,11 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
 }
 
 void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
-                               std::span<const int64_t> starts) const {
+                               std::span<const int64_t> starts, std::span<const int64_t> first_slots) const {
   TERN_CHECK(starts.empty() || starts.size() == batch.size(), "fill_decode_tables: ", starts.size(), " starts for ",
              batch.size(), " sequences");
+  TERN_CHECK(first_slots.empty() || first_slots.size() == batch.size(), "fill_decode_tables: ", first_slots.size(),
+             " first slots for ", batch.size(), " sequences");
   const int64_t S = slots;
   int64_t tokens = 0;
   for (const StepSequence& s : batch) tokens += static_cast<int64_t>(s.tokens.size());
@@ -106,6 +112,13 @@ void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slot
     const StepSequence& s = batch[k];
     const auto n = static_cast<int64_t>(s.tokens.size());
     TERN_CHECK(s.state != nullptr && n >= 1, "fill_decode_tables: sequence ", k, " needs a state and a token");
+    if (!first_slots.empty()) {
+      i = first_slots[k];
+      TERN_CHECK(i >= 0 && i + n <= S, "fill_decode_tables: sequence ", k, "'s slots ", i, " .. ", i + n - 1,
+                 " outside the ", S, " slots");
+      for (int64_t j = i; j < i + n; ++j)
+        TERN_CHECK(words[S + j] == -1, "fill_decode_tables: sequence ", k, " takes slot ", j, ", which another has");
+    }
     check_state(*s.state);
     const int64_t pos = starts.empty() ? s.state->position() : starts[k];
     TERN_CHECK(pos >= 0 && pos + n <= s.state->layout().max_tokens(), "forward: ", pos + n,
@@ -152,9 +165,9 @@ Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots)
 }
 
 Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
-                                        std::span<const int64_t> starts) const {
+                                        std::span<const int64_t> starts, std::span<const int64_t> first_slots) const {
   words = Tensor(DType::i64, {decode_words(slots)});
-  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())}, starts);
+  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())}, starts, first_slots);
   words = on_device(std::move(words));
   return decode_tables(words, slots);
 }
@@ -164,7 +177,7 @@ bool Model::try_step_tables(Batch& b, std::span<const StepSequence> batch, std::
   const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
   for (const StepSequence& s : batch)
     if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
-  if (!step_tables_ || bound == nullptr || !decode_refusal(batch, *bound, kMaxStepQueries).empty()) return false;
+  if (!step_tables_ || bound == nullptr || !decode_refusal(batch, *bound, kMaxStepQueries, starts).empty()) return false;
   tables = eager_tables(batch, b.tokens, words, starts);
   int64_t max_queries = 1;
   for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
@@ -198,18 +211,9 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
     record->layers.assign(static_cast<size_t>(c.num_layers), {});
     b.record = record;
   }
-  const int64_t N = b.tokens, D = c.hidden_size;
   const Tensor streams = run_layers(b);
   if (streams_out != nullptr) *streams_out = streams;
-  // head(): every slot's row is wanted (forward() gathers the wanted rows first; a row's result is the
-  // same bits either way, every kernel here being per row).
-  Tensor y = tensor(DType::f32, {N, D});
-  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
-  ops::hc_head({streams, w_.hc_head.fn, w_.hc_head.base, w_.hc_head.scale, params, y});
-  ops::rms_norm(y, w_.norm, static_cast<float>(c.rms_norm_eps), y);
-  Tensor logits = tensor(DType::f32, {N, c.vocab_size});
-  ops::linear(y, w_.head, logits);
-  return logits;
+  return head_of_every_row(streams, w_.hc_head, w_.norm);  // every slot's (forward() gathers the wanted rows first)
 }
 
 // compress() for every slot: the entry a slot's token closes is normed, RoPE'd at its position and stored
@@ -257,34 +261,61 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
 
 void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
                           int64_t first_row, int64_t kept) {
+  const Rollback r{&state, &before, first_row, kept};
+  rollback_steps({&r, 1}, record);
+}
+
+void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& record) {
   const ModelConfig& c = w_.config;
   TERN_CHECK(static_cast<int>(record.layers.size()) == c.num_layers,
              "rollback_step: the step was not recorded (it did not run on the step tables)");
-  TERN_CHECK(kept >= 1 && kept <= kMaxStepQueries && first_row >= 0 &&
-                 first_row + kept <= record.layers.front().rows.dim(0),
-             "rollback_step: tokens ", first_row, " .. ", first_row + kept, " of a step of ",
-             record.layers.front().rows.dim(0));
-  check_state(state);
-  state.restore(before);
-  // The kept tokens as a step of their own on the tables (their ids are not read: only positions and addresses).
-  const std::vector<int64_t> ids(static_cast<size_t>(kept), 0);
-  const StepSequence s{&state, ids, LogitsFor::none};
+  if (seqs.empty()) return;
+  const int64_t rows = record.layers.front().rows.dim(0);
+  // The kept tokens as one step of their own on the tables, each in its recorded slots (their ids are not read:
+  // only positions and addresses); the rejected tokens' slots and the sequences' gaps stay inert.
+  const std::vector<int64_t> ids(static_cast<size_t>(kMaxStepQueries), 0);
+  std::vector<StepSequence> steps;
+  std::vector<int64_t> first_slots;
+  std::unordered_set<const cache::SequenceState*> seen;
+  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
+  int64_t slots = 0, max_kept = 1;
+  for (const Rollback& r : seqs) {
+    TERN_CHECK(r.state != nullptr && r.before != nullptr, "rollback_step: a sequence without its state or snapshot");
+    TERN_CHECK(r.kept >= 1 && r.kept <= kMaxStepQueries && r.first_row >= 0 && r.first_row + r.kept <= rows,
+               "rollback_step: tokens ", r.first_row, " .. ", r.first_row + r.kept, " of a step of ", rows);
+    TERN_CHECK(seen.insert(r.state).second, "rollback_step: a state appears twice");
+    check_state(*r.state);
+    TERN_CHECK(bound == nullptr || same_page_geometry(*bound, r.state->layout()),
+               "rollback_step: the states are in pages of different geometries");
+    if (bound == nullptr || r.state->layout().max_tokens() > bound->max_tokens()) bound = &r.state->layout();
+    steps.push_back({r.state, std::span<const int64_t>(ids).first(static_cast<size_t>(r.kept)), LogitsFor::none});
+    first_slots.push_back(r.first_row);
+    slots = std::max(slots, r.first_row + r.kept);
+    max_kept = std::max(max_kept, r.kept);
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [first_row, first_row + kept) of each, checked before any restore
+  for (const Rollback& r : seqs) ranges.push_back({r.first_row, r.first_row + r.kept});
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    TERN_CHECK(ranges[i].first >= ranges[i - 1].second, "rollback_step: rows ", ranges[i - 1].first, " .. ",
+               ranges[i - 1].second - 1, " and ", ranges[i].first, " .. ", ranges[i].second - 1, " overlap");
+  for (const Rollback& r : seqs) r.state->restore(*r.before);
   Tensor words;
-  const DecodeTables t = eager_tables({&s, 1}, kept, words);
+  const DecodeTables t = eager_tables(steps, slots, words, {}, first_slots);
   Batch b;
-  use_tables(b, t, state.layout(), kept);
-  const TensorView firsts = kept > 1 ? t.firsts : TensorView();
+  use_tables(b, t, *bound, max_kept);
+  const TensorView firsts = max_kept > 1 ? t.firsts : TensorView();
   for (int l = 0; l < c.num_layers; ++l) {
     const StepRecord::Layer& r = record.layers[static_cast<size_t>(l)];
-    ops::store_ring_rows(r.rows.view().rows(first_row, first_row + kept), t.layers[static_cast<size_t>(l)].ring,
-                         t.positions, firsts, c.sliding_window);
+    ops::store_ring_rows(r.rows.view().rows(0, slots), t.layers[static_cast<size_t>(l)].ring, t.positions, firsts,
+                         c.sliding_window);
     for (const bool indexer : {false, true}) {
       const StepRecord::Compressor& cr = indexer ? r.indexer : r.compressor;
       if (cr.kv.empty()) continue;  // the layer has no such compressor
-      emit_entries(l, b, cr.kv.rows(first_row, first_row + kept), cr.gate.rows(first_row, first_row + kept), indexer);
+      emit_entries(l, b, cr.kv.rows(0, slots), cr.gate.rows(0, slots), indexer);
     }
   }
-  state.advance(kept);
+  for (const Rollback& r : seqs) r.state->advance(r.kept);
 }
 
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.

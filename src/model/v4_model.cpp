@@ -448,4 +448,16 @@ void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits
   ops::linear(y, w_.head, logits);
 }
 
+Tensor Model::head_of_every_row(const Tensor& streams, const HyperConnWeights& hc, const TensorView& norm) {
+  const ModelConfig& c = w_.config;
+  const int64_t N = streams.dim(0), D = c.hidden_size;
+  Tensor y = tensor(DType::f32, {N, D});
+  const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
+  ops::hc_head({streams, hc.fn, hc.base, hc.scale, params, y});
+  ops::rms_norm(y, norm, static_cast<float>(c.rms_norm_eps), y);
+  Tensor logits = tensor(DType::f32, {N, c.vocab_size});
+  ops::linear(y, w_.head, logits);
+  return logits;
+}
+
 }  // namespace tern::model

@@ -106,6 +106,16 @@ class Model {
   // window is the caller's (generate puts it back from a copy).
   void rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
                      int64_t first_row, int64_t kept);
+  // The same for several sequences of one recorded step at once: one launch per op and layer for all of them (the
+  // kept tokens in the recorded step's slots, the others inert), where rollback_step per sequence launched them
+  // once per sequence. The states must be distinct and share one page geometry; their row ranges must not overlap.
+  struct Rollback {
+    cache::SequenceState* state = nullptr;
+    const cache::Snapshot* before = nullptr;
+    int64_t first_row = 0;  // its first token's row in the recorded step
+    int64_t kept = 0;       // 1 .. kMaxStepQueries
+  };
+  void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record);
 
   // The MTP layer (model/v4_mtp.cpp; present when the checkpoint has mtp.0.*). Row i of a sequence, at
   // position p = start + i, reads the hidden h_p (the trunk's streams of position p, or when chaining drafts
@@ -136,6 +146,9 @@ class Model {
                      // in batch order: the hidden of the next chained draft step
   };
   MtpResult mtp_forward(std::span<const MtpStep> batch);
+  // What mtp_forward returns of its wanted rows' logits `all` (f32 [W, vocab] on the model's device, W = the rows
+  // `batch` wants, in batch order): the argmax steps' rows picked there, the others' rows on the host.
+  void mtp_pick(std::span<const MtpStep> batch, const TensorView& all, MtpResult& r) const;
 
   // Intermediates of forward(), for tests and debugging (the views live only during the call):
   //   "attn_in", "attn_out", "ffn_in", "ffn_out" [N, D]; "streams" [N, hc, D] after the layer;
@@ -172,12 +185,13 @@ class Model {
   // Why `batch` cannot run on the step tables for states of `layout` (at most its max_tokens tokens, in pages of
   // its geometry) with up to max_queries tokens a sequence; empty: it can. A recorded decode step (max_queries
   // 1) also needs every sequence to want its logits.
+  // starts: each sequence's first position when not its state's (the MTP layer's rows trail the state).
   std::string decode_refusal(std::span<const StepSequence> batch, const cache::StateLayout& layout,
-                             int64_t max_queries = 1) const;
+                             int64_t max_queries = 1, std::span<const int64_t> starts = {}) const;
   // Why one sequence's tokens cannot run on the step tables with up to max_queries tokens a sequence (too many
   // tokens for the step kernels, no state, no pages for them); empty: they can. forward() sends the sequences
   // it refuses per sequence and the others on the tables, in one step.
-  std::string sequence_refusal(const StepSequence& s, int64_t max_queries) const;
+  std::string sequence_refusal(const StepSequence& s, int64_t max_queries, int64_t start = -1) const;
   // Tokens forward() has run on the step tables and per sequence since the model was made (a mixed step counts in
   // both): which path a step took, for tests and the profile.
   struct StepPaths {
@@ -187,8 +201,9 @@ class Model {
   // Writes the host image of the tables (decode_words(slots) words) for `batch` (its tokens, one a slot) padded
   // to `slots`.
   // starts: each sequence's first position (the MTP layer's rows trail the state by one); empty: its state's position.
+  // first_slots: the slot of each sequence's first token (the slots between stay inert); empty: consecutive from 0.
   void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
-                          std::span<const int64_t> starts = {}) const;
+                          std::span<const int64_t> starts = {}, std::span<const int64_t> first_slots = {}) const;
   // Whether forward() runs the steps it can on the step tables (the default) or every step on the per-sequence
   // chunk path (tests compare the two; A/B).
   void set_step_tables(bool on) { step_tables_ = on; }
@@ -204,6 +219,15 @@ class Model {
                      Tensor* streams_out = nullptr, StepRecord* record = nullptr);
   // After the step ran: each sequence of the batch has consumed its tokens.
   static void decode_done(std::span<const StepSequence> batch);
+  // The MTP layer's rows on the step tables, as decode_body is the trunk's (captured by DecodeGraphs for drafting
+  // rounds and catch-ups): one row a slot at the tables' positions (up to max_queries rows a sequence), ids the next
+  // tokens, hidden f32 [slots, hc, D] on the device (each slot's h). Returns the device logits f32 [slots, vocab] of
+  // every slot and, in *streams_out, the block's output streams [slots, hc, D] (the next chained row's hidden), both
+  // in the step's memory. The same bits per row as mtp_forward's on the tables.
+  // Without `logits` (a catch-up's rows) the head is skipped and an empty tensor returned.
+  Tensor mtp_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries, const TensorView& hidden,
+                  Tensor* streams_out, bool logits = true);
+
 
  private:
   struct Batch;
@@ -221,7 +245,7 @@ class Model {
   // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
   // it), and the views of it.
   DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
-                            std::span<const int64_t> starts = {}) const;
+                            std::span<const int64_t> starts = {}, std::span<const int64_t> first_slots = {}) const;
   // Points b at tables t: a step of t's slots, up to max_queries tokens a sequence, in states of `layout`'s page
   // geometry and at most its max_tokens positions.
   static void use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries);
@@ -242,11 +266,17 @@ class Model {
   // recorded rows through it).
   void emit_entries(int layer, const Batch& b, const TensorView& kv, const TensorView& gate, bool indexer);
   Tensor run_layers(const Batch& b);
+  // The MTP layer on b's rows (ids: the next tokens; hidden f32 [N, hc, D]): e + h_proj(hnorm(h)) per stream, then
+  // the block. Returns the block's output streams [N, hc, D].
+  Tensor mtp_block(const Batch& b, const TensorView& hidden);
   void block(int l, const Batch& b, Tensor& streams);  // streams [N, hc, D] through layer l, in place
   // logits = head(norm(hc_head(streams))) of the batch's wanted rows, with the trunk's hc_head and norm or the
   // MTP layer's.
   void head(const Batch& b, const Tensor& streams, const TensorView& logits, const HyperConnWeights& hc,
             const TensorView& norm);
+  // The same of every row of streams [N, hc, D] (a recorded step's slots: a row's result is the same bits as when
+  // gathered, every kernel here being per row); returns the logits [N, vocab] in the step's memory.
+  Tensor head_of_every_row(const Tensor& streams, const HyperConnWeights& hc, const TensorView& norm);
   // Layer l's weights: a trunk layer, or the MTP block for l == mtp_layer().
   const LayerWeights& layer(int l) const {
     return l < w_.config.num_layers ? w_.layers.at(static_cast<size_t>(l)) : w_.mtp->block;

@@ -25,7 +25,6 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   const MtpWeights& M = *w_.mtp;
   const int l = mtp_layer();
   const int64_t H = c.hc_mult, D = c.hidden_size;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
 
   // The token layout: the rows of each sequence at positions start .. start + n - 1, ids = the next tokens.
   Batch b;
@@ -62,6 +61,32 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   }
   (void)try_step_tables(b, steps, starts, tables, words);
 
+  Tensor h = tensor(DType::f32, {N, H, D});
+  for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
+  Tensor streams = mtp_block(b, h);
+
+  // logits = head(norm(hc_head_mtp(X'))) of the wanted rows; argmax steps keep only their rows' argmax.
+  const auto W = static_cast<int64_t>(b.wanted.size());
+  bool any_argmax = false;
+  for (const MtpStep& s : batch) any_argmax = any_argmax || (s.argmax && s.logits != LogitsFor::none);
+  if (W > 0 && !any_argmax && device_ == Device::cpu) {  // every row wanted on the host, where it is
+    r.logits = Tensor(DType::f32, {W, c.vocab_size});
+    head(b, streams, r.logits, M.hc_head, M.norm);
+  } else if (W > 0) {
+    Tensor all = device_ == Device::cpu ? Tensor(DType::f32, {W, c.vocab_size}) : tensor(DType::f32, {W, c.vocab_size});
+    head(b, streams, all, M.hc_head, M.norm);
+    mtp_pick(batch, all, r);
+  }
+  r.streams = std::move(streams);
+  return r;
+}
+
+Tensor Model::mtp_block(const Batch& b, const TensorView& hidden) {
+  const ModelConfig& c = w_.config;
+  const MtpWeights& M = *w_.mtp;
+  const int l = mtp_layer();
+  const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
   // e = e_proj(enorm(embed(next)))                                    [N, D]
   Tensor x = tensor(DType::f32, {N, D});
   ops::embedding(w_.embed, b.ids, x);
@@ -70,9 +95,8 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   ops::linear(x, M.e_proj, e);
   // h_proj(hnorm(h)) per stream: the N * hc stream rows as one batch    [N * hc, D]
   Tensor h = tensor(DType::f32, {N, H, D});
-  for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
   const TensorView h_rows = h.view().reshape({N * H, D});
-  ops::rms_norm(h_rows, M.hnorm, eps, h_rows);
+  ops::rms_norm(hidden.reshape({N * H, D}), M.hnorm, eps, h_rows);
   Tensor streams = tensor(DType::f32, {N, H, D});
   ops::linear(h_rows, M.h_proj, streams.view().reshape({N * H, D}));
   // X_k = e + h_proj(hnorm(h_k))                                      [N, hc, D]
@@ -80,55 +104,73 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   ops::hc_expand(e, e_streams);
   ops::add(e_streams, streams);
   observe("mtp_in", l, streams);
-
   // The block: attention over the MTP layer's window, then the MoE, each inside its mHC.
   block(l, b, streams);
+  return streams;
+}
 
-  // logits = head(norm(hc_head_mtp(X'))) of the wanted rows; argmax steps keep only their rows' argmax.
-  const auto W = static_cast<int64_t>(b.wanted.size());
+void Model::mtp_pick(std::span<const MtpStep> batch, const TensorView& all, MtpResult& r) const {
+  const int64_t vocab = w_.config.vocab_size;
   std::vector<char> by_argmax;  // per wanted row
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t rows = batch[i].logits == LogitsFor::all ? b.seqs[i].n : batch[i].logits == LogitsFor::last ? 1 : 0;
-    by_argmax.insert(by_argmax.end(), static_cast<size_t>(rows), batch[i].argmax ? 1 : 0);
+  for (const MtpStep& s : batch) {
+    const auto n = static_cast<int64_t>(s.next.size());
+    const int64_t rows = s.logits == LogitsFor::all ? n : s.logits == LogitsFor::last ? 1 : 0;
+    by_argmax.insert(by_argmax.end(), static_cast<size_t>(rows), s.argmax ? 1 : 0);
   }
+  const auto W = static_cast<int64_t>(by_argmax.size());
+  TERN_CHECK(all.rank() == 2 && all.dim(0) == W && all.dim(1) == vocab, "mtp_pick: ", all.shape().str(),
+             " logits for ", W, " wanted rows");
   const auto host_rows = static_cast<int64_t>(std::count(by_argmax.begin(), by_argmax.end(), 0));
-  r.logits = Tensor(DType::f32, {host_rows, c.vocab_size});
+  r.logits = Tensor(DType::f32, {host_rows, vocab});
   r.argmax.assign(static_cast<size_t>(W), -1);
-  if (W > 0 && host_rows == W && device_ == Device::cpu) {  // every row wanted on the host, where it is
-    head(b, streams, r.logits, M.hc_head, M.norm);
-  } else if (W > 0) {
-    Tensor all = device_ == Device::cpu ? Tensor(DType::f32, {W, c.vocab_size}) : tensor(DType::f32, {W, c.vocab_size});
-    head(b, streams, all, M.hc_head, M.norm);
-    if (host_rows < W) {  // the argmax rows' tokens, where the logits are
-      if (device_ == Device::cpu) {
-        for (int64_t w = 0; w < W; ++w)
-          if (by_argmax[static_cast<size_t>(w)])
-            r.argmax[static_cast<size_t>(w)] =
-                ops::argmax({all.data<float>() + w * c.vocab_size, static_cast<size_t>(c.vocab_size)});
-      } else {
-        std::vector<ops::SampleRowSpec> specs(static_cast<size_t>(W));
-        for (auto& s : specs) s.params.temperature = 0.0f;  // greedy, no penalties, no logprobs
-        std::vector<ops::SampledRow> picked(static_cast<size_t>(W));
-        ops::sample_rows(all, specs, picked);
-        for (int64_t w = 0; w < W; ++w)
-          if (by_argmax[static_cast<size_t>(w)]) r.argmax[static_cast<size_t>(w)] = picked[static_cast<size_t>(w)].token;
-      }
-    }
-    // The other rows to the host, in runs.
-    for (int64_t w = 0, h = 0; w < W;) {
-      if (by_argmax[static_cast<size_t>(w)]) {
-        ++w;
-        continue;
-      }
-      int64_t e = w;
-      while (e < W && !by_argmax[static_cast<size_t>(e)]) ++e;
-      ops::copy(all.view().rows(w, e), r.logits.view().rows(h, h + e - w));
-      h += e - w;
-      w = e;
+  if (host_rows < W) {  // the argmax rows' tokens, where the logits are
+    if (all.device() == Device::cpu) {
+      for (int64_t w = 0; w < W; ++w)
+        if (by_argmax[static_cast<size_t>(w)])
+          r.argmax[static_cast<size_t>(w)] = ops::argmax({all.data_as<const float>() + w * vocab, static_cast<size_t>(vocab)});
+    } else {
+      std::vector<ops::SampleRowSpec> specs(static_cast<size_t>(W));
+      for (auto& s : specs) s.params.temperature = 0.0f;  // greedy, no penalties, no logprobs
+      std::vector<ops::SampledRow> picked(static_cast<size_t>(W));
+      ops::sample_rows(all, specs, picked);
+      for (int64_t w = 0; w < W; ++w)
+        if (by_argmax[static_cast<size_t>(w)]) r.argmax[static_cast<size_t>(w)] = picked[static_cast<size_t>(w)].token;
     }
   }
-  r.streams = std::move(streams);
-  return r;
+  // The other rows to the host, in runs.
+  for (int64_t w = 0, h = 0; w < W;) {
+    if (by_argmax[static_cast<size_t>(w)]) {
+      ++w;
+      continue;
+    }
+    int64_t e = w;
+    while (e < W && !by_argmax[static_cast<size_t>(e)]) ++e;
+    ops::copy(all.rows(w, e), r.logits.view().rows(h, h + e - w));
+    h += e - w;
+    w = e;
+  }
+}
+
+Tensor Model::mtp_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries,
+                       const TensorView& hidden, Tensor* streams_out, bool logits_wanted) {
+  TERN_CHECK(has_mtp(), "mtp_body: the model has no MTP layer");
+  TERN_CHECK(max_queries >= 1 && max_queries <= kMaxStepQueries, "mtp_body: ", max_queries, " rows a sequence (1 to ",
+             kMaxStepQueries, ")");
+  const ModelConfig& c = w_.config;
+  const MtpWeights& M = *w_.mtp;
+  Batch b;
+  use_tables(b, t, layout, max_queries);
+  const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
+  TERN_CHECK(hidden.dtype() == DType::f32 && hidden.shape() == Shape({N, H, D}), "mtp_body: hidden must be f32 [",
+             N, ", ", H, ", ", D, "], found ", hidden.shape().str());
+  Tensor streams = mtp_block(b, hidden);
+  if (!logits_wanted) {
+    if (streams_out != nullptr) *streams_out = std::move(streams);
+    return Tensor();
+  }
+  Tensor logits = head_of_every_row(streams, M.hc_head, M.norm);  // (mtp_forward gathers the wanted rows first)
+  if (streams_out != nullptr) *streams_out = std::move(streams);
+  return logits;
 }
 
 }  // namespace tern::model

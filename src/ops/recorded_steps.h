@@ -19,12 +19,13 @@ class StepGraphs {
  public:
   virtual ~StepGraphs() = default;
 
-  // While an arena scope is open, every Tensor(dtype, shape, device) comes from the arena: a bump
-  // allocator reset at begin, zero-filled on the device like any device tensor, released with the arena.
-  // measure = true: allocations come from the ordinary pool and are only counted (the dry run that
+  // While an arena scope is open, every Tensor(dtype, shape, device) comes from the arena: blocks planned
+  // from an empty arena at begin, a freed block reused within the scope (the CUDA arena: core/arena_plan.h),
+  // filled as a device tensor of the pool would be, released with the arena.
+  // measure = true: allocations come from the ordinary pool and are only planned (the dry run that
   // sizes the arena). Outside measure mode, running past the arena's size throws.
   virtual void arena_begin(bool measure) = 0;
-  // Closes the scope; returns the bytes the scope allocated (aligned).
+  // Closes the scope; returns the bytes the scope needs (its plan's peak).
   virtual size_t arena_end() = 0;
   // (Re)allocates the arena; every recorded step is dropped (their addresses are gone).
   virtual void arena_reserve(size_t bytes) = 0;

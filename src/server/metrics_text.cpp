@@ -46,12 +46,21 @@ std::string render_metrics(const engine::EngineMetrics& m, const ServerCounters&
   uint64_t eager = 0;
   for (const auto& [reason, n] : m.step_paths.eager_steps) eager += n;
   prom_scalar(out, "eager_steps_total", "counter", "Steps run eagerly (not from a CUDA graph).", double(eager), l);
-  prom_header(out, "eager_steps_by_reason_total", "counter", "Steps run eagerly, by why they could not replay a graph.");
-  for (const auto& [reason, n] : m.step_paths.eager_steps) {
-    std::string r;
-    for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
-    out += fmt::format("tern:eager_steps_by_reason_total{{{},reason=\"{}\"}} {}\n", l, r, n);
-  }
+  const auto by_reason = [&](const char* name, const char* help, const std::map<std::string, uint64_t>& counts) {
+    prom_header(out, name, "counter", help);
+    for (const auto& [reason, n] : counts) {
+      std::string r;
+      for (char ch : reason) r += ch == '"' || ch == '\\' ? '\'' : ch == '\n' ? ' ' : ch;
+      out += fmt::format("tern:{}{{{},reason=\"{}\"}} {}\n", name, l, r, n);
+    }
+  };
+  by_reason("eager_steps_by_reason_total", "Steps run eagerly, by why they could not replay a graph.",
+            m.step_paths.eager_steps);
+  // Speculative decoding's MTP rows (drafting rounds and catch-ups), not engine steps.
+  prom_scalar(out, "spec_decode_mtp_graph_replays_total", "counter",
+              "MTP rows (drafting rounds, catch-ups) replayed from a CUDA graph.", double(m.step_paths.mtp_graph_steps), l);
+  by_reason("spec_decode_mtp_eager_total", "MTP rows (drafting rounds, catch-ups) run eagerly, by why.",
+            m.step_paths.mtp_eager_steps);
   prom_header(out, "eager_step_tokens_total", "counter",
               "Tokens of eager steps by where their attention, compressor and indexer ran: step_tables (one launch "
               "per op for all of them) or per_sequence (prefill chunks).");

@@ -171,6 +171,17 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     }
     be.set_moe_variant(0);
     std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
+    // The same call on the grouped tensor-core kernels (the crossover TERN_MOE_GROUPED_MIN_TOKENS would move):
+    // their time follows the experts touched, the decode kernels' the pairs.
+    {  // (MXFP4 / NVFP4 at 4096 x 2048: shapes the grouped kernels take)
+      const int64_t saved = be.moe_grouped_min_tokens();
+      be.set_moe_grouped_min_tokens(1);
+      measure(cat("moe_experts grouped (", ops::weight_format_name(f), ")"), cat("T=", T, " experts=", distinct),
+              expert_bytes * static_cast<double>(distinct), 1,
+              [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+      std::printf("  (grouped path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
+      be.set_moe_grouped_min_tokens(saved);
+    }
   }
 }
 
@@ -751,7 +762,8 @@ int main(int argc, char** argv) {
   if (section("exact")) bench_exact(dec, r);
   if (section("library"))
     bench_library(quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{1024, 2048, 8192});
-  const std::vector<int64_t> moe_t = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 256};
+  const std::vector<int64_t> moe_t =
+      quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 32, 64, 96, 128, 192, 256, 384};
   if (section("moe")) {
     bench_moe(WeightFormat::mxfp4, moe_t, r);
     bench_moe(WeightFormat::nvfp4, moe_t, r);

@@ -28,6 +28,45 @@ bool gpu_ready() {
   return ready;
 }
 
+CapturedOps::CapturedOps(const std::function<void()>& launch) {
+  cuda::CudaBackend& be = cuda::register_backend();
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    error_ = "cudaStreamCreate failed";
+    return;
+  }
+  stream_ = stream;
+  be.synchronize();
+  void* const previous = be.stream();
+  be.set_stream(stream);
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    launch();
+    e = cudaStreamEndCapture(stream, &graph);
+  }
+  be.set_stream(previous);
+  graph_ = graph;
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+  exec_ = exec;
+  if (e != cudaSuccess) error_ = cudaGetErrorName(e);
+}
+
+CapturedOps::~CapturedOps() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+std::string CapturedOps::replay() {
+  if (!error_.empty()) return error_;
+  const auto stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  return e == cudaSuccess ? std::string() : std::string(cudaGetErrorName(e));
+}
+
 PdlGuard::PdlGuard(bool on) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(on); }
 PdlGuard::~PdlGuard() { cuda::set_pdl_enabled(saved_); }
 

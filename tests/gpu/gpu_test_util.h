@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +40,25 @@ class PdlGuard {
 
  private:
   bool saved_;
+};
+
+// Ops captured into a CUDA graph on a private stream (the backend's stream switched to it for the capture), then
+// replayed there, as a recorded step runs them. The ops' scratch and tables must exist (run them eagerly first).
+class CapturedOps {
+ public:
+  explicit CapturedOps(const std::function<void()>& launch);
+  ~CapturedOps();
+  CapturedOps(const CapturedOps&) = delete;
+  CapturedOps& operator=(const CapturedOps&) = delete;
+  const std::string& error() const { return error_; }  // empty when the capture worked
+  // Launches the graph and waits for it; the CUDA error's name, or empty.
+  std::string replay();
+
+ private:
+  void* stream_ = nullptr;  // cudaStream_t, cudaGraph_t, cudaGraphExec_t (no CUDA header here)
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+  std::string error_;
 };
 
 constexpr double kTolF32 = 1e-5;   // f32 arithmetic, other summation order

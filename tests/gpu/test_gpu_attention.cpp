@@ -475,8 +475,6 @@ TEST(GpuAttention, DecodeGraphEqualsEager) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   cuda::CudaBackend& be = cuda::register_backend();
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   for (const Case& c : kCases1K) {
     const Attention att(c, 64, r);
     for (const cuda::AttentionDecode d : {cuda::AttentionDecode::cluster, cuda::AttentionDecode::heads}) {
@@ -486,33 +484,20 @@ TEST(GpuAttention, DecodeGraphEqualsEager) {
         std::iota(which.begin(), which.end(), 0);
         const Tensor eager = cuda::to_host(att.decode(which));
         const auto l = att.prepare(which);
-        be.synchronize();
-        void* const previous = be.stream();
-        be.set_stream(stream);
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        l.run();
-        const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-        be.set_stream(previous);
-        ASSERT_EQ(end, cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        CapturedOps graph([&] { l.run(); });
+        ASSERT_EQ(graph.error(), "");
         for (int rep = 0; rep < 2; ++rep) {
           cuda::fill_bytes(l.out, 0xff);
           be.synchronize();
-          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          ASSERT_EQ(graph.replay(), "");
           const Tensor replay = cuda::to_host(l.out);
           const int64_t differ = words_differing(replay, eager);
           EXPECT_EQ(differ, 0) << c.name << " batch " << B << " " << cuda::attention_decode_name(d) << " replay "
                                << rep << ": " << differ << " words differ from the eager launch";
         }
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
       }
     }
   }
-  cudaStreamDestroy(stream);
   be.check_device_errors();
 }
 

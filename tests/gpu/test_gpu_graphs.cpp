@@ -4,7 +4,9 @@
 // boundary (entries are emitted inside the graphs). Every logit row must be the eager row's bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "backends/cuda/device_memory.h"
 #include "gpu_test_util.h"
 #include "model/decode_graphs.h"
+#include "model/speculator.h"
 #include "model/v4_model.h"
 #include "ops/sample.h"
 
@@ -126,6 +129,15 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode,
               st.graph_bytes >> 10);
 }
 
+// Graphs of batch buckets 1, 2 and 4 (batches of 3 run padded), verify steps of up to q tokens a sequence.
+model::DecodeGraphOptions small_buckets(int64_t max_tokens, int64_t q) {
+  model::DecodeGraphOptions o;
+  o.buckets = {1, 2, 4};
+  o.max_tokens = max_tokens;
+  o.max_queries = q;
+  return o;
+}
+
 class GpuGraphs_ : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuGraphs_, ReplayEqualsEager) {
@@ -147,11 +159,7 @@ TEST_P(GpuGraphs_, VerifyStepsReplayEqualsEager) {
   for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
     GpuModel g(f, mode);
     const int64_t vocab = g.model.config().vocab_size, max_tokens = 128, q = 4;
-    model::DecodeGraphOptions o;
-    o.buckets = {1, 2, 4};
-    o.max_tokens = max_tokens;
-    o.max_queries = q;
-    model::DecodeGraphs graphs(g.model, o);
+    model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
     graphs.prepare();
     ASSERT_EQ(graphs.disabled_reason(), "");
     std::vector<cache::SequenceState> ge, ee;
@@ -176,6 +184,148 @@ TEST_P(GpuGraphs_, VerifyStepsReplayEqualsEager) {
     }
     // Sequences that took only some steps sit at other positions; the states must still match their twins.
     for (int k = 0; k < 3; ++k) EXPECT_EQ(ge[k].serialize(), ee[k].serialize()) << "sequence " << k;
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+// Whether a recorded step reads an arena byte nobody wrote in that replay (a read before write, or a block reused
+// within the step whose new owner reads what the old one left): decode and verify steps replayed from graphs
+// recorded with the activations zero-filled, then recorded again with them filled with NaN bytes (a reused block that
+// asks for a fill gets it where it is allocated), must give the same logits bit for bit, and finite ones.
+TEST_P(GpuGraphs_, ReplayIgnoresActivationFill) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::fp8);
+  const int64_t vocab = g.model.config().vocab_size, max_tokens = 128, q = 4;
+  auto run = [&](bool poison) {
+    cuda::CudaBackend::set_activation_fill(poison ? cuda::CudaBackend::ActivationFill::poison
+                                                  : cuda::CudaBackend::ActivationFill::zero);
+    model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
+    graphs.prepare();
+    EXPECT_EQ(graphs.disabled_reason(), "");
+    std::vector<cache::SequenceState> states;
+    for (int k = 0; k < 3; ++k) states.push_back(g.model.new_state(max_tokens));
+    std::vector<Tensor> out;
+    for (int step = 0; step < 12; ++step) {
+      const int64_t B = 1 + step % 3, n = step % 2 == 0 ? q : 1;
+      std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B));
+      std::vector<model::StepSequence> batch;
+      for (int64_t k = 0; k < B; ++k) {
+        for (int64_t t = 0; t < n; ++t) ids[k].push_back((5 + 13 * step + 31 * k + 3 * t) % vocab);
+        batch.push_back({&states[k], ids[k], n > 1 ? model::LogitsFor::all : model::LogitsFor::last});
+      }
+      out.push_back(graphs.forward(batch));
+    }
+    EXPECT_EQ(graphs.stats().eager_total(), 0u) << "a step ran eagerly";
+    return out;
+  };
+  const std::vector<Tensor> zeroed = run(false), poisoned = run(true);
+  cuda::CudaBackend::set_activation_fill(cuda::CudaBackend::ActivationFill::none);
+  ASSERT_EQ(zeroed.size(), poisoned.size());
+  for (size_t i = 0; i < zeroed.size(); ++i) {
+    const float* z = zeroed[i].data<float>();
+    EXPECT_TRUE(std::all_of(z, z + zeroed[i].numel(), [](float v) { return std::isfinite(v); })) << "step " << i;
+    EXPECT_EQ(std::memcmp(z, poisoned[i].data<float>(), zeroed[i].nbytes()), 0)
+        << "step " << i << ": a replay's logits depend on the activation fill";
+  }
+  cuda::register_backend().check_device_errors();
+}
+
+// Drafting rounds (the MTP rows, one a sequence) replayed from their own graphs (DecodeGraphs::forward_mtp as the
+// Speculator's draft step; its trunk steps on the graphs too, as the server's) against eager Model::mtp_forward and
+// Model::forward on twin states: batches of 1..3 padded to the buckets 1, 2, 4, k = 3 chained rounds, the first
+// sequence greedy (its argmax taken on the device) and the others through the chooser (their rows on the host), then
+// a verify and a settle keeping 1..4 tokens, and every other round a plain decode step with its logits left on the
+// device (forward_device: its one-token catch-up replays an MTP graph over the arena the logits came from) before the
+// next drafting. The chooser's rows and the decode logits are the same bits, the drafts the same tokens, the states
+// the same, and the graphs ran the rounds.
+TEST_P(GpuGraphs_, DraftRoundsReplayEqualsEager) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::fp8);
+  if (!g.model.has_mtp()) GTEST_SKIP() << GetParam() << " has no MTP layer";
+  const int64_t vocab = g.model.config().vocab_size, max_tokens = 128;
+  model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, 4));
+  graphs.prepare();
+  ASSERT_EQ(graphs.disabled_reason(), "");
+  const auto layout = g.model.state_layout(max_tokens);
+  model::Speculator on_graphs(g.model, *layout, 4), eager(g.model, *layout, 4);
+  on_graphs.set_draft_step([&](std::span<const model::Model::MtpStep> rows) { return graphs.forward_mtp(rows); });
+  on_graphs.set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record, bool on_device,
+                               model::DecodeGraphs::Trunk& out, Tensor& hold) {
+    if (on_device) return graphs.forward_trunk_device(steps, want_record, out, hold);
+    hold = graphs.forward_trunk(steps, want_record, out);
+    return hold.view();
+  });
+  std::vector<cache::SequenceState> ge, ee;
+  for (int k = 0; k < 3; ++k) {
+    ge.push_back(g.model.new_state(max_tokens));
+    ee.push_back(g.model.new_state(max_tokens));
+    std::vector<int64_t> prompt = f.ids(k);
+    prompt.resize(std::min<size_t>(prompt.size(), 20));
+    const model::StepSequence a{&ge[k], prompt, model::LogitsFor::last}, b{&ee[k], prompt, model::LogitsFor::last};
+    (void)on_graphs.forward({&a, 1});
+    (void)eager.forward({&b, 1});
+  }
+  for (int round = 0; round < 9; ++round) {
+    const int64_t B = 1 + round % 3;
+    std::vector<model::DraftSequence> dg, de;
+    for (int64_t k = 0; k < B; ++k) {
+      const int64_t last = (5 + 7 * round + 3 * k) % vocab;
+      dg.push_back({&ge[k], last, 3, k == 0});
+      de.push_back({&ee[k], last, 3, k == 0});
+    }
+    std::vector<std::vector<float>> rows_g, rows_e;
+    const auto chooser = [](std::vector<std::vector<float>>& rows) {
+      return [&rows](size_t, int, std::span<const float> row) {
+        rows.emplace_back(row.begin(), row.end());
+        return ops::argmax(row);
+      };
+    };
+    const uint64_t replays = graphs.stats().mtp_graph_steps;
+    on_graphs.draft(dg, chooser(rows_g));
+    eager.draft(de, chooser(rows_e));
+    EXPECT_EQ(graphs.stats().mtp_graph_steps, replays + 3) << "round " << round << ": a drafting row ran eagerly";
+    ASSERT_EQ(rows_g.size(), rows_e.size());
+    for (size_t r = 0; r < rows_g.size(); ++r)
+      EXPECT_EQ(std::memcmp(rows_g[r].data(), rows_e[r].data(), rows_g[r].size() * sizeof(float)), 0)
+          << "round " << round << ", chooser row " << r;
+    std::vector<std::vector<int64_t>> tokens(static_cast<size_t>(B));
+    std::vector<model::StepSequence> vg, ve;
+    for (int64_t k = 0; k < B; ++k) {
+      const std::span<const int64_t> d = on_graphs.drafts(static_cast<size_t>(k)), e = eager.drafts(static_cast<size_t>(k));
+      ASSERT_TRUE(std::equal(d.begin(), d.end(), e.begin(), e.end())) << "round " << round << ", sequence " << k;
+      tokens[k].push_back(dg[k].last);
+      tokens[k].insert(tokens[k].end(), d.begin(), d.end());
+    }
+    for (int64_t k = 0; k < B; ++k) {
+      vg.push_back({&ge[k], tokens[k], model::LogitsFor::all});
+      ve.push_back({&ee[k], tokens[k], model::LogitsFor::all});
+    }
+    (void)on_graphs.verify(vg);
+    (void)eager.verify(ve);
+    std::vector<int64_t> kept;
+    for (int64_t k = 0; k < B; ++k) kept.push_back(1 + (round + k) % 4);
+    on_graphs.settle(kept);
+    eager.settle(kept);
+    for (int64_t k = 0; k < B; ++k)
+      EXPECT_EQ(ge[k].serialize(), ee[k].serialize()) << "round " << round << ", sequence " << k;
+    if (round % 2 == 1) {  // a plain decode step, its logits read only after the catch-up's replay
+      std::vector<int64_t> next(static_cast<size_t>(B));
+      std::vector<model::StepSequence> pg, pe;
+      for (int64_t k = 0; k < B; ++k) {
+        next[k] = (11 + 5 * round + k) % vocab;
+        pg.push_back({&ge[k], {&next[k], 1}, model::LogitsFor::last});
+        pe.push_back({&ee[k], {&next[k], 1}, model::LogitsFor::last});
+      }
+      Tensor hold;
+      const TensorView on_device = on_graphs.forward_device(pg, hold);
+      const Tensor got = cuda::to_host(on_device), want = eager.forward(pe);
+      ASSERT_EQ(got.numel(), want.numel());
+      EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), got.nbytes()), 0) << "round " << round << " decode";
+      for (int64_t k = 0; k < B; ++k)
+        EXPECT_EQ(ge[k].serialize(), ee[k].serialize()) << "round " << round << " decode, sequence " << k;
+    }
   }
   cuda::register_backend().check_device_errors();
 }

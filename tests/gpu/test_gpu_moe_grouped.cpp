@@ -28,6 +28,7 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
  protected:
   void TearDown() override {
     if (gpu_ready()) cuda::register_backend().set_moe_prefill_library(false);
+    if (gpu_ready() && saved_min_tokens_ > 0) cuda::register_backend().set_moe_grouped_min_tokens(saved_min_tokens_);
     cuda::set_moe_grouped_tile_config(saved_tile_);
     unsetenv("TERN_MOE_GROUPED");  // the default again: chosen by the pairs per expert
     unsetenv("TERN_MOE_WGMMA_N");
@@ -39,6 +40,7 @@ class GpuMoeGrouped : public ::testing::TestWithParam<Shapes> {
     unsetenv("TERN_MOE_WGMMA_N");
   }
   int saved_tile_ = cuda::moe_grouped_tile_config();
+  int64_t saved_min_tokens_ = 0;  // set by a test that moves the grouped kernels' threshold
 };
 
 // k distinct experts per token. skew: pick j comes from 2 + j^2 candidates among the first two thirds of the
@@ -252,6 +254,65 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
       unsetenv("TERN_MOE_GROUPED");
       unsetenv("TERN_MOE_WGMMA_N");
     }
+  }
+  be.check_device_errors();
+}
+
+// Decode and verify batches on the grouped kernels (set_moe_grouped_min_tokens; TERN_MOE_GROUPED_MIN_TOKENS in a
+// server): 1 to 256 tokens at the real model's 256 experts (6 pairs an expert at 256 tokens, most experts one pair
+// or none at 16) and the fixture's, uniform and skewed, against the CPU on a sample of rows and against the decode
+// kernels on every row (bf16 operands both; h rounded to bf16 on the grouped path), and the path names say which
+// ran. Then the same batch inside a CUDA graph replays the eager bits (the plan stays on the device).
+TEST_P(GpuMoeGrouped, SmallBatchesAgainstCpuAndDecodeKernels) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = s.experts, k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  saved_min_tokens_ = be.moe_grouped_min_tokens();
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& hexp = experts.on_host;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (const int64_t T : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{128}, int64_t{256}})
+      for (const bool skew : {false, true}) {
+        Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+        Tensor idx = random_picks(T, E, k, skew, r);
+        auto dx = upload(x), dw = upload(w), didx = upload(idx);
+        std::vector<int64_t> rows = {0, T - 1};
+        for (int i = 0; i < 20; ++i) rows.push_back(r.index(T));
+        const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
+        Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
+        ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+
+        be.set_moe_grouped_min_tokens(T + 1);  // the decode kernels
+        const std::string decode_path = be.moe_path(dexp[0].w1, T);
+        EXPECT_EQ(decode_path.find("moe_grouped"), std::string::npos) << decode_path;
+        auto dec = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, dec});
+        const Tensor dec_host = cuda::to_host(dec);
+
+        be.set_moe_grouped_min_tokens(T);  // the grouped kernels
+        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string what =
+            cat("moe ", ops::weight_format_name(f), " T=", T, skew ? " skewed" : "", " on the grouped kernels (", path, ")");
+        EXPECT_NE(path.find("moe_grouped"), std::string::npos) << what;
+        auto out = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        const Tensor eager = cuda::to_host(out);
+        expect_close(upload(rows_of(eager, rows)), ref, kTolBf16, what + " vs cpu");
+        expect_close(out, dec_host, kTolBf16, what + " vs the decode kernels");
+
+        // Captured (the expert table and the scratch exist since the eager call) and replayed.
+        auto replayed = poisoned(DType::f32, {T, D});
+        be.synchronize();
+        CapturedOps graph([&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed}); });
+        ASSERT_EQ(graph.error(), "") << what;
+        ASSERT_EQ(graph.replay(), "") << what;
+        EXPECT_EQ(std::memcmp(cuda::to_host(replayed).data<float>(), eager.data<float>(), static_cast<size_t>(T * D) * 4),
+                  0)
+            << what << ": a graph replay differs from the eager call";
+      }
   }
   be.check_device_errors();
 }

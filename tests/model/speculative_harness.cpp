@@ -22,8 +22,10 @@ EngineOptions spec_engine_options(int max_running) {
   return o;
 }
 
-std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences, bool graphs) {
+std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences, bool graphs,
+                                              bool in_runner) {
   auto r = std::make_shared<engine::V4Runner>(m, "fixture", 0, 256);
+  r->set_sampling_in_runner_on_cpu(in_runner);
   if (graphs) {
     model::DecodeGraphOptions g;
     g.max_batch = max_sequences;
@@ -92,7 +94,7 @@ void expect_same(const std::vector<SpecOutput>& got, const std::vector<SpecOutpu
 }
 
 void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std::string& label, double logprob_tol,
-                              bool graphs) {
+                              bool graphs, bool in_runner) {
   const int64_t vocab = m->config().vocab_size;
   std::vector<GenerationRequest> requests = mixed_requests(n, vocab, 11);
   // Stop strings from the plain output: every third request stops at the text of its fourth token.
@@ -110,7 +112,7 @@ void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std:
   uint64_t drafts = 0, accepted = 0;
   for (int k = 1; k <= 3; ++k)
     for (double p : {0.0, 0.7, 1.0}) {  // the MTP layer's own drafts; pushed to the right token 70% / always
-      auto runner = spec_runner(m, k, 64, graphs);
+      auto runner = spec_runner(m, k, 64, graphs, in_runner);
       std::shared_ptr<engine::ModelRunner> r = runner;
       if (p > 0) r = std::make_shared<DraftBias>(runner, outputs, lens, p);
       engine::EngineMetrics metrics;

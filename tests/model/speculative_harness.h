@@ -34,6 +34,11 @@ class DraftBias : public engine::ModelRunner {
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   std::vector<std::string> kernel_paths() const override { return inner_->kernel_paths(); }
   void forward(const engine::StepBatch& batch, std::span<float> logits) override { inner_->forward(batch, logits); }
+  bool samples_on_device() const override { return inner_->samples_on_device(); }
+  void forward_sample(const engine::StepBatch& batch, std::span<const engine::SampleRequest> requests,
+                      std::span<engine::SampleResult> results, std::span<float> host_logits) override {
+    inner_->forward_sample(batch, requests, results, host_logits);
+  }
   int speculative_tokens() const override { return inner_->speculative_tokens(); }
   int speculative_sequences() const override { return inner_->speculative_sequences(); }
   int64_t speculative_bytes_per_sequence() const override { return inner_->speculative_bytes_per_sequence(); }
@@ -79,9 +84,10 @@ std::string token_text(int32_t t);
 // A state memory of 256 MiB, `max_running` sequences, a budget of 512 tokens, prompts in chunks of 32.
 EngineOptions spec_engine_options(int max_running = 64);
 // The real runner over `m` (context 256), speculating with k drafts (0: off); with graphs, its decode (and verify)
-// steps replay CUDA graphs (a GPU model; on the CPU they run eagerly, said so).
+// steps replay CUDA graphs (a GPU model; on the CPU they run eagerly, said so). in_runner: a CPU model samples in the
+// runner (V4Runner::set_sampling_in_runner_on_cpu: the engine's device-sampling path); a GPU model always does.
 std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, int k, int max_sequences = 64,
-                                              bool graphs = false);
+                                              bool graphs = false, bool in_runner = false);
 // Every request through a fresh engine, stepped on this thread to the end.
 std::vector<SpecOutput> run_engine(std::shared_ptr<engine::ModelRunner> runner, const std::vector<GenerationRequest>& requests,
                                    EngineOptions o = spec_engine_options(), engine::EngineMetrics* metrics = nullptr);
@@ -95,6 +101,6 @@ void expect_same(const std::vector<SpecOutput>& got, const std::vector<SpecOutpu
 // plain output) at k = 1, 2, 3, with the MTP layer's drafts and with drafts pushed right 70% and 100% of the time;
 // the counters add up and partial acceptance happened. `label` names the model in the printed acceptance.
 void check_speculative_greedy(std::shared_ptr<model::Model> m, int n, const std::string& label,
-                              double logprob_tol = 1e-4, bool graphs = false);
+                              double logprob_tol = 1e-4, bool graphs = false, bool in_runner = false);
 
 }  // namespace tern::test

@@ -8,6 +8,7 @@
 #include "fixture.h"
 #include "fixture_checks.h"
 #include "model/decode_graphs.h"
+#include "model/speculator.h"
 
 namespace tern::test {
 namespace {
@@ -106,6 +107,17 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
   EXPECT_EQ(b.position(), static_cast<int64_t>(prompt.size()));
   EXPECT_EQ(graphs.stats().graph_steps, 0u);
   EXPECT_EQ(graphs.stats().eager_steps.at("the model is on the CPU"), 1u);
+  if (m.has_mtp()) {  // MTP rows run eagerly too, counted apart from the steps, and give mtp_forward's bits
+    const int64_t H = m.config().hc_mult, D = m.config().hidden_size;
+    const Tensor hidden(DType::f32, {1, H, D});
+    const model::Model::MtpStep row{&b, b.position() - 1, hidden, std::span<const int64_t>(&tok, 1),
+                                    model::LogitsFor::last, false};
+    const model::Model::MtpResult r = graphs.forward_mtp({&row, 1});
+    EXPECT_EQ(r.logits.dim(0), 1);
+    EXPECT_EQ(graphs.stats().mtp_eager.at("the model is on the CPU"), 1u);
+    EXPECT_EQ(graphs.stats().mtp_graph_steps, 0u);
+    EXPECT_EQ(graphs.stats().eager_total(), 1u);  // the MTP rows are not steps
+  }
 
   model::DecodeGraphOptions off;
   off.enabled = false;
@@ -157,6 +169,112 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
             << name << " kv mode " << static_cast<int>(mode) << " step " << step << ": decode_body's logits differ";
         for (int64_t k = 0; k < B; ++k) ASSERT_EQ(dec[k].position(), eager[k].position());
       }
+    }
+  }
+}
+
+// The recorded MTP rows (Model::mtp_body: the MTP layer's rows on the step tables, what DecodeGraphs::forward_mtp
+// replays) on the CPU with host address tables: three sequences caught up on their prompts, then chained drafting
+// rounds (k = 3, each round's hidden the previous round's output streams, positions m - 1 + j) and a catch-up of
+// 1..3 rows a sequence, twice with a plain step between: every slot's logits and output streams are mtp_forward's
+// bits on a twin state (padding slots inert), and the twins' states (the MTP windows the rows write) end the same.
+TEST(MtpBody, OnTheCpuMatchesMtpForward) {
+  for (const std::string& name : Fixture::names()) {
+    const Fixture& f = Fixture::get(name);
+    model::Model m(f.weights(), model::KvMode::exact);
+    if (!m.has_mtp()) continue;
+    const model::ModelConfig& c = m.config();
+    const int64_t max_tokens = 96, S = 4, B = 3, H = c.hc_mult, D = c.hidden_size;
+    const auto layout = m.state_layout(max_tokens);
+    model::Speculator spec(m, *layout, static_cast<int>(B));
+    std::vector<cache::SequenceState> a, b;
+    for (int64_t k = 0; k < B; ++k) a.push_back(m.new_state(max_tokens)), b.push_back(m.new_state(max_tokens));
+    std::vector<std::vector<int64_t>> prompts(B);
+    for (int64_t k = 0; k < B; ++k)
+      for (int64_t i = 0; i < 2 + 5 * k; ++i) prompts[k].push_back((3 + 7 * i + 11 * k) % c.vocab_size);
+    const auto plain_step = [&](std::vector<cache::SequenceState>& states, const std::vector<std::vector<int64_t>>& ids) {
+      std::vector<model::StepSequence> steps;
+      for (int64_t k = 0; k < B; ++k) steps.push_back({&states[k], ids[k], model::LogitsFor::last});
+      (void)spec.forward(steps);  // the trunk step and the MTP catch-up (window and carry)
+    };
+    plain_step(a, prompts);
+    plain_step(b, prompts);
+    Tensor words(DType::i64, {m.decode_words(S)});
+    for (int round = 0; round < 2; ++round) {
+      std::vector<TensorView> ha, hb;  // each sequence's hidden: its carry, then the last round's output
+      for (int64_t k = 0; k < B; ++k)
+        ha.push_back(a[k].carry(m.mtp_layer()).reshape({1, H, D})), hb.push_back(b[k].carry(m.mtp_layer()).reshape({1, H, D}));
+      model::Model::MtpResult ra;
+      Tensor body_streams;
+      for (int64_t j = 0; j < 3; ++j) {
+        std::vector<int64_t> ids(B), starts(B);
+        std::vector<model::Model::MtpStep> steps;
+        std::vector<model::StepSequence> seqs;
+        for (int64_t k = 0; k < B; ++k) {
+          ids[k] = (5 + 13 * j + 29 * k + 31 * round) % c.vocab_size;
+          starts[k] = a[k].position() - 1 + j;
+        }
+        for (int64_t k = 0; k < B; ++k) {
+          steps.push_back({&a[k], starts[k], ha[k], {&ids[k], 1}, model::LogitsFor::last, false});
+          seqs.push_back({&b[k], {&ids[k], 1}, model::LogitsFor::last});
+        }
+        model::Model::MtpResult next = m.mtp_forward(steps);
+        Tensor hidden(DType::f32, {S, H, D});
+        for (int64_t k = 0; k < B; ++k) copy_view(hb[k], hidden.view().rows(k, k + 1));
+        m.fill_decode_tables(seqs, S, {words.data<int64_t>(), static_cast<size_t>(words.numel())}, starts);
+        Tensor streams;
+        const Tensor got = m.mtp_body(m.decode_tables(words, S), b[0].layout(), 1, hidden, &streams);
+        ASSERT_EQ(got.dim(0), S);
+        ASSERT_EQ(next.logits.numel(), B * got.dim(1));
+        EXPECT_EQ(std::memcmp(next.logits.data<float>(), got.data<float>(), next.logits.nbytes()), 0)
+            << name << " round " << round << " draft " << j << ": mtp_body's logits differ";
+        EXPECT_EQ(std::memcmp(next.streams.data<float>(), streams.data<float>(), next.streams.nbytes()), 0)
+            << name << " round " << round << " draft " << j << ": mtp_body's streams differ";
+        ra = std::move(next);
+        body_streams = std::move(streams);
+        for (int64_t k = 0; k < B; ++k) ha[k] = ra.streams.view().rows(k, k + 1), hb[k] = body_streams.view().rows(k, k + 1);
+      }
+      for (int64_t k = 0; k < B; ++k)
+        EXPECT_EQ(a[k].serialize(), b[k].serialize()) << name << " round " << round << " sequence " << k;
+      // A catch-up of 1..3 rows a sequence (no logits; a settle's), on tables of B x 3 slots with max_queries 3.
+      {
+        const int64_t Q = 3, S2 = B * Q;
+        std::vector<std::vector<int64_t>> next(B);
+        std::vector<Tensor> hidden_k;
+        std::vector<int64_t> starts;
+        std::vector<model::Model::MtpStep> steps;
+        std::vector<model::StepSequence> seqs;
+        int64_t rows = 0;
+        for (int64_t k = 0; k < B; ++k) {
+          const int64_t n = 1 + (k + round) % Q;
+          for (int64_t t = 0; t < n; ++t) next[k].push_back((17 + 3 * t + 7 * k + round) % c.vocab_size);
+          hidden_k.push_back(Tensor(DType::f32, {n, H, D}));
+          for (int64_t t = 0; t < n; ++t) copy_view(ra.streams.view().rows(k, k + 1), hidden_k.back().view().rows(t, t + 1));
+          starts.push_back(a[k].position() - 1);
+          rows += n;
+        }
+        for (int64_t k = 0; k < B; ++k) {
+          steps.push_back({&a[k], starts[k], hidden_k[k], next[k], model::LogitsFor::none, false});
+          seqs.push_back({&b[k], next[k], model::LogitsFor::none});
+        }
+        const model::Model::MtpResult want = m.mtp_forward(steps);
+        Tensor hidden(DType::f32, {S2, H, D});
+        for (int64_t k = 0, at = 0; k < B; at += hidden_k[k].dim(0), ++k)
+          copy_view(hidden_k[k], hidden.view().rows(at, at + hidden_k[k].dim(0)));
+        Tensor words2(DType::i64, {m.decode_words(S2)});
+        m.fill_decode_tables(seqs, S2, {words2.data<int64_t>(), static_cast<size_t>(words2.numel())}, starts);
+        Tensor streams;
+        EXPECT_TRUE(m.mtp_body(m.decode_tables(words2, S2), b[0].layout(), Q, hidden, &streams, /*logits=*/false).empty());
+        ASSERT_EQ(want.streams.dim(0), rows);
+        EXPECT_EQ(std::memcmp(want.streams.data<float>(), streams.data<float>(), want.streams.nbytes()), 0)
+            << name << " round " << round << ": the catch-up's streams differ";
+        for (int64_t k = 0; k < B; ++k)
+          EXPECT_EQ(a[k].serialize(), b[k].serialize()) << name << " round " << round << " catch-up, sequence " << k;
+      }
+      std::vector<std::vector<int64_t>> one(B);
+      for (int64_t k = 0; k < B; ++k) one[k] = {(7 + 3 * k + round) % c.vocab_size};
+      plain_step(a, one);
+      plain_step(b, one);
     }
   }
 }

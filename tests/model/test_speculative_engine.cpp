@@ -40,6 +40,14 @@ TEST_P(SpeculativeEngine, GreedyOutputEqualsPlainDecoding) {
   check_speculative_greedy(model(), sanitized_build() ? 12 : 64, GetParam());
 }
 
+// The same through the engine's device-sampling path (what a GPU runner takes: the verify rows of greedy requests
+// sampled where the logits are and judged from their choices, the oracle's too; the rest copied out for the host's
+// verdict), with the host sampler standing in for the device's (V4Runner::set_sampling_in_runner_on_cpu).
+TEST_P(SpeculativeEngine, GreedyOutputEqualsPlainDecodingSamplingInTheRunner) {
+  check_speculative_greedy(model(), sanitized_build() ? 12 : 32, GetParam() + ", sampled in the runner", 1e-4,
+                           /*graphs=*/false, /*in_runner=*/true);
+}
+
 TEST_P(SpeculativeEngine, AloneEqualsPlainDecoding) {
   auto m = model();
   std::vector<GenerationRequest> requests = mixed_requests(1, m->config().vocab_size, 12);
@@ -64,8 +72,11 @@ TEST_P(SpeculativeEngine, SeededSamplingRepeats) {
   engine::EngineMetrics metrics;
   const std::vector<SpecOutput> a = run_engine(spec_runner(m, 3), requests, spec_engine_options(), &metrics);
   const std::vector<SpecOutput> b = run_engine(spec_runner(m, 3), requests);
+  // Sampled in the runner (the device path: the plain rows there with the same uniforms, the verify rows to the host)
+  const std::vector<SpecOutput> c = run_engine(spec_runner(m, 3, 64, false, /*in_runner=*/true), requests);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+    EXPECT_EQ(a[i].tokens, c[i].tokens) << "request " << i << ", sampled in the runner";
     EXPECT_EQ(static_cast<int64_t>(a[i].tokens.size()), requests[i].stop.max_tokens);
   }
   EXPECT_GT(metrics.spec_drafts_total, 0u);
@@ -126,10 +137,18 @@ TEST_P(SpeculativeEngine, OracleAcceptanceKeepsEveryDraft) {
   std::vector<GenerationRequest> requests = mixed_requests(4, m->config().vocab_size, 15);
   EngineOptions o = spec_engine_options();
   o.oracle_accept = 1.0;
-  engine::EngineMetrics metrics;
-  const std::vector<SpecOutput> got = run_engine(spec_runner(m, 3), requests, o, &metrics);
-  EXPECT_EQ(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), requests[i].stop.max_tokens);
+  for (const bool in_runner : {false, true}) {  // the host's verdict; the device path's (logprob requests on the host)
+    engine::EngineMetrics metrics;
+    const std::vector<SpecOutput> got = run_engine(spec_runner(m, 3, 64, false, in_runner), requests, o, &metrics);
+    EXPECT_EQ(metrics.spec_accepted_tokens_total, metrics.spec_draft_tokens_total);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), requests[i].stop.max_tokens);
+  }
+  // At acceptance 1/2 both paths take the same acceptances from each request's (seeded) generator and the same next
+  // tokens.
+  o.oracle_accept = 0.5;
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].sampling.seed = 100 + i;
+  const std::vector<SpecOutput> host = run_engine(spec_runner(m, 3), requests, o);
+  expect_same(run_engine(spec_runner(m, 3, 64, false, /*in_runner=*/true), requests, o), host, "oracle 0.5 in the runner");
   EngineOptions bad = spec_engine_options();
   bad.oracle_accept = 0.5;
   EXPECT_THROW(Engine(spec_runner(m, 0), bad), Error);  // an oracle without speculation is refused
@@ -216,11 +235,20 @@ TEST_P(SpeculativeEngine, SampledOutputKeepsTheTargetDistribution) {
   const int n = 2000;
   std::vector<GenerationRequest> requests(n, base);
   for (int i = 0; i < n; ++i) requests[static_cast<size_t>(i)].sampling.seed = 1000 + static_cast<uint64_t>(i);
-  auto runner = std::make_shared<TiltedDrafts>(spec_runner(m, 1, 256), rows, tilt);
+  // Every other seed samples in the runner (the device path: x_1 there, the verify rows to the host's verdict).
   EngineOptions o = spec_engine_options(256);
   o.limits.token_budget = 2048;
-  engine::EngineMetrics metrics;
-  const std::vector<SpecOutput> got = run_engine(runner, requests, o, &metrics);
+  engine::EngineMetrics metrics, metrics_in_runner;
+  std::vector<GenerationRequest> host_half, runner_half;
+  for (int i = 0; i < n; ++i) (i % 2 == 0 ? host_half : runner_half).push_back(requests[static_cast<size_t>(i)]);
+  std::vector<SpecOutput> got = run_engine(std::make_shared<TiltedDrafts>(spec_runner(m, 1, 256), rows, tilt), host_half,
+                                           o, &metrics);
+  const std::vector<SpecOutput> other =
+      run_engine(std::make_shared<TiltedDrafts>(spec_runner(m, 1, 256, false, /*in_runner=*/true), rows, tilt),
+                 runner_half, o, &metrics_in_runner);
+  got.insert(got.end(), other.begin(), other.end());
+  metrics.spec_accepted_tokens_total += metrics_in_runner.spec_accepted_tokens_total;
+  metrics.spec_draft_tokens_total += metrics_in_runner.spec_draft_tokens_total;
   std::map<std::pair<int32_t, int32_t>, int64_t> counts;
   for (const SpecOutput& g : got) {
     ASSERT_GE(g.tokens.size(), 2u);

@@ -159,6 +159,87 @@ TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
   }
 }
 
+// Model::rollback_steps: three sequences of one verify step (2, 4 and 3 tokens, prompts of different lengths) roll
+// back at once, each keeping 1 .. all of its tokens (a sequence keeping all is rolled back too, in some rounds, and
+// left out in others), against plain decoding of the kept tokens: every state serializes to the same bytes, round
+// after round, and the next step's logits are the same bits. Bad batches are refused.
+TEST_P(Speculative, BatchedRollbackEqualsPlainDecoding) {
+  const Fixture& f = Fixture::get(GetParam());
+  for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
+    Model m(f.weights(), mode);
+    const int64_t vocab = m.config().vocab_size, rounds = 10;
+    const int prompts[3] = {0, 3, f.num_prompts() - 1};
+    const int64_t counts[3] = {2, 4, 3};
+    std::vector<cache::SequenceState> a, b;
+    for (int p : prompts) {
+      const std::vector<int64_t> prompt = f.ids(p);
+      for (auto* v : {&a, &b}) {
+        v->push_back(m.new_state(static_cast<int64_t>(prompt.size()) + 4 * rounds + 2));
+        const model::StepSequence pre{&v->back(), prompt, LogitsFor::none};
+        m.forward({&pre, 1});
+      }
+    }
+    const LogitsFor all[3] = {LogitsFor::all, LogitsFor::all, LogitsFor::all};
+    for (int64_t r = 0; r < rounds; ++r) {
+      std::vector<std::vector<int64_t>> v(3);
+      std::vector<cache::Snapshot> before;
+      std::vector<model::StepSequence> step;
+      for (size_t i = 0; i < 3; ++i) {
+        for (int64_t t = 0; t < counts[i]; ++t) v[i].push_back((7 + 5 * r + 11 * t + 13 * static_cast<int64_t>(i)) % vocab);
+        before.push_back(a[i].snapshot());
+      }
+      for (size_t i = 0; i < 3; ++i) step.push_back({&a[i], v[i], LogitsFor::all});
+      Tensor streams;
+      Model::StepRecord record;
+      m.forward(step, all, streams, false, &record);
+      ASSERT_FALSE(record.layers.empty());
+      std::vector<Model::Rollback> back;
+      int64_t first = 0;
+      std::vector<int64_t> kept(3);
+      for (size_t i = 0; i < 3; ++i) {
+        kept[i] = 1 + (r + static_cast<int64_t>(i)) % counts[i];
+        // A sequence keeping everything needs no rollback: left out in odd rounds, rolled back (to the same state)
+        // in even ones.
+        if (kept[i] < counts[i] || r % 2 == 0) back.push_back({&a[i], &before[i], first, kept[i]});
+        first += counts[i];
+      }
+      m.rollback_steps(back, record);
+      for (size_t i = 0; i < 3; ++i) {
+        for (int64_t t = 0; t < kept[i]; ++t) {
+          const model::StepSequence one{&b[i], std::span<const int64_t>(v[i]).subspan(static_cast<size_t>(t), 1),
+                                        LogitsFor::last};
+          m.forward({&one, 1});
+        }
+        ASSERT_EQ(a[i].position(), b[i].position());
+        ASSERT_EQ(a[i].serialize(), b[i].serialize())
+            << "kv mode " << static_cast<int>(mode) << " round " << r << " sequence " << i << " kept " << kept[i];
+      }
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      const int64_t t = 5;
+      const model::StepSequence na{&a[i], {&t, 1}, LogitsFor::last}, nb{&b[i], {&t, 1}, LogitsFor::last};
+      const Tensor la = m.forward({&na, 1}), lb = m.forward({&nb, 1});
+      EXPECT_EQ(std::memcmp(la.data<float>(), lb.data<float>(), la.nbytes()), 0) << "sequence " << i;
+    }
+    // Refusals: a state twice, overlapping rows, rows past the step, and nothing changes.
+    const cache::Snapshot s0 = a[0].snapshot(), s1 = a[1].snapshot();
+    const std::vector<int64_t> two = {3, 4};
+    const model::StepSequence p0{&a[0], two, LogitsFor::all}, p1{&a[1], two, LogitsFor::all};
+    const model::StepSequence pair[2] = {p0, p1};
+    Tensor streams;
+    Model::StepRecord record;
+    m.forward(pair, std::span<const LogitsFor>(all, 2), streams, false, &record);
+    const std::vector<std::byte> after0 = a[0].serialize();
+    const Model::Rollback twice[2] = {{&a[0], &s0, 0, 1}, {&a[0], &s0, 2, 1}};
+    expect_error([&] { m.rollback_steps(twice, record); }, "appears twice");
+    const Model::Rollback overlap[2] = {{&a[0], &s0, 0, 2}, {&a[1], &s1, 1, 1}};
+    expect_error([&] { m.rollback_steps(overlap, record); }, "overlap");
+    const Model::Rollback past[1] = {{&a[1], &s1, 3, 2}};
+    expect_error([&] { m.rollback_steps(past, record); }, "of a step of 4");
+    EXPECT_EQ(a[0].serialize(), after0);
+  }
+}
+
 // A step that ran per sequence (more tokens than the step tables take) keeps no record: rollback_step refuses it.
 TEST(SpeculativeRollback, RefusesAStepThatWasNotRecorded) {
   const Fixture& f = Fixture::get("tiny-mxfp4");

@@ -9,7 +9,7 @@ import concurrent.futures
 import json
 import os
 
-from conftest import Server, metric, metrics_text
+from conftest import Server, metric, metrics_text, wait_for
 
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away there lived", "1, 2, 3,", "def f(x):",
            "Hello", "A list of colours: red, green,"]
@@ -69,6 +69,15 @@ def test_greedy_output_equals_the_plain_server():
         text = metrics_text(spec)
         assert 'position="2"' in text and "tern:spec_decode_num_accepted_tokens_per_pos_total{" in text
         assert "kernel: speculative decoding: MTP, 3 drafts a round" in log  # which paths the rounds run on
+        # The MTP rows (drafting rounds, catch-ups) counted apart from the engine's steps: on the CPU all eager, with why.
+        assert metric(spec, "spec_decode_mtp_eager_total", text) >= drafts / 16
+        assert 'tern:spec_decode_mtp_eager_total{' in text and 'reason="the model is on the CPU"' in text
+        assert metric(spec, "spec_decode_mtp_graph_replays_total", text) == 0
+        assert wait_for(lambda: metric(spec, "num_requests_running") == 0)
+        text = metrics_text(spec)  # idle: no MTP rows among the trunk steps (one, or two: plain chunks and verify)
+        trunk = metric(spec, "cuda_graph_replays_total", text) + metric(spec, "eager_steps_total", text)
+        engine_steps = metric(spec, "engine_steps_total", text)
+        assert 0 < engine_steps <= trunk <= 2 * engine_steps
         assert metric(plain, "spec_decode_num_drafts_total") == 0
     finally:
         assert plain.stop() == 0

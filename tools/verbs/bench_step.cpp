@@ -28,6 +28,7 @@
 #include "model/speculator.h"
 #include "ops/recorded_steps.h"
 #include "ops/sample.h"
+#include "ops/sampling.h"
 #include "ops/synth_values.h"
 #include "tools/verb.h"
 
@@ -483,16 +484,21 @@ int run(const Args& a) {
           if (!speculator || speculator->max_sequences() < B)
             speculator = std::make_unique<model::Speculator>(m, *layout, static_cast<int>(fitting.back()));
           // The trunk's verify steps replay this context's graphs (returning streams and record), as the server's do.
-          speculator->set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record,
-                                         model::DecodeGraphs::Trunk& out) {
-            return graphs.forward_trunk(steps, want_record, out);
+          speculator->set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record, bool on_device,
+                                         model::DecodeGraphs::Trunk& out, Tensor& hold) {
+            if (on_device) return graphs.forward_trunk_device(steps, want_record, out, hold);
+            hold = graphs.forward_trunk(steps, want_record, out);
+            return hold.view();
           });
+          speculator->set_draft_step([&](std::span<const model::Model::MtpStep> rows) { return graphs.forward_mtp(rows); });
           std::vector<model::DraftSequence> drafts;
           for (int64_t i = 0; i < B; ++i)  // greedy drafts: the argmax where the logits are, as the server's greedy requests
             drafts.push_back({&states[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], static_cast<int>(a.speculative),
                               true});
           std::vector<int64_t> kept(static_cast<size_t>(B));
           for (int64_t i = 0; i < B; ++i) kept[static_cast<size_t>(i)] = i % q + 1;
+          std::vector<ops::SampleRowSpec> verdict_specs;
+          std::vector<ops::SampledRow> verdict_rows;
           auto round = [&] {
             speculator->draft(drafts, [&](size_t, int, std::span<const float> row) { return ops::argmax(row); });
             for (int64_t i = 0; i < B; ++i) {
@@ -500,7 +506,18 @@ int run(const Args& a) {
               const std::span<const int64_t> d = speculator->drafts(static_cast<size_t>(i));
               std::copy(d.begin(), d.end(), vids[static_cast<size_t>(i)].begin() + 1);
             }
-            (void)speculator->verify(vb);
+            // As the engine verifies greedy requests: the logits stay on the device, each row's choice is taken there
+            // (ops::sample_rows); a host model's come back (it samples on the host).
+            if (m.device() == Device::cpu) {
+              (void)speculator->verify(vb);
+            } else {
+              Tensor hold;
+              const TensorView logits = speculator->verify_device(vb, hold);
+              verdict_specs.assign(static_cast<size_t>(logits.dim(0)), {});
+              for (auto& spec : verdict_specs) spec.params.temperature = 0.0f;
+              verdict_rows.resize(verdict_specs.size());
+              ops::sample_rows(logits, verdict_specs, verdict_rows);
+            }
             speculator->settle(kept);
             for (int64_t i = 0; i < B; ++i)
               drafts[static_cast<size_t>(i)].last = token(3000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i), config.vocab_size);
@@ -516,6 +533,14 @@ int run(const Args& a) {
           rr.draft_ms = dt.median_us / 1e3;
           round_rows.push_back(rr);
           say(cat("round ", round_line(rr)));
+          // The round's kernels and the GPU's busy share (what is launch-bound in drafting, rollback, catch-up).
+          if (profiler && std::find(a.profile_batches.begin(), a.profile_batches.end(), B) != a.profile_batches.end()) {
+            profiler->start();
+            for (int i = 0; i < a.steps; ++i) round();
+            say(cat("profile of the MTP round at batch ", B, ", context ", L, ":\n",
+                    profiler->stop(a.steps, cat("MTP round (batch ", B, ", context ", L, ", k ", a.speculative, ")"),
+                                   config.num_layers, a.profile_top)));
+          }
         }
       }
       if (profiler && std::find(a.profile_batches.begin(), a.profile_batches.end(), B) != a.profile_batches.end()) {

@@ -63,6 +63,11 @@ struct CudaBackend::Impl {
   std::unique_ptr<LibraryGemm> library;
   bool batch_invariant = false;
   bool moe_prefill_library = false;  // set_moe_prefill_library: the expanded-bf16 library MoE over the grouped one
+  // From how many tokens the routed FP4 experts take the grouped tensor-core kernels (moe_grouped.cuh) instead of
+  // the decode kernels; TERN_MOE_GROUPED_MIN_TOKENS (1 .. kLibraryMinTokens, the default; library_gemm.h). Chosen by
+  // the call's token count, a graph's padded slots included: near the threshold a replay and an eager step of the
+  // same batch may take different paths (not batch invariant, as every choice by token count).
+  int64_t moe_grouped_min_tokens = kLibraryMinTokens;
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;
@@ -78,6 +83,8 @@ struct CudaBackend::Impl {
   LibraryGemm& lib();
   // Whether a product of T tokens takes the library path (T large, not batch invariant).
   bool library_for(int64_t T) const { return !batch_invariant && T >= kLibraryMinTokens; }
+  // Whether a moe_experts call of T tokens takes the grouped FP4 kernels (not batch invariant either).
+  bool moe_grouped_for(int64_t T) const { return !batch_invariant && T >= moe_grouped_min_tokens; }
   int* err() const { return static_cast<int*>(error_word.data()); }
 };
 

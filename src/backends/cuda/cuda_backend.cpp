@@ -32,6 +32,11 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // TERN_MOE_PREFILL=library: prefill chunks' FP4 experts on the older library path (A/B against the grouped
   // kernels); grouped, or unset, keeps the grouped kernels; anything else is refused.
   if (env_choice("TERN_MOE_PREFILL", {"grouped", "library"}, "grouped") == "library") impl_->moe_prefill_library = true;
+  // TERN_MOE_GROUPED_MIN_TOKENS: the token count from which FP4 experts run on the grouped tensor-core kernels
+  // (batch 128-256 decode and verify steps, where the decode kernels' time grows with the tokens); unset: from
+  // kLibraryMinTokens, as the library products. For measuring the crossover (bench-step, tern_gpu_bench).
+  // At most kLibraryMinTokens: above it the library products take over, and the grouped kernels are its MoE path.
+  impl_->moe_grouped_min_tokens = env_int("TERN_MOE_GROUPED_MIN_TOKENS", kLibraryMinTokens, 1, kLibraryMinTokens);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -57,6 +62,16 @@ bool CudaBackend::side_streams_enabled() {
   return on;
 }
 
+namespace {
+// Tells the recorded steps' arena (the only StepGraphs of Device::cuda: register_backend's) of a side branch.
+void arena_branch(bool begin) {
+  auto* graphs = static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));
+  if (graphs == nullptr) return;
+  if (begin) graphs->branch_begin();
+  else graphs->branch_join();
+}
+}  // namespace
+
 // Side branches (ops/branch.h). Only a captured step forks: eager steps keep one stream, so the eager
 // allocator's stream-ordered reuse stays safe and eager and graph results are the same bits (the same
 // kernels on the same inputs; each branch has its own scratch and counters in both modes, so the side
@@ -75,6 +90,7 @@ void CudaBackend::side_begin() {
   std::swap(m.workspace, m.side.workspace);
   std::swap(m.counters, m.side.counters);
   m.in_side = true;
+  arena_branch(/*begin=*/true);  // the arena holds blocks freed from now until the join (also when measuring)
 }
 
 void CudaBackend::side_end() {
@@ -93,6 +109,7 @@ void CudaBackend::side_end() {
 void CudaBackend::side_join() {
   Impl& m = *impl_;
   TERN_CHECK(!m.in_side, "side_join: the side branch is still open (side_end first)");
+  arena_branch(/*begin=*/false);
   if (!m.side_pending) return;
   TERN_CUDA(cudaStreamWaitEvent(m.stream, m.join_event, 0));
   m.side_pending = false;
@@ -178,6 +195,13 @@ void CudaBackend::set_batch_invariant(bool on) { impl_->batch_invariant = on; }
 bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
 void CudaBackend::set_moe_prefill_library(bool on) { impl_->moe_prefill_library = on; }
 int64_t CudaBackend::library_min_tokens() { return kLibraryMinTokens; }
+void CudaBackend::set_moe_grouped_min_tokens(int64_t tokens) {
+  TERN_CHECK(tokens >= 1 && tokens <= kLibraryMinTokens, "cuda: the grouped MoE kernels start at 1 to ",
+             kLibraryMinTokens, " tokens, not ", tokens, " (from ", kLibraryMinTokens, " every prefill path is a library "
+             "one)");
+  impl_->moe_grouped_min_tokens = tokens;
+}
+int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_min_tokens; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }
@@ -246,13 +270,14 @@ class CudaMemory final : public DeviceMemory {
       fail("cudaMallocAsync of ", bytes, " bytes failed (", cudaGetErrorString(e), "); the device has ", free_b,
            " of ", total_b, " bytes free");
     }
+    graphs_.measured(p);  // a measuring scope: p stands for the block it planned
     const CudaBackend::ActivationFill fill = CudaBackend::activation_fill();
     if (zero || fill == CudaBackend::ActivationFill::zero) TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
     else if (fill == CudaBackend::ActivationFill::poison) TERN_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream()));
     return p;
   }
   void release(void* p) override {  // no throw from a deleter
-    if (!graphs_.owns(p)) cudaFreeAsync(p, stream());
+    if (!graphs_.release(p)) cudaFreeAsync(p, stream());
   }
   void copy(void* dst, Device dst_device, const void* src, Device, size_t bytes) override {
     TERN_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
@@ -375,6 +400,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         "linear_stream / linear_bulk copy their first weight stages before the wait"
                       : "launches: programmatic dependent launch off (TERN_PDL=0): each kernel starts once the previous "
                         "one has finished");
+  if (impl_->moe_grouped_min_tokens != kLibraryMinTokens)
+    paths.push_back(cat("moe_experts (mxfp4 / nvfp4): the grouped kernels (moe_sort + grouped GEMMs + moe_combine) from ",
+                        impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));
   return paths;
 }
 

@@ -139,6 +139,10 @@ class CudaBackend final : public ops::Backend {
   // experts on the grouped kernels (moe_grouped.cuh), true on the older library path (experts expanded to
   // bf16, per-expert cuBLAS products). TERN_MOE_PREFILL=library sets it at start-up; for A/B runs and tests.
   void set_moe_prefill_library(bool on);
+  // From how many tokens FP4 experts take the grouped kernels (the decode kernels below); TERN_MOE_GROUPED_MIN_TOKENS
+  // sets it at start-up (default library_min_tokens()). For measuring the crossover and for tests.
+  void set_moe_grouped_min_tokens(int64_t tokens);
+  int64_t moe_grouped_min_tokens() const;
 
   struct Impl;
 

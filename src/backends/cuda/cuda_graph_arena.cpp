@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_graph_arena.h"
 
 #include "backends/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -10,7 +11,10 @@ constexpr size_t kAlign = 256;
 size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-CudaStepGraphs::CudaStepGraphs(CudaBackend& backend) : backend_(backend) {
+// TERN_ARENA_REUSE=0: freed blocks are not reused within a step (the bump allocator of before session 18, for A/B
+// and for ruling the reuse out when a recorded step misbehaves).
+CudaStepGraphs::CudaStepGraphs(CudaBackend& backend)
+    : backend_(backend), reuse_(env_flag("TERN_ARENA_REUSE", true)) {
   TERN_CUDA(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
 }
 
@@ -33,19 +37,28 @@ void* CudaStepGraphs::pinned_host(size_t bytes) {
 
 void CudaStepGraphs::arena_begin(bool measure) {
   TERN_CHECK(!open_, "step graphs: an arena scope is already open");
-  open_ = true, measure_ = measure, used_ = 0;
+  open_ = true, measure_ = measure;
+  plan_.reset();
+  blocks_.clear();
+  has_planned_ = false;
+  release_error_.clear();
   fills_.clear();
 }
 
 size_t CudaStepGraphs::arena_end() {
   TERN_CHECK(open_, "step graphs: no arena scope is open");
   open_ = false;
-  return used_;
+  if (!measure_)  // the scope's tensors still alive: kept by the caller beyond the scope
+    for (const auto& [p, offset] : blocks_) kept_.insert(p);
+  blocks_.clear();
+  TERN_CHECK(release_error_.empty(), "step graphs: ", release_error_);
+  return plan_.peak();
 }
 
 void CudaStepGraphs::arena_reserve(size_t bytes) {
   TERN_CHECK(!open_, "step graphs: the arena cannot move while a scope is open");
   drop_all();
+  kept_.clear();  // their addresses are gone with the arena
   arena_ = DeviceBuffer();  // frees after a device synchronisation
   arena_ = DeviceBuffer(aligned(bytes));
   ++arena_generation_;
@@ -53,28 +66,62 @@ void CudaStepGraphs::arena_reserve(size_t bytes) {
 
 void* CudaStepGraphs::allocate(size_t bytes, bool zero) {
   if (!open_) return nullptr;
-  const size_t b = aligned(bytes == 0 ? 1 : bytes);
+  const size_t at = plan_.allocate(bytes), b = aligned(bytes == 0 ? 1 : bytes);
   if (measure_) {
-    used_ += b;
+    planned_ = at, has_planned_ = true;
     return nullptr;
   }
   TERN_CHECK(capturing_, "step graphs: an arena block outside a capture (the graph's first nodes fill the arena)");
-  TERN_CHECK(used_ + b <= arena_.size(), "step graphs: the activation arena (", arena_.size(),
-             " bytes) is too small for this step (", used_ + b, " bytes so far): size it with a measuring run");
-  void* p = static_cast<char*>(arena_.data()) + used_;
+  TERN_CHECK(at + b <= arena_.size(), "step graphs: the activation arena (", arena_.size(),
+             " bytes) is too small for this step (", at + b, " bytes so far): size it with a measuring run");
+  void* p = static_cast<char*>(arena_.data()) + at;
+  blocks_[p] = at;
   // As an eager allocation (CudaBackend's device memory): zeros when asked, else the activation fill.
   const CudaBackend::ActivationFill fill = CudaBackend::activation_fill();
   const int value = zero || fill == CudaBackend::ActivationFill::zero ? 0
                     : fill == CudaBackend::ActivationFill::poison     ? 0xff
                                                                       : -1;
   if (value >= 0) {
-    if (!fills_.empty() && fills_.back().value == value && fills_.back().offset + fills_.back().bytes == used_)
+    if (!plan_.last_fresh()) {  // an earlier block of the step used these bytes: fill them here, in stream order
+      TERN_CUDA(cudaMemsetAsync(p, value, b, static_cast<cudaStream_t>(backend_.stream())));
+    } else if (!fills_.empty() && fills_.back().value == value && fills_.back().offset + fills_.back().bytes == at) {
       fills_.back().bytes += b;  // adjacent, same value: one node
-    else
-      fills_.push_back({used_, b, value});
+    } else {
+      fills_.push_back({at, b, value});
+    }
   }
-  used_ += b;
   return p;
+}
+
+void CudaStepGraphs::measured(void* p) {
+  if (!has_planned_) return;
+  blocks_[p] = planned_;
+  has_planned_ = false;
+}
+
+bool CudaStepGraphs::release(const void* p) noexcept {
+  const bool arena = owns(p);
+  // An earlier scope's kept tensor (a recorded step's logits, streams, record) may share its address with a block of
+  // the open scope: it is the kept one that dies here (leaving the other live at worst: safe).
+  if (kept_.erase(p) == 1) return arena;
+  if (!open_ || !reuse_) return arena;
+  const auto it = blocks_.find(p);
+  if (it == blocks_.end()) return arena;  // not this scope's
+  try {
+    plan_.release(it->second);
+  } catch (const std::exception& e) {
+    if (release_error_.empty()) release_error_ = e.what();
+  }
+  blocks_.erase(it);
+  return arena;
+}
+
+void CudaStepGraphs::branch_begin() {
+  if (open_) plan_.branch_begin();
+}
+
+void CudaStepGraphs::branch_join() {
+  if (open_) plan_.branch_join();
 }
 
 bool CudaStepGraphs::owns(const void* p) const {
@@ -131,8 +178,8 @@ int CudaStepGraphs::capture(const std::function<void()>& body) {
   return static_cast<int>(execs_.size()) - 1;
 }
 
-// Arena blocks are never reused within a step, so memsets of the ranges this step's tensors asked to be filled,
-// ahead of every other node, give each of them its fill at every replay (adjacent ranges one node: the tiny
+// Memsets of the ranges this step's tensors asked to be filled, where no earlier block of the step used them
+// (allocate() fills the others where they are allocated), ahead of every other node, give each its fill at every replay (adjacent ranges one node: the tiny
 // model's decode step had 118 zeroed tensors, 19% of its GPU time as one memset each). Until session 14 the whole
 // arena was zeroed, though the model's activations ask for no fill (eager fills none): 404 us a step at batch 64.
 void CudaStepGraphs::fill_arena_first(cudaGraph_t graph) {

@@ -6,10 +6,14 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "core/arena_plan.h"
 #include "ops/recorded_steps.h"
 
 namespace tern::cuda {
@@ -31,11 +35,20 @@ class CudaStepGraphs final : public ops::StepGraphs {
   void* pinned_host(size_t bytes) override;
 
   // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
-  // measuring scope, counts `bytes` and returns nullptr (the pool serves it). Arena blocks are handed out
-  // only inside capture() and not filled here: the recorded graph's first nodes fill the blocks that asked for
-  // zeros (`zero`), and the others as eager allocations are filled (CudaBackend::activation_fill: by default
-  // not at all).
+  // measuring scope, plans the block and returns nullptr (the pool serves it: measured() then binds the pool's
+  // pointer to the planned block). Blocks are placed by an ArenaPlan (core/arena_plan.h): a freed block is reused
+  // within the step, so the arena is the step's peak of live tensors. Arena blocks are handed out only inside
+  // capture(); a block that asked for zeros (`zero`), or for the activation fill (CudaBackend::activation_fill: by
+  // default none), is filled by the recorded graph's first nodes when no earlier block of the step used its bytes,
+  // else by a memset node where it is allocated.
   void* allocate(size_t bytes, bool zero);
+  void measured(void* p);
+  // A tensor's memory is freed: true when p is an arena address (the pool must not free it); a block of the open
+  // scope goes back to the plan (never throws: a deleter calls it; a bad release fails the scope at its end).
+  bool release(const void* p) noexcept;
+  // Side branches (CudaBackend::side_begin / side_join): blocks freed while one is pending wait for the join.
+  void branch_begin();
+  void branch_join();
   bool owns(const void* p) const;
 
  private:
@@ -47,9 +60,15 @@ class CudaStepGraphs final : public ops::StepGraphs {
   };
 
   CudaBackend& backend_;
+  bool reuse_ = true;  // TERN_ARENA_REUSE
   DeviceBuffer arena_;
-  size_t used_ = 0;
-  std::vector<Fill> fills_;  // this capture's, in arena order
+  ArenaPlan plan_;
+  std::unordered_map<const void*, size_t> blocks_;  // the open scope's live blocks: address -> planned offset
+  size_t planned_ = 0;                               // a measuring scope's last planned offset, until measured()
+  bool has_planned_ = false;
+  std::unordered_set<const void*> kept_;             // earlier scopes' blocks still alive (kept by their callers)
+  std::string release_error_;                        // a bad release in the open scope (reported at its end)
+  std::vector<Fill> fills_;  // this capture's, in allocation order
   bool open_ = false, measure_ = false, capturing_ = false;
   uint64_t arena_generation_ = 0;
   size_t graph_bytes_ = 0;
