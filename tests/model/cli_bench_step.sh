@@ -33,3 +33,17 @@ assert sorted(pre) == [40, 100], sorted(pre)
 assert pre[100]["flops"] > 2 * pre[40]["flops"] and all(r["seconds"] > 0 and r["tflops"] > 0 for r in pre.values())
 print("bench-step CLI test: ok")
 PY
+# --prefill-chunk: prompts longer than the chunk go in chunks of it (one forward each), no first run; the decode
+# rows at that context run on the chunked state.
+"$TERN" bench-step --config tiny --batches 1 --contexts 70 --prefill 30,100 --prefill-chunk 32 --steps 2 --warmup 1 \
+  --json "$OUT/bench-step-chunked.json" >"$OUT/bench-step-chunked.log" 2>&1 || { cat "$OUT/bench-step-chunked.log"; exit 1; }
+grep -q '^| 100 | .* (4 chunks, no first run)$' "$OUT/bench-step-chunked.log"
+python3 - "$OUT/bench-step-chunked.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+pre = {r["tokens"]: r for r in j["prefill"]}
+assert pre[30]["chunks"] == 1 and pre[30]["first_run_seconds"] > 0, pre[30]
+assert pre[100]["chunks"] == 4 and pre[100]["first_run_seconds"] == 0 and pre[100]["seconds"] > 0, pre[100]
+assert [(r["batch"], r["context"]) for r in j["decode"]] == [(1, 70)] and j["decode"][0]["step_ms"] > 0, j["decode"]
+print("bench-step --prefill-chunk: ok")
+PY

@@ -59,6 +59,10 @@ struct Args {
   // auto` with --save-speculative-threshold (app/speculative_threshold.h).
   double speculative_acceptance = 0;
   bool save_speculative_threshold = false;
+  // --prefill-chunk N: a prompt longer than N is prefilled in chunks of N tokens, one forward each, as a server's
+  // --max-chunk does (issue #14 item 7: decode rows at 64K-1M contexts, whose one-shot prefill would need tens
+  // of GB of activations). Prompts of at most N tokens are one forward, as before.
+  int64_t prefill_chunk = 8192;
   tern::app::TuneOptions tune;
 };
 
@@ -166,6 +170,7 @@ struct PrefillRow {
   int64_t tokens = 0;
   double seconds = 0, tokens_s = 0, flops = 0, tflops = 0, of_gemm = 0;
   double cold_seconds = 0;  // the first prefill of this length (allocator growth, library heuristics, scratch)
+  int64_t chunks = 1;       // forwards it took (--prefill-chunk); a chunked prefill has no cold run
 };
 
 std::string decode_line(const DecodeRow& r) {
@@ -180,6 +185,7 @@ std::string prefill_line(const PrefillRow& r) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "| %ld | %.3f | %.0f | %.1f | %.1f | %.1f%% | %.3f |", static_cast<long>(r.tokens),
                 r.seconds, r.tokens_s, r.flops / 1e12, r.tflops, 100 * r.of_gemm, r.cold_seconds);
+  if (r.chunks > 1) return cat(buf, " (", r.chunks, " chunks, no first run)");
   return buf;
 }
 const char* kDecodeHeader =
@@ -309,15 +315,20 @@ int run(const Args& a) {
     // The first prefill of a length pays one-time costs (the stream allocator grows, the library picks its
     // kernels, scratch is allocated); a server pays them once at startup (its warm-up step), so the row is the
     // second, warm run, and the first is reported beside it.
+    // Longer than --prefill-chunk: chunks of that many tokens, one forward each (the last one's logits only).
     auto timed_prefill = [&](cache::SequenceState& state) {
-      const model::StepSequence seq{&state, prompt, model::LogitsFor::last};
       const auto t0 = std::chrono::steady_clock::now();
-      (void)m.forward({&seq, 1});  // host logits: returns when the device is done
+      for (int64_t at = 0; at < L; at += a.prefill_chunk) {
+        const int64_t n = std::min(a.prefill_chunk, L - at);
+        const model::StepSequence seq{&state, std::span<const int64_t>(prompt).subspan(at, n), model::LogitsFor::last};
+        (void)m.forward({&seq, 1});  // host logits: returns when the device is done
+      }
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     PrefillRow pr;
     pr.tokens = L;
-    {
+    pr.chunks = (L + a.prefill_chunk - 1) / a.prefill_chunk;
+    if (pr.chunks == 1) {  // (a chunked prefill's first chunks warm what the cold run would)
       cache::SequenceState cold(pool, L + margin);
       pr.cold_seconds = timed_prefill(cold);
     }
@@ -647,7 +658,7 @@ int run(const Args& a) {
     for (const PrefillRow& r : prefill_rows)
       j["prefill"].push_back({{"tokens", r.tokens}, {"seconds", r.seconds}, {"tokens_per_s", r.tokens_s},
                               {"flops", r.flops}, {"tflops", r.tflops}, {"of_gemm", r.of_gemm},
-                              {"first_run_seconds", r.cold_seconds}});
+                              {"first_run_seconds", r.cold_seconds}, {"chunks", r.chunks}});
     for (const MixedRow& r : mixed_rows)
       j["mixed"].push_back({{"prompt", r.prompt}, {"decodes", r.decodes}, {"context", r.context},
                             {"seconds", r.seconds}, {"first_run_seconds", r.cold_seconds},
@@ -674,6 +685,10 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--contexts", a->contexts, "context lengths of the decode rows (one real prefill each)")
            ->capture_default_str();
        app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
+       app.add_option("--prefill-chunk", a->prefill_chunk,
+                      "prompts longer than this are prefilled in chunks of this many tokens (one forward each)")
+           ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+           ->capture_default_str();
        app.add_option("--steps", a->steps, "timed decode steps per row (median reported)")->capture_default_str();
        app.add_option("--warmup", a->warmup, "untimed decode steps before each row")->capture_default_str();
        app.add_flag("--profile", a->profile, "GPU profile (CUPTI) of the prefills and of the decode steps at the --profile-batches");
