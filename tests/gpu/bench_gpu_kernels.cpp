@@ -693,10 +693,11 @@ int main(int argc, char** argv) {
       only = argv[++i];
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
-          only != "probe" && only != "small_reads" && only != "exact" && only != "library") {
+          only != "probe" && only != "small_reads" && only != "exact" && only != "library" &&
+          only != "decode_probe") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, exact, library, moe, moe_prefill, attention, "
-                     "attention_prefill, indexer, indexer_prefill, mhc, probe or small_reads, not %s\n",
+                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads or decode_probe, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -789,6 +790,16 @@ int main(int argc, char** argv) {
     for (const cuda::ReadProbe& p : cuda::read_bandwidth_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
       std::printf("| %s | %d | %d | %d | %d | %lld | %.0f | %.0f%% |\n", p.how, p.stage_kb, p.stages, p.copies,
                   p.blocks_per_sm, static_cast<long long>(p.kb_in_flight), p.gbs, 100.0 * p.gbs / g_copy_gbs);
+  }
+  if (section("probe") || section("decode_probe")) {
+    // What an FP4 decode instruction mix streams through the MoE kernel's ring, alone (fp4_decode_probe.cu): the
+    // case for (or against) an e4m3 wgmma MoE decode kernel, before it is written. Rates only, products unchecked.
+    std::printf("\nFP4 decode probe (2 GiB of 64-row x 4096-column FP4 items read once; %% of the copy bandwidth's "
+                "%.0f GB/s; products not checked):\n| decode | warpgroups a block | stages | GB/s | %% of copy |\n"
+                "|---|---:|---:|---:|---:|\n",
+                g_copy_gbs);
+    for (const cuda::DecodeProbe& p : cuda::fp4_decode_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
+      std::printf("| %s | %d | %d | %.0f | %.0f%% |\n", p.name, p.consumers, p.stages, p.gbs, 100.0 * p.gbs / g_copy_gbs);
   }
   if (section("probe") || section("small_reads")) {
     // The ceiling of one kernel reading a decode product's bytes (ramp and tail included), back to back in a graph.

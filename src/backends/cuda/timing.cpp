@@ -135,6 +135,29 @@ std::vector<SmallReadProbe> small_read_probes(const std::vector<size_t>& sizes, 
   return rows;
 }
 
+std::vector<DecodeProbe> fp4_decode_probes(size_t bytes, int num_sms) {
+  const int64_t items = static_cast<int64_t>(bytes) / fp4_decode_probe_item_bytes();
+  const size_t used = static_cast<size_t>(items * fp4_decode_probe_item_bytes());
+  DeviceBuffer buf(used), sink(64);
+  TERN_CUDA(cudaMemset(buf.data(), 0x5a, used));  // codes of both signs, scale bytes 0x5a (2^-37)
+  auto* out = static_cast<uint32_t*>(sink.data());
+  auto stream = static_cast<cudaStream_t>(register_backend().stream());
+  prepare_fp4_decode_probe();
+  std::vector<DecodeProbe> rows;
+  for (int variant = 0; variant < 4; ++variant)
+    for (int consumers : {2, 3})
+      for (int stages : {4, fp4_decode_probe_max_stages()}) {
+        const Timing t = time_device([&] {
+          launch_fp4_decode_probe(variant, consumers, static_cast<const uint8_t*>(buf.data()), items, stages, num_sms,
+                                  out, stream);
+        }, 2, 10);
+        TERN_CUDA(cudaGetLastError());
+        rows.push_back({fp4_decode_probe_name(variant), consumers, stages,
+                        static_cast<double>(used) / (t.median_us * 1e3)});
+      }
+  return rows;
+}
+
 void device_copy(void* dst, const void* src, size_t bytes) {
   TERN_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }

@@ -52,6 +52,16 @@ struct SmallReadProbe {
 };
 std::vector<SmallReadProbe> small_read_probes(const std::vector<size_t>& sizes, int num_sms);
 
+// The FP4 decode probe (kernels/fp4_decode_probe.cu): a buffer of about `bytes` of FP4 items streamed once per
+// run through each variant's decode (`name`), with `consumers` warpgroups and `stages` ring slots a block; GB/s
+// count the bytes read (weights and scales). A rate probe: the products are not checked.
+struct DecodeProbe {
+  const char* name;
+  int consumers, stages;
+  double gbs;
+};
+std::vector<DecodeProbe> fp4_decode_probes(size_t bytes, int num_sms);
+
 // Copies `bytes` from one device address to another (benchmarks replicate weights on the device).
 void device_copy(void* dst, const void* src, size_t bytes);
 

@@ -16,4 +16,15 @@ void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int 
 // Reads `bytes` of buf with `unroll` 16-byte loads in flight a thread, 256 threads a block.
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream);
 
+// The FP4 decode probe (fp4_decode_probe.cu): items of 64 rows x 4096 FP4 columns plus scales
+// (fp4_decode_probe_item_bytes() each) streamed through a ring of `stages` 35 KB slots, decoded by `variant`
+// (0 bytes only, 1 bf16 + mma.sync, 2 e4m3 natural layout + wgmma, 3 e4m3 moved signs + wgmma; _name) with 2 or 3
+// consumer warpgroups a block.
+void prepare_fp4_decode_probe();
+const char* fp4_decode_probe_name(int variant);
+int64_t fp4_decode_probe_item_bytes();
+int fp4_decode_probe_max_stages();
+void launch_fp4_decode_probe(int variant, int consumers, const uint8_t* buf, int64_t items, int stages, int grid,
+                             uint32_t* sink, cudaStream_t stream);
+
 }  // namespace tern::cuda
