@@ -155,16 +155,23 @@ __device__ __forceinline__ void consume_bf16(uint32_t st, uint32_t win, float (&
   }
 }
 
+// check: the e4m3 variants' sums of each item (f32 [items, 64 rows, 8 tokens]) from the x window `x` (the
+// e4m3 bytes of 8 tokens x 1 024 columns in the B layout, used for each of an item's 4 stages), for the test
+// that holds the register fragments, the descriptor, the decodes and the scales to a host product; null: the
+// rate probe (x constant, the sums discarded).
 template <int V, int C>
 __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const uint8_t* buf, int64_t items,
-                                                                          int stages, uint32_t* sink) {
+                                                                          int stages, uint32_t* sink,
+                                                                          const uint32_t* x, float* check) {
   pdl_prologue();
   extern __shared__ __align__(1024) uint8_t smem[];
-  uint8_t* window = smem;  // x: constant bytes (a rate probe)
+  uint8_t* window = smem;
   uint8_t* ring_base = smem + kPWindow;
   uint64_t* bars = reinterpret_cast<uint64_t*>(ring_base + static_cast<size_t>(stages) * kPStage);
   const BulkRing ring{bars, bars + stages, stages};
-  for (int i = threadIdx.x; i < kPWindow / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(window)[i] = 0x38383838u;
+  for (int i = threadIdx.x; i < kPWindow / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(window)[i] = x != nullptr ? x[i] : 0x38383838u;
+  fence_proxy_async();  // the window's generic stores before wgmma reads it
   if (threadIdx.x == 0) {
     ring.init(4);  // the 4 warps of the warpgroup that owns the stage's item release it
     mbar_init_fence();
@@ -197,6 +204,7 @@ __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const
   float acc[4] = {};
   uint32_t touched = 0;
   for (int64_t li = wg; li < mine; li += C) {
+    if (check != nullptr) acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     for (int q = 0; q < kPStagesPerItem; ++q) {
       const int j = static_cast<int>(li) * kPStagesPerItem + q;
       ring.wait_full(j);
@@ -205,6 +213,12 @@ __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const
       else if constexpr (V == kBf16) consume_bf16(st, win, acc);
       else consume_e4m3<V>(st, win, acc);
       ring.release(j);
+    }
+    if (check != nullptr) {  // the m64n8 D fragment: rows 16 w + g (d0, d1) and + 8 (d2, d3), tokens 2t, 2t + 1
+      const int w = warp & 3, g = lane >> 2, t = lane & 3;
+      float* out = check + (blockIdx.x + li * gridDim.x) * kPRows * 8;
+      out[(16 * w + g) * 8 + 2 * t] = acc[0], out[(16 * w + g) * 8 + 2 * t + 1] = acc[1];
+      out[(16 * w + g + 8) * 8 + 2 * t] = acc[2], out[(16 * w + g + 8) * 8 + 2 * t + 1] = acc[3];
     }
   }
   if (touched == 0x12345678u || acc[0] + acc[1] + acc[2] + acc[3] == 1.2345f) sink[0] = touched;  // keeps the work
@@ -218,10 +232,11 @@ void set_smem() {
 
 template <int V>
 void launch_variant(int consumers, const uint8_t* buf, int64_t items, int stages, int grid, uint32_t* sink,
-                    cudaStream_t stream) {
+                    const uint32_t* x, float* check, cudaStream_t stream) {
   const size_t smem = kPWindow + static_cast<size_t>(stages) * kPStage + 2 * stages * 8;
-  if (consumers == 2) launch(fp4_decode_probe_kernel<V, 2>, grid, 128 * 2 + 32, smem, stream, buf, items, stages, sink);
-  else launch(fp4_decode_probe_kernel<V, 3>, grid, 128 * 3 + 32, smem, stream, buf, items, stages, sink);
+  if (consumers == 2)
+    launch(fp4_decode_probe_kernel<V, 2>, grid, 128 * 2 + 32, smem, stream, buf, items, stages, sink, x, check);
+  else launch(fp4_decode_probe_kernel<V, 3>, grid, 128 * 3 + 32, smem, stream, buf, items, stages, sink, x, check);
 }
 
 }  // namespace
@@ -247,14 +262,14 @@ void prepare_fp4_decode_probe() {
 }
 
 void launch_fp4_decode_probe(int variant, int consumers, const uint8_t* buf, int64_t items, int stages, int grid,
-                             uint32_t* sink, cudaStream_t stream) {
+                             uint32_t* sink, cudaStream_t stream, const uint32_t* x, float* check) {
   switch (variant) {
-    case dev::kBytes: dev::launch_variant<dev::kBytes>(consumers, buf, items, stages, grid, sink, stream); break;
-    case dev::kBf16: dev::launch_variant<dev::kBf16>(consumers, buf, items, stages, grid, sink, stream); break;
+    case dev::kBytes: dev::launch_variant<dev::kBytes>(consumers, buf, items, stages, grid, sink, x, check, stream); break;
+    case dev::kBf16: dev::launch_variant<dev::kBf16>(consumers, buf, items, stages, grid, sink, x, check, stream); break;
     case dev::kE4m3Natural:
-      dev::launch_variant<dev::kE4m3Natural>(consumers, buf, items, stages, grid, sink, stream);
+      dev::launch_variant<dev::kE4m3Natural>(consumers, buf, items, stages, grid, sink, x, check, stream);
       break;
-    default: dev::launch_variant<dev::kE4m3Moved>(consumers, buf, items, stages, grid, sink, stream); break;
+    default: dev::launch_variant<dev::kE4m3Moved>(consumers, buf, items, stages, grid, sink, x, check, stream); break;
   }
 }
 

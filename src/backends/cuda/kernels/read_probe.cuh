@@ -19,12 +19,14 @@ void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, ui
 // The FP4 decode probe (fp4_decode_probe.cu): items of 64 rows x 4096 FP4 columns plus scales
 // (fp4_decode_probe_item_bytes() each) streamed through a ring of `stages` 35 KB slots, decoded by `variant`
 // (0 bytes only, 1 bf16 + mma.sync, 2 e4m3 natural layout + wgmma, 3 e4m3 moved signs + wgmma; _name) with 2 or 3
-// consumer warpgroups a block.
+// consumer warpgroups a block. With `check` (variants 2 and 3): x (e4m3, 8 tokens x 1 024 columns in the wgmma B
+// layout, fp4_decode_probe.cu) for each 1 024 columns of an item, token n's sums scaled by 1 (n even) or 0.5 (odd),
+// and each item's sums stored, f32 [items, 64, 8] (GpuDecodeProbe.E4m3SumsMatchTheHost).
 void prepare_fp4_decode_probe();
 const char* fp4_decode_probe_name(int variant);
 int64_t fp4_decode_probe_item_bytes();
 int fp4_decode_probe_max_stages();
 void launch_fp4_decode_probe(int variant, int consumers, const uint8_t* buf, int64_t items, int stages, int grid,
-                             uint32_t* sink, cudaStream_t stream);
+                             uint32_t* sink, cudaStream_t stream, const uint32_t* x = nullptr, float* check = nullptr);
 
 }  // namespace tern::cuda
