@@ -37,10 +37,10 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   if (Ns > 0 && (A.indexer || A.compressor))
     ops::run_side(h.device(), [&] {
       if (A.indexer) {
-        compress_decode(l, b, h_t, /*indexer=*/true);
-        selected = indexer_decode(l, b, h_t, cq.view().rows(0, Ns));
+        compress_step(l, b, h_t, /*indexer=*/true);
+        selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns));
       } else {
-        compress_decode(l, b, h_t, /*indexer=*/false);
+        compress_step(l, b, h_t, /*indexer=*/false);
       }
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
@@ -69,9 +69,9 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     attend(l, b, q, kv_rows, picked, heads);
   }
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
-    if (A.indexer && A.compressor) compress_decode(l, b, h_t, /*indexer=*/false);
+    if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
     ops::join_side(h.device());
-    attend_decode(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns));
+    attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns));
   }
   ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
 
@@ -80,7 +80,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
   ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
   ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
-  if (Ns > 0) ops::join_side(h.device());  // the ring store (attend_decode)
+  if (Ns > 0) ops::join_side(h.device());  // the ring store (attend_step)
 }
 
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's

@@ -11,7 +11,7 @@
 #include "core/env.h"
 #include "model/v4_batch.h"
 #include "ops/branch.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/elementwise.h"
 #include "ops/kv_row.h"
 #include "ops/linear.h"
@@ -26,10 +26,10 @@ constexpr int kGlobalWords = 5, kWordsPerLayer = 4;
 int64_t address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
 
 // Slot rows of layer l (compressed rows, or indexer keys) in pages of `layout`'s geometry.
-ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::StateLayout& layout, int l, bool keys) {
+ops::StepPagedRows paged_rows(const Model::DecodeTables& t, const cache::StateLayout& layout, int l, bool keys) {
   const cache::StateLayout::LayerPlaces& pl = layout.places(l);
   const cache::LayerSpec& spec = layout.spec(l);
-  ops::DecodePagedRows r;
+  ops::StepPagedRows r;
   r.pools = t.pools;
   r.tables = t.row_tables;
   r.page_bytes = layout.page_bytes();
@@ -39,7 +39,7 @@ ops::DecodePagedRows paged_rows(const Model::DecodeTables& t, const cache::State
   return r;
 }
 
-// Whether emit_entries runs the emit chain as one op (decode_compress_emit, where the backend has it for the
+// Whether emit_entries runs the emit chain as one op (step_compress_emit, where the backend has it for the
 // width) rather than five; on unless
 // the environment says TERN_FUSED_COMPRESS=0 (for A/B: both give the same bits). Read once.
 bool fused_compress_emit() {
@@ -218,7 +218,7 @@ Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layou
 
 // compress() for every slot: the entry a slot's token closes is normed, RoPE'd at its position and stored
 // by the device (which decides whether the token closes a window).
-void Model::compress_decode(int l, const Batch& b, const TensorView& h, bool indexer) {
+void Model::compress_step(int l, const Batch& b, const TensorView& h, bool indexer) {
   const CompressorInputs in = compressor_inputs(l, h, indexer);
   if (b.record != nullptr) {  // kept for rollback_step: the projections and what they view
     StepRecord::Compressor& r = indexer ? b.record->layers[static_cast<size_t>(l)].indexer
@@ -238,20 +238,20 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   const int ratio = c.compress_ratio(l);
   const int64_t N = kv.dim(0), width = cw.width;  // the tables' slots
   const float eps = static_cast<float>(c.rms_norm_eps);
-  ops::DecodeCompressorArgs update;
+  ops::StepCompressorArgs update;
   update.accs = indexer ? t.indexer_acc : t.compressor_acc;
   update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = b.decode->positions;
   if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
   update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
-  const ops::DecodePagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
-  if (fused_compress_emit() && ops::decode_compress_emit_supported(kv.device(), width)) {
-    ops::decode_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
+  const ops::StepPagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
+  if (fused_compress_emit() && ops::step_compress_emit_supported(kv.device(), width)) {
+    ops::step_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
     return;
   }
   Tensor emitted = tensor(DType::f32, {N, width});
-  ops::DecodeCompressorArgs unfused = update;
+  ops::StepCompressorArgs unfused = update;
   unfused.emitted = emitted;
-  ops::decode_compressor(unfused);
+  ops::step_compressor(unfused);
   ops::rms_norm(emitted, cw.norm, eps, emitted);
   ops::rope(emitted, t.entry_positions, inv_freq_compress_);
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
@@ -319,7 +319,7 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
 }
 
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.
-Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
+Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
   const ModelConfig& c = w_.config;
   const IndexerWeights& x = *layer(l).attn.indexer;
   const int64_t N = h.dim(0), Hi = c.index_n_heads, di = c.index_head_dim;  // the tables' slots
@@ -328,7 +328,7 @@ Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const T
   ops::rope(qi, b.decode->positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
   ops::linear(h, x.weights_proj, weights);
-  ops::DecodeIndexerArgs args;
+  ops::StepIndexerArgs args;
   args.q = qi;
   args.weights = weights;
   args.keys = paged_rows(*b.decode, *b.layout, l, /*keys=*/true);
@@ -336,17 +336,17 @@ Tensor Model::indexer_decode(int l, const Batch& b, const TensorView& h, const T
   args.ratio = c.compress_ratio(l);
   args.max_keys = b.max_tokens / args.ratio;
   Tensor selected = tensor(DType::i32, {N, c.index_topk});
-  ops::decode_indexer_topk(args, c.index_topk, selected);
+  ops::step_indexer_topk(args, c.index_topk, selected);
   return selected;
 }
 
 // attend() for every slot, then each slot's row enters its ring.
-void Model::attend_decode(int l, const Batch& b, const TensorView& q, const TensorView& kv_rows,
-                          const Tensor& selected, const TensorView& heads) {
+void Model::attend_step(int l, const Batch& b, const TensorView& q, const TensorView& kv_rows,
+                        const Tensor& selected, const TensorView& heads) {
   const ModelConfig& c = w_.config;
   const DecodeTables::Layer& t = b.decode->layers[l];
   const TensorView positions = b.decode->positions;
-  ops::DecodeAttentionArgs args;
+  ops::StepAttentionArgs args;
   args.q = q;
   args.positions = positions;
   if (b.max_queries > 1) args.firsts = b.decode->firsts;
@@ -367,12 +367,12 @@ void Model::attend_decode(int l, const Batch& b, const TensorView& q, const Tens
   // kv_rows, never the slot p % window the store writes, and no two slots share a ring. Several: a later token's
   // ring slot holds a row an earlier token of the sequence reads, so the rows enter after the attention.
   if (b.max_queries > 1) {
-    ops::decode_attention(args, heads);
+    ops::step_attention(args, heads);
     ops::store_ring_rows(kv_rows, t.ring, positions, b.decode->firsts, c.sliding_window);
     return;
   }
   ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, positions, {}, c.sliding_window); });
-  ops::decode_attention(args, heads);
+  ops::step_attention(args, heads);
 }
 
 }  // namespace tern::model

@@ -170,7 +170,7 @@ class Model {
   // The tables, i64 [decode_words(slots)] on the device: array k of `slots` words at k * slots; 0 token
   // ids, 1 positions, 2 the state's page pool and 3 its row block table on the device (addresses: every
   // layer's compressed rows and indexer keys are rows of those pages), 4 the slot of the first token of the slot's
-  // sequence (ops/decode.h "firsts"), then per layer l at 5 + 4 l: ring, compressor accumulators, indexer
+  // sequence (ops/step.h "firsts"), then per layer l at 5 + 4 l: ring, compressor accumulators, indexer
   // accumulators (addresses; 0 where the layer has none), and the position of the compressed entry the token
   // would close ((p / ratio) * ratio).
   static constexpr int64_t kMaxStepQueries = 4;
@@ -262,7 +262,7 @@ class Model {
   void apply_activations();
   Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
                       bool logits_on_device, StepRecord* record);
-  // compress_decode's second half: the entries of the step's tokens from their kv / gate rows (rollback_step refolds
+  // compress_step's second half: the entries of the step's tokens from their kv / gate rows (rollback_step refolds
   // recorded rows through it).
   void emit_entries(int layer, const Batch& b, const TensorView& kv, const TensorView& gate, bool indexer);
   Tensor run_layers(const Batch& b);
@@ -313,10 +313,10 @@ class Model {
   void indexer_select(int layer, const Batch& b, const TensorView& h, const TensorView& cq,
                       std::vector<Tensor>& selected);
   // The same for the rows on the step tables (h, cq, q, kv_rows, heads: rows 0 .. table_tokens - 1 of the step).
-  void compress_decode(int layer, const Batch& b, const TensorView& h, bool indexer);
-  Tensor indexer_decode(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
-  void attend_decode(int layer, const Batch& b, const TensorView& q, const TensorView& kv_rows,
-                     const Tensor& selected, const TensorView& heads);
+  void compress_step(int layer, const Batch& b, const TensorView& h, bool indexer);
+  Tensor indexer_step(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
+  void attend_step(int layer, const Batch& b, const TensorView& q, const TensorView& kv_rows,
+                   const Tensor& selected, const TensorView& heads);
   void check_state(const cache::SequenceState& state) const;
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,

@@ -41,23 +41,23 @@ void Backend::no_kernel(std::string_view op, std::string_view what) const {
   fail("no ", name(), " kernel for op ", op, " (", what, ")");
 }
 
-void Backend::decode_attention(const DecodeAttentionArgs&, const TensorView&) {
-  no_kernel("decode_attention", "batched decode steps");
+void Backend::step_attention(const StepAttentionArgs&, const TensorView&) {
+  no_kernel("step_attention", "batched steps");
 }
-void Backend::decode_compressor(const DecodeCompressorArgs&) {
-  no_kernel("decode_compressor", "batched decode steps");
+void Backend::step_compressor(const StepCompressorArgs&) {
+  no_kernel("step_compressor", "batched steps");
 }
-void Backend::decode_compress_emit(const DecodeCompressEmitArgs&) {
-  no_kernel("decode_compress_emit", "batched decode steps");
+void Backend::step_compress_emit(const StepCompressEmitArgs&) {
+  no_kernel("step_compress_emit", "batched steps");
 }
-void Backend::decode_indexer_topk(const DecodeIndexerArgs&, int, const TensorView&) {
-  no_kernel("decode_indexer_topk", "batched decode steps");
+void Backend::step_indexer_topk(const StepIndexerArgs&, int, const TensorView&) {
+  no_kernel("step_indexer_topk", "batched steps");
 }
 void Backend::store_ring_rows(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int64_t) {
-  no_kernel("store_ring_rows", "batched decode steps");
+  no_kernel("store_ring_rows", "batched steps");
 }
-void Backend::store_paged_rows(const TensorView&, const DecodePagedRows&, const TensorView&, int) {
-  no_kernel("store_paged_rows", "batched decode steps");
+void Backend::store_paged_rows(const TensorView&, const StepPagedRows&, const TensorView&, int) {
+  no_kernel("store_paged_rows", "batched steps");
 }
 
 void Backend::sample_rows(const TensorView& logits, std::span<const SampleRowSpec>, std::span<SampledRow>) {

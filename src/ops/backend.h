@@ -15,7 +15,7 @@
 #include "core/tensor.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/elementwise.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
@@ -75,15 +75,15 @@ class Backend {
   virtual void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                           float routed_scale, const TensorView& indices, const TensorView& weights);
   virtual void moe_experts(const MoeExpertsArgs& a);
-  // decode.h (batched decode steps)
-  virtual void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
-  virtual void decode_compressor(const DecodeCompressorArgs& a);
-  virtual void decode_compress_emit(const DecodeCompressEmitArgs& a);
-  virtual bool decode_compress_emit_supported(int64_t width) const { return width > 0; }
-  virtual void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
+  // step.h (batched steps)
+  virtual void step_attention(const StepAttentionArgs& a, const TensorView& out);
+  virtual void step_compressor(const StepCompressorArgs& a);
+  virtual void step_compress_emit(const StepCompressEmitArgs& a);
+  virtual bool step_compress_emit_supported(int64_t width) const { return width > 0; }
+  virtual void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices);
   virtual void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                                const TensorView& firsts, int64_t window);
-  virtual void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions,
+  virtual void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions,
                                 int ratio);
   // sampling.h (specs checked and counted by ops::sample_rows; results on the host on return)
   virtual void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs,

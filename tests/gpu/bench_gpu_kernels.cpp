@@ -29,7 +29,7 @@
 #include "core/dtype.h"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/indexer.h"
 #include "ops/linear.h"
 #include "ops/mhc.h"
@@ -314,7 +314,7 @@ void bench_attention(Rand& r, bool quick) {
   }
 }
 
-// Decode steps as the model runs them (decode_attention: one launch for every slot), each slot its own
+// Decode steps as the model runs them (step_attention: one launch for every slot), each slot its own
 // sequence (its ring, its new row, its compressed rows in its own shuffled pages of 64 rows, its own picks) at
 // context 1024 (the decode profile's: CSA 128 + 512 rows of which 256 picks are real and 256 are -1, HCA 128 +
 // 8) and 8192 (CSA 128 + 512, HCA 128 + 64), at batch 1 .. 128, on each decode kernel (TERN_ATTENTION_DECODE:
@@ -364,7 +364,7 @@ void bench_decode_attention_at(Rand& r, bool quick, int64_t ctx) {
       auto dpos = upload(pos), drat = upload(ring_at), dpat = upload(pool_at), dtat = upload(table_at);
       auto dsel = upload(sel), q = upload(random_f32({B, H, hd}, r)), sinks = upload(random_f32({H}, r));
       cuda::DeviceTensor out(DType::f32, {B, H, hd});
-      ops::DecodeAttentionArgs a;
+      ops::StepAttentionArgs a;
       a.q = q;
       a.positions = dpos;
       a.format = f;
@@ -384,9 +384,9 @@ void bench_decode_attention_at(Rand& r, bool quick, int64_t ctx) {
       for (const cuda::AttentionDecode d : {cuda::AttentionDecode::cluster, cuda::AttentionDecode::heads16,
                                             cuda::AttentionDecode::heads32, cuda::AttentionDecode::heads}) {
         cuda::set_attention_decode(d);
-        measure(cat("decode_attention ", kind.name, " ", cuda::attention_decode_name(d)), shape,
+        measure(cat("step_attention ", kind.name, " ", cuda::attention_decode_name(d)), shape,
                 static_cast<double>(B * (keys * rb + 2 * H * hd * 4)), 1,
-                [&](int) { ops::decode_attention(a, out); });
+                [&](int) { ops::step_attention(a, out); });
       }
       cuda::set_attention_decode(saved);
     }

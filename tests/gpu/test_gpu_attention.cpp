@@ -1,6 +1,6 @@
 // GPU vs CPU: sparse attention at the real V4-Flash decode shapes (64 heads, 512-d K=V rows of 448 FP8 +
 // 64 bf16 dims, window 128): CSA (128 window + 512 picked compressed rows) and HCA (128 + up to 64
-// compressed rows) through the batched decode op at batch 1, 16, 64 and 128. Every slot has its own
+// compressed rows) through step_attention at batch 1, 16, 64 and 128. Every slot has its own
 // position, ring, compressed pages and picks; each is checked against the CPU's eager op over the same rows.
 // Batch invariance: a slot alone gives the same bits as inside a batch of 64 (with inert padding slots)
 // and as the eager op on the same query. The CPU backend's batched op (host address tables) runs the same
@@ -21,7 +21,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/kv_row.h"
 
 namespace tern::gputest {
@@ -116,16 +116,16 @@ class Attention {
   // One decode launch over `which` (slot indices; -1 an inert padding slot), its device inputs uploaded and
   // its output poisoned: prepare() allocates (so it stays outside a graph capture), launch() only launches.
   struct Launch {
-    ops::DecodeAttentionArgs args;
+    ops::StepAttentionArgs args;
     std::vector<cuda::DeviceTensor> inputs;
     cuda::DeviceTensor out;
-    void run() const { ops::decode_attention(args, out); }
+    void run() const { ops::step_attention(args, out); }
   };
   Launch prepare(const std::vector<int64_t>& which) const {
     const Batch t = batch(which, /*host=*/false);
     Launch l;
     for (const Tensor* x : {&t.q, &t.rows, &t.pos, &t.rings, &t.pools, &t.tables, &t.sel}) l.inputs.push_back(upload(*x));
-    ops::DecodeAttentionArgs& a = l.args;
+    ops::StepAttentionArgs& a = l.args;
     a = args(t, slots_[0].comp.device);
     a.q = l.inputs[0];
     a.rows = l.inputs[1];
@@ -150,10 +150,10 @@ class Attention {
   // The same batch through the CPU backend's batched op (host address tables).
   Tensor decode_cpu(const std::vector<int64_t>& which) const {
     const Batch t = batch(which, /*host=*/true);
-    ops::DecodeAttentionArgs a = args(t, slots_[0].comp.host);
+    ops::StepAttentionArgs a = args(t, slots_[0].comp.host);
     a.sinks = sinks_;
     Tensor out(DType::f32, {t.size, kH, kHd});
-    ops::decode_attention(a, out);
+    ops::step_attention(a, out);
     return out;
   }
 
@@ -200,8 +200,8 @@ class Attention {
     return t;
   }
   // Arguments over the host arrays of `t` (the caller swaps in device copies for the GPU).
-  ops::DecodeAttentionArgs args(const Batch& t, const PagedRows& geo) const {
-    ops::DecodeAttentionArgs a;
+  ops::StepAttentionArgs args(const Batch& t, const PagedRows& geo) const {
+    ops::StepAttentionArgs a;
     a.q = t.q;
     a.rows = t.rows;
     a.positions = t.pos;
@@ -277,12 +277,12 @@ TEST(GpuAttention, DecodeV4Shapes) {
       Tensor ref(DType::f32, {B, kH, kHd});
       for (int64_t b = 0; b < B; ++b)
         std::memcpy(ref.data<float>() + b * kH * kHd, refs[b].data<float>(), kH * kHd * sizeof(float));
-      expect_close(out, ref, tol, cat("decode_attention ", c.name, " batch ", B));
+      expect_close(out, ref, tol, cat("step_attention ", c.name, " batch ", B));
       // The CPU backend's batched op (the reference of this launch) gives the eager op's bits per slot.
       const Tensor cpu = att.decode_cpu(which);
       EXPECT_EQ(std::memcmp(cpu.data<float>(), ref.data<float>(), ref.nbytes()), 0)
-          << "cpu decode_attention " << c.name << " batch " << B << " differs from the eager op";
-      expect_close(out, cpu, tol, cat("decode_attention vs cpu decode_attention ", c.name, " batch ", B));
+          << "cpu step_attention " << c.name << " batch " << B << " differs from the eager op";
+      expect_close(out, cpu, tol, cat("step_attention vs cpu step_attention ", c.name, " batch ", B));
     }
   }
   cuda::register_backend().check_device_errors();
@@ -338,7 +338,7 @@ TEST(GpuAttention, DecodeSequencesOfSeveralQueries) {
     auto dq = upload(q), drows = upload(rows), dsel = upload(sel), dsinks = upload(sinks), dpos = upload(i64(pos)),
          dfirsts = upload(i64(firsts)), drings = upload(i64(ring_addr)), dpools = upload(i64(pool_addr)),
          dtables = upload(i64(table_addr));
-    ops::DecodeAttentionArgs a;
+    ops::StepAttentionArgs a;
     a.q = dq;
     a.positions = dpos;
     a.firsts = dfirsts;
@@ -354,8 +354,8 @@ TEST(GpuAttention, DecodeSequencesOfSeveralQueries) {
     a.sinks = dsinks;
     a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
     auto out = poisoned(DType::f32, {S, kH, kHd});
-    ops::decode_attention(a, out);
-    expect_close(out, ref, tol, cat("decode_attention with firsts ", c.name));
+    ops::step_attention(a, out);
+    expect_close(out, ref, tol, cat("step_attention with firsts ", c.name));
   }
   cuda::register_backend().check_device_errors();
 }
@@ -462,7 +462,7 @@ TEST(GpuAttention, HeadsKernelSameBits) {
         const int64_t differ = words_differing(mine, old);
         EXPECT_EQ(differ, 0) << c.name << " batch " << B << ", " << v.name << ": " << differ << " of "
                              << mine.numel() << " words differ from attention_mma_kernel's";
-        expect_close(out, ref, kTolBf16, cat("decode_attention ", v.name, " ", c.name, " batch ", B));
+        expect_close(out, ref, kTolBf16, cat("step_attention ", v.name, " ", c.name, " batch ", B));
       }
     }
   }

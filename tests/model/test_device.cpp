@@ -206,17 +206,17 @@ class Bf16XBackend final : public ops::Backend {
     c.route_hash(l, t, ids, s, i, w);
   }
   // The step ops (forward() runs decode steps and short chunks on the step tables).
-  void decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& o) override { c.decode_attention(a, o); }
-  void decode_compressor(const ops::DecodeCompressorArgs& a) override { c.decode_compressor(a); }
-  void decode_compress_emit(const ops::DecodeCompressEmitArgs& a) override { c.decode_compress_emit(a); }
-  void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int k, const TensorView& i) override {
-    c.decode_indexer_topk(a, k, i);
+  void step_attention(const ops::StepAttentionArgs& a, const TensorView& o) override { c.step_attention(a, o); }
+  void step_compressor(const ops::StepCompressorArgs& a) override { c.step_compressor(a); }
+  void step_compress_emit(const ops::StepCompressEmitArgs& a) override { c.step_compress_emit(a); }
+  void step_indexer_topk(const ops::StepIndexerArgs& a, int k, const TensorView& i) override {
+    c.step_indexer_topk(a, k, i);
   }
   void store_ring_rows(const TensorView& r, const TensorView& t, const TensorView& p, const TensorView& f,
                        int64_t w) override {
     c.store_ring_rows(r, t, p, f, w);
   }
-  void store_paged_rows(const TensorView& r, const ops::DecodePagedRows& d, const TensorView& p, int ratio) override {
+  void store_paged_rows(const TensorView& r, const ops::StepPagedRows& d, const TensorView& p, int ratio) override {
     c.store_paged_rows(r, d, p, ratio);
   }
 

@@ -22,7 +22,7 @@ std::vector<std::string> CpuBackend::kernel_paths() const {
                          "hc_pre / hc_post / hc_head", "kv_pack / kv_unpack", "compressor_update",
                          "indexer_scores / indexer_topk", "sparse_attention", "route_scored / route_hash",
                          "moe_experts (mxfp4 / nvfp4 / fp8 / bf16)",
-                         "decode_attention / decode_compressor / decode_indexer_topk / store_ring_rows / "
+                         "step_attention / step_compressor / step_indexer_topk / store_ring_rows / "
                          "store_paged_rows (per slot: the eager op)"})
     out.push_back(cat(op, ": cpu reference (fp32 accumulation, threaded loops, ", thread_count(), " threads)"));
   return out;

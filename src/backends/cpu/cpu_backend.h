@@ -42,14 +42,14 @@ class CpuBackend final : public ops::Backend {
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
   void synth_fill(const ops::SynthFillArgs& a) override;  // synth.cpp
-  // decode.cpp: the batched decode steps, each active slot through the eager op above
-  void decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) override;
-  void decode_compressor(const ops::DecodeCompressorArgs& a) override;
-  void decode_compress_emit(const ops::DecodeCompressEmitArgs& a) override;
-  void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) override;
+  // step.cpp: the batched steps, each active slot through the eager op above
+  void step_attention(const ops::StepAttentionArgs& a, const TensorView& out) override;
+  void step_compressor(const ops::StepCompressorArgs& a) override;
+  void step_compress_emit(const ops::StepCompressEmitArgs& a) override;
+  void step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) override;
   void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                        const TensorView& firsts, int64_t window) override;
-  void store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest, const TensorView& positions,
+  void store_paged_rows(const TensorView& rows, const ops::StepPagedRows& dest, const TensorView& positions,
                         int ratio) override;
 
  private:

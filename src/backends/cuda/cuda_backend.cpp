@@ -332,7 +332,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "plan read back, experts expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), "
       "SwiGLU, combine",
       "route_scored / route_hash: route kernels, CUDA cores, f32",
-      "sparse_attention / decode_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
+      "sparse_attention / step_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
       "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "
       "TERN_ATTENTION_PREFILL=0: attention_prefill_wgmma_kernel (version 3: Hopper wgmma, the FP8 row decode "
@@ -351,7 +351,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "the same bits (rows wider than 1024: rms_norm_row / block then rope_kernel)",
       "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
-      "decode_compress_emit: compressor_emit_kernel, a compressor's accumulator update, rms_norm, RoPE, row "
+      "step_compress_emit: compressor_emit_kernel, a compressor's accumulator update, rms_norm, RoPE, row "
       "packing and paged store in one launch (the five kernels' device code, same bits; TERN_FUSED_COMPRESS=0, "
       "or entries of another width than 128 / 256 / 512, runs them in turn); replayed as "
       "CUDA graphs per batch bucket (docs/cuda-backend.md, \"CUDA graphs\")",
@@ -377,10 +377,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                             "f32 accumulation, the K slices of a row tile summed through a thread-block cluster; "
                             "f32-scaled weights and shapes it does not take stay on the CUDA-core kernels");
   if (attention_decode() == AttentionDecode::cluster)
-    paths.push_back("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=cluster): "
+    paths.push_back("sparse_attention / step_attention decode kernel (TERN_ATTENTION_DECODE=cluster): "
                     "attention_mma_kernel, all heads a block");
   else
-    paths.push_back(cat("sparse_attention / decode_attention decode kernel (TERN_ATTENTION_DECODE=",
+    paths.push_back(cat("sparse_attention / step_attention decode kernel (TERN_ATTENTION_DECODE=",
                         attention_decode_name(attention_decode()), "): attention_heads_kernel, ",
                         attention_decode() == AttentionDecode::heads16   ? "16 heads a block"
                         : attention_decode() == AttentionDecode::heads32 ? "32 heads a block"

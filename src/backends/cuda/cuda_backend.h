@@ -56,15 +56,15 @@ class CudaBackend final : public ops::Backend {
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
-  // Batched decode steps (backend_decode.cpp)
-  void decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) override;
-  void decode_compressor(const ops::DecodeCompressorArgs& a) override;
-  void decode_compress_emit(const ops::DecodeCompressEmitArgs& a) override;
-  bool decode_compress_emit_supported(int64_t width) const override;
-  void decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) override;
+  // Batched steps (backend_step.cpp)
+  void step_attention(const ops::StepAttentionArgs& a, const TensorView& out) override;
+  void step_compressor(const ops::StepCompressorArgs& a) override;
+  void step_compress_emit(const ops::StepCompressEmitArgs& a) override;
+  bool step_compress_emit_supported(int64_t width) const override;
+  void step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) override;
   void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                        const TensorView& firsts, int64_t window) override;
-  void store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest, const TensorView& positions,
+  void store_paged_rows(const TensorView& rows, const ops::StepPagedRows& dest, const TensorView& positions,
                         int ratio) override;
   void sample_rows(const TensorView& logits, std::span<const ops::SampleRowSpec> specs,
                    std::span<ops::SampledRow> out) override;

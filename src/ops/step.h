@@ -6,7 +6,7 @@
 // A slot at position -1 is inert padding (its own sequence): it reads no state, writes none, raises no error.
 //
 // Address tables are i64 [slots] tensors holding device addresses (0 for inert slots): each slot's ring or
-// accumulators. Compressed rows and indexer keys are paged (DecodePagedRows): per slot the address of its
+// accumulators. Compressed rows and indexer keys are paged (StepPagedRows): per slot the address of its
 // sequence's pool and row block table, and one page geometry for all slots.
 // Each op computes per sequence exactly what its eager counterpart computes for the chunk of that sequence's
 // tokens (same kernels, same reduction orders), so a step gives the eager forward's bits.
@@ -22,7 +22,7 @@ namespace tern::ops {
 // Each slot's paged rows (compressed rows or indexer keys; core/paged_rows.h): row r of slot i is at
 // offset_in_page + (r % rows_per_page) * row_bytes of page tables[i][r / rows_per_page] of the pool at
 // pools[i] (pages of page_bytes).
-struct DecodePagedRows {
+struct StepPagedRows {
   TensorView pools, tables;  // i64 [slots]: addresses (u8 pool, i32 row block table on the device)
   int64_t page_bytes = 0, offset_in_page = 0, rows_per_page = 0, row_bytes = 0;
 };
@@ -30,13 +30,13 @@ struct DecodePagedRows {
 // Slot i's query at positions[i] sees the window positions >= its sequence's first position
 // (positions[firsts[i]]) in this step's rows (row firsts[i] + position - first position), the older ones in its
 // ring; so the step's rows enter the rings after the attention (store_ring_rows).
-struct DecodeAttentionArgs {
+struct StepAttentionArgs {
   TensorView q;          // f32 [slots, heads, head_dim]
   TensorView positions;  // i64 [slots]
   KvRowFormat format;
   TensorView rows;        // u8 [slots, row_bytes]: the step's new rows (not yet in the rings)
   TensorView rings;       // i64 [slots]: ring addresses (u8 [window, row_bytes] each)
-  DecodePagedRows compressed;  // each slot's compressed rows (ratio > 0)
+  StepPagedRows compressed;  // each slot's compressed rows (ratio > 0)
   int64_t window = 0;
   int ratio = 0;
   int64_t max_compressed = 0;  // bound on any slot's compressed rows (sizes the launch)
@@ -45,11 +45,11 @@ struct DecodeAttentionArgs {
   float scale = 1.0f;
   TensorView firsts;  // i64 [slots] or empty (one token a sequence)
 };
-void decode_attention(const DecodeAttentionArgs& a, const TensorView& out);
+void step_attention(const StepAttentionArgs& a, const TensorView& out);
 
 // A sequence's tokens fold into its accumulators in slot order (one chunk); the entry a token closes goes to that
 // token's slot.
-struct DecodeCompressorArgs {
+struct StepCompressorArgs {
   TensorView accs;       // i64 [slots]: accumulator addresses (f32 [overlap ? 2 : 1, 3, width] each)
   TensorView kv, gate;   // f32 [slots, channels], rows equally spaced (as CompressorArgs' kv and gate)
   TensorView ape;        // f32 [ratio, channels]
@@ -61,36 +61,36 @@ struct DecodeCompressorArgs {
   TensorView firsts;   // i64 [slots] or empty (one token a sequence)
   int64_t max_queries = 1;  // bound on any sequence's tokens in the step (the CUDA kernel's windows per chunk)
 };
-void decode_compressor(const DecodeCompressorArgs& a);
+void step_compressor(const StepCompressorArgs& a);
 
-// A compressor's whole emit chain in one op: decode_compressor, then for each slot whose token closes a window
+// A compressor's whole emit chain in one op: step_compressor, then for each slot whose token closes a window
 // the entry RMS-normed (norm, eps), RoPE'd at its position (position / ratio) * ratio (inv_freq), packed to
-// `format` and stored into the slot's paged rows as entry position / ratio -- the bits of decode_compressor,
+// `format` and stored into the slot's paged rows as entry position / ratio -- the bits of step_compressor,
 // rms_norm, rope, kv_pack and store_paged_rows in turn (one launch on the GPU instead of five). Slots whose
 // token closes no window only update their accumulators; inert slots touch nothing.
-struct DecodeCompressEmitArgs {
-  DecodeCompressorArgs compressor;  // its `emitted` is not used (leave it empty)
+struct StepCompressEmitArgs {
+  StepCompressorArgs compressor;  // its `emitted` is not used (leave it empty)
   TensorView norm;                  // bf16 | f32 [width]
   float eps = 0.0f;
   TensorView inv_freq;  // f32 [format.rope_dim / 2]
   KvRowFormat format;   // head_dim == width
-  DecodePagedRows dest;
+  StepPagedRows dest;
 };
-void decode_compress_emit(const DecodeCompressEmitArgs& a);
+void step_compress_emit(const StepCompressEmitArgs& a);
 // Whether `device`'s backend has the one-op chain for entries of `width` dims (the CUDA kernel: 128, 256, 512);
 // otherwise the caller runs the five ops it stands for (the same bits).
-bool decode_compress_emit_supported(Device device, int64_t width);
+bool step_compress_emit_supported(Device device, int64_t width);
 
-struct DecodeIndexerArgs {
+struct StepIndexerArgs {
   TensorView q;          // f32 [slots, index_heads, dim]
   TensorView weights;    // f32 [slots, index_heads]
-  DecodePagedRows keys;  // each slot's indexer keys (rows of dim f32)
+  StepPagedRows keys;  // each slot's indexer keys (rows of dim f32)
   TensorView positions;  // i64 [slots]
   int ratio = 4;
   int64_t max_keys = 0;  // bound on any slot's keys (sizes the launch)
 };
 // indices i32 [slots, topk]: as indexer_topk for each slot's one query (-1 padded).
-void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices);
+void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices);
 
 // Stores row i of `rows` (u8 [slots, row_bytes]) into slot i's window ring (at rings[i], ring slot
 // position % window), unless a later token of its sequence takes that ring slot in the same step (slot i + window
@@ -98,6 +98,6 @@ void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView&
 void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
                      const TensorView& firsts, int64_t window);
 // Stores row i of `rows` into slot i's paged rows as entry position / ratio, when the token closes a window.
-void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio);
+void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions, int ratio);
 
 }  // namespace tern::ops

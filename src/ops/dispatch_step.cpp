@@ -1,7 +1,7 @@
-// Entry points of the batched decode-step ops (ops/decode.h): check arguments, then call the backend.
+// Entry points of the batched step ops (ops/step.h): check arguments, then call the backend.
 #include "ops/backend.h"
 #include "ops/check.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 
 namespace tern::ops {
 
@@ -19,7 +19,7 @@ void expect_table(std::string_view op, std::string_view arg, const TensorView& t
 void expect_firsts(std::string_view op, const TensorView& firsts, int64_t slots) {
   if (!firsts.empty()) expect_table(op, "firsts", firsts, slots);
 }
-void expect_paged_tables(std::string_view op, std::string_view arg, const DecodePagedRows& r, int64_t slots) {
+void expect_paged_tables(std::string_view op, std::string_view arg, const StepPagedRows& r, int64_t slots) {
   expect_table(op, arg, r.pools, slots);
   expect_table(op, arg, r.tables, slots);
   TERN_CHECK(r.page_bytes > 0 && r.rows_per_page > 0 && r.row_bytes > 0 && r.offset_in_page >= 0 &&
@@ -29,31 +29,31 @@ void expect_paged_tables(std::string_view op, std::string_view arg, const Decode
 }
 }  // namespace
 
-void decode_attention(const DecodeAttentionArgs& a, const TensorView& out) {
+void step_attention(const StepAttentionArgs& a, const TensorView& out) {
   const int64_t S = a.q.dim(0);
-  expect_table("decode_attention", "positions", a.positions, S);
-  expect_table("decode_attention", "rings", a.rings, S);
-  expect_firsts("decode_attention", a.firsts, S);
+  expect_table("step_attention", "positions", a.positions, S);
+  expect_table("step_attention", "rings", a.rings, S);
+  expect_firsts("step_attention", a.firsts, S);
   if (a.ratio > 0) {
-    expect_paged_tables("decode_attention", "compressed", a.compressed, S);
-    TERN_CHECK(a.compressed.row_bytes == a.format.row_bytes(), "decode_attention: compressed rows of ",
+    expect_paged_tables("step_attention", "compressed", a.compressed, S);
+    TERN_CHECK(a.compressed.row_bytes == a.format.row_bytes(), "step_attention: compressed rows of ",
                a.compressed.row_bytes, " bytes, KV rows of ", a.format.row_bytes());
   }
-  expect_shape("decode_attention", "rows", a.rows, {S, a.format.row_bytes()});
-  TERN_CHECK(a.q.rank() == 3 && out.shape() == a.q.shape(), "decode_attention: out ", out.shape().str(),
+  expect_shape("step_attention", "rows", a.rows, {S, a.format.row_bytes()});
+  TERN_CHECK(a.q.rank() == 3 && out.shape() == a.q.shape(), "step_attention: out ", out.shape().str(),
              " must match q ", a.q.shape().str());
-  TERN_CHECK(a.window > 0, "decode_attention: window must be > 0");
+  TERN_CHECK(a.window > 0, "step_attention: window must be > 0");
   if (!a.selected.empty()) {
-    TERN_CHECK(a.selected.rank() == 2 && a.selected.dim(0) == S, "decode_attention: selected ",
+    TERN_CHECK(a.selected.rank() == 2 && a.selected.dim(0) == S, "step_attention: selected ",
                a.selected.shape().str(), " must be [", S, ", k]");
-    expect_dtype("decode_attention", "selected", a.selected, {DType::i32});
+    expect_dtype("step_attention", "selected", a.selected, {DType::i32});
   }
-  backend_for(common_device("decode_attention", {&a.q, &a.positions, &a.rows, &out})).decode_attention(a, out);
+  backend_for(common_device("step_attention", {&a.q, &a.positions, &a.rows, &out})).step_attention(a, out);
 }
 
 namespace {
-// What decode_compressor and decode_compress_emit both take: the accumulator update's arguments.
-void expect_compressor_args(std::string_view op, const DecodeCompressorArgs& a) {
+// What step_compressor and step_compress_emit both take: the accumulator update's arguments.
+void expect_compressor_args(std::string_view op, const StepCompressorArgs& a) {
   const int64_t S = a.positions.dim(0), C = a.width * (a.overlap ? 2 : 1);
   expect_table(op, "positions", a.positions, S);
   expect_table(op, "accs", a.accs, S);
@@ -68,19 +68,19 @@ void expect_compressor_args(std::string_view op, const DecodeCompressorArgs& a) 
 }
 }  // namespace
 
-void decode_compressor(const DecodeCompressorArgs& a) {
-  expect_compressor_args("decode_compressor", a);
-  expect_shape("decode_compressor", "emitted", a.emitted, {a.positions.dim(0), a.width});
-  backend_for(common_device("decode_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).decode_compressor(a);
+void step_compressor(const StepCompressorArgs& a) {
+  expect_compressor_args("step_compressor", a);
+  expect_shape("step_compressor", "emitted", a.emitted, {a.positions.dim(0), a.width});
+  backend_for(common_device("step_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).step_compressor(a);
 }
 
-bool decode_compress_emit_supported(Device device, int64_t width) {
-  return backend_for(device).decode_compress_emit_supported(width);
+bool step_compress_emit_supported(Device device, int64_t width) {
+  return backend_for(device).step_compress_emit_supported(width);
 }
 
-void decode_compress_emit(const DecodeCompressEmitArgs& a) {
-  const char* op = "decode_compress_emit";
-  const DecodeCompressorArgs& c = a.compressor;
+void step_compress_emit(const StepCompressEmitArgs& a) {
+  const char* op = "step_compress_emit";
+  const StepCompressorArgs& c = a.compressor;
   expect_compressor_args(op, c);
   const int64_t S = c.positions.dim(0);
   TERN_CHECK(c.emitted.empty(), op, ": the compressor's emitted rows are not used (leave them empty)");
@@ -95,21 +95,21 @@ void decode_compress_emit(const DecodeCompressEmitArgs& a) {
              " bytes, the format's of ", a.format.row_bytes());
   backend_for(
       common_device(op, {&c.kv, &c.gate, &c.positions, &c.accs, &a.norm, &a.inv_freq, &a.dest.pools, &a.dest.tables}))
-      .decode_compress_emit(a);
+      .step_compress_emit(a);
 }
 
-void decode_indexer_topk(const DecodeIndexerArgs& a, int topk, const TensorView& indices) {
+void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices) {
   const int64_t S = a.q.dim(0);
-  expect_table("decode_indexer_topk", "positions", a.positions, S);
-  expect_paged_tables("decode_indexer_topk", "keys", a.keys, S);
-  TERN_CHECK(a.keys.row_bytes == a.q.dim(2) * 4, "decode_indexer_topk: keys of ", a.keys.row_bytes,
+  expect_table("step_indexer_topk", "positions", a.positions, S);
+  expect_paged_tables("step_indexer_topk", "keys", a.keys, S);
+  TERN_CHECK(a.keys.row_bytes == a.q.dim(2) * 4, "step_indexer_topk: keys of ", a.keys.row_bytes,
              " bytes for queries of ", a.q.dim(2), " f32");
-  expect_shape("decode_indexer_topk", "weights", a.weights, {S, a.q.dim(1)});
-  expect_shape("decode_indexer_topk", "indices", indices, {S, topk});
-  expect_dtype("decode_indexer_topk", "indices", indices, {DType::i32});
-  TERN_CHECK(a.ratio > 0 && topk > 0, "decode_indexer_topk: ratio and topk must be > 0");
-  backend_for(common_device("decode_indexer_topk", {&a.q, &a.weights, &a.positions, &indices}))
-      .decode_indexer_topk(a, topk, indices);
+  expect_shape("step_indexer_topk", "weights", a.weights, {S, a.q.dim(1)});
+  expect_shape("step_indexer_topk", "indices", indices, {S, topk});
+  expect_dtype("step_indexer_topk", "indices", indices, {DType::i32});
+  TERN_CHECK(a.ratio > 0 && topk > 0, "step_indexer_topk: ratio and topk must be > 0");
+  backend_for(common_device("step_indexer_topk", {&a.q, &a.weights, &a.positions, &indices}))
+      .step_indexer_topk(a, topk, indices);
 }
 
 void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
@@ -124,7 +124,7 @@ void store_ring_rows(const TensorView& rows, const TensorView& rings, const Tens
       .store_ring_rows(rows, rings, positions, firsts, window);
 }
 
-void store_paged_rows(const TensorView& rows, const DecodePagedRows& dest, const TensorView& positions, int ratio) {
+void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions, int ratio) {
   const int64_t S = rows.dim(0);
   expect_paged_tables("store_paged_rows", "dest", dest, S);
   expect_table("store_paged_rows", "positions", positions, S);

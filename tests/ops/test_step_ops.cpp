@@ -1,7 +1,7 @@
-// The batched decode-step ops (ops/decode.h) on the CPU backend: every active slot must give the bits of
+// The batched step ops (ops/step.h) on the CPU backend: every active slot must give the bits of
 // the eager op (sparse_attention, compressor_update, indexer_topk, the eager ring / paged-row stores) run
 // on that slot's own sequence as a one-token chunk at its position; inert slots (position -1) read and
-// write no state (their tables point at poison-filled buffers, or are 0); decode_compress_emit must give the
+// write no state (their tables point at poison-filled buffers, or are 0); step_compress_emit must give the
 // eager emit chain's bits (compressor_update, rms_norm, rope, kv_pack into the pages). Fixture-like shapes and the
 // V4-Flash shapes (head_dim 512, 64 heads, window 128, ratios 4 and 128, indexer 64 x 128, top-k 512).
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 
 #include "ops/attention.h"
 #include "ops/compressor.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
 #include "ops/norm.h"
@@ -94,7 +94,7 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
   for (int64_t i = 0; i < S; ++i)
     ring_before.push_back(clone(rings[i])), pool_before.push_back(clone(comp[i].pool));
 
-  ops::DecodeAttentionArgs a;
+  ops::StepAttentionArgs a;
   a.q = q;
   a.positions = pos;
   a.format = f;
@@ -112,7 +112,7 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor out(DType::f32, {S, H, hd});
   poison(out);
-  ops::decode_attention(a, out);
+  ops::step_attention(a, out);
 
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
@@ -144,27 +144,27 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
 
 const std::vector<int64_t> kSmallPositions = {0, 5, 7, -1, 30, 131, -1};
 
-TEST(DecodeAttention, SmallSwaMatchesEager) {
+TEST(StepAttention, SmallSwaMatchesEager) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({3, 128, 64, 8, 0, 0, 3}, fmt, kSmallPositions, 1);
 }
-TEST(DecodeAttention, SmallCsaSelectedMatchesEager) {
+TEST(StepAttention, SmallCsaSelectedMatchesEager) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({3, 128, 64, 8, 4, 5, 3}, fmt, kSmallPositions, 2);
 }
-TEST(DecodeAttention, SmallHcaAllRowsMatchesEager) {
+TEST(StepAttention, SmallHcaAllRowsMatchesEager) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({3, 128, 64, 8, 16, 0, 2}, fmt, {3, 15, 47, -1, 200, 16, -1}, 3);
 }
-TEST(DecodeAttention, V4FlashSwa) {
+TEST(StepAttention, V4FlashSwa) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({64, 512, 64, 128, 0, 0, 64}, fmt, {0, 127, 300, -1, 129, -1}, 4);
 }
-TEST(DecodeAttention, V4FlashCsaTopk512) {
+TEST(StepAttention, V4FlashCsaTopk512) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({64, 512, 64, 128, 4, 512, 64}, fmt, {2100, 4095, 1000, -1, 3, 2051, -1}, 5);
 }
-TEST(DecodeAttention, V4FlashHca) {
+TEST(StepAttention, V4FlashHca) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds})
     check_attention({64, 512, 64, 128, 128, 0, 64}, fmt, {127, 5000, 130, -1, 255, -1}, 6);
 }
@@ -203,7 +203,7 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
   Tensor emitted(DType::f32, {S, width});
   poison(emitted);
   const Tensor poisoned = clone(emitted);
-  ops::decode_compressor({acc_t, kv, gate, ape, pos, ratio, overlap, width, emitted});
+  ops::step_compressor({acc_t, kv, gate, ape, pos, ratio, overlap, width, emitted});
 
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
@@ -223,19 +223,19 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
   }
 }
 
-TEST(DecodeCompressor, SmallHcaMatchesEager) {
+TEST(StepCompressor, SmallHcaMatchesEager) {
   check_compressor(24, false, 4, {0, 3, 6, 7, -1, 41, 103, -1}, 11);
 }
-TEST(DecodeCompressor, SmallCsaOverlapMatchesEager) {
+TEST(StepCompressor, SmallCsaOverlapMatchesEager) {
   check_compressor(24, true, 4, {0, 3, 6, 7, -1, 41, 103, -1}, 12);
 }
-TEST(DecodeCompressor, V4FlashCsaRatio4) {
+TEST(StepCompressor, V4FlashCsaRatio4) {
   check_compressor(512, true, 4, {0, 3, 6, 1003, -1, 1100, -1}, 13);
 }
-TEST(DecodeCompressor, V4FlashHcaRatio128) {
+TEST(StepCompressor, V4FlashHcaRatio128) {
   check_compressor(512, false, 128, {5, 127, 255, -1, 300, -1}, 14);
 }
-TEST(DecodeCompressor, V4FlashIndexerRatio4) {
+TEST(StepCompressor, V4FlashIndexerRatio4) {
   check_compressor(128, true, 4, {1, 3, 1023, -1, 1026, -1}, 15);
 }
 
@@ -262,7 +262,7 @@ Tensor compressor_state(int64_t p, int64_t i, int ratio, bool overlap, int64_t w
   return acc;
 }
 
-// decode_compress_emit against the eager chain on each slot's own state: compressor_update of the one
+// step_compress_emit against the eager chain on each slot's own state: compressor_update of the one
 // token, then for an entry rms_norm, rope at (p / ratio) * ratio and kv_pack into row p / ratio of its pages.
 void check_compress_emit(int64_t width, bool overlap, int ratio, ops::KvFormat fmt,
                          const std::vector<int64_t>& positions, uint32_t seed) {
@@ -301,27 +301,27 @@ void check_compress_emit(int64_t width, bool overlap, int ratio, ops::KvFormat f
   }
   const Tensor pos = table(positions), acc_t = table(acc_addr), pool_t = table(pool_addr),
                table_t = table(table_addr);
-  ops::DecodeCompressEmitArgs a;
+  ops::StepCompressEmitArgs a;
   a.compressor = {acc_t, kv, gate, ape, pos, ratio, overlap, width, {}};
   a.norm = norm;
   a.eps = eps;
   a.inv_freq = inv_freq;
   a.format = f;
   a.dest = {pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, rb};
-  ops::decode_compress_emit(a);
+  ops::step_compress_emit(a);
   for (int64_t i = 0; i < S; ++i) {
     EXPECT_TRUE(same_bytes(accs[i], want_accs[i])) << "slot " << i << " at " << positions[i] << ": accumulator";
     EXPECT_TRUE(same_bytes(dest[i].pool, want_pools[i])) << "slot " << i << " at " << positions[i] << ": rows";
   }
 }
 
-TEST(DecodeCompressEmit, SmallMatchesEagerChain) {
+TEST(StepCompressEmit, SmallMatchesEagerChain) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds}) {
     check_compress_emit(128, true, 4, fmt, {0, 3, 6, 7, -1, 41, 103, -1}, 61);
     check_compress_emit(128, false, 16, fmt, {15, 16, 47, -1, 200, -1}, 62);
   }
 }
-TEST(DecodeCompressEmit, V4Flash) {
+TEST(StepCompressEmit, V4Flash) {
   for (auto fmt : {ops::KvFormat::f32, ops::KvFormat::fp8_ds}) {
     check_compress_emit(512, true, 4, fmt, {0, 3, 6, 1003, -1, 1100, -1}, 63);
     check_compress_emit(512, false, 128, fmt, {5, 127, 255, -1, 300, -1}, 64);
@@ -350,7 +350,7 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
   std::vector<Tensor> before;
   for (const auto& k : keys) before.push_back(clone(k.pool));
   const Tensor pos = table(positions), pool_t = table(pool_addr), table_t = table(table_addr);
-  ops::DecodeIndexerArgs a;
+  ops::StepIndexerArgs a;
   a.q = q;
   a.weights = w;
   a.keys = {pool_t, table_t, keys[0].view.page_bytes(), keys[0].view.offset_in_page, rows_per_page, dim * 4};
@@ -359,7 +359,7 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
   a.max_keys = max_keys;
   Tensor idx(DType::i32, {S, topk});
   poison(idx);
-  ops::decode_indexer_topk(a, topk, idx);
+  ops::step_indexer_topk(a, topk, idx);
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
     EXPECT_TRUE(same_bytes(keys[i].pool, before[i])) << "slot " << i << ": keys written";
@@ -380,10 +380,10 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
   }
 }
 
-TEST(DecodeIndexerTopk, SmallMatchesEager) {
+TEST(StepIndexerTopk, SmallMatchesEager) {
   check_indexer(4, 32, 4, 4, 2, {0, 3, 10, 17, -1, 40, -1}, 21);
 }
-TEST(DecodeIndexerTopk, V4FlashTopk512) {
+TEST(StepIndexerTopk, V4FlashTopk512) {
   check_indexer(64, 128, 512, 4, 64, {2100, 4095, 1000, 2, -1, 3, 2047, -1}, 22);
 }
 
@@ -445,7 +445,7 @@ void check_store_paged(int ratio, int64_t row_bytes, int64_t rows_per_page,
     table_addr[i] = null_slot ? 0 : addr(dest[i].table);
   }
   const Tensor pool_t = table(pool_addr), table_t = table(table_addr);
-  const ops::DecodePagedRows d{
+  const ops::StepPagedRows d{
       pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, row_bytes};
   ops::store_paged_rows(rows, d, table(positions), ratio);
   for (int64_t i = 0; i < S; ++i)
@@ -465,13 +465,13 @@ TEST(StorePagedRows, V4Flash) {
 
 // --------------------------------------------------------------------------------------------- bad input
 
-TEST(DecodeOps, RejectBadInput) {
+TEST(StepOps, RejectBadInput) {
   test::Random rng(51);
   const ops::KvRowFormat f{ops::KvFormat::f32, 128, 64};
   const int64_t S = 2, H = 2, window = 8;
   Tensor q = rng.tensor({S, H, 128}), sinks = rng.tensor({H}), rows = packed_rows(S, f, rng);
   Tensor ring = packed_rows(window, f, rng);
-  ops::DecodeAttentionArgs a;
+  ops::StepAttentionArgs a;
   a.q = q;
   Tensor pos = table({5, -1});
   a.positions = pos;
@@ -482,50 +482,50 @@ TEST(DecodeOps, RejectBadInput) {
   a.window = window;
   a.sinks = sinks;
   Tensor out(DType::f32, {S, H, 128});
-  EXPECT_NO_THROW(ops::decode_attention(a, out));
+  EXPECT_NO_THROW(ops::step_attention(a, out));
   Tensor no_ring = table({0, 0});  // an active slot without a ring
   a.rings = no_ring;
-  EXPECT_THROW(ops::decode_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(a, out), Error);
   a.rings = rings;
   Tensor pos32(DType::i32, {S});
   a.positions = pos32;
-  EXPECT_THROW(ops::decode_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(a, out), Error);
   a.positions = pos;
   Tensor bad_sinks = rng.tensor({H + 1});
   a.sinks = bad_sinks;
-  EXPECT_THROW(ops::decode_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(a, out), Error);
   a.sinks = sinks;
   Tensor out_i32(DType::i32, {S, H, 128});
-  EXPECT_THROW(ops::decode_attention(a, out_i32), Error);
+  EXPECT_THROW(ops::step_attention(a, out_i32), Error);
 
   Tensor acc(DType::f32, {1, 3, 16}), kv = rng.tensor({S, 16}), gate = rng.tensor({S, 16}),
                                       ape = rng.tensor({4, 16});
   Tensor emitted(DType::f32, {S, 16}), short_emitted(DType::f32, {S - 1, 16});
   Tensor accs = table({addr(acc), 0});
-  EXPECT_NO_THROW(ops::decode_compressor({accs, kv, gate, ape, pos, 4, false, 16, emitted}));
-  EXPECT_THROW(ops::decode_compressor({accs, kv, gate, ape, pos, 4, false, 16, short_emitted}), Error);
-  EXPECT_THROW(ops::decode_compressor({table({0, 0}), kv, gate, ape, pos, 4, false, 16, emitted}), Error);
+  EXPECT_NO_THROW(ops::step_compressor({accs, kv, gate, ape, pos, 4, false, 16, emitted}));
+  EXPECT_THROW(ops::step_compressor({accs, kv, gate, ape, pos, 4, false, 16, short_emitted}), Error);
+  EXPECT_THROW(ops::step_compressor({table({0, 0}), kv, gate, ape, pos, 4, false, 16, emitted}), Error);
 
-  // decode_compress_emit: the rows' format must be the entries' width and the destination's row size.
+  // step_compress_emit: the rows' format must be the entries' width and the destination's row size.
   const ops::KvRowFormat f16{ops::KvFormat::f32, 16, 8};
   Tensor norm = rng.tensor({16}), inv_freq = rng.tensor({4}), pool(DType::u8, {1, 256});
   Tensor page_table(DType::i32, {1});
   Tensor pools = table({addr(pool), 0}), tables = table({addr(page_table), 0});
-  ops::DecodeCompressEmitArgs e{{accs, kv, gate, ape, pos, 4, false, 16, {}}, norm, 1e-6f, inv_freq, f16,
+  ops::StepCompressEmitArgs e{{accs, kv, gate, ape, pos, 4, false, 16, {}}, norm, 1e-6f, inv_freq, f16,
                                 {pools, tables, 256, 0, 4, 64}};
-  EXPECT_NO_THROW(ops::decode_compress_emit(e));
+  EXPECT_NO_THROW(ops::step_compress_emit(e));
   e.format.head_dim = 32;
-  EXPECT_THROW(ops::decode_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(e), Error);
   e.format = f16;
   e.dest.row_bytes = 32;
-  EXPECT_THROW(ops::decode_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(e), Error);
   e.dest.row_bytes = 64;
   e.compressor.emitted = emitted;
-  EXPECT_THROW(ops::decode_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(e), Error);
 
   Tensor closing = table({7, -1}), r(DType::u8, {S, 64});
   const Tensor zeros = table({0, 0});
-  const ops::DecodePagedRows nowhere{zeros, zeros, 256, 0, 4, 64};
+  const ops::StepPagedRows nowhere{zeros, zeros, 256, 0, 4, 64};
   EXPECT_THROW(ops::store_paged_rows(r, nowhere, closing, 4), Error);
   EXPECT_NO_THROW(ops::store_paged_rows(r, nowhere, table({6, -1}), 4));  // closes no window: writes nothing
   EXPECT_THROW(ops::store_ring_rows(r, table({0, 0}), closing, {}, 8), Error);

@@ -1,4 +1,4 @@
-// The batched step ops (ops/decode.h) on the CPU: the reference of the CUDA step kernels.
+// The batched step ops (ops/step.h) on the CPU: the reference of the CUDA step kernels.
 //
 // The address tables hold host addresses (a CPU tensor's data pointer). Each sequence of the step (its slots
 // firsts[i] .. , one token each) runs the eager op (sparse_attention, compressor_update, indexer_topk) on the
@@ -41,7 +41,7 @@ std::byte* address_at(std::string_view op, std::string_view what, const TensorVi
 
 // Slot i's paged rows as the eager ops take them, with a block table covering `count` rows (empty when
 // count is 0: no page is read). The pool view spans the pages the table names.
-PagedRows slot_rows(std::string_view op, const ops::DecodePagedRows& r, int64_t i, int64_t position,
+PagedRows slot_rows(std::string_view op, const ops::StepPagedRows& r, int64_t i, int64_t position,
                     int64_t count, Device device) {
   if (count == 0) return {};
   std::byte* pool = address_at(op, "pool", r.pools, i, position);
@@ -85,8 +85,8 @@ std::vector<Run> runs_of(std::string_view op, const TensorView& firsts, const in
 
 }  // namespace
 
-void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) {
-  const char* op = "decode_attention";
+void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorView& out) {
+  const char* op = "step_attention";
   require_f32(op, {&a.q, &a.sinks, &out});
   require_host(op, {{"q", &a.q},
                     {"positions", &a.positions},
@@ -126,8 +126,8 @@ void CpuBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tenso
   }
 }
 
-void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
-  const char* op = "decode_compressor";
+void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
+  const char* op = "step_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
   require_host(op, {{"accs", &a.accs}, {"ape", &a.ape}, {"positions", &a.positions}, {"emitted", &a.emitted}});
   // kv and gate may be column ranges of one stacked product's output (model/stacked.h): strided rows, which the
@@ -163,9 +163,9 @@ void CpuBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
 }
 
 // The composition of the batched ops the fused op stands for, so its bits are theirs by construction.
-void CpuBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
-  const ops::DecodeCompressorArgs& c = a.compressor;
-  require_host("decode_compress_emit", {{"positions", &c.positions}});
+void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
+  const ops::StepCompressorArgs& c = a.compressor;
+  require_host("step_compress_emit", {{"positions", &c.positions}});
   const int64_t S = c.positions.dim(0);
   const int64_t* pos = positions_of(c.positions);
   const Device device = c.kv.device();  // the host, or a test's stand-in device of host memory
@@ -174,17 +174,17 @@ void CpuBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
   // Each slot's entry position, as Model::fill_decode_tables writes it for the unfused chain (inert: 0).
   for (int64_t i = 0; i < S; ++i) entry_positions.data<int64_t>()[i] = pos[i] < 0 ? 0 : pos[i] / c.ratio * c.ratio;
   if (device != Device::cpu) entry_positions = Tensor::copy_of(entry_positions, device);
-  ops::DecodeCompressorArgs update = c;
+  ops::StepCompressorArgs update = c;
   update.emitted = emitted;
-  ops::decode_compressor(update);
+  ops::step_compressor(update);
   ops::rms_norm(emitted, a.norm, a.eps, emitted);
   ops::rope(emitted, entry_positions, a.inv_freq);
   ops::kv_pack(emitted, a.format, rows);
   ops::store_paged_rows(rows, a.dest, c.positions, c.ratio);
 }
 
-void CpuBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {
-  const char* op = "decode_indexer_topk";
+void CpuBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) {
+  const char* op = "step_indexer_topk";
   require_f32(op, {&a.q, &a.weights});
   require_host(op, {{"q", &a.q},
                     {"weights", &a.weights},
@@ -229,7 +229,7 @@ void CpuBackend::store_ring_rows(const TensorView& rows, const TensorView& rings
   }
 }
 
-void CpuBackend::store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest,
+void CpuBackend::store_paged_rows(const TensorView& rows, const ops::StepPagedRows& dest,
                                   const TensorView& positions, int ratio) {
   const char* op = "store_paged_rows";
   require_host(

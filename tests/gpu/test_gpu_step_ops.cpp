@@ -1,8 +1,8 @@
-// GPU vs CPU: the batched decode-step ops (ops/decode.h) other than attention (test_gpu_attention.cpp) at the
+// GPU vs CPU: the batched step ops (ops/step.h) other than attention (test_gpu_attention.cpp) at the
 // V4-Flash shapes, each run on the CUDA backend (device address tables) and on the CPU backend's batched
 // reference (host address tables) over the same random slots: several positions per batch, windows that
 // close and ones that don't, inert slots (position -1; one with poisoned state that must stay untouched,
-// one with 0 addresses). decode_compress_emit is also compared bit for bit with the unfused chain on the GPU.
+// one with 0 addresses). step_compress_emit is also compared bit for bit with the unfused chain on the GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
 #include "ops/compressor.h"
-#include "ops/decode.h"
+#include "ops/step.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
 #include "ops/norm.h"
@@ -29,8 +29,8 @@ bool same_bytes(const TensorView& host, const TensorView& device) {
   return host.nbytes() == d.nbytes() && std::memcmp(host.data(), d.view().data(), host.nbytes()) == 0;
 }
 
-void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& positions,
-                             Rand& r, const char* name) {
+void check_step_compressor(int ratio, bool overlap, int64_t width, const std::vector<int64_t>& positions,
+                           Rand& r, const char* name) {
   const int64_t S = static_cast<int64_t>(positions.size()), C = width * (overlap ? 2 : 1),
                 n_acc = overlap ? 2 : 1;
   Tensor ape = random_f32({ratio, C}, r), kv = random_f32({S, C}, r), gate = random_f32({S, C}, r, 2.0f);
@@ -55,10 +55,10 @@ void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::
   }
   const Tensor pos = i64(positions), hacc = i64(host_addr), dacc_t = i64(dev_addr);
   Tensor emitted(DType::f32, {S, width});
-  ops::decode_compressor({hacc, kv, gate, ape, pos, ratio, overlap, width, emitted});
+  ops::step_compressor({hacc, kv, gate, ape, pos, ratio, overlap, width, emitted});
   auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(pos), dtab = upload(dacc_t);
   auto dem = poisoned(DType::f32, {S, width});
-  ops::decode_compressor({dtab, dkv, dgate, dape, dpos, ratio, overlap, width, dem});
+  ops::step_compressor({dtab, dkv, dgate, dape, dpos, ratio, overlap, width, dem});
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
     if (p < 0) {
@@ -74,17 +74,17 @@ void check_decode_compressor(int ratio, bool overlap, int64_t width, const std::
   }
 }
 
-TEST(GpuDecodeOps, Compressor) {
+TEST(GpuStepOps, Compressor) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const std::vector<int64_t> pos4 = {0, 3, 6, 1003, -1, 1100, 2047, -1};
-  check_decode_compressor(4, true, 512, pos4, r, "decode_compressor csa");
-  check_decode_compressor(4, true, 128, pos4, r, "decode_compressor csa indexer");
-  check_decode_compressor(128, false, 512, {5, 127, 255, -1, 300, 4095, -1}, r, "decode_compressor hca");
+  check_step_compressor(4, true, 512, pos4, r, "step_compressor csa");
+  check_step_compressor(4, true, 128, pos4, r, "step_compressor csa indexer");
+  check_step_compressor(128, false, 512, {5, 127, 255, -1, 300, 4095, -1}, r, "step_compressor hca");
   cuda::register_backend().check_device_errors();
 }
 
-// decode_compress_emit on the GPU: bit for bit the unfused chain on the GPU (decode_compressor, rms_norm,
+// step_compress_emit on the GPU: bit for bit the unfused chain on the GPU (step_compressor, rms_norm,
 // rope, kv_pack, store_paged_rows: the prefill path's kernels, which batch invariance compares it with) on
 // twin copies of the same state, and within tolerance of the CPU's op (FP8 rows: an ulp upstream may move
 // an e4m3 rounding).
@@ -133,34 +133,34 @@ void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat f
   }
   const PagedRows& geo = dest[0].host;
   const Tensor pos = i64(positions), host_accs = i64(h_acc), host_pools = i64(h_pool), host_tables = i64(h_table);
-  ops::DecodeCompressEmitArgs a;
+  ops::StepCompressEmitArgs a;
   a.compressor = {host_accs, kv, gate, ape, pos, ratio, overlap, width, {}};
   a.norm = norm;
   a.eps = eps;
   a.inv_freq = inv_freq;
   a.format = f;
   a.dest = {host_pools, host_tables, geo.page_bytes(), geo.offset_in_page, rpp, rb};
-  ops::decode_compress_emit(a);  // the CPU reference
+  ops::step_compress_emit(a);  // the CPU reference
 
   auto dboth = upload(both), dkv_rows = upload(kv_rows), dgate_rows = upload(gate_rows), dape = upload(ape),
        dpos = upload(pos), dnorm = upload(norm), dfreq = upload(inv_freq), dtables = upload(i64(d_table));
   const TensorView dkv = stacked ? dboth.view().cols(0, C) : dkv_rows.view(),
                    dgate = stacked ? dboth.view().cols(C, 2 * C) : dgate_rows.view();
   auto fused_accs = upload(i64(f_acc)), fused_pools = upload(i64(f_pool));
-  ops::DecodeCompressEmitArgs da = a;
+  ops::StepCompressEmitArgs da = a;
   da.compressor = {fused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, {}};
   da.norm = dnorm;
   da.inv_freq = dfreq;
   da.dest.pools = fused_pools;
   da.dest.tables = dtables;
-  ops::decode_compress_emit(da);
+  ops::step_compress_emit(da);
 
-  // The unfused chain as Model::compress_decode runs it with TERN_FUSED_COMPRESS=0.
+  // The unfused chain as Model::compress_step runs it with TERN_FUSED_COMPRESS=0.
   std::vector<int64_t> entries(S);
   for (int64_t i = 0; i < S; ++i) entries[i] = positions[i] < 0 ? 0 : positions[i] / ratio * ratio;
   auto unfused_accs = upload(i64(u_acc)), unfused_pools = upload(i64(u_pool)), dentries = upload(i64(entries));
   auto emitted = upload(Tensor(DType::f32, {S, width})), rows = upload(Tensor(DType::u8, {S, rb}));
-  ops::decode_compressor({unfused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, emitted});
+  ops::step_compressor({unfused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, emitted});
   ops::rms_norm(emitted, dnorm, eps, emitted);
   ops::rope(emitted, dentries, dfreq);
   ops::kv_pack(emitted, f, rows);
@@ -197,7 +197,7 @@ void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat f
   }
 }
 
-TEST(GpuDecodeOps, CompressEmit) {
+TEST(GpuStepOps, CompressEmit) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const std::vector<int64_t> pos4 = {0, 3, 6, 1003, -1, 1100, 2047, -1};
@@ -211,7 +211,7 @@ TEST(GpuDecodeOps, CompressEmit) {
   cuda::register_backend().check_device_errors();
 }
 
-// Sequences of q = 1..5 tokens (verify-shaped) through decode_compress_emit and decode_compressor with `firsts`, at
+// Sequences of q = 1..5 tokens (verify-shaped) through step_compress_emit and step_compressor with `firsts`, at
 // V4-Flash's widths: the GPU against the CPU's step op (the eager chunk per sequence) on the same states: the
 // accumulators after the step, the entries stored (one chunk may close two windows), the emitted rows at their
 // closing tokens' slots. Chunks start at every offset in a window.
@@ -250,19 +250,19 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
   const int64_t max_q = *std::max_element(qs.begin(), qs.end());
   // The address tables as named tensors: the args hold views, which must not outlive them.
   const Tensor t_acc = i64(h_acc), t_pos = i64(pos), t_firsts = i64(firsts), t_pool = i64(h_pool), t_table = i64(h_table);
-  ops::DecodeCompressEmitArgs a;
+  ops::StepCompressEmitArgs a;
   a.compressor = {t_acc, kv, gate, ape, t_pos, ratio, overlap, width, {}, t_firsts, max_q};
   a.norm = norm, a.eps = 1e-6f, a.inv_freq = inv_freq, a.format = f;
   a.dest = {t_pool, t_table, geo.page_bytes(), geo.offset_in_page, rpp, rb};
-  ops::decode_compress_emit(a);  // the CPU reference
+  ops::step_compress_emit(a);  // the CPU reference
   auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(i64(pos)), dfirsts = upload(i64(firsts)),
        dacc_t = upload(i64(d_acc)), dpools = upload(i64(d_pool)), dtables = upload(i64(d_table)), dnorm = upload(norm),
        dfreq = upload(inv_freq);
-  ops::DecodeCompressEmitArgs da = a;
+  ops::StepCompressEmitArgs da = a;
   da.compressor = {dacc_t, dkv, dgate, dape, dpos, ratio, overlap, width, {}, dfirsts, max_q};
   da.norm = dnorm, da.inv_freq = dfreq;
   da.dest.pools = dpools, da.dest.tables = dtables;
-  ops::decode_compress_emit(da);
+  ops::step_compress_emit(da);
   for (size_t k = 0; k < qs.size(); ++k) {
     const std::string seq = cat(name, ": sequence ", k, " (", qs[k], " tokens from ", starts[k], ")");
     EXPECT_LE(compare(daccs[k], accs[k]).rel_err, kTolF32) << seq << ": accumulators";
@@ -276,7 +276,7 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
       expect_close(upload(got_row), want_row, kTolF32, cat(seq, " entry ", e));
     }
   }
-  // decode_compressor with firsts: each closing token's slot gets its entry.
+  // step_compressor with firsts: each closing token's slot gets its entry.
   Tensor emitted(DType::f32, {S, width});
   std::vector<Tensor> accs2;
   std::vector<cuda::DeviceTensor> daccs2;
@@ -286,17 +286,17 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
     daccs2.push_back(upload(accs2.back()));
     for (int64_t t = 0; t < qs[k]; ++t) h2[i0 + t] = addr(accs2.back()), d2[i0 + t] = addr(daccs2.back());
   }
-  ops::decode_compressor({i64(h2), kv, gate, ape, i64(pos), ratio, overlap, width, emitted, i64(firsts), max_q});
+  ops::step_compressor({i64(h2), kv, gate, ape, i64(pos), ratio, overlap, width, emitted, i64(firsts), max_q});
   auto dem = poisoned(DType::f32, {S, width});
   auto dacc2 = upload(i64(d2));
-  ops::decode_compressor({dacc2, dkv, dgate, dape, dpos, ratio, overlap, width, dem, dfirsts, max_q});
+  ops::step_compressor({dacc2, dkv, dgate, dape, dpos, ratio, overlap, width, dem, dfirsts, max_q});
   for (int64_t i = 0; i < S; ++i)
     if ((pos[i] + 1) % ratio == 0)
       expect_close(dem.view().rows(i, i + 1), emitted.view().rows(i, i + 1), kTolF32,
                    cat(name, " emitted at slot ", i, " (position ", pos[i], ")"));
 }
 
-TEST(GpuDecodeOps, CompressSequencesOfSeveralTokens) {
+TEST(GpuStepOps, CompressSequencesOfSeveralTokens) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   check_compress_sequences(4, true, 512, r, "csa");
@@ -305,7 +305,7 @@ TEST(GpuDecodeOps, CompressSequencesOfSeveralTokens) {
   cuda::register_backend().check_device_errors();
 }
 
-TEST(GpuDecodeOps, IndexerTopk) {
+TEST(GpuStepOps, IndexerTopk) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const int64_t H = 64, dim = 128, rows_per_page = 64;
@@ -328,7 +328,7 @@ TEST(GpuDecodeOps, IndexerTopk) {
   }
   const PagedRows& geo = keys[0].host;
   const Tensor pos = i64(positions), hpools = i64(hp), htables = i64(ht);
-  ops::DecodeIndexerArgs a;
+  ops::StepIndexerArgs a;
   a.q = q;
   a.weights = w;
   a.keys = {hpools, htables, geo.page_bytes(), geo.offset_in_page, rows_per_page, dim * 4};
@@ -336,17 +336,17 @@ TEST(GpuDecodeOps, IndexerTopk) {
   a.ratio = ratio;
   a.max_keys = max_keys;
   Tensor idx(DType::i32, {S, topk});
-  ops::decode_indexer_topk(a, topk, idx);
+  ops::step_indexer_topk(a, topk, idx);
   auto dq = upload(q), dw = upload(w), dpos = upload(pos), dpools = upload(i64(dp)),
        dtables = upload(i64(dt));
-  ops::DecodeIndexerArgs da = a;
+  ops::StepIndexerArgs da = a;
   da.q = dq;
   da.weights = dw;
   da.keys.pools = dpools;
   da.keys.tables = dtables;
   da.positions = dpos;
   auto didx = poisoned(DType::i32, {S, topk});
-  ops::decode_indexer_topk(da, topk, didx);
+  ops::step_indexer_topk(da, topk, didx);
   const Tensor got = cuda::to_host(didx);
   // Same picks, except where two scores are within f32 noise of each other (scores: the CPU's eager op).
   int64_t mismatched = 0;
@@ -365,12 +365,12 @@ TEST(GpuDecodeOps, IndexerTopk) {
         ++mismatched;
     }
   }
-  EXPECT_EQ(mismatched, 0) << "decode_indexer_topk";
-  std::printf("  decode_indexer_topk: %lld mismatches\n", static_cast<long long>(mismatched));
+  EXPECT_EQ(mismatched, 0) << "step_indexer_topk";
+  std::printf("  step_indexer_topk: %lld mismatches\n", static_cast<long long>(mismatched));
   cuda::register_backend().check_device_errors();
 }
 
-TEST(GpuDecodeOps, StoreRingRows) {
+TEST(GpuStepOps, StoreRingRows) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const int64_t window = 128, rb = ops::KvRowFormat{ops::KvFormat::fp8_ds, 512, 64}.row_bytes();
@@ -398,7 +398,7 @@ TEST(GpuDecodeOps, StoreRingRows) {
   cuda::register_backend().check_device_errors();
 }
 
-TEST(GpuDecodeOps, StorePagedRows) {
+TEST(GpuStepOps, StorePagedRows) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
   const int64_t fp8 = ops::KvRowFormat{ops::KvFormat::fp8_ds, 512, 64}.row_bytes();

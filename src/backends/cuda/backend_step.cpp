@@ -1,5 +1,5 @@
-// CudaBackend: the batched decode-step ops (ops/decode.h). Each sets the decode mode of the eager op's
-// kernel (same kernel, same arithmetic per slot) and launches once for every slot; decode_compress_emit runs
+// CudaBackend: the batched step ops (ops/step.h). Each sets the decode mode of the eager op's
+// kernel (same kernel, same arithmetic per slot) and launches once for every slot; step_compress_emit runs
 // the compressor's emit chain as one kernel built from the device code of the five it replaces.
 #include <initializer_list>
 
@@ -15,7 +15,7 @@ namespace tern::cuda {
 namespace {
 const uint64_t* table(const TensorView& t) { return t.empty() ? nullptr : t.data_as<const uint64_t>(); }
 // The page geometry of slot rows (pool and table per slot come from the tables).
-PagedRowsDesc geometry(const ops::DecodePagedRows& r) {
+PagedRowsDesc geometry(const ops::StepPagedRows& r) {
   PagedRowsDesc d;
   d.page_bytes = r.page_bytes;
   d.offset = r.offset_in_page;
@@ -25,8 +25,8 @@ PagedRowsDesc geometry(const ops::DecodePagedRows& r) {
 }
 }  // namespace
 
-void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const TensorView& out) {
-  AttentionParams p = attention_params("decode_attention", a.q, a.format, a.selected, a.sinks, a.scale, out, *impl_);
+void CudaBackend::step_attention(const ops::StepAttentionArgs& a, const TensorView& out) {
+  AttentionParams p = attention_params("step_attention", a.q, a.format, a.selected, a.sinks, a.scale, out, *impl_);
   p.chunk_rows = a.rows.data_as<const uint8_t>();
   p.window = a.window;
   p.ratio = a.ratio;
@@ -39,19 +39,19 @@ void CudaBackend::decode_attention(const ops::DecodeAttentionArgs& a, const Tens
     p.pools = table(a.compressed.pools);
     p.comp_tables = table(a.compressed.tables);
   }
-  launch_attention("decode_attention", p, *impl_);
+  launch_attention("step_attention", p, *impl_);
 }
 
 namespace {
-// decode_compressor's kernel parameters (decode mode), after checking its tensors; emitted rows only when the
+// step_compressor's kernel parameters (decode mode), after checking its tensors; emitted rows only when the
 // op has them.
-CompressorParams compressor_params(const char* op, const ops::DecodeCompressorArgs& a) {
+CompressorParams compressor_params(const char* op, const ops::StepCompressorArgs& a) {
   require_cuda_f32(op, {&a.ape});
   require_cuda_f32_rows(op, {&a.kv, &a.gate});
   CompressorParams p;
   p.kv = a.kv.data_as<const float>();
   p.gate = a.gate.data_as<const float>();
-  p.row_stride = a.kv.row_stride();  // gate's too (ops::decode_compressor checks)
+  p.row_stride = a.kv.row_stride();  // gate's too (ops::step_compressor checks)
   p.ape = a.ape.data_as<const float>();
   p.width = a.width;
   p.ratio = a.ratio;
@@ -68,17 +68,17 @@ CompressorParams compressor_params(const char* op, const ops::DecodeCompressorAr
 }
 }  // namespace
 
-void CudaBackend::decode_compressor(const ops::DecodeCompressorArgs& a) {
-  require_cuda_f32("decode_compressor", {&a.emitted});
-  launch_compressor(compressor_params("decode_compressor", a), impl_->stream);
-  check_launch("decode_compressor");
+void CudaBackend::step_compressor(const ops::StepCompressorArgs& a) {
+  require_cuda_f32("step_compressor", {&a.emitted});
+  launch_compressor(compressor_params("step_compressor", a), impl_->stream);
+  check_launch("step_compressor");
 }
 
-bool CudaBackend::decode_compress_emit_supported(int64_t width) const { return compress_emit_width_supported(width); }
+bool CudaBackend::step_compress_emit_supported(int64_t width) const { return compress_emit_width_supported(width); }
 
-void CudaBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
-  const char* op = "decode_compress_emit";
-  const ops::DecodeCompressorArgs& c = a.compressor;
+void CudaBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
+  const char* op = "step_compress_emit";
+  const ops::StepCompressorArgs& c = a.compressor;
   require_cuda_f32(op, {&a.inv_freq});
   TERN_CHECK(a.norm.device() == Device::cuda, "cuda ", op, ": the norm weight is on the host");
   if (!compress_emit_width_supported(c.width)) no_kernel(op, cat("entries of ", c.width, " dims"));
@@ -97,9 +97,9 @@ void CudaBackend::decode_compress_emit(const ops::DecodeCompressEmitArgs& a) {
   check_launch(op);
 }
 
-void CudaBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk, const TensorView& indices) {
-  require_cuda_f32("decode_indexer_topk", {&a.q, &a.weights});
-  TERN_CHECK(topk <= kMaxIndexerTopk, "cuda decode_indexer_topk: topk ", topk, " exceeds the kernel's ",
+void CudaBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) {
+  require_cuda_f32("step_indexer_topk", {&a.q, &a.weights});
+  TERN_CHECK(topk <= kMaxIndexerTopk, "cuda step_indexer_topk: topk ", topk, " exceeds the kernel's ",
              kMaxIndexerTopk);
   IndexerParams p;
   p.q = a.q.data_as<const float>();
@@ -113,12 +113,12 @@ void CudaBackend::decode_indexer_topk(const ops::DecodeIndexerArgs& a, int topk,
   p.keys = geometry(a.keys);
   p.pools = table(a.keys.pools);
   p.key_tables = table(a.keys.tables);
-  check_indexer_shape("decode_indexer_topk", p);
+  check_indexer_shape("step_indexer_topk", p);
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
   launch_indexer_scores(p, scores, impl_->stream);
   check_launch("decode_indexer_scores");
   launch_indexer_topk(p, scores, topk, indices.data_as<int32_t>(), impl_->stream);
-  check_launch("decode_indexer_topk");
+  check_launch("step_indexer_topk");
 }
 
 namespace {
@@ -145,7 +145,7 @@ void CudaBackend::store_ring_rows(const TensorView& rows, const TensorView& ring
   check_launch("store_ring_rows");
 }
 
-void CudaBackend::store_paged_rows(const TensorView& rows, const ops::DecodePagedRows& dest,
+void CudaBackend::store_paged_rows(const TensorView& rows, const ops::StepPagedRows& dest,
                                    const TensorView& positions, int ratio) {
   require_device_tables("store_paged_rows", {&rows, &dest.pools, &dest.tables, &positions});
   StoreRowsParams p;
