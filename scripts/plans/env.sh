@@ -1,0 +1,29 @@
+# Sourced by the device plans (scripts/plans/s*.sh) on the GPU machine: unpacks the pack the plan names in
+# $TERN_PACK (default .plans/packs/s19.tar.xz: binaries built here by scripts/gpu-pack, carried with [".plans",
+# ".whl"]), the carried libraries, fixtures and the commit, as scripts/gpu-check does. Plans live in the repository
+# so that what a results.md entry ran survives the session (session 18 lost its plans with its machine).
+BUILD=build-cuda
+mkdir -p $BUILD
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "${TERN_PACK:-.plans/packs/s19.tar.xz}" $BUILD
+export TERN_FIXTURES=$PWD/tests/fixtures
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+sys_stdcxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')
+need_stdcxx=0
+if [[ -z "$sys_stdcxx" ]] || ! grep -qa GLIBCXX_3.4.30 "$sys_stdcxx"; then need_stdcxx=1; fi
+carried_libs=$(mktemp -d)
+for f in "$PWD/$BUILD/tests/gpu"/lib/*; do
+  if [[ $(basename "$f") == libstdc++* && $need_stdcxx -eq 0 ]]; then continue; fi
+  ln -s "$f" "$carried_libs/"
+done
+export LD_LIBRARY_PATH=$carried_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so.13 '; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+           $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s) for p in nvidia.__path__ for s in ("cublas/lib", "cu13/lib")))' 2>/dev/null); do
+    if [[ -e $d/libcublasLt.so.13 ]]; then export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; fi
+  done
+fi
+export TERN_COMMIT=$(cat $BUILD/commit.txt)
+G=$BUILD/tests/gpu; T=$BUILD/tools/tern
+T0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
+echo "== card: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)  commit $TERN_COMMIT"
