@@ -24,6 +24,13 @@
 
 namespace tern::cuda {
 
+// The grouped MoE kernels from just above the bulk decode ring's range (kMoeBulkMaxTokens): measured on the H100
+// (session 19, tern_gpu_bench --only moe, mxfp4, whole op) the bulk ring streams 88-91% of copy at 16-64 tokens and
+// beats the grouped kernels there (1 007 against 1 382 us at 64), while above 64 only the register kernel was left
+// (21-25% of copy: 4 216 against 1 598 us at 96, 5 512 against 1 776 at 256). bench-step on the full model: decode
+// at batch 128 / 256 92 / 121 ms against 213 / 287, the verify of 64 x 4 tokens 121 against 286 ms.
+inline constexpr int64_t kMoeGroupedMinTokensDefault = kMoeBulkMaxTokens + 1;
+
 struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   int num_sms = 132;
@@ -64,10 +71,10 @@ struct CudaBackend::Impl {
   bool batch_invariant = false;
   bool moe_prefill_library = false;  // set_moe_prefill_library: the expanded-bf16 library MoE over the grouped one
   // From how many tokens the routed FP4 experts take the grouped tensor-core kernels (moe_grouped.cuh) instead of
-  // the decode kernels; TERN_MOE_GROUPED_MIN_TOKENS (1 .. kLibraryMinTokens, the default; library_gemm.h). Chosen by
-  // the call's token count, a graph's padded slots included: near the threshold a replay and an eager step of the
-  // same batch may take different paths (not batch invariant, as every choice by token count).
-  int64_t moe_grouped_min_tokens = kLibraryMinTokens;
+  // the decode kernels; TERN_MOE_GROUPED_MIN_TOKENS (1 .. kLibraryMinTokens; default kMoeGroupedMinTokensDefault).
+  // Chosen by the call's token count, a graph's padded slots included: near the threshold a replay and an eager step
+  // of the same batch may take different paths (not batch invariant, as every choice by token count).
+  int64_t moe_grouped_min_tokens = kMoeGroupedMinTokensDefault;
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;

@@ -33,10 +33,11 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // kernels); grouped, or unset, keeps the grouped kernels; anything else is refused.
   if (env_choice("TERN_MOE_PREFILL", {"grouped", "library"}, "grouped") == "library") impl_->moe_prefill_library = true;
   // TERN_MOE_GROUPED_MIN_TOKENS: the token count from which FP4 experts run on the grouped tensor-core kernels
-  // (batch 128-256 decode and verify steps, where the decode kernels' time grows with the tokens); unset: from
-  // kLibraryMinTokens, as the library products. For measuring the crossover (bench-step, tern_gpu_bench).
-  // At most kLibraryMinTokens: above it the library products take over, and the grouped kernels are its MoE path.
-  impl_->moe_grouped_min_tokens = env_int("TERN_MOE_GROUPED_MIN_TOKENS", kLibraryMinTokens, 1, kLibraryMinTokens);
+  // (decode and verify steps of more than 64 tokens by default: kMoeGroupedMinTokensDefault, backend_impl.h); for
+  // measuring the crossover (bench-step, tern_gpu_bench). At most kLibraryMinTokens: above it the library products
+  // take over, and the grouped kernels are its MoE path.
+  impl_->moe_grouped_min_tokens =
+      env_int("TERN_MOE_GROUPED_MIN_TOKENS", kMoeGroupedMinTokensDefault, 1, kLibraryMinTokens);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -104,6 +105,19 @@ void CudaBackend::side_end() {
     m.side_pending = true;
   }
   m.in_side = false;
+}
+
+void CudaBackend::abandon_branch() {
+  Impl& m = *impl_;
+  if (m.in_side) {  // back to the main lane's stream, workspace and counters, as side_end would
+    std::swap(m.workspace, m.side.workspace);
+    std::swap(m.counters, m.side.counters);
+    if (m.side_concurrent) std::swap(m.stream, m.side.stream);
+    m.in_side = false;
+  }
+  m.side_pending = false;  // its join event was recorded in the abandoned capture: never wait on it
+  m.side_concurrent = false;
+  arena_branch(/*begin=*/false);
 }
 
 void CudaBackend::side_join() {
@@ -400,7 +414,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         "linear_stream / linear_bulk copy their first weight stages before the wait"
                       : "launches: programmatic dependent launch off (TERN_PDL=0): each kernel starts once the previous "
                         "one has finished");
-  if (impl_->moe_grouped_min_tokens != kLibraryMinTokens)
+  if (!impl_->batch_invariant)
     paths.push_back(cat("moe_experts (mxfp4 / nvfp4): the grouped kernels (moe_sort + grouped GEMMs + moe_combine) from ",
                         impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));
   return paths;

@@ -74,6 +74,10 @@ class CudaBackend final : public ops::Backend {
   void side_begin() override;
   void side_end() override;
   void side_join() override;
+  // After a capture whose body threw (CudaStepGraphs::capture): forgets a side branch it left open or unjoined, whose
+  // events were recorded in that capture (waiting on them outside it is an error: session 19 saw a failed verify
+  // capture turn every later step's join into cudaErrorInvalidValue).
+  void abandon_branch();
   static bool side_streams_enabled();
 
   // Waits for every op issued so far.

@@ -48,9 +48,7 @@ void CudaStepGraphs::arena_begin(bool measure) {
 size_t CudaStepGraphs::arena_end() {
   TERN_CHECK(open_, "step graphs: no arena scope is open");
   open_ = false;
-  if (!measure_)  // the scope's tensors still alive: kept by the caller beyond the scope
-    for (const auto& [p, offset] : blocks_) kept_.insert(p);
-  blocks_.clear();
+  blocks_.clear();  // (the scope's tensors still alive are kept by the caller: later scopes may reuse their bytes)
   TERN_CHECK(release_error_.empty(), "step graphs: ", release_error_);
   return plan_.peak();
 }
@@ -58,7 +56,6 @@ size_t CudaStepGraphs::arena_end() {
 void CudaStepGraphs::arena_reserve(size_t bytes) {
   TERN_CHECK(!open_, "step graphs: the arena cannot move while a scope is open");
   drop_all();
-  kept_.clear();  // their addresses are gone with the arena
   arena_ = DeviceBuffer();  // frees after a device synchronisation
   arena_ = DeviceBuffer(aligned(bytes));
   ++arena_generation_;
@@ -101,16 +98,20 @@ void CudaStepGraphs::measured(void* p) {
 
 bool CudaStepGraphs::release(const void* p) noexcept {
   const bool arena = owns(p);
-  // An earlier scope's kept tensor (a recorded step's logits, streams, record) may share its address with a block of
-  // the open scope: it is the kept one that dies here (leaving the other live at worst: safe).
-  if (kept_.erase(p) == 1) return arena;
-  if (!open_ || !reuse_) return arena;
+  if (!open_) return arena;
+  // An earlier scope's kept tensor (a recorded step's logits, streams, record) may share its address with a block
+  // of the open scope: the address names the open scope's block, since kept tensors are replaced or dropped only
+  // between scopes (DecodeGraphs::record / forget_graphs), never inside one. Until session 19 the kept one was
+  // taken to die here and the open block stayed live in the plan: a capture recorded after others (a verify graph
+  // on first use) then needed more arena than its measuring run and failed ("the activation arena is too small").
   const auto it = blocks_.find(p);
   if (it == blocks_.end()) return arena;  // not this scope's
-  try {
-    plan_.release(it->second);
-  } catch (const std::exception& e) {
-    if (release_error_.empty()) release_error_ = e.what();
+  if (reuse_) {
+    try {
+      plan_.release(it->second);
+    } catch (const std::exception& e) {
+      if (release_error_.empty()) release_error_ = e.what();
+    }
   }
   blocks_.erase(it);
   return arena;
@@ -142,6 +143,7 @@ int CudaStepGraphs::capture(const std::function<void()>& body) {
     body();
   } catch (...) {
     capturing_ = false;
+    backend_.abandon_branch();  // a branch the body left open or unjoined was recorded in this capture
     cudaStreamEndCapture(capture_stream_, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();

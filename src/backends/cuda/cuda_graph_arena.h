@@ -8,7 +8,6 @@
 
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -44,7 +43,9 @@ class CudaStepGraphs final : public ops::StepGraphs {
   void* allocate(size_t bytes, bool zero);
   void measured(void* p);
   // A tensor's memory is freed: true when p is an arena address (the pool must not free it); a block of the open
-  // scope goes back to the plan (never throws: a deleter calls it; a bad release fails the scope at its end).
+  // scope goes back to the plan (never throws: a deleter calls it; a bad release fails the scope at its end). An
+  // earlier scope's tensor kept by its caller (a recorded step's outputs) may share the address of an open block:
+  // those die only between scopes, so inside one the address is the open block's.
   bool release(const void* p) noexcept;
   // Side branches (CudaBackend::side_begin / side_join): blocks freed while one is pending wait for the join.
   void branch_begin();
@@ -66,7 +67,6 @@ class CudaStepGraphs final : public ops::StepGraphs {
   std::unordered_map<const void*, size_t> blocks_;  // the open scope's live blocks: address -> planned offset
   size_t planned_ = 0;                               // a measuring scope's last planned offset, until measured()
   bool has_planned_ = false;
-  std::unordered_set<const void*> kept_;             // earlier scopes' blocks still alive (kept by their callers)
   std::string release_error_;                        // a bad release in the open scope (reported at its end)
   std::vector<Fill> fills_;  // this capture's, in allocation order
   bool open_ = false, measure_ = false, capturing_ = false;

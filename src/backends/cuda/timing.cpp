@@ -145,8 +145,10 @@ std::vector<DecodeProbe> fp4_decode_probes(size_t bytes, int num_sms) {
   prepare_fp4_decode_probe();
   std::vector<DecodeProbe> rows;
   for (int variant = 0; variant < 4; ++variant)
-    for (int consumers : {2, 3})
-      for (int stages : {4, fp4_decode_probe_max_stages()}) {
+    for (int consumers : {2, 3}) {
+      const int most = fp4_decode_probe_max_stages() / consumers;  // slots a warpgroup's ring: 2, and the most
+      for (int per = 2; per <= most; per = per < most ? most : most + 1) {
+        const int stages = per * consumers;
         const Timing t = time_device([&] {
           launch_fp4_decode_probe(variant, consumers, static_cast<const uint8_t*>(buf.data()), items, stages, num_sms,
                                   out, stream);
@@ -155,6 +157,7 @@ std::vector<DecodeProbe> fp4_decode_probes(size_t bytes, int num_sms) {
         rows.push_back({fp4_decode_probe_name(variant), consumers, stages,
                         static_cast<double>(used) / (t.median_us * 1e3)});
       }
+    }
   return rows;
 }
 

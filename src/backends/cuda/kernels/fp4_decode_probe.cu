@@ -9,7 +9,7 @@
 // item's 64 rows x 1 024 columns (64 bulk copies of 512 bytes, one a row, into rows 528 bytes apart so that the 8
 // rows of a quad hit distinct banks) and the stage's 2 KB of scales (one copy); 4 stages an item. Blocks: one a
 // multiprocessor, C consumer warpgroups and one producer warp; the block's items in turn (block b: b, b + G, ...),
-// warpgroup c taking the block's items c, c + C, ... Consumers, per variant:
+// warpgroup c taking the block's items c, c + C, ... through its own ring. Consumers, per variant:
 // - bytes: wait, read one word, release (the copy pattern's ceiling);
 // - bf16: moe_bulk's loop (mma_tile.cuh's e2m1 -> bf16 decode with the scale multiply, mma.sync m16n8k16 against
 //   8 bf16 token rows), each warp 16 rows of the stage;
@@ -168,27 +168,38 @@ __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const
   uint8_t* window = smem;
   uint8_t* ring_base = smem + kPWindow;
   uint64_t* bars = reinterpret_cast<uint64_t*>(ring_base + static_cast<size_t>(stages) * kPStage);
-  const BulkRing ring{bars, bars + stages, stages};
+  // One ring per warpgroup (stages / C slots each): a slot's rounds must be consumed in order by one owner. With one
+  // ring shared by warpgroups taking items in turn, a warpgroup waiting for round 1 of a slot whose round 0 (another
+  // warpgroup's) had not landed yet saw the fresh barrier's "phase -1" as complete (parity 1) and read the slot
+  // early: the first version hung on the GPU (session 19).
+  const int per = stages / C;
+  auto ring_of = [&](int g) { return BulkRing{bars + g * per, bars + stages + g * per, per}; };
+  auto slot_addr = [&](int g, const BulkRing& r, int j) {
+    return ring_base + static_cast<size_t>(g * per + r.slot(j)) * kPStage;
+  };
   for (int i = threadIdx.x; i < kPWindow / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(window)[i] = x != nullptr ? x[i] : 0x38383838u;
   fence_proxy_async();  // the window's generic stores before wgmma reads it
   if (threadIdx.x == 0) {
-    ring.init(4);  // the 4 warps of the warpgroup that owns the stage's item release it
+    for (int g = 0; g < C; ++g) ring_of(g).init(4);  // the warpgroup's 4 warps release each slot
     mbar_init_fence();
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t mine = (items - blockIdx.x + gridDim.x - 1) / gridDim.x;  // items b, b + G, ...
   const uint8_t* scales = buf + items * kPItemBytes;
-  if (warp == 4 * C) {  // producer
-    int j = 0;
+  if (warp == 4 * C) {  // producer: item li's 4 stages into the ring of warpgroup li % C, in item order
+    int next[C] = {};
     for (int64_t li = 0; li < mine; ++li) {
       const int64_t item = blockIdx.x + li * gridDim.x;
-      for (int q = 0; q < kPStagesPerItem; ++q, ++j) {
+      const int g = static_cast<int>(li % C);
+      const BulkRing ring = ring_of(g);
+      for (int q = 0; q < kPStagesPerItem; ++q) {
+        const int j = next[g]++;
         ring.wait_free(j);
         if (lane == 0) ring.arm(j, kPRows * kPRowBytes + kPScaleBytes);
         __syncwarp();
-        uint8_t* slot = ring_base + static_cast<size_t>(ring.slot(j)) * kPStage;
+        uint8_t* slot = slot_addr(g, ring, j);
         for (int r = lane; r < kPRows; r += 32)
           bulk_copy_g2s(slot + r * kPPitch, buf + item * kPItemBytes + r * kPItemRowBytes + q * kPRowBytes,
                         kPRowBytes, ring.full_bar(j));
@@ -200,15 +211,16 @@ __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const
     return;
   }
   const int wg = warp >> 2;
+  const BulkRing ring = ring_of(wg);
   const uint32_t win = smem_addr(window);
   float acc[4] = {};
   uint32_t touched = 0;
+  int j = 0;
   for (int64_t li = wg; li < mine; li += C) {
     if (check != nullptr) acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-    for (int q = 0; q < kPStagesPerItem; ++q) {
-      const int j = static_cast<int>(li) * kPStagesPerItem + q;
+    for (int q = 0; q < kPStagesPerItem; ++q, ++j) {
       ring.wait_full(j);
-      const uint32_t st = smem_addr(ring_base + static_cast<size_t>(ring.slot(j)) * kPStage);
+      const uint32_t st = smem_addr(slot_addr(wg, ring, j));
       if constexpr (V == kBytes) touched ^= lds32_at(st + lane * 4);
       else if constexpr (V == kBf16) consume_bf16(st, win, acc);
       else consume_e4m3<V>(st, win, acc);

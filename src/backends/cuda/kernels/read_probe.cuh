@@ -17,7 +17,8 @@ void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int 
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream);
 
 // The FP4 decode probe (fp4_decode_probe.cu): items of 64 rows x 4096 FP4 columns plus scales
-// (fp4_decode_probe_item_bytes() each) streamed through a ring of `stages` 35 KB slots, decoded by `variant`
+// (fp4_decode_probe_item_bytes() each) streamed through `stages` 35 KB slots (one ring of stages / consumers
+// slots a warpgroup), decoded by `variant`
 // (0 bytes only, 1 bf16 + mma.sync, 2 e4m3 natural layout + wgmma, 3 e4m3 moved signs + wgmma; _name) with 2 or 3
 // consumer warpgroups a block. With `check` (variants 2 and 3): x (e4m3, 8 tokens x 1 024 columns in the wgmma B
 // layout, fp4_decode_probe.cu) for each 1 024 columns of an item, token n's sums scaled by 1 (n even) or 0.5 (odd),
