@@ -42,7 +42,8 @@ inline void add_tune_options(CLI::App& app, app::TuneOptions& t) {
       ->capture_default_str();
   app.add_flag("--batch-invariant", t.batch_invariant,
                "with --device cuda, run every product on tern's own kernels, so that a token's logits do not depend "
-               "on what else shares its step (off: products of 512 tokens or more, prefill chunks, run on cuBLAS)");
+               "on what else shares its step (off: products of 512 tokens or more, prefill chunks, run on cuBLAS, and FP4 "
+               "experts of steps over 64 tokens on the grouped tensor-core kernels)");
   app.add_option("--tune-cache", t.cache,
                  "the tuning file (default: $TERN_CACHE_DIR, $XDG_CACHE_HOME/tern or ~/.cache/tern, "
                  "tune-<gpu>.json)");

@@ -91,8 +91,9 @@ std::vector<std::string> configure_kernels(model::Model& m, const std::string& d
   lines.push_back(batch_invariant ? std::string("batch invariant: every product on tern's own kernels (a token's "
                                                 "logits do not depend on the other tokens of its step)")
                                   : cat("products of >= ", cuda::CudaBackend::library_min_tokens(),
-                                        " tokens (prefill chunks) on cuBLAS (library GEMMs; --batch-invariant keeps "
-                                        "them on tern's kernels)"));
+                                        " tokens (prefill chunks) on cuBLAS (library GEMMs) and FP4 experts from ",
+                                        b.moe_grouped_min_tokens(), " tokens on the grouped kernels: not batch "
+                                        "invariant (--batch-invariant keeps every product on tern's decode kernels)"));
   if (mode == "off") return lines;
   const std::string device_name = b.tune_device();
   const std::string path = cache_path.empty() ? cuda::default_tune_path(device_name) : cache_path;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,8 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // the first is the default.
     cuda::CudaBackend& be = cuda::register_backend();
     const int variants = T <= 64 && !g_profile ? cuda::CudaBackend::moe_variants() : 1;
+    // The decode kernels at every T (above 64: the register kernel), the grouped kernels in their own row below.
+    std::optional<gputest::MoeGroupedMinTokensGuard> decode_kernels(std::in_place, cuda::CudaBackend::library_min_tokens());
     for (int v = 0; v < variants; ++v) {
       be.set_moe_variant(v);
       const std::string label =
@@ -171,6 +174,7 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     }
     be.set_moe_variant(0);
     std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
+    decode_kernels.reset();
     // The same call on the grouped tensor-core kernels (the crossover TERN_MOE_GROUPED_MIN_TOKENS would move):
     // their time follows the experts touched, the decode kernels' the pairs.
     {  // (MXFP4 / NVFP4 at 4096 x 2048: shapes the grouped kernels take)

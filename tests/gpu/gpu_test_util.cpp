@@ -70,6 +70,12 @@ std::string CapturedOps::replay() {
 PdlGuard::PdlGuard(bool on) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(on); }
 PdlGuard::~PdlGuard() { cuda::set_pdl_enabled(saved_); }
 
+MoeGroupedMinTokensGuard::MoeGroupedMinTokensGuard(int64_t tokens)
+    : saved_(cuda::register_backend().moe_grouped_min_tokens()) {
+  cuda::register_backend().set_moe_grouped_min_tokens(tokens);
+}
+MoeGroupedMinTokensGuard::~MoeGroupedMinTokensGuard() { cuda::register_backend().set_moe_grouped_min_tokens(saved_); }
+
 uint64_t fresh_seed() {
   static std::atomic<uint64_t> counter{0};
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();

@@ -42,6 +42,21 @@ class PdlGuard {
   bool saved_;
 };
 
+// Sets the token count from which FP4 experts take the grouped kernels (CudaBackend::set_moe_grouped_min_tokens)
+// for a scope, then restores it. Tests of the decode kernels and of batch invariance below the library threshold
+// hold it at kLibraryMinTokens: the grouped kernels from 65 tokens (the default) are a path switch by token count,
+// as the library products from 512, and `--batch-invariant` is what turns both off.
+class MoeGroupedMinTokensGuard {
+ public:
+  explicit MoeGroupedMinTokensGuard(int64_t tokens);
+  ~MoeGroupedMinTokensGuard();
+  MoeGroupedMinTokensGuard(const MoeGroupedMinTokensGuard&) = delete;
+  MoeGroupedMinTokensGuard& operator=(const MoeGroupedMinTokensGuard&) = delete;
+
+ private:
+  int64_t saved_;
+};
+
 // Ops captured into a CUDA graph on a private stream (the backend's stream switched to it for the capture), then
 // replayed there, as a recorded step runs them. The ops' scratch and tables must exist (run them eagerly first).
 class CapturedOps {

@@ -205,9 +205,10 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       int64_t T;
       const char* grouped;  // TERN_MOE_GROUPED for prefill chunks ("" unset)
       bool library;
+      bool decode_kernels = false;  // below the library threshold on the decode kernels (100: the register kernel)
     };
-    for (const Run& run : {Run{1, "", false}, Run{16, "", false}, Run{64, "", false}, Run{100, "", false},
-                           Run{600, "mma", false}, Run{600, "wgmma", false}, Run{600, "", true}}) {
+    for (const Run& run : {Run{1, "", false}, Run{16, "", false}, Run{64, "", false}, Run{100, "", false, true},
+                           Run{100, "", false}, Run{600, "mma", false}, Run{600, "wgmma", false}, Run{600, "", true}}) {
       const int64_t T = run.T;
       const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});
@@ -222,11 +223,16 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
       if (*run.grouped != '\0') setenv("TERN_MOE_GROUPED", run.grouped, 1);
       be.set_moe_prefill_library(run.library);
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+      {
+        const MoeGroupedMinTokensGuard paths(run.decode_kernels ? cuda::CudaBackend::library_min_tokens()
+                                                                : be.moe_grouped_min_tokens());
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+      }
       unsetenv("TERN_MOE_GROUPED");
       be.set_moe_prefill_library(false);
       expect_close(y, ref, kTolBf16,
                    cat("moe act fp8 ", ops::weight_format_name(f), " T=", T, run.library ? " library" : "",
+                       run.decode_kernels ? " decode kernels" : "",
                        *run.grouped != '\0' ? cat(" grouped ", run.grouped) : std::string()));
     }
   }

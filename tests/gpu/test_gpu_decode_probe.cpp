@@ -1,12 +1,13 @@
-// The FP4 decode probe's e4m3 variants (kernels/fp4_decode_probe.cu) compute real products: the pieces a future
-// e4m3 wgmma MoE decode kernel is built from (the m64n8k32 A fragment from registers, the no-swizzle K-major x
-// descriptor, the prmt decodes of the natural and the moved-sign layouts, the per-32-column scales on fresh sums,
-// x's scale per token) held to a host product on fresh random codes, scales and e4m3 activations at V4-Flash's
-// K = 4096.
+// The FP4 decode probe's e4m3 variants (kernels/fp4_decode_probe.cu) compute real products: the pieces a
+// future e4m3 wgmma MoE decode kernel is built from (the m64n8k32 A fragment from registers, the no-swizzle
+// K-major x descriptor, the prmt decodes of the natural and the moved-sign layouts, the per-32-column scales
+// on fresh sums, x's scale per token) held to a host product on fresh random codes, scales and e4m3
+// activations at V4-Flash's K = 4096.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/read_probe.cuh"
@@ -16,13 +17,15 @@
 namespace tern {
 namespace {
 
-constexpr int kItems = 4, kRows = 64, kK = 4096, kTok = 8, kWinCols = 1024, kStages = 4;
+constexpr int kItems = 12, kRows = 64, kK = 4096, kTok = 8, kWinCols = 1024, kStages = 4;
 constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
-float e2m1(int code) { return (code & 8 ? -1.0f : 1.0f) * kE2m1[code & 7]; }
+float e2m1(int code) {
+  return (code & 8 ? -1.0f : 1.0f) * kE2m1[code & 7];
+}
 
-// One word of 8 codes (column n in nibble n) as the kernel reads it: natural, or with the signs moved (columns
-// 0-3 at bits 7/15/23/31, columns 4-7 at 3/11/19/27, the magnitudes where they were).
+// One word of 8 codes (column n in nibble n) as the kernel reads it: natural, or with the signs moved
+// (columns 0-3 at bits 7/15/23/31, columns 4-7 at 3/11/19/27, the magnitudes where they were).
 uint32_t word_of(const int* c, bool moved) {
   uint32_t w = 0;
   for (int n = 0; n < 8; ++n) w |= static_cast<uint32_t>(moved ? c[n] & 7 : c[n]) << (4 * n);
@@ -36,7 +39,9 @@ uint32_t word_of(const int* c, bool moved) {
 
 // The physical column (0..31 of a 32-column block) that wgmma's k = j reads: thread t's word holds columns
 // 8t .. 8t + 7, its A registers k 4t .. 4t + 3 (columns 8t .. 8t + 3) and 16 + 4t .. (8t + 4 .. 8t + 7).
-int physical(int j) { return j < 16 ? 8 * (j / 4) + j % 4 : 8 * ((j - 16) / 4) + 4 + (j - 16) % 4; }
+int physical(int j) {
+  return j < 16 ? 8 * (j / 4) + j % 4 : 8 * ((j - 16) / 4) + 4 + (j - 16) % 4;
+}
 
 TEST(GpuDecodeProbe, E4m3SumsMatchTheHost) {
   TERN_REQUIRE_GPU();
@@ -46,14 +51,16 @@ TEST(GpuDecodeProbe, E4m3SumsMatchTheHost) {
   std::vector<uint8_t> scales(static_cast<size_t>(kItems) * kRows * (kK / 32));
   for (uint8_t& s : scales) s = static_cast<uint8_t>(118 + rng() % 14);  // 2^-9 .. 2^4
   std::vector<uint8_t> x(static_cast<size_t>(kTok) * kWinCols);
-  for (uint8_t& b : x) b = static_cast<uint8_t>((rng() % 2) << 7 | (4 + rng() % 6) << 3 | rng() % 8);  // finite e4m3
+  for (uint8_t& b : x)
+    b = static_cast<uint8_t>((rng() % 2) << 7 | (4 + rng() % 6) << 3 | rng() % 8);  // finite e4m3
 
   // The window in the B layout: k32 block kb at kb * 256, its k 0-15 and 16-31 as two 8-token x 16-byte core
   // matrices 128 bytes apart.
   std::vector<uint8_t> window(16 * 1024, 0);
   for (int kb = 0; kb < kWinCols / 32; ++kb)
     for (int j = 0; j < 32; ++j)
-      for (int n = 0; n < kTok; ++n) window[kb * 256 + (j / 16) * 128 + n * 16 + j % 16] = x[n * kWinCols + kb * 32 + physical(j)];
+      for (int n = 0; n < kTok; ++n)
+        window[kb * 256 + (j / 16) * 128 + n * 16 + j % 16] = x[n * kWinCols + kb * 32 + physical(j)];
 
   // Host sums: x repeats every 1 024 columns; token n's sums times 1 (even n) or 0.5 (odd).
   std::vector<double> ref(static_cast<size_t>(kItems) * kRows * kTok), mag(ref.size());
@@ -63,7 +70,8 @@ TEST(GpuDecodeProbe, E4m3SumsMatchTheHost) {
         double sum = 0, abs = 0;
         for (int c = 0; c < kK; ++c) {
           const size_t row = static_cast<size_t>(i) * kRows + r;
-          const double term = e2m1(codes[row * kK + c]) * std::ldexp(1.0, scales[row * (kK / 32) + c / 32] - 127) *
+          const double term = e2m1(codes[row * kK + c]) *
+                              std::ldexp(1.0, scales[row * (kK / 32) + c / 32] - 127) *
                               e4m3_to_f32(x[n * kWinCols + c % kWinCols]);
           sum += term, abs += std::fabs(term);
         }
@@ -91,23 +99,29 @@ TEST(GpuDecodeProbe, E4m3SumsMatchTheHost) {
             bytes[fp4_bytes + ((static_cast<size_t>(i) * kStages + q) * kRows + r) * 32 + kb] =
                 scales[(static_cast<size_t>(i) * kRows + r) * (kK / 32) + q * 32 + kb];
     ASSERT_EQ(cudaMemcpy(buf.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemset(out.data(), 0xff, out.size()), cudaSuccess);  // NaN: every sum must be written
-    const auto stream = static_cast<cudaStream_t>(cuda::register_backend().stream());
-    cuda::launch_fp4_decode_probe(moved ? 3 : 2, 2, static_cast<const uint8_t*>(buf.data()), kItems, 4, 2,
-                                  static_cast<uint32_t*>(sink.data()), stream, static_cast<const uint32_t*>(xd.data()),
-                                  static_cast<float*>(out.data()));
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<float> got(ref.size());
-    ASSERT_EQ(cudaMemcpy(got.data(), out.data(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    double err = 0, norm = 0, worst = 0;
-    for (size_t e = 0; e < ref.size(); ++e) {
-      ASSERT_TRUE(std::isfinite(got[e])) << (moved ? "moved" : "natural") << " sum " << e << " not written";
-      err += (got[e] - ref[e]) * (got[e] - ref[e]), norm += ref[e] * ref[e];
-      worst = std::max(worst, std::fabs(got[e] - ref[e]) / mag[e]);
+    // (warpgroups, slots in all, blocks): 2 blocks of 2 warpgroups with 2 slots each (3 items a warpgroup, so
+    // each ring wraps 6 times), and of 3 warpgroups (2 items each).
+    for (const auto& [consumers, stages, grid] : {std::tuple{2, 4, 2}, std::tuple{3, 6, 2}}) {
+      ASSERT_EQ(cudaMemset(out.data(), 0xff, out.size()), cudaSuccess);  // NaN: every sum must be written
+      const auto stream = static_cast<cudaStream_t>(cuda::register_backend().stream());
+      cuda::launch_fp4_decode_probe(moved ? 3 : 2, consumers, static_cast<const uint8_t*>(buf.data()), kItems,
+                                    stages, grid, static_cast<uint32_t*>(sink.data()), stream,
+                                    static_cast<const uint32_t*>(xd.data()), static_cast<float*>(out.data()));
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      std::vector<float> got(ref.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), out.data(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      double err = 0, norm = 0, worst = 0;
+      for (size_t e = 0; e < ref.size(); ++e) {
+        ASSERT_TRUE(std::isfinite(got[e])) << (moved ? "moved" : "natural") << " sum " << e << " not written";
+        err += (got[e] - ref[e]) * (got[e] - ref[e]), norm += ref[e] * ref[e];
+        worst = std::max(worst, std::fabs(got[e] - ref[e]) / mag[e]);
+      }
+      // Products of e4m3 and e2m1 are exact; the tensor cores keep ~14 bits of each 32-column sum.
+      EXPECT_LT(std::sqrt(err / norm), 1e-3)
+          << (moved ? "moved signs" : "natural layout") << ", " << consumers << " warpgroups";
+      EXPECT_LT(worst, 1e-3) << (moved ? "moved signs" : "natural layout")
+                             << ": worst error over sum |terms|";
     }
-    // Products of e4m3 and e2m1 are exact; the tensor cores keep ~14 bits of each 32-column sum.
-    EXPECT_LT(std::sqrt(err / norm), 1e-3) << (moved ? "moved signs" : "natural layout");
-    EXPECT_LT(worst, 1e-3) << (moved ? "moved signs" : "natural layout") << ": worst error over sum |terms|";
   }
 }
 

@@ -90,6 +90,9 @@ struct CudaBackend::Impl {
   LibraryGemm& lib();
   // Whether a product of T tokens takes the library path (T large, not batch invariant).
   bool library_for(int64_t T) const { return !batch_invariant && T >= kLibraryMinTokens; }
+  // TERN_MOE_PREFILL=library moves prefill chunks (library-sized calls) to the library MoE; below that size the
+  // grouped kernels stay (the library MoE does not take them: they would fall to the register kernel).
+  bool moe_library_forced(int64_t T) const { return moe_prefill_library && library_for(T); }
   // Whether a moe_experts call of T tokens takes the grouped FP4 kernels (not batch invariant either).
   bool moe_grouped_for(int64_t T) const { return !batch_invariant && T >= moe_grouped_min_tokens; }
   int* err() const { return static_cast<int*>(error_word.data()); }

@@ -214,7 +214,7 @@ struct Job {
 // The plan stays on the device: the grouped kernels' grids are bounded from T, k and E, and each block finds its
 // (job, m-tile, n-tile) in the tile table, so this path never synchronises and may be captured.
 bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
-  if (!impl.moe_grouped_for(p.T) || impl.moe_prefill_library || !moe_grouped_supported(p) || !aligned16(p.x))
+  if (!impl.moe_grouped_for(p.T) || impl.moe_library_forced(p.T) || !moe_grouped_supported(p) || !aligned16(p.x))
     return false;
   const int64_t P = p.T * p.k, max_jobs = std::min<int64_t>(P, p.E) + 2;
   TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");

@@ -361,7 +361,7 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
   p.experts_aligned = true;
   p.variant = impl_->moe_variant;
   // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
-  if (impl_->moe_grouped_for(T) && !impl_->moe_prefill_library && moe_grouped_supported(p)) {
+  if (impl_->moe_grouped_for(T) && !impl_->moe_library_forced(T) && moe_grouped_supported(p)) {
     const std::string_view forced = moe_grouped_kernel_forced();
     if (forced == "wgmma") return moe_grouped_wgmma_path_name(p);
     if (forced == "mma") return moe_grouped_path_name(p);

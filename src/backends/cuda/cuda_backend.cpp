@@ -99,12 +99,12 @@ void CudaBackend::side_end() {
   TERN_CHECK(m.in_side, "side_end: no side branch is open");
   std::swap(m.workspace, m.side.workspace);
   std::swap(m.counters, m.side.counters);
+  if (m.side_concurrent) std::swap(m.stream, m.side.stream);
+  m.in_side = false;  // back on the main lane before anything may throw (abandon_branch must not swap again)
   if (m.side_concurrent) {
-    std::swap(m.stream, m.side.stream);
     TERN_CUDA(cudaEventRecord(m.join_event, m.side.stream));
     m.side_pending = true;
   }
-  m.in_side = false;
 }
 
 void CudaBackend::abandon_branch() {
@@ -408,15 +408,15 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         "experts) and the compressors and indexer (beside the query projections) run on a second "
                         "stream with their own scratch (TERN_SIDE_STREAM=0 keeps them in order); eager steps in order"
                       : "concurrent branches off (TERN_SIDE_STREAM=0): every op in issue order on one stream");
+  if (!impl_->batch_invariant)
+    paths.push_back(cat("moe_experts (mxfp4 / nvfp4): the grouped kernels (moe_sort + grouped GEMMs + moe_combine) from ",
+                        impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));  // (the PDL line stays last)
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "
                         "linear_stream / linear_bulk copy their first weight stages before the wait"
                       : "launches: programmatic dependent launch off (TERN_PDL=0): each kernel starts once the previous "
                         "one has finished");
-  if (!impl_->batch_invariant)
-    paths.push_back(cat("moe_experts (mxfp4 / nvfp4): the grouped kernels (moe_sort + grouped GEMMs + moe_combine) from ",
-                        impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));
   return paths;
 }
 

@@ -152,6 +152,7 @@ int CudaStepGraphs::capture(const std::function<void()>& body) {
   }
   capturing_ = false;
   const cudaError_t end = cudaStreamEndCapture(capture_stream_, &graph);
+  if (end != cudaSuccess) backend_.abandon_branch();  // e.g. a branch never joined: its events died with the capture
   backend_.set_stream(old_stream);
   if (end != cudaSuccess) {
     cudaGetLastError();

@@ -275,6 +275,10 @@ void prepare_fp4_decode_probe() {
 
 void launch_fp4_decode_probe(int variant, int consumers, const uint8_t* buf, int64_t items, int stages, int grid,
                              uint32_t* sink, cudaStream_t stream, const uint32_t* x, float* check) {
+  TERN_CHECK((consumers == 2 || consumers == 3) && stages % consumers == 0 && stages >= 2 * consumers &&
+                 stages <= fp4_decode_probe_max_stages(),
+             "fp4 decode probe: 2 or 3 warpgroups with 2 or more slots each (at most ",
+             fp4_decode_probe_max_stages(), " in all), not ", consumers, " and ", stages);
   switch (variant) {
     case dev::kBytes: dev::launch_variant<dev::kBytes>(consumers, buf, items, stages, grid, sink, x, check, stream); break;
     case dev::kBf16: dev::launch_variant<dev::kBf16>(consumers, buf, items, stages, grid, sink, x, check, stream); break;
