@@ -3,7 +3,7 @@
 # scripts/gpu-pack build-cuda, cp build-cuda/gpu-pack.tar.xz .plans/packs/s20.tar.xz; carry [".plans", ".whl"]):
 # the mends of 9930483 first (the decode probe's test and rates, GpuSpeculative with graphs), then every GPU test,
 # then bench-step at the defaults (H200 regression against session 16: 8.322 / 23.685 / 53.395 ms, 8K 0.815 s) with
-# the MTP rounds, then long contexts (#14 item 7). Ordered by value: a short call still brings the first items back.
+# the MTP rounds (long contexts moved to s20c2.sh: the call's 600 s). Ordered by value: a short call still brings the first items back.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s20.tar.xz}
@@ -16,15 +16,12 @@ grep -E "copy|^\|" $OUT/bench-decode-probe.log | head -24
 stamp "model tests (whole): GpuSpeculative with graphs after the arena mends"
 timeout 150 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|exception|too small" $OUT/model-tests.log | head -20
-stamp "op tests (whole)"
-timeout 240 $G/tern_gpu_tests > $OUT/op-tests.log 2>&1; echo "rc $?"
+stamp "op tests the session-19 changes touch (the MoE paths, PDL's kernel-path lines, the decode probe)"
+timeout 120 $G/tern_gpu_tests --gtest_filter='*MoeExperts*:*MoeGrouped*:*ActFp8Linear*:*GpuPdl*:*DecodeProbe*' \
+  > $OUT/op-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/op-tests.log | head -20
 stamp "bench-step defaults 1,16,64 @1024,8192 + prefill 1K/8K, speculative 3"
-timeout 240 $T bench-step --device cuda --config full --batches 1,16,64,128 --contexts 1024 --prefill 1024,8192 \
+timeout 200 $T bench-step --device cuda --config full --batches 1,16,64,128 --contexts 1024 --prefill 1024,8192 \
   --speculative 3 --json $OUT/bs.json > $OUT/bs.log 2>&1; echo "rc $?"
 grep -E "arena|^(decode|verify|round|prefill) " $OUT/bs.log | head -24
-stamp "long contexts (#14 item 7): 64K and 128K at batch 1 / 16, prefilled in 8K chunks"
-timeout 240 $T bench-step --device cuda --config full --batches 1,16 --contexts 65536,131072 --prefill 65536 \
-  --prefill-chunk 8192 --steps 5 --warmup 2 > $OUT/bs-long.log 2>&1; echo "rc $?"
-grep -E "state per|^(decode|prefill) |refused|needed" $OUT/bs-long.log | head -12
 stamp done
