@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Next session's first call (written in session 19; build the pack from the HEAD first: ninja -C build-cuda,
 # scripts/gpu-pack build-cuda, cp build-cuda/gpu-pack.tar.xz .plans/packs/s20.tar.xz; carry [".plans", ".whl"]):
-# the mends of 9930483 first (the decode probe's test and rates, GpuSpeculative with graphs), then every GPU test,
+# the mends of 9930483 first (the decode probe's test and rates, GpuSpeculative with graphs), then the model tests and the op tests the changes touch,
 # then bench-step at the defaults (H200 regression against session 16: 8.322 / 23.685 / 53.395 ms, 8K 0.815 s) with
 # the MTP rounds (long contexts moved to s20c2.sh: the call's 600 s). Ordered by value: a short call still brings the first items back.
 set -u
