@@ -316,13 +316,16 @@ int run(const Args& a) {
     // kernels, scratch is allocated); a server pays them once at startup (its warm-up step), so the row is the
     // second, warm run, and the first is reported beside it.
     // Longer than --prefill-chunk: chunks of that many tokens, one forward each (the last one's logits only).
-    auto timed_prefill = [&](cache::SequenceState& state) {
-      const auto t0 = std::chrono::steady_clock::now();
+    auto prefill = [&](cache::SequenceState& state) {
       for (int64_t at = 0; at < L; at += a.prefill_chunk) {
         const int64_t n = std::min(a.prefill_chunk, L - at);
         const model::StepSequence seq{&state, std::span<const int64_t>(prompt).subspan(at, n), model::LogitsFor::last};
         (void)m.forward({&seq, 1});  // host logits: returns when the device is done
       }
+    };
+    auto timed_prefill = [&](cache::SequenceState& state) {
+      const auto t0 = std::chrono::steady_clock::now();
+      prefill(state);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     PrefillRow pr;
@@ -366,9 +369,8 @@ int run(const Args& a) {
       say(cat("prefill ", prefill_line(pr)));
       if (profiler) {  // the same prompt again into a fresh state, profiled (the timed run above was not)
         cache::SequenceState again(pool, L + margin);
-        const model::StepSequence seq2{&again, prompt, model::LogitsFor::last};
         profiler->start();
-        (void)m.forward({&seq2, 1});
+        prefill(again);  // (in chunks, as timed)
         say(cat("profile of the prefill of ", L, " tokens:\n", profiler->stop(1, cat("prefill (", L, " tokens)"), 0, a.profile_top)));
       }
     }
