@@ -12,7 +12,6 @@
 #include <functional>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -162,29 +161,27 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // the first is the default.
     cuda::CudaBackend& be = cuda::register_backend();
     const int variants = T <= 64 && !g_profile ? cuda::CudaBackend::moe_variants() : 1;
-    // The decode kernels at every T (above 64: the register kernel), the grouped kernels in their own row below.
-    std::optional<gputest::MoeGroupedMinTokensGuard> decode_kernels(std::in_place, cuda::CudaBackend::library_min_tokens());
-    for (int v = 0; v < variants; ++v) {
-      be.set_moe_variant(v);
-      const std::string label =
-          variants > 1 ? cat(" v", v, " ", cuda::CudaBackend::moe_variant_name(v)) : std::string();
-      measure(cat("moe_experts (", ops::weight_format_name(f), ")", label), cat("T=", T, " experts=", distinct),
-              expert_bytes * static_cast<double>(distinct), 1,
-              [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+    {  // the decode kernels at every T (above 64: the register kernel); the grouped kernels in their own row below
+      const gputest::MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
+      for (int v = 0; v < variants; ++v) {
+        be.set_moe_variant(v);
+        const std::string label =
+            variants > 1 ? cat(" v", v, " ", cuda::CudaBackend::moe_variant_name(v)) : std::string();
+        measure(cat("moe_experts (", ops::weight_format_name(f), ")", label), cat("T=", T, " experts=", distinct),
+                expert_bytes * static_cast<double>(distinct), 1,
+                [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+      }
+      be.set_moe_variant(0);
+      std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
     }
-    be.set_moe_variant(0);
-    std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
-    decode_kernels.reset();
     // The same call on the grouped tensor-core kernels (the crossover TERN_MOE_GROUPED_MIN_TOKENS would move):
     // their time follows the experts touched, the decode kernels' the pairs.
     {  // (MXFP4 / NVFP4 at 4096 x 2048: shapes the grouped kernels take)
-      const int64_t saved = be.moe_grouped_min_tokens();
-      be.set_moe_grouped_min_tokens(1);
+      const gputest::MoeGroupedMinTokensGuard grouped(1);
       measure(cat("moe_experts grouped (", ops::weight_format_name(f), ")"), cat("T=", T, " experts=", distinct),
               expert_bytes * static_cast<double>(distinct), 1,
               [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
       std::printf("  (grouped path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
-      be.set_moe_grouped_min_tokens(saved);
     }
   }
 }

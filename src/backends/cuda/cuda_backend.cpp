@@ -77,6 +77,16 @@ void arena_branch(bool begin) {
 // allocator's stream-ordered reuse stays safe and eager and graph results are the same bits (the same
 // kernels on the same inputs; each branch has its own scratch and counters in both modes, so the side
 // lane's workspace is sized by the eager runs before any capture).
+namespace {
+// Moves the backend between its lanes: the workspace and counters always, the stream when the branch runs
+// concurrently (side_begin into the side lane; side_end and abandon_branch back to the main one).
+void swap_lanes(CudaBackend::Impl& m) {
+  std::swap(m.workspace, m.side.workspace);
+  std::swap(m.counters, m.side.counters);
+  if (m.side_concurrent) std::swap(m.stream, m.side.stream);
+}
+}  // namespace
+
 void CudaBackend::side_begin() {
   Impl& m = *impl_;
   TERN_CHECK(!m.in_side, "side_begin: a side branch is already open (side branches do not nest)");
@@ -86,10 +96,8 @@ void CudaBackend::side_begin() {
   if (m.side_concurrent) {
     TERN_CUDA(cudaEventRecord(m.fork_event, m.stream));
     TERN_CUDA(cudaStreamWaitEvent(m.side.stream, m.fork_event, 0));
-    std::swap(m.stream, m.side.stream);
   }
-  std::swap(m.workspace, m.side.workspace);
-  std::swap(m.counters, m.side.counters);
+  swap_lanes(m);
   m.in_side = true;
   arena_branch(/*begin=*/true);  // the arena holds blocks freed from now until the join (also when measuring)
 }
@@ -97,9 +105,7 @@ void CudaBackend::side_begin() {
 void CudaBackend::side_end() {
   Impl& m = *impl_;
   TERN_CHECK(m.in_side, "side_end: no side branch is open");
-  std::swap(m.workspace, m.side.workspace);
-  std::swap(m.counters, m.side.counters);
-  if (m.side_concurrent) std::swap(m.stream, m.side.stream);
+  swap_lanes(m);
   m.in_side = false;  // back on the main lane before anything may throw (abandon_branch must not swap again)
   if (m.side_concurrent) {
     TERN_CUDA(cudaEventRecord(m.join_event, m.side.stream));
@@ -109,10 +115,8 @@ void CudaBackend::side_end() {
 
 void CudaBackend::abandon_branch() {
   Impl& m = *impl_;
-  if (m.in_side) {  // back to the main lane's stream, workspace and counters, as side_end would
-    std::swap(m.workspace, m.side.workspace);
-    std::swap(m.counters, m.side.counters);
-    if (m.side_concurrent) std::swap(m.stream, m.side.stream);
+  if (m.in_side) {  // back to the main lane, as side_end would
+    swap_lanes(m);
     m.in_side = false;
   }
   m.side_pending = false;  // its join event was recorded in the abandoned capture: never wait on it
@@ -408,9 +412,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
                         "experts) and the compressors and indexer (beside the query projections) run on a second "
                         "stream with their own scratch (TERN_SIDE_STREAM=0 keeps them in order); eager steps in order"
                       : "concurrent branches off (TERN_SIDE_STREAM=0): every op in issue order on one stream");
-  if (!impl_->batch_invariant)
+  if (!impl_->batch_invariant)  // (before the PDL line, which stays last)
     paths.push_back(cat("moe_experts (mxfp4 / nvfp4): the grouped kernels (moe_sort + grouped GEMMs + moe_combine) from ",
-                        impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));  // (the PDL line stays last)
+                        impl_->moe_grouped_min_tokens, " tokens (TERN_MOE_GROUPED_MIN_TOKENS), the decode kernels below"));
   paths.push_back(pdl_enabled()
                       ? "launches: programmatic dependent launch on (TERN_PDL=0 turns it off): each kernel may start "
                         "while the previous one finishes and waits (griddepcontrol.wait) before touching its data; "

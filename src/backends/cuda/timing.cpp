@@ -147,7 +147,9 @@ std::vector<DecodeProbe> fp4_decode_probes(size_t bytes, int num_sms) {
   for (int variant = 0; variant < 4; ++variant)
     for (int consumers : {2, 3}) {
       const int most = fp4_decode_probe_max_stages() / consumers;  // slots a warpgroup's ring: 2, and the most
-      for (int per = 2; per <= most; per = per < most ? most : most + 1) {
+      std::vector<int> slots{2};
+      if (most > 2) slots.push_back(most);
+      for (const int per : slots) {
         const int stages = per * consumers;
         const Timing t = time_device([&] {
           launch_fp4_decode_probe(variant, consumers, static_cast<const uint8_t*>(buf.data()), items, stages, num_sms,

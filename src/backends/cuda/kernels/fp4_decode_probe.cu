@@ -11,8 +11,8 @@
 // multiprocessor, C consumer warpgroups and one producer warp; the block's items in turn (block b: b, b + G, ...),
 // warpgroup c taking the block's items c, c + C, ... through its own ring. Consumers, per variant:
 // - bytes: wait, read one word, release (the copy pattern's ceiling);
-// - bf16: moe_bulk's loop (mma_tile.cuh's e2m1 -> bf16 decode with the scale multiply, mma.sync m16n8k16 against
-//   8 bf16 token rows), each warp 16 rows of the stage;
+// - bf16: moe_bulk's loop itself (bulk_consume: mma_tile.cuh's e2m1 -> bf16 decode with the scale multiply,
+//   mma.sync m16n8k16 against bf16 token rows), each warp 16 rows of the stage;
 // - e4m3-natural / e4m3-moved: the e2m1 codes to e4m3 by prmt from an 8-entry table (natural: the sign in each
 //   nibble's bit 3, spread by a byte prmt and a shift; moved: the signs stored at load time where the bytes want
 //   them), wgmma m64n8k32 e4m3 with A from registers against 8 e4m3 token rows, a fresh sum per 32 columns (one
@@ -127,38 +127,18 @@ __device__ __forceinline__ void consume_e4m3(uint32_t st, uint32_t win, float (&
   add(31, d[1]);
 }
 
-// One stage of the bf16 variant: each warp its 16 rows, 8 chunks of 128 columns, moe_bulk's decode and mma.
+// One stage of the bf16 variant: moe_bulk's own loop (bulk_consume), each warp its 16 rows of the stage over its 8
+// chunks of 128 columns, with the default variant's x window (jobs of 4 tokens: token g reads row min(g, 3)).
 __device__ __forceinline__ void consume_bf16(uint32_t st, uint32_t win, float (&acc)[4]) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const uint32_t rg = st + (16 * warp + g) * kPPitch + 16 * t, rg8 = rg + 8 * kPPitch;
-  const uint32_t sc = st + kPRows * kPPitch + (16 * warp + g) * 32 + t;
-#pragma unroll 2
-  for (int c = 0; c < 8; ++c) {
-    LaneRow<WeightFormat::mxfp4> r0, r1;
-    r0.v[0] = lds128_at(rg + 64 * c);
-    r1.v[0] = lds128_at(rg8 + 64 * c);
-    uint32_t m0[2], m1[2];
-    m0[0] = m0[1] = e8m0_mult_bf16x2(lds8_at(sc + 4 * c));
-    m1[0] = m1[1] = e8m0_mult_bf16x2(lds8_at(sc + 8 * 32 + 4 * c));
-    uint4 b[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) b[q] = lds128_at(win + c * 2048 + q * 512 + lane * 16);
-    static_for<4>([&](auto qc) {
-      constexpr int Q = decltype(qc)::value;
-      static_for<2>([&](auto hc) {
-        constexpr int H = decltype(hc)::value, S = 2 * Q + H;
-        const uint32_t a0 = a_pair<WeightFormat::mxfp4, S, 0>(r0, m0), a1 = a_pair<WeightFormat::mxfp4, S, 0>(r1, m1);
-        const uint32_t a2 = a_pair<WeightFormat::mxfp4, S, 1>(r0, m0), a3 = a_pair<WeightFormat::mxfp4, S, 1>(r1, m1);
-        mma_bf16(acc, a0, a1, a2, a3, H == 0 ? b[Q].x : b[Q].z, H == 0 ? b[Q].y : b[Q].w);
-      });
-    });
-  }
+  constexpr int kWinStride = XWindow<WeightFormat::mxfp4>::stride(2 * kPRowBytes);
+  static_assert(3 * kWinStride + 8 * XWindow<WeightFormat::mxfp4>::kChunkBytes <= kPWindow);
+  const LaneOffsets o{static_cast<uint32_t>((16 * warp + g) * kPPitch + 16 * t),
+                      static_cast<uint32_t>(kPRows * kPPitch + (16 * warp + g) * 32 + t),
+                      static_cast<uint32_t>(min(g, 3) * kWinStride + 16 * t)};
+  bulk_consume<WeightFormat::mxfp4>(st, o, 8 * kPPitch, 8 * 32, win, 2 * kPRowBytes / 128, acc);
 }
 
-// check: the e4m3 variants' sums of each item (f32 [items, 64 rows, 8 tokens]) from the x window `x` (the
-// e4m3 bytes of 8 tokens x 1 024 columns in the B layout, used for each of an item's 4 stages), for the test
-// that holds the register fragments, the descriptor, the decodes and the scales to a host product; null: the
-// rate probe (x constant, the sums discarded).
 template <int V, int C>
 __global__ void __launch_bounds__(128 * C + 32, 1) fp4_decode_probe_kernel(const uint8_t* buf, int64_t items,
                                                                           int stages, uint32_t* sink,
