@@ -149,13 +149,19 @@ struct BulkRing {
 struct RingCursor {
   int slot = 0;
   uint32_t parity = 0;
+  int round = 0;  // the stage's round (stage / stages), for rings whose slots several consumer groups share
   __device__ void next(int stages) {
     if (++slot == stages) {
       slot = 0;
       parity ^= 1u;
+      ++round;
     }
   }
 };
+
+// Shared-memory words read and written around the async proxy's barriers without caching in registers.
+__device__ __forceinline__ int ld_volatile_shared(const int* p) { return *static_cast<const volatile int*>(p); }
+__device__ __forceinline__ void st_volatile_shared(int* p, int v) { *static_cast<volatile int*>(p) = v; }
 
 }  // namespace tern::cuda::dev
 

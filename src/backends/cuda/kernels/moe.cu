@@ -388,7 +388,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   for (int s = stages; s >= 2; --s) {
     const int red_off = s * pl.stage_bytes + win_bytes;
     const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
-    const int bar_off = cnt_off + (s * 4 + 15) / 16 * 16;
+    const int bar_off = cnt_off + (2 * s * 4 + 15) / 16 * 16;  // arrived[s], armed[s]
     const int smem = bar_off + 2 * s * 8;
     if (smem <= dev::kBulkMaxSmem) {
       pl.stages = s;

@@ -82,9 +82,10 @@ struct MoeBulkArgs {
 // issue(stage, full, r0, w, s) with the slot's memory and full barrier, the item's first matrix row and its
 // matrices' weight and scale pointers (UP: w1, w3; DOWN: w2); issue arms `full` before its copies.
 // LEAN: the stage's slot and parity by a RingCursor instead of divisions by the ring depth.
+// Before arming a slot for round r, lane 0 stores r in armed[slot] (moe_bulk_kernel says why).
 template <bool UP, bool LEAN, class Issue>
-__device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRing& ring, uint8_t* smem, int begin,
-                                             int end, Issue issue) {
+__device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRing& ring, int* armed, uint8_t* smem,
+                                             int begin, int end, Issue issue) {
   const MoeBulkPlan& pl = a.plan;
   const int lane = threadIdx.x & 31;
   constexpr int kMats = UP ? 2 : 1;
@@ -117,6 +118,7 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
       }
       const int slot = LEAN ? cur.slot : ring.slot(idx);
       ring.wait_free_at(slot, LEAN ? cur.parity : ring.round_parity(idx));
+      if (lane == 0) st_volatile_shared(&armed[slot], LEAN ? cur.round : idx / ring.stages);
       if constexpr (LEAN) cur.next(ring.stages);
       issue(smem + slot * pl.stage_bytes, &ring.full[slot], r0, w, s);
     }
@@ -291,6 +293,16 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // LEAN: the item bookkeeping (job = item / tiles, tile = item % tiles, the group's turn idx % groups, the
 // ring slot and parity) by counters advanced once per item instead of run-time integer divisions; the
 // same items, slots and sums.
+// The groups share one ring, so a slot's consecutive rounds belong to different groups, and a parity wait
+// alone is not enough: a group that reaches round r of a slot while round r - 1 (another group's) has not
+// landed sees the barrier in phase r - 1, and a wait for r's parity returns at once (it reads the phase
+// before, r - 2, as complete); the group would decode stale bytes and release the slot early (session 19
+// found it when the decode probe, built this way, hung). So the producer stores the round it arms in
+// armed[slot] (after the slot's previous round was released, hence after that round's phase completed),
+// and a consumer first waits until armed[slot] reaches its round: from then on the barrier is in phase r or
+// past it, and phase r + 1 cannot complete before this group releases round r, so the parity wait is exact.
+// (Waiting for the skipped rounds' parities instead can deadlock: a group two rounds behind would wait on a
+// phase only its own later release can complete.)
 template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh): nothing before the wait. The weights never change, but WHICH rows to copy comes from
@@ -312,21 +324,22 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
   int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
+  int* armed = arrived + pl.stages;                             // [stages]: the round last armed per slot
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
     ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
-    for (int s = 0; s < pl.stages; ++s) arrived[s] = 0;
+    for (int s = 0; s < pl.stages; ++s) arrived[s] = 0, armed[s] = -1;
     mbar_init_fence();
   }
   __syncthreads();
   if (warp == consumers) {
     const int64_t out = UP ? p.inter : p.D;
     if (pl.pad)
-      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+      bulk_produce<UP, LEAN>(a, ring, armed, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
         issue_octets<UP>(pl, out, stage, full, r0, w, s);
       });
     else
-      bulk_produce<UP, LEAN>(a, ring, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+      bulk_produce<UP, LEAN>(a, ring, armed, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
         issue_segments<UP>(pl, out, stage, full, r0, w, s);
       });
     grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
@@ -374,10 +387,12 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     named_bar_sync(1, threads);
   };
-  // This group's item: tile `tile` of the current job, in ring slot `slot` of round parity `parity`.
-  auto decode = [&](int tile, int slot, uint32_t parity) {
+  // This group's item: tile `tile` of the current job, in ring slot `slot` of round `round`.
+  auto decode = [&](int tile, int slot, int round) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    ring.wait_full_at(slot, parity);
+    while (ld_volatile_shared(&armed[slot]) < round) {
+    }
+    ring.wait_full_at(slot, static_cast<uint32_t>(round & 1));
     bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, pl.oct_bytes, 8 * pl.s_stride, smem0 + pl.win_off, per, acc);
     const int64_t tile_row0 = static_cast<int64_t>(tile) * pl.rows_per_item;
     if (pl.ks == 1) {  // one slice: the warp finishes its m-tile ((0 + s0): -0 becomes +0, as the sums below)
@@ -417,7 +432,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     RingCursor cur;
     for (int item = begin; item < end; ++item) {
       enter_job(job);
-      if (turn == group) decode(tile, cur.slot, cur.parity);
+      if (turn == group) decode(tile, cur.slot, cur.round);
       cur.next(pl.stages);
       if (++turn == groups) turn = 0;
       if (++tile == pl.tiles) tile = 0, ++job;
@@ -427,7 +442,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       const int idx = item - begin;
       enter_job(item / pl.tiles);
       if (idx % groups != group) continue;  // another group's item
-      decode(item % pl.tiles, ring.slot(idx), ring.round_parity(idx));
+      decode(item % pl.tiles, ring.slot(idx), idx / pl.stages);
     }
   }
 }
