@@ -81,10 +81,10 @@ int64_t resolve_speculative_max_batch(const ServeOptions& a, const model::Model&
              " --save-speculative-threshold` (same model shape) or give --speculative-max-batch N");
   TERN_CHECK(t->max_batch > 0, "--speculative auto: the measurement in ", path, " (", t->measured, ") found that ", k,
              " drafts never pay on ", device, " at acceptance length ", t->acceptance_length,
-             "; use --speculative off, or force it with --speculative-max-batch N");
+             " and a least gain of ", t->min_gain, "x; use --speculative off, or force it with --speculative-max-batch N");
   log::info("speculative decoding: MTP, ", k, " drafts a round, while at most ", t->max_batch,
             " sequences decode (--speculative auto: measured ", t->measured, " at acceptance length ",
-            t->acceptance_length, ", from ", path, ")");
+            t->acceptance_length, " and a least gain of ", t->min_gain, "x, from ", path, ")");
   return t->max_batch;
 }
 

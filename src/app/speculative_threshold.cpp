@@ -23,7 +23,7 @@ json to_json(const SpeculativeThreshold& t) {
   json ratios = json::array();
   for (const auto& [batch, ratio] : t.ratios) ratios.push_back({{"batch", batch}, {"ratio", ratio}});
   return {{"device", t.device},       {"model", t.model},       {"k", t.k},
-          {"acceptance_length", t.acceptance_length}, {"max_batch", t.max_batch}, {"ratios", ratios},
+          {"acceptance_length", t.acceptance_length}, {"min_gain", t.min_gain}, {"max_batch", t.max_batch}, {"ratios", ratios},
           {"measured", t.measured}};
 }
 
@@ -33,6 +33,7 @@ SpeculativeThreshold from_json(const json& j) {
   t.model = j.at("model").get<std::string>();
   t.k = j.at("k").get<int>();
   t.acceptance_length = j.at("acceptance_length").get<double>();
+  t.min_gain = j.value("min_gain", 1.0);  // entries saved before session 20 used the bare rule
   t.max_batch = j.at("max_batch").get<int64_t>();
   for (const auto& r : j.at("ratios")) t.ratios.emplace_back(r.at("batch").get<int64_t>(), r.at("ratio").get<double>());
   t.measured = j.value("measured", "");
@@ -75,12 +76,14 @@ std::string speculative_device_key(const std::string& device) {
 
 std::string speculative_threshold_path() { return (cache_root() / "speculative-thresholds.json").string(); }
 
-int64_t threshold_from_ratios(const std::vector<std::pair<int64_t, double>>& ratios, double acceptance_length) {
+int64_t threshold_from_ratios(const std::vector<std::pair<int64_t, double>>& ratios, double acceptance_length,
+                              double min_gain) {
+  TERN_CHECK(min_gain >= 1.0, "the least speculative gain must be at least 1 (got ", min_gain, ")");
   auto sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
   int64_t best = 0;
   for (const auto& [batch, ratio] : sorted) {
-    if (ratio >= acceptance_length) break;
+    if (ratio >= acceptance_length || ratio * min_gain > acceptance_length) break;
     best = batch;
   }
   return best;

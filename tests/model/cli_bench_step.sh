@@ -47,3 +47,29 @@ assert pre[100]["chunks"] == 4 and pre[100]["first_run_seconds"] == 0 and pre[10
 assert [(r["batch"], r["context"]) for r in j["decode"]] == [(1, 70)] and j["decode"][0]["step_ms"] > 0, j["decode"]
 print("bench-step --prefill-chunk: ok")
 PY
+# --speculative k --save-speculative-threshold: the auto threshold from the MTP rounds at the acceptance length and
+# the least gain given, stored for `tern serve --speculative auto` in $TERN_CACHE.
+for gain in 1.0 8.0; do
+  TERN_CACHE="$OUT/cache-$gain" "$TERN" bench-step --config tiny --batches 1,3 --contexts 40 --prefill 40 --steps 2 \
+    --warmup 1 --speculative 1 --speculative-acceptance 10 --speculative-min-gain $gain --save-speculative-threshold \
+    >"$OUT/bench-step-spec-$gain.log" 2>&1 || { cat "$OUT/bench-step-spec-$gain.log"; exit 1; }
+  grep -q "^speculative auto threshold at acceptance length 10 and a least gain of ${gain%.0}x: " "$OUT/bench-step-spec-$gain.log"
+  python3 - "$OUT/cache-$gain/speculative-thresholds.json" "$gain" <<'PY'
+import json, sys
+[t] = json.load(open(sys.argv[1]))
+gain = float(sys.argv[2])
+assert t["k"] == 1 and t["acceptance_length"] == 10 and t["min_gain"] == gain, t
+ratios = {r["batch"]: r["ratio"] for r in t["ratios"]}
+assert sorted(ratios) == [1, 3], t
+# The rule: the largest batch, from the smallest, whose predicted gain 10 / ratio is at least the least gain.
+want = 0
+for b in sorted(ratios):
+    if 10 / ratios[b] < gain:
+        break
+    want = b
+assert t["max_batch"] == want, t
+print("threshold at least gain", gain, ":", want, ratios)
+PY
+done
+! "$TERN" bench-step --config tiny --speculative 1 --speculative-min-gain 0.5 >"$OUT/bench-step-badgain.log" 2>&1
+grep -q "speculative-min-gain" "$OUT/bench-step-badgain.log"

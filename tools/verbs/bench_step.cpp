@@ -58,6 +58,7 @@ struct Args {
   // at this acceptance length (0: the rule of thumb for k, kDefaultAcceptance), saved for `tern serve --speculative
   // auto` with --save-speculative-threshold (app/speculative_threshold.h).
   double speculative_acceptance = 0;
+  double speculative_min_gain = app::kSpeculativeMinGain;
   bool save_speculative_threshold = false;
   // --prefill-chunk N: a prompt longer than N is prefilled in chunks of N tokens, one forward each, as a server's
   // --max-chunk does (issue #14 item 7: decode rows at 64K-1M contexts, whose one-shot prefill would need tens
@@ -607,13 +608,15 @@ int run(const Args& a) {
     t.model = app::speculative_model_key(m);
     t.k = static_cast<int>(a.speculative);
     t.acceptance_length = L;
+    t.min_gain = a.speculative_min_gain;
     for (const RoundRow& r : round_rows)
       if (r.context == round_rows.front().context) t.ratios.emplace_back(r.batch, r.ratio());
-    t.max_batch = app::threshold_from_ratios(t.ratios, L);
+    t.max_batch = app::threshold_from_ratios(t.ratios, L, t.min_gain);
     t.measured = cat(date, ", commit ", commit, ", context ", round_rows.front().context);
-    say(cat("speculative auto threshold at acceptance length ", L, ": ",
+    say(cat("speculative auto threshold at acceptance length ", L, " and a least gain of ", t.min_gain, "x: ",
             t.max_batch > 0 ? cat("draft while at most ", t.max_batch, " sequences decode") : std::string("never pays"),
-            " (context ", round_rows.front().context, "; the largest batch before the round costs L decode steps)"));
+            " (context ", round_rows.front().context, "; the largest batch before the round costs more than L / ",
+            t.min_gain, " decode steps)"));
     if (a.save_speculative_threshold) {
       app::save_speculative_threshold(t);
       say(cat("saved to ", app::speculative_threshold_path(), " for ", t.device, ", ", t.model));
@@ -710,6 +713,11 @@ const bool registered = tern::tools::register_verb(
            ->capture_default_str();
        app.add_option("--speculative-acceptance", a->speculative_acceptance,
                       "acceptance length the auto threshold is taken at (default by k: 1.8, 2.3, 2.5)");
+       app.add_option("--speculative-min-gain", a->speculative_min_gain,
+                      "least predicted gain (acceptance length / round-to-decode ratio) at which the auto threshold "
+                      "counts a batch as paying: the server adds costs the measured round leaves out (docs/mtp.md)")
+           ->capture_default_str()
+           ->check(CLI::Range(1.0, 10.0));
        app.add_flag("--save-speculative-threshold", a->save_speculative_threshold,
                     "save the measured auto threshold for `tern serve --speculative auto` on this device and model "
                     "shape (needs --speculative k and an MTP layer)");
