@@ -677,6 +677,42 @@ void bench_library(const std::vector<int64_t>& Ts) {
       std::fflush(stdout);
     }
   }
+  if (!fp8) return;
+  // wo_a: 8 groups of 1024 x 4096, one cuBLASLt call per group on the side streams, against one group's time x 8 (the
+  // groups in series) and the whole shape in one bf16 product (the bench-step row's reference).
+  std::printf("\nwo_a as fp8_block in 8 groups (1024 x 4096 each) against 8 single-group calls in series:\n"
+              "| T | 8 groups us | TFLOP/s | 8 x one group us | bf16 8192x4096 us (whole shape, one product) |\n"
+              "|---:|---:|---:|---:|---:|\n");
+  for (const int64_t T : Ts) {
+    const double flop = 2.0 * static_cast<double>(T) * 8 * 1024 * 4096;
+    const double grouped = lib.time_fp8_block_us(s, T, 1024, 4096, 10, 8);
+    const double one = lib.time_fp8_block_us(s, T, 1024, 4096, 10);
+    const double bf16_us = lib.time_us(s, T, 8192, 4096, false, 10);
+    std::printf("| %lld | %.1f | %.0f | %.1f | %.1f |\n", static_cast<long long>(T), grouped, flop / (grouped * 1e6),
+                8 * one, bf16_us);
+    std::fflush(stdout);
+  }
+  // The heuristic's first algorithm (what fp8_block runs) against its next ones, per shape: whether a sweep at plan
+  // time would pay.
+  std::printf("\ncuBLASLt FP8 block-scaled algorithms in the heuristic's order (us; fp8_block runs the first):\n"
+              "| product | out x in | T | first | best | best's index | all |\n|---|---|---:|---:|---:|---:|---|\n");
+  const std::vector<Projection> sweep{{"wq_a+wkv", 1536, 4096}, {"shared.w2", 4096, 2048}, {"wo_a group", 1024, 4096},
+                                      {"wq_b", 32768, 1024}};
+  for (const int64_t T : Ts)
+    for (const Projection& p : sweep) {
+      const std::vector<double> us = lib.time_fp8_block_algos_us(s, T, p.out, p.in, 10, 8);
+      size_t best = 0;
+      std::string all;
+      for (size_t i = 0; i < us.size(); ++i) {
+        if (us[i] < us[best]) best = i;
+        char one[32];
+        std::snprintf(one, sizeof(one), "%s%.1f", i ? " / " : "", us[i]);
+        all += one;
+      }
+      std::printf("| %s | %lldx%lld | %lld | %.1f | %.1f | %zu | %s |\n", p.name, static_cast<long long>(p.out),
+                  static_cast<long long>(p.in), static_cast<long long>(T), us[0], us[best], best, all.c_str());
+      std::fflush(stdout);
+    }
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ struct Fp8Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> more;  // the heuristic's next choices, when asked for (the algorithm sweep)
   Fp8Plan() = default;
   Fp8Plan(const Fp8Plan&) = delete;
   Fp8Plan& operator=(const Fp8Plan&) = delete;
@@ -104,9 +105,10 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
 }
 
 // Descriptors of y^T [out, T] = W [in, out]^T x^T [in, T] with the weight's 128x128 and x's 1x128 scales, and the
-// heuristic's first algorithm. The scale pointers are set before the heuristic (it refuses a block-scaled
-// mode without one) and again at every call.
-std::unique_ptr<Fp8Plan> make_fp8_plan(cublasLtHandle_t lt, const Fp8Key& key, const float* sw, const float* sx) {
+// heuristic's first algorithm (and up to `extra` more of its choices in `more`). The scale pointers are set before
+// the heuristic (it refuses a block-scaled mode without one) and again at every call.
+std::unique_ptr<Fp8Plan> make_fp8_plan(cublasLtHandle_t lt, const Fp8Key& key, const float* sw, const float* sx,
+                                       int extra = 0) {
   const auto [T, out, in, ldx, ldy, align_x, align_w, align_y] = key;
   auto p = std::make_unique<Fp8Plan>();
   check_cublas(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -129,15 +131,17 @@ std::unique_ptr<Fp8Plan> make_fp8_plan(cublasLtHandle_t lt, const Fp8Key& key, c
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_x));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_y));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_y));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(1 + extra));
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->w, p->x, p->y, p->y, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->w, p->x, p->y, p->y, pref, 1 + extra,
+                                                           results.data(), &found);
   TERN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "cuBLASLt has no FP8 block-scaled product (1x128 x 128x128) for T = ",
              T, ", out = ", out, ", in = ", in, " (ldx ", ldx, ", ldy ", ldy, ", alignments x ", align_x, " w ", align_w,
              " y ", align_y, " bytes): ", cublasGetStatusName(st), ", ", found,
              " algorithms (these modes need an sm_90 card and cuBLAS >= 12.9)");
-  p->algo = result.algo;
+  p->algo = results[0].algo;
+  for (int i = 1; i < found; ++i)
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) p->more.push_back(results[static_cast<size_t>(i)].algo);
   return p;
 }
 
@@ -290,8 +294,10 @@ void check_fp8_args(int64_t T, int64_t out, int64_t in, const uint8_t* xq, int64
 }  // namespace
 
 // One cuBLASLt call per group: its strided batches would need the scale tensors' batch strides, which the
-// block-scaling modes do not document; a group is a full product of >= 512 x 128 x 128, so the calls are few and
-// each fills the card.
+// block-scaling modes do not document. The groups run on the side streams, kSide at a time (each with its own
+// workspace), as bf16_each's experts do: one group of wo_a at 1K tokens is 8 x 8 tiles of 128 x 128 for 132
+// multiprocessors, so in series the 8 groups left half the card idle (session 20, H100: 340 TFLOP/s, 47% of
+// cuBLAS bf16 on the whole shape). Each group's call is the same as in series: the same bits.
 void LibraryGemm::fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, const uint8_t* xq, int64_t ldx,
                             const float* sx, const uint8_t* wq, const float* sw, float* y, int64_t ldy, int groups) {
   if (T == 0) return;
@@ -306,15 +312,27 @@ void LibraryGemm::fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, 
   Fp8Plan& p = impl_->fp8_plan(key, sw, sx);
   const int64_t sw_group = out / kFp8Block * fp8_weight_scale_ld(in), sx_group = in / kFp8Block * T;
   const float alpha = 1.0f, beta = 0.0f;
+  const int sides = groups > 1 ? std::min(groups, kSide) : 0;
+  if (sides > 0) {  // the side streams start after everything issued on s so far
+    TERN_CUDA(cudaEventRecord(impl_->fork, s));
+    for (int i = 0; i < sides; ++i) TERN_CUDA(cudaStreamWaitEvent(impl_->side[i], impl_->fork, 0));
+  }
   for (int g = 0; g < groups; ++g) {
     const float* swg = sw + g * sw_group;
     const float* sxg = sx + g * sx_group;
+    // The descriptor is read when the call is issued, so the next group may set its own pointers after it.
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(swg));
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(sxg));
     float* yg = y + g * out;
+    cudaStream_t gs = sides > 0 ? impl_->side[g % sides] : s;
+    void* ws = sides > 0 ? impl_->side_workspace[g % sides].data() : impl_->workspace.data();
     check_cublas(cublasLtMatmul(impl_->lt, p.desc, &alpha, wq + g * out * in, p.w, xq + g * in, p.x, &beta, yg, p.y, yg,
-                                p.y, &p.algo, impl_->workspace.data(), kWorkspaceBytes, s),
+                                p.y, &p.algo, ws, kWorkspaceBytes, gs),
                  "cublasLtMatmul (FP8 block-scaled)");
+  }
+  for (int i = 0; i < sides; ++i) {  // s continues after every group
+    TERN_CUDA(cudaEventRecord(impl_->join[i], impl_->side[i]));
+    TERN_CUDA(cudaStreamWaitEvent(s, impl_->join[i], 0));
   }
 }
 
@@ -367,26 +385,69 @@ double LibraryGemm::time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k,
   return t.median_us;
 }
 
-double LibraryGemm::time_fp8_block_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps) {
-  const int64_t ld = fp8_weight_scale_ld(in), sx_n = in / kFp8Block * T, sw_n = out / kFp8Block * ld;
-  DeviceBuffer x(static_cast<size_t>(T * in)), w(static_cast<size_t>(out * in)), sx(static_cast<size_t>(sx_n) * 4),
-      sw(static_cast<size_t>(sw_n) * 4), y(static_cast<size_t>(T * out) * 4),
-      ones(static_cast<size_t>(std::max(sx_n, sw_n)));
-  launch_fill_random_e4m3(static_cast<uint8_t*>(x.data()), T * in, 31, s);
-  launch_fill_random_e4m3(static_cast<uint8_t*>(w.data()), out * in, 32, s);
-  // Unit scales (e8m0 127 = 1.0) through the load-time conversion: only the timing matters.
-  TERN_CUDA(cudaMemsetAsync(ones.data(), 127, ones.size(), s));
-  launch_block_scales_f32(ones.data(), false, in / kFp8Block, T, T, static_cast<float*>(sx.data()), s);
-  launch_block_scales_f32(ones.data(), false, out / kFp8Block, in / kFp8Block, ld, static_cast<float*>(sw.data()), s);
-  check_launch("fill_random_e4m3 / block_scales_f32");
+namespace {
+
+// Random e4m3 operands of fp8_block(T, out, in, groups) with unit scales (e8m0 127 = 1.0, through the load-time
+// conversion) in device memory: only timings are taken on them.
+struct Fp8Operands {
+  DeviceBuffer x, w, sx, sw, y, ones;
+  Fp8Operands(cudaStream_t s, int64_t T, int64_t out, int64_t in, int groups) {
+    const int64_t ld = LibraryGemm::fp8_weight_scale_ld(in), sx_n = groups * in / kFp8Block * T,
+                  sw_n = groups * out / kFp8Block * ld;
+    x = DeviceBuffer(static_cast<size_t>(T * groups * in));
+    w = DeviceBuffer(static_cast<size_t>(groups * out * in));
+    sx = DeviceBuffer(static_cast<size_t>(sx_n) * 4);
+    sw = DeviceBuffer(static_cast<size_t>(sw_n) * 4);
+    y = DeviceBuffer(static_cast<size_t>(T * groups * out) * 4);
+    ones = DeviceBuffer(static_cast<size_t>(std::max(sx_n, sw_n)));
+    launch_fill_random_e4m3(static_cast<uint8_t*>(x.data()), T * groups * in, 31, s);
+    launch_fill_random_e4m3(static_cast<uint8_t*>(w.data()), groups * out * in, 32, s);
+    TERN_CUDA(cudaMemsetAsync(ones.data(), 127, ones.size(), s));
+    launch_block_scales_f32(ones.data(), false, groups * in / kFp8Block, T, T, static_cast<float*>(sx.data()), s);
+    launch_block_scales_f32(ones.data(), false, groups * out / kFp8Block, in / kFp8Block, ld,
+                            static_cast<float*>(sw.data()), s);
+    check_launch("fill_random_e4m3 / block_scales_f32");
+  }
+  const uint8_t* xq() const { return static_cast<const uint8_t*>(x.data()); }
+  const uint8_t* wq() const { return static_cast<const uint8_t*>(w.data()); }
+  const float* sxp() const { return static_cast<const float*>(sx.data()); }
+  const float* swp() const { return static_cast<const float*>(sw.data()); }
+  float* yp() const { return static_cast<float*>(y.data()); }
+};
+
+}  // namespace
+
+double LibraryGemm::time_fp8_block_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps, int groups) {
+  const Fp8Operands o(s, T, out, in, groups);
   const Timing t = time_device(
-      [&] {
-        fp8_block(s, T, out, in, static_cast<const uint8_t*>(x.data()), in, static_cast<const float*>(sx.data()),
-                  static_cast<const uint8_t*>(w.data()), static_cast<const float*>(sw.data()),
-                  static_cast<float*>(y.data()), out);
-      },
+      [&] { fp8_block(s, T, out, in, o.xq(), groups * in, o.sxp(), o.wq(), o.swp(), o.yp(), groups * out, groups); },
       2, reps);
   return t.median_us;
+}
+
+std::vector<double> LibraryGemm::time_fp8_block_algos_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps,
+                                                         int max_algos) {
+  TERN_CHECK(impl_->fp8_ok, "library FP8 GEMM: no block-scaled FP8 products on this card / cuBLASLt");
+  const Fp8Operands o(s, T, out, in, 1);
+  const Fp8Key key{T, out, in, in, out, alignment_bytes(reinterpret_cast<uintptr_t>(o.xq())),
+                   alignment_bytes(reinterpret_cast<uintptr_t>(o.wq())),
+                   alignment_bytes(reinterpret_cast<uintptr_t>(o.yp()))};
+  const std::unique_ptr<Fp8Plan> p = make_fp8_plan(impl_->lt, key, o.swp(), o.sxp(), std::max(0, max_algos - 1));
+  std::vector<cublasLtMatmulAlgo_t> algos{p->algo};
+  algos.insert(algos.end(), p->more.begin(), p->more.end());
+  std::vector<double> us;
+  const float alpha = 1.0f, beta = 0.0f;
+  for (const cublasLtMatmulAlgo_t& algo : algos) {
+    const Timing t = time_device(
+        [&] {
+          check_cublas(cublasLtMatmul(impl_->lt, p->desc, &alpha, o.wq(), p->w, o.xq(), p->x, &beta, o.yp(), p->y,
+                                      o.yp(), p->y, &algo, impl_->workspace.data(), kWorkspaceBytes, s),
+                       "cublasLtMatmul (FP8 block-scaled, algorithm sweep)");
+        },
+        2, reps);
+    us.push_back(t.median_us);
+  }
+  return us;
 }
 
 }  // namespace tern::cuda

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 
 namespace tern::cuda {
@@ -72,7 +73,8 @@ class LibraryGemm {
   // - in % 128 == 0, out % 128 == 0, T % 4 == 0 (see kFp8TokenMultiple), every pointer 16-byte aligned, ldy % 4 == 0.
   // groups > 1: a block-diagonal weight (wo_a): `out` and `in` are one group's; xq [T, groups * in], wq
   // [groups * out, in], y [T, groups * out] (group g maps columns g * in.. of x to columns g * out.. of y), sx
-  // [groups * in / 128][T], sw [groups * out / 128][fp8_weight_scale_ld(in)]. One cuBLASLt call per group.
+  // [groups * in / 128][T], sw [groups * out / 128][fp8_weight_scale_ld(in)]. One cuBLASLt call per group, the
+  // groups spread over side streams (ordered after everything issued on s before, and s after them).
   // Throws tern::Error on a shape or layout it cannot take, or where the card / cuBLAS has no such product.
   void fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, const uint8_t* xq, int64_t ldx, const float* sx,
                  const uint8_t* wq, const float* sw, float* y, int64_t ldy, int groups = 1);
@@ -88,8 +90,12 @@ class LibraryGemm {
   // Time of the MoE's products alone on already expanded bf16 experts: T tokens x k picks spread evenly
   // over E experts, w1|w3 ([2 inter, D]) then w2 ([D, inter]) per expert, as the op issues them.
   double time_moe_us(cudaStream_t s, int64_t T, int64_t E, int64_t k, int64_t D, int64_t inter, int reps);
-  // Time of fp8_block(T, out, in) on random operands in device memory (unit scales; T a multiple of 4).
-  double time_fp8_block_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps);
+  // Time of fp8_block(T, out, in, groups) on random operands in device memory (unit scales; T a multiple of 4).
+  double time_fp8_block_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps, int groups = 1);
+  // Times of the same product (one group) on each of the heuristic's first `max_algos` algorithms, in its order
+  // (fp8_block runs the first): whether the heuristic's first choice is the fastest at a shape.
+  std::vector<double> time_fp8_block_algos_us(cudaStream_t s, int64_t T, int64_t out, int64_t in, int reps,
+                                              int max_algos);
 
  private:
   struct Impl;
