@@ -9,7 +9,7 @@ source scripts/plans/env.sh
 stamp "op tests (all)"
 timeout 330 $G/tern_gpu_tests > $OUT/op-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/op-tests.log | head -20; grep -E "^\[ RUN" $OUT/op-tests.log | tail -1
-stamp "PD TTFT against a full-depth 8K prefill (#15; needs .whl: pytest pluggy iniconfig packaging)"
+stamp "PD TTFT against a full-depth 8K prefill (#15; needs .whl: pip download --no-deps -d .whl pytest pluggy iniconfig packaging pygments exceptiongroup tomli)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 TERN_BIN=$PWD/$T TERN_DEVICE=cuda TERN_PD_BACKEND=cuda-ipc PYTHONUNBUFFERED=1 timeout 200 \
   python3 -m pytest -q -s -p no:cacheprovider tests/router/test_pd_ttft.py > $OUT/pd-ttft.log 2>&1; echo "rc $?"
