@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
 #include "ops/act_quant.h"
@@ -35,6 +38,37 @@ Tensor spread_rows(int64_t T, int64_t cols, Rand& r) {
     if (r.index(97) == 0) v[i] *= 64.0f;     // outliers
   }
   return x;
+}
+
+// The e4m3 grouped kernels' precondition (moe_e4m3_fold_ok): every row's four MXFP4 scales of a 128-column group
+// within 2^8 of their largest. RandomExperts' scales (base +- 1) pass; one scale byte moved 9 below its group's
+// others fails, 8 below passes.
+TEST(GpuActFp8, E4m3FoldCheckFindsTheSpread) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  constexpr int64_t E = 4, D = 256, inter = 256;
+  RandomExperts experts(ops::WeightFormat::mxfp4, E, D, inter, r);
+  std::vector<cuda::ExpertDesc> host(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const ops::Weight* ws[3] = {&experts.on_device[e].w1, &experts.on_device[e].w2, &experts.on_device[e].w3};
+    for (int i = 0; i < 3; ++i) host[e].w[i] = ws[i]->weight.data(), host[e].s[i] = ws[i]->scale.data();
+  }
+  cuda::DeviceBuffer table(E * sizeof(cuda::ExpertDesc));
+  ASSERT_EQ(cudaMemcpy(table.data(), host.data(), table.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  const auto s = static_cast<cudaStream_t>(cuda::register_backend().stream());
+  const auto* t = static_cast<const cuda::ExpertDesc*>(table.data());
+  EXPECT_TRUE(cuda::moe_e4m3_fold_ok(t, E, D, inter, s));
+  // Expert 2's w2 (rows of inter / 32 = 8 scale bytes), row 5, the second 128-column group: byte 6.
+  auto* scale = static_cast<uint8_t*>(const_cast<void*>(experts.on_device[2].w2.scale.data())) + 5 * (inter / 32) + 6;
+  uint8_t group[4];
+  ASSERT_EQ(cudaMemcpy(group, scale - 2, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  const int lo = std::min({group[0], group[1], group[3]}), hi = std::max({group[0], group[1], group[3]});
+  for (const int shift : {8, 9}) {
+    const uint8_t v = static_cast<uint8_t>(hi - shift);
+    ASSERT_GE(lo, hi - 2);
+    ASSERT_EQ(cudaMemcpy(scale, &v, 1, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cuda::moe_e4m3_fold_ok(t, E, D, inter, s), shift <= 8) << "a scale " << shift << " below its group's largest";
+  }
 }
 
 TEST(GpuActFp8, QuantiserEqualsCpu) {
@@ -207,8 +241,11 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       bool library;
       bool decode_kernels = false;  // below the library threshold on the decode kernels (100: the register kernel)
     };
+    // e4m3 (TERN_MOE_GROUPED=e4m3, moe_grouped_e4m3.cuh): MXFP4 experts take the e4m3 kernels (32-pair tiles at 100
+    // tokens, 64 at 600), NVFP4 ones the bf16 wgmma kernel (its scales do not fold); both against the CPU.
     for (const Run& run : {Run{1, "", false}, Run{16, "", false}, Run{64, "", false}, Run{100, "", false, true},
-                           Run{100, "", false}, Run{600, "mma", false}, Run{600, "wgmma", false}, Run{600, "", true}}) {
+                           Run{100, "", false}, Run{600, "mma", false}, Run{600, "wgmma", false}, Run{600, "", true},
+                           Run{100, "e4m3", false}, Run{600, "e4m3", false}}) {
       const int64_t T = run.T;
       const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});
@@ -223,6 +260,10 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
       if (*run.grouped != '\0') setenv("TERN_MOE_GROUPED", run.grouped, 1);
       be.set_moe_prefill_library(run.library);
+      if (std::string_view(run.grouped) == "e4m3")
+        EXPECT_EQ(be.moe_path(experts.on_device[0].w1, T).find("moe_grouped_e4m3_kernel") != std::string::npos,
+                  f == ops::WeightFormat::mxfp4)
+            << be.moe_path(experts.on_device[0].w1, T);
       {
         const MoeGroupedMinTokensGuard paths(run.decode_kernels ? cuda::CudaBackend::library_min_tokens()
                                                                 : be.moe_grouped_min_tokens());

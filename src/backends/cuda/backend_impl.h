@@ -47,6 +47,7 @@ struct CudaBackend::Impl {
     DeviceBuffer table;
     std::vector<ExpertDesc> host;  // what `table` holds
     bool aligned = false;  // every matrix and scale pointer 16-byte aligned (the bulk copies need it)
+    bool e4m3_fold_ok = false;  // MXFP4 scales that fold into e4m3 codes (moe_e4m3_fold_ok, checked once here)
   };
   std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;
   // The streaming linear's K groups per weight (by its device address), from tune_linears.

@@ -3,6 +3,7 @@
 // "Library GEMMs").
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -12,8 +13,10 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "core/env.h"
+#include "core/log.h"
 
 namespace tern::cuda {
 
@@ -238,9 +241,23 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
   launch_moe_sort(p, reinterpret_cast<int*>(ws + counts_at), reinterpret_cast<int*>(ws + sorted_at), pos,
                   reinterpret_cast<int*>(ws + jobs_at), reinterpret_cast<int*>(ws + num_at), s);
   check_launch("moe_sort");
-  // The wgmma kernels from 48 mean pairs an expert, the mma.sync ones below (TERN_MOE_GROUPED forces either).
-  if (moe_grouped_wgmma_selected(p)) launch_moe_grouped_wgmma(p, b, s);
-  else launch_moe_grouped(p, b, s);
+  // The wgmma kernels from 48 mean pairs an expert, the mma.sync ones below (TERN_MOE_GROUPED forces either);
+  // TERN_MOE_GROUPED=e4m3 the e4m3 ones where the experts allow them (else the bf16 wgmma ones, said once).
+  if (std::string_view(moe_grouped_kernel_forced()) == "e4m3" && moe_grouped_e4m3_supported(p)) {
+    launch_moe_grouped_e4m3(p, b, s);
+  } else {
+    if (std::string_view(moe_grouped_kernel_forced()) == "e4m3") {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        log::warn("TERN_MOE_GROUPED=e4m3: some routed experts take the bf16 wgmma kernel instead (the e4m3 one needs "
+                  "MXFP4 experts with --activations fp8 and every row's scales within 2^8 in 128 columns; these: ",
+                  ops::weight_format_name(p.kind), p.act_fp8 ? ", fp8 activations" : ", not fp8 activations",
+                  p.e4m3_fold_ok ? "" : ", scales that do not fold", ")");
+      });
+    }
+    if (moe_grouped_wgmma_selected(p)) launch_moe_grouped_wgmma(p, b, s);
+    else launch_moe_grouped(p, b, s);
+  }
   check_launch("moe_grouped");
   launch_moe_combine(p, b.y, pos, s);
   check_launch("moe_combine");

@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
+#include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 
 namespace tern::cuda {
@@ -271,8 +272,14 @@ const CudaBackend::Impl::ExpertTable& expert_table(CudaBackend::Impl& impl, std:
              "eagerly once first)");
   DeviceBuffer buf(host.size() * sizeof(ExpertDesc));
   TERN_CUDA(cudaMemcpy(buf.data(), host.data(), buf.size(), cudaMemcpyHostToDevice));
+  // The e4m3 grouped kernels fold each row's MXFP4 scales per 128 columns: whether these experts allow it, once.
+  const DeviceMat m1 = device_mat(experts[0].w1);
+  const int64_t D = experts[0].w1.in, inter = experts[0].w1.out;
+  const bool fold_ok = m1.kind == WeightFormat::mxfp4 && !m1.scale_f32 && D % 128 == 0 && inter % 128 == 0 &&
+                       moe_e4m3_fold_ok(static_cast<const ExpertDesc*>(buf.data()), static_cast<int64_t>(host.size()),
+                                        D, inter, impl.stream);
   auto& table = impl.expert_tables[key];
-  table = CudaBackend::Impl::ExpertTable{std::move(buf), std::move(host), aligned};
+  table = CudaBackend::Impl::ExpertTable{std::move(buf), std::move(host), aligned, fold_ok};
   return table;
 }
 
@@ -312,6 +319,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;
+  p.e4m3_fold_ok = table.e4m3_fold_ok;
   p.variant = impl_->moe_variant;
   // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
   for (const ops::Expert& e : a.experts)
@@ -364,6 +372,11 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
   if (impl_->moe_grouped_for(T) && !impl_->moe_library_forced(T) && moe_grouped_supported(p)) {
     const std::string_view forced = moe_grouped_kernel_forced();
     if (forced == "wgmma") return moe_grouped_wgmma_path_name(p);
+    if (forced == "e4m3") {
+      if (!w1.act_fp8 || p.kind != WeightFormat::mxfp4) return moe_grouped_wgmma_path_name(p);
+      return cat(moe_grouped_e4m3_path_name(p), " where the layer's MXFP4 scales fold (within 2^8 in 128 columns), else ",
+                 moe_grouped_wgmma_path_name(p));
+    }
     if (forced == "mma") return moe_grouped_path_name(p);
     return cat("from ", kMoeWgmmaMinPairs, " mean pairs an expert ", moe_grouped_wgmma_path_name(p), "; below ",
                moe_grouped_path_name(p));

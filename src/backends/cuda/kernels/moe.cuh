@@ -49,6 +49,9 @@ struct MoeParams {
   // output, between its up and down products (1x128 e4m3, power-of-two scales: the official reference's FP4 x
   // FP8 experts, with the dequantised values exact in bf16 and f32).
   bool act_fp8 = false;
+  // MXFP4 experts whose four scales of every 128-column group lie within 2^8 of their largest (moe_e4m3_fold_ok,
+  // computed once per expert table): the e4m3 grouped kernels (moe_grouped_e4m3.cuh) can take them.
+  bool e4m3_fold_ok = false;
 };
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).

@@ -12,7 +12,8 @@
 
 namespace tern::cuda {
 
-// Whether a prefill chunk's grouped experts take the wgmma kernels: TERN_MOE_GROUPED=wgmma always, =mma never
+// Whether a prefill chunk's grouped experts take the wgmma kernels: TERN_MOE_GROUPED=wgmma always (=e4m3 too, where
+// the e4m3 kernels of moe_grouped_e4m3.cuh cannot run), =mma never
 // (read at each call, so tests and benchmarks can switch; other values refused); unset or auto, from
 // kMoeWgmmaMinPairs mean pairs an expert (measured on the H200, session 10 call 6, one V4-Flash layer: 2K tokens
 // (48 an expert) 3.12 -> 2.38 ms, 8K 9.32 -> 5.70 ms; at 1K (24 an expert, a 64-pair tile mostly padding)
@@ -20,7 +21,7 @@ namespace tern::cuda {
 // p.E == 0 (a shape-only query): true only when forced.
 inline constexpr int64_t kMoeWgmmaMinPairs = 48;
 bool moe_grouped_wgmma_selected(const MoeParams& p);
-// "wgmma", "mma" or "" (unset or auto: by pairs per expert), for path names.
+// "wgmma", "mma", "e4m3" or "" (unset or auto: by pairs per expert), for path names.
 const char* moe_grouped_kernel_forced();
 // Pairs a tile (wgmma N: 32, 64, 96, 112 or 128): TERN_MOE_WGMMA_N for A/B runs (read at each call; auto or
 // unset: the rule; other values refused), else chosen from the mean pairs per expert (0 when p.E == 0, a
@@ -32,5 +33,8 @@ const char* moe_grouped_wgmma_path_name(const MoeParams& p);
 // gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
 // Same conditions as launch_moe_grouped (moe_grouped_supported).
 void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream);
+// tile_first[j] = the m-tiles of `pairs` pairs of the jobs before j, tile_first[num_jobs] their total (one warp;
+// the wgmma and e4m3 kernels walk this table).
+void launch_moe_grouped_tiles(const int* jobs, const int* num_jobs, int pairs, int* tile_first, cudaStream_t stream);
 
 }  // namespace tern::cuda
