@@ -56,9 +56,11 @@ TEST(CudaKnobs, MoeGroupedReadAtEachCall) {
   EXPECT_STREQ(moe_grouped_kernel_forced(), "wgmma");
   env.set("mma");
   EXPECT_STREQ(moe_grouped_kernel_forced(), "mma");
+  env.set("e4m3");
+  EXPECT_STREQ(moe_grouped_kernel_forced(), "e4m3");
   env.set("wgma");
   EXPECT_EQ(refusal([] { moe_grouped_kernel_forced(); }),
-            "TERN_MOE_GROUPED=\"wgma\": expected auto, wgmma or mma (unset: auto)");
+            "TERN_MOE_GROUPED=\"wgma\": expected auto, wgmma, mma or e4m3 (unset: auto)");
 }
 
 TEST(CudaKnobs, MoeWgmmaN) {
