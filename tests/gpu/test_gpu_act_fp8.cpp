@@ -71,6 +71,52 @@ TEST(GpuActFp8, E4m3FoldCheckFindsTheSpread) {
   }
 }
 
+// The e4m3 grouped kernels with every fold shift: each 128-column group of every row gets scales 0..8 below its
+// largest (8 and 0 always among them), so the magnitude tables of every shift and e4m3's subnormal weights
+// (0.5 x 2^-d for d >= 6) reach the tensor cores; against the CPU at 32-pair (100 tokens) and 64-pair tiles (600),
+// and the calls counted on the e4m3 kernels (TERN_MOE_GROUPED=e4m3 falls back where it cannot run).
+TEST(GpuActFp8, E4m3EveryFoldShiftAgainstCpu) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  constexpr int64_t E = 8, k = 2, D = 256, inter = 384;
+  cuda::CudaBackend& be = cuda::register_backend();
+  setenv("TERN_MOE_GROUPED", "e4m3", 1);
+  RandomExperts experts(ops::WeightFormat::mxfp4, E, D, inter, r);
+  for (auto* list : {&experts.on_host, &experts.on_device})
+    for (ops::Expert& e : *list) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
+  for (size_t m = 0; m < experts.host.size(); ++m) {
+    Tensor& sc = experts.host[m].scale;
+    auto* b = sc.data<uint8_t>();
+    for (int64_t g = 0; g < sc.numel() / 4; ++g) {  // rows hold a whole number of 4-scale groups (K % 128 == 0)
+      const int top = 124 + static_cast<int>(r.index(5));
+      const int hot = static_cast<int>(r.index(4)), cold = (hot + 1 + static_cast<int>(r.index(3))) % 4;
+      for (int j = 0; j < 4; ++j)
+        b[4 * g + j] = static_cast<uint8_t>(top - (j == hot ? 0 : j == cold ? 8 : static_cast<int>(r.index(9))));
+    }
+    const ops::Expert& de = experts.on_device[m / 3];
+    const ops::Weight& dw = m % 3 == 0 ? de.w1 : m % 3 == 1 ? de.w2 : de.w3;
+    ASSERT_EQ(cudaMemcpy(const_cast<void*>(static_cast<const void*>(dw.scale.data())), b, sc.nbytes(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  for (const int64_t T : {int64_t{100}, int64_t{600}}) {
+    const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
+    Tensor idx(DType::i32, {T, k});
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t a = static_cast<int32_t>(r.index(E));
+      idx.data<int32_t>()[t * k] = a, idx.data<int32_t>()[t * k + 1] = static_cast<int32_t>((a + 1 + r.index(E - 1)) % E);
+    }
+    Tensor ref(DType::f32, {T, D});
+    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+    auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
+    const int64_t before = be.moe_e4m3_calls();
+    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+    EXPECT_EQ(be.moe_e4m3_calls(), before + 1) << "T=" << T << ": not on the e4m3 kernels (" << be.moe_path(experts.on_device[0].w1, T) << ")";
+    expect_close(y, ref, kTolBf16, cat("moe e4m3, every fold shift, T=", T));
+  }
+  unsetenv("TERN_MOE_GROUPED");
+}
+
 TEST(GpuActFp8, QuantiserEqualsCpu) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());
@@ -260,10 +306,12 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
       if (*run.grouped != '\0') setenv("TERN_MOE_GROUPED", run.grouped, 1);
       be.set_moe_prefill_library(run.library);
-      if (std::string_view(run.grouped) == "e4m3")
+      const bool e4m3 = std::string_view(run.grouped) == "e4m3";
+      if (e4m3)
         EXPECT_EQ(be.moe_path(experts.on_device[0].w1, T).find("moe_grouped_e4m3_kernel") != std::string::npos,
                   f == ops::WeightFormat::mxfp4)
             << be.moe_path(experts.on_device[0].w1, T);
+      const int64_t e4m3_before = be.moe_e4m3_calls();
       {
         const MoeGroupedMinTokensGuard paths(run.decode_kernels ? cuda::CudaBackend::library_min_tokens()
                                                                 : be.moe_grouped_min_tokens());
@@ -271,6 +319,8 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       }
       unsetenv("TERN_MOE_GROUPED");
       be.set_moe_prefill_library(false);
+      if (e4m3)  // MXFP4 on the e4m3 kernels (RandomExperts' scales fold), NVFP4 on the bf16 wgmma ones
+        EXPECT_EQ(be.moe_e4m3_calls(), e4m3_before + (f == ops::WeightFormat::mxfp4 ? 1 : 0)) << "T=" << T;
       expect_close(y, ref, kTolBf16,
                    cat("moe act fp8 ", ops::weight_format_name(f), " T=", T, run.library ? " library" : "",
                        run.decode_kernels ? " decode kernels" : "",

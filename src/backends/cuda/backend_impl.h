@@ -47,13 +47,17 @@ struct CudaBackend::Impl {
     DeviceBuffer table;
     std::vector<ExpertDesc> host;  // what `table` holds
     bool aligned = false;  // every matrix and scale pointer 16-byte aligned (the bulk copies need it)
-    bool e4m3_fold_ok = false;  // MXFP4 scales that fold into e4m3 codes (moe_e4m3_fold_ok, checked once here)
+    // MXFP4 scales that fold into e4m3 codes (moe_e4m3_fold_ok), checked once when the table is built. Like the
+    // pointers, it assumes the experts' bytes do not change under a live table: weights are uploaded once and never
+    // rewritten.
+    bool e4m3_fold_ok = false;
   };
   std::map<std::pair<const void*, size_t>, ExpertTable> expert_tables;
   // The streaming linear's K groups per weight (by its device address), from tune_linears.
   std::unordered_map<const void*, int> linear_groups;
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
   int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
+  int64_t moe_e4m3_calls = 0;  // moe_experts calls on the e4m3 grouped kernels (CudaBackend::moe_e4m3_calls)
   // The side branch of a step (ops/branch.h): its own stream, workspace and split-K counters, swapped in for
   // the main branch's while a side branch is open, so that the two branches' kernels never share scratch or
   // counters; the events fork the side stream from the main one and join it back.

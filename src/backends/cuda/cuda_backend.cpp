@@ -220,6 +220,7 @@ void CudaBackend::set_moe_grouped_min_tokens(int64_t tokens) {
   impl_->moe_grouped_min_tokens = tokens;
 }
 int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_min_tokens; }
+int64_t CudaBackend::moe_e4m3_calls() const { return impl_->moe_e4m3_calls; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }

@@ -147,6 +147,9 @@ class CudaBackend final : public ops::Backend {
   // sets it at start-up (default library_min_tokens()). For measuring the crossover and for tests.
   void set_moe_grouped_min_tokens(int64_t tokens);
   int64_t moe_grouped_min_tokens() const;
+  // moe_experts calls that ran the e4m3 grouped kernels (TERN_MOE_GROUPED=e4m3, moe_grouped_e4m3.cuh) since the
+  // backend was made: what tests assert ran, since that mode falls back to the bf16 wgmma kernels where it cannot.
+  int64_t moe_e4m3_calls() const;
 
   struct Impl;
 
