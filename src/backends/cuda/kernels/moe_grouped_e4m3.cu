@@ -119,13 +119,16 @@ __device__ __forceinline__ void wgmma_k32_e4m3<64>(float (&d)[32], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
 }
 
-// A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their e8m0 scales (row m at 8 m, 4 bytes
-// used), the x (h) tile as 8 e4m3 planes of NT pairs x 16 bytes, and the NT pairs' scales of the 128 columns.
+// A stage of a tile of NT pairs: the 256 rows' FP4 bytes (64 bytes a row, rows kRowPitch = 80 bytes apart: a
+// warp's A words of rows g = 0..7 at 80 g + 4 t fall in 32 distinct banks, where 64-byte rows put g and g + 2 in the
+// same ones), their e8m0 scales (row m at 8 m, 4 bytes used), the x (h) tile as 8 e4m3 planes of NT pairs x 16
+// bytes, and the NT pairs' scales of the 128 columns.
 template <int NT, bool UP>
 struct E4Tile {
   static_assert(NT == 32 || NT == 64);
   static constexpr int kPlane = NT * 16;
-  static constexpr int kScOff = kWgWBytes;
+  static constexpr int kRowPitch = 80;
+  static constexpr int kScOff = kWgRows * kRowPitch;
   static constexpr int kXOff = kScOff + kWgRows * 8;
   static constexpr int kXBytes = 8 * kPlane;
   static constexpr int kXsOff = kXOff + kXBytes;
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const bool ok = UP || row_w + kStepW * j < N;
-          cp_async_at<16>(st + (prow + 32 * j) * (kWgK / 2) + piece * 16,
+          cp_async_at<16>(st + (prow + 32 * j) * Tile::kRowPitch + piece * 16,
                           ok ? wsrc + kStepW * j * w_row_bytes : wsrc, ok);
         }
 #pragma unroll
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t word = lds32_at(st + mrow[mt][h] * (kWgK / 2) + 16 * j + 4 * t);
+            const uint32_t word = lds32_at(st + mrow[mt][h] * Tile::kRowPitch + 16 * j + 4 * t);
             const uint32_t d = min(smax[mt][h] - ((sc[mt][h] >> (8 * j)) & 0xffu), static_cast<uint32_t>(kFoldMaxShift));
             const uint2 l = lds64_at(lut0 + 8 * d);
             e2m1x8_to_e4m3(word, l.x, l.y, out[mt][h], out[mt][2 + h]);
