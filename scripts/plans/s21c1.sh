@@ -21,6 +21,8 @@ for mode in auto e4m3; do
     --prefill 1024,8192 --steps 3 --warmup 1 > $OUT/moe-$mode.log 2>&1; echo "rc $? ($mode)"
   grep -E "^prefill |routed experts|e4m3|error" $OUT/moe-$mode.log | head -8
 done
+timeout 120 $G/tern_gpu_bench --only moe_prefill > $OUT/moe-prefill.log 2>&1; echo "rc $?"
+grep -E "fp8 activations|wgmma .* TFLOP" $OUT/moe-prefill.log | head -12
 stamp "library rows: wo_a grouped against in series, the algorithm sweep"
 timeout 150 $G/tern_gpu_bench --only library > $OUT/library.log 2>&1; echo "rc $?"
 grep -A12 -E "^wo_a as fp8_block|^cuBLASLt FP8 block-scaled algorithms" $OUT/library.log | head -30

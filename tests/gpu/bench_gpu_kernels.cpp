@@ -243,6 +243,20 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     setenv("TERN_MOE_GROUPED", "wgmma", 1);
     const double wgmma_us = cuda::time_device(call, 2, 10).median_us;
     const std::string wgmma_path = be.moe_path(experts[0].w1, T);
+    // --activations fp8 (the GPU default): the bf16 wgmma kernel (x and h fake-quantised) against the e4m3 kernels
+    // (MXFP4 only; moe_e4m3_calls says whether they ran).
+    std::vector<ops::Expert> fp8x = experts;
+    for (ops::Expert& e : fp8x) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
+    const auto call8 = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, fp8x, 10.0f, out}); };
+    const double wgmma8_us = cuda::time_device(call8, 2, 10).median_us;
+    double e4m3_us = 0.0;
+    bool e4m3_ran = false;
+    if (f == ops::WeightFormat::mxfp4) {
+      setenv("TERN_MOE_GROUPED", "e4m3", 1);
+      const int64_t before = be.moe_e4m3_calls();
+      e4m3_us = cuda::time_device(call8, 2, 10).median_us;
+      e4m3_ran = be.moe_e4m3_calls() > before;
+    }
     if (was != nullptr) setenv("TERN_MOE_GROUPED", saved.c_str(), 1);
     else unsetenv("TERN_MOE_GROUPED");
     be.set_moe_prefill_library(true);
@@ -266,6 +280,14 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     std::printf("  moe_prefill %s T=%lld: wgmma %.0f us %.0f TFLOP/s (%.0f%% of cuBLAS bf16)\n  (wgmma path: %s)\n",
                 fmt.c_str(), static_cast<long long>(T), wgmma_us, tflops(wgmma_us), 100.0 * cublas_us / wgmma_us,
                 wgmma_path.c_str());
+    report(cat("moe_prefill grouped wgmma, fp8 activations (", fmt, ")"), shape, wgmma8_us, wgmma8_us, bytes);
+    if (e4m3_us > 0) report(cat("moe_prefill grouped e4m3, fp8 activations (", fmt, ")"), shape, e4m3_us, e4m3_us, bytes);
+    std::printf("  moe_prefill %s T=%lld, fp8 activations: wgmma (bf16) %.0f us %.0f TFLOP/s; e4m3 %s\n", fmt.c_str(),
+                static_cast<long long>(T), wgmma8_us, tflops(wgmma8_us),
+                e4m3_us > 0 ? cat(static_cast<int64_t>(e4m3_us), " us ", static_cast<int64_t>(tflops(e4m3_us)),
+                                  " TFLOP/s (", wgmma8_us / e4m3_us, "x the bf16 kernel", e4m3_ran ? "" : "; NOT the e4m3 kernel: it fell back",
+                                  ")").c_str()
+                            : "- (MXFP4 only)");
   }
 }
 
