@@ -440,56 +440,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     wgmma_pin(acc[0]);
     wgmma_pin(acc[1]);
     ring.release_at(prev_slot);
-    // Accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) % 2), pair 8 (i / 4) + 2 t + i % 2.
-    if constexpr (UP) {
-      const float m1 = kWeightShift * (kNv ? ed.global_scale[0] : 1.0f);
-      const float m3 = kWeightShift * (kNv ? ed.global_scale[2] : 1.0f);
-      // The block's 128 h columns are one 128-column block of h (inter % 128 == 0: moe_grouped_supported),
-      // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h. Staged in shared memory (a
-      // thread's values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs
-      // only.
-      uint16_t* hs = reinterpret_cast<uint16_t*>(smem + Tile::kHStage);
-      // Every consumer thread is done copying out the previous tile's h.
-      named_bar_sync(1, kWgConsumerWarps * 32);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const int p = wg_stored(8 * (4 * (2 * wg + mt) + w) + g);
-        uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
-#pragma unroll
-        for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
-            const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
-            hp[(8 * j + 2 * t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
-          }
-      }
-      named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
-      const uint4* src = reinterpret_cast<const uint4*>(hs);
-      for (int i = tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
-        const int plane = i / NT, n = i - plane * NT;
-        if (row0 + n < count)
-          *reinterpret_cast<uint4*>(
-              a.h + ((static_cast<int64_t>(n_tile) * 16 + plane) * a.rows + first + row0 + n) * 8) = src[i];
-      }
-    } else {
-      const float m2 = kWeightShift * (kNv ? ed.global_scale[1] : 1.0f);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t col = static_cast<int64_t>(n_tile) * kWgRows + mrow[mt][h];
-          if (col >= N) continue;
-#pragma unroll
-          for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; ++e2) {
-              const int r = row0 + 8 * j + 2 * t + e2;
-              if (r < count)
-                a.y[static_cast<int64_t>(first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
-            }
-        }
-    }
+    const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
+    if constexpr (UP)
+      wg_store_h<NT>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
+                     a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
+    else
+      wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
   }
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
 }
@@ -503,14 +459,7 @@ void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
     return true;
   }();
   (void)attr;
-  // One block per multiprocessor (persistent), fewer when the plan's bound has fewer tiles.
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, sms);
+  const int64_t blocks = wg_blocks(m_tiles_bound, a.n_tiles);
   if (blocks == 0) return;
   launch(moe_grouped_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
 }

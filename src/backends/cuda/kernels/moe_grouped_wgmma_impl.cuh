@@ -6,6 +6,11 @@
 
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 
 namespace tern::cuda::dev {
@@ -103,6 +108,76 @@ __device__ __forceinline__ void cp_async_at(uint32_t dst, const void* src, bool 
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0)
                  : "memory");
+}
+
+// Where a finished tile goes (both kernels' epilogues; accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) %
+// 2), pair 8 (i / 4) + 2 t + i % 2; rows g, g + 8 of the thread's slab are mrow[mt][0], mrow[mt][1]).
+struct WgTileOut {
+  int wg, w, g, t, tid;
+  int n_tile, first, row0, count;
+};
+
+// Up: SwiGLU of the w1 (x m1) and w3 (x m3) sums, clamped by `limit`, into h's bf16 planes ([inter / 8][rows][8],
+// the stored K order of wg_stored). The block's 128 h columns are one 128-column block of h (inter % 128 == 0),
+// i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h: staged in shared memory at `hs` (a
+// thread's values are single bf16 scattered over 4 planes) and written as 16-byte rows, valid pairs only.
+template <int NT>
+__device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float m1, float m3, float limit,
+                                           uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o) {
+  // Every consumer thread is done copying out the previous tile's h.
+  named_bar_sync(1, kWgConsumerWarps * 32);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    const int p = wg_stored(8 * (4 * (2 * o.wg + mt) + o.w) + o.g);
+    uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
+        const float v = siluf_(fminf(gate, limit)) * fminf(fmaxf(up, -limit), limit);
+        hp[(8 * j + 2 * o.t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+      }
+  }
+  named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' halves of every row are staged
+  const uint4* src = reinterpret_cast<const uint4*>(hs);
+  for (int i = o.tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
+    const int plane = i / NT, n = i - plane * NT;
+    if (o.row0 + n < o.count)
+      *reinterpret_cast<uint4*>(h + ((static_cast<int64_t>(o.n_tile) * 16 + plane) * rows + o.first + o.row0 + n) * 8) =
+          src[i];
+  }
+}
+
+// Down: y[first + pair, column] = sum x m2 for the tile's columns below N and its valid pairs.
+template <int NT>
+__device__ __forceinline__ void wg_store_y(const float (&acc)[2][NT / 2], float m2, float* y, int64_t N,
+                                           const int (&mrow)[2][2], const WgTileOut& o) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = static_cast<int64_t>(o.n_tile) * kWgRows + mrow[mt][h];
+      if (col >= N) continue;
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int r = o.row0 + 8 * j + 2 * o.t + e2;
+          if (r < o.count) y[static_cast<int64_t>(o.first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
+        }
+    }
+}
+
+// Blocks of a persistent launch: one a multiprocessor, fewer when the plan's bound has fewer tiles.
+inline int64_t wg_blocks(int64_t m_tiles_bound, int n_tiles) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  return std::min<int64_t>(m_tiles_bound * n_tiles, sms);
 }
 
 }  // namespace tern::cuda::dev
