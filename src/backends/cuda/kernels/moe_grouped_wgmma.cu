@@ -292,25 +292,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
 
   if (warp >= kWgConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
-    // Producer thread p: 16-byte piece p % 4 of tile rows p / 4 + 32 j (j < 8), the scale bytes of rows p and
-    // p + 128, and (p < 16) x plane p. A thread's rows all come from one matrix (up: bit 3 of the tile row
-    // picks w1 or w3, and 32 j / 128 j leave it alone).
-    const int p = tid - kWgConsumerWarps * 32, prow = p >> 2, piece = p & 3;
-    // Tile rows m and m + 32 j (up: m + 16 j... see wg_weight_row: 32 tile rows are 16 rows of one matrix)
-    // are matrix rows row(m) + kStep j; down's last n-tile may run past N (D % 256 == 128): those rows are
-    // zero-filled (src-size 0) and their outputs never stored.
-    constexpr int kStepW = UP ? 16 : 32, kStepS = UP ? 64 : 128;
-    const int64_t w_row_bytes = K / 2, s_row_bytes = kNv ? K / 16 : K / 32;
+    // Producer thread p: its share of the weight rows and scales (WgWeightCopier) and, p < 16, x plane p.
+    const int p = tid - kWgConsumerWarps * 32;
     const uint32_t smem0 = smem_addr(smem);
     RingCursor c;
     for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
       const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
-      const ExpertDesc& ed = a.experts[tl.e];
-      int which_w, which_s;
-      const int row_w = static_cast<int>(wg_weight_row<UP>(prow, tl.n_tile, N, which_w));
-      const int row_s = static_cast<int>(wg_weight_row<UP>(p, tl.n_tile, N, which_s));
-      const uint8_t* wsrc = static_cast<const uint8_t*>(ed.w[which_w]) + row_w * w_row_bytes + piece * 16;
-      const uint8_t* ssrc = static_cast<const uint8_t*>(ed.s[which_s]) + row_s * s_row_bytes;
+      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile, N, K);
       const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
         ring.wait_free_at(c.slot, c.parity);
@@ -323,21 +311,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
             bulk_copy_g2s(smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane,
                           xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, full);
         }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const bool ok = UP || row_w + kStepW * j < N;
-          cp_async_at<16>(st + (prow + 32 * j) * (kWgK / 2) + piece * 16,
-                          ok ? wsrc + kStepW * j * w_row_bytes : wsrc, ok);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const bool ok = UP || row_s + kStepS * j < N;
-          cp_async_at<kNv ? 8 : 4>(st + Tile::kScOff + (p + 128 * j) * 8, ok ? ssrc + kStepS * j * s_row_bytes : ssrc,
-                                   ok);
-        }
+        copier.stage(st, kWgK / 2, Tile::kScOff);
         cp_async_mbar_arrive_noinc(full);
-        wsrc += kWgK / 2;
-        ssrc += kNv ? 8 : 4;
       }
     }
     cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits

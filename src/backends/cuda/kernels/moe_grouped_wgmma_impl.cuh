@@ -12,6 +12,7 @@
 
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
+#include "backends/cuda/kernels/moe.cuh"
 
 namespace tern::cuda::dev {
 
@@ -109,6 +110,46 @@ __device__ __forceinline__ void cp_async_at(uint32_t dst, const void* src, bool 
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0)
                  : "memory");
 }
+
+// A producer thread's share of a tile's FP4 rows and scale bytes, stage after stage (both kernels' producers).
+// Producer thread p: 16-byte piece p % 4 of tile rows p / 4 + 32 j (j < 8) and the scale bytes (kScaleBytes a row
+// and 128 columns: 4 e8m0, or 8 ue4m3) of rows p and p + 128. A thread's rows all come from one matrix (up: bit 3
+// of the tile row picks w1 or w3, and 32 j / 128 j leave it alone). Tile rows m and m + 32 j (up: m + 16 j... see
+// wg_weight_row: 32 tile rows are 16 rows of one matrix) are matrix rows row(m) + kStep j; down's last n-tile may
+// run past N (D % 256 == 128): those rows are zero-filled (src-size 0) and their outputs never stored.
+template <bool UP, int kScaleBytes>
+struct WgWeightCopier {
+  static constexpr int kStepW = UP ? 16 : 32, kStepS = UP ? 64 : 128;
+  const uint8_t* wsrc;
+  const uint8_t* ssrc;
+  int row_w, row_s, prow, piece, p;
+  int64_t N, w_row_bytes, s_row_bytes;
+  __device__ __forceinline__ WgWeightCopier(const ExpertDesc& ed, int p_, int n_tile, int64_t N_, int64_t K)
+      : p(p_), N(N_), w_row_bytes(K / 2), s_row_bytes(K * kScaleBytes / kWgK) {
+    prow = p >> 2, piece = p & 3;
+    int which_w, which_s;
+    row_w = static_cast<int>(wg_weight_row<UP>(prow, n_tile, N, which_w));
+    row_s = static_cast<int>(wg_weight_row<UP>(p, n_tile, N, which_s));
+    wsrc = static_cast<const uint8_t*>(ed.w[which_w]) + row_w * w_row_bytes + piece * 16;
+    ssrc = static_cast<const uint8_t*>(ed.s[which_s]) + row_s * s_row_bytes;
+  }
+  // The stage at shared address st: row m's 64 bytes at st + m * row_pitch, its scale bytes at st + sc_off + 8 m;
+  // then the sources move on by 128 columns. The caller arrives on the stage's barrier after.
+  __device__ __forceinline__ void stage(uint32_t st, int row_pitch, int sc_off) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const bool ok = UP || row_w + kStepW * j < N;
+      cp_async_at<16>(st + (prow + 32 * j) * row_pitch + piece * 16, ok ? wsrc + kStepW * j * w_row_bytes : wsrc, ok);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const bool ok = UP || row_s + kStepS * j < N;
+      cp_async_at<kScaleBytes>(st + sc_off + (p + 128 * j) * 8, ok ? ssrc + kStepS * j * s_row_bytes : ssrc, ok);
+    }
+    wsrc += kWgK / 2;
+    ssrc += kScaleBytes;
+  }
+};
 
 // Where a finished tile goes (both kernels' epilogues; accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) %
 // 2), pair 8 (i / 4) + 2 t + i % 2; rows g, g + 8 of the thread's slab are mrow[mt][0], mrow[mt][1]).
