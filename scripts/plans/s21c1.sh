@@ -13,6 +13,14 @@ source scripts/plans/env.sh
 stamp "FP8 library tests (wo_a's 8 groups on side streams)"
 timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuFp8Gemm*:*GpuLibrary*fixture*' > $OUT/fp8-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|worst error" $OUT/fp8-tests.log | head -20
+stamp "hc_post folded into hc_pre (session 20, never run): the op test, then decode with and without (same run)"
+timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.Mhc/*' > $OUT/mhc-tests.log 2>&1; echo "rc $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differs" $OUT/mhc-tests.log | head -8
+for fold in 1 0; do
+  TERN_HC_FOLD=$fold timeout 60 $T bench-step --device cuda --config full --batches 1,16,64 --contexts 1024 --prefill 1024 \
+    --steps 20 --warmup 5 > $OUT/fold-$fold.log 2>&1; echo "rc $? (TERN_HC_FOLD=$fold)"
+  grep -E "^decode " $OUT/fold-$fold.log | head -3
+done
 stamp "the e4m3 grouped MoE kernels (session 20, never run): fold check, against the CPU, then prefill rates"
 timeout 150 $G/tern_gpu_tests --gtest_filter='GpuActFp8.E4m3*:Shapes/GpuActFp8Linear.MoeAgainstCpu/*' > $OUT/e4m3-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|max err" $OUT/e4m3-tests.log | head -20

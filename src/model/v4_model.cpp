@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/env.h"
 #include "model/stacked.h"
 #include "model/v4_batch.h"
 #include "ops/elementwise.h"
@@ -245,26 +246,56 @@ cache::SequenceState Model::new_state(int64_t max_tokens) const {
 }
 
 // One sub-layer with its hyper-connection: a = sublayer(norm(sum_i pre_i X_i)); X'_k = post_k a + sum_j C_jk
-// X_j.
+// X_j. With `pending`, a pending hc_post is run inside this hc_pre, and this sub-layer's is left pending.
 template <typename Sublayer>
 void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
-                     const char* site, int layer, Sublayer&& sublayer) {
+                     PendingPost* pending, const char* site, int layer, Sublayer&& sublayer) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
   Tensor post = tensor(DType::f32, {N, H}), comb = tensor(DType::f32, {N, H, H}),
          h = tensor(DType::f32, {N, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
-  // The collapsed streams through attn_norm / ffn_norm, in the same op.
-  ops::hc_pre({streams, hc.fn, hc.base, hc.scale, params, post, comb, h, true, norm,
-               static_cast<float>(c.rms_norm_eps)});
+  // The collapsed streams through attn_norm / ffn_norm, in the same op (and the pending hc_post before it).
+  ops::HcPreArgs pre;
+  pre.streams = streams, pre.fn = hc.fn, pre.base = hc.base, pre.scale = hc.scale, pre.params = params;
+  pre.post = post, pre.comb = comb, pre.collapsed = h;
+  pre.normed = true, pre.norm = norm, pre.rms_eps = static_cast<float>(c.rms_norm_eps);
+  if (pending != nullptr && pending->set()) {
+    streams = tensor(DType::f32, {N, H, D});
+    pre.streams = streams;
+    pre.prev_streams = pending->streams, pre.prev_a = pending->a, pre.prev_post = pending->post;
+    pre.prev_comb = pending->comb;
+    ops::hc_pre(pre);
+    *pending = PendingPost{};
+  } else {
+    ops::hc_pre(pre);
+  }
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());
   if (observer_) observe(std::string(site) + "_out", layer, a);
+  if (pending != nullptr) {
+    *pending = PendingPost{std::move(streams), std::move(a), std::move(post), std::move(comb), true};
+    streams = Tensor();
+    return;
+  }
   Tensor next = tensor(DType::f32, {N, H, D});
   ops::hc_post(streams, a, post, comb, next);
   streams = std::move(next);
+}
+
+bool Model::fold_hc_post() const {
+  static const bool on = env_flag("TERN_HC_FOLD", true);
+  return on && !observer_;
+}
+
+void Model::flush(PendingPost& pending, Tensor& streams) {
+  if (!pending.set()) return;
+  Tensor next = tensor(DType::f32, pending.streams.shape());
+  ops::hc_post(pending.streams, pending.a, pending.post, pending.comb, next);
+  streams = std::move(next);
+  pending = PendingPost{};
 }
 
 // Lays the batch's tokens out one after another (those on the step tables first): ids, positions, and the rows
@@ -415,18 +446,20 @@ Tensor Model::run_layers(const Batch& b) {
   ops::embedding(w_.embed, b.ids, x);
   Tensor streams = tensor(DType::f32, {N, H, D});
   ops::hc_expand(x, streams);
-  for (int l = 0; l < c.num_layers; ++l) block(l, b, streams);
+  PendingPost pending;  // each sub-layer's hc_post runs inside the next one's hc_pre
+  for (int l = 0; l < c.num_layers; ++l) block(l, b, streams, fold_hc_post() ? &pending : nullptr);
+  flush(pending, streams);
   return streams;
 }
 
 // Layer l (a trunk layer or the MTP block): attention, then the MoE, each inside its mHC.
-void Model::block(int l, const Batch& b, Tensor& streams) {
+void Model::block(int l, const Batch& b, Tensor& streams, PendingPost* pending) {
   const LayerWeights& L = layer(l);
-  residual(L.hc_attn, L.attn_norm, b, streams, "attn", l,
+  residual(L.hc_attn, L.attn_norm, b, streams, pending, "attn", l,
            [&](const TensorView& h, const TensorView& out) { attention_block(l, b, h, out); });
-  residual(L.hc_ffn, L.ffn_norm, b, streams, "ffn", l,
+  residual(L.hc_ffn, L.ffn_norm, b, streams, pending, "ffn", l,
            [&](const TensorView& h, const TensorView& out) { moe_block(l, b, h, out); });
-  observe("streams", l, streams);
+  if (pending == nullptr) observe("streams", l, streams);
 }
 
 // logits = head(norm(hc_head(X))) for the wanted rows only.

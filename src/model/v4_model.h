@@ -269,7 +269,22 @@ class Model {
   // The MTP layer on b's rows (ids: the next tokens; hidden f32 [N, hc, D]): e + h_proj(hnorm(h)) per stream, then
   // the block. Returns the block's output streams [N, hc, D].
   Tensor mtp_block(const Batch& b, const TensorView& hidden);
-  void block(int l, const Batch& b, Tensor& streams);  // streams [N, hc, D] through layer l, in place
+  // A sub-layer's hc_post not yet run: the next sub-layer's hc_pre runs it (ops::HcPreArgs::prev_*: on the GPU one
+  // kernel and one read of the streams less a sub-layer), or flush() does. While one is pending, the streams
+  // variable is empty: the pending inputs are the streams.
+  struct PendingPost {
+    Tensor streams, a, post, comb;
+    bool on = false;  // (a batch of no tokens has empty tensors and may still be pending)
+    bool set() const { return on; }
+  };
+  void flush(PendingPost& pending, Tensor& streams);
+  // Whether the forward folds each hc_post into the next hc_pre: not under an observer (it sees every sub-layer's
+  // streams), nor with TERN_HC_FOLD=0 (A/B: the same bits either way).
+  bool fold_hc_post() const;
+  // streams [N, hc, D] through layer l, in place; with `pending`, the last hc_post is left pending there (and a
+  // pending one from the layer before is taken first). Without an observer only: observers see every sub-layer's
+  // streams as they were.
+  void block(int l, const Batch& b, Tensor& streams, PendingPost* pending = nullptr);
   // logits = head(norm(hc_head(streams))) of the batch's wanted rows, with the trunk's hc_head and norm or the
   // MTP layer's.
   void head(const Batch& b, const Tensor& streams, const TensorView& logits, const HyperConnWeights& hc,
@@ -320,7 +335,7 @@ class Model {
   void check_state(const cache::SequenceState& state) const;
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,
-                const char* site, int layer, Sublayer&& sublayer);
+                PendingPost* pending, const char* site, int layer, Sublayer&& sublayer);
 
   void observe(std::string_view name, int layer, const TensorView& t) const {
     if (observer_) observer_(name, layer, t);

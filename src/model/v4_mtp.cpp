@@ -105,7 +105,9 @@ Tensor Model::mtp_block(const Batch& b, const TensorView& hidden) {
   ops::add(e_streams, streams);
   observe("mtp_in", l, streams);
   // The block: attention over the MTP layer's window, then the MoE, each inside its mHC.
-  block(l, b, streams);
+  PendingPost pending;  // the attention sub-layer's hc_post inside the MoE sub-layer's hc_pre
+  block(l, b, streams, fold_hc_post() ? &pending : nullptr);
+  flush(pending, streams);
   return streams;
 }
 

@@ -27,6 +27,14 @@ void hc_pre(const HcPreArgs& a) {
     expect_dtype("hc_pre", "norm", a.norm, {DType::bf16, DType::f32});
     expect_shape("hc_pre", "norm", a.norm, {D});
   }
+  if (a.has_prev()) {
+    expect_shape("hc_pre", "prev_streams", a.prev_streams, {T, hc, D});
+    expect_shape("hc_pre", "prev_a", a.prev_a, {T, D});
+    expect_shape("hc_pre", "prev_post", a.prev_post, {T, hc});
+    expect_shape("hc_pre", "prev_comb", a.prev_comb, {T, hc, hc});
+    TERN_CHECK(a.prev_streams.data() != a.streams.data() || T == 0, "hc_pre: streams must not alias prev_streams");
+    backend_for(common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
+  }
   backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
 }
 

@@ -34,6 +34,11 @@ struct HcPreArgs {
   bool normed = false;
   TensorView norm;
   float rms_eps = 1e-6f;
+  // The previous sub-layer's hc_post, folded in (issue #14 item 4: one kernel and one read of the streams less a
+  // sub-layer on the GPU): with prev_a set, `streams` is an output too, first written as hc_post(prev_streams,
+  // prev_a, prev_post, prev_comb) (the same bits as that op), then read as above. prev_streams must not alias it.
+  TensorView prev_streams, prev_a, prev_post, prev_comb;
+  bool has_prev() const { return !prev_a.empty(); }
 };
 void hc_pre(const HcPreArgs& a);
 

@@ -81,6 +81,28 @@ TEST_P(GpuV4, Mhc) {
     ops::hc_post(ds, dsub, hpost, hcomb, dout);
     expect_close(dout, out, kTolF32, cat("hc_post T=", T));
 
+    // hc_post folded into the next hc_pre (ops::HcPreArgs::prev_*; the mix kernel computes the streams it reads):
+    // the streams are hc_post's bits, and post / comb / collapsed those of hc_pre on them.
+    {
+      auto fstreams = poisoned(DType::f32, {T, hc, s.D}), fpost = poisoned(DType::f32, {T, hc}),
+           fcomb = poisoned(DType::f32, {T, hc, hc}), fcol = poisoned(DType::f32, {T, s.D});
+      ops::HcPreArgs fa{fstreams, dfn, db, dsc, {}, fpost, fcomb, fcol};
+      fa.prev_streams = ds, fa.prev_a = dsub, fa.prev_post = hpost, fa.prev_comb = hcomb;
+      ops::hc_pre(fa);
+      auto upost = poisoned(DType::f32, {T, hc}), ucomb = poisoned(DType::f32, {T, hc, hc}),
+           ucol = poisoned(DType::f32, {T, s.D});
+      ops::hc_pre(ops::HcPreArgs{dout, dfn, db, dsc, {}, upost, ucomb, ucol});
+      const auto same = [&](const TensorView& x, const TensorView& y, const char* what) {
+        const Tensor hx = cuda::to_host(x), hy = cuda::to_host(y);
+        EXPECT_EQ(std::memcmp(hx.data<float>(), hy.data<float>(), hx.nbytes()), 0)
+            << "hc_post folded into hc_pre, T=" << T << ": " << what << " differs from the two ops'";
+      };
+      same(fstreams, dout, "streams");
+      same(fpost, upost, "post");
+      same(fcomb, ucomb, "comb");
+      same(fcol, ucol, "collapsed");
+    }
+
     Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
     Tensor head(DType::f32, {T, s.D});
     ops::hc_head(ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});

@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <utility>
 
+#include "core/error.h"
 #include "ops/mhc.h"
 #include "test_util.h"
 
@@ -125,6 +128,33 @@ TEST(Mhc, HeadCollapsesWithSigmoidWeights) {
     }
   }
   EXPECT_LE(worst, 1e-5f);
+}
+
+// The previous sub-layer's hc_post folded into hc_pre (HcPreArgs::prev_*, what the model does between sub-layers):
+// the streams it writes and its outputs are those of the two ops in sequence, bit for bit; an output aliasing
+// prev_streams or shapes that disagree are refused.
+TEST(Mhc, FoldedPostEqualsTheTwoOps) {
+  test::Random rng(22);
+  Tensor X = rng.tensor({T, HC, D}), a = rng.tensor({T, D}), fn = rng.tensor({MIX, HC * D}, 0.05f);
+  Tensor base = rng.tensor({MIX}, 0.5f), scale = rng.tensor({3}, 1.0f);
+  Tensor post0 = rng.tensor({T, HC}), comb0 = rng.tensor({T, HC, HC}, 0.3f);
+  Tensor next(DType::f32, {T, HC, D}), post(DType::f32, {T, HC}), comb(DType::f32, {T, HC, HC}),
+      collapsed(DType::f32, {T, D});
+  ops::hc_post(X, a, post0, comb0, next);
+  ops::hc_pre({next, fn, base, scale, {20, 1e-6f, 1e-6f}, post, comb, collapsed});
+  Tensor fstreams(DType::f32, {T, HC, D}), fpost(DType::f32, {T, HC}), fcomb(DType::f32, {T, HC, HC}),
+      fcol(DType::f32, {T, D});
+  ops::HcPreArgs f{fstreams, fn, base, scale, {20, 1e-6f, 1e-6f}, fpost, fcomb, fcol};
+  f.prev_streams = X, f.prev_a = a, f.prev_post = post0, f.prev_comb = comb0;
+  ops::hc_pre(f);
+  for (const auto& [x, y] : {std::pair{&fstreams, &next}, {&fpost, &post}, {&fcomb, &comb}, {&fcol, &collapsed}})
+    EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), x->nbytes()), 0);
+  ops::HcPreArgs alias = f;
+  alias.prev_streams = fstreams;
+  EXPECT_THROW(ops::hc_pre(alias), Error);
+  ops::HcPreArgs bad = f;
+  bad.prev_a = rng.tensor({T, D + 1});
+  EXPECT_THROW(ops::hc_pre(bad), Error);
 }
 
 }  // namespace

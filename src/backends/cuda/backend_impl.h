@@ -123,6 +123,8 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
 // library takes, FP4 experts, unless moe_prefill_library; no host readback.
 bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p);
 bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head);
+// Whether run_library_hc takes these params (many tokens, aligned streams).
+bool library_hc_for(const CudaBackend::Impl& impl, const HcParams& p);
 // Writes the scores [n, num_keys] (in `scores`, which must not be the op workspace) when it takes the call.
 bool run_library_indexer(CudaBackend::Impl& impl, const IndexerParams& p, float* scores);
 inline KvRowDesc kv_desc(const ops::KvRowFormat& f) {

@@ -149,8 +149,12 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
 
 // mHC's mixing logits (fn [mix, hc D] times each token's flattened streams) are a skinny f32 product: at
 // 8 192 tokens hc_mix_kernel took 3 ms a call (12% of the prefill), cuBLAS f32 a fraction of that.
+bool library_hc_for(const CudaBackend::Impl& impl, const HcParams& p) {
+  return impl.library_for(p.T) && aligned16(p.streams);
+}
+
 bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head) {
-  if (!impl.library_for(p.T) || !aligned16(p.streams)) return false;
+  if (!library_hc_for(impl, p)) return false;
   const int64_t mix = head ? p.hc : (2 + p.hc) * p.hc, N = p.hc * p.D;
   float* partial = static_cast<float*>(impl.scratch(static_cast<size_t>(p.T * (mix + 1)) * 4));
   impl.lib().f32(impl.stream, p.T, mix, N, p.streams, N, p.fn, N, partial, mix + 1);

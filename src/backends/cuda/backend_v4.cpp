@@ -53,10 +53,24 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
       p.norm_kind = a.norm.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
     }
   }
+  // The folded hc_post (ops::HcPreArgs::prev_*): inside the mix kernel, which writes the streams it reads; the
+  // library path (prefill chunks) runs hc_post first, as two ops.
+  if (a.has_prev()) {
+    require_cuda_f32("hc_pre (folded hc_post)", {&a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb});
+    if (library_hc_for(*impl_, p)) {
+      hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
+    } else {
+      p.prev_streams = a.prev_streams.data_as<const float>();
+      p.prev_a = a.prev_a.data_as<const float>();
+      p.prev_post = a.prev_post.data_as<const float>();
+      p.prev_comb = a.prev_comb.data_as<const float>();
+      p.out_streams = a.streams.data_as<float>();
+    }
+  }
   if (run_library_hc(*impl_, p, false)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
-  check_launch("hc_pre");
+  check_launch(p.prev_a != nullptr ? "hc_pre (hc_post folded)" : "hc_pre");
 }
 
 void CudaBackend::hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,

@@ -54,10 +54,47 @@ __device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret
 // and the same per-lane order whatever R, so the bits do not depend on which warp computed it (nor on T).
 // (Warps that held 8 tokens' accumulators each ran one block a multiprocessor: 25 us at 64 tokens; a warp a
 // token with all 25 sums took 17 us at one token.)
-template <int MIX>
+// The previous sub-layer's hc_post folded into hc_pre's mix (HcParams::prev_*): the mix computes the streams it
+// reads and writes them.
+struct HcPostIn {
+  const float* streams = nullptr;  // [T, hc, D], the previous sub-layer's input streams
+  const float* a = nullptr;        // [T, D]
+  const float* post = nullptr;     // [T, hc]
+  const float* comb = nullptr;     // [T, hc, hc]
+  float* out = nullptr;            // [T, hc, D]: the streams this hc_pre reads
+  int64_t D = 0;
+};
+
+// hc_post of token t at flattened index k (stream k / D, dims k % D .. + 3): hc_post_kernel's arithmetic, the same
+// operations in the same order, so the folded streams are that kernel's bits.
+__device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int64_t k) {
+  const int64_t D = in.D, s = k / D, d = k - s * D;
+  const float* X = in.streams + t * kHc * D;
+  float4 x[kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) x[j] = ld4(X + j * D + d);
+  const float4 y = ld4(in.a + t * D + d);
+  const float* C = in.comb + t * kHc * kHc;
+  float4 mixed = make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+    const float c = __ldg(C + j * kHc + s);
+    mixed.x = fmaf(c, x[j].x, mixed.x);
+    mixed.y = fmaf(c, x[j].y, mixed.y);
+    mixed.z = fmaf(c, x[j].z, mixed.z);
+    mixed.w = fmaf(c, x[j].w, mixed.w);
+  }
+  const float p = __ldg(in.post + t * kHc + s);
+  return make_float4(fmaf(p, y.x, mixed.x), fmaf(p, y.y, mixed.y), fmaf(p, y.z, mixed.z), fmaf(p, y.w, mixed.w));
+}
+
+// POST: the streams come from hc_post_at and the first warp of each token (q == 0) stores them (every (token,
+// index) belongs to one split and, in it, to that token's R warps).
+template <int MIX, bool POST>
 __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
                                                              const float* __restrict__ fn, int64_t T, int64_t N,
-                                                             int64_t per, float* __restrict__ partial) {
+                                                             int64_t per, float* __restrict__ partial,
+                                                             HcPostIn post_in) {
   pdl_prologue();
   static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
   // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
@@ -81,7 +118,12 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t k = kb + 128 * h;
-      x[h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
+      if constexpr (POST) {
+        x[h] = active && k < k1 ? hc_post_at(post_in, t, k) : make_float4(0, 0, 0, 0);
+        if (active && k < k1 && q == 0) *reinterpret_cast<float4*>(post_in.out + t * N + k) = x[h];
+      } else {
+        x[h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
+      }
     }
     __syncthreads();  // the previous step's fn_s is no longer read
     for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
@@ -316,8 +358,14 @@ template <int MIX>
 MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const MixPlan plan = mix_plan(p.hc * p.D);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
-  launch(hc_mix_kernel<MIX>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-         p.partial);
+  if (p.prev_a != nullptr) {
+    const HcPostIn in{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D};
+    launch(hc_mix_kernel<MIX, true>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
+           p.partial, in);
+  } else {
+    launch(hc_mix_kernel<MIX, false>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
+           p.partial, HcPostIn{});
+  }
   return plan;
 }
 

@@ -30,6 +30,13 @@ struct HcParams {
   const void* norm_weight = nullptr;
   NormWeight norm_kind = NormWeight::none;
   float rms_eps = 1e-6f;
+  // hc_pre with the previous sub-layer's hc_post folded in (ops::HcPreArgs::prev_*): the mix kernel computes the
+  // streams from these (hc_post_kernel's arithmetic) and writes them to `streams` (then non-const: out_streams).
+  const float* prev_streams = nullptr;  // [T, hc, D]
+  const float* prev_a = nullptr;        // [T, D]
+  const float* prev_post = nullptr;     // [T, hc]
+  const float* prev_comb = nullptr;     // [T, hc, hc]
+  float* out_streams = nullptr;         // == streams
   // hc_head output
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
