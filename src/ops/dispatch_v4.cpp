@@ -32,7 +32,14 @@ void hc_pre(const HcPreArgs& a) {
     expect_shape("hc_pre", "prev_a", a.prev_a, {T, D});
     expect_shape("hc_pre", "prev_post", a.prev_post, {T, hc});
     expect_shape("hc_pre", "prev_comb", a.prev_comb, {T, hc, hc});
-    TERN_CHECK(a.prev_streams.data() != a.streams.data() || T == 0, "hc_pre: streams must not alias prev_streams");
+    // streams is written while the prev_* are read (on the GPU by other blocks of the same kernel): no overlap.
+    const auto overlaps = [&](const TensorView& v) {
+      const auto* s0 = static_cast<const std::byte*>(a.streams.data());
+      const auto* v0 = static_cast<const std::byte*>(v.data());
+      return T > 0 && s0 < v0 + v.nbytes() && v0 < s0 + a.streams.nbytes();
+    };
+    TERN_CHECK(!overlaps(a.prev_streams) && !overlaps(a.prev_a) && !overlaps(a.prev_post) && !overlaps(a.prev_comb),
+               "hc_pre: streams must not overlap prev_streams, prev_a, prev_post or prev_comb");
     backend_for(common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
   }
   backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);

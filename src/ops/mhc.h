@@ -38,7 +38,9 @@ struct HcPreArgs {
   // sub-layer on the GPU): with prev_a set, `streams` is an output too, first written as hc_post(prev_streams,
   // prev_a, prev_post, prev_comb) (the same bits as that op), then read as above. prev_streams must not alias it.
   TensorView prev_streams, prev_a, prev_post, prev_comb;
-  bool has_prev() const { return !prev_a.empty(); }
+  bool has_prev() const {
+    return !prev_a.empty() || !prev_streams.empty() || !prev_post.empty() || !prev_comb.empty();
+  }
 };
 void hc_pre(const HcPreArgs& a);
 

@@ -25,8 +25,9 @@ TEST_P(GpuV4, Mhc) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t hc = 4, mix = (2 + hc) * hc;
-  // T = 1, 9 and 64: one partial token group of the mix kernel, two, eight full ones.
-  for (int64_t T : {1, 9, 64}) {
+  // T = 1, 9 and 64: one partial token group of the mix kernel, two, eight full ones; 2 and 3: 4 and 2 warps a
+  // token (3: two idle warps).
+  for (int64_t T : {1, 2, 3, 9, 64}) {
     Tensor streams = random_f32({T, hc, s.D}, r, 2.0f);
     Tensor fn = random_f32({mix, hc * s.D}, r, 0.02f), base = random_f32({mix}, r, 0.5f);
     Tensor scale = random_f32({3}, r, 0.5f);

@@ -153,8 +153,12 @@ TEST(Mhc, FoldedPostEqualsTheTwoOps) {
   alias.prev_streams = fstreams;
   EXPECT_THROW(ops::hc_pre(alias), Error);
   ops::HcPreArgs bad = f;
-  bad.prev_a = rng.tensor({T, D + 1});
+  const Tensor wide = rng.tensor({T, D + 1});
+  bad.prev_a = wide;
   EXPECT_THROW(ops::hc_pre(bad), Error);
+  ops::HcPreArgs partial = f;  // some prev_* without the others
+  partial.prev_a = TensorView();
+  EXPECT_THROW(ops::hc_pre(partial), Error);
 }
 
 }  // namespace

@@ -51,9 +51,9 @@ void sinkhorn(float* c, int64_t hc, int iters, float eps) {
 }  // namespace
 
 void CpuBackend::hc_pre(const ops::HcPreArgs& a) {
+  require_f32("hc_pre", {&a.streams, &a.post, &a.comb, &a.collapsed});
   // The folded hc_post first: the reference is the two ops in sequence.
   if (a.has_prev()) hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
-  require_f32("hc_pre", {&a.streams, &a.post, &a.comb, &a.collapsed});
   const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2), mix = (2 + hc) * hc;
   const float* fn = a.fn.data_as<const float>();
   const float* base = a.base.data_as<const float>();

@@ -68,7 +68,9 @@ struct HcPostIn {
 // hc_post of token t at flattened index k (stream k / D, dims k % D .. + 3): hc_post_kernel's arithmetic, the same
 // operations in the same order, so the folded streams are that kernel's bits.
 __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int64_t k) {
-  const int64_t D = in.D, s = k / D, d = k - s * D;
+  // (32-bit division: k < hc * D <= 4 * kHcMaxD)
+  const int ki = static_cast<int>(k), Di = static_cast<int>(in.D), s = ki / Di, d = ki - s * Di;
+  const int64_t D = in.D;
   const float* X = in.streams + t * kHc * D;
   float4 x[kHc];
 #pragma unroll
