@@ -247,19 +247,17 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
   check_launch("moe_sort");
   // The wgmma kernels from 48 mean pairs an expert, the mma.sync ones below (TERN_MOE_GROUPED forces either);
   // TERN_MOE_GROUPED=e4m3 the e4m3 ones where the experts allow them (else the bf16 wgmma ones, said once).
-  if (std::string_view(moe_grouped_kernel_forced()) == "e4m3" && moe_grouped_e4m3_supported(p)) {
+  const bool e4m3 = std::string_view(moe_grouped_kernel_forced()) == "e4m3";
+  const char* refusal = e4m3 ? moe_grouped_e4m3_refusal(p) : nullptr;
+  if (e4m3 && refusal == nullptr) {
     launch_moe_grouped_e4m3(p, b, s);
     ++impl.moe_e4m3_calls;
   } else {
-    if (std::string_view(moe_grouped_kernel_forced()) == "e4m3") {
+    if (e4m3) {
       static std::once_flag said;
       std::call_once(said, [&] {
-        log::warn("TERN_MOE_GROUPED=e4m3: some routed experts take the bf16 wgmma kernel instead (the e4m3 one needs "
-                  "MXFP4 experts with --activations fp8 and every row's scales within 2^8 in 128 columns; these: ",
-                  ops::weight_format_name(p.kind), p.act_fp8 ? ", fp8 activations" : ", not fp8 activations",
-                  p.e4m3_fold_ok ? "" : ", scales that do not fold",
-                  p.D % 128 == 0 && p.inter % 128 == 0 && p.inter * 33 <= p.D * 64 ? "" : ", a shape it does not take",
-                  p.experts_aligned ? "" : ", unaligned experts", ")");
+        log::warn("TERN_MOE_GROUPED=e4m3: some routed experts take the bf16 wgmma kernel instead (",
+                  ops::weight_format_name(p.kind), " experts: ", refusal, ")");
       });
     }
     if (moe_grouped_wgmma_selected(p)) launch_moe_grouped_wgmma(p, b, s);

@@ -94,6 +94,17 @@ struct Fp8Plan {
 // T, out, in, ldx, ldy and the alignments of x, the weight and y: what the heuristic's choice depends on.
 using Fp8Key = std::array<int64_t, 8>;
 
+// The key of fp8_block(T, out, in, ..., groups): with groups > 1 the groups' offsets (x + g in, w + g out in, y + g
+// out) enter the alignments too.
+Fp8Key fp8_key(int64_t T, int64_t out, int64_t in, const uint8_t* xq, int64_t ldx, const uint8_t* wq, const float* y,
+               int64_t ldy, int groups) {
+  const int64_t g_stride = groups > 1 ? 1 : 0;
+  return {T, out, in, ldx, ldy,
+          alignment_bytes(reinterpret_cast<uintptr_t>(xq) | static_cast<uintptr_t>(g_stride * in)),
+          alignment_bytes(reinterpret_cast<uintptr_t>(wq) | static_cast<uintptr_t>(g_stride * out * in)),
+          alignment_bytes(reinterpret_cast<uintptr_t>(y) | static_cast<uintptr_t>(g_stride * out * 4))};
+}
+
 template <typename V>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v) {
   check_cublas(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof(v)), "cublasLtMatmulDescSetAttribute");
@@ -304,12 +315,7 @@ void LibraryGemm::fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, 
   TERN_CHECK(impl_->fp8_ok, "library FP8 GEMM: cuBLASLt's block-scaled FP8 products need a compute capability 9.x "
              "card and cuBLASLt >= 12.9 (this one: cuBLASLt ", cublasLtGetVersion(), ")");
   check_fp8_args(T, out, in, xq, ldx, sx, wq, sw, y, ldy, groups);
-  const int64_t g_stride = groups > 1 ? 1 : 0;  // the group offsets below enter the alignments only when used
-  const Fp8Key key{T, out, in, ldx, ldy,
-                   alignment_bytes(reinterpret_cast<uintptr_t>(xq) | static_cast<uintptr_t>(g_stride * in)),
-                   alignment_bytes(reinterpret_cast<uintptr_t>(wq) | static_cast<uintptr_t>(g_stride * out * in)),
-                   alignment_bytes(reinterpret_cast<uintptr_t>(y) | static_cast<uintptr_t>(g_stride * out * 4))};
-  Fp8Plan& p = impl_->fp8_plan(key, sw, sx);
+  Fp8Plan& p = impl_->fp8_plan(fp8_key(T, out, in, xq, ldx, wq, y, ldy, groups), sw, sx);
   const int64_t sw_group = out / kFp8Block * fp8_weight_scale_ld(in), sx_group = in / kFp8Block * T;
   const float alpha = 1.0f, beta = 0.0f;
   const int sides = groups > 1 ? std::min(groups, kSide) : 0;
@@ -429,10 +435,8 @@ std::vector<double> LibraryGemm::time_fp8_block_algos_us(cudaStream_t s, int64_t
                                                          int max_algos) {
   TERN_CHECK(impl_->fp8_ok, "library FP8 GEMM: no block-scaled FP8 products on this card / cuBLASLt");
   const Fp8Operands o(s, T, out, in, 1);
-  const Fp8Key key{T, out, in, in, out, alignment_bytes(reinterpret_cast<uintptr_t>(o.xq())),
-                   alignment_bytes(reinterpret_cast<uintptr_t>(o.wq())),
-                   alignment_bytes(reinterpret_cast<uintptr_t>(o.yp()))};
-  const std::unique_ptr<Fp8Plan> p = make_fp8_plan(impl_->lt, key, o.swp(), o.sxp(), std::max(0, max_algos - 1));
+  const std::unique_ptr<Fp8Plan> p = make_fp8_plan(impl_->lt, fp8_key(T, out, in, o.xq(), in, o.wq(), o.yp(), out, 1),
+                                                   o.swp(), o.sxp(), std::max(0, max_algos - 1));
   std::vector<cublasLtMatmulAlgo_t> algos{p->algo};
   algos.insert(algos.end(), p->more.begin(), p->more.end());
   std::vector<double> us;

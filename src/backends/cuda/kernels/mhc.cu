@@ -65,8 +65,25 @@ struct HcPostIn {
   int64_t D = 0;
 };
 
-// hc_post of token t at flattened index k (stream k / D, dims k % D .. + 3): hc_post_kernel's arithmetic, the same
-// operations in the same order, so the folded streams are that kernel's bits.
+// Output stream k of hc_post at 4 dims: post_k y + sum_j C[j][k] X_j, from the 4 input streams' float4 x, the
+// sub-layer output's y, the token's comb C [hc][hc] and post_k. hc_post_kernel and the folded mix (hc_post_at) both
+// compute it here, so the folded streams are hc_post's bits.
+__device__ __forceinline__ float4 hc_post_stream(const float4 (&x)[kHc], const float4& y, const float* C, float post_k,
+                                                 int k) {
+  float4 mixed = make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+    const float c = __ldg(C + j * kHc + k);
+    mixed.x = fmaf(c, x[j].x, mixed.x);
+    mixed.y = fmaf(c, x[j].y, mixed.y);
+    mixed.z = fmaf(c, x[j].z, mixed.z);
+    mixed.w = fmaf(c, x[j].w, mixed.w);
+  }
+  return make_float4(fmaf(post_k, y.x, mixed.x), fmaf(post_k, y.y, mixed.y), fmaf(post_k, y.z, mixed.z),
+                     fmaf(post_k, y.w, mixed.w));
+}
+
+// hc_post of token t at flattened index k (stream k / D, dims k % D .. + 3).
 __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int64_t k) {
   // (32-bit division: k < hc * D <= 4 * kHcMaxD)
   const int ki = static_cast<int>(k), Di = static_cast<int>(in.D), s = ki / Di, d = ki - s * Di;
@@ -75,19 +92,7 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
   float4 x[kHc];
 #pragma unroll
   for (int j = 0; j < kHc; ++j) x[j] = ld4(X + j * D + d);
-  const float4 y = ld4(in.a + t * D + d);
-  const float* C = in.comb + t * kHc * kHc;
-  float4 mixed = make_float4(0, 0, 0, 0);
-#pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-    const float c = __ldg(C + j * kHc + s);
-    mixed.x = fmaf(c, x[j].x, mixed.x);
-    mixed.y = fmaf(c, x[j].y, mixed.y);
-    mixed.z = fmaf(c, x[j].z, mixed.z);
-    mixed.w = fmaf(c, x[j].w, mixed.w);
-  }
-  const float p = __ldg(in.post + t * kHc + s);
-  return make_float4(fmaf(p, y.x, mixed.x), fmaf(p, y.y, mixed.y), fmaf(p, y.z, mixed.z), fmaf(p, y.w, mixed.w));
+  return hc_post_stream(x, ld4(in.a + t * D + d), in.comb + t * kHc * kHc, __ldg(in.post + t * kHc + s), s);
 }
 
 // POST: the streams come from hc_post_at and the first warp of each token (q == 0) stores them (every (token,
@@ -340,20 +345,8 @@ __global__ void __launch_bounds__(256) hc_post_kernel(const float* __restrict__ 
   const float4 y = ld4(a + t * D + 4 * q);
   const float* C = comb + t * kHc * kHc;
 #pragma unroll
-  for (int k = 0; k < kHc; ++k) {
-    float4 mixed = make_float4(0, 0, 0, 0);
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) {
-      const float c = __ldg(C + j * kHc + k);
-      mixed.x = fmaf(c, x[j].x, mixed.x);
-      mixed.y = fmaf(c, x[j].y, mixed.y);
-      mixed.z = fmaf(c, x[j].z, mixed.z);
-      mixed.w = fmaf(c, x[j].w, mixed.w);
-    }
-    const float p = __ldg(post + t * kHc + k);
-    *reinterpret_cast<float4*>(out + (t * kHc + k) * D + 4 * q) =
-        make_float4(fmaf(p, y.x, mixed.x), fmaf(p, y.y, mixed.y), fmaf(p, y.z, mixed.z), fmaf(p, y.w, mixed.w));
-  }
+  for (int k = 0; k < kHc; ++k)
+    *reinterpret_cast<float4*>(out + (t * kHc + k) * D + 4 * q) = hc_post_stream(x, y, C, __ldg(post + t * kHc + k), k);
 }
 
 template <int MIX>

@@ -464,9 +464,13 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
 }  // namespace
 }  // namespace dev
 
-bool moe_grouped_e4m3_supported(const MoeParams& p) {
-  return p.kind == WeightFormat::mxfp4 && !p.scale_f32 && p.act_fp8 && p.e4m3_fold_ok && p.D % 128 == 0 &&
-         p.inter % 128 == 0 && p.inter * 33 <= p.D * 64 && p.experts_aligned;
+const char* moe_grouped_e4m3_refusal(const MoeParams& p) {
+  if (p.kind != WeightFormat::mxfp4 || p.scale_f32) return "experts not MXFP4 with e8m0 scales";
+  if (!p.act_fp8) return "activations not fp8";
+  if (p.D % 128 != 0 || p.inter % 128 != 0 || p.inter * 33 > p.D * 64) return "a shape it does not take";
+  if (!p.experts_aligned) return "unaligned experts";
+  if (!p.e4m3_fold_ok) return "scales that do not fold (more than 2^8 apart in 128 columns)";
+  return nullptr;
 }
 
 int moe_grouped_e4m3_tile_pairs(const MoeParams& p) {

@@ -18,8 +18,10 @@
 namespace tern::cuda {
 
 // MXFP4 experts (e8m0 scales), --activations fp8, D and inter multiples of 128, inter <= 1.9 D (the e4m3 h fits
-// the x buffer), and p.e4m3_fold_ok (moe_e4m3_fold_ok for these experts).
-bool moe_grouped_e4m3_supported(const MoeParams& p);
+// the x buffer), aligned experts and p.e4m3_fold_ok (moe_e4m3_fold_ok for these experts): nullptr, else the first
+// of these that fails, for the log.
+const char* moe_grouped_e4m3_refusal(const MoeParams& p);
+inline bool moe_grouped_e4m3_supported(const MoeParams& p) { return moe_grouped_e4m3_refusal(p) == nullptr; }
 // Pairs a tile: 32 or 64 (two accumulator sets a slab: 64 is the most that fits the registers), from the mean
 // pairs per expert.
 int moe_grouped_e4m3_tile_pairs(const MoeParams& p);
