@@ -6,9 +6,6 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s21.tar.xz}
 source scripts/plans/env.sh
-stamp "op tests (all)"
-timeout 330 $G/tern_gpu_tests > $OUT/op-tests.log 2>&1; echo "rc $?"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/op-tests.log | head -20; grep -E "^\[ RUN" $OUT/op-tests.log | tail -1
 stamp "PD TTFT against a full-depth 8K prefill (#15; needs .whl: pip download --no-deps -d .whl pytest pluggy iniconfig packaging pygments exceptiongroup tomli)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 TERN_BIN=$PWD/$T TERN_DEVICE=cuda TERN_PD_BACKEND=cuda-ipc PYTHONUNBUFFERED=1 timeout 200 \
@@ -22,4 +19,7 @@ stamp "8K prefill profile"
 timeout 100 $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 8192 --profile \
   --profile-batches 1 --profile-top 30 --steps 3 --warmup 1 > $OUT/prefill-profile.log 2>&1; echo "rc $?"
 grep -A45 "profile of the prefill of 8192" $OUT/prefill-profile.log | head -50
+stamp "op tests (all)"
+timeout ${OPS_S:-330} $G/tern_gpu_tests > $OUT/op-tests.log 2>&1; echo "rc $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/op-tests.log | head -20; grep -E "^\[ RUN" $OUT/op-tests.log | tail -1
 stamp done
