@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/linear_x8.cuh"
 #include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "core/dtype.h"
 #include "gpu_test_util.h"
@@ -264,6 +265,64 @@ TEST_P(GpuActFp8Linear, BatchInvariant) {
     ops::Weight dw = store.upload(hw.w);
     dw.act_fp8 = true;
     expect_linear_batch_invariant(spread_rows(N, c.in, r), dw, r, cat("act fp8 ", c.name));
+  }
+}
+
+// linear_x8 quantising x itself (up to 16 tokens: linear_x8_quantises_x) gives act_quant + linear_x8's bits, the
+// grouped wo_a included; the products of V4-Flash's decode shapes take it at 1-16 tokens (so the comparison is of
+// the two forms, not of one form with itself).
+TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::CudaBackend& be = cuda::register_backend();
+  cuda::WeightStore store;
+  std::vector<Case> cases = fp8_cases(s);
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, in_g});
+  for (const Case& c : cases) {
+    if (c.in % 128 != 0 || c.out % 128 != 0) continue;
+    const bool grouped = std::string_view(c.name) == "wo_a (grouped)";
+    const int64_t groups = grouped ? s.groups : 1, cols = groups * c.in;
+    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
+                                  c.name);
+    ops::Weight dw = store.upload(hw.w);
+    dw.act_fp8 = true;
+    for (int64_t T : {1, 3, 8, 9, 16, 17}) {
+      const Tensor x = spread_rows(T, cols, r);
+      auto dx = upload(grouped ? x.view().reshape({T, groups, c.in}) : x.view());
+      Tensor got[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        be.set_x8_quantises_x(fused == 1);
+        auto y = poisoned(DType::f32, grouped ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
+        if (grouped) ops::grouped_linear(dx, dw, y);
+        else ops::linear(dx, dw, y);
+        got[fused] = cuda::to_host(y);
+      }
+      be.set_x8_quantises_x(true);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < got[0].numel(); ++i)
+        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
+      EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": outputs differ between act_quant + linear_x8 and the "
+                           << "quantising kernel";
+      if (s.D >= 4096 && T <= 16) {  // V4-Flash's decode products take the quantising form (split K as they run)
+        cuda::LinearParams p;
+        p.w.kind = cuda::WeightFormat::fp8_block;
+        p.w.w = dw.weight.data();
+        p.w.s = dw.scale.data();
+        p.w.out = c.out;
+        p.w.in = c.in;
+        p.w.s_cols = dw.scale.dim(1);
+        p.x = dx.view().data_as<const float>();
+        p.x_stride = cols;
+        p.rows_per_group = c.out / groups;
+        p.T = T;
+        p.num_sms = be.num_sms();
+        p.partial_floats = INT64_MAX;
+        p.num_counters = INT64_MAX;
+        EXPECT_TRUE(cuda::linear_x8_quantises_x(p)) << c.name << " T=" << T;
+      }
+    }
   }
 }
 

@@ -135,11 +135,16 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   // Exact weights (the indexer's wq_b) stay exact products: of the dequantised x, below.
   if (!w.exact && impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {
+    give_partials(impl, p, linear_x8_partial_floats(p));
+    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 16 tokens: x quantised in the kernel
+      launch_linear_x8_quantising(p, impl.stream);
+      check_launch("linear_x8 (x quantised in the kernel)");
+      return;
+    }
     Tensor xq(DType::u8, {T, cols}, Device::cuda, TensorInit::uninitialized);
     Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
     launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
     check_launch("act_quant");
-    give_partials(impl, p, linear_x8_partial_floats(p));
     launch_linear_x8(p, xq.data<const uint8_t>(), sx.data<const float>(), impl.stream);
     check_launch("linear_x8");
     return;

@@ -38,6 +38,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // take over, and the grouped kernels are its MoE path.
   impl_->moe_grouped_min_tokens =
       env_int("TERN_MOE_GROUPED_MIN_TOKENS", kMoeGroupedMinTokensDefault, 1, kLibraryMinTokens);
+  // TERN_X8_QUANT=0: decode FP8 products always quantise x in act_quant_kernel first (A/B of the fused form).
+  impl_->x8_quantises_x = env_flag("TERN_X8_QUANT", true);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -221,6 +223,7 @@ void CudaBackend::set_moe_grouped_min_tokens(int64_t tokens) {
 }
 int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_min_tokens; }
 int64_t CudaBackend::moe_e4m3_calls() const { return impl_->moe_e4m3_calls; }
+void CudaBackend::set_x8_quantises_x(bool on) { impl_->x8_quantises_x = on; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }
@@ -330,7 +333,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
       "--activations fp8 (the default on a GPU; FP8 weights): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
       "reference's rule) then below 512 tokens linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
-      "shared memory, f32 sums scaled per 128-column block); prefill chunks (>= 512 tokens, not batch invariant): "
+      "shared memory, f32 sums scaled per 128-column block; up to 16 tokens linear_x8_kernel quantises x itself "
+      "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off); prefill chunks (>= 512 tokens, not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "

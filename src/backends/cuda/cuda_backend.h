@@ -150,6 +150,10 @@ class CudaBackend final : public ops::Backend {
   // moe_experts calls that ran the e4m3 grouped kernels (TERN_MOE_GROUPED=e4m3, moe_grouped_e4m3.cuh) since the
   // backend was made: what tests assert ran, since that mode falls back to the bf16 wgmma kernels where it cannot.
   int64_t moe_e4m3_calls() const;
+  // --activations fp8 decode products: true (the default; TERN_X8_QUANT=0 sets false at start-up) lets
+  // linear_x8 quantise x itself where it can (up to 16 tokens: one act_quant launch less, the same bits); false
+  // always launches act_quant first. For A/B runs and the bit-identity test.
+  void set_x8_quantises_x(bool on);
 
   struct Impl;
 

@@ -3,7 +3,7 @@
 // bf16 planes (the grouped MoE kernels' h): a thread per row, 16 planes of 8 values, so a warp's loads are 512
 // contiguous bytes (a warp per block read 16-byte pieces a plane apart: 361 us a call, now 133).
 #include "backends/cuda/kernels/act_quant.cuh"
-#include "backends/cuda/kernels/kv_row_dev.cuh"
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 
 namespace tern::cuda {
@@ -28,24 +28,17 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
   if (item >= r.T * blocks) return;
   const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
   const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  const int k = fp8_scale_exponent(amax);
-  const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (both the one rounding of the same value)
-  uint8_t q[4];
-  q[0] = __nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3);
-  q[1] = __nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3);
-  q[2] = __nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3);
-  q[3] = __nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3);
+  int k = 0;
+  const uint32_t packed = act_quant_lane(v, k);
   if constexpr (O == ActOut::bytes) {
-    *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) =
-        q[0] | (static_cast<uint32_t>(q[1]) << 8) | (static_cast<uint32_t>(q[2]) << 16) | (static_cast<uint32_t>(q[3]) << 24);
+    *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) = packed;
     if (lane == 0)
       o.sx[o.sx_token_ld > 0 ? (col / 128) * o.sx_token_ld + row : row * blocks + col / 128] = ldexpf(1.0f, k);
   } else {
     const float s = ldexpf(1.0f, k);
     float d[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(q[i]) * s;
+    for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(static_cast<uint8_t>(packed >> (8 * i))) * s;
     *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
   }
 }

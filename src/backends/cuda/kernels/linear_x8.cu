@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
 #include "core/env.h"
+#include "core/error.h"
 
 namespace tern::cuda {
 
@@ -18,6 +20,7 @@ namespace dev {
 
 constexpr int kX8Rows = 128;  // weight rows a block: two warpgroups of 64
 constexpr int kX8MaxSmem = 200 * 1024;
+constexpr int kX8FusedBytes = 64 * 1024;  // the most shared memory the in-kernel quantised x may take
 
 struct X8Args {
   const uint8_t* w;
@@ -26,6 +29,7 @@ struct X8Args {
   int64_t s_cols, out, in, rows_per_group;
   const uint8_t* xq;  // e4m3 [T, xcols]
   const float* sx;    // [T, xcols / 128]
+  const float* xf;    // f32 [T, xcols]: when set, the kernel quantises x itself (xq and sx are not read)
   int64_t xcols;
   int64_t T, nkb, kb_per_group;
   float* y;
@@ -45,6 +49,11 @@ struct X8Args {
 // walks them or each is a block whose partials the last block adds (finish_split_k): a token's bits depend on
 // neither T nor its neighbours. The tensor cores keep about 14 bits of each block's sum (2-4e-4 of a product's
 // norm against the CPU's exact sums, as cuBLASLt's FP8 product).
+// In-kernel quantisation (a.xf, FP8 weights, token tiles of 8 or 16): after the grid dependency wait every block
+// quantises its own tokens' x over its K range (act_quant_lane, act_quant's bytes and scales) into a resident
+// region of shared memory in the stages' x layout, while the first stages' weights are in flight; the stages then
+// carry weights alone. One act_quant launch less per product (a decode step's launches cost ~3 us each at batch 1,
+// results.md session 21), for the price of every row tile re-reading x from L2 (at 16 tokens half the weight bytes).
 constexpr int kXwStages = 4;
 constexpr int kXwWBytes = kX8Rows * 128;  // a stage's weights: 128 rows x 128 bytes
 
@@ -112,8 +121,11 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
-  float* wtab = reinterpret_cast<float*>(smem + kXwStages * kStageBytes);  // [n]
-  float* sxs = wtab + a.nkb;                                                // [N][n]: x scales of the range
+  const bool fused = !BF16 && N <= 16 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 and 16 tokens only
+  uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
+  const int64_t xs_blocks = fused ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
+  float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
+  float* sxs = wtab + a.nkb;                                                              // [N][n]: x scales
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
   const int64_t tile_row0 = static_cast<int64_t>(blockIdx.x) * kX8Rows;
@@ -161,10 +173,38 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   // x of the first stages (one commit group per stage: its weights above and its x here).
 #pragma unroll
   for (int i = 0; i < kXwStages - 1; ++i) {
-    if (i < n) issue_x(i, kb_begin + i);
+    if (i < n && !fused) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  if constexpr (!BF16) {
+  if (fused) {
+    // A warp a (token, block) item, kQ items' loads in flight before their reductions; rows past the live tokens
+    // are zeros (their sums are never stored). fence_proxy_async + the barrier at the loop's top publish it.
+    constexpr int kQ = 4;
+    const int warp = tid >> 5, items = live * n;
+    for (int base = warp; base < items; base += 8 * kQ) {
+      float4 v[kQ];
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int it = base + 8 * j, r = it / n, c = it - r * n;
+        if (it < items)
+          v[j] = *reinterpret_cast<const float4*>(a.xf + (tok0 + r) * a.xcols + xcol0 + (kb_begin + c) * 128 + 4 * lane);
+      }
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int it = base + 8 * j, r = it / n, c = it - r * n;
+        if (it >= items) break;
+        int k = 0;
+        const uint32_t q = act_quant_lane(v[j], k);
+        *reinterpret_cast<uint32_t*>(xs + c * (N * 128) + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) = q;
+        if (lane == 0) sxs[r * n + c] = ldexpf(1.0f, k);
+      }
+    }
+    for (int p = tid; p < (N - live) * n * 8; p += blockDim.x) {  // 16-byte pieces of the dead rows
+      const int c = p / ((N - live) * 8), q = p - c * (N - live) * 8;
+      *reinterpret_cast<uint4*>(xs + c * (N * 128) + (live + q / 8) * 128 + (q % 8) * 16) = make_uint4(0, 0, 0, 0);
+    }
+    for (int p = tid; p < (N - live) * n; p += blockDim.x) sxs[live * n + p] = 0.0f;
+  } else if constexpr (!BF16) {
     const int64_t sx_cols = a.xcols / 128;
     for (int p = tid; p < N * n; p += blockDim.x) {
       const int r = p / n, c = p - r * n;
@@ -182,7 +222,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     fence_proxy_async();
     __syncthreads();  // the stage is in for every thread's copies; the slot refilled below is read by nobody
     const uint32_t st = smem_addr(smem + slot * kStageBytes);
-    const uint32_t wa = st + wg * 64 * 128, xa = st + kXwWBytes;
+    const uint32_t wa = st + wg * 64 * 128, xa = fused ? smem_addr(xs + i * (N * 128)) : st + kXwWBytes;
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) wgmma_x8<N, BF16>(part, sw128_desc(wa + 32 * s), sw128_desc(xa + 32 * s), s > 0);
@@ -214,7 +254,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     const int ahead = slot == 0 ? kXwStages - 1 : slot - 1;  // the stage read in the previous iteration
     if (i + kXwStages - 1 < n) {
       issue_w(ahead, kb_begin + i + kXwStages - 1);
-      issue_x(ahead, kb_begin + i + kXwStages - 1);
+      if (!fused) issue_x(ahead, kb_begin + i + kXwStages - 1);
     }
     cp_async_commit();
     if (++slot == kXwStages) slot = 0;
@@ -263,6 +303,7 @@ namespace {
 
 struct X8Plan {
   int nt = 1, ksplit = 1;
+  bool fused = false;  // the kernel quantises x itself
   int64_t bx = 0, bz = 0, nkb = 0, kb_per_group = 1;
   size_t smem = 0;
 };
@@ -279,7 +320,7 @@ int x8_max_tile_n8() {
 // multiprocessor, each at least kXwStages - 1 blocks long (a full ring), at most 64. They run as separate
 // blocks (split K) when that is cheaper by the rough model of linear_stream's (stream_ksplit): the blocks'
 // share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
-X8Plan plan_x8(const LinearParams& p) {
+X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   X8Plan pl;
   pl.nt = std::min(p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8, x8_max_tile_n8());
   pl.bx = p.w.out / dev::kX8Rows;
@@ -301,6 +342,11 @@ X8Plan plan_x8(const LinearParams& p) {
   // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
             (bf16 ? 0 : static_cast<size_t>(pl.nkb) * (tokens + 1) * 4) + 1024;
+  // In-kernel quantisation: token tiles of 8 or 16 (from 17 tokens the row tiles' re-reads of x from L2 outgrow the
+  // weights' bytes) whose K range's quantised x fits 64 KB of shared memory.
+  const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
+  pl.fused = f32_x && !bf16 && tokens <= 16 && range * tokens * 128 <= dev::kX8FusedBytes;
+  if (pl.fused) pl.smem += static_cast<size_t>(range) * tokens * 128;
   return pl;
 }
 
@@ -321,12 +367,18 @@ int64_t linear_x8_partial_floats(const LinearParams& p) {
   LinearParams q = p;
   q.partial_floats = INT64_MAX;
   q.num_counters = INT64_MAX;
-  const X8Plan pl = plan_x8(q);
+  const X8Plan pl = plan_x8(q, false);
   return pl.ksplit > 1 ? static_cast<int64_t>(pl.ksplit) * p.T * p.w.out : 0;
 }
 
-void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx, cudaStream_t stream) {
-  const X8Plan pl = plan_x8(p);
+bool linear_x8_quantises_x(const LinearParams& p) {
+  return linear_x8_ok(p) && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && plan_x8(p, true).fused;
+}
+
+namespace {
+
+void launch_x8(const LinearParams& p, const X8Plan& pl, const uint8_t* xq, const float* sx, const float* xf,
+               cudaStream_t stream) {
   dev::X8Args a{};
   a.w = static_cast<const uint8_t*>(p.w.w);
   a.s = static_cast<const uint8_t*>(p.w.s);
@@ -337,6 +389,7 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
   a.rows_per_group = p.rows_per_group;
   a.xq = xq;
   a.sx = sx;
+  a.xf = xf;
   a.xcols = p.x_stride;
   a.T = p.T;
   a.nkb = pl.nkb;
@@ -347,6 +400,19 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
   if (p.w.kind == WeightFormat::bf16) dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
   else dev::launch_x8_tokens<false>(pl.nt, a, grid, pl.smem, stream);
+}
+
+}  // namespace
+
+void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx, cudaStream_t stream) {
+  launch_x8(p, plan_x8(p, false), xq, sx, nullptr, stream);
+}
+
+void launch_linear_x8_quantising(const LinearParams& p, cudaStream_t stream) {
+  const X8Plan pl = plan_x8(p, true);
+  TERN_CHECK(pl.fused && reinterpret_cast<uintptr_t>(p.x) % 16 == 0,
+             "launch_linear_x8_quantising: this product does not take x in f32 (linear_x8_quantises_x is false)");
+  launch_x8(p, pl, nullptr, nullptr, p.x, stream);
 }
 
 }  // namespace tern::cuda

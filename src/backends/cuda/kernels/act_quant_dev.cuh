@@ -1,0 +1,22 @@
+// The official reference's 1x128 activation quantisation of one warp's block (nvcc only): shared by act_quant's
+// kernels and linear_x8's in-kernel quantisation of a decode product's x, so both give the same bytes and scales.
+#pragma once
+
+#include "backends/cuda/kernels/kv_row_dev.cuh"
+
+namespace tern::cuda::dev {
+
+// A warp holds one 128-value block, 4 consecutive values a lane (every lane calls): returns the lane's 4 e4m3
+// bytes of v / 2^k packed little-endian, k the block's scale exponent 2^ceil(log2(max(amax, 1e-4) / 448)).
+__device__ __forceinline__ uint32_t act_quant_lane(float4 v, int& k) {
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (both the one rounding of the same value)
+  const uint32_t q0 = __nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t q1 = __nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t q2 = __nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t q3 = __nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3);
+  return q0 | (q1 << 8) | (q2 << 16) | (q3 << 24);
+}
+
+}  // namespace tern::cuda::dev
