@@ -136,7 +136,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   if (!w.exact && impl.library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {
     give_partials(impl, p, linear_x8_partial_floats(p));
-    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 16 tokens: x quantised in the kernel
+    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 8 tokens: x quantised in the kernel
       launch_linear_x8_quantising(p, impl.stream);
       check_launch("linear_x8 (x quantised in the kernel)");
       return;

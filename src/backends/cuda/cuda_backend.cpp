@@ -333,7 +333,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
       "--activations fp8 (the default on a GPU; FP8 weights): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
       "reference's rule) then below 512 tokens linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
-      "shared memory, f32 sums scaled per 128-column block; up to 16 tokens linear_x8_kernel quantises x itself "
+      "shared memory, f32 sums scaled per 128-column block; up to 8 tokens linear_x8_kernel quantises x itself "
       "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off); prefill chunks (>= 512 tokens, not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "

@@ -151,7 +151,7 @@ class CudaBackend final : public ops::Backend {
   // backend was made: what tests assert ran, since that mode falls back to the bf16 wgmma kernels where it cannot.
   int64_t moe_e4m3_calls() const;
   // --activations fp8 decode products: true (the default; TERN_X8_QUANT=0 sets false at start-up) lets
-  // linear_x8 quantise x itself where it can (up to 16 tokens: one act_quant launch less, the same bits); false
+  // linear_x8 quantise x itself where it can (up to 8 tokens: one act_quant launch less, the same bits); false
   // always launches act_quant first. For A/B runs and the bit-identity test.
   void set_x8_quantises_x(bool on);
 

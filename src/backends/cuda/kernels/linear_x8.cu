@@ -49,11 +49,13 @@ struct X8Args {
 // walks them or each is a block whose partials the last block adds (finish_split_k): a token's bits depend on
 // neither T nor its neighbours. The tensor cores keep about 14 bits of each block's sum (2-4e-4 of a product's
 // norm against the CPU's exact sums, as cuBLASLt's FP8 product).
-// In-kernel quantisation (a.xf, FP8 weights, token tiles of 8 or 16): after the grid dependency wait every block
+// In-kernel quantisation (a.xf, FP8 weights, token tiles of 8): after the grid dependency wait every block
 // quantises its own tokens' x over its K range (act_quant_lane, act_quant's bytes and scales) into a resident
 // region of shared memory in the stages' x layout, while the first stages' weights are in flight; the stages then
 // carry weights alone. One act_quant launch less per product (a decode step's launches cost ~3 us each at batch 1,
-// results.md session 21), for the price of every row tile re-reading x from L2 (at 16 tokens half the weight bytes).
+// results.md session 21), for the price of every row tile re-reading x from L2 and a prologue before the first MMA.
+// Measured (H100, session 21): at one token 2-2.4 us faster a product (wq_a 5.4 against 7.8 us with act_quant), at 16
+// tokens 3-5 us slower (wq_b 21.5 against 16.3: the prologue's L2 round trips outweigh the launch), so tiles of 8 only.
 constexpr int kXwStages = 4;
 constexpr int kXwWBytes = kX8Rows * 128;  // a stage's weights: 128 rows x 128 bytes
 
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
-  const bool fused = !BF16 && N <= 16 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 and 16 tokens only
+  const bool fused = !BF16 && N == 8 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 tokens only
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
   const int64_t xs_blocks = fused ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
@@ -342,10 +344,10 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
             (bf16 ? 0 : static_cast<size_t>(pl.nkb) * (tokens + 1) * 4) + 1024;
-  // In-kernel quantisation: token tiles of 8 or 16 (from 17 tokens the row tiles' re-reads of x from L2 outgrow the
-  // weights' bytes) whose K range's quantised x fits 64 KB of shared memory.
+  // In-kernel quantisation: token tiles of 8 (at 16 tokens it measured slower than act_quant + the kernel) whose K
+  // range's quantised x fits 64 KB of shared memory.
   const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
-  pl.fused = f32_x && !bf16 && tokens <= 16 && range * tokens * 128 <= dev::kX8FusedBytes;
+  pl.fused = f32_x && !bf16 && tokens == 8 && range * tokens * 128 <= dev::kX8FusedBytes;
   if (pl.fused) pl.smem += static_cast<size_t>(range) * tokens * 128;
   return pl;
 }
