@@ -160,8 +160,8 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // One row per kernel variant (ring depth, warps, the register kernel) where the bulk kernels take T;
     // the first is the default.
     cuda::CudaBackend& be = cuda::register_backend();
-    const int variants = T <= 64 && !g_profile ? cuda::CudaBackend::moe_variants() : 1;
-    {  // the decode kernels at every T (above 64: the register kernel); the grouped kernels in their own row below
+    const int variants = T <= 256 && !g_profile ? cuda::CudaBackend::moe_variants() : 1;
+    {  // the decode kernels at every T (above 256: the register kernel); the grouped kernels in their own row below
       const gputest::MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
       for (int v = 0; v < variants; ++v) {
         be.set_moe_variant(v);

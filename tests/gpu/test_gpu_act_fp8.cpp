@@ -327,7 +327,7 @@ TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
 }
 
 // The routed experts with fp8 activations (x and h quantised) on every path against the CPU: the bulk kernels (1-64
-// tokens), the register kernel (100), the grouped prefill kernels (600 tokens: mma.sync and wgmma forced), and the
+// tokens, and 100), the grouped prefill kernels (600 tokens: mma.sync and wgmma forced), and the
 // library's per-expert products (600, set_moe_prefill_library). The products sum in f32 on every path.
 TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
   TERN_REQUIRE_GPU();
@@ -344,7 +344,7 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       int64_t T;
       const char* grouped;  // TERN_MOE_GROUPED for prefill chunks ("" unset)
       bool library;
-      bool decode_kernels = false;  // below the library threshold on the decode kernels (100: the register kernel)
+      bool decode_kernels = false;  // below the library threshold on the decode kernels (100: the bulk kernels since session 21)
     };
     // e4m3 (TERN_MOE_GROUPED=e4m3, moe_grouped_e4m3.cuh): MXFP4 experts take the e4m3 kernels (32-pair tiles at 100
     // tokens, 64 at 600), NVFP4 ones the bf16 wgmma kernel (its scales do not fold); both against the CPU.

@@ -322,12 +322,12 @@ TEST_P(GpuV4, MoeExperts) {
     const bool fp4 = f == ops::WeightFormat::mxfp4 || f == ops::WeightFormat::nvfp4;
     // FP4: the bulk-copy kernels at 1, 3, 8, 16, 40 and 64 tokens (jobs of 1 to 8 pairs, experts split over
     // jobs, job changes inside a block while the other warp group still decodes the previous job),
-    // 100 tokens on the register kernel; every kernel variant (ring depth, warps, item size, padded stage
+    // and 100 tokens (several jobs an expert under the skewed routing below); every kernel variant (ring depth, warps, item size, padded stage
     // rows, counters for the bookkeeping, the register kernel forced) against the same reference. Other
     // formats: the register kernel.
     cuda::CudaBackend& be = cuda::register_backend();
     const int variants = fp4 ? cuda::CudaBackend::moe_variants() : 1;
-    // The decode kernels at every T here (100: the register kernel), not the grouped ones from 65 tokens.
+    // The decode kernels at every T here (the bulk kernels up to 256 tokens), not the grouped ones from 65.
     const MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
     for (int64_t T : fp4 ? std::vector<int64_t>{1, 3, 8, 16, 40, 64, 100} : std::vector<int64_t>{1, 16, 70}) {
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);

@@ -24,12 +24,12 @@
 
 namespace tern::cuda {
 
-// The grouped MoE kernels from just above the bulk decode ring's range (kMoeBulkMaxTokens): measured on the H100
+// The grouped MoE kernels from 65 tokens (the bulk decode ring's range before session 21): measured on the H100
 // (session 19, tern_gpu_bench --only moe, mxfp4, whole op) the bulk ring streams 88-91% of copy at 16-64 tokens and
 // beats the grouped kernels there (1 007 against 1 382 us at 64), while above 64 only the register kernel was left
 // (21-25% of copy: 4 216 against 1 598 us at 96, 5 512 against 1 776 at 256). bench-step on the full model: decode
 // at batch 128 / 256 92 / 121 ms against 213 / 287, the verify of 64 x 4 tokens 121 against 286 ms.
-inline constexpr int64_t kMoeGroupedMinTokensDefault = kMoeBulkMaxTokens + 1;
+inline constexpr int64_t kMoeGroupedMinTokensDefault = 65;
 
 struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;

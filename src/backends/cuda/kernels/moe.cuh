@@ -68,8 +68,11 @@ bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
 // Name of the expert kernels launch_moe takes for these params (startup report, benchmarks, tests).
 const char* moe_path_name(const MoeParams& p);
-// Up to this many tokens FP4 experts go to the bulk-copy kernels (larger batches: moe_expert_kernel).
-inline constexpr int64_t kMoeBulkMaxTokens = 64;
+// Up to this many tokens FP4 experts go to the bulk-copy kernels (larger batches: moe_expert_kernel). The
+// backend sends calls from kMoeGroupedMinTokensDefault (65) tokens to the grouped kernels first; 65-256 reach the
+// bulk kernels only with TERN_MOE_GROUPED_MIN_TOKENS above them (session 21: the bulk ring past 64 tokens, where
+// it was never measured, against the grouped kernels' 65% of copy at batch 128).
+inline constexpr int64_t kMoeBulkMaxTokens = 256;
 // num_sms: the device's multiprocessor count (the bulk kernels run one persistent block on each).
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream);
 
