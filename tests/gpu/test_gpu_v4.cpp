@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels/moe.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
@@ -347,7 +348,7 @@ TEST_P(GpuV4, MoeExperts) {
         const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
                                      cuda::CudaBackend::moe_variant_name(v), "; ", path, ")");
         const bool bulk_expected =
-            fp4 && T <= 64 && cuda::CudaBackend::moe_variant_name(v).starts_with("bulk");
+            fp4 && T <= cuda::kMoeBulkMaxTokens && cuda::CudaBackend::moe_variant_name(v).starts_with("bulk");
         EXPECT_EQ(path.find("moe_bulk") != std::string::npos, bulk_expected) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
@@ -427,7 +428,7 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
   for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4}) {
     const RandomExperts experts(f, E, D, inter, r);
     const std::vector<ops::Expert>& dexp = experts.on_device;
-    for (int64_t T : {1, 5, 16, 64}) {
+    for (int64_t T : {1, 5, 16, 64, 100}) {  // 100: the bulk kernels past 64 tokens (session 21)
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});
       for (int64_t t = 0; t < T; ++t) {  // distinct experts per token, any of them
