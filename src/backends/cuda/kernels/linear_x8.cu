@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
-  const bool fused = !BF16 && N == 8 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 tokens only
+  const bool fused = !BF16 && N <= 16 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 (16: TERN_X8_QUANT_MAX_N)
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
   const int64_t xs_blocks = fused ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
@@ -179,9 +179,11 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     cp_async_commit();
   }
   if (fused) {
-    // A warp a (token, block) item, kQ items' loads in flight before their reductions; rows past the live tokens
+    // A warp a (token, block) item, kQ = N items' loads in flight before their reductions (a tile's N tokens x n
+    // blocks are one or two rounds a warp at the decode products' K ranges: session 21's kQ = 4 took four rounds at
+    // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens
     // are zeros (their sums are never stored). fence_proxy_async + the barrier at the loop's top publish it.
-    constexpr int kQ = 4;
+    constexpr int kQ = N;
     const int warp = tid >> 5, items = live * n;
     for (int base = warp; base < items; base += 8 * kQ) {
       float4 v[kQ];
@@ -313,6 +315,13 @@ struct X8Plan {
 // The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
 // (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
 // its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
+// The widest token tile linear_x8 quantises x in (TERN_X8_QUANT_MAX_N: 8, the default, or 16), for A/B: tiles of
+// 16 measured slower with four rounds of loads a warp (session 21), not yet with kQ = N.
+int x8_quant_max_n() {
+  static const int n = std::stoi(env_choice("TERN_X8_QUANT_MAX_N", {"8", "16"}, "8"));
+  return n;
+}
+
 int x8_max_tile_n8() {
   static const int n8 = std::stoi(env_choice("TERN_X8_MAX_N", {"8", "16", "32", "64"}, "64")) / 8;
   return n8;
@@ -344,10 +353,11 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
             (bf16 ? 0 : static_cast<size_t>(pl.nkb) * (tokens + 1) * 4) + 1024;
-  // In-kernel quantisation: token tiles of 8 (at 16 tokens it measured slower than act_quant + the kernel) whose K
-  // range's quantised x fits 64 KB of shared memory.
+  // In-kernel quantisation: token tiles of 8 (16 with TERN_X8_QUANT_MAX_N=16: measured slower than act_quant + the
+  // kernel in session 21, before the prologue's loads went one round) whose K range's quantised x fits 64 KB of
+  // shared memory.
   const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
-  pl.fused = f32_x && !bf16 && tokens == 8 && range * tokens * 128 <= dev::kX8FusedBytes;
+  pl.fused = f32_x && !bf16 && tokens <= x8_quant_max_n() && range * tokens * 128 <= dev::kX8FusedBytes;
   if (pl.fused) pl.smem += static_cast<size_t>(range) * tokens * 128;
   return pl;
 }
