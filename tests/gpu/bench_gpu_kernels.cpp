@@ -802,7 +802,8 @@ int main(int argc, char** argv) {
     profiler->start();
   }
   // Every FP8 projection of a V4-Flash decode step (weight bytes only in the floor; outputs and x are extra).
-  const std::vector<int64_t> dec = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64};
+  // (128 and 256: decode batches where linear_x8 runs two and four 64-token tiles; the library table has the same T)
+  const std::vector<int64_t> dec = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 128, 256};
   const auto section = [&](const char* name) { return only.empty() || only == name; };
   if (section("linear")) {
     bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, dec, r);
@@ -821,7 +822,7 @@ int main(int argc, char** argv) {
   }
   if (section("exact")) bench_exact(dec, r);
   if (section("library"))
-    bench_library(quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{1024, 2048, 8192});
+    bench_library(quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{64, 128, 256, 1024, 2048, 8192});
   const std::vector<int64_t> moe_t =
       quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 32, 64, 96, 128, 192, 256, 384};
   if (section("moe")) {
