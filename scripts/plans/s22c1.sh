@@ -9,7 +9,7 @@
 #    kernels win at 96 and 128 here and the tests pass: kMoeGroupedMinTokensDefault = 129 (backend_impl.h).
 # 3. linear_x8's in-kernel quantisation at 16 tokens with the prologue's loads in one round (TERN_X8_QUANT_MAX_N=16):
 #    if batch 16 gets faster, make 16 the default.
-# 4. FP8 products of 65-511 tokens on cuBLASLt (TERN_FP8_LIBRARY_MIN_TOKENS=65) against linear_x8's 64-token tiles:
+# 4. Dense products of 65-511 tokens on the library (TERN_DENSE_LIBRARY_MIN_TOKENS=65: FP8 on cuBLASLt, bf16 on cuBLAS) against linear_x8's 64-token tiles:
 #    if faster with graphs recording, lower the default (the MoE is already not batch invariant from 65).
 # (#15's serve-bench: s22c2.sh.)
 set -u
@@ -41,12 +41,12 @@ grep -E "^\| (wq_a|wq_b|wkv|wo_b|shared.w1\|w3|shared.w2) .* \| (64|128|256) \|"
 timeout 120 $G/tern_gpu_bench --only linear > $OUT/linear.log 2>&1; echo "rc $?"
 grep -E "act-fp8 x8 .*T=(64|128|256) " $OUT/linear.log | sed -E 's/ +/ /g' | cut -c1-150 | head -24
 for m in 65 512; do
-  TERN_FP8_LIBRARY_MIN_TOKENS=$m timeout 90 $T bench-step --device cuda --config full --batches 64,128,256 --contexts 1024 \
-    --prefill 1024 --steps 10 --warmup 3 > $OUT/fp8lib-$m.log 2>&1; echo "rc $? (TERN_FP8_LIBRARY_MIN_TOKENS=$m)"
-  grep -E "^decode |graphs|error|fail" $OUT/fp8lib-$m.log | cut -c1-200 | head -6
+  TERN_DENSE_LIBRARY_MIN_TOKENS=$m timeout 90 $T bench-step --device cuda --config full --batches 64,128,256 --contexts 1024 \
+    --prefill 1024 --steps 10 --warmup 3 > $OUT/denselib-$m.log 2>&1; echo "rc $? (TERN_DENSE_LIBRARY_MIN_TOKENS=$m)"
+  grep -E "^decode |graphs|error|fail" $OUT/denselib-$m.log | cut -c1-200 | head -6
 done
-TERN_FP8_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/fp8lib-tests.log 2>&1
-echo "rc $? (op tests, FP8 library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/fp8lib-tests.log
-TERN_FP8_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_model_tests > $OUT/fp8lib-model.log 2>&1
-echo "rc $? (model tests, FP8 library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/fp8lib-model.log
+TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/denselib-tests.log 2>&1
+echo "rc $? (op tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-tests.log
+TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_model_tests > $OUT/denselib-model.log 2>&1
+echo "rc $? (model tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-model.log
 stamp done

@@ -81,7 +81,7 @@ struct CudaBackend::Impl {
   // of the same batch may take different paths (not batch invariant, as every choice by token count).
   int64_t moe_grouped_min_tokens = kMoeGroupedMinTokensDefault;
   bool x8_quantises_x = true;
-  int64_t fp8_library_min_tokens = kLibraryMinTokens;  // fp8_library_for  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
+  int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;
@@ -97,10 +97,11 @@ struct CudaBackend::Impl {
   LibraryGemm& lib();
   // Whether a product of T tokens takes the library path (T large, not batch invariant).
   bool library_for(int64_t T) const { return !batch_invariant && T >= kLibraryMinTokens; }
-  // FP8 block-scaled products (--activations fp8) on cuBLASLt from fp8_library_min_tokens (default kLibraryMinTokens;
-  // TERN_FP8_LIBRARY_MIN_TOKENS lowers it for the A/B of decode batches of 65-511 tokens, where linear_x8's 64-token
-  // tiles read the weights once per tile: session 21 measured 6 products a layer at ~317 us for ~132 MB at 128 tokens).
-  bool fp8_library_for(int64_t T) const { return !batch_invariant && T >= fp8_library_min_tokens; }
+  // Dense products that are not exact (FP8 block-scaled with --activations fp8 on cuBLASLt, bf16 weights on cuBLAS)
+  // from dense_library_min_tokens (default kLibraryMinTokens; TERN_DENSE_LIBRARY_MIN_TOKENS lowers it for the A/B of
+  // decode batches of 65-511 tokens, where linear_x8's 64-token tiles read the weights once per tile: session 21
+  // measured 6 FP8 products a layer at ~317 us for ~132 MB at 128 tokens, and the 1 GB head is read twice).
+  bool dense_library_for(int64_t T) const { return !batch_invariant && T >= dense_library_min_tokens; }
   // TERN_MOE_PREFILL=library moves prefill chunks (library-sized calls) to the library MoE; below that size the
   // grouped kernels stay (the library MoE does not take them: they would fall to the register kernel).
   bool moe_library_forced(int64_t T) const { return moe_prefill_library && library_for(T); }

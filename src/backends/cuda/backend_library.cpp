@@ -83,8 +83,10 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
 bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                         const TensorView& y) {
   const int64_t T = x.dim(0);
-  if (!impl.library_for(T)) return false;
   const DeviceMat m = device_mat(w);
+  // bf16 weights that are not exact from the dense threshold (cuBLAS reads them as they are); FP8 ones of the native
+  // mode would be expanded to bf16 every call, and exact ones split x in three: both from the library threshold.
+  if (!(!w.exact && m.kind == WeightFormat::bf16 ? impl.dense_library_for(T) : impl.library_for(T))) return false;
   if (!expand_ok(m) || m.out % groups != 0 || !aligned16(x.data()) || (groups * m.in) % 8 != 0) return false;
   const int64_t rows = m.out / groups, in = m.in, ldx = groups * in;
   GemmBatch b;

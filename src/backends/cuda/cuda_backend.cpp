@@ -40,9 +40,10 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
       env_int("TERN_MOE_GROUPED_MIN_TOKENS", kMoeGroupedMinTokensDefault, 1, kLibraryMinTokens);
   // TERN_X8_QUANT=0: decode FP8 products always quantise x in act_quant_kernel first (A/B of the fused form).
   impl_->x8_quantises_x = env_flag("TERN_X8_QUANT", true);
-  // TERN_FP8_LIBRARY_MIN_TOKENS: from how many tokens FP8 block-scaled products run on cuBLASLt (not batch invariant,
-  // as every library path); 1 .. kLibraryMinTokens, default kLibraryMinTokens. For the A/B at decode batches 65-511.
-  impl_->fp8_library_min_tokens = env_int("TERN_FP8_LIBRARY_MIN_TOKENS", kLibraryMinTokens, 1, kLibraryMinTokens);
+  // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
+  // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
+  // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
+  impl_->dense_library_min_tokens = env_int("TERN_DENSE_LIBRARY_MIN_TOKENS", kLibraryMinTokens, 1, kLibraryMinTokens);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
