@@ -11,6 +11,8 @@
 #    if batch 16 gets faster, make 16 the default.
 # 4. Dense products of 65-511 tokens on the library (TERN_DENSE_LIBRARY_MIN_TOKENS=65: FP8 on cuBLASLt, bf16 on cuBLAS) against linear_x8's 64-token tiles:
 #    if faster with graphs recording, lower the default (the MoE is already not batch invariant from 65).
+# 5. The experts' x and h quantised as moe_bulk stages them (TERN_MOE_STAGE_QUANT, 86 launches a step less): the
+#    bit-identity test, then batch 1 / 16 / 64 with and without (predicted -0.2 to -0.3 ms at batch 1).
 # (#15's serve-bench: s22c2.sh.)
 set -u
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,14 @@ source scripts/plans/env.sh
 stamp "MoE tests at 1-100 tokens (bulk past 64)"
 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" $OUT/moe-tests.log | head -12
+stamp "the experts' x and h quantised as moe_bulk stages them (TERN_MOE_STAGE_QUANT, session 21, unmeasured)"
+timeout 90 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/stage-quant-tests.log 2>&1
+echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|changed" $OUT/stage-quant-tests.log | head -8
+for q in 1 0 1 0; do
+  TERN_MOE_STAGE_QUANT=$q timeout 60 $T bench-step --device cuda --config full --batches 1,16,64 --contexts 1024 \
+    --prefill 1024 --steps 20 --warmup 5 > $OUT/stageq-$q.log 2>&1; echo "rc $? (TERN_MOE_STAGE_QUANT=$q)"
+  grep -E "^decode " $OUT/stageq-$q.log | cut -d'|' -f2-5
+done
 stamp "MoE rows: bulk (every variant) against grouped up to 256 tokens"
 timeout 90 $G/tern_gpu_bench --only moe > $OUT/moe.log 2>&1; echo "rc $?"
 grep -E "^moe_experts .*T=(64|96|128|192|256) " $OUT/moe.log | grep -E " v0 | v1 |grouped" | sed -E 's/ +/ /g' | cut -c1-190 | head -30

@@ -388,6 +388,47 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
   }
 }
 
+// The bulk decode kernels quantising x and h as they stage them (set_moe_stage_quant, the default) give the bits of
+// quantising both first (act_fake_quant launches), at 1-100 tokens (100: the bulk kernels with the grouped ones held
+// off), MXFP4 and NVFP4, rows with the spread of real activations (tiny blocks, outliers, subnormal e4m3).
+TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  if (s.D % 128 != 0 || s.inter % 128 != 0) GTEST_SKIP() << "D and inter must be multiples of 128";
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D;
+  cuda::CudaBackend& be = cuda::register_backend();
+  const MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, s.inter, r);
+    for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
+    for (int64_t T : {1, 3, 16, 64, 100}) {
+      const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
+      Tensor idx(DType::i32, {T, k});
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> all(E);
+        std::iota(all.begin(), all.end(), 0);
+        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
+        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+      }
+      auto dx = upload(x), dw = upload(w), didx = upload(idx);
+      Tensor got[2];
+      for (int staged = 0; staged < 2; ++staged) {
+        be.set_moe_stage_quant(staged == 1);
+        auto y = poisoned(DType::f32, {T, D});
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+        got[staged] = cuda::to_host(y);
+      }
+      be.set_moe_stage_quant(true);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < T * D; ++i)
+        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
+      EXPECT_EQ(differ, 0) << ops::weight_format_name(f) << " T=" << T << ": the staged quantisation changed "
+                           << differ << " outputs (" << be.moe_path(experts.on_device[0].w1, T) << ")";
+    }
+  }
+}
+
 TEST(GpuActFp8, RefusesUnalignedRows) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());

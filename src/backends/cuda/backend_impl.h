@@ -80,8 +80,9 @@ struct CudaBackend::Impl {
   // Chosen by the call's token count, a graph's padded slots included: near the threshold a replay and an eager step
   // of the same batch may take different paths (not batch invariant, as every choice by token count).
   int64_t moe_grouped_min_tokens = kMoeGroupedMinTokensDefault;
-  bool x8_quantises_x = true;
-  int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
+  bool x8_quantises_x = true;  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
+  bool moe_stage_quant = true;  // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them
+  int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;

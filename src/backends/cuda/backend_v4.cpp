@@ -354,11 +354,22 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   }
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
-  // --activations fp8: x quantised here, h by every path between its up and down products (MoeParams::act_fp8).
+  // --activations fp8: x quantised here, h by every path between its up and down products (MoeParams::act_fp8); a
+  // call the bulk kernels take has them quantise both as they stage them (MoeParams::stage_quant). Neither the
+  // grouped kernels (from moe_grouped_min_tokens) nor the library (from kLibraryMinTokens, above the bulk range)
+  // take such a call.
   Tensor xq;
   if (e0.w1.act_fp8) {
     TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0, "cuda moe_experts: --activations fp8 needs the hidden size (",
                p.D, ") and the expert width (", p.inter, ") to be multiples of 128");
+    p.act_fp8 = true;
+    if (impl_->moe_stage_quant && moe_bulk_taken(p) && !impl_->library_for(p.T) &&
+        !(impl_->moe_grouped_for(p.T) && moe_grouped_supported(p))) {
+      p.stage_quant = true;
+      launch_moe(p, impl_->scratch(moe_workspace_bytes(p)), impl_->num_sms, impl_->stream);
+      check_launch("moe_experts (x and h quantised as staged)");
+      return;
+    }
     xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
     launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl_->stream);
     check_launch("act_fake_quant");

@@ -40,6 +40,9 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
       env_int("TERN_MOE_GROUPED_MIN_TOKENS", kMoeGroupedMinTokensDefault, 1, kLibraryMinTokens);
   // TERN_X8_QUANT=0: decode FP8 products always quantise x in act_quant_kernel first (A/B of the fused form).
   impl_->x8_quantises_x = env_flag("TERN_X8_QUANT", true);
+  // TERN_MOE_STAGE_QUANT=0: --activations fp8 experts on the bulk kernels get x and h quantised by act_fake_quant
+  // launches first (A/B of the staged quantisation; the same bits).
+  impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -228,6 +231,7 @@ void CudaBackend::set_moe_grouped_min_tokens(int64_t tokens) {
 int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_min_tokens; }
 int64_t CudaBackend::moe_e4m3_calls() const { return impl_->moe_e4m3_calls; }
 void CudaBackend::set_x8_quantises_x(bool on) { impl_->x8_quantises_x = on; }
+void CudaBackend::set_moe_stage_quant(bool on) { impl_->moe_stage_quant = on; }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }
@@ -342,7 +346,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
-      "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel)",
+      "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; on the bulk decode kernels quantised "
+      "as the kernels stage them, no launch, TERN_MOE_STAGE_QUANT=0 turns that off)",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 where TERN_MOE_GROUPED_MIN_TOKENS moves the grouped "
       "kernels up): moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "

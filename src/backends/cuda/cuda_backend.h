@@ -154,6 +154,10 @@ class CudaBackend final : public ops::Backend {
   // linear_x8 quantise x itself where it can (up to 8 tokens: one act_quant launch less, the same bits); false
   // always launches act_quant first. For A/B runs and the bit-identity test.
   void set_x8_quantises_x(bool on);
+  // --activations fp8 routed experts on the bulk decode kernels: true (the default; TERN_MOE_STAGE_QUANT=0 sets
+  // false at start-up) has the kernels quantise x and h as they stage them (two launches less a call, the same
+  // bits); false launches act_fake_quant before each. For A/B runs and the bit-identity test.
+  void set_moe_stage_quant(bool on);
 
   struct Impl;
 

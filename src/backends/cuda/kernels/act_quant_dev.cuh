@@ -19,4 +19,10 @@ __device__ __forceinline__ uint32_t act_quant_lane(float4 v, int& k) {
   return q0 | (q1 << 8) | (q2 << 16) | (q3 << 24);
 }
 
+// e4m3(v / 2^k) * 2^k (inv = 2^-k, s = 2^k): a value quantised and dequantised as act_fake_quant's kernels do, so
+// exact in bf16 and f32.
+__device__ __forceinline__ float act_fake_quant_value(float v, float inv, float s) {
+  return e4m3_to_f32(static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3))) * s;
+}
+
 }  // namespace tern::cuda::dev

@@ -52,6 +52,9 @@ struct MoeParams {
   // MXFP4 experts whose four scales of every 128-column group lie within 2^8 of their largest (moe_e4m3_fold_ok,
   // computed once per expert table): the e4m3 grouped kernels (moe_grouped_e4m3.cuh) can take them.
   bool e4m3_fold_ok = false;
+  // With act_fp8, on the bulk kernels only: x arrives as it is and the kernels quantise x (up) and h (down) as they
+  // stage them (stage_x<F, true>): the bits of quantising first, two launches less a call (session 21).
+  bool stage_quant = false;
 };
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).
@@ -66,6 +69,8 @@ const char* moe_variant_name(int variant);
 
 bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
+// Whether launch_moe takes the bulk-copy kernels for these params (the backend asks it before it quantises x).
+bool moe_bulk_taken(const MoeParams& p);
 // Name of the expert kernels launch_moe takes for these params (startup report, benchmarks, tests).
 const char* moe_path_name(const MoeParams& p);
 // Up to this many tokens FP4 experts go to the bulk-copy kernels (larger batches: moe_expert_kernel). The

@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
       else return a.h + static_cast<int64_t>(first + i) * p.inter;
     };
-    stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    if (p.stage_quant) stage_x<F, true>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    else stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     named_bar_sync(1, threads);
   };
   // This group's item: tile `tile` of the current job, in ring slot `slot` of round `round`.
@@ -484,7 +485,7 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
   };
   a.plan = up;
   dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
-  quantize_moe_h(p, a.h, L.P, stream);
+  if (!p.stage_quant) quantize_moe_h(p, a.h, L.P, stream);  // else the down kernel quantises h as it stages it
   a.plan = down;
   dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
 }

@@ -10,8 +10,6 @@
 
 namespace tern::cuda {
 
-// Whether launch_moe takes the bulk-copy kernels for these params (moe.cu).
-bool moe_bulk_taken(const MoeParams& p);
 // Pairs per job of the bulk kernels' variant (the x window's rows).
 int moe_bulk_job_tokens(const MoeParams& p);
 

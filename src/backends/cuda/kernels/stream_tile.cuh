@@ -15,6 +15,7 @@
 // a token's sum depends only on the chunk sequence, never on how many tokens share the tile.
 #pragma once
 
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
 
@@ -103,10 +104,17 @@ __device__ __forceinline__ int64_t x_piece_offset(int64_t cc) {
 // Fills the window (rows `stride` bytes apart): rows [0, rows) of the tile are x rows (row i of the tile at
 // xrow(i), nullptr for a padding row: zeros), columns [col0, col0 + cols) of each. Called by all `nthreads`
 // threads of the block.
-template <WeightFormat F, typename RowFn>
+// QUANT (--activations fp8): each 128 columns of a row quantised and dequantised as act_fake_quant does (the block's
+// largest |value| over the 16 consecutive threads that hold its 8-column pieces, the reference's power-of-two scale,
+// e4m3), so the window holds what staging the quantised rows would: the same bits, without the kernel that
+// quantises them first. Needs col0 and cols multiples of 128 and nthreads a multiple of 32 (piece p sits in
+// thread p mod nthreads, so a block's 16 pieces are one half-warp's, all inside or all past the rows).
+template <WeightFormat F, bool QUANT = false, typename RowFn>
 __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, int cols, int stride, RowFn xrow,
                                         int tid, int nthreads) {
-  constexpr int kBatch = 4;  // pieces whose loads are in flight together (x comes from L2)
+  // Pieces whose loads are in flight together (x comes from L2); 2 when quantising, whose extra live values made the
+  // wide bulk MoE kernel (80 registers a thread) spill with 4.
+  constexpr int kBatch = QUANT ? 2 : 4;
   const int per_row = cols / 8, total = rows * per_row;
   for (int p0 = tid; p0 < total; p0 += kBatch * nthreads) {
     float4 v[kBatch][2];
@@ -120,6 +128,24 @@ __device__ __forceinline__ void stage_x(uint8_t* win, int rows, int64_t col0, in
         v[b][1] = __ldg(reinterpret_cast<const float4*>(at + 4));
       } else {
         v[b][0] = v[b][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    if constexpr (QUANT) {
+      const unsigned half = 0xffffu << (tid & 16);  // this thread's half-warp: one 128-column block
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        float4& a = v[b][0];
+        float4& c = v[b][1];  // the piece's 8 values
+        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                           fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(c.z), fabsf(c.w))));
+#pragma unroll
+        for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(half, amax, o));
+        const int k = fp8_scale_exponent(amax);
+        const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
+        a = make_float4(act_fake_quant_value(a.x, inv, s), act_fake_quant_value(a.y, inv, s),
+                        act_fake_quant_value(a.z, inv, s), act_fake_quant_value(a.w, inv, s));
+        c = make_float4(act_fake_quant_value(c.x, inv, s), act_fake_quant_value(c.y, inv, s),
+                        act_fake_quant_value(c.z, inv, s), act_fake_quant_value(c.w, inv, s));
       }
     }
 #pragma unroll
