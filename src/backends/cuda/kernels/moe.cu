@@ -295,7 +295,7 @@ constexpr MoeVariant kMoeVariants[] = {
     // default of session 8). 8 -> 16 consumer warps (1 -> 2 items decoded at once) gave 1.3-1.4x and 16 -> 24 a
     // further 3-8%: jobs of at most 4 tokens keep the x window at 4 rows so that five stages fit beside the
     // third group.
-    {"bulk 24 warps, jobs of 4 tokens, 5/5 stages, counters", true, 5, 5, 24, 2, 4, false, false, true},
+    {"bulk 24 warps, jobs of 4 tokens (above 64 tokens: variant 1), 5/5 stages, counters", true, 5, 5, 24, 2, 4, false, false, true},
     // 1: the default of session 7 (493 / 1260 us at T = 16 / 64 against 501 / 1280 for 2)
     {"bulk 16 warps, down 32-row items, 4/5 stages", true, 4, 5, 16, 2, 8},
     {"bulk 16 warps, down 16-row items, 4/8 stages", true, 4, 8, 16, 1, 8},
