@@ -292,6 +292,7 @@ TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
       const Tensor x = spread_rows(T, cols, r);
       auto dx = upload(grouped ? x.view().reshape({T, groups, c.in}) : x.view());
       Tensor got[2];
+      const int64_t before = be.fused_quant_calls().linear_x8;
       for (int fused = 0; fused < 2; ++fused) {
         be.set_x8_quantises_x(fused == 1);
         auto y = poisoned(DType::f32, grouped ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
@@ -300,11 +301,13 @@ TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
         got[fused] = cuda::to_host(y);
       }
       be.set_x8_quantises_x(true);
+      const bool quantising = be.fused_quant_calls().linear_x8 == before + 1;
       int64_t differ = 0;
       for (int64_t i = 0; i < got[0].numel(); ++i)
         differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
       EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": outputs differ between act_quant + linear_x8 and the "
                            << "quantising kernel";
+      if (s.D >= 4096 && T <= 8) EXPECT_TRUE(quantising) << c.name << " T=" << T << ": the quantising form did not run";
       if (s.D >= 4096 && T <= 8) {  // V4-Flash's decode products take the quantising form (split K as they run)
         cuda::LinearParams p;
         p.w.kind = cuda::WeightFormat::fp8_block;
@@ -413,6 +416,7 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
       }
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
       Tensor got[2];
+      const int64_t before = be.fused_quant_calls().moe_staged;
       for (int staged = 0; staged < 2; ++staged) {
         be.set_moe_stage_quant(staged == 1);
         auto y = poisoned(DType::f32, {T, D});
@@ -420,6 +424,9 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
         got[staged] = cuda::to_host(y);
       }
       be.set_moe_stage_quant(true);
+      EXPECT_EQ(be.fused_quant_calls().moe_staged, before + 1)
+          << ops::weight_format_name(f) << " T=" << T << ": the staged quantisation did not run ("
+          << be.moe_path(experts.on_device[0].w1, T) << ")";
       int64_t differ = 0;
       for (int64_t i = 0; i < T * D; ++i)
         differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;

@@ -134,11 +134,12 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   LinearParams p = linear_params(impl, x, w, groups, y);
   // Exact weights (the indexer's wq_b) stay exact products: of the dequantised x, below.
   if (!w.exact && impl.dense_library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
-  if (!w.exact && !impl.dense_library_for(T) && linear_x8_ok(p)) {
+  if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {  // (what the library turned down, too)
     give_partials(impl, p, linear_x8_partial_floats(p));
     if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 8 tokens: x quantised in the kernel
       launch_linear_x8_quantising(p, impl.stream);
       check_launch("linear_x8 (x quantised in the kernel)");
+      ++impl.x8_quantising_calls;
       return;
     }
     Tensor xq(DType::u8, {T, cols}, Device::cuda, TensorInit::uninitialized);

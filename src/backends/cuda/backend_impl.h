@@ -58,12 +58,17 @@ struct CudaBackend::Impl {
   std::unordered_set<const void*> linear_ran;  // weights linear() ran: retuning them would change results
   int moe_variant = 0;  // set_moe_variant (benchmarks and tests)
   int64_t moe_e4m3_calls = 0;  // moe_experts calls on the e4m3 grouped kernels (CudaBackend::moe_e4m3_calls)
-  // The side branch of a step (ops/branch.h): its own stream, workspace and split-K counters, swapped in for
-  // the main branch's while a side branch is open, so that the two branches' kernels never share scratch or
-  // counters; the events fork the side stream from the main one and join it back.
+  // Calls that took the in-kernel quantisations (CudaBackend::fused_quant_calls): linear_x8 quantising x, the bulk
+  // MoE kernels quantising x and h as they stage them.
+  int64_t x8_quantising_calls = 0, moe_stage_quant_calls = 0;
+  // The side branch of a step (ops/branch.h): its own stream, workspace, split-K counters and library GEMMs (their
+  // cuBLAS / cuBLASLt workspace), swapped in for the main branch's while a side branch is open, so that the two
+  // branches' kernels never share scratch, counters or a library workspace (in a captured step the branches run at
+  // once); the events fork the side stream from the main one and join it back.
   struct Lane {
     cudaStream_t stream = nullptr;
     DeviceBuffer workspace, counters;
+    std::unique_ptr<LibraryGemm> library;
   };
   Lane side;
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
@@ -71,7 +76,8 @@ struct CudaBackend::Impl {
   bool side_concurrent = false;  // the open branch runs on the side stream (graph capture)
   bool side_pending = false;     // side work recorded on join_event and not yet joined
 
-  // Library GEMMs for many tokens (library_gemm.h), made at first use; off in batch-invariant mode.
+  // Library GEMMs for many tokens (library_gemm.h), made at first use (the side lane's with no side streams of its
+  // own: made by the eager runs that size the lanes before any capture); off in batch-invariant mode.
   std::unique_ptr<LibraryGemm> library;
   bool batch_invariant = false;
   bool moe_prefill_library = false;  // set_moe_prefill_library: the expanded-bf16 library MoE over the grouped one

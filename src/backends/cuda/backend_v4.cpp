@@ -368,6 +368,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
       p.stage_quant = true;
       launch_moe(p, impl_->scratch(moe_workspace_bytes(p)), impl_->num_sms, impl_->stream);
       check_launch("moe_experts (x and h quantised as staged)");
+      ++impl_->moe_stage_quant_calls;
       return;
     }
     xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);

@@ -92,6 +92,7 @@ namespace {
 void swap_lanes(CudaBackend::Impl& m) {
   std::swap(m.workspace, m.side.workspace);
   std::swap(m.counters, m.side.counters);
+  std::swap(m.library, m.side.library);
   if (m.side_concurrent) std::swap(m.stream, m.side.stream);
 }
 }  // namespace
@@ -214,7 +215,7 @@ void* CudaBackend::Impl::pinned_scratch(size_t bytes) {
 }
 
 LibraryGemm& CudaBackend::Impl::lib() {
-  if (!library) library = std::make_unique<LibraryGemm>();
+  if (!library) library = std::make_unique<LibraryGemm>(in_side ? 0 : 4);
   return *library;
 }
 
@@ -232,6 +233,9 @@ int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_
 int64_t CudaBackend::moe_e4m3_calls() const { return impl_->moe_e4m3_calls; }
 void CudaBackend::set_x8_quantises_x(bool on) { impl_->x8_quantises_x = on; }
 void CudaBackend::set_moe_stage_quant(bool on) { impl_->moe_stage_quant = on; }
+CudaBackend::FusedQuantCalls CudaBackend::fused_quant_calls() const {
+  return {impl_->x8_quantising_calls, impl_->moe_stage_quant_calls};
+}
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);
 }

@@ -158,6 +158,12 @@ class CudaBackend final : public ops::Backend {
   // false at start-up) has the kernels quantise x and h as they stage them (two launches less a call, the same
   // bits); false launches act_fake_quant before each. For A/B runs and the bit-identity test.
   void set_moe_stage_quant(bool on);
+  // Calls since the backend was made that took linear_x8's quantising form / the bulk MoE kernels' staged
+  // quantisation: what tests assert ran (both fall back to the separate launches where they cannot).
+  struct FusedQuantCalls {
+    int64_t linear_x8 = 0, moe_staged = 0;
+  };
+  FusedQuantCalls fused_quant_calls() const;
 
   struct Impl;
 

@@ -172,6 +172,7 @@ bool fp8_block_available() {
 constexpr int kSide = 4;
 
 struct LibraryGemm::Impl {
+  int nside = kSide;  // side streams made (LibraryGemm(side_streams))
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace;
   cublasHandle_t side_handle[kSide] = {};
@@ -183,14 +184,16 @@ struct LibraryGemm::Impl {
   cublasLtHandle_t lt = nullptr;
   bool fp8_ok = false;
   std::map<Fp8Key, std::unique_ptr<Fp8Plan>> fp8_plans;
-  Impl() {
+  explicit Impl(int side_streams) : nside(side_streams) {
+    TERN_CHECK(side_streams >= 0 && side_streams <= kSide, "LibraryGemm: 0 to ", kSide, " side streams, not ",
+               side_streams);
     TERN_CUBLAS(cublasCreate(&handle));
     workspace = DeviceBuffer(kWorkspaceBytes);
     TERN_CUBLAS(cublasSetWorkspace(handle, workspace.data(), kWorkspaceBytes));
     TERN_CUBLAS(cublasLtCreate(&lt));
     fp8_ok = fp8_block_available();
     TERN_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    for (int i = 0; i < kSide; ++i) {
+    for (int i = 0; i < nside; ++i) {
       TERN_CUDA(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
       TERN_CUDA(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
       TERN_CUBLAS(cublasCreate(&side_handle[i]));
@@ -221,7 +224,7 @@ struct LibraryGemm::Impl {
   }
 };
 
-LibraryGemm::LibraryGemm() : impl_(std::make_unique<Impl>()) {}
+LibraryGemm::LibraryGemm(int side_streams) : impl_(std::make_unique<Impl>(side_streams)) {}
 LibraryGemm::~LibraryGemm() = default;
 
 namespace {
@@ -260,18 +263,19 @@ void LibraryGemm::bf16_each(cudaStream_t s, std::span<const GroupedProblem> prob
   const int mi = narrow(m, "m"), ki = narrow(k, "k"), la = narrow(lda, "lda"), lb = narrow(ldb, "ldb"),
             lc = narrow(ldc, "ldc");
   const float beta = 0.0f;
-  // The side streams start after everything issued on s so far, and s continues after all of them.
-  TERN_CUDA(cudaEventRecord(impl_->fork, s));
-  for (int i = 0; i < kSide; ++i) TERN_CUDA(cudaStreamWaitEvent(impl_->side[i], impl_->fork, 0));
+  const int nside = impl_->nside;
+  // The side streams start after everything issued on s so far, and s continues after all of them (none: s alone).
+  if (nside > 0) TERN_CUDA(cudaEventRecord(impl_->fork, s));
+  for (int i = 0; i < nside; ++i) TERN_CUDA(cudaStreamWaitEvent(impl_->side[i], impl_->fork, 0));
   int next = 0;
   for (const GroupedProblem& p : problems) {
     if (p.n <= 0) continue;
-    cublasHandle_t h = impl_->side_handle[next];
-    next = (next + 1) % kSide;
+    cublasHandle_t h = nside > 0 ? impl_->side_handle[next] : impl_->on(s);
+    if (nside > 0) next = (next + 1) % nside;
     TERN_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, mi, p.n, ki, &p.alpha, p.a, CUDA_R_16BF, la, p.b, CUDA_R_16BF,
                              lb, &beta, p.c, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  for (int i = 0; i < kSide; ++i) {
+  for (int i = 0; i < nside; ++i) {
     TERN_CUDA(cudaEventRecord(impl_->join[i], impl_->side[i]));
     TERN_CUDA(cudaStreamWaitEvent(s, impl_->join[i], 0));
   }
@@ -318,7 +322,7 @@ void LibraryGemm::fp8_block(cudaStream_t s, int64_t T, int64_t out, int64_t in, 
   Fp8Plan& p = impl_->fp8_plan(fp8_key(T, out, in, xq, ldx, wq, y, ldy, groups), sw, sx);
   const int64_t sw_group = out / kFp8Block * fp8_weight_scale_ld(in), sx_group = in / kFp8Block * T;
   const float alpha = 1.0f, beta = 0.0f;
-  const int sides = groups > 1 ? std::min(groups, kSide) : 0;
+  const int sides = groups > 1 ? std::min(groups, impl_->nside) : 0;
   if (sides > 0) {  // the side streams start after everything issued on s so far
     TERN_CUDA(cudaEventRecord(impl_->fork, s));
     for (int i = 0; i < sides; ++i) TERN_CUDA(cudaStreamWaitEvent(impl_->side[i], impl_->fork, 0));

@@ -44,7 +44,10 @@ struct GemmBatch {
 
 class LibraryGemm {
  public:
-  LibraryGemm();
+  // side_streams: how many side streams (each with its handle and a 32 MB workspace) the grouped calls (bf16_each,
+  // fp8_block with groups) spread over, at most 4; 0: they run in series on the caller's stream (a backend's side
+  // lane, whose products are small: it needs its own workspace, not four more).
+  explicit LibraryGemm(int side_streams = 4);
   ~LibraryGemm();
   LibraryGemm(const LibraryGemm&) = delete;
   LibraryGemm& operator=(const LibraryGemm&) = delete;

@@ -115,7 +115,10 @@ __device__ __forceinline__ void wgmma_x8(float (&d)[N / 2], uint64_t da, uint64_
 #undef TERN_X8_MMA64
 #undef TERN_X8_HEAD
 
-template <int N, bool BF16>
+// FUSED: the block quantises x itself (a.xf; plan_x8 takes it for FP8 tiles of 8, or 16 with TERN_X8_QUANT_MAX_N):
+// a template parameter so that the other forms keep their registers (the prologue's loads in flight took the
+// 16-token form from 40 to 121 registers when it was a run-time choice).
+template <int N, bool BF16, bool FUSED = false>
 __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   constexpr int kE = BF16 ? 2 : 1;  // bytes an element
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -123,7 +126,8 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
-  const bool fused = !BF16 && N <= 16 && a.xf != nullptr;  // plan_x8 fuses tiles of 8 (16: TERN_X8_QUANT_MAX_N)
+  static_assert(!FUSED || (!BF16 && N <= 16), "linear_x8_kernel: the quantising form is FP8 with tiles of 8 or 16");
+  constexpr bool fused = FUSED;
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
   const int64_t xs_blocks = fused ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     if (i < n && !fused) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  if (fused) {
+  if constexpr (fused) {
     // A warp a (token, block) item, kQ = N items' loads in flight before their reductions (a tile's N tokens x n
     // blocks are one or two rounds a warp at the decode products' K ranges: session 21's kQ = 4 took four rounds at
     // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens
@@ -281,14 +285,14 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
                  tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
 
-template <int N, bool BF16>
+template <int N, bool BF16, bool FUSED = false>
 void launch_x8_variant(const X8Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(linear_x8_kernel<N, BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kX8MaxSmem);
+    cudaFuncSetAttribute(linear_x8_kernel<N, BF16, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize, kX8MaxSmem);
     return true;
   }();
   (void)attr;
-  launch(linear_x8_kernel<N, BF16>, grid, 2 * 128, smem, stream, a);
+  launch(linear_x8_kernel<N, BF16, FUSED>, grid, 2 * 128, smem, stream, a);
 }
 
 template <bool BF16>
@@ -410,8 +414,14 @@ void launch_x8(const LinearParams& p, const X8Plan& pl, const uint8_t* xq, const
   a.partial = p.partial;
   a.counters = p.counters;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
-  if (p.w.kind == WeightFormat::bf16) dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
-  else dev::launch_x8_tokens<false>(pl.nt, a, grid, pl.smem, stream);
+  if (xf != nullptr) {  // the quantising forms (plan_x8 fused: FP8, tiles of 8 or 16)
+    if (pl.nt == 1) dev::launch_x8_variant<8, false, true>(a, grid, pl.smem, stream);
+    else dev::launch_x8_variant<16, false, true>(a, grid, pl.smem, stream);
+  } else if (p.w.kind == WeightFormat::bf16) {
+    dev::launch_x8_tokens<true>(pl.nt, a, grid, pl.smem, stream);
+  } else {
+    dev::launch_x8_tokens<false>(pl.nt, a, grid, pl.smem, stream);
+  }
 }
 
 }  // namespace

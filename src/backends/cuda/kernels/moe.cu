@@ -5,6 +5,7 @@
 #include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
+#include "core/error.h"
 
 namespace tern::cuda {
 
@@ -458,6 +459,7 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
   if (p.T == 0) return;
   const MoeLayout L(p);
   const BulkPlans bulk = bulk_plans(p);
+  TERN_CHECK(!p.stage_quant || bulk.ok, "launch_moe: x and h quantised as staged need the bulk kernels (moe_bulk_taken)");
   char* ws = static_cast<char*>(workspace);
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
                   reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);
