@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Next session's first call (written in session 21; build the pack from the HEAD first: ninja -C build-cuda,
 # scripts/gpu-pack build-cuda, cp build-cuda/gpu-pack.tar.xz .plans/packs/s22.tar.xz; carry [".plans", ".whl"]).
+# 0. Each backend lane's own library GEMMs (review mend: concurrent branches of a capture shared one cuBLAS workspace):
+#    the model tests and the library / graph op tests.
 # 1. Session 21's unrun test changes: the bulk MoE kernels at 100 tokens (GpuV4.MoeExperts expects moe_bulk up to
 #    kMoeBulkMaxTokens = 256; MoeVariantsBitIdentical at 100; variant 0 takes jobs of 8 above 64 tokens).
 # 2. The bulk ring against the grouped kernels at 96-256 tokens (tern_gpu_bench --only moe now runs the variants up
@@ -18,6 +20,11 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
 source scripts/plans/env.sh
+stamp "each lane's own library GEMMs (session 21): model tests, library op tests, 8K prefill"
+timeout 150 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/model-tests.log | head -6
+timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary*fixture*:*GpuFp8Gemm*:*GpuGraphs*' > $OUT/lib-tests.log 2>&1; echo "rc $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/lib-tests.log | head -6
 stamp "MoE tests at 1-100 tokens (bulk past 64)"
 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" $OUT/moe-tests.log | head -12
