@@ -41,6 +41,18 @@ Tensor spread_rows(int64_t T, int64_t cols, Rand& r) {
   return x;
 }
 
+// Each of T tokens' k distinct experts of E, uniformly at random (i32 [T, k]).
+Tensor random_picks(int64_t T, int64_t E, int64_t k, Rand& r) {
+  Tensor idx(DType::i32, {T, k});
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
+    std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+  }
+  return idx;
+}
+
 // The e4m3 grouped kernels' precondition (moe_e4m3_fold_ok): every row's four MXFP4 scales of a 128-column group
 // within 2^8 of their largest. RandomExperts' scales (base +- 1) pass; one scale byte moved 9 below its group's
 // others fails, 8 below passes.
@@ -356,13 +368,7 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
                            Run{100, "e4m3", false}, Run{600, "e4m3", false}}) {
       const int64_t T = run.T;
       const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
-      Tensor idx(DType::i32, {T, k});
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> all(E);
-        std::iota(all.begin(), all.end(), 0);
-        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
-        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
-      }
+      const Tensor idx = random_picks(T, E, k, r);
       Tensor ref(DType::f32, {T, D});
       ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
       auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
@@ -407,13 +413,7 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
     for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
     for (int64_t T : {1, 3, 16, 64, 100}) {
       const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
-      Tensor idx(DType::i32, {T, k});
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> all(E);
-        std::iota(all.begin(), all.end(), 0);
-        for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
-        std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
-      }
+      const Tensor idx = random_picks(T, E, k, r);
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
       Tensor got[2];
       const int64_t before = be.fused_quant_calls().moe_staged;
