@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s21.tar.xz}
 source scripts/plans/env.sh
-stamp "PD TTFT against a full-depth 8K prefill (#15; needs .whl: pip download --no-deps -d .whl pytest pluggy iniconfig packaging pygments exceptiongroup tomli)"
+stamp "PD TTFT against a full-depth 8K prefill (#15; needs .whl: pip download --no-deps -d .whl pytest pluggy iniconfig packaging pygments exceptiongroup; not tomli: its cp311 wheel stops pip on the GPU machine's Python 3.12)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 TERN_BIN=$PWD/$T TERN_DEVICE=cuda TERN_PD_BACKEND=cuda-ipc PYTHONUNBUFFERED=1 timeout 200 \
   python3 -m pytest -q -s -p no:cacheprovider tests/router/test_pd_ttft.py > $OUT/pd-ttft.log 2>&1; echo "rc $?"
