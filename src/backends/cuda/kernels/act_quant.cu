@@ -50,8 +50,7 @@ __device__ __forceinline__ uint4 fake_quant_bf16x8(uint4 w, float inv, float s) 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xffff0000u);
-    q[i] = pack_bf16(e4m3_to_f32(__nv_cvt_float_to_fp8(a * inv, __NV_SATFINITE, __NV_E4M3)) * s,
-                     e4m3_to_f32(__nv_cvt_float_to_fp8(b * inv, __NV_SATFINITE, __NV_E4M3)) * s);
+    q[i] = pack_bf16(act_fake_quant_value(a, inv, s), act_fake_quant_value(b, inv, s));
   }
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(256) act_fake_quant_bf16_kernel(Bf16Rows r) {
   const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
   float d[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(__nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3)) * s;
+  for (int i = 0; i < 4; ++i) d[i] = act_fake_quant_value(v[i], inv, s);
   *at = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));  // exact: 4 significant bits
 }
 

@@ -127,9 +127,8 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
   static_assert(!FUSED || (!BF16 && N <= 16), "linear_x8_kernel: the quantising form is FP8 with tiles of 8 or 16");
-  constexpr bool fused = FUSED;
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
-  const int64_t xs_blocks = fused ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
+  const int64_t xs_blocks = FUSED ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
   float* sxs = wtab + a.nkb;                                                              // [N][n]: x scales
 
@@ -179,10 +178,10 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   // x of the first stages (one commit group per stage: its weights above and its x here).
 #pragma unroll
   for (int i = 0; i < kXwStages - 1; ++i) {
-    if (i < n && !fused) issue_x(i, kb_begin + i);
+    if (i < n && !FUSED) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  if constexpr (fused) {
+  if constexpr (FUSED) {
     // A warp a (token, block) item, kQ = N items' loads in flight before their reductions (a tile's N tokens x n
     // blocks are one or two rounds a warp at the decode products' K ranges: session 21's kQ = 4 took four rounds at
     // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens
@@ -230,7 +229,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     fence_proxy_async();
     __syncthreads();  // the stage is in for every thread's copies; the slot refilled below is read by nobody
     const uint32_t st = smem_addr(smem + slot * kStageBytes);
-    const uint32_t wa = st + wg * 64 * 128, xa = fused ? smem_addr(xs + i * (N * 128)) : st + kXwWBytes;
+    const uint32_t wa = st + wg * 64 * 128, xa = FUSED ? smem_addr(xs + i * (N * 128)) : st + kXwWBytes;
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) wgmma_x8<N, BF16>(part, sw128_desc(wa + 32 * s), sw128_desc(xa + 32 * s), s > 0);
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     const int ahead = slot == 0 ? kXwStages - 1 : slot - 1;  // the stage read in the previous iteration
     if (i + kXwStages - 1 < n) {
       issue_w(ahead, kb_begin + i + kXwStages - 1);
-      if (!fused) issue_x(ahead, kb_begin + i + kXwStages - 1);
+      if (!FUSED) issue_x(ahead, kb_begin + i + kXwStages - 1);
     }
     cp_async_commit();
     if (++slot == kXwStages) slot = 0;
@@ -316,9 +315,6 @@ struct X8Plan {
   size_t smem = 0;
 };
 
-// The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
-// (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
-// its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
 // The widest token tile linear_x8 quantises x in (TERN_X8_QUANT_MAX_N: 8, the default, or 16), for A/B: tiles of
 // 16 measured slower with four rounds of loads a warp (session 21), not yet with kQ = N.
 int x8_quant_max_n() {
@@ -326,6 +322,9 @@ int x8_quant_max_n() {
   return n;
 }
 
+// The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
+// (more of the card streaming) at the price of reading the weights once per tile; a token's bits do not depend on
+// its tile's width (GpuActFp8Linear.BatchInvariant), so the choice is free.
 int x8_max_tile_n8() {
   static const int n8 = std::stoi(env_choice("TERN_X8_MAX_N", {"8", "16", "32", "64"}, "64")) / 8;
   return n8;
@@ -335,6 +334,7 @@ int x8_max_tile_n8() {
 // multiprocessor, each at least kXwStages - 1 blocks long (a full ring), at most 64. They run as separate
 // blocks (split K) when that is cheaper by the rough model of linear_stream's (stream_ksplit): the blocks'
 // share of the bandwidth grows with their number; a split writes and reads its partial sums (half price: L2).
+// f32_x: whether the kernel may quantise x itself (then fused says whether it does: it also needs p.x 16-byte aligned).
 X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   X8Plan pl;
   pl.nt = std::min(p.T <= 8 ? 1 : p.T <= 16 ? 2 : p.T <= 32 ? 4 : 8, x8_max_tile_n8());
@@ -361,7 +361,8 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   // kernel in session 21, before the prologue's loads went one round) whose K range's quantised x fits 64 KB of
   // shared memory.
   const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
-  pl.fused = f32_x && !bf16 && tokens <= x8_quant_max_n() && range * tokens * 128 <= dev::kX8FusedBytes;
+  pl.fused = f32_x && !bf16 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && tokens <= x8_quant_max_n() &&
+             range * tokens * 128 <= dev::kX8FusedBytes;
   if (pl.fused) pl.smem += static_cast<size_t>(range) * tokens * 128;
   return pl;
 }
@@ -388,7 +389,7 @@ int64_t linear_x8_partial_floats(const LinearParams& p) {
 }
 
 bool linear_x8_quantises_x(const LinearParams& p) {
-  return linear_x8_ok(p) && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && plan_x8(p, true).fused;
+  return linear_x8_ok(p) && plan_x8(p, true).fused;
 }
 
 namespace {
@@ -432,8 +433,8 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
 
 void launch_linear_x8_quantising(const LinearParams& p, cudaStream_t stream) {
   const X8Plan pl = plan_x8(p, true);
-  TERN_CHECK(pl.fused && reinterpret_cast<uintptr_t>(p.x) % 16 == 0,
-             "launch_linear_x8_quantising: this product does not take x in f32 (linear_x8_quantises_x is false)");
+  TERN_CHECK(pl.fused, "launch_linear_x8_quantising: this product does not take x in f32 (linear_x8_quantises_x is "
+             "false)");
   launch_x8(p, pl, nullptr, nullptr, p.x, stream);
 }
 
