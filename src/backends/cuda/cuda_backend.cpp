@@ -352,8 +352,8 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
       "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; on the bulk decode kernels quantised "
       "as the kernels stage them, no launch, TERN_MOE_STAGE_QUANT=0 turns that off)",
-      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 where TERN_MOE_GROUPED_MIN_TOKENS moves the grouped "
-      "kernels up): moe_plan + moe_bulk_kernel up/down (persistent, "
+      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 under --batch-invariant or where "
+      "TERN_MOE_GROUPED_MIN_TOKENS moves the grouped kernels up): moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
       "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "
       "same K order (so the same bits) in both",
