@@ -20,6 +20,8 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
 source scripts/plans/env.sh
+# Two calls (session 22: the whole plan runs past one call's 600 s): PART=a (items 0, 1, 2, 5), then PART=b (3, 4).
+if [[ ${PART:-a} == a ]]; then
 stamp "each lane's own library GEMMs (session 21): model tests, library op tests, 8K prefill"
 timeout 150 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/model-tests.log | head -6
@@ -45,6 +47,8 @@ for g in 65 129; do
     --contexts 1024 --prefill 1024 --steps 10 --warmup 3 --speculative 3 > $OUT/bs-g$g.log 2>&1; echo "rc $? (grouped from $g)"
   grep -E "^(decode|round) " $OUT/bs-g$g.log | cut -d'|' -f1-6 | head -12
 done
+fi
+if [[ ${PART:-a} == b ]]; then
 stamp "linear_x8 quantising x in tiles of 16 with one round of loads (kQ = N, session 21, unmeasured): tests, then A/B"
 TERN_X8_QUANT_MAX_N=16 timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:Shapes/GpuActFp8Linear.AgainstCpu/*' > $OUT/x8-16-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log
@@ -66,4 +70,5 @@ TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='S
 echo "rc $? (op tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-tests.log
 TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_model_tests > $OUT/denselib-model.log 2>&1
 echo "rc $? (model tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-model.log
+fi
 stamp done
