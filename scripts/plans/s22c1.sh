@@ -27,8 +27,8 @@ timeout 150 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/model-tests.log | head -6
 timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary*fixture*:*GpuFp8Gemm*:*GpuGraphs*' > $OUT/lib-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/lib-tests.log | head -6
-stamp "MoE tests at 1-100 tokens (bulk past 64)"
-timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
+stamp "MoE tests at 1-100 tokens (bulk past 64); the shared expert's output added in the combine (session 22)"
+timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" $OUT/moe-tests.log | head -12
 stamp "the experts' x and h quantised as moe_bulk stages them (TERN_MOE_STAGE_QUANT, session 21, unmeasured)"
 timeout 90 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/stage-quant-tests.log 2>&1

@@ -35,10 +35,8 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   else
     ops::route_scored(logits, L.ffn.gate_bias, routed_scale, picked, weights);
 
-  // out = sum_k w_k E_k(h) + E_shared(h)
-  ops::moe_experts({h, picked, weights, L.ffn.experts, limit, out});
-  ops::join_side(h.device());
-  ops::add(y, out);
+  // out = sum_k w_k E_k(h) + E_shared(h): moe_experts adds y in its combine and joins the side branch there.
+  ops::moe_experts({h, picked, weights, L.ffn.experts, limit, out, y});
 }
 
 }  // namespace tern::model

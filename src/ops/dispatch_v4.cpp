@@ -187,6 +187,11 @@ void moe_experts(const MoeExpertsArgs& a) {
   expect_shape("moe_experts", "indices", a.indices, {T, -1});
   expect_shape("moe_experts", "weights", a.weights, {T, a.indices.dim(1)});
   expect_shape("moe_experts", "out", a.out, {T, D});
+  if (!a.shared.empty()) {
+    expect_dtype("moe_experts", "shared", a.shared, {DType::f32});
+    expect_shape("moe_experts", "shared", a.shared, {T, D});
+    TERN_CHECK(a.shared.device() == a.out.device(), "moe_experts: shared is not on out's device");
+  }
   TERN_CHECK(!a.experts.empty(), "moe_experts: no experts");
   for (const Expert& e : a.experts) {
     check_weight(e.w1);

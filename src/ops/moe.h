@@ -33,7 +33,12 @@ struct MoeExpertsArgs {
   TensorView weights;  // f32 [T, k]
   std::span<const Expert> experts;
   float limit = 10.0f;
-  TensorView out;  // f32 [T, D] = sum_k weights[t,k] * expert_{indices[t,k]}(x[t])
+  TensorView out;  // f32 [T, D] = sum_k weights[t,k] * expert_{indices[t,k]}(x[t])  (+ shared[t])
+  // Optional f32 [T, D] added to out after the routed sum (the shared expert's output: one launch and one pass over
+  // out less than a separate add, the same bits). It may be written by the step's open side branch (ops/branch.h):
+  // moe_experts joins that branch before it reads `shared`, after issuing the routed products, so they still overlap
+  // it; the caller does not join_side itself.
+  TensorView shared;
 };
 void moe_experts(const MoeExpertsArgs& a);
 

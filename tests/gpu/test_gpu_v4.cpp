@@ -9,7 +9,9 @@
 #include "backends/cuda/kernels/moe.cuh"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
+#include "ops/branch.h"
 #include "ops/compressor.h"
+#include "ops/elementwise.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
 #include "ops/mhc.h"
@@ -371,6 +373,55 @@ TEST_P(GpuV4, MoeExperts) {
     }
   }
   cuda::register_backend().check_device_errors();
+}
+
+// A shared output (the shared expert's, MoeExpertsArgs::shared) added in the combine: the bits of moe_experts then
+// add, on every path the batch sizes reach (the bulk kernels, the grouped ones from 65 tokens, the register kernel of
+// bf16 and f32 experts); and written by a side branch inside a captured step, where moe_experts joins the
+// branch at its combine (a missing join fails the capture or reads y early): the replay equals the eager bits.
+TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::bf16, ops::WeightFormat::f32}) {
+    if (f == ops::WeightFormat::f32 && D > 1024) continue;
+    const RandomExperts experts(f, E, D, inter, r);
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (int64_t T : {int64_t{1}, int64_t{16}, int64_t{100}}) {
+      Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f), g = random_f32({T, D}, r),
+             u = random_f32({T, D}, r);
+      Tensor idx(DType::i32, {T, k});
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[t * k + j] = static_cast<int32_t>((t * 5 + j) % E);
+      auto dx = upload(x), dw = upload(w), didx = upload(idx), dg = upload(g), du = upload(u);
+      const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " (",
+                                   be.moe_path(dexp[0].w1, T), ") with a shared output");
+      auto y = poisoned(DType::f32, {T, D}), plain = poisoned(DType::f32, {T, D}), with = poisoned(DType::f32, {T, D});
+      ops::swiglu(dg, du, 1.5f, y);
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, plain});
+      ops::add(y, plain);  // what the model did before
+      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, with, y});
+      const Tensor want = cuda::to_host(plain);
+      EXPECT_EQ(std::memcmp(cuda::to_host(with).data<float>(), want.data<float>(), static_cast<size_t>(T * D) * 4), 0)
+          << what << ": not the bits of moe_experts then add";
+
+      // y from a side branch of a captured step (a second stream), read by the combine.
+      auto ys = poisoned(DType::f32, {T, D}), replayed = poisoned(DType::f32, {T, D});
+      be.synchronize();
+      CapturedOps graph([&] {
+        ops::run_side(Device::cuda, [&] { ops::swiglu(dg, du, 1.5f, ys); });
+        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed, ys});
+      });
+      ASSERT_EQ(graph.error(), "") << what;
+      ASSERT_EQ(graph.replay(), "") << what;
+      EXPECT_EQ(std::memcmp(cuda::to_host(replayed).data<float>(), want.data<float>(), static_cast<size_t>(T * D) * 4),
+                0)
+          << what << ": a graph whose side branch writes the shared output differs from the eager bits";
+    }
+  }
+  be.check_device_errors();
 }
 
 // The exact experts (--activations f32: every expert weight `exact`): f32 CUDA-core products, so the GPU is held to

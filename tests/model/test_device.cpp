@@ -158,6 +158,7 @@ class Bf16XBackend final : public ops::Backend {
       for (int64_t r = 0; r < n; ++r)
         for (int64_t d = 0; d < D; ++d) out[(slots[r] / k) * D + d] += y.data<float>()[r * D + d] * wts[slots[r]];
     }
+    if (!a.shared.empty()) c.add(a.shared, a.out);  // the shared output after the routed sum (MoeExpertsArgs::shared)
   }
   void embedding(const TensorView& t, const TensorView& i, const TensorView& o) override {
     c.embedding(t, i, o);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "ops/elementwise.h"
@@ -109,6 +110,15 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
       worst = std::max(worst, float(std::fabs(want[d] - out.data<float>()[t * D + d])));
   }
   EXPECT_LE(worst, 1e-5f);
+
+  // A shared output is added after the routed sum: the bits of moe_experts, then add (the model's old sequence).
+  Tensor shared = rng.tensor({T, D}), with(DType::f32, {T, D}), then(DType::f32, {T, D});
+  ops::moe_experts({x, idx, w, experts, limit, with, shared});
+  std::memcpy(then.data<float>(), out.data<float>(), T * D * 4);
+  ops::add(shared, then);
+  EXPECT_EQ(std::memcmp(with.data<float>(), then.data<float>(), T * D * 4), 0);
+  Tensor wrong(DType::f32, {T, D + 1});
+  EXPECT_THROW(ops::moe_experts({x, idx, w, experts, limit, with, wrong}), Error);
 }
 
 TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {

@@ -96,6 +96,10 @@ void CpuBackend::moe_experts(const ops::MoeExpertsArgs& a) {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t d = 0; d < D; ++d) out[(slots[r] / k) * D + d] += y[r * D + d] * wts[slots[r]];
   }
+  if (!a.shared.empty()) {  // after the routed sum, as a separate add would (the CPU has no side branch to join)
+    const float* s = a.shared.data_as<const float>();
+    for (int64_t i = 0; i < T * D; ++i) out[i] += s[i];
+  }
 }
 
 }  // namespace tern::cpu

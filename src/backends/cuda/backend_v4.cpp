@@ -334,6 +334,26 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.out = a.out.data_as<float>();
   p.err = impl_->err();
   TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");
+  // a.shared: the combine adds it, after the side branch that writes it (its join moves from before the routed
+  // products to the combine: p.combine_waits). The arena's branch ends once every path has enqueued that wait
+  // (side_join, now with nothing pending, on the way out: the routed products' tensors stay off the branch's blocks).
+  struct JoinOnReturn {
+    CudaBackend* backend;
+    ~JoinOnReturn() {
+      if (backend != nullptr) backend->side_join();
+    }
+  } join_on_return{nullptr};
+  if (!a.shared.empty()) {
+    TERN_CHECK(!impl_->in_side, "cuda moe_experts: a shared output inside the side branch itself");
+    p.residual = a.shared.data_as<const float>();
+    if (impl_->side_pending) p.combine_waits = impl_->join_event;
+    impl_->side_pending = false;
+    join_on_return.backend = this;
+  }
+  if (p.T == 0) {  // nothing to combine; the branch is still joined
+    if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl_->stream, p.combine_waits, 0));
+    return;
+  }
   const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
@@ -225,9 +226,9 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
     }
 }
 
-// out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order.
+// out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
 __global__ void moe_combine_kernel(const float* y, const int* pos, const float* weights, int64_t T, int k, int64_t D,
-                                   float* out) {
+                                   const float* residual, float* out) {
   pdl_prologue();
   const int64_t total = T * D;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -247,7 +248,7 @@ __global__ void moe_combine_kernel(const float* y, const int* pos, const float* 
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc += v[j] * w[j];
     }
-    out[i] = acc;
+    out[i] = residual != nullptr ? acc + residual[i] : acc;
   }
 }
 
@@ -452,7 +453,8 @@ void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t str
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
   const int64_t total = p.T * p.D;
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
-  launch(dev::moe_combine_kernel, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.out);
+  if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(stream, p.combine_waits, 0));
+  launch(dev::moe_combine_kernel, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.residual, p.out);
 }
 
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream) {

@@ -40,6 +40,10 @@ struct MoeParams {
   bool scale_f32 = false;
   float limit = 10.0f;
   float* out = nullptr;  // [T, D]
+  // Added to out by the combine (ops::MoeExpertsArgs::shared; nullptr: none), after the event combine_waits (the
+  // side branch that writes it: its join, moved from before the routed products to the combine) when set.
+  const float* residual = nullptr;
+  cudaEvent_t combine_waits = nullptr;
   int* err = nullptr;
   // Every expert matrix and scale pointer 16-byte aligned (the bulk copies need it; checked on the host
   // when the expert table is built).
@@ -90,7 +94,7 @@ size_t moe_exact_smem_bytes(const MoeParams& p);
 void launch_moe_exact(const MoeParams& p, void* workspace, cudaStream_t stream);
 
 // For the library path (backend_library.cpp), the combine launch_moe ends with: out[t] = sum over the picks
-// j of weights[t, j] * y[pos[t, j]], in pick order.
+// j of weights[t, j] * y[pos[t, j]], in pick order, + residual[t] when p.residual (after p.combine_waits).
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream);
 // The plan for many pairs (moe_sort.cu): the T*k pairs grouped by expert in pick order (the stable order of
 // launch_moe's one-block plan), over many blocks: sorted[] (pair ids), pos[] (each pair's sorted slot), and
