@@ -20,24 +20,31 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
 source scripts/plans/env.sh
-# Two calls (session 22: the whole plan runs past one call's 600 s): PART=a (items 0, 1, 2, 5), then PART=b (3, 4).
+# Two calls (session 22: the whole plan runs past one call's 600 s): PART=a (items 0, 1, 5, 6), then PART=b (2, 3, 4).
+# 6. (session 22) The shared expert's output added in the MoE combine (GpuV4.MoeSharedAddedInTheCombine, the model
+#    and graph tests) and the bulk down kernel copying w2 before its PDL wait (TERN_MOE_EARLY_DOWN A/B; predicted
+#    -2 to -6 us a layer at batch 1, ~-1% at 16-64).
 if [[ ${PART:-a} == a ]]; then
 stamp "each lane's own library GEMMs (session 21): model tests, library op tests, 8K prefill"
 timeout 150 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/model-tests.log | head -6
 timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary*fixture*:*GpuFp8Gemm*:*GpuGraphs*' > $OUT/lib-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/lib-tests.log | head -6
-stamp "MoE tests at 1-100 tokens (bulk past 64); the shared expert's output added in the combine (session 22)"
-timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*' > $OUT/moe-tests.log 2>&1
-echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" $OUT/moe-tests.log | head -12
-stamp "the experts' x and h quantised as moe_bulk stages them (TERN_MOE_STAGE_QUANT, session 21, unmeasured)"
-timeout 90 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/stage-quant-tests.log 2>&1
-echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|changed" $OUT/stage-quant-tests.log | head -8
-for q in 1 0 1 0; do
-  TERN_MOE_STAGE_QUANT=$q timeout 60 $T bench-step --device cuda --config full --batches 1,16,64 --contexts 1024 \
-    --prefill 1024 --steps 20 --warmup 5 > $OUT/stageq-$q.log 2>&1; echo "rc $? (TERN_MOE_STAGE_QUANT=$q)"
-  grep -E "^decode " $OUT/stageq-$q.log | cut -d'|' -f2-5
+stamp "MoE tests at 1-100 tokens (bulk past 64); the shared output added in the combine; PDL chain (w2 copied before the wait)"
+timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:GpuPdl.DecodeChain*:Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/moe-tests.log 2>&1
+echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|changed" $OUT/moe-tests.log | head -12
+stamp "A/B: w2 copied before the down kernel's wait (TERN_MOE_EARLY_DOWN, session 22); staged quantisation (TERN_MOE_STAGE_QUANT, session 21)"
+for v in "TERN_MOE_EARLY_DOWN=1" "TERN_MOE_EARLY_DOWN=0" "TERN_MOE_EARLY_DOWN=1" "TERN_MOE_EARLY_DOWN=0" "TERN_MOE_STAGE_QUANT=0"; do
+  env $v timeout 60 $T bench-step --device cuda --config full --batches 1,16,64 --contexts 1024 \
+    --prefill 1024 --steps 20 --warmup 5 > $OUT/ab-$v.log 2>&1; echo "rc $? ($v)"
+  grep -E "^decode " $OUT/ab-$v.log | cut -d'|' -f2-5
 done
+for v in 1 0; do
+  TERN_MOE_EARLY_DOWN=$v timeout 60 $G/tern_gpu_bench --only moe > $OUT/moe-early$v.log 2>&1; echo "rc $? (TERN_MOE_EARLY_DOWN=$v)"
+  grep -E "^moe_experts .*mxfp4.*T=(1|16|64) " $OUT/moe-early$v.log | grep -E " v0 " | sed -E 's/ +/ /g' | cut -c1-160 | head -4
+done
+fi
+if [[ ${PART:-a} == b ]]; then
 stamp "MoE rows: bulk (every variant) against grouped up to 256 tokens"
 timeout 90 $G/tern_gpu_bench --only moe > $OUT/moe.log 2>&1; echo "rc $?"
 grep -E "^moe_experts .*T=(64|96|128|192|256) " $OUT/moe.log | grep -E " v0 | v1 |grouped" | sed -E 's/ +/ /g' | cut -c1-190 | head -30
@@ -47,8 +54,6 @@ for g in 65 129; do
     --contexts 1024 --prefill 1024 --steps 10 --warmup 3 --speculative 3 > $OUT/bs-g$g.log 2>&1; echo "rc $? (grouped from $g)"
   grep -E "^(decode|round) " $OUT/bs-g$g.log | cut -d'|' -f1-6 | head -12
 done
-fi
-if [[ ${PART:-a} == b ]]; then
 stamp "linear_x8 quantising x in tiles of 16 with one round of loads (kQ = N, session 21, unmeasured): tests, then A/B"
 TERN_X8_QUANT_MAX_N=16 timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:Shapes/GpuActFp8Linear.AgainstCpu/*' > $OUT/x8-16-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log

@@ -88,6 +88,7 @@ struct CudaBackend::Impl {
   int64_t moe_grouped_min_tokens = kMoeGroupedMinTokensDefault;
   bool x8_quantises_x = true;  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
   bool moe_stage_quant = true;  // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them
+  bool moe_early_down = true;   // MoeParams::early_down (TERN_MOE_EARLY_DOWN=0 for A/B)
   int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

@@ -359,6 +359,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.experts_aligned = table.aligned;
   p.e4m3_fold_ok = table.e4m3_fold_ok;
   p.variant = impl_->moe_variant;
+  p.early_down = impl_->moe_early_down;
   // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
   for (const ops::Expert& e : a.experts)
     TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,

@@ -43,6 +43,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // TERN_MOE_STAGE_QUANT=0: --activations fp8 experts on the bulk kernels get x and h quantised by act_fake_quant
   // launches first (A/B of the staged quantisation; the same bits).
   impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", true);
+  // TERN_MOE_EARLY_DOWN=0: the bulk down kernel copies no weight before its PDL wait (A/B; the same bits).
+  impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.

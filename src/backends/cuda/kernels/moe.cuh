@@ -59,6 +59,9 @@ struct MoeParams {
   // With act_fp8, on the bulk kernels only: x arrives as it is and the kernels quantise x (up) and h (down) as they
   // stage them (stage_x<F, true>): the bits of quantising first, two launches less a call (session 21).
   bool stage_quant = false;
+  // The bulk down kernel's producer copies w2's rows into its ring before its PDL wait (moe_bulk_kernel says why
+  // that is safe), overlapping the up kernel's tail; false (TERN_MOE_EARLY_DOWN=0, A/B): after it. Same bits.
+  bool early_down = true;
 };
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).

@@ -97,7 +97,7 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
     for (int m = 0; m < kMats; ++m) wq[m] = sq[m] = 0;
     if (b0 + lane < end) {
       const int item = b0 + lane, job = item / pl.tiles;
-      const ExpertDesc& d = a.p.experts[a.jobs[3 * job]];
+      const ExpertDesc& d = a.p.experts[__ldcg(a.jobs + 3 * job)];  // (L2: DOWN reads it before the wait)
       row0 = (item % pl.tiles) * pl.rows_per_item;
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
@@ -305,22 +305,29 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // phase only its own later release can complete.)
 template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
-  // PDL (launch.cuh): nothing before the wait. The weights never change, but WHICH rows to copy comes from
-  // the plan kernel's job list (num_jobs sets the block's item range, jobs the experts): written every step
-  // at the same addresses, by the previous kernel (up) or the one before it (down), so the producer cannot
-  // look up a single weight address before the wait. (Barrier set-up would be the only other prologue: too
-  // small to matter.)
-  grid_dependency_wait();
+  // PDL (launch.cuh). The weights never change, but WHICH rows to copy comes from the plan kernel's job list
+  // (num_jobs sets the block's item range, jobs the experts), written every step at the same addresses. UP: by
+  // the previous kernel, so nothing happens before the wait. DOWN (with p.early_down): the plan kernel completed
+  // before the up kernel (the previous kernel, or the one before h's quantisation) passed its own wait, so before
+  // this kernel could be scheduled, and nothing writes the job list until a later step's plan kernel; so before
+  // the wait DOWN sets up its barriers, reads the job list (ld.global.cg) and its producer copies w2's rows (the
+  // weights) into the ring: the ring fills while the up kernel's last blocks finish, where it used to start after
+  // them. Its consumers wait before they read h or write y; the producer waits before it returns.
+  const bool early = !UP && a.p.early_down;
+  if (!early) grid_dependency_wait();
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
   const MoeParams& p = a.p;
   const int consumers = pl.consumers, threads = consumers * 32;
   const int units = pl.mt * pl.ks, groups = consumers / units;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int items = *a.num_jobs * pl.tiles;
+  const int items = __ldcg(a.num_jobs) * pl.tiles;
   const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
   const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x);
-  if (begin >= end) return;  // the whole block: no barrier has been touched yet
+  if (begin >= end) {  // the whole block: no barrier has been touched yet
+    if (early) grid_dependency_wait();
+    return;
+  }
 
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
   int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
@@ -343,8 +350,10 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
         issue_segments<UP>(pl, out, stage, full, r0, w, s);
       });
     grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
+    if (early) grid_dependency_wait();
     return;
   }
+  if (early) grid_dependency_wait();  // h (the up kernel's) is read and y written from here on
 
   const int64_t in = UP ? p.D : p.inter;
   const int per = static_cast<int>(in / Fmt<F>::kChunk) / pl.ks;  // chunks of a K slice
