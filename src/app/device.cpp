@@ -38,14 +38,30 @@ void prepare_device(const std::string& device) {
 #endif
 }
 
+ops::Context device_context(const std::string& device) {
+  if (device == "cpu") return ops::Context(cpu::register_backend(), Device::cpu);
+#if TERN_WITH_CUDA
+  TERN_CHECK(device == "cuda", "--device: expected cpu or cuda, found \"", device, "\"");
+  cuda::CudaBackend& backend = cuda::register_backend();
+  return ops::Context(backend, Device::cuda, &device_memory(Device::cuda));
+#else
+  prepare_device(device);  // throws
+  fail("unreachable");
+#endif
+}
+
 Placement place_model(model::Model& m, const std::string& device) {
   Placement p;
   p.device = device;
   p.description = cat(thread_count(), " CPU threads");
-  if (device == "cpu") return p;
+  if (device == "cpu") {
+    m.set_context(device_context(device));
+    return p;
+  }
 #if TERN_WITH_CUDA
   auto store = std::make_shared<cuda::WeightStore>();
   m.to_device(Device::cuda, [&](const TensorView& v) { return store->upload(v); });
+  m.set_context(device_context(device));
   p.weight_bytes = static_cast<int64_t>(store->bytes());
   p.description = cat("cuda: ", cuda::device_description(), ", ", static_cast<double>(p.weight_bytes) / (1 << 20),
                       " MiB of weights on the device");

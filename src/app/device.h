@@ -21,7 +21,10 @@ struct Placement {
 // Registers the backends for `device` ("cpu" or "cuda"), or throws saying why it cannot run here: an
 // unknown name, no GPU, a GPU other than Hopper, a build without the CUDA backend. Call before loading.
 void prepare_device(const std::string& device);
-// Moves the model to the device prepared above (no-op on the CPU).
+// The explicit context a model's ops run in on the device prepared above (ops/context.h): its backend and
+// memory.
+ops::Context device_context(const std::string& device);
+// Moves the model to the device prepared above (the weights stay put on the CPU) and gives it device_context.
 Placement place_model(model::Model& m, const std::string& device);
 // Kernel options of the verbs that run a model (verb.h adds them to a command line).
 struct TuneOptions {

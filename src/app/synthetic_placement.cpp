@@ -34,6 +34,7 @@ SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model
   p.model = std::make_shared<model::Model>(std::move(built.weights), kv_mode);
   // The views are on the device already: moving the model there only switches where it computes.
   if (d != Device::cpu) p.model->to_device(d, [](const TensorView& v) { return v; });
+  p.model->set_context(device_context(device));
   const auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
   std::string where = cat("host memory, ", gib(free_bytes), " GiB available");
 #if TERN_WITH_CUDA

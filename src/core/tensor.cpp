@@ -131,7 +131,11 @@ Tensor::Tensor(DType dtype, Shape shape, Device device, TensorInit init) {
     *this = Tensor(dtype, shape);
     return;
   }
-  DeviceMemory& mem = device_memory(device);
+  *this = Tensor(dtype, shape, device, device_memory(device), init);
+}
+
+Tensor::Tensor(DType dtype, Shape shape, Device device, DeviceMemory& mem, TensorInit init) {
+  TERN_CHECK(device != Device::cpu, "a host tensor takes no device memory");
   const size_t bytes = dtype_bytes(dtype, shape.numel());
   const size_t padded = (bytes + 255) / 256 * 256;
   auto* raw = static_cast<std::byte*>(mem.allocate(padded == 0 ? 256 : padded, init == TensorInit::zeros));

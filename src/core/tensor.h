@@ -116,6 +116,8 @@ class Tensor {
   Tensor() = default;
   Tensor(DType dtype, Shape shape);
   Tensor(DType dtype, Shape shape, Device device, TensorInit init = TensorInit::zeros);
+  // The same from `memory` (a device's, not the one registered for it: an explicit allocator).
+  Tensor(DType dtype, Shape shape, Device device, DeviceMemory& memory, TensorInit init = TensorInit::zeros);
   // A new tensor on `device` holding a copy of `src` (from any device).
   static Tensor copy_of(const TensorView& src, Device device);
   static Tensor zeros(DType dtype, Shape shape) { return Tensor(dtype, shape); }

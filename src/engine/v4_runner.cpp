@@ -120,7 +120,7 @@ StepPaths V4Runner::step_paths() const {
 }
 
 std::vector<std::string> V4Runner::kernel_paths() const {
-  std::vector<std::string> paths = ops::backend_for(model_->device()).kernel_paths();
+  std::vector<std::string> paths = model_->context().backend_for(model_->device()).kernel_paths();
   if (spec_)
     paths.push_back(cat("speculative decoding: MTP, ", spec_k_, " drafts a round, ", spec_->max_sequences(),
                         " sequences; the trunk's decode and verify steps ",
@@ -297,7 +297,7 @@ void V4Runner::sample_logits(const TensorView& logits, std::span<const size_t> r
       counts_[i].assign(q.history->output_counts.begin(), q.history->output_counts.end());
     specs_[i] = {d, seen_[i], counts_[i]};
   }
-  ops::sample_rows(logits, specs_, std::span<ops::SampledRow>(sampled_.data(), n));
+  ops::sample_rows(model_->context(), logits, specs_, std::span<ops::SampledRow>(sampled_.data(), n));
   for (size_t i = 0; i < n; ++i) {
     if (requests[rows[i]].to_host) continue;
     const ops::SampledRow& o = sampled_[i];

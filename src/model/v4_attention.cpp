@@ -24,7 +24,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
   const Projections qkv = project(h, A.wq_a_wkv, A.wq_a, A.wkv);
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
-  ops::rms_norm(qkv.a, A.q_norm, eps, cq);
+  ops::rms_norm(ctx_, qkv.a, A.q_norm, eps, cq);
 
   // The rows on the step tables (rows 0 .. Ns - 1: decode tokens, verify and short chunks; every row in a step
   // wholly on them) and the sequences that run per sequence (prefill chunks: rows Ns .. N - 1), both in one step.
@@ -35,7 +35,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const TensorView h_t = h.rows(0, Ns);
   Tensor selected;  // the tables' rows: the indexer's picks
   if (Ns > 0 && (A.indexer || A.compressor))
-    ops::run_side(h.device(), [&] {
+    ops::run_side(ctx_, h.device(), [&] {
       if (A.indexer) {
         compress_step(l, b, h_t, /*indexer=*/true);
         selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns));
@@ -44,16 +44,16 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       }
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
-  ops::linear(cq, A.wq_b, q.view().reshape({N, H * hd}));
-  ops::norm_rope(q, {}, eps, b.positions, inv_freq, q);
+  ops::linear(ctx_, cq, A.wq_b, q.view().reshape({N, H * hd}));
+  ops::norm_rope(ctx_, q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
-  ops::norm_rope(qkv.b, A.kv_norm, eps, b.positions, inv_freq, kv);
+  ops::norm_rope(ctx_, qkv.b, A.kv_norm, eps, b.positions, inv_freq, kv);
   observe("kv", l, kv);
   const ops::KvRowFormat format = kv_format();
   Tensor kv_rows = tensor(DType::u8, {N, format.row_bytes()});  // [N, row_bytes]
-  ops::kv_pack(kv, format, kv_rows);
+  ops::kv_pack(ctx_, kv, format, kv_rows);
   if (b.record != nullptr) b.record->layers[static_cast<size_t>(l)].rows = kv_rows;
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
@@ -70,17 +70,17 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   }
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
-    ops::join_side(h.device());
+    ops::join_side(ctx_, h.device());
     attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns));
   }
-  ops::rope(heads, b.positions, inv_freq, /*inverse=*/true);
+  ops::rope(ctx_, heads, b.positions, inv_freq, /*inverse=*/true);
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
   Tensor grouped = tensor(
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
-  ops::grouped_linear(heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
-  ops::linear(grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
-  if (Ns > 0) ops::join_side(h.device());  // the ring store (attend_step)
+  ops::grouped_linear(ctx_, heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
+  ops::linear(ctx_, grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
+  if (Ns > 0) ops::join_side(ctx_, h.device());  // the ring store (attend_step)
 }
 
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
@@ -106,7 +106,7 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
     args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    ops::sparse_attention(args, b.rows(heads, s));
+    ops::sparse_attention(ctx_, args, b.rows(heads, s));
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
   }
 }
@@ -137,19 +137,19 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     Tensor emitted = tensor(DType::f32, {emit, width});
     const TensorView acc = (indexer ? s.state->indexer_acc(l) : s.state->compressor_acc(l))
                                .reshape({cw.overlap ? 2 : 1, 3, width});
-    ops::compressor_update(
-        {acc, b.rows(kv, s, first), b.rows(gate, s, first), cw.ape, s.start, ratio, cw.overlap, emitted});
+    ops::compressor_update(ctx_, {acc, b.rows(kv, s, first), b.rows(gate, s, first), cw.ape, s.start, ratio,
+                                  cw.overlap, emitted});
     if (emit == 0) continue;
-    ops::rms_norm(emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
+    ops::rms_norm(ctx_, emitted, cw.norm, static_cast<float>(c.rms_norm_eps), emitted);
     const int64_t entry = s.start / ratio;  // entry index of the first emitted row
     Tensor positions(DType::i64, {emit});
     for (int64_t e = 0; e < emit; ++e) positions.data<int64_t>()[e] = (entry + e) * ratio;
     positions = on_device(std::move(positions));
-    ops::rope(emitted, positions, inv_freq_compress_);
+    ops::rope(ctx_, emitted, positions, inv_freq_compress_);
     observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
     // The state's rows live in pages: pack each run of rows that share a page straight into it.
     for (const cache::RowRun& run : s.state->row_runs(l, indexer, entry, entry + emit))
-      ops::kv_pack(emitted.view().rows(run.first, run.first + run.rows.dim(0)), format, run.rows);
+      ops::kv_pack(ctx_, emitted.view().rows(run.first, run.first + run.rows.dim(0)), format, run.rows);
   }
 }
 
@@ -162,10 +162,10 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
   const int64_t N = b.tokens - first, Hi = c.index_n_heads, di = c.index_head_dim;
   const TensorView positions = b.positions.rows(first, b.tokens);
   Tensor qi = tensor(DType::f32, {N, Hi, di});  // [N, index_heads, index_head_dim]
-  ops::linear(cq.rows(first, b.tokens), x.wq_b, qi.view().reshape({N, Hi * di}));
-  ops::rope(qi, positions, inv_freq_compress_);
+  ops::linear(ctx_, cq.rows(first, b.tokens), x.wq_b, qi.view().reshape({N, Hi * di}));
+  ops::rope(ctx_, qi, positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(h.rows(first, b.tokens), x.weights_proj, weights);
+  ops::linear(ctx_, h.rows(first, b.tokens), x.weights_proj, weights);
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
     if (s.on_tables) continue;
@@ -177,7 +177,7 @@ void Model::indexer_select(int l, const Batch& b, const TensorView& h, const Ten
     args.positions = b.rows(b.positions, s);
     args.ratio = c.compress_ratio(l);
     selected[i] = tensor(DType::i32, {s.n, c.index_topk});
-    ops::indexer_topk(args, c.index_topk, selected[i]);
+    ops::indexer_topk(ctx_, args, c.index_topk, selected[i]);
     observe("indexer_topk", l, selected[i]);
   }
 }

@@ -8,7 +8,6 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "core/env.h"
 #include "model/v4_batch.h"
 #include "ops/branch.h"
 #include "ops/step.h"
@@ -37,14 +36,6 @@ ops::StepPagedRows paged_rows(const Model::DecodeTables& t, const cache::StateLa
   r.rows_per_page = pl.rows_per_page;
   r.row_bytes = keys ? spec.index_row_bytes : spec.kv_row_bytes;
   return r;
-}
-
-// Whether emit_entries runs the emit chain as one op (step_compress_emit, where the backend has it for the
-// width) rather than five; on unless
-// the environment says TERN_FUSED_COMPRESS=0 (for A/B: both give the same bits). Read once.
-bool fused_compress_emit() {
-  static const bool on = env_flag("TERN_FUSED_COMPRESS", true);
-  return on;
 }
 }  // namespace
 
@@ -244,19 +235,19 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
   update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
   const ops::StepPagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
-  if (fused_compress_emit() && ops::step_compress_emit_supported(kv.device(), width)) {
-    ops::step_compress_emit({update, cw.norm, eps, inv_freq_compress_, format, dest});
+  if (paths_.fused_compress && ops::step_compress_emit_supported(ctx_, kv.device(), width)) {
+    ops::step_compress_emit(ctx_, {update, cw.norm, eps, inv_freq_compress_, format, dest});
     return;
   }
   Tensor emitted = tensor(DType::f32, {N, width});
   ops::StepCompressorArgs unfused = update;
   unfused.emitted = emitted;
-  ops::step_compressor(unfused);
-  ops::rms_norm(emitted, cw.norm, eps, emitted);
-  ops::rope(emitted, t.entry_positions, inv_freq_compress_);
+  ops::step_compressor(ctx_, unfused);
+  ops::rms_norm(ctx_, emitted, cw.norm, eps, emitted);
+  ops::rope(ctx_, emitted, t.entry_positions, inv_freq_compress_);
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
-  ops::kv_pack(emitted, format, rows);
-  ops::store_paged_rows(rows, dest, b.decode->positions, ratio);
+  ops::kv_pack(ctx_, emitted, format, rows);
+  ops::store_paged_rows(ctx_, rows, dest, b.decode->positions, ratio);
 }
 
 void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
@@ -307,8 +298,8 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
   const TensorView firsts = max_kept > 1 ? t.firsts : TensorView();
   for (int l = 0; l < c.num_layers; ++l) {
     const StepRecord::Layer& r = record.layers[static_cast<size_t>(l)];
-    ops::store_ring_rows(r.rows.view().rows(0, slots), t.layers[static_cast<size_t>(l)].ring, t.positions, firsts,
-                         c.sliding_window);
+    ops::store_ring_rows(ctx_, r.rows.view().rows(0, slots), t.layers[static_cast<size_t>(l)].ring,
+                         t.positions, firsts, c.sliding_window);
     for (const bool indexer : {false, true}) {
       const StepRecord::Compressor& cr = indexer ? r.indexer : r.compressor;
       if (cr.kv.empty()) continue;  // the layer has no such compressor
@@ -324,10 +315,10 @@ Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const Ten
   const IndexerWeights& x = *layer(l).attn.indexer;
   const int64_t N = h.dim(0), Hi = c.index_n_heads, di = c.index_head_dim;  // the tables' slots
   Tensor qi = tensor(DType::f32, {N, Hi, di});
-  ops::linear(cq, x.wq_b, qi.view().reshape({N, Hi * di}));
-  ops::rope(qi, b.decode->positions, inv_freq_compress_);
+  ops::linear(ctx_, cq, x.wq_b, qi.view().reshape({N, Hi * di}));
+  ops::rope(ctx_, qi, b.decode->positions, inv_freq_compress_);
   Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(h, x.weights_proj, weights);
+  ops::linear(ctx_, h, x.weights_proj, weights);
   ops::StepIndexerArgs args;
   args.q = qi;
   args.weights = weights;
@@ -336,7 +327,7 @@ Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const Ten
   args.ratio = c.compress_ratio(l);
   args.max_keys = b.max_tokens / args.ratio;
   Tensor selected = tensor(DType::i32, {N, c.index_topk});
-  ops::step_indexer_topk(args, c.index_topk, selected);
+  ops::step_indexer_topk(ctx_, args, c.index_topk, selected);
   return selected;
 }
 
@@ -367,12 +358,13 @@ void Model::attend_step(int l, const Batch& b, const TensorView& q, const Tensor
   // kv_rows, never the slot p % window the store writes, and no two slots share a ring. Several: a later token's
   // ring slot holds a row an earlier token of the sequence reads, so the rows enter after the attention.
   if (b.max_queries > 1) {
-    ops::step_attention(args, heads);
-    ops::store_ring_rows(kv_rows, t.ring, positions, b.decode->firsts, c.sliding_window);
+    ops::step_attention(ctx_, args, heads);
+    ops::store_ring_rows(ctx_, kv_rows, t.ring, positions, b.decode->firsts, c.sliding_window);
     return;
   }
-  ops::run_side(kv_rows.device(), [&] { ops::store_ring_rows(kv_rows, t.ring, positions, {}, c.sliding_window); });
-  ops::step_attention(args, heads);
+  ops::run_side(ctx_, kv_rows.device(),
+                [&] { ops::store_ring_rows(ctx_, kv_rows, t.ring, positions, {}, c.sliding_window); });
+  ops::step_attention(ctx_, args, heads);
 }
 
 }  // namespace tern::model

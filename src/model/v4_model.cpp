@@ -112,6 +112,12 @@ void Model::to_device(Device device, const Upload& upload) {
   inv_freq_compress_ = Tensor::copy_of(inv_freq_compress_, device_);
 }
 
+void Model::set_context(const ops::Context& ctx) {
+  TERN_CHECK(ctx.is_registry() || ctx.device() == device_,
+             "Model::set_context: the context's device is not the model's (move the model first: to_device)");
+  ctx_ = ctx;
+}
+
 void Model::set_activations(ops::Activations a) {
   act_ = a;
   apply_activations();
@@ -193,15 +199,15 @@ Model::Projections Model::project(const TensorView& x, const ops::Weight& stacke
   Projections p;
   if (!stacked.weight.empty()) {
     p.stacked_out = tensor(DType::f32, {N, stacked.out});
-    ops::linear(x, stacked, p.stacked_out);
+    ops::linear(ctx_, x, stacked, p.stacked_out);
     p.a = p.stacked_out.view().cols(0, a.out);
     p.b = p.stacked_out.view().cols(a.out, stacked.out);
     return p;
   }
   p.a_out = tensor(DType::f32, {N, a.out});
   p.b_out = tensor(DType::f32, {N, b.out});
-  ops::linear(x, a, p.a_out);
-  ops::linear(x, b, p.b_out);
+  ops::linear(ctx_, x, a, p.a_out);
+  ops::linear(ctx_, x, b, p.b_out);
   p.a = p.a_out.view(), p.b = p.b_out.view();
   return p;
 }
@@ -266,10 +272,10 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
     pre.streams = streams;
     pre.prev_streams = pending->streams, pre.prev_a = pending->a, pre.prev_post = pending->post;
     pre.prev_comb = pending->comb;
-    ops::hc_pre(pre);
+    ops::hc_pre(ctx_, pre);
     *pending = PendingPost{};
   } else {
-    ops::hc_pre(pre);
+    ops::hc_pre(ctx_, pre);
   }
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
@@ -281,19 +287,23 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
     return;
   }
   Tensor next = tensor(DType::f32, {N, H, D});
-  ops::hc_post(streams, a, post, comb, next);
+  ops::hc_post(ctx_, streams, a, post, comb, next);
   streams = std::move(next);
 }
 
 bool Model::fold_hc_post() const {
-  static const bool on = env_flag("TERN_HC_FOLD", true);
-  return on && !observer_;
+  return paths_.hc_fold && !observer_;
+}
+
+Model::Paths Model::default_paths() {
+  static const Paths p{env_flag("TERN_HC_FOLD", true), env_flag("TERN_FUSED_COMPRESS", true)};
+  return p;
 }
 
 void Model::flush(PendingPost& pending, Tensor& streams) {
   if (!pending.set()) return;
   Tensor next = tensor(DType::f32, pending.streams.shape());
-  ops::hc_post(pending.streams, pending.a, pending.post, pending.comb, next);
+  ops::hc_post(ctx_, pending.streams, pending.a, pending.post, pending.comb, next);
   streams = std::move(next);
   pending = PendingPost{};
 }
@@ -421,7 +431,8 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
       Tensor index(DType::i64, {R});
       std::copy(rows.begin(), rows.end(), index.data<int64_t>());
       index = on_device(std::move(index));
-      ops::gather_rows(streams.view().reshape({N, H * D}), index, streams_out->view().reshape({R, H * D}));
+      ops::gather_rows(ctx_, streams.view().reshape({N, H * D}), index,
+                       streams_out->view().reshape({R, H * D}));
     }
   }
   if (!b.wanted.empty()) {
@@ -443,9 +454,9 @@ Tensor Model::run_layers(const Batch& b) {
   const ModelConfig& c = w_.config;
   const int64_t N = b.tokens, D = c.hidden_size, H = c.hc_mult;
   Tensor x = tensor(DType::f32, {N, D});  // X = hc copies of embed(token)
-  ops::embedding(w_.embed, b.ids, x);
+  ops::embedding(ctx_, w_.embed, b.ids, x);
   Tensor streams = tensor(DType::f32, {N, H, D});
-  ops::hc_expand(x, streams);
+  ops::hc_expand(ctx_, x, streams);
   PendingPost pending;  // each sub-layer's hc_post runs inside the next one's hc_pre
   for (int l = 0; l < c.num_layers; ++l) block(l, b, streams, fold_hc_post() ? &pending : nullptr);
   flush(pending, streams);
@@ -471,14 +482,14 @@ void Model::head(const Batch& b, const Tensor& streams, const TensorView& logits
   std::copy(b.wanted.begin(), b.wanted.end(), rows.data<int64_t>());
   rows = on_device(std::move(rows));
   Tensor picked = tensor(DType::f32, {R, H, D});
-  ops::gather_rows(streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
+  ops::gather_rows(ctx_, streams.view().reshape({N, H * D}), rows, picked.view().reshape({R, H * D}));
   Tensor y = tensor(DType::f32, {R, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
                              static_cast<float>(c.rms_norm_eps)};
-  ops::hc_head({picked, hc.fn, hc.base, hc.scale, params, y});
-  ops::rms_norm(y, norm, static_cast<float>(c.rms_norm_eps), y);
+  ops::hc_head(ctx_, {picked, hc.fn, hc.base, hc.scale, params, y});
+  ops::rms_norm(ctx_, y, norm, static_cast<float>(c.rms_norm_eps), y);
   observe("final_hidden", &hc == &w_.hc_head ? -1 : mtp_layer(), y);
-  ops::linear(y, w_.head, logits);
+  ops::linear(ctx_, y, w_.head, logits);
 }
 
 Tensor Model::head_of_every_row(const Tensor& streams, const HyperConnWeights& hc, const TensorView& norm) {
@@ -486,10 +497,10 @@ Tensor Model::head_of_every_row(const Tensor& streams, const HyperConnWeights& h
   const int64_t N = streams.dim(0), D = c.hidden_size;
   Tensor y = tensor(DType::f32, {N, D});
   const ops::HcParams params{c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps), static_cast<float>(c.rms_norm_eps)};
-  ops::hc_head({streams, hc.fn, hc.base, hc.scale, params, y});
-  ops::rms_norm(y, norm, static_cast<float>(c.rms_norm_eps), y);
+  ops::hc_head(ctx_, {streams, hc.fn, hc.base, hc.scale, params, y});
+  ops::rms_norm(ctx_, y, norm, static_cast<float>(c.rms_norm_eps), y);
   Tensor logits = tensor(DType::f32, {N, c.vocab_size});
-  ops::linear(y, w_.head, logits);
+  ops::linear(ctx_, y, w_.head, logits);
   return logits;
 }
 

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "model/weights.h"
 #include "ops/act_quant.h"
+#include "ops/context.h"
 #include "ops/kv_row.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -51,6 +52,20 @@ class Model {
   using Upload = std::function<TensorView(const TensorView&)>;
   void to_device(Device device, const Upload& upload);
   Device device() const { return device_; }
+  // The context every op of forward() runs in (ops/context.h): the registry's until set_context gives an
+  // explicit one (app/device.cpp does: the backend it made for the model's device). Its device must be the
+  // model's.
+  void set_context(const ops::Context& ctx);
+  const ops::Context& context() const { return ctx_; }
+  // Which of two same-bits paths the forward takes (A/B switches; `tern bench-step --ab` flips them in one
+  // process): hc_fold, each sub-layer's hc_post folded into the next hc_pre (TERN_HC_FOLD=0 at startup: off);
+  // fused_compress, a compressor's emit chain as one step_compress_emit where the backend has it
+  // (TERN_FUSED_COMPRESS=0: five ops).
+  struct Paths {
+    bool hc_fold = true, fused_compress = true;
+  };
+  void set_paths(const Paths& p) { paths_ = p; }
+  const Paths& paths() const { return paths_; }
 
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
@@ -278,8 +293,8 @@ class Model {
     bool set() const { return on; }
   };
   void flush(PendingPost& pending, Tensor& streams);
-  // Whether the forward folds each hc_post into the next hc_pre: not under an observer (it sees every sub-layer's
-  // streams), nor with TERN_HC_FOLD=0 (A/B: the same bits either way).
+  // Whether the forward folds each hc_post into the next hc_pre: not under an observer (it sees every
+  // sub-layer's streams), nor with paths().hc_fold off (A/B: the same bits either way).
   bool fold_hc_post() const;
   // streams [N, hc, D] through layer l, in place; with `pending`, the last hc_post is left pending there (and a
   // pending one from the layer before is taken first). Without an observer only: observers see every sub-layer's
@@ -344,7 +359,9 @@ class Model {
   // An intermediate of forward() on the model's device (zero-filled).
   // The forward's intermediates: every op writes its output whole, so on a device they are not zero-filled
   // (TERN_ACTIVATION_FILL=zero|poison fills them for A/B and diagnosis; tests check poison == zero).
-  Tensor tensor(DType dtype, Shape shape) const { return Tensor(dtype, shape, device_, TensorInit::uninitialized); }
+  Tensor tensor(DType dtype, Shape shape) const {
+    return ctx_.tensor(dtype, shape, device_, TensorInit::uninitialized);
+  }
   // `host` itself on the host, else a device copy of it.
   Tensor on_device(Tensor host) const {
     return device_ == Device::cpu ? host : Tensor::copy_of(host, device_);
@@ -354,6 +371,9 @@ class Model {
   KvMode mode_;
   ops::Activations act_ = ops::Activations::native;
   Device device_ = Device::cpu;
+  ops::Context ctx_ = ops::Context::registry();
+  static Paths default_paths();  // from the environment, read once
+  Paths paths_ = default_paths();
   Observer observer_;
   Tensor inv_freq_main_, inv_freq_compress_;
   std::vector<cache::LayerSpec> layer_specs_;

@@ -19,24 +19,24 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   // product (stacked weights), swiglu reads its column ranges.
   const ExpertWeights& shared = L.ffn.shared;
   Tensor y = tensor(DType::f32, {N, c.hidden_size});
-  ops::run_side(h.device(), [&] {
+  ops::run_side(ctx_, h.device(), [&] {
     const Projections gate_up = project(h, shared.w13, shared.w1, shared.w3);
     Tensor act = tensor(DType::f32, {N, shared.w1.out});
-    ops::swiglu(gate_up.a, gate_up.b, limit, act);
-    ops::linear(act, shared.w2, y);
+    ops::swiglu(ctx_, gate_up.a, gate_up.b, limit, act);
+    ops::linear(ctx_, act, shared.w2, y);
   });
 
   // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
   Tensor logits = tensor(DType::f32, {N, L.ffn.gate.out});
-  ops::linear(h, L.ffn.gate, logits);
+  ops::linear(ctx_, h, L.ffn.gate, logits);
   Tensor picked = tensor(DType::i32, {N, k}), weights = tensor(DType::f32, {N, k});
   if (L.hash_routed)
-    ops::route_hash(logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
+    ops::route_hash(ctx_, logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
   else
-    ops::route_scored(logits, L.ffn.gate_bias, routed_scale, picked, weights);
+    ops::route_scored(ctx_, logits, L.ffn.gate_bias, routed_scale, picked, weights);
 
   // out = sum_k w_k E_k(h) + E_shared(h): moe_experts adds y in its combine and joins the side branch there.
-  ops::moe_experts({h, picked, weights, L.ffn.experts, limit, out, y});
+  ops::moe_experts(ctx_, {h, picked, weights, L.ffn.experts, limit, out, y});
 }
 
 }  // namespace tern::model

@@ -89,20 +89,20 @@ Tensor Model::mtp_block(const Batch& b, const TensorView& hidden) {
   const auto eps = static_cast<float>(c.rms_norm_eps);
   // e = e_proj(enorm(embed(next)))                                    [N, D]
   Tensor x = tensor(DType::f32, {N, D});
-  ops::embedding(w_.embed, b.ids, x);
-  ops::rms_norm(x, M.enorm, eps, x);
+  ops::embedding(ctx_, w_.embed, b.ids, x);
+  ops::rms_norm(ctx_, x, M.enorm, eps, x);
   Tensor e = tensor(DType::f32, {N, D});
-  ops::linear(x, M.e_proj, e);
+  ops::linear(ctx_, x, M.e_proj, e);
   // h_proj(hnorm(h)) per stream: the N * hc stream rows as one batch    [N * hc, D]
   Tensor h = tensor(DType::f32, {N, H, D});
   const TensorView h_rows = h.view().reshape({N * H, D});
-  ops::rms_norm(hidden.reshape({N * H, D}), M.hnorm, eps, h_rows);
+  ops::rms_norm(ctx_, hidden.reshape({N * H, D}), M.hnorm, eps, h_rows);
   Tensor streams = tensor(DType::f32, {N, H, D});
-  ops::linear(h_rows, M.h_proj, streams.view().reshape({N * H, D}));
+  ops::linear(ctx_, h_rows, M.h_proj, streams.view().reshape({N * H, D}));
   // X_k = e + h_proj(hnorm(h_k))                                      [N, hc, D]
   Tensor e_streams = tensor(DType::f32, {N, H, D});
-  ops::hc_expand(e, e_streams);
-  ops::add(e_streams, streams);
+  ops::hc_expand(ctx_, e, e_streams);
+  ops::add(ctx_, e_streams, streams);
   observe("mtp_in", l, streams);
   // The block: attention over the MTP layer's window, then the MoE, each inside its mHC.
   PendingPost pending;  // the attention sub-layer's hc_post inside the MoE sub-layer's hc_pre
@@ -134,7 +134,7 @@ void Model::mtp_pick(std::span<const MtpStep> batch, const TensorView& all, MtpR
       std::vector<ops::SampleRowSpec> specs(static_cast<size_t>(W));
       for (auto& s : specs) s.params.temperature = 0.0f;  // greedy, no penalties, no logprobs
       std::vector<ops::SampledRow> picked(static_cast<size_t>(W));
-      ops::sample_rows(all, specs, picked);
+      ops::sample_rows(ctx_, all, specs, picked);
       for (int64_t w = 0; w < W; ++w)
         if (by_argmax[static_cast<size_t>(w)]) r.argmax[static_cast<size_t>(w)] = picked[static_cast<size_t>(w)].token;
     }

@@ -17,6 +17,8 @@
 
 namespace tern::ops {
 
+class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+
 struct AttentionArgs {
   TensorView q;       // f32 [n, heads, head_dim]
   int64_t start = 0;  // position of q[0]; q[i] is at start + i
@@ -33,6 +35,7 @@ struct AttentionArgs {
 };
 
 // out f32 [n, heads, head_dim]
+void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out);
 void sparse_attention(const AttentionArgs& a, const TensorView& out);
 
 }  // namespace tern::ops

@@ -3,11 +3,12 @@
 #include <exception>
 
 #include "ops/backend.h"
+#include "ops/context.h"
 
 namespace tern::ops {
 
-void run_side(Device device, const std::function<void()>& body) {
-  Backend& backend = backend_for(device);
+void run_side(const Context& ctx, Device device, const std::function<void()>& body) {
+  Backend& backend = ctx.backend_for(device);
   backend.side_begin();
   try {
     body();
@@ -21,6 +22,16 @@ void run_side(Device device, const std::function<void()>& body) {
   backend.side_end();
 }
 
-void join_side(Device device) { backend_for(device).side_join(); }
+void join_side(const Context& ctx, Device device) {
+  ctx.backend_for(device).side_join();
+}
+
+void run_side(Device device, const std::function<void()>& body) {
+  run_side(Context::registry(), device, body);
+}
+
+void join_side(Device device) {
+  join_side(Context::registry(), device);
+}
 
 }  // namespace tern::ops

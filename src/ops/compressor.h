@@ -21,6 +21,8 @@
 
 namespace tern::ops {
 
+class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+
 struct CompressorArgs {
   TensorView acc;   // f32 [overlap ? 2 : 1, 3, width], updated in place
   TensorView kv;    // f32 [n, C] for the tokens at start_pos .. start_pos+n-1; C = width * (overlap ? 2 : 1)
@@ -40,6 +42,7 @@ inline int64_t compressor_emit_count(int64_t start_pos, int64_t n, int ratio) {
 }
 
 // Folds the chunk into acc and writes the completed entries; returns how many.
+int64_t compressor_update(const Context& ctx, const CompressorArgs& a);
 int64_t compressor_update(const CompressorArgs& a);
 
 }  // namespace tern::ops

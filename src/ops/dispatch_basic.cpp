@@ -3,6 +3,7 @@
 
 #include "ops/backend.h"
 #include "ops/check.h"
+#include "ops/context.h"
 
 namespace tern::ops {
 
@@ -38,57 +39,84 @@ void check_rope_tables(std::string_view op, const TensorView& x, const TensorVie
 
 }  // namespace
 
-void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
+void embedding(const Context& ctx, const TensorView& table, const TensorView& ids, const TensorView& out) {
   expect_dtype("embedding", "table", table, {DType::bf16, DType::f32});
   expect_shape("embedding", "table", table, {-1, -1});
   expect_dtype("embedding", "ids", ids, {DType::i64});
   expect_shape("embedding", "ids", ids, {-1});
   expect_shape("embedding", "out", out, {ids.dim(0), table.dim(1)});
-  backend_for(common_device("embedding", {&table, &ids, &out})).embedding(table, ids, out);
+  ctx.backend_for(common_device("embedding", {&table, &ids, &out})).embedding(table, ids, out);
 }
 
-void add(const TensorView& x, const TensorView& y) {
+void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
+  embedding(Context::registry(), table, ids, out);
+}
+
+void add(const Context& ctx, const TensorView& x, const TensorView& y) {
   TERN_CHECK(x.shape() == y.shape(), "add: shapes differ: ", x.shape().str(), " vs ", y.shape().str());
   detail::expect_contiguous("add", "x", x);
   detail::expect_contiguous("add", "y", y);
-  backend_for(common_device("add", {&x, &y})).add(x, y);
+  ctx.backend_for(common_device("add", {&x, &y})).add(x, y);
 }
 
-void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
+void add(const TensorView& x, const TensorView& y) {
+  add(Context::registry(), x, y);
+}
+
+void swiglu(const Context& ctx, const TensorView& gate, const TensorView& up, float limit,
+            const TensorView& out) {
   TERN_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "swiglu: shapes differ: gate ",
              gate.shape().str(), ", up ", up.shape().str(), ", out ", out.shape().str());
   detail::expect_rows("swiglu", "gate", gate);
   detail::expect_rows("swiglu", "up", up);
   detail::expect_contiguous("swiglu", "out", out);
-  backend_for(common_device("swiglu", {&gate, &up, &out})).swiglu(gate, up, limit, out);
+  ctx.backend_for(common_device("swiglu", {&gate, &up, &out})).swiglu(gate, up, limit, out);
 }
 
-void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
+  swiglu(Context::registry(), gate, up, limit, out);
+}
+
+void gather_rows(const Context& ctx, const TensorView& x, const TensorView& rows, const TensorView& out) {
   expect_shape("gather_rows", "x", x, {-1, -1});
   expect_dtype("gather_rows", "rows", rows, {DType::i64});
   expect_shape("gather_rows", "rows", rows, {-1});
   expect_shape("gather_rows", "out", out, {rows.dim(0), x.dim(1)});
-  backend_for(common_device("gather_rows", {&x, &rows, &out})).gather_rows(x, rows, out);
+  ctx.backend_for(common_device("gather_rows", {&x, &rows, &out})).gather_rows(x, rows, out);
 }
 
-void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  gather_rows(Context::registry(), x, rows, out);
+}
+
+void rms_norm(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
+              const TensorView& out) {
   TERN_CHECK(x.rank() >= 1 && x.shape() == out.shape(), "rms_norm: x ", x.shape().str(), " and out ",
              out.shape().str(), " must have one shape");
   detail::expect_rows("rms_norm", "x", x);
   detail::expect_contiguous("rms_norm", "out", out);
   check_norm_weight("rms_norm", x, weight);
-  backend_for(common_device("rms_norm", {&x, &weight, &out})).rms_norm(x, weight, eps, out);
+  ctx.backend_for(common_device("rms_norm", {&x, &weight, &out})).rms_norm(x, weight, eps, out);
 }
 
-void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  rms_norm(Context::registry(), x, weight, eps, out);
+}
+
+void rope(const Context& ctx, const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
+          bool inverse) {
   check_rope_rank("rope", x);
   detail::expect_contiguous("rope", "x", x);
   check_rope_tables("rope", x, positions, inv_freq);
-  backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
+  ctx.backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
 }
 
-void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
-               const TensorView& inv_freq, const TensorView& out) {
+void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
+  rope(Context::registry(), x, positions, inv_freq, inverse);
+}
+
+void norm_rope(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
+               const TensorView& positions, const TensorView& inv_freq, const TensorView& out) {
   check_rope_rank("norm_rope", x);
   TERN_CHECK(x.shape() == out.shape(), "norm_rope: x ", x.shape().str(), " and out ", out.shape().str(),
              " must have one shape");
@@ -96,18 +124,27 @@ void norm_rope(const TensorView& x, const TensorView& weight, float eps, const T
   detail::expect_contiguous("norm_rope", "out", out);
   check_norm_weight("norm_rope", x, weight);
   check_rope_tables("norm_rope", x, positions, inv_freq);
-  backend_for(common_device("norm_rope", {&x, &weight, &positions, &inv_freq, &out}))
+  ctx.backend_for(common_device("norm_rope", {&x, &weight, &positions, &inv_freq, &out}))
       .norm_rope(x, weight, eps, positions, inv_freq, out);
 }
 
-void linear(const TensorView& x, const Weight& w, const TensorView& y) {
+void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
+               const TensorView& inv_freq, const TensorView& out) {
+  norm_rope(Context::registry(), x, weight, eps, positions, inv_freq, out);
+}
+
+void linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y) {
   check_weight(w);
   expect_shape(cat("linear ", w.name), "x", x, {-1, w.in});
   expect_shape(cat("linear ", w.name), "y", y, {x.dim(0), w.out});
-  backend_for(common_device("linear", {&x, &w.weight, &w.scale, &y})).linear(x, w, y);
+  ctx.backend_for(common_device("linear", {&x, &w.weight, &w.scale, &y})).linear(x, w, y);
 }
 
-void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
+void linear(const TensorView& x, const Weight& w, const TensorView& y) {
+  linear(Context::registry(), x, w, y);
+}
+
+void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y) {
   check_weight(w);
   const std::string op = cat("grouped_linear ", w.name);
   detail::expect_rank(op, "x", x, 3);
@@ -116,32 +153,48 @@ void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
              " groups");
   expect_shape(op, "x", x, {-1, groups, w.in});
   expect_shape(op, "y", y, {x.dim(0), groups, w.out / groups});
-  backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
+  ctx.backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
 }
 
-void dequantize(const Weight& w, const TensorView& out) {
+void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
+  grouped_linear(Context::registry(), x, w, y);
+}
+
+void dequantize(const Context& ctx, const Weight& w, const TensorView& out) {
   check_weight(w);
   expect_dtype("dequantize", "out", out, {DType::f32});
   expect_shape("dequantize", "out", out, {w.out, w.in});
-  backend_for(common_device("dequantize", {&w.weight, &w.scale, &out})).dequantize(w, out);
+  ctx.backend_for(common_device("dequantize", {&w.weight, &w.scale, &out})).dequantize(w, out);
 }
 
-void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
+void dequantize(const Weight& w, const TensorView& out) {
+  dequantize(Context::registry(), w, out);
+}
+
+void kv_pack(const Context& ctx, const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
   f.check();
   expect_dtype("kv_pack", "x", x, {DType::f32});
   expect_shape("kv_pack", "x", x, {-1, f.head_dim});
   expect_dtype("kv_pack", "rows", rows, {DType::u8});
   expect_shape("kv_pack", "rows", rows, {x.dim(0), f.row_bytes()});
-  backend_for(common_device("kv_pack", {&x, &rows})).kv_pack(x, f, rows);
+  ctx.backend_for(common_device("kv_pack", {&x, &rows})).kv_pack(x, f, rows);
 }
 
-void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
+void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
+  kv_pack(Context::registry(), x, f, rows);
+}
+
+void kv_unpack(const Context& ctx, const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
   f.check();
   expect_dtype("kv_unpack", "rows", rows, {DType::u8});
   expect_shape("kv_unpack", "rows", rows, {-1, f.row_bytes()});
   expect_dtype("kv_unpack", "x", x, {DType::f32});
   expect_shape("kv_unpack", "x", x, {rows.dim(0), f.head_dim});
-  backend_for(common_device("kv_unpack", {&x, &rows})).kv_unpack(rows, f, x);
+  ctx.backend_for(common_device("kv_unpack", {&x, &rows})).kv_unpack(rows, f, x);
+}
+
+void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
+  kv_unpack(Context::registry(), rows, f, x);
 }
 
 }  // namespace tern::ops

@@ -1,6 +1,7 @@
 // Entry points of the batched step ops (ops/step.h): check arguments, then call the backend.
 #include "ops/backend.h"
 #include "ops/check.h"
+#include "ops/context.h"
 #include "ops/step.h"
 
 namespace tern::ops {
@@ -29,7 +30,7 @@ void expect_paged_tables(std::string_view op, std::string_view arg, const StepPa
 }
 }  // namespace
 
-void step_attention(const StepAttentionArgs& a, const TensorView& out) {
+void step_attention(const Context& ctx, const StepAttentionArgs& a, const TensorView& out) {
   const int64_t S = a.q.dim(0);
   expect_table("step_attention", "positions", a.positions, S);
   expect_table("step_attention", "rings", a.rings, S);
@@ -48,7 +49,12 @@ void step_attention(const StepAttentionArgs& a, const TensorView& out) {
                a.selected.shape().str(), " must be [", S, ", k]");
     expect_dtype("step_attention", "selected", a.selected, {DType::i32});
   }
-  backend_for(common_device("step_attention", {&a.q, &a.positions, &a.rows, &out})).step_attention(a, out);
+  ctx.backend_for(common_device("step_attention", {&a.q, &a.positions, &a.rows, &out}))
+      .step_attention(a, out);
+}
+
+void step_attention(const StepAttentionArgs& a, const TensorView& out) {
+  step_attention(Context::registry(), a, out);
 }
 
 namespace {
@@ -68,17 +74,26 @@ void expect_compressor_args(std::string_view op, const StepCompressorArgs& a) {
 }
 }  // namespace
 
-void step_compressor(const StepCompressorArgs& a) {
+void step_compressor(const Context& ctx, const StepCompressorArgs& a) {
   expect_compressor_args("step_compressor", a);
   expect_shape("step_compressor", "emitted", a.emitted, {a.positions.dim(0), a.width});
-  backend_for(common_device("step_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted})).step_compressor(a);
+  ctx.backend_for(common_device("step_compressor", {&a.kv, &a.gate, &a.positions, &a.emitted}))
+      .step_compressor(a);
+}
+
+void step_compressor(const StepCompressorArgs& a) {
+  step_compressor(Context::registry(), a);
+}
+
+bool step_compress_emit_supported(const Context& ctx, Device device, int64_t width) {
+  return ctx.backend_for(device).step_compress_emit_supported(width);
 }
 
 bool step_compress_emit_supported(Device device, int64_t width) {
-  return backend_for(device).step_compress_emit_supported(width);
+  return step_compress_emit_supported(Context::registry(), device, width);
 }
 
-void step_compress_emit(const StepCompressEmitArgs& a) {
+void step_compress_emit(const Context& ctx, const StepCompressEmitArgs& a) {
   const char* op = "step_compress_emit";
   const StepCompressorArgs& c = a.compressor;
   expect_compressor_args(op, c);
@@ -93,12 +108,16 @@ void step_compress_emit(const StepCompressEmitArgs& a) {
   expect_paged_tables(op, "dest", a.dest, S);
   TERN_CHECK(a.dest.row_bytes == a.format.row_bytes(), op, ": destination rows of ", a.dest.row_bytes,
              " bytes, the format's of ", a.format.row_bytes());
-  backend_for(
-      common_device(op, {&c.kv, &c.gate, &c.positions, &c.accs, &a.norm, &a.inv_freq, &a.dest.pools, &a.dest.tables}))
+  ctx.backend_for(common_device(op, {&c.kv, &c.gate, &c.positions, &c.accs, &a.norm, &a.inv_freq,
+                                     &a.dest.pools, &a.dest.tables}))
       .step_compress_emit(a);
 }
 
-void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices) {
+void step_compress_emit(const StepCompressEmitArgs& a) {
+  step_compress_emit(Context::registry(), a);
+}
+
+void step_indexer_topk(const Context& ctx, const StepIndexerArgs& a, int topk, const TensorView& indices) {
   const int64_t S = a.q.dim(0);
   expect_table("step_indexer_topk", "positions", a.positions, S);
   expect_paged_tables("step_indexer_topk", "keys", a.keys, S);
@@ -108,23 +127,33 @@ void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& ind
   expect_shape("step_indexer_topk", "indices", indices, {S, topk});
   expect_dtype("step_indexer_topk", "indices", indices, {DType::i32});
   TERN_CHECK(a.ratio > 0 && topk > 0, "step_indexer_topk: ratio and topk must be > 0");
-  backend_for(common_device("step_indexer_topk", {&a.q, &a.weights, &a.positions, &indices}))
+  ctx.backend_for(common_device("step_indexer_topk", {&a.q, &a.weights, &a.positions, &indices}))
       .step_indexer_topk(a, topk, indices);
 }
 
-void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                     const TensorView& firsts, int64_t window) {
+void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices) {
+  step_indexer_topk(Context::registry(), a, topk, indices);
+}
+
+void store_ring_rows(const Context& ctx, const TensorView& rows, const TensorView& rings,
+                     const TensorView& positions, const TensorView& firsts, int64_t window) {
   const int64_t S = rows.dim(0);
   expect_table("store_ring_rows", "rings", rings, S);
   expect_table("store_ring_rows", "positions", positions, S);
   expect_firsts("store_ring_rows", firsts, S);
   expect_dtype("store_ring_rows", "rows", rows, {DType::u8});
   TERN_CHECK(window > 0, "store_ring_rows: a ring needs window > 0");
-  backend_for(common_device("store_ring_rows", {&rows, &rings, &positions}))
+  ctx.backend_for(common_device("store_ring_rows", {&rows, &rings, &positions}))
       .store_ring_rows(rows, rings, positions, firsts, window);
 }
 
-void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions, int ratio) {
+void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
+                     const TensorView& firsts, int64_t window) {
+  store_ring_rows(Context::registry(), rows, rings, positions, firsts, window);
+}
+
+void store_paged_rows(const Context& ctx, const TensorView& rows, const StepPagedRows& dest,
+                      const TensorView& positions, int ratio) {
   const int64_t S = rows.dim(0);
   expect_paged_tables("store_paged_rows", "dest", dest, S);
   expect_table("store_paged_rows", "positions", positions, S);
@@ -132,8 +161,13 @@ void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const T
   TERN_CHECK(rows.rank() == 2 && rows.dim(1) == dest.row_bytes, "store_paged_rows: rows ", rows.shape().str(),
              " for destination rows of ", dest.row_bytes, " bytes");
   TERN_CHECK(ratio > 0, "store_paged_rows: ratio must be > 0");
-  backend_for(common_device("store_paged_rows", {&rows, &dest.pools, &dest.tables, &positions}))
+  ctx.backend_for(common_device("store_paged_rows", {&rows, &dest.pools, &dest.tables, &positions}))
       .store_paged_rows(rows, dest, positions, ratio);
+}
+
+void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions,
+                      int ratio) {
+  store_paged_rows(Context::registry(), rows, dest, positions, ratio);
 }
 
 }  // namespace tern::ops

@@ -1,6 +1,7 @@
 // Entry points of the DeepSeek-V4 specific ops: check arguments, then call the backend.
 #include "ops/backend.h"
 #include "ops/check.h"
+#include "ops/context.h"
 
 namespace tern::ops {
 
@@ -10,7 +11,7 @@ using detail::expect_paged;
 using detail::expect_rank;
 using detail::expect_shape;
 
-void hc_pre(const HcPreArgs& a) {
+void hc_pre(const Context& ctx, const HcPreArgs& a) {
   expect_rank("hc_pre", "streams", a.streams, 3);
   const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2);
   expect_shape("hc_pre", "streams", a.streams, {T, hc, D});
@@ -40,13 +41,18 @@ void hc_pre(const HcPreArgs& a) {
     };
     TERN_CHECK(!overlaps(a.prev_streams) && !overlaps(a.prev_a) && !overlaps(a.prev_post) && !overlaps(a.prev_comb),
                "hc_pre: streams must not overlap prev_streams, prev_a, prev_post or prev_comb");
-    backend_for(common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
+    ctx.backend_for(
+        common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
   }
-  backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
+  ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
 }
 
-void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
-             const TensorView& out) {
+void hc_pre(const HcPreArgs& a) {
+  hc_pre(Context::registry(), a);
+}
+
+void hc_post(const Context& ctx, const TensorView& streams, const TensorView& a, const TensorView& post,
+             const TensorView& comb, const TensorView& out) {
   expect_rank("hc_post", "streams", streams, 3);
   const int64_t T = streams.dim(0), hc = streams.dim(1), D = streams.dim(2);
   expect_shape("hc_post", "a", a, {T, D});
@@ -54,11 +60,16 @@ void hc_post(const TensorView& streams, const TensorView& a, const TensorView& p
   expect_shape("hc_post", "comb", comb, {T, hc, hc});
   expect_shape("hc_post", "out", out, {T, hc, D});
   TERN_CHECK(out.data() != streams.data() || T == 0, "hc_post: out must not alias streams");
-  backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out}))
+  ctx.backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out}))
       .hc_post(streams, a, post, comb, out);
 }
 
-void hc_head(const HcHeadArgs& a) {
+void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
+             const TensorView& out) {
+  hc_post(Context::registry(), streams, a, post, comb, out);
+}
+
+void hc_head(const Context& ctx, const HcHeadArgs& a) {
   expect_rank("hc_head", "streams", a.streams, 3);
   const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2);
   expect_shape("hc_head", "fn", a.fn, {hc, hc * D});
@@ -67,16 +78,24 @@ void hc_head(const HcHeadArgs& a) {
   expect_shape("hc_head", "out", a.out, {T, D});
   for (const TensorView* t : {&a.fn, &a.base, &a.scale})
     expect_dtype("hc_head", "fn/base/scale", *t, {DType::f32});
-  backend_for(common_device("hc_head", {&a.streams, &a.fn, &a.out})).hc_head(a);
+  ctx.backend_for(common_device("hc_head", {&a.streams, &a.fn, &a.out})).hc_head(a);
+}
+
+void hc_head(const HcHeadArgs& a) {
+  hc_head(Context::registry(), a);
+}
+
+void hc_expand(const Context& ctx, const TensorView& x, const TensorView& streams) {
+  expect_shape("hc_expand", "x", x, {-1, -1});
+  expect_shape("hc_expand", "streams", streams, {x.dim(0), -1, x.dim(1)});
+  ctx.backend_for(common_device("hc_expand", {&x, &streams})).hc_expand(x, streams);
 }
 
 void hc_expand(const TensorView& x, const TensorView& streams) {
-  expect_shape("hc_expand", "x", x, {-1, -1});
-  expect_shape("hc_expand", "streams", streams, {x.dim(0), -1, x.dim(1)});
-  backend_for(common_device("hc_expand", {&x, &streams})).hc_expand(x, streams);
+  hc_expand(Context::registry(), x, streams);
 }
 
-int64_t compressor_update(const CompressorArgs& a) {
+int64_t compressor_update(const Context& ctx, const CompressorArgs& a) {
   TERN_CHECK(a.ratio > 0, "compressor_update: ratio must be positive");
   TERN_CHECK(a.start_pos >= 0, "compressor_update: negative start position");
   expect_rank("compressor_update", "acc", a.acc, 3);
@@ -91,8 +110,12 @@ int64_t compressor_update(const CompressorArgs& a) {
   expect_rank("compressor_update", "emitted", a.emitted, 2);
   TERN_CHECK(a.emitted.dim(0) >= emit && a.emitted.dim(1) == width, "compressor_update: emitted must hold ",
              emit, " rows of ", width, ", found ", a.emitted.shape().str());
-  return backend_for(common_device("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted}))
+  return ctx.backend_for(common_device("compressor_update", {&a.acc, &a.kv, &a.gate, &a.ape, &a.emitted}))
       .compressor_update(a);
+}
+
+int64_t compressor_update(const CompressorArgs& a) {
+  return compressor_update(Context::registry(), a);
 }
 
 static void check_indexer(const char* op, const IndexerArgs& a) {
@@ -107,23 +130,31 @@ static void check_indexer(const char* op, const IndexerArgs& a) {
   TERN_CHECK(a.ratio > 0, op, ": ratio must be positive");
 }
 
-void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
+void indexer_scores(const Context& ctx, const IndexerArgs& a, const TensorView& scores) {
   check_indexer("indexer_scores", a);
   expect_shape("indexer_scores", "scores", scores, {a.q.dim(0), a.num_keys});
-  backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys.pool, &scores}))
+  ctx.backend_for(common_device("indexer_scores", {&a.q, &a.weights, &a.keys.pool, &scores}))
       .indexer_scores(a, scores);
 }
 
-void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
+void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
+  indexer_scores(Context::registry(), a, scores);
+}
+
+void indexer_topk(const Context& ctx, const IndexerArgs& a, int topk, const TensorView& indices) {
   check_indexer("indexer_topk", a);
   TERN_CHECK(topk > 0, "indexer_topk: topk must be positive");
   expect_dtype("indexer_topk", "indices", indices, {DType::i32});
   expect_shape("indexer_topk", "indices", indices, {a.q.dim(0), topk});
-  backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys.pool, &indices}))
+  ctx.backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys.pool, &indices}))
       .indexer_topk(a, topk, indices);
 }
 
-void sparse_attention(const AttentionArgs& a, const TensorView& out) {
+void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
+  indexer_topk(Context::registry(), a, topk, indices);
+}
+
+void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out) {
   const char* op = "sparse_attention";
   a.format.check();
   expect_rank(op, "q", a.q, 3);
@@ -146,8 +177,12 @@ void sparse_attention(const AttentionArgs& a, const TensorView& out) {
     expect_dtype(op, "selected", a.selected, {DType::i32});
     expect_shape(op, "selected", a.selected, {n, -1});
   }
-  backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out}))
+  ctx.backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out}))
       .sparse_attention(a, out);
+}
+
+void sparse_attention(const AttentionArgs& a, const TensorView& out) {
+  sparse_attention(Context::registry(), a, out);
 }
 
 static void check_route(const char* op, const TensorView& logits, const TensorView& indices,
@@ -160,27 +195,38 @@ static void check_route(const char* op, const TensorView& logits, const TensorVi
   expect_shape(op, "weights", weights, {logits.dim(0), indices.dim(1)});
 }
 
-void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+void route_scored(const Context& ctx, const TensorView& logits, const TensorView& bias, float routed_scale,
                   const TensorView& indices, const TensorView& weights) {
   check_route("route_scored", logits, indices, weights);
   expect_dtype("route_scored", "bias", bias, {DType::f32});
   expect_shape("route_scored", "bias", bias, {logits.dim(1)});
-  backend_for(common_device("route_scored", {&logits, &bias, &indices, &weights}))
+  ctx.backend_for(common_device("route_scored", {&logits, &bias, &indices, &weights}))
       .route_scored(logits, bias, routed_scale, indices, weights);
 }
 
-void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
-                float routed_scale, const TensorView& indices, const TensorView& weights) {
+void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
+                  const TensorView& indices, const TensorView& weights) {
+  route_scored(Context::registry(), logits, bias, routed_scale, indices, weights);
+}
+
+void route_hash(const Context& ctx, const TensorView& logits, const TensorView& tid2eid,
+                const TensorView& token_ids, float routed_scale, const TensorView& indices,
+                const TensorView& weights) {
   check_route("route_hash", logits, indices, weights);
   expect_dtype("route_hash", "tid2eid", tid2eid, {DType::i64, DType::i32});
   expect_shape("route_hash", "tid2eid", tid2eid, {-1, indices.dim(1)});
   expect_dtype("route_hash", "token_ids", token_ids, {DType::i64});
   expect_shape("route_hash", "token_ids", token_ids, {logits.dim(0)});
-  backend_for(common_device("route_hash", {&logits, &tid2eid, &token_ids, &indices, &weights}))
+  ctx.backend_for(common_device("route_hash", {&logits, &tid2eid, &token_ids, &indices, &weights}))
       .route_hash(logits, tid2eid, token_ids, routed_scale, indices, weights);
 }
 
-void moe_experts(const MoeExpertsArgs& a) {
+void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
+                float routed_scale, const TensorView& indices, const TensorView& weights) {
+  route_hash(Context::registry(), logits, tid2eid, token_ids, routed_scale, indices, weights);
+}
+
+void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
   expect_shape("moe_experts", "x", a.x, {-1, -1});
   const int64_t T = a.x.dim(0), D = a.x.dim(1);
   expect_dtype("moe_experts", "indices", a.indices, {DType::i32});
@@ -200,7 +246,11 @@ void moe_experts(const MoeExpertsArgs& a) {
     TERN_CHECK(e.w1.in == D && e.w3.in == D && e.w2.out == D && e.w1.out == e.w3.out && e.w2.in == e.w1.out,
                "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
   }
-  backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
+  ctx.backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
+}
+
+void moe_experts(const MoeExpertsArgs& a) {
+  moe_experts(Context::registry(), a);
 }
 
 }  // namespace tern::ops

@@ -10,6 +10,8 @@
 
 namespace tern::ops {
 
+class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+
 struct RopeParams {
   double theta = 10000.0;
   int64_t dim = 64;  // rope_dim: number of rotated dims
@@ -27,12 +29,16 @@ Tensor rope_inv_freq(const RopeParams& p);
 
 // x f32 [rows, heads, head_dim] or [rows, head_dim], rotated in place; positions i64 [rows];
 // inv_freq f32 [rope_dim/2] on x's device.
+void rope(const Context& ctx, const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
+          bool inverse = false);
 void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse = false);
 
 // rms_norm(x, weight, eps, out) then rope(out, positions, inv_freq), the same bits, in one pass where the
 // backend can (the attention's per-head q norm and its kv row: one launch for two on the GPU). x f32
 // [rows, head_dim] or [rows, heads, head_dim], may be rows (a stacked product's column range); weight as
 // rms_norm's; out f32 contiguous, x's shape (may alias x).
+void norm_rope(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
+               const TensorView& positions, const TensorView& inv_freq, const TensorView& out);
 void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
                const TensorView& inv_freq, const TensorView& out);
 

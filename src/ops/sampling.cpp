@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/backend.h"
+#include "ops/context.h"
 
 namespace tern::ops {
 
@@ -60,13 +61,18 @@ void pack_sample_rows(std::span<const SampleRowSpec> specs, int64_t vocab, std::
   if (!ids.empty()) std::memcpy(out.data() + head, ids.data(), ids.size() * sizeof(int32_t));
 }
 
-void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs, std::span<SampledRow> out) {
+void sample_rows(const Context& ctx, const TensorView& logits, std::span<const SampleRowSpec> specs,
+                 std::span<SampledRow> out) {
   TERN_CHECK(logits.dtype() == DType::f32 && logits.rank() == 2, "sample_rows: logits must be f32 [rows, vocab]");
   TERN_CHECK(static_cast<size_t>(logits.dim(0)) == specs.size() && specs.size() == out.size(), "sample_rows: ",
              logits.dim(0), " rows of logits, ", specs.size(), " requests, ", out.size(), " results");
   TERN_CHECK(logits.dim(1) > 0, "sample_rows: empty rows");
   if (specs.empty()) return;
-  backend_for(logits.device()).sample_rows(logits, specs, out);
+  ctx.backend_for(logits.device()).sample_rows(logits, specs, out);
+}
+
+void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs, std::span<SampledRow> out) {
+  sample_rows(Context::registry(), logits, specs, out);
 }
 
 }  // namespace tern::ops

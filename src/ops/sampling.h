@@ -14,6 +14,8 @@
 
 namespace tern::ops {
 
+class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+
 using sampling::SampledRow;
 using sampling::SampleRowDesc;
 
@@ -34,6 +36,8 @@ void pack_sample_rows(std::span<const SampleRowSpec> specs, int64_t vocab, std::
 
 // logits f32 [rows, vocab] on a device backend's device; one spec and one result per row. Synchronous:
 // the results are on the host when it returns.
+void sample_rows(const Context& ctx, const TensorView& logits, std::span<const SampleRowSpec> specs,
+                 std::span<SampledRow> out);
 void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs, std::span<SampledRow> out);
 
 }  // namespace tern::ops

@@ -3,13 +3,14 @@
 
 #include "ops/backend.h"
 #include "ops/check.h"
+#include "ops/context.h"
 
 namespace tern::ops {
 
 using detail::expect_dtype;
 using detail::expect_shape;
 
-void synth_fill(const SynthFillArgs& a) {
+void synth_fill(const Context& ctx, const SynthFillArgs& a) {
   detail::expect_contiguous("synth_fill", "out", a.out);
   TERN_CHECK(!a.out.empty(), "synth_fill: no output");
   const int64_t R = a.rows, C = a.cols;
@@ -47,7 +48,11 @@ void synth_fill(const SynthFillArgs& a) {
       break;
   }
   if (!a.scale.empty()) detail::expect_contiguous("synth_fill", "scale", a.scale);
-  backend_for(detail::common_device("synth_fill", {&a.out, &a.scale})).synth_fill(a);
+  ctx.backend_for(detail::common_device("synth_fill", {&a.out, &a.scale})).synth_fill(a);
+}
+
+void synth_fill(const SynthFillArgs& a) {
+  synth_fill(Context::registry(), a);
 }
 
 }  // namespace tern::ops

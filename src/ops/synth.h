@@ -9,6 +9,8 @@
 
 namespace tern::ops {
 
+class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+
 enum class SynthKind : uint8_t {
   normal,         // out f32 or bf16: a + b * unit value (mean a, std b)
   uniform,        // out f32 or bf16: uniform in [a, b)
@@ -33,6 +35,7 @@ struct SynthFillArgs {
 // Checks the views against the kind and fills them on their device (ordered after earlier work there).
 // Quantized kinds: FP8 blocks scaled so that amax / scale <= 448 with a power-of-two (e8m0) scale, MXFP4
 // amax / scale <= 6 per 32 values, NVFP4 ue4m3 scales per 16 values times global_scale.
+void synth_fill(const Context& ctx, const SynthFillArgs& a);
 void synth_fill(const SynthFillArgs& a);
 
 }  // namespace tern::ops

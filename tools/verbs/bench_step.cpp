@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "app/device.h"
+#include "app/knobs.h"
 #include "app/measure.h"
 #include "app/speculative_threshold.h"
 #include "app/synthetic_placement.h"
@@ -65,6 +66,17 @@ struct Args {
   // of GB of activations). Prompts of at most N tokens are one forward, as before.
   int64_t prefill_chunk = 8192;
   tern::app::TuneOptions tune;
+  // --ab NAME=V[,NAME=V]: after each context's decode rows, the same batches again with those switches
+  // (app/knobs.h) as arm B against the start-up values as arm A, alternating B, A for --ab-rounds rounds,
+  // graphs recorded again for every arm: an A/B in one process, on one build of the model.
+  std::string ab;
+  int ab_rounds = 2;
+};
+
+// One batch's decode step time per arm and round (--ab).
+struct AbRow {
+  int64_t batch = 0, context = 0;
+  std::vector<double> a_ms, b_ms;  // per round: the arm's median step
 };
 
 // Expected acceptance lengths by k (v4-speculative.md section 4: position 1 kept about 85% of the time, position 2
@@ -174,6 +186,27 @@ struct PrefillRow {
   int64_t chunks = 1;       // forwards it took (--prefill-chunk); a chunked prefill has no cold run
 };
 
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string ab_line(const AbRow& r) {
+  std::string rounds;
+  for (size_t i = 0; i < r.a_ms.size(); ++i)
+    rounds += cat(i ? "; " : "", fixed(r.b_ms[i], 3), " / ", fixed(r.a_ms[i], 3));
+  const double a = median_of(r.a_ms), b = median_of(r.b_ms);
+  return cat("| ", r.batch, " | ", r.context, " | ", fixed(b, 3), " | ", fixed(a, 3), " | ",
+             fixed(100.0 * (b - a) / a, 2), "% | ", rounds, " |");
+}
+
 std::string decode_line(const DecodeRow& r) {
   if (!r.note.empty() && r.step_ms == 0) return cat("| ", r.batch, " | ", r.context, " | ", r.note, " | | | | |");
   char buf[256];
@@ -189,6 +222,8 @@ std::string prefill_line(const PrefillRow& r) {
   if (r.chunks > 1) return cat(buf, " (", r.chunks, " chunks, no first run)");
   return buf;
 }
+const char* kAbHeader =
+    "| batch | context | B ms | A ms | B vs A | per round, B / A ms |\n|---:|---:|---:|---:|---:|---|";
 const char* kDecodeHeader =
     "| batch | context | step ms (min-max) | tokens/s | GB/step (model) | GB/s | of copy |\n|---:|---:|---:|---:|---:|---:|---:|";
 const char* kPrefillHeader =
@@ -260,8 +295,16 @@ int run(const Args& a) {
              model::Model::kMaxStepQueries - 1, " drafts, found ", a.speculative);
   // Positions the timed steps consume: one a decode step, k + 1 a verify step and up to k + 1 an MTP round
   // (--speculative k).
-  const int64_t margin = 64 + static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) * (a.profile ? 2 : 1) *
-                                  (1 + (a.speculative > 0 ? 2 * (a.speculative + 1) : 0)) + 4;
+  using Knobs = std::vector<std::pair<std::string, int64_t>>;
+  const Knobs ab_arm = a.ab.empty() ? Knobs{} : app::parse_knobs(a.ab);
+  TERN_CHECK(a.ab_rounds >= 1, "--ab-rounds must be >= 1");
+  const int64_t ab_steps =
+      ab_arm.empty() ? 0 : 2 * a.ab_rounds;  // decode rows run again per round: B, then A
+  const int64_t margin =
+      64 +
+      static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) *
+          ((a.profile ? 2 : 1) * (1 + (a.speculative > 0 ? 2 * (a.speculative + 1) : 0)) + ab_steps) +
+      4;
   const int64_t max_context = std::max({contexts.back(), prefills.back(), mixed_prompt});
   const int64_t seq_bytes = app::state_bytes_per_sequence(config, kv, max_context + margin);
   const auto headroom = static_cast<int64_t>(a.headroom_gib * (1 << 30));
@@ -271,6 +314,21 @@ int run(const Args& a) {
   model::Model& m = *placed.model;
   say(placed.description);
   for (const auto& line : app::configure_kernels(m, a.device, a.tune)) say(line);
+  // --ab: arm B's switches and arm A's (the values in force now), checked before anything is timed.
+  Knobs ab_base;
+  for (const auto& [name, value] : ab_arm) ab_base.emplace_back(name, app::knob_value(m, name));
+  if (!ab_arm.empty()) {
+    for (const auto& [name, value] : ab_arm)
+      app::set_knob(m, name, value);  // refuses a value out of range here
+    for (const auto& [name, value] : ab_base) app::set_knob(m, name, value);
+    std::string arms;
+    for (size_t i = 0; i < ab_arm.size(); ++i)
+      arms +=
+          cat(i ? ", " : "", ab_arm[i].first, " ", ab_base[i].second, " (A) -> ", ab_arm[i].second, " (B)");
+    say(cat("A/B in this process (--ab): ", arms, "; ", a.ab_rounds,
+            " rounds of B then A after each context's decode rows"));
+  }
+  std::vector<AbRow> ab_rows;
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
           " MiB; bytes per step: dense weights once (", static_cast<double>(model::decode_step_bytes(placed.sizes, config, 1, 0)) / 1e9,
           " GB with the head) + E(B) = E(1-(1-k/E)^B) distinct experts per layer x ", placed.sizes.expert_bytes / 1e6,
@@ -565,6 +623,41 @@ int run(const Args& a) {
       }
     }
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
+    if (!ab_arm
+             .empty()) {  // the decode rows again, arm B then arm A per round, each on graphs recorded for it
+      std::vector<AbRow> rows(fitting.size());
+      for (size_t i = 0; i < fitting.size(); ++i) rows[i].batch = fitting[i], rows[i].context = L;
+      for (int round = 0; round < a.ab_rounds; ++round)
+        for (const Knobs* arm : {&ab_arm, static_cast<const Knobs*>(&ab_base)}) {
+          for (const auto& [name, value] : *arm) app::set_knob(m, name, value);
+          model::DecodeGraphs ab_graphs(m, go);
+          ab_graphs.prepare();
+          for (size_t bi = 0; bi < fitting.size(); ++bi) {
+            const int64_t B = fitting[bi];
+            std::vector<model::StepSequence> batch;
+            for (int64_t i = 0; i < B; ++i)
+              batch.push_back({&states[static_cast<size_t>(i)],
+                               std::span<const int64_t>(&ids[static_cast<size_t>(i)], 1),
+                               model::LogitsFor::last});
+            Tensor hold;
+            auto step = [&] {
+              for (int64_t i = 0; i < B; ++i)
+                ids[static_cast<size_t>(i)] =
+                    token(1000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i),
+                          config.vocab_size);
+              ++step_no;
+              (void)ab_graphs.forward_device(batch, hold);
+            };
+            const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
+            (arm == &ab_arm ? rows[bi].b_ms : rows[bi].a_ms).push_back(t.median_us / 1e3);
+          }
+          if (auto* g = ops::step_graphs(m.device())) g->drop_all();
+        }
+      for (const AbRow& r : rows) {
+        say(cat("ab ", ab_line(r)));
+        ab_rows.push_back(r);
+      }
+    }
   }
 
   // Each prefill GEMM at the longest prompt, against the library's rate on its shape (same run).
@@ -625,6 +718,12 @@ int run(const Args& a) {
   TERN_CHECK(!a.save_speculative_threshold || !round_rows.empty(),
              "--save-speculative-threshold: no MTP round was measured (needs --speculative k and a model with an MTP "
              "layer)");
+  if (!ab_rows.empty()) {
+    say(cat("A/B (--ab ", a.ab, "; B: those switches, A: the start-up values; median over ", a.ab_rounds,
+            " rounds of each arm's median step; negative: B faster):"));
+    say(kAbHeader);
+    for (const AbRow& r : ab_rows) say(ab_line(r));
+  }
   say(kPrefillHeader);
   for (const PrefillRow& r : prefill_rows) say(prefill_line(r));
   if (!mixed_rows.empty()) {
@@ -668,6 +767,12 @@ int run(const Args& a) {
       j["mixed"].push_back({{"prompt", r.prompt}, {"decodes", r.decodes}, {"context", r.context},
                             {"seconds", r.seconds}, {"first_run_seconds", r.cold_seconds},
                             {"prompt_alone_seconds", r.prefill_alone}});
+    for (const AbRow& r : ab_rows)
+      j["ab"].push_back({{"switches", a.ab},
+                         {"batch", r.batch},
+                         {"context", r.context},
+                         {"a_ms", r.a_ms},
+                         {"b_ms", r.b_ms}});
     for (const app::GemmRate& g : gemms)
       j["prefill_gemms"].push_back({{"tokens", gemm_tokens}, {"what", g.what}, {"flops", g.flops}, {"op_us", g.op_us},
                                     {"library_us", g.library_us}});
@@ -690,6 +795,15 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--contexts", a->contexts, "context lengths of the decode rows (one real prefill each)")
            ->capture_default_str();
        app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
+       app.add_option(
+           "--ab", a->ab,
+           "NAME=V[,NAME=V]: after each context's decode rows, the batches again with these switches "
+           "(TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, "
+           "TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, TERN_DENSE_LIBRARY_MIN_TOKENS, "
+           "TERN_MOE_VARIANT, TERN_PDL) as arm B against the start-up values, alternating B and A");
+       app.add_option("--ab-rounds", a->ab_rounds, "rounds of arm B then arm A (--ab)")
+           ->check(CLI::Range(1, 100))
+           ->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk,
                       "prompts longer than this are prefilled in chunks of this many tokens (one forward each)")
            ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))

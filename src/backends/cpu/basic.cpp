@@ -11,9 +11,10 @@
 
 namespace tern::cpu {
 
-void register_backend() {
+CpuBackend& register_backend() {
   static CpuBackend backend;
   ops::register_backend(Device::cpu, &backend);
+  return backend;
 }
 
 std::vector<std::string> CpuBackend::kernel_paths() const {

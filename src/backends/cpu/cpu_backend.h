@@ -7,8 +7,10 @@
 
 namespace tern::cpu {
 
-// Installs the CPU backend for Device::cpu (idempotent). Call once at startup, before any op.
-void register_backend();
+class CpuBackend;
+// Installs the CPU backend for Device::cpu (idempotent) and returns it (an explicit ops::Context can name
+// it). Call once at startup, before any op.
+CpuBackend& register_backend();
 
 class CpuBackend final : public ops::Backend {
  public:

@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
+#include "ops/context.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
 #include "ops/norm.h"
@@ -86,6 +87,8 @@ std::vector<Run> runs_of(std::string_view op, const TensorView& firsts, const in
 }  // namespace
 
 void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorView& out) {
+  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  const ops::Context self(*this, out.device());
   const char* op = "step_attention";
   require_f32(op, {&a.q, &a.sinks, &out});
   require_host(op, {{"q", &a.q},
@@ -122,11 +125,13 @@ void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorVie
     e.selected = a.selected.empty() ? TensorView() : a.selected.rows(i, i + r.n);
     e.sinks = a.sinks;
     e.scale = a.scale;
-    ops::sparse_attention(e, o);
+    ops::sparse_attention(self, e, o);
   }
 }
 
 void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
+  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  const ops::Context self(*this, a.kv.device());
   const char* op = "step_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
   require_host(op, {{"accs", &a.accs}, {"ape", &a.ape}, {"positions", &a.positions}, {"emitted", &a.emitted}});
@@ -152,7 +157,7 @@ void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
     e.ratio = a.ratio;
     e.overlap = a.overlap;
     e.emitted = entries.view().rows(0, emit);
-    ops::compressor_update(e);
+    ops::compressor_update(self, e);
     const int64_t first_entry = pos[i] / a.ratio;
     for (int64_t k = 0; k < emit; ++k) {
       const int64_t closing = (first_entry + k) * a.ratio + a.ratio - 1;  // its token's position
@@ -164,6 +169,8 @@ void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
 
 // The composition of the batched ops the fused op stands for, so its bits are theirs by construction.
 void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
+  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  const ops::Context self(*this, a.compressor.kv.device());
   const ops::StepCompressorArgs& c = a.compressor;
   require_host("step_compress_emit", {{"positions", &c.positions}});
   const int64_t S = c.positions.dim(0);
@@ -176,14 +183,16 @@ void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
   if (device != Device::cpu) entry_positions = Tensor::copy_of(entry_positions, device);
   ops::StepCompressorArgs update = c;
   update.emitted = emitted;
-  ops::step_compressor(update);
-  ops::rms_norm(emitted, a.norm, a.eps, emitted);
-  ops::rope(emitted, entry_positions, a.inv_freq);
-  ops::kv_pack(emitted, a.format, rows);
-  ops::store_paged_rows(rows, a.dest, c.positions, c.ratio);
+  ops::step_compressor(self, update);
+  ops::rms_norm(self, emitted, a.norm, a.eps, emitted);
+  ops::rope(self, emitted, entry_positions, a.inv_freq);
+  ops::kv_pack(self, emitted, a.format, rows);
+  ops::store_paged_rows(self, rows, a.dest, c.positions, c.ratio);
 }
 
 void CpuBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) {
+  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  const ops::Context self(*this, indices.device());
   const char* op = "step_indexer_topk";
   require_f32(op, {&a.q, &a.weights});
   require_host(op, {{"q", &a.q},
@@ -208,7 +217,7 @@ void CpuBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, cons
     e.keys = slot_rows(op, a.keys, i, pos[i], e.num_keys, a.q.device());
     e.positions = a.positions.rows(i, i + 1);
     e.ratio = a.ratio;
-    ops::indexer_topk(e, topk, idx);
+    ops::indexer_topk(self, e, topk, idx);
   }
 }
 

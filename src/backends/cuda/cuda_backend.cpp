@@ -6,9 +6,10 @@
 #include <string_view>
 
 #include "backends/cuda/backend_impl.h"
-#include "backends/cuda/kernels/errors.h"
-#include "backends/cuda/kernels/pdl.cuh"
 #include "backends/cuda/cuda_graph_arena.h"
+#include "backends/cuda/kernels/errors.h"
+#include "backends/cuda/kernels/linear_x8.cuh"
+#include "backends/cuda/kernels/pdl.cuh"
 #include "core/env.h"
 
 namespace tern::cuda {
@@ -235,6 +236,69 @@ int64_t CudaBackend::moe_grouped_min_tokens() const { return impl_->moe_grouped_
 int64_t CudaBackend::moe_e4m3_calls() const { return impl_->moe_e4m3_calls; }
 void CudaBackend::set_x8_quantises_x(bool on) { impl_->x8_quantises_x = on; }
 void CudaBackend::set_moe_stage_quant(bool on) { impl_->moe_stage_quant = on; }
+
+std::vector<std::string> CudaBackend::knob_names() {
+  return {"TERN_MOE_STAGE_QUANT",
+          "TERN_MOE_EARLY_DOWN",
+          "TERN_X8_QUANT",
+          "TERN_X8_QUANT_MAX_N",
+          "TERN_MOE_GROUPED_MIN_TOKENS",
+          "TERN_DENSE_LIBRARY_MIN_TOKENS",
+          "TERN_MOE_VARIANT",
+          "TERN_PDL"};
+}
+
+namespace {
+[[noreturn]] void unknown_knob(std::string_view name) {
+  std::string known;
+  for (const std::string& k : CudaBackend::knob_names()) known += (known.empty() ? "" : ", ") + k;
+  fail("cuda: no switch named ", name, " (known: ", known, ")");
+}
+void check_knob_range(std::string_view name, int64_t value, int64_t lo, int64_t hi) {
+  TERN_CHECK(lo <= value && value <= hi, "cuda: ", name, " takes ", lo, " .. ", hi, ", not ", value);
+}
+}  // namespace
+
+int64_t CudaBackend::knob(std::string_view name) const {
+  const Impl& m = *impl_;
+  if (name == "TERN_MOE_STAGE_QUANT") return m.moe_stage_quant;
+  if (name == "TERN_MOE_EARLY_DOWN") return m.moe_early_down;
+  if (name == "TERN_X8_QUANT") return m.x8_quantises_x;
+  if (name == "TERN_X8_QUANT_MAX_N") return x8_quant_max_n_now();
+  if (name == "TERN_MOE_GROUPED_MIN_TOKENS") return m.moe_grouped_min_tokens;
+  if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") return m.dense_library_min_tokens;
+  if (name == "TERN_MOE_VARIANT") return m.moe_variant;
+  if (name == "TERN_PDL") return pdl_enabled();
+  unknown_knob(name);
+}
+
+void CudaBackend::set_knob(std::string_view name, int64_t value) {
+  Impl& m = *impl_;
+  const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
+                         name == "TERN_X8_QUANT" || name == "TERN_PDL";
+  if (is_switch) check_knob_range(name, value, 0, 1);
+  if (name == "TERN_MOE_STAGE_QUANT")
+    m.moe_stage_quant = value != 0;
+  else if (name == "TERN_MOE_EARLY_DOWN")
+    m.moe_early_down = value != 0;
+  else if (name == "TERN_X8_QUANT")
+    m.x8_quantises_x = value != 0;
+  else if (name == "TERN_PDL")
+    set_pdl_enabled(value != 0);
+  else if (name == "TERN_X8_QUANT_MAX_N")
+    set_x8_quant_max_n(static_cast<int>(value));
+  else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")
+    set_moe_grouped_min_tokens(value);
+  else if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") {
+    check_knob_range(name, value, 1, kLibraryMinTokens);
+    m.dense_library_min_tokens = value;
+  } else if (name == "TERN_MOE_VARIANT") {
+    check_knob_range(name, value, 0, moe_variants() - 1);
+    set_moe_variant(static_cast<int>(value));
+  } else {
+    unknown_knob(name);
+  }
+}
 CudaBackend::FusedQuantCalls CudaBackend::fused_quant_calls() const {
   return {impl_->x8_quantising_calls, impl_->moe_stage_quant_calls};
 }

@@ -158,6 +158,15 @@ class CudaBackend final : public ops::Backend {
   // false at start-up) has the kernels quantise x and h as they stage them (two launches less a call, the same
   // bits); false launches act_fake_quant before each. For A/B runs and the bit-identity test.
   void set_moe_stage_quant(bool on);
+  // The kernel-path switches the TERN_* variables set at start-up, by the variable's name, for A/B runs in
+  // one process (`tern bench-step --ab`): TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, TERN_X8_QUANT (0 / 1),
+  // TERN_X8_QUANT_MAX_N (8 / 16), TERN_MOE_GROUPED_MIN_TOKENS and TERN_DENSE_LIBRARY_MIN_TOKENS (1 ..
+  // kLibraryMinTokens), TERN_MOE_VARIANT (0 .. moe_variants() - 1), TERN_PDL (0 / 1). knob() reads the value
+  // in force; both throw naming the known switches for another name, and set_knob a value out of range. Steps
+  // recorded before a change keep the kernels they were recorded with: record them again.
+  static std::vector<std::string> knob_names();
+  int64_t knob(std::string_view name) const;
+  void set_knob(std::string_view name, int64_t value);
   // Calls since the backend was made that took linear_x8's quantising form / the bulk MoE kernels' staged
   // quantisation: what tests assert ran (both fall back to the separate launches where they cannot).
   struct FusedQuantCalls {

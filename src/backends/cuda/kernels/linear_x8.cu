@@ -5,6 +5,7 @@
 #include "backends/cuda/kernels/linear_x8.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/kernels/act_quant_dev.cuh"
@@ -317,9 +318,12 @@ struct X8Plan {
 
 // The widest token tile linear_x8 quantises x in (TERN_X8_QUANT_MAX_N: 8, the default, or 16), for A/B: tiles of
 // 16 measured slower with four rounds of loads a warp (session 21), not yet with kQ = N.
-int x8_quant_max_n() {
-  static const int n = std::stoi(env_choice("TERN_X8_QUANT_MAX_N", {"8", "16"}, "8"));
+std::atomic<int>& x8_quant_max_n_setting() {
+  static std::atomic<int> n{std::stoi(env_choice("TERN_X8_QUANT_MAX_N", {"8", "16"}, "8"))};
   return n;
+}
+int x8_quant_max_n() {
+  return x8_quant_max_n_setting().load(std::memory_order_relaxed);
 }
 
 // The widest token tile (TERN_X8_MAX_N: 8, 16, 32 or 64, the default), for A/B: narrower tiles make more blocks
@@ -368,6 +372,15 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
 }
 
 }  // namespace
+
+void set_x8_quant_max_n(int n) {
+  TERN_CHECK(n == 8 || n == 16, "linear_x8: the widest quantising tile is 8 or 16 tokens, not ", n);
+  x8_quant_max_n_setting() = n;
+}
+
+int x8_quant_max_n_now() {
+  return x8_quant_max_n();
+}
 
 bool linear_x8_ok(const LinearParams& p) {
   const DeviceMat& w = p.w;

@@ -39,6 +39,10 @@ void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx,
 // p.x (f32 [T, x_stride], 16-byte aligned) itself, act_quant's bytes and scales, so one launch less and the same
 // bits as act_quant + launch_linear_x8. linear_x8_quantises_x says whether a product takes it (else refused).
 bool linear_x8_quantises_x(const LinearParams& p);
+// The widest token tile that quantises x itself: 8 (the default) or 16 (TERN_X8_QUANT_MAX_N at startup; the
+// setter for in-process A/B, CudaBackend::set_knob).
+void set_x8_quant_max_n(int n);
+int x8_quant_max_n_now();
 void launch_linear_x8_quantising(const LinearParams& p, cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -1,0 +1,85 @@
+#include "app/knobs.h"
+
+#include <charconv>
+
+#include "core/error.h"
+#if TERN_WITH_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace tern::app {
+
+std::vector<std::string> knob_names(const model::Model& m) {
+  std::vector<std::string> names{"TERN_HC_FOLD", "TERN_FUSED_COMPRESS"};
+#if TERN_WITH_CUDA
+  if (m.device() == Device::cuda)
+    for (const std::string& n : cuda::CudaBackend::knob_names()) names.push_back(n);
+#else
+  (void)m;
+#endif
+  return names;
+}
+
+namespace {
+
+#if TERN_WITH_CUDA
+cuda::CudaBackend* cuda_backend_of(const model::Model& m) {
+  if (m.device() != Device::cuda) return nullptr;
+  return &cuda::register_backend();
+}
+#endif
+
+[[noreturn]] void unknown(const model::Model& m, const std::string& name) {
+  std::string known;
+  for (const std::string& k : knob_names(m)) known += (known.empty() ? "" : ", ") + k;
+  fail("no switch named ", name, " on this model's device (known: ", known, ")");
+}
+
+}  // namespace
+
+int64_t knob_value(const model::Model& m, const std::string& name) {
+  if (name == "TERN_HC_FOLD") return m.paths().hc_fold;
+  if (name == "TERN_FUSED_COMPRESS") return m.paths().fused_compress;
+#if TERN_WITH_CUDA
+  if (cuda::CudaBackend* b = cuda_backend_of(m)) return b->knob(name);
+#endif
+  unknown(m, name);
+}
+
+void set_knob(model::Model& m, const std::string& name, int64_t value) {
+  if (name == "TERN_HC_FOLD" || name == "TERN_FUSED_COMPRESS") {
+    TERN_CHECK(value == 0 || value == 1, name, " takes 0 or 1, not ", value);
+    model::Model::Paths p = m.paths();
+    (name == "TERN_HC_FOLD" ? p.hc_fold : p.fused_compress) = value != 0;
+    m.set_paths(p);
+    return;
+  }
+#if TERN_WITH_CUDA
+  if (cuda::CudaBackend* b = cuda_backend_of(m)) {
+    b->set_knob(name, value);
+    return;
+  }
+#endif
+  unknown(m, name);
+}
+
+std::vector<std::pair<std::string, int64_t>> parse_knobs(const std::string& text) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    int64_t v = 0;
+    const char* end = item.data() + item.size();
+    const bool ok = eq != std::string::npos && eq > 0 && eq + 1 < item.size() &&
+                    std::from_chars(item.data() + eq + 1, end, v).ptr == end;
+    TERN_CHECK(ok, "expected NAME=VALUE[,NAME=VALUE...] with integer values, found \"", item, "\" in \"",
+               text, "\"");
+    out.emplace_back(item.substr(0, eq), v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace tern::app
