@@ -12,7 +12,9 @@
 #      quantisation's bit identity, the PDL chain (w2 copied before the down kernel's wait);
 #   2. A/B TERN_MOE_EARLY_DOWN=0 (session 22: w2 copied before the PDL wait; predicted -2 to -6 us a layer at batch
 #      1, ~-1% at 16-64) and TERN_MOE_STAGE_QUANT=0 (session 21: 86 launches a step; predicted -0.2 to -0.3 ms at
-#      batch 1), batches 1 / 16 / 64; the MoE rows with the early copy on and off.
+#      batch 1), batches 1 / 16 / 64; TERN_HC_POST_SQUARES=0 on the 1K / 8K prefill (session 22: the library path's
+#      hc_post writes the mix's squares; predicted -10 to -15 ms at 8K; GpuV4.Mhc at 600 tokens holds the bits).
+#      (PART=b starts with the MoE rows with the early copy on and off.)
 # PART=b (one call): the thresholds:
 #   3. the bulk ring against the grouped kernels at 96-256 tokens (--only moe) and decode at 64 / 128 / 256 with the
 #      grouped kernels from 129 (arm B) against 65; if B wins at 96 and 128: kMoeGroupedMinTokensDefault = 129;
@@ -24,7 +26,7 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s23.tar.xz}
 source scripts/plans/env.sh
-BS="$T bench-step --device cuda --config full --contexts 1024 --prefill 1024"
+BS="$T bench-step --device cuda --config full --contexts 1024"
 grep_ab() { grep -E "^(decode|ab) |^A/B|error" "$1" | cut -c1-200 | head -${2:-12}; }
 if [[ ${PART:-a} == a ]]; then
 stamp "0. model tests (explicit op context, shared output in the combine, per-lane library GEMMs); library / graph op tests"
@@ -33,33 +35,36 @@ grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/model-tests.log | head -6
 timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary*fixture*:*GpuFp8Gemm*:*GpuGraphs*' > $OUT/lib-tests.log 2>&1; echo "rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/lib-tests.log | head -6
 stamp "1. MoE op tests: 1-100 tokens, shared output in the combine, staged quantisation, PDL chain"
-timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:GpuPdl.DecodeChain*:Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/moe-tests.log 2>&1
+timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.Mhc/*:Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:GpuPdl.DecodeChain*:Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/moe-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|changed" $OUT/moe-tests.log | head -12
 stamp "2. A/B: w2 copied before the down kernel's PDL wait (B: off); staged MoE quantisation (B: off)"
-timeout 150 $BS --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_EARLY_DOWN=0 --ab-rounds 3 > $OUT/ab-early.log 2>&1
+timeout 150 $BS --prefill 1024 --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_EARLY_DOWN=0 --ab-rounds 3 > $OUT/ab-early.log 2>&1
 echo "rc $?"; grep_ab $OUT/ab-early.log
-timeout 150 $BS --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_STAGE_QUANT=0 --ab-rounds 3 > $OUT/ab-stageq.log 2>&1
+timeout 150 $BS --prefill 1024 --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_STAGE_QUANT=0 --ab-rounds 3 > $OUT/ab-stageq.log 2>&1
 echo "rc $?"; grep_ab $OUT/ab-stageq.log 8
+timeout 150 $BS --batches 1 --prefill 1024,8192 --steps 5 --warmup 2 --ab TERN_HC_POST_SQUARES=0 --ab-rounds 2 > $OUT/ab-hcsq.log 2>&1
+echo "rc $?"; grep -E "^ab |^A/B|error" $OUT/ab-hcsq.log | head -6
+fi
+if [[ ${PART:-a} == b ]]; then
+stamp "2b. the MoE rows with w2 copied before the wait (1) and after (0)"
 for v in 1 0; do
   TERN_MOE_EARLY_DOWN=$v timeout 60 $G/tern_gpu_bench --only moe > $OUT/moe-early$v.log 2>&1; echo "rc $? (TERN_MOE_EARLY_DOWN=$v)"
   grep -E "^moe_experts .*mxfp4.*T=(1|16|64) " $OUT/moe-early$v.log | grep -E " v0 " | sed -E 's/ +/ /g' | cut -c1-160 | head -4
 done
-fi
-if [[ ${PART:-a} == b ]]; then
 stamp "3. MoE rows up to 256 tokens; decode 64 / 128 / 256 with the grouped kernels from 129 (B) against 65"
 timeout 90 $G/tern_gpu_bench --only moe > $OUT/moe.log 2>&1; echo "rc $?"
 grep -E "^moe_experts .*T=(64|96|128|192|256) " $OUT/moe.log | grep -E " v0 | v1 |grouped" | sed -E 's/ +/ /g' | cut -c1-190 | head -30
-timeout 150 $BS --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_MOE_GROUPED_MIN_TOKENS=129 --ab-rounds 2 > $OUT/ab-grouped.log 2>&1
+timeout 150 $BS --prefill 1024 --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_MOE_GROUPED_MIN_TOKENS=129 --ab-rounds 2 > $OUT/ab-grouped.log 2>&1
 echo "rc $?"; grep_ab $OUT/ab-grouped.log
 stamp "4. linear_x8 quantising x in tiles of 16: tests, then the A/B"
 TERN_X8_QUANT_MAX_N=16 timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:Shapes/GpuActFp8Linear.AgainstCpu/*' > $OUT/x8-16-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log
-timeout 120 $BS --batches 1,16 --steps 20 --warmup 5 --ab TERN_X8_QUANT_MAX_N=16 --ab-rounds 3 > $OUT/ab-x8.log 2>&1
+timeout 120 $BS --prefill 1024 --batches 1,16 --steps 20 --warmup 5 --ab TERN_X8_QUANT_MAX_N=16 --ab-rounds 3 > $OUT/ab-x8.log 2>&1
 echo "rc $?"; grep_ab $OUT/ab-x8.log 8
 stamp "5. dense products of 65-511 tokens on the library: rows, A/B (graphs must record), tests under it"
 timeout 90 $G/tern_gpu_bench --only library > $OUT/library.log 2>&1; echo "rc $?"
 grep -E "^\| (wq_a|wq_b|wkv|wo_b|shared.w1\|w3|shared.w2) .* \| (64|128|256) \|" $OUT/library.log | head -18
-timeout 150 $BS --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_DENSE_LIBRARY_MIN_TOKENS=65 --ab-rounds 2 > $OUT/ab-denselib.log 2>&1
+timeout 150 $BS --prefill 1024 --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_DENSE_LIBRARY_MIN_TOKENS=65 --ab-rounds 2 > $OUT/ab-denselib.log 2>&1
 echo "rc $?"; grep_ab $OUT/ab-denselib.log
 grep -iE "eager|graph" $OUT/ab-denselib.log | head -3
 TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/denselib-tests.log 2>&1

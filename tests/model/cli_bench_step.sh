@@ -84,7 +84,7 @@ python3 - "$OUT/bench-step-ab.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 rows = {(r["batch"], r["context"]): r for r in j["ab"]}
-assert sorted(rows) == [(1, 40), (3, 40)], sorted(rows)
+assert sorted(rows) == [(0, 40), (1, 40), (3, 40)], sorted(rows)  # batch 0: the prefill of 40 tokens
 for r in rows.values():
     assert r["switches"] == "TERN_HC_FOLD=0,TERN_FUSED_COMPRESS=0", r
     assert len(r["a_ms"]) == 2 and len(r["b_ms"]) == 2 and min(r["a_ms"] + r["b_ms"]) > 0, r

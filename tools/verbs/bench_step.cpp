@@ -73,10 +73,10 @@ struct Args {
   int ab_rounds = 2;
 };
 
-// One batch's decode step time per arm and round (--ab).
+// One batch's decode step time per arm and round (--ab), or (batch 0) the warm prefill of `context` tokens.
 struct AbRow {
   int64_t batch = 0, context = 0;
-  std::vector<double> a_ms, b_ms;  // per round: the arm's median step
+  std::vector<double> a_ms, b_ms;  // per round: the arm's median step, or its prefill
 };
 
 // Expected acceptance lengths by k (v4-speculative.md section 4: position 1 kept about 85% of the time, position 2
@@ -203,8 +203,8 @@ std::string ab_line(const AbRow& r) {
   for (size_t i = 0; i < r.a_ms.size(); ++i)
     rounds += cat(i ? "; " : "", fixed(r.b_ms[i], 3), " / ", fixed(r.a_ms[i], 3));
   const double a = median_of(r.a_ms), b = median_of(r.b_ms);
-  return cat("| ", r.batch, " | ", r.context, " | ", fixed(b, 3), " | ", fixed(a, 3), " | ",
-             fixed(100.0 * (b - a) / a, 2), "% | ", rounds, " |");
+  return cat("| ", r.batch == 0 ? std::string("prefill") : std::to_string(r.batch), " | ", r.context, " | ",
+             fixed(b, 3), " | ", fixed(a, 3), " | ", fixed(100.0 * (b - a) / a, 2), "% | ", rounds, " |");
 }
 
 std::string decode_line(const DecodeRow& r) {
@@ -223,7 +223,8 @@ std::string prefill_line(const PrefillRow& r) {
   return buf;
 }
 const char* kAbHeader =
-    "| batch | context | B ms | A ms | B vs A | per round, B / A ms |\n|---:|---:|---:|---:|---:|---|";
+    "| batch (or prefill) | context (prompt) | B ms | A ms | B vs A | per round, B / A ms "
+    "|\n|---:|---:|---:|---:|---:|---|";
 const char* kDecodeHeader =
     "| batch | context | step ms (min-max) | tokens/s | GB/step (model) | GB/s | of copy |\n|---:|---:|---:|---:|---:|---:|---:|";
 const char* kPrefillHeader =
@@ -362,9 +363,10 @@ int run(const Args& a) {
     const int64_t seqs = std::min(want, fit);
     TERN_CHECK(fit >= 0, "bench-step: not even one state of ", L + margin, " tokens fits (",
                static_cast<double>(avail) / (1 << 30), " GiB free)");
-    // The prefilled state plus the clones; a profiled prefill needs a second state before any clone exists.
-    // A mixed step's prompt takes one more.
-    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler || a.fill_check ? 1 : 0) + 1 + (decode && mixed_prompt > 0 ? 1 : 0);
+    // The prefilled state plus the clones; a profiled prefill (and --ab's prefills) needs a second state
+    // before any clone exists. A mixed step's prompt takes one more.
+    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler || a.fill_check || !ab_arm.empty() ? 1 : 0) +
+                              1 + (decode && mixed_prompt > 0 ? 1 : 0);
     TERN_CHECK(fit + 1 >= pool_seqs, "bench-step: a profiled prefill of ", L, " tokens needs two states of ",
                L + margin, " tokens; ", static_cast<double>(avail) / (1 << 30), " GiB free holds one");
     auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
@@ -426,6 +428,19 @@ int run(const Args& a) {
     if (std::binary_search(prefills.begin(), prefills.end(), L)) {
       prefill_rows.push_back(pr);
       say(cat("prefill ", prefill_line(pr)));
+      if (!ab_arm.empty()) {  // the same prompt again per arm and round, into a fresh state (warm: as the row
+                              // above)
+        AbRow r;
+        r.context = L;
+        for (int round = 0; round < a.ab_rounds; ++round)
+          for (const Knobs* arm : {&ab_arm, static_cast<const Knobs*>(&ab_base)}) {
+            for (const auto& [name, value] : *arm) app::set_knob(m, name, value);
+            cache::SequenceState s(pool, L + margin);
+            (arm == &ab_arm ? r.b_ms : r.a_ms).push_back(1e3 * timed_prefill(s));
+          }
+        say(cat("ab ", ab_line(r)));
+        ab_rows.push_back(r);
+      }
       if (profiler) {  // the same prompt again into a fresh state, profiled (the timed run above was not)
         cache::SequenceState again(pool, L + margin);
         profiler->start();
@@ -720,7 +735,7 @@ int run(const Args& a) {
              "layer)");
   if (!ab_rows.empty()) {
     say(cat("A/B (--ab ", a.ab, "; B: those switches, A: the start-up values; median over ", a.ab_rounds,
-            " rounds of each arm's median step; negative: B faster):"));
+            " rounds of each arm's median decode step, or of its warm prefill; negative: B faster):"));
     say(kAbHeader);
     for (const AbRow& r : ab_rows) say(ab_line(r));
   }
@@ -800,7 +815,9 @@ const bool registered = tern::tools::register_verb(
            "NAME=V[,NAME=V]: after each context's decode rows, the batches again with these switches "
            "(TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, "
            "TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, TERN_DENSE_LIBRARY_MIN_TOKENS, "
-           "TERN_MOE_VARIANT, TERN_PDL) as arm B against the start-up values, alternating B and A");
+           "TERN_MOE_VARIANT, TERN_PDL, TERN_HC_POST_SQUARES) as arm B against the start-up values, "
+           "alternating B "
+           "and A; the warm prefill of each --prefill length too");
        app.add_option("--ab-rounds", a->ab_rounds, "rounds of arm B then arm A (--ab)")
            ->check(CLI::Range(1, 100))
            ->capture_default_str();

@@ -89,6 +89,8 @@ struct CudaBackend::Impl {
   bool x8_quantises_x = true;  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
   bool moe_stage_quant = true;  // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them
   bool moe_early_down = true;   // MoeParams::early_down (TERN_MOE_EARLY_DOWN=0 for A/B)
+  bool hc_post_squares =
+      true;  // the library path's hc_post writes the mix's squares (TERN_HC_POST_SQUARES=0: A/B)
   int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
@@ -137,7 +139,11 @@ bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<cons
 // The routed experts of a prefill chunk on the grouped FP4 kernels (moe_grouped.cuh): for the token counts the
 // library takes, FP4 experts, unless moe_prefill_library; no host readback.
 bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p);
-bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head);
+// squares_done: the squares column is there already (launch_hc_post_squares wrote it into
+// library_hc_partial).
+bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head, bool squares_done = false);
+// The scratch run_library_hc takes its partials [T][mix + 1] from (the same bytes for the same params).
+float* library_hc_partial(CudaBackend::Impl& impl, const HcParams& p, bool head);
 // Whether run_library_hc takes these params (many tokens, aligned streams).
 bool library_hc_for(const CudaBackend::Impl& impl, const HcParams& p);
 // Writes the scores [n, num_keys] (in `scores`, which must not be the op workspace) when it takes the call.

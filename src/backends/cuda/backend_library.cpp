@@ -155,12 +155,17 @@ bool library_hc_for(const CudaBackend::Impl& impl, const HcParams& p) {
   return impl.library_for(p.T) && aligned16(p.streams);
 }
 
-bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head) {
+float* library_hc_partial(CudaBackend::Impl& impl, const HcParams& p, bool head) {
+  const int64_t mix = head ? p.hc : (2 + p.hc) * p.hc;
+  return static_cast<float*>(impl.scratch(static_cast<size_t>(p.T * (mix + 1)) * 4));
+}
+
+bool run_library_hc(CudaBackend::Impl& impl, HcParams& p, bool head, bool squares_done) {
   if (!library_hc_for(impl, p)) return false;
   const int64_t mix = head ? p.hc : (2 + p.hc) * p.hc, N = p.hc * p.D;
-  float* partial = static_cast<float*>(impl.scratch(static_cast<size_t>(p.T * (mix + 1)) * 4));
+  float* partial = library_hc_partial(impl, p, head);
   impl.lib().f32(impl.stream, p.T, mix, N, p.streams, N, p.fn, N, partial, mix + 1);
-  launch_hc_squares(p.streams, p.T, N, mix + 1, partial + mix, impl.stream);
+  if (!squares_done) launch_hc_squares(p.streams, p.T, N, mix + 1, partial + mix, impl.stream);
   p.partial = partial;
   launch_hc_finish(p, head, 1, impl.stream);
   check_launch(head ? "hc_head" : "hc_pre");

@@ -53,11 +53,21 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
       p.norm_kind = a.norm.dtype() == DType::bf16 ? NormWeight::bf16 : NormWeight::f32;
     }
   }
-  // The folded hc_post (ops::HcPreArgs::prev_*): inside the mix kernel, which writes the streams it reads; the
-  // library path (prefill chunks) runs hc_post first, as two ops.
+  // The folded hc_post (ops::HcPreArgs::prev_*): inside the mix kernel, which writes the streams it reads; on
+  // the library path (prefill chunks) hc_post first, with the mix's squares column where hc_post_squares
+  // takes the shape (one read of the streams less: hc_squares_kernel's), else as the op.
+  bool squares_done = false;
   if (a.has_prev()) {
     require_cuda_f32("hc_pre (folded hc_post)", {&a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb});
-    if (library_hc_for(*impl_, p)) {
+    if (library_hc_for(*impl_, p) && impl_->hc_post_squares && hc_post_squares_supported(p.hc, p.D)) {
+      const int64_t mix = (2 + p.hc) * p.hc;
+      launch_hc_post_squares(a.prev_streams.data_as<const float>(), a.prev_a.data_as<const float>(),
+                             a.prev_post.data_as<const float>(), a.prev_comb.data_as<const float>(), p.T, p.D,
+                             a.streams.data_as<float>(), library_hc_partial(*impl_, p, false) + mix, mix + 1,
+                             impl_->stream);
+      check_launch("hc_post + squares");
+      squares_done = true;
+    } else if (library_hc_for(*impl_, p)) {
       hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
     } else {
       p.prev_streams = a.prev_streams.data_as<const float>();
@@ -67,7 +77,7 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
       p.out_streams = a.streams.data_as<float>();
     }
   }
-  if (run_library_hc(*impl_, p, false)) return;
+  if (run_library_hc(*impl_, p, false, squares_done)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
   check_launch(p.prev_a != nullptr ? "hc_pre (hc_post folded)" : "hc_pre");

@@ -46,6 +46,9 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", true);
   // TERN_MOE_EARLY_DOWN=0: the bulk down kernel copies no weight before its PDL wait (A/B; the same bits).
   impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", true);
+  // TERN_HC_POST_SQUARES=0: the library path's hc_post and the mix's squares column as two kernels (A/B; the
+  // same bits).
+  impl_->hc_post_squares = env_flag("TERN_HC_POST_SQUARES", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -269,6 +272,7 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") return m.dense_library_min_tokens;
   if (name == "TERN_MOE_VARIANT") return m.moe_variant;
   if (name == "TERN_PDL") return pdl_enabled();
+  if (name == "TERN_HC_POST_SQUARES") return m.hc_post_squares;
   unknown_knob(name);
 }
 

@@ -349,6 +349,45 @@ __global__ void __launch_bounds__(256) hc_post_kernel(const float* __restrict__ 
     *reinterpret_cast<float4*>(out + (t * kHc + k) * D + 4 * q) = hc_post_stream(x, y, C, __ldg(post + t * kHc + k), k);
 }
 
+// The library path's hc_post and the squares column of its mix in one pass (one read of the streams less a
+// sub-layer: hc_squares_kernel read the new streams again). Block t: token t's hc_post as hc_post_kernel
+// computes it (thread t owns float4 t + 256 q of D, q < DQ = D / 1024, in every stream: the four inputs
+// loaded once, the four outputs from hc_post_stream), then the sum of squares of the outputs in
+// hc_squares_kernel's order (its thread t adds flattened float4s 4t + 1024 i, i = s DQ + q: stream-major) and
+// its block_sum over 256 threads: the same bits as the two kernels.
+template <int DQ>
+__global__ void __launch_bounds__(256)
+    hc_post_squares_kernel(const float* __restrict__ streams, const float* __restrict__ a,
+                           const float* __restrict__ post, const float* __restrict__ comb, int64_t D,
+                           float* __restrict__ out, float* __restrict__ squares, int64_t ld) {
+  pdl_prologue();
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const float* X = streams + t * kHc * D;
+  const float* C = comb + t * kHc * kHc;
+  float4 o[kHc][DQ];
+#pragma unroll
+  for (int q = 0; q < DQ; ++q) {
+    const int64_t d = 4 * (static_cast<int64_t>(threadIdx.x) + 256 * q);
+    float4 x[kHc];
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) x[j] = ld4(X + j * D + d);
+    const float4 y = ld4(a + t * D + d);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      o[k][q] = hc_post_stream(x, y, C, __ldg(post + t * kHc + k), k);
+      *reinterpret_cast<float4*>(out + (t * kHc + k) * D + d) = o[k][q];
+    }
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kHc; ++k)
+#pragma unroll
+    for (int q = 0; q < DQ; ++q) s = dot4(o[k][q], o[k][q], s);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) squares[t * ld] = s;
+}
+
 template <int MIX>
 MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const MixPlan plan = mix_plan(p.hc * p.D);
@@ -386,6 +425,31 @@ __global__ void __launch_bounds__(256) hc_squares_kernel(const float* __restrict
 void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, float* out, cudaStream_t stream) {
   if (T == 0) return;
   launch(dev::hc_squares_kernel, static_cast<unsigned>(T), 256, 0, stream, streams, N, ld, out);
+}
+
+bool hc_post_squares_supported(int64_t hc, int64_t D) {
+  return hc == dev::kHc && D % 1024 == 0 && (D == 1024 || D == 2048 || D == 4096);
+}
+
+void launch_hc_post_squares(const float* streams, const float* a, const float* post, const float* comb,
+                            int64_t T, int64_t D, float* out, float* squares, int64_t ld,
+                            cudaStream_t stream) {
+  if (T == 0) return;
+  const auto grid = static_cast<unsigned>(T);
+  switch (D / 1024) {
+    case 1:
+      launch(dev::hc_post_squares_kernel<1>, grid, 256, 0, stream, streams, a, post, comb, D, out, squares,
+             ld);
+      break;
+    case 2:
+      launch(dev::hc_post_squares_kernel<2>, grid, 256, 0, stream, streams, a, post, comb, D, out, squares,
+             ld);
+      break;
+    default:
+      launch(dev::hc_post_squares_kernel<4>, grid, 256, 0, stream, streams, a, post, comb, D, out, squares,
+             ld);
+      break;
+  }
 }
 
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream) {

@@ -50,6 +50,13 @@ int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head);
 // as partials of one split, [T][mix + 1] with the sum of squares in column mix (launch_hc_squares), then
 // the finish kernel of hc_pre (head false) or hc_head alone.
 void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, float* out, cudaStream_t stream);
+// launch_hc_post into `out`, then launch_hc_squares of `out` into squares[t * ld], in one kernel (the same
+// bits; one read of the streams less): the library path's hc_pre with the previous hc_post folded in. For hc
+// == 4 and D of 1024, 2048 or 4096 (hc_post_squares_supported).
+bool hc_post_squares_supported(int64_t hc, int64_t D);
+void launch_hc_post_squares(const float* streams, const float* a, const float* post, const float* comb,
+                            int64_t T, int64_t D, float* out, float* squares, int64_t ld,
+                            cudaStream_t stream);
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream);
 void launch_hc_pre(const HcParams& p, cudaStream_t stream);
 void launch_hc_head(const HcParams& p, cudaStream_t stream);
