@@ -236,6 +236,7 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
   if (!a.shared.empty()) {
     expect_dtype("moe_experts", "shared", a.shared, {DType::f32});
     expect_shape("moe_experts", "shared", a.shared, {T, D});
+    detail::expect_contiguous("moe_experts", "shared", a.shared);
     TERN_CHECK(a.shared.device() == a.out.device(), "moe_experts: shared is not on out's device");
   }
   TERN_CHECK(!a.experts.empty(), "moe_experts: no experts");

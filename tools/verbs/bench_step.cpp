@@ -5,13 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -77,6 +78,7 @@ struct Args {
 struct AbRow {
   int64_t batch = 0, context = 0;
   std::vector<double> a_ms, b_ms;  // per round: the arm's median step, or its prefill
+  std::string note;                // an arm that ran its steps eagerly (a graph that failed to record)
 };
 
 // Expected acceptance lengths by k (v4-speculative.md section 4: position 1 kept about 85% of the time, position 2
@@ -204,7 +206,8 @@ std::string ab_line(const AbRow& r) {
     rounds += cat(i ? "; " : "", fixed(r.b_ms[i], 3), " / ", fixed(r.a_ms[i], 3));
   const double a = median_of(r.a_ms), b = median_of(r.b_ms);
   return cat("| ", r.batch == 0 ? std::string("prefill") : std::to_string(r.batch), " | ", r.context, " | ",
-             fixed(b, 3), " | ", fixed(a, 3), " | ", fixed(100.0 * (b - a) / a, 2), "% | ", rounds, " |");
+             fixed(b, 3), " | ", fixed(a, 3), " | ", fixed(100.0 * (b - a) / a, 2), "% | ", rounds,
+             r.note.empty() ? "" : " " + r.note, " |");
 }
 
 std::string decode_line(const DecodeRow& r) {
@@ -512,7 +515,9 @@ int run(const Args& a) {
     go.max_tokens = layout->max_tokens();
     go.tokens_per_page = layout->tokens_per_page();
     go.max_queries = a.speculative + 1;
-    model::DecodeGraphs graphs(m, go);
+    // (Held so that --ab can drop it first: its tensors live in the arena the arms' graphs reallocate.)
+    std::optional<model::DecodeGraphs> graphs_held;
+    model::DecodeGraphs& graphs = graphs_held.emplace(m, go);
     graphs.prepare();
     std::vector<int64_t> ids(static_cast<size_t>(seqs));
     uint64_t step_no = 0;
@@ -638,8 +643,9 @@ int run(const Args& a) {
       }
     }
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
-    if (!ab_arm
-             .empty()) {  // the decode rows again, arm B then arm A per round, each on graphs recorded for it
+    // --ab: the decode rows again, arm B then arm A per round, each on graphs recorded for it.
+    if (!ab_arm.empty()) {
+      graphs_held.reset();  // before an arm's graphs reallocate the arena its tensors live in
       std::vector<AbRow> rows(fitting.size());
       for (size_t i = 0; i < fitting.size(); ++i) rows[i].batch = fitting[i], rows[i].context = L;
       for (int round = 0; round < a.ab_rounds; ++round)
@@ -663,8 +669,12 @@ int run(const Args& a) {
               ++step_no;
               (void)ab_graphs.forward_device(batch, hold);
             };
+            const uint64_t eager_before = ab_graphs.stats().eager_total();
             const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
             (arm == &ab_arm ? rows[bi].b_ms : rows[bi].a_ms).push_back(t.median_us / 1e3);
+            if (ab_graphs.stats().eager_total() != eager_before && m.device() != Device::cpu)
+              rows[bi].note =
+                  cat("(EAGER in arm ", arm == &ab_arm ? "B" : "A", ": ", ab_graphs.disabled_reason(), ")");
           }
           if (auto* g = ops::step_graphs(m.device())) g->drop_all();
         }

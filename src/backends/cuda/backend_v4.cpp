@@ -344,74 +344,78 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   p.out = a.out.data_as<float>();
   p.err = impl_->err();
   TERN_CHECK(p.E <= 1024, "cuda moe_experts: at most 1024 experts");
-  // a.shared: the combine adds it, after the side branch that writes it (its join moves from before the routed
-  // products to the combine: p.combine_waits). The arena's branch ends once every path has enqueued that wait
-  // (side_join, now with nothing pending, on the way out: the routed products' tensors stay off the branch's blocks).
-  struct JoinOnReturn {
-    CudaBackend* backend;
-    ~JoinOnReturn() {
-      if (backend != nullptr) backend->side_join();
-    }
-  } join_on_return{nullptr};
-  if (!a.shared.empty()) {
+  // a.shared: the combine adds it, after the side branch that writes it (the branch's join, which the model
+  // issued after moe_experts and before its add, moves to just before the combine: p.combine_waits). The
+  // arena's branch ends (side_join, with nothing left pending) once the path has enqueued that wait, so no
+  // tensor of the routed products takes a block the branch still uses. On an error the caller's capture is
+  // abandoned (abandon_branch).
+  const bool shared = !a.shared.empty();
+  if (shared) {
+    require_cuda_f32("moe_experts", {&a.shared});
     TERN_CHECK(!impl_->in_side, "cuda moe_experts: a shared output inside the side branch itself");
     p.residual = a.shared.data_as<const float>();
     if (impl_->side_pending) p.combine_waits = impl_->join_event;
     impl_->side_pending = false;
-    join_on_return.backend = this;
   }
-  if (p.T == 0) {  // nothing to combine; the branch is still joined
-    if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl_->stream, p.combine_waits, 0));
-    return;
-  }
-  const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
-  p.experts = static_cast<const ExpertDesc*>(table.table.data());
-  p.experts_aligned = table.aligned;
-  p.e4m3_fold_ok = table.e4m3_fold_ok;
-  p.variant = impl_->moe_variant;
-  p.early_down = impl_->moe_early_down;
-  // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
-  for (const ops::Expert& e : a.experts)
-    TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
-               "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
-  if (e0.w1.exact) {
-    TERN_CHECK(!e0.w1.act_fp8, "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
-               "each other)");
-    TERN_CHECK(moe_exact_smem_bytes(p) <= kMoeExactMaxSmem, "no cuda kernel for op moe_experts (exact experts of ",
-               p.D, " -> ", p.inter, ": more shared memory than a block has)");
-    launch_moe_exact(p, impl_->scratch(moe_exact_workspace_bytes(p)), impl_->stream);
-    check_launch("moe_experts (exact)");
-    return;
-  }
-  TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
-             ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
-  // --activations fp8: x quantised here, h by every path between its up and down products (MoeParams::act_fp8); a
-  // call the bulk kernels take has them quantise both as they stage them (MoeParams::stage_quant). Neither the
-  // grouped kernels (from moe_grouped_min_tokens) nor the library (from kLibraryMinTokens, above the bulk range)
-  // take such a call.
-  Tensor xq;
-  if (e0.w1.act_fp8) {
-    TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0, "cuda moe_experts: --activations fp8 needs the hidden size (",
-               p.D, ") and the expert width (", p.inter, ") to be multiples of 128");
-    p.act_fp8 = true;
-    if (impl_->moe_stage_quant && moe_bulk_taken(p) && !impl_->library_for(p.T) &&
-        !(impl_->moe_grouped_for(p.T) && moe_grouped_supported(p))) {
-      p.stage_quant = true;
-      launch_moe(p, impl_->scratch(moe_workspace_bytes(p)), impl_->num_sms, impl_->stream);
-      check_launch("moe_experts (x and h quantised as staged)");
-      ++impl_->moe_stage_quant_calls;
+  const auto run = [&] {
+    if (p.T == 0) {  // nothing to combine; the branch is still joined
+      if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl_->stream, p.combine_waits, 0));
       return;
     }
-    xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
-    launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl_->stream);
-    check_launch("act_fake_quant");
-    p.x = xq.data<float>();
-    p.act_fp8 = true;
-  }
-  if (run_grouped_moe(*impl_, p) || run_library_moe(*impl_, p, a.experts)) return;
-  void* ws = impl_->scratch(moe_workspace_bytes(p));
-  launch_moe(p, ws, impl_->num_sms, impl_->stream);
-  check_launch("moe_experts");
+    const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
+    p.experts = static_cast<const ExpertDesc*>(table.table.data());
+    p.experts_aligned = table.aligned;
+    p.e4m3_fold_ok = table.e4m3_fold_ok;
+    p.variant = impl_->moe_variant;
+    p.early_down = impl_->moe_early_down;
+    // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
+    for (const ops::Expert& e : a.experts)
+      TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
+                 "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
+    if (e0.w1.exact) {
+      TERN_CHECK(!e0.w1.act_fp8,
+                 "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
+                 "each other)");
+      TERN_CHECK(moe_exact_smem_bytes(p) <= kMoeExactMaxSmem,
+                 "no cuda kernel for op moe_experts (exact experts of ", p.D, " -> ", p.inter,
+                 ": more shared memory than a block has)");
+      launch_moe_exact(p, impl_->scratch(moe_exact_workspace_bytes(p)), impl_->stream);
+      check_launch("moe_experts (exact)");
+      return;
+    }
+    TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
+               ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
+    // --activations fp8: x quantised here, h by every path between its up and down products
+    // (MoeParams::act_fp8); a call the bulk kernels take has them quantise both as they stage them
+    // (MoeParams::stage_quant). Neither the grouped kernels (from moe_grouped_min_tokens) nor the library
+    // (from kLibraryMinTokens, above the bulk range) take such a call.
+    Tensor xq;
+    if (e0.w1.act_fp8) {
+      TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0,
+                 "cuda moe_experts: --activations fp8 needs the hidden size (", p.D,
+                 ") and the expert width (", p.inter, ") to be multiples of 128");
+      p.act_fp8 = true;
+      if (impl_->moe_stage_quant && moe_bulk_taken(p) && !impl_->library_for(p.T) &&
+          !(impl_->moe_grouped_for(p.T) && moe_grouped_supported(p))) {
+        p.stage_quant = true;
+        launch_moe(p, impl_->scratch(moe_workspace_bytes(p)), impl_->num_sms, impl_->stream);
+        check_launch("moe_experts (x and h quantised as staged)");
+        ++impl_->moe_stage_quant_calls;
+        return;
+      }
+      xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
+      launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl_->stream);
+      check_launch("act_fake_quant");
+      p.x = xq.data<float>();
+      p.act_fp8 = true;
+    }
+    if (run_grouped_moe(*impl_, p) || run_library_moe(*impl_, p, a.experts)) return;
+    void* ws = impl_->scratch(moe_workspace_bytes(p));
+    launch_moe(p, ws, impl_->num_sms, impl_->stream);
+    check_launch("moe_experts");
+  };
+  run();
+  if (shared) side_join();
 }
 
 int CudaBackend::moe_variants() { return moe_variant_count(); }

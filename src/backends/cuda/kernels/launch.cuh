@@ -1,12 +1,13 @@
 // Kernel launches with programmatic dependent launch (PDL, sm_90), nvcc only. docs/cuda-backend.md, "PDL".
 //
-// Why: a decode step is about 1 880 short kernels replayed from a CUDA graph, and between two dependent kernels
-// the GPU idles while the first one's grid drains and the second one is launched and its blocks are placed.
-// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start before the previous
-// kernel of its stream has finished (once every block of that one has called grid_dependents_launch() or
-// exited), so its launch, block placement and prologue (barrier set-up, the first weight copies) overlap the
-// previous kernel's tail. The price: nothing the previous kernels wrote is safe to touch until the kernel has
-// passed griddepcontrol.wait, which returns once the previous grid has COMPLETED and its writes are visible.
+// Why: a decode step is about 1 880 short kernels replayed from a CUDA graph, and between two dependent
+// kernels the GPU idles while the first one's grid drains and the second one is launched and its blocks are
+// placed. A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start before the
+// previous kernel of its stream has finished (once every block of that one has called
+// grid_dependents_launch() or exited), so its launch, block placement and prologue (barrier set-up, the first
+// weight copies) overlap the previous kernel's tail. The price: nothing the previous kernels wrote is safe to
+// touch until the kernel has passed griddepcontrol.wait, which returns once the previous grid has COMPLETED
+// and its writes are visible.
 //
 // PDL RULE (every kernel of src/backends/cuda/kernels; tests/unit/test_pdl_rule.cpp checks it):
 //   1. Every kernel calls dev::grid_dependency_wait() in every thread, before it reads anything another
@@ -16,11 +17,16 @@
 //   2. The only work before the wait is on data no kernel writes while kernels that may overlap run:
 //      arguments, shared memory, and the weights (uploaded by copies; a kernel that writes weights, the
 //      synthetic fill, is followed by launch_pdl_fence). Each kernel that does work before its wait says
-//      exactly what in a comment containing "before the wait".
+//      exactly what in a comment containing "before the wait". One exception, argued where it is used: the
+//      bulk MoE down kernel reads the plan kernel's job list (written two kernels back) before its wait,
+//      which is safe only because the up kernel between them calls grid_dependents_launch() after its own
+//      wait (moe_bulk_impl.cuh, "early_down").
 //   3. Every launch goes through tern::cuda::launch (no <<<>>>, no other cudaLaunchKernelEx), which adds the
 //      attribute when pdl_enabled(). So a kernel can never carry the attribute without the wait.
-// grid_dependents_launch() only lets the next kernel be scheduled earlier; correctness never depends on
-// where (or whether) it is called, because the next kernel's wait still waits for this grid to complete.
+// grid_dependents_launch() only lets the next kernel be scheduled earlier; correctness does not depend on
+// where (or whether) it is called, because the next kernel's wait still waits for this grid to complete, with
+// rule 2's one exception: a kernel whose next-but-one reads before its wait what this kernel's predecessor
+// wrote (the bulk MoE up kernel) must call it after its own wait.
 #pragma once
 
 #include <cuda_runtime.h>

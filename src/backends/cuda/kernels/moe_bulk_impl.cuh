@@ -349,7 +349,9 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       bulk_produce<UP, LEAN>(a, ring, armed, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
         issue_segments<UP>(pl, out, stage, full, r0, w, s);
       });
-    grid_dependents_launch();  // this block's copies are all issued: the next kernel may be scheduled
+    // This block's copies are all issued: the next kernel may be scheduled. (In the UP kernel this MUST stay
+    // after the wait at the top: DOWN's early reads of the job list rely on every UP block having passed it.)
+    grid_dependents_launch();
     if (early) grid_dependency_wait();
     return;
   }
