@@ -20,7 +20,9 @@
 #      grouped kernels from 129 (arm B) against 65; if B wins at 96 and 128: kMoeGroupedMinTokensDefault = 129;
 #   4. linear_x8 quantising x in tiles of 16 (TERN_X8_QUANT_MAX_N=16): tests, then the A/B at 1 / 16;
 #   5. the dense products of 65-511 tokens on the library (TERN_DENSE_LIBRARY_MIN_TOKENS=65): the rows, the A/B at
-#      64 / 128 / 256 with graphs recording, op and model tests under it.
+#      64 / 128 / 256 with graphs recording, op and model tests under it;
+#   6. batch 1's profile with PDL and the side stream off (each kernel's own duration: what route_scored and moe_plan
+#      really take at one token, the next fusions' sizes).
 # (#15's serve-bench: s22c2.sh with TERN_PACK=.plans/packs/s23.tar.xz; batch 1 at 1M: s22c3.sh.)
 set -u
 cd "$(dirname "$0")/../.."
@@ -69,5 +71,9 @@ echo "rc $?"; grep_ab $OUT/ab-denselib.log
 grep -iE "eager|graph" $OUT/ab-denselib.log | head -3
 TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/denselib-tests.log 2>&1
 echo "rc $? (op tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-tests.log
+stamp "6. batch 1's kernels at their own durations (PDL and the side stream off: no kernel's time includes a wait), top 40"
+TERN_PDL=0 TERN_SIDE_STREAM=0 timeout 120 $BS --prefill 1024 --batches 1 --steps 10 --warmup 3 --profile --profile-batches 1 \
+  --profile-top 40 > $OUT/profile-b1.log 2>&1; echo "rc $?"
+sed -n '/profile at batch 1/,/^$/p' $OUT/profile-b1.log | head -60
 fi
 stamp done
