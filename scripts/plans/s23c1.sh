@@ -74,6 +74,6 @@ echo "rc $? (op tests, dense products on the library from 65 tokens)"; grep -E "
 stamp "6. batch 1's kernels at their own durations (PDL and the side stream off: no kernel's time includes a wait), top 40"
 TERN_PDL=0 TERN_SIDE_STREAM=0 timeout 120 $BS --prefill 1024 --batches 1 --steps 10 --warmup 3 --profile --profile-batches 1 \
   --profile-top 40 > $OUT/profile-b1.log 2>&1; echo "rc $?"
-sed -n '/profile at batch 1/,/^$/p' $OUT/profile-b1.log | head -60
+grep -A60 'profile at batch 1,' $OUT/profile-b1.log | head -64
 fi
 stamp done
