@@ -143,8 +143,8 @@ std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::strin
     const int64_t groups = use->groups, in = w.in * groups;
     Tensor x = random_tensor(DType::f32, {T, in}, Device::cuda, 31, 1.0f), y(DType::f32, {T, w.out}, Device::cuda);
     const StepTiming t = time_steps(device, [&] {
-      if (groups > 1) ops::grouped_linear(x.view().reshape({T, groups, w.in}), w, y.view().reshape({T, groups, w.out / groups}));
-      else ops::linear(x, w, y);
+      if (groups > 1) ops::grouped_linear(m.context(), x.view().reshape({T, groups, w.in}), w, y.view().reshape({T, groups, w.out / groups}));
+      else ops::linear(m.context(), x, w, y);
     }, 1, reps);
     GemmRate r;
     r.what = cat(short_name(w.name), " ", ops::weight_format_name(w.format), w.exact ? " exact" : "", " ", w.out, "x",
@@ -175,7 +175,7 @@ std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::strin
     Tensor x = random_tensor(DType::f32, {T, D}, Device::cuda, 32, 1.0f);
     Tensor w = random_tensor(DType::f32, {T, k}, Device::cuda, 33, 0.3f), out(DType::f32, {T, D}, Device::cuda);
     const StepTiming t = time_steps(device, [&] {
-      ops::moe_experts(ops::MoeExpertsArgs{x, didx, w, experts, static_cast<float>(c.swiglu_limit), out});
+      ops::moe_experts(m.context(), ops::MoeExpertsArgs{x, didx, w, experts, static_cast<float>(c.swiglu_limit), out});
     }, 1, reps);
     GemmRate r;
     r.what = cat("routed experts ", ops::weight_format_name(experts[0].w1.format), " ", E, " x (w1|w3 ", inter, "x", D,
