@@ -39,13 +39,12 @@ grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/lib-tests.log | head -6
 stamp "1. MoE op tests: 1-100 tokens, shared output in the combine, staged quantisation, PDL chain"
 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuV4.Mhc/*:Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/fixture:Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:GpuPdl.DecodeChain*:Shapes/GpuActFp8Linear.MoeStageQuantBitIdentical/*' > $OUT/moe-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|changed" $OUT/moe-tests.log | head -12
-stamp "2. A/B: w2 copied before the down kernel's PDL wait (B: off); staged MoE quantisation (B: off)"
-timeout 150 $BS --prefill 1024 --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_EARLY_DOWN=0 --ab-rounds 3 > $OUT/ab-early.log 2>&1
-echo "rc $?"; grep_ab $OUT/ab-early.log
-timeout 150 $BS --prefill 1024 --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_STAGE_QUANT=0 --ab-rounds 3 > $OUT/ab-stageq.log 2>&1
-echo "rc $?"; grep_ab $OUT/ab-stageq.log 8
-timeout 150 $BS --batches 1 --prefill 1024,8192 --steps 5 --warmup 2 --ab TERN_HC_POST_SQUARES=0 --ab-rounds 2 > $OUT/ab-hcsq.log 2>&1
-echo "rc $?"; grep -E "^ab |^A/B|error" $OUT/ab-hcsq.log | head -6
+stamp "2. A/B in one process: w2 before the down kernel's wait off (B1), staged MoE quantisation off (B2), hc_post + squares off (B3)"
+# One process, three B arms against A (each arm's graphs recorded again; the prefill rows too): 1K and 8K prefills for
+# the squares, batches 1 / 16 / 64 for the MoE switches.
+timeout 240 $BS --prefill 1024,8192 --batches 1,16,64 --steps 20 --warmup 5 --ab TERN_MOE_EARLY_DOWN=0 \
+  --ab TERN_MOE_STAGE_QUANT=0 --ab TERN_HC_POST_SQUARES=0 --ab-rounds 3 > $OUT/ab-a.log 2>&1
+echo "rc $?"; grep_ab $OUT/ab-a.log 24
 fi
 if [[ ${PART:-a} == b ]]; then
 stamp "2b. the MoE rows with w2 copied before the wait (1) and after (0)"
@@ -53,11 +52,13 @@ for v in 1 0; do
   TERN_MOE_EARLY_DOWN=$v timeout 60 $G/tern_gpu_bench --only moe > $OUT/moe-early$v.log 2>&1; echo "rc $? (TERN_MOE_EARLY_DOWN=$v)"
   grep -E "^moe_experts .*mxfp4.*T=(1|16|64) " $OUT/moe-early$v.log | grep -E " v0 " | sed -E 's/ +/ /g' | cut -c1-160 | head -4
 done
-stamp "3. MoE rows up to 256 tokens; decode 64 / 128 / 256 with the grouped kernels from 129 (B) against 65"
+stamp "3. MoE rows up to 256 tokens; decode 64 / 128 / 256: grouped kernels from 129 (B1), dense products on the library from 65 (B2), against A"
 timeout 90 $G/tern_gpu_bench --only moe > $OUT/moe.log 2>&1; echo "rc $?"
 grep -E "^moe_experts .*T=(64|96|128|192|256) " $OUT/moe.log | grep -E " v0 | v1 |grouped" | sed -E 's/ +/ /g' | cut -c1-190 | head -30
-timeout 150 $BS --prefill 1024 --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_MOE_GROUPED_MIN_TOKENS=129 --ab-rounds 2 > $OUT/ab-grouped.log 2>&1
-echo "rc $?"; grep_ab $OUT/ab-grouped.log
+timeout 200 $BS --prefill 1024 --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_MOE_GROUPED_MIN_TOKENS=129 \
+  --ab TERN_DENSE_LIBRARY_MIN_TOKENS=65 --ab-rounds 2 > $OUT/ab-b.log 2>&1
+echo "rc $?"; grep_ab $OUT/ab-b.log 16
+grep -iE "eager" $OUT/ab-b.log | head -3
 stamp "4. linear_x8 quantising x in tiles of 16: tests, then the A/B"
 TERN_X8_QUANT_MAX_N=16 timeout 60 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.QuantisingKernelBitIdentical/*:Shapes/GpuActFp8Linear.AgainstCpu/*' > $OUT/x8-16-tests.log 2>&1
 echo "rc $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/x8-16-tests.log
@@ -66,9 +67,7 @@ echo "rc $?"; grep_ab $OUT/ab-x8.log 8
 stamp "5. dense products of 65-511 tokens on the library: rows, A/B (graphs must record), tests under it"
 timeout 90 $G/tern_gpu_bench --only library > $OUT/library.log 2>&1; echo "rc $?"
 grep -E "^\| (wq_a|wq_b|wkv|wo_b|shared.w1\|w3|shared.w2) .* \| (64|128|256) \|" $OUT/library.log | head -18
-timeout 150 $BS --prefill 1024 --batches 64,128,256 --steps 10 --warmup 3 --ab TERN_DENSE_LIBRARY_MIN_TOKENS=65 --ab-rounds 2 > $OUT/ab-denselib.log 2>&1
-echo "rc $?"; grep_ab $OUT/ab-denselib.log
-grep -iE "eager|graph" $OUT/ab-denselib.log | head -3
+# (its decode A/B ran in item 3's process: ab-b.log)
 TERN_DENSE_LIBRARY_MIN_TOKENS=65 timeout 120 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.AgainstCpu/*:Shapes/GpuActFp8Linear.GroupedAgainstCpu/*:*GpuGraphs*' > $OUT/denselib-tests.log 2>&1
 echo "rc $? (op tests, dense products on the library from 65 tokens)"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED" $OUT/denselib-tests.log
 stamp "6. batch 1's kernels at their own durations (PDL and the side stream off: no kernel's time includes a wait), top 40"

@@ -73,21 +73,24 @@ PY
 done
 ! "$TERN" bench-step --config tiny --speculative 1 --speculative-min-gain 0.5 >"$OUT/bench-step-badgain.log" 2>&1
 grep -q "speculative-min-gain" "$OUT/bench-step-badgain.log"
-# --ab: the decode rows again in one process, arm B (the switches given) then arm A (the start-up values) per round,
-# graphs recorded again per arm; an unknown switch or a value out of range is refused before anything is timed.
+# --ab: the decode rows (and the prefill) again in one process, every B arm (the switches given; two arms here, the
+# second with two switches) then arm A (the start-up values of every switch named) per round, graphs recorded again
+# per arm; an unknown switch or a value out of range is refused before anything is timed.
 "$TERN" bench-step --config tiny --batches 1,3 --contexts 40 --prefill 40 --steps 2 --warmup 1 \
-  --ab TERN_HC_FOLD=0,TERN_FUSED_COMPRESS=0 --ab-rounds 2 --json "$OUT/bench-step-ab.json" >"$OUT/bench-step-ab.log" 2>&1 ||
-  { cat "$OUT/bench-step-ab.log"; exit 1; }
-grep -q '^A/B in this process (--ab): TERN_HC_FOLD 1 (A) -> 0 (B), TERN_FUSED_COMPRESS 1 (A) -> 0 (B); 2 rounds' \
+  --ab TERN_HC_FOLD=0 --ab TERN_FUSED_COMPRESS=0,TERN_HC_FOLD=1 --ab-rounds 2 --json "$OUT/bench-step-ab.json" \
+  >"$OUT/bench-step-ab.log" 2>&1 || { cat "$OUT/bench-step-ab.log"; exit 1; }
+grep -q '^A/B in this process (--ab): B1: TERN_HC_FOLD=0; B2: TERN_FUSED_COMPRESS=0,TERN_HC_FOLD=1; A: TERN_HC_FOLD=1, TERN_FUSED_COMPRESS=1; 2 rounds' \
   "$OUT/bench-step-ab.log"
 python3 - "$OUT/bench-step-ab.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-rows = {(r["batch"], r["context"]): r for r in j["ab"]}
-assert sorted(rows) == [(0, 40), (1, 40), (3, 40)], sorted(rows)  # batch 0: the prefill of 40 tokens
+rows = {(r["switches"], r["batch"], r["context"]): r for r in j["ab"]}
+arms = ["TERN_HC_FOLD=0", "TERN_FUSED_COMPRESS=0,TERN_HC_FOLD=1"]
+assert sorted(rows) == sorted((a, b, 40) for a in arms for b in (0, 1, 3)), sorted(rows)  # batch 0: the prefill
 for r in rows.values():
-    assert r["switches"] == "TERN_HC_FOLD=0,TERN_FUSED_COMPRESS=0", r
     assert len(r["a_ms"]) == 2 and len(r["b_ms"]) == 2 and min(r["a_ms"] + r["b_ms"]) > 0, r
+for b in (0, 1, 3):  # arm A is run once a round and shared by the B arms' rows
+    assert rows[(arms[0], b, 40)]["a_ms"] == rows[(arms[1], b, 40)]["a_ms"]
 print("bench-step --ab: ok")
 PY
 for bad in TERN_NOPE=1 TERN_HC_FOLD=2 TERN_HC_FOLD; do

@@ -67,15 +67,18 @@ struct Args {
   // of GB of activations). Prompts of at most N tokens are one forward, as before.
   int64_t prefill_chunk = 8192;
   tern::app::TuneOptions tune;
-  // --ab NAME=V[,NAME=V]: after each context's decode rows, the same batches again with those switches
-  // (app/knobs.h) as arm B against the start-up values as arm A, alternating B, A for --ab-rounds rounds,
-  // graphs recorded again for every arm: an A/B in one process, on one build of the model.
-  std::string ab;
+  // --ab NAME=V[,NAME=V] (repeatable: one B arm each): after each context's decode rows (and each warm
+  // prefill), the same again with those switches (app/knobs.h) as arm B against the start-up values as arm A,
+  // every B arm then A per round for --ab-rounds rounds, graphs recorded again for every arm: A/Bs in one
+  // process, on one build of the model.
+  std::vector<std::string> ab;
   int ab_rounds = 2;
 };
 
-// One batch's decode step time per arm and round (--ab), or (batch 0) the warm prefill of `context` tokens.
+// One batch's decode step time per round in a B arm and in arm A (--ab), or (batch 0) the warm prefill of
+// `context` tokens.
 struct AbRow {
+  std::string arm;  // the B arm's switches
   int64_t batch = 0, context = 0;
   std::vector<double> a_ms, b_ms;  // per round: the arm's median step, or its prefill
   std::string note;                // an arm that ran its steps eagerly (a graph that failed to record)
@@ -205,9 +208,9 @@ std::string ab_line(const AbRow& r) {
   for (size_t i = 0; i < r.a_ms.size(); ++i)
     rounds += cat(i ? "; " : "", fixed(r.b_ms[i], 3), " / ", fixed(r.a_ms[i], 3));
   const double a = median_of(r.a_ms), b = median_of(r.b_ms);
-  return cat("| ", r.batch == 0 ? std::string("prefill") : std::to_string(r.batch), " | ", r.context, " | ",
-             fixed(b, 3), " | ", fixed(a, 3), " | ", fixed(100.0 * (b - a) / a, 2), "% | ", rounds,
-             r.note.empty() ? "" : " " + r.note, " |");
+  return cat("| ", r.arm, " | ", r.batch == 0 ? std::string("prefill") : std::to_string(r.batch), " | ",
+             r.context, " | ", fixed(b, 3), " | ", fixed(a, 3), " | ", fixed(100.0 * (b - a) / a, 2), "% | ",
+             rounds, r.note.empty() ? "" : " " + r.note, " |");
 }
 
 std::string decode_line(const DecodeRow& r) {
@@ -226,8 +229,8 @@ std::string prefill_line(const PrefillRow& r) {
   return buf;
 }
 const char* kAbHeader =
-    "| batch (or prefill) | context (prompt) | B ms | A ms | B vs A | per round, B / A ms "
-    "|\n|---:|---:|---:|---:|---:|---|";
+    "| B arm | batch (or prefill) | context (prompt) | B ms | A ms | B vs A | per round, B / A ms |\n"
+    "|---|---:|---:|---:|---:|---:|---|";
 const char* kDecodeHeader =
     "| batch | context | step ms (min-max) | tokens/s | GB/step (model) | GB/s | of copy |\n|---:|---:|---:|---:|---:|---:|---:|";
 const char* kPrefillHeader =
@@ -300,10 +303,12 @@ int run(const Args& a) {
   // Positions the timed steps consume: one a decode step, k + 1 a verify step and up to k + 1 an MTP round
   // (--speculative k).
   using Knobs = std::vector<std::pair<std::string, int64_t>>;
-  const Knobs ab_arm = a.ab.empty() ? Knobs{} : app::parse_knobs(a.ab);
+  std::vector<Knobs> ab_arms;  // the B arms
+  for (const std::string& arm : a.ab) ab_arms.push_back(app::parse_knobs(arm));
+  const bool ab = !ab_arms.empty();
   TERN_CHECK(a.ab_rounds >= 1, "--ab-rounds must be >= 1");
-  const int64_t ab_steps =
-      ab_arm.empty() ? 0 : 2 * a.ab_rounds;  // decode rows run again per round: B, then A
+  // Decode rows run again per round: every B arm, then A.
+  const int64_t ab_steps = ab ? static_cast<int64_t>(ab_arms.size() + 1) * a.ab_rounds : 0;
   const int64_t margin =
       64 +
       static_cast<int64_t>(batches.size()) * (a.warmup + a.steps) *
@@ -318,19 +323,30 @@ int run(const Args& a) {
   model::Model& m = *placed.model;
   say(placed.description);
   for (const auto& line : app::configure_kernels(m, a.device, a.tune)) say(line);
-  // --ab: arm B's switches and arm A's (the values in force now), checked before anything is timed.
+  // --ab: the B arms' switches and arm A's (the values in force now of every switch an arm names), checked
+  // before anything is timed. An arm is set on top of A (set_arm), so a switch another arm names keeps its A
+  // value.
   Knobs ab_base;
-  for (const auto& [name, value] : ab_arm) ab_base.emplace_back(name, app::knob_value(m, name));
-  if (!ab_arm.empty()) {
-    for (const auto& [name, value] : ab_arm)
-      app::set_knob(m, name, value);  // refuses a value out of range here
+  for (const Knobs& arm : ab_arms)
+    for (const auto& [name, value] : arm)
+      if (std::none_of(ab_base.begin(), ab_base.end(), [&](const auto& b) { return b.first == name; }))
+        ab_base.emplace_back(name, app::knob_value(m, name));
+  auto set_arm = [&](const Knobs* arm) {
     for (const auto& [name, value] : ab_base) app::set_knob(m, name, value);
+    if (arm != nullptr)
+      for (const auto& [name, value] : *arm) app::set_knob(m, name, value);
+  };
+  if (ab) {
     std::string arms;
-    for (size_t i = 0; i < ab_arm.size(); ++i)
-      arms +=
-          cat(i ? ", " : "", ab_arm[i].first, " ", ab_base[i].second, " (A) -> ", ab_arm[i].second, " (B)");
-    say(cat("A/B in this process (--ab): ", arms, "; ", a.ab_rounds,
-            " rounds of B then A after each context's decode rows"));
+    for (size_t i = 0; i < ab_arms.size(); ++i) {
+      set_arm(&ab_arms[i]);  // refuses a value out of range here
+      arms += cat(i ? "; " : "", "B", i + 1, ": ", a.ab[i]);
+    }
+    set_arm(nullptr);
+    std::string base;
+    for (const auto& [name, value] : ab_base) base += cat(base.empty() ? "" : ", ", name, "=", value);
+    say(cat("A/B in this process (--ab): ", arms, "; A: ", base, "; ", a.ab_rounds,
+            " rounds of every B arm then A after each context's decode rows and each prefill"));
   }
   std::vector<AbRow> ab_rows;
   say(cat("state per sequence at ", max_context, " tokens: ", static_cast<double>(seq_bytes) / (1 << 20),
@@ -368,8 +384,8 @@ int run(const Args& a) {
                static_cast<double>(avail) / (1 << 30), " GiB free)");
     // The prefilled state plus the clones; a profiled prefill (and --ab's prefills) needs a second state
     // before any clone exists. A mixed step's prompt takes one more.
-    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler || a.fill_check || !ab_arm.empty() ? 1 : 0) +
-                              1 + (decode && mixed_prompt > 0 ? 1 : 0);
+    const int64_t pool_seqs = std::max<int64_t>(seqs, profiler || a.fill_check || ab ? 1 : 0) + 1 +
+                              (decode && mixed_prompt > 0 ? 1 : 0);
     TERN_CHECK(fit + 1 >= pool_seqs, "bench-step: a profiled prefill of ", L, " tokens needs two states of ",
                L + margin, " tokens; ", static_cast<double>(avail) / (1 << 30), " GiB free holds one");
     auto pool = std::make_shared<cache::PagePool>(layout, pool_seqs * pages_per_seq, m.device());
@@ -431,18 +447,25 @@ int run(const Args& a) {
     if (std::binary_search(prefills.begin(), prefills.end(), L)) {
       prefill_rows.push_back(pr);
       say(cat("prefill ", prefill_line(pr)));
-      if (!ab_arm.empty()) {  // the same prompt again per arm and round, into a fresh state (warm: as the row
-                              // above)
-        AbRow r;
-        r.context = L;
+      if (ab) {  // the same prompt again per arm and round, into a fresh state (warm, as the row above)
+        std::vector<AbRow> rows(ab_arms.size());
+        for (size_t i = 0; i < rows.size(); ++i) rows[i].arm = a.ab[i], rows[i].context = L;
         for (int round = 0; round < a.ab_rounds; ++round)
-          for (const Knobs* arm : {&ab_arm, static_cast<const Knobs*>(&ab_base)}) {
-            for (const auto& [name, value] : *arm) app::set_knob(m, name, value);
+          for (size_t arm = 0; arm <= ab_arms.size(); ++arm) {  // the B arms, then A (arm == size)
+            set_arm(arm < ab_arms.size() ? &ab_arms[arm] : nullptr);
             cache::SequenceState s(pool, L + margin);
-            (arm == &ab_arm ? r.b_ms : r.a_ms).push_back(1e3 * timed_prefill(s));
+            const double ms = 1e3 * timed_prefill(s);
+            if (arm < ab_arms.size()) {
+              rows[arm].b_ms.push_back(ms);
+            } else {
+              for (AbRow& r : rows) r.a_ms.push_back(ms);
+            }
           }
-        say(cat("ab ", ab_line(r)));
-        ab_rows.push_back(r);
+        set_arm(nullptr);
+        for (const AbRow& r : rows) {
+          say(cat("ab ", ab_line(r)));
+          ab_rows.push_back(r);
+        }
       }
       if (profiler) {  // the same prompt again into a fresh state, profiled (the timed run above was not)
         cache::SequenceState again(pool, L + margin);
@@ -643,14 +666,20 @@ int run(const Args& a) {
       }
     }
     if (auto* g = ops::step_graphs(m.device())) g->drop_all();
-    // --ab: the decode rows again, arm B then arm A per round, each on graphs recorded for it.
-    if (!ab_arm.empty()) {
+    // --ab: the decode rows again, every B arm then arm A per round, each on graphs recorded for it.
+    if (ab) {
       graphs_held.reset();  // before an arm's graphs reallocate the arena its tensors live in
-      std::vector<AbRow> rows(fitting.size());
-      for (size_t i = 0; i < fitting.size(); ++i) rows[i].batch = fitting[i], rows[i].context = L;
+      // rows[arm * fitting.size() + bi]: B arm `arm`, batch fitting[bi]
+      std::vector<AbRow> rows(ab_arms.size() * fitting.size());
+      for (size_t arm = 0; arm < ab_arms.size(); ++arm)
+        for (size_t bi = 0; bi < fitting.size(); ++bi) {
+          AbRow& r = rows[arm * fitting.size() + bi];
+          r.arm = a.ab[arm], r.batch = fitting[bi], r.context = L;
+        }
       for (int round = 0; round < a.ab_rounds; ++round)
-        for (const Knobs* arm : {&ab_arm, static_cast<const Knobs*>(&ab_base)}) {
-          for (const auto& [name, value] : *arm) app::set_knob(m, name, value);
+        for (size_t arm = 0; arm <= ab_arms.size(); ++arm) {  // the B arms, then A (arm == size)
+          const bool is_a = arm == ab_arms.size();
+          set_arm(is_a ? nullptr : &ab_arms[arm]);
           model::DecodeGraphs ab_graphs(m, go);
           ab_graphs.prepare();
           for (size_t bi = 0; bi < fitting.size(); ++bi) {
@@ -671,13 +700,18 @@ int run(const Args& a) {
             };
             const uint64_t eager_before = ab_graphs.stats().eager_total();
             const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
-            (arm == &ab_arm ? rows[bi].b_ms : rows[bi].a_ms).push_back(t.median_us / 1e3);
-            if (ab_graphs.stats().eager_total() != eager_before && m.device() != Device::cpu)
-              rows[bi].note =
-                  cat("(EAGER in arm ", arm == &ab_arm ? "B" : "A", ": ", ab_graphs.disabled_reason(), ")");
+            const bool eager = ab_graphs.stats().eager_total() != eager_before && m.device() != Device::cpu;
+            for (size_t b = 0; b < ab_arms.size(); ++b) {
+              if (!is_a && b != arm) continue;
+              AbRow& r = rows[b * fitting.size() + bi];
+              (is_a ? r.a_ms : r.b_ms).push_back(t.median_us / 1e3);
+              if (eager)
+                r.note = cat("(EAGER in arm ", is_a ? "A" : "B", ": ", ab_graphs.disabled_reason(), ")");
+            }
           }
           if (auto* g = ops::step_graphs(m.device())) g->drop_all();
         }
+      set_arm(nullptr);
       for (const AbRow& r : rows) {
         say(cat("ab ", ab_line(r)));
         ab_rows.push_back(r);
@@ -744,7 +778,7 @@ int run(const Args& a) {
              "--save-speculative-threshold: no MTP round was measured (needs --speculative k and a model with an MTP "
              "layer)");
   if (!ab_rows.empty()) {
-    say(cat("A/B (--ab ", a.ab, "; B: those switches, A: the start-up values; median over ", a.ab_rounds,
+    say(cat("A/B (--ab: each B arm's switches against A, the start-up values; median over ", a.ab_rounds,
             " rounds of each arm's median decode step, or of its warm prefill; negative: B faster):"));
     say(kAbHeader);
     for (const AbRow& r : ab_rows) say(ab_line(r));
@@ -793,7 +827,7 @@ int run(const Args& a) {
                             {"seconds", r.seconds}, {"first_run_seconds", r.cold_seconds},
                             {"prompt_alone_seconds", r.prefill_alone}});
     for (const AbRow& r : ab_rows)
-      j["ab"].push_back({{"switches", a.ab},
+      j["ab"].push_back({{"switches", r.arm},
                          {"batch", r.batch},
                          {"context", r.context},
                          {"a_ms", r.a_ms},
@@ -822,13 +856,15 @@ const bool registered = tern::tools::register_verb(
        app.add_option("--prefill", a->prefill, "prompt lengths of the prefill rows")->capture_default_str();
        app.add_option(
            "--ab", a->ab,
-           "NAME=V[,NAME=V]: after each context's decode rows, the batches again with these switches "
+           "NAME=V[,NAME=V] (repeatable: one B arm each): after each context's decode rows, the batches "
+           "again "
+           "with these switches "
            "(TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, "
            "TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, TERN_DENSE_LIBRARY_MIN_TOKENS, "
            "TERN_MOE_VARIANT, TERN_PDL, TERN_HC_POST_SQUARES) as arm B against the start-up values, "
            "alternating B "
            "and A; the warm prefill of each --prefill length too");
-       app.add_option("--ab-rounds", a->ab_rounds, "rounds of arm B then arm A (--ab)")
+       app.add_option("--ab-rounds", a->ab_rounds, "rounds of every B arm then arm A (--ab)")
            ->check(CLI::Range(1, 100))
            ->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk,
