@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "app/device.h"
 #include "core/error.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
@@ -74,6 +75,7 @@ double copy_bandwidth_gbs(const std::string& device, int64_t bytes) {
 
 double linear_tflops(const std::string& device, int64_t n, bool fp8) {
   const Device d = device_of(device);
+  const ops::Context ctx = device_context(device);
   const auto sigma = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
   Tensor x = random_tensor(DType::f32, {n, n}, d, 11, 1.0f), y(DType::f32, {n, n}, d);
   ops::Weight w;
@@ -91,14 +93,14 @@ double linear_tflops(const std::string& device, int64_t n, bool fp8) {
     a.rows = a.cols = n;
     a.out = weight;
     a.scale = scale;
-    ops::synth_fill(a);
+    ops::synth_fill(ctx, a);
     w.scale = scale;
   } else {
     w.format = ops::WeightFormat::bf16;
     weight = random_tensor(DType::bf16, {n, n}, d, 12, sigma);
   }
   w.weight = weight;
-  const StepTiming t = time_steps(device, [&] { ops::linear(x, w, y); }, 1, 5);
+  const StepTiming t = time_steps(device, [&] { ops::linear(ctx, x, w, y); }, 1, 5);
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / (t.median_us * 1e6);
 }
 
