@@ -115,6 +115,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::indexer_reduce_kernel(tern::cuda::IndexerParams, float const*, long, long, float*)", C::indexer},
     {"void tern::cuda::dev::(anonymous namespace)::indexer_mma_kernel<tern::cuda::dev::(anonymous namespace)::Bf16x6>(tern::cuda::IndexerParams, float*, int, long)", C::indexer},
     {"tern::cuda::dev::(anonymous namespace)::hc_squares_kernel(float const*, long, long, float*)", C::mhc_norm_rope},
+    {"void tern::cuda::dev::(anonymous namespace)::hc_post_squares_kernel<4>(float const*, float const*, float const*, float const*, long, float*, float*, long)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::moe_sort_count_kernel(int const*, long, long, int*, int*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_sort_offsets_kernel(int*, int, long, int*, int*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_sort_scatter_kernel(int const*, long, long, int const*, int*, int*)", C::moe},
