@@ -481,6 +481,8 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
   for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4}) {
     const RandomExperts experts(f, E, D, inter, r);
     const std::vector<ops::Expert>& dexp = experts.on_device;
+    // The decode kernels at every T here (the bulk kernels up to 256 tokens), not the grouped ones from 65.
+    const MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
     for (int64_t T : {1, 5, 16, 64, 100}) {  // 100: the bulk kernels past 64 tokens (session 21)
       Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
       Tensor idx(DType::i32, {T, k});

@@ -248,7 +248,8 @@ std::vector<std::string> CudaBackend::knob_names() {
           "TERN_MOE_GROUPED_MIN_TOKENS",
           "TERN_DENSE_LIBRARY_MIN_TOKENS",
           "TERN_MOE_VARIANT",
-          "TERN_PDL"};
+          "TERN_PDL",
+          "TERN_HC_POST_SQUARES"};
 }
 
 namespace {
@@ -279,7 +280,7 @@ int64_t CudaBackend::knob(std::string_view name) const {
 void CudaBackend::set_knob(std::string_view name, int64_t value) {
   Impl& m = *impl_;
   const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
-                         name == "TERN_X8_QUANT" || name == "TERN_PDL";
+                         name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES";
   if (is_switch) check_knob_range(name, value, 0, 1);
   if (name == "TERN_MOE_STAGE_QUANT")
     m.moe_stage_quant = value != 0;
@@ -289,6 +290,8 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
     m.x8_quantises_x = value != 0;
   else if (name == "TERN_PDL")
     set_pdl_enabled(value != 0);
+  else if (name == "TERN_HC_POST_SQUARES")
+    m.hc_post_squares = value != 0;
   else if (name == "TERN_X8_QUANT_MAX_N")
     set_x8_quant_max_n(static_cast<int>(value));
   else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")
