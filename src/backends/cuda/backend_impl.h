@@ -24,12 +24,17 @@
 
 namespace tern::cuda {
 
-// The grouped MoE kernels from 65 tokens (the bulk decode ring's range before session 21): measured on the H100
-// (session 19, tern_gpu_bench --only moe, mxfp4, whole op) the bulk ring streams 88-91% of copy at 16-64 tokens and
-// beats the grouped kernels there (1 007 against 1 382 us at 64), while above 64 only the register kernel was left
-// (21-25% of copy: 4 216 against 1 598 us at 96, 5 512 against 1 776 at 256). bench-step on the full model: decode
-// at batch 128 / 256 92 / 121 ms against 213 / 287, the verify of 64 x 4 tokens 121 against 286 ms.
-inline constexpr int64_t kMoeGroupedMinTokensDefault = 65;
+// From how many tokens the dense products that are not exact run on the library (FP8 on cuBLASLt, bf16 on cuBLAS).
+// Session 22 (H100, bench-step --ab): 65, where 512 kept 65-511 on linear_x8's 64-token tiles (each weight read once a
+// tile); decode batch 128 86.2 against 92.0 ms (-6.3%), 256 112.3 against 118.9 (-5.6%). Not batch invariant from 65
+// (as the grouped MoE already was).
+inline constexpr int64_t kDenseLibraryMinTokensDefault = 65;
+// The grouped MoE kernels from 129 tokens. Session 19 (H100, tern_gpu_bench --only moe, mxfp4, whole op): the bulk
+// ring streams 88-91% of copy at 16-64 tokens and beats the grouped kernels there (1 007 against 1 382 us at 64);
+// above 64 only the register kernel was left then (21-25% of copy), so the grouped kernels took 65+. Session 21 ran
+// the bulk ring up to 256 tokens; session 22 (bench-step --ab): with the bulk ring at 65-128, decode batch 128 87.0
+// against 92.0 ms (-5.4%), batch 256 unchanged (the op: 1 480 against 1 655 us at 128, 1 784 against 1 783 at 256).
+inline constexpr int64_t kMoeGroupedMinTokensDefault = 129;
 
 struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
@@ -87,11 +92,16 @@ struct CudaBackend::Impl {
   // of the same batch may take different paths (not batch invariant, as every choice by token count).
   int64_t moe_grouped_min_tokens = kMoeGroupedMinTokensDefault;
   bool x8_quantises_x = true;  // set_x8_quantises_x: linear_x8 quantises x itself where it can (linear_x8.cuh)
-  bool moe_stage_quant = true;  // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them
-  bool moe_early_down = true;   // MoeParams::early_down (TERN_MOE_EARLY_DOWN=0 for A/B)
+  // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them. Off by default since session 22:
+  // 0.7% slower at batch 16 / 64 than the separate act_fake_quant launches (H100, bench-step --ab).
+  bool moe_stage_quant = false;
+  // MoeParams::early_down (TERN_MOE_EARLY_DOWN=1 for A/B). Off by default: measured slower in session 22 (H100: the
+  // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
+  // the up kernel's last blocks.
+  bool moe_early_down = false;
   bool hc_post_squares =
       true;  // the library path's hc_post writes the mix's squares (TERN_HC_POST_SQUARES=0: A/B)
-  int64_t dense_library_min_tokens = kLibraryMinTokens;  // dense_library_for
+  int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;

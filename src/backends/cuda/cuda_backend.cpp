@@ -43,16 +43,16 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->x8_quantises_x = env_flag("TERN_X8_QUANT", true);
   // TERN_MOE_STAGE_QUANT=0: --activations fp8 experts on the bulk kernels get x and h quantised by act_fake_quant
   // launches first (A/B of the staged quantisation; the same bits).
-  impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", true);
+  impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", false);
   // TERN_MOE_EARLY_DOWN=0: the bulk down kernel copies no weight before its PDL wait (A/B; the same bits).
-  impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", true);
+  impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", false);
   // TERN_HC_POST_SQUARES=0: the library path's hc_post and the mix's squares column as two kernels (A/B; the
   // same bits).
   impl_->hc_post_squares = env_flag("TERN_HC_POST_SQUARES", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
-  impl_->dense_library_min_tokens = env_int("TERN_DENSE_LIBRARY_MIN_TOKENS", kLibraryMinTokens, 1, kLibraryMinTokens);
+  impl_->dense_library_min_tokens = env_int("TERN_DENSE_LIBRARY_MIN_TOKENS", kDenseLibraryMinTokensDefault, 1, kLibraryMinTokens);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
