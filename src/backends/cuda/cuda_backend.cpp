@@ -44,7 +44,7 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // TERN_MOE_STAGE_QUANT=0: --activations fp8 experts on the bulk kernels get x and h quantised by act_fake_quant
   // launches first (A/B of the staged quantisation; the same bits).
   impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", false);
-  // TERN_MOE_EARLY_DOWN=0: the bulk down kernel copies no weight before its PDL wait (A/B; the same bits).
+  // TERN_MOE_EARLY_DOWN=1: the bulk down kernel copies w2 before its PDL wait (A/B; the same bits; slower in session 22).
   impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", false);
   // TERN_HC_POST_SQUARES=0: the library path's hc_post and the mix's squares column as two kernels (A/B; the
   // same bits).
@@ -417,15 +417,15 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "weight pass: bf16 rows linear_exact_rows_kernel (a warp per row slice), fp8 rows "
       "linear_exact_lanes_kernel (a thread per row, K slices over blocks), odd shapes linear_simple_kernel",
       "--activations fp8 (the default on a GPU; FP8 weights): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
-      "reference's rule) then below 512 tokens linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
+      "reference's rule) then below 65 tokens (TERN_DENSE_LIBRARY_MIN_TOKENS) linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
       "shared memory, f32 sums scaled per 128-column block; up to 8 tokens linear_x8_kernel quantises x itself "
-      "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off); prefill chunks (>= 512 tokens, not batch invariant): "
+      "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off); from 65 tokens (not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
-      "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; on the bulk decode kernels quantised "
-      "as the kernels stage them, no launch, TERN_MOE_STAGE_QUANT=0 turns that off)",
-      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 under --batch-invariant or where "
+      "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; TERN_MOE_STAGE_QUANT=1: on the bulk "
+      "decode kernels quantised as the kernels stage them, no launch)",
+      "moe_experts: mxfp4 / nvfp4 experts at up to 128 tokens (256 under --batch-invariant or where "
       "TERN_MOE_GROUPED_MIN_TOKENS moves the grouped kernels up): moe_plan + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
       "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "

@@ -60,7 +60,8 @@ struct MoeParams {
   // stage them (stage_x<F, true>): the bits of quantising first, two launches less a call (session 21).
   bool stage_quant = false;
   // The bulk down kernel's producer copies w2's rows into its ring before its PDL wait (moe_bulk_kernel says why
-  // that is safe), overlapping the up kernel's tail; false (TERN_MOE_EARLY_DOWN=0, A/B): after it. Same bits.
+  // that is safe), overlapping the up kernel's tail; false (the default since session 22, which measured it slower):
+  // after it. Same bits.
   bool early_down = true;
 };
 
