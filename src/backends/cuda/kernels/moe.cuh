@@ -62,7 +62,7 @@ struct MoeParams {
   // The bulk down kernel's producer copies w2's rows into its ring before its PDL wait (moe_bulk_kernel says why
   // that is safe), overlapping the up kernel's tail; false (the default since session 22, which measured it slower):
   // after it. Same bits.
-  bool early_down = true;
+  bool early_down = false;
 };
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).
