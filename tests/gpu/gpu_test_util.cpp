@@ -70,6 +70,13 @@ std::string CapturedOps::replay() {
 PdlGuard::PdlGuard(bool on) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(on); }
 PdlGuard::~PdlGuard() { cuda::set_pdl_enabled(saved_); }
 
+KnobGuard::KnobGuard(std::string name, int64_t value)
+    : name_(std::move(name)), saved_(cuda::register_backend().knob(name_)) {
+  cuda::register_backend().set_knob(name_, value);
+}
+
+KnobGuard::~KnobGuard() { cuda::register_backend().set_knob(name_, saved_); }
+
 MoeGroupedMinTokensGuard::MoeGroupedMinTokensGuard(int64_t tokens)
     : saved_(cuda::register_backend().moe_grouped_min_tokens()) {
   cuda::register_backend().set_moe_grouped_min_tokens(tokens);

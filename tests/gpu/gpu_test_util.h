@@ -57,6 +57,21 @@ class MoeGroupedMinTokensGuard {
   int64_t saved_;
 };
 
+// One of the CUDA backend's switches (CudaBackend::set_knob, by its TERN_* name) at `value` for the guard's
+// lifetime, then back to what it was: e.g. the dense products kept off the library below 512 tokens in a batch
+// invariance test (TERN_DENSE_LIBRARY_MIN_TOKENS, 65 by default since session 22).
+class KnobGuard {
+ public:
+  KnobGuard(std::string name, int64_t value);
+  ~KnobGuard();
+  KnobGuard(const KnobGuard&) = delete;
+  KnobGuard& operator=(const KnobGuard&) = delete;
+
+ private:
+  std::string name_;
+  int64_t saved_;
+};
+
 // Ops captured into a CUDA graph on a private stream (the backend's stream switched to it for the capture), then
 // replayed there, as a recorded step runs them. The ops' scratch and tables must exist (run them eagerly first).
 class CapturedOps {

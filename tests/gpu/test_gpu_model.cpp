@@ -82,6 +82,8 @@ void batch_invariance(const Fixture& f, model::KvMode mode) {
   // The kernels' reduction orders, not the path switches by token count (a 70-token prompt alone would take the
   // grouped MoE kernels, its chunks of 3 and 7 the decode kernels): see MoeGroupedMinTokensGuard.
   const gputest::MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
+  // Likewise the dense products: linear_x8 up to 511 tokens, not the library from 65 (session 22's default).
+  const gputest::KnobGuard own_kernels("TERN_DENSE_LIBRARY_MIN_TOKENS", cuda::CudaBackend::library_min_tokens());
   const int64_t vocab = g.model.config().vocab_size;
   constexpr int kSteps = 6;
   std::vector<int> prompts;
