@@ -806,6 +806,9 @@ int main(int argc, char** argv) {
   const std::vector<int64_t> dec = quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64, 128, 256};
   const auto section = [&](const char* name) { return only.empty() || only == name; };
   if (section("linear")) {
+    // tern's own kernels at every T here: the dense products take the library from 65 tokens by default since
+    // session 22 (the library's own rows are `--only library`).
+    const gputest::KnobGuard own_kernels("TERN_DENSE_LIBRARY_MIN_TOKENS", cuda::CudaBackend::library_min_tokens());
     bench_linear("wq_a", WeightFormat::fp8_block, 1024, 4096, dec, r);
     bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, dec, r);
     bench_linear("wkv", WeightFormat::fp8_block, 512, 4096, dec, r);
