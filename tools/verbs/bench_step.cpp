@@ -21,6 +21,7 @@
 #include "app/measure.h"
 #include "app/speculative_threshold.h"
 #include "app/synthetic_placement.h"
+#include "bench/stats.h"
 #include "cache/page_pool.h"
 #include "cache/sequence_state.h"
 #include "core/env.h"
@@ -199,8 +200,7 @@ std::string fixed(double v, int digits) {
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return bench::percentile(v, 50);
 }
 
 std::string ab_line(const AbRow& r) {
@@ -544,19 +544,25 @@ int run(const Args& a) {
     graphs.prepare();
     std::vector<int64_t> ids(static_cast<size_t>(seqs));
     uint64_t step_no = 0;
-    for (int64_t B : fitting) {
+    // The decode step of the first B sequences on `g`'s graphs (the rows below, and --ab's arms).
+    auto decode_step = [&](model::DecodeGraphs& g, int64_t B, Tensor& hold) {
       std::vector<model::StepSequence> batch;
       for (int64_t i = 0; i < B; ++i)
         batch.push_back({&states[static_cast<size_t>(i)], std::span<const int64_t>(&ids[static_cast<size_t>(i)], 1),
                          model::LogitsFor::last});
-      Tensor hold;
-      auto step = [&] {
+      return [&g, &hold, &ids, &step_no, batch = std::move(batch), B, L, vocab = config.vocab_size] {
         // A fresh random token per sequence and step: the sequences route differently although their
         // states are copies.
-        for (int64_t i = 0; i < B; ++i) ids[static_cast<size_t>(i)] = token(1000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i), config.vocab_size);
+        for (int64_t i = 0; i < B; ++i)
+          ids[static_cast<size_t>(i)] =
+              token(1000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i), vocab);
         ++step_no;
-        (void)graphs.forward_device(batch, hold);
+        (void)g.forward_device(batch, hold);
       };
+    };
+    for (int64_t B : fitting) {
+      Tensor hold;
+      const auto step = decode_step(graphs, B, hold);
       const uint64_t eager_before = graphs.stats().eager_total();
       const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
       DecodeRow r;
@@ -683,21 +689,8 @@ int run(const Args& a) {
           model::DecodeGraphs ab_graphs(m, go);
           ab_graphs.prepare();
           for (size_t bi = 0; bi < fitting.size(); ++bi) {
-            const int64_t B = fitting[bi];
-            std::vector<model::StepSequence> batch;
-            for (int64_t i = 0; i < B; ++i)
-              batch.push_back({&states[static_cast<size_t>(i)],
-                               std::span<const int64_t>(&ids[static_cast<size_t>(i)], 1),
-                               model::LogitsFor::last});
             Tensor hold;
-            auto step = [&] {
-              for (int64_t i = 0; i < B; ++i)
-                ids[static_cast<size_t>(i)] =
-                    token(1000 + static_cast<uint64_t>(L), step_no * 4096 + static_cast<uint64_t>(i),
-                          config.vocab_size);
-              ++step_no;
-              (void)ab_graphs.forward_device(batch, hold);
-            };
+            const auto step = decode_step(ab_graphs, fitting[bi], hold);
             const uint64_t eager_before = ab_graphs.stats().eager_total();
             const app::StepTiming t = app::time_steps(a.device, step, a.warmup, a.steps);
             const bool eager = ab_graphs.stats().eager_total() != eager_before && m.device() != Device::cpu;
@@ -858,12 +851,11 @@ const bool registered = tern::tools::register_verb(
            "--ab", a->ab,
            "NAME=V[,NAME=V] (repeatable: one B arm each): after each context's decode rows, the batches "
            "again "
-           "with these switches "
-           "(TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, "
-           "TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, TERN_DENSE_LIBRARY_MIN_TOKENS, "
-           "TERN_MOE_VARIANT, TERN_PDL, TERN_HC_POST_SQUARES) as arm B against the start-up values, "
-           "alternating B "
-           "and A; the warm prefill of each --prefill length too");
+           "with these switches (TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, "
+           "TERN_MOE_EARLY_DOWN, TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, "
+           "TERN_DENSE_LIBRARY_MIN_TOKENS, TERN_MOE_VARIANT, TERN_PDL, TERN_HC_POST_SQUARES) as arm B "
+           "against the "
+           "start-up values, alternating B and A; the warm prefill of each --prefill length too");
        app.add_option("--ab-rounds", a->ab_rounds, "rounds of every B arm then arm A (--ab)")
            ->check(CLI::Range(1, 100))
            ->capture_default_str();

@@ -99,8 +99,8 @@ struct CudaBackend::Impl {
   // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
   // the up kernel's last blocks.
   bool moe_early_down = false;
-  bool hc_post_squares =
-      true;  // the library path's hc_post writes the mix's squares (TERN_HC_POST_SQUARES=0: A/B)
+  // The library path's hc_post writes the mix's squares column (TERN_HC_POST_SQUARES=0: A/B).
+  bool hc_post_squares = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

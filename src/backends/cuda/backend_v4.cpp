@@ -59,7 +59,8 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   bool squares_done = false;
   if (a.has_prev()) {
     require_cuda_f32("hc_pre (folded hc_post)", {&a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb});
-    if (library_hc_for(*impl_, p) && impl_->hc_post_squares && hc_post_squares_supported(p.hc, p.D)) {
+    const bool library = library_hc_for(*impl_, p);
+    if (library && impl_->hc_post_squares && hc_post_squares_supported(p.hc, p.D)) {
       const int64_t mix = (2 + p.hc) * p.hc;
       launch_hc_post_squares(a.prev_streams.data_as<const float>(), a.prev_a.data_as<const float>(),
                              a.prev_post.data_as<const float>(), a.prev_comb.data_as<const float>(), p.T, p.D,
@@ -67,7 +68,7 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
                              impl_->stream);
       check_launch("hc_post + squares");
       squares_done = true;
-    } else if (library_hc_for(*impl_, p)) {
+    } else if (library) {
       hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
     } else {
       p.prev_streams = a.prev_streams.data_as<const float>();
@@ -324,6 +325,68 @@ MoeParams moe_shape(const ops::Weight& w1, const ops::Weight& w2, int64_t T, int
   return p;
 }
 
+// moe_experts' paths once its params (and the shared output's join: p.combine_waits) are set: the exact
+// experts, the bulk kernels with x and h quantised as staged, the grouped kernels, the library, else
+// launch_moe.
+void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoeParams& p) {
+  const ops::Expert& e0 = a.experts[0];
+  if (p.T == 0) {  // nothing to combine; the branch is still joined
+    if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl.stream, p.combine_waits, 0));
+    return;
+  }
+  const CudaBackend::Impl::ExpertTable& table = expert_table(impl, a.experts);
+  p.experts = static_cast<const ExpertDesc*>(table.table.data());
+  p.experts_aligned = table.aligned;
+  p.e4m3_fold_ok = table.e4m3_fold_ok;
+  p.variant = impl.moe_variant;
+  p.early_down = impl.moe_early_down;
+  // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
+  for (const ops::Expert& e : a.experts)
+    TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
+               "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
+  if (e0.w1.exact) {
+    TERN_CHECK(!e0.w1.act_fp8,
+               "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
+               "each other)");
+    TERN_CHECK(moe_exact_smem_bytes(p) <= kMoeExactMaxSmem,
+               "no cuda kernel for op moe_experts (exact experts of ", p.D, " -> ", p.inter,
+               ": more shared memory than a block has)");
+    launch_moe_exact(p, impl.scratch(moe_exact_workspace_bytes(p)), impl.stream);
+    check_launch("moe_experts (exact)");
+    return;
+  }
+  TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
+             ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
+  // --activations fp8: x quantised here, h by every path between its up and down products
+  // (MoeParams::act_fp8); a call the bulk kernels take has them quantise both as they stage them
+  // (MoeParams::stage_quant). Neither the grouped kernels (from moe_grouped_min_tokens) nor the library
+  // (from kLibraryMinTokens, above the bulk range) take such a call.
+  Tensor xq;
+  if (e0.w1.act_fp8) {
+    TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0,
+               "cuda moe_experts: --activations fp8 needs the hidden size (", p.D, ") and the expert width (",
+               p.inter, ") to be multiples of 128");
+    p.act_fp8 = true;
+    if (impl.moe_stage_quant && moe_bulk_taken(p) && !impl.library_for(p.T) &&
+        !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p))) {
+      p.stage_quant = true;
+      launch_moe(p, impl.scratch(moe_workspace_bytes(p)), impl.num_sms, impl.stream);
+      check_launch("moe_experts (x and h quantised as staged)");
+      ++impl.moe_stage_quant_calls;
+      return;
+    }
+    xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
+    launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
+    check_launch("act_fake_quant");
+    p.x = xq.data<float>();
+    p.act_fp8 = true;
+  }
+  if (run_grouped_moe(impl, p) || run_library_moe(impl, p, a.experts)) return;
+  void* ws = impl.scratch(moe_workspace_bytes(p));
+  launch_moe(p, ws, impl.num_sms, impl.stream);
+  check_launch("moe_experts");
+}
+
 }  // namespace
 
 void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
@@ -357,64 +420,7 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
     if (impl_->side_pending) p.combine_waits = impl_->join_event;
     impl_->side_pending = false;
   }
-  const auto run = [&] {
-    if (p.T == 0) {  // nothing to combine; the branch is still joined
-      if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl_->stream, p.combine_waits, 0));
-      return;
-    }
-    const Impl::ExpertTable& table = expert_table(*impl_, a.experts);
-    p.experts = static_cast<const ExpertDesc*>(table.table.data());
-    p.experts_aligned = table.aligned;
-    p.e4m3_fold_ok = table.e4m3_fold_ok;
-    p.variant = impl_->moe_variant;
-    p.early_down = impl_->moe_early_down;
-    // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
-    for (const ops::Expert& e : a.experts)
-      TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
-                 "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
-    if (e0.w1.exact) {
-      TERN_CHECK(!e0.w1.act_fp8,
-                 "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
-                 "each other)");
-      TERN_CHECK(moe_exact_smem_bytes(p) <= kMoeExactMaxSmem,
-                 "no cuda kernel for op moe_experts (exact experts of ", p.D, " -> ", p.inter,
-                 ": more shared memory than a block has)");
-      launch_moe_exact(p, impl_->scratch(moe_exact_workspace_bytes(p)), impl_->stream);
-      check_launch("moe_experts (exact)");
-      return;
-    }
-    TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
-               ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
-    // --activations fp8: x quantised here, h by every path between its up and down products
-    // (MoeParams::act_fp8); a call the bulk kernels take has them quantise both as they stage them
-    // (MoeParams::stage_quant). Neither the grouped kernels (from moe_grouped_min_tokens) nor the library
-    // (from kLibraryMinTokens, above the bulk range) take such a call.
-    Tensor xq;
-    if (e0.w1.act_fp8) {
-      TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0,
-                 "cuda moe_experts: --activations fp8 needs the hidden size (", p.D,
-                 ") and the expert width (", p.inter, ") to be multiples of 128");
-      p.act_fp8 = true;
-      if (impl_->moe_stage_quant && moe_bulk_taken(p) && !impl_->library_for(p.T) &&
-          !(impl_->moe_grouped_for(p.T) && moe_grouped_supported(p))) {
-        p.stage_quant = true;
-        launch_moe(p, impl_->scratch(moe_workspace_bytes(p)), impl_->num_sms, impl_->stream);
-        check_launch("moe_experts (x and h quantised as staged)");
-        ++impl_->moe_stage_quant_calls;
-        return;
-      }
-      xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
-      launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl_->stream);
-      check_launch("act_fake_quant");
-      p.x = xq.data<float>();
-      p.act_fp8 = true;
-    }
-    if (run_grouped_moe(*impl_, p) || run_library_moe(*impl_, p, a.experts)) return;
-    void* ws = impl_->scratch(moe_workspace_bytes(p));
-    launch_moe(p, ws, impl_->num_sms, impl_->stream);
-    check_launch("moe_experts");
-  };
-  run();
+  run_moe_paths(*impl_, a, p);
   if (shared) side_join();
 }
 

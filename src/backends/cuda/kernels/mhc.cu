@@ -428,7 +428,7 @@ void launch_hc_squares(const float* streams, int64_t T, int64_t N, int64_t ld, f
 }
 
 bool hc_post_squares_supported(int64_t hc, int64_t D) {
-  return hc == dev::kHc && D % 1024 == 0 && (D == 1024 || D == 2048 || D == 4096);
+  return hc == dev::kHc && (D == 1024 || D == 2048 || D == 4096);
 }
 
 void launch_hc_post_squares(const float* streams, const float* a, const float* post, const float* comb,
