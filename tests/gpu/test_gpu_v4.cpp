@@ -291,13 +291,38 @@ TEST_P(GpuV4, Routing) {
   const int64_t T = 37, E = s.experts, k = s.experts_per_token;
   Tensor logits = random_f32({T, E}, r, 3.0f), bias = random_f32({E}, r, 0.1f);
   Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
-  ops::route_scored(logits, bias, 1.5f, idx, w);
-  auto dl = upload(logits), db = upload(bias);
-  auto didx = poisoned(DType::i32, {T, k}), dw = poisoned(DType::f32, {T, k});
-  ops::route_scored(dl, db, 1.5f, didx, dw);
-  const Tensor got = cuda::to_host(didx);
-  EXPECT_EQ(std::memcmp(got.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << "route_scored picks differ";
-  expect_close(dw, w, kTolF32, "route_scored weights");
+  // route_scored on both kernels (the register kernel, TERN_ROUTE_REGS=0 the shared-memory one) at 1, 37 and 64
+  // tokens against the CPU: the same picks, and weights of the same bits on the two kernels. A second round draws
+  // logits from four values, a zero bias and -0.0 beside +0.0, so every top-k has ties (the lower expert id wins).
+  for (const bool ties : {false, true}) {
+    if (ties) {
+      for (int64_t i = 0; i < T * E; ++i) {
+        const float v[4] = {-200.0f, 0.5f, 1.0f, 2.0f};  // -200: a score of 0
+        logits.data<float>()[i] = v[r.index(4)];
+      }
+      for (int64_t e = 0; e < E; ++e) bias.data<float>()[e] = e % 2 == 0 ? 0.0f : -0.0f;
+    }
+    ops::route_scored(logits, bias, 1.5f, idx, w);
+    auto dl = upload(logits), db = upload(bias);
+    for (const int64_t n : {int64_t{1}, T, int64_t{64}}) {
+      const int64_t rows = std::min(n, T);
+      Tensor by_kernel[2];
+      for (const int regs : {1, 0}) {
+        KnobGuard kernel("TERN_ROUTE_REGS", regs);
+        auto didx = poisoned(DType::i32, {rows, k}), dw = poisoned(DType::f32, {rows, k});
+        ops::route_scored(dl.view().rows(0, rows), db, 1.5f, didx, dw);
+        const Tensor got = cuda::to_host(didx);
+        const std::string what = cat(regs ? "route_scored_regs_kernel" : "route_scored_kernel", ", ", rows,
+                                     " tokens", ties ? ", ties" : "");
+        EXPECT_EQ(std::memcmp(got.data<int32_t>(), idx.data<int32_t>(), rows * k * 4), 0) << what << ": picks differ";
+        expect_close(dw, w.view().rows(0, rows), kTolF32, what + ": weights");
+        by_kernel[regs] = cuda::to_host(dw);
+      }
+      EXPECT_EQ(std::memcmp(by_kernel[0].data<float>(), by_kernel[1].data<float>(), rows * k * 4), 0)
+          << "the two route_scored kernels' weights differ at " << rows << " tokens";
+    }
+  }
+  auto dl = upload(logits);
 
   Tensor tid2eid(DType::i64, {s.vocab, k}), tokens(DType::i64, {T});
   for (int64_t i = 0; i < s.vocab * k; ++i) tid2eid.data<int64_t>()[i] = r.index(E);

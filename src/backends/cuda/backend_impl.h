@@ -101,6 +101,8 @@ struct CudaBackend::Impl {
   bool moe_early_down = false;
   // The library path's hc_post writes the mix's squares column (TERN_HC_POST_SQUARES=0: A/B).
   bool hc_post_squares = true;
+  // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.
+  bool route_regs = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

@@ -243,7 +243,7 @@ void CudaBackend::route_scored(const TensorView& logits, const TensorView& bias,
   TERN_CHECK(logits.dim(1) <= 1024 && indices.dim(1) <= 32, "cuda route_scored: at most 1024 experts and 32 picks");
   launch_route_scored(logits.data_as<const float>(), bias.data_as<const float>(), logits.dim(0), logits.dim(1),
                       static_cast<int>(indices.dim(1)), routed_scale, indices.data_as<int32_t>(),
-                      weights.data_as<float>(), impl_->err(), impl_->stream);
+                      weights.data_as<float>(), impl_->err(), impl_->route_regs, impl_->stream);
   check_launch("route_scored");
 }
 

@@ -49,6 +49,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // TERN_HC_POST_SQUARES=0: the library path's hc_post and the mix's squares column as two kernels (A/B; the
   // same bits).
   impl_->hc_post_squares = env_flag("TERN_HC_POST_SQUARES", true);
+  // TERN_ROUTE_REGS=0: the scored routing on route_scored_kernel, not the register kernel (A/B; the same bits).
+  impl_->route_regs = env_flag("TERN_ROUTE_REGS", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -249,7 +251,8 @@ std::vector<std::string> CudaBackend::knob_names() {
           "TERN_DENSE_LIBRARY_MIN_TOKENS",
           "TERN_MOE_VARIANT",
           "TERN_PDL",
-          "TERN_HC_POST_SQUARES"};
+          "TERN_HC_POST_SQUARES",
+          "TERN_ROUTE_REGS"};
 }
 
 namespace {
@@ -274,13 +277,15 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_MOE_VARIANT") return m.moe_variant;
   if (name == "TERN_PDL") return pdl_enabled();
   if (name == "TERN_HC_POST_SQUARES") return m.hc_post_squares;
+  if (name == "TERN_ROUTE_REGS") return m.route_regs;
   unknown_knob(name);
 }
 
 void CudaBackend::set_knob(std::string_view name, int64_t value) {
   Impl& m = *impl_;
   const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
-                         name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES";
+                         name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES" ||
+                         name == "TERN_ROUTE_REGS";
   if (is_switch) check_knob_range(name, value, 0, 1);
   if (name == "TERN_MOE_STAGE_QUANT")
     m.moe_stage_quant = value != 0;
@@ -292,6 +297,8 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
     set_pdl_enabled(value != 0);
   else if (name == "TERN_HC_POST_SQUARES")
     m.hc_post_squares = value != 0;
+  else if (name == "TERN_ROUTE_REGS")
+    m.route_regs = value != 0;
   else if (name == "TERN_X8_QUANT_MAX_N")
     set_x8_quant_max_n(static_cast<int>(value));
   else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")
@@ -441,7 +448,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "one, TERN_MOE_GROUPED_TILE=old / 128x128 / small-unswapped for A/B), + moe_combine; fp8 / bf16 experts or TERN_MOE_PREFILL=library: the "
       "plan read back, experts expanded to bf16 in chunks of 1.5 GiB, per-expert cuBLAS products (w1|w3, then w2), "
       "SwiGLU, combine",
-      "route_scored / route_hash: route kernels, CUDA cores, f32",
+      "route_scored: up to 256 experts and 32 picks route_scored_regs_kernel (a warp a token, its scores in registers; "
+      "TERN_ROUTE_REGS=0 or more experts: route_scored_kernel, the same bits); route_hash: route_hash_kernel; CUDA "
+      "cores, f32",
       "sparse_attention / step_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
       "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "

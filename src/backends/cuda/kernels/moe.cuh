@@ -15,8 +15,12 @@
 
 namespace tern::cuda {
 
+// The scored routing's register kernel takes up to kRouteRegsPerLane experts a lane and 32 picks; `regs` false, or
+// larger shapes, route_scored_kernel (the same bits).
+constexpr int kRouteRegsPerLane = 8;
+inline bool route_in_registers(int64_t E, int k) { return E <= 32 * kRouteRegsPerLane && k <= 32; }
 void launch_route_scored(const float* logits, const float* bias, int64_t T, int64_t E, int k, float routed_scale,
-                         int32_t* indices, float* weights, int* err, cudaStream_t stream);
+                         int32_t* indices, float* weights, int* err, bool regs, cudaStream_t stream);
 void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i64, int64_t vocab,
                        const int64_t* token_ids, int64_t T, int64_t E, int k, float routed_scale, int32_t* indices,
                        float* weights, int* err, cudaStream_t stream);
