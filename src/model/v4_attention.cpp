@@ -45,6 +45,10 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(ctx_, cq, A.wq_b, q.view().reshape({N, H * hd}));
+  if (N <= kPrefetchMaxTokens) {  // (Paths::l2_prefetch)
+    if ((paths_.l2_prefetch & kPrefetchWoA) != 0) ops::prefetch(ctx_, A.wo_a);
+    if ((paths_.l2_prefetch & kPrefetchWoB) != 0) ops::prefetch(ctx_, A.wo_b);
+  }
   ops::norm_rope(ctx_, q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)

@@ -63,7 +63,18 @@ class Model {
   // (TERN_FUSED_COMPRESS=0: five ops).
   struct Paths {
     bool hc_fold = true, fused_compress = true;
+    // Weights asked into L2 ahead of their products at steps of up to kPrefetchMaxTokens tokens (ops::prefetch;
+    // TERN_L2_PREFETCH, a sum of the L2Prefetch bits).
+    int l2_prefetch = 0;
   };
+  // Where the forward asks weights into L2 (Paths::l2_prefetch), each while latency-bound kernels leave DRAM idle:
+  enum L2Prefetch : int {
+    kPrefetchWoA = 1,      // wo_a, after wq_b's product (the indexer and the attention run before wo_a)
+    kPrefetchWoB = 2,      // wo_b, after wq_b's product too
+    kPrefetchNextQ = 4,    // the next layer's wq_a|wkv and wq_b, after the MoE (its combine, hc_pre before them)
+    kPrefetchAll = 7,
+  };
+  static constexpr int64_t kPrefetchMaxTokens = 256;
   void set_paths(const Paths& p) { paths_ = p; }
   const Paths& paths() const { return paths_; }
 

@@ -37,6 +37,11 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
 
   // out = sum_k w_k E_k(h) + E_shared(h): moe_experts adds y in its combine and joins the side branch there.
   ops::moe_experts(ctx_, {h, picked, weights, L.ffn.experts, limit, out, y});
+  if ((paths_.l2_prefetch & kPrefetchNextQ) != 0 && N <= kPrefetchMaxTokens && l + 1 < c.num_layers) {
+    const AttentionWeights& next = layer(l + 1).attn;
+    ops::prefetch(ctx_, next.wq_a_wkv.weight.empty() ? next.wq_a : next.wq_a_wkv);
+    ops::prefetch(ctx_, next.wq_b);
+  }
 }
 
 }  // namespace tern::model

@@ -95,6 +95,7 @@ void Backend::linear(const TensorView&, const Weight& w, const TensorView&) {
 void Backend::grouped_linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("grouped_linear", weight_format_name(w.format));
 }
+void Backend::prefetch(const Weight&) {}  // a hint: a backend without a cache to fill does nothing
 void Backend::dequantize(const Weight& w, const TensorView&) {
   no_kernel("dequantize", weight_format_name(w.format));
 }

@@ -53,6 +53,7 @@ class Backend {
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void dequantize(const Weight& w, const TensorView& out);
+  virtual void prefetch(const Weight& w);  // a hint (linear.h): by default nothing to do
   // mhc.h
   virtual void hc_pre(const HcPreArgs& a);
   virtual void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,

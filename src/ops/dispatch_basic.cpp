@@ -160,6 +160,11 @@ void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
   grouped_linear(Context::registry(), x, w, y);
 }
 
+void prefetch(const Context& ctx, const Weight& w) {
+  check_weight(w);
+  ctx.backend_for(common_device("prefetch", {&w.weight, &w.scale})).prefetch(w);
+}
+
 void dequantize(const Context& ctx, const Weight& w, const TensorView& out) {
   check_weight(w);
   expect_dtype("dequantize", "out", out, {DType::f32});

@@ -18,6 +18,11 @@ void linear(const TensorView& x, const Weight& w, const TensorView& y);
 void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y);
 void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
 
+// A hint that a product with w comes soon: a backend with a cache between the weights and its cores may start
+// bringing w's bytes in (CUDA: into L2, docs/cuda-backend.md "L2 prefetch"); the CPU backend does nothing. No
+// value changes, nothing waits for it.
+void prefetch(const Context& ctx, const Weight& w);
+
 // The whole matrix as f32 [out, in] (tests and tools; the forward never materialises it).
 void dequantize(const Context& ctx, const Weight& w, const TensorView& out);
 void dequantize(const Weight& w, const TensorView& out);

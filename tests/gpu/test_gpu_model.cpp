@@ -161,6 +161,40 @@ TEST_P(GpuModel_, BatchInvariance) {
   batch_invariance(f, model::KvMode::fp8);
 }
 
+// The L2 prefetches (Model::Paths::l2_prefetch: wo_a and wo_b after wq_b, the next layer's wq_a|wkv and wq_b after
+// the MoE) are hints: a prompt and its greedy decode steps give the same logits, bit for bit, with every prefetch
+// point on as with none.
+TEST_P(GpuModel_, L2PrefetchChangesNoBits) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::fp8);
+  const model::Model::Paths saved = g.model.paths();
+  const int64_t vocab = g.model.config().vocab_size;
+  const std::vector<int64_t> ids = f.ids(0);
+  constexpr int kSteps = 6;
+  std::vector<float> logits[2];
+  for (const int points : {0, static_cast<int>(model::Model::kPrefetchAll)}) {
+    model::Model::Paths p = saved;
+    p.l2_prefetch = points;
+    g.model.set_paths(p);
+    cache::SequenceState st = g.model.new_state(static_cast<int64_t>(ids.size()) + kSteps + 1);
+    std::vector<int64_t> tokens = ids;
+    for (int step = 0; step <= kSteps; ++step) {
+      const std::span<const int64_t> in = step == 0 ? std::span<const int64_t>(ids)
+                                                    : std::span<const int64_t>(&tokens.back(), 1);
+      const model::StepSequence s{&st, in, model::LogitsFor::last};
+      const Tensor l = g.model.forward({&s, 1});
+      logits[points != 0].insert(logits[points != 0].end(), l.data<float>(), l.data<float>() + vocab);
+      tokens.push_back(argmax_row(l.data<float>(), vocab));
+    }
+  }
+  g.model.set_paths(saved);
+  cuda::register_backend().check_device_errors();
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
+      << "the logits moved with the L2 prefetches on";
+}
+
 // Whether any op of a long prompt's forward (the >= 512-token paths: library GEMMs, grouped FP4 experts, the
 // prefill attention and indexer) or of the decode steps after it reads a device tensor element nobody wrote:
 // the same prompt with eager tensors zero-filled (core's contract) and filled with NaN bytes must give the same

@@ -40,6 +40,7 @@ class CudaBackend final : public ops::Backend {
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
+  void prefetch(const ops::Weight& w) override;
   void hc_pre(const ops::HcPreArgs& a) override;
   void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
                const TensorView& out) override;
