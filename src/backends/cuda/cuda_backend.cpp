@@ -51,6 +51,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->hc_post_squares = env_flag("TERN_HC_POST_SQUARES", true);
   // TERN_ROUTE_REGS=0: the scored routing on route_scored_kernel, not the register kernel (A/B; the same bits).
   impl_->route_regs = env_flag("TERN_ROUTE_REGS", true);
+  // TERN_HC_EARLY_FN=0: hc_mix_kernel stages fn after its PDL wait (A/B; the same bits).
+  impl_->hc_early_fn = env_flag("TERN_HC_EARLY_FN", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -252,7 +254,8 @@ std::vector<std::string> CudaBackend::knob_names() {
           "TERN_MOE_VARIANT",
           "TERN_PDL",
           "TERN_HC_POST_SQUARES",
-          "TERN_ROUTE_REGS"};
+          "TERN_ROUTE_REGS",
+          "TERN_HC_EARLY_FN"};
 }
 
 namespace {
@@ -278,6 +281,7 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_PDL") return pdl_enabled();
   if (name == "TERN_HC_POST_SQUARES") return m.hc_post_squares;
   if (name == "TERN_ROUTE_REGS") return m.route_regs;
+  if (name == "TERN_HC_EARLY_FN") return m.hc_early_fn;
   unknown_knob(name);
 }
 
@@ -285,7 +289,7 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
   Impl& m = *impl_;
   const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
                          name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES" ||
-                         name == "TERN_ROUTE_REGS";
+                         name == "TERN_ROUTE_REGS" || name == "TERN_HC_EARLY_FN";
   if (is_switch) check_knob_range(name, value, 0, 1);
   if (name == "TERN_MOE_STAGE_QUANT")
     m.moe_stage_quant = value != 0;
@@ -299,6 +303,8 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
     m.hc_post_squares = value != 0;
   else if (name == "TERN_ROUTE_REGS")
     m.route_regs = value != 0;
+  else if (name == "TERN_HC_EARLY_FN")
+    m.hc_early_fn = value != 0;
   else if (name == "TERN_X8_QUANT_MAX_N")
     set_x8_quant_max_n(static_cast<int>(value));
   else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")

@@ -100,14 +100,26 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
 template <int MIX, bool POST>
 __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
                                                              const float* __restrict__ fn, int64_t T, int64_t N,
-                                                             int64_t per, float* __restrict__ partial,
+                                                             int64_t per, bool early_fn, float* __restrict__ partial,
                                                              HcPostIn post_in) {
-  pdl_prologue();
   static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
   // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
   // loading its rows itself kept too few loads in flight).
   __shared__ float4 fn_s[MIX][64];
   const int split = blockIdx.x, splits = gridDim.x;
+  const int64_t k0 = split * per, k1 = min(N, k0 + per);
+  auto stage_fn = [&](int64_t base) {
+    for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
+      const int j = e / 64, c = e % 64;
+      const int64_t k = base + 4 * c;
+      fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+    }
+  };
+  // Before the wait: a split of one step (V4-Flash's 16 384 floats in 64 splits of 256) stages its fn columns, a
+  // weight's (no kernel writes fn), so their DRAM latency overlaps the previous kernel.
+  const bool one_step = early_fn && k1 - k0 <= 256;
+  if (one_step) stage_fn(k0);
+  pdl_prologue();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMixTokens;
   const int nt = static_cast<int>(min(static_cast<int64_t>(kMixTokens), T - t0));
@@ -115,7 +127,6 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
   const int g = warp / R, q = warp % R;
   const bool active = g < nt;  // idle warps still stage fn (the barriers need every thread)
   const int64_t t = t0 + (active ? g : 0);
-  const int64_t k0 = split * per, k1 = min(N, k0 + per);
   float v[32];  // v[i]: row q + R i (a fn row below MIX, the sum of squares at MIX, nothing beyond)
 #pragma unroll
   for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -132,11 +143,9 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
         x[h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
       }
     }
-    __syncthreads();  // the previous step's fn_s is no longer read
-    for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
-      const int j = e / 64, c = e % 64;
-      const int64_t k = base + 4 * c;
-      fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+    if (!one_step) {
+      __syncthreads();  // the previous step's fn_s is no longer read
+      stage_fn(base);
     }
     __syncthreads();
     if (active) {
@@ -395,10 +404,10 @@ MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   if (p.prev_a != nullptr) {
     const HcPostIn in{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D};
     launch(hc_mix_kernel<MIX, true>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-           p.partial, in);
+           p.early_fn, p.partial, in);
   } else {
     launch(hc_mix_kernel<MIX, false>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-           p.partial, HcPostIn{});
+           p.early_fn, p.partial, HcPostIn{});
   }
   return plan;
 }

@@ -40,6 +40,7 @@ struct HcParams {
   // hc_head output
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
+  bool early_fn = true;        // the mix stages fn before its PDL wait (TERN_HC_EARLY_FN=0: after, A/B)
 };
 
 // The kernels' limits (the backend checks them): hc == 4, D a multiple of 4 and at most kHcMaxD.
