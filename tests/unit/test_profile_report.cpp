@@ -49,6 +49,8 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::moe_bulk_kernel<(tern::ops::WeightFormat)4, false>(tern::cuda::dev::MoeBulkArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_combine_kernel(float const*, int const*, float const*, long, int, long, float*)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::route_scored_kernel(float const*, float const*, long, long, int, float, int*, float*)", C::moe},
+    {"void tern::cuda::dev::(anonymous namespace)::route_scored_regs_kernel<8>(float const*, float const*, long, long, int, float, int*, float*, int*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::l2_prefetch_kernel(unsigned char const*, long)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::route_hash_kernel(float const*, void const*, int, long, long const*, long, long, int, float, int*, float*, int*)", C::moe},
     {"void tern::cuda::dev::linear_mma_kernel<(tern::ops::WeightFormat)2, 1>(tern::cuda::dev::LinearArgs)", C::dense_gemm},
     {"void tern::cuda::dev::linear_stream_kernel<(tern::ops::WeightFormat)2, 2, 1>(tern::cuda::dev::StreamArgs)", C::dense_gemm},

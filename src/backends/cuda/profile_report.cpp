@@ -48,6 +48,7 @@ constexpr Rule kRules[] = {
     // Dense products: every linear kernel (tensor-core and exact paths), and library GEMMs (cuBLAS(Lt)
     // kernels are named *gemm* or nvjet_*).
     {"linear_", Match::prefix, OpCategory::dense_gemm},
+    {"l2_prefetch_kernel", Match::exact, OpCategory::dense_gemm},  // dense weights asked into L2 ahead (prefetch.cu)
     {"nvjet", Match::prefix, OpCategory::dense_gemm},
     {"gemm", Match::contains, OpCategory::dense_gemm},
     // The library GEMMs' operands (kernels/gemm_prep.cu): weights expanded to bf16 / f32, x rounded to bf16.
