@@ -503,7 +503,8 @@ void bench_attention_prefill(Rand& r) {
 // n queries at the same position over one sequence's keys (a decode batch reads n sequences' keys: the
 // bytes column counts n x the key bytes, as the step would).
 void bench_indexer(Rand& r, bool quick) {
-  for (int64_t ctx : quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 65536}) {
+  // 1 024 and 2 048: rows of at most 512 keys (every key taken: the top-k's short way); 8 192 and 65 536: the select.
+  for (int64_t ctx : quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{1024, 2048, 8192, 65536}) {
     const int64_t S = ctx / 4, H = 64, dim = 128;
     const PagedPair keys = paged_pair(random_f32({S, dim}, r), 64, r);  // in shuffled pages of 64 keys
     for (int64_t n : ctx > 8192 ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 16, 64}) {

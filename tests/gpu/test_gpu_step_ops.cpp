@@ -367,6 +367,16 @@ TEST(GpuStepOps, IndexerTopk) {
   }
   EXPECT_EQ(mismatched, 0) << "step_indexer_topk";
   std::printf("  step_indexer_topk: %lld mismatches\n", static_cast<long long>(mismatched));
+  // The top-k's short ways (rows of at most topk keys: 250 and 512 here; sorts in registers) against the radix
+  // select and the shared-memory sort: the same picks, bit for bit.
+  {
+    gputest::KnobGuard slow("TERN_TOPK_FAST", 0);
+    auto slow_idx = poisoned(DType::i32, {S, topk});
+    ops::step_indexer_topk(da, topk, slow_idx);
+    const Tensor want = cuda::to_host(slow_idx);
+    EXPECT_EQ(std::memcmp(want.data<int32_t>(), got.data<int32_t>(), S * topk * sizeof(int32_t)), 0)
+        << "step_indexer_topk: the short ways moved a pick";
+  }
   cuda::register_backend().check_device_errors();
 }
 

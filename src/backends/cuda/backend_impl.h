@@ -105,6 +105,8 @@ struct CudaBackend::Impl {
   bool route_regs = true;
   // hc_mix_kernel stages its fn columns before its PDL wait (HcParams::early_fn; TERN_HC_EARLY_FN=0: after).
   bool hc_early_fn = true;
+  // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).
+  bool topk_fast = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

@@ -113,6 +113,7 @@ void CudaBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, con
   p.keys = geometry(a.keys);
   p.pools = table(a.keys.pools);
   p.key_tables = table(a.keys.tables);
+  p.fast_topk = impl_->topk_fast;
   check_indexer_shape("step_indexer_topk", p);
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
   launch_indexer_scores(p, scores, impl_->stream);

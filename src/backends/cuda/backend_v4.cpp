@@ -178,7 +178,8 @@ void CudaBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& sc
 void CudaBackend::indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) {
   require_cuda_f32("indexer_topk", {&a.q, &a.weights});
   TERN_CHECK(topk <= kMaxIndexerTopk, "cuda indexer_topk: topk ", topk, " exceeds the kernel's ", kMaxIndexerTopk);
-  const IndexerParams p = indexer_params("indexer_topk", a);
+  IndexerParams p = indexer_params("indexer_topk", a);
+  p.fast_topk = impl_->topk_fast;
   auto* scores = static_cast<float*>(impl_->scratch(std::max<int64_t>(1, p.n * p.num_keys) * sizeof(float)));
   if (!run_library_indexer(*impl_, p, scores)) {
     launch_indexer_scores(p, scores, impl_->stream);

@@ -53,6 +53,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   impl_->route_regs = env_flag("TERN_ROUTE_REGS", true);
   // TERN_HC_EARLY_FN=0: hc_mix_kernel stages fn after its PDL wait (A/B; the same bits).
   impl_->hc_early_fn = env_flag("TERN_HC_EARLY_FN", true);
+  // TERN_TOPK_FAST=0: the indexer's top-k without its short ways (A/B; the same picks).
+  impl_->topk_fast = env_flag("TERN_TOPK_FAST", true);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -255,7 +257,8 @@ std::vector<std::string> CudaBackend::knob_names() {
           "TERN_PDL",
           "TERN_HC_POST_SQUARES",
           "TERN_ROUTE_REGS",
-          "TERN_HC_EARLY_FN"};
+          "TERN_HC_EARLY_FN",
+          "TERN_TOPK_FAST"};
 }
 
 namespace {
@@ -282,6 +285,7 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_HC_POST_SQUARES") return m.hc_post_squares;
   if (name == "TERN_ROUTE_REGS") return m.route_regs;
   if (name == "TERN_HC_EARLY_FN") return m.hc_early_fn;
+  if (name == "TERN_TOPK_FAST") return m.topk_fast;
   unknown_knob(name);
 }
 
@@ -289,7 +293,8 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
   Impl& m = *impl_;
   const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
                          name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES" ||
-                         name == "TERN_ROUTE_REGS" || name == "TERN_HC_EARLY_FN";
+                         name == "TERN_ROUTE_REGS" || name == "TERN_HC_EARLY_FN" ||
+                         name == "TERN_TOPK_FAST";
   if (is_switch) check_knob_range(name, value, 0, 1);
   if (name == "TERN_MOE_STAGE_QUANT")
     m.moe_stage_quant = value != 0;
@@ -305,6 +310,8 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
     m.route_regs = value != 0;
   else if (name == "TERN_HC_EARLY_FN")
     m.hc_early_fn = value != 0;
+  else if (name == "TERN_TOPK_FAST")
+    m.topk_fast = value != 0;
   else if (name == "TERN_X8_QUANT_MAX_N")
     set_x8_quant_max_n(static_cast<int>(value));
   else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")

@@ -193,8 +193,14 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   auto key_at = [&](int64_t s) -> uint32_t { return CACHED ? cache[s] : float_key(row[s]); };
   const int64_t span = (vis + kTopkThreads - 1) / kTopkThreads * kTopkThreads;  // whole warps iterate
 
+  // Every visible key taken (a row of at most topk keys: contexts up to topk * ratio): no threshold to find, the
+  // entries go to the sort as they are (the same set, so the same sorted output).
+  const bool all = p.fast_topk && keep == vis;
+  if (all) {
+    for (int j = tid; j < keep; j += kTopkThreads) sel_key[j] = key_at(j), sel_idx[j] = j;
+  }
   if (tid == 0) prefix_s = 0, remaining_s = keep, count_s = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = 24; shift >= 0 && !all; shift -= 8) {
     for (int b = tid; b < 256; b += kTopkThreads) hist[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_s;
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   const int need_equal = remaining_s;  // entries equal to thresh to take, lowest index first
   // Larger entries, in any order (sorted below): one slot reservation per warp.
 #pragma unroll 4
-  for (int64_t s = tid; s < span; s += kTopkThreads) {
+  for (int64_t s = tid; s < span && !all; s += kTopkThreads) {
     const uint32_t u = s < vis ? key_at(s) : 0u;
     const bool take = s < vis && u > thresh;
     const unsigned ballot = __ballot_sync(0xffffffffu, take);
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
     }
   }
   // Equal entries: contiguous segments per thread, ranked by a block scan.
-  const int64_t seg = (vis + kTopkThreads - 1) / kTopkThreads;
+  const int64_t seg = all ? 0 : (vis + kTopkThreads - 1) / kTopkThreads;
   const int64_t b0 = tid * seg, b1 = min(vis, b0 + seg);
   int mine = 0;
   for (int64_t s = b0; s < b1; ++s) mine += key_at(s) == thresh;
@@ -282,6 +288,35 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
   while (size < keep) size <<= 1;
   for (int j = keep + tid; j < size; j += kTopkThreads) sel_key[j] = 0, sel_idx[j] = INT32_MAX;
   __syncthreads();
+  if (p.fast_topk && size <= kTopkThreads) {
+    // One entry a thread, in registers: the compare-exchanges of partners less than a warp apart by shuffles,
+    // the others through shared memory (at 512 entries 10 of the network's 45 stages, two barriers each,
+    // where every stage took a barrier). The same network, so the same order (a total one: indices differ).
+    uint32_t key = sel_key[tid];
+    int32_t idx = sel_idx[tid];
+    if (tid >= size) key = 0, idx = INT32_MAX;  // (past the network: never paired with an entry below size)
+    for (int k = 2; k <= size; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        uint32_t pk;
+        int32_t pi;
+        if (j >= 32) {
+          sel_key[tid] = key, sel_idx[tid] = idx;
+          __syncthreads();
+          pk = sel_key[tid ^ j], pi = sel_idx[tid ^ j];
+          __syncthreads();  // (the next stage's stores)
+        } else {
+          pk = __shfl_xor_sync(0xffffffffu, key, j);
+          pi = __shfl_xor_sync(0xffffffffu, idx, j);
+        }
+        const bool mine_better = key > pk || (key == pk && idx < pi);
+        const bool lower = (tid & j) == 0, ascending_block = (tid & k) == 0;
+        // The lower position of an ascending block keeps the better entry, the upper one the worse; a
+        // descending block the other way round.
+        if (mine_better != (lower == ascending_block)) key = pk, idx = pi;
+      }
+    if (tid < keep) out[tid] = idx;
+    return;
+  }
   for (int k = 2; k <= size; k <<= 1)
     for (int j = k >> 1; j > 0; j >>= 1) {
       for (int x = tid; x < size; x += kTopkThreads) {

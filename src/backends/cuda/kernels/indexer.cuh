@@ -24,6 +24,9 @@ struct IndexerParams {
   // bound that sizes the launch and strides the scores.
   const uint64_t* pools = nullptr;
   const uint64_t* key_tables = nullptr;
+  // indexer_topk_kernel's short ways (TERN_TOPK_FAST=0: off, A/B; the same picks): a row of at most topk keys
+  // skips the radix select, and up to 1024 entries sort in registers (shuffles below a warp's stride).
+  bool fast_topk = true;
 };
 
 constexpr int kMaxIndexerTopk = 2048;
