@@ -33,7 +33,7 @@ stamp "2. dense products at 1 / 16 / 64 tokens; batch 16's kernels (PDL, side st
 timeout 45 $G/tern_gpu_bench --only linear > $OUT/linear.log 2>&1; echo "rc $?"
 grep -E "T=(1|16|64) " $OUT/linear.log | sed -E 's/ +/ /g' | cut -c1-170 | head -40
 for v in 1 0; do
-  TERN_TOPK_FAST=$v timeout 40 $G/tern_gpu_bench --only indexer --quick > $OUT/indexer$v.log 2>&1; echo "rc $? (TERN_TOPK_FAST=$v)"
+  TERN_TOPK_FAST=$v timeout 30 $G/tern_gpu_bench --only indexer --quick > $OUT/indexer$v.log 2>&1; echo "rc $? (TERN_TOPK_FAST=$v)"
   grep -E "indexer" $OUT/indexer$v.log | sed -E 's/ +/ /g' | cut -c1-160 | head -8
 done
 TERN_PDL=0 TERN_SIDE_STREAM=0 timeout 50 $BS --prefill 1024 --batches 16 --steps 10 --warmup 3 --profile \
