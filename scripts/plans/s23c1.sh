@@ -7,7 +7,9 @@
 #      that hold picks (the MoE op tests, the PDL chain, graphs);
 #   1. A/B in one process at batches 1 / 16 / 64: TERN_ROUTE_REGS=0 (route_scored_kernel; predicted +4 to +6 us a
 #      layer at batch 1, i.e. the register kernel -2 to -3% of a step); the L2 prefetches (Model::L2Prefetch) against
-#      none: wo_a after wq_b (1), wo_a and wo_b (3), the next layer's wq_a|wkv and wq_b after the MoE (4), all (7).
+#      none: wo_a after wq_b (1), the next layer's wq_a|wkv and wq_b after the MoE (4), all (7). TERN_FUSED_ROPE=0:
+#      the attention output's inverse RoPE as a rope op, not in the decode attention's merge (predicted +1.5 to +3 us a
+#      layer at batch 1).
 #      Predicted at batch 1: a 32 MB product from L2 ~6-9 us instead of ~15.7: 1 -> -0.3 ms, 7 -> -0.6 to -0.9 ms
 #      (if L2 keeps 64 MB of the 50: less for 3); less than half that share at 16 / 64. TERN_HC_EARLY_FN=0: hc_mix
 #      stages its fn columns after its PDL wait, not before (predicted +1 to +1.5 us a call at batch 1, 85 calls).
@@ -25,9 +27,9 @@ stamp "0. model tests; mended op tests; routing, MoE, PDL, graph tests"
 timeout 120 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"; pf $OUT/model-tests.log
 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.BatchInvariant/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/*:Shapes/GpuV4.Routing/*:Shapes/GpuV4.Mhc/*:GpuErrors.*:GpuStepOps.IndexerTopk:Shapes/GpuV4.Indexer/*:Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:GpuPdl.*:*GpuGraphs*' > $OUT/op-tests.log 2>&1
 echo "rc $?"; pf $OUT/op-tests.log 16
-stamp "1. A/B: route_scored_kernel (B1), the L2 prefetches 1 / 3 / 4 / 7 (B2-B5), hc_mix's fn after its wait (B6), the indexer top-k without its short ways (B7), against A"
+stamp "1. A/B: route_scored_kernel (B1), the L2 prefetches 1 / 4 / 7 (B2-B4), the inverse RoPE as an op (B5), hc_mix's fn after its wait (B6), the indexer top-k without its short ways (B7), against A"
 timeout 210 $BS --prefill 1024 --batches 1,16,64 --steps 16 --warmup 4 --ab TERN_ROUTE_REGS=0 --ab TERN_L2_PREFETCH=1 \
-  --ab TERN_L2_PREFETCH=3 --ab TERN_L2_PREFETCH=4 --ab TERN_L2_PREFETCH=7 --ab TERN_HC_EARLY_FN=0 --ab TERN_TOPK_FAST=0 --ab-rounds 2 > $OUT/ab-route.log 2>&1
+  --ab TERN_L2_PREFETCH=4 --ab TERN_L2_PREFETCH=7 --ab TERN_FUSED_ROPE=0 --ab TERN_HC_EARLY_FN=0 --ab TERN_TOPK_FAST=0 --ab-rounds 2 > $OUT/ab-route.log 2>&1
 echo "rc $?"; grep -E "^(decode|ab) |^A/B|error|\|" $OUT/ab-route.log | cut -c1-200 | head -30
 stamp "2. dense products at 1 / 16 / 64 tokens; batch 16's kernels (PDL, side stream off)"
 timeout 45 $G/tern_gpu_bench --only linear > $OUT/linear.log 2>&1; echo "rc $?"

@@ -75,9 +75,13 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
     ops::join_side(ctx_, h.device());
-    attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns));
+    attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns),
+                paths_.fused_rope ? inv_freq : TensorView());
   }
-  ops::rope(ctx_, heads, b.positions, inv_freq, /*inverse=*/true);
+  // (the tables' rows rotated back in attend_step when paths_.fused_rope)
+  const int64_t roped = Ns > 0 && paths_.fused_rope ? Ns : 0;
+  if (roped < N)
+    ops::rope(ctx_, heads.view().rows(roped, N), b.positions.rows(roped, N), inv_freq, /*inverse=*/true);
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
   Tensor grouped = tensor(

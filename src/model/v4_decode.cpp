@@ -333,7 +333,7 @@ Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const Ten
 
 // attend() for every slot, then each slot's row enters its ring.
 void Model::attend_step(int l, const Batch& b, const TensorView& q, const TensorView& kv_rows,
-                        const Tensor& selected, const TensorView& heads) {
+                        const Tensor& selected, const TensorView& heads, const TensorView& inv_freq) {
   const ModelConfig& c = w_.config;
   const DecodeTables::Layer& t = b.decode->layers[l];
   const TensorView positions = b.decode->positions;
@@ -353,6 +353,7 @@ void Model::attend_step(int l, const Batch& b, const TensorView& q, const Tensor
   args.selected = selected.empty() ? TensorView() : selected.view();
   args.sinks = layer(l).attn.attn_sink;
   args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  args.inv_freq = inv_freq;
   // One token a sequence: the slots' rows enter their rings on a side branch beside the attention (joined at the
   // end of the attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from
   // kv_rows, never the slot p % window the store writes, and no two slots share a ring. Several: a later token's

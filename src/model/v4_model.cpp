@@ -297,7 +297,8 @@ bool Model::fold_hc_post() const {
 
 Model::Paths Model::default_paths() {
   static const Paths p{env_flag("TERN_HC_FOLD", true), env_flag("TERN_FUSED_COMPRESS", true),
-                       static_cast<int>(env_int("TERN_L2_PREFETCH", 0, 0, kPrefetchAll))};
+                       static_cast<int>(env_int("TERN_L2_PREFETCH", 0, 0, kPrefetchAll)),
+                       env_flag("TERN_FUSED_ROPE", true)};
   return p;
 }
 

@@ -66,6 +66,9 @@ class Model {
     // Weights asked into L2 ahead of their products at steps of up to kPrefetchMaxTokens tokens (ops::prefetch;
     // TERN_L2_PREFETCH, a sum of the L2Prefetch bits).
     int l2_prefetch = 0;
+    // The attention output's inverse RoPE in the step attention (ops::StepAttentionArgs::inv_freq) rather than a
+    // rope op after it (TERN_FUSED_ROPE=0: the op; the same bits).
+    bool fused_rope = true;
   };
   // Where the forward asks weights into L2 (Paths::l2_prefetch), each while latency-bound kernels leave DRAM idle:
   enum L2Prefetch : int {
@@ -356,8 +359,9 @@ class Model {
   // The same for the rows on the step tables (h, cq, q, kv_rows, heads: rows 0 .. table_tokens - 1 of the step).
   void compress_step(int layer, const Batch& b, const TensorView& h, bool indexer);
   Tensor indexer_step(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
+  // inv_freq (or empty): heads rotated back by the attention itself (ops::StepAttentionArgs::inv_freq).
   void attend_step(int layer, const Batch& b, const TensorView& q, const TensorView& kv_rows,
-                   const Tensor& selected, const TensorView& heads);
+                   const Tensor& selected, const TensorView& heads, const TensorView& inv_freq);
   void check_state(const cache::SequenceState& state) const;
   template <typename Sublayer>
   void residual(const HyperConnWeights& hc, const TensorView& norm, const Batch& b, Tensor& streams,

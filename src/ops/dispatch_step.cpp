@@ -49,7 +49,13 @@ void step_attention(const Context& ctx, const StepAttentionArgs& a, const Tensor
                a.selected.shape().str(), " must be [", S, ", k]");
     expect_dtype("step_attention", "selected", a.selected, {DType::i32});
   }
-  ctx.backend_for(common_device("step_attention", {&a.q, &a.positions, &a.rows, &out}))
+  if (!a.inv_freq.empty()) {
+    expect_dtype("step_attention", "inv_freq", a.inv_freq, {DType::f32});
+    expect_shape("step_attention", "inv_freq", a.inv_freq, {-1});
+    TERN_CHECK(2 * a.inv_freq.dim(0) <= a.q.dim(-1), "step_attention: rope dim ", 2 * a.inv_freq.dim(0),
+               " exceeds head_dim ", a.q.dim(-1));
+  }
+  ctx.backend_for(common_device("step_attention", {&a.q, &a.positions, &a.rows, &out, &a.inv_freq}))
       .step_attention(a, out);
 }
 

@@ -46,6 +46,10 @@ struct StepAttentionArgs {
   TensorView sinks;            // f32 [heads]
   float scale = 1.0f;
   TensorView firsts;  // i64 [slots] or empty (one token a sequence)
+  // f32 [rope_dim / 2] or empty: out's last rope_dim dims of each head rotated back at the slot's position, as
+  // ops::rope(out, positions, inv_freq, true) after the op would (the same bits; the GPU's decode kernel does it in
+  // its merge: one launch less a layer).
+  TensorView inv_freq;
 };
 void step_attention(const Context& ctx, const StepAttentionArgs& a, const TensorView& out);
 void step_attention(const StepAttentionArgs& a, const TensorView& out);

@@ -127,6 +127,7 @@ void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorVie
     e.scale = a.scale;
     ops::sparse_attention(self, e, o);
   }
+  if (!a.inv_freq.empty()) ops::rope(self, out, a.positions, a.inv_freq, /*inverse=*/true);
 }
 
 void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {

@@ -39,6 +39,11 @@ void CudaBackend::step_attention(const ops::StepAttentionArgs& a, const TensorVi
     p.pools = table(a.compressed.pools);
     p.comp_tables = table(a.compressed.tables);
   }
+  if (!a.inv_freq.empty()) {
+    require_cuda_f32("step_attention", {&a.inv_freq});
+    p.rope_inv_freq = a.inv_freq.data_as<const float>();
+    p.rope_half = a.inv_freq.dim(0);
+  }
   launch_attention("step_attention", p, *impl_);
 }
 

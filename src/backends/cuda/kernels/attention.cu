@@ -18,6 +18,7 @@
 #include "backends/cuda/kernels/attention_split.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "backends/cuda/kernels/rope.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -368,9 +369,28 @@ int64_t attention_partial_floats(const AttentionParams& p) {
   return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }
 
+namespace {
+cudaError_t launch_attention_kernels(const AttentionParams& p, AttentionPath path, cudaStream_t stream);
+}  // namespace
+
 cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const AttentionPath path = attention_path(p);
+  // The heads kernel rotates the rope dims back in its merge where they are whole float4 of pairs (V4: the last
+  // 64 of 512); elsewhere rope_kernel after the attention, on the same floats (the same bits).
+  const bool in_merge = path == AttentionPath::bf16_tensor_cores_heads &&
+                        (p.fmt.head_dim - 2 * p.rope_half) % 4 == 0 && p.rope_half % 2 == 0;
+  if (p.rope_inv_freq == nullptr || in_merge) return launch_attention_kernels(p, path, stream);
+  AttentionParams plain = p;
+  plain.rope_inv_freq = nullptr;
+  const cudaError_t e = launch_attention_kernels(plain, path, stream);
+  if (e != cudaSuccess) return e;
+  launch_rope(p.out, p.n, p.heads, p.fmt.head_dim, p.positions, p.rope_inv_freq, p.rope_half, true, stream);
+  return cudaGetLastError();
+}
+
+namespace {
+cudaError_t launch_attention_kernels(const AttentionParams& p, AttentionPath path, cudaStream_t stream) {
   if (path == AttentionPath::bf16_tensor_cores_prefill) return launch_attention_prefill(p, stream);
   if (path == AttentionPath::bf16_tensor_cores) return launch_attention_mma(p, stream);
   if (path == AttentionPath::bf16_tensor_cores_heads) return launch_attention_heads(p, stream);
@@ -393,5 +413,6 @@ cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t strea
   }
   return cudaSuccess;
 }
+}  // namespace
 
 }  // namespace tern::cuda

@@ -59,6 +59,11 @@ struct AttentionParams {
   // Eager mode: the caller's chunk takes the library GEMMs (CudaBackend::Impl::library_for: many tokens, not
   // --batch-invariant), so it may run on the prefill kernel, whose bits differ from the decode kernel's.
   bool prefill = false;
+  // step_attention with ops::StepAttentionArgs::inv_freq (decode mode): out's last 2 * rope_half dims of each
+  // head rotated back at positions[i], as rope_kernel would after the op. The heads kernel does it in its merge
+  // (rope_pair, the same bits); the other kernels are followed by rope_kernel (launch_sparse_attention).
+  const float* rope_inv_freq = nullptr;
+  int64_t rope_half = 0;
 };
 
 // f32_cuda_cores_any_width: f32 rows of a head_dim the other kernels are not built for (attention_any.cu).

@@ -56,6 +56,7 @@
 #include "backends/cuda/kernels/attention_tile.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/rope_dev.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -429,6 +430,13 @@ __global__ void __launch_bounds__(kThreads, 2) attention_heads_kernel(AttentionP
           acc.z += vs[sp].z * w;
           acc.w += vs[sp].w * w;
         }
+    }
+    if (a.rope_inv_freq != nullptr && 4 * c >= HD - 2 * a.rope_half) {  // (launch_sparse_attention: whole float4 of pairs)
+      const int pair = (4 * c - (HD - 2 * static_cast<int>(a.rope_half))) / 2;
+      float v[4] = {acc.x, acc.y, acc.z, acc.w};
+      rope_pair(v, a.rope_inv_freq[pair], a.positions[i], true);
+      rope_pair(v + 2, a.rope_inv_freq[pair + 1], a.positions[i], true);
+      acc = make_float4(v[0], v[1], v[2], v[3]);
     }
     reinterpret_cast<float4*>(a.out + (i * a.heads + h) * HD)[c] = acc;
   }
