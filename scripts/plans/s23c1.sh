@@ -15,6 +15,7 @@
 #      stages its fn columns after its PDL wait, not before (predicted +1 to +1.5 us a call at batch 1, 85 calls).
 #      TERN_TOPK_FAST=0: the indexer's top-k without the short ways (at 1K context every key is taken: no radix
 #      select; sorts in registers): predicted +4 to +8 us a call, 21 calls at batch 1.
+#   (PART=b, its own call:)
 #   2. the dense products alone at 1 / 16 / 64 tokens (--only linear) and batch 16's kernels at their own durations
 #      (PDL and side stream off): the next item's size at batch 16.
 set -u
@@ -23,6 +24,7 @@ export TERN_PACK=${TERN_PACK:-.plans/packs/s23.tar.xz}
 source scripts/plans/env.sh
 BS="$T bench-step --device cuda --config full --contexts 1024"
 pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ" "$1" | head -${2:-10}; }
+if [[ ${PART:-a} == a ]]; then
 stamp "0. model tests; mended op tests; routing, MoE, PDL, graph tests"
 timeout 120 $G/tern_gpu_model_tests > $OUT/model-tests.log 2>&1; echo "rc $?"; pf $OUT/model-tests.log
 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuActFp8Linear.BatchInvariant/*:Shapes/GpuActFp8Linear.MoeAgainstCpu/*:Shapes/GpuV4.Routing/*:Shapes/GpuV4.Mhc/*:GpuErrors.*:GpuStepOps.IndexerTopk:Shapes/GpuV4.Indexer/*:Shapes/GpuV4.MoeExperts/*:Shapes/GpuV4.MoeVariantsBitIdentical/*:Shapes/GpuV4.MoeSharedAddedInTheCombine/*:GpuPdl.*:*GpuGraphs*' > $OUT/op-tests.log 2>&1
@@ -31,6 +33,8 @@ stamp "1. A/B: route_scored_kernel (B1), the L2 prefetches 1 / 4 / 7 (B2-B4), th
 timeout 210 $BS --prefill 1024 --batches 1,16,64 --steps 16 --warmup 4 --ab TERN_ROUTE_REGS=0 --ab TERN_L2_PREFETCH=1 \
   --ab TERN_L2_PREFETCH=4 --ab TERN_L2_PREFETCH=7 --ab TERN_FUSED_ROPE=0 --ab TERN_HC_EARLY_FN=0 --ab TERN_TOPK_FAST=0 --ab-rounds 2 > $OUT/ab-route.log 2>&1
 echo "rc $?"; grep -E "^(decode|ab) |^A/B|error|\|" $OUT/ab-route.log | cut -c1-200 | head -30
+fi
+if [[ ${PART:-a} == b ]]; then
 stamp "2. dense products at 1 / 16 / 64 tokens; batch 16's kernels (PDL, side stream off)"
 timeout 45 $G/tern_gpu_bench --only linear > $OUT/linear.log 2>&1; echo "rc $?"
 grep -E "T=(1|16|64) " $OUT/linear.log | sed -E 's/ +/ /g' | cut -c1-170 | head -40
@@ -41,4 +45,5 @@ done
 TERN_PDL=0 TERN_SIDE_STREAM=0 timeout 50 $BS --prefill 1024 --batches 16 --steps 10 --warmup 3 --profile \
   --profile-batches 16 --profile-top 45 > $OUT/profile-b16.log 2>&1; echo "rc $?"
 grep -A70 'profile at batch 16,' $OUT/profile-b16.log | head -72
+fi
 stamp done
