@@ -40,14 +40,15 @@ StepTiming wall_clock(const std::function<void()>& fn, int warmup, int runs) {
   return {us[us.size() / 2], us.front(), us.back(), runs};
 }
 
-Tensor random_tensor(DType t, Shape s, Device d, uint64_t seed, float sigma) {
-  Tensor x(t, s, d);
+// Filled on ctx's backend (the model's or the measurement's own context, not the registry's).
+Tensor random_tensor(const ops::Context& ctx, DType t, Shape s, uint64_t seed, float sigma) {
+  Tensor x(t, s, ctx.device());
   ops::SynthFillArgs a;
   a.kind = ops::SynthKind::normal;
   a.seed = seed;
   a.b = sigma;
   a.out = x;
-  ops::synth_fill(a);
+  ops::synth_fill(ctx, a);
   return x;
 }
 
@@ -77,7 +78,7 @@ double linear_tflops(const std::string& device, int64_t n, bool fp8) {
   const Device d = device_of(device);
   const ops::Context ctx = device_context(device);
   const auto sigma = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
-  Tensor x = random_tensor(DType::f32, {n, n}, d, 11, 1.0f), y(DType::f32, {n, n}, d);
+  Tensor x = random_tensor(ctx, DType::f32, {n, n}, 11, 1.0f), y(DType::f32, {n, n}, d);
   ops::Weight w;
   w.out = w.in = n;
   w.name = fp8 ? "bench_gemm_fp8" : "bench_gemm_bf16";
@@ -97,7 +98,7 @@ double linear_tflops(const std::string& device, int64_t n, bool fp8) {
     w.scale = scale;
   } else {
     w.format = ops::WeightFormat::bf16;
-    weight = random_tensor(DType::bf16, {n, n}, d, 12, sigma);
+    weight = random_tensor(ctx, DType::bf16, {n, n}, 12, sigma);
   }
   w.weight = weight;
   const StepTiming t = time_steps(device, [&] { ops::linear(ctx, x, w, y); }, 1, 5);
@@ -143,7 +144,7 @@ std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::strin
     const auto& [use, count] = shapes.at(k);
     const ops::Weight& w = *use->weight;
     const int64_t groups = use->groups, in = w.in * groups;
-    Tensor x = random_tensor(DType::f32, {T, in}, Device::cuda, 31, 1.0f), y(DType::f32, {T, w.out}, Device::cuda);
+    Tensor x = random_tensor(m.context(), DType::f32, {T, in}, 31, 1.0f), y(DType::f32, {T, w.out}, Device::cuda);
     const StepTiming t = time_steps(device, [&] {
       if (groups > 1) ops::grouped_linear(m.context(), x.view().reshape({T, groups, w.in}), w, y.view().reshape({T, groups, w.out / groups}));
       else ops::linear(m.context(), x, w, y);
@@ -174,8 +175,8 @@ std::vector<GemmRate> prefill_gemm_rates(const model::Model& m, const std::strin
       }
     }
     Tensor didx = Tensor::copy_of(idx, Device::cuda);
-    Tensor x = random_tensor(DType::f32, {T, D}, Device::cuda, 32, 1.0f);
-    Tensor w = random_tensor(DType::f32, {T, k}, Device::cuda, 33, 0.3f), out(DType::f32, {T, D}, Device::cuda);
+    Tensor x = random_tensor(m.context(), DType::f32, {T, D}, 32, 1.0f);
+    Tensor w = random_tensor(m.context(), DType::f32, {T, k}, 33, 0.3f), out(DType::f32, {T, D}, Device::cuda);
     const StepTiming t = time_steps(device, [&] {
       ops::moe_experts(m.context(), ops::MoeExpertsArgs{x, didx, w, experts, static_cast<float>(c.swiglu_limit), out});
     }, 1, reps);

@@ -637,7 +637,7 @@ int run(const Args& a) {
               verdict_specs.assign(static_cast<size_t>(logits.dim(0)), {});
               for (auto& spec : verdict_specs) spec.params.temperature = 0.0f;
               verdict_rows.resize(verdict_specs.size());
-              ops::sample_rows(logits, verdict_specs, verdict_rows);
+              ops::sample_rows(m.context(), logits, verdict_specs, verdict_rows);
             }
             speculator->settle(kept);
             for (int64_t i = 0; i < B; ++i)
