@@ -243,8 +243,9 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_kernel(IndexerParam
     }
     __syncthreads();
   }
-  const uint32_t thresh = prefix_s;
-  const int need_equal = remaining_s;  // entries equal to thresh to take, lowest index first
+  // (Every key taken: no threshold, and thread 0's stores above were never published by a barrier: not read.)
+  const uint32_t thresh = all ? 0u : prefix_s;
+  const int need_equal = all ? 0 : remaining_s;  // entries equal to thresh to take, lowest index first
   // Larger entries, in any order (sorted below): one slot reservation per warp.
 #pragma unroll 4
   for (int64_t s = tid; s < span && !all; s += kTopkThreads) {

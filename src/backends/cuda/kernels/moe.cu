@@ -97,7 +97,7 @@ __device__ __forceinline__ unsigned route_key(float v) {
 // experts (lane + 32 i) held in registers: every logit and bias load issued at once, and a round is a lane's
 // argmax over its registers and two warp reductions (the largest key, then the lowest expert holding it: ties to
 // the lower id) instead of a shared-memory scan and ten shuffles. Up to 32 picks (lane j keeps pick j).
-// route_scored_kernel took ~9 us at one token on the H100 (session 22), mostly its dependent loads.
+// route_scored_kernel took 9.1 us at one token on the H100 (session 22), this kernel 3.1 (session 23, results.md).
 template <int PER>
 __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
                                                                             int64_t T, int64_t E, int k, float scale,
