@@ -9,6 +9,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/moe.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "core/error.h"
@@ -43,6 +44,17 @@ using test::refusal;
 template <class E>
 E unread() {
   return static_cast<E>(-1);
+}
+
+// The scored routing's register kernel takes V4-Flash's 256 experts and 6 picks; more experts (a lane holds 8) or
+// more than 32 picks (lane j keeps pick j) stay on route_scored_kernel, whatever TERN_ROUTE_REGS says.
+TEST(CudaKnobs, RouteRegisterKernelShapes) {
+  EXPECT_TRUE(route_in_registers(256, 6));
+  EXPECT_TRUE(route_in_registers(16, 2));
+  EXPECT_TRUE(route_in_registers(256, 32));
+  EXPECT_FALSE(route_in_registers(257, 6));
+  EXPECT_FALSE(route_in_registers(1024, 6));
+  EXPECT_FALSE(route_in_registers(256, 33));
 }
 
 TEST(CudaKnobs, MoeGroupedReadAtEachCall) {
