@@ -9,8 +9,29 @@
 
 namespace tern::app {
 
+namespace {
+// The forward's on/off switches (Model::Paths; v4_model.h says what each selects).
+struct PathSwitch {
+  const char* name;
+  bool model::Model::Paths::*member;
+};
+constexpr PathSwitch kPathSwitches[] = {
+    {"TERN_HC_FOLD", &model::Model::Paths::hc_fold},
+    {"TERN_FUSED_COMPRESS", &model::Model::Paths::fused_compress},
+    {"TERN_FUSED_ROPE", &model::Model::Paths::fused_rope},
+};
+
+const PathSwitch* path_switch(const std::string& name) {
+  for (const PathSwitch& sw : kPathSwitches)
+    if (name == sw.name) return &sw;
+  return nullptr;
+}
+}  // namespace
+
 std::vector<std::string> knob_names(const model::Model& m) {
-  std::vector<std::string> names{"TERN_HC_FOLD", "TERN_FUSED_COMPRESS", "TERN_FUSED_ROPE", "TERN_L2_PREFETCH"};
+  std::vector<std::string> names;
+  for (const PathSwitch& sw : kPathSwitches) names.emplace_back(sw.name);
+  names.emplace_back("TERN_L2_PREFETCH");
 #if TERN_WITH_CUDA
   if (m.device() == Device::cuda)
     for (const std::string& n : cuda::CudaBackend::knob_names()) names.push_back(n);
@@ -38,9 +59,7 @@ cuda::CudaBackend* cuda_backend_of(const model::Model& m) {
 }  // namespace
 
 int64_t knob_value(const model::Model& m, const std::string& name) {
-  if (name == "TERN_HC_FOLD") return m.paths().hc_fold;
-  if (name == "TERN_FUSED_COMPRESS") return m.paths().fused_compress;
-  if (name == "TERN_FUSED_ROPE") return m.paths().fused_rope;
+  if (const PathSwitch* sw = path_switch(name)) return m.paths().*sw->member;
   if (name == "TERN_L2_PREFETCH") return m.paths().l2_prefetch;
 #if TERN_WITH_CUDA
   if (cuda::CudaBackend* b = cuda_backend_of(m)) return b->knob(name);
@@ -49,10 +68,10 @@ int64_t knob_value(const model::Model& m, const std::string& name) {
 }
 
 void set_knob(model::Model& m, const std::string& name, int64_t value) {
-  if (name == "TERN_HC_FOLD" || name == "TERN_FUSED_COMPRESS" || name == "TERN_FUSED_ROPE") {
+  if (const PathSwitch* sw = path_switch(name)) {
     TERN_CHECK(value == 0 || value == 1, name, " takes 0 or 1, not ", value);
     model::Model::Paths p = m.paths();
-    (name == "TERN_HC_FOLD" ? p.hc_fold : name == "TERN_FUSED_COMPRESS" ? p.fused_compress : p.fused_rope) = value != 0;
+    p.*sw->member = value != 0;
     m.set_paths(p);
     return;
   }

@@ -851,11 +851,9 @@ const bool registered = tern::tools::register_verb(
            "--ab", a->ab,
            "NAME=V[,NAME=V] (repeatable: one B arm each): after each context's decode rows, the batches "
            "again "
-           "with these switches (TERN_HC_FOLD, TERN_FUSED_COMPRESS; on cuda also TERN_MOE_STAGE_QUANT, "
-           "TERN_MOE_EARLY_DOWN, TERN_X8_QUANT, TERN_X8_QUANT_MAX_N, TERN_MOE_GROUPED_MIN_TOKENS, "
-           "TERN_DENSE_LIBRARY_MIN_TOKENS, TERN_MOE_VARIANT, TERN_PDL, TERN_HC_POST_SQUARES) as arm B "
-           "against the "
-           "start-up values, alternating B and A; the warm prefill of each --prefill length too");
+           "with these switches (the forward's, and on cuda the backend's: app::knob_names, listed in "
+           "docs/bench-step.md and in the refusal of an unknown name) as arm B against the start-up values, "
+           "alternating B and A; the warm prefill of each --prefill length too");
        app.add_option("--ab-rounds", a->ab_rounds, "rounds of every B arm then arm A (--ab)")
            ->check(CLI::Range(1, 100))
            ->capture_default_str();

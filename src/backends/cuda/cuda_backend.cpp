@@ -14,6 +14,31 @@
 
 namespace tern::cuda {
 
+namespace {
+// The backend's on/off switches that live in Impl (backend_impl.h says what each selects; all for A/B, each
+// keeping the bits): read from the environment at construction, then `knob` / `set_knob` by name (bench-step
+// --ab). TERN_PDL, process-wide, and the integer knobs are handled apart.
+struct ImplSwitch {
+  const char* name;
+  bool CudaBackend::Impl::*member;
+};
+constexpr ImplSwitch kImplSwitches[] = {
+    {"TERN_MOE_STAGE_QUANT", &CudaBackend::Impl::moe_stage_quant},
+    {"TERN_MOE_EARLY_DOWN", &CudaBackend::Impl::moe_early_down},
+    {"TERN_X8_QUANT", &CudaBackend::Impl::x8_quantises_x},
+    {"TERN_HC_POST_SQUARES", &CudaBackend::Impl::hc_post_squares},
+    {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},
+    {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
+    {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
+};
+
+const ImplSwitch* impl_switch(std::string_view name) {
+  for (const ImplSwitch& sw : kImplSwitches)
+    if (name == sw.name) return &sw;
+  return nullptr;
+}
+}  // namespace
+
 CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   TERN_CHECK(device_available(), "the CUDA backend needs a CUDA device, and none was found");
   int dev = 0;
@@ -39,22 +64,8 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // take over, and the grouped kernels are its MoE path.
   impl_->moe_grouped_min_tokens =
       env_int("TERN_MOE_GROUPED_MIN_TOKENS", kMoeGroupedMinTokensDefault, 1, kLibraryMinTokens);
-  // TERN_X8_QUANT=0: decode FP8 products always quantise x in act_quant_kernel first (A/B of the fused form).
-  impl_->x8_quantises_x = env_flag("TERN_X8_QUANT", true);
-  // TERN_MOE_STAGE_QUANT=0: --activations fp8 experts on the bulk kernels get x and h quantised by act_fake_quant
-  // launches first (A/B of the staged quantisation; the same bits).
-  impl_->moe_stage_quant = env_flag("TERN_MOE_STAGE_QUANT", false);
-  // TERN_MOE_EARLY_DOWN=1: the bulk down kernel copies w2 before its PDL wait (A/B; the same bits; slower in session 22).
-  impl_->moe_early_down = env_flag("TERN_MOE_EARLY_DOWN", false);
-  // TERN_HC_POST_SQUARES=0: the library path's hc_post and the mix's squares column as two kernels (A/B; the
-  // same bits).
-  impl_->hc_post_squares = env_flag("TERN_HC_POST_SQUARES", true);
-  // TERN_ROUTE_REGS=0: the scored routing on route_scored_kernel, not the register kernel (A/B; the same bits).
-  impl_->route_regs = env_flag("TERN_ROUTE_REGS", true);
-  // TERN_HC_EARLY_FN=0: hc_mix_kernel stages fn after its PDL wait (A/B; the same bits).
-  impl_->hc_early_fn = env_flag("TERN_HC_EARLY_FN", true);
-  // TERN_TOPK_FAST=0: the indexer's top-k without its short ways (A/B; the same picks).
-  impl_->topk_fast = env_flag("TERN_TOPK_FAST", true);
+  // The on/off switches (kImplSwitches, above): each from its variable, its default the member's initialiser.
+  for (const ImplSwitch& sw : kImplSwitches) impl_.get()->*sw.member = env_flag(sw.name, impl_.get()->*sw.member);
   // TERN_DENSE_LIBRARY_MIN_TOKENS: from how many tokens the dense products that are not exact (FP8 block-scaled on
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
@@ -247,18 +258,12 @@ void CudaBackend::set_x8_quantises_x(bool on) { impl_->x8_quantises_x = on; }
 void CudaBackend::set_moe_stage_quant(bool on) { impl_->moe_stage_quant = on; }
 
 std::vector<std::string> CudaBackend::knob_names() {
-  return {"TERN_MOE_STAGE_QUANT",
-          "TERN_MOE_EARLY_DOWN",
-          "TERN_X8_QUANT",
-          "TERN_X8_QUANT_MAX_N",
-          "TERN_MOE_GROUPED_MIN_TOKENS",
-          "TERN_DENSE_LIBRARY_MIN_TOKENS",
-          "TERN_MOE_VARIANT",
-          "TERN_PDL",
-          "TERN_HC_POST_SQUARES",
-          "TERN_ROUTE_REGS",
-          "TERN_HC_EARLY_FN",
-          "TERN_TOPK_FAST"};
+  std::vector<std::string> names;
+  for (const ImplSwitch& sw : kImplSwitches) names.emplace_back(sw.name);
+  for (const char* n : {"TERN_PDL", "TERN_X8_QUANT_MAX_N", "TERN_MOE_GROUPED_MIN_TOKENS", "TERN_DENSE_LIBRARY_MIN_TOKENS",
+                        "TERN_MOE_VARIANT"})
+    names.emplace_back(n);
+  return names;
 }
 
 namespace {
@@ -274,49 +279,28 @@ void check_knob_range(std::string_view name, int64_t value, int64_t lo, int64_t 
 
 int64_t CudaBackend::knob(std::string_view name) const {
   const Impl& m = *impl_;
-  if (name == "TERN_MOE_STAGE_QUANT") return m.moe_stage_quant;
-  if (name == "TERN_MOE_EARLY_DOWN") return m.moe_early_down;
-  if (name == "TERN_X8_QUANT") return m.x8_quantises_x;
+  if (const ImplSwitch* sw = impl_switch(name)) return m.*sw->member;
+  if (name == "TERN_PDL") return pdl_enabled();
   if (name == "TERN_X8_QUANT_MAX_N") return x8_quant_max_n_now();
   if (name == "TERN_MOE_GROUPED_MIN_TOKENS") return m.moe_grouped_min_tokens;
   if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") return m.dense_library_min_tokens;
   if (name == "TERN_MOE_VARIANT") return m.moe_variant;
-  if (name == "TERN_PDL") return pdl_enabled();
-  if (name == "TERN_HC_POST_SQUARES") return m.hc_post_squares;
-  if (name == "TERN_ROUTE_REGS") return m.route_regs;
-  if (name == "TERN_HC_EARLY_FN") return m.hc_early_fn;
-  if (name == "TERN_TOPK_FAST") return m.topk_fast;
   unknown_knob(name);
 }
 
 void CudaBackend::set_knob(std::string_view name, int64_t value) {
   Impl& m = *impl_;
-  const bool is_switch = name == "TERN_MOE_STAGE_QUANT" || name == "TERN_MOE_EARLY_DOWN" ||
-                         name == "TERN_X8_QUANT" || name == "TERN_PDL" || name == "TERN_HC_POST_SQUARES" ||
-                         name == "TERN_ROUTE_REGS" || name == "TERN_HC_EARLY_FN" ||
-                         name == "TERN_TOPK_FAST";
-  if (is_switch) check_knob_range(name, value, 0, 1);
-  if (name == "TERN_MOE_STAGE_QUANT")
-    m.moe_stage_quant = value != 0;
-  else if (name == "TERN_MOE_EARLY_DOWN")
-    m.moe_early_down = value != 0;
-  else if (name == "TERN_X8_QUANT")
-    m.x8_quantises_x = value != 0;
-  else if (name == "TERN_PDL")
+  if (const ImplSwitch* sw = impl_switch(name)) {
+    check_knob_range(name, value, 0, 1);
+    m.*sw->member = value != 0;
+  } else if (name == "TERN_PDL") {
+    check_knob_range(name, value, 0, 1);
     set_pdl_enabled(value != 0);
-  else if (name == "TERN_HC_POST_SQUARES")
-    m.hc_post_squares = value != 0;
-  else if (name == "TERN_ROUTE_REGS")
-    m.route_regs = value != 0;
-  else if (name == "TERN_HC_EARLY_FN")
-    m.hc_early_fn = value != 0;
-  else if (name == "TERN_TOPK_FAST")
-    m.topk_fast = value != 0;
-  else if (name == "TERN_X8_QUANT_MAX_N")
+  } else if (name == "TERN_X8_QUANT_MAX_N") {
     set_x8_quant_max_n(static_cast<int>(value));
-  else if (name == "TERN_MOE_GROUPED_MIN_TOKENS")
+  } else if (name == "TERN_MOE_GROUPED_MIN_TOKENS") {
     set_moe_grouped_min_tokens(value);
-  else if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") {
+  } else if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") {
     check_knob_range(name, value, 1, kLibraryMinTokens);
     m.dense_library_min_tokens = value;
   } else if (name == "TERN_MOE_VARIANT") {
