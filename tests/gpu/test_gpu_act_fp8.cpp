@@ -345,6 +345,63 @@ TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
   }
 }
 
+// linear_x8's K splits added as one thread-block cluster through shared memory (TERN_X8_CLUSTER) give the bits of
+// the workspace's split (finish_split_k): the same splits, added in split order from 0. At every token tile (8, 16,
+// 32, 64: 1-64 tokens), in the quantising form and after act_quant, the grouped wo_a included; at V4-Flash's decode
+// shapes the split products must take the cluster (so the comparison is of the two ways, not of one with itself).
+TEST_P(GpuActFp8Linear, ClusterSplitBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::CudaBackend& be = cuda::register_backend();
+  cuda::WeightStore store;
+  std::vector<Case> cases = fp8_cases(s);
+  const int64_t in_g = s.heads / s.groups * s.head_dim;
+  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, in_g});
+  int64_t clustered = 0;
+  for (const Case& c : cases) {
+    if (c.in % 128 != 0 || c.out % 128 != 0) continue;
+    const bool grouped = std::string_view(c.name) == "wo_a (grouped)";
+    const int64_t groups = grouped ? s.groups : 1, cols = groups * c.in;
+    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
+                                  c.name);
+    ops::Weight dw = store.upload(hw.w);
+    dw.act_fp8 = true;
+    for (int64_t T : {1, 5, 8, 9, 16, 23, 32, 40, 64}) {
+      const Tensor x = spread_rows(T, cols, r);
+      auto dx = upload(grouped ? x.view().reshape({T, groups, c.in}) : x.view());
+      Tensor got[2];
+      for (int cluster = 0; cluster < 2; ++cluster) {
+        const gputest::KnobGuard way("TERN_X8_CLUSTER", cluster);
+        auto y = poisoned(DType::f32, grouped ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
+        if (grouped) ops::grouped_linear(dx, dw, y);
+        else ops::linear(dx, dw, y);
+        got[cluster] = cuda::to_host(y);
+      }
+      int64_t differ = 0;
+      for (int64_t i = 0; i < got[0].numel(); ++i)
+        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
+      EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": outputs differ between the workspace's split and the cluster's";
+      cuda::LinearParams p;
+      p.w.kind = cuda::WeightFormat::fp8_block;
+      p.w.w = dw.weight.data();
+      p.w.s = dw.scale.data();
+      p.w.out = c.out;
+      p.w.in = c.in;
+      p.w.s_cols = dw.scale.dim(1);
+      p.x_stride = cols;
+      p.rows_per_group = c.out / groups;
+      p.T = T;
+      p.num_sms = be.num_sms();
+      p.partial_floats = INT64_MAX;
+      p.num_counters = INT64_MAX;
+      p.cluster_split = true;
+      clustered += cuda::linear_x8_splits_in_cluster(p);
+    }
+  }
+  if (s.D >= 4096) EXPECT_GT(clustered, 20) << "V4-Flash's split decode products did not take the cluster";
+}
+
 // The routed experts with fp8 activations (x and h quantised) on every path against the CPU: the bulk kernels (1-64
 // tokens, and 100), the grouped prefill kernels (600 tokens: mma.sync and wgmma forced), and the
 // library's per-expert products (600, set_moe_prefill_library). The products sum in f32 on every path.

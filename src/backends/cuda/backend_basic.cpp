@@ -108,6 +108,7 @@ LinearParams linear_params(const CudaBackend::Impl& impl, const TensorView& x, c
   p.rows_per_group = w.out / groups;
   p.y = y.data_as<float>();
   p.num_sms = impl.num_sms;
+  p.cluster_split = impl.x8_cluster;
   return p;
 }
 

@@ -30,6 +30,7 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
+    {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
 };
 
 const ImplSwitch* impl_switch(std::string_view name) {
@@ -423,7 +424,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "--activations fp8 (the default on a GPU; FP8 weights): act_quant_kernel (1x128 e4m3, power-of-two scales, the "
       "reference's rule) then below 65 tokens (TERN_DENSE_LIBRARY_MIN_TOKENS) linear_x8_kernel (wgmma m64nNk32 e4m3 on both operands in "
       "shared memory, f32 sums scaled per 128-column block; up to 8 tokens linear_x8_kernel quantises x itself "
-      "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off); from 65 tokens (not batch invariant): "
+      "with act_quant's rule, no act_quant launch, TERN_X8_QUANT=0 turns that off; K split over 2-8 blocks: their sums "
+      "added through a workspace and an arrival counter, or with TERN_X8_CLUSTER=1 as one thread-block cluster through "
+      "shared memory, the same bits); from 65 tokens (not batch invariant): "
       "cuBLASLt's block-scaled FP8 product (1x128 x 128x128 scales; TERN_FP8_LIBRARY=0: the dequantised x on "
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "

@@ -70,6 +70,7 @@ struct LaunchShape {
   size_t smem = 0;
   cudaStream_t stream = nullptr;
   unsigned cluster_x = 0;  // thread-block clusters of cluster_x blocks along x (0: none)
+  unsigned cluster_y = 0;  // ... and of cluster_y along y (0: none; either alone makes the other 1)
   bool serial = false;     // never with the PDL attribute (launch_pdl_fence only)
 };
 
@@ -84,10 +85,10 @@ cudaError_t launch(const LaunchShape& s, void (*kernel)(Params...), Args&&... ar
     attrs[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  if (s.cluster_x > 0) {
+  if (s.cluster_x > 0 || s.cluster_y > 0) {
     attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = s.cluster_x;
-    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.x = s.cluster_x > 0 ? s.cluster_x : 1;
+    attrs[n].val.clusterDim.y = s.cluster_y > 0 ? s.cluster_y : 1;
     attrs[n].val.clusterDim.z = 1;
     ++n;
   }

@@ -41,6 +41,9 @@ struct LinearParams {
   int* counters = nullptr;
   int64_t num_counters = 0;
   int num_sms = 132;
+  // linear_x8: a split over K of at most 8 blocks adds its partial sums through the blocks' shared memory as one
+  // thread-block cluster (CudaBackend's TERN_X8_CLUSTER), not through `partial` and the counters.
+  bool cluster_split = false;
   // Streaming kernel: the K groups (a function of the weight alone, so results do not depend on the batch),
   // measured by the tuner (CudaBackend::tune_linears); 0: the built-in rule.
   int groups = 0;

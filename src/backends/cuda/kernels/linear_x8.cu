@@ -4,6 +4,8 @@
 //
 #include "backends/cuda/kernels/linear_x8.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -36,7 +38,11 @@ struct X8Args {
   float* y;
   float* partial;
   int* counters;
+  int cluster;  // the K splits are one cluster (grid y = ksplit <= kX8MaxCluster): sums through shared memory
 };
+
+constexpr int kX8MaxCluster = 8;  // the portable cluster size
+constexpr int kX8PartStride = kX8Rows + 4;  // floats a token's row of a block's partial sums (4: no bank conflicts)
 
 // Grid: x = 128-row tiles of W, y = K splits, z = token tiles of N tokens (N = 8, 16, 32 or 64: the wgmma's n).
 // Block: two warpgroups, 128 weight rows (one scale row block). A ring of kXwStages stages, each a 128-column block
@@ -115,6 +121,45 @@ __device__ __forceinline__ void wgmma_x8(float (&d)[N / 2], uint64_t da, uint64_
 #undef TERN_X8_MMA32
 #undef TERN_X8_MMA64
 #undef TERN_X8_HEAD
+
+// Split K inside one thread-block cluster (X8Args::cluster; the ksplit blocks of a row tile, cluster rank = split):
+// each block stores its sums in its own shared memory (the ring's, every stage consumed), a cluster barrier
+// publishes them, and block `split` adds rows of the tile's (token, row) items split / ksplit .. (split + 1) / ksplit
+// from every block's shared memory (all ksplit loads in flight, then added in split order from 0.0f: finish_split_k's
+// order, so the same bits), then a second barrier keeps every block's shared memory until all have read it. Where
+// finish_split_k stores the partials to L2, fences, counts arrivals with an atomic and has the last block read them
+// back (each step a round trip on the critical path of every split product), this is two cluster barriers and
+// reads of the neighbours' shared memory.
+template <int N>
+__device__ __forceinline__ void finish_split_cluster(const X8Args& a, const float (&acc)[N / 2], uint8_t* smem,
+                                                     int64_t tile_row0, int64_t tok0, int live, int ksplit) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3, t2 = 2 * (lane & 3);
+  float* part = reinterpret_cast<float*>(smem);  // [N][kX8PartStride]
+  __syncthreads();  // both warpgroups' MMAs have read their last stage
+  const int row_a = wg * 64 + wq * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[(8 * j + t2 + (e & 1)) * kX8PartStride + row_a + 8 * (e >> 1)] = acc[4 * j + e];
+  cluster.sync();
+  const int split = static_cast<int>(cluster.block_rank()), items = live * kX8Rows;
+  const int lo = split * items / ksplit, hi = (split + 1) * items / ksplit;
+  for (int it = lo + tid; it < hi; it += blockDim.x) {
+    const int tok = it / kX8Rows, r = it % kX8Rows;
+    float v[kX8MaxCluster];
+#pragma unroll
+    for (int sp = 0; sp < kX8MaxCluster; ++sp)
+      v[sp] = sp < ksplit ? *cluster.map_shared_rank(part + tok * kX8PartStride + r, sp) : 0.0f;
+    float s = 0.0f;
+#pragma unroll
+    for (int sp = 0; sp < kX8MaxCluster; ++sp)
+      if (sp < ksplit) s += v[sp];
+    if (tile_row0 + r < a.out) a.y[(tok0 + tok) * a.out + tile_row0 + r] = s;
+  }
+  cluster.sync();
+}
 
 // FUSED: the block quantises x itself (a.xf; plan_x8 takes it for FP8 tiles of 8, or 16 with TERN_X8_QUANT_MAX_N):
 // a template parameter so that the other forms keep their registers (the prologue's loads in flight took the
@@ -281,6 +326,10 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       if (row < a.out && tok < live) dst[(tok0 + tok) * a.out + row] = acc[4 * j + e];
     }
   if (ksplit == 1) return;
+  if (a.cluster) {
+    finish_split_cluster<N>(a, acc, smem, tile_row0, tok0, live, ksplit);
+    return;
+  }
   finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
                  tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
@@ -292,7 +341,9 @@ void launch_x8_variant(const X8Args& a, dim3 grid, size_t smem, cudaStream_t str
     return true;
   }();
   (void)attr;
-  launch(linear_x8_kernel<N, BF16, FUSED>, grid, 2 * 128, smem, stream, a);
+  LaunchShape shape{grid, 2 * 128, smem, stream};
+  if (a.cluster) shape.cluster_y = grid.y;  // a row tile's K splits
+  launch(shape, linear_x8_kernel<N, BF16, FUSED>, a);
 }
 
 template <bool BF16>
@@ -311,7 +362,8 @@ namespace {
 
 struct X8Plan {
   int nt = 1, ksplit = 1;
-  bool fused = false;  // the kernel quantises x itself
+  bool fused = false;    // the kernel quantises x itself
+  bool cluster = false;  // the K splits add their sums as one cluster (X8Args::cluster), without the workspace
   int64_t bx = 0, bz = 0, nkb = 0, kb_per_group = 1;
   size_t smem = 0;
 };
@@ -350,13 +402,16 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, pl.nkb / (dev::kXwStages - 1)), 64});
   pl.kb_per_group = (pl.nkb + groups - 1) / groups;
   const int64_t ngroups = (pl.nkb + pl.kb_per_group - 1) / pl.kb_per_group;
-  const bool fits = pl.bx * pl.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats;
+  // A split of at most kX8MaxCluster blocks adds its sums in a cluster (p.cluster_split), else through the workspace.
+  const bool cluster = p.cluster_split && ngroups <= dev::kX8MaxCluster;
+  const bool fits = cluster || (pl.bx * pl.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats);
   const double wbytes = static_cast<double>(p.w.out) * p.w.in * (bf16 ? 2 : 1);
   // A block an SM for the whole bandwidth (linear_stream's model counts 0.6 of one; with that, wo_a at 64 tokens
   // ran 64 blocks unsplit, 57 us for 32 MB: results.md session 14).
   const double share = std::min(1.0, static_cast<double>(pl.bx * pl.bz) / static_cast<double>(p.num_sms));
   const double pbytes = 2.0 * 4.0 * static_cast<double>(ngroups) * static_cast<double>(p.T) * p.w.out;
   pl.ksplit = ngroups > 1 && fits && wbytes + 0.5 * pbytes < wbytes / share ? static_cast<int>(ngroups) : 1;
+  pl.cluster = cluster && pl.ksplit > 1;
   const int tokens = 8 * pl.nt;
   // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
@@ -398,7 +453,11 @@ int64_t linear_x8_partial_floats(const LinearParams& p) {
   q.partial_floats = INT64_MAX;
   q.num_counters = INT64_MAX;
   const X8Plan pl = plan_x8(q, false);
-  return pl.ksplit > 1 ? static_cast<int64_t>(pl.ksplit) * p.T * p.w.out : 0;
+  return pl.ksplit > 1 && !pl.cluster ? static_cast<int64_t>(pl.ksplit) * p.T * p.w.out : 0;
+}
+
+bool linear_x8_splits_in_cluster(const LinearParams& p) {
+  return linear_x8_ok(p) && plan_x8(p, false).cluster;
 }
 
 bool linear_x8_quantises_x(const LinearParams& p) {
@@ -427,6 +486,7 @@ void launch_x8(const LinearParams& p, const X8Plan& pl, const uint8_t* xq, const
   a.y = p.y;
   a.partial = p.partial;
   a.counters = p.counters;
+  a.cluster = pl.cluster ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
   if (xf != nullptr) {  // the quantising forms (plan_x8 fused: FP8, tiles of 8 or 16)
     if (pl.nt == 1) dev::launch_x8_variant<8, false, true>(a, grid, pl.smem, stream);

@@ -31,6 +31,9 @@ bool linear_x8_ok(const LinearParams& p);
 // Floats of split-K workspace launch_linear_x8 wants in p.partial (0: none) given p.partial_floats' budget
 // is unknown: the most it can use.
 int64_t linear_x8_partial_floats(const LinearParams& p);
+// Whether the product splits K over blocks that add their sums as one thread-block cluster (p.cluster_split and a
+// split of 2-8 blocks; the same bits as the workspace's split, finish_split_k).
+bool linear_x8_splits_in_cluster(const LinearParams& p);
 // y = W x for x quantised by launch_act_quant (xq: e4m3 [T, x_stride], x_stride = the row's columns, groups * in
 // for a grouped product; sx: f32 [T, x_stride / 128]); for bf16 weights xq is x rounded to bf16 (launch_round_bf16,
 // [T, x_stride] u16) and sx is not read. p.x is not read.
