@@ -6,8 +6,7 @@
 #      -3 to -5 us at 16 (wq_a 10.4 -> ~6, wkv 10.4 -> ~6);
 #   2. bench-step base / new / base / new at batches 1 / 16 / 64: predicted -2 to -4% at 1, -2 to -3.5% at 16; the new
 #      binary's runs carry the A/B of TERN_X8_CLUSTER=1 (the split sums through the cluster's shared memory: predicted
-#      a further -1 to -1.5 us a split product, -3 to -5% at batch 1), TERN_HC_SINKHORN_LANE=0 (the shuffled Sinkhorn:
-#      predicted +0.5 to +1 us an hc_pre at batch 1, +0.5 to +1%), the MoE staged quantisation and early down at batch 1.
+#      a further -1 to -1.5 us a split product, -3 to -5% at batch 1).
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s24.tar.xz}
@@ -18,7 +17,7 @@ echo "base commit $(cat build-base/commit.txt)"
 pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ" "$1" | head -${2:-12}; }
 if [[ ${PART:-a} == a ]]; then
 stamp "0. mended op tests; split-K products' tests"
-timeout 150 $G/tern_gpu_tests --gtest_filter='GpuActFp8.E4m3EveryFoldShiftAgainstCpu:*GpuBasic.Linear*:*GpuBasic.GroupedLinear*:*GpuBasic.StackedLinear*:*GpuBasic.ExactOnTensorCores*:*GpuActFp8Linear.*:GpuPdl.*:*GpuGraphs*:*GpuV4.Mhc*:GpuExactTc.*' \
+timeout 150 $G/tern_gpu_tests --gtest_filter='GpuActFp8.E4m3EveryFoldShiftAgainstCpu:*GpuBasic.Linear*:*GpuBasic.GroupedLinear*:*GpuBasic.StackedLinear*:*GpuBasic.ExactOnTensorCores*:*GpuActFp8Linear.*:GpuPdl.*:*GpuGraphs*:GpuExactTc.*' \
   > $OUT/ops0.log 2>&1; echo "rc $?"; pf $OUT/ops0.log 20; grep -c "^\[       OK" $OUT/ops0.log
 stamp "1. dense products, base then new"
 for b in base cuda cluster; do
@@ -31,7 +30,7 @@ stamp "2. bench-step base / new / base / new"
 n=0
 for b in base cuda base cuda; do
   n=$((n + 1)); (( $(date +%s) - T0 > 470 )) && { echo "skipped: time"; break; }
-  ab=""; [[ $n == 2 ]] && ab="--ab TERN_X8_CLUSTER=1 --ab TERN_HC_SINKHORN_LANE=0 --ab TERN_MOE_STAGE_QUANT=1 --ab TERN_MOE_EARLY_DOWN=1 --ab-rounds 2"
+  ab=""; [[ $n == 2 ]] && ab="--ab TERN_X8_CLUSTER=1 --ab TERN_MOE_STAGE_QUANT=1 --ab TERN_MOE_EARLY_DOWN=1 --ab-rounds 2"
   timeout 150 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 \
     --steps 12 --warmup 3 $ab > $OUT/bs-$b-$RANDOM.log 2>&1; echo "rc $? ($b)"
   grep -hE "^(decode|prefill|ab) |^A/B|\|" $(ls -t $OUT/bs-$b-*.log | head -1) | grep -v "^| batch\|^|---" | cut -c1-170 | head -16

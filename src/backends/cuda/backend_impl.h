@@ -105,9 +105,6 @@ struct CudaBackend::Impl {
   bool route_regs = true;
   // hc_mix_kernel stages its fn columns before its PDL wait (HcParams::early_fn; TERN_HC_EARLY_FN=0: after).
   bool hc_early_fn = true;
-  // hc_pre_finish_kernel's Sinkhorn with the matrix in every lane (HcParams::sinkhorn_in_lane; TERN_HC_SINKHORN_LANE=0:
-  // a lane an entry and shuffles).
-  bool hc_sinkhorn_lane = true;
   // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).
   bool topk_fast = true;
   // linear_x8's splits of 2-8 blocks add their sums as one thread-block cluster (LinearParams::cluster_split;

@@ -42,7 +42,6 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, &a.post, &a.comb, &a.collapsed});
   HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
   p.early_fn = impl_->hc_early_fn;
-  p.sinkhorn_in_lane = impl_->hc_sinkhorn_lane;
   p.post = a.post.data_as<float>();
   p.comb = a.comb.data_as<float>();
   p.collapsed = a.collapsed.data_as<float>();
@@ -101,7 +100,6 @@ void CudaBackend::hc_head(const ops::HcHeadArgs& a) {
   require_cuda_f32("hc_head", {&a.streams, &a.fn, &a.base, &a.scale, &a.out});
   HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
   p.early_fn = impl_->hc_early_fn;
-  p.sinkhorn_in_lane = impl_->hc_sinkhorn_lane;
   p.out = a.out.data_as<float>();
   if (run_library_hc(*impl_, p, true)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, true) * sizeof(float)));

@@ -31,7 +31,6 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
     {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
-    {"TERN_HC_SINKHORN_LANE", &CudaBackend::Impl::hc_sinkhorn_lane},
 };
 
 const ImplSwitch* impl_switch(std::string_view name) {

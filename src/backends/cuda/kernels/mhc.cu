@@ -290,55 +290,6 @@ __device__ __forceinline__ float row_max4(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// The finish's comb with the 4x4 matrix in every lane of the warp: each round's row and column sums are local adds
-// (no shuffle round trips: 20 dependent rounds of four shuffles and two divisions were ~2 us of a finish at one token,
-// the longest path of the kernel). The sums pair as the shuffle form's (xor 1 then 2 along a row, xor 4 then 8 down a
-// column): (v0 + v1) + (v2 + v3), which every lane of the shuffle form computes in some commuted order, so the same
-// bits; max likewise. Lane 0 stores the matrix.
-__device__ __forceinline__ void sinkhorn_in_lane(const HcParams& a, const float* m, float inv, float* comb) {
-  constexpr int kN = kHc * kHc;
-  float c[kN];
-#pragma unroll
-  for (int i = 0; i < kN; ++i) c[i] = (m[2 * kHc + i] * inv) * a.scale[2] + a.base[2 * kHc + i];
-  auto row_sum = [&](int j) { return (c[4 * j] + c[4 * j + 1]) + (c[4 * j + 2] + c[4 * j + 3]); };
-  auto col_sum = [&](int k) { return (c[k] + c[4 + k]) + (c[8 + k] + c[12 + k]); };
-#pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-    const float mx = fmaxf(fmaxf(c[4 * j], c[4 * j + 1]), fmaxf(c[4 * j + 2], c[4 * j + 3]));
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) c[4 * j + k] = expf(c[4 * j + k] - mx);
-  }
-#pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-    const float s = row_sum(j);
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) c[4 * j + k] = c[4 * j + k] / s + a.hc_eps;
-  }
-  const int iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;  // the columns once even at 0 (as the CPU)
-  for (int it = 0; it < iters; ++it) {
-    if (it > 0) {
-      float s[kHc];
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) s[j] = row_sum(j) + a.hc_eps;
-#pragma unroll
-      for (int j = 0; j < kHc; ++j)
-#pragma unroll
-        for (int k = 0; k < kHc; ++k) c[4 * j + k] /= s[j];
-    }
-    float s[kHc];
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) s[k] = col_sum(k) + a.hc_eps;
-#pragma unroll
-    for (int j = 0; j < kHc; ++j)
-#pragma unroll
-      for (int k = 0; k < kHc; ++k) c[4 * j + k] /= s[k];
-  }
-  if ((threadIdx.x & 31) == 0)
-#pragma unroll
-    for (int j = 0; j < kHc; ++j)
-      *reinterpret_cast<float4*>(comb + 4 * j) = make_float4(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3]);
-}
-
 // One block per token: the logits from the partials (all threads), then the last warp writes post and runs
 // the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
 // operations) while threads 0..255 collapse the streams with pre.
@@ -356,10 +307,6 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
   if (threadIdx.x >= kCollapseThreads) {
     const int lane = threadIdx.x & 31, i = lane & 15, j = i / 4, k = i % 4;
     if (lane < kHc) a.post[t * kHc + lane] = 2.0f * sigmoidf_((m[kHc + lane] * inv) * a.scale[1] + a.base[kHc + lane]);
-    if (a.sinkhorn_in_lane) {
-      sinkhorn_in_lane(a, m, inv, a.comb + t * kHc * kHc);
-      return;
-    }
     float c = (m[2 * kHc + i] * inv) * a.scale[2] + a.base[2 * kHc + i];
     c = expf(c - row_max4(c));
     c = c / row_sum4(c) + a.hc_eps;

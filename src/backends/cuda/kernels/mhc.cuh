@@ -41,9 +41,6 @@ struct HcParams {
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
   bool early_fn = true;        // the mix stages fn before its PDL wait (TERN_HC_EARLY_FN=0: after, A/B)
-  // The finish's softmax and Sinkhorn with all 16 entries in each lane (no shuffles; TERN_HC_SINKHORN_LANE=0: a lane
-  // an entry and shuffles, A/B). The same sums in the same pairs, so the same bits.
-  bool sinkhorn_in_lane = true;
 };
 
 // The kernels' limits (the backend checks them): hc == 4, D a multiple of 4 and at most kHcMaxD.
