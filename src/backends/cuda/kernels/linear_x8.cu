@@ -151,7 +151,7 @@ __device__ __forceinline__ void finish_split_cluster(const X8Args& a, const floa
     float v[kX8MaxCluster];
 #pragma unroll
     for (int sp = 0; sp < kX8MaxCluster; ++sp)
-      v[sp] = sp < ksplit ? *cluster.map_shared_rank(part + tok * kX8PartStride + r, sp) : 0.0f;
+      v[sp] = *cluster.map_shared_rank(part + tok * kX8PartStride + r, min(sp, ksplit - 1));  // (sp < ksplit added)
     float s = 0.0f;
 #pragma unroll
     for (int sp = 0; sp < kX8MaxCluster; ++sp)
@@ -314,6 +314,10 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   }
   cp_async_wait<0>();
   grid_dependents_launch();
+  if (ksplit > 1 && a.cluster) {  // the split's sums meet in the cluster's shared memory (no workspace)
+    finish_split_cluster<N>(a, acc, smem, tile_row0, tok0, live, ksplit);
+    return;
+  }
 
   float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
   const int64_t row_a = tile_row0 + wg * 64 + wq * 16 + (lane >> 2);
@@ -326,10 +330,6 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       if (row < a.out && tok < live) dst[(tok0 + tok) * a.out + row] = acc[4 * j + e];
     }
   if (ksplit == 1) return;
-  if (a.cluster) {
-    finish_split_cluster<N>(a, acc, smem, tile_row0, tok0, live, ksplit);
-    return;
-  }
   finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
                  tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
