@@ -6,7 +6,8 @@
 #   1. the dense products alone: base, new, new with TERN_X8_CLUSTER=1;
 #   2. bench-step base / new / base / new at 1 / 16 / 64; the first new run with the A/B arms TERN_X8_CLUSTER=1 (predicted
 #      -1 to -1.5 us a split product: -3 to -5% at batch 1), the MoE staged quantisation and early down;
-#   3. the model tests with TERN_X8_CLUSTER=1 (batch invariance, step tables, greedy decode).
+#   3. the model tests with TERN_X8_CLUSTER=1 (batch invariance, step tables, greedy decode);
+#   4. the kernels' own times at batches 1 and 16 on this card (PDL and side stream off).
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s24.tar.xz}
@@ -38,4 +39,11 @@ stamp "3. model tests with the cluster split"
 (( $(date +%s) - T0 < 470 )) && { TERN_X8_CLUSTER=1 timeout 100 $G/tern_gpu_model_tests \
   --gtest_filter='*BatchInvariance*:*StepTables*:*MixedSteps*:*GreedyDecode*' > $OUT/model-tests.log 2>&1; echo "rc $?";
   pf $OUT/model-tests.log; }
+stamp "4. kernels' own times at batches 1 and 16 (PDL and side stream off)"
+for bt in 1 16; do
+  (( $(date +%s) - T0 > 500 )) && { echo "skipped: time"; break; }
+  TERN_PDL=0 TERN_SIDE_STREAM=0 timeout 60 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
+    --batches $bt --steps 10 --warmup 3 --profile --profile-batches $bt --profile-top 40 > $OUT/profile-b$bt.log 2>&1
+  echo "rc $?"; grep -A45 "profile at batch $bt," $OUT/profile-b$bt.log | cut -c1-150 | head -47
+done
 stamp done
