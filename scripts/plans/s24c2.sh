@@ -46,4 +46,9 @@ for bt in 1 16; do
     --batches $bt --steps 10 --warmup 3 --profile --profile-batches $bt --profile-top 40 > $OUT/profile-b$bt.log 2>&1
   echo "rc $?"; grep -A45 "profile at batch $bt," $OUT/profile-b$bt.log | cut -c1-150 | head -47
 done
+stamp "5. H200: the FP4 decode probe (the e4m3 MoE decode question, docs/cuda-backend.md) and the MoE kernels at 1 / 16"
+if (( $(date +%s) - T0 < 520 )); then
+  timeout 45 $G/tern_gpu_bench --only decode_probe > $OUT/decode-probe.log 2>&1; echo "rc $?"; grep "^|" $OUT/decode-probe.log | head -12
+  timeout 30 $G/tern_gpu_bench --only moe --quick > $OUT/moe.log 2>&1; echo "rc $?"; grep -E "T=(1|16) " $OUT/moe.log | sed -E 's/ +/ /g' | cut -c1-140 | head -12
+fi
 stamp done
