@@ -30,7 +30,7 @@ stamp "2. bench-step base / new / base / new"
 n=0
 for b in base cuda base cuda; do
   n=$((n + 1)); (( $(date +%s) - T0 > 430 )) && { echo "skipped: time"; break; }
-  ab=""; [[ $n == 2 ]] && ab="--ab TERN_X8_CLUSTER=1 --ab TERN_MOE_STAGE_QUANT=1 --ab TERN_MOE_EARLY_DOWN=1 --ab-rounds 2"
+  ab=""; [[ $n == 2 ]] && ab="--ab TERN_X8_CLUSTER=1 --ab TERN_X8_QUANT_MAX_N=16 --ab TERN_MOE_STAGE_QUANT=1 --ab TERN_MOE_EARLY_DOWN=1 --ab-rounds 2"
   timeout 150 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 \
     --steps 12 --warmup 3 $ab > $OUT/bs-$n-$b.log 2>&1; echo "rc $? ($b)"
   grep -hE "^(decode|prefill|ab) |error" $OUT/bs-$n-$b.log | cut -c1-150 | head -18
