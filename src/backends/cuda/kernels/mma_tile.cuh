@@ -294,8 +294,9 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
 // arrives last (graph replays equal eager runs). Called by every thread of the block; thread i sums the
 // (row, token) items i, i + blockDim.x, ... (row tile_row0 + item % rows_per_tile, token tok0 + item /
 // rows_per_tile). The adder is on every split product's critical path: it holds two items' loads of 8 splits in
-// flight (16 L2 round trips overlapped; one load then one add a split cost ksplit x tokens / 2 dependent L2
-// round trips, ~10 us at 16 tokens and 8 splits), then adds each item's values in split order (the same bits).
+// flight, then adds each item's values in split order (the same bits). Against one load then one add a split:
+// -3 to -3.5 us a split linear_x8 product at 64 tokens (8 items a thread), nothing at 1 or 16 tokens (H200,
+// results.md session 24).
 __device__ __forceinline__ void finish_split_k(const float* partial, float* y, int* counters, int64_t counter,
                                                int ksplit, int64_t tile_row0, int rows_per_tile, int64_t out,
                                                int64_t T, int64_t tok0, int64_t tok_end, float mult) {
