@@ -33,10 +33,11 @@ stamp "2b. split-K products' tests"
 timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuBasic.Linear*:*GpuBasic.GroupedLinear*:*GpuBasic.StackedLinear*:*GpuBasic.ExactOnTensorCores*:*GpuActFp8Linear.*:GpuPdl.*:*GpuGraphs*:*GpuV4.Mhc*:GpuExactTc.*' \
   > $OUT/ops0.log 2>&1; echo "rc $?"; pf $OUT/ops0.log 20; grep -c "^\[       OK" $OUT/ops0.log
 stamp "1. dense products: base, new, new + cluster"
-for b in base cuda $([[ $crc == 0 ]] && echo cluster); do
-  d=$b; [[ $b == cluster ]] && d=cuda
-  TERN_X8_CLUSTER=$([[ $b == cluster ]] && echo 1 || echo 0) timeout 60 build-$d/tests/gpu/tern_gpu_bench --only linear \
-    > $OUT/linear-$b.log 2>&1; echo "rc $? ($b)"
+# quant16: tiles of 16 quantise x themselves (TERN_X8_QUANT_MAX_N=16, the same bits): which products gain at 16 tokens
+for b in base cuda $([[ $crc == 0 ]] && echo cluster) quant16; do
+  d=cuda; [[ $b == base ]] && d=base
+  TERN_X8_CLUSTER=$([[ $b == cluster ]] && echo 1 || echo 0) TERN_X8_QUANT_MAX_N=$([[ $b == quant16 ]] && echo 16 || echo 8) \
+    timeout 60 build-$d/tests/gpu/tern_gpu_bench --only linear > $OUT/linear-$b.log 2>&1; echo "rc $? ($b)"
   grep -E "act-fp8 x8.*T=(1|16|64) " $OUT/linear-$b.log | sed -E 's/ +/ /g' | cut -c1-130 | head -30
 done
 stamp "3. model tests with the cluster split"
