@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string_view>
 #include <vector>
@@ -284,6 +285,69 @@ TEST_P(GpuActFp8Linear, BatchInvariant) {
   }
 }
 
+// One of V4's FP8 decode products at T tokens as linear_x8 takes it (for_each_x8_product): the case, its uploaded
+// weight (act_fp8) and x on the device.
+struct X8Product {
+  const Case& c;
+  int64_t groups, T;
+  const ops::Weight& w;
+  const TensorView& x;
+
+  // The op's output on the host (y poisoned first; grouped_linear for the grouped wo_a).
+  Tensor run() const {
+    auto y = poisoned(DType::f32, groups > 1 ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
+    if (groups > 1) ops::grouped_linear(x, w, y);
+    else ops::linear(x, w, y);
+    return cuda::to_host(y);
+  }
+  // The params the backend builds for it, with an unbounded split-K workspace.
+  cuda::LinearParams params(const cuda::CudaBackend& be) const {
+    cuda::LinearParams p;
+    p.w.kind = cuda::WeightFormat::fp8_block;
+    p.w.w = w.weight.data();
+    p.w.s = w.scale.data();
+    p.w.out = c.out;
+    p.w.in = c.in;
+    p.w.s_cols = w.scale.dim(1);
+    p.x = x.data_as<const float>();
+    p.x_stride = groups * c.in;
+    p.rows_per_group = c.out / groups;
+    p.T = T;
+    p.num_sms = be.num_sms();
+    p.partial_floats = INT64_MAX;
+    p.num_counters = INT64_MAX;
+    return p;
+  }
+};
+
+// `check` for each FP8 product of fp8_cases that linear_x8 takes and the grouped wo_a, at each T of `tokens`, on
+// fresh random weights and x.
+void for_each_x8_product(const Shapes& s, std::initializer_list<int64_t> tokens, Rand& r,
+                         const std::function<void(const X8Product&)>& check) {
+  cuda::WeightStore store;
+  std::vector<Case> cases = fp8_cases(s);
+  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, s.heads / s.groups * s.head_dim});
+  for (const Case& c : cases) {
+    if (c.in % 128 != 0 || c.out % 128 != 0) continue;
+    const int64_t groups = std::string_view(c.name) == "wo_a (grouped)" ? s.groups : 1, cols = groups * c.in;
+    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
+                                  c.name);
+    ops::Weight dw = store.upload(hw.w);
+    dw.act_fp8 = true;
+    for (int64_t T : tokens) {
+      const Tensor x = spread_rows(T, cols, r);
+      auto dx = upload(groups > 1 ? x.view().reshape({T, groups, c.in}) : x.view());
+      check(X8Product{c, groups, T, dw, dx});
+    }
+  }
+}
+
+int64_t differing_floats(const Tensor& a, const Tensor& b) {
+  int64_t differ = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) differ += std::memcmp(a.data<float>() + i, b.data<float>() + i, 4) != 0;
+  return differ;
+}
+
 // linear_x8 quantising x itself (up to 8 tokens: linear_x8_quantises_x) gives act_quant + linear_x8's bits, the
 // grouped wo_a included; the products of V4-Flash's decode shapes take it at 1-8 tokens (so the comparison is of
 // the two forms, not of one form with itself).
@@ -292,57 +356,22 @@ TEST_P(GpuActFp8Linear, QuantisingKernelBitIdentical) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   cuda::CudaBackend& be = cuda::register_backend();
-  cuda::WeightStore store;
-  std::vector<Case> cases = fp8_cases(s);
-  const int64_t in_g = s.heads / s.groups * s.head_dim;
-  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, in_g});
-  for (const Case& c : cases) {
-    if (c.in % 128 != 0 || c.out % 128 != 0) continue;
-    const bool grouped = std::string_view(c.name) == "wo_a (grouped)";
-    const int64_t groups = grouped ? s.groups : 1, cols = groups * c.in;
-    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
-                                  c.name);
-    ops::Weight dw = store.upload(hw.w);
-    dw.act_fp8 = true;
-    for (int64_t T : {1, 3, 8, 9, 16, 17}) {
-      const Tensor x = spread_rows(T, cols, r);
-      auto dx = upload(grouped ? x.view().reshape({T, groups, c.in}) : x.view());
-      Tensor got[2];
-      const int64_t before = be.fused_quant_calls().linear_x8;
-      for (int fused = 0; fused < 2; ++fused) {
-        be.set_x8_quantises_x(fused == 1);
-        auto y = poisoned(DType::f32, grouped ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
-        if (grouped) ops::grouped_linear(dx, dw, y);
-        else ops::linear(dx, dw, y);
-        got[fused] = cuda::to_host(y);
-      }
-      be.set_x8_quantises_x(true);
-      const bool quantising = be.fused_quant_calls().linear_x8 == before + 1;
-      int64_t differ = 0;
-      for (int64_t i = 0; i < got[0].numel(); ++i)
-        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
-      EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": outputs differ between act_quant + linear_x8 and the "
-                           << "quantising kernel";
-      if (s.D >= 4096 && T <= 8) EXPECT_TRUE(quantising) << c.name << " T=" << T << ": the quantising form did not run";
-      if (s.D >= 4096 && T <= 8) {  // V4-Flash's decode products take the quantising form (split K as they run)
-        cuda::LinearParams p;
-        p.w.kind = cuda::WeightFormat::fp8_block;
-        p.w.w = dw.weight.data();
-        p.w.s = dw.scale.data();
-        p.w.out = c.out;
-        p.w.in = c.in;
-        p.w.s_cols = dw.scale.dim(1);
-        p.x = dx.view().data_as<const float>();
-        p.x_stride = cols;
-        p.rows_per_group = c.out / groups;
-        p.T = T;
-        p.num_sms = be.num_sms();
-        p.partial_floats = INT64_MAX;
-        p.num_counters = INT64_MAX;
-        EXPECT_TRUE(cuda::linear_x8_quantises_x(p)) << c.name << " T=" << T;
-      }
+  for_each_x8_product(s, {1, 3, 8, 9, 16, 17}, r, [&](const X8Product& q) {
+    Tensor got[2];
+    const int64_t before = be.fused_quant_calls().linear_x8;
+    for (int fused = 0; fused < 2; ++fused) {
+      be.set_x8_quantises_x(fused == 1);
+      got[fused] = q.run();
     }
-  }
+    be.set_x8_quantises_x(true);
+    const bool quantising = be.fused_quant_calls().linear_x8 == before + 1;
+    EXPECT_EQ(differing_floats(got[0], got[1]), 0)
+        << q.c.name << " T=" << q.T << ": outputs differ between act_quant + linear_x8 and the quantising kernel";
+    if (s.D >= 4096 && q.T <= 8) {  // V4-Flash's decode products take the quantising form (split K as they run)
+      EXPECT_TRUE(quantising) << q.c.name << " T=" << q.T << ": the quantising form did not run";
+      EXPECT_TRUE(cuda::linear_x8_quantises_x(q.params(be))) << q.c.name << " T=" << q.T;
+    }
+  });
 }
 
 // linear_x8's K splits added as one thread-block cluster through shared memory (TERN_X8_CLUSTER) give the bits of
@@ -354,51 +383,19 @@ TEST_P(GpuActFp8Linear, ClusterSplitBitIdentical) {
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   cuda::CudaBackend& be = cuda::register_backend();
-  cuda::WeightStore store;
-  std::vector<Case> cases = fp8_cases(s);
-  const int64_t in_g = s.heads / s.groups * s.head_dim;
-  cases.push_back({"wo_a (grouped)", s.groups * s.o_rank, in_g});
   int64_t clustered = 0;
-  for (const Case& c : cases) {
-    if (c.in % 128 != 0 || c.out % 128 != 0) continue;
-    const bool grouped = std::string_view(c.name) == "wo_a (grouped)";
-    const int64_t groups = grouped ? s.groups : 1, cols = groups * c.in;
-    HostWeight hw = random_weight(WeightFormat::fp8_block, c.out, c.in, r, 1.0f / std::sqrt(static_cast<float>(c.in)),
-                                  c.name);
-    ops::Weight dw = store.upload(hw.w);
-    dw.act_fp8 = true;
-    for (int64_t T : {1, 5, 8, 9, 16, 23, 32, 40, 64}) {
-      const Tensor x = spread_rows(T, cols, r);
-      auto dx = upload(grouped ? x.view().reshape({T, groups, c.in}) : x.view());
-      Tensor got[2];
-      for (int cluster = 0; cluster < 2; ++cluster) {
-        const gputest::KnobGuard way("TERN_X8_CLUSTER", cluster);
-        auto y = poisoned(DType::f32, grouped ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
-        if (grouped) ops::grouped_linear(dx, dw, y);
-        else ops::linear(dx, dw, y);
-        got[cluster] = cuda::to_host(y);
-      }
-      int64_t differ = 0;
-      for (int64_t i = 0; i < got[0].numel(); ++i)
-        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
-      EXPECT_EQ(differ, 0) << c.name << " T=" << T << ": outputs differ between the workspace's split and the cluster's";
-      cuda::LinearParams p;
-      p.w.kind = cuda::WeightFormat::fp8_block;
-      p.w.w = dw.weight.data();
-      p.w.s = dw.scale.data();
-      p.w.out = c.out;
-      p.w.in = c.in;
-      p.w.s_cols = dw.scale.dim(1);
-      p.x_stride = cols;
-      p.rows_per_group = c.out / groups;
-      p.T = T;
-      p.num_sms = be.num_sms();
-      p.partial_floats = INT64_MAX;
-      p.num_counters = INT64_MAX;
-      p.cluster_split = true;
-      clustered += cuda::linear_x8_splits_in_cluster(p);
+  for_each_x8_product(s, {1, 5, 8, 9, 16, 23, 32, 40, 64}, r, [&](const X8Product& q) {
+    Tensor got[2];
+    for (int cluster = 0; cluster < 2; ++cluster) {
+      const gputest::KnobGuard way("TERN_X8_CLUSTER", cluster);
+      got[cluster] = q.run();
     }
-  }
+    EXPECT_EQ(differing_floats(got[0], got[1]), 0)
+        << q.c.name << " T=" << q.T << ": outputs differ between the workspace's split and the cluster's";
+    cuda::LinearParams p = q.params(be);
+    p.cluster_split = true;
+    clustered += cuda::linear_x8_splits_in_cluster(p);
+  });
   if (s.D >= 4096) EXPECT_GT(clustered, 20) << "V4-Flash's split decode products did not take the cluster";
 }
 
