@@ -3,12 +3,14 @@
 // Host code only (no kernel, no device call): runs on machines without a GPU, in builds with the CUDA toolkit.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/linear.cuh"
+#include "backends/cuda/kernels/linear_x8.cuh"
 #include "backends/cuda/kernels/moe.cuh"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
@@ -55,6 +57,52 @@ TEST(CudaKnobs, RouteRegisterKernelShapes) {
   EXPECT_FALSE(route_in_registers(257, 6));
   EXPECT_FALSE(route_in_registers(1024, 6));
   EXPECT_FALSE(route_in_registers(256, 33));
+}
+
+// linear_x8's plan (host code, no device): V4-Flash's split decode products take the cluster split when asked
+// (TERN_X8_CLUSTER) and then want no workspace; the same split without it wants the workspace; a product that does
+// not split (wq_b: 256 row tiles) or splits over more than 8 blocks never takes it.
+TEST(CudaKnobs, X8ClusterSplitShapes) {
+  auto params = [](int64_t out, int64_t in, int64_t T, bool cluster) {
+    LinearParams p;
+    p.w.kind = WeightFormat::fp8_block;
+    p.w.w = reinterpret_cast<const void*>(uintptr_t{4096});  // never read: 16-byte aligned
+    p.w.out = out;
+    p.w.in = in;
+    p.w.s_cols = in / 128;
+    p.x_stride = in;
+    p.rows_per_group = out;
+    p.T = T;
+    p.num_sms = 132;
+    p.partial_floats = INT64_MAX;
+    p.num_counters = INT64_MAX;
+    p.cluster_split = cluster;
+    return p;
+  };
+  struct Product {
+    const char* name;
+    int64_t out, in;
+    bool splits;
+  };
+  const Product products[] = {{"wq_a", 1024, 4096, true},  {"wkv", 512, 4096, true},    {"wo_b", 4096, 8192, true},
+                              {"w1|w3", 4096, 4096, true}, {"w2", 4096, 2048, true},    {"wq_b", 32768, 1024, false}};
+  for (const Product& pr : products)
+    for (int64_t T : {1, 16, 64}) {
+      const LinearParams on = params(pr.out, pr.in, T, true), off = params(pr.out, pr.in, T, false);
+      ASSERT_TRUE(linear_x8_ok(on)) << pr.name;
+      EXPECT_EQ(linear_x8_splits_in_cluster(on), pr.splits) << pr.name << " T=" << T;
+      EXPECT_FALSE(linear_x8_splits_in_cluster(off)) << pr.name << " T=" << T;
+      if (pr.splits) {
+        EXPECT_EQ(linear_x8_partial_floats(on), 0) << pr.name << " T=" << T;
+        EXPECT_GT(linear_x8_partial_floats(off), 0) << pr.name << " T=" << T;
+      }
+    }
+  // bf16 wkv|wgate of a compressor (2048 x 4096): 16 splits, more than a portable cluster.
+  LinearParams wide = params(2048, 4096, 1, true);
+  wide.w.kind = WeightFormat::bf16;
+  wide.w.s_cols = 0;
+  EXPECT_FALSE(linear_x8_splits_in_cluster(wide));
+  EXPECT_GT(linear_x8_partial_floats(wide), 0);
 }
 
 TEST(CudaKnobs, MoeGroupedReadAtEachCall) {
