@@ -122,31 +122,23 @@ __device__ __forceinline__ void wgmma_x8(float (&d)[N / 2], uint64_t da, uint64_
 #undef TERN_X8_MMA64
 #undef TERN_X8_HEAD
 
-// Split K inside one thread-block cluster (X8Args::cluster; the ksplit blocks of a row tile, cluster rank = split):
-// each block stores its sums in its own shared memory (the ring's, every stage consumed), a cluster barrier
-// publishes them, and block `split` adds rows of the tile's (token, row) items split / ksplit .. (split + 1) / ksplit
-// from every block's shared memory (all ksplit loads in flight, then added in split order from 0.0f: finish_split_k's
-// order, so the same bits), then a second barrier keeps every block's shared memory until all have read it. Where
-// finish_split_k stores the partials to L2, fences, counts arrivals with an atomic and has the last block read them
-// back (each step a round trip on the critical path of every split product), this is two cluster barriers and
-// reads of the neighbours' shared memory.
-template <int N>
-__device__ __forceinline__ void finish_split_cluster(const X8Args& a, const float (&acc)[N / 2], uint8_t* smem,
-                                                     int64_t tile_row0, int64_t tok0, int live, int ksplit) {
+// Split K inside one thread-block cluster (X8Args::cluster; the ksplit blocks of a row tile, cluster rank =
+// split): each block has stored its sums in its own shared memory (`part`, [token][kX8PartStride]: the
+// kernel's epilogue), a cluster barrier publishes them, and block `split` adds rows of the tile's (token,
+// row) items split / ksplit .. (split + 1) / ksplit from every block's shared memory (all ksplit loads in
+// flight, then added in split order from 0.0f: finish_split_k's order, so the same bits), then a second
+// barrier keeps every block's shared memory until all have read it. Where finish_split_k stores the partials
+// to L2, fences, counts arrivals with an atomic and has the last block read them back (each step a round trip
+// on the critical path of every split product), this is two cluster barriers and reads of the neighbours'
+// shared memory.
+__device__ __forceinline__ void finish_split_cluster(const X8Args& a, const float* part, int64_t tile_row0,
+                                                     int64_t tok0, int live, int ksplit) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3, t2 = 2 * (lane & 3);
-  float* part = reinterpret_cast<float*>(smem);  // [N][kX8PartStride]
-  __syncthreads();  // both warpgroups' MMAs have read their last stage
-  const int row_a = wg * 64 + wq * 16 + (lane >> 2);
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) part[(8 * j + t2 + (e & 1)) * kX8PartStride + row_a + 8 * (e >> 1)] = acc[4 * j + e];
   cluster.sync();
   const int split = static_cast<int>(cluster.block_rank()), items = live * kX8Rows;
   const int lo = split * items / ksplit, hi = (split + 1) * items / ksplit;
-  for (int it = lo + tid; it < hi; it += blockDim.x) {
+  for (int it = lo + static_cast<int>(threadIdx.x); it < hi; it += blockDim.x) {
     const int tok = it / kX8Rows, r = it % kX8Rows;
     float v[kX8MaxCluster];
 #pragma unroll
@@ -314,24 +306,38 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   }
   cp_async_wait<0>();
   grid_dependents_launch();
-  if (ksplit > 1 && a.cluster) {  // the split's sums meet in the cluster's shared memory (no workspace)
-    finish_split_cluster<N>(a, acc, smem, tile_row0, tok0, live, ksplit);
-    return;
-  }
 
-  float* dst = ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y;
-  const int64_t row_a = tile_row0 + wg * 64 + wq * 16 + (lane >> 2);
+  // The block's sums, token t's row r at dst[t * ld + r]: into its own shared memory when its split
+  // adds in the cluster (the ring's, once both warpgroups' MMAs have read their last stage), else into its
+  // split's workspace slice or, unsplit, into y.
+  const bool in_cluster = ksplit > 1 && a.cluster;
+  float* dst;
+  int64_t ld, rows;
+  if (in_cluster) {
+    __syncthreads();
+    dst = reinterpret_cast<float*>(smem);
+    ld = kX8PartStride;
+    rows = kX8Rows;
+  } else {
+    dst = (ksplit > 1 ? a.partial + static_cast<int64_t>(blockIdx.y) * a.T * a.out : a.y) + tok0 * a.out +
+          tile_row0;
+    ld = a.out;
+    rows = a.out - tile_row0;
+  }
+  const int row_a = wg * 64 + wq * 16 + (lane >> 2);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t row = row_a + 8 * (e >> 1);
-      const int tok = 8 * j + t2 + (e & 1);
-      if (row < a.out && tok < live) dst[(tok0 + tok) * a.out + row] = acc[4 * j + e];
+      const int row = row_a + 8 * (e >> 1), tok = 8 * j + t2 + (e & 1);
+      if (row < rows && tok < live) dst[tok * ld + row] = acc[4 * j + e];
     }
   if (ksplit == 1) return;
-  finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z, ksplit,
-                 tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
+  if (in_cluster)
+    finish_split_cluster(a, reinterpret_cast<const float*>(smem), tile_row0, tok0, live, ksplit);
+  else
+    finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z,
+                   ksplit, tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
 
 template <int N, bool BF16, bool FUSED = false>

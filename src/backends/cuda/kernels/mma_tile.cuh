@@ -311,13 +311,13 @@ __device__ __forceinline__ void finish_split_k(const float* partial, float* y, i
   const int items = rows_per_tile * static_cast<int>(tok_end - tok0), step = static_cast<int>(blockDim.x);
   const int64_t split_stride = T * out;
   for (int it0 = static_cast<int>(threadIdx.x); it0 < items; it0 += kItems * step) {
-    const float* src[kItems];
+    int64_t at[kItems];  // the item's index in y and in each split's partials (-1: none)
     float s[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int it = it0 + i * step;
       const int64_t row = tile_row0 + it % rows_per_tile, tok = tok0 + it / rows_per_tile;
-      src[i] = it < items && row < out ? partial + tok * out + row : nullptr;
+      at[i] = it < items && row < out ? tok * out + row : -1;
       s[i] = 0.0f;
     }
     for (int sp0 = 0; sp0 < ksplit; sp0 += kSplits) {
@@ -326,7 +326,8 @@ __device__ __forceinline__ void finish_split_k(const float* partial, float* y, i
       for (int i = 0; i < kItems; ++i)
 #pragma unroll
         for (int j = 0; j < kSplits; ++j)
-          v[i][j] = src[i] != nullptr && sp0 + j < ksplit ? __ldcg(src[i] + (sp0 + j) * split_stride) : 0.0f;
+          v[i][j] =
+              at[i] >= 0 && sp0 + j < ksplit ? __ldcg(partial + (sp0 + j) * split_stride + at[i]) : 0.0f;
 #pragma unroll
       for (int i = 0; i < kItems; ++i)
 #pragma unroll
@@ -335,7 +336,7 @@ __device__ __forceinline__ void finish_split_k(const float* partial, float* y, i
     }
 #pragma unroll
     for (int i = 0; i < kItems; ++i)
-      if (src[i] != nullptr) y[(src[i] - partial)] = s[i] * mult;
+      if (at[i] >= 0) y[at[i]] = s[i] * mult;
   }
   if (threadIdx.x == 0) counters[counter] = 0;
 }
