@@ -4,7 +4,9 @@
 # so that what a results.md entry ran survives the session (session 18 lost its plans with its machine).
 BUILD=build-cuda
 mkdir -p $BUILD
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "${TERN_PACK:-.plans/packs/s19.tar.xz}" $BUILD
+# unpack PACK DIR: a pack's binaries into DIR (a second pack beside $BUILD: the base of an A/B between binaries).
+unpack() { mkdir -p "$2" && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
+unpack "${TERN_PACK:-.plans/packs/s19.tar.xz}" $BUILD
 export TERN_FIXTURES=$PWD/tests/fixtures
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 sys_stdcxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')
@@ -27,3 +29,5 @@ G=$BUILD/tests/gpu; T=$BUILD/tools/tern
 T0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 echo "== card: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)  commit $TERN_COMMIT"
+# pf LOG [N]: the test verdicts and failures of a gtest log (N lines, 12 by default).
+pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ|error" "$1" | head -${2:-12}; }

@@ -11,10 +11,8 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s24.tar.xz}
 source scripts/plans/env.sh
-mkdir -p build-base
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .plans/packs/base-5d0ac2d.tar.xz build-base
+unpack .plans/packs/base-5d0ac2d.tar.xz build-base
 echo "base commit $(cat build-base/commit.txt)"
-pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ" "$1" | head -${2:-12}; }
 if [[ ${PART:-a} == a ]]; then
 stamp "0. mended op tests; split-K products' tests"
 timeout 150 $G/tern_gpu_tests --gtest_filter='GpuActFp8.E4m3EveryFoldShiftAgainstCpu:*GpuBasic.Linear*:*GpuBasic.GroupedLinear*:*GpuBasic.StackedLinear*:*GpuBasic.ExactOnTensorCores*:*GpuActFp8Linear.*:GpuPdl.*:*GpuGraphs*:GpuExactTc.*' \

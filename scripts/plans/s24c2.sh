@@ -12,10 +12,8 @@ set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=${TERN_PACK:-.plans/packs/s24.tar.xz}
 source scripts/plans/env.sh
-mkdir -p build-base
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .plans/packs/base-5d0ac2d.tar.xz build-base
+unpack .plans/packs/base-5d0ac2d.tar.xz build-base
 echo "base commit $(cat build-base/commit.txt)"
-pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ|error" "$1" | head -${2:-12}; }
 stamp "0. the cluster split's bits against the workspace's"
 timeout 60 $G/tern_gpu_tests --gtest_filter='*GpuActFp8Linear.ClusterSplit*' > $OUT/ops-cluster.log 2>&1; crc=$?
 echo "rc $crc"; pf $OUT/ops-cluster.log 8
