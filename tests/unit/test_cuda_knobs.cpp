@@ -59,9 +59,10 @@ TEST(CudaKnobs, RouteRegisterKernelShapes) {
   EXPECT_FALSE(route_in_registers(256, 33));
 }
 
-// linear_x8's plan (host code, no device): V4-Flash's split decode products take the cluster split when asked
-// (TERN_X8_CLUSTER) and then want no workspace; the same split without it wants the workspace; a product that does
-// not split (wq_b: 256 row tiles) or splits over more than 8 blocks never takes it.
+// linear_x8's plan (host code, no device): V4-Flash's split decode products whose grid is one block an SM take the
+// cluster split when asked (TERN_X8_CLUSTER) and then want no workspace; the same split without it wants the
+// workspace; a product that does not split (wq_b: 256 row tiles), splits over more than 8 blocks or splits into more
+// blocks than SMs (wo_b, w1|w3: 256) never takes it.
 TEST(CudaKnobs, X8ClusterSplitShapes) {
   auto params = [](int64_t out, int64_t in, int64_t T, bool cluster) {
     LinearParams p;
@@ -84,8 +85,9 @@ TEST(CudaKnobs, X8ClusterSplitShapes) {
     int64_t out, in;
     bool splits;
   };
-  const Product products[] = {{"wq_a", 1024, 4096, true},  {"wkv", 512, 4096, true},    {"wo_b", 4096, 8192, true},
-                              {"w1|w3", 4096, 4096, true}, {"w2", 4096, 2048, true},    {"wq_b", 32768, 1024, false}};
+  const Product products[] = {{"wq_a", 1024, 4096, true},     {"wkv", 512, 4096, true},  {"wq_a|wkv", 1536, 4096, true},
+                              {"wo_b", 4096, 8192, false},    {"w1", 2048, 4096, true},  {"w1|w3", 4096, 4096, false},
+                              {"w2", 4096, 2048, true},       {"wq_b", 32768, 1024, false}};
   for (const Product& pr : products)
     for (int64_t T : {1, 16, 64}) {
       const LinearParams on = params(pr.out, pr.in, T, true), off = params(pr.out, pr.in, T, false);
@@ -95,6 +97,8 @@ TEST(CudaKnobs, X8ClusterSplitShapes) {
       if (pr.splits) {
         EXPECT_EQ(linear_x8_partial_floats(on), 0) << pr.name << " T=" << T;
         EXPECT_GT(linear_x8_partial_floats(off), 0) << pr.name << " T=" << T;
+      } else if (std::string(pr.name) != "wq_b") {  // split through the workspace, asked or not
+        EXPECT_GT(linear_x8_partial_floats(on), 0) << pr.name << " T=" << T;
       }
     }
   // bf16 wkv|wgate of a compressor (2048 x 4096): 16 splits, more than a portable cluster.

@@ -107,9 +107,10 @@ struct CudaBackend::Impl {
   bool hc_early_fn = true;
   // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).
   bool topk_fast = true;
-  // linear_x8's splits of 2-8 blocks add their sums as one thread-block cluster (LinearParams::cluster_split;
-  // TERN_X8_CLUSTER=1), not through the workspace, fences and arrival counters. The same bits either way.
-  bool x8_cluster = false;
+  // linear_x8's splits of 2-8 blocks whose grid is one block an SM add their sums as one thread-block cluster
+  // (LinearParams::cluster_split; TERN_X8_CLUSTER=0: through the workspace, fences and arrival counters). The same
+  // bits either way.
+  bool x8_cluster = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

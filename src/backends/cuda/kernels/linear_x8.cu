@@ -408,8 +408,11 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, pl.nkb / (dev::kXwStages - 1)), 64});
   pl.kb_per_group = (pl.nkb + groups - 1) / groups;
   const int64_t ngroups = (pl.nkb + pl.kb_per_group - 1) / pl.kb_per_group;
-  // A split of at most kX8MaxCluster blocks adds its sums in a cluster (p.cluster_split), else through the workspace.
-  const bool cluster = p.cluster_split && ngroups <= dev::kX8MaxCluster;
+  // A split of at most kX8MaxCluster blocks adds its sums in a cluster (p.cluster_split), else through the workspace,
+  // while the whole grid is one block an SM: measured on the H100 (session 25, results.md), clusters of 8 took wq_a
+  // at 64 tokens from 17.8 to 10.2 us (64 blocks) but wo_b at one token from 14.9 to 18.5 (256 blocks, two an SM:
+  // clusters of 8 must sit in one GPC, and the GPCs' uneven SM counts hold fewer than 32 of them at once).
+  const bool cluster = p.cluster_split && ngroups <= dev::kX8MaxCluster && pl.bx * pl.bz * ngroups <= p.num_sms;
   const bool fits = cluster || (pl.bx * pl.bz <= p.num_counters && ngroups * p.T * p.w.out <= p.partial_floats);
   const double wbytes = static_cast<double>(p.w.out) * p.w.in * (bf16 ? 2 : 1);
   // A block an SM for the whole bandwidth (linear_stream's model counts 0.6 of one; with that, wo_a at 64 tokens
