@@ -39,11 +39,10 @@ void prepare_device(const std::string& device) {
 }
 
 ops::Context device_context(const std::string& device) {
-  if (device == "cpu") return ops::Context(cpu::register_backend(), Device::cpu);
+  if (device == "cpu") return cpu::context();
 #if TERN_WITH_CUDA
   TERN_CHECK(device == "cuda", "--device: expected cpu or cuda, found \"", device, "\"");
-  cuda::CudaBackend& backend = cuda::register_backend();
-  return ops::Context(backend, Device::cuda, &device_memory(Device::cuda));
+  return cuda::context();
 #else
   prepare_device(device);  // throws
   fail("unreachable");

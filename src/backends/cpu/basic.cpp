@@ -17,6 +17,11 @@ CpuBackend& register_backend() {
   return backend;
 }
 
+const ops::Context& context() {
+  static const ops::Context ctx(register_backend(), Device::cpu);
+  return ctx;
+}
+
 std::vector<std::string> CpuBackend::kernel_paths() const {
   std::vector<std::string> out;
   for (const char* op : {"embedding", "rms_norm", "rope", "linear / grouped_linear (f32, bf16, fp8 block, mxfp4, nvfp4)",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ops/backend.h"
+#include "ops/context.h"
 
 namespace tern::cpu {
 
@@ -11,6 +12,9 @@ class CpuBackend;
 // Installs the CPU backend for Device::cpu (idempotent) and returns it (an explicit ops::Context can name
 // it). Call once at startup, before any op.
 CpuBackend& register_backend();
+// The context of register_backend()'s instance (ops/context.h): what tests, tools and app::device_context
+// run host ops in.
+const ops::Context& context();
 
 class CpuBackend final : public ops::Backend {
  public:

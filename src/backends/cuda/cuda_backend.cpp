@@ -535,6 +535,11 @@ CudaBackend& register_backend() {
   return backend;
 }
 
+const ops::Context& context() {
+  static const ops::Context ctx(register_backend(), Device::cuda, &device_memory(Device::cuda));
+  return ctx;
+}
+
 CudaStepGraphs& step_graphs() {
   register_backend();
   return *static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));

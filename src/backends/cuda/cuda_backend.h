@@ -18,6 +18,7 @@
 
 #include "backends/cuda/tune_table.h"
 #include "ops/backend.h"
+#include "ops/context.h"
 
 namespace tern::cuda {
 
@@ -184,5 +185,8 @@ class CudaBackend final : public ops::Backend {
 // Installs one CudaBackend for Device::cuda (idempotent) and returns it. Throws with a clear message when
 // there is no CUDA device or it is not a Hopper GPU (sm_90).
 CudaBackend& register_backend();
+// The context of register_backend()'s instance (ops/context.h), with the device memory it installs: what
+// tests, tools and app::device_context run device ops in. Throws as register_backend does.
+const ops::Context& context();
 
 }  // namespace tern::cuda
