@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 #include "model/stacked.h"
 #include "model/v4_batch.h"
@@ -40,7 +41,7 @@ OwnedLinear make_linear(const std::string& name, int64_t out, int64_t in, Weight
     o.l.weight = o.keep[0].view();
   }
   a.out = o.l.weight;
-  ops::synth_fill(a);
+  ops::synth_fill(cpu::context(), a);
   return o;
 }
 
@@ -64,7 +65,7 @@ TEST(StackedLinears, ProductIsThePartsSideBySideAtV4Shapes) {
   ops::SynthFillArgs xa;
   xa.seed = 99;
   xa.out = x.view();
-  ops::synth_fill(xa);
+  ops::synth_fill(cpu::context(), xa);
   uint64_t seed = 1;
   for (const Pair& p : {Pair{1024, 512, WeightFormat::fp8_block, false}, Pair{1024, 1024, WeightFormat::bf16, false},
                         Pair{256, 256, WeightFormat::bf16, true}, Pair{2048, 2048, WeightFormat::fp8_block, false}}) {
@@ -82,9 +83,9 @@ TEST(StackedLinears, ProductIsThePartsSideBySideAtV4Shapes) {
     ops::Weight ws = s, wa = a0, wb = b0;
     ws.exact = wa.exact = wb.exact = p.exact;
     Tensor ys(DType::f32, {T, s.out}), ya(DType::f32, {T, p.a_out}), yb(DType::f32, {T, p.b_out});
-    ops::linear(x, ws, ys);
-    ops::linear(x, wa, ya);
-    ops::linear(x, wb, yb);
+    ops::linear(cpu::context(), x, ws, ys);
+    ops::linear(cpu::context(), x, wa, ya);
+    ops::linear(cpu::context(), x, wb, yb);
     EXPECT_TRUE(same_floats(ys.view().cols(0, p.a_out), ya));
     EXPECT_TRUE(same_floats(ys.view().cols(p.a_out, s.out), yb));
   }

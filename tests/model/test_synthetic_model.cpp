@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, TensorView>> layer_tensors(const LayerWeights
 // The std of W after dequantization, and whether every value is finite.
 double dequantized_std(const Linear& l, bool* finite) {
   Tensor w(DType::f32, {l.out, l.in});
-  ops::dequantize(l, w);
+  ops::dequantize(cpu::context(), l, w);
   double sum = 0, sq = 0;
   *finite = true;
   for (int64_t i = 0; i < w.numel(); ++i) {

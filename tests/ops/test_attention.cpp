@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/cpu/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
@@ -38,14 +39,14 @@ Scene make_scene(ops::KvFormat f, int64_t start, int64_t n, test::Random& rng) {
   const int64_t rb = s.fmt.row_bytes(), total = start + n;
   Tensor rows = rng.tensor({total, kHd}, 2.0f);
   s.all_rows = Tensor(DType::u8, {total, rb});
-  ops::kv_pack(rows, s.fmt, s.all_rows);
+  ops::kv_pack(cpu::context(), rows, s.fmt, s.all_rows);
   s.ring = Tensor(DType::u8, {kWindow, rb});
   for (int64_t p = std::max<int64_t>(0, start - kWindow); p < start; ++p)
     std::copy_n(s.all_rows.data<uint8_t>() + p * rb, rb, s.ring.data<uint8_t>() + (p % kWindow) * rb);
   s.num_compressed = total / kRatio;
   Tensor comp = rng.tensor({std::max<int64_t>(s.num_compressed, 1), kHd}, 2.0f);
   s.compressed = Tensor(DType::u8, {std::max<int64_t>(s.num_compressed, 1), rb});
-  ops::kv_pack(comp, s.fmt, s.compressed);
+  ops::kv_pack(cpu::context(), comp, s.fmt, s.compressed);
   s.paged = test::paged_copy(s.compressed, 3, rng);
   return s;
 }
@@ -109,7 +110,7 @@ Tensor run(const Scene& s, const Tensor& selected, bool contiguous = false) {
   a.sinks = s.sinks;
   a.scale = 1.0f / std::sqrt(float(kHd));
   Tensor out(DType::f32, {s.n, kHeads, kHd});
-  ops::sparse_attention(a, out);
+  ops::sparse_attention(cpu::context(), a, out);
   return out;
 }
 
@@ -175,18 +176,18 @@ TEST(SparseAttention, RejectsBadPagedRows) {
   Tensor out(DType::f32, {s.n, kHeads, kHd});
   test::PagedCopy p = test::paged_copy(s.compressed, 3, rng);
   a.compressed = p.view;
-  EXPECT_NO_THROW(ops::sparse_attention(a, out));
+  EXPECT_NO_THROW(ops::sparse_attention(cpu::context(), a, out));
   a.compressed.block_table = p.table.view().rows(0, p.view.block_table.numel() - 1);  // one page short
-  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
   a.compressed = p.view;
   p.table.data<int32_t>()[1] = static_cast<int32_t>(p.pool.dim(0));  // a page outside the pool
-  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
   p.table.data<int32_t>()[1] = 0;
   a.compressed.rows_per_page = 1000;  // rows beyond the page
-  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
   a.compressed = p.view;
   a.compressed.row_bytes = 8;
-  EXPECT_THROW(ops::sparse_attention(a, out), Error);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
 }
 
 TEST(Indexer, ScoresAndCausalTopK) {
@@ -200,15 +201,15 @@ TEST(Indexer, ScoresAndCausalTopK) {
   const test::PagedCopy paged = test::paged_copy(keys, 2, rng), one = test::one_page(keys);
   ops::IndexerArgs a{q, w, paged.view, S, pos, kRatio};
   Tensor scores(DType::f32, {n, S});
-  ops::indexer_scores(a, scores);
+  ops::indexer_scores(cpu::context(), a, scores);
   Tensor idx(DType::i32, {n, topk});
-  ops::indexer_topk(a, topk, idx);
+  ops::indexer_topk(cpu::context(), a, topk, idx);
   // Keys in shuffled pages give the bits of contiguous keys.
   ops::IndexerArgs c = a;
   c.keys = one.view;
   Tensor scores_c(DType::f32, {n, S}), idx_c(DType::i32, {n, topk});
-  ops::indexer_scores(c, scores_c);
-  ops::indexer_topk(c, topk, idx_c);
+  ops::indexer_scores(cpu::context(), c, scores_c);
+  ops::indexer_topk(cpu::context(), c, topk, idx_c);
   EXPECT_EQ(std::memcmp(scores.data<float>(), scores_c.data<float>(), scores.nbytes()), 0);
   EXPECT_EQ(std::memcmp(idx.data<int32_t>(), idx_c.data<int32_t>(), idx.nbytes()), 0);
   float worst = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "backends/cpu/cpu_backend.h"
 #include "ops/compressor.h"
 #include "test_util.h"
 
@@ -42,9 +43,9 @@ void check_online_matches_batch(int ratio, bool overlap, uint32_t seed) {
     const int64_t n = std::min<int64_t>(L - start, rng.integer(1, 7));
     const int64_t e = ops::compressor_emit_count(start, n, ratio);
     Tensor out(DType::f32, {e, width});
-    const int64_t got =
-        ops::compressor_update({acc, kv.view().rows(start, start + n), gate.view().rows(start, start + n),
-                                ape, start, ratio, overlap, out});
+    const int64_t got = ops::compressor_update(
+        cpu::context(), {acc, kv.view().rows(start, start + n), gate.view().rows(start, start + n), ape,
+                         start, ratio, overlap, out});
     ASSERT_EQ(got, e);
     for (int64_t i = 0; i < e; ++i)
       emitted.emplace_back(out.data<float>() + i * width, out.data<float>() + (i + 1) * width);

@@ -1,8 +1,11 @@
-// Dispatch by device: a missing backend or kernel is a loud error naming the op, never a fallback.
+// Dispatch in a context: tensors on another device or a missing kernel are a loud error naming the op,
+// never a fallback.
 #include <gtest/gtest.h>
 
+#include "backends/cpu/cpu_backend.h"
 #include "ops/backend.h"
 #include "ops/branch.h"
+#include "ops/context.h"
 #include "test_util.h"
 
 namespace tern {
@@ -22,18 +25,15 @@ class StubBackend : public ops::Backend {
   std::string_view name() const override { return "cuda"; }
 };
 
-TEST(Dispatch, MissingBackendAndKernelsAreLoud) {
+TEST(Dispatch, WrongDeviceAndMissingKernelsAreLoud) {
   float storage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   const TensorView on_gpu(storage, DType::f32, {2, 4}, Device::cuda);
-  EXPECT_NE(message_of([&] {
-              ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu);
-            }).find("no backend registered for device cuda"),
-            std::string::npos);
+  EXPECT_EQ(message_of([&] { ops::rms_norm(cpu::context(), on_gpu, {}, 1e-6f, on_gpu); }),
+            "an op's tensors are on cuda but its context runs cpu on cpu");
   StubBackend stub;
-  ops::register_backend(Device::cuda, &stub);
-  const std::string msg = message_of([&] { ops::rms_norm(on_gpu, {}, 1e-6f, on_gpu); });
-  ops::register_backend(Device::cuda, nullptr);
-  EXPECT_EQ(msg, "no cuda kernel for op rms_norm (f32)");
+  const ops::Context gpu(stub, Device::cuda);
+  EXPECT_EQ(message_of([&] { ops::rms_norm(gpu, on_gpu, {}, 1e-6f, on_gpu); }),
+            "no cuda kernel for op rms_norm (f32)");
 }
 
 // Side branches (ops/branch.h) reach the device's backend in order: begin, the body's ops, end, then the caller's
@@ -49,38 +49,38 @@ class BranchRecorder : public ops::Backend {
 
 TEST(Dispatch, SideBranchesReachTheBackendInOrder) {
   BranchRecorder rec;
-  ops::register_backend(Device::cuda, &rec);
-  ops::run_side(Device::cuda, [&] { rec.log += "x"; });
+  const ops::Context gpu(rec, Device::cuda);
+  ops::run_side(gpu, Device::cuda, [&] { rec.log += "x"; });
   rec.log += "m";
-  ops::join_side(Device::cuda);
+  ops::join_side(gpu, Device::cuda);
   EXPECT_EQ(rec.log, "bxemj");
   rec.log.clear();
-  EXPECT_THROW(ops::run_side(Device::cuda, [&] { fail("inside the branch"); }), Error);
+  EXPECT_THROW(ops::run_side(gpu, Device::cuda, [&] { fail("inside the branch"); }), Error);
   EXPECT_EQ(rec.log, "bej");
-  ops::register_backend(Device::cuda, nullptr);
 }
 
 // On the CPU a side branch runs at once, in issue order: what it wrote is there when run_side returns.
 TEST(Dispatch, CpuSideBranchRunsInIssueOrder) {
   Tensor x(DType::f32, {1, 4}), y(DType::f32, {1, 4});
   for (int i = 0; i < 4; ++i) x.data<float>()[i] = float(i + 1), y.data<float>()[i] = 10.0f;
-  ops::run_side(Device::cpu, [&] { ops::add(x, y); });
+  ops::run_side(cpu::context(), Device::cpu, [&] { ops::add(cpu::context(), x, y); });
   EXPECT_EQ(y.data<float>()[3], 14.0f);
-  ops::join_side(Device::cpu);
+  ops::join_side(cpu::context(), Device::cpu);
 }
 
 TEST(Dispatch, CpuRejectsDtypesItHasNoKernelFor) {
   Tensor x(DType::bf16, {2, 4});
-  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, x); }), "no cpu kernel for op rms_norm (bf16)");
+  EXPECT_EQ(message_of([&] { ops::rms_norm(cpu::context(), x, {}, 1e-6f, x); }),
+            "no cpu kernel for op rms_norm (bf16)");
 }
 
 TEST(Dispatch, ShapeErrorsNameTheArgument) {
   Tensor x(DType::f32, {2, 4}), w(DType::f32, {5});
-  EXPECT_EQ(message_of([&] { ops::rms_norm(x, w, 1e-6f, x); }),
+  EXPECT_EQ(message_of([&] { ops::rms_norm(cpu::context(), x, w, 1e-6f, x); }),
             "rms_norm: weight must have shape [4], found [5]");
   Tensor mixed(DType::f32, {2, 4});
   const TensorView gpu_out(mixed.data<float>(), DType::f32, {2, 4}, Device::cuda);
-  EXPECT_EQ(message_of([&] { ops::rms_norm(x, {}, 1e-6f, gpu_out); }),
+  EXPECT_EQ(message_of([&] { ops::rms_norm(cpu::context(), x, {}, 1e-6f, gpu_out); }),
             "rms_norm: tensors on different devices");
 }
 

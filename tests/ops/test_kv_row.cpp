@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "ops/kv_row.h"
 #include "test_util.h"
@@ -26,8 +27,8 @@ TEST(KvRow, Fp8RoundsLikeTheReference) {
   for (int64_t i = 0; i < 64; ++i) x.data<float>()[64 + i] = 1e-7f * rng.normal();  // tiny block: amax clamp
   for (int64_t i = 0; i < 64; ++i) x.data<float>()[256 + i] *= 1000.0f;             // large block
   Tensor rows(DType::u8, {n, f.row_bytes()}), y(DType::f32, {n, 256});
-  ops::kv_pack(x, f, rows);
-  ops::kv_unpack(rows, f, y);
+  ops::kv_pack(cpu::context(), x, f, rows);
+  ops::kv_unpack(cpu::context(), rows, f, y);
   for (int64_t r = 0; r < n; ++r) {
     const float* a = x.data<float>() + r * 256;
     const float* b = y.data<float>() + r * 256;
@@ -48,8 +49,8 @@ TEST(KvRow, F32IsExact) {
   test::Random rng(52);
   const ops::KvRowFormat f{ops::KvFormat::f32, 128, 64};
   Tensor x = rng.tensor({3, 128}), rows(DType::u8, {3, f.row_bytes()}), y(DType::f32, {3, 128});
-  ops::kv_pack(x, f, rows);
-  ops::kv_unpack(rows, f, y);
+  ops::kv_pack(cpu::context(), x, f, rows);
+  ops::kv_unpack(cpu::context(), rows, f, y);
   EXPECT_EQ(test::max_abs_diff(x, y), 0.0f);
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "ops/act_quant.h"
 #include "ops/linear.h"
@@ -87,7 +88,7 @@ TEST_P(LinearFormats, MatchesDequantizeThenMatmul) {
   TestWeight tw = make_weight(GetParam(), out, in, rng);
   Tensor x = rng.tensor({T, in});
   Tensor y(DType::f32, {T, out});
-  ops::linear(x, tw.w, y);
+  ops::linear(cpu::context(), x, tw.w, y);
   double worst = 0, scale = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t o = 0; o < out; ++o) {
@@ -101,7 +102,7 @@ TEST_P(LinearFormats, MatchesDequantizeThenMatmul) {
   EXPECT_LE(worst, 2e-6 * scale);
 
   Tensor dense(DType::f32, {out, in});
-  ops::dequantize(tw.w, dense);
+  ops::dequantize(cpu::context(), tw.w, dense);
   for (int64_t i = 0; i < out * in; ++i)
     ASSERT_EQ(dense.data<float>()[i], static_cast<float>(tw.values[i])) << i;
 }
@@ -117,7 +118,7 @@ TEST(GroupedLinear, EachGroupHasItsOwnBlock) {
   TestWeight tw = make_weight(ops::WeightFormat::fp8_block, G * out_g, in_g, rng);
   Tensor x = rng.tensor({T, G, in_g});
   Tensor y(DType::f32, {T, G, out_g});
-  ops::grouped_linear(x, tw.w, y);
+  ops::grouped_linear(cpu::context(), x, tw.w, y);
   double worst = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t g = 0; g < G; ++g)
@@ -136,7 +137,7 @@ TEST(Linear, RejectsMisshapedWeights) {
   tw.w.in = 96;  // the views say 64
   Tensor x = rng.tensor({1, 96}), y(DType::f32, {1, 8});
   try {
-    ops::linear(x, tw.w, y);
+    ops::linear(cpu::context(), x, tw.w, y);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("weight test (mxfp4)"), std::string::npos) << e.what();
@@ -189,19 +190,19 @@ TEST(ActQuant, LinearTakesTheQuantisedRows) {
   Tensor x = rng.tensor({T, in}), xq = rng.tensor({T, in});
   for (int64_t t = 0; t < T; ++t) ops::act_fake_quant_fp8(x.data<float>() + t * in, in, xq.data<float>() + t * in);
   Tensor want(DType::f32, {T, out}), got(DType::f32, {T, out});
-  ops::linear(xq, tw.w, want);
+  ops::linear(cpu::context(), xq, tw.w, want);
   tw.w.act_fp8 = true;
-  ops::linear(x, tw.w, got);
+  ops::linear(cpu::context(), x, tw.w, got);
   EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0);
   Tensor plain(DType::f32, {T, out});
   tw.w.act_fp8 = false;
-  ops::linear(x, tw.w, plain);
+  ops::linear(cpu::context(), x, tw.w, plain);
   EXPECT_NE(std::memcmp(want.data<float>(), plain.data<float>(), want.nbytes()), 0) << "quantisation changed nothing";
   Tensor odd = rng.tensor({T, 200});
   TestWeight tw2 = make_weight(ops::WeightFormat::fp8_block, out, 200, rng);
   tw2.w.act_fp8 = true;
   Tensor y2(DType::f32, {T, out});
-  EXPECT_THROW(ops::linear(odd, tw2.w, y2), Error);
+  EXPECT_THROW(ops::linear(cpu::context(), odd, tw2.w, y2), Error);
 }
 
 TEST(ActQuant, ParsesItsModes) {

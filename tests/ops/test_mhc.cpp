@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "ops/mhc.h"
 #include "test_util.h"
@@ -39,7 +40,7 @@ TEST(Mhc, PreMatchesFormulaAndSinkhornIsDoublyStochastic) {
   Tensor X = rng.tensor({T, HC, D}), fn = rng.tensor({MIX, HC * D}, 0.05f), base = rng.tensor({MIX}, 0.5f);
   Tensor scale = rng.tensor({3}, 1.0f);
   Tensor post(DType::f32, {T, HC}), comb(DType::f32, {T, HC, HC}), collapsed(DType::f32, {T, D});
-  ops::hc_pre({X, fn, base, scale, {20, 1e-6f, 1e-6f}, post, comb, collapsed});
+  ops::hc_pre(cpu::context(), {X, fn, base, scale, {20, 1e-6f, 1e-6f}, post, comb, collapsed});
   const float* b = base.data<float>();
   const float* s = scale.data<float>();
   float worst = 0, worst_row = 0, worst_col = 0;
@@ -97,7 +98,7 @@ TEST(Mhc, PostAppliesCombTransposed) {
   Tensor X = rng.tensor({T, HC, D}), a = rng.tensor({T, D}), post = rng.tensor({T, HC}),
          comb = rng.tensor({T, HC, HC});
   Tensor out(DType::f32, {T, HC, D});
-  ops::hc_post(X, a, post, comb, out);
+  ops::hc_post(cpu::context(), X, a, post, comb, out);
   float worst = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < HC; ++k)
@@ -115,7 +116,7 @@ TEST(Mhc, HeadCollapsesWithSigmoidWeights) {
   Tensor X = rng.tensor({T, HC, D}), fn = rng.tensor({HC, HC * D}, 0.05f), base = rng.tensor({HC}, 0.5f);
   Tensor scale = rng.tensor({1});
   Tensor y(DType::f32, {T, D});
-  ops::hc_head({X, fn, base, scale, {20, 1e-6f, 1e-6f}, y});
+  ops::hc_head(cpu::context(), {X, fn, base, scale, {20, 1e-6f, 1e-6f}, y});
   float worst = 0;
   for (int64_t t = 0; t < T; ++t) {
     const float* x = X.data<float>() + t * HC * D;
@@ -140,25 +141,25 @@ TEST(Mhc, FoldedPostEqualsTheTwoOps) {
   Tensor post0 = rng.tensor({T, HC}), comb0 = rng.tensor({T, HC, HC}, 0.3f);
   Tensor next(DType::f32, {T, HC, D}), post(DType::f32, {T, HC}), comb(DType::f32, {T, HC, HC}),
       collapsed(DType::f32, {T, D});
-  ops::hc_post(X, a, post0, comb0, next);
-  ops::hc_pre({next, fn, base, scale, {20, 1e-6f, 1e-6f}, post, comb, collapsed});
+  ops::hc_post(cpu::context(), X, a, post0, comb0, next);
+  ops::hc_pre(cpu::context(), {next, fn, base, scale, {20, 1e-6f, 1e-6f}, post, comb, collapsed});
   Tensor fstreams(DType::f32, {T, HC, D}), fpost(DType::f32, {T, HC}), fcomb(DType::f32, {T, HC, HC}),
       fcol(DType::f32, {T, D});
   ops::HcPreArgs f{fstreams, fn, base, scale, {20, 1e-6f, 1e-6f}, fpost, fcomb, fcol};
   f.prev_streams = X, f.prev_a = a, f.prev_post = post0, f.prev_comb = comb0;
-  ops::hc_pre(f);
+  ops::hc_pre(cpu::context(), f);
   for (const auto& [x, y] : {std::pair{&fstreams, &next}, {&fpost, &post}, {&fcomb, &comb}, {&fcol, &collapsed}})
     EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), x->nbytes()), 0);
   ops::HcPreArgs alias = f;
   alias.prev_streams = fstreams;
-  EXPECT_THROW(ops::hc_pre(alias), Error);
+  EXPECT_THROW(ops::hc_pre(cpu::context(), alias), Error);
   ops::HcPreArgs bad = f;
   const Tensor wide = rng.tensor({T, D + 1});
   bad.prev_a = wide;
-  EXPECT_THROW(ops::hc_pre(bad), Error);
+  EXPECT_THROW(ops::hc_pre(cpu::context(), bad), Error);
   ops::HcPreArgs partial = f;  // some prev_* without the others
   partial.prev_a = TensorView();
-  EXPECT_THROW(ops::hc_pre(partial), Error);
+  EXPECT_THROW(ops::hc_pre(cpu::context(), partial), Error);
 }
 
 }  // namespace

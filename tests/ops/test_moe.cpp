@@ -6,6 +6,7 @@
 #include <cstring>
 #include <set>
 
+#include "backends/cpu/cpu_backend.h"
 #include "ops/elementwise.h"
 #include "ops/moe.h"
 #include "test_util.h"
@@ -22,7 +23,7 @@ TEST(Routing, ScoredPicksTopKOfBiasedScoresAndWeightsUnbiased) {
   const int64_t T = 6, E = 16, k = 4;
   Tensor logits = rng.tensor({T, E}, 2.0f), bias = rng.tensor({E}, 0.5f);
   Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
-  ops::route_scored(logits, bias, 1.5f, idx, w);
+  ops::route_scored(cpu::context(), logits, bias, 1.5f, idx, w);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<std::pair<double, int>> order;
     for (int e = 0; e < E; ++e)
@@ -54,7 +55,7 @@ TEST(Routing, HashUsesTheTableAndStillWeightsByScore) {
   }
   for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = rng.integer(0, vocab - 1);
   Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k});
-  ops::route_hash(logits, table, ids, 1.5f, idx, w);
+  ops::route_hash(cpu::context(), logits, table, ids, 1.5f, idx, w);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t v = ids.data<int64_t>()[t];
     const double s0 = sqrt_softplus(logits.data<float>()[t * E + v % E]);
@@ -64,7 +65,7 @@ TEST(Routing, HashUsesTheTableAndStillWeightsByScore) {
     EXPECT_NEAR(w.data<float>()[t * k], s0 / (s0 + s1) * 1.5, 1e-6);
   }
   table.data<int64_t>()[ids.data<int64_t>()[0] * k] = E;  // names a missing expert
-  EXPECT_THROW(ops::route_hash(logits, table, ids, 1.5f, idx, w), Error);
+  EXPECT_THROW(ops::route_hash(cpu::context(), logits, table, ids, 1.5f, idx, w), Error);
 }
 
 TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
@@ -82,7 +83,7 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
   for (int64_t t = 0; t < T; ++t)
     idx.data<int32_t>()[t * k] = t % E, idx.data<int32_t>()[t * k + 1] = (t + 1) % E;
   Tensor out(DType::f32, {T, D});
-  ops::moe_experts({x, idx, w, experts, limit, out});
+  ops::moe_experts(cpu::context(), {x, idx, w, experts, limit, out});
   float worst = 0;
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> want(D, 0.0);
@@ -113,12 +114,12 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
 
   // A shared output is added after the routed sum: the bits of moe_experts, then add (the model's old sequence).
   Tensor shared = rng.tensor({T, D}), with(DType::f32, {T, D}), then(DType::f32, {T, D});
-  ops::moe_experts({x, idx, w, experts, limit, with, shared});
+  ops::moe_experts(cpu::context(), {x, idx, w, experts, limit, with, shared});
   std::memcpy(then.data<float>(), out.data<float>(), T * D * 4);
-  ops::add(shared, then);
+  ops::add(cpu::context(), shared, then);
   EXPECT_EQ(std::memcmp(with.data<float>(), then.data<float>(), T * D * 4), 0);
   Tensor wrong(DType::f32, {T, D + 1});
-  EXPECT_THROW(ops::moe_experts({x, idx, w, experts, limit, with, wrong}), Error);
+  EXPECT_THROW(ops::moe_experts(cpu::context(), {x, idx, w, experts, limit, with, wrong}), Error);
 }
 
 TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {
@@ -126,7 +127,7 @@ TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {
   const float gv[] = {20.0f, -1.0f, 0.5f}, uv[] = {-30.0f, 30.0f, 2.0f};
   std::copy_n(gv, 3, g.data<float>());
   std::copy_n(uv, 3, u.data<float>());
-  ops::swiglu(g, u, 10.0f, o);
+  ops::swiglu(cpu::context(), g, u, 10.0f, o);
   auto silu = [](double v) { return v / (1 + std::exp(-v)); };
   EXPECT_NEAR(o.data<float>()[0], silu(10) * -10, 1e-4);
   EXPECT_NEAR(o.data<float>()[1], silu(-1) * 10, 1e-5);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -20,8 +21,8 @@ TEST(RmsNorm, WeightedAndUnweighted) {
   Tensor w(DType::bf16, {dim});
   for (int64_t i = 0; i < dim; ++i) w.data<uint16_t>()[i] = f32_to_bf16(1.0f + rng.normal(0.1f));
   Tensor y(DType::f32, {rows, dim}), u(DType::f32, {rows, dim});
-  ops::rms_norm(x, w, 1e-6f, y);
-  ops::rms_norm(x, {}, 1e-6f, u);
+  ops::rms_norm(cpu::context(), x, w, 1e-6f, y);
+  ops::rms_norm(cpu::context(), x, {}, 1e-6f, u);
   float worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
@@ -48,15 +49,15 @@ TEST(NormRope, IsRmsNormThenRope) {
   const Tensor pos = test::positions_tensor({0, 3, 70000});
   Tensor heads = rng.tensor({3, 2, 48}, 2.0f), two = rng.tensor({3, 2, 48}, 1.0f);
   std::copy_n(heads.data<float>(), heads.numel(), two.data<float>());
-  ops::norm_rope(heads, {}, 1e-6f, pos, freq, heads);
-  ops::rms_norm(two, {}, 1e-6f, two);
-  ops::rope(two, pos, freq);
+  ops::norm_rope(cpu::context(), heads, {}, 1e-6f, pos, freq, heads);
+  ops::rms_norm(cpu::context(), two, {}, 1e-6f, two);
+  ops::rope(cpu::context(), two, pos, freq);
   EXPECT_EQ(test::max_abs_diff(heads, two), 0.0f);
   const Tensor stacked = rng.tensor({3, 8 + 48}, 2.0f), w = rng.tensor({48}, 1.0f);
   Tensor out(DType::f32, {3, 48}), ref(DType::f32, {3, 48});
-  ops::norm_rope(stacked.view().cols(8, 56), w, 1e-6f, pos, freq, out);
-  ops::rms_norm(stacked.view().cols(8, 56), w, 1e-6f, ref);
-  ops::rope(ref, pos, freq);
+  ops::norm_rope(cpu::context(), stacked.view().cols(8, 56), w, 1e-6f, pos, freq, out);
+  ops::rms_norm(cpu::context(), stacked.view().cols(8, 56), w, 1e-6f, ref);
+  ops::rope(cpu::context(), ref, pos, freq);
   EXPECT_EQ(test::max_abs_diff(out, ref), 0.0f);
 }
 
@@ -94,7 +95,7 @@ TEST(Rope, RotatesTheLastDimsInterleavedAndInverts) {
   Tensor y = rng.tensor({rows, heads, hd});
   std::copy_n(x.data<float>(), x.numel(), y.data<float>());
   const Tensor pos = test::positions_tensor({0, 1, 7, 1000, 123457});
-  ops::rope(y, pos, inv);
+  ops::rope(cpu::context(), y, pos, inv);
   float worst = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
@@ -112,7 +113,7 @@ TEST(Rope, RotatesTheLastDimsInterleavedAndInverts) {
       }
     }
   EXPECT_LE(worst, 2e-6f);
-  ops::rope(y, pos, inv, /*inverse=*/true);
+  ops::rope(cpu::context(), y, pos, inv, /*inverse=*/true);
   EXPECT_LE(test::max_abs_diff(x, y), 2e-6f);
 }
 

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/step.h"
@@ -42,7 +43,7 @@ void poison(const TensorView& t) {
 // n packed rows of random values
 Tensor packed_rows(int64_t n, const ops::KvRowFormat& f, test::Random& rng) {
   Tensor x = rng.tensor({n, f.head_dim}, 2.0f), rows(DType::u8, {n, f.row_bytes()});
-  ops::kv_pack(x, f, rows);
+  ops::kv_pack(cpu::context(), x, f, rows);
   return rows;
 }
 Tensor table(const std::vector<int64_t>& v) {
@@ -112,7 +113,7 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
   a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor out(DType::f32, {S, H, hd});
   poison(out);
-  ops::step_attention(a, out);
+  ops::step_attention(cpu::context(), a, out);
 
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
@@ -137,7 +138,7 @@ void check_attention(const AttnShape& sh, ops::KvFormat fmt, const std::vector<i
     e.sinks = sinks;
     e.scale = a.scale;
     Tensor want(DType::f32, {1, H, hd});
-    ops::sparse_attention(e, want);
+    ops::sparse_attention(cpu::context(), e, want);
     EXPECT_TRUE(same_bytes(got, want)) << "slot " << i << " at position " << p << ": not the eager bits";
   }
 }
@@ -189,7 +190,7 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
       Tensor seq_kv = rng.tensor({p + 1, C}), seq_gate = rng.tensor({p + 1, C}, 4.0f);
       if (p > 0) {
         Tensor emitted(DType::f32, {std::max<int64_t>(1, p / ratio), width});
-        ops::compressor_update(
+        ops::compressor_update(cpu::context(), 
             {accs[i], seq_kv.view().rows(0, p), seq_gate.view().rows(0, p), ape, 0, ratio, overlap, emitted});
       }
       std::memcpy(kv.data<float>() + i * C, seq_kv.data<float>() + p * C, C * sizeof(float));
@@ -203,7 +204,7 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
   Tensor emitted(DType::f32, {S, width});
   poison(emitted);
   const Tensor poisoned = clone(emitted);
-  ops::step_compressor({acc_t, kv, gate, ape, pos, ratio, overlap, width, emitted});
+  ops::step_compressor(cpu::context(), {acc_t, kv, gate, ape, pos, ratio, overlap, width, emitted});
 
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
@@ -215,7 +216,7 @@ void check_compressor(int64_t width, bool overlap, int ratio, const std::vector<
     }
     Tensor want_acc = clone(before[i]), want_row(DType::f32, {1, width});
     poison(want_row);
-    const int64_t e = ops::compressor_update(
+    const int64_t e = ops::compressor_update(cpu::context(), 
         {want_acc, kv.view().rows(i, i + 1), gate.view().rows(i, i + 1), ape, p, ratio, overlap, want_row});
     EXPECT_EQ(e, (p + 1) % ratio == 0 ? 1 : 0);
     EXPECT_TRUE(same_bytes(accs[i], want_acc)) << "slot " << i << " at position " << p << ": accumulator";
@@ -254,7 +255,7 @@ Tensor compressor_state(int64_t p, int64_t i, int ratio, bool overlap, int64_t w
   Tensor seq_kv = rng.tensor({p + 1, C}), seq_gate = rng.tensor({p + 1, C}, 4.0f);
   if (p > 0) {
     Tensor emitted(DType::f32, {std::max<int64_t>(1, p / ratio), width});
-    ops::compressor_update(
+    ops::compressor_update(cpu::context(), 
         {acc, seq_kv.view().rows(0, p), seq_gate.view().rows(0, p), ape, 0, ratio, overlap, emitted});
   }
   std::memcpy(kv.data<float>() + i * C, seq_kv.data<float>() + p * C, C * sizeof(float));
@@ -290,14 +291,14 @@ void check_compress_emit(int64_t width, bool overlap, int ratio, ops::KvFormat f
     table_addr[i] = null_slot ? 0 : addr(dest[i].table);
     if (p < 0) continue;
     Tensor row(DType::f32, {1, width});
-    const int64_t e = ops::compressor_update(
+    const int64_t e = ops::compressor_update(cpu::context(), 
         {want_accs[i], kv.view().rows(i, i + 1), gate.view().rows(i, i + 1), ape, p, ratio, overlap, row});
     if (e == 0) continue;
-    ops::rms_norm(row, norm, eps, row);
-    ops::rope(row, table({p / ratio * ratio}), inv_freq);
+    ops::rms_norm(cpu::context(), row, norm, eps, row);
+    ops::rope(cpu::context(), row, table({p / ratio * ratio}), inv_freq);
     test::PagedCopy w = dest[i];
     w.view.pool = want_pools[i];
-    ops::kv_pack(row, f, TensorView(w.view.row(p / ratio), DType::u8, {1, rb}));
+    ops::kv_pack(cpu::context(), row, f, TensorView(w.view.row(p / ratio), DType::u8, {1, rb}));
   }
   const Tensor pos = table(positions), acc_t = table(acc_addr), pool_t = table(pool_addr),
                table_t = table(table_addr);
@@ -308,7 +309,7 @@ void check_compress_emit(int64_t width, bool overlap, int ratio, ops::KvFormat f
   a.inv_freq = inv_freq;
   a.format = f;
   a.dest = {pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, rb};
-  ops::step_compress_emit(a);
+  ops::step_compress_emit(cpu::context(), a);
   for (int64_t i = 0; i < S; ++i) {
     EXPECT_TRUE(same_bytes(accs[i], want_accs[i])) << "slot " << i << " at " << positions[i] << ": accumulator";
     EXPECT_TRUE(same_bytes(dest[i].pool, want_pools[i])) << "slot " << i << " at " << positions[i] << ": rows";
@@ -359,7 +360,7 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
   a.max_keys = max_keys;
   Tensor idx(DType::i32, {S, topk});
   poison(idx);
-  ops::step_indexer_topk(a, topk, idx);
+  ops::step_indexer_topk(cpu::context(), a, topk, idx);
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
     EXPECT_TRUE(same_bytes(keys[i].pool, before[i])) << "slot " << i << ": keys written";
@@ -374,7 +375,7 @@ void check_indexer(int64_t heads, int64_t dim, int topk, int ratio, int64_t rows
                          nk[i],
                          pos.view().rows(i, i + 1),
                          ratio};
-      ops::indexer_topk(e, topk, want);
+      ops::indexer_topk(cpu::context(), e, topk, want);
     }
     EXPECT_TRUE(same_bytes(got, want)) << "slot " << i << " at position " << p << ": not the eager top-k";
   }
@@ -407,7 +408,7 @@ void check_store_ring(int64_t window, int64_t row_bytes, const std::vector<int64
                   row_bytes);
     ring_addr[i] = p < 0 && i == S - 1 ? 0 : addr(rings[i]);
   }
-  ops::store_ring_rows(rows, table(ring_addr), table(positions), {}, window);
+  ops::store_ring_rows(cpu::context(), rows, table(ring_addr), table(positions), {}, window);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(rings[i], want[i])) << "slot " << i << " at position " << positions[i];
 }
@@ -447,7 +448,7 @@ void check_store_paged(int ratio, int64_t row_bytes, int64_t rows_per_page,
   const Tensor pool_t = table(pool_addr), table_t = table(table_addr);
   const ops::StepPagedRows d{
       pool_t, table_t, dest[0].view.page_bytes(), dest[0].view.offset_in_page, rows_per_page, row_bytes};
-  ops::store_paged_rows(rows, d, table(positions), ratio);
+  ops::store_paged_rows(cpu::context(), rows, d, table(positions), ratio);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(dest[i].pool, want[i])) << "slot " << i << " at position " << positions[i];
 }
@@ -482,29 +483,32 @@ TEST(StepOps, RejectBadInput) {
   a.window = window;
   a.sinks = sinks;
   Tensor out(DType::f32, {S, H, 128});
-  EXPECT_NO_THROW(ops::step_attention(a, out));
+  EXPECT_NO_THROW(ops::step_attention(cpu::context(), a, out));
   Tensor no_ring = table({0, 0});  // an active slot without a ring
   a.rings = no_ring;
-  EXPECT_THROW(ops::step_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(cpu::context(), a, out), Error);
   a.rings = rings;
   Tensor pos32(DType::i32, {S});
   a.positions = pos32;
-  EXPECT_THROW(ops::step_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(cpu::context(), a, out), Error);
   a.positions = pos;
   Tensor bad_sinks = rng.tensor({H + 1});
   a.sinks = bad_sinks;
-  EXPECT_THROW(ops::step_attention(a, out), Error);
+  EXPECT_THROW(ops::step_attention(cpu::context(), a, out), Error);
   a.sinks = sinks;
   Tensor out_i32(DType::i32, {S, H, 128});
-  EXPECT_THROW(ops::step_attention(a, out_i32), Error);
+  EXPECT_THROW(ops::step_attention(cpu::context(), a, out_i32), Error);
 
   Tensor acc(DType::f32, {1, 3, 16}), kv = rng.tensor({S, 16}), gate = rng.tensor({S, 16}),
                                       ape = rng.tensor({4, 16});
   Tensor emitted(DType::f32, {S, 16}), short_emitted(DType::f32, {S - 1, 16});
   Tensor accs = table({addr(acc), 0});
-  EXPECT_NO_THROW(ops::step_compressor({accs, kv, gate, ape, pos, 4, false, 16, emitted}));
-  EXPECT_THROW(ops::step_compressor({accs, kv, gate, ape, pos, 4, false, 16, short_emitted}), Error);
-  EXPECT_THROW(ops::step_compressor({table({0, 0}), kv, gate, ape, pos, 4, false, 16, emitted}), Error);
+  EXPECT_NO_THROW(ops::step_compressor(cpu::context(), {accs, kv, gate, ape, pos, 4, false, 16, emitted}));
+  EXPECT_THROW(ops::step_compressor(cpu::context(), {accs, kv, gate, ape, pos, 4, false, 16, short_emitted}),
+               Error);
+  EXPECT_THROW(
+      ops::step_compressor(cpu::context(), {table({0, 0}), kv, gate, ape, pos, 4, false, 16, emitted}),
+      Error);
 
   // step_compress_emit: the rows' format must be the entries' width and the destination's row size.
   const ops::KvRowFormat f16{ops::KvFormat::f32, 16, 8};
@@ -513,22 +517,23 @@ TEST(StepOps, RejectBadInput) {
   Tensor pools = table({addr(pool), 0}), tables = table({addr(page_table), 0});
   ops::StepCompressEmitArgs e{{accs, kv, gate, ape, pos, 4, false, 16, {}}, norm, 1e-6f, inv_freq, f16,
                                 {pools, tables, 256, 0, 4, 64}};
-  EXPECT_NO_THROW(ops::step_compress_emit(e));
+  EXPECT_NO_THROW(ops::step_compress_emit(cpu::context(), e));
   e.format.head_dim = 32;
-  EXPECT_THROW(ops::step_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(cpu::context(), e), Error);
   e.format = f16;
   e.dest.row_bytes = 32;
-  EXPECT_THROW(ops::step_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(cpu::context(), e), Error);
   e.dest.row_bytes = 64;
   e.compressor.emitted = emitted;
-  EXPECT_THROW(ops::step_compress_emit(e), Error);
+  EXPECT_THROW(ops::step_compress_emit(cpu::context(), e), Error);
 
   Tensor closing = table({7, -1}), r(DType::u8, {S, 64});
   const Tensor zeros = table({0, 0});
   const ops::StepPagedRows nowhere{zeros, zeros, 256, 0, 4, 64};
-  EXPECT_THROW(ops::store_paged_rows(r, nowhere, closing, 4), Error);
-  EXPECT_NO_THROW(ops::store_paged_rows(r, nowhere, table({6, -1}), 4));  // closes no window: writes nothing
-  EXPECT_THROW(ops::store_ring_rows(r, table({0, 0}), closing, {}, 8), Error);
+  EXPECT_THROW(ops::store_paged_rows(cpu::context(), r, nowhere, closing, 4), Error);
+  EXPECT_NO_THROW(ops::store_paged_rows(cpu::context(), r, nowhere, table({6, -1}),
+                                        4));  // closes no window: writes nothing
+  EXPECT_THROW(ops::store_ring_rows(cpu::context(), r, table({0, 0}), closing, {}, 8), Error);
 }
 
 }  // namespace
