@@ -105,8 +105,8 @@ void bench_linear(const char* name, ops::WeightFormat f, int64_t out, int64_t in
     const std::string row = cat(groups > 1 ? "grouped_linear " : "linear ", name, " (", ops::weight_format_name(f), ")");
     const std::string shape = cat(out, "x", in, " T=", T);
     auto product = [&](const ops::Weight& w) {
-      if (groups > 1) ops::grouped_linear(x, w, y);
-      else ops::linear(x, w, y);
+      if (groups > 1) ops::grouped_linear(cuda::context(), x, w, y);
+      else ops::linear(cuda::context(), x, w, y);
     };
     const std::vector<int> vs = !variants ? std::vector<int>{0} : fp8 ? std::vector<int>{0, 1} : std::vector<int>{0, 2, 1};
     for (int v : vs) {
@@ -167,9 +167,11 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
         be.set_moe_variant(v);
         const std::string label =
             variants > 1 ? cat(" v", v, " ", cuda::CudaBackend::moe_variant_name(v)) : std::string();
-        measure(cat("moe_experts (", ops::weight_format_name(f), ")", label), cat("T=", T, " experts=", distinct),
-                expert_bytes * static_cast<double>(distinct), 1,
-                [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+        measure(cat("moe_experts (", ops::weight_format_name(f), ")", label),
+                cat("T=", T, " experts=", distinct), expert_bytes * static_cast<double>(distinct), 1,
+                [&](int) {
+                  ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out});
+                });
       }
       be.set_moe_variant(0);
       std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
@@ -178,9 +180,10 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // their time follows the experts touched, the decode kernels' the pairs.
     {  // (MXFP4 / NVFP4 at 4096 x 2048: shapes the grouped kernels take)
       const gputest::MoeGroupedMinTokensGuard grouped(1);
-      measure(cat("moe_experts grouped (", ops::weight_format_name(f), ")"), cat("T=", T, " experts=", distinct),
-              expert_bytes * static_cast<double>(distinct), 1,
-              [&](int) { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); });
+      measure(cat("moe_experts grouped (", ops::weight_format_name(f), ")"),
+              cat("T=", T, " experts=", distinct), expert_bytes * static_cast<double>(distinct), 1, [&](int) {
+                ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out});
+              });
       std::printf("  (grouped path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
     }
   }
@@ -221,7 +224,9 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const double bytes = expert_bytes * static_cast<double>(distinct);
     auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
     cuda::DeviceTensor out(DType::f32, {T, D});
-    const auto call = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out}); };
+    const auto call = [&] {
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out});
+    };
     const double cublas_us = be.library_gemm_us(P, 3 * inter, D, false, 10);
     be.set_moe_prefill_library(false);
     // The mma.sync tile configurations, then the wgmma kernel (TERN_MOE_GROUPED=wgmma, read at each call;
@@ -247,7 +252,9 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     // (MXFP4 only; moe_e4m3_calls says whether they ran).
     std::vector<ops::Expert> fp8x = experts;
     for (ops::Expert& e : fp8x) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = true;
-    const auto call8 = [&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, fp8x, 10.0f, out}); };
+    const auto call8 = [&] {
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, fp8x, 10.0f, out});
+    };
     const double wgmma8_us = cuda::time_device(call8, 2, 10).median_us;
     double e4m3_us = 0.0;
     bool e4m3_ran = false;
@@ -299,13 +306,13 @@ void bench_attention(Rand& r, bool quick) {
     const int64_t num_c = ctx / 4;
     auto packed = [&](int64_t rows) {
       Tensor x = random_f32({rows, hd}, r), p(DType::u8, {rows, rb});
-      ops::kv_pack(x, f, p);
+      ops::kv_pack(cpu::context(), x, f, p);
       return upload(p);
     };
     auto ring = packed(W), chunk = packed(1);
     // The compressed rows in shuffled pages of 64 rows (256 tokens of CSA), as the state pool holds them.
     Tensor comp_x = random_f32({num_c, hd}, r), comp_host(DType::u8, {num_c, rb});
-    ops::kv_pack(comp_x, f, comp_host);
+    ops::kv_pack(cpu::context(), comp_x, f, comp_host);
     const PagedPair comp = paged_pair(comp_host, 64, r);
     auto selection = [&](int64_t n) {
       Tensor sel(DType::i32, {n, k});
@@ -317,7 +324,8 @@ void bench_attention(Rand& r, bool quick) {
     cuda::DeviceTensor out(DType::f32, {1, H, hd});
     ops::AttentionArgs a{q, ctx - 1, f, chunk, ring, W, comp.device, num_c, 4, dsel, sinks, 1.0f / std::sqrt(512.0f)};
     measure("sparse_attention csa fp8 rows", cat("1 query, 128+512 keys, ctx ", ctx),
-            static_cast<double>((W + k) * rb), 1, [&](int) { ops::sparse_attention(a, out); });
+            static_cast<double>((W + k) * rb), 1,
+            [&](int) { ops::sparse_attention(cuda::context(), a, out); });
     // n queries of one sequence at once (a prefill chunk; each reads its own 128 + 512 rows, as n decode
     // slots would).
     for (int64_t n : ctx == 8192 ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{}) {
@@ -325,7 +333,8 @@ void bench_attention(Rand& r, bool quick) {
       cuda::DeviceTensor outn(DType::f32, {n, H, hd});
       ops::AttentionArgs an{qn, ctx - n, f, chunkn, ring, W, comp.device, num_c, 4, seln, sinks, a.scale};
       measure("sparse_attention csa fp8 rows", cat(n, " queries, 128+512 keys each"),
-              static_cast<double>(n * (W + k) * rb), 1, [&](int) { ops::sparse_attention(an, outn); });
+              static_cast<double>(n * (W + k) * rb), 1,
+              [&](int) { ops::sparse_attention(cuda::context(), an, outn); });
     }
     // HCA: every compressed row (ctx / 128).
     ops::AttentionArgs h = a;
@@ -333,7 +342,8 @@ void bench_attention(Rand& r, bool quick) {
     h.ratio = 128;
     h.selected = TensorView();
     measure("sparse_attention hca fp8 rows", cat("1 query, 128+", ctx / 128, " keys"),
-            static_cast<double>((W + ctx / 128) * rb), 1, [&](int) { ops::sparse_attention(h, out); });
+            static_cast<double>((W + ctx / 128) * rb), 1,
+            [&](int) { ops::sparse_attention(cuda::context(), h, out); });
   }
 }
 
@@ -361,7 +371,7 @@ void bench_decode_attention_at(Rand& r, bool quick, int64_t ctx) {
     const int64_t slot_rows = (num_c + 63) / 64 * 64;  // a slot's pages of 64 rows (HCA at 1K: 8 rows in one)
     // One sequence's rows, replicated into every slot's own pages.
     Tensor seq_x = random_f32({num_c + W + 1, hd}, r), seq(DType::u8, {num_c + W + 1, rb});
-    ops::kv_pack(seq_x, f, seq);
+    ops::kv_pack(cpu::context(), seq_x, f, seq);
     for (const auto& [B, flashmla] : batches) {
       Tensor comp(DType::u8, {B * slot_rows, rb}), rings(DType::u8, {B * W, rb}), rows(DType::u8, {B, rb});
       std::memset(comp.data<uint8_t>(), 0, comp.nbytes());
@@ -409,7 +419,7 @@ void bench_decode_attention_at(Rand& r, bool quick, int64_t ctx) {
         cuda::set_attention_decode(d);
         measure(cat("step_attention ", kind.name, " ", cuda::attention_decode_name(d)), shape,
                 static_cast<double>(B * (keys * rb + 2 * H * hd * 4)), 1,
-                [&](int) { ops::step_attention(a, out); });
+                [&](int) { ops::step_attention(cuda::context(), a, out); });
       }
       cuda::set_attention_decode(saved);
     }
@@ -440,7 +450,7 @@ void bench_attention_prefill(Rand& r) {
     const ops::Weight w = store.upload(hw.w);
     auto x = upload(random_f32({n, 4096}, r));
     cuda::DeviceTensor y(DType::f32, {n, 4096});
-    const cuda::Timing t = cuda::time_device([&] { ops::linear(x, w, y); }, 3, 10);
+    const cuda::Timing t = cuda::time_device([&] { ops::linear(cuda::context(), x, w, y); }, 3, 10);
     lib_tflops = 2.0 * n * 4096.0 * 4096.0 / (t.median_us * 1e6);
     std::printf("ceiling: library bf16 product 8192x4096x4096 %.1f us, %.0f TFLOP/s\n", t.median_us, lib_tflops);
   }
@@ -448,7 +458,7 @@ void bench_attention_prefill(Rand& r) {
   cuda::DeviceTensor out(DType::f32, {n, H, hd});
   auto packed = [&](int64_t rows) {
     Tensor x = random_f32({rows, hd}, r), p(DType::u8, {rows, rb});
-    ops::kv_pack(x, f, p);
+    ops::kv_pack(cpu::context(), x, f, p);
     return p;
   };
   auto chunk = upload(packed(n)), ring = upload(packed(W));
@@ -484,7 +494,7 @@ void bench_attention_prefill(Rand& r) {
                            : version == 1 ? "attention_prefill_kernel"
                                           : "attention_mma_kernel";
       measure(cat("sparse_attention ", kind.name, " prefill: ", version == 0 ? "off" : cat("v", version)), shape,
-              bytes, 1, [&](int) { ops::sparse_attention(a, out); });
+              bytes, 1, [&](int) { ops::sparse_attention(cuda::context(), a, out); });
       const double us = g_profile || g_rows.empty() ? 0 : g_rows.back().us;
       lines.push_back(cat("| ", kind.name, " | ", kind.start, " | ", keys / n, " | ", kernel, " | ", us, " | ",
                           us > 0 ? flop / (us * 1e6) : 0.0, " | ", us > 0 ? 100.0 * flop / (us * 1e6) / lib_tflops : 0.0,
@@ -515,7 +525,7 @@ void bench_indexer(Rand& r, bool quick) {
       cuda::DeviceTensor idx(DType::i32, {n, 512});
       ops::IndexerArgs a{q, w, keys.device, S, dpos, 4};
       measure("indexer scores+top512 (f32)", cat(n, " queries, ", S, " keys"), static_cast<double>(n * S * dim * 4),
-              1, [&](int) { ops::indexer_topk(a, 512, idx); });
+              1, [&](int) { ops::indexer_topk(cuda::context(), a, 512, idx); });
     }
   }
 }
@@ -554,7 +564,7 @@ void bench_indexer_prefill(Rand& r, bool quick) {
         cuda::set_indexer_prefill(v == 0   ? cuda::IndexerPrefill::sgemm
                                   : v == 1 ? cuda::IndexerPrefill::mma
                                            : cuda::IndexerPrefill::mma_fp16x3);
-        call = [&] { ops::indexer_topk(a, topk, idx); };
+        call = [&] { ops::indexer_topk(cuda::context(), a, topk, idx); };
       } else {
         cuda::IndexerParams p;
         p.q = q.view().data_as<const float>();
@@ -608,12 +618,14 @@ void bench_mhc(Rand& r) {
         next(DType::f32, {T, hc, D});
     const double stream_bytes = static_cast<double>(T * hc * D * 4);
     measure("hc_pre + rms_norm (model's call)", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
-      ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col, true, norm, 1e-6f});
+      ops::hc_pre(cuda::context(),
+                  ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col, true, norm, 1e-6f});
     });
-    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), fn_bytes + stream_bytes, copies,
-            [&](int i) { ops::hc_pre(ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col}); });
+    measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
+      ops::hc_pre(cuda::context(), ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col});
+    });
     measure("hc_post", cat("T=", T), 2.0 * stream_bytes + static_cast<double>(T * D * 4), 1,
-            [&](int) { ops::hc_post(streams, sub, post, comb, next); });
+            [&](int) { ops::hc_post(cuda::context(), streams, sub, post, comb, next); });
   }
 }
 
@@ -661,7 +673,7 @@ void bench_exact(std::vector<int64_t> Ts, Rand& r) {
         p.num_sms = cuda::register_backend().num_sms();
         measure(cat("exact ", sh.name, " (", ops::weight_format_name(sh.f), ") ", c.label),
                 cat(sh.out, "x", sh.in, " T=", T), static_cast<double>(bytes), static_cast<int>(rot.copies.size()),
-                [&](int i) { ops::linear(x, rot.copies[i], y); });
+                [&](int i) { ops::linear(cuda::context(), x, rot.copies[i], y); });
         std::printf("  (path: %s)\n", cuda::linear_exact_path_name(p).c_str());
       }
     }

@@ -253,7 +253,7 @@ RandomExperts::RandomExperts(ops::WeightFormat f, int64_t E, int64_t D, int64_t 
 void expect_linear_batch_invariant(const Tensor& x, const ops::Weight& w, Rand& r, const std::string& what) {
   const int64_t N = x.dim(0), in = x.dim(1), out = w.out;
   auto dx = upload(x), yall = poisoned(DType::f32, {N, out});
-  ops::linear(dx, w, yall);
+  ops::linear(cuda::context(), dx, w, yall);
   const Tensor all = cuda::to_host(yall);
   for (const int64_t T : {1, 3, 16, 64}) {
     if (T > N) continue;
@@ -261,7 +261,7 @@ void expect_linear_batch_invariant(const Tensor& x, const ops::Weight& w, Rand& 
     Tensor xs(DType::f32, {T, in});
     std::memcpy(xs.data<float>(), x.data<float>() + off * in, T * in * sizeof(float));
     auto dxs = upload(xs), ys = poisoned(DType::f32, {T, out});
-    ops::linear(dxs, w, ys);
+    ops::linear(cuda::context(), dxs, w, ys);
     const Tensor part = cuda::to_host(ys);
     int64_t differ = 0;
     for (int64_t i = 0; i < T * out; ++i)

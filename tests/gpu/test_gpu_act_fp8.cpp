@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/kernels/act_quant.cuh"
@@ -123,10 +124,10 @@ TEST(GpuActFp8, E4m3EveryFoldShiftAgainstCpu) {
       idx.data<int32_t>()[t * k] = a, idx.data<int32_t>()[t * k + 1] = static_cast<int32_t>((a + 1 + r.index(E - 1)) % E);
     }
     Tensor ref(DType::f32, {T, D});
-    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+    ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
     auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
     const int64_t before = be.moe_e4m3_calls();
-    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+    ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
     EXPECT_EQ(be.moe_e4m3_calls(), before + 1) << "T=" << T << ": not on the e4m3 kernels (" << be.moe_path(experts.on_device[0].w1, T) << ")";
     expect_close(y, ref, kTolBf16, cat("moe e4m3, every fold shift, T=", T));
   }
@@ -234,9 +235,9 @@ TEST_P(GpuActFp8Linear, AgainstCpu) {
     for (int64_t T : big ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 3, 16, 33, 64, 100, 600}) {
       const Tensor x = spread_rows(T, c.in, r);
       Tensor ref(DType::f32, {T, c.out});
-      ops::linear(x, hw.w, ref);
+      ops::linear(cpu::context(), x, hw.w, ref);
       auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
-      ops::linear(dx, dw, y);
+      ops::linear(cuda::context(), dx, dw, y);
       expect_close(y, ref, act_fp8_tol(T), cat("linear act fp8 ", c.name, " T=", T));
     }
   }
@@ -259,9 +260,9 @@ TEST_P(GpuActFp8Linear, GroupedAgainstCpu) {
     Tensor xv(DType::f32, {T, s.groups, in_g});
     std::memcpy(xv.data<float>(), x.data<float>(), x.nbytes());
     Tensor ref(DType::f32, {T, s.groups, s.o_rank});
-    ops::grouped_linear(xv, hw.w, ref);
+    ops::grouped_linear(cpu::context(), xv, hw.w, ref);
     auto dx = upload(xv), y = poisoned(DType::f32, {T, s.groups, s.o_rank});
-    ops::grouped_linear(dx, dw, y);
+    ops::grouped_linear(cuda::context(), dx, dw, y);
     expect_close(y, ref, act_fp8_tol(T), cat("grouped_linear act fp8 wo_a T=", T));
   }
 }
@@ -296,8 +297,8 @@ struct X8Product {
   // The op's output on the host (y poisoned first; grouped_linear for the grouped wo_a).
   Tensor run() const {
     auto y = poisoned(DType::f32, groups > 1 ? Shape{T, groups, c.out / groups} : Shape{T, c.out});
-    if (groups > 1) ops::grouped_linear(x, w, y);
-    else ops::linear(x, w, y);
+    if (groups > 1) ops::grouped_linear(cuda::context(), x, w, y);
+    else ops::linear(cuda::context(), x, w, y);
     return cuda::to_host(y);
   }
   // The params the backend builds for it, with an unbounded split-K workspace.
@@ -430,7 +431,7 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
       const Tensor idx = random_picks(T, E, k, r);
       Tensor ref(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+      ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
       auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
       if (*run.grouped != '\0') setenv("TERN_MOE_GROUPED", run.grouped, 1);
       be.set_moe_prefill_library(run.library);
@@ -443,7 +444,7 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       {
         const MoeGroupedMinTokensGuard paths(run.decode_kernels ? cuda::CudaBackend::library_min_tokens()
                                                                 : be.moe_grouped_min_tokens());
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
       }
       unsetenv("TERN_MOE_GROUPED");
       be.set_moe_prefill_library(false);
@@ -480,7 +481,7 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
       for (int staged = 0; staged < 2; ++staged) {
         be.set_moe_stage_quant(staged == 1);
         auto y = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
         got[staged] = cuda::to_host(y);
       }
       be.set_moe_stage_quant(true);
@@ -504,7 +505,7 @@ TEST(GpuActFp8, RefusesUnalignedRows) {
   ops::Weight dw = store.upload(hw.w);
   dw.act_fp8 = true;
   auto dx = upload(random_f32({2, 192}, r)), y = poisoned(DType::f32, {2, 128});
-  EXPECT_THROW(ops::linear(dx, dw, y), Error);
+  EXPECT_THROW(ops::linear(cuda::context(), dx, dw, y), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuActFp8Linear, ::testing::Values(kFixture, kV4Flash), ShapeName());

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
 #include "gpu_test_util.h"
@@ -32,7 +33,7 @@ const ops::KvRowFormat kFmt{ops::KvFormat::fp8_ds, kHd, kRope};
 
 Tensor packed_rows(int64_t n, Rand& r) {
   Tensor x = random_f32({n, kHd}, r), p(DType::u8, {n, kFmt.row_bytes()});
-  ops::kv_pack(x, kFmt, p);
+  ops::kv_pack(cpu::context(), x, kFmt, p);
   return p;
 }
 
@@ -99,7 +100,7 @@ class Attention {
     ops::AttentionArgs a{s.q, s.position, kFmt, s.row, s.ring, kW, s.comp.host, s.visible, c_.ratio,
                          c_.select ? s.sel.view() : TensorView(), sinks_, scale()};
     Tensor ref(DType::f32, {1, kH, kHd});
-    ops::sparse_attention(a, ref);
+    ops::sparse_attention(cpu::context(), a, ref);
     return ref;
   }
 
@@ -109,7 +110,7 @@ class Attention {
     ops::AttentionArgs a{s.dq, s.position, kFmt, s.drow, s.dring, kW, s.comp.device, s.visible, c_.ratio,
                          c_.select ? s.dsel.view() : TensorView(), dsinks_, scale()};
     auto out = poisoned(DType::f32, {1, kH, kHd});
-    ops::sparse_attention(a, out);
+    ops::sparse_attention(cuda::context(), a, out);
     return cuda::to_host(out);
   }
 
@@ -119,7 +120,7 @@ class Attention {
     ops::StepAttentionArgs args;
     std::vector<cuda::DeviceTensor> inputs;
     cuda::DeviceTensor out;
-    void run() const { ops::step_attention(args, out); }
+    void run() const { ops::step_attention(cuda::context(), args, out); }
   };
   Launch prepare(const std::vector<int64_t>& which) const {
     const Batch t = batch(which, /*host=*/false);
@@ -153,7 +154,7 @@ class Attention {
     ops::StepAttentionArgs a = args(t, slots_[0].comp.host);
     a.sinks = sinks_;
     Tensor out(DType::f32, {t.size, kH, kHd});
-    ops::step_attention(a, out);
+    ops::step_attention(cpu::context(), a, out);
     return out;
   }
 
@@ -324,7 +325,7 @@ TEST(GpuAttention, DecodeSequencesOfSeveralQueries) {
       ops::AttentionArgs e{q.view().rows(i0, i0 + n), P, kFmt, rows.view().rows(i0, i0 + n), rings.back(), kW,
                            comps.back().host, visible, c.ratio, c.select ? sel.view().rows(i0, i0 + n) : TensorView(),
                            sinks, 1.0f / std::sqrt(static_cast<float>(kHd))};
-      ops::sparse_attention(e, ref.view().rows(i0, i0 + n));
+      ops::sparse_attention(cpu::context(), e, ref.view().rows(i0, i0 + n));
     }
     std::vector<cuda::DeviceTensor> keep;
     for (int64_t k = 0, i0 = 0; k < seqs; i0 += qs[k], ++k) {
@@ -354,7 +355,7 @@ TEST(GpuAttention, DecodeSequencesOfSeveralQueries) {
     a.sinks = dsinks;
     a.scale = 1.0f / std::sqrt(static_cast<float>(kHd));
     auto out = poisoned(DType::f32, {S, kH, kHd});
-    ops::step_attention(a, out);
+    ops::step_attention(cuda::context(), a, out);
     expect_close(out, ref, tol, cat("step_attention with firsts ", c.name));
   }
   cuda::register_backend().check_device_errors();

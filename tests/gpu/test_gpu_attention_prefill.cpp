@@ -15,6 +15,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/wgmma_probe.cuh"
@@ -70,7 +71,7 @@ struct Chunk {
 
 Tensor pack_rows(const ops::KvRowFormat& f, int64_t n, Rand& r) {
   Tensor x = random_f32({n, f.head_dim}, r), p(DType::u8, {n, f.row_bytes()});
-  ops::kv_pack(x, f, p);
+  ops::kv_pack(cpu::context(), x, f, p);
   return p;
 }
 
@@ -193,7 +194,7 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       const int ratio = static_cast<int>(cs.csa ? s.csa_ratio : s.hca_ratio);
       const Chunk c = make_chunk(s, ratio, cs.csa, cs.start_w * s.window + 5, n, r);
       Tensor ref(DType::f32, {n, s.heads, s.head_dim});
-      ops::sparse_attention(c.host_args(), ref);
+      ops::sparse_attention(cpu::context(), c.host_args(), ref);
       const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
       const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
       const std::string what = cat(s.name, " ", cs.name, " n=", n);
@@ -233,7 +234,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
       << "the two kernels gave the same bits: this test cannot tell which one the op ran";
   auto op = [&] {
     auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});
-    ops::sparse_attention(c.device_args(), out);
+    ops::sparse_attention(cuda::context(), c.device_args(), out);
     return cuda::to_host(out);
   };
   cuda::AttentionParams p = params_of(c, nullptr, nullptr);

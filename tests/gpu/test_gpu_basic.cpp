@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/linear.cuh"
 #include "gpu_test_util.h"
@@ -35,38 +36,38 @@ TEST_P(GpuBasic, Elementwise) {
     Tensor ids(DType::i64, {T});
     for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = r.index(vocab);
     Tensor ref(DType::f32, {T, s.D});
-    ops::embedding(table, ids, ref);
+    ops::embedding(cpu::context(), table, ids, ref);
     auto dtable = upload(table), dids = upload(ids);
     auto out = poisoned(DType::f32, {T, s.D});
-    ops::embedding(dtable, dids, out);
+    ops::embedding(cuda::context(), dtable, dids, out);
     expect_close(out, ref, 0.0, "embedding");
 
     Tensor x = random_f32({T, s.D}, r), y = random_f32({T, s.D}, r);
     auto dx = upload(x), dy = upload(y);
-    ops::add(x, y);
-    ops::add(dx, dy);
+    ops::add(cpu::context(), x, y);
+    ops::add(cuda::context(), dx, dy);
     expect_close(dy, y, 0.0, "add");
 
     Tensor gate = random_f32({T, s.inter}, r, 8.0f), up = random_f32({T, s.inter}, r, 8.0f);
     Tensor sw(DType::f32, {T, s.inter});
-    ops::swiglu(gate, up, 10.0f, sw);
+    ops::swiglu(cpu::context(), gate, up, 10.0f, sw);
     auto dg = upload(gate), du = upload(up), dsw = poisoned(DType::f32, {T, s.inter});
-    ops::swiglu(dg, du, 10.0f, dsw);
+    ops::swiglu(cuda::context(), dg, du, 10.0f, dsw);
     expect_close(dsw, sw, kTolF32, "swiglu");
 
     Tensor rows(DType::i64, {T + 2});
     for (int64_t i = 0; i < T + 2; ++i) rows.data<int64_t>()[i] = r.index(T);
     Tensor g(DType::f32, {T + 2, s.D});
-    ops::gather_rows(x, rows, g);
+    ops::gather_rows(cpu::context(), x, rows, g);
     auto drows = upload(rows), dgat = poisoned(DType::f32, {T + 2, s.D});
     auto dx2 = upload(x);
-    ops::gather_rows(dx2, drows, dgat);
+    ops::gather_rows(cuda::context(), dx2, drows, dgat);
     expect_close(dgat, g, 0.0, "gather_rows");
 
     Tensor st(DType::f32, {T, 4, s.D});
-    ops::hc_expand(x, st);
+    ops::hc_expand(cpu::context(), x, st);
     auto dst = poisoned(DType::f32, {T, 4, s.D});
-    ops::hc_expand(dx2, dst);
+    ops::hc_expand(cuda::context(), dx2, dst);
     expect_close(dst, st, 0.0, "hc_expand");
   }
   cuda::register_backend().check_device_errors();
@@ -88,9 +89,9 @@ TEST_P(GpuBasic, RmsNorm) {
     Tensor w = c.weight == 2 ? random_bf16({c.dim}, r) : random_f32({c.dim}, r);
     TensorView wv = c.weight == 0 ? TensorView() : w.view();
     Tensor ref(DType::f32, {c.rows, c.dim});
-    ops::rms_norm(x, wv, 1e-6f, ref);
+    ops::rms_norm(cpu::context(), x, wv, 1e-6f, ref);
     auto dx = upload(x), dw = upload(w), out = poisoned(DType::f32, {c.rows, c.dim});
-    ops::rms_norm(dx, c.weight == 0 ? TensorView() : dw.view(), 1e-6f, out);
+    ops::rms_norm(cuda::context(), dx, c.weight == 0 ? TensorView() : dw.view(), 1e-6f, out);
     expect_close(out, ref, kTolF32, cat("rms_norm dim ", c.dim, " weight ", c.weight));
   }
 }
@@ -115,10 +116,10 @@ TEST_P(GpuBasic, Rope) {
       Tensor q = random_f32({n, s.heads, s.head_dim}, r);
       Tensor k = random_f32({n, s.index_dim}, r);
       auto dq = upload(q), dk = upload(k), dpos = upload(pos), dfreq = upload(freq);
-      ops::rope(q, pos, freq, inverse);
-      ops::rope(k, pos, freq, inverse);
-      ops::rope(dq, dpos, dfreq, inverse);
-      ops::rope(dk, dpos, dfreq, inverse);
+      ops::rope(cpu::context(), q, pos, freq, inverse);
+      ops::rope(cpu::context(), k, pos, freq, inverse);
+      ops::rope(cuda::context(), dq, dpos, dfreq, inverse);
+      ops::rope(cuda::context(), dk, dpos, dfreq, inverse);
       expect_close(dq, q, kTolF32, cat("rope heads yarn=", rp.yarn, " inverse=", inverse));
       expect_close(dk, k, kTolF32, cat("rope rows yarn=", rp.yarn, " inverse=", inverse));
     }
@@ -151,22 +152,22 @@ TEST_P(GpuBasic, NormRope) {
     if (c.heads > 1 || c.weight == 0) {  // heads, in place
       Tensor x = random_f32({c.n, c.heads, c.dim}, r, 3.0f);
       Tensor ref = random_f32({c.n, c.heads, c.dim}, r);
-      ops::norm_rope(x, wv, 1e-6f, pos, freq, ref);
+      ops::norm_rope(cpu::context(), x, wv, 1e-6f, pos, freq, ref);
       auto dx = upload(x), dy = upload(x);
-      ops::norm_rope(dx, dwv, 1e-6f, dpos, dfreq, dx);
-      ops::rms_norm(dy, dwv, 1e-6f, dy);
-      ops::rope(dy, dpos, dfreq);
+      ops::norm_rope(cuda::context(), dx, dwv, 1e-6f, dpos, dfreq, dx);
+      ops::rms_norm(cuda::context(), dy, dwv, 1e-6f, dy);
+      ops::rope(cuda::context(), dy, dpos, dfreq);
       expect_close(dx, ref, kTolF32, what + " vs cpu");
       expect_close(dx, cuda::to_host(dy), 0.0, what + " vs rms_norm + rope");
     } else {  // strided rows: the last dim columns of [n, 64 + dim]
       Tensor stacked = random_f32({c.n, 64 + c.dim}, r, 3.0f);
       Tensor ref(DType::f32, {c.n, c.dim});
-      ops::norm_rope(stacked.view().cols(64, 64 + c.dim), wv, 1e-6f, pos, freq, ref);
+      ops::norm_rope(cpu::context(), stacked.view().cols(64, 64 + c.dim), wv, 1e-6f, pos, freq, ref);
       auto ds = upload(stacked);
       auto out = poisoned(DType::f32, {c.n, c.dim}), two = poisoned(DType::f32, {c.n, c.dim});
-      ops::norm_rope(ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, dpos, dfreq, out);
-      ops::rms_norm(ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, two);
-      ops::rope(two, dpos, dfreq);
+      ops::norm_rope(cuda::context(), ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, dpos, dfreq, out);
+      ops::rms_norm(cuda::context(), ds.view().cols(64, 64 + c.dim), dwv, 1e-6f, two);
+      ops::rope(cuda::context(), two, dpos, dfreq);
       expect_close(out, ref, kTolF32, what + " vs cpu");
       expect_close(out, cuda::to_host(two), 0.0, what + " vs rms_norm + rope");
     }
@@ -183,9 +184,9 @@ TEST_P(GpuBasic, KvRows) {
     Tensor x = random_f32({n, s.head_dim}, r, 2.0f);
     for (int64_t d = 0; d < 64; ++d) x.data<float>()[d] *= 1e-6f;  // a block under the 1e-4 amax floor
     Tensor rows(DType::u8, {n, f.row_bytes()});
-    ops::kv_pack(x, f, rows);
+    ops::kv_pack(cpu::context(), x, f, rows);
     auto dx = upload(x), drows = poisoned(DType::u8, {n, f.row_bytes()});
-    ops::kv_pack(dx, f, drows);
+    ops::kv_pack(cuda::context(), dx, f, drows);
     const Tensor got = cuda::to_host(drows);
     int64_t differ = 0;
     for (int64_t i = 0; i < rows.numel(); ++i) {
@@ -196,9 +197,9 @@ TEST_P(GpuBasic, KvRows) {
     }
     EXPECT_EQ(differ, 0) << "kv_pack " << ops::kv_format_name(kf) << ": bytes differ from the CPU codec";
     Tensor back(DType::f32, {n, s.head_dim});
-    ops::kv_unpack(rows, f, back);
+    ops::kv_unpack(cpu::context(), rows, f, back);
     auto dback = poisoned(DType::f32, {n, s.head_dim});
-    ops::kv_unpack(drows, f, dback);
+    ops::kv_unpack(cuda::context(), drows, f, dback);
     expect_close(dback, back, 0.0, cat("kv_unpack ", ops::kv_format_name(kf)));
   }
 }
@@ -257,9 +258,9 @@ TEST_P(GpuBasic, Linear) {
     for (int64_t T : big ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 16, 64, 100}) {
       Tensor x = random_f32({T, c.in}, r);
       Tensor ref(DType::f32, {T, c.out});
-      ops::linear(x, hw.w, ref);
+      ops::linear(cpu::context(), x, hw.w, ref);
       auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
-      ops::linear(dx, dw, y);
+      ops::linear(cuda::context(), dx, dw, y);
       const bool exact = c.exact || (c.format == WeightFormat::f32 && c.in % 64 != 0);
       expect_close(y, ref, exact ? kTolF32 : kTolBf16, cat("linear ", c.name, " T=", T));
     }
@@ -309,16 +310,16 @@ TEST_P(GpuBasic, ExactOnTensorCores) {
     auto dx = upload(x);
     cuda::set_exact_path(cuda::ExactPath::tensor_cores);
     auto yall = poisoned(DType::f32, {N, c.out});
-    ops::linear(dx, dw, yall);
+    ops::linear(cuda::context(), dx, dw, yall);
     const Tensor all = cuda::to_host(yall);
     for (const int64_t T : {1, 3, 16, 64, 100}) {
       const int64_t off = T == N ? 0 : r.index(N - T + 1);
       Tensor xs(DType::f32, {T, c.in});
       std::memcpy(xs.data<float>(), x.data<float>() + off * c.in, T * c.in * sizeof(float));
       Tensor ref(DType::f32, {T, c.out});
-      ops::linear(xs, hw.w, ref);
+      ops::linear(cpu::context(), xs, hw.w, ref);
       auto dxs = upload(xs), ys = poisoned(DType::f32, {T, c.out});
-      ops::linear(dxs, dw, ys);
+      ops::linear(cuda::context(), dxs, dw, ys);
       expect_close(ys, ref, kTolF32, cat("exact on tensor cores ", c.name, " T=", T));
       const Tensor part = cuda::to_host(ys);
       int64_t differ = 0;
@@ -331,7 +332,7 @@ TEST_P(GpuBasic, ExactOnTensorCores) {
     // The gate: each token's top-6 by the tensor-core logits against the CUDA-core f32 logits.
     cuda::set_exact_path(cuda::ExactPath::cuda_cores);
     auto yf = poisoned(DType::f32, {N, c.out});
-    ops::linear(dx, dw, yf);
+    ops::linear(cuda::context(), dx, dw, yf);
     const Tensor f32 = cuda::to_host(yf);
     int64_t mismatched = 0;
     double worst_gap = 0.0;
@@ -384,11 +385,11 @@ TEST_P(GpuBasic, LinearOldVariant) {
     for (int64_t T : {1, 16, 100}) {
       Tensor x = random_f32({T, c.in}, r);
       Tensor ref(DType::f32, {T, c.out});
-      ops::linear(x, hw.w, ref);
+      ops::linear(cpu::context(), x, hw.w, ref);
       auto dx = upload(x), y = poisoned(DType::f32, {T, c.out});
       for (int v : {1, 2}) {
         cuda::set_linear_variant(v);
-        ops::linear(dx, dw, y);
+        ops::linear(cuda::context(), dx, dw, y);
         cuda::set_linear_variant(0);
         expect_close(y, ref, kTolBf16, cat("linear (variant ", v, ") ", c.name, " T=", T));
       }
@@ -429,8 +430,8 @@ TEST_P(GpuBasic, LinearBulkMatchesStream) {
       auto run = [&](int variant) {
         auto y = poisoned(DType::f32, ys);
         cuda::set_linear_variant(variant);
-        if (c.groups > 1) ops::grouped_linear(dx, dw, y);
-        else ops::linear(dx, dw, y);
+        if (c.groups > 1) ops::grouped_linear(cuda::context(), dx, dw, y);
+        else ops::linear(cuda::context(), dx, dw, y);
         cuda::set_linear_variant(0);
         return cuda::to_host(y);
       };
@@ -468,9 +469,9 @@ TEST_P(GpuBasic, GroupedLinear) {
   for (int64_t T : {1, 3, 6, 16, 19, 64, 100, 600}) {
     Tensor x = random_f32({T, s.groups, in_g}, r);
     Tensor ref(DType::f32, {T, s.groups, s.o_rank});
-    ops::grouped_linear(x, hw.w, ref);
+    ops::grouped_linear(cpu::context(), x, hw.w, ref);
     auto dx = upload(x), y = poisoned(DType::f32, {T, s.groups, s.o_rank});
-    ops::grouped_linear(dx, dw, y);
+    ops::grouped_linear(cuda::context(), dx, dw, y);
     expect_close(y, ref, kTolBf16, cat("grouped_linear wo_a T=", T));
   }
 }
@@ -511,14 +512,14 @@ TEST_P(GpuBasic, StackedLinearAndItsColumnRanges) {
       const std::string what = cat(p.name, " T=", T);
       Tensor x = random_f32({T, s.D}, r);
       Tensor ya(DType::f32, {T, p.a}), yb(DType::f32, {T, p.b}), ref(DType::f32, {T, N});
-      ops::linear(x, wa, ya);
-      ops::linear(x, wb, yb);
+      ops::linear(cpu::context(), x, wa, ya);
+      ops::linear(cpu::context(), x, wb, yb);
       for (int64_t t = 0; t < T; ++t) {
         std::memcpy(ref.data<float>() + t * N, ya.data<float>() + t * p.a, p.a * sizeof(float));
         std::memcpy(ref.data<float>() + t * N + p.a, yb.data<float>() + t * p.b, p.b * sizeof(float));
       }
       auto dx = upload(x), dy = poisoned(DType::f32, {T, N});
-      ops::linear(dx, dw, dy);
+      ops::linear(cuda::context(), dx, dw, dy);
       expect_close(dy, ref, p.exact ? kTolF32 : kTolBf16, cat("stacked linear ", what));
       // The consumers, from the GPU's own product: the same inputs on both sides.
       const Tensor y = cuda::to_host(dy);
@@ -527,15 +528,15 @@ TEST_P(GpuBasic, StackedLinearAndItsColumnRanges) {
       Tensor nw = random_bf16({p.a}, r);
       auto dnw = upload(nw);
       Tensor na(DType::f32, {T, p.a});
-      ops::rms_norm(ha, nw, 1e-6f, na);
+      ops::rms_norm(cpu::context(), ha, nw, 1e-6f, na);
       auto dna = poisoned(DType::f32, {T, p.a});
-      ops::rms_norm(da, dnw, 1e-6f, dna);
+      ops::rms_norm(cuda::context(), da, dnw, 1e-6f, dna);
       expect_close(dna, na, kTolF32, cat("rms_norm of the first range of ", what));
       if (p.a != p.b) continue;
       Tensor sw(DType::f32, {T, p.a});
-      ops::swiglu(ha, hb, 10.0f, sw);
+      ops::swiglu(cpu::context(), ha, hb, 10.0f, sw);
       auto dsw = poisoned(DType::f32, {T, p.a});
-      ops::swiglu(da, db, 10.0f, dsw);
+      ops::swiglu(cuda::context(), da, db, 10.0f, dsw);
       expect_close(dsw, sw, kTolF32, cat("swiglu of the two ranges of ", what));
     }
   }
@@ -550,9 +551,9 @@ TEST_P(GpuBasic, Dequantize) {
                          WeightFormat::nvfp4}) {
     const HostWeight hw = random_weight(f, 300, s.D, r, 0.05f, "w");
     Tensor ref(DType::f32, {300, s.D});
-    ops::dequantize(hw.w, ref);
+    ops::dequantize(cpu::context(), hw.w, ref);
     auto out = poisoned(DType::f32, {300, s.D});
-    ops::dequantize(store.upload(hw.w), out);
+    ops::dequantize(cuda::context(), store.upload(hw.w), out);
     expect_close(out, ref, 0.0, cat("dequantize ", ops::weight_format_name(f)));
   }
 }
@@ -565,7 +566,7 @@ TEST(GpuErrors, BadTokenIdIsReported) {
   ids.data<int64_t>()[0] = 3;
   ids.data<int64_t>()[1] = 10;
   auto dt = upload(table), di = upload(ids), out = poisoned(DType::f32, {2, 8});
-  ops::embedding(dt, di, out);
+  ops::embedding(cuda::context(), dt, di, out);
   EXPECT_THROW(cuda::register_backend().check_device_errors(), Error);
   cuda::register_backend().check_device_errors();  // the word was cleared
 }
@@ -580,7 +581,7 @@ TEST(GpuErrors, NanRouterScoresAreReported) {
   for (int64_t e = 0; e < E; ++e) logits.data<float>()[1 * E + e] = std::nanf("");
   auto dl = upload(logits), db = upload(bias);
   auto idx = poisoned(DType::i32, {T, k}), w = poisoned(DType::f32, {T, k});
-  ops::route_scored(dl, db, 1.0f, idx, w);
+  ops::route_scored(cuda::context(), dl, db, 1.0f, idx, w);
   try {
     cuda::register_backend().check_device_errors();
     ADD_FAILURE() << "no device error for NaN router scores";

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/linear.cuh"
 #include "core/error.h"
@@ -82,7 +83,7 @@ struct F64Ref {
 F64Ref f64_reference(const Tensor& x, const HostWeight& hw) {
   const int64_t T = x.dim(0), out = hw.w.out, in = hw.w.in;
   Tensor w(DType::f32, {out, in});
-  ops::dequantize(hw.w, w);
+  ops::dequantize(cpu::context(), hw.w, w);
   F64Ref r;
   r.y.assign(T * out, 0.0);
   r.mag.assign(T * out, 0.0);
@@ -162,12 +163,12 @@ TEST_P(GpuExactTc, MatchesF64AndCpuAtEveryBatchSize) {
     const Tensor x = random_f32({N, c.in}, r);
     const F64Ref ref = f64_reference(x, hw);
     Tensor cpu(DType::f32, {N, c.out});
-    ops::linear(x, hw.w, cpu);
+    ops::linear(cpu::context(), x, hw.w, cpu);
     const Err cpu_err = errors(cpu.data<float>(), N, c.out, ref, 0);
     auto dx = upload(x), dy = poisoned(DType::f32, {N, c.out});
     const std::string path = cuda::linear_exact_path_name(params_of(dw, dx.view().data_as<const float>(), N));
     EXPECT_NE(path.find("linear_exact_tc<"), std::string::npos) << c.name << ": " << path;
-    ops::linear(dx, dw, dy);
+    ops::linear(cuda::context(), dx, dw, dy);
     expect_close(dy, cpu, kTolF32, cat("exact tc ", c.name, " T=", N, " vs the CPU"));
     const Tensor all = cuda::to_host(dy);
     Err worst = errors(all.data<float>(), N, c.out, ref, 0);
@@ -179,7 +180,7 @@ TEST_P(GpuExactTc, MatchesF64AndCpuAtEveryBatchSize) {
     for (const int64_t T : Ts) {
       const int64_t off = r.index(N - T + 1);
       auto dxs = upload(rows_of(x, off, T)), dys = poisoned(DType::f32, {T, c.out});
-      ops::linear(dxs, dw, dys);
+      ops::linear(cuda::context(), dxs, dw, dys);
       const Tensor part = cuda::to_host(dys);
       const Err e = errors(part.data<float>(), T, c.out, ref, off);
       EXPECT_EQ(e.bad, 0) << c.name << " T=" << T << ": outputs unwritten or not finite";
@@ -217,14 +218,14 @@ TEST_P(GpuExactTc, TokenAloneEqualsAmong64) {
     dw.exact = true;
     const Tensor x = random_f32({N, c.in}, r);
     auto dx = upload(x), dy = poisoned(DType::f32, {N, c.out}), dy2 = poisoned(DType::f32, {N, c.out});
-    ops::linear(dx, dw, dy);
-    ops::linear(dx, dw, dy2);
+    ops::linear(cuda::context(), dx, dw, dy);
+    ops::linear(cuda::context(), dx, dw, dy2);
     const Tensor all = cuda::to_host(dy), again = cuda::to_host(dy2);
     EXPECT_EQ(differing_words(all.data<float>(), again.data<float>(), N * c.out), 0) << c.name << ": run twice";
     int64_t differ = 0;
     for (int64_t t = 0; t < N; ++t) {
       auto dxt = upload(rows_of(x, t, 1)), dyt = poisoned(DType::f32, {1, c.out});
-      ops::linear(dxt, dw, dyt);
+      ops::linear(cuda::context(), dxt, dw, dyt);
       const Tensor one = cuda::to_host(dyt);
       differ += differing_words(one.data<float>(), all.data<float>() + t * c.out, c.out);
     }
@@ -260,13 +261,13 @@ TEST_P(GpuExactTc, RouterTopKMatchesF32) {
   const Tensor x = random_f32({N, D}, r);
   const F64Ref ref = f64_reference(x, hw);
   Tensor cpu(DType::f32, {N, E});
-  ops::linear(x, hw.w, cpu);
+  ops::linear(cpu::context(), x, hw.w, cpu);
   auto run = [&](cuda::ExactPath path) {
     ExactPathGuard guard(path);
     Tensor y(DType::f32, {N, E});
     for (int64_t b0 = 0; b0 < N; b0 += B) {
       auto dx = upload(rows_of(x, b0, B)), dy = poisoned(DType::f32, {B, E});
-      ops::linear(dx, dw, dy);
+      ops::linear(cuda::context(), dx, dw, dy);
       cuda::copy_to_host(dy, y.view().rows(b0, b0 + B));
     }
     return y;

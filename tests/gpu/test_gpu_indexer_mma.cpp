@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "gpu_test_util.h"
@@ -119,7 +120,7 @@ struct Chunk {
       std::memcpy(ws.data<float>() + j * heads, w.data<float>() + rows[j] * heads, heads * 4);
       ps.data<int64_t>()[j] = start + rows[j];
     }
-    ops::indexer_scores(ops::IndexerArgs{qs, ws, paged->host, S, ps, ratio}, out);
+    ops::indexer_scores(cpu::context(), ops::IndexerArgs{qs, ws, paged->host, S, ps, ratio}, out);
     return out;
   }
 };
@@ -244,7 +245,7 @@ TEST_P(GpuIndexerMma, TopkMatchesF32Paths) {
     for (int m = 0; m < 3; ++m) {
       cuda::set_indexer_prefill(modes[m]);
       auto didx = poisoned(DType::i32, {c.n, topk});
-      ops::indexer_topk(da, topk, didx);
+      ops::indexer_topk(cuda::context(), da, topk, didx);
       picks[m] = cuda::to_host(didx);
     }
     const int32_t* sg = picks[0].data<int32_t>();
@@ -271,7 +272,8 @@ TEST_P(GpuIndexerMma, TopkMatchesF32Paths) {
         std::memcpy(ws.data<float>() + j * c.heads, c.w.data<float>() + rows[j] * c.heads, c.heads * 4);
         ps.data<int64_t>()[j] = c.start + rows[j];
       }
-      ops::indexer_topk(ops::IndexerArgs{qs, ws, c.paged->host, c.S, ps, c.ratio}, topk, cpu_idx);
+      ops::indexer_topk(cpu::context(), ops::IndexerArgs{qs, ws, c.paged->host, c.S, ps, c.ratio}, topk,
+                        cpu_idx);
     }
     for (int m = 1; m < 3; ++m) {
       const int32_t* mm = picks[m].data<int32_t>();

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "gpu_test_util.h"
@@ -64,9 +65,9 @@ TEST_P(GpuLibrary, LinearAgainstCpu) {
     dw.exact = c.exact;
     Tensor x = random_f32({kTokens, c.in}, r);
     Tensor ref(DType::f32, {kTokens, c.out});
-    ops::linear(x, hw.w, ref);
+    ops::linear(cpu::context(), x, hw.w, ref);
     auto dx = upload(x), y = poisoned(DType::f32, {kTokens, c.out});
-    ops::linear(dx, dw, y);
+    ops::linear(cuda::context(), dx, dw, y);
     expect_close(y, ref, c.exact ? kTolF32 : kTolBf16,
                  cat("library linear ", c.name, " T=", kTokens));
   }
@@ -89,8 +90,8 @@ TEST_P(GpuLibrary, BatchInvariantModeKeepsOwnKernels) {
   for (const bool invariant : {true, false}) {
     cuda::register_backend().set_batch_invariant(invariant);
     auto yall = poisoned(DType::f32, {kTokens, s.q_rank}), ys = poisoned(DType::f32, {n, s.q_rank});
-    ops::linear(dx, dw, yall);
-    ops::linear(dxs, dw, ys);
+    ops::linear(cuda::context(), dx, dw, yall);
+    ops::linear(cuda::context(), dxs, dw, ys);
     const Tensor all = cuda::to_host(yall), part = cuda::to_host(ys);
     if (invariant) {
       EXPECT_EQ(std::memcmp(part.data<float>(), all.data<float>() + off * s.q_rank, n * s.q_rank * 4), 0)
@@ -123,7 +124,7 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
       std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
     }
     Tensor ref(DType::f32, {T, D});
-    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+    ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
     auto dx = upload(x), dw = upload(w), didx = upload(idx);
     // FP4 experts take the grouped kernels: every tile configuration (~225 pairs an expert at V4-Flash's top-6:
     // two 128-pair m-tiles, the second ragged; 64-pair tiles in the old config).
@@ -132,7 +133,7 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
       if (f == WeightFormat::fp8_block && config != cuda::kMoeGroupedTileDefault) continue;
       cuda::set_moe_grouped_tile_config(config);
       auto out = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
       expect_close(out, ref, kTolBf16,
                    cat("library moe_experts ", ops::weight_format_name(f), " T=", T,
                        config == cuda::kMoeGroupedTileOld      ? " tile config old"
@@ -154,19 +155,20 @@ TEST_P(GpuLibrary, MhcAgainstCpu) {
   Tensor fn = random_f32({mix, hc * s.D}, r, 0.02f), base = random_f32({mix}, r, 0.5f), scale = random_f32({3}, r, 0.5f);
   Tensor norm = random_bf16({s.D}, r);
   Tensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), collapsed(DType::f32, {T, s.D});
-  ops::hc_pre(ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, collapsed, true, norm, 1e-5f});
+  ops::hc_pre(cpu::context(),
+              ops::HcPreArgs{streams, fn, base, scale, {}, post, comb, collapsed, true, norm, 1e-5f});
   auto ds = upload(streams), dfn = upload(fn), db = upload(base), dsc = upload(scale), dnorm = upload(norm);
   auto dpost = poisoned(DType::f32, {T, hc}), dcomb = poisoned(DType::f32, {T, hc, hc});
   auto dcol = poisoned(DType::f32, {T, s.D});
-  ops::hc_pre(ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol, true, dnorm, 1e-5f});
+  ops::hc_pre(cuda::context(), ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol, true, dnorm, 1e-5f});
   expect_close(dpost, post, kTolF32, cat("library hc_pre post T=", T));
   expect_close(dcomb, comb, 1e-4, cat("library hc_pre comb (Sinkhorn) T=", T));
   expect_close(dcol, collapsed, kTolF32, cat("library hc_pre + rms_norm collapsed T=", T));
   Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
   Tensor head(DType::f32, {T, s.D});
-  ops::hc_head(ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
+  ops::hc_head(cpu::context(), ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
   auto dhfn = upload(hfn), dhb = upload(hbase), dhs = upload(hscale), dhead = poisoned(DType::f32, {T, s.D});
-  ops::hc_head(ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
+  ops::hc_head(cuda::context(), ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
   expect_close(dhead, head, kTolF32, cat("library hc_head T=", T));
 }
 
@@ -185,14 +187,14 @@ TEST_P(GpuLibrary, IndexerTopkAgainstCpu) {
   const PagedPair paged = paged_pair(keys, 5, r);
   ops::IndexerArgs a{q, w, paged.host, S, pos, static_cast<int>(ratio)};
   Tensor scores(DType::f32, {n, S});
-  ops::indexer_scores(a, scores);
+  ops::indexer_scores(cpu::context(), a, scores);
   const int topk = static_cast<int>(s.index_topk);
   Tensor idx(DType::i32, {n, topk});
-  ops::indexer_topk(a, topk, idx);
+  ops::indexer_topk(cpu::context(), a, topk, idx);
   auto dq = upload(q), dw = upload(w), dpos = upload(pos);
   ops::IndexerArgs da{dq, dw, paged.device, S, dpos, static_cast<int>(ratio)};
   auto didx = poisoned(DType::i32, {n, topk});
-  ops::indexer_topk(da, topk, didx);
+  ops::indexer_topk(cuda::context(), da, topk, didx);
   const Tensor got = cuda::to_host(didx);
   // A near-tie is a gap within f32 noise of the row's sums: the library adds q . k in another order than the
   // CPU, and a score is a sum of terms as large as the row's largest score (a score near 0 is no more exact

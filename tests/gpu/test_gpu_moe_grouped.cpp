@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
@@ -114,7 +115,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       for (int i = 0; i < 40; ++i) rows.push_back(r.index(T));
       const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
-      ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+      ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
       // The library path on every token.
       be.set_moe_prefill_library(true);
@@ -122,7 +123,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       EXPECT_EQ(lib_path.find("moe_grouped_kernel"), std::string::npos) << lib_path;
       EXPECT_EQ(lib_path.find("moe_grouped_wgmma_kernel"), std::string::npos) << lib_path;
       auto lib = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, lib});
       be.set_moe_prefill_library(false);
       const Tensor lib_host = cuda::to_host(lib);
 
@@ -138,7 +139,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
         if (path.find("32x256 (") != std::string::npos || path.find("64x128 (") != std::string::npos)
           EXPECT_NE(path.find(c == 0 || c == 2 ? "weights as A" : "x as A"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         got[c] = cuda::to_host(out);
         expect_close(upload(rows_of(got[c], rows)), ref, kTolBf16, what + " vs cpu");
         // Against the library: the same bf16 operands and f32 sums in another order (h's bf16 rounding may flip
@@ -166,7 +167,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
         const std::string what = cat(base, *n != '\0' ? cat(" ", n, "-pair tiles") : std::string(), " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         expect_close(upload(rows_of(cuda::to_host(out), rows)), ref, kTolBf16, what + " vs cpu");
         expect_close(out, lib_host, 1e-3, what + " vs library");
         expect_close(out, got[0], 1e-3, what + " vs mma.sync");
@@ -183,7 +184,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         const Tensor want = wgmma ? wgmma_default : got[0];
         EXPECT_EQ(std::memcmp(cuda::to_host(out).data<float>(), want.data<float>(), static_cast<size_t>(T * D) * 4), 0)
             << what << ": not the bits of the " << (wgmma ? "wgmma" : "mma.sync") << " kernel the pairs choose";
@@ -231,12 +232,12 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
       for (int i = 0; i < 30; ++i) rows.push_back(r.index(T));
       const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
       Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
-      ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+      ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
       setenv("TERN_MOE_GROUPED", "mma", 1);
       unsetenv("TERN_MOE_WGMMA_N");
       auto mma = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, mma});
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, mma});
       const Tensor mma_host = cuda::to_host(mma);
       for (const char* n : {"32", "64", "96", "112", "128"}) {
         setenv("TERN_MOE_GROUPED", "wgmma", 1);
@@ -247,7 +248,7 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
                                      "-pair tiles (", path, ")");
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         expect_close(upload(rows_of(cuda::to_host(out), rows)), ref, kTolBf16, what + " vs cpu");
         expect_close(out, mma_host, 1e-3, what + " vs mma.sync");
       }
@@ -283,13 +284,13 @@ TEST_P(GpuMoeGrouped, SmallBatchesAgainstCpuAndDecodeKernels) {
         for (int i = 0; i < 20; ++i) rows.push_back(r.index(T));
         const Tensor xr = rows_of(x, rows), wr = rows_of(w, rows), ir = rows_of(idx, rows);
         Tensor ref(DType::f32, {static_cast<int64_t>(rows.size()), D});
-        ops::moe_experts(ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
+        ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
         be.set_moe_grouped_min_tokens(T + 1);  // the decode kernels
         const std::string decode_path = be.moe_path(dexp[0].w1, T);
         EXPECT_EQ(decode_path.find("moe_grouped"), std::string::npos) << decode_path;
         auto dec = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, dec});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, dec});
         const Tensor dec_host = cuda::to_host(dec);
 
         be.set_moe_grouped_min_tokens(T);  // the grouped kernels
@@ -298,7 +299,7 @@ TEST_P(GpuMoeGrouped, SmallBatchesAgainstCpuAndDecodeKernels) {
             cat("moe ", ops::weight_format_name(f), " T=", T, skew ? " skewed" : "", " on the grouped kernels (", path, ")");
         EXPECT_NE(path.find("moe_grouped"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         const Tensor eager = cuda::to_host(out);
         expect_close(upload(rows_of(eager, rows)), ref, kTolBf16, what + " vs cpu");
         expect_close(out, dec_host, kTolBf16, what + " vs the decode kernels");
@@ -306,7 +307,9 @@ TEST_P(GpuMoeGrouped, SmallBatchesAgainstCpuAndDecodeKernels) {
         // Captured (the expert table and the scratch exist since the eager call) and replayed.
         auto replayed = poisoned(DType::f32, {T, D});
         be.synchronize();
-        CapturedOps graph([&] { ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed}); });
+        CapturedOps graph([&] {
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed});
+        });
         ASSERT_EQ(graph.error(), "") << what;
         ASSERT_EQ(graph.replay(), "") << what;
         EXPECT_EQ(std::memcmp(cuda::to_host(replayed).data<float>(), eager.data<float>(), static_cast<size_t>(T * D) * 4),

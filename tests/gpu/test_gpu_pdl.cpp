@@ -209,9 +209,9 @@ TEST(GpuPdl, LinearAfterALongKernelReadsItsFinishedOutput) {
                 {&d, {random_f32({T, kBig}, r), random_f32({T, kBig}, r)}}};
     w.outputs = {{"y (after y += d)", &y}, {"z", &z}};
     w.issue = [&] {
-      ops::linear(x, a, y);
-      ops::linear(y, b, z);
-      ops::add(d, y);
+      ops::linear(cuda::context(), x, a, y);
+      ops::linear(cuda::context(), y, b, z);
+      ops::add(cuda::context(), d, y);
     };
     check_pdl(w, cat("long product then its consumer, T=", T));
   }
@@ -252,15 +252,15 @@ TEST(GpuPdl, DecodeChainSameBitsOnOffAndInGraphs) {
                  {"m = experts(e)", &m},
                  {"c = wc m (bf16)", &c}};
     w.issue = [&] {
-      ops::rms_norm(x, norm_w, 1e-6f, h);
-      ops::linear(h, wq, q);
-      ops::linear(q, wo, o);
-      ops::add(add_q, q);
-      ops::linear(o, we, e);
-      ops::linear(e, wg, g);
-      ops::route_scored(g, bias, 1.5f, idx, wts);
-      ops::moe_experts(ops::MoeExpertsArgs{e, idx, wts, experts.on_device, 10.0f, m});
-      ops::linear(m, wc, c);
+      ops::rms_norm(cuda::context(), x, norm_w, 1e-6f, h);
+      ops::linear(cuda::context(), h, wq, q);
+      ops::linear(cuda::context(), q, wo, o);
+      ops::add(cuda::context(), add_q, q);
+      ops::linear(cuda::context(), o, we, e);
+      ops::linear(cuda::context(), e, wg, g);
+      ops::route_scored(cuda::context(), g, bias, 1.5f, idx, wts);
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{e, idx, wts, experts.on_device, 10.0f, m});
+      ops::linear(cuda::context(), m, wc, c);
     };
     check_pdl(w, cat("decode chain, T=", T));
   }
@@ -299,12 +299,12 @@ TEST(GpuPdl, ExactTcChainSameBitsOnOffAndInGraphs) {
                  {"iq = idx.wq_b q (exact, fp8)", &iq},
                  {"weights = weights_proj h (exact, bf16)", &wts}};
     w.issue = [&] {
-      ops::rms_norm(x, norm_w, 1e-6f, h);
-      ops::linear(h, gate, g);
-      ops::linear(h, wqa, q);
-      ops::linear(q, wqb, iq);
-      ops::add(add_q, q);
-      ops::linear(h, wproj, wts);
+      ops::rms_norm(cuda::context(), x, norm_w, 1e-6f, h);
+      ops::linear(cuda::context(), h, gate, g);
+      ops::linear(cuda::context(), h, wqa, q);
+      ops::linear(cuda::context(), q, wqb, iq);
+      ops::add(cuda::context(), add_q, q);
+      ops::linear(cuda::context(), h, wproj, wts);
     };
     check_pdl(w, cat("exact tc chain, T=", T));
   }

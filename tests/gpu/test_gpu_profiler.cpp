@@ -46,8 +46,8 @@ struct Work {
         norm_w(upload(random_f32({kOut}, r))),
         z(DType::f32, {kT, kOut}) {}
   void issue() {
-    ops::linear(x, w, y);
-    ops::rms_norm(y, norm_w, 1e-6f, z);
+    ops::linear(cuda::context(), x, w, y);
+    ops::rms_norm(cuda::context(), y, norm_w, 1e-6f, z);
   }
 };
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_backend.h"
 #include "core/tensor.h"
 #include "engine/sampler.h"
 #include "gpu_test_util.h"
@@ -136,7 +137,7 @@ TEST(GpuSampling, SameTokensAsTheHostSampler) {
       specs[r] = {d, seen[r], counts[r]};
     }
     std::vector<ops::SampledRow> got(kRows);
-    ops::sample_rows(dev.view(), specs, got);
+    ops::sample_rows(cuda::context(), dev.view(), specs, got);
     for (int r = 0; r < kRows; ++r) {
       SCOPED_TRACE(c.name + " row " + std::to_string(r) + " (kind " + std::to_string(r % 5) + ")");
       std::span<const float> row(host_logits.data() + static_cast<size_t>(r) * kVocab, kVocab);
@@ -185,7 +186,7 @@ TEST(GpuSampling, ManyDrawsFollowTheHost) {
       s.params.uniform = u[0];
     }
     std::vector<ops::SampledRow> got(kRows);
-    ops::sample_rows(dev.view(), specs, got);
+    ops::sample_rows(cuda::context(), dev.view(), specs, got);
     for (int r = 0; r < kRows; ++r) {
       const auto want = sampler.sample(std::span<const float>(one.data(), kVocab), p, none, host_rng);
       EXPECT_EQ(got[r].token, want.token) << "top_p " << top_p << " draw " << r;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
 #include "ops/compressor.h"
@@ -45,7 +46,7 @@ void check_step_compressor(int ratio, bool overlap, int64_t width, const std::ve
     } else if (p > 0) {          // the state after tokens 0 .. p-1
       Tensor pk = random_f32({p, C}, r), pg = random_f32({p, C}, r, 2.0f);
       Tensor em(DType::f32, {std::max<int64_t>(1, p / ratio), width});
-      ops::compressor_update({accs[i], pk, pg, ape, 0, ratio, overlap, em});
+      ops::compressor_update(cpu::context(), {accs[i], pk, pg, ape, 0, ratio, overlap, em});
     }
     before[i] = Tensor::copy_of(accs[i], Device::cpu);
     daccs[i] = upload(accs[i]);
@@ -55,10 +56,10 @@ void check_step_compressor(int ratio, bool overlap, int64_t width, const std::ve
   }
   const Tensor pos = i64(positions), hacc = i64(host_addr), dacc_t = i64(dev_addr);
   Tensor emitted(DType::f32, {S, width});
-  ops::step_compressor({hacc, kv, gate, ape, pos, ratio, overlap, width, emitted});
+  ops::step_compressor(cpu::context(), {hacc, kv, gate, ape, pos, ratio, overlap, width, emitted});
   auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(pos), dtab = upload(dacc_t);
   auto dem = poisoned(DType::f32, {S, width});
-  ops::step_compressor({dtab, dkv, dgate, dape, dpos, ratio, overlap, width, dem});
+  ops::step_compressor(cuda::context(), {dtab, dkv, dgate, dape, dpos, ratio, overlap, width, dem});
   for (int64_t i = 0; i < S; ++i) {
     const int64_t p = positions[i];
     if (p < 0) {
@@ -115,7 +116,7 @@ void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat f
     } else if (p > 0) {          // the state after tokens 0 .. p-1
       Tensor pk = random_f32({p, C}, r), pg = random_f32({p, C}, r, 2.0f);
       Tensor em(DType::f32, {std::max<int64_t>(1, p / ratio), width});
-      ops::compressor_update({accs[i], pk, pg, ape, 0, ratio, overlap, em});
+      ops::compressor_update(cpu::context(), {accs[i], pk, pg, ape, 0, ratio, overlap, em});
     }
     acc_before[i] = Tensor::copy_of(accs[i], Device::cpu);
     acc_fused[i] = upload(accs[i]);
@@ -140,7 +141,7 @@ void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat f
   a.inv_freq = inv_freq;
   a.format = f;
   a.dest = {host_pools, host_tables, geo.page_bytes(), geo.offset_in_page, rpp, rb};
-  ops::step_compress_emit(a);  // the CPU reference
+  ops::step_compress_emit(cpu::context(), a);  // the CPU reference
 
   auto dboth = upload(both), dkv_rows = upload(kv_rows), dgate_rows = upload(gate_rows), dape = upload(ape),
        dpos = upload(pos), dnorm = upload(norm), dfreq = upload(inv_freq), dtables = upload(i64(d_table));
@@ -153,18 +154,20 @@ void check_compress_emit(int ratio, bool overlap, int64_t width, ops::KvFormat f
   da.inv_freq = dfreq;
   da.dest.pools = fused_pools;
   da.dest.tables = dtables;
-  ops::step_compress_emit(da);
+  ops::step_compress_emit(cuda::context(), da);
 
   // The unfused chain as Model::compress_step runs it with TERN_FUSED_COMPRESS=0.
   std::vector<int64_t> entries(S);
   for (int64_t i = 0; i < S; ++i) entries[i] = positions[i] < 0 ? 0 : positions[i] / ratio * ratio;
   auto unfused_accs = upload(i64(u_acc)), unfused_pools = upload(i64(u_pool)), dentries = upload(i64(entries));
   auto emitted = upload(Tensor(DType::f32, {S, width})), rows = upload(Tensor(DType::u8, {S, rb}));
-  ops::step_compressor({unfused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, emitted});
-  ops::rms_norm(emitted, dnorm, eps, emitted);
-  ops::rope(emitted, dentries, dfreq);
-  ops::kv_pack(emitted, f, rows);
-  ops::store_paged_rows(rows, {unfused_pools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, rb}, dpos, ratio);
+  ops::step_compressor(cuda::context(),
+                       {unfused_accs, dkv, dgate, dape, dpos, ratio, overlap, width, emitted});
+  ops::rms_norm(cuda::context(), emitted, dnorm, eps, emitted);
+  ops::rope(cuda::context(), emitted, dentries, dfreq);
+  ops::kv_pack(cuda::context(), emitted, f, rows);
+  ops::store_paged_rows(cuda::context(), rows,
+                        {unfused_pools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, rb}, dpos, ratio);
 
   const double row_tol = fmt == ops::KvFormat::fp8_ds ? kTolBf16 : kTolF32;
   for (int64_t i = 0; i < S; ++i) {
@@ -233,7 +236,8 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
     const int64_t P = starts[k];
     accs.emplace_back(DType::f32, Shape{n_acc, 3, width});
     Tensor pk = random_f32({P, C}, r), pg = random_f32({P, C}, r, 2.0f), em(DType::f32, {P / ratio, width});
-    ops::compressor_update({accs.back(), pk, pg, ape, 0, ratio, overlap, em});  // the state after 0 .. P-1
+    ops::compressor_update(cpu::context(),
+                           {accs.back(), pk, pg, ape, 0, ratio, overlap, em});  // the state after 0 .. P-1
     daccs.push_back(upload(accs.back()));
     Tensor old(DType::u8, {(P + qs[k]) / ratio + 1, rb});
     random_bytes(old, r);
@@ -254,7 +258,7 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
   a.compressor = {t_acc, kv, gate, ape, t_pos, ratio, overlap, width, {}, t_firsts, max_q};
   a.norm = norm, a.eps = 1e-6f, a.inv_freq = inv_freq, a.format = f;
   a.dest = {t_pool, t_table, geo.page_bytes(), geo.offset_in_page, rpp, rb};
-  ops::step_compress_emit(a);  // the CPU reference
+  ops::step_compress_emit(cpu::context(), a);  // the CPU reference
   auto dkv = upload(kv), dgate = upload(gate), dape = upload(ape), dpos = upload(i64(pos)), dfirsts = upload(i64(firsts)),
        dacc_t = upload(i64(d_acc)), dpools = upload(i64(d_pool)), dtables = upload(i64(d_table)), dnorm = upload(norm),
        dfreq = upload(inv_freq);
@@ -262,7 +266,7 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
   da.compressor = {dacc_t, dkv, dgate, dape, dpos, ratio, overlap, width, {}, dfirsts, max_q};
   da.norm = dnorm, da.inv_freq = dfreq;
   da.dest.pools = dpools, da.dest.tables = dtables;
-  ops::step_compress_emit(da);
+  ops::step_compress_emit(cuda::context(), da);
   for (size_t k = 0; k < qs.size(); ++k) {
     const std::string seq = cat(name, ": sequence ", k, " (", qs[k], " tokens from ", starts[k], ")");
     EXPECT_LE(compare(daccs[k], accs[k]).rel_err, kTolF32) << seq << ": accumulators";
@@ -286,10 +290,12 @@ void check_compress_sequences(int ratio, bool overlap, int64_t width, Rand& r, c
     daccs2.push_back(upload(accs2.back()));
     for (int64_t t = 0; t < qs[k]; ++t) h2[i0 + t] = addr(accs2.back()), d2[i0 + t] = addr(daccs2.back());
   }
-  ops::step_compressor({i64(h2), kv, gate, ape, i64(pos), ratio, overlap, width, emitted, i64(firsts), max_q});
+  ops::step_compressor(
+      cpu::context(), {i64(h2), kv, gate, ape, i64(pos), ratio, overlap, width, emitted, i64(firsts), max_q});
   auto dem = poisoned(DType::f32, {S, width});
   auto dacc2 = upload(i64(d2));
-  ops::step_compressor({dacc2, dkv, dgate, dape, dpos, ratio, overlap, width, dem, dfirsts, max_q});
+  ops::step_compressor(cuda::context(),
+                       {dacc2, dkv, dgate, dape, dpos, ratio, overlap, width, dem, dfirsts, max_q});
   for (int64_t i = 0; i < S; ++i)
     if ((pos[i] + 1) % ratio == 0)
       expect_close(dem.view().rows(i, i + 1), emitted.view().rows(i, i + 1), kTolF32,
@@ -336,7 +342,7 @@ TEST(GpuStepOps, IndexerTopk) {
   a.ratio = ratio;
   a.max_keys = max_keys;
   Tensor idx(DType::i32, {S, topk});
-  ops::step_indexer_topk(a, topk, idx);
+  ops::step_indexer_topk(cpu::context(), a, topk, idx);
   auto dq = upload(q), dw = upload(w), dpos = upload(pos), dpools = upload(i64(dp)),
        dtables = upload(i64(dt));
   ops::StepIndexerArgs da = a;
@@ -346,14 +352,15 @@ TEST(GpuStepOps, IndexerTopk) {
   da.keys.tables = dtables;
   da.positions = dpos;
   auto didx = poisoned(DType::i32, {S, topk});
-  ops::step_indexer_topk(da, topk, didx);
+  ops::step_indexer_topk(cuda::context(), da, topk, didx);
   const Tensor got = cuda::to_host(didx);
   // Same picks, except where two scores are within f32 noise of each other (scores: the CPU's eager op).
   int64_t mismatched = 0;
   for (int64_t i = 0; i < S; ++i) {
     Tensor scores(DType::f32, {1, nk[i]});
     if (positions[i] >= 0 && nk[i] > 0)
-      ops::indexer_scores({q.view().rows(i, i + 1), w.view().rows(i, i + 1), keys[i].host, nk[i],
+      ops::indexer_scores(cpu::context(),
+                          {q.view().rows(i, i + 1), w.view().rows(i, i + 1), keys[i].host, nk[i],
                            pos.view().rows(i, i + 1), ratio},
                           scores);
     for (int64_t j = 0; j < topk; ++j) {
@@ -372,7 +379,7 @@ TEST(GpuStepOps, IndexerTopk) {
   {
     gputest::KnobGuard slow("TERN_TOPK_FAST", 0);
     auto slow_idx = poisoned(DType::i32, {S, topk});
-    ops::step_indexer_topk(da, topk, slow_idx);
+    ops::step_indexer_topk(cuda::context(), da, topk, slow_idx);
     const Tensor want = cuda::to_host(slow_idx);
     EXPECT_EQ(std::memcmp(want.data<int32_t>(), got.data<int32_t>(), S * topk * sizeof(int32_t)), 0)
         << "step_indexer_topk: the short ways moved a pick";
@@ -400,9 +407,9 @@ TEST(GpuStepOps, StoreRingRows) {
     da[i] = null_slot ? 0 : addr(drings[i]);
   }
   const Tensor pos = i64(positions);
-  ops::store_ring_rows(rows, i64(ha), pos, {}, window);
+  ops::store_ring_rows(cpu::context(), rows, i64(ha), pos, {}, window);
   auto drows = upload(rows), dpos = upload(pos), dtab = upload(i64(da));
-  ops::store_ring_rows(drows, dtab, dpos, {}, window);
+  ops::store_ring_rows(cuda::context(), drows, dtab, dpos, {}, window);
   for (int64_t i = 0; i < S; ++i)
     EXPECT_TRUE(same_bytes(rings[i], drings[i])) << "store_ring_rows: slot " << i << " at " << positions[i];
   cuda::register_backend().check_device_errors();
@@ -438,11 +445,13 @@ TEST(GpuStepOps, StorePagedRows) {
     }
     const PagedRows& geo = dest[0].host;
     const Tensor pos = i64(c.positions), hpools = i64(hp), htables = i64(ht);
-    ops::store_paged_rows(rows, {hpools, htables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes},
-                          pos, c.ratio);
+    ops::store_paged_rows(cpu::context(), rows,
+                          {hpools, htables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes}, pos,
+                          c.ratio);
     auto drows = upload(rows), dpos = upload(pos), dpools = upload(i64(dp)), dtables = upload(i64(dt));
-    ops::store_paged_rows(drows, {dpools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes},
-                          dpos, c.ratio);
+    ops::store_paged_rows(cuda::context(), drows,
+                          {dpools, dtables, geo.page_bytes(), geo.offset_in_page, rpp, c.row_bytes}, dpos,
+                          c.ratio);
     for (int64_t i = 0; i < S; ++i)
       EXPECT_TRUE(same_bytes(dest[i].host_pool, dest[i].device_pool))
           << "store_paged_rows ratio " << c.ratio << ": slot " << i << " at " << c.positions[i];

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "gpu_test_util.h"
 #include "ops/synth.h"
 #include "ops/synth_values.h"
@@ -18,9 +20,9 @@ struct Case {
   int64_t rows, cols;
 };
 
-void fill(const Case& c, Device d, Tensor& out, Tensor& scale) {
-  out = Tensor(c.out, c.out_shape, d);
-  if (c.scale_shape.rank() > 0) scale = Tensor(c.scale, c.scale_shape, d);
+void fill(const Case& c, const ops::Context& ctx, Tensor& out, Tensor& scale) {
+  out = Tensor(c.out, c.out_shape, ctx.device());
+  if (c.scale_shape.rank() > 0) scale = Tensor(c.scale, c.scale_shape, ctx.device());
   ops::SynthFillArgs a;
   a.kind = c.kind;
   a.seed = synth::tensor_seed(9, c.name);
@@ -32,7 +34,7 @@ void fill(const Case& c, Device d, Tensor& out, Tensor& scale) {
   a.scale = scale;
   a.choices = 256;
   if (c.kind == ops::SynthKind::nvfp4) a.global_scale = synth::nvfp4_global_scale(a.b);
-  ops::synth_fill(a);
+  ops::synth_fill(ctx, a);
 }
 
 int64_t mismatches(const TensorView& host, const Tensor& dev) {
@@ -58,8 +60,8 @@ TEST(GpuSynth, BytesEqualTheCpuBackends) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     Tensor ho, hs, dout, dscale;
-    fill(c, Device::cpu, ho, hs);
-    fill(c, Device::cuda, dout, dscale);
+    fill(c, cpu::context(), ho, hs);
+    fill(c, cuda::context(), dout, dscale);
     EXPECT_EQ(mismatches(ho, dout), 0) << "of " << ho.nbytes() << " bytes";
     if (!hs.empty()) EXPECT_EQ(mismatches(hs, dscale), 0) << "of " << hs.nbytes() << " scale bytes";
     bool nonzero = false;

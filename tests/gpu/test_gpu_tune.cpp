@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "gpu_test_util.h"
@@ -38,18 +39,18 @@ TEST(GpuTune, EveryGroupCountGivesTheReferenceProduct) {
     const int64_t N = 64;
     const Tensor x = random_f32({N, c.in}, r);
     Tensor ref(DType::f32, {N, c.out});
-    ops::linear(x, hw.w, ref);
+    ops::linear(cpu::context(), x, hw.w, ref);
     for (int groups : {1, 2, 4, 8, 16, 32, 64}) {
       backend.set_linear_groups(dw, groups);
       auto dx = upload(x), y = poisoned(DType::f32, {N, c.out});
-      ops::linear(dx, dw, y);
+      ops::linear(cuda::context(), dx, dw, y);
       expect_close(y, ref, kTolBf16, cat(c.name, " groups ", groups));
       // Batch invariance with this count: the first token alone gives the same bits.
       const Tensor all = cuda::to_host(y);
       Tensor x1(DType::f32, {1, c.in});
       std::memcpy(x1.data<float>(), x.data<float>(), c.in * sizeof(float));
       auto dx1 = upload(x1), y1 = poisoned(DType::f32, {1, c.out});
-      ops::linear(dx1, dw, y1);
+      ops::linear(cuda::context(), dx1, dw, y1);
       const Tensor one = cuda::to_host(y1);
       EXPECT_EQ(std::memcmp(one.data<float>(), all.data<float>(), c.out * sizeof(float)), 0) << c.name << " groups " << groups;
     }
@@ -90,9 +91,9 @@ TEST(GpuTune, TuneLinearsMeasuresAppliesAndGuards) {
   // The tuned weight runs and equals the reference.
   const Tensor x = random_f32({3, s.D}, r);
   Tensor ref(DType::f32, {3, s.q_rank});
-  ops::linear(x, a.w, ref);
+  ops::linear(cpu::context(), x, a.w, ref);
   auto dx = upload(x), y = poisoned(DType::f32, {3, s.q_rank});
-  ops::linear(dx, da, y);
+  ops::linear(cuda::context(), dx, da, y);
   expect_close(y, ref, kTolBf16, "tuned wq_a");
   // Once it has run, another choice for it is refused; the same one is not.
   EXPECT_NO_THROW(backend.tune_linears(uses, back, false));

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/moe.cuh"
 #include "gpu_test_util.h"
@@ -38,11 +39,11 @@ TEST_P(GpuV4, Mhc) {
     Tensor scale = random_f32({3}, r, 0.5f);
     Tensor post(DType::f32, {T, hc}), comb(DType::f32, {T, hc, hc}), collapsed(DType::f32, {T, s.D});
     ops::HcPreArgs a{streams, fn, base, scale, {}, post, comb, collapsed};
-    ops::hc_pre(a);
+    ops::hc_pre(cpu::context(), a);
     auto ds = upload(streams), dfn = upload(fn), db = upload(base), dsc = upload(scale);
     auto dpost = poisoned(DType::f32, {T, hc}), dcomb = poisoned(DType::f32, {T, hc, hc});
     auto dcol = poisoned(DType::f32, {T, s.D});
-    ops::hc_pre(ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol});
+    ops::hc_pre(cuda::context(), ops::HcPreArgs{ds, dfn, db, dsc, {}, dpost, dcomb, dcol});
     expect_close(dpost, post, kTolF32, cat("hc_pre post T=", T));
     expect_close(dcomb, comb, 1e-4, cat("hc_pre comb (Sinkhorn) T=", T));
     expect_close(dcol, collapsed, kTolF32, cat("hc_pre collapsed T=", T));
@@ -56,11 +57,11 @@ TEST_P(GpuV4, Mhc) {
       na.normed = true;
       na.norm = norm;
       na.rms_eps = 1e-5f;
-      ops::hc_pre(na);
+      ops::hc_pre(cpu::context(), na);
       auto dnorm = upload(norm), dnormed = poisoned(DType::f32, {T, s.D});
       auto dpost2 = poisoned(DType::f32, {T, hc}), dcomb2 = poisoned(DType::f32, {T, hc, hc});
       ops::HcPreArgs dna{ds, dfn, db, dsc, {}, dpost2, dcomb2, dnormed, true, dnorm, 1e-5f};
-      ops::hc_pre(dna);
+      ops::hc_pre(cuda::context(), dna);
       expect_close(dnormed, normed, kTolF32, cat("hc_pre + rms_norm (", dtype_name(wt), " weight) T=", T));
       expect_close(dcomb2, comb, 1e-4, cat("hc_pre + rms_norm comb T=", T));
     }
@@ -70,7 +71,7 @@ TEST_P(GpuV4, Mhc) {
       auto one = upload(streams.view().rows(T - 1, T));
       auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
       auto x1 = poisoned(DType::f32, {1, s.D});
-      ops::hc_pre(ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
+      ops::hc_pre(cuda::context(), ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
       const Tensor all_post = cuda::to_host(dpost), all_comb = cuda::to_host(dcomb), all_col = cuda::to_host(dcol);
       const Tensor one_post = cuda::to_host(p1), one_comb = cuda::to_host(c1), one_col = cuda::to_host(x1);
       EXPECT_EQ(std::memcmp(one_post.data<float>(), all_post.data<float>() + (T - 1) * hc, hc * 4), 0) << "post T=" << T;
@@ -81,10 +82,10 @@ TEST_P(GpuV4, Mhc) {
     }
 
     Tensor sub = random_f32({T, s.D}, r), out(DType::f32, {T, hc, s.D});
-    ops::hc_post(streams, sub, post, comb, out);
+    ops::hc_post(cpu::context(), streams, sub, post, comb, out);
     auto dsub = upload(sub), dout = poisoned(DType::f32, {T, hc, s.D});
     auto hpost = upload(post), hcomb = upload(comb);  // same post / comb on both sides
-    ops::hc_post(ds, dsub, hpost, hcomb, dout);
+    ops::hc_post(cuda::context(), ds, dsub, hpost, hcomb, dout);
     expect_close(dout, out, kTolF32, cat("hc_post T=", T));
 
     // hc_post folded into the next hc_pre (ops::HcPreArgs::prev_*; the mix kernel computes the streams it reads):
@@ -94,10 +95,10 @@ TEST_P(GpuV4, Mhc) {
            fcomb = poisoned(DType::f32, {T, hc, hc}), fcol = poisoned(DType::f32, {T, s.D});
       ops::HcPreArgs fa{fstreams, dfn, db, dsc, {}, fpost, fcomb, fcol};
       fa.prev_streams = ds, fa.prev_a = dsub, fa.prev_post = hpost, fa.prev_comb = hcomb;
-      ops::hc_pre(fa);
+      ops::hc_pre(cpu::context(), fa);
       auto upost = poisoned(DType::f32, {T, hc}), ucomb = poisoned(DType::f32, {T, hc, hc}),
            ucol = poisoned(DType::f32, {T, s.D});
-      ops::hc_pre(ops::HcPreArgs{dout, dfn, db, dsc, {}, upost, ucomb, ucol});
+      ops::hc_pre(cuda::context(), ops::HcPreArgs{dout, dfn, db, dsc, {}, upost, ucomb, ucol});
       const auto same = [&](const TensorView& x, const TensorView& y, const char* what) {
         const Tensor hx = cuda::to_host(x), hy = cuda::to_host(y);
         EXPECT_EQ(std::memcmp(hx.data<float>(), hy.data<float>(), hx.nbytes()), 0)
@@ -111,9 +112,9 @@ TEST_P(GpuV4, Mhc) {
 
     Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
     Tensor head(DType::f32, {T, s.D});
-    ops::hc_head(ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
+    ops::hc_head(cpu::context(), ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});
     auto dhfn = upload(hfn), dhb = upload(hbase), dhs = upload(hscale), dhead = poisoned(DType::f32, {T, s.D});
-    ops::hc_head(ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
+    ops::hc_head(cuda::context(), ops::HcHeadArgs{ds, dhfn, dhb, dhs, {}, dhead});
     expect_close(dhead, head, kTolF32, cat("hc_head T=", T));
   }
 }
@@ -136,12 +137,14 @@ void check_compressor(int ratio, bool overlap, int64_t width, const std::vector<
     const int64_t count = ops::compressor_emit_count(pos, n, ratio);
     Tensor emitted(DType::f32, {std::max<int64_t>(count, 1), width});
     ops::CompressorArgs a{acc, hkv, hgate, ape, pos, ratio, overlap, emitted};
-    EXPECT_EQ(ops::compressor_update(a), count);
+    EXPECT_EQ(ops::compressor_update(cpu::context(), a), count);
     auto dkv = upload(kv), dgate = upload(gate), dboth = upload(both),
          dem = poisoned(DType::f32, {std::max<int64_t>(count, 1), width});
     const TensorView dk = stacked ? dboth.view().cols(0, C) : dkv.view(),
                      dg = stacked ? dboth.view().cols(C, 2 * C) : dgate.view();
-    EXPECT_EQ(ops::compressor_update(ops::CompressorArgs{dacc, dk, dg, dape, pos, ratio, overlap, dem}), count);
+    EXPECT_EQ(ops::compressor_update(cuda::context(),
+                                     ops::CompressorArgs{dacc, dk, dg, dape, pos, ratio, overlap, dem}),
+              count);
     if (count > 0) expect_close(dem.view().rows(0, count), emitted.view().rows(0, count), kTolF32,
                                 cat(name, " emitted at ", pos, "+", n));
     const Tensor got = cuda::to_host(dacc);
@@ -189,18 +192,18 @@ TEST_P(GpuV4, Indexer) {
     const PagedPair paged = paged_pair(keys, 5, r);
     ops::IndexerArgs a{q, w, paged.host, S, pos, static_cast<int>(s.csa_ratio)};
     Tensor scores(DType::f32, {n, S});
-    ops::indexer_scores(a, scores);
+    ops::indexer_scores(cpu::context(), a, scores);
     auto dq = upload(q), dw = upload(w), dpos = upload(pos);
     ops::IndexerArgs da{dq, dw, paged.device, S, dpos, static_cast<int>(s.csa_ratio)};
     auto dscores = poisoned(DType::f32, {n, S});
-    ops::indexer_scores(da, dscores);
+    ops::indexer_scores(cuda::context(), da, dscores);
     expect_close(dscores, scores, kTolF32, cat("indexer_scores keys=", S));
 
     const int topk = static_cast<int>(s.index_topk);
     Tensor idx(DType::i32, {n, topk});
-    ops::indexer_topk(a, topk, idx);
+    ops::indexer_topk(cpu::context(), a, topk, idx);
     auto didx = poisoned(DType::i32, {n, topk});
-    ops::indexer_topk(da, topk, didx);
+    ops::indexer_topk(cuda::context(), da, topk, didx);
     const Tensor got = cuda::to_host(didx);
     // Same picks, except where two scores are within f32 noise of each other.
     int64_t mismatched = 0;
@@ -239,7 +242,7 @@ TEST_P(GpuV4, SparseAttention) {
       const int64_t rb = f.row_bytes(), n = c.n, end = c.start + n;
       auto pack = [&](int64_t rows) {
         Tensor x = random_f32({rows, s.head_dim}, r), packed(DType::u8, {rows, rb});
-        ops::kv_pack(x, f, packed);
+        ops::kv_pack(cpu::context(), x, f, packed);
         return packed;
       };
       Tensor q = random_f32({n, s.heads, s.head_dim}, r, 0.5f), sinks = random_f32({s.heads}, r);
@@ -265,7 +268,7 @@ TEST_P(GpuV4, SparseAttention) {
       ops::AttentionArgs a{q, c.start, f, chunk, ring, W, c.ratio > 0 ? paged.host : PagedRows(), num_c, c.ratio,
                            c.select ? sel.view() : TensorView(), sinks, 1.0f / std::sqrt(float(s.head_dim))};
       Tensor ref(DType::f32, {n, s.heads, s.head_dim});
-      ops::sparse_attention(a, ref);
+      ops::sparse_attention(cpu::context(), a, ref);
       auto dq = upload(q), dsink = upload(sinks), dchunk = upload(chunk), dring = upload(ring);
       cuda::DeviceTensor dsel = c.select ? upload(sel) : cuda::DeviceTensor();
       ops::AttentionArgs da = a;
@@ -276,7 +279,7 @@ TEST_P(GpuV4, SparseAttention) {
       da.selected = c.select ? dsel.view() : TensorView();
       da.sinks = dsink;
       auto out = poisoned(DType::f32, {n, s.heads, s.head_dim});
-      ops::sparse_attention(da, out);
+      ops::sparse_attention(cuda::context(), da, out);
       const bool mma = attention_on_tensor_cores(f, s.heads);
       expect_close(out, ref, mma ? kTolBf16 : kTolF32,
                    cat("attention ", c.name, " ", ops::kv_format_name(kf), mma ? " (tensor cores)" : " (f32)"));
@@ -302,7 +305,7 @@ TEST_P(GpuV4, Routing) {
       }
       for (int64_t e = 0; e < E; ++e) bias.data<float>()[e] = e % 2 == 0 ? 0.0f : -0.0f;
     }
-    ops::route_scored(logits, bias, 1.5f, idx, w);
+    ops::route_scored(cpu::context(), logits, bias, 1.5f, idx, w);
     auto dl = upload(logits), db = upload(bias);
     for (const int64_t n : {int64_t{1}, T, int64_t{64}}) {
       const int64_t rows = std::min(n, T);
@@ -310,7 +313,7 @@ TEST_P(GpuV4, Routing) {
       for (const int regs : {1, 0}) {
         KnobGuard kernel("TERN_ROUTE_REGS", regs);
         auto didx = poisoned(DType::i32, {rows, k}), dw = poisoned(DType::f32, {rows, k});
-        ops::route_scored(dl.view().rows(0, rows), db, 1.5f, didx, dw);
+        ops::route_scored(cuda::context(), dl.view().rows(0, rows), db, 1.5f, didx, dw);
         const Tensor got = cuda::to_host(didx);
         const std::string what = cat(regs ? "route_scored_regs_kernel" : "route_scored_kernel", ", ", rows,
                                      " tokens", ties ? ", ties" : "");
@@ -327,10 +330,10 @@ TEST_P(GpuV4, Routing) {
   Tensor tid2eid(DType::i64, {s.vocab, k}), tokens(DType::i64, {T});
   for (int64_t i = 0; i < s.vocab * k; ++i) tid2eid.data<int64_t>()[i] = r.index(E);
   for (int64_t t = 0; t < T; ++t) tokens.data<int64_t>()[t] = r.index(s.vocab);
-  ops::route_hash(logits, tid2eid, tokens, 1.5f, idx, w);
+  ops::route_hash(cpu::context(), logits, tid2eid, tokens, 1.5f, idx, w);
   auto dt = upload(tid2eid), dtok = upload(tokens);
   auto hidx = poisoned(DType::i32, {T, k}), hw = poisoned(DType::f32, {T, k});
-  ops::route_hash(dl, dt, dtok, 1.5f, hidx, hw);
+  ops::route_hash(cuda::context(), dl, dt, dtok, 1.5f, hidx, hw);
   const Tensor got_h = cuda::to_host(hidx);
   EXPECT_EQ(std::memcmp(got_h.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << "route_hash picks differ";
   expect_close(hw, w, kTolF32, "route_hash weights");
@@ -369,7 +372,7 @@ TEST_P(GpuV4, MoeExperts) {
         std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
       }
       Tensor ref(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+      ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
       for (int v = 0; v < variants; ++v) {
         be.set_moe_variant(v);
@@ -380,7 +383,7 @@ TEST_P(GpuV4, MoeExperts) {
             fp4 && T <= cuda::kMoeBulkMaxTokens && cuda::CudaBackend::moe_variant_name(v).starts_with("bulk");
         EXPECT_EQ(path.find("moe_bulk") != std::string::npos, bulk_expected) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         expect_close(out, ref, kTolBf16, what);
         if (T < 2) continue;
         // Batch invariance: tokens off..off+n-1 alone give the bits they got in the batch of T.
@@ -390,7 +393,7 @@ TEST_P(GpuV4, MoeExperts) {
         std::memcpy(ws.data<float>(), w.data<float>() + off * k, n * k * 4);
         std::memcpy(is.data<int32_t>(), idx.data<int32_t>() + off * k, n * k * 4);
         auto dxs = upload(xs), dws = upload(ws), dis = upload(is), outs = poisoned(DType::f32, {n, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dxs, dis, dws, dexp, 10.0f, outs});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dxs, dis, dws, dexp, 10.0f, outs});
         const Tensor all_h = cuda::to_host(out), part_h = cuda::to_host(outs);
         EXPECT_EQ(std::memcmp(part_h.data<float>(), all_h.data<float>() + off * D, n * D * 4), 0)
             << what << ": tokens " << off << ".." << off + n - 1 << " differ between a batch of " << n
@@ -426,10 +429,10 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
       const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " (",
                                    be.moe_path(dexp[0].w1, T), ") with a shared output");
       auto y = poisoned(DType::f32, {T, D}), plain = poisoned(DType::f32, {T, D}), with = poisoned(DType::f32, {T, D});
-      ops::swiglu(dg, du, 1.5f, y);
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, plain});
-      ops::add(y, plain);  // what the model did before
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, with, y});
+      ops::swiglu(cuda::context(), dg, du, 1.5f, y);
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, plain});
+      ops::add(cuda::context(), y, plain);  // what the model did before
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, with, y});
       const Tensor want = cuda::to_host(plain);
       EXPECT_EQ(std::memcmp(cuda::to_host(with).data<float>(), want.data<float>(), static_cast<size_t>(T * D) * 4), 0)
           << what << ": not the bits of moe_experts then add";
@@ -438,8 +441,8 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
       auto ys = poisoned(DType::f32, {T, D}), replayed = poisoned(DType::f32, {T, D});
       be.synchronize();
       CapturedOps graph([&] {
-        ops::run_side(Device::cuda, [&] { ops::swiglu(dg, du, 1.5f, ys); });
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed, ys});
+        ops::run_side(cuda::context(), Device::cuda, [&] { ops::swiglu(cuda::context(), dg, du, 1.5f, ys); });
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, replayed, ys});
       });
       ASSERT_EQ(graph.error(), "") << what;
       ASSERT_EQ(graph.replay(), "") << what;
@@ -477,11 +480,11 @@ TEST_P(GpuV4, MoeExpertsExact) {
           std::copy_n(all.begin(), c.k, idx.data<int32_t>() + t * c.k);
         }
         Tensor ref(DType::f32, {T, c.D});
-        ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
+        ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
         auto dx = upload(x), dw = upload(w), didx = upload(idx), out = poisoned(DType::f32, {T, c.D});
         const std::string path = cuda::register_backend().moe_path(dexp[0].w1, T);
         EXPECT_NE(path.find("moe_exact"), std::string::npos) << path;
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         expect_close(out, ref, kTolF32,
                      cat("exact moe_experts ", ops::weight_format_name(f), " E=", c.E, " D=", c.D, " inter=", c.inter,
                          " T=", T));
@@ -520,7 +523,7 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
       be.set_moe_variant(0);
       auto base = poisoned(DType::f32, {T, D});
-      ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, base});
+      ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, base});
       const Tensor base_h = cuda::to_host(base);
       for (int v = 1; v < cuda::CudaBackend::moe_variants(); ++v) {
         be.set_moe_variant(v);
@@ -531,7 +534,7 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
         for (const char* feature : {"padded rows", "(not scales)", "counters"})
           EXPECT_EQ(path.find(feature) != std::string::npos, name.find(feature) != std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
-        ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         const Tensor out_h = cuda::to_host(out);
         int64_t differ = 0, at = -1;
         for (int64_t i = 0; i < T * D; ++i)
@@ -567,9 +570,9 @@ TEST_P(GpuV4, MoeExpertTableFollowsItsExperts) {
       dexp[1] = b.on_device[1];
     }
     Tensor ref(DType::f32, {T, D});
-    ops::moe_experts(ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
+    ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, hexp, 10.0f, ref});
     auto out = poisoned(DType::f32, {T, D});
-    ops::moe_experts(ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
+    ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
     expect_close(out, ref, kTolBf16, cat("moe_experts after ", round, " in-place expert swaps"));
   }
   cuda::register_backend().check_device_errors();
