@@ -27,7 +27,7 @@ SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model
   o.experts = experts;
   o.weight_budget_bytes = std::max<int64_t>(0, free_bytes - reserve_bytes);
   const auto t0 = std::chrono::steady_clock::now();
-  model::SyntheticModel built = model::build_synthetic_model(config, d, o);
+  model::SyntheticModel built = model::build_synthetic_model(config, device_context(device), o);
   p.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   p.sharing = built.sharing;
   p.sizes = built.sizes;

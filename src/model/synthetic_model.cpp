@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/stacked.h"
 #include "model/synth.h"
+#include "ops/context.h"
 #include "ops/synth.h"
 #include "ops/synth_values.h"
 
@@ -16,14 +17,15 @@ namespace {
 constexpr uint64_t kAlign = 256;
 uint64_t aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// One allocation carved into tensors; with no base it only counts (the measuring walk).
+// One allocation carved into tensors, filled in `ctx` (on its device); with no base it only counts (the
+// measuring walk).
 struct Region {
   std::byte* base = nullptr;
   uint64_t used = 0;
-  Device device = Device::cpu;
+  const ops::Context* ctx = nullptr;
   bool measuring() const { return base == nullptr; }
   TensorView take(DType t, const Shape& s) {
-    TensorView v = measuring() ? TensorView() : TensorView(base + used, t, s, device);
+    TensorView v = measuring() ? TensorView() : TensorView(base + used, t, s, ctx->device());
     used += aligned(dtype_bytes(t, s.numel()));
     return v;
   }
@@ -147,7 +149,7 @@ class Walker {
     if (r.measuring()) return;
     a.seed = synth::tensor_seed(o_.seed, name);
     a.out = out;
-    ops::synth_fill(a);
+    ops::synth_fill(*r.ctx, a);
   }
 
   TensorView values(Region& r, const std::string& name, DType t, const Shape& s, ops::SynthKind kind, float a, float b) {
@@ -365,7 +367,9 @@ ExpertSharing plan_expert_sharing(const SyntheticSizes& s, int64_t budget_bytes)
   return p;
 }
 
-SyntheticModel build_synthetic_model(const ModelConfig& config, Device device, const SyntheticModelOptions& options) {
+SyntheticModel build_synthetic_model(const ModelConfig& config, const ops::Context& ctx,
+                                     const SyntheticModelOptions& options) {
+  const Device device = ctx.device();
   ModelConfig c = config;
   c.expert_format = options.experts;
   c.expert_format_explicit = true;
@@ -379,7 +383,7 @@ SyntheticModel build_synthetic_model(const ModelConfig& config, Device device, c
     storage->emplace_back(DType::u8, Shape{static_cast<int64_t>(bytes)}, device);
     Region r;
     r.base = storage->back().data<std::byte>();
-    r.device = device;
+    r.ctx = &ctx;
     return r;
   };
   Walker w(c, options);

@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "ops/context.h"
 
 namespace tern::model {
 
@@ -75,8 +76,9 @@ struct SyntheticModel {
   SyntheticSizes sizes;
 };
 
-// Allocates and fills the model on `device` (the device's backend must be registered). The fills are
-// issued on the device's stream; the function returns once they are done.
-SyntheticModel build_synthetic_model(const ModelConfig& config, Device device, const SyntheticModelOptions& options);
+// Allocates and fills the model on the device of `ctx`, whose backend runs the fills (issued on the device's
+// stream); the function returns once they are done.
+SyntheticModel build_synthetic_model(const ModelConfig& config, const ops::Context& ctx,
+                                     const SyntheticModelOptions& options);
 
 }  // namespace tern::model

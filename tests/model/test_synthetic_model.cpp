@@ -25,7 +25,7 @@ SyntheticModel build(uint64_t seed, WeightFormat experts = WeightFormat::mxfp4, 
   o.seed = seed;
   o.experts = experts;
   o.weight_budget_bytes = budget;
-  return build_synthetic_model(ModelConfig::tiny(), Device::cpu, o);
+  return build_synthetic_model(ModelConfig::tiny(), cpu::context(), o);
 }
 
 bool same_bytes(const TensorView& a, const TensorView& b) {

@@ -30,7 +30,7 @@ SyntheticModel build(uint64_t seed, int64_t budget = -1) {
   SyntheticModelOptions o;
   o.seed = seed;
   o.weight_budget_bytes = budget;
-  return build_synthetic_model(small_config(), Device::cpu, o);
+  return build_synthetic_model(small_config(), cpu::context(), o);
 }
 
 uint64_t aligned(uint64_t n) {
@@ -78,7 +78,7 @@ TEST_F(SyntheticMtp, BuiltAsTheOfficialCheckpointHasIt) {
   none.num_mtp_layers = 0;
   none.mtp_compress_ratios.clear();
   SyntheticModelOptions o;
-  const SyntheticModel n = build_synthetic_model(none, Device::cpu, o);
+  const SyntheticModel n = build_synthetic_model(none, cpu::context(), o);
   EXPECT_FALSE(n.weights.mtp.has_value());
   EXPECT_EQ(n.sizes.mtp_dense_bytes, 0u);
   EXPECT_EQ(s.sizes.total_bytes() - n.sizes.total_bytes(),
@@ -86,7 +86,7 @@ TEST_F(SyntheticMtp, BuiltAsTheOfficialCheckpointHasIt) {
   // tern implements the SWA-only MTP layer: another ratio is refused.
   ModelConfig csa = small_config();
   csa.mtp_compress_ratios = {4};
-  EXPECT_THROW(build_synthetic_model(csa, Device::cpu, o), Error);
+  EXPECT_THROW(build_synthetic_model(csa, cpu::context(), o), Error);
 }
 
 // The MTP layer's dense part is a sliding, score-routed trunk layer's plus its own tensors, byte for byte.
