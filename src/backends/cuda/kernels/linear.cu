@@ -436,45 +436,71 @@ __device__ __forceinline__ void dot8(float& acc, const float* x, const float (&w
 // warp, 2 loads in flight per lane, 29 us a call at 16 tokens). Lane l of a slice takes its chunks l, l+32, ...;
 // the slice's sum is warp-reduced, and the slices are added in order through shared memory: each token's sum
 // runs in an order fixed by the weight's shape, whatever the other tokens (batch invariant).
+// R: a warp takes its slice of R rows (rows warp / wpr * R ..), loading a chunk's x for its tokens into registers
+// once for the R rows: at 8 tokens a chunk's 16 bytes of weights came with 256 bytes of x from L1 / L2 per row,
+// which held the gate at ~9 us a call at 16 tokens (H100). Every (row, token) sum keeps its chunks, order and
+// reductions, so R does not change a bit.
+template <int R>
 __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                 int64_t rows_per_group, int64_t T, int wpr, float* y) {
   pdl_prologue();
-  __shared__ float red[8][kSimpleTokens];
+  __shared__ float red[8][R][kSimpleTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + warp / wpr;
+  const int64_t rows_block = (8 / wpr) * R;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_block + (warp / wpr) * R;  // the warp's first row
   const int slice = warp % wpr;
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
   const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
   const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
   const int c0 = slice * per, c1 = min(chunks, c0 + per);
-  float acc[kSimpleTokens];
+  float acc[R][kSimpleTokens];
 #pragma unroll
-  for (int j = 0; j < kSimpleTokens; ++j) acc[j] = 0.0f;
-  if (row < m.out) {
-    const float* xr = x + tok0 * x_stride + (row / rows_per_group) * m.in;
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < kSimpleTokens; ++j) acc[i][j] = 0.0f;
+  if (row0 < m.out) {
+    // The warp's rows share a row group (R > 1 only where rows_per_group is a multiple of the block's rows).
+    const float* xr = x + tok0 * x_stride + (row0 / rows_per_group) * m.in;
 #pragma unroll 2
     for (int ch = c0 + lane; ch < c1; ch += 32) {
-      float w[8];
-      exact_weights8<false>(m, row, 8 * static_cast<int64_t>(ch), w);
+      float w[R][8];
 #pragma unroll
-      for (int j = 0; j < kSimpleTokens; ++j) {
-        if (j >= nt) break;
-        dot8(acc[j], xr + j * x_stride + 8 * ch, w);
+      for (int i = 0; i < R; ++i)
+        if (R == 1 || row0 + i < m.out) exact_weights8<false>(m, row0 + i, 8 * static_cast<int64_t>(ch), w[i]);
+      if constexpr (R == 1) {
+#pragma unroll
+        for (int j = 0; j < kSimpleTokens; ++j) {
+          if (j >= nt) break;
+          dot8(acc[0][j], xr + j * x_stride + 8 * ch, w[0]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kSimpleTokens; ++j) {
+          if (j >= nt) break;
+          __align__(16) float xv[8];
+          *reinterpret_cast<float4*>(xv) = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch);
+          *reinterpret_cast<float4*>(xv + 4) = *reinterpret_cast<const float4*>(xr + j * x_stride + 8 * ch + 4);
+#pragma unroll
+          for (int i = 0; i < R; ++i) dot8(acc[i][j], xv, w[i]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < kSimpleTokens; ++j) {
-    const float sum = warp_sum(acc[j]);
-    if (lane == 0) red[warp][j] = sum;
-  }
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < kSimpleTokens; ++j) {
+      const float sum = warp_sum(acc[i][j]);
+      if (lane == 0) red[warp][i][j] = sum;
+    }
   __syncthreads();
   // Thread (row of the block r, token j): the row's slices in order.
   const int r = threadIdx.x / kSimpleTokens, j = threadIdx.x % kSimpleTokens;
-  const int64_t out_row = static_cast<int64_t>(blockIdx.x) * (8 / wpr) + r;
-  if (r < 8 / wpr && j < nt && out_row < m.out) {
+  const int64_t out_row = static_cast<int64_t>(blockIdx.x) * rows_block + r;
+  if (r < rows_block && j < nt && out_row < m.out) {
+    const int rr = r / R, i = r % R;  // the row's warps (rr * wpr ..) and its index among a warp's rows
     float total = 0.0f;
-    for (int sl = 0; sl < wpr; ++sl) total += red[r * wpr + sl][j];
+    for (int sl = 0; sl < wpr; ++sl) total += red[rr * wpr + sl][i][j];
     y[(tok0 + j) * m.out + out_row] = total;
   }
 }
@@ -641,11 +667,18 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
     return;
   }
   if (p.w.kind == WeightFormat::bf16) {  // measured: 5.9 / 7.1 us a gate call at 1 / 16 tokens, the lanes kernel 12.9 / 22.5
-    const int wpr = dev::exact_rows_wpr(p.w.in), rows = 8 / wpr;
+    // Rows a warp (linear_exact_rows_kernel's R): 4 from 3 tokens, where x's reads set the pace (at 1-2 tokens the
+    // weights do, and a row a warp keeps 4x the blocks streaming them), when the blocks' rows stay in one row group.
+    const int wpr = dev::exact_rows_wpr(p.w.in);
+    const int R = p.T > 2 && p.rows_per_group % (8 / wpr * 4) == 0 ? 4 : 1, rows = 8 / wpr * R;
     const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
                     static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-    launch(dev::linear_exact_rows_kernel, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T,
-           wpr, p.y);
+    if (R == 4)
+      launch(dev::linear_exact_rows_kernel<4>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
+             p.y);
+    else
+      launch(dev::linear_exact_rows_kernel<1>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
+             p.y);
     return;
   }
   launch(dev::linear_exact_lanes_kernel, dev::exact_grid(p), dev::kExactRows, 0, stream, m, p.x, p.x_stride,
