@@ -124,7 +124,7 @@ Loaded load(const ServeOptions& a) {
     l.placed.description = sp.description;
   } else {
     auto weights = model::load_model(dir);
-    m = std::make_shared<model::Model>(std::move(weights), kv);
+    m = std::make_shared<model::Model>(std::move(weights), kv, device_context("cpu"));
     l.placed = place_model(*m, a.device);
     weight_bytes = checkpoint_bytes(dir);
     source = dir;

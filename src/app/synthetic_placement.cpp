@@ -31,7 +31,7 @@ SyntheticPlacement place_synthetic_model(const model::ModelConfig& config, model
   p.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   p.sharing = built.sharing;
   p.sizes = built.sizes;
-  p.model = std::make_shared<model::Model>(std::move(built.weights), kv_mode);
+  p.model = std::make_shared<model::Model>(std::move(built.weights), kv_mode, device_context("cpu"));
   // The views are on the device already: moving the model there only switches where it computes.
   if (d != Device::cpu) p.model->to_device(d, [](const TensorView& v) { return v; });
   p.model->set_context(device_context(device));
@@ -55,7 +55,7 @@ int64_t state_bytes_per_sequence(const model::ModelConfig& config, model::KvMode
   model::ModelWeights none;
   none.config = config;
   none.layers.resize(static_cast<size_t>(config.num_layers));
-  const model::Model m(std::move(none), kv_mode);
+  const model::Model m(std::move(none), kv_mode, device_context("cpu"));
   const auto layout = m.state_layout(max_tokens);
   return layout->pages_for(max_tokens) * layout->page_bytes();
 }

@@ -31,7 +31,10 @@ ops::RopeParams rope_params(const RopeConfig& r, int64_t rope_dim) {
 
 }  // namespace
 
-Model::Model(ModelWeights weights, KvMode mode) : w_(std::move(weights)), mode_(mode) {
+Model::Model(ModelWeights weights, KvMode mode, const ops::Context& ctx)
+    : w_(std::move(weights)), mode_(mode), ctx_(ctx) {
+  TERN_CHECK(ctx.device() == Device::cpu, "model: constructed in a context of another device than the host "
+             "(its weights' place until to_device)");
   const ModelConfig& c = w_.config;
   TERN_CHECK(static_cast<int>(w_.layers.size()) == c.num_layers, "model: ", w_.layers.size(),
              " layers bound, config ", "says ", c.num_layers);
@@ -113,7 +116,7 @@ void Model::to_device(Device device, const Upload& upload) {
 }
 
 void Model::set_context(const ops::Context& ctx) {
-  TERN_CHECK(ctx.is_registry() || ctx.device() == device_,
+  TERN_CHECK(ctx.device() == device_,
              "Model::set_context: the context's device is not the model's (move the model first: to_device)");
   ctx_ = ctx;
 }

@@ -43,7 +43,9 @@ struct StepSequence {
 
 class Model {
  public:
-  Model(ModelWeights weights, KvMode mode);
+  // Every op of the model runs in `ctx` (ops/context.h), a context of the device its weights are on: the
+  // host's until to_device moves them, then set_context gives the device's.
+  Model(ModelWeights weights, KvMode mode, const ops::Context& ctx);
 
   // Moves the model to `device`: every weight view is replaced by `upload(view)` in place (a copy on the device
   // that the caller keeps alive, e.g. cuda::WeightStore::upload; empty views stay empty), and from then on
@@ -52,9 +54,9 @@ class Model {
   using Upload = std::function<TensorView(const TensorView&)>;
   void to_device(Device device, const Upload& upload);
   Device device() const { return device_; }
-  // The context every op of forward() runs in (ops/context.h): the registry's until set_context gives an
-  // explicit one (app/device.cpp does: the backend it made for the model's device). Its device must be the
-  // model's.
+  // The context every op of forward() runs in (ops/context.h): the constructor's until set_context gives
+  // another (app/device.cpp does after to_device: the backend it made for the model's device). Its device
+  // must be the model's.
   void set_context(const ops::Context& ctx);
   const ops::Context& context() const { return ctx_; }
   // Which of two same-bits paths the forward takes (A/B switches; `tern bench-step --ab` flips them in one
@@ -386,7 +388,7 @@ class Model {
   KvMode mode_;
   ops::Activations act_ = ops::Activations::native;
   Device device_ = Device::cpu;
-  ops::Context ctx_ = ops::Context::registry();
+  ops::Context ctx_;
   static Paths default_paths();  // from the environment, read once
   Paths paths_ = default_paths();
   Observer observer_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../model/fixture.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "gpu_test_util.h"
@@ -26,8 +27,9 @@ namespace {
 struct GpuModel {
   cuda::WeightStore store;
   model::Model model;
-  GpuModel(const Fixture& f, model::KvMode mode) : model(f.weights(), mode) {
+  GpuModel(const Fixture& f, model::KvMode mode) : model(f.weights(), mode, cpu::context()) {
     model.to_device(Device::cuda, [this](const TensorView& v) { return store.upload(v); });
+    model.set_context(cuda::context());
   }
 };
 

@@ -17,6 +17,7 @@
 
 #include "../model/fixture.h"
 #include "../model/fixture_checks.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "gpu_test_util.h"
@@ -34,8 +35,9 @@ int64_t argmax_row(const float* row, int64_t n) {
 struct GpuModel {
   cuda::WeightStore store;  // outlives the model's views
   model::Model model;
-  GpuModel(const Fixture& f, model::KvMode mode) : model(f.weights(), mode) {
+  GpuModel(const Fixture& f, model::KvMode mode) : model(f.weights(), mode, cpu::context()) {
     model.to_device(Device::cuda, [this](const TensorView& v) { return store.upload(v); });
+    model.set_context(cuda::context());
   }
 };
 
@@ -241,7 +243,7 @@ TEST_P(GpuModel_, LayerReport) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());
   GpuModel g(f, model::KvMode::exact);
-  model::Model cpu_model(f.weights(), model::KvMode::exact);
+  model::Model cpu_model(f.weights(), model::KvMode::exact, cpu::context());
   for (int p : {4, 9, f.num_prompts() - 1}) {
     if (p >= f.num_prompts()) continue;
     std::vector<std::pair<std::string, Tensor>> seen[2];
@@ -287,7 +289,7 @@ TEST_P(GpuModel_, ActivationsFp8AgainstCpu) {
   for (int mode = 0; mode < 2; ++mode) {
     const ops::Activations act = mode == 1 ? ops::Activations::fp8 : ops::Activations::native;
     GpuModel g(f, model::KvMode::exact);
-    model::Model cpu_model(f.weights(), model::KvMode::exact);
+    model::Model cpu_model(f.weights(), model::KvMode::exact, cpu::context());
     g.model.set_activations(act);
     cpu_model.set_activations(act);
     for (int p : {4, 9, f.num_prompts() - 1}) {

@@ -11,6 +11,7 @@
 
 #include "../model/fixture.h"
 #include "../model/speculative_harness.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
 #include "gpu_test_util.h"
@@ -22,8 +23,9 @@ namespace {
 struct GpuHeld {
   cuda::WeightStore store;  // outlives the model's views
   model::Model model;
-  GpuHeld(const Fixture& f, model::KvMode mode) : model(f.weights(), mode) {
+  GpuHeld(const Fixture& f, model::KvMode mode) : model(f.weights(), mode, cpu::context()) {
     model.to_device(Device::cuda, [this](const TensorView& v) { return store.upload(v); });
+    model.set_context(cuda::context());
   }
 };
 

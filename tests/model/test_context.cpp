@@ -1,6 +1,6 @@
-// The explicit execution context (ops/context.h, issue #17 item 5): a model given a context runs every op of
-// its forward in it and consults no registry. While the forward runs, the registry's backend for the host
-// refuses every op (naming it), so an op call the model still sends through the registry fails the test.
+// The explicit execution context (ops/context.h, issue #17 item 5): a model runs every op of its forward in
+// the context it is given (there is no process-wide registry to fall back on): another instance of the CPU
+// backend gives the same bits, and a backend that refuses every op fails the forward, naming an op.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,19 +21,7 @@ using model::Model;
 
 class RefusingBackend final : public ops::Backend {
  public:
-  std::string_view name() const override { return "refusing (the registry's)"; }
-};
-
-// The registry's host backend refuses every op for the guard's lifetime; then the CPU backend is back.
-class RegistryRefuses {
- public:
-  RegistryRefuses() { ops::register_backend(Device::cpu, &refusing_); }
-  ~RegistryRefuses() { cpu::register_backend(); }
-  RegistryRefuses(const RegistryRefuses&) = delete;
-  RegistryRefuses& operator=(const RegistryRefuses&) = delete;
-
- private:
-  RefusingBackend refusing_;
+  std::string_view name() const override { return "refusing"; }
 };
 
 // A prompt (the chunk path), then three decode tokens (the step tables), with MTP draft rows where the
@@ -59,36 +47,31 @@ std::vector<Tensor> run(Model& m, const std::vector<int64_t>& ids) {
   return out;
 }
 
-TEST(ExplicitContext, ForwardRunsInTheModelsContextAlone) {
+TEST(ExplicitContext, ForwardRunsInTheModelsContext) {
   for (const std::string& name : Fixture::names()) {
     const Fixture& f = Fixture::get(name);
     const std::vector<int64_t> ids = f.ids(f.num_prompts() - 1);
-    Model plain(f.weights(), model::KvMode::fp8);  // the registry's context
+    Model plain(f.weights(), model::KvMode::fp8, cpu::context());
     const std::vector<Tensor> want = run(plain, ids);
 
-    cpu::CpuBackend own;  // not the registered instance
-    Model m(f.weights(), model::KvMode::fp8);
-    m.set_context(ops::Context(own, Device::cpu));
-    std::vector<Tensor> got;
-    {
-      const RegistryRefuses guard;
-      got = run(m, ids);
-    }
+    cpu::CpuBackend own;  // not cpu::context()'s instance
+    Model m(f.weights(), model::KvMode::fp8, ops::Context(own, Device::cpu));
+    const std::vector<Tensor> got = run(m, ids);
     ASSERT_EQ(got.size(), want.size()) << name;
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i].shape(), want[i].shape()) << name << ", logits " << i;
       EXPECT_EQ(std::memcmp(got[i].data<float>(), want[i].data<float>(), got[i].nbytes()), 0)
-          << name << ", logits " << i << ": not the registry's bits";
+          << name << ", logits " << i << ": not cpu::context()'s bits";
     }
 
-    // The guard bites: the model in the registry's context fails under it, naming an op.
+    // Every op goes through the context: one whose backend refuses them fails the forward, naming an op.
+    RefusingBackend refusing;
+    Model refused(f.weights(), model::KvMode::fp8, ops::Context(refusing, Device::cpu));
     try {
-      const RegistryRefuses guard;
-      run(plain, ids);
-      ADD_FAILURE() << name << ": the registry's context ran under a refusing registry";
+      run(refused, ids);
+      ADD_FAILURE() << name << ": a forward ran in a context whose backend refuses every op";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("no refusing (the registry's) kernel for op"), std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("no refusing kernel for op"), std::string::npos) << e.what();
     }
   }
 }
@@ -97,11 +80,12 @@ TEST(ExplicitContext, RefusesAnotherDevicesTensors) {
   cpu::CpuBackend own;
   const ops::Context host(own, Device::cpu);
   const Fixture& f = Fixture::get(Fixture::names().front());
-  Model m(f.weights(), model::KvMode::exact);
-  // A context for the GPU's device cannot be given to a model on the host (its tensors would be on the host).
+  // A context for the GPU's device cannot be given to a model on the host (its tensors would be on the host),
+  // at construction or later.
+  EXPECT_THROW(Model(f.weights(), model::KvMode::exact, ops::Context(own, Device::cuda)), Error);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   EXPECT_THROW(m.set_context(ops::Context(own, Device::cuda)), Error);
   m.set_context(host);
-  EXPECT_FALSE(m.context().is_registry());
   EXPECT_EQ(&m.context().backend_for(Device::cpu), &own);
   EXPECT_THROW(m.context().backend_for(Device::cuda), Error);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 #include "fixture_checks.h"
 #include "model/decode_graphs.h"
@@ -37,7 +38,7 @@ TEST(DecodeBuckets, PadsToTheSmallestBucketNotBelow) {
 
 TEST(DecodeTables, PaddingSlotsAreInert) {
   const Fixture& f = Fixture::get(Fixture::names().front());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   const model::ModelConfig& c = m.config();
   std::vector<cache::SequenceState> states;
   for (int k = 0; k < 3; ++k) states.push_back(m.new_state(64));
@@ -78,7 +79,7 @@ TEST(DecodeTables, PaddingSlotsAreInert) {
 
 TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
   const Fixture& f = Fixture::get(Fixture::names().front());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   cache::SequenceState a = m.new_state(32), b = m.new_state(32);
   int p = 0;
   while (p + 1 < f.num_prompts() && f.ids(p).size() < 2) ++p;
@@ -135,7 +136,7 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
   for (const std::string& name : Fixture::names()) {
     const Fixture& f = Fixture::get(name);
     for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
-      model::Model m(f.weights(), mode);
+      model::Model m(f.weights(), mode, cpu::context());
       m.set_step_tables(false);  // forward(): the chunk path, what decode_body is held to
       const int64_t max_tokens = 96, S = 4, B = 3;
       std::vector<cache::SequenceState> eager, dec;
@@ -181,7 +182,7 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
 TEST(MtpBody, OnTheCpuMatchesMtpForward) {
   for (const std::string& name : Fixture::names()) {
     const Fixture& f = Fixture::get(name);
-    model::Model m(f.weights(), model::KvMode::exact);
+    model::Model m(f.weights(), model::KvMode::exact, cpu::context());
     if (!m.has_mtp()) continue;
     const model::ModelConfig& c = m.config();
     const int64_t max_tokens = 96, S = 4, B = 3, H = c.hc_mult, D = c.hidden_size;
@@ -286,7 +287,7 @@ void for_fixtures_and_kv_modes(void (*check)(model::Model&, model::Model&, const
     const Fixture& f = Fixture::get(name);
     for (const model::KvMode mode : {model::KvMode::exact, model::KvMode::fp8}) {
       if (name == "odd-mxfp4" && mode == model::KvMode::fp8) continue;
-      model::Model tables(f.weights(), mode), chunks(f.weights(), mode);
+      model::Model tables(f.weights(), mode, cpu::context()), chunks(f.weights(), mode, cpu::context());
       chunks.set_step_tables(false);
       check(tables, chunks, cat(name, " kv mode ", static_cast<int>(mode)));
     }
@@ -307,7 +308,7 @@ TEST(StepTables, MixedStepsMatchTheChunkPath) { for_fixtures_and_kv_modes(check_
 // A chunk past kMaxStepQueries runs per sequence; so does a step whose states are in pages of another geometry.
 TEST(StepTables, RefusalsOfForward) {
   const Fixture& f = Fixture::get("tiny-mxfp4");
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   cache::SequenceState a = m.new_state(32);
   const auto layout = m.state_layout(32);
   std::vector<int64_t> five(5, 3), four(4, 3);

@@ -42,27 +42,24 @@ class HostAsDevice final : public DeviceMemory {
 
 class StandInDevice : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ops::register_backend(Device::cuda, &backend_);
-    set_device_memory(Device::cuda, &memory_);
-  }
-  void TearDown() override {
-    ops::register_backend(Device::cuda, nullptr);
-    set_device_memory(Device::cuda, nullptr);
-  }
+  void SetUp() override { set_device_memory(Device::cuda, &memory_); }
+  void TearDown() override { set_device_memory(Device::cuda, nullptr); }
+  // The stand-in device's context: the CPU backend's kernels on tensors labelled Device::cuda.
+  ops::Context context() { return ops::Context(backend_, Device::cuda, &memory_); }
   cpu::CpuBackend backend_;
   HostAsDevice memory_;
 };
 
 TEST_F(StandInDevice, ForwardEqualsHostBitForBit) {
   const Fixture& f = Fixture::get("tiny-mxfp4");
-  model::Model host(f.weights(), model::KvMode::fp8);
+  model::Model host(f.weights(), model::KvMode::fp8, cpu::context());
   std::vector<Tensor> uploads;
-  model::Model dev(f.weights(), model::KvMode::fp8);
+  model::Model dev(f.weights(), model::KvMode::fp8, cpu::context());
   dev.to_device(Device::cuda, [&](const TensorView& v) {
     uploads.push_back(Tensor::copy_of(v, Device::cuda));
     return uploads.back().view();
   });
+  dev.set_context(context());
   for (int p : {0, f.num_prompts() - 1}) {
     const std::vector<int64_t> ids = f.ids(p);
     cache::SequenceState hs = host.new_state(static_cast<int64_t>(ids.size()) + 8);
@@ -233,13 +230,13 @@ class Bf16XBackend final : public ops::Backend {
 TEST(Bf16Activations, FixtureLogits) {
   Bf16XBackend backend;
   HostAsDevice memory;
-  // The backend in the model's explicit context (ops/context.h) alone: no registry entry for the stand-in
-  // device's ops; its memory is still the registered one (states, uploads).
+  // The backend in the model's explicit context (ops/context.h); the stand-in device's memory is still the
+  // registered one (states, uploads).
   set_device_memory(Device::cuda, &memory);
   for (const std::string& name : Fixture::names()) {
     const Fixture& f = Fixture::get(name);
     std::vector<Tensor> uploads;
-    model::Model m(f.weights(), model::KvMode::exact);
+    model::Model m(f.weights(), model::KvMode::exact, cpu::context());
     m.to_device(Device::cuda, [&](const TensorView& v) {
       uploads.push_back(Tensor::copy_of(v, Device::cuda));
       return uploads.back().view();

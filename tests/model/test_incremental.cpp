@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 
 namespace tern::test {
@@ -62,7 +63,7 @@ class Incremental : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Incremental, ChunkedPrefillAndTokenByTokenDecode) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   for (int64_t chunk : {1, 3, 7}) {
     Checker c{f};
     for (int p : prompts_to_run(f)) run_chunked(m, c, p, chunk);
@@ -72,7 +73,7 @@ TEST_P(Incremental, ChunkedPrefillAndTokenByTokenDecode) {
 
 TEST_P(Incremental, Fp8KvTokenByToken) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::fp8);
+  model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
   Checker c{f, &m};
   for (int p : prompts_to_run(f)) run_chunked(m, c, p, p % 2 ? 1 : 5);
   std::printf("[%s] fp8 kv, chunks of 1 and 5 vs full forward: max|d|/max|ref| = %.3g\n", GetParam().c_str(),
@@ -83,7 +84,7 @@ TEST_P(Incremental, MixedBatchOfSequences) {
   // Several sequences in one forward() call, each with its own chunk size per step (prefill chunks and
   // single tokens mixed), against each prompt's reference.
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   Checker c{f};
   const std::vector<int> prompts = {f.num_prompts() - 1, f.num_prompts() - 2, 3, f.num_prompts() / 2};
   std::vector<std::vector<int64_t>> ids;
@@ -119,7 +120,7 @@ TEST_P(Incremental, MixedBatchOfSequences) {
 
 TEST_P(Incremental, SnapshotRestoreAndTransfer) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::fp8);
+  model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
   const int p = f.num_prompts() - 1;
   const std::vector<int64_t> ids = f.ids(p);
   const auto T = static_cast<int64_t>(ids.size()), split = T / 2 + 1;
@@ -155,7 +156,7 @@ TEST_P(Incremental, SnapshotRestoreAndTransfer) {
 // reserved pages continues identically.
 TEST_P(Incremental, PooledStatesInScatteredPagesEqualStandalone) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::fp8);
+  model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
   const std::vector<int64_t> a = f.ids(0), b = f.ids(f.num_prompts() - 1);
   const auto T = static_cast<int64_t>(std::min(a.size(), b.size()));
   auto pool = std::make_shared<cache::PagePool>(m.state_layout(256, 8), 64);

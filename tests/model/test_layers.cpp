@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 
 namespace tern::test {
@@ -23,7 +24,7 @@ TEST_P(Layers, DebugPromptIntermediates) {
   for (int p = 0; p < f.num_prompts(); ++p)
     if (static_cast<int64_t>(f.ids(p).size()) == embedding.dim(0)) prompt = p;
   ASSERT_GE(prompt, 0);
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   std::map<std::string, Tensor> seen;  // "debug.layer1.attn_out" -> copy
   m.set_observer([&](std::string_view name, int layer, const TensorView& t) {
     const std::string key = layer < 0 ? "debug." + std::string(name)

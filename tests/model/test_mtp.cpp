@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 #include "model/checkpoint.h"
 #include "model/safetensors_writer.h"
@@ -64,7 +65,7 @@ class Mtp : public ::testing::TestWithParam<std::string> {
 
 TEST_P(Mtp, TrunkStreamsAreThePreHcHeadHidden) {
   const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   const int p = 12;  // the debug prompt: debug.layer3.streams is the last layer's output
   const std::vector<int64_t> ids = f.ids(p);
   cache::SequenceState a = m.new_state(static_cast<int64_t>(ids.size()));
@@ -94,7 +95,7 @@ TEST_P(Mtp, TrunkStreamsAreThePreHcHeadHidden) {
 // Teacher-forced draft logits of every prompt, then the chained drafts k = 2, 3 from its last position.
 TEST_P(Mtp, TeacherForcedAndChained) {
   const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   ASSERT_TRUE(m.has_mtp());
   float worst = 0, worst_chain = 0;
   int argmax_checked = 0;
@@ -175,7 +176,7 @@ std::vector<float> catch_up(Model& m, const Fixture& f, int p, int64_t chunk) {
 
 TEST_P(Mtp, PromptCatchUpInAnyChunking) {
   const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   float worst_ref = 0, worst_modes = 0;
   for (int p : prompts_to_run(f)) {
     const std::vector<float> one = catch_up(m, f, p, 1 << 20);
@@ -256,7 +257,7 @@ TEST(MtpLoading, FixturesBindTheMtpLayer) {
     EXPECT_EQ(mtp.e_proj.format, model::WeightFormat::fp8_block);
     EXPECT_EQ(mtp.h_proj.format, model::WeightFormat::fp8_block);
     EXPECT_EQ(mtp.hc_head.fn.shape(), (Shape{w.config.hc_mult, w.config.hc_mult * w.config.hidden_size}));
-    const Model m(w, model::KvMode::exact);
+    const Model m(w, model::KvMode::exact, cpu::context());
     const auto layout = m.state_layout(64);
     ASSERT_EQ(layout->num_layers(), w.config.num_layers + 1);
     EXPECT_EQ(layout->spec(m.mtp_layer()).ratio, 0);
@@ -271,7 +272,7 @@ TEST(MtpLoading, WithoutMtpTensorsTheModelLoadsWithoutMtp) {
   copy_without(f.dir(), dir.str(), [](const std::string& n) { return n.rfind("mtp.", 0) == 0; });
   model::ModelWeights w = model::load_model(dir.str());
   EXPECT_FALSE(w.mtp.has_value());
-  Model m(std::move(w), model::KvMode::exact);
+  Model m(std::move(w), model::KvMode::exact, cpu::context());
   EXPECT_FALSE(m.has_mtp());
   EXPECT_EQ(m.state_layout(64)->num_layers(), m.config().num_layers);
   cache::SequenceState state = m.new_state(4);

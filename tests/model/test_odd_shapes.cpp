@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "fixture.h"
 #include "fixture_checks.h"
@@ -35,7 +36,7 @@ TEST(OddShapes, TheFixtureHasTheOddSizes) {
 // Every prompt at once (one forward over all sequences), then each in chunks of 5: every position's logits.
 TEST(OddShapes, PromptLogitsInOneBatchAndInChunks) {
   const Fixture& f = Fixture::get(kOdd);
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   const int P = f.num_prompts();
   ASSERT_GE(P, 9);
   const int64_t vocab = m.config().vocab_size;
@@ -75,7 +76,7 @@ TEST(OddShapes, PromptLogitsInOneBatchAndInChunks) {
 // Prefill, then token-by-token greedy decode: the reference's tokens, and its logits at every step.
 TEST(OddShapes, GreedyContinuations) {
   const Fixture& f = Fixture::get(kOdd);
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   float worst = 0;
   for (int p : prompts_to_run(f)) {
     ASSERT_EQ(f.tensor("prompt." + std::to_string(p) + ".greedy_logits").numel(),
@@ -90,7 +91,7 @@ TEST(OddShapes, GreedyContinuations) {
 // the native mode's bits; and the marks are the whole mode (back to native, only the gate and indexer stay exact).
 TEST(OddShapes, ExactModeIsTheCpusOwnArithmetic) {
   const Fixture& f = Fixture::get(kOdd);
-  model::Model native(f.weights(), model::KvMode::exact), exact(f.weights(), model::KvMode::exact);
+  model::Model native(f.weights(), model::KvMode::exact, cpu::context()), exact(f.weights(), model::KvMode::exact, cpu::context());
   exact.set_activations(ops::Activations::f32);
   const model::LayerWeights& L = exact.weights().layers[2];
   EXPECT_TRUE(L.attn.wq_b.exact && L.ffn.experts[0].w2.exact && L.ffn.shared.w1.exact && exact.weights().head.exact);
@@ -112,7 +113,7 @@ TEST(OddShapes, ExactModeIsTheCpusOwnArithmetic) {
 TEST(OddShapes, Fp8KvRowsAreRefusedWithAClearMessage) {
   const Fixture& f = Fixture::get(kOdd);
   try {
-    model::Model m(f.weights(), model::KvMode::fp8);
+    model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
     FAIL() << "an FP8 KV model was built for 80 no-RoPE dims";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no-RoPE dims (80) must be a multiple of 64"), std::string::npos) << e.what();

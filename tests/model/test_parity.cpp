@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "backends/cpu/cpu_backend.h"
 #include "fixture.h"
 #include "fixture_checks.h"
 #include "ops/sample.h"
@@ -41,7 +42,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, FullForwardLogits) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   float worst = 0;
   for (int p = 0; p < f.num_prompts(); ++p) {
     const std::vector<int64_t> ids = f.ids(p);
@@ -69,7 +70,7 @@ TEST_P(Parity, ActivationsFp8Logits) {
   const Fixture& f = Fixture::get(GetParam());
   ASSERT_FALSE(f.act_fp8_tensor("prompt.0.logits").empty())
       << f.dir() << "/act_fp8_reference.safetensors is missing (tools/reference/check_semantics.py --act-fp8-out)";
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   m.set_activations(ops::Activations::fp8);
   float worst = 0, moved = 0;
   int close = 0;
@@ -95,7 +96,7 @@ TEST_P(Parity, Greedy32Tokens) {
   // Prefill, then token-by-token decode of 32 greedy tokens; where the fixture stores them, also the
   // logits of every step.
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::exact);
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
   float worst = 0;
   for (int p : prompts_to_run(f)) worst = std::max(worst, check_greedy_exact(m, f, p, kTolerance));
   std::printf("[%s] greedy decode-step logits: max|d|/max|ref| = %.3g\n", GetParam().c_str(), worst);
@@ -103,7 +104,7 @@ TEST_P(Parity, Greedy32Tokens) {
 
 TEST_P(Parity, Fp8KvLogits) {
   const Fixture& f = Fixture::get(GetParam());
-  model::Model m(f.weights(), model::KvMode::fp8);
+  model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
   float worst = 0;
   int tight = 0;
   for (int p = 0; p < f.num_prompts(); ++p) {

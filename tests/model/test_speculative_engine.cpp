@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "engine/sampler.h"
 
 #include "fixture.h"
@@ -30,7 +31,7 @@ class SpeculativeEngine : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<model::Model> model() {
     const Fixture& f = Fixture::get(GetParam());
-    auto m = std::make_shared<model::Model>(f.weights(), model::KvMode::exact);
+    auto m = std::make_shared<model::Model>(f.weights(), model::KvMode::exact, cpu::context());
     EXPECT_TRUE(m->has_mtp());
     return m;
   }
@@ -292,7 +293,7 @@ TEST_P(SpeculativeEngine, SampledOutputKeepsTheTargetDistribution) {
 // A checkpoint without the MTP layer (the odd-shape fixture has none) cannot speculate: refused naming why; k out of
 // range too.
 TEST(SpeculativeRunner, RefusesWithoutTheMtpLayerOrBeyondThreeDrafts) {
-  auto odd = std::make_shared<model::Model>(Fixture::get("odd-mxfp4").weights(), model::KvMode::exact);
+  auto odd = std::make_shared<model::Model>(Fixture::get("odd-mxfp4").weights(), model::KvMode::exact, cpu::context());
   ASSERT_FALSE(odd->has_mtp());
   try {
     spec_runner(odd, 2);
@@ -300,7 +301,7 @@ TEST(SpeculativeRunner, RefusesWithoutTheMtpLayerOrBeyondThreeDrafts) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("has no MTP layer"), std::string::npos) << e.what();
   }
-  auto tiny = std::make_shared<model::Model>(Fixture::get("tiny-mxfp4").weights(), model::KvMode::exact);
+  auto tiny = std::make_shared<model::Model>(Fixture::get("tiny-mxfp4").weights(), model::KvMode::exact, cpu::context());
   EXPECT_THROW(spec_runner(tiny, 4), Error);
   EXPECT_THROW(spec_runner(tiny, 0)->draft({}, {}), Error);  // a runner that does not speculate says so
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 
 #include "fixture.h"
@@ -31,7 +32,7 @@ model::GenerateResult run(Model& m, const std::vector<int64_t>& prompt, const Ge
 
 TEST_P(Speculative, GreedyOutputEqualsPlainDecoding) {
   const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   ASSERT_TRUE(m.has_mtp());
   int64_t rounds = 0, drafts = 0, kept = 0;
   // Under ASan / UBSan (memory safety, not numerics: fixture.h) two prompts.
@@ -71,7 +72,7 @@ TEST_P(Speculative, GreedyOutputEqualsPlainDecoding) {
 // the end the window holds what that catch-up wrote.
 TEST_P(Speculative, MtpWindowIsThePlainCatchUps) {
   const Fixture& f = Fixture::get(GetParam());
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   const std::vector<int64_t> prompt = f.ids(3);
   GenerateOptions plain;
   plain.max_new_tokens = 20;
@@ -126,7 +127,7 @@ void expect_error(const std::function<void()>& fn, const std::string& part) {
 TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
   const Fixture& f = Fixture::get(GetParam());
   for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
-    Model m(f.weights(), mode);
+    Model m(f.weights(), mode, cpu::context());
     const std::vector<int64_t> prompt = f.ids(f.num_prompts() - 1);
     const int64_t vocab = m.config().vocab_size, rounds = 12;
     cache::SequenceState a = m.new_state(static_cast<int64_t>(prompt.size()) + 4 * rounds + 2),
@@ -166,7 +167,7 @@ TEST_P(Speculative, RollbackEqualsPlainDecodingOfTheKeptTokens) {
 TEST_P(Speculative, BatchedRollbackEqualsPlainDecoding) {
   const Fixture& f = Fixture::get(GetParam());
   for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
-    Model m(f.weights(), mode);
+    Model m(f.weights(), mode, cpu::context());
     const int64_t vocab = m.config().vocab_size, rounds = 10;
     const int prompts[3] = {0, 3, f.num_prompts() - 1};
     const int64_t counts[3] = {2, 4, 3};
@@ -243,7 +244,7 @@ TEST_P(Speculative, BatchedRollbackEqualsPlainDecoding) {
 // A step that ran per sequence (more tokens than the step tables take) keeps no record: rollback_step refuses it.
 TEST(SpeculativeRollback, RefusesAStepThatWasNotRecorded) {
   const Fixture& f = Fixture::get("tiny-mxfp4");
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   cache::SequenceState s = m.new_state(16);
   const cache::Snapshot before = s.snapshot();
   const std::vector<int64_t> five = {3, 4, 5, 6, 7};
@@ -258,7 +259,7 @@ TEST(SpeculativeRollback, RefusesAStepThatWasNotRecorded) {
 
 TEST(SpeculativeOptions, RefusedWithClearMessages) {
   const Fixture& f = Fixture::get("tiny-mxfp4");
-  Model m(f.weights(), model::KvMode::exact);
+  Model m(f.weights(), model::KvMode::exact, cpu::context());
   const std::vector<int64_t> prompt = f.ids(0);
   GenerateOptions o;
   o.max_new_tokens = 4;
@@ -268,7 +269,7 @@ TEST(SpeculativeOptions, RefusedWithClearMessages) {
   o.temperature = 0.7f;
   expect_error([&] { run(m, prompt, o); }, "greedy");
   const Fixture& odd = Fixture::get("odd-mxfp4");  // no MTP layer
-  Model no_mtp(odd.weights(), model::KvMode::exact);
+  Model no_mtp(odd.weights(), model::KvMode::exact, cpu::context());
   o.temperature = 0.0f;
   expect_error([&] { run(no_mtp, odd.ids(0), o); }, "MTP layer");
 }

@@ -119,7 +119,7 @@ TEST(StackedLinears, ModelLogitsEqualUnstackedBitForBit) {
       }
     }
     EXPECT_GE(stacks, 2 * static_cast<int>(apart.layers.size())) << name << ": the loader stacked too few pairs";
-    model::Model stacked(f.weights(), model::KvMode::fp8), unstacked(std::move(apart), model::KvMode::fp8);
+    model::Model stacked(f.weights(), model::KvMode::fp8, cpu::context()), unstacked(std::move(apart), model::KvMode::fp8, cpu::context());
     const int B = 3;
     std::vector<cache::SequenceState> ss, us;
     for (int k = 0; k < B; ++k) ss.push_back(stacked.new_state(64)), us.push_back(unstacked.new_state(64));

@@ -158,7 +158,7 @@ TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
   EXPECT_NE(m.weights.layers[1].ffn.experts[0].w1.weight.data(), m.weights.layers[0].ffn.experts[0].w1.weight.data());
   EXPECT_LE(m.sharing.stored_bytes, static_cast<uint64_t>(budget));
   // The model runs: finite logits.
-  Model model(std::move(m.weights), KvMode::fp8);
+  Model model(std::move(m.weights), KvMode::fp8, cpu::context());
   cache::SequenceState state = model.new_state(32);
   const std::vector<int64_t> ids = {0, 17, 923, 4051, 77};
   const StepSequence seq{&state, ids, LogitsFor::last};

@@ -137,7 +137,7 @@ TEST_F(SyntheticMtp, SharesExpertsLastAndRuns) {
   EXPECT_EQ(m.weights.mtp->block.ffn.experts[3].w2.weight.data(),
             m.weights.layers[0].ffn.experts[3].w2.weight.data());
   EXPECT_LE(m.sharing.stored_bytes, static_cast<uint64_t>(budget));
-  Model model(std::move(m.weights), KvMode::exact);
+  Model model(std::move(m.weights), KvMode::exact, cpu::context());
   ASSERT_TRUE(model.has_mtp());
   GenerateOptions o;
   o.max_new_tokens = 6;
@@ -148,7 +148,7 @@ TEST_F(SyntheticMtp, SharesExpertsLastAndRuns) {
 }
 
 TEST_F(SyntheticMtp, ForwardGivesFiniteLogits) {
-  Model m(std::move(build(9).weights), KvMode::exact);
+  Model m(std::move(build(9).weights), KvMode::exact, cpu::context());
   ASSERT_TRUE(m.has_mtp());
   const int64_t V = m.config().vocab_size;
   const std::vector<int64_t> ids = {0, 17, 203, 45, 311, 8, 99};
@@ -177,7 +177,7 @@ TEST_F(SyntheticMtp, ForwardGivesFiniteLogits) {
 }
 
 TEST_F(SyntheticMtp, SpeculativeGreedyEqualsPlain) {
-  Model m(std::move(build(10).weights), KvMode::exact);
+  Model m(std::move(build(10).weights), KvMode::exact, cpu::context());
   const std::vector<int64_t> prompt = {0, 17, 203, 45, 311, 8, 99, 421, 3};
   auto run = [&](const GenerateOptions& o) {
     cache::SequenceState state = m.new_state(static_cast<int64_t>(prompt.size()) + o.max_new_tokens);

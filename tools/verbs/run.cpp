@@ -98,7 +98,7 @@ int run(const RunArgs& a) {
   model::ModelWeights weights = model::load_model(dir);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const model::ModelConfig config = weights.config;
-  model::Model m(std::move(weights), kv);
+  model::Model m(std::move(weights), kv, app::device_context("cpu"));
   const app::Placement placed = app::place_model(m, a.device);
   for (const auto& line : app::configure_kernels(m, a.device, a.tune)) std::printf("%s\n", line.c_str());
   const std::string& where = placed.description;
