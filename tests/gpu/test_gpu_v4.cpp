@@ -95,7 +95,7 @@ TEST_P(GpuV4, Mhc) {
            fcomb = poisoned(DType::f32, {T, hc, hc}), fcol = poisoned(DType::f32, {T, s.D});
       ops::HcPreArgs fa{fstreams, dfn, db, dsc, {}, fpost, fcomb, fcol};
       fa.prev_streams = ds, fa.prev_a = dsub, fa.prev_post = hpost, fa.prev_comb = hcomb;
-      ops::hc_pre(cpu::context(), fa);
+      ops::hc_pre(cuda::context(), fa);
       auto upost = poisoned(DType::f32, {T, hc}), ucomb = poisoned(DType::f32, {T, hc, hc}),
            ucol = poisoned(DType::f32, {T, s.D});
       ops::hc_pre(cuda::context(), ops::HcPreArgs{dout, dfn, db, dsc, {}, upost, ucomb, ucol});

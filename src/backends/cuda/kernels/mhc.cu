@@ -103,12 +103,13 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
 }
 
 template <bool CG>
-__device__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red);
+__device__ __forceinline__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red);
 
 // POST: the streams come from hc_post_at and the first warp of each token (q == 0) stores them (every (token,
 // index) belongs to one split and, in it, to that token's R warps).
-// FINISH (hc_pre at up to kFinishInMixTokens tokens, HcParams::finish_in_mix): the block launches with
-// hc_pre_finish_kernel's 288 threads (the ninth warp idles in the mix), and the last block of the token group to
+// FINISH (hc_pre at up to kHcFinishInMixTokens tokens, HcParams::finish_in_mix): the block launches with
+// hc_pre_finish_kernel's 288 threads (the ninth warp idles in the mix; ptxas then caps a thread at 168 registers and
+// the finish's stream slice spills 176 bytes to L1), and the last block of the token group to
 // store its partials (an arrival counter, left at zero) runs hc_pre_finish_kernel's work for each of the group's
 // tokens, reading the partials and streams through L2: the same operations in the same order, so the same bits,
 // and one launch and kernel boundary less per hc_pre.
@@ -121,10 +122,14 @@ __global__ void __launch_bounds__(FINISH ? kPreThreads : kMixThreads)
   // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
   // loading its rows itself kept too few loads in flight).
   __shared__ float4 fn_s[MIX][64];
+  // The block's threads as a constant: the staging loop below unrolls, so all its DRAM loads are in flight at once
+  // (a blockDim.x stride kept one in flight at a time: +4.3 us a mix at 16 tokens, H100, session 25).
+  constexpr int kThreads = FINISH ? kPreThreads : kMixThreads;
   const int split = blockIdx.x, splits = gridDim.x;
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
   auto stage_fn = [&](int64_t base) {
-    for (int e = threadIdx.x; e < MIX * 64; e += blockDim.x) {
+#pragma unroll
+    for (int e = threadIdx.x; e < MIX * 64; e += kThreads) {
       const int j = e / 64, c = e % 64;
       const int64_t k = base + 4 * c;
       fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
@@ -204,6 +209,7 @@ __global__ void __launch_bounds__(FINISH ? kPreThreads : kMixThreads)
     __syncthreads();
     if (!last) return;
     __threadfence();
+#pragma unroll 1
     for (int tg = 0; tg < nt; ++tg) {
       pre_finish_token<true>(fin, splits, t0 + tg, m, red);
       __syncthreads();  // m and red serve the next token
@@ -331,7 +337,7 @@ __device__ __forceinline__ float row_max4(float v) {
 // (lane / 4 % 4, lane % 4), the reference's order of operations) while threads 0..255 collapse the streams with pre.
 // CG: the partials and streams were written by other blocks of this grid (the finish in the mix).
 template <bool CG>
-__device__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red) {
+__device__ __forceinline__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red) {
   constexpr int MIX = (2 + kHc) * kHc;
   const int64_t D = a.D;
   StreamSlice slice;
