@@ -26,7 +26,6 @@ int64_t host_available_bytes() {
 
 void prepare_device(const std::string& device) {
   TERN_CHECK(device == "cpu" || device == "cuda", "--device: expected cpu or cuda, found \"", device, "\"");
-  cpu::register_backend();
   if (device == "cpu") return;
 #if TERN_WITH_CUDA
   TERN_CHECK(cuda::device_available(), "--device cuda: no CUDA device on this machine (",

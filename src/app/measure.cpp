@@ -40,7 +40,7 @@ StepTiming wall_clock(const std::function<void()>& fn, int warmup, int runs) {
   return {us[us.size() / 2], us.front(), us.back(), runs};
 }
 
-// Filled on ctx's backend (the model's or the measurement's own context, not the registry's).
+// Filled on ctx's backend (the model's or the measurement's own context).
 Tensor random_tensor(const ops::Context& ctx, DType t, Shape s, uint64_t seed, float sigma) {
   Tensor x(t, s, ctx.device());
   ops::SynthFillArgs a;

@@ -17,7 +17,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 struct AttentionArgs {
   TensorView q;       // f32 [n, heads, head_dim]
@@ -36,6 +36,5 @@ struct AttentionArgs {
 
 // out f32 [n, heads, head_dim]
 void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out);
-void sparse_attention(const AttentionArgs& a, const TensorView& out);
 
 }  // namespace tern::ops

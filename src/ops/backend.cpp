@@ -1,33 +1,7 @@
 #include "ops/backend.h"
 #include "ops/recorded_steps.h"
 
-#include <array>
-#include <mutex>
-
 namespace tern::ops {
-namespace {
-
-std::mutex g_mu;
-std::array<Backend*, 2> g_backends{};  // indexed by Device
-
-std::string_view device_name(Device d) {
-  return d == Device::cpu ? "cpu" : "cuda";
-}
-
-}  // namespace
-
-void register_backend(Device device, Backend* backend) {
-  std::lock_guard lock(g_mu);
-  g_backends.at(static_cast<size_t>(device)) = backend;
-}
-
-Backend& backend_for(Device device) {
-  std::lock_guard lock(g_mu);
-  Backend* b = g_backends.at(static_cast<size_t>(device));
-  TERN_CHECK(b != nullptr, "no backend registered for device ", device_name(device),
-             ": call tern::cpu::register_backend() (or the CUDA backend's) at startup");
-  return *b;
-}
 
 std::vector<std::string> Backend::kernel_paths() const {
   return {cat("all ops: backend ", name(), " (it lists no kernel paths)")};

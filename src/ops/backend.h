@@ -1,7 +1,7 @@
-// The one interface every backend implements, and the registry that picks a backend by device.
+// The one interface every backend implements.
 //
-// Each op in ops/<family>.h is a free function that checks shapes, finds the backend of its tensors'
-// device and calls the matching method here. A backend overrides the methods it has kernels for; the
+// Each op in ops/<family>.h is a free function that checks shapes and calls the matching method here on
+// the backend of its context (ops/context.h). A backend overrides the methods it has kernels for; the
 // defaults throw "no <device> kernel for op <name> (<dtype>)" so a missing kernel is loud, never a silent
 // fallback to another device.
 #pragma once
@@ -102,10 +102,5 @@ class Backend {
   [[noreturn]] void no_kernel(std::string_view op, DType dtype) const;
   [[noreturn]] void no_kernel(std::string_view op, std::string_view what) const;
 };
-
-// Installs `backend` for `device` (replacing any earlier one). The backend must outlive its use.
-void register_backend(Device device, Backend* backend);
-// The backend of `device`; throws naming the device when none is registered.
-Backend& backend_for(Device device);
 
 }  // namespace tern::ops

@@ -26,12 +26,4 @@ void join_side(const Context& ctx, Device device) {
   ctx.backend_for(device).side_join();
 }
 
-void run_side(Device device, const std::function<void()>& body) {
-  run_side(Context::registry(), device, body);
-}
-
-void join_side(Device device) {
-  join_side(Context::registry(), device);
-}
-
 }  // namespace tern::ops

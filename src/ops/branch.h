@@ -19,7 +19,5 @@ class Context;  // ops/context.h
 // (In ctx: the side branch of ctx's backend, for work on `device`.)
 void run_side(const Context& ctx, Device device, const std::function<void()>& body);
 void join_side(const Context& ctx, Device device);
-void run_side(Device device, const std::function<void()>& body);
-void join_side(Device device);
 
 }  // namespace tern::ops

@@ -21,7 +21,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 struct CompressorArgs {
   TensorView acc;   // f32 [overlap ? 2 : 1, 3, width], updated in place
@@ -43,6 +43,5 @@ inline int64_t compressor_emit_count(int64_t start_pos, int64_t n, int ratio) {
 
 // Folds the chunk into acc and writes the completed entries; returns how many.
 int64_t compressor_update(const Context& ctx, const CompressorArgs& a);
-int64_t compressor_update(const CompressorArgs& a);
 
 }  // namespace tern::ops

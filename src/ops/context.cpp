@@ -11,14 +11,13 @@ std::string_view device_name(Device d) {
 }  // namespace
 
 Backend& Context::backend_for(Device d) const {
-  if (backend_ == nullptr) return ops::backend_for(d);
   TERN_CHECK(d == device_, "an op's tensors are on ", device_name(d), " but its context runs ",
              backend_->name(), " on ", device_name(device_));
   return *backend_;
 }
 
 Tensor Context::tensor(DType dtype, Shape shape, Device device, TensorInit init) const {
-  TERN_CHECK(backend_ == nullptr || device == device_, "a tensor on ", device_name(device),
+  TERN_CHECK(device == device_, "a tensor on ", device_name(device),
              " from a context of ", device_name(device_));
   if (device == Device::cpu || memory_ == nullptr) return Tensor(dtype, shape, device, init);
   return Tensor(dtype, shape, device, *memory_, init);

@@ -1,4 +1,4 @@
-// Entry points of the generic ops: check arguments, then call the backend of the tensors' device.
+// Entry points of the generic ops: check arguments, then call the context's backend.
 #include <string_view>
 
 #include "ops/backend.h"
@@ -48,19 +48,11 @@ void embedding(const Context& ctx, const TensorView& table, const TensorView& id
   ctx.backend_for(common_device("embedding", {&table, &ids, &out})).embedding(table, ids, out);
 }
 
-void embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
-  embedding(Context::registry(), table, ids, out);
-}
-
 void add(const Context& ctx, const TensorView& x, const TensorView& y) {
   TERN_CHECK(x.shape() == y.shape(), "add: shapes differ: ", x.shape().str(), " vs ", y.shape().str());
   detail::expect_contiguous("add", "x", x);
   detail::expect_contiguous("add", "y", y);
   ctx.backend_for(common_device("add", {&x, &y})).add(x, y);
-}
-
-void add(const TensorView& x, const TensorView& y) {
-  add(Context::registry(), x, y);
 }
 
 void swiglu(const Context& ctx, const TensorView& gate, const TensorView& up, float limit,
@@ -73,20 +65,12 @@ void swiglu(const Context& ctx, const TensorView& gate, const TensorView& up, fl
   ctx.backend_for(common_device("swiglu", {&gate, &up, &out})).swiglu(gate, up, limit, out);
 }
 
-void swiglu(const TensorView& gate, const TensorView& up, float limit, const TensorView& out) {
-  swiglu(Context::registry(), gate, up, limit, out);
-}
-
 void gather_rows(const Context& ctx, const TensorView& x, const TensorView& rows, const TensorView& out) {
   expect_shape("gather_rows", "x", x, {-1, -1});
   expect_dtype("gather_rows", "rows", rows, {DType::i64});
   expect_shape("gather_rows", "rows", rows, {-1});
   expect_shape("gather_rows", "out", out, {rows.dim(0), x.dim(1)});
   ctx.backend_for(common_device("gather_rows", {&x, &rows, &out})).gather_rows(x, rows, out);
-}
-
-void gather_rows(const TensorView& x, const TensorView& rows, const TensorView& out) {
-  gather_rows(Context::registry(), x, rows, out);
 }
 
 void rms_norm(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
@@ -99,20 +83,12 @@ void rms_norm(const Context& ctx, const TensorView& x, const TensorView& weight,
   ctx.backend_for(common_device("rms_norm", {&x, &weight, &out})).rms_norm(x, weight, eps, out);
 }
 
-void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
-  rms_norm(Context::registry(), x, weight, eps, out);
-}
-
 void rope(const Context& ctx, const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
           bool inverse) {
   check_rope_rank("rope", x);
   detail::expect_contiguous("rope", "x", x);
   check_rope_tables("rope", x, positions, inv_freq);
   ctx.backend_for(common_device("rope", {&x, &positions, &inv_freq})).rope(x, positions, inv_freq, inverse);
-}
-
-void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse) {
-  rope(Context::registry(), x, positions, inv_freq, inverse);
 }
 
 void norm_rope(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
@@ -128,20 +104,11 @@ void norm_rope(const Context& ctx, const TensorView& x, const TensorView& weight
       .norm_rope(x, weight, eps, positions, inv_freq, out);
 }
 
-void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
-               const TensorView& inv_freq, const TensorView& out) {
-  norm_rope(Context::registry(), x, weight, eps, positions, inv_freq, out);
-}
-
 void linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y) {
   check_weight(w);
   expect_shape(cat("linear ", w.name), "x", x, {-1, w.in});
   expect_shape(cat("linear ", w.name), "y", y, {x.dim(0), w.out});
   ctx.backend_for(common_device("linear", {&x, &w.weight, &w.scale, &y})).linear(x, w, y);
-}
-
-void linear(const TensorView& x, const Weight& w, const TensorView& y) {
-  linear(Context::registry(), x, w, y);
 }
 
 void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y) {
@@ -156,10 +123,6 @@ void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, co
   ctx.backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
 }
 
-void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y) {
-  grouped_linear(Context::registry(), x, w, y);
-}
-
 void prefetch(const Context& ctx, const Weight& w) {
   check_weight(w);
   ctx.backend_for(common_device("prefetch", {&w.weight, &w.scale})).prefetch(w);
@@ -172,10 +135,6 @@ void dequantize(const Context& ctx, const Weight& w, const TensorView& out) {
   ctx.backend_for(common_device("dequantize", {&w.weight, &w.scale, &out})).dequantize(w, out);
 }
 
-void dequantize(const Weight& w, const TensorView& out) {
-  dequantize(Context::registry(), w, out);
-}
-
 void kv_pack(const Context& ctx, const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
   f.check();
   expect_dtype("kv_pack", "x", x, {DType::f32});
@@ -185,10 +144,6 @@ void kv_pack(const Context& ctx, const TensorView& x, const KvRowFormat& f, cons
   ctx.backend_for(common_device("kv_pack", {&x, &rows})).kv_pack(x, f, rows);
 }
 
-void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows) {
-  kv_pack(Context::registry(), x, f, rows);
-}
-
 void kv_unpack(const Context& ctx, const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
   f.check();
   expect_dtype("kv_unpack", "rows", rows, {DType::u8});
@@ -196,10 +151,6 @@ void kv_unpack(const Context& ctx, const TensorView& rows, const KvRowFormat& f,
   expect_dtype("kv_unpack", "x", x, {DType::f32});
   expect_shape("kv_unpack", "x", x, {rows.dim(0), f.head_dim});
   ctx.backend_for(common_device("kv_unpack", {&x, &rows})).kv_unpack(rows, f, x);
-}
-
-void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x) {
-  kv_unpack(Context::registry(), rows, f, x);
 }
 
 }  // namespace tern::ops

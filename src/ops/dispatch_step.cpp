@@ -1,4 +1,4 @@
-// Entry points of the batched step ops (ops/step.h): check arguments, then call the backend.
+// Entry points of the batched step ops (ops/step.h): check arguments, then call the context's backend.
 #include "ops/backend.h"
 #include "ops/check.h"
 #include "ops/context.h"
@@ -59,10 +59,6 @@ void step_attention(const Context& ctx, const StepAttentionArgs& a, const Tensor
       .step_attention(a, out);
 }
 
-void step_attention(const StepAttentionArgs& a, const TensorView& out) {
-  step_attention(Context::registry(), a, out);
-}
-
 namespace {
 // What step_compressor and step_compress_emit both take: the accumulator update's arguments.
 void expect_compressor_args(std::string_view op, const StepCompressorArgs& a) {
@@ -87,16 +83,8 @@ void step_compressor(const Context& ctx, const StepCompressorArgs& a) {
       .step_compressor(a);
 }
 
-void step_compressor(const StepCompressorArgs& a) {
-  step_compressor(Context::registry(), a);
-}
-
 bool step_compress_emit_supported(const Context& ctx, Device device, int64_t width) {
   return ctx.backend_for(device).step_compress_emit_supported(width);
-}
-
-bool step_compress_emit_supported(Device device, int64_t width) {
-  return step_compress_emit_supported(Context::registry(), device, width);
 }
 
 void step_compress_emit(const Context& ctx, const StepCompressEmitArgs& a) {
@@ -119,10 +107,6 @@ void step_compress_emit(const Context& ctx, const StepCompressEmitArgs& a) {
       .step_compress_emit(a);
 }
 
-void step_compress_emit(const StepCompressEmitArgs& a) {
-  step_compress_emit(Context::registry(), a);
-}
-
 void step_indexer_topk(const Context& ctx, const StepIndexerArgs& a, int topk, const TensorView& indices) {
   const int64_t S = a.q.dim(0);
   expect_table("step_indexer_topk", "positions", a.positions, S);
@@ -137,10 +121,6 @@ void step_indexer_topk(const Context& ctx, const StepIndexerArgs& a, int topk, c
       .step_indexer_topk(a, topk, indices);
 }
 
-void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices) {
-  step_indexer_topk(Context::registry(), a, topk, indices);
-}
-
 void store_ring_rows(const Context& ctx, const TensorView& rows, const TensorView& rings,
                      const TensorView& positions, const TensorView& firsts, int64_t window) {
   const int64_t S = rows.dim(0);
@@ -151,11 +131,6 @@ void store_ring_rows(const Context& ctx, const TensorView& rows, const TensorVie
   TERN_CHECK(window > 0, "store_ring_rows: a ring needs window > 0");
   ctx.backend_for(common_device("store_ring_rows", {&rows, &rings, &positions}))
       .store_ring_rows(rows, rings, positions, firsts, window);
-}
-
-void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                     const TensorView& firsts, int64_t window) {
-  store_ring_rows(Context::registry(), rows, rings, positions, firsts, window);
 }
 
 void store_paged_rows(const Context& ctx, const TensorView& rows, const StepPagedRows& dest,
@@ -169,11 +144,6 @@ void store_paged_rows(const Context& ctx, const TensorView& rows, const StepPage
   TERN_CHECK(ratio > 0, "store_paged_rows: ratio must be > 0");
   ctx.backend_for(common_device("store_paged_rows", {&rows, &dest.pools, &dest.tables, &positions}))
       .store_paged_rows(rows, dest, positions, ratio);
-}
-
-void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions,
-                      int ratio) {
-  store_paged_rows(Context::registry(), rows, dest, positions, ratio);
 }
 
 }  // namespace tern::ops

@@ -1,4 +1,4 @@
-// Entry points of the DeepSeek-V4 specific ops: check arguments, then call the backend.
+// Entry points of the DeepSeek-V4 specific ops: check arguments, then call the context's backend.
 #include "ops/backend.h"
 #include "ops/check.h"
 #include "ops/context.h"
@@ -47,10 +47,6 @@ void hc_pre(const Context& ctx, const HcPreArgs& a) {
   ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
 }
 
-void hc_pre(const HcPreArgs& a) {
-  hc_pre(Context::registry(), a);
-}
-
 void hc_post(const Context& ctx, const TensorView& streams, const TensorView& a, const TensorView& post,
              const TensorView& comb, const TensorView& out) {
   expect_rank("hc_post", "streams", streams, 3);
@@ -62,11 +58,6 @@ void hc_post(const Context& ctx, const TensorView& streams, const TensorView& a,
   TERN_CHECK(out.data() != streams.data() || T == 0, "hc_post: out must not alias streams");
   ctx.backend_for(common_device("hc_post", {&streams, &a, &post, &comb, &out}))
       .hc_post(streams, a, post, comb, out);
-}
-
-void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
-             const TensorView& out) {
-  hc_post(Context::registry(), streams, a, post, comb, out);
 }
 
 void hc_head(const Context& ctx, const HcHeadArgs& a) {
@@ -81,18 +72,10 @@ void hc_head(const Context& ctx, const HcHeadArgs& a) {
   ctx.backend_for(common_device("hc_head", {&a.streams, &a.fn, &a.out})).hc_head(a);
 }
 
-void hc_head(const HcHeadArgs& a) {
-  hc_head(Context::registry(), a);
-}
-
 void hc_expand(const Context& ctx, const TensorView& x, const TensorView& streams) {
   expect_shape("hc_expand", "x", x, {-1, -1});
   expect_shape("hc_expand", "streams", streams, {x.dim(0), -1, x.dim(1)});
   ctx.backend_for(common_device("hc_expand", {&x, &streams})).hc_expand(x, streams);
-}
-
-void hc_expand(const TensorView& x, const TensorView& streams) {
-  hc_expand(Context::registry(), x, streams);
 }
 
 int64_t compressor_update(const Context& ctx, const CompressorArgs& a) {
@@ -114,10 +97,6 @@ int64_t compressor_update(const Context& ctx, const CompressorArgs& a) {
       .compressor_update(a);
 }
 
-int64_t compressor_update(const CompressorArgs& a) {
-  return compressor_update(Context::registry(), a);
-}
-
 static void check_indexer(const char* op, const IndexerArgs& a) {
   expect_rank(op, "q", a.q, 3);
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), dim = a.q.dim(2);
@@ -137,10 +116,6 @@ void indexer_scores(const Context& ctx, const IndexerArgs& a, const TensorView& 
       .indexer_scores(a, scores);
 }
 
-void indexer_scores(const IndexerArgs& a, const TensorView& scores) {
-  indexer_scores(Context::registry(), a, scores);
-}
-
 void indexer_topk(const Context& ctx, const IndexerArgs& a, int topk, const TensorView& indices) {
   check_indexer("indexer_topk", a);
   TERN_CHECK(topk > 0, "indexer_topk: topk must be positive");
@@ -148,10 +123,6 @@ void indexer_topk(const Context& ctx, const IndexerArgs& a, int topk, const Tens
   expect_shape("indexer_topk", "indices", indices, {a.q.dim(0), topk});
   ctx.backend_for(common_device("indexer_topk", {&a.q, &a.weights, &a.keys.pool, &indices}))
       .indexer_topk(a, topk, indices);
-}
-
-void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices) {
-  indexer_topk(Context::registry(), a, topk, indices);
 }
 
 void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out) {
@@ -181,10 +152,6 @@ void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorVi
       .sparse_attention(a, out);
 }
 
-void sparse_attention(const AttentionArgs& a, const TensorView& out) {
-  sparse_attention(Context::registry(), a, out);
-}
-
 static void check_route(const char* op, const TensorView& logits, const TensorView& indices,
                         const TensorView& weights) {
   expect_shape(op, "logits", logits, {-1, -1});
@@ -204,11 +171,6 @@ void route_scored(const Context& ctx, const TensorView& logits, const TensorView
       .route_scored(logits, bias, routed_scale, indices, weights);
 }
 
-void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
-                  const TensorView& indices, const TensorView& weights) {
-  route_scored(Context::registry(), logits, bias, routed_scale, indices, weights);
-}
-
 void route_hash(const Context& ctx, const TensorView& logits, const TensorView& tid2eid,
                 const TensorView& token_ids, float routed_scale, const TensorView& indices,
                 const TensorView& weights) {
@@ -219,11 +181,6 @@ void route_hash(const Context& ctx, const TensorView& logits, const TensorView& 
   expect_shape("route_hash", "token_ids", token_ids, {logits.dim(0)});
   ctx.backend_for(common_device("route_hash", {&logits, &tid2eid, &token_ids, &indices, &weights}))
       .route_hash(logits, tid2eid, token_ids, routed_scale, indices, weights);
-}
-
-void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
-                float routed_scale, const TensorView& indices, const TensorView& weights) {
-  route_hash(Context::registry(), logits, tid2eid, token_ids, routed_scale, indices, weights);
 }
 
 void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
@@ -248,10 +205,6 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
                "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
   }
   ctx.backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
-}
-
-void moe_experts(const MoeExpertsArgs& a) {
-  moe_experts(Context::registry(), a);
 }
 
 }  // namespace tern::ops

@@ -10,7 +10,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 struct IndexerArgs {
   TensorView q;        // f32 [n, heads, dim], RoPE already applied
@@ -23,11 +23,9 @@ struct IndexerArgs {
 
 // scores f32 [n, num_keys]; -inf where the entry is not visible to the query.
 void indexer_scores(const Context& ctx, const IndexerArgs& a, const TensorView& scores);
-void indexer_scores(const IndexerArgs& a, const TensorView& scores);
 
 // indices i32 [n, topk]: the visible entries with the highest scores, best first (ties: lower index
 // first), then -1 where fewer than topk are visible.
 void indexer_topk(const Context& ctx, const IndexerArgs& a, int topk, const TensorView& indices);
-void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices);
 
 }  // namespace tern::ops

@@ -16,7 +16,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 enum class KvFormat : uint8_t { f32, fp8_ds };
 
@@ -36,10 +36,8 @@ struct KvRowFormat {
 
 // rows u8 [n, row_bytes] <- x f32 [n, head_dim]
 void kv_pack(const Context& ctx, const TensorView& x, const KvRowFormat& f, const TensorView& rows);
-void kv_pack(const TensorView& x, const KvRowFormat& f, const TensorView& rows);
 // x f32 [n, head_dim] <- rows u8 [n, row_bytes]
 void kv_unpack(const Context& ctx, const TensorView& rows, const KvRowFormat& f, const TensorView& x);
-void kv_unpack(const TensorView& rows, const KvRowFormat& f, const TensorView& x);
 
 // Host codec of one row, shared by the CPU backend and the tests.
 void encode_kv_row(const float* x, const KvRowFormat& f, std::byte* row);

@@ -7,16 +7,14 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 // x f32 [T, in], y f32 [T, out].
 void linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y);
-void linear(const TensorView& x, const Weight& w, const TensorView& y);
 
 // Block-diagonal (V4's wo_a): W [G * out_g, in_g] holds G matrices [out_g, in_g]; group g maps x[:, g]
 // to y[:, g].  x f32 [T, G, in_g], y f32 [T, G, out_g].
 void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, const TensorView& y);
-void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
 
 // A hint that a product with w comes soon: a backend with a cache between the weights and its cores may start
 // bringing w's bytes in (CUDA: into L2, docs/cuda-backend.md "L2 prefetch"); the CPU backend does nothing. No
@@ -25,6 +23,5 @@ void prefetch(const Context& ctx, const Weight& w);
 
 // The whole matrix as f32 [out, in] (tests and tools; the forward never materialises it).
 void dequantize(const Context& ctx, const Weight& w, const TensorView& out);
-void dequantize(const Weight& w, const TensorView& out);
 
 }  // namespace tern::ops

@@ -14,7 +14,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 struct HcParams {
   int sinkhorn_iters = 20;
@@ -45,14 +45,11 @@ struct HcPreArgs {
   }
 };
 void hc_pre(const Context& ctx, const HcPreArgs& a);
-void hc_pre(const HcPreArgs& a);
 
 // out f32 [T, hc, D] = post * a + C^T X.  streams [T, hc, D], a [T, D], post [T, hc], comb [T, hc, hc];
 // out must not alias streams.
 void hc_post(const Context& ctx, const TensorView& streams, const TensorView& a, const TensorView& post,
              const TensorView& comb, const TensorView& out);
-void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
-             const TensorView& out);
 
 struct HcHeadArgs {
   TensorView streams;  // f32 [T, hc, D]
@@ -63,10 +60,8 @@ struct HcHeadArgs {
   TensorView out;  // f32 [T, D]
 };
 void hc_head(const Context& ctx, const HcHeadArgs& a);
-void hc_head(const HcHeadArgs& a);
 
 // streams[t, i] = x[t] for every stream i.  x f32 [T, D], streams f32 [T, hc, D].
 void hc_expand(const Context& ctx, const TensorView& x, const TensorView& streams);
-void hc_expand(const TensorView& x, const TensorView& streams);
 
 }  // namespace tern::ops

@@ -13,19 +13,15 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 // logits f32 [T, E], bias f32 [E]; indices i32 [T, k], weights f32 [T, k] (k from their shape).
 void route_scored(const Context& ctx, const TensorView& logits, const TensorView& bias, float routed_scale,
-                  const TensorView& indices, const TensorView& weights);
-void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
                   const TensorView& indices, const TensorView& weights);
 // tid2eid i64|i32 [vocab, k], token_ids i64 [T].
 void route_hash(const Context& ctx, const TensorView& logits, const TensorView& tid2eid,
                 const TensorView& token_ids, float routed_scale, const TensorView& indices,
                 const TensorView& weights);
-void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
-                float routed_scale, const TensorView& indices, const TensorView& weights);
 
 struct Expert {
   Weight w1, w2, w3;  // gate [inter, D], down [D, inter], up [inter, D]
@@ -48,6 +44,5 @@ struct MoeExpertsArgs {
   TensorView shared;
 };
 void moe_experts(const Context& ctx, const MoeExpertsArgs& a);
-void moe_experts(const MoeExpertsArgs& a);
 
 }  // namespace tern::ops

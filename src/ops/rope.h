@@ -10,7 +10,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 struct RopeParams {
   double theta = 10000.0;
@@ -31,7 +31,6 @@ Tensor rope_inv_freq(const RopeParams& p);
 // inv_freq f32 [rope_dim/2] on x's device.
 void rope(const Context& ctx, const TensorView& x, const TensorView& positions, const TensorView& inv_freq,
           bool inverse = false);
-void rope(const TensorView& x, const TensorView& positions, const TensorView& inv_freq, bool inverse = false);
 
 // rms_norm(x, weight, eps, out) then rope(out, positions, inv_freq), the same bits, in one pass where the
 // backend can (the attention's per-head q norm and its kv row: one launch for two on the GPU). x f32
@@ -39,7 +38,5 @@ void rope(const TensorView& x, const TensorView& positions, const TensorView& in
 // rms_norm's; out f32 contiguous, x's shape (may alias x).
 void norm_rope(const Context& ctx, const TensorView& x, const TensorView& weight, float eps,
                const TensorView& positions, const TensorView& inv_freq, const TensorView& out);
-void norm_rope(const TensorView& x, const TensorView& weight, float eps, const TensorView& positions,
-               const TensorView& inv_freq, const TensorView& out);
 
 }  // namespace tern::ops

@@ -71,8 +71,4 @@ void sample_rows(const Context& ctx, const TensorView& logits, std::span<const S
   ctx.backend_for(logits.device()).sample_rows(logits, specs, out);
 }
 
-void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs, std::span<SampledRow> out) {
-  sample_rows(Context::registry(), logits, specs, out);
-}
-
 }  // namespace tern::ops

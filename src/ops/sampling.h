@@ -14,7 +14,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 using sampling::SampledRow;
 using sampling::SampleRowDesc;
@@ -38,6 +38,5 @@ void pack_sample_rows(std::span<const SampleRowSpec> specs, int64_t vocab, std::
 // the results are on the host when it returns.
 void sample_rows(const Context& ctx, const TensorView& logits, std::span<const SampleRowSpec> specs,
                  std::span<SampledRow> out);
-void sample_rows(const TensorView& logits, std::span<const SampleRowSpec> specs, std::span<SampledRow> out);
 
 }  // namespace tern::ops

@@ -19,7 +19,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 // Each slot's paged rows (compressed rows or indexer keys; core/paged_rows.h): row r of slot i is at
 // offset_in_page + (r % rows_per_page) * row_bytes of page tables[i][r / rows_per_page] of the pool at
@@ -52,7 +52,6 @@ struct StepAttentionArgs {
   TensorView inv_freq;
 };
 void step_attention(const Context& ctx, const StepAttentionArgs& a, const TensorView& out);
-void step_attention(const StepAttentionArgs& a, const TensorView& out);
 
 // A sequence's tokens fold into its accumulators in slot order (one chunk); the entry a token closes goes to that
 // token's slot.
@@ -69,7 +68,6 @@ struct StepCompressorArgs {
   int64_t max_queries = 1;  // bound on any sequence's tokens in the step (the CUDA kernel's windows per chunk)
 };
 void step_compressor(const Context& ctx, const StepCompressorArgs& a);
-void step_compressor(const StepCompressorArgs& a);
 
 // A compressor's whole emit chain in one op: step_compressor, then for each slot whose token closes a window
 // the entry RMS-normed (norm, eps), RoPE'd at its position (position / ratio) * ratio (inv_freq), packed to
@@ -85,11 +83,9 @@ struct StepCompressEmitArgs {
   StepPagedRows dest;
 };
 void step_compress_emit(const Context& ctx, const StepCompressEmitArgs& a);
-void step_compress_emit(const StepCompressEmitArgs& a);
 // Whether `device`'s backend has the one-op chain for entries of `width` dims (the CUDA kernel: 128, 256, 512);
 // otherwise the caller runs the five ops it stands for (the same bits).
 bool step_compress_emit_supported(const Context& ctx, Device device, int64_t width);
-bool step_compress_emit_supported(Device device, int64_t width);
 
 struct StepIndexerArgs {
   TensorView q;          // f32 [slots, index_heads, dim]
@@ -101,18 +97,14 @@ struct StepIndexerArgs {
 };
 // indices i32 [slots, topk]: as indexer_topk for each slot's one query (-1 padded).
 void step_indexer_topk(const Context& ctx, const StepIndexerArgs& a, int topk, const TensorView& indices);
-void step_indexer_topk(const StepIndexerArgs& a, int topk, const TensorView& indices);
 
 // Stores row i of `rows` (u8 [slots, row_bytes]) into slot i's window ring (at rings[i], ring slot
 // position % window), unless a later token of its sequence takes that ring slot in the same step (slot i + window
 // has the same first slot): only a sequence's last `window` rows land. firsts: as above (empty: one token each).
 void store_ring_rows(const Context& ctx, const TensorView& rows, const TensorView& rings,
                      const TensorView& positions, const TensorView& firsts, int64_t window);
-void store_ring_rows(const TensorView& rows, const TensorView& rings, const TensorView& positions,
-                     const TensorView& firsts, int64_t window);
 // Stores row i of `rows` into slot i's paged rows as entry position / ratio, when the token closes a window.
 void store_paged_rows(const Context& ctx, const TensorView& rows, const StepPagedRows& dest,
                       const TensorView& positions, int ratio);
-void store_paged_rows(const TensorView& rows, const StepPagedRows& dest, const TensorView& positions, int ratio);
 
 }  // namespace tern::ops

@@ -1,4 +1,4 @@
-// synth_fill's argument checks, then the backend of the views' device.
+// synth_fill's argument checks, then the context's backend.
 #include "ops/synth.h"
 
 #include "ops/backend.h"
@@ -49,10 +49,6 @@ void synth_fill(const Context& ctx, const SynthFillArgs& a) {
   }
   if (!a.scale.empty()) detail::expect_contiguous("synth_fill", "scale", a.scale);
   ctx.backend_for(detail::common_device("synth_fill", {&a.out, &a.scale})).synth_fill(a);
-}
-
-void synth_fill(const SynthFillArgs& a) {
-  synth_fill(Context::registry(), a);
 }
 
 }  // namespace tern::ops

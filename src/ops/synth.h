@@ -9,7 +9,7 @@
 
 namespace tern::ops {
 
-class Context;  // ops/context.h: each op runs in one (the overloads without: the registry's)
+class Context;  // ops/context.h: each op runs in one
 
 enum class SynthKind : uint8_t {
   normal,         // out f32 or bf16: a + b * unit value (mean a, std b)
@@ -36,6 +36,5 @@ struct SynthFillArgs {
 // Quantized kinds: FP8 blocks scaled so that amax / scale <= 448 with a power-of-two (e8m0) scale, MXFP4
 // amax / scale <= 6 per 32 values, NVFP4 ue4m3 scales per 16 values times global_scale.
 void synth_fill(const Context& ctx, const SynthFillArgs& a);
-void synth_fill(const SynthFillArgs& a);
 
 }  // namespace tern::ops

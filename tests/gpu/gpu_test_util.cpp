@@ -9,7 +9,6 @@
 #include <numeric>
 #include <vector>
 
-#include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/pdl.cuh"
@@ -20,7 +19,6 @@ namespace tern::gputest {
 
 bool gpu_ready() {
   static const bool ready = [] {
-    cpu::register_backend();
     if (!cuda::device_available()) return false;
     cuda::register_backend();
     return true;

@@ -21,7 +21,7 @@
 
 namespace tern::gputest {
 
-// Registers the CPU and CUDA backends once; false when there is no usable CUDA device.
+// Sets the CUDA backend up once (cuda::register_backend); false when there is no usable CUDA device.
 bool gpu_ready();
 
 // GPU tests call this first: with no device the test is reported SKIPPED, never passed.

@@ -7,11 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include "backends/cpu/cpu_backend.h"
-
 namespace tern::test {
-
-static const bool registered = (cpu::register_backend(), true);
 
 std::vector<std::string> Fixture::names() {
   return {"tiny-mxfp4", "tiny-nvfp4"};

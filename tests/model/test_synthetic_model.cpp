@@ -15,11 +15,6 @@
 namespace tern::model {
 namespace {
 
-class SyntheticModelTest : public ::testing::Test {
- protected:
-  void SetUp() override { cpu::register_backend(); }
-};
-
 SyntheticModel build(uint64_t seed, WeightFormat experts = WeightFormat::mxfp4, int64_t budget = -1) {
   SyntheticModelOptions o;
   o.seed = seed;
@@ -75,7 +70,7 @@ double dequantized_std(const Linear& l, bool* finite) {
   return std::sqrt(sq / n - (sum / n) * (sum / n));
 }
 
-TEST_F(SyntheticModelTest, DeterministicPerSeedAndNeverAllZero) {
+TEST(SyntheticModelTest, DeterministicPerSeedAndNeverAllZero) {
   const SyntheticModel a = build(1), b = build(1), c = build(2);
   EXPECT_EQ(a.weights.naming, "synthetic");
   EXPECT_FALSE(a.sharing.shared());
@@ -108,7 +103,7 @@ TEST_F(SyntheticModelTest, DeterministicPerSeedAndNeverAllZero) {
   }
 }
 
-TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
+TEST(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     const SyntheticModel m = build(3, f);
     const LayerWeights& L = m.weights.layers[0];
@@ -141,7 +136,7 @@ TEST_F(SyntheticModelTest, ValuesFollowTheFileWritersRules) {
   }
 }
 
-TEST_F(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
+TEST(SyntheticModelTest, SharedExpertStorageRunsAndSaysSo) {
   const SyntheticSizes s = synthetic_sizes(ModelConfig::tiny(), WeightFormat::mxfp4);
   // Room for the dense part and two layers' experts of four.
   const auto budget = static_cast<int64_t>(s.dense_bytes() + 2 * s.layer_expert_bytes() + s.layer_expert_bytes() / 2);

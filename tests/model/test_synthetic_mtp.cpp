@@ -14,11 +14,6 @@
 namespace tern::model {
 namespace {
 
-class SyntheticMtp : public ::testing::Test {
- protected:
-  void SetUp() override { cpu::register_backend(); }
-};
-
 // The tiny shape (V4-Flash's MTP layer included) with a small vocabulary: the head is most of a CPU step.
 ModelConfig small_config() {
   ModelConfig c = ModelConfig::tiny();
@@ -37,7 +32,7 @@ uint64_t aligned(uint64_t n) {
   return (n + 255) / 256 * 256;
 }
 
-TEST_F(SyntheticMtp, BuiltAsTheOfficialCheckpointHasIt) {
+TEST(SyntheticMtp, BuiltAsTheOfficialCheckpointHasIt) {
   const SyntheticModel s = build(7);
   const ModelConfig& c = s.weights.config;
   ASSERT_TRUE(s.weights.mtp.has_value());
@@ -124,7 +119,7 @@ TEST(SyntheticMtpSizes, FullModelMtpLayer) {
 }
 
 // Too little memory for every layer's experts: the MTP layer, last in the order, reads a trunk layer's.
-TEST_F(SyntheticMtp, SharesExpertsLastAndRuns) {
+TEST(SyntheticMtp, SharesExpertsLastAndRuns) {
   const SyntheticSizes s = synthetic_sizes(small_config(), WeightFormat::mxfp4);
   // Every trunk layer's experts fit, the MTP layer's do not.
   const auto budget =
@@ -147,7 +142,7 @@ TEST_F(SyntheticMtp, SharesExpertsLastAndRuns) {
   EXPECT_EQ(generate(model, state, prompt, o).tokens.size(), 6u);
 }
 
-TEST_F(SyntheticMtp, ForwardGivesFiniteLogits) {
+TEST(SyntheticMtp, ForwardGivesFiniteLogits) {
   Model m(std::move(build(9).weights), KvMode::exact, cpu::context());
   ASSERT_TRUE(m.has_mtp());
   const int64_t V = m.config().vocab_size;
@@ -176,7 +171,7 @@ TEST_F(SyntheticMtp, ForwardGivesFiniteLogits) {
   EXPECT_GT(spread, 0.0);  // not a constant row: the weights are not zeros
 }
 
-TEST_F(SyntheticMtp, SpeculativeGreedyEqualsPlain) {
+TEST(SyntheticMtp, SpeculativeGreedyEqualsPlain) {
   Model m(std::move(build(10).weights), KvMode::exact, cpu::context());
   const std::vector<int64_t> prompt = {0, 17, 203, 45, 311, 8, 99, 421, 3};
   auto run = [&](const GenerateOptions& o) {

@@ -5,12 +5,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "backends/cpu/cpu_backend.h"
-
 namespace tern::test {
-
-// Every test in this executable runs on the CPU backend.
-static const bool registered = (cpu::register_backend(), true);
 
 Tensor Random::tensor(Shape shape, float stddev) {
   Tensor t(DType::f32, shape);

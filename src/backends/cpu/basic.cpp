@@ -11,14 +11,13 @@
 
 namespace tern::cpu {
 
-CpuBackend& register_backend() {
-  static CpuBackend backend;
-  ops::register_backend(Device::cpu, &backend);
-  return backend;
+CpuBackend& backend() {
+  static CpuBackend instance;
+  return instance;
 }
 
 const ops::Context& context() {
-  static const ops::Context ctx(register_backend(), Device::cpu);
+  static const ops::Context ctx(backend(), Device::cpu);
   return ctx;
 }
 

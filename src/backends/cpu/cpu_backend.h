@@ -9,11 +9,9 @@
 namespace tern::cpu {
 
 class CpuBackend;
-// Installs the CPU backend for Device::cpu (idempotent) and returns it (an explicit ops::Context can name
-// it). Call once at startup, before any op.
-CpuBackend& register_backend();
-// The context of register_backend()'s instance (ops/context.h): what tests, tools and app::device_context
-// run host ops in.
+// The CPU backend's one instance (more may be made: a test's own).
+CpuBackend& backend();
+// The context of backend() (ops/context.h): what tests, tools and app::device_context run host ops in.
 const ops::Context& context();
 
 class CpuBackend final : public ops::Backend {

@@ -87,7 +87,7 @@ std::vector<Run> runs_of(std::string_view op, const TensorView& firsts, const in
 }  // namespace
 
 void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorView& out) {
-  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  // The per-sequence ops below run on this backend (this instance), on the device it stands for.
   const ops::Context self(*this, out.device());
   const char* op = "step_attention";
   require_f32(op, {&a.q, &a.sinks, &out});
@@ -131,7 +131,7 @@ void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorVie
 }
 
 void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
-  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  // The per-sequence ops below run on this backend (this instance), on the device it stands for.
   const ops::Context self(*this, a.kv.device());
   const char* op = "step_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
@@ -170,7 +170,7 @@ void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
 
 // The composition of the batched ops the fused op stands for, so its bits are theirs by construction.
 void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
-  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  // The per-sequence ops below run on this backend (this instance), on the device it stands for.
   const ops::Context self(*this, a.compressor.kv.device());
   const ops::StepCompressorArgs& c = a.compressor;
   require_host("step_compress_emit", {{"positions", &c.positions}});
@@ -192,7 +192,7 @@ void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
 }
 
 void CpuBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) {
-  // The per-sequence ops below run on this backend (not the registry's), on the device it stands for.
+  // The per-sequence ops below run on this backend (this instance), on the device it stands for.
   const ops::Context self(*this, indices.device());
   const char* op = "step_indexer_topk";
   require_f32(op, {&a.q, &a.weights});

@@ -530,7 +530,6 @@ CudaBackend& register_backend() {
   static CudaBackend backend;
   static CudaStepGraphs graphs(backend);
   static CudaMemory memory(backend, graphs);
-  ops::register_backend(Device::cuda, &backend);
   ops::register_step_graphs(Device::cuda, &graphs);
   set_device_memory(Device::cuda, &memory);
   return backend;
