@@ -182,7 +182,8 @@ class CudaBackend final : public ops::Backend {
   std::unique_ptr<Impl> impl_;
 };
 
-// Installs one CudaBackend for Device::cuda (idempotent) and returns it. Throws with a clear message when
+// The one CudaBackend (made once; later calls return it), with its device memory and step graphs installed
+// for Device::cuda (core/tensor.h's set_device_memory, ops/recorded_steps.h). Throws with a clear message when
 // there is no CUDA device or it is not a Hopper GPU (sm_90).
 CudaBackend& register_backend();
 // The context of register_backend()'s instance (ops/context.h), with the device memory it installs: what
