@@ -111,9 +111,6 @@ struct CudaBackend::Impl {
   // (LinearParams::cluster_split; TERN_X8_CLUSTER=0: through the workspace, fences and arrival counters). The same
   // bits either way.
   bool x8_cluster = true;
-  // hc_pre at 1-2 tokens: the finish inside the mix kernel's last block (HcParams::finish_in_mix;
-  // TERN_HC_FINISH_IN_MIX=0: hc_pre_finish_kernel after the mix). The same bits.
-  bool hc_finish_in_mix = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)

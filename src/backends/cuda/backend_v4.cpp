@@ -81,8 +81,6 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   }
   if (run_library_hc(*impl_, p, false, squares_done)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
-  p.finish_in_mix = impl_->hc_finish_in_mix;
-  p.counters = static_cast<int*>(impl_->counters.data());
   launch_hc_pre(p, impl_->stream);
   check_launch(p.prev_a != nullptr ? "hc_pre (hc_post folded)" : "hc_pre");
 }

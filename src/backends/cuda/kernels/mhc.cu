@@ -44,13 +44,6 @@ __device__ __forceinline__ float dot4(const float4& a, const float4& b, float ac
 }
 
 __device__ __forceinline__ float4 ld4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
-// CG: a load of what other blocks of this grid wrote (the finish inside the mix kernel), through L2
-// (ld.global.cg), where a finish kernel, a later grid, may read through the non-coherent path. Same values.
-template <bool CG>
-__device__ __forceinline__ float4 ld4_of(const float* p) {
-  if constexpr (CG) return __ldcg(reinterpret_cast<const float4*>(p));
-  else return ld4(p);
-}
 
 // partial[(t * (MIX + 1) + j) * splits + split] = fn[j, slice] . flat(X_t)[slice] (j < MIX) and the slice's
 // sum of squares (j == MIX). Every entry is written, empty slices as 0.
@@ -102,34 +95,21 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
   return hc_post_stream(x, ld4(in.a + t * D + d), in.comb + t * kHc * kHc, __ldg(in.post + t * kHc + s), s);
 }
 
-template <bool CG>
-__device__ __forceinline__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red);
-
 // POST: the streams come from hc_post_at and the first warp of each token (q == 0) stores them (every (token,
 // index) belongs to one split and, in it, to that token's R warps).
-// FINISH (hc_pre at up to kHcFinishInMixTokens tokens, HcParams::finish_in_mix): the block launches with
-// hc_pre_finish_kernel's 288 threads (the ninth warp idles in the mix; ptxas then caps a thread at 168 registers and
-// the finish's stream slice spills 176 bytes to L1), and the last block of the token group to
-// store its partials (an arrival counter, left at zero) runs hc_pre_finish_kernel's work for each of the group's
-// tokens, reading the partials and streams through L2: the same operations in the same order, so the same bits,
-// and one launch and kernel boundary less per hc_pre.
-template <int MIX, bool POST, bool FINISH = false>
-__global__ void __launch_bounds__(FINISH ? kPreThreads : kMixThreads)
-    hc_mix_kernel(const float* __restrict__ streams, const float* __restrict__ fn, int64_t T, int64_t N, int64_t per,
-                  bool early_fn, float* __restrict__ partial, HcPostIn post_in, HcParams fin) {
+template <int MIX, bool POST>
+__global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __restrict__ streams,
+                                                             const float* __restrict__ fn, int64_t T, int64_t N,
+                                                             int64_t per, bool early_fn, float* __restrict__ partial,
+                                                             HcPostIn post_in) {
   static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
-  static_assert(!FINISH || MIX == (2 + kHc) * kHc, "the finish in the mix is hc_pre's");
   // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
   // loading its rows itself kept too few loads in flight).
   __shared__ float4 fn_s[MIX][64];
-  // The block's threads as a constant: the staging loop below unrolls, so all its DRAM loads are in flight at once
-  // (a blockDim.x stride kept one in flight at a time: +4.3 us a mix at 16 tokens, H100, session 25).
-  constexpr int kThreads = FINISH ? kPreThreads : kMixThreads;
   const int split = blockIdx.x, splits = gridDim.x;
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
   auto stage_fn = [&](int64_t base) {
-#pragma unroll
-    for (int e = threadIdx.x; e < MIX * 64; e += kThreads) {
+    for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
       const int j = e / 64, c = e % 64;
       const int64_t k = base + 4 * c;
       fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
@@ -180,46 +160,25 @@ __global__ void __launch_bounds__(FINISH ? kPreThreads : kMixThreads)
       }
     }
   }
-  if (active) {
-    // Reduce-scatter: at offset o a lane keeps the half of its n slots its bit o selects and adds the
-    // partner's copy of that half; after o = 1, lane s holds slot s summed over all 32 lanes.
+  if (!active) return;
+  // Reduce-scatter: at offset o a lane keeps the half of its n slots its bit o selects and adds the
+  // partner's copy of that half; after o = 1, lane s holds slot s summed over all 32 lanes.
 #pragma unroll
-    for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
-      const bool upper = (lane & o) != 0;
+  for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
+    const bool upper = (lane & o) != 0;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        if (i >= n / 2) break;
-        const float keep = upper ? v[i + n / 2] : v[i], send = upper ? v[i] : v[i + n / 2];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-      }
-    }
-    const int j = q + R * lane;
-    if (j <= MIX) partial[((t * (MIX + 1)) + j) * splits + split] = v[0];
-  }
-  if constexpr (FINISH) {
-    __shared__ float m[MIX + 1];
-    __shared__ float red[kCollapseThreads / 32];
-    __shared__ int last;
-    __threadfence();  // this thread's partials (and, POST, streams) before the arrival
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(fin.counters + blockIdx.y, 1) == splits - 1;
-      if (last) fin.counters[blockIdx.y] = 0;  // every block of the group has arrived: back to zero for the next
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int tg = 0; tg < nt; ++tg) {
-      pre_finish_token<true>(fin, splits, t0 + tg, m, red);
-      __syncthreads();  // m and red serve the next token
+    for (int i = 0; i < 16; ++i) {
+      if (i >= n / 2) break;
+      const float keep = upper ? v[i + n / 2] : v[i], send = upper ? v[i] : v[i + n / 2];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
   }
+  const int j = q + R * lane;
+  if (j <= MIX) partial[((t * (MIX + 1)) + j) * splits + split] = v[0];
 }
 
 // m[v] = sum over the splits of rows[v * splits ..] for v < nv: kSumLanes lanes per value, each adding
 // every kSumLanes-th split in order, then a fixed butterfly. Every thread of the block calls it.
-template <bool CG = false>
 __device__ void sum_partials(const float* rows, int nv, int splits, float* m) {
   const int per_pass = blockDim.x / kSumLanes, part = threadIdx.x % kSumLanes;
   for (int v0 = 0; v0 < nv; v0 += per_pass) {
@@ -227,7 +186,7 @@ __device__ void sum_partials(const float* rows, int nv, int splits, float* m) {
     float s = 0.0f;
     if (v < nv) {
 #pragma unroll 8
-      for (int sp = part; sp < splits; sp += kSumLanes) s += CG ? __ldcg(rows + v * splits + sp) : rows[v * splits + sp];
+      for (int sp = part; sp < splits; sp += kSumLanes) s += rows[v * splits + sp];
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
@@ -252,7 +211,6 @@ struct StreamSlice {
   float4 x[kCollapseVec][kHc];
 };
 
-template <bool CG = false>
 __device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlice& s) {
   const int tid = threadIdx.x;
   const int64_t nv = D / 4;
@@ -260,7 +218,7 @@ __device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlic
   for (int u = 0; u < kCollapseVec; ++u) {
     const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
 #pragma unroll
-    for (int i = 0; i < kHc; ++i) s.x[u][i] = q < nv ? ld4_of<CG>(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
+    for (int i = 0; i < kHc; ++i) s.x[u][i] = q < nv ? ld4(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
   }
 }
 
@@ -332,17 +290,18 @@ __device__ __forceinline__ float row_max4(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Token t's finish, by a block of kPreThreads threads (m: MIX + 1 floats, red: 8, both shared): the logits from
-// the partials (all threads), then the last warp writes post and runs the softmax and Sinkhorn (C in lanes (j, k) =
-// (lane / 4 % 4, lane % 4), the reference's order of operations) while threads 0..255 collapse the streams with pre.
-// CG: the partials and streams were written by other blocks of this grid (the finish in the mix).
-template <bool CG>
-__device__ __forceinline__ void pre_finish_token(const HcParams& a, int splits, int64_t t, float* m, float* red) {
+// One block per token: the logits from the partials (all threads), then the last warp writes post and runs
+// the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
+// operations) while threads 0..255 collapse the streams with pre.
+__global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
+  pdl_prologue();
   constexpr int MIX = (2 + kHc) * kHc;
-  const int64_t D = a.D;
+  __shared__ float m[MIX + 1];
+  __shared__ float red[kCollapseThreads / 32];
+  const int64_t t = blockIdx.x, D = a.D;
   StreamSlice slice;
-  if (threadIdx.x < kCollapseThreads) load_slice<CG>(a.streams + t * kHc * D, D, slice);
-  sum_partials<CG>(a.partial + t * (MIX + 1) * splits, MIX + 1, splits, m);
+  if (threadIdx.x < kCollapseThreads) load_slice(a.streams + t * kHc * D, D, slice);
+  sum_partials(a.partial + t * (MIX + 1) * splits, MIX + 1, splits, m);
   __syncthreads();
   const float inv = 1.0f / sqrtf(m[MIX] / static_cast<float>(kHc * D) + a.norm_eps);
   if (threadIdx.x >= kCollapseThreads) {
@@ -363,14 +322,6 @@ __device__ __forceinline__ void pre_finish_token(const HcParams& a, int splits, 
 #pragma unroll
   for (int i = 0; i < kHc; ++i) pre[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
   collapse_row(slice, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D, red);
-}
-
-// One block per token (pre_finish_token).
-__global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
-  pdl_prologue();
-  __shared__ float m[(2 + kHc) * kHc + 1];
-  __shared__ float red[kCollapseThreads / 32];
-  pre_finish_token<false>(a, splits, blockIdx.x, m, red);
 }
 
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
@@ -446,18 +397,17 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) squares[t * ld] = s;
 }
 
-template <int MIX, bool FINISH = false>
+template <int MIX>
 MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const MixPlan plan = mix_plan(p.hc * p.D);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
-  const int threads = FINISH ? kPreThreads : kMixThreads;
   if (p.prev_a != nullptr) {
     const HcPostIn in{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D};
-    launch(hc_mix_kernel<MIX, true, FINISH>, grid, threads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-           p.early_fn, p.partial, in, p);
+    launch(hc_mix_kernel<MIX, true>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
+           p.early_fn, p.partial, in);
   } else {
-    launch(hc_mix_kernel<MIX, false, FINISH>, grid, threads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-           p.early_fn, p.partial, HcPostIn{}, p);
+    launch(hc_mix_kernel<MIX, false>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
+           p.early_fn, p.partial, HcPostIn{});
   }
   return plan;
 }
@@ -525,16 +475,8 @@ int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
   return std::max<int64_t>(1, T * (mix + 1) * dev::mix_plan(hc * D).splits);
 }
 
-bool hc_finish_in_mix(const HcParams& p) {
-  return p.finish_in_mix && p.counters != nullptr && p.T <= kHcFinishInMixTokens;
-}
-
 void launch_hc_pre(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (hc_finish_in_mix(p)) {
-    dev::launch_mix<(2 + dev::kHc) * dev::kHc, true>(p, stream);
-    return;
-  }
   const dev::MixPlan plan = dev::launch_mix<(2 + dev::kHc) * dev::kHc>(p, stream);
   launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, plan.splits);
 }

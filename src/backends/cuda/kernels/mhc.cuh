@@ -41,16 +41,7 @@ struct HcParams {
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
   bool early_fn = true;        // the mix stages fn before its PDL wait (TERN_HC_EARLY_FN=0: after, A/B)
-  // hc_pre at up to kHcFinishInMixTokens tokens: the mix kernel's last block of a token group runs the finish (no
-  // hc_pre_finish_kernel launch; TERN_HC_FINISH_IN_MIX=0: the two kernels, A/B), counting arrivals in
-  // counters[token group] (kept at zero: the backend's split-K counters of the stream).
-  bool finish_in_mix = false;
-  int* counters = nullptr;
 };
-
-// The most tokens whose hc_pre finish runs inside the mix kernel (one block then finishes each of a group's tokens
-// in turn: at 1-2 tokens one finish or two cost less than a launch and a kernel boundary).
-constexpr int64_t kHcFinishInMixTokens = 2;
 
 // The kernels' limits (the backend checks them): hc == 4, D a multiple of 4 and at most kHcMaxD.
 constexpr int64_t kHcMaxD = 8192;
@@ -68,8 +59,6 @@ void launch_hc_post_squares(const float* streams, const float* a, const float* p
                             int64_t T, int64_t D, float* out, float* squares, int64_t ld,
                             cudaStream_t stream);
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream);
-// hc_pre: the mix kernel, then hc_pre_finish_kernel, or the mix alone with the finish inside (hc_finish_in_mix).
-bool hc_finish_in_mix(const HcParams& p);
 void launch_hc_pre(const HcParams& p, cudaStream_t stream);
 void launch_hc_head(const HcParams& p, cudaStream_t stream);
 // out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]   (hc == 4, D % 4 == 0)
