@@ -223,6 +223,7 @@ std::vector<LinearCase> linear_cases(const Shapes& s) {
       {"shared.w1", WeightFormat::fp8_block, s.inter, D},
       {"shared.w2", WeightFormat::fp8_block, D, s.inter},
       {"comp.wkv(csa)", WeightFormat::bf16, 2 * s.head_dim, D},
+      {"comp.wkv|wgate(csa)", WeightFormat::bf16, 4 * s.head_dim, D},  // stacked, as the model runs it
       {"comp.wkv(hca)", WeightFormat::bf16, s.head_dim, D},
       {"comp 256 rows", WeightFormat::bf16, s.head_dim / 2, D},
       {"bf16 odd rows", WeightFormat::bf16, 200, D},
@@ -263,6 +264,45 @@ TEST_P(GpuBasic, Linear) {
       ops::linear(cuda::context(), dx, dw, y);
       const bool exact = c.exact || (c.format == WeightFormat::f32 && c.in % 64 != 0);
       expect_close(y, ref, exact ? kTolF32 : kTolBf16, cat("linear ", c.name, " T=", T));
+    }
+  }
+}
+
+// The compressors' bf16 products with x rounded in linear_x8 (up to 8 tokens) give round_bf16 + linear_x8's bits, and
+// at V4-Flash's shapes take that form (so the comparison is of the two forms); the head stays on round_bf16 (its
+// grid is four waves).
+TEST_P(GpuBasic, Bf16RoundingKernelBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  cuda::CudaBackend& be = cuda::register_backend();
+  cuda::WeightStore store;
+  struct Bf16Case {
+    const char* name;
+    int64_t out;
+  };
+  for (const Bf16Case& c : {Bf16Case{"comp.wkv|wgate(csa)", 4 * s.head_dim}, Bf16Case{"comp.wkv|wgate(hca)", 2 * s.head_dim},
+                            Bf16Case{"idx.comp wkv|wgate", 4 * s.index_dim}}) {
+    if (c.out % 128 != 0 || s.D % 64 != 0) continue;
+    const HostWeight hw = random_weight(WeightFormat::bf16, c.out, s.D, r, 1.0f / std::sqrt(static_cast<float>(s.D)),
+                                        c.name);
+    const ops::Weight dw = store.upload(hw.w);
+    for (int64_t T : {1, 3, 8, 9}) {
+      auto x = upload(random_f32({T, s.D}, r));
+      Tensor got[2];
+      const int64_t before = be.fused_quant_calls().linear_x8;
+      for (int fused = 0; fused < 2; ++fused) {
+        be.set_x8_quantises_x(fused == 1);
+        auto y = poisoned(DType::f32, {T, c.out});
+        ops::linear(cuda::context(), x, dw, y);
+        got[fused] = cuda::to_host(y);
+      }
+      be.set_x8_quantises_x(true);
+      EXPECT_EQ(std::memcmp(got[0].data<float>(), got[1].data<float>(), got[0].nbytes()), 0)
+          << c.name << " T=" << T << ": outputs differ between round_bf16 + linear_x8 and the rounding kernel";
+      if (s.D >= 4096)
+        EXPECT_EQ(be.fused_quant_calls().linear_x8, before + (T <= 8 ? 1 : 0))
+            << c.name << " T=" << T << ": the rounding form " << (T <= 8 ? "did not run" : "ran past 8 tokens");
     }
   }
 }

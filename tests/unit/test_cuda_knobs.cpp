@@ -101,12 +101,19 @@ TEST(CudaKnobs, X8ClusterSplitShapes) {
         EXPECT_GT(linear_x8_partial_floats(on), 0) << pr.name << " T=" << T;
       }
     }
-  // bf16 wkv|wgate of a compressor (2048 x 4096): 16 splits, more than a portable cluster.
-  LinearParams wide = params(2048, 4096, 1, true);
-  wide.w.kind = WeightFormat::bf16;
-  wide.w.s_cols = 0;
-  EXPECT_FALSE(linear_x8_splits_in_cluster(wide));
-  EXPECT_GT(linear_x8_partial_floats(wide), 0);
+  // bf16 wkv|wgate of a CSA compressor (2048 x 4096): 16 row tiles, 8 splits (one block an SM) in a cluster; the
+  // indexer's (512 x 4096): 4 row tiles, 16 splits through the workspace (8 would leave most SMs idle).
+  for (int64_t T : {1, 16, 64}) {
+    LinearParams csa = params(2048, 4096, T, true), idx = params(512, 4096, T, true);
+    for (LinearParams* q : {&csa, &idx}) {
+      q->w.kind = WeightFormat::bf16;
+      q->w.s_cols = 0;
+    }
+    EXPECT_TRUE(linear_x8_splits_in_cluster(csa)) << "T=" << T;
+    EXPECT_EQ(linear_x8_partial_floats(csa), 0) << "T=" << T;
+    EXPECT_FALSE(linear_x8_splits_in_cluster(idx)) << "T=" << T;
+    EXPECT_EQ(linear_x8_partial_floats(idx), 16 * T * 512) << "T=" << T;
+  }
 }
 
 TEST(CudaKnobs, MoeGroupedReadAtEachCall) {

@@ -174,10 +174,16 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   // products (linear_x8.cuh); linear_bulk read them at 0.2-0.3 of the copy rate (results.md, session 14).
   if (!w.exact && w.format == ops::WeightFormat::bf16 && linear_x8_enabled() && linear_x8_ok(p)) {
     const int64_t T = x.dim(0), cols = p.x_stride;
+    give_partials(impl, p, linear_x8_partial_floats(p));
+    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 8 tokens: x rounded in the kernel
+      launch_linear_x8_quantising(p, impl.stream);
+      check_launch("linear_x8<bf16> (x rounded in the kernel)");
+      ++impl.x8_quantising_calls;
+      return;
+    }
     Tensor xb(DType::u8, {T, 2 * cols}, Device::cuda, TensorInit::uninitialized);
     launch_round_bf16(p.x, T, cols, cols, xb.data<uint16_t>(), impl.stream);
     check_launch("round_bf16");
-    give_partials(impl, p, linear_x8_partial_floats(p));
     launch_linear_x8(p, xb.data<const uint8_t>(), nullptr, impl.stream);
     check_launch("linear_x8<bf16>");
     return;

@@ -63,6 +63,8 @@ constexpr int kX8PartStride = kX8Rows + 4;  // floats a token's row of a block's
 // results.md session 21), for the price of every row tile re-reading x from L2 and a prologue before the first MMA.
 // Measured (H100, session 21): at one token 2-2.4 us faster a product (wq_a 5.4 against 7.8 us with act_quant), at 16
 // tokens 3-5 us slower (wq_b 21.5 against 16.3: the prologue's L2 round trips outweigh the launch), so tiles of 8 only.
+// bf16 weights (the compressors' wkv|wgate) take the same form with x rounded to bf16 in the prologue (round_bf16's
+// rounding, so the same bits), one round_bf16 launch less per product.
 constexpr int kXwStages = 4;
 constexpr int kXwWBytes = kX8Rows * 128;  // a stage's weights: 128 rows x 128 bytes
 
@@ -153,7 +155,8 @@ __device__ __forceinline__ void finish_split_cluster(const X8Args& a, const floa
   cluster.sync();
 }
 
-// FUSED: the block quantises x itself (a.xf; plan_x8 takes it for FP8 tiles of 8, or 16 with TERN_X8_QUANT_MAX_N):
+// FUSED: the block quantises (FP8) or rounds (bf16) x itself (a.xf; plan_x8 takes it for tiles of 8, or 16 with
+// TERN_X8_QUANT_MAX_N):
 // a template parameter so that the other forms keep their registers (the prologue's loads in flight took the
 // 16-token form from 40 to 121 registers when it was a run-time choice).
 template <int N, bool BF16, bool FUSED = false>
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   constexpr int kStageBytes = kXwWBytes + N * 128;
-  static_assert(!FUSED || (!BF16 && N <= 16), "linear_x8_kernel: the quantising form is FP8 with tiles of 8 or 16");
+  static_assert(!FUSED || N <= 16, "linear_x8_kernel: the quantising (rounding) form takes tiles of 8 or 16");
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
   const int64_t xs_blocks = FUSED ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
@@ -219,7 +222,32 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     if (i < n && !FUSED) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  if constexpr (FUSED) {
+  if constexpr (FUSED && BF16) {
+    // bf16 weights: x rounded to bf16 (round_bf16_kernel's rounding), a warp a (token, 64-column block) item, a lane
+    // two columns: the 4 bytes the FP8 form's lane stores, at the same place of the swizzled row.
+    constexpr int kQ = N;
+    const int warp = tid >> 5, items = live * n;
+    for (int base = warp; base < items; base += 8 * kQ) {
+      float2 v[kQ];
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int it = base + 8 * j, r = it / n, c = it - r * n;
+        if (it < items)
+          v[j] = *reinterpret_cast<const float2*>(a.xf + (tok0 + r) * a.xcols + xcol0 + (kb_begin + c) * 64 + 2 * lane);
+      }
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int it = base + 8 * j, r = it / n, c = it - r * n;
+        if (it >= items) break;
+        *reinterpret_cast<uint32_t*>(xs + c * (N * 128) + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) =
+            pack_bf16(v[j].x, v[j].y);
+      }
+    }
+    for (int p = tid; p < (N - live) * n * 8; p += blockDim.x) {  // 16-byte pieces of the dead rows
+      const int c = p / ((N - live) * 8), q = p - c * (N - live) * 8;
+      *reinterpret_cast<uint4*>(xs + c * (N * 128) + (live + q / 8) * 128 + (q % 8) * 16) = make_uint4(0, 0, 0, 0);
+    }
+  } else if constexpr (FUSED) {
     // A warp a (token, block) item, kQ = N items' loads in flight before their reductions (a tile's N tokens x n
     // blocks are one or two rounds a warp at the decode products' K ranges: session 21's kQ = 4 took four rounds at
     // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens
@@ -405,6 +433,14 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   const bool bf16 = p.w.kind == WeightFormat::bf16;
   pl.nkb = p.w.in * (bf16 ? 2 : 1) / 128;  // 128-byte blocks of a row: 128 FP8 or 64 bf16 columns
   int64_t groups = std::max<int64_t>(1, 2LL * p.num_sms / pl.bx);
+  // Where 8 groups a row tile fill 3/4 of the SMs or more at one block an SM, 8 (the portable cluster: the split adds
+  // in shared memory, p.cluster_split) rather than 9-16 at two blocks an SM through the workspace: the compressors'
+  // bf16 wkv|wgate of a CSA layer (2 048 rows, 16 row tiles) ran 16 splits at 11.4 / 15.3 / 26.8 us at 1 / 16 / 64
+  // tokens for 16.8 MB, 49-21% of copy, 8.2 us at one token with the weights in L2 (H100, s24c2). From the shape
+  // alone, so a token's bits still depend on nothing else.
+  if (groups > dev::kX8MaxCluster && pl.bx * dev::kX8MaxCluster <= p.num_sms &&
+      4 * pl.bx * dev::kX8MaxCluster >= 3LL * p.num_sms)
+    groups = dev::kX8MaxCluster;
   groups = std::min<int64_t>({groups, std::max<int64_t>(1, pl.nkb / (dev::kXwStages - 1)), 64});
   pl.kb_per_group = (pl.nkb + groups - 1) / groups;
   const int64_t ngroups = (pl.nkb + pl.kb_per_group - 1) / pl.kb_per_group;
@@ -429,8 +465,10 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   // kernel in session 21, before the prologue's loads went one round) whose K range's quantised x fits 64 KB of
   // shared memory.
   const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
-  pl.fused = f32_x && !bf16 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && tokens <= x8_quant_max_n() &&
-             range * tokens * 128 <= dev::kX8FusedBytes;
+  // bf16 (x rounded) only where the grid is one wave of two blocks an SM: the head's 1 010 row tiles would each
+  // round x again in four waves of prologues, for one launch saved on a 350 us product.
+  pl.fused = f32_x && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && tokens <= x8_quant_max_n() &&
+             range * tokens * 128 <= dev::kX8FusedBytes && (!bf16 || pl.bx * pl.ksplit * pl.bz <= 2LL * p.num_sms);
   if (pl.fused) pl.smem += static_cast<size_t>(range) * tokens * 128;
   return pl;
 }
@@ -497,7 +535,10 @@ void launch_x8(const LinearParams& p, const X8Plan& pl, const uint8_t* xq, const
   a.counters = p.counters;
   a.cluster = pl.cluster ? 1 : 0;
   const dim3 grid(static_cast<unsigned>(pl.bx), static_cast<unsigned>(pl.ksplit), static_cast<unsigned>(pl.bz));
-  if (xf != nullptr) {  // the quantising forms (plan_x8 fused: FP8, tiles of 8 or 16)
+  if (xf != nullptr && p.w.kind == WeightFormat::bf16) {  // the rounding forms (plan_x8 fused, bf16 weights)
+    if (pl.nt == 1) dev::launch_x8_variant<8, true, true>(a, grid, pl.smem, stream);
+    else dev::launch_x8_variant<16, true, true>(a, grid, pl.smem, stream);
+  } else if (xf != nullptr) {  // the quantising forms (plan_x8 fused: FP8, tiles of 8 or 16)
     if (pl.nt == 1) dev::launch_x8_variant<8, false, true>(a, grid, pl.smem, stream);
     else dev::launch_x8_variant<16, false, true>(a, grid, pl.smem, stream);
   } else if (p.w.kind == WeightFormat::bf16) {

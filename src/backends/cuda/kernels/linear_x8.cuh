@@ -38,9 +38,10 @@ bool linear_x8_splits_in_cluster(const LinearParams& p);
 // for a grouped product; sx: f32 [T, x_stride / 128]); for bf16 weights xq is x rounded to bf16 (launch_round_bf16,
 // [T, x_stride] u16) and sx is not read. p.x is not read.
 void launch_linear_x8(const LinearParams& p, const uint8_t* xq, const float* sx, cudaStream_t stream);
-// FP8 weights at up to 8 tokens whose K range of quantised x fits the kernel's shared memory: the kernel quantises
-// p.x (f32 [T, x_stride], 16-byte aligned) itself, act_quant's bytes and scales, so one launch less and the same
-// bits as act_quant + launch_linear_x8. linear_x8_quantises_x says whether a product takes it (else refused).
+// Up to 8 tokens whose K range of quantised x fits the kernel's shared memory: the kernel quantises p.x (f32 [T,
+// x_stride], 16-byte aligned) itself, act_quant's bytes and scales for FP8 weights, round_bf16's values for bf16, so
+// one launch less and the same bits as act_quant (round_bf16) + launch_linear_x8. linear_x8_quantises_x says whether
+// a product takes it (else refused).
 bool linear_x8_quantises_x(const LinearParams& p);
 // The widest token tile that quantises x itself: 8 (the default) or 16 (TERN_X8_QUANT_MAX_N at startup; the
 // setter for in-process A/B, CudaBackend::set_knob).
