@@ -80,8 +80,10 @@ class TensorView {
   Device device_ = Device::cpu;
 };
 
-// The memory of a non-host device, installed by that device's backend (the CUDA backend does it in
-// cuda::register_backend()). Core knows no device API: Tensors on a device and copies go through this.
+// Memory of a non-host device. Core knows no device API: Tensors on a device and copies go through this. A
+// backend may own several (the CUDA backend: its pool, and its step memory, which takes a recorded step's tensors
+// from the step graphs' arena: CudaBackend::step_memory), handed out explicitly through its context
+// (ops::Context::tensor) or used by the backend itself; one is installed as the device's registered memory.
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
@@ -97,7 +99,10 @@ class DeviceMemory {
   // Returns when every copy and fill issued so far (device to device ones too) is done.
   virtual void synchronize() = 0;
 };
-// Installs (or, with nullptr, removes) the memory of `device` (not Device::cpu).
+// Installs (or, with nullptr, removes) the registered memory of `device` (not Device::cpu): what a device Tensor
+// made without a memory (Tensor(dtype, shape, device): states, uploads, tests) and every copy_view use. The CUDA
+// backend installs its pool (cuda::register_backend()), which refuses to allocate while a step is being recorded:
+// a recorded step's tensors come from its context's memory instead.
 void set_device_memory(Device device, DeviceMemory* memory);
 // Throws naming the device when no backend installed one.
 DeviceMemory& device_memory(Device device);

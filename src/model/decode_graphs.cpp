@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/context.h"
 
 namespace tern::model {
 
@@ -70,7 +71,7 @@ void DecodeGraphs::prepare() {
     disabled_ = "cuda graphs disabled (--cuda-graphs off)";
   } else if (model_.device() == Device::cpu) {
     disabled_ = "the model is on the CPU";
-  } else if ((graphs_ = ops::step_graphs(model_.device())) == nullptr) {
+  } else if ((graphs_ = model_.context().step_graphs()) == nullptr) {  // the backend's, through the model's context
     disabled_ = "the device backend cannot record steps";
   }
   if (!disabled_.empty()) {
@@ -151,7 +152,7 @@ void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t sl
   // The page-locked staging is rewritten here while the previous upload's asynchronous copy may still be queued (a
   // decode step's MTP catch-up follows its trunk step with nothing read back between; so do the startup dry runs):
   // wait for the device first. After a step whose results came back (the usual case) the wait costs nothing.
-  device_memory(model_.device()).synchronize();
+  model_.context().memory()->synchronize();  // (a context with step graphs has its memory: ops/context.h)
   model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()), starts);
   const int64_t words = model_.decode_words(slots);
   // One H2D copy from page-locked memory.

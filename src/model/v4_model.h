@@ -49,7 +49,7 @@ class Model {
 
   // Moves the model to `device`: every weight view is replaced by `upload(view)` in place (a copy on the device
   // that the caller keeps alive, e.g. cuda::WeightStore::upload; empty views stay empty), and from then on
-  // forward() allocates its intermediates there (core's Tensor(dtype, shape, device)), new_state() makes
+  // forward() allocates its intermediates there (from the context's memory: tensor() below), new_state() makes
   // device states, and only the logits come back to the host. The observer then sees device views.
   using Upload = std::function<TensorView(const TensorView&)>;
   void to_device(Device device, const Upload& upload);
@@ -373,7 +373,9 @@ class Model {
     if (observer_) observer_(name, layer, t);
   }
 
-  // An intermediate of forward() on the model's device (zero-filled).
+  // An intermediate of forward() on the model's device, from the context's memory (ops::Context::tensor): inside
+  // a recorded step (DecodeGraphs) the step graphs' arena, explicitly; a device tensor made any other way while a
+  // step is recorded is refused by the device's registered memory.
   // The forward's intermediates: every op writes its output whole, so on a device they are not zero-filled
   // (TERN_ACTIVATION_FILL=zero|poison fills them for A/B and diagnosis; tests check poison == zero).
   Tensor tensor(DType dtype, Shape shape) const {

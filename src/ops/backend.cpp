@@ -1,5 +1,4 @@
 #include "ops/backend.h"
-#include "ops/recorded_steps.h"
 
 namespace tern::ops {
 
@@ -116,12 +115,4 @@ void Backend::moe_experts(const MoeExpertsArgs& a) {
   no_kernel("moe_experts", a.x.dtype());
 }
 
-}  // namespace tern::ops
-
-namespace tern::ops {
-namespace {
-StepGraphs* g_step_graphs[8] = {};
-}
-void register_step_graphs(Device device, StepGraphs* graphs) { g_step_graphs[static_cast<int>(device)] = graphs; }
-StepGraphs* step_graphs(Device device) { return g_step_graphs[static_cast<int>(device)]; }
 }  // namespace tern::ops

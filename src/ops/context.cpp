@@ -10,6 +10,12 @@ std::string_view device_name(Device d) {
 }
 }  // namespace
 
+Context::Context(Backend& backend, Device device, DeviceMemory* memory, StepGraphs* step_graphs)
+    : backend_(&backend), device_(device), memory_(memory), step_graphs_(step_graphs) {
+  TERN_CHECK(step_graphs == nullptr || (device != Device::cpu && memory != nullptr),
+             "a context with recorded steps needs a device and the memory its steps' tensors come from");
+}
+
 Backend& Context::backend_for(Device d) const {
   TERN_CHECK(d == device_, "an op's tensors are on ", device_name(d), " but its context runs ",
              backend_->name(), " on ", device_name(device_));

@@ -1,9 +1,10 @@
 // Recorded steps on a device (CUDA graphs): an activation arena, so that a recorded step allocates
 // nothing and finds its intermediates at the same addresses every replay, and capture / replay of a
-// step's device work. Installed by a device backend that supports it (the CUDA backend does); the model's
-// decode-graph driver (model/decode_graphs.h) uses it and knows no device API. The device-neutral
-// interface; the CUDA implementation is backends/cuda/cuda_graph_arena.h (distinct names, so an include
-// says which side it wants).
+// step's device work. Owned by a device backend that supports it (the CUDA backend does) and reached through
+// the context of that backend (ops::Context::step_graphs: there is no device-keyed registry); the model's
+// decode-graph driver (model/decode_graphs.h) takes them from the model's context and knows no device API.
+// The device-neutral interface; the CUDA implementation is backends/cuda/cuda_graph_arena.h (distinct names,
+// so an include says which side it wants).
 #pragma once
 
 #include <cstddef>
@@ -19,9 +20,13 @@ class StepGraphs {
  public:
   virtual ~StepGraphs() = default;
 
-  // While an arena scope is open, every Tensor(dtype, shape, device) comes from the arena: blocks planned
-  // from an empty arena at begin, a freed block reused within the scope (the CUDA arena: core/arena_plan.h),
-  // filled as a device tensor of the pool would be, released with the arena.
+  // While an arena scope is open, the step's device tensors come from the arena, through an explicit path: the
+  // memory of the context these graphs belong to (Context::memory, what Context::tensor takes the forward's
+  // intermediates from) and the backend's own transient tensors (it allocates them from the same memory) take
+  // arena blocks: planned from an empty arena at begin, a freed block reused within the scope (the CUDA arena:
+  // core/arena_plan.h), filled as a device tensor of the pool would be, released with the arena. A device
+  // tensor from anywhere else while a step is recorded (core's Tensor(dtype, shape, device) on the device's
+  // registered memory) is refused: the capture fails, saying so (never a silent allocation the replays lose).
   // measure = true: allocations come from the ordinary pool and are only planned (the dry run that
   // sizes the arena). Outside measure mode, running past the arena's size throws.
   virtual void arena_begin(bool measure) = 0;
@@ -46,9 +51,5 @@ class StepGraphs {
   // owned by the graphs; valid until a larger request or the graphs' end.
   virtual void* pinned_host(size_t bytes) = 0;
 };
-
-// Installs (or removes, with nullptr) the step graphs of `device`; nullptr from step_graphs() when none.
-void register_step_graphs(Device device, StepGraphs* graphs);
-StepGraphs* step_graphs(Device device);
 
 }  // namespace tern::ops

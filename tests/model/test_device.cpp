@@ -10,15 +10,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "fixture.h"
 #include "fixture_checks.h"
+#include "model/decode_graphs.h"
 #include "ops/backend.h"
 #include "ops/context.h"
 #include "ops/elementwise.h"
+#include "ops/recorded_steps.h"
 
 namespace tern::test {
 namespace {
@@ -100,6 +104,180 @@ TEST_F(StandInDevice, ForwardEqualsHostBitForBit) {
       EXPECT_EQ(moved.serialize(), hs.serialize()) << "from host " << from_host;
     }
   }
+}
+
+// Recorded steps on the stand-in device (issue #17 item 5b), with step graphs that record nothing: their capture
+// runs the body once. They behave as the CUDA backend's do where it matters here: they are reached through the
+// model's context (ops::Context::step_graphs), their memory (the context's, and the backend's for its own
+// transients) hands out the step's blocks while a scope is open, and the device's registered memory refuses to
+// allocate while a step is being recorded (CudaBackend::memory), so a tensor made outside the explicit path fails
+// the capture loudly.
+class FakeStepGraphs final : public ops::StepGraphs {
+ public:
+  // The step memory: host memory, counted (and measured) as the step's while a scope is open; inside a recording
+  // scope only inside capture() and within the reserved size, as CudaStepGraphs::allocate.
+  class Memory final : public DeviceMemory {
+   public:
+    explicit Memory(FakeStepGraphs& graphs) : g_(graphs) {}
+    void* allocate(size_t bytes, bool zero) override {
+      if (g_.open_) {
+        TERN_CHECK(g_.measure_ || g_.capturing_, "fake step graphs: an arena block outside a capture");
+        ++(g_.measure_ ? g_.planned : g_.arena_blocks);
+      }
+      void* p = host_.allocate(bytes, zero);
+      if (g_.open_) {
+        g_.live_[p] = bytes;
+        g_.live_bytes_ += bytes;
+        g_.peak_ = std::max(g_.peak_, g_.live_bytes_);
+        TERN_CHECK(g_.measure_ || g_.peak_ <= g_.reserved_, "fake step graphs: the arena is too small");
+      }
+      return p;
+    }
+    void release(void* p) override {
+      if (const auto it = g_.live_.find(p); it != g_.live_.end()) {
+        g_.live_bytes_ -= it->second;
+        g_.live_.erase(it);
+      }
+      host_.release(p);
+    }
+    void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
+      host_.copy(dst, dd, src, sd, bytes);
+    }
+    void fill(void* p, uint8_t byte, size_t bytes) override { host_.fill(p, byte, bytes); }
+    void synchronize() override {}
+
+   private:
+    FakeStepGraphs& g_;
+    HostAsDevice host_;
+  };
+
+  void arena_begin(bool measure) override {
+    TERN_CHECK(!open_, "fake step graphs: a scope is already open");
+    open_ = true, measure_ = measure;
+    live_.clear();
+    live_bytes_ = peak_ = 0;
+  }
+  size_t arena_end() override {
+    open_ = false;
+    live_.clear();
+    return peak_;
+  }
+  void arena_reserve(size_t bytes) override {
+    reserved_ = bytes;
+    ++generation_;
+  }
+  size_t arena_bytes() const override { return reserved_; }
+  int capture(const std::function<void()>& body) override {
+    capturing_ = true;
+    try {
+      body();
+    } catch (...) {
+      capturing_ = false;
+      throw;
+    }
+    capturing_ = false;
+    return captures++;
+  }
+  void replay(int) override {}
+  void drop_all() override {}
+  size_t graph_bytes() const override { return 0; }
+  uint64_t generation() const override { return generation_; }
+  void* pinned_host(size_t bytes) override {
+    if (pinned_.size() < bytes) pinned_.resize(bytes);
+    return pinned_.data();
+  }
+  bool capturing() const { return capturing_; }
+
+  int captures = 0;
+  int64_t planned = 0, arena_blocks = 0;  // allocations in measuring / recording scopes
+
+ private:
+  bool open_ = false, measure_ = false, capturing_ = false;
+  std::unordered_map<void*, size_t> live_;
+  size_t live_bytes_ = 0, peak_ = 0, reserved_ = 0;
+  uint64_t generation_ = 0;
+  std::vector<std::byte> pinned_;
+};
+
+// The stand-in device's registered memory (core/tensor.h) beside FakeStepGraphs: refuses to allocate while a
+// step is being recorded, as the CUDA backend's pool does.
+class RefusingWhileRecording final : public DeviceMemory {
+ public:
+  explicit RefusingWhileRecording(const FakeStepGraphs& graphs) : graphs_(graphs) {}
+  void* allocate(size_t bytes, bool zero) override {
+    if (graphs_.capturing()) {
+      ++refused;
+      fail("stand-in device: a tensor of ", bytes, " bytes from the device's memory while a step is being recorded");
+    }
+    return host_.allocate(bytes, zero);
+  }
+  void release(void* p) override { host_.release(p); }
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
+    host_.copy(dst, dd, src, sd, bytes);
+  }
+  void fill(void* p, uint8_t byte, size_t bytes) override { host_.fill(p, byte, bytes); }
+  void synchronize() override {}
+  int refused = 0;
+
+ private:
+  const FakeStepGraphs& graphs_;
+  HostAsDevice host_;
+};
+
+TEST(StandInSteps, RecordedThroughTheContextsMemory) {
+  const Fixture& f = Fixture::get("tiny-mxfp4");
+  FakeStepGraphs graphs;
+  RefusingWhileRecording registered(graphs);
+  FakeStepGraphs::Memory step(graphs);
+  set_device_memory(Device::cuda, &registered);
+  {
+    cpu::CpuBackend backend(&step);  // its step ops' own device tensors: from the step memory
+    std::vector<Tensor> uploads;
+    model::Model dev(f.weights(), model::KvMode::fp8, cpu::context());
+    dev.to_device(Device::cuda, [&](const TensorView& v) {
+      uploads.push_back(Tensor::copy_of(v, Device::cuda));
+      return uploads.back().view();
+    });
+    model::DecodeGraphOptions o;
+    // One bucket: the fake capture runs the body on the tables the last dry run uploaded, which fit that bucket
+    // alone (a real capture only records, reading nothing).
+    o.buckets = {2};
+    o.max_tokens = 64;
+
+    // A context without step graphs: the device model's steps run eagerly (no graphs found by device).
+    dev.set_context(ops::Context(backend, Device::cuda, &step));
+    model::DecodeGraphs none(dev, o);
+    none.prepare();
+    EXPECT_EQ(none.disabled_reason(), "the device backend cannot record steps");
+    EXPECT_EQ(graphs.planned + graphs.arena_blocks, 0);
+
+    // With them: measured, reserved and recorded through the context's graphs, every tensor of a recorded step
+    // from the step memory (the registered memory refused none).
+    dev.set_context(ops::Context(backend, Device::cuda, &step, &graphs));
+    EXPECT_EQ(dev.context().step_graphs(), &graphs);
+    model::DecodeGraphs recorded(dev, o);
+    recorded.prepare();
+    EXPECT_EQ(recorded.disabled_reason(), "");
+    EXPECT_EQ(graphs.captures, 1);
+    EXPECT_EQ(recorded.stats().captures, 1u);
+    EXPECT_GT(graphs.planned, 0);
+    EXPECT_GT(graphs.arena_blocks, 0);
+    EXPECT_GT(graphs.arena_bytes(), 0u);
+    EXPECT_EQ(recorded.stats().arena_bytes, graphs.arena_bytes());
+    EXPECT_EQ(registered.refused, 0);
+
+    // A backend whose own device tensors come from the registered memory (no stand-in memory given): inside a
+    // recording its first one is refused, and the capture fails loudly: every step eager, the reason said.
+    cpu::CpuBackend hidden;
+    dev.set_context(ops::Context(hidden, Device::cuda, &step, &graphs));
+    model::DecodeGraphs failing(dev, o);
+    failing.prepare();
+    EXPECT_NE(failing.disabled_reason().find("capture failed"), std::string::npos) << failing.disabled_reason();
+    EXPECT_NE(failing.disabled_reason().find("while a step is being recorded"), std::string::npos)
+        << failing.disabled_reason();
+    EXPECT_GT(registered.refused, 0);
+  }
+  set_device_memory(Device::cuda, nullptr);
 }
 
 // The CPU backend with the CUDA backend's one rounding: x of every linear, grouped linear and expert product

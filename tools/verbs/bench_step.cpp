@@ -671,7 +671,7 @@ int run(const Args& a) {
                 profiler->stop(a.steps, cat("decode step (batch ", B, ", context ", L, ")"), config.num_layers, a.profile_top)));
       }
     }
-    if (auto* g = ops::step_graphs(m.device())) g->drop_all();
+    if (auto* g = m.context().step_graphs()) g->drop_all();
     // --ab: the decode rows again, every B arm then arm A per round, each on graphs recorded for it.
     if (ab) {
       graphs_held.reset();  // before an arm's graphs reallocate the arena its tensors live in
@@ -702,7 +702,7 @@ int run(const Args& a) {
                 r.note = cat("(EAGER in arm ", is_a ? "A" : "B", ": ", ab_graphs.disabled_reason(), ")");
             }
           }
-          if (auto* g = ops::step_graphs(m.device())) g->drop_all();
+          if (auto* g = m.context().step_graphs()) g->drop_all();
         }
       set_arm(nullptr);
       for (const AbRow& r : rows) {

@@ -38,6 +38,11 @@ void CpuBackend::require_f32(std::string_view op, std::initializer_list<const Te
     if (!v->empty() && v->dtype() != DType::f32) no_kernel(op, v->dtype());
 }
 
+Tensor CpuBackend::transient(DType dtype, Shape shape, Device device) const {
+  if (device == Device::cpu) return Tensor(dtype, shape);
+  return stand_in_ != nullptr ? Tensor(dtype, shape, device, *stand_in_) : Tensor(dtype, shape, device);
+}
+
 void CpuBackend::embedding(const TensorView& table, const TensorView& ids, const TensorView& out) {
   require_f32("embedding", {&out});
   const int64_t vocab = table.dim(0), D = table.dim(1);

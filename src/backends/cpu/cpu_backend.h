@@ -16,6 +16,11 @@ const ops::Context& context();
 
 class CpuBackend final : public ops::Backend {
  public:
+  CpuBackend() = default;
+  // A CPU backend standing in for a device (tests: host memory labelled Device::cuda, tests/model/test_device.cpp):
+  // the device tensors its step ops make for themselves come from `stand_in` (as the CUDA backend's come from its
+  // step memory: CudaBackend::Impl::tensor); nullptr: from the device's registered memory (core/tensor.h).
+  explicit CpuBackend(DeviceMemory* stand_in) : stand_in_(stand_in) {}
   std::string_view name() const override { return "cpu"; }
   std::vector<std::string> kernel_paths() const override;
 
@@ -58,6 +63,12 @@ class CpuBackend final : public ops::Backend {
 
  private:
   void require_f32(std::string_view op, std::initializer_list<const TensorView*> views) const;
+  // A tensor on `device` for an op's own use: the host's, or the stand-in device's from stand_in_.
+  Tensor transient(DType dtype, Shape shape, Device device) const;
+  // The context the step ops run their per-sequence ops in: this instance, on `device`, with stand_in_.
+  ops::Context own_context(Device device) { return ops::Context(*this, device, stand_in_); }
+
+  DeviceMemory* stand_in_ = nullptr;
 };
 
 }  // namespace tern::cpu

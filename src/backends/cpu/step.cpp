@@ -88,7 +88,7 @@ std::vector<Run> runs_of(std::string_view op, const TensorView& firsts, const in
 
 void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorView& out) {
   // The per-sequence ops below run on this backend (this instance), on the device it stands for.
-  const ops::Context self(*this, out.device());
+  const ops::Context self = own_context(out.device());
   const char* op = "step_attention";
   require_f32(op, {&a.q, &a.sinks, &out});
   require_host(op, {{"q", &a.q},
@@ -132,7 +132,7 @@ void CpuBackend::step_attention(const ops::StepAttentionArgs& a, const TensorVie
 
 void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
   // The per-sequence ops below run on this backend (this instance), on the device it stands for.
-  const ops::Context self(*this, a.kv.device());
+  const ops::Context self = own_context(a.kv.device());
   const char* op = "step_compressor";
   require_f32(op, {&a.kv, &a.gate, &a.ape, &a.emitted});
   require_host(op, {{"accs", &a.accs}, {"ape", &a.ape}, {"positions", &a.positions}, {"emitted", &a.emitted}});
@@ -147,7 +147,7 @@ void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
     // The chunk's entries (the eager op's, in window order from the first one it closes), then each into the
     // row of the token that closes it.
     const int64_t emit = ops::compressor_emit_count(pos[i], r.n, a.ratio);
-    Tensor entries(DType::f32, {std::max<int64_t>(emit, 1), a.width}, a.kv.device());
+    Tensor entries = transient(DType::f32, {std::max<int64_t>(emit, 1), a.width}, a.kv.device());
     ops::CompressorArgs e;
     e.acc = TensorView(address_at(op, "accumulator", a.accs, i, pos[i]), DType::f32, {n_acc, 3, a.width},
                        a.kv.device());
@@ -171,17 +171,21 @@ void CpuBackend::step_compressor(const ops::StepCompressorArgs& a) {
 // The composition of the batched ops the fused op stands for, so its bits are theirs by construction.
 void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
   // The per-sequence ops below run on this backend (this instance), on the device it stands for.
-  const ops::Context self(*this, a.compressor.kv.device());
+  const ops::Context self = own_context(a.compressor.kv.device());
   const ops::StepCompressorArgs& c = a.compressor;
   require_host("step_compress_emit", {{"positions", &c.positions}});
   const int64_t S = c.positions.dim(0);
   const int64_t* pos = positions_of(c.positions);
   const Device device = c.kv.device();  // the host, or a test's stand-in device of host memory
-  Tensor emitted(DType::f32, {S, c.width}, device), entry_positions(DType::i64, {S});
-  Tensor rows(DType::u8, {S, a.format.row_bytes()}, device);
+  Tensor emitted = transient(DType::f32, {S, c.width}, device), entry_positions(DType::i64, {S});
+  Tensor rows = transient(DType::u8, {S, a.format.row_bytes()}, device);
   // Each slot's entry position, as Model::fill_decode_tables writes it for the unfused chain (inert: 0).
   for (int64_t i = 0; i < S; ++i) entry_positions.data<int64_t>()[i] = pos[i] < 0 ? 0 : pos[i] / c.ratio * c.ratio;
-  if (device != Device::cpu) entry_positions = Tensor::copy_of(entry_positions, device);
+  if (device != Device::cpu) {
+    Tensor on_device = transient(DType::i64, {S}, device);
+    copy_view(entry_positions, on_device);
+    entry_positions = std::move(on_device);
+  }
   ops::StepCompressorArgs update = c;
   update.emitted = emitted;
   ops::step_compressor(self, update);
@@ -193,7 +197,7 @@ void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
 
 void CpuBackend::step_indexer_topk(const ops::StepIndexerArgs& a, int topk, const TensorView& indices) {
   // The per-sequence ops below run on this backend (this instance), on the device it stands for.
-  const ops::Context self(*this, indices.device());
+  const ops::Context self = own_context(indices.device());
   const char* op = "step_indexer_topk";
   require_f32(op, {&a.q, &a.weights});
   require_host(op, {{"q", &a.q},

@@ -144,15 +144,15 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
       ++impl.x8_quantising_calls;
       return;
     }
-    Tensor xq(DType::u8, {T, cols}, Device::cuda, TensorInit::uninitialized);
-    Tensor sx(DType::f32, {T, cols / 128}, Device::cuda, TensorInit::uninitialized);
+    Tensor xq = impl.tensor(DType::u8, {T, cols});
+    Tensor sx = impl.tensor(DType::f32, {T, cols / 128});
     launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
     check_launch("act_quant");
     launch_linear_x8(p, xq.data<const uint8_t>(), sx.data<const float>(), impl.stream);
     check_launch("linear_x8");
     return;
   }
-  Tensor xf(DType::f32, {T, cols}, Device::cuda, TensorInit::uninitialized);
+  Tensor xf = impl.tensor(DType::f32, {T, cols});
   launch_act_fake_quant(rows, xf.data<float>(), cols, impl.stream);
   check_launch("act_fake_quant");
   ops::Weight plain = w;
@@ -181,7 +181,7 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
       ++impl.x8_quantising_calls;
       return;
     }
-    Tensor xb(DType::u8, {T, 2 * cols}, Device::cuda, TensorInit::uninitialized);
+    Tensor xb = impl.tensor(DType::u8, {T, 2 * cols});
     launch_round_bf16(p.x, T, cols, cols, xb.data<uint16_t>(), impl.stream);
     check_launch("round_bf16");
     launch_linear_x8(p, xb.data<const uint8_t>(), nullptr, impl.stream);

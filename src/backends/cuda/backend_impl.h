@@ -115,7 +115,16 @@ struct CudaBackend::Impl {
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;
+  // The recorded steps and the device memories (CudaBackend::step_graphs / memory / step_memory), made by the
+  // backend's constructor.
+  std::unique_ptr<CudaStepGraphs> graphs;
+  std::unique_ptr<DeviceMemory> pool, step_memory;
   ~Impl();
+
+  // A transient device tensor of an op (what outlives a kernel beside the workspace: a quantised x, a padded
+  // output), from step_memory: inside a recorded step an arena block, at the same address every replay. Never
+  // core's Tensor(dtype, shape, Device::cuda), whose memory refuses to allocate while a step is recorded.
+  Tensor tensor(DType dtype, Shape shape, TensorInit init = TensorInit::uninitialized);
 
   // At least `bytes` of scratch, valid until the next call (ordered on the stream, so reuse is safe).
   void* scratch(size_t bytes);

@@ -54,13 +54,13 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   // a product of >= 512 tokens). A cache keyed by the weight's address went stale when a freed weight's memory
   // was reused (session 13: wrong outputs in tests that upload weights one after another).
   const int64_t srows = m.out / 128, sld = LibraryGemm::fp8_weight_scale_ld(m.in);
-  Tensor sw(DType::f32, {srows, sld}, Device::cuda, TensorInit::uninitialized);
+  Tensor sw = impl.tensor(DType::f32, {srows, sld});
   launch_block_scales_f32(m.s, m.scale_f32, srows, m.in / 128, sld, sw.data<float>(), s);
   check_launch("block_scales_f32");
   // cuBLASLt takes a multiple of 4 tokens: the padding rows are zeros (scale 0) and their outputs are dropped.
   const int64_t Tp = align_up(T, LibraryGemm::kFp8TokenMultiple);
-  Tensor xq(DType::u8, {Tp, cols}, Device::cuda, TensorInit::uninitialized);
-  Tensor sx(DType::f32, {cols / 128, Tp}, Device::cuda, TensorInit::uninitialized);
+  Tensor xq = impl.tensor(DType::u8, {Tp, cols});
+  Tensor sx = impl.tensor(DType::f32, {cols / 128, Tp});
   if (Tp != T) {
     TERN_CUDA(cudaMemsetAsync(xq.data<uint8_t>() + T * cols, 0, static_cast<size_t>((Tp - T) * cols), s));
     TERN_CUDA(cudaMemsetAsync(sx.data<float>(), 0, sx.nbytes(), s));
@@ -70,7 +70,7 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   Tensor ypad;
   float* yp = y.data_as<float>();
   if (Tp != T) {
-    ypad = Tensor(DType::f32, {Tp, m.out}, Device::cuda, TensorInit::uninitialized);
+    ypad = impl.tensor(DType::f32, {Tp, m.out});
     yp = ypad.data<float>();
   }
   impl.lib().fp8_block(s, Tp, out_g, m.in, xq.data<uint8_t>(), cols, sx.data<float>(), static_cast<const uint8_t*>(m.w),

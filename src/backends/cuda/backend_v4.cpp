@@ -378,7 +378,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
       ++impl.moe_stage_quant_calls;
       return;
     }
-    xq = Tensor(DType::f32, {p.T, p.D}, Device::cuda, TensorInit::uninitialized);
+    xq = impl.tensor(DType::f32, {p.T, p.D});
     launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
     check_launch("act_fake_quant");
     p.x = xq.data<float>();

@@ -38,6 +38,9 @@ const ImplSwitch* impl_switch(std::string_view name) {
     if (name == sw.name) return &sw;
   return nullptr;
 }
+
+// The step graphs and the two device memories of a new backend (below, with the memories).
+void make_memories(CudaBackend& backend, CudaBackend::Impl& m);
 }  // namespace
 
 CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
@@ -80,6 +83,7 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   TERN_CUDA(cudaStreamCreateWithFlags(&impl_->side.stream, cudaStreamNonBlocking));
   TERN_CUDA(cudaEventCreateWithFlags(&impl_->fork_event, cudaEventDisableTiming));
   TERN_CUDA(cudaEventCreateWithFlags(&impl_->join_event, cudaEventDisableTiming));
+  make_memories(*this, *impl_);
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -97,12 +101,10 @@ bool CudaBackend::side_streams_enabled() {
 }
 
 namespace {
-// Tells the recorded steps' arena (the only StepGraphs of Device::cuda: register_backend's) of a side branch.
-void arena_branch(bool begin) {
-  auto* graphs = static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));
-  if (graphs == nullptr) return;
-  if (begin) graphs->branch_begin();
-  else graphs->branch_join();
+// Tells the backend's recorded steps' arena of a side branch.
+void arena_branch(CudaBackend::Impl& m, bool begin) {
+  if (begin) m.graphs->branch_begin();
+  else m.graphs->branch_join();
 }
 }  // namespace
 
@@ -133,7 +135,7 @@ void CudaBackend::side_begin() {
   }
   swap_lanes(m);
   m.in_side = true;
-  arena_branch(/*begin=*/true);  // the arena holds blocks freed from now until the join (also when measuring)
+  arena_branch(m, /*begin=*/true);  // the arena holds blocks freed from now until the join (also when measuring)
 }
 
 void CudaBackend::side_end() {
@@ -155,13 +157,13 @@ void CudaBackend::abandon_branch() {
   }
   m.side_pending = false;  // its join event was recorded in the abandoned capture: never wait on it
   m.side_concurrent = false;
-  arena_branch(/*begin=*/false);
+  arena_branch(m, /*begin=*/false);
 }
 
 void CudaBackend::side_join() {
   Impl& m = *impl_;
   TERN_CHECK(!m.in_side, "side_join: the side branch is still open (side_end first)");
-  arena_branch(/*begin=*/false);
+  arena_branch(m, /*begin=*/false);
   if (!m.side_pending) return;
   TERN_CUDA(cudaStreamWaitEvent(m.stream, m.join_event, 0));
   m.side_pending = false;
@@ -357,12 +359,14 @@ int CudaBackend::num_sms() const { return impl_->num_sms; }
 
 namespace {
 
-// Device tensors (core's Tensor(dtype, shape, Device::cuda)) and copies, stream-ordered on the backend's
-// stream: cudaMallocAsync from the device's default pool (kept, not trimmed at each synchronisation), so
-// the model's per-forward intermediates are recycled without cudaMalloc / cudaFree round trips.
-class CudaMemory final : public DeviceMemory {
+// The pool: device tensors made without a context (core's Tensor(dtype, shape, Device::cuda), installed for
+// Device::cuda by register_backend) and copies, stream-ordered on the backend's stream: cudaMallocAsync from the
+// device's default pool (kept, not trimmed at each synchronisation), so the model's per-forward intermediates are
+// recycled without cudaMalloc / cudaFree round trips. Never an arena block: while a step is being recorded it
+// refuses to allocate (the tensor would be a graph allocation outside the arena, its address lost to the replays).
+class PoolMemory final : public DeviceMemory {
  public:
-  CudaMemory(CudaBackend& backend, CudaStepGraphs& graphs) : backend_(backend), graphs_(graphs) {
+  PoolMemory(CudaBackend& backend, const CudaStepGraphs& graphs) : backend_(backend), graphs_(graphs) {
     int dev = 0;
     TERN_CUDA(cudaGetDevice(&dev));
     cudaMemPool_t pool = nullptr;
@@ -371,9 +375,10 @@ class CudaMemory final : public DeviceMemory {
     TERN_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   }
   void* allocate(size_t bytes, bool zero) override {
-    // The activation arena while a step is being recorded: filled as below by the graph's first nodes at each replay.
-    void* p = graphs_.allocate(bytes, zero);
-    if (p != nullptr) return p;
+    TERN_CHECK(!graphs_.capturing(), "CUDA backend: a device tensor of ", bytes,
+               " bytes from the device's memory while a step is being recorded (not from the step's arena: make it "
+               "through the context, ops::Context::tensor, or in an op through CudaBackend::Impl::tensor)");
+    void* p = nullptr;
     const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -382,15 +387,12 @@ class CudaMemory final : public DeviceMemory {
       fail("cudaMallocAsync of ", bytes, " bytes failed (", cudaGetErrorString(e), "); the device has ", free_b,
            " of ", total_b, " bytes free");
     }
-    graphs_.measured(p);  // a measuring scope: p stands for the block it planned
     const CudaBackend::ActivationFill fill = CudaBackend::activation_fill();
     if (zero || fill == CudaBackend::ActivationFill::zero) TERN_CUDA(cudaMemsetAsync(p, 0, bytes, stream()));
     else if (fill == CudaBackend::ActivationFill::poison) TERN_CUDA(cudaMemsetAsync(p, 0xff, bytes, stream()));
     return p;
   }
-  void release(void* p) override {  // no throw from a deleter
-    if (!graphs_.release(p)) cudaFreeAsync(p, stream());
-  }
+  void release(void* p) override { cudaFreeAsync(p, stream()); }  // no throw from a deleter
   void copy(void* dst, Device dst_device, const void* src, Device, size_t bytes) override {
     TERN_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
     if (dst_device == Device::cpu) TERN_CUDA(cudaStreamSynchronize(stream()));
@@ -403,8 +405,43 @@ class CudaMemory final : public DeviceMemory {
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(backend_.stream()); }
   CudaBackend& backend_;
-  CudaStepGraphs& graphs_;
+  const CudaStepGraphs& graphs_;
 };
+
+// The step memory (CudaBackend::step_memory): what the context's tensors (the forward's intermediates) and the ops'
+// transients (Impl::tensor) come from. While the step graphs have an arena scope open: an arena block (recording),
+// or a pool block the measuring scope plans (CudaStepGraphs::allocate / measured); otherwise the pool's. The one
+// path by which a device tensor becomes an arena block.
+class StepMemory final : public DeviceMemory {
+ public:
+  StepMemory(CudaStepGraphs& graphs, PoolMemory& pool) : graphs_(graphs), pool_(pool) {}
+  void* allocate(size_t bytes, bool zero) override {
+    // A recording scope's arena block: filled as the pool's would be by the graph's first nodes at each replay.
+    if (void* p = graphs_.allocate(bytes, zero)) return p;
+    void* p = pool_.allocate(bytes, zero);
+    graphs_.measured(p);  // a measuring scope: p stands for the block it planned
+    return p;
+  }
+  void release(void* p) override {  // no throw from a deleter
+    if (!graphs_.release(p)) pool_.release(p);
+  }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    pool_.copy(dst, dst_device, src, src_device, bytes);
+  }
+  void fill(void* p, uint8_t byte, size_t bytes) override { pool_.fill(p, byte, bytes); }
+  void synchronize() override { pool_.synchronize(); }
+
+ private:
+  CudaStepGraphs& graphs_;
+  PoolMemory& pool_;
+};
+
+void make_memories(CudaBackend& backend, CudaBackend::Impl& m) {
+  m.graphs = std::make_unique<CudaStepGraphs>(backend);
+  auto pool = std::make_unique<PoolMemory>(backend, *m.graphs);
+  m.step_memory = std::make_unique<StepMemory>(*m.graphs, *pool);
+  m.pool = std::move(pool);
+}
 
 }  // namespace
 
@@ -526,23 +563,26 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   return paths;
 }
 
+DeviceMemory& CudaBackend::memory() { return *impl_->pool; }
+DeviceMemory& CudaBackend::step_memory() { return *impl_->step_memory; }
+CudaStepGraphs& CudaBackend::step_graphs() { return *impl_->graphs; }
+
+Tensor CudaBackend::Impl::tensor(DType dtype, Shape shape, TensorInit init) {
+  return Tensor(dtype, shape, Device::cuda, *step_memory, init);
+}
+
 CudaBackend& register_backend() {
   static CudaBackend backend;
-  static CudaStepGraphs graphs(backend);
-  static CudaMemory memory(backend, graphs);
-  ops::register_step_graphs(Device::cuda, &graphs);
-  set_device_memory(Device::cuda, &memory);
+  set_device_memory(Device::cuda, &backend.memory());
   return backend;
 }
 
 const ops::Context& context() {
-  static const ops::Context ctx(register_backend(), Device::cuda, &device_memory(Device::cuda));
+  static const ops::Context ctx = [] {
+    CudaBackend& b = register_backend();
+    return ops::Context(b, Device::cuda, &b.step_memory(), &b.step_graphs());
+  }();
   return ctx;
-}
-
-CudaStepGraphs& step_graphs() {
-  register_backend();
-  return *static_cast<CudaStepGraphs*>(ops::step_graphs(Device::cuda));
 }
 
 namespace {

@@ -22,6 +22,7 @@
 
 namespace tern::cuda {
 
+class CudaStepGraphs;  // cuda_graph_arena.h
 
 class CudaBackend final : public ops::Backend {
  public:
@@ -93,6 +94,19 @@ class CudaBackend final : public ops::Backend {
   void reserve_workspace(size_t bytes);
   size_t workspace_bytes() const;  // both lanes' together
   int num_sms() const;
+
+  // The backend's device memories and recorded steps, made with it (issue #17 item 5: owned here, reached
+  // through the backend and its context, not looked up by device):
+  // memory(): the stream-ordered pool (cudaMallocAsync on the backend's stream), for device tensors made without
+  //   a context (states, uploads, tests) and copies: register_backend() installs it as Device::cuda's memory
+  //   (core/tensor.h). It refuses to allocate while a step is being recorded (step_graphs().capture): such a
+  //   tensor would not be an arena block, so the capture fails loudly.
+  // step_memory(): a step's tensors: the context's (ops::Context::tensor, the forward's intermediates) and the ops'
+  //   own transient tensors (Impl::tensor). Arena blocks while the step graphs have a scope open (what a recorded
+  //   step allocates, at the same addresses every replay: cuda_graph_arena.h), else the pool's.
+  DeviceMemory& memory();
+  DeviceMemory& step_memory();
+  CudaStepGraphs& step_graphs();
 
   // Tuning (backend_tune.cpp, docs/cuda-backend.md "Tuning"): the streaming linear kernel's K groups per
   // weight, measured on this GPU. For each weight the table lacks (when `measure`), every candidate is
@@ -182,11 +196,11 @@ class CudaBackend final : public ops::Backend {
   std::unique_ptr<Impl> impl_;
 };
 
-// The one CudaBackend (made once; later calls return it), with its device memory and step graphs installed
-// for Device::cuda (core/tensor.h's set_device_memory, ops/recorded_steps.h). Throws with a clear message when
-// there is no CUDA device or it is not a Hopper GPU (sm_90).
+// The one CudaBackend (made once; later calls return it), its pool installed (again at each call) as the memory
+// of Device::cuda (core/tensor.h's set_device_memory: device tensors made without a context). Throws with a
+// clear message when there is no CUDA device or it is not a Hopper GPU (sm_90).
 CudaBackend& register_backend();
-// The context of register_backend()'s instance (ops/context.h), with the device memory it installs: what
+// The context of register_backend()'s instance (ops/context.h), with its step memory and step graphs: what
 // tests, tools and app::device_context run device ops in. Throws as register_backend does.
 const ops::Context& context();
 

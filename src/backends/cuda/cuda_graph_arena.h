@@ -1,6 +1,7 @@
-// The CUDA backend's recorded steps (ops/recorded_steps.h): the activation arena that core's device tensors
-// come from while a scope is open, and CUDA graph capture / replay on the backend's stream (hence the
-// file's name: graph arena, not the interface's "recorded steps").
+// The CUDA backend's recorded steps (ops/recorded_steps.h): the activation arena that the backend's step memory
+// (CudaBackend::step_memory: the context's tensors and the ops' transients) takes from while a scope is open, and
+// CUDA graph capture / replay on the backend's stream (hence the file's name: graph arena, not the interface's
+// "recorded steps"). Owned by its CudaBackend (CudaBackend::step_graphs), reached through the backend's context.
 // Host compiler; includes the runtime API (internal to the backend).
 #pragma once
 
@@ -33,7 +34,7 @@ class CudaStepGraphs final : public ops::StepGraphs {
   uint64_t generation() const override;
   void* pinned_host(size_t bytes) override;
 
-  // For the device memory: an arena block while a (non-measuring) scope is open, else nullptr; in a
+  // For the step memory (cuda_backend.cpp, the only caller): an arena block while a (non-measuring) scope is open, else nullptr; in a
   // measuring scope, plans the block and returns nullptr (the pool serves it: measured() then binds the pool's
   // pointer to the planned block). Blocks are placed by an ArenaPlan (core/arena_plan.h): a freed block is reused
   // within the step, so the arena is the step's peak of live tensors. Arena blocks are handed out only inside
@@ -51,6 +52,8 @@ class CudaStepGraphs final : public ops::StepGraphs {
   void branch_begin();
   void branch_join();
   bool owns(const void* p) const;
+  // Inside capture(): the backend's pool refuses to allocate then (a tensor outside the arena).
+  bool capturing() const { return capturing_; }
 
  private:
   void fill_arena_first(cudaGraph_t graph);
@@ -77,8 +80,5 @@ class CudaStepGraphs final : public ops::StepGraphs {
   cudaStream_t capture_stream_ = nullptr;
   std::vector<cudaGraphExec_t> execs_;
 };
-
-// The backend's instance (created and registered for Device::cuda by register_backend()).
-CudaStepGraphs& step_graphs();
 
 }  // namespace tern::cuda
