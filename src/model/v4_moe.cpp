@@ -26,22 +26,17 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
     ops::linear(ctx_, act, shared.w2, y);
   });
 
-  // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias (scored
-  // layers: inside moe_experts, which may route in the launch that plans the experts)
+  // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
   Tensor logits = tensor(DType::f32, {N, L.ffn.gate.out});
   ops::linear(ctx_, h, L.ffn.gate, logits);
   Tensor picked = tensor(DType::i32, {N, k}), weights = tensor(DType::f32, {N, k});
-  ops::MoeExpertsArgs moe{h, picked, weights, L.ffn.experts, limit, out, y};
-  if (L.hash_routed) {
+  if (L.hash_routed)
     ops::route_hash(ctx_, logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
-  } else {
-    moe.logits = logits;
-    moe.bias = L.ffn.gate_bias;
-    moe.routed_scale = routed_scale;
-  }
+  else
+    ops::route_scored(ctx_, logits, L.ffn.gate_bias, routed_scale, picked, weights);
 
   // out = sum_k w_k E_k(h) + E_shared(h): moe_experts adds y in its combine and joins the side branch there.
-  ops::moe_experts(ctx_, moe);
+  ops::moe_experts(ctx_, {h, picked, weights, L.ffn.experts, limit, out, y});
   if ((paths_.l2_prefetch & kPrefetchNextQ) != 0 && N <= kPrefetchMaxTokens && l + 1 < c.num_layers) {
     const AttentionWeights& next = layer(l + 1).attn;
     ops::prefetch(ctx_, next.wq_a_wkv.weight.empty() ? next.wq_a : next.wq_a_wkv);

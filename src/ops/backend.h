@@ -76,9 +76,6 @@ class Backend {
   virtual void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                           float routed_scale, const TensorView& indices, const TensorView& weights);
   virtual void moe_experts(const MoeExpertsArgs& a);
-  // Whether moe_experts takes its own scored routing (MoeExpertsArgs::logits) itself; otherwise ops::moe_experts
-  // runs route_scored first and hands the backend the picks (so no backend can ignore the routing inputs).
-  virtual bool routes_in_moe_experts() const { return false; }
   // step.h (batched steps)
   virtual void step_attention(const StepAttentionArgs& a, const TensorView& out);
   virtual void step_compressor(const StepCompressorArgs& a);

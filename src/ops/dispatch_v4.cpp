@@ -197,15 +197,6 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
     TERN_CHECK(a.shared.device() == a.out.device(), "moe_experts: shared is not on out's device");
   }
   TERN_CHECK(!a.experts.empty(), "moe_experts: no experts");
-  if (!a.logits.empty()) {  // the op's own scored routing: route_scored's checks
-    check_route("moe_experts", a.logits, a.indices, a.weights);
-    expect_dtype("moe_experts", "logits", a.logits, {DType::f32});
-    expect_dtype("moe_experts", "bias", a.bias, {DType::f32});
-    expect_shape("moe_experts", "bias", a.bias, {a.logits.dim(1)});
-    TERN_CHECK(a.logits.dim(1) == static_cast<int64_t>(a.experts.size()), "moe_experts: ", a.logits.dim(1),
-               " routing logits for ", a.experts.size(), " experts");
-    common_device("moe_experts", {&a.logits, &a.bias, &a.out});
-  }
   for (const Expert& e : a.experts) {
     check_weight(e.w1);
     check_weight(e.w2);
@@ -213,16 +204,7 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
     TERN_CHECK(e.w1.in == D && e.w3.in == D && e.w2.out == D && e.w1.out == e.w3.out && e.w2.in == e.w1.out,
                "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
   }
-  Backend& be = ctx.backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out}));
-  if (!a.logits.empty() && !be.routes_in_moe_experts()) {  // route_scored, then the experts on its picks
-    be.route_scored(a.logits, a.bias, a.routed_scale, a.indices, a.weights);
-    MoeExpertsArgs picked = a;
-    picked.logits = {};
-    picked.bias = {};
-    be.moe_experts(picked);
-    return;
-  }
-  be.moe_experts(a);
+  ctx.backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
 }
 
 }  // namespace tern::ops

@@ -42,12 +42,6 @@ struct MoeExpertsArgs {
   // moe_experts joins that branch before it reads `shared`, after issuing the routed products, so they still overlap
   // it; the caller does not join_side itself.
   TensorView shared;
-  // Optional scored routing inside the op (route_scored's inputs): when `logits` is set, `indices` and `weights` are
-  // outputs, route_scored(logits, bias, routed_scale)'s picks and weights, computed before the experts read them.
-  // One op so that a backend may route in the launch that plans the experts (CUDA: moe_front_kernel at decode).
-  TensorView logits{};  // f32 [T, E], E = experts.size()
-  TensorView bias{};    // f32 [E]
-  float routed_scale = 1.0f;
 };
 void moe_experts(const Context& ctx, const MoeExpertsArgs& a);
 

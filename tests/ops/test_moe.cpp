@@ -122,41 +122,6 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
   EXPECT_THROW(ops::moe_experts(cpu::context(), {x, idx, w, experts, limit, with, wrong}), Error);
 }
 
-// moe_experts with its own scored routing (MoeExpertsArgs::logits) writes route_scored's picks and weights and sums
-// the experts they name: the bits of route_scored then moe_experts. Bad routing inputs are refused.
-TEST(Experts, RoutingInsideTheOpEqualsRouteThenExperts) {
-  test::Random rng(44);
-  const int64_t T = 5, D = 16, inter = 8, E = 6, k = 2;
-  std::vector<Tensor> keep;
-  std::vector<ops::Expert> experts;
-  auto weight = [&](int64_t out, int64_t in) {
-    keep.push_back(rng.tensor({out, in}, 0.4f));
-    return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
-  };
-  for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
-  Tensor x = rng.tensor({T, D}), logits = rng.tensor({T, E}), bias = rng.tensor({E}, 0.3f);
-  Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k}), want(DType::f32, {T, D});
-  ops::route_scored(cpu::context(), logits, bias, 2.5f, idx, w);
-  ops::moe_experts(cpu::context(), {x, idx, w, experts, 10.0f, want});
-  Tensor idx2(DType::i32, {T, k}), w2(DType::f32, {T, k}), got(DType::f32, {T, D});
-  ops::MoeExpertsArgs a{x, idx2, w2, experts, 10.0f, got};
-  a.logits = logits;
-  a.bias = bias;
-  a.routed_scale = 2.5f;
-  ops::moe_experts(cpu::context(), a);
-  EXPECT_EQ(std::memcmp(idx2.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0);
-  EXPECT_EQ(std::memcmp(w2.data<float>(), w.data<float>(), T * k * 4), 0);
-  EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), T * D * 4), 0);
-  Tensor short_bias = rng.tensor({E - 1}), wide_logits = rng.tensor({T, E + 1});
-  ops::MoeExpertsArgs bad = a;
-  bad.bias = short_bias;
-  EXPECT_THROW(ops::moe_experts(cpu::context(), bad), Error);
-  bad = a;
-  bad.logits = wide_logits;
-  bad.bias = rng.tensor({E + 1});
-  EXPECT_THROW(ops::moe_experts(cpu::context(), bad), Error);  // E + 1 logits for E experts
-}
-
 TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {
   Tensor g(DType::f32, {3}), u(DType::f32, {3}), o(DType::f32, {3});
   const float gv[] = {20.0f, -1.0f, 0.5f}, uv[] = {-30.0f, 30.0f, 2.0f};

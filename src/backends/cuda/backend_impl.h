@@ -65,7 +65,7 @@ struct CudaBackend::Impl {
   int64_t moe_e4m3_calls = 0;  // moe_experts calls on the e4m3 grouped kernels (CudaBackend::moe_e4m3_calls)
   // Calls that took the in-kernel quantisations (CudaBackend::fused_quant_calls): linear_x8 quantising x, the bulk
   // MoE kernels quantising x and h as they stage them.
-  int64_t x8_quantising_calls = 0, moe_stage_quant_calls = 0, moe_front_calls = 0;
+  int64_t x8_quantising_calls = 0, moe_stage_quant_calls = 0;
   // The side branch of a step (ops/branch.h): its own stream, workspace, split-K counters and library GEMMs (their
   // cuBLAS / cuBLASLt workspace), swapped in for the main branch's while a side branch is open, so that the two
   // branches' kernels never share scratch, counters or a library workspace (in a captured step the branches run at
@@ -103,10 +103,6 @@ struct CudaBackend::Impl {
   bool hc_post_squares = true;
   // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.
   bool route_regs = true;
-  // moe_experts with its scored routing (ops::MoeExpertsArgs::logits) at up to kMoeFrontMaxTokens tokens on the
-  // decode kernels: the routing, x's quantisation and the plan in one launch (moe_front_kernel; TERN_MOE_FRONT=0:
-  // route_scored, act_quant and moe_plan apart). The same bits.
-  bool moe_front = true;
   // hc_mix_kernel stages its fn columns before its PDL wait (HcParams::early_fn; TERN_HC_EARLY_FN=0: after).
   bool hc_early_fn = true;
   // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).

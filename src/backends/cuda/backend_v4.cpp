@@ -337,26 +337,6 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl.stream, p.combine_waits, 0));
     return;
   }
-  // The op's own scored routing (a.logits): in the plan's launch where the decode kernels take the call
-  // (moe_front_kernel, MoeParams::route_logits), else route_scored's kernel first.
-  bool front = false;
-  if (!a.logits.empty()) {
-    front = impl.moe_front && !e0.w1.exact && impl.route_regs && route_in_registers(p.E, p.k) &&
-            p.T <= kMoeFrontMaxTokens && !impl.library_for(p.T) &&
-            !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p));
-    if (front) {
-      p.route_logits = a.logits.data_as<const float>();
-      p.route_bias = a.bias.data_as<const float>();
-      p.route_scale = a.routed_scale;
-      p.route_indices = a.indices.data_as<int32_t>();
-      p.route_weights = a.weights.data_as<float>();
-    } else {
-      launch_route_scored(a.logits.data_as<const float>(), a.bias.data_as<const float>(), p.T, p.E, p.k,
-                          a.routed_scale, a.indices.data_as<int32_t>(), a.weights.data_as<float>(), impl.err(),
-                          impl.route_regs, impl.stream);
-      check_launch("moe_experts (routing)");
-    }
-  }
   const CudaBackend::Impl::ExpertTable& table = expert_table(impl, a.experts);
   p.experts = static_cast<const ExpertDesc*>(table.table.data());
   p.experts_aligned = table.aligned;
@@ -399,22 +379,15 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
       return;
     }
     xq = impl.tensor(DType::f32, {p.T, p.D});
-    if (front) {  // in moe_front_kernel's blocks 1..
-      p.quant_x = p.x;
-      p.quant_out = xq.data<float>();
-    } else {
-      launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
-      check_launch("act_fake_quant");
-    }
+    launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
+    check_launch("act_fake_quant");
     p.x = xq.data<float>();
     p.act_fp8 = true;
   }
-  // (front excludes the grouped and library paths: the routing is in launch_moe's first launch)
-  if (!front && (run_grouped_moe(impl, p) || run_library_moe(impl, p, a.experts))) return;
+  if (run_grouped_moe(impl, p) || run_library_moe(impl, p, a.experts)) return;
   void* ws = impl.scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl.num_sms, impl.stream);
-  check_launch(front ? "moe_experts (routing, x and plan in one launch)" : "moe_experts");
-  if (front) ++impl.moe_front_calls;
+  check_launch("moe_experts");
 }
 
 }  // namespace

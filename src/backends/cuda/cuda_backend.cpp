@@ -31,7 +31,6 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
     {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
-    {"TERN_MOE_FRONT", &CudaBackend::Impl::moe_front},
 };
 
 const ImplSwitch* impl_switch(std::string_view name) {
@@ -315,7 +314,7 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
   }
 }
 CudaBackend::FusedQuantCalls CudaBackend::fused_quant_calls() const {
-  return {impl_->x8_quantising_calls, impl_->moe_stage_quant_calls, impl_->moe_front_calls};
+  return {impl_->x8_quantising_calls, impl_->moe_stage_quant_calls};
 }
 double CudaBackend::library_gemm_us(int64_t T, int64_t out, int64_t in, bool f32, int reps) {
   return impl_->lib().time_us(impl_->stream, T, out, in, f32, reps);

@@ -59,7 +59,6 @@ class CudaBackend final : public ops::Backend {
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
-  bool routes_in_moe_experts() const override { return true; }  // moe_front_kernel at decode, else route_scored's
   // Batched steps (backend_step.cpp)
   void step_attention(const ops::StepAttentionArgs& a, const TensorView& out) override;
   void step_compressor(const ops::StepCompressorArgs& a) override;
@@ -188,7 +187,6 @@ class CudaBackend final : public ops::Backend {
   // quantisation: what tests assert ran (both fall back to the separate launches where they cannot).
   struct FusedQuantCalls {
     int64_t linear_x8 = 0, moe_staged = 0;
-    int64_t moe_front = 0;  // moe_experts calls whose routing, x's quantisation and plan ran in one launch
   };
   FusedQuantCalls fused_quant_calls() const;
 

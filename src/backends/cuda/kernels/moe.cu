@@ -4,7 +4,6 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/act_quant.cuh"
-#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
 #include "core/error.h"
@@ -99,10 +98,14 @@ __device__ __forceinline__ unsigned route_key(float v) {
 // argmax over its registers and two warp reductions (the largest key, then the lowest expert holding it: ties to
 // the lower id) instead of a shared-memory scan and ten shuffles. Up to 32 picks (lane j keeps pick j).
 // route_scored_kernel took 9.1 us at one token on the H100 (session 22), this kernel 3.1 (session 23, results.md).
-// Token t's routing by one warp (route_scored_regs_kernel's and moe_front_kernel's).
 template <int PER>
-__device__ __forceinline__ void route_token_regs(const float* logits, const float* bias, int64_t t, int64_t E, int k,
-                                                 float scale, int32_t* indices, float* weights, int* err, int lane) {
+__global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
+                                                                            int64_t T, int64_t E, int k, float scale,
+                                                                            int32_t* indices, float* weights, int* err) {
+  pdl_prologue();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= T) return;
   const float* row = logits + t * E;
   float lg[PER], bs[PER], sc[PER];
   unsigned key[PER];
@@ -148,17 +151,6 @@ __device__ __forceinline__ void route_token_regs(const float* logits, const floa
   }
 }
 
-template <int PER>
-__global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
-                                                                            int64_t T, int64_t E, int k, float scale,
-                                                                            int32_t* indices, float* weights, int* err) {
-  pdl_prologue();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= T) return;
-  route_token_regs<PER>(logits, bias, t, E, k, scale, indices, weights, err, lane);
-}
-
 __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
                                   const int64_t* token_ids, int64_t T, int64_t E, int k, float scale, int32_t* indices,
                                   float* weights, int* err) {
@@ -191,9 +183,10 @@ constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
 // expert and the warp's count, a running sum over the warps (in warp order: pick order) the rank among the
 // expert's picks so far, kept in pos[] until the offsets are known. (Warp ballots per expert over every pick,
 // the way for more experts, took 20 us a layer at 384 picks.)
-// (By a block of kPlanThreads threads: moe_plan_kernel's, or moe_front_kernel's block 0 after its routing.)
-__device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, int64_t E, int tile, int* sorted,
-                                           int* pos, int* jobs, int* num_jobs, int* err) {
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
+                                                                int* sorted, int* pos, int* jobs, int* num_jobs,
+                                                                int* err) {
+  pdl_prologue();
   __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
   __shared__ union {
     int32_t staged[kPlanStaged];               // more experts: the picks, read many times below
@@ -302,45 +295,6 @@ __device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, in
       int* j = jobs + 3 * (job_off[e] + c);
       j[0] = e, j[1] = offset[e] + c * tile, j[2] = min(tile, count[e] - c * tile);
     }
-}
-
-__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
-                                                                int* sorted, int* pos, int* jobs, int* num_jobs,
-                                                                int* err) {
-  pdl_prologue();
-  plan_block(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
-}
-
-// The front of a decode MoE call (MoeParams::route_logits; at most kMoeFrontMaxTokens tokens, route_in_registers):
-// block 0 routes token w with warp w (route_token_regs: route_scored_regs_kernel's picks and weights), then, the
-// picks in global memory and the block synchronised, plans (plan_block: moe_plan_kernel's plan); blocks 1.. write
-// x's fake quantisation (MoeParams::quant_out: act_quant_kernel<f32>'s values, a warp a (token, 128 columns)).
-// One launch where route_scored, act_quant and moe_plan were three on the decode step's critical path.
-template <int PER>
-__global__ void __launch_bounds__(kPlanThreads) moe_front_kernel(MoeParams p, int tile, int* sorted, int* pos, int* jobs,
-                                                                 int* num_jobs) {
-  pdl_prologue();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (blockIdx.x > 0) {
-    const int64_t blocks = p.D / 128;
-    const int64_t item = static_cast<int64_t>(blockIdx.x - 1) * (kPlanThreads / 32) + warp;
-    if (item >= p.T * blocks) return;
-    const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
-    const float4 v = *reinterpret_cast<const float4*>(p.quant_x + row * p.D + col);
-    int kexp = 0;
-    const uint32_t packed = act_quant_lane(v, kexp);
-    const float s = ldexpf(1.0f, kexp);
-    float d[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(static_cast<uint8_t>(packed >> (8 * i))) * s;
-    *reinterpret_cast<float4*>(p.quant_out + row * p.D + col) = make_float4(d[0], d[1], d[2], d[3]);
-    return;
-  }
-  if (warp < p.T)
-    route_token_regs<PER>(p.route_logits, p.route_bias, warp, p.E, p.k, p.route_scale, p.route_indices,
-                          p.route_weights, p.err, lane);
-  __syncthreads();  // the picks (global memory) are visible to the whole block
-  plan_block(p.route_indices, p.T * p.k, p.E, tile, sorted, pos, jobs, num_jobs, p.err);
 }
 
 // out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
@@ -560,13 +514,6 @@ namespace {
 
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
-  if (p.route_logits != nullptr) {  // the routing (and x's quantisation) in the same launch
-    const int64_t quant_items = p.quant_out != nullptr ? p.T * (p.D / 128) : 0;
-    const auto blocks = static_cast<unsigned>(1 + (quant_items + dev::kPlanThreads / 32 - 1) / (dev::kPlanThreads / 32));
-    launch(dev::moe_front_kernel<kRouteRegsPerLane>, blocks, dev::kPlanThreads, 0, stream, p, tile, sorted, pos, jobs,
-           num_jobs);
-    return;
-  }
   launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
          jobs, num_jobs, p.err);
 }

@@ -67,22 +67,7 @@ struct MoeParams {
   // that is safe), overlapping the up kernel's tail; false (the default since session 22, which measured it slower):
   // after it. Same bits.
   bool early_down = false;
-  // The scored routing in the plan's launch (moe_front_kernel; the backend sets these at up to kMoeFrontMaxTokens
-  // tokens, ops::MoeExpertsArgs::logits): block 0 routes each token (route_scored_regs_kernel's warp, the same picks
-  // and weights, written to route_indices / route_weights, which `indices` / `weights` name) then plans; with
-  // quant_out, blocks 1.. write x's fake quantisation there (act_fake_quant's values; p.x is then quant_out, read
-  // by the expert kernels after the front kernel). Two launches a layer less at decode (route_scored, act_quant).
-  const float* route_logits = nullptr;  // [T, E]
-  const float* route_bias = nullptr;    // [E]
-  float route_scale = 1.0f;
-  int32_t* route_indices = nullptr;  // [T, k]
-  float* route_weights = nullptr;    // [T, k]
-  const float* quant_x = nullptr;    // [T, D]
-  float* quant_out = nullptr;        // [T, D]
 };
-
-// The most tokens whose routing moe_front_kernel takes (a warp a token in its one planning block of 32 warps).
-inline constexpr int64_t kMoeFrontMaxTokens = 32;
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).
 void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t stream);
