@@ -121,6 +121,16 @@ void give_partials(CudaBackend::Impl& impl, LinearParams& p, int64_t want) {
   p.num_counters = impl.num_counters;
 }
 
+// Up to 8 tokens linear_x8 quantises (FP8 weights) or rounds (bf16) x itself where it takes the product
+// (linear_x8_quantises_x; TERN_X8_QUANT): launches that form and says so, or false (the caller prepares x).
+bool launch_x8_with_x_in_kernel(CudaBackend::Impl& impl, const LinearParams& p, const char* what) {
+  if (!impl.x8_quantises_x || !linear_x8_quantises_x(p)) return false;
+  launch_linear_x8_quantising(p, impl.stream);
+  check_launch(what);
+  ++impl.x8_quantising_calls;
+  return true;
+}
+
 // --activations fp8 (ops::Weight::act_fp8): x quantised as the official reference does (act_quant.cuh), then
 // prefill chunks on cuBLASLt's block-scaled FP8 product (run_library_linear_fp8), decode sizes on the FP8 x FP8
 // kernel (linear_x8.cuh); shapes neither takes get the dequantised x (e4m3 * scale, exact in bf16 and f32)
@@ -138,12 +148,7 @@ void run_linear_act_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops:
   if (!w.exact && impl.dense_library_for(T) && run_library_linear_fp8(impl, x, w, groups, y)) return;
   if (!w.exact && !impl.library_for(T) && linear_x8_ok(p)) {  // (what the library turned down, too)
     give_partials(impl, p, linear_x8_partial_floats(p));
-    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 8 tokens: x quantised in the kernel
-      launch_linear_x8_quantising(p, impl.stream);
-      check_launch("linear_x8 (x quantised in the kernel)");
-      ++impl.x8_quantising_calls;
-      return;
-    }
+    if (launch_x8_with_x_in_kernel(impl, p, "linear_x8 (x quantised in the kernel)")) return;
     Tensor xq = impl.tensor(DType::u8, {T, cols});
     Tensor sx = impl.tensor(DType::f32, {T, cols / 128});
     launch_act_quant(rows, xq.data<uint8_t>(), sx.data<float>(), impl.stream);
@@ -175,12 +180,7 @@ void run_linear(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight&
   if (!w.exact && w.format == ops::WeightFormat::bf16 && linear_x8_enabled() && linear_x8_ok(p)) {
     const int64_t T = x.dim(0), cols = p.x_stride;
     give_partials(impl, p, linear_x8_partial_floats(p));
-    if (impl.x8_quantises_x && linear_x8_quantises_x(p)) {  // up to 8 tokens: x rounded in the kernel
-      launch_linear_x8_quantising(p, impl.stream);
-      check_launch("linear_x8<bf16> (x rounded in the kernel)");
-      ++impl.x8_quantising_calls;
-      return;
-    }
+    if (launch_x8_with_x_in_kernel(impl, p, "linear_x8<bf16> (x rounded in the kernel)")) return;
     Tensor xb = impl.tensor(DType::u8, {T, 2 * cols});
     launch_round_bf16(p.x, T, cols, cols, xb.data<uint16_t>(), impl.stream);
     check_launch("round_bf16");

@@ -673,12 +673,8 @@ void launch_linear_exact(const LinearParams& p, cudaStream_t stream) {
     const int R = p.T > 2 && p.rows_per_group % (8 / wpr * 4) == 0 ? 4 : 1, rows = 8 / wpr * R;
     const dim3 grid(static_cast<unsigned>((p.w.out + rows - 1) / rows),
                     static_cast<unsigned>((p.T + dev::kSimpleTokens - 1) / dev::kSimpleTokens));
-    if (R == 4)
-      launch(dev::linear_exact_rows_kernel<4>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
-             p.y);
-    else
-      launch(dev::linear_exact_rows_kernel<1>, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr,
-             p.y);
+    const auto kernel = R == 4 ? dev::linear_exact_rows_kernel<4> : dev::linear_exact_rows_kernel<1>;
+    launch(kernel, grid, 256, 0, stream, m, p.x, p.x_stride, p.rows_per_group, p.T, wpr, p.y);
     return;
   }
   launch(dev::linear_exact_lanes_kernel, dev::exact_grid(p), dev::kExactRows, 0, stream, m, p.x, p.x_stride,
