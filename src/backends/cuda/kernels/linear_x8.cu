@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
@@ -222,61 +223,46 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
     if (i < n && !FUSED) issue_x(i, kb_begin + i);
     cp_async_commit();
   }
-  if constexpr (FUSED && BF16) {
-    // bf16 weights: x rounded to bf16 (round_bf16_kernel's rounding), a warp a (token, 64-column block) item, a lane
-    // two columns: the 4 bytes the FP8 form's lane stores, at the same place of the swizzled row.
-    constexpr int kQ = N;
-    const int warp = tid >> 5, items = live * n;
-    for (int base = warp; base < items; base += 8 * kQ) {
-      float2 v[kQ];
-#pragma unroll
-      for (int j = 0; j < kQ; ++j) {
-        const int it = base + 8 * j, r = it / n, c = it - r * n;
-        if (it < items)
-          v[j] = *reinterpret_cast<const float2*>(a.xf + (tok0 + r) * a.xcols + xcol0 + (kb_begin + c) * 64 + 2 * lane);
-      }
-#pragma unroll
-      for (int j = 0; j < kQ; ++j) {
-        const int it = base + 8 * j, r = it / n, c = it - r * n;
-        if (it >= items) break;
-        *reinterpret_cast<uint32_t*>(xs + c * (N * 128) + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) =
-            pack_bf16(v[j].x, v[j].y);
-      }
-    }
-    for (int p = tid; p < (N - live) * n * 8; p += blockDim.x) {  // 16-byte pieces of the dead rows
-      const int c = p / ((N - live) * 8), q = p - c * (N - live) * 8;
-      *reinterpret_cast<uint4*>(xs + c * (N * 128) + (live + q / 8) * 128 + (q % 8) * 16) = make_uint4(0, 0, 0, 0);
-    }
-  } else if constexpr (FUSED) {
-    // A warp a (token, block) item, kQ = N items' loads in flight before their reductions (a tile's N tokens x n
+  if constexpr (FUSED) {
+    // A warp a (token, block) item, kQ = N items' loads in flight before their conversions (a tile's N tokens x n
     // blocks are one or two rounds a warp at the decode products' K ranges: session 21's kQ = 4 took four rounds at
-    // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens
-    // are zeros (their sums are never stored). fence_proxy_async + the barrier at the loop's top publish it.
-    constexpr int kQ = N;
+    // 16 tokens, each an L2 round trip before the first MMA); rows past the live tokens are zeros (their sums are
+    // never stored). fence_proxy_async + the barrier at the loop's top publish it. FP8: a lane quantises 4 of the
+    // block's 128 columns (act_quant_lane: act_quant's bytes and scale); bf16: a lane rounds 2 of its 64 columns
+    // (round_bf16_kernel's rounding). Either way 4 bytes a lane, at the same place of the swizzled row.
+    using V = std::conditional_t<BF16, float2, float4>;
+    constexpr int kCols = BF16 ? 64 : 128, kQ = N;
     const int warp = tid >> 5, items = live * n;
     for (int base = warp; base < items; base += 8 * kQ) {
-      float4 v[kQ];
+      V v[kQ];
 #pragma unroll
       for (int j = 0; j < kQ; ++j) {
         const int it = base + 8 * j, r = it / n, c = it - r * n;
         if (it < items)
-          v[j] = *reinterpret_cast<const float4*>(a.xf + (tok0 + r) * a.xcols + xcol0 + (kb_begin + c) * 128 + 4 * lane);
+          v[j] = *reinterpret_cast<const V*>(a.xf + (tok0 + r) * a.xcols + xcol0 + (kb_begin + c) * kCols +
+                                             (kCols / 32) * lane);
       }
 #pragma unroll
       for (int j = 0; j < kQ; ++j) {
         const int it = base + 8 * j, r = it / n, c = it - r * n;
         if (it >= items) break;
-        int k = 0;
-        const uint32_t q = act_quant_lane(v[j], k);
+        uint32_t q;
+        if constexpr (BF16) {
+          q = pack_bf16(v[j].x, v[j].y);
+        } else {
+          int k = 0;
+          q = act_quant_lane(v[j], k);
+          if (lane == 0) sxs[r * n + c] = ldexpf(1.0f, k);
+        }
         *reinterpret_cast<uint32_t*>(xs + c * (N * 128) + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) = q;
-        if (lane == 0) sxs[r * n + c] = ldexpf(1.0f, k);
       }
     }
     for (int p = tid; p < (N - live) * n * 8; p += blockDim.x) {  // 16-byte pieces of the dead rows
       const int c = p / ((N - live) * 8), q = p - c * (N - live) * 8;
       *reinterpret_cast<uint4*>(xs + c * (N * 128) + (live + q / 8) * 128 + (q % 8) * 16) = make_uint4(0, 0, 0, 0);
     }
-    for (int p = tid; p < (N - live) * n; p += blockDim.x) sxs[live * n + p] = 0.0f;
+    if constexpr (!BF16)
+      for (int p = tid; p < (N - live) * n; p += blockDim.x) sxs[live * n + p] = 0.0f;
   } else if constexpr (!BF16) {
     const int64_t sx_cols = a.xcols / 128;
     for (int p = tid; p < N * n; p += blockDim.x) {
