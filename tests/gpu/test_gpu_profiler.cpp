@@ -132,8 +132,12 @@ void expect_pairs(const cuda::ProfileRecords& r, int64_t calls, bool from_graph,
 // part is host launch time and CUPTI's own work, which depend on the machine (on the H200 host of
 // 2026-12-03 the eager run was 24% busy, the first graph replays 42%).
 void expect_consistent(const cuda::ProfileRecords& r, double event_ns) {
-  int64_t sum = 0;
-  for (const cuda::KernelTime& k : r.kernels) sum += k.total_ns;
+  int64_t sum = 0, exposed = 0;
+  for (const cuda::KernelTime& k : r.kernels) {
+    sum += k.total_ns;
+    exposed += k.exposed_ns;
+  }
+  EXPECT_EQ(exposed, r.busy_ns);  // one stream: the exposed times add up to the busy time (profile_report.h)
   const double busy = static_cast<double>(r.busy_ns), span = static_cast<double>(r.span_ns);
   std::printf("[profiler] events %.1f us, span %.1f us, busy %.1f us, summed %.1f us\n", event_ns / 1e3, span / 1e3,
               busy / 1e3, static_cast<double>(sum) / 1e3);

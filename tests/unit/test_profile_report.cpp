@@ -324,5 +324,57 @@ TEST(ProfileReport, JsonCarriesTheSameFigures) {
   EXPECT_DOUBLE_EQ(j["kernels"][1]["calls_per_step"].get<double>(), 2.0);
 }
 
+// A PDL chain on one stream: each kernel starts (and waits) before its predecessor ends, so own times add up
+// to more than the step; the exposed times are the ends' distances and add up to the busy time.
+TEST(ProfileReport, ExposedTimeOfAPdlChain) {
+  // owner 0: [100, 200], owner 1 starts at 150 (waiting) and ends at 230, owner 2: [225, 400], owner 1 again
+  // [390, 420]; then an idle gap and owner 0 [500, 510].
+  const std::vector<ActivitySpan> chain = {{100, 200, 0}, {150, 230, 1}, {225, 400, 2}, {390, 420, 1}, {500, 510, 0}};
+  const std::vector<int64_t> e = expose(chain, 3);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[0], 100 + 10);
+  EXPECT_EQ(e[1], 30 + 20);
+  EXPECT_EQ(e[2], 170);
+  EXPECT_EQ(e[0] + e[1] + e[2], (420 - 100) + (510 - 500));  // the union: [100, 420] and [500, 510]
+  // The order the records arrive in does not matter.
+  const std::vector<ActivitySpan> shuffled = {chain[3], chain[0], chain[4], chain[2], chain[1]};
+  EXPECT_EQ(expose(shuffled, 3), e);
+}
+
+// Concurrent branches: a short span ending inside a longer one takes the part after its start; the part of
+// the longer one before the shorter one's start is credited to nobody (documented in profile_report.h).
+TEST(ProfileReport, ExposedTimeOfConcurrentSpans) {
+  const std::vector<int64_t> e = expose({{0 + 1, 100, 0}, {40, 60, 1}}, 2);
+  EXPECT_EQ(e[1], 20);
+  EXPECT_EQ(e[0], 40);
+  EXPECT_THROW(expose({{1, 2, 2}}, 2), std::exception);
+  EXPECT_THROW(expose({{1, 2, -1}}, 2), std::exception);
+  EXPECT_EQ(expose({}, 2), (std::vector<int64_t>{0, 0}));
+}
+
+TEST(ProfileReport, TableShowsExposedTimeWhenRecorded) {
+  ProfileRecords r = sample_records();
+  const std::string plain = format_report(categorize(r), 2, 3);
+  EXPECT_EQ(plain.find("exposed"), std::string::npos) << plain;  // records without spans: no column
+  r.kernels[0].exposed_ns = 5000;  // attention: 2.5 us a step, 2.5 us a call
+  r.kernels[1].exposed_ns = 200;
+  r.kernels[3].exposed_ns = 480;  // the unknown kernel: last by GPU time, second by exposed time
+  const std::string t = format_report(categorize(r), 2, 3, "decode step");
+  EXPECT_NE(t.find("| category | us/decode step | share | kernels/decode step | exposed us/decode step |"),
+            std::string::npos) << t;
+  EXPECT_NE(t.find("| attention | 3.0 | 52.2% | 1 | 2.5 |"), std::string::npos) << t;
+  EXPECT_NE(t.find("| total | 5.8 | 100.0% | 5 | 2.8 |"), std::string::npos) << t;  // 5680 ns / 2
+  EXPECT_NE(t.find("| attention_kernel<4> | attention | 3.0 | 52.2% | 1 | 3.0 | 2.5 | 2.5 |"), std::string::npos) << t;
+  const size_t by_exposed = t.find("top 3 kernels by exposed time:");
+  ASSERT_NE(by_exposed, std::string::npos) << t;
+  const size_t mystery = t.find("| mystery_kernel |", by_exposed);
+  ASSERT_NE(mystery, std::string::npos) << t;
+  EXPECT_LT(mystery, t.find("| linear_mma_kernel<fp8, 1> |", by_exposed)) << t;
+  EXPECT_EQ(t.find("| mystery_kernel |"), mystery) << t;  // not in the first table (4th by GPU time)
+  const nlohmann::json j = nlohmann::json::parse(format_report_json(categorize(r), 2, 10));
+  EXPECT_TRUE(j["has_exposure"].get<bool>());
+  EXPECT_DOUBLE_EQ(j["kernels"][0]["exposed_us_per_step"].get<double>(), 2.5);
+}
+
 }  // namespace
 }  // namespace tern::cuda

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "core/error.h"
 #include "ops/weight_format.h"
 
 namespace tern::cuda {
@@ -223,6 +224,22 @@ KernelClass classify_kernel(std::string_view demangled) {
   return {OpCategory::other, false};
 }
 
+std::vector<int64_t> expose(std::vector<ActivitySpan> spans, size_t owners) {
+  std::vector<int64_t> exposed(owners, 0);
+  std::sort(spans.begin(), spans.end(), [](const ActivitySpan& a, const ActivitySpan& b) {
+    return a.end != b.end ? a.end < b.end : a.start < b.start;
+  });
+  uint64_t last = 0;  // the latest end so far (0 before the first span: timestamps are never 0)
+  for (const ActivitySpan& a : spans) {
+    TERN_CHECK(a.owner >= 0 && static_cast<size_t>(a.owner) < owners, "cuda::expose: owner ", a.owner,
+               " out of range (", owners, " owners)");
+    const uint64_t from = std::max(a.start, last);
+    if (a.end > from) exposed[static_cast<size_t>(a.owner)] += static_cast<int64_t>(a.end - from);
+    last = std::max(last, a.end);
+  }
+  return exposed;
+}
+
 ProfileReport categorize(const ProfileRecords& records) {
   ProfileReport r;
   r.busy_ns = records.busy_ns;
@@ -234,7 +251,9 @@ ProfileReport categorize(const ProfileRecords& records) {
     CategoryTime& ct = r.categories[static_cast<int>(c)];
     ct.count += k.count;
     ct.total_ns += k.total_ns;
+    ct.exposed_ns += k.exposed_ns;
     r.total_ns += k.total_ns;
+    r.has_exposure = r.has_exposure || k.exposed_ns > 0;
     r.kernels.push_back(CategorizedKernel{k, c, kernel_display_name(k.name)});
   }
   std::stable_sort(r.kernels.begin(), r.kernels.end(), [](const CategorizedKernel& a, const CategorizedKernel& b) {
@@ -255,30 +274,56 @@ std::string format_report(const ProfileReport& r, int64_t steps, int top, std::s
   const std::string per = std::string(what);
   s += "GPU profile (CUPTI activity records), per " + per + ", " + std::to_string(steps) + " " + per +
        (steps == 1 ? "" : "s") + ":\n";
-  s += "| category | us/" + per + " | share | kernels/" + per + " |\n|---|---:|---:|---:|\n";
+  const bool ex = r.has_exposure;
+  s += "| category | us/" + per + " | share | kernels/" + per + " |" + (ex ? " exposed us/" + per + " |" : "") +
+       "\n|---|---:|---:|---:|" + (ex ? "---:|" : "") + "\n";
   for (int i = 0; i < kNumOpCategories; ++i) {
     const CategoryTime& c = r.categories[i];
     s += "| " + std::string(category_name(static_cast<OpCategory>(i))) + " | " + per_step(c.total_ns, steps) + " | " +
-         share(c.total_ns, r.total_ns) + " | " + count_per_step(c.count, steps) + " |\n";
+         share(c.total_ns, r.total_ns) + " | " + count_per_step(c.count, steps) + " |" +
+         (ex ? " " + per_step(c.exposed_ns, steps) + " |" : "") + "\n";
   }
   const int64_t count = total_count(r);
+  int64_t exposed = 0;
+  for (const CategoryTime& c : r.categories) exposed += c.exposed_ns;
   s += "| total | " + per_step(r.total_ns, steps) + " | " + share(r.total_ns, r.total_ns) + " | " +
-       count_per_step(count, steps) + " |\n\n";
+       count_per_step(count, steps) + " |" + (ex ? " " + per_step(exposed, steps) + " |" : "") + "\n\n";
   s += "GPU busy " + per_step(r.busy_ns, steps) + " us of " + per_step(r.span_ns, steps) + " us wall per " + per +
        " (" + share(r.busy_ns, r.span_ns) +
        "; wall = first GPU activity start to last end; the rest is launch gaps, host work and syncs)\n";
+  if (ex)
+    s += "exposed: the part of a kernel's time that no earlier-ending activity covers (by how much it moved the "
+         "GPU's last end); on one stream (TERN_SIDE_STREAM=0) with PDL, its cost on the step's path\n";
   if (r.dropped > 0)
     s += "WARNING: CUPTI dropped " + std::to_string(r.dropped) + " activity records: the times above are too low\n";
   if (r.bad_timestamps > 0)
     s += "WARNING: " + std::to_string(r.bad_timestamps) + " records had no valid timestamps and are left out\n";
-  const int n = std::min<int>(top, static_cast<int>(r.kernels.size()));
-  s += "\ntop " + std::to_string(n) + " kernels by GPU time:\n";
-  s += "| kernel | category | us/" + per + " | share | calls/" + per + " | us/call |\n|---|---|---:|---:|---:|---:|\n";
-  for (int i = 0; i < n; ++i) {
-    const CategorizedKernel& k = r.kernels[i];
-    s += "| " + k.display + " | " + std::string(category_name(k.category)) + " | " + per_step(k.time.total_ns, steps) +
-         " | " + share(k.time.total_ns, r.total_ns) + " | " + count_per_step(k.time.count, steps) + " | " +
-         per_step(k.time.total_ns, std::max<int64_t>(k.time.count, 1)) + " |\n";
+  const auto table = [&](const std::vector<const CategorizedKernel*>& rows, const std::string& title) {
+    s += "\ntop " + std::to_string(rows.size()) + " kernels by " + title + ":\n";
+    s += "| kernel | category | us/" + per + " | share | calls/" + per + " | us/call |" +
+         (ex ? " exposed us/" + per + " | exposed us/call |" : "") + "\n|---|---|---:|---:|---:|---:|" +
+         (ex ? "---:|---:|" : "") + "\n";
+    for (const CategorizedKernel* k : rows) {
+      const int64_t calls = std::max<int64_t>(k->time.count, 1);
+      s += "| " + k->display + " | " + std::string(category_name(k->category)) + " | " +
+           per_step(k->time.total_ns, steps) + " | " + share(k->time.total_ns, r.total_ns) + " | " +
+           count_per_step(k->time.count, steps) + " | " + per_step(k->time.total_ns, calls) + " |" +
+           (ex ? " " + per_step(k->time.exposed_ns, steps) + " | " + per_step(k->time.exposed_ns, calls) + " |" : "") +
+           "\n";
+    }
+  };
+  const size_t n = std::min<size_t>(static_cast<size_t>(std::max(top, 0)), r.kernels.size());
+  std::vector<const CategorizedKernel*> rows;
+  for (size_t i = 0; i < n; ++i) rows.push_back(&r.kernels[i]);
+  table(rows, "GPU time");
+  if (ex) {  // what the step waits for, which own times do not order (PDL's waits inflate the short kernels')
+    rows.clear();
+    for (const CategorizedKernel& k : r.kernels) rows.push_back(&k);
+    std::stable_sort(rows.begin(), rows.end(), [](const CategorizedKernel* a, const CategorizedKernel* b) {
+      return a->time.exposed_ns > b->time.exposed_ns;
+    });
+    rows.resize(n);
+    table(rows, "exposed time");
   }
   return s;
 }
@@ -291,6 +336,7 @@ std::string format_report_json(const ProfileReport& r, int64_t steps, int top) {
   j["steps"] = steps;
   j["total_us_per_step"] = us(r.total_ns);
   j["gpu_busy_us_per_step"] = us(r.busy_ns);
+  j["has_exposure"] = r.has_exposure;
   j["wall_us_per_step"] = us(r.span_ns);
   j["busy_fraction"] = frac(r.busy_ns, r.span_ns);
   j["dropped_records"] = r.dropped;
@@ -301,6 +347,7 @@ std::string format_report_json(const ProfileReport& r, int64_t steps, int top) {
     j["categories"].push_back({{"name", category_name(static_cast<OpCategory>(i))},
                                {"us_per_step", us(c.total_ns)},
                                {"share", frac(c.total_ns, r.total_ns)},
+                               {"exposed_us_per_step", us(c.exposed_ns)},
                                {"kernels_per_step", static_cast<double>(c.count) / static_cast<double>(steps)}});
   }
   j["kernels"] = nlohmann::json::array();
@@ -312,6 +359,7 @@ std::string format_report_json(const ProfileReport& r, int64_t steps, int top) {
                             {"category", category_name(k.category)},
                             {"us_per_step", us(k.time.total_ns)},
                             {"share", frac(k.time.total_ns, r.total_ns)},
+                            {"exposed_us_per_step", us(k.time.exposed_ns)},
                             {"calls_per_step", static_cast<double>(k.time.count) / static_cast<double>(steps)},
                             {"graph_calls_per_step", static_cast<double>(k.time.graph_count) / static_cast<double>(steps)}});
   }

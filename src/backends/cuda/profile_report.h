@@ -27,6 +27,7 @@ struct KernelTime {
   int64_t count = 0;        // executions
   int64_t total_ns = 0;     // summed GPU time of those executions
   int64_t graph_count = 0;  // executions launched from a CUDA graph (counted in `count` too)
+  int64_t exposed_ns = 0;   // the part of that time no earlier-ending activity covered (expose(), below)
 };
 
 struct ProfileRecords {
@@ -36,6 +37,20 @@ struct ProfileRecords {
   int64_t dropped = 0;      // records CUPTI dropped (buffers full): the totals are then too low
   int64_t bad_timestamps = 0;  // records with no valid start/end, left out of the times
 };
+
+// One activity's interval and the index of the KernelTime it counts for (the profiler's raw records).
+struct ActivitySpan {
+  uint64_t start = 0, end = 0;
+  int32_t owner = 0;
+};
+// Each owner's exposed time. Why: under PDL a kernel starts before its predecessor ends and waits, so its own
+// time (end - start) counts the wait, and own times summed over a step exceed the step. Taken in the order of
+// their ends, each span is credited with end - max(start, the latest earlier end): by how much it moved the GPU's
+// last end. On one stream (TERN_SIDE_STREAM=0) that is each kernel's cost on the step's path, and the credits add
+// up to the busy time; with concurrent branches a span that ends inside a longer one takes part of that one's
+// credit, and the part of the longer one before the shorter one's start is credited to nobody. `owners` sizes
+// the result; an owner out of range throws.
+std::vector<int64_t> expose(std::vector<ActivitySpan> spans, size_t owners);
 
 enum class OpCategory : int {
   attention,
@@ -69,7 +84,7 @@ KernelClass classify_kernel(std::string_view demangled);
 inline OpCategory categorize_kernel(std::string_view demangled) { return classify_kernel(demangled).category; }
 
 struct CategoryTime {
-  int64_t count = 0, total_ns = 0;
+  int64_t count = 0, total_ns = 0, exposed_ns = 0;
 };
 struct CategorizedKernel {
   KernelTime time;
@@ -80,6 +95,7 @@ struct ProfileReport {
   std::array<CategoryTime, kNumOpCategories> categories{};  // indexed by OpCategory
   std::vector<CategorizedKernel> kernels;                   // by total_ns, largest first
   int64_t total_ns = 0;                                     // summed over every kernel and copy
+  bool has_exposure = false;                                // some record carries exposed time (expose())
   int64_t busy_ns = 0, span_ns = 0, dropped = 0, bad_timestamps = 0;
 };
 ProfileReport categorize(const ProfileRecords& records);

@@ -35,13 +35,14 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 
 
 struct Totals {
   int64_t count = 0, total_ns = 0, graph_count = 0;
+  int32_t index = 0;  // the owner of this name's spans (ActivitySpan::owner)
 };
 
 // What the callbacks fill; one per process.
 struct Collector {
   std::mutex mutex;
   std::unordered_map<std::string, Totals> by_name;  // raw (mangled) names
-  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  std::vector<ActivitySpan> intervals;
   uint64_t first_start = std::numeric_limits<uint64_t>::max(), last_end = 0;
   int64_t dropped = 0, bad_timestamps = 0;
   bool out_of_memory = false;
@@ -59,11 +60,13 @@ struct Collector {
       ++bad_timestamps;
       return;
     }
-    Totals& t = by_name[name];
+    auto [it, fresh] = by_name.try_emplace(name);
+    Totals& t = it->second;
+    if (fresh) t.index = static_cast<int32_t>(by_name.size() - 1);
     ++t.count;
     t.total_ns += static_cast<int64_t>(end - start);
     if (from_graph) ++t.graph_count;
-    intervals.emplace_back(start, end);
+    intervals.push_back(ActivitySpan{start, end, t.index});
     first_start = std::min(first_start, start);
     last_end = std::max(last_end, end);
   }
@@ -179,22 +182,25 @@ ProfileRecords collect(Collector& c) {
   std::lock_guard<std::mutex> lock(c.mutex);
   TERN_CHECK(!c.out_of_memory, "cuda::Profiler: out of host memory while collecting activity records");
   ProfileRecords out;
+  const std::vector<int64_t> exposed = expose(c.intervals, c.by_name.size());
   for (const auto& [name, t] : c.by_name)
-    out.kernels.push_back(KernelTime{demangle(name.c_str()), t.count, t.total_ns, t.graph_count});
+    out.kernels.push_back(KernelTime{demangle(name.c_str()), t.count, t.total_ns, t.graph_count,
+                                     exposed[static_cast<size_t>(t.index)]});
   std::sort(out.kernels.begin(), out.kernels.end(),
             [](const KernelTime& a, const KernelTime& b) { return a.total_ns > b.total_ns; });
-  std::sort(c.intervals.begin(), c.intervals.end());
+  std::sort(c.intervals.begin(), c.intervals.end(),
+            [](const ActivitySpan& a, const ActivitySpan& b) { return a.start < b.start; });
   uint64_t busy = 0, open_start = 0, open_end = 0;
   bool open = false;
-  for (const auto& [s, e] : c.intervals) {
-    if (open && s <= open_end) {
-      open_end = std::max(open_end, e);
+  for (const ActivitySpan& a : c.intervals) {
+    if (open && a.start <= open_end) {
+      open_end = std::max(open_end, a.end);
       continue;
     }
     if (open) busy += open_end - open_start;
     open = true;
-    open_start = s;
-    open_end = e;
+    open_start = a.start;
+    open_end = a.end;
   }
   if (open) busy += open_end - open_start;
   out.busy_ns = static_cast<int64_t>(busy);
