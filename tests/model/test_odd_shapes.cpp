@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "fixture.h"
 #include "fixture_checks.h"
+#include "ops/rope.h"
 #include "ops/sample.h"
 
 namespace tern::test {
@@ -31,6 +32,21 @@ TEST(OddShapes, TheFixtureHasTheOddSizes) {
   EXPECT_EQ(c.index_head_dim, 56);
   EXPECT_EQ(c.sliding_window, 12);
   EXPECT_EQ(c.expert_format, model::WeightFormat::mxfp4);
+  // Another YaRN than the tiny fixtures' (factor 16 over 65 536), on the compressed layers' RoPE (the official
+  // rope_scaling is that branch's), and one that changes frequencies: over 4 096 positions its ramp (dims 3..7
+  // at theta 160 000) lies inside the 12 rotated pairs, so part of them are interpolated.
+  const model::RopeConfig& r = c.rope_compress;
+  EXPECT_TRUE(r.yarn);
+  EXPECT_EQ(r.factor, 4.0);
+  EXPECT_EQ(r.original_max_position, 4096.0);
+  ops::RopeParams p{r.theta, c.rope_dim, true, r.factor, r.original_max_position, r.beta_fast, r.beta_slow};
+  const Tensor yarn = ops::rope_inv_freq(p);
+  p.yarn = false;
+  const Tensor plain = ops::rope_inv_freq(p);
+  int interpolated = 0;
+  for (int64_t i = 0; i < yarn.numel(); ++i) interpolated += yarn.data<float>()[i] != plain.data<float>()[i];
+  EXPECT_GT(interpolated, 0);
+  EXPECT_LT(interpolated, yarn.numel());  // the highest frequencies stay extrapolated
 }
 
 // Every prompt at once (one forward over all sequences), then each in chunks of 5: every position's logits.
