@@ -1,6 +1,6 @@
 // The PDL rule of the CUDA backend (src/backends/cuda/kernels/launch.cuh), checked on the sources so that
 // CPU-only CI catches a kernel that would carry the programmatic-launch attribute without waiting:
-//   - every kernel calls grid_dependency_wait() (or pdl_prologue(), which signals and waits), before any
+//   - every kernel calls grid_dependency_wait() (or pdl_prologue(), which starts with it), before any
 //     `return` of its body;
 //   - a kernel whose first statement is not the wait says what it does before it ("before the wait");
 //   - no launch bypasses tern::cuda::launch: no <<<>>> and no cudaLaunchKernel* call outside launch.cuh.

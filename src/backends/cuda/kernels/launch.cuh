@@ -54,15 +54,12 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
-// The prologue of a kernel that does nothing before its wait: let the next kernel be scheduled, then wait. The
-// signal first lets a chain of short kernels pass the launch along before their waits, so the next long kernel
-// (a weight stream) is placed and copies its first weights before its wait while the short ones and the kernel
-// before them still run (signalled after the wait, it had only the last short kernel's run time to do that:
-// docs/cuda-backend.md, "When the next kernel may start"). Safe by the rule above: the next kernel's own wait
-// still waits for this grid to complete, and this grid completes only after its wait.
+// The prologue of a kernel that does nothing before its wait: wait, then let the next kernel be scheduled
+// (its blocks take the room this grid leaves and wait in turn; it cannot start its own work before this grid
+// has completed). Used by the short kernels; the long ones signal later (see docs).
 __device__ __forceinline__ void pdl_prologue() {
-  grid_dependents_launch();
   grid_dependency_wait();
+  grid_dependents_launch();
 }
 
 }  // namespace dev
