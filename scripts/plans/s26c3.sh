@@ -20,7 +20,7 @@ echo "rc $?"; pf $L/model.log 8; grep -c "^\[       OK" $L/model.log
 stamp "2. bench-step base / new, three rounds"
 for r in 1 2 3; do
   for b in base cuda; do
-    timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --batches 1,16,64 \
+    timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 \
       --steps 12 --warmup 3 > $L/bs-$r-$b.log 2>&1; echo "rc $? ($r $b)"
     grep -hE "^decode |error" $L/bs-$r-$b.log | cut -c1-110
   done
@@ -29,11 +29,11 @@ stamp "3. ncu"
 NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
 for bt in 1 16; do
   (( $(date +%s) - T0 > 420 )) && { echo "skipped: time"; break; }
-  timeout 120 $NCU --kernel-name regex:"hc_pre_finish|hc_mix|moe_bulk|act_quant_kernel|moe_plan|route_scored" --launch-skip 60 --launch-count 10 \
-    $T bench-step --device cuda --config full --contexts 1024 --batches $bt --steps 2 --warmup 1 > $L/ncu-b$bt.log 2>&1; echo "rc $? (b$bt)"
+  timeout 120 $NCU --kernel-name regex:"hc_pre_finish|hc_mix|moe_bulk|act_quant_kernel|moe_plan|route_scored" --launch-skip 1700 --launch-count 12 \
+    $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches $bt --steps 4 --warmup 2 > $L/ncu-b$bt.log 2>&1; echo "rc $? (b$bt)"
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Shared|Grid Size" $L/ncu-b$bt.log | head -80 | cut -c1-120
 done
-(( $(date +%s) - T0 < 480 )) && { timeout 110 $NCU --kernel-name regex:"act_quant_kernel" --launch-skip 5 --launch-count 2 \
+(( $(date +%s) - T0 < 480 )) && { timeout 110 $NCU --kernel-name regex:"act_quant_kernel" --launch-skip 400 --launch-count 2 \
   $T bench-step --device cuda --config full --contexts 1024 --prefill 8192 --batches 1 --steps 1 --warmup 0 > $L/ncu-prefill.log 2>&1
   echo "rc $?"; grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|Memory Throughput|L2 Hit|Grid Size" $L/ncu-prefill.log | head -30 | cut -c1-120; }
 tar -C $OUT -czf $OUT/logs.tar.gz logs && rm -rf $L
