@@ -19,15 +19,9 @@ struct ActOutArgs {
   int64_t f_stride = 0;
 };
 
-// Signals before the wait (nothing else happens before the wait): the FP8 product after it (linear_x8 at 9-64
-// tokens) is then launched while the kernel before this one still runs and copies its first weight stages in that
-// time, where signalled after the wait it had only this kernel's ~2 us. Only here: every short kernel signalling
-// first (session 26, results.md) made the step slower with the side stream on, the waiting blocks of the chain's
-// next long kernels (the MoE's, one a multiprocessor) taking the room the side branch's kernels needed.
 template <ActOut O>
 __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o) {
-  grid_dependents_launch();  // the only thing before the wait: the signal (above)
-  grid_dependency_wait();
+  pdl_prologue();
   const int lane = threadIdx.x & 31;
   const int64_t blocks = r.cols / 128;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
