@@ -621,6 +621,13 @@ void bench_mhc(Rand& r) {
       ops::hc_pre(cuda::context(),
                   ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col, true, norm, 1e-6f});
     });
+    // The same with one Sinkhorn iteration (of 20): what the 4x4 normalisation's serial chain adds to the call.
+    ops::HcParams one_iter;
+    one_iter.sinkhorn_iters = 1;
+    measure("hc_pre + rms_norm, 1 Sinkhorn iteration", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
+      ops::hc_pre(cuda::context(),
+                  ops::HcPreArgs{streams, fns[i], base, scale, one_iter, post, comb, col, true, norm, 1e-6f});
+    });
     measure("hc_pre (mix + sinkhorn + collapse)", cat("T=", T), fn_bytes + stream_bytes, copies, [&](int i) {
       ops::hc_pre(cuda::context(), ops::HcPreArgs{streams, fns[i], base, scale, {}, post, comb, col});
     });
