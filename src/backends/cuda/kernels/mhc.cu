@@ -10,7 +10,6 @@
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
-#include "backends/cuda/kernels/stream_tile.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -196,6 +195,16 @@ __device__ void sum_partials(const float* rows, int nv, int splits, float* m) {
   }
 }
 
+__device__ __forceinline__ float4 norm_weight4(const void* w, NormWeight kind, int64_t d) {
+  if (kind == NormWeight::f32) return ld4(static_cast<const float*>(w) + d);
+  if (kind == NormWeight::bf16) {
+    const uint2 b = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(w) + d));
+    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
+                       __uint_as_float(b.y & 0xffff0000u));
+  }
+  return make_float4(1, 1, 1, 1);
+}
+
 // Threads 0..255: their float4 of each stream's row X[i] (loaded before they are needed: the finish kernels
 // issue these loads first, so that they overlap the partial sums and the logits).
 struct StreamSlice {
@@ -216,34 +225,7 @@ __device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlic
 // Threads 0..255: out[d] = sum_i w[i] X[i][d] from their loaded slice; with `normed` then out = weight * (out *
 // rsqrt(mean(out^2) + eps)) as rms_norm computes it (the sum of squares meets at named barrier 1, which only
 // these threads use).
-// The norm's weights of the thread's float4s of D, copied into shared memory (gsm: the weight's bytes at their
-// offsets) before hc_pre_finish's PDL wait (a weight, written by no kernel: PDL rule 2), so that the collapse's norm
-// does not wait on DRAM for them after the partial sums. Each thread copies exactly the bytes it reads later, so
-// its own cp.async wait is enough. Shared memory, not registers: the kernel sits at its 168-register cap (288
-// threads; three warps share a scheduler's registers) and 16 more registers spilled 80 bytes.
-__device__ __forceinline__ void stage_norm(const void* weight, NormWeight kind, int64_t D, uint8_t* gsm) {
-  const int64_t nv = D / 4;
-#pragma unroll
-  for (int u = 0; u < kCollapseVec; ++u) {
-    const int64_t q = threadIdx.x + static_cast<int64_t>(u) * kCollapseThreads;
-    if (q >= nv) break;
-    if (kind == NormWeight::f32) cp_async16(gsm + 16 * q, static_cast<const uint8_t*>(weight) + 16 * q, true);
-    else if (kind == NormWeight::bf16) cp_async_small<8>(gsm + 8 * q, static_cast<const uint8_t*>(weight) + 8 * q, true);
-  }
-  cp_async_commit();
-}
-
-__device__ __forceinline__ float4 staged_norm4(const uint8_t* gsm, NormWeight kind, int64_t q) {
-  if (kind == NormWeight::f32) return *reinterpret_cast<const float4*>(gsm + 16 * q);
-  if (kind == NormWeight::bf16) {
-    const uint2 b = *reinterpret_cast<const uint2*>(gsm + 8 * q);
-    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
-                       __uint_as_float(b.y & 0xffff0000u));
-  }
-  return make_float4(1, 1, 1, 1);
-}
-
-__device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_t D, bool normed, const uint8_t* gsm,
+__device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_t D, bool normed, const void* weight,
                              NormWeight kind, float eps, float* out, float* red) {
   const int tid = threadIdx.x;
   const int64_t nv = D / 4;
@@ -261,12 +243,11 @@ __device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_
     c[u] = acc;
   }
   if (normed) {
-    cp_async_wait<0>();  // this thread's staged norm weights (stage_norm)
-    float4 g[kCollapseVec];
+    float4 g[kCollapseVec];  // the weights, loaded while the sum of squares meets
 #pragma unroll
     for (int u = 0; u < kCollapseVec; ++u) {
       const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
-      g[u] = q < nv ? staged_norm4(gsm, kind, q) : make_float4(1, 1, 1, 1);
+      g[u] = q < nv ? norm_weight4(weight, kind, 4 * q) : make_float4(1, 1, 1, 1);
     }
     float ss = 0.0f;
 #pragma unroll
@@ -313,10 +294,6 @@ __device__ __forceinline__ float row_max4(float v) {
 // the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
 // operations) while threads 0..255 collapse the streams with pre.
 __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
-  // Before the wait: the norm's weights (a weight, written by no kernel: PDL rule 2), so that the collapse does not
-  // wait on DRAM for them after the partial sums (session 26).
-  __shared__ __align__(16) uint8_t gsm[kHcMaxD * 4];
-  if (a.normed && threadIdx.x < kCollapseThreads) stage_norm(a.norm_weight, a.norm_kind, a.D, gsm);
   pdl_prologue();
   constexpr int MIX = (2 + kHc) * kHc;
   __shared__ float m[MIX + 1];
@@ -344,7 +321,7 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
   float pre[kHc];
 #pragma unroll
   for (int i = 0; i < kHc; ++i) pre[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
-  collapse_row(slice, pre, D, a.normed, gsm, a.norm_kind, a.rms_eps, a.collapsed + t * D, red);
+  collapse_row(slice, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D, red);
 }
 
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
