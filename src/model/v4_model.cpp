@@ -7,6 +7,7 @@
 #include "core/env.h"
 #include "model/stacked.h"
 #include "model/v4_batch.h"
+#include "ops/branch.h"
 #include "ops/elementwise.h"
 #include "ops/mhc.h"
 #include "ops/norm.h"
@@ -267,8 +268,12 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
                              static_cast<float>(c.rms_norm_eps)};
   // The collapsed streams through attn_norm / ffn_norm, in the same op (and the pending hc_post before it).
   ops::HcPreArgs pre;
+  // post and comb from the logits apart (ops::hc_comb): they are read only by this sub-layer's hc_post, so the
+  // Sinkhorn's serial chain runs on a side branch (ops/branch.h), off the step's path; the sub-layer's own joins
+  // (or the one below) join it.
+  Tensor logits = tensor(DType::f32, {N, (2 + H) * H});
   pre.streams = streams, pre.fn = hc.fn, pre.base = hc.base, pre.scale = hc.scale, pre.params = params;
-  pre.post = post, pre.comb = comb, pre.collapsed = h;
+  pre.logits = logits, pre.collapsed = h;
   pre.normed = true, pre.norm = norm, pre.rms_eps = static_cast<float>(c.rms_norm_eps);
   if (pending != nullptr && pending->set()) {
     streams = tensor(DType::f32, {N, H, D});
@@ -280,9 +285,11 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   } else {
     ops::hc_pre(ctx_, pre);
   }
+  ops::run_side(ctx_, h.device(), [&] { ops::hc_comb(ctx_, {logits, hc.base, hc.scale, params, post, comb}); });
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());
+  ops::join_side(ctx_, h.device());  // post and comb, where the sub-layer joined no branch after the fork above
   if (observer_) observe(std::string(site) + "_out", layer, a);
   if (pending != nullptr) {
     *pending = PendingPost{std::move(streams), std::move(a), std::move(post), std::move(comb), true};

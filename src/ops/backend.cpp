@@ -75,6 +75,9 @@ void Backend::dequantize(const Weight& w, const TensorView&) {
 void Backend::hc_pre(const HcPreArgs& a) {
   no_kernel("hc_pre", a.streams.dtype());
 }
+void Backend::hc_comb(const HcCombArgs& a) {
+  no_kernel("hc_comb", a.logits.dtype());
+}
 void Backend::hc_post(const TensorView& s, const TensorView&, const TensorView&, const TensorView&,
                       const TensorView&) {
   no_kernel("hc_post", s.dtype());

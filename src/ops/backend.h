@@ -56,6 +56,7 @@ class Backend {
   virtual void prefetch(const Weight& w);  // a hint (linear.h): by default nothing to do
   // mhc.h
   virtual void hc_pre(const HcPreArgs& a);
+  virtual void hc_comb(const HcCombArgs& a);
   virtual void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,
                        const TensorView& comb, const TensorView& out);
   virtual void hc_head(const HcHeadArgs& a);

@@ -18,8 +18,15 @@ void hc_pre(const Context& ctx, const HcPreArgs& a) {
   expect_shape("hc_pre", "fn", a.fn, {(2 + hc) * hc, hc * D});
   expect_shape("hc_pre", "base", a.base, {(2 + hc) * hc});
   expect_shape("hc_pre", "scale", a.scale, {3});
-  expect_shape("hc_pre", "post", a.post, {T, hc});
-  expect_shape("hc_pre", "comb", a.comb, {T, hc, hc});
+  const bool apart = !a.logits.empty();  // post and comb left to hc_comb
+  if (apart) {
+    expect_shape("hc_pre", "logits", a.logits, {T, (2 + hc) * hc});
+    expect_dtype("hc_pre", "logits", a.logits, {DType::f32});
+    TERN_CHECK(a.post.empty() && a.comb.empty(), "hc_pre: with logits, post and comb come from hc_comb (pass none)");
+  } else {
+    expect_shape("hc_pre", "post", a.post, {T, hc});
+    expect_shape("hc_pre", "comb", a.comb, {T, hc, hc});
+  }
   expect_shape("hc_pre", "collapsed", a.collapsed, {T, D});
   for (const TensorView* t : {&a.fn, &a.base, &a.scale})
     expect_dtype("hc_pre", "fn/base/scale", *t, {DType::f32});
@@ -44,7 +51,22 @@ void hc_pre(const Context& ctx, const HcPreArgs& a) {
     ctx.backend_for(
         common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
   }
-  ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.collapsed})).hc_pre(a);
+  ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, apart ? &a.logits : &a.post, apart ? &a.logits : &a.comb,
+                                           &a.collapsed}))
+      .hc_pre(a);
+}
+
+void hc_comb(const Context& ctx, const HcCombArgs& a) {
+  expect_rank("hc_comb", "post", a.post, 2);
+  const int64_t T = a.post.dim(0), hc = a.post.dim(1), mix = (2 + hc) * hc;
+  expect_shape("hc_comb", "logits", a.logits, {T, mix});
+  expect_shape("hc_comb", "base", a.base, {mix});
+  expect_shape("hc_comb", "scale", a.scale, {3});
+  expect_shape("hc_comb", "comb", a.comb, {T, hc, hc});
+  for (const TensorView* t : {&a.logits, &a.base, &a.scale, &a.post, &a.comb})
+    expect_dtype("hc_comb", "logits/base/scale/post/comb", *t, {DType::f32});
+  TERN_CHECK(a.params.sinkhorn_iters >= 1, "hc_comb: sinkhorn_iters must be >= 1");
+  ctx.backend_for(common_device("hc_comb", {&a.logits, &a.base, &a.scale, &a.post, &a.comb})).hc_comb(a);
 }
 
 void hc_post(const Context& ctx, const TensorView& streams, const TensorView& a, const TensorView& post,

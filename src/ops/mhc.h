@@ -43,8 +43,24 @@ struct HcPreArgs {
   bool has_prev() const {
     return !prev_a.empty() || !prev_streams.empty() || !prev_post.empty() || !prev_comb.empty();
   }
+  // With `logits` (f32 [T, (2+hc)*hc]) the op writes m there and leaves post and comb (then empty) to hc_comb.
+  // Why: post and comb are read only by the next hc_post, and the Sinkhorn's 20 serial steps cost 1.7 us a call
+  // on the H100 (results.md, session 26), so the model runs hc_comb on a side branch, off the step's path.
+  TensorView logits;
 };
 void hc_pre(const Context& ctx, const HcPreArgs& a);
+
+// post and comb from the mixing logits m that hc_pre left in `logits` (the formulas above; the same bits as
+// hc_pre computing them itself).
+struct HcCombArgs {
+  TensorView logits;  // f32 [T, (2+hc)*hc]
+  TensorView base;    // f32 [(2+hc)*hc]
+  TensorView scale;   // f32 [3]
+  HcParams params;
+  TensorView post;  // out f32 [T, hc]
+  TensorView comb;  // out f32 [T, hc, hc]
+};
+void hc_comb(const Context& ctx, const HcCombArgs& a);
 
 // out f32 [T, hc, D] = post * a + C^T X.  streams [T, hc, D], a [T, D], post [T, hc], comb [T, hc, hc];
 // out must not alias streams.

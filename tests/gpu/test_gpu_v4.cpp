@@ -81,6 +81,27 @@ TEST_P(GpuV4, Mhc) {
           << "collapsed T=" << T;
     }
 
+    // post and comb apart (ops::HcPreArgs::logits, then hc_comb: the model's form, hc_comb on a side branch):
+    // the same bits as the one op on the GPU (both run post_and_comb_warp), the logits close to the CPU's.
+    {
+      Tensor logits(DType::f32, {T, mix});
+      ops::HcPreArgs ca{streams, fn, base, scale, {}, {}, {}, collapsed};
+      ca.logits = logits;
+      ops::hc_pre(cpu::context(), ca);
+      auto dlog = poisoned(DType::f32, {T, mix}), acol = poisoned(DType::f32, {T, s.D});
+      auto apost = poisoned(DType::f32, {T, hc}), acomb = poisoned(DType::f32, {T, hc, hc});
+      ops::HcPreArgs ga{ds, dfn, db, dsc, {}, {}, {}, acol};
+      ga.logits = dlog;
+      ops::hc_pre(cuda::context(), ga);
+      ops::hc_comb(cuda::context(), {dlog, db, dsc, {}, apost, acomb});
+      expect_close(dlog, logits, kTolF32, cat("hc_pre logits T=", T));
+      const Tensor hp = cuda::to_host(dpost), hcm = cuda::to_host(dcomb), hcol = cuda::to_host(dcol);
+      const Tensor ap = cuda::to_host(apost), acm = cuda::to_host(acomb), ac = cuda::to_host(acol);
+      EXPECT_EQ(std::memcmp(ap.data<float>(), hp.data<float>(), ap.nbytes()), 0) << "apart post T=" << T;
+      EXPECT_EQ(std::memcmp(acm.data<float>(), hcm.data<float>(), acm.nbytes()), 0) << "apart comb T=" << T;
+      EXPECT_EQ(std::memcmp(ac.data<float>(), hcol.data<float>(), ac.nbytes()), 0) << "apart collapsed T=" << T;
+    }
+
     Tensor sub = random_f32({T, s.D}, r), out(DType::f32, {T, hc, s.D});
     ops::hc_post(cpu::context(), streams, sub, post, comb, out);
     auto dsub = upload(sub), dout = poisoned(DType::f32, {T, hc, s.D});

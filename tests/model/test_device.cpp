@@ -354,6 +354,7 @@ class Bf16XBackend final : public ops::Backend {
   }
   void dequantize(const ops::Weight& w, const TensorView& o) override { c.dequantize(w, o); }
   void hc_pre(const ops::HcPreArgs& a) override { c.hc_pre(a); }
+  void hc_comb(const ops::HcCombArgs& a) override { c.hc_comb(a); }
   void hc_post(const TensorView& s, const TensorView& a, const TensorView& p, const TensorView& cm,
                const TensorView& o) override {
     c.hc_post(s, a, p, cm, o);

@@ -162,5 +162,38 @@ TEST(Mhc, FoldedPostEqualsTheTwoOps) {
   EXPECT_THROW(ops::hc_pre(cpu::context(), partial), Error);
 }
 
+// post and comb apart (HcPreArgs::logits, then hc_comb: what the model does, hc_comb on a side branch): the
+// logits are the formula's m, and the outputs are those of the one op, bit for bit; post or comb given beside
+// logits, or logits of the wrong shape, are refused.
+TEST(Mhc, CombApartEqualsTheOneOp) {
+  test::Random rng(23);
+  Tensor X = rng.tensor({T, HC, D}), fn = rng.tensor({MIX, HC * D}, 0.05f), base = rng.tensor({MIX}, 0.5f);
+  Tensor scale = rng.tensor({3}, 1.0f), norm = rng.tensor({D}, 1.0f);
+  const ops::HcParams params{20, 1e-6f, 1e-6f};
+  Tensor post(DType::f32, {T, HC}), comb(DType::f32, {T, HC, HC}), collapsed(DType::f32, {T, D});
+  ops::hc_pre(cpu::context(), {X, fn, base, scale, params, post, comb, collapsed, true, norm, 1e-5f});
+  Tensor logits(DType::f32, {T, MIX}), apost(DType::f32, {T, HC}), acomb(DType::f32, {T, HC, HC}),
+      acol(DType::f32, {T, D});
+  ops::HcPreArgs a{X, fn, base, scale, params, {}, {}, acol, true, norm, 1e-5f};
+  a.logits = logits;
+  ops::hc_pre(cpu::context(), a);
+  ops::hc_comb(cpu::context(), {logits, base, scale, params, apost, acomb});
+  for (const auto& [x, y] : {std::pair{&apost, &post}, {&acomb, &comb}, {&acol, &collapsed}})
+    EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), x->nbytes()), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<double> m = logits_of(X.data<float>() + t * HC * D, fn.data<float>(), MIX);
+    for (int64_t j = 0; j < MIX; ++j)
+      EXPECT_NEAR(logits.data<float>()[t * MIX + j], m[j], 1e-5 * (1 + std::fabs(m[j]))) << t << " " << j;
+  }
+  ops::HcPreArgs both = a;
+  both.post = post;
+  EXPECT_THROW(ops::hc_pre(cpu::context(), both), Error);
+  const Tensor narrow = rng.tensor({T, MIX - 1});
+  ops::HcPreArgs bad = a;
+  bad.logits = narrow;
+  EXPECT_THROW(ops::hc_pre(cpu::context(), bad), Error);
+  EXPECT_THROW(ops::hc_comb(cpu::context(), {narrow, base, scale, params, apost, acomb}), Error);
+}
+
 }  // namespace
 }  // namespace tern

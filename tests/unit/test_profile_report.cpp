@@ -65,6 +65,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<24>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_pre_finish_kernel(tern::cuda::HcParams, int)", C::mhc_norm_rope},
+    {"tern::cuda::dev::(anonymous namespace)::hc_comb_kernel(tern::cuda::HcParams)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_head_finish_kernel(tern::cuda::HcParams, int)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_post_kernel(float const*, float const*, float const*, float const*, long, long, long, float*)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_expand_kernel(float const*, long, long, long, float*)", C::mhc_norm_rope},

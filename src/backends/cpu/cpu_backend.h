@@ -35,6 +35,7 @@ class CpuBackend final : public ops::Backend {
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
   void hc_pre(const ops::HcPreArgs& a) override;
+  void hc_comb(const ops::HcCombArgs& a) override;
   void hc_post(const TensorView& streams, const TensorView& a, const TensorView& post, const TensorView& comb,
                const TensorView& out) override;
   void hc_head(const ops::HcHeadArgs& a) override;

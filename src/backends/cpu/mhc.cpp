@@ -1,4 +1,5 @@
 // mHC: the mixing logits, Sinkhorn, stream collapse and expansion, and the final hc_head collapse.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -48,10 +49,30 @@ void sinkhorn(float* c, int64_t hc, int iters, float eps) {
   }
 }
 
+// post [hc] and comb [hc, hc] of one token from its mixing logits m [(2+hc)*hc].
+void post_and_comb(const float* m, int64_t hc, const float* base, const float* scale, const ops::HcParams& p,
+                   float* post, float* comb) {
+  for (int64_t i = 0; i < hc; ++i) post[i] = 2.0f * sigmoid(m[hc + i] * scale[1] + base[hc + i]);
+  for (int64_t i = 0; i < hc * hc; ++i) comb[i] = m[2 * hc + i] * scale[2] + base[2 * hc + i];
+  sinkhorn(comb, hc, p.sinkhorn_iters, p.hc_eps);
+}
+
 }  // namespace
 
+void CpuBackend::hc_comb(const ops::HcCombArgs& a) {
+  require_f32("hc_comb", {&a.logits, &a.base, &a.scale, &a.post, &a.comb});
+  const int64_t T = a.post.dim(0), hc = a.post.dim(1), mix = (2 + hc) * hc;
+  parallel_for(0, T, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      post_and_comb(a.logits.data_as<const float>() + t * mix, hc, a.base.data_as<const float>(),
+                    a.scale.data_as<const float>(), a.params, a.post.data_as<float>() + t * hc,
+                    a.comb.data_as<float>() + t * hc * hc);
+  });
+}
+
 void CpuBackend::hc_pre(const ops::HcPreArgs& a) {
-  require_f32("hc_pre", {&a.streams, &a.post, &a.comb, &a.collapsed});
+  const bool apart = !a.logits.empty();  // post and comb left to hc_comb
+  require_f32("hc_pre", {&a.streams, apart ? &a.logits : &a.post, apart ? &a.logits : &a.comb, &a.collapsed});
   // The folded hc_post first: the reference is the two ops in sequence.
   if (a.has_prev()) hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
   const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2), mix = (2 + hc) * hc;
@@ -64,14 +85,12 @@ void CpuBackend::hc_pre(const ops::HcPreArgs& a) {
     for (int64_t t = lo; t < hi; ++t) {
       const float* X = a.streams.data_as<const float>() + t * hc * D;  // [hc, D]
       mixing_logits(X, hc * D, fn, mix, p.norm_eps, m.data());
-      float* post = a.post.data_as<float>() + t * hc;
-      float* comb = a.comb.data_as<float>() + t * hc * hc;
-      for (int64_t i = 0; i < hc; ++i) {
-        pre[i] = sigmoid(m[i] * scale[0] + base[i]) + p.hc_eps;
-        post[i] = 2.0f * sigmoid(m[hc + i] * scale[1] + base[hc + i]);
-      }
-      for (int64_t i = 0; i < hc * hc; ++i) comb[i] = m[2 * hc + i] * scale[2] + base[2 * hc + i];
-      sinkhorn(comb, hc, p.sinkhorn_iters, p.hc_eps);
+      for (int64_t i = 0; i < hc; ++i) pre[i] = sigmoid(m[i] * scale[0] + base[i]) + p.hc_eps;
+      if (apart)
+        std::copy(m.begin(), m.end(), a.logits.data_as<float>() + t * mix);
+      else
+        post_and_comb(m.data(), hc, base, scale, p, a.post.data_as<float>() + t * hc,
+                      a.comb.data_as<float>() + t * hc * hc);
       float* out = a.collapsed.data_as<float>() + t * D;  // sum_i pre_i X_i
       for (int64_t d = 0; d < D; ++d) {
         float acc = 0.0f;

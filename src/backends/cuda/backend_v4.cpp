@@ -39,11 +39,17 @@ HcParams hc_params(const TensorView& streams, const TensorView& fn, const Tensor
 }  // namespace
 
 void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
-  require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, &a.post, &a.comb, &a.collapsed});
+  const bool apart = !a.logits.empty();  // post and comb left to hc_comb (the finish kernel stores the logits)
+  require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, apart ? &a.logits : &a.post,
+                              apart ? &a.logits : &a.comb, &a.collapsed});
   HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
   p.early_fn = impl_->hc_early_fn;
-  p.post = a.post.data_as<float>();
-  p.comb = a.comb.data_as<float>();
+  if (apart) {
+    p.logits = a.logits.data_as<float>();
+  } else {
+    p.post = a.post.data_as<float>();
+    p.comb = a.comb.data_as<float>();
+  }
   p.collapsed = a.collapsed.data_as<float>();
   if (a.normed) {
     p.normed = true;
@@ -83,6 +89,24 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
   check_launch(p.prev_a != nullptr ? "hc_pre (hc_post folded)" : "hc_pre");
+}
+
+void CudaBackend::hc_comb(const ops::HcCombArgs& a) {
+  require_cuda_f32("hc_comb", {&a.logits, &a.base, &a.scale, &a.post, &a.comb});
+  TERN_CHECK(a.post.dim(1) == 4, "no cuda kernel for hc_comb with hc_mult ", a.post.dim(1),
+             " (the kernels are built for 4)");
+  HcParams p;
+  p.T = a.post.dim(0);
+  p.hc = a.post.dim(1);
+  p.base = a.base.data_as<const float>();
+  p.scale = a.scale.data_as<const float>();
+  p.sinkhorn_iters = a.params.sinkhorn_iters;
+  p.hc_eps = a.params.hc_eps;
+  p.logits = a.logits.data_as<float>();  // read only, by hc_comb_kernel
+  p.post = a.post.data_as<float>();
+  p.comb = a.comb.data_as<float>();
+  launch_hc_comb(p, impl_->stream);
+  check_launch("hc_comb");
 }
 
 void CudaBackend::hc_post(const TensorView& streams, const TensorView& a, const TensorView& post,

@@ -290,9 +290,28 @@ __device__ __forceinline__ float row_max4(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+// One warp: post and comb of token t from its mixing logits, lg(j) = m[j] (normalised: the finish kernel's
+// m[j] * inv): lanes < hc write post; lanes (j, k) = (lane / 4 % 4, lane % 4) run the softmax and Sinkhorn of C
+// in the reference's order of operations (lanes 16..31 mirror 0..15). hc_pre_finish_kernel and hc_comb_kernel
+// both call it, so the logits stored apart give the same bits.
+template <class Logit>
+__device__ __forceinline__ void post_and_comb_warp(const HcParams& a, int64_t t, Logit lg) {
+  const int lane = threadIdx.x & 31, i = lane & 15, j = i / 4, k = i % 4;
+  if (lane < kHc) a.post[t * kHc + lane] = 2.0f * sigmoidf_(lg(kHc + lane) * a.scale[1] + a.base[kHc + lane]);
+  float c = lg(2 * kHc + i) * a.scale[2] + a.base[2 * kHc + i];
+  c = expf(c - row_max4(c));
+  c = c / row_sum4(c) + a.hc_eps;
+  const int iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;  // the columns once even at 0 (as the CPU)
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) c /= row_sum4(c) + a.hc_eps;
+    c /= col_sum4(c) + a.hc_eps;
+  }
+  if (lane < 16) a.comb[t * kHc * kHc + j * kHc + k] = c;
+}
+
 // One block per token: the logits from the partials (all threads), then the last warp writes post and runs
-// the softmax and Sinkhorn (C in lanes (j, k) = (lane / 4 % 4, lane % 4), the reference's order of
-// operations) while threads 0..255 collapse the streams with pre.
+// the softmax and Sinkhorn (post_and_comb_warp), or with a.logits stores the logits for hc_comb_kernel, while
+// threads 0..255 collapse the streams with pre.
 __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
   pdl_prologue();
   constexpr int MIX = (2 + kHc) * kHc;
@@ -305,23 +324,26 @@ __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, 
   __syncthreads();
   const float inv = 1.0f / sqrtf(m[MIX] / static_cast<float>(kHc * D) + a.norm_eps);
   if (threadIdx.x >= kCollapseThreads) {
-    const int lane = threadIdx.x & 31, i = lane & 15, j = i / 4, k = i % 4;
-    if (lane < kHc) a.post[t * kHc + lane] = 2.0f * sigmoidf_((m[kHc + lane] * inv) * a.scale[1] + a.base[kHc + lane]);
-    float c = (m[2 * kHc + i] * inv) * a.scale[2] + a.base[2 * kHc + i];
-    c = expf(c - row_max4(c));
-    c = c / row_sum4(c) + a.hc_eps;
-    const int iters = a.sinkhorn_iters > 1 ? a.sinkhorn_iters : 1;  // the columns once even at 0 (as the CPU)
-    for (int it = 0; it < iters; ++it) {
-      if (it > 0) c /= row_sum4(c) + a.hc_eps;
-      c /= col_sum4(c) + a.hc_eps;
+    if (a.logits != nullptr) {
+      const int lane = threadIdx.x & 31;
+      if (lane < MIX) a.logits[t * MIX + lane] = m[lane] * inv;
+    } else {
+      post_and_comb_warp(a, t, [&](int j) { return m[j] * inv; });
     }
-    if (lane < 16) a.comb[t * kHc * kHc + j * kHc + k] = c;
     return;
   }
   float pre[kHc];
 #pragma unroll
   for (int i = 0; i < kHc; ++i) pre[i] = sigmoidf_((m[i] * inv) * a.scale[0] + a.base[i]) + a.hc_eps;
   collapse_row(slice, pre, D, a.normed, a.norm_weight, a.norm_kind, a.rms_eps, a.collapsed + t * D, red);
+}
+
+// hc_comb: a warp a token, post and comb from the logits hc_pre_finish_kernel stored.
+__global__ void __launch_bounds__(32) hc_comb_kernel(HcParams a) {
+  pdl_prologue();
+  constexpr int MIX = (2 + kHc) * kHc;
+  const float* lg = a.logits + static_cast<int64_t>(blockIdx.x) * MIX;
+  post_and_comb_warp(a, blockIdx.x, [&](int j) { return lg[j]; });
 }
 
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
@@ -479,6 +501,11 @@ void launch_hc_pre(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::MixPlan plan = dev::launch_mix<(2 + dev::kHc) * dev::kHc>(p, stream);
   launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, plan.splits);
+}
+
+void launch_hc_comb(const HcParams& p, cudaStream_t stream) {
+  if (p.T == 0) return;
+  launch(dev::hc_comb_kernel, static_cast<unsigned>(p.T), 32, 0, stream, p);
 }
 
 void launch_hc_head(const HcParams& p, cudaStream_t stream) {

@@ -24,6 +24,9 @@ struct HcParams {
   // hc_pre outputs
   float* post = nullptr;       // [T, hc]
   float* comb = nullptr;       // [T, hc, hc]
+  // hc_pre with post and comb apart (ops::HcPreArgs::logits): the finish kernel writes the mixing logits m here in
+  // their place, and hc_comb's kernel computes post and comb from them (the same bits).
+  float* logits = nullptr;     // [T, mix]
   float* collapsed = nullptr;  // [T, D]
   // hc_pre: collapsed = rms_norm(sum_i pre_i X_i, rms_eps) * norm_weight when `normed`
   bool normed = false;
@@ -61,6 +64,8 @@ void launch_hc_post_squares(const float* streams, const float* a, const float* p
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream);
 void launch_hc_pre(const HcParams& p, cudaStream_t stream);
 void launch_hc_head(const HcParams& p, cudaStream_t stream);
+// post and comb from p.logits (p.T tokens): one warp a token.
+void launch_hc_comb(const HcParams& p, cudaStream_t stream);
 // out[t, k] = post[t, k] * a[t] + sum_j comb[t, j, k] * streams[t, j]   (hc == 4, D % 4 == 0)
 void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
                     int64_t hc, int64_t D, float* out, cudaStream_t stream);
