@@ -32,6 +32,7 @@ std::vector<std::string> knob_names(const model::Model& m) {
   std::vector<std::string> names;
   for (const PathSwitch& sw : kPathSwitches) names.emplace_back(sw.name);
   names.emplace_back("TERN_L2_PREFETCH");
+  names.emplace_back("TERN_HC_COMB_APART");
 #if TERN_WITH_CUDA
   if (m.device() == Device::cuda)
     for (const std::string& n : cuda::CudaBackend::knob_names()) names.push_back(n);
@@ -61,6 +62,7 @@ cuda::CudaBackend* cuda_backend_of(const model::Model& m) {
 int64_t knob_value(const model::Model& m, const std::string& name) {
   if (const PathSwitch* sw = path_switch(name)) return m.paths().*sw->member;
   if (name == "TERN_L2_PREFETCH") return m.paths().l2_prefetch;
+  if (name == "TERN_HC_COMB_APART") return m.paths().hc_comb_apart;
 #if TERN_WITH_CUDA
   if (cuda::CudaBackend* b = cuda_backend_of(m)) return b->knob(name);
 #endif
@@ -80,6 +82,14 @@ void set_knob(model::Model& m, const std::string& name, int64_t value) {
                " (a sum of Model::L2Prefetch's bits), not ", value);
     model::Model::Paths p = m.paths();
     p.l2_prefetch = static_cast<int>(value);
+    m.set_paths(p);
+    return;
+  }
+  if (name == "TERN_HC_COMB_APART") {
+    TERN_CHECK(value >= 0 && value <= model::Model::kHcCombApartLimit, name, " takes 0 .. ",
+               model::Model::kHcCombApartLimit, " (tokens a step), not ", value);
+    model::Model::Paths p = m.paths();
+    p.hc_comb_apart = static_cast<int>(value);
     m.set_paths(p);
     return;
   }

@@ -268,12 +268,15 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
                              static_cast<float>(c.rms_norm_eps)};
   // The collapsed streams through attn_norm / ffn_norm, in the same op (and the pending hc_post before it).
   ops::HcPreArgs pre;
-  // post and comb from the logits apart (ops::hc_comb): they are read only by this sub-layer's hc_post, so the
-  // Sinkhorn's serial chain runs on a side branch (ops/branch.h), off the step's path; the sub-layer's own joins
-  // (or the one below) join it.
-  Tensor logits = tensor(DType::f32, {N, (2 + H) * H});
+  // Up to Paths::hc_comb_apart tokens, post and comb from the logits apart (ops::hc_comb): they are read only by
+  // this sub-layer's hc_post, so the Sinkhorn's serial chain runs on a side branch (ops/branch.h), off the step's
+  // path; the sub-layer's own joins (or the one below) join it.
+  const bool apart = N <= paths_.hc_comb_apart;
+  Tensor logits = apart ? tensor(DType::f32, {N, (2 + H) * H}) : Tensor();
   pre.streams = streams, pre.fn = hc.fn, pre.base = hc.base, pre.scale = hc.scale, pre.params = params;
-  pre.logits = logits, pre.collapsed = h;
+  pre.collapsed = h;
+  if (apart) pre.logits = logits;
+  else pre.post = post, pre.comb = comb;
   pre.normed = true, pre.norm = norm, pre.rms_eps = static_cast<float>(c.rms_norm_eps);
   if (pending != nullptr && pending->set()) {
     streams = tensor(DType::f32, {N, H, D});
@@ -285,7 +288,8 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   } else {
     ops::hc_pre(ctx_, pre);
   }
-  ops::run_side(ctx_, h.device(), [&] { ops::hc_comb(ctx_, {logits, hc.base, hc.scale, params, post, comb}); });
+  if (apart)
+    ops::run_side(ctx_, h.device(), [&] { ops::hc_comb(ctx_, {logits, hc.base, hc.scale, params, post, comb}); });
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());
@@ -308,7 +312,8 @@ bool Model::fold_hc_post() const {
 Model::Paths Model::default_paths() {
   static const Paths p{env_flag("TERN_HC_FOLD", true), env_flag("TERN_FUSED_COMPRESS", true),
                        static_cast<int>(env_int("TERN_L2_PREFETCH", 0, 0, kPrefetchAll)),
-                       env_flag("TERN_FUSED_ROPE", true)};
+                       env_flag("TERN_FUSED_ROPE", true),
+                       static_cast<int>(env_int("TERN_HC_COMB_APART", 8, 0, kHcCombApartLimit))};
   return p;
 }
 

@@ -71,6 +71,10 @@ class Model {
     // The attention output's inverse RoPE in the step attention (ops::StepAttentionArgs::inv_freq) rather than a
     // rope op after it (TERN_FUSED_ROPE=0: the op; the same bits).
     bool fused_rope = true;
+    // hc_pre leaves post and comb to ops::hc_comb on a side branch (the Sinkhorn off the step's path) in steps of up
+    // to this many tokens (TERN_HC_COMB_APART; 0: never; the same bits either way). Measured on the H100 (results.md,
+    // session 26): -1.0% at batch 1, +0.3 / +0.6% at 16 / 64.
+    int hc_comb_apart = 8;
   };
   // Where the forward asks weights into L2 (Paths::l2_prefetch), each while latency-bound kernels leave DRAM idle:
   enum L2Prefetch : int {
@@ -80,6 +84,7 @@ class Model {
     kPrefetchAll = 7,
   };
   static constexpr int64_t kPrefetchMaxTokens = 256;
+  static constexpr int kHcCombApartLimit = 1 << 20;  // TERN_HC_COMB_APART's largest value
   void set_paths(const Paths& p) { paths_ = p; }
   const Paths& paths() const { return paths_; }
 

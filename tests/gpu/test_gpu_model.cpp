@@ -163,6 +163,29 @@ TEST_P(GpuModel_, BatchInvariance) {
   batch_invariance(f, model::KvMode::fp8);
 }
 
+// A prompt and its greedy decode steps' logits (kSteps + 1 rows) under the given forward paths.
+std::vector<float> logits_under(GpuModel& g, const Fixture& f, const model::Model::Paths& p) {
+  constexpr int kSteps = 6;
+  const model::Model::Paths saved = g.model.paths();
+  const int64_t vocab = g.model.config().vocab_size;
+  const std::vector<int64_t> ids = f.ids(0);
+  g.model.set_paths(p);
+  std::vector<float> out;
+  cache::SequenceState st = g.model.new_state(static_cast<int64_t>(ids.size()) + kSteps + 1);
+  std::vector<int64_t> tokens = ids;
+  for (int step = 0; step <= kSteps; ++step) {
+    const std::span<const int64_t> in = step == 0 ? std::span<const int64_t>(ids)
+                                                  : std::span<const int64_t>(&tokens.back(), 1);
+    const model::StepSequence s{&st, in, model::LogitsFor::last};
+    const Tensor l = g.model.forward({&s, 1});
+    out.insert(out.end(), l.data<float>(), l.data<float>() + vocab);
+    tokens.push_back(argmax_row(l.data<float>(), vocab));
+  }
+  g.model.set_paths(saved);
+  cuda::register_backend().check_device_errors();
+  return out;
+}
+
 // The L2 prefetches (Model::Paths::l2_prefetch: wo_a and wo_b after wq_b, the next layer's wq_a|wkv and wq_b after
 // the MoE) are hints: a prompt and its greedy decode steps give the same logits, bit for bit, with every prefetch
 // point on as with none.
@@ -170,31 +193,26 @@ TEST_P(GpuModel_, L2PrefetchChangesNoBits) {
   TERN_REQUIRE_GPU();
   const Fixture& f = Fixture::get(GetParam());
   GpuModel g(f, model::KvMode::fp8);
-  const model::Model::Paths saved = g.model.paths();
-  const int64_t vocab = g.model.config().vocab_size;
-  const std::vector<int64_t> ids = f.ids(0);
-  constexpr int kSteps = 6;
-  std::vector<float> logits[2];
-  for (const int points : {0, static_cast<int>(model::Model::kPrefetchAll)}) {
-    model::Model::Paths p = saved;
-    p.l2_prefetch = points;
-    g.model.set_paths(p);
-    cache::SequenceState st = g.model.new_state(static_cast<int64_t>(ids.size()) + kSteps + 1);
-    std::vector<int64_t> tokens = ids;
-    for (int step = 0; step <= kSteps; ++step) {
-      const std::span<const int64_t> in = step == 0 ? std::span<const int64_t>(ids)
-                                                    : std::span<const int64_t>(&tokens.back(), 1);
-      const model::StepSequence s{&st, in, model::LogitsFor::last};
-      const Tensor l = g.model.forward({&s, 1});
-      logits[points != 0].insert(logits[points != 0].end(), l.data<float>(), l.data<float>() + vocab);
-      tokens.push_back(argmax_row(l.data<float>(), vocab));
-    }
-  }
-  g.model.set_paths(saved);
-  cuda::register_backend().check_device_errors();
-  ASSERT_EQ(logits[0].size(), logits[1].size());
-  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0)
-      << "the logits moved with the L2 prefetches on";
+  model::Model::Paths none = g.model.paths(), all = none;
+  none.l2_prefetch = 0;
+  all.l2_prefetch = model::Model::kPrefetchAll;
+  const std::vector<float> a = logits_under(g, f, none), b = logits_under(g, f, all);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the logits moved with the L2 prefetches on";
+}
+
+// post and comb apart from hc_pre (Model::Paths::hc_comb_apart: hc_comb on a side branch) give the one op's bits:
+// the same logits with the prompt and every decode step apart as with none apart.
+TEST_P(GpuModel_, HcCombApartChangesNoBits) {
+  TERN_REQUIRE_GPU();
+  const Fixture& f = Fixture::get(GetParam());
+  GpuModel g(f, model::KvMode::fp8);
+  model::Model::Paths never = g.model.paths(), always = never;
+  never.hc_comb_apart = 0;
+  always.hc_comb_apart = model::Model::kHcCombApartLimit;
+  const std::vector<float> a = logits_under(g, f, never), b = logits_under(g, f, always);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the logits moved with hc_comb apart";
 }
 
 // Whether any op of a long prompt's forward (the >= 512-token paths: library GEMMs, grouped FP4 experts, the

@@ -71,6 +71,35 @@ TEST_P(Incremental, ChunkedPrefillAndTokenByTokenDecode) {
   }
 }
 
+// post and comb apart from hc_pre (Model::Paths::hc_comb_apart: ops::hc_comb, on a side branch on the GPU) give the
+// one op's bits: a prompt fed whole, then in chunks of 1 and 5 tokens, with every step apart, with none, and with
+// the 1-token steps only.
+TEST_P(Incremental, HcCombApartChangesNoBits) {
+  const Fixture& f = Fixture::get(GetParam());
+  model::Model m(f.weights(), model::KvMode::exact, cpu::context());
+  const std::vector<int64_t> ids = f.ids(f.num_prompts() - 1);
+  const auto logits_of = [&](int apart) {
+    model::Model::Paths p = m.paths();
+    p.hc_comb_apart = apart;
+    m.set_paths(p);
+    std::vector<float> out;
+    for (const int64_t chunk : {static_cast<int64_t>(ids.size()), int64_t{1}, int64_t{5}}) {
+      cache::SequenceState state = m.new_state(static_cast<int64_t>(ids.size()));
+      for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += chunk) {
+        const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size()) - begin);
+        const model::StepSequence s{&state, std::span<const int64_t>(ids).subspan(begin, n), model::LogitsFor::all};
+        const Tensor l = m.forward({&s, 1});
+        out.insert(out.end(), l.data<float>(), l.data<float>() + l.numel());
+      }
+    }
+    return out;
+  };
+  const std::vector<float> none = logits_of(0), all = logits_of(model::Model::kHcCombApartLimit), ones = logits_of(1);
+  ASSERT_EQ(none.size(), all.size());
+  EXPECT_EQ(std::memcmp(none.data(), all.data(), none.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(none.data(), ones.data(), none.size() * sizeof(float)), 0);
+}
+
 TEST_P(Incremental, Fp8KvTokenByToken) {
   const Fixture& f = Fixture::get(GetParam());
   model::Model m(f.weights(), model::KvMode::fp8, cpu::context());
