@@ -73,7 +73,7 @@ class Model {
     bool fused_rope = true;
     // hc_pre leaves post and comb to ops::hc_comb on a side branch (the Sinkhorn off the step's path) in steps of up
     // to this many tokens (TERN_HC_COMB_APART; 0: never; the same bits either way). Measured on the H100 (results.md,
-    // session 26): -1.0% at batch 1, +0.3 / +0.6% at 16 / 64.
+    // session 26): 0 to -1.0% at batch 1, +0.3 / +0.6% at 16 / 64 when always apart.
     int hc_comb_apart = 8;
   };
   // Where the forward asks weights into L2 (Paths::l2_prefetch), each while latency-bound kernels leave DRAM idle:
