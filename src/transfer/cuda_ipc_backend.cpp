@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hex.h"
 
 namespace tern::transfer {
 
@@ -30,27 +31,6 @@ std::string boot_id() {
   std::string id;
   std::getline(in, id);
   return id;
-}
-
-std::string hex(const void* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    const auto b = static_cast<const unsigned char*>(p)[i];
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
-void unhex(const std::string& s, void* out, size_t n) {
-  TERN_CHECK(s.size() == 2 * n, "cuda-ipc transfer: malformed handle in the descriptor");
-  auto v = [](char c) {
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    TERN_CHECK(d >= 0, "cuda-ipc transfer: malformed handle in the descriptor");
-    return d;
-  };
-  for (size_t i = 0; i < n; ++i) static_cast<unsigned char*>(out)[i] = static_cast<unsigned char>(v(s[2 * i]) << 4 | v(s[2 * i + 1]));
 }
 
 // "cuda-ipc://<boot id>/<pid>/<device>/<handle hex>/<bytes>"
@@ -79,7 +59,7 @@ Descriptor parse(const std::string& s) {
   } catch (const std::logic_error&) {
     throw Error(bad);
   }
-  unhex(parts[3], &d.handle, sizeof d.handle);
+  TERN_CHECK(from_hex(parts[3], &d.handle, sizeof d.handle), "cuda-ipc transfer: malformed handle in the descriptor");
   return d;
 }
 
@@ -124,7 +104,7 @@ class LandingPool {
       cudaFree(b.ptr);
       check(e, "cudaIpcGetMemHandle");
     }
-    b.handle = hex(&h, sizeof h);
+    b.handle = to_hex(&h, sizeof h);
     return b;
   }
   // A block whose transfer did not finish: a late write from the prefill side could still land in it, so

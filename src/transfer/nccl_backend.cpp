@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/hex.h"
 
 namespace tern::transfer {
 
@@ -66,28 +67,13 @@ void check(ncclResult_t r, const char* what) {
   TERN_CHECK(r == ncclSuccess || r == ncclInProgress, "nccl transfer: ", what, ": ", nccl().error_string(r));
 }
 
-std::string hex(const void* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    const auto b = static_cast<const unsigned char*>(p)[i];
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
 // "nccl://<unique id hex>/<bytes>"
 void parse(const std::string& s, ncclUniqueId& id, size_t& bytes) {
   const std::string bad = cat("nccl transfer: malformed descriptor \"", s.substr(0, 60), "\"");
   TERN_CHECK(s.rfind("nccl://", 0) == 0, bad);
   const size_t slash = s.find('/', 7);
   TERN_CHECK(slash == 7 + 2 * sizeof(ncclUniqueId), bad);
-  for (size_t i = 0; i < sizeof id; ++i) {
-    const std::string byte = s.substr(7 + 2 * i, 2);
-    TERN_CHECK(byte.find_first_not_of("0123456789abcdef") == std::string::npos, bad);
-    id.internal[i] = static_cast<char>(std::stoi(byte, nullptr, 16));
-  }
+  TERN_CHECK(from_hex(std::string_view(s).substr(7, 2 * sizeof id), id.internal, sizeof id), bad);
   try {
     bytes = std::stoull(s.substr(slash + 1));
   } catch (const std::logic_error&) {
@@ -159,7 +145,7 @@ class NcclLanding : public Landing {
     check(nccl().get_unique_id(&id), "ncclGetUniqueId");
     check(cudaMalloc(&state_->ptr, bytes), "cudaMalloc of the landing");
     state_->bytes = bytes;
-    descriptor_ = cat("nccl://", hex(&id, sizeof id), "/", bytes);
+    descriptor_ = cat("nccl://", to_hex(&id, sizeof id), "/", bytes);
     *counter_ += bytes;
     // The receive waits for the peer on its own thread; it owns the memory until it ends.
     worker_ = std::thread([s = state_, id, device, deadline = Clock::now() + timeout] {
