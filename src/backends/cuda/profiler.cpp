@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -43,6 +44,13 @@ struct Collector {
   std::mutex mutex;
   std::unordered_map<std::string, Totals> by_name;  // raw (mangled) names
   std::vector<ActivitySpan> intervals;
+  // TERN_PROFILE_TRACE: every record's stream and graph node too, written out by collect() (the timeline, for
+  // questions the totals cannot answer: which branch a join waited for).
+  struct TraceRow {
+    uint32_t stream = 0;
+    uint64_t node = 0;
+  };
+  std::vector<TraceRow> trace;
   uint64_t first_start = std::numeric_limits<uint64_t>::max(), last_end = 0;
   int64_t dropped = 0, bad_timestamps = 0;
   bool out_of_memory = false;
@@ -50,12 +58,13 @@ struct Collector {
   void clear() {
     by_name.clear();
     intervals.clear();
+    trace.clear();
     first_start = std::numeric_limits<uint64_t>::max();
     last_end = 0;
     dropped = bad_timestamps = 0;
     out_of_memory = false;
   }
-  void add(const char* name, uint64_t start, uint64_t end, bool from_graph) {
+  void add(const char* name, uint64_t start, uint64_t end, bool from_graph, uint32_t stream = 0, uint64_t node = 0) {
     if (start == 0 || end < start) {
       ++bad_timestamps;
       return;
@@ -67,6 +76,7 @@ struct Collector {
     t.total_ns += static_cast<int64_t>(end - start);
     if (from_graph) ++t.graph_count;
     intervals.push_back(ActivitySpan{start, end, t.index});
+    trace.push_back(TraceRow{stream, node});
     first_start = std::min(first_start, start);
     last_end = std::max(last_end, end);
   }
@@ -95,7 +105,8 @@ void add_record(Collector& c, const CUpti_Activity* r) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-      c.add(k->name != nullptr ? k->name : "[unnamed kernel]", k->start, k->end, k->graphId != 0);
+      c.add(k->name != nullptr ? k->name : "[unnamed kernel]", k->start, k->end, k->graphId != 0, k->streamId,
+            k->graphNodeId);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -178,10 +189,33 @@ void disable_all() {
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
 }
 
+// With TERN_PROFILE_TRACE=FILE, each session's records are appended to FILE as tab-separated lines (kernel,
+// start and end in ns from the session's first start, stream id, graph node id), after a "# session" line, in the
+// order of their starts.
+void write_trace(const Collector& c) {
+  const char* path = std::getenv("TERN_PROFILE_TRACE");
+  if (path == nullptr || *path == 0 || c.intervals.empty()) return;
+  std::vector<std::string> names(c.by_name.size());
+  for (const auto& [name, t] : c.by_name) names[static_cast<size_t>(t.index)] = kernel_display_name(demangle(name.c_str()));
+  std::vector<size_t> order(c.intervals.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return c.intervals[a].start < c.intervals[b].start; });
+  std::ofstream f(path, std::ios::app);
+  TERN_CHECK(f.good(), "cuda::Profiler: cannot append to TERN_PROFILE_TRACE=", path);
+  const uint64_t t0 = c.first_start;
+  f << "# session: " << order.size() << " records (kernel, start ns, end ns, stream, graph node)\n";
+  for (size_t i : order) {
+    const ActivitySpan& a = c.intervals[i];
+    f << names[static_cast<size_t>(a.owner)] << '\t' << (a.start - t0) << '\t' << (a.end - t0) << '\t'
+      << c.trace[i].stream << '\t' << c.trace[i].node << '\n';
+  }
+}
+
 ProfileRecords collect(Collector& c) {
   std::lock_guard<std::mutex> lock(c.mutex);
   TERN_CHECK(!c.out_of_memory, "cuda::Profiler: out of host memory while collecting activity records");
   ProfileRecords out;
+  write_trace(c);
   const std::vector<int64_t> exposed = expose(c.intervals, c.by_name.size());
   for (const auto& [name, t] : c.by_name)
     out.kernels.push_back(KernelTime{demangle(name.c_str()), t.count, t.total_ns, t.graph_count,
