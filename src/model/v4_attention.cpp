@@ -75,6 +75,8 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
     ops::join_side(ctx_, h.device());
+    // (hc_comb of this sub-layer's hc_pre: behind the indexer's branch it would delay the join above)
+    if (auto task = take_side_task()) ops::run_side(ctx_, h.device(), task);
     attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns),
                 paths_.fused_rope ? inv_freq : TensorView());
   }

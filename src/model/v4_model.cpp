@@ -270,7 +270,7 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   ops::HcPreArgs pre;
   // Up to Paths::hc_comb_apart tokens, post and comb from the logits apart (ops::hc_comb): they are read only by
   // this sub-layer's hc_post, so the Sinkhorn's serial chain runs on a side branch (ops/branch.h), off the step's
-  // path; the sub-layer's own joins (or the one below) join it.
+  // path, placed by the sub-layer (side_task_).
   const bool apart = N <= paths_.hc_comb_apart;
   Tensor logits = apart ? tensor(DType::f32, {N, (2 + H) * H}) : Tensor();
   pre.streams = streams, pre.fn = hc.fn, pre.base = hc.base, pre.scale = hc.scale, pre.params = params;
@@ -288,12 +288,17 @@ void Model::residual(const HyperConnWeights& hc, const TensorView& norm, const B
   } else {
     ops::hc_pre(ctx_, pre);
   }
-  if (apart)
-    ops::run_side(ctx_, h.device(), [&] { ops::hc_comb(ctx_, {logits, hc.base, hc.scale, params, post, comb}); });
+  side_task_ = nullptr;
+  if (apart) side_task_ = [&] { ops::hc_comb(ctx_, {logits, hc.base, hc.scale, params, post, comb}); };
+  struct DropTask {  // the task refers to this frame: never left behind (a sub-layer that throws)
+    std::function<void()>& task;
+    ~DropTask() { task = nullptr; }
+  } drop{side_task_};
   if (observer_) observe(std::string(site) + "_in", layer, h);
   Tensor a = tensor(DType::f32, {N, D});
   sublayer(h.view(), a.view());
-  ops::join_side(ctx_, h.device());  // post and comb, where the sub-layer joined no branch after the fork above
+  if (auto task = take_side_task()) ops::run_side(ctx_, h.device(), task);  // the sub-layer placed none
+  ops::join_side(ctx_, h.device());  // post and comb, where the sub-layer joined no branch after their fork
   if (observer_) observe(std::string(site) + "_out", layer, a);
   if (pending != nullptr) {
     *pending = PendingPost{std::move(streams), std::move(a), std::move(post), std::move(comb), true};

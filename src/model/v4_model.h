@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cache/sequence_state.h"
@@ -403,6 +404,11 @@ class Model {
   std::vector<cache::LayerSpec> layer_specs_;
   bool step_tables_ = true;
   StepPaths step_paths_;
+  // Work for a side branch that the sub-layer places (residual's hc_comb: Paths::hc_comb_apart): attention_block
+  // forks it after its first join, so it does not queue on the side stream ahead of the indexer's work (the branch
+  // that the attention waits for); moe_block runs it in the shared expert's branch; residual runs what is left.
+  std::function<void()> side_task_;
+  std::function<void()> take_side_task() { return std::exchange(side_task_, nullptr); }
 };
 
 // Generation helpers for tests and `tern run`: prefill the prompt (in chunks of `chunk` tokens; 0 = all at

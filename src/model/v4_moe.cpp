@@ -1,4 +1,6 @@
 // The MoE sub-layer: routing (hash or scored), the routed experts and the shared expert.
+#include <functional>
+
 #include "model/v4_batch.h"
 #include "ops/branch.h"
 #include "ops/elementwise.h"
@@ -19,11 +21,13 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
   // product (stacked weights), swiglu reads its column ranges.
   const ExpertWeights& shared = L.ffn.shared;
   Tensor y = tensor(DType::f32, {N, c.hidden_size});
+  const std::function<void()> comb_task = take_side_task();  // hc_comb of this sub-layer's hc_pre, if apart
   ops::run_side(ctx_, h.device(), [&] {
     const Projections gate_up = project(h, shared.w13, shared.w1, shared.w3);
     Tensor act = tensor(DType::f32, {N, shared.w1.out});
     ops::swiglu(ctx_, gate_up.a, gate_up.b, limit, act);
     ops::linear(ctx_, act, shared.w2, y);
+    if (comb_task) comb_task();
   });
 
   // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
