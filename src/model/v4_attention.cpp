@@ -20,29 +20,27 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const TensorView inv_freq = layer(l).attn_kind == AttnKind::sliding ? inv_freq_main_ : inv_freq_compress_;
 
+  // The rows on the step tables (rows 0 .. Ns - 1: decode tokens, verify and short chunks; every row in a step
+  // wholly on them) and the sequences that run per sequence (prefill chunks: rows Ns .. N - 1), both in one step.
+  // On the tables the indexer (its compressor, then each slot's top-k), or else the compressor, is a side branch
+  // (ops/branch.h; its own stream inside decode graphs) beside the query and KV projections, joined before the
+  // attention. Its compressor needs only h, so it is forked first, before wq_a; the top-k needs cq and follows on
+  // the same branch (forked after q_norm below). The branch is the longer one in CSA layers: at batch 1 the
+  // attention waited ~16 us a CSA layer for it (H100 trace, results.md session 26).
+  const int64_t Ns = b.table_tokens;
+  const TensorView h_t = h.rows(0, Ns);
+  const bool branch = Ns > 0 && (A.indexer || A.compressor);
+  if (branch) ops::run_side(ctx_, h.device(), [&] { compress_step(l, b, h_t, /*indexer=*/bool(A.indexer)); });
+
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
   const Projections qkv = project(h, A.wq_a_wkv, A.wq_a, A.wkv);
   Tensor cq = tensor(DType::f32, {N, c.q_lora_rank});  // [N, q_lora_rank]
   ops::rms_norm(ctx_, qkv.a, A.q_norm, eps, cq);
 
-  // The rows on the step tables (rows 0 .. Ns - 1: decode tokens, verify and short chunks; every row in a step
-  // wholly on them) and the sequences that run per sequence (prefill chunks: rows Ns .. N - 1), both in one step.
-  // On the tables the indexer (its compressor, then each slot's top-k), or else the compressor, needs only h and
-  // cq: a side branch (ops/branch.h; its own stream inside decode graphs) beside the query and KV projections
-  // below, joined before the attention.
-  const int64_t Ns = b.table_tokens;
-  const TensorView h_t = h.rows(0, Ns);
   Tensor selected;  // the tables' rows: the indexer's picks
-  if (Ns > 0 && (A.indexer || A.compressor))
-    ops::run_side(ctx_, h.device(), [&] {
-      if (A.indexer) {
-        compress_step(l, b, h_t, /*indexer=*/true);
-        selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns));
-      } else {
-        compress_step(l, b, h_t, /*indexer=*/false);
-      }
-    });
+  if (branch && A.indexer)
+    ops::run_side(ctx_, h.device(), [&] { selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns)); });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(ctx_, cq, A.wq_b, q.view().reshape({N, H * hd}));
   if (N <= kPrefetchMaxTokens) {  // (Paths::l2_prefetch)
@@ -75,7 +73,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
     ops::join_side(ctx_, h.device());
-    // (hc_comb of this sub-layer's hc_pre: behind the indexer's branch it would delay the join above)
+    // (hc_comb of this sub-layer's hc_pre: ahead of the indexer's branch it would delay the join above)
     if (auto task = take_side_task()) ops::run_side(ctx_, h.device(), task);
     attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns),
                 paths_.fused_rope ? inv_freq : TensorView());
