@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Session 26, call 12: the indexer's head weights on the early fork (pack s26j) against s26i (aafbd42). Carry
+# Not run in session 26 (no device time left): the indexer's head weights on the early fork (b873142, reverted in
+# 8c20675: git cherry-pick b873142, build, pack .plans/packs/s26j.tar.xz; s26j there already holds b873142's binaries)
+# against s26i (aafbd42). Carry
 # [".plans"]. Predicted: batch 1 -0.5 to -1% (one ~3 us product less after cq on the CSA branch), 16 / 64 noise.
 set -u
 cd "$(dirname "$0")/../.."
