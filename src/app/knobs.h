@@ -12,7 +12,8 @@
 
 namespace tern::app {
 
-// The model's (TERN_HC_FOLD, TERN_FUSED_COMPRESS: Model::Paths), then, on a CUDA model, the backend's
+// The model's (TERN_HC_FOLD, TERN_FUSED_COMPRESS, TERN_FUSED_ROPE, TERN_L2_PREFETCH, TERN_HC_COMB_APART:
+// Model::Paths), then, on a CUDA model, the backend's
 // (cuda::CudaBackend::knob_names).
 std::vector<std::string> knob_names(const model::Model& m);
 // The value in force (0 / 1 for a switch); throws naming the known switches for another name.

@@ -59,6 +59,7 @@ void hc_pre(const Context& ctx, const HcPreArgs& a) {
 void hc_comb(const Context& ctx, const HcCombArgs& a) {
   expect_rank("hc_comb", "post", a.post, 2);
   const int64_t T = a.post.dim(0), hc = a.post.dim(1), mix = (2 + hc) * hc;
+  expect_shape("hc_comb", "post", a.post, {T, hc});  // (contiguous)
   expect_shape("hc_comb", "logits", a.logits, {T, mix});
   expect_shape("hc_comb", "base", a.base, {mix});
   expect_shape("hc_comb", "scale", a.scale, {3});

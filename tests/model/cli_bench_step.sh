@@ -93,11 +93,11 @@ for b in (0, 1, 3):  # arm A is run once a round and shared by the B arms' rows
     assert rows[(arms[0], b, 40)]["a_ms"] == rows[(arms[1], b, 40)]["a_ms"]
 print("bench-step --ab: ok")
 PY
-for bad in TERN_NOPE=1 TERN_HC_FOLD=2 TERN_HC_FOLD TERN_L2_PREFETCH=8 TERN_FUSED_ROPE=-1; do
+for bad in TERN_NOPE=1 TERN_HC_FOLD=2 TERN_HC_FOLD TERN_L2_PREFETCH=8 TERN_FUSED_ROPE=-1 TERN_HC_COMB_APART=-1 TERN_HC_COMB_APART=1048577; do
   if "$TERN" bench-step --config tiny --batches 1 --contexts 40 --prefill 40 --ab "$bad" >"$OUT/bench-step-bad.log" 2>&1; then
     echo "bench-step --ab $bad: accepted"; exit 1
   fi
-  grep -qE 'no switch named TERN_NOPE|takes 0 or 1, not (2|-1)|expected NAME=VALUE|TERN_L2_PREFETCH takes 0 .. 7' \
+  grep -qE 'no switch named TERN_NOPE|takes 0 or 1, not (2|-1)|expected NAME=VALUE|TERN_L2_PREFETCH takes 0 .. 7|TERN_HC_COMB_APART takes 0 .. 1048576' \
     "$OUT/bench-step-bad.log"
 done
 echo "bench-step --ab refusals: ok"

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cuda/device_memory.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -50,7 +51,9 @@ struct Collector {
     uint32_t stream = 0;
     uint64_t node = 0;
   };
-  std::vector<TraceRow> trace;
+  std::vector<TraceRow> trace;  // index-aligned with intervals while `tracing` (write_trace runs before any sort)
+  std::string trace_path;       // TERN_PROFILE_TRACE, read at each start()
+  bool tracing = false;
   uint64_t first_start = std::numeric_limits<uint64_t>::max(), last_end = 0;
   int64_t dropped = 0, bad_timestamps = 0;
   bool out_of_memory = false;
@@ -76,7 +79,7 @@ struct Collector {
     t.total_ns += static_cast<int64_t>(end - start);
     if (from_graph) ++t.graph_count;
     intervals.push_back(ActivitySpan{start, end, t.index});
-    trace.push_back(TraceRow{stream, node});
+    if (tracing) trace.push_back(TraceRow{stream, node});
     first_start = std::min(first_start, start);
     last_end = std::max(last_end, end);
   }
@@ -111,12 +114,12 @@ void add_record(Collector& c, const CUpti_Activity* r) {
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-      c.add(memcpy_name(m->copyKind), m->start, m->end, m->graphId != 0);
+      c.add(memcpy_name(m->copyKind), m->start, m->end, m->graphId != 0, m->streamId, m->graphNodeId);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-      c.add("[memset]", m->start, m->end, m->graphId != 0);
+      c.add("[memset]", m->start, m->end, m->graphId != 0, m->streamId, m->graphNodeId);
       break;
     }
     default: break;  // other kinds are not enabled
@@ -193,8 +196,8 @@ void disable_all() {
 // start and end in ns from the session's first start, stream id, graph node id), after a "# session" line, in the
 // order of their starts.
 void write_trace(const Collector& c) {
-  const char* path = std::getenv("TERN_PROFILE_TRACE");
-  if (path == nullptr || *path == 0 || c.intervals.empty()) return;
+  if (!c.tracing || c.intervals.empty()) return;
+  const std::string& path = c.trace_path;
   std::vector<std::string> names(c.by_name.size());
   for (const auto& [name, t] : c.by_name) names[static_cast<size_t>(t.index)] = kernel_display_name(demangle(name.c_str()));
   std::vector<size_t> order(c.intervals.size());
@@ -209,6 +212,8 @@ void write_trace(const Collector& c) {
     f << names[static_cast<size_t>(a.owner)] << '\t' << (a.start - t0) << '\t' << (a.end - t0) << '\t'
       << c.trace[i].stream << '\t' << c.trace[i].node << '\n';
   }
+  f.flush();
+  TERN_CHECK(f.good(), "cuda::Profiler: writing TERN_PROFILE_TRACE=", path, " failed (the trace is incomplete)");
 }
 
 ProfileRecords collect(Collector& c) {
@@ -278,6 +283,8 @@ void Profiler::start() {
       Collector& c = collector();
       std::lock_guard<std::mutex> lock(c.mutex);
       c.clear();
+      c.trace_path = env_string("TERN_PROFILE_TRACE").value_or("");
+      c.tracing = !c.trace_path.empty();
     }
     for (CUpti_ActivityKind k : kKinds) check_cupti(cuptiActivityEnable(k), "cuptiActivityEnable");
   } catch (...) {

@@ -13,7 +13,8 @@
 // One profiler records at a time per process (CUPTI's activity state is process-wide); start() on a second
 // one while the first runs throws. Overhead: CUPTI adds host time to each launch and writes one record
 // (about 200 bytes) per kernel into 8 MiB buffers, which the profiler folds into per-kernel totals as they
-// fill; it keeps 24 bytes per record for the busy-time union and each kernel's exposed time (expose()).
+// fill; it keeps 24 bytes per record for the busy-time union and each kernel's exposed time (expose()), 16 more
+// with TERN_PROFILE_TRACE (the timeline written out, docs/cuda-backend.md "Profiler").
 // docs/cuda-backend.md ("Profiler") has more.
 #pragma once
 
