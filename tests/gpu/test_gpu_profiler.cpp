@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -237,6 +239,60 @@ TEST(GpuProfiler, EagerKernelsCountedAndTimed) {
   EXPECT_TRUE(table.find("| linear_bulk_kernel<bf16, ") != std::string::npos ||
               table.find("| linear_x8_kernel<") != std::string::npos) << table;
   EXPECT_NE(table.find("| rms_norm_block_kernel | mhc/norm/rope |"), std::string::npos) << table;
+}
+
+// TERN_PROFILE_TRACE: each session's records appended to the file after a "# session" line, in the order of their
+// starts, times from the session's first start (what scripts/trace-joins reads); unset, nothing is written.
+TEST(GpuProfiler, TraceFileHoldsEachSessionsRecords) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();
+  cuda::register_backend().synchronize();
+  cuda::Profiler p;
+  warm_up(p, work);
+  const std::string path = ::testing::TempDir() + "tern_profile_trace_" + std::to_string(fresh_seed()) + ".tsv";
+  std::remove(path.c_str());
+  ASSERT_EQ(setenv("TERN_PROFILE_TRACE", path.c_str(), 1), 0);
+  constexpr int kCalls = 3;
+  for (int session = 0; session < 2; ++session) {
+    p.start();
+    for (int i = 0; i < kCalls; ++i) work.issue();
+    p.stop();
+  }
+  unsetenv("TERN_PROFILE_TRACE");
+  p.start();  // not traced: the file keeps two sessions
+  work.issue();
+  p.stop();
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  int sessions = 0, rows = 0;
+  int64_t last_start = -1;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("# session", 0) == 0) {
+      ++sessions;
+      last_start = -1;
+      continue;
+    }
+    ++rows;
+    std::vector<std::string> cols;
+    for (size_t at = 0;;) {
+      const size_t tab = line.find('\t', at);
+      cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+      if (tab == std::string::npos) break;
+      at = tab + 1;
+    }
+    ASSERT_EQ(cols.size(), 5u) << line;
+    const int64_t start = std::stoll(cols[1]), end = std::stoll(cols[2]);
+    EXPECT_GE(start, last_start) << "rows in the order of their starts: " << line;
+    EXPECT_GE(end, start) << line;
+    EXPECT_GE(start, 0) << line;
+    last_start = start;
+  }
+  EXPECT_EQ(sessions, 2);
+  EXPECT_GE(rows, 2 * 2 * kCalls) << "at least two kernels a call (the linear, the norm) in each traced session";
+  std::remove(path.c_str());
 }
 
 TEST(GpuProfiler, GraphReplaysCountedPerKernelNode) {
