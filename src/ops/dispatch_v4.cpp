@@ -51,9 +51,7 @@ void hc_pre(const Context& ctx, const HcPreArgs& a) {
     ctx.backend_for(
         common_device("hc_pre", {&a.streams, &a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb}));
   }
-  ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, apart ? &a.logits : &a.post, apart ? &a.logits : &a.comb,
-                                           &a.collapsed}))
-      .hc_pre(a);
+  ctx.backend_for(common_device("hc_pre", {&a.streams, &a.fn, &a.post, &a.comb, &a.logits, &a.collapsed})).hc_pre(a);
 }
 
 void hc_comb(const Context& ctx, const HcCombArgs& a) {

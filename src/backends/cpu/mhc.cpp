@@ -71,8 +71,8 @@ void CpuBackend::hc_comb(const ops::HcCombArgs& a) {
 }
 
 void CpuBackend::hc_pre(const ops::HcPreArgs& a) {
-  const bool apart = !a.logits.empty();  // post and comb left to hc_comb
-  require_f32("hc_pre", {&a.streams, apart ? &a.logits : &a.post, apart ? &a.logits : &a.comb, &a.collapsed});
+  const bool apart = !a.logits.empty();  // post and comb left to hc_comb (the dispatcher allows one form)
+  require_f32("hc_pre", {&a.streams, &a.post, &a.comb, &a.logits, &a.collapsed});  // (empty views are skipped)
   // The folded hc_post first: the reference is the two ops in sequence.
   if (a.has_prev()) hc_post(a.prev_streams, a.prev_a, a.prev_post, a.prev_comb, a.streams);
   const int64_t T = a.streams.dim(0), hc = a.streams.dim(1), D = a.streams.dim(2), mix = (2 + hc) * hc;

@@ -40,8 +40,7 @@ HcParams hc_params(const TensorView& streams, const TensorView& fn, const Tensor
 
 void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   const bool apart = !a.logits.empty();  // post and comb left to hc_comb (the finish kernel stores the logits)
-  require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, apart ? &a.logits : &a.post,
-                              apart ? &a.logits : &a.comb, &a.collapsed});
+  require_cuda_f32("hc_pre", {&a.streams, &a.fn, &a.base, &a.scale, &a.post, &a.comb, &a.logits, &a.collapsed});
   HcParams p = hc_params(a.streams, a.fn, a.base, a.scale, a.params);
   p.early_fn = impl_->hc_early_fn;
   if (apart) {
