@@ -26,13 +26,31 @@ const PathSwitch* path_switch(const std::string& name) {
     if (name == sw.name) return &sw;
   return nullptr;
 }
+
+// The forward's integer settings (Model::Paths), each 0 .. max.
+struct PathNumber {
+  const char* name;
+  int model::Model::Paths::*member;
+  int64_t max;
+  const char* unit;  // what the value counts, for the refusal
+};
+constexpr PathNumber kPathNumbers[] = {
+    {"TERN_L2_PREFETCH", &model::Model::Paths::l2_prefetch, model::Model::kPrefetchAll,
+     "a sum of Model::L2Prefetch's bits"},
+    {"TERN_HC_COMB_APART", &model::Model::Paths::hc_comb_apart, model::Model::kHcCombApartLimit, "tokens a step"},
+};
+
+const PathNumber* path_number(const std::string& name) {
+  for (const PathNumber& n : kPathNumbers)
+    if (name == n.name) return &n;
+  return nullptr;
+}
 }  // namespace
 
 std::vector<std::string> knob_names(const model::Model& m) {
   std::vector<std::string> names;
   for (const PathSwitch& sw : kPathSwitches) names.emplace_back(sw.name);
-  names.emplace_back("TERN_L2_PREFETCH");
-  names.emplace_back("TERN_HC_COMB_APART");
+  for (const PathNumber& n : kPathNumbers) names.emplace_back(n.name);
 #if TERN_WITH_CUDA
   if (m.device() == Device::cuda)
     for (const std::string& n : cuda::CudaBackend::knob_names()) names.push_back(n);
@@ -61,8 +79,7 @@ cuda::CudaBackend* cuda_backend_of(const model::Model& m) {
 
 int64_t knob_value(const model::Model& m, const std::string& name) {
   if (const PathSwitch* sw = path_switch(name)) return m.paths().*sw->member;
-  if (name == "TERN_L2_PREFETCH") return m.paths().l2_prefetch;
-  if (name == "TERN_HC_COMB_APART") return m.paths().hc_comb_apart;
+  if (const PathNumber* n = path_number(name)) return m.paths().*n->member;
 #if TERN_WITH_CUDA
   if (cuda::CudaBackend* b = cuda_backend_of(m)) return b->knob(name);
 #endif
@@ -77,19 +94,10 @@ void set_knob(model::Model& m, const std::string& name, int64_t value) {
     m.set_paths(p);
     return;
   }
-  if (name == "TERN_L2_PREFETCH") {
-    TERN_CHECK(value >= 0 && value <= model::Model::kPrefetchAll, name, " takes 0 .. ", model::Model::kPrefetchAll,
-               " (a sum of Model::L2Prefetch's bits), not ", value);
+  if (const PathNumber* n = path_number(name)) {
+    TERN_CHECK(value >= 0 && value <= n->max, name, " takes 0 .. ", n->max, " (", n->unit, "), not ", value);
     model::Model::Paths p = m.paths();
-    p.l2_prefetch = static_cast<int>(value);
-    m.set_paths(p);
-    return;
-  }
-  if (name == "TERN_HC_COMB_APART") {
-    TERN_CHECK(value >= 0 && value <= model::Model::kHcCombApartLimit, name, " takes 0 .. ",
-               model::Model::kHcCombApartLimit, " (tokens a step), not ", value);
-    model::Model::Paths p = m.paths();
-    p.hc_comb_apart = static_cast<int>(value);
+    p.*n->member = static_cast<int>(value);
     m.set_paths(p);
     return;
   }
