@@ -31,3 +31,15 @@ stamp() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 echo "== card: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)  commit $TERN_COMMIT"
 # pf LOG [N]: the test verdicts and failures of a gtest log (N lines, 12 by default).
 pf() { grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ|error" "$1" | head -${2:-12}; }
+# ab_bench ROUNDS BATCHES: bench-step of build-base and $BUILD alternating, ROUNDS rounds, at BATCHES (context 1K,
+# prefill 1K), logs in $L/bs-ROUND-{base,cuda}.log, the decode rows printed (the loop every A/B plan ran by hand).
+ab_bench() {
+  local r b
+  for r in $(seq 1 "$1"); do
+    for b in base cuda; do
+      timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches "$2" \
+        --steps 12 --warmup 3 > $L/bs-$r-$b.log 2>&1; echo "rc $? ($r $b)"
+      grep -hE "^decode |error" $L/bs-$r-$b.log | cut -c1-110
+    done
+  done
+}

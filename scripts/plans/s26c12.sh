@@ -11,12 +11,6 @@ unpack .plans/packs/s26i.tar.xz build-base
 L=$OUT/logs; mkdir -p $L
 timeout 100 $G/tern_gpu_model_tests --gtest_filter='*GpuGraphs_*:*Greedy*:*BatchInvariance*:*MixedSteps*:*StepTables*' > $L/model.log 2>&1
 echo "rc $?"; pf $L/model.log 6; grep -c "^\[       OK" $L/model.log
-for r in 1 2 3; do
-  for b in base cuda; do
-    timeout 60 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16 \
-      --steps 12 --warmup 3 > $L/bs-$r-$b.log 2>&1; echo "rc $? ($r $b)"
-    grep -hE "^decode |error" $L/bs-$r-$b.log | cut -c1-110
-  done
-done
+ab_bench 3 1,16
 tar -C $OUT -czf $OUT/logs.tar.gz logs && rm -rf $L
 stamp done
