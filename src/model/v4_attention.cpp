@@ -24,13 +24,18 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   // wholly on them) and the sequences that run per sequence (prefill chunks: rows Ns .. N - 1), both in one step.
   // On the tables the indexer (its compressor, then each slot's top-k), or else the compressor, is a side branch
   // (ops/branch.h; its own stream inside decode graphs) beside the query and KV projections, joined before the
-  // attention. Its compressor needs only h, so it is forked first, before wq_a; the top-k needs cq and follows on
-  // the same branch (forked after q_norm below). The branch is the longer one in CSA layers: at batch 1 the
+  // attention. Its compressor and the indexer's head weights need only h, so they are forked first, before wq_a; the
+  // top-k needs cq and follows on the same branch (forked after q_norm below). The branch is the longer one in CSA layers: at batch 1 the
   // attention waited ~16 us a CSA layer for it (H100 trace, results.md session 26).
   const int64_t Ns = b.table_tokens;
   const TensorView h_t = h.rows(0, Ns);
   const bool branch = Ns > 0 && (A.indexer || A.compressor);
-  if (branch) ops::run_side(ctx_, h.device(), [&] { compress_step(l, b, h_t, /*indexer=*/bool(A.indexer)); });
+  Tensor index_weights;  // the indexer's head weights (weights_proj h), computed on the branch
+  if (branch)
+    ops::run_side(ctx_, h.device(), [&] {
+      compress_step(l, b, h_t, /*indexer=*/bool(A.indexer));
+      if (A.indexer) index_weights = indexer_weights(l, h_t);
+    });
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
@@ -40,7 +45,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 
   Tensor selected;  // the tables' rows: the indexer's picks
   if (branch && A.indexer)
-    ops::run_side(ctx_, h.device(), [&] { selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns)); });
+    ops::run_side(ctx_, h.device(), [&] { selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns), index_weights); });
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(ctx_, cq, A.wq_b, q.view().reshape({N, H * hd}));
   if (N <= kPrefetchMaxTokens) {  // (Paths::l2_prefetch)

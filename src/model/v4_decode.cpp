@@ -310,15 +310,19 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
 }
 
 // indexer_select() for every slot: qI, the weights, and each slot's top-k of its visible keys.
-Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const TensorView& cq) {
+Tensor Model::indexer_weights(int l, const TensorView& h) {
+  Tensor weights = tensor(DType::f32, {h.dim(0), w_.config.index_n_heads});
+  ops::linear(ctx_, h, layer(l).attn.indexer->weights_proj, weights);
+  return weights;
+}
+
+Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const TensorView& cq, const TensorView& weights) {
   const ModelConfig& c = w_.config;
   const IndexerWeights& x = *layer(l).attn.indexer;
   const int64_t N = h.dim(0), Hi = c.index_n_heads, di = c.index_head_dim;  // the tables' slots
   Tensor qi = tensor(DType::f32, {N, Hi, di});
   ops::linear(ctx_, cq, x.wq_b, qi.view().reshape({N, Hi * di}));
   ops::rope(ctx_, qi, b.decode->positions, inv_freq_compress_);
-  Tensor weights = tensor(DType::f32, {N, Hi});
-  ops::linear(ctx_, h, x.weights_proj, weights);
   ops::StepIndexerArgs args;
   args.q = qi;
   args.weights = weights;

@@ -366,7 +366,10 @@ class Model {
                       std::vector<Tensor>& selected);
   // The same for the rows on the step tables (h, cq, q, kv_rows, heads: rows 0 .. table_tokens - 1 of the step).
   void compress_step(int layer, const Batch& b, const TensorView& h, bool indexer);
-  Tensor indexer_step(int layer, const Batch& b, const TensorView& h, const TensorView& cq);
+  // The indexer's head weights of the tables' rows (weights_proj h: needs only h, so the branch computes it before cq
+  // exists), then each slot's top-k from cq and them.
+  Tensor indexer_weights(int layer, const TensorView& h);
+  Tensor indexer_step(int layer, const Batch& b, const TensorView& h, const TensorView& cq, const TensorView& weights);
   // inv_freq (or empty): heads rotated back by the attention itself (ops::StepAttentionArgs::inv_freq).
   void attend_step(int layer, const Batch& b, const TensorView& q, const TensorView& kv_rows,
                    const Tensor& selected, const TensorView& heads, const TensorView& inv_freq);
