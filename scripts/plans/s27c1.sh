@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# Written in session 26 for the next session's first call (build and pack HEAD first: scripts/gpu-pack build-cuda &&
-# cp build-cuda/gpu-pack.tar.xz .plans/packs/s27.tar.xz; carry [".plans"]). The CSA layers' side branch (indexer) is
-# still ~9 us a layer longer than the main lane at batch 1 (results.md session 26, call 10): its kernels alone, then the
-# timeline again.
-#   1. every model test and the profiler / mHC op tests on HEAD;
-#   2. the side branch's kernels alone: tern_gpu_bench --only exact (the indexer's wq_b on exact_tc, weights_proj, its
-#      compressor's 512-row product), --only indexer (scores, top-k at decode), --only mhc;
-#   3. bench-step at 1 / 16 / 64 and the batch-1 / 16 timeline (TERN_PROFILE_TRACE, side stream on) for analysis here:
-#      per CSA layer, main lane's last kernel before the join vs the branch's last (indexer_topk), and each kernel's span.
+# Session 27, call 1. Packs: s27 (base, d82a945: session 26's code) and s27c (new: b873142, the indexer's head weights
+# on the early fork, re-applied; and the MoE's routing, x quantisation and plan in one launch, moe_prep_kernel,
+# TERN_MOE_FUSED_PLAN). Carry [".plans"].
+#   1. tests on new: the MoE / routing / act-fp8 / profiler / mHC / PDL op tests, every model test;
+#   2. bench-step base / new alternating, three rounds at 1 / 16 / 64 (predicted: -2 to -4% at batch 1 from the two
+#      launches a layer less on the MoE's path, ~5 us a layer, and -0.5 to -1% from the head weights; -0.5 to -1.5% at
+#      16; noise at 64);
+#   3. in-process A/B on new: --ab TERN_MOE_FUSED_PLAN=0 (the fusion alone);
+#   4. the batch-1 timeline on new (TERN_PROFILE_TRACE) for scripts/trace-joins.
 set -u
 cd "$(dirname "$0")/../.."
-export TERN_PACK=${TERN_PACK:-.plans/packs/s27.tar.xz}
+export TERN_PACK=.plans/packs/s27c.tar.xz
 source scripts/plans/env.sh
+unpack .plans/packs/s27.tar.xz build-base
 L=$OUT/logs; mkdir -p $L
-stamp "1. tests"
+stamp "1. tests (new)"
+timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuV4.Routing*:*GpuV4.Moe*:*ActFp8*Moe*:*GpuProfiler*:*GpuV4.Mhc*:*GpuPdl*' \
+  > $L/ops.log 2>&1; echo "rc $?"; pf $L/ops.log 10; grep -c "^\[       OK" $L/ops.log
 timeout 200 $G/tern_gpu_model_tests > $L/model.log 2>&1; echo "rc $?"; pf $L/model.log 8; grep -c "^\[       OK" $L/model.log
-timeout 60 $G/tern_gpu_tests --gtest_filter='*GpuProfiler*:*GpuV4.Mhc*:*GpuPdl*' > $L/ops.log 2>&1; echo "rc $?"; pf $L/ops.log 6
-stamp "2. the side branch's kernels alone"
-for only in exact indexer mhc; do
-  timeout 90 $G/tern_gpu_bench --only $only > $L/bench-$only.log 2>&1; echo "rc $? ($only)"
-  grep -E "^\|" $L/bench-$only.log | sed -E 's/ +/ /g' | cut -c1-140 | head -30
-done
-stamp "3. bench-step and the timeline"
-timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 --steps 12 --warmup 3 \
-  > $L/bs.log 2>&1; echo "rc $?"; grep -hE "^(decode|prefill) |error" $L/bs.log | cut -c1-110
-TERN_PROFILE_TRACE=$OUT/trace.tsv timeout 90 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
-  --batches 1,16 --steps 4 --warmup 3 --profile --profile-batches 1,16 --profile-top 10 > $L/trace.log 2>&1; echo "rc $?"
-gzip $OUT/trace.tsv
+stamp "2. bench-step base / new"
+ab_bench 3 1,16,64
+stamp "3. in-process A/B on new"
+timeout 150 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 --steps 12 --warmup 3 \
+  --ab TERN_MOE_FUSED_PLAN=0 --ab-rounds 3 > $L/ab.log 2>&1; echo "rc $?"; grep -hE "^(decode|ab) |error" $L/ab.log | cut -c1-150
+stamp "4. trace at batch 1 (new)"
+TERN_PROFILE_TRACE=$OUT/trace-new.tsv timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
+  --batches 1 --steps 4 --warmup 3 --profile --profile-batches 1 --profile-top 12 > $L/trace.log 2>&1; echo "rc $?"
+gzip $OUT/trace-new.tsv
 tar -C $OUT -czf $OUT/logs.tar.gz logs && rm -rf $L
 stamp done

@@ -30,17 +30,23 @@ void Model::moe_block(int l, const Batch& b, const TensorView& h, const TensorVi
     if (comb_task) comb_task();
   });
 
-  // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias
+  // scores = sqrt(softplus(gate h)); picked by tid2eid[token] (hash layers) or top-k of scores + bias. moe_experts
+  // routes (ops::MoeRouting: on the GPU in the launch that plans the experts).
   Tensor logits = tensor(DType::f32, {N, L.ffn.gate.out});
   ops::linear(ctx_, h, L.ffn.gate, logits);
   Tensor picked = tensor(DType::i32, {N, k}), weights = tensor(DType::f32, {N, k});
-  if (L.hash_routed)
-    ops::route_hash(ctx_, logits, L.ffn.tid2eid, b.ids, routed_scale, picked, weights);
-  else
-    ops::route_scored(ctx_, logits, L.ffn.gate_bias, routed_scale, picked, weights);
+  ops::MoeRouting route;
+  route.logits = logits;
+  route.routed_scale = routed_scale;
+  if (L.hash_routed) {
+    route.tid2eid = L.ffn.tid2eid;
+    route.token_ids = b.ids;
+  } else {
+    route.bias = L.ffn.gate_bias;
+  }
 
   // out = sum_k w_k E_k(h) + E_shared(h): moe_experts adds y in its combine and joins the side branch there.
-  ops::moe_experts(ctx_, {h, picked, weights, L.ffn.experts, limit, out, y});
+  ops::moe_experts(ctx_, {h, picked, weights, L.ffn.experts, limit, out, y, route});
   if ((paths_.l2_prefetch & kPrefetchNextQ) != 0 && N <= kPrefetchMaxTokens && l + 1 < c.num_layers) {
     const AttentionWeights& next = layer(l + 1).attn;
     ops::prefetch(ctx_, next.wq_a_wkv.weight.empty() ? next.wq_a : next.wq_a_wkv);

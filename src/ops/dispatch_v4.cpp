@@ -183,11 +183,25 @@ static void check_route(const char* op, const TensorView& logits, const TensorVi
   expect_shape(op, "weights", weights, {logits.dim(0), indices.dim(1)});
 }
 
+static void check_route_scored(const char* op, const TensorView& logits, const TensorView& bias,
+                               const TensorView& indices, const TensorView& weights) {
+  check_route(op, logits, indices, weights);
+  expect_dtype(op, "bias", bias, {DType::f32});
+  expect_shape(op, "bias", bias, {logits.dim(1)});
+}
+
+static void check_route_hash(const char* op, const TensorView& logits, const TensorView& tid2eid,
+                             const TensorView& token_ids, const TensorView& indices, const TensorView& weights) {
+  check_route(op, logits, indices, weights);
+  expect_dtype(op, "tid2eid", tid2eid, {DType::i64, DType::i32});
+  expect_shape(op, "tid2eid", tid2eid, {-1, indices.dim(1)});
+  expect_dtype(op, "token_ids", token_ids, {DType::i64});
+  expect_shape(op, "token_ids", token_ids, {logits.dim(0)});
+}
+
 void route_scored(const Context& ctx, const TensorView& logits, const TensorView& bias, float routed_scale,
                   const TensorView& indices, const TensorView& weights) {
-  check_route("route_scored", logits, indices, weights);
-  expect_dtype("route_scored", "bias", bias, {DType::f32});
-  expect_shape("route_scored", "bias", bias, {logits.dim(1)});
+  check_route_scored("route_scored", logits, bias, indices, weights);
   ctx.backend_for(common_device("route_scored", {&logits, &bias, &indices, &weights}))
       .route_scored(logits, bias, routed_scale, indices, weights);
 }
@@ -195,11 +209,7 @@ void route_scored(const Context& ctx, const TensorView& logits, const TensorView
 void route_hash(const Context& ctx, const TensorView& logits, const TensorView& tid2eid,
                 const TensorView& token_ids, float routed_scale, const TensorView& indices,
                 const TensorView& weights) {
-  check_route("route_hash", logits, indices, weights);
-  expect_dtype("route_hash", "tid2eid", tid2eid, {DType::i64, DType::i32});
-  expect_shape("route_hash", "tid2eid", tid2eid, {-1, indices.dim(1)});
-  expect_dtype("route_hash", "token_ids", token_ids, {DType::i64});
-  expect_shape("route_hash", "token_ids", token_ids, {logits.dim(0)});
+  check_route_hash("route_hash", logits, tid2eid, token_ids, indices, weights);
   ctx.backend_for(common_device("route_hash", {&logits, &tid2eid, &token_ids, &indices, &weights}))
       .route_hash(logits, tid2eid, token_ids, routed_scale, indices, weights);
 }
@@ -217,6 +227,16 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
     detail::expect_contiguous("moe_experts", "shared", a.shared);
     TERN_CHECK(a.shared.device() == a.out.device(), "moe_experts: shared is not on out's device");
   }
+  const MoeRouting& rt = a.route;
+  if (!rt.logits.empty()) {  // the routing runs here: indices and weights are outputs
+    if (rt.hashed())
+      check_route_hash("moe_experts (hash routing)", rt.logits, rt.tid2eid, rt.token_ids, a.indices, a.weights);
+    else
+      check_route_scored("moe_experts (scored routing)", rt.logits, rt.bias, a.indices, a.weights);
+    TERN_CHECK(rt.logits.dim(0) == T && rt.logits.dim(1) == static_cast<int64_t>(a.experts.size()),
+               "moe_experts: routing logits of ", rt.logits.dim(0), " x ", rt.logits.dim(1), " for ", T, " tokens and ",
+               a.experts.size(), " experts");
+  }
   TERN_CHECK(!a.experts.empty(), "moe_experts: no experts");
   for (const Expert& e : a.experts) {
     check_weight(e.w1);
@@ -225,7 +245,13 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
     TERN_CHECK(e.w1.in == D && e.w3.in == D && e.w2.out == D && e.w1.out == e.w3.out && e.w2.in == e.w1.out,
                "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
   }
-  ctx.backend_for(common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})).moe_experts(a);
+  ctx.backend_for(rt.logits.empty()
+                      ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})
+                      : rt.hashed() ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits,
+                                                                    &rt.tid2eid, &rt.token_ids})
+                                    : common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits,
+                                                                    &rt.bias}))
+      .moe_experts(a);
 }
 
 }  // namespace tern::ops

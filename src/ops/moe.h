@@ -30,10 +30,23 @@ struct Expert {
   Weight w13;
 };
 
+// The routing moe_experts runs itself when `logits` is set (MoeExpertsArgs::route): indices and weights are then
+// its outputs, the bits route_scored (bias set) or route_hash (tid2eid and token_ids set) would write. A backend
+// may so run the routing in the launch that plans the experts (the CUDA decode path: routing, plan and x's FP8
+// quantisation in one kernel, three launches on a batch-1 step's path made one).
+struct MoeRouting {
+  TensorView logits;     // f32 [T, E]
+  TensorView bias;       // scored: f32 [E]
+  TensorView tid2eid;    // hash: i64|i32 [vocab, k]
+  TensorView token_ids;  // hash: i64 [T]
+  float routed_scale = 1.0f;
+  bool hashed() const { return !tid2eid.empty(); }
+};
+
 struct MoeExpertsArgs {
   TensorView x;        // f32 [T, D]
-  TensorView indices;  // i32 [T, k]
-  TensorView weights;  // f32 [T, k]
+  TensorView indices;  // i32 [T, k]: an input, or moe_experts' output when route.logits is set
+  TensorView weights;  // f32 [T, k]: likewise
   std::span<const Expert> experts;
   float limit = 10.0f;
   TensorView out;  // f32 [T, D] = sum_k weights[t,k] * expert_{indices[t,k]}(x[t])  (+ shared[t])
@@ -42,6 +55,7 @@ struct MoeExpertsArgs {
   // moe_experts joins that branch before it reads `shared`, after issuing the routed products, so they still overlap
   // it; the caller does not join_side itself.
   TensorView shared;
+  MoeRouting route;  // empty logits: indices and weights are inputs
 };
 void moe_experts(const Context& ctx, const MoeExpertsArgs& a);
 

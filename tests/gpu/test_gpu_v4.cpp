@@ -475,6 +475,90 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
   be.check_device_errors();
 }
 
+// moe_experts with its routing (MoeExpertsArgs::route), scored and hash, x as it is and FP8-quantised
+// (--activations fp8): where launch_moe runs (1-64 tokens) the plan kernel routes and quantises x in its launch
+// (moe_prep_kernel); from 65 tokens the grouped kernels take the call and the routing runs alone. Every case gives
+// the bits of the route op then moe_experts with TERN_MOE_FUSED_PLAN=0 (separate launches: route, act_fake_quant,
+// moe_plan), eagerly, with h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H) and replayed from a
+// graph; the picks equal the CPU's.
+TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  cuda::CudaBackend& be = cuda::register_backend();
+  RandomExperts experts(ops::WeightFormat::mxfp4, E, D, inter, r);
+  Tensor table(DType::i64, {s.vocab, k});
+  for (int64_t v = 0; v < s.vocab; ++v)
+    for (int64_t j = 0; j < k; ++j) table.data<int64_t>()[v * k + j] = (v + 3 * j) % E;  // distinct for k <= E / 3
+  auto dtable = upload(table), dbias = upload(random_f32({E}, r, 0.1f));
+  for (const bool fp8 : {false, true}) {
+    for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
+    const std::vector<ops::Expert>& dexp = experts.on_device;
+    for (const int64_t T : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{100}}) {
+      Tensor x = random_f32({T, D}, r), logits = random_f32({T, E}, r, 3.0f), ids(DType::i64, {T});
+      for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = r.index(s.vocab);
+      auto dx = upload(x), dl = upload(logits), dids = upload(ids);
+      for (const bool hashed : {false, true}) {
+        ops::MoeRouting route;
+        route.logits = dl.view();
+        route.routed_scale = 1.5f;
+        if (hashed)
+          route.tid2eid = dtable.view(), route.token_ids = dids.view();
+        else
+          route.bias = dbias.view();
+        const std::string what = cat("moe_experts with ", hashed ? "hash" : "scored", " routing, T=", T,
+                                     fp8 ? ", x FP8" : "", " (", be.moe_path(dexp[0].w1, T), ")");
+        auto idx = poisoned(DType::i32, {T, k}), w = poisoned(DType::f32, {T, k}), want = poisoned(DType::f32, {T, D});
+        {
+          KnobGuard apart("TERN_MOE_FUSED_PLAN", 0);
+          if (hashed)
+            ops::route_hash(cuda::context(), dl, dtable, dids, 1.5f, idx, w);
+          else
+            ops::route_scored(cuda::context(), dl, dbias, 1.5f, idx, w);
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, idx, w, dexp, 10.0f, want});
+        }
+        const Tensor want_idx = cuda::to_host(idx), want_w = cuda::to_host(w), want_out = cuda::to_host(want);
+        Tensor cpu_idx(DType::i32, {T, k}), cpu_w(DType::f32, {T, k});
+        if (hashed)
+          ops::route_hash(cpu::context(), logits, table, ids, 1.5f, cpu_idx, cpu_w);
+        else
+          ops::route_scored(cpu::context(), logits, cuda::to_host(dbias), 1.5f, cpu_idx, cpu_w);
+        EXPECT_EQ(std::memcmp(want_idx.data<int32_t>(), cpu_idx.data<int32_t>(), T * k * 4), 0) << what << ": picks";
+        const auto same = [&](const TensorView& gi, const TensorView& gw, const TensorView& go, const char* how) {
+          EXPECT_EQ(std::memcmp(cuda::to_host(gi).data<int32_t>(), want_idx.data<int32_t>(), T * k * 4), 0)
+              << what << ", " << how << ": picks differ";
+          EXPECT_EQ(std::memcmp(cuda::to_host(gw).data<float>(), want_w.data<float>(), T * k * 4), 0)
+              << what << ", " << how << ": weights differ";
+          EXPECT_EQ(std::memcmp(cuda::to_host(go).data<float>(), want_out.data<float>(), T * D * 4), 0)
+              << what << ", " << how << ": outputs differ";
+        };
+        for (const int fused : {1, 0}) {
+          KnobGuard plan("TERN_MOE_FUSED_PLAN", fused);
+          auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
+          same(gi, gw, go, fused ? "eager, in the plan kernel" : "eager, apart");
+        }
+        {  // h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H; fp8 only, up to 64 tokens)
+          KnobGuard h_staged("TERN_MOE_STAGE_QUANT_H", 1);
+          auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
+          same(gi, gw, go, "eager, h quantised as staged");
+        }
+        auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
+        be.synchronize();
+        CapturedOps graph([&] {
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
+        });
+        ASSERT_EQ(graph.error(), "") << what;
+        ASSERT_EQ(graph.replay(), "") << what;
+        same(gi, gw, go, "replayed");
+      }
+    }
+  }
+  be.check_device_errors();
+}
+
 // The exact experts (--activations f32: every expert weight `exact`): f32 CUDA-core products, so the GPU is held to
 // the f32 bound against the CPU, at this shape's width and depth and at the odd fixture's (hidden 320, width 96,
 // 6 experts top-3), in every expert format.

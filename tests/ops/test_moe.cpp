@@ -122,6 +122,49 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
   EXPECT_THROW(ops::moe_experts(cpu::context(), {x, idx, w, experts, limit, with, wrong}), Error);
 }
 
+// moe_experts with its routing (MoeExpertsArgs::route, scored and hash): the picks, weights and output of the route
+// op then moe_experts, bit for bit; logits of another shape are refused before anything is written.
+TEST(Experts, RoutingInsideGivesTheBitsOfRouteThenExperts) {
+  test::Random rng(44);
+  const int64_t T = 5, D = 16, inter = 8, E = 6, k = 2, vocab = 11;
+  std::vector<Tensor> keep;
+  std::vector<ops::Expert> experts;
+  auto weight = [&](int64_t out, int64_t in) {
+    keep.push_back(rng.tensor({out, in}, 0.4f));
+    return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
+  };
+  for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
+  Tensor x = rng.tensor({T, D}), logits = rng.tensor({T, E}, 2.0f), bias = rng.tensor({E}, 0.5f);
+  Tensor table(DType::i64, {vocab, k}), ids(DType::i64, {T});
+  for (int64_t v = 0; v < vocab; ++v) table.data<int64_t>()[v * k] = v % E, table.data<int64_t>()[v * k + 1] = (v + 1) % E;
+  for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = rng.integer(0, vocab - 1);
+  for (const bool hashed : {false, true}) {
+    Tensor idx(DType::i32, {T, k}), w(DType::f32, {T, k}), want(DType::f32, {T, D});
+    if (hashed)
+      ops::route_hash(cpu::context(), logits, table, ids, 1.5f, idx, w);
+    else
+      ops::route_scored(cpu::context(), logits, bias, 1.5f, idx, w);
+    ops::moe_experts(cpu::context(), {x, idx, w, experts, 1.5f, want});
+    ops::MoeRouting route;
+    route.logits = logits;
+    route.routed_scale = 1.5f;
+    if (hashed)
+      route.tid2eid = table, route.token_ids = ids;
+    else
+      route.bias = bias;
+    Tensor idx2(DType::i32, {T, k}), w2(DType::f32, {T, k}), got(DType::f32, {T, D});
+    ops::moe_experts(cpu::context(), {x, idx2, w2, experts, 1.5f, got, {}, route});
+    EXPECT_EQ(std::memcmp(idx2.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << hashed;
+    EXPECT_EQ(std::memcmp(w2.data<float>(), w.data<float>(), T * k * 4), 0) << hashed;
+    EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), T * D * 4), 0) << hashed;
+    Tensor narrow = rng.tensor({T, E - 1}), untouched(DType::f32, {T, D});
+    std::memcpy(untouched.data<float>(), got.data<float>(), T * D * 4);
+    route.logits = narrow;
+    EXPECT_THROW(ops::moe_experts(cpu::context(), {x, idx2, w2, experts, 1.5f, got, {}, route}), Error) << hashed;
+    EXPECT_EQ(std::memcmp(untouched.data<float>(), got.data<float>(), T * D * 4), 0) << hashed;
+  }
+}
+
 TEST(Elementwise, SwigluClampsGateAboveAndUpBothWays) {
   Tensor g(DType::f32, {3}), u(DType::f32, {3}), o(DType::f32, {3});
   const float gv[] = {20.0f, -1.0f, 0.5f}, uv[] = {-30.0f, 30.0f, 2.0f};

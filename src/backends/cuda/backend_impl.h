@@ -95,6 +95,9 @@ struct CudaBackend::Impl {
   // set_moe_stage_quant: the bulk MoE kernels quantise x and h as they stage them. Off by default since session 22:
   // 0.7% slower at batch 16 / 64 than the separate act_fake_quant launches (H100, bench-step --ab).
   bool moe_stage_quant = false;
+  // MoeParams::stage_quant_h where the plan kernel quantises x (TERN_MOE_STAGE_QUANT_H=1, A/B): h alone quantised in the
+  // bulk down kernel's staging, the act_fake_quant launch between up and down gone. Off until measured.
+  bool moe_stage_quant_h = false;
   // MoeParams::early_down (TERN_MOE_EARLY_DOWN=1 for A/B). Off by default: measured slower in session 22 (H100: the
   // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
   // the up kernel's last blocks.
@@ -103,6 +106,10 @@ struct CudaBackend::Impl {
   bool hc_post_squares = true;
   // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.
   bool route_regs = true;
+  // Where launch_moe runs (decode), its plan kernel also routes and quantises x (MoeParams::route, x_from): one
+  // launch on the step's path where there were three; TERN_MOE_FUSED_PLAN=0: route_scored / act_quant launches of
+  // their own (A/B; the same bits).
+  bool moe_fused_plan = true;
   // hc_mix_kernel stages its fn columns before its PDL wait (HcParams::early_fn; TERN_HC_EARLY_FN=0: after).
   bool hc_early_fn = true;
   // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).
@@ -165,6 +172,10 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
 bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                             const TensorView& y);
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
+// Whether run_library_moe / run_grouped_moe take these params (what they test first; moe_experts asks before it
+// decides where the routing and x's quantisation run).
+bool library_moe_takes(const CudaBackend::Impl& impl, const MoeParams& p);
+bool grouped_moe_takes(const CudaBackend::Impl& impl, const MoeParams& p);
 // The routed experts of a prefill chunk on the grouped FP4 kernels (moe_grouped.cuh): for the token counts the
 // library takes, FP4 experts, unless moe_prefill_library; no host readback.
 bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p);

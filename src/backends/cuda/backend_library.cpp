@@ -227,9 +227,12 @@ struct Job {
 
 // The plan stays on the device: the grouped kernels' grids are bounded from T, k and E, and each block finds its
 // (job, m-tile, n-tile) in the tile table, so this path never synchronises and may be captured.
+bool grouped_moe_takes(const CudaBackend::Impl& impl, const MoeParams& p) {
+  return impl.moe_grouped_for(p.T) && !impl.moe_library_forced(p.T) && moe_grouped_supported(p) && aligned16(p.x);
+}
+
 bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
-  if (!impl.moe_grouped_for(p.T) || impl.moe_library_forced(p.T) || !moe_grouped_supported(p) || !aligned16(p.x))
-    return false;
+  if (!grouped_moe_takes(impl, p)) return false;
   const int64_t P = p.T * p.k, max_jobs = std::min<int64_t>(P, p.E) + 2;
   TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");
   cudaStream_t s = impl.stream;
@@ -278,14 +281,18 @@ bool run_grouped_moe(CudaBackend::Impl& impl, const MoeParams& p) {
 
 // The plan (pairs grouped by expert, one job per expert) is read back to the host: the per-expert products
 // need their token counts there. So this path synchronises once per call and never runs inside a capture.
-bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts) {
+bool library_moe_takes(const CudaBackend::Impl& impl, const MoeParams& p) {
   // experts_aligned: every matrix 16-byte aligned (the expert table checks it once per expert list).
   if (!impl.library_for(p.T) || p.D % 32 != 0 || p.inter % 32 != 0 || !aligned16(p.x) || !p.experts_aligned)
     return false;
-  cudaStream_t s = impl.stream;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  TERN_CUDA(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return false;
+  TERN_CUDA(cudaStreamIsCapturing(impl.stream, &capturing));
+  return capturing == cudaStreamCaptureStatusNone;
+}
+
+bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts) {
+  if (!library_moe_takes(impl, p)) return false;
+  cudaStream_t s = impl.stream;
 
   const int64_t P = p.T * p.k, max_jobs = std::min<int64_t>(P, p.E) + 2;
   TERN_CHECK(P <= INT32_MAX / 2, "cuda moe_experts: ", P, " pairs");

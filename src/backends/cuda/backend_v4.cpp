@@ -356,6 +356,13 @@ MoeParams moe_shape(const ops::Weight& w1, const ops::Weight& w2, int64_t T, int
 // launch_moe.
 void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoeParams& p) {
   const ops::Expert& e0 = a.experts[0];
+  // The routing runs in launch_moe's plan kernel where that kernel can take it (fused below), else first, alone.
+  const bool route_fusable = p.route.tid2eid != nullptr || (impl.route_regs && route_in_registers(p.E, p.k));
+  const auto route_alone = [&] {
+    launch_moe_route(p, impl.route_regs, impl.stream);
+    check_launch(p.route.tid2eid != nullptr ? "route_hash" : "route_scored");
+    p.route = MoeRoute{};
+  };
   if (p.T == 0) {  // nothing to combine; the branch is still joined
     if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(impl.stream, p.combine_waits, 0));
     return;
@@ -371,6 +378,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
                "cuda moe_experts: the experts must all be exact or all not (", e.w1.name, " differs)");
   if (e0.w1.exact) {
+    route_alone();
     TERN_CHECK(!e0.w1.act_fp8,
                "cuda moe_experts: exact experts take x as it is (--activations fp8 and f32 exclude "
                "each other)");
@@ -383,10 +391,11 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   }
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
-  // --activations fp8: x quantised here, h by every path between its up and down products
-  // (MoeParams::act_fp8); a call the bulk kernels take has them quantise both as they stage them
-  // (MoeParams::stage_quant). Neither the grouped kernels (from moe_grouped_min_tokens) nor the library
-  // (from kLibraryMinTokens, above the bulk range) take such a call.
+  // --activations fp8: x quantised before the expert kernels (by the plan kernel, x_from, or alone), h by every path
+  // between its up and down products (MoeParams::act_fp8); with TERN_MOE_STAGE_QUANT a call the bulk kernels take has
+  // them quantise both as they stage them (MoeParams::stage_quant), with TERN_MOE_STAGE_QUANT_H h alone
+  // (stage_quant_h). Neither the grouped kernels (from moe_grouped_min_tokens) nor the library (from
+  // kLibraryMinTokens, above the bulk range) take such a call.
   Tensor xq;
   if (e0.w1.act_fp8) {
     TERN_CHECK(p.D % 128 == 0 && p.inter % 128 == 0,
@@ -396,17 +405,26 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     if (impl.moe_stage_quant && moe_bulk_taken(p) && !impl.library_for(p.T) &&
         !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p))) {
       p.stage_quant = true;
+      if (!impl.moe_fused_plan || !route_fusable) route_alone();
       launch_moe(p, impl.scratch(moe_workspace_bytes(p)), impl.num_sms, impl.stream);
       check_launch("moe_experts (x and h quantised as staged)");
       ++impl.moe_stage_quant_calls;
       return;
     }
     xq = impl.tensor(DType::f32, {p.T, p.D});
-    launch_act_fake_quant(ActRows{p.x, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
-    check_launch("act_fake_quant");
+    p.x_from = p.x;
     p.x = xq.data<float>();
-    p.act_fp8 = true;
   }
+  // launch_moe's plan kernel takes the routing and x's quantisation (one launch) unless the grouped kernels or the
+  // library take the call (their own plans) or TERN_MOE_FUSED_PLAN=0.
+  const bool fused = impl.moe_fused_plan && !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
+  if (!fused || !route_fusable) route_alone();
+  if (!fused && p.x_from != nullptr) {
+    launch_act_fake_quant(ActRows{p.x_from, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
+    check_launch("act_fake_quant");
+    p.x_from = nullptr;
+  }
+  p.stage_quant_h = fused && p.act_fp8 && impl.moe_stage_quant_h && moe_bulk_taken(p);
   if (run_grouped_moe(impl, p) || run_library_moe(impl, p, a.experts)) return;
   void* ws = impl.scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl.num_sms, impl.stream);
@@ -424,6 +442,26 @@ void CudaBackend::moe_experts(const ops::MoeExpertsArgs& a) {
                    e.w1.out == e0.w1.out && e.w1.scale.dtype() == e0.w1.scale.dtype(),
                "cuda moe_experts: every expert must share one format and shape (", e.w1.name, " differs)");
   MoeParams p = moe_shape(e0.w1, e0.w2, a.x.dim(0), a.indices.dim(1));
+  const ops::MoeRouting& rt = a.route;
+  if (!rt.logits.empty()) {  // the routing runs here (run_moe_paths: in the plan kernel or alone)
+    require_cuda_f32("moe_experts (routing)", {&rt.logits});
+    TERN_CHECK(a.indices.dim(1) <= 32, "cuda moe_experts: at most 32 picks");
+    p.route.logits = rt.logits.data_as<const float>();
+    if (rt.hashed()) {
+      TERN_CHECK(rt.tid2eid.device() == Device::cuda && rt.token_ids.device() == Device::cuda,
+                 "cuda moe_experts: tid2eid and token_ids must be in device memory");
+      p.route.tid2eid = rt.tid2eid.data();
+      p.route.tid2eid_i64 = rt.tid2eid.dtype() == DType::i64;
+      p.route.vocab = rt.tid2eid.dim(0);
+      p.route.token_ids = rt.token_ids.data_as<const int64_t>();
+    } else {
+      require_cuda_f32("moe_experts (routing)", {&rt.bias});
+      p.route.bias = rt.bias.data_as<const float>();
+    }
+    p.route.scale = rt.routed_scale;
+    p.route.indices = a.indices.data_as<int32_t>();
+    p.route.weights = a.weights.data_as<float>();
+  }
   p.x = a.x.data_as<const float>();
   p.D = a.x.dim(1);
   p.indices = a.indices.data_as<const int32_t>();
@@ -478,7 +516,9 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
     return cat("from ", kMoeWgmmaMinPairs, " mean pairs an expert ", moe_grouped_wgmma_path_name(p), "; below ",
                moe_grouped_path_name(p));
   }
-  return moe_path_name(p);
+  // moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x run in the plan's launch.
+  return cat(moe_path_name(p), impl_->moe_fused_plan ? "; the plan as moe_prep_kernel (routing and x's FP8 "
+                                                       "quantisation in its launch)" : "");
 }
 
 }  // namespace tern::cuda

@@ -24,10 +24,12 @@ struct ImplSwitch {
 };
 constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_MOE_STAGE_QUANT", &CudaBackend::Impl::moe_stage_quant},
+    {"TERN_MOE_STAGE_QUANT_H", &CudaBackend::Impl::moe_stage_quant_h},
     {"TERN_MOE_EARLY_DOWN", &CudaBackend::Impl::moe_early_down},
     {"TERN_X8_QUANT", &CudaBackend::Impl::x8_quantises_x},
     {"TERN_HC_POST_SQUARES", &CudaBackend::Impl::hc_post_squares},
     {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},
+    {"TERN_MOE_FUSED_PLAN", &CudaBackend::Impl::moe_fused_plan},
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
     {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
@@ -470,8 +472,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
       "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; TERN_MOE_STAGE_QUANT=1: on the bulk "
       "decode kernels quantised as the kernels stage them, no launch)",
-      "moe_experts: mxfp4 / nvfp4 experts at up to 128 tokens (256 under --batch-invariant or where "
-      "TERN_MOE_GROUPED_MIN_TOKENS moves the grouped kernels up): moe_plan + moe_bulk_kernel up/down (persistent, "
+      "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 under --batch-invariant or where "
+      "TERN_MOE_GROUPED_MIN_TOKENS moves the grouped kernels up): moe_plan (moe_prep_kernel: with the routing and "
+      "x's FP8 quantisation in its launch; TERN_MOE_FUSED_PLAN=0 apart) + moe_bulk_kernel up/down (persistent, "
       "whole weight-row tiles through a bulk-copy ring in shared memory, decoded there) + moe_combine; larger "
       "batches, fp8 / bf16 / f32 experts: moe_plan + moe_expert_kernel up/down + moe_combine; tensor cores, the "
       "same K order (so the same bits) in both",

@@ -26,20 +26,16 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
   const int64_t blocks = r.cols / 128;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (item >= r.T * blocks) return;
-  const int64_t row = item / blocks, col = (item - row * blocks) * 128 + 4 * lane;
-  const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
-  int k = 0;
-  const uint32_t packed = act_quant_lane(v, k);
+  const int64_t row = item / blocks, block_col = (item - row * blocks) * 128, col = block_col + 4 * lane;
   if constexpr (O == ActOut::bytes) {
+    const float4 v = *reinterpret_cast<const float4*>(r.x + row * r.x_stride + col);
+    int k = 0;
+    const uint32_t packed = act_quant_lane(v, k);
     *reinterpret_cast<uint32_t*>(o.xq + row * r.cols + col) = packed;
     if (lane == 0)
       o.sx[o.sx_token_ld > 0 ? (col / 128) * o.sx_token_ld + row : row * blocks + col / 128] = ldexpf(1.0f, k);
   } else {
-    const float s = ldexpf(1.0f, k);
-    float d[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(static_cast<uint8_t>(packed >> (8 * i))) * s;
-    *reinterpret_cast<float4*>(o.f + row * o.f_stride + col) = make_float4(d[0], d[1], d[2], d[3]);
+    act_fake_quant_block(r.x + row * r.x_stride + block_col, o.f + row * o.f_stride + block_col, lane);
   }
 }
 

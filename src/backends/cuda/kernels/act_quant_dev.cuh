@@ -25,4 +25,17 @@ __device__ __forceinline__ float act_fake_quant_value(float v, float inv, float 
   return e4m3_to_f32(static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3))) * s;
 }
 
+// One warp's (row, 128-column block): x's 128 values (4 a lane, from x + 4 lane) quantised and dequantised to out
+// (e4m3(v / 2^k) * 2^k, exact in f32): act_quant_kernel's f32 output and the MoE plan kernel's quantisation of x.
+__device__ __forceinline__ void act_fake_quant_block(const float* x, float* out, int lane) {
+  const float4 v = *reinterpret_cast<const float4*>(x + 4 * lane);
+  int k = 0;
+  const uint32_t packed = act_quant_lane(v, k);
+  const float s = ldexpf(1.0f, k);
+  float d[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] = e4m3_to_f32(static_cast<uint8_t>(packed >> (8 * i))) * s;
+  *reinterpret_cast<float4*>(out + 4 * lane) = make_float4(d[0], d[1], d[2], d[3]);
+}
+
 }  // namespace tern::cuda::dev

@@ -4,6 +4,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
 #include "core/error.h"
@@ -93,20 +94,10 @@ __device__ __forceinline__ unsigned route_key(float v) {
   return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
 }
 
-// route_scored_kernel's picks and weights (the same floats, the same order of the sum) with each lane's PER
-// experts (lane + 32 i) held in registers: every logit and bias load issued at once, and a round is a lane's
-// argmax over its registers and two warp reductions (the largest key, then the lowest expert holding it: ties to
-// the lower id) instead of a shared-memory scan and ten shuffles. Up to 32 picks (lane j keeps pick j).
-// route_scored_kernel took 9.1 us at one token on the H100 (session 22), this kernel 3.1 (session 23, results.md).
 template <int PER>
-__global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
-                                                                            int64_t T, int64_t E, int k, float scale,
-                                                                            int32_t* indices, float* weights, int* err) {
-  pdl_prologue();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= T) return;
-  const float* row = logits + t * E;
+__device__ __forceinline__ void route_scored_token_regs(const float* row, const float* bias, int64_t E, int k,
+                                                        float scale, int32_t* indices, float* weights, int* err) {
+  const int lane = threadIdx.x & 31;
   float lg[PER], bs[PER], sc[PER];
   unsigned key[PER];
 #pragma unroll
@@ -146,18 +137,30 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(con
     if (lane == j) mine = w, mine_e = win;
   }
   if (lane < k) {
-    indices[t * k + lane] = mine_e;
-    weights[t * k + lane] = mine / (sum + 1e-20f) * scale;
+    indices[lane] = mine_e;
+    weights[lane] = mine / (sum + 1e-20f) * scale;
   }
 }
 
-__global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
-                                  const int64_t* token_ids, int64_t T, int64_t E, int k, float scale, int32_t* indices,
-                                  float* weights, int* err) {
+// route_scored_kernel's picks and weights (the same floats, the same order of the sum) with each lane's PER
+// experts (lane + 32 i) held in registers: every logit and bias load issued at once, and a round is a lane's
+// argmax over its registers and two warp reductions (the largest key, then the lowest expert holding it: ties to
+// the lower id) instead of a shared-memory scan and ten shuffles. Up to 32 picks (lane j keeps pick j).
+// route_scored_kernel took 9.1 us at one token on the H100 (session 22), this kernel 3.1 (session 23, results.md).
+template <int PER>
+__global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
+                                                                            int64_t T, int64_t E, int k, float scale,
+                                                                            int32_t* indices, float* weights, int* err) {
   pdl_prologue();
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   if (t >= T) return;
-  const int64_t token = token_ids[t];
+  route_scored_token_regs<PER>(logits + t * E, bias, E, k, scale, indices + t * k, weights + t * k, err);
+}
+
+// One token's hash routing (a thread): tid2eid's row of the token, weights from its scores.
+__device__ __forceinline__ void route_hash_token(const float* logits, const void* tid2eid, int i64, int64_t vocab,
+                                                 int64_t token, int64_t E, int k, float scale, int32_t* indices,
+                                                 float* weights, int* err) {
   const bool ok = token >= 0 && token < vocab;
   if (!ok) raise(err, kErrTokenId);
   float sum = 0.0f;
@@ -169,10 +172,20 @@ __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int 
       raise(err, kErrExpertIndex);
       e = 0;
     }
-    indices[t * k + j] = static_cast<int32_t>(e);
-    sum += weights[t * k + j] = sqrt_softplus(logits[t * E + e]);
+    indices[j] = static_cast<int32_t>(e);
+    sum += weights[j] = sqrt_softplus(logits[e]);
   }
-  for (int j = 0; j < k; ++j) weights[t * k + j] = weights[t * k + j] / (sum + 1e-20f) * scale;
+  for (int j = 0; j < k; ++j) weights[j] = weights[j] / (sum + 1e-20f) * scale;
+}
+
+__global__ void route_hash_kernel(const float* logits, const void* tid2eid, int i64, int64_t vocab,
+                                  const int64_t* token_ids, int64_t T, int64_t E, int k, float scale, int32_t* indices,
+                                  float* weights, int* err) {
+  pdl_prologue();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  route_hash_token(logits + t * E, tid2eid, i64, vocab, token_ids[t], E, k, scale, indices + t * k, weights + t * k,
+                   err);
 }
 
 constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
@@ -183,10 +196,8 @@ constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
 // expert and the warp's count, a running sum over the warps (in warp order: pick order) the rank among the
 // expert's picks so far, kept in pos[] until the offsets are known. (Warp ballots per expert over every pick,
 // the way for more experts, took 20 us a layer at 384 picks.)
-__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
-                                                                int* sorted, int* pos, int* jobs, int* num_jobs,
-                                                                int* err) {
-  pdl_prologue();
+__device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, int64_t E, int tile, int* sorted,
+                                           int* pos, int* jobs, int* num_jobs, int* err) {
   __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
   __shared__ union {
     int32_t staged[kPlanStaged];               // more experts: the picks, read many times below
@@ -297,6 +308,59 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
     }
 }
 
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* indices, int64_t P, int64_t E, int tile,
+                                                                int* sorted, int* pos, int* jobs, int* num_jobs,
+                                                                int* err) {
+  pdl_prologue();
+  plan_block(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
+}
+
+struct PrepArgs {
+  MoeRoute route;  // route.logits nullptr: the picks are inputs
+  int64_t T, E;
+  int k, tile;
+  const int32_t* indices;
+  int* sorted;
+  int* pos;
+  int* jobs;
+  int* num_jobs;
+  int* err;
+  const float* x_from;  // nullptr: no quantisation (then gridDim.x is 1)
+  float* x;
+  int64_t D;
+};
+
+// moe_plan_kernel with the work of the launches before it (MoeParams::route, x_from): block 0 routes (a warp a token,
+// route_scored_regs_kernel's device code; or a thread a token, route_hash_kernel's), then plans the picks it wrote
+// (__syncthreads makes the block's global writes visible to the block); blocks 1.. quantise x, a warp a (row,
+// 128-column block), as act_quant_kernel does. The same bits as the three launches.
+__global__ void __launch_bounds__(kPlanThreads) moe_prep_kernel(PrepArgs a) {
+  pdl_prologue();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (blockIdx.x > 0) {
+    const int64_t blocks = a.D / 128;
+    const int64_t item = static_cast<int64_t>(blockIdx.x - 1) * (kPlanThreads / 32) + warp;
+    if (item >= a.T * blocks) return;
+    const int64_t row = item / blocks, col = (item - row * blocks) * 128;
+    act_fake_quant_block(a.x_from + row * a.D + col, a.x + row * a.D + col, lane);
+    return;
+  }
+  const MoeRoute& r = a.route;
+  if (r.logits != nullptr) {
+    if (r.tid2eid != nullptr) {
+      for (int64_t t = threadIdx.x; t < a.T; t += kPlanThreads)
+        route_hash_token(r.logits + t * a.E, r.tid2eid, r.tid2eid_i64 ? 1 : 0, r.vocab, r.token_ids[t], a.E, a.k,
+                         r.scale, r.indices + t * a.k, r.weights + t * a.k, a.err);
+    } else {
+      for (int64_t t = warp; t < a.T; t += kPlanThreads / 32)
+        route_scored_token_regs<kRouteRegsPerLane>(r.logits + t * a.E, r.bias, a.E, a.k, r.scale, r.indices + t * a.k,
+                                                   r.weights + t * a.k, a.err);
+    }
+    __syncthreads();
+  }
+  plan_block(a.indices, a.T * a.k, a.E, a.tile, a.sorted, a.pos, a.jobs, a.num_jobs, a.err);
+}
+
 // out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
 __global__ void moe_combine_kernel(const float* y, const int* pos, const float* weights, int64_t T, int k, int64_t D,
                                    const float* residual, float* out) {
@@ -344,6 +408,16 @@ void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i6
   if (T == 0) return;
   launch(dev::route_hash_kernel, static_cast<unsigned>((T + 127) / 128), 128, 0, stream, logits, tid2eid,
          tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
+}
+
+void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream) {
+  const MoeRoute& r = p.route;
+  if (r.logits == nullptr) return;
+  if (r.tid2eid != nullptr)
+    launch_route_hash(r.logits, r.tid2eid, r.tid2eid_i64, r.vocab, r.token_ids, p.T, p.E, p.k, r.scale, r.indices,
+                      r.weights, p.err, stream);
+  else
+    launch_route_scored(r.logits, r.bias, p.T, p.E, p.k, r.scale, r.indices, r.weights, p.err, regs, stream);
 }
 
 bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter) {
@@ -514,8 +588,19 @@ namespace {
 
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
-  launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
-         jobs, num_jobs, p.err);
+  if (p.route.logits == nullptr && p.x_from == nullptr) {
+    launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
+           jobs, num_jobs, p.err);
+    return;
+  }
+  TERN_CHECK(p.route.logits == nullptr || p.route.tid2eid != nullptr || route_in_registers(p.E, p.k),
+             "launch_moe: the plan kernel routes ", p.E, " experts / ", p.k, " picks only on the register kernel's shape");
+  TERN_CHECK(p.x_from == nullptr || p.D % 128 == 0, "launch_moe: x quantised in the plan kernel needs D % 128 == 0");
+  dev::PrepArgs a{p.route, p.T, p.E, p.k, tile, p.indices, sorted, pos, jobs, num_jobs, p.err, p.x_from,
+                  const_cast<float*>(p.x), p.D};
+  const int64_t items = p.x_from != nullptr ? p.T * (p.D / 128) : 0;
+  const auto blocks = static_cast<unsigned>(1 + (items + dev::kPlanThreads / 32 - 1) / (dev::kPlanThreads / 32));
+  launch(dev::moe_prep_kernel, blocks, dev::kPlanThreads, 0, stream, a);
 }
 
 }  // namespace
@@ -536,7 +621,8 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
   if (p.T == 0) return;
   const MoeLayout L(p);
   const BulkPlans bulk = bulk_plans(p);
-  TERN_CHECK(!p.stage_quant || bulk.ok, "launch_moe: x and h quantised as staged need the bulk kernels (moe_bulk_taken)");
+  TERN_CHECK((!p.stage_quant && !p.stage_quant_h) || bulk.ok,
+             "launch_moe: x or h quantised as staged need the bulk kernels (moe_bulk_taken)");
   char* ws = static_cast<char*>(workspace);
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
                   reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);

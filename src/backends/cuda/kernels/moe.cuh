@@ -32,6 +32,21 @@ struct ExpertDesc {
   float global_scale[3] = {1.0f, 1.0f, 1.0f};
 };
 
+// The routing launch_moe's plan kernel runs first (MoeParams::route): the bits of launch_route_scored (bias set; the
+// register kernel's shape only, route_in_registers) or launch_route_hash (tid2eid set), written to indices and
+// weights, which MoeParams::indices and weights then name.
+struct MoeRoute {
+  const float* logits = nullptr;  // [T, E]; nullptr: no routing here
+  const float* bias = nullptr;    // scored: [E]
+  const void* tid2eid = nullptr;  // hash: [vocab, k], i64 or i32
+  bool tid2eid_i64 = false;
+  int64_t vocab = 0;
+  const int64_t* token_ids = nullptr;  // hash: [T]
+  float scale = 1.0f;
+  int32_t* indices = nullptr;  // [T, k]
+  float* weights = nullptr;    // [T, k]
+};
+
 struct MoeParams {
   const float* x = nullptr;  // [T, D]
   int64_t T = 0, D = 0, inter = 0;
@@ -63,11 +78,23 @@ struct MoeParams {
   // With act_fp8, on the bulk kernels only: x arrives as it is and the kernels quantise x (up) and h (down) as they
   // stage them (stage_x<F, true>): the bits of quantising first, two launches less a call (session 21).
   bool stage_quant = false;
+  // The same for h alone (x quantised before, by the plan kernel: x_from): the down kernel quantises h as it stages
+  // it, one launch less a call (TERN_MOE_STAGE_QUANT_H, A/B).
+  bool stage_quant_h = false;
   // The bulk down kernel's producer copies w2's rows into its ring before its PDL wait (moe_bulk_kernel says why
   // that is safe), overlapping the up kernel's tail; false (the default since session 22, which measured it slower):
   // after it. Same bits.
   bool early_down = false;
+  // Work launch_moe's plan kernel takes over from launches of its own, so that a decode step's path holds one kernel
+  // where it held three (CudaBackend::moe_experts sets them where launch_moe runs; TERN_MOE_FUSED_PLAN=0: apart):
+  // the routing (route.logits set), and with x_from set x's 1x128 FP8 fake quantisation, read from x_from and
+  // written to x (act_fake_quant's bits) by blocks beside the one that routes and plans.
+  MoeRoute route;
+  const float* x_from = nullptr;
 };
+
+// The routing alone (launch_route_scored / launch_route_hash), for the paths that do not run launch_moe's plan.
+void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream);
 
 // h [rows, inter] f32 row-major quantised in place when p.act_fp8 (the f32 paths: bulk and register kernels).
 void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t stream);

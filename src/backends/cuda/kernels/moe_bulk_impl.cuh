@@ -395,7 +395,8 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
       else return a.h + static_cast<int64_t>(first + i) * p.inter;
     };
-    if (p.stage_quant) stage_x<F, true>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    if (p.stage_quant || (!UP && p.stage_quant_h))
+      stage_x<F, true>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     else stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     named_bar_sync(1, threads);
   };
@@ -496,7 +497,8 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
   };
   a.plan = up;
   dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
-  if (!p.stage_quant) quantize_moe_h(p, a.h, L.P, stream);  // else the down kernel quantises h as it stages it
+  // else the down kernel quantises h as it stages it
+  if (!p.stage_quant && !p.stage_quant_h) quantize_moe_h(p, a.h, L.P, stream);
   a.plan = down;
   dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
 }
