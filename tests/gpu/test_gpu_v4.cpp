@@ -476,8 +476,9 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
 }
 
 // moe_experts with its routing (MoeExpertsArgs::route), scored and hash, x as it is and FP8-quantised
-// (--activations fp8): where launch_moe runs (1-64 tokens) the plan kernel routes and quantises x in its launch
-// (moe_prep_kernel); from 65 tokens the grouped kernels take the call and the routing runs alone. Every case gives
+// (--activations fp8): where launch_moe runs at up to 8 tokens the plan kernel routes and quantises x in its launch
+// (moe_prep_kernel); at 9-64 the routing runs alone and the plan in 256 threads; from 65 tokens the grouped kernels
+// take the call. Every case gives
 // the bits of the route op then moe_experts with TERN_MOE_FUSED_PLAN=0 (separate launches: route, act_fake_quant,
 // moe_plan), eagerly, with h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H) and replayed from a
 // graph; the picks equal the CPU's.
@@ -495,7 +496,7 @@ TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
   for (const bool fp8 : {false, true}) {
     for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
     const std::vector<ops::Expert>& dexp = experts.on_device;
-    for (const int64_t T : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{100}}) {
+    for (const int64_t T : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{64}, int64_t{100}}) {
       Tensor x = random_f32({T, D}, r), logits = random_f32({T, E}, r, 3.0f), ids(DType::i64, {T});
       for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = r.index(s.vocab);
       auto dx = upload(x), dl = upload(logits), dids = upload(ids);

@@ -405,7 +405,8 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     if (impl.moe_stage_quant && moe_bulk_taken(p) && !impl.library_for(p.T) &&
         !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p))) {
       p.stage_quant = true;
-      if (!impl.moe_fused_plan || !route_fusable) route_alone();
+      if (!impl.moe_fused_plan || !route_fusable || !moe_prep_supported(p.T, p.E)) route_alone();
+      p.small_plan = impl.moe_fused_plan;
       launch_moe(p, impl.scratch(moe_workspace_bytes(p)), impl.num_sms, impl.stream);
       check_launch("moe_experts (x and h quantised as staged)");
       ++impl.moe_stage_quant_calls;
@@ -415,16 +416,18 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     p.x_from = p.x;
     p.x = xq.data<float>();
   }
-  // launch_moe's plan kernel takes the routing and x's quantisation (one launch) unless the grouped kernels or the
-  // library take the call (their own plans) or TERN_MOE_FUSED_PLAN=0.
-  const bool fused = impl.moe_fused_plan && !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
+  // launch_moe's plan kernel takes the routing and x's quantisation (one launch) at up to kMoePrepMaxTokens tokens
+  // unless the grouped kernels or the library take the call (their own plans) or TERN_MOE_FUSED_PLAN=0.
+  const bool plan_path = !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
+  const bool fused = impl.moe_fused_plan && plan_path && moe_prep_supported(p.T, p.E);
+  p.small_plan = impl.moe_fused_plan;
   if (!fused || !route_fusable) route_alone();
   if (!fused && p.x_from != nullptr) {
     launch_act_fake_quant(ActRows{p.x_from, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
     check_launch("act_fake_quant");
     p.x_from = nullptr;
   }
-  p.stage_quant_h = fused && p.act_fp8 && impl.moe_stage_quant_h && moe_bulk_taken(p);
+  p.stage_quant_h = plan_path && p.act_fp8 && impl.moe_stage_quant_h && moe_bulk_taken(p);
   if (run_grouped_moe(impl, p) || run_library_moe(impl, p, a.experts)) return;
   void* ws = impl.scratch(moe_workspace_bytes(p));
   launch_moe(p, ws, impl.num_sms, impl.stream);
@@ -517,8 +520,10 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
                moe_grouped_path_name(p));
   }
   // moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x run in the plan's launch.
-  return cat(moe_path_name(p), impl_->moe_fused_plan ? "; the plan as moe_prep_kernel (routing and x's FP8 "
-                                                       "quantisation in its launch)" : "");
+  if (!impl_->moe_fused_plan) return moe_path_name(p);
+  return cat(moe_path_name(p), moe_prep_supported(T, 256)
+                                   ? "; the plan as moe_prep_kernel (routing and x's FP8 quantisation in its launch)"
+                                   : "; the plan in 256 threads (moe_plan_kernel_small) up to 256 experts");
 }
 
 }  // namespace tern::cuda

@@ -189,6 +189,11 @@ __global__ void route_hash_kernel(const float* logits, const void* tid2eid, int 
 }
 
 constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
+// The plan of up to kRankExperts experts in a block of that many threads (moe_prep_kernel, and moe_plan_kernel_small
+// under TERN_MOE_FUSED_PLAN): a 1024-thread block needs ~50K registers free on one multiprocessor, which the side
+// branch's FP8 products (two 256-thread blocks an SM) leave only when they end: session 27's first prep kernel of
+// 1024 threads waited for the shared expert's product at batch 1 (results.md).
+constexpr int kPlanThreadsSmall = kRankExperts;
 
 // One block: per-expert counts, offsets, sorted pair list (each expert's pairs in pick order), each pair's
 // sorted slot, and the job list (expert, first slot, count <= tile). Up to kRankExperts experts, the block
@@ -196,12 +201,15 @@ constexpr int kPlanThreads = 1024, kPlanStaged = 6144, kRankExperts = 256;
 // expert and the warp's count, a running sum over the warps (in warp order: pick order) the rank among the
 // expert's picks so far, kept in pos[] until the offsets are known. (Warp ballots per expert over every pick,
 // the way for more experts, took 20 us a layer at 384 picks.)
+// THREADS: the block's threads (E <= THREADS: the scans take an expert a thread); STAGED: the picks the path for
+// more than kRankExperts experts keeps in shared memory.
+template <int THREADS, int STAGED>
 __device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, int64_t E, int tile, int* sorted,
                                            int* pos, int* jobs, int* num_jobs, int* err) {
-  __shared__ int count[kMaxExperts], offset[kMaxExperts], job_off[kMaxExperts];
+  __shared__ int count[THREADS], offset[THREADS], job_off[THREADS];
   __shared__ union {
-    int32_t staged[kPlanStaged];               // more experts: the picks, read many times below
-    int warp_count[32 * kRankExperts];         // up to kRankExperts: [warp][expert] counts, then running sums
+    int32_t staged[STAGED];                           // more experts: the picks, read many times below
+    int warp_count[THREADS / 32 * kRankExperts];      // up to kRankExperts: [warp][expert] counts, then running sums
   } sm;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const bool ranked = E <= kRankExperts;
@@ -241,14 +249,14 @@ __device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, in
   } else {
     for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
       const int e = indices[q];
-      if (q < kPlanStaged) sm.staged[q] = e;
+      if (q < STAGED) sm.staged[q] = e;
       if (e < 0 || e >= E) {
         raise(err, kErrExpertIndex);
         pos[q] = -1;
       }
     }
     __syncthreads();
-    if (P <= kPlanStaged) indices = sm.staged;
+    if (P <= STAGED) indices = sm.staged;
     for (int e = warp; e < E; e += warps) {
       int c = 0;
       for (int64_t base = 0; base < P; base += 32) {
@@ -312,7 +320,16 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const int32_t* i
                                                                 int* sorted, int* pos, int* jobs, int* num_jobs,
                                                                 int* err) {
   pdl_prologue();
-  plan_block(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
+  plan_block<kPlanThreads, kPlanStaged>(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
+}
+
+// moe_plan_kernel in kPlanThreadsSmall threads, for up to that many experts (the same plan: a pick's slot depends on
+// the pick order only).
+__global__ void __launch_bounds__(kPlanThreadsSmall) moe_plan_kernel_small(const int32_t* indices, int64_t P,
+                                                                           int64_t E, int tile, int* sorted, int* pos,
+                                                                           int* jobs, int* num_jobs, int* err) {
+  pdl_prologue();
+  plan_block<kPlanThreadsSmall, 1>(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
 }
 
 struct PrepArgs {
@@ -330,35 +347,37 @@ struct PrepArgs {
   int64_t D;
 };
 
-// moe_plan_kernel with the work of the launches before it (MoeParams::route, x_from): block 0 routes (a warp a token,
-// route_scored_regs_kernel's device code; or a thread a token, route_hash_kernel's), then plans the picks it wrote
-// (__syncthreads makes the block's global writes visible to the block); blocks 1.. quantise x, a warp a (row,
-// 128-column block), as act_quant_kernel does. The same bits as the three launches.
-__global__ void __launch_bounds__(kPlanThreads) moe_prep_kernel(PrepArgs a) {
+// moe_plan_kernel_small with the work of the launches before it (MoeParams::route, x_from), for steps of up to
+// kMoePrepMaxTokens tokens: block 0 routes (a warp a token, route_scored_regs_kernel's device code; or a thread a
+// token, route_hash_kernel's), then plans the picks it wrote (__syncthreads makes the block's global writes visible to
+// the block); blocks 1.. quantise x, a warp a (row, 128-column block), as act_quant_kernel does. The same bits as the
+// three launches.
+__global__ void __launch_bounds__(kPlanThreadsSmall) moe_prep_kernel(PrepArgs a) {
   pdl_prologue();
+  constexpr int kWarps = kPlanThreadsSmall / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (blockIdx.x > 0) {
     const int64_t blocks = a.D / 128;
-    const int64_t item = static_cast<int64_t>(blockIdx.x - 1) * (kPlanThreads / 32) + warp;
+    const int64_t item = static_cast<int64_t>(blockIdx.x - 1) * kWarps + warp;
     if (item >= a.T * blocks) return;
     const int64_t row = item / blocks, col = (item - row * blocks) * 128;
     act_fake_quant_block(a.x_from + row * a.D + col, a.x + row * a.D + col, lane);
     return;
   }
-  const MoeRoute& r = a.route;
+  const MoeRoute r = a.route;
   if (r.logits != nullptr) {
     if (r.tid2eid != nullptr) {
-      for (int64_t t = threadIdx.x; t < a.T; t += kPlanThreads)
+      for (int64_t t = threadIdx.x; t < a.T; t += kPlanThreadsSmall)
         route_hash_token(r.logits + t * a.E, r.tid2eid, r.tid2eid_i64 ? 1 : 0, r.vocab, r.token_ids[t], a.E, a.k,
                          r.scale, r.indices + t * a.k, r.weights + t * a.k, a.err);
     } else {
-      for (int64_t t = warp; t < a.T; t += kPlanThreads / 32)
+      for (int64_t t = warp; t < a.T; t += kWarps)
         route_scored_token_regs<kRouteRegsPerLane>(r.logits + t * a.E, r.bias, a.E, a.k, r.scale, r.indices + t * a.k,
                                                    r.weights + t * a.k, a.err);
     }
     __syncthreads();
   }
-  plan_block(a.indices, a.T * a.k, a.E, a.tile, a.sorted, a.pos, a.jobs, a.num_jobs, a.err);
+  plan_block<kPlanThreadsSmall, 1>(a.indices, a.T * a.k, a.E, a.tile, a.sorted, a.pos, a.jobs, a.num_jobs, a.err);
 }
 
 // out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
@@ -409,6 +428,8 @@ void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i6
   launch(dev::route_hash_kernel, static_cast<unsigned>((T + 127) / 128), 128, 0, stream, logits, tid2eid,
          tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
 }
+
+bool moe_prep_supported(int64_t T, int64_t E) { return T <= kMoePrepMaxTokens && E <= dev::kPlanThreadsSmall; }
 
 void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream) {
   const MoeRoute& r = p.route;
@@ -589,18 +610,25 @@ namespace {
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
                      cudaStream_t stream) {
   if (p.route.logits == nullptr && p.x_from == nullptr) {
-    launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
-           jobs, num_jobs, p.err);
+    if (p.small_plan && p.E <= dev::kPlanThreadsSmall)
+      launch(dev::moe_plan_kernel_small, 1, dev::kPlanThreadsSmall, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted,
+             pos, jobs, num_jobs, p.err);
+    else
+      launch(dev::moe_plan_kernel, 1, dev::kPlanThreads, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted, pos,
+             jobs, num_jobs, p.err);
     return;
   }
+  TERN_CHECK(moe_prep_supported(p.T, p.E), "launch_moe: the plan kernel routes and quantises x for up to ",
+             kMoePrepMaxTokens, " tokens and ", dev::kPlanThreadsSmall, " experts (", p.T, " / ", p.E, ")");
   TERN_CHECK(p.route.logits == nullptr || p.route.tid2eid != nullptr || route_in_registers(p.E, p.k),
              "launch_moe: the plan kernel routes ", p.E, " experts / ", p.k, " picks only on the register kernel's shape");
   TERN_CHECK(p.x_from == nullptr || p.D % 128 == 0, "launch_moe: x quantised in the plan kernel needs D % 128 == 0");
   dev::PrepArgs a{p.route, p.T, p.E, p.k, tile, p.indices, sorted, pos, jobs, num_jobs, p.err, p.x_from,
                   const_cast<float*>(p.x), p.D};
   const int64_t items = p.x_from != nullptr ? p.T * (p.D / 128) : 0;
-  const auto blocks = static_cast<unsigned>(1 + (items + dev::kPlanThreads / 32 - 1) / (dev::kPlanThreads / 32));
-  launch(dev::moe_prep_kernel, blocks, dev::kPlanThreads, 0, stream, a);
+  constexpr int64_t kWarps = dev::kPlanThreadsSmall / 32;
+  const auto blocks = static_cast<unsigned>(1 + (items + kWarps - 1) / kWarps);
+  launch(dev::moe_prep_kernel, blocks, dev::kPlanThreadsSmall, 0, stream, a);
 }
 
 }  // namespace

@@ -86,12 +86,21 @@ struct MoeParams {
   // after it. Same bits.
   bool early_down = false;
   // Work launch_moe's plan kernel takes over from launches of its own, so that a decode step's path holds one kernel
-  // where it held three (CudaBackend::moe_experts sets them where launch_moe runs; TERN_MOE_FUSED_PLAN=0: apart):
+  // where it held three (CudaBackend::moe_experts sets them where launch_moe runs at up to kMoePrepMaxTokens tokens;
+  // TERN_MOE_FUSED_PLAN=0: apart):
   // the routing (route.logits set), and with x_from set x's 1x128 FP8 fake quantisation, read from x_from and
   // written to x (act_fake_quant's bits) by blocks beside the one that routes and plans.
   MoeRoute route;
   const float* x_from = nullptr;
+  // The plan alone (no route, no x_from) in a block of 256 threads where the experts allow (moe_plan_kernel_small;
+  // TERN_MOE_FUSED_PLAN), not 1024 (the same plan).
+  bool small_plan = false;
 };
+
+// Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
+// warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).
+inline constexpr int64_t kMoePrepMaxTokens = 8;
+bool moe_prep_supported(int64_t T, int64_t E);
 
 // The routing alone (launch_route_scored / launch_route_hash), for the paths that do not run launch_moe's plan.
 void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream);
