@@ -389,6 +389,16 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
 // Eight weights of row `row` at columns col .. col + 7 (col a multiple of 8) as f32, exactly: one 8-byte FP8
 // load with its 128x128 block scale (the hardware e4m3x2 -> f16x2 conversion, exact, subnormals and NaN
 // included: 3 instructions a byte pair instead of ~10 a byte) or one 16-byte bf16 load.
+// 8 bf16 values (one 16-byte load) as floats.
+__device__ __forceinline__ void bf16x8_to_f32(uint4 q, float (&w)[8]) {
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
+    w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
+  }
+}
+
 template <bool kFp8>
 __device__ __forceinline__ void exact_weights8(const SimpleMat& m, int64_t row, int64_t col, float (&w)[8]) {
   if constexpr (kFp8) {
@@ -404,13 +414,7 @@ __device__ __forceinline__ void exact_weights8(const SimpleMat& m, int64_t row, 
       w[2 * k + 1] = f.y * sc;
     }
   } else {
-    const uint4 q = __ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2));
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[2 * k] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] & 0xffffu));
-      w[2 * k + 1] = bf16_bits_to_f32(static_cast<uint16_t>(words[k] >> 16));
-    }
+    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2)), w);
   }
 }
 
@@ -443,16 +447,30 @@ __device__ __forceinline__ void dot8(float& acc, const float* x, const float (&w
 template <int R>
 __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, const float* x, int64_t x_stride,
                                                                 int64_t rows_per_group, int64_t T, int wpr, float* y) {
-  pdl_prologue();
   __shared__ float red[8][R][kSimpleTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t rows_block = (8 / wpr) * R;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_block + (warp / wpr) * R;  // the warp's first row
   const int slice = warp % wpr;
-  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
-  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
   const int chunks = static_cast<int>(m.in >> 3), per = (chunks + wpr - 1) / wpr;
   const int c0 = slice * per, c1 = min(chunks, c0 + per);
+  // Before the wait: the lane's first two chunks of its rows' weights (a weight's bytes: no kernel writes them), so
+  // that their DRAM latency overlaps the previous kernel; a router gate row of 4 096 columns is two chunks a lane, so
+  // nothing is left to fetch from DRAM after the wait. (At batch 1 the gate runs beside the shared expert's product
+  // on the side branch and took 8 us a call for its 2 MB, session 27's trace.)
+  uint4 pre[2][R];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int ch = c0 + lane + 32 * n;
+      pre[n][i] = row0 + i < m.out && ch < c1
+                      ? __ldg(reinterpret_cast<const uint4*>(m.w + ((row0 + i) * m.in + 8 * static_cast<int64_t>(ch)) * 2))
+                      : make_uint4(0u, 0u, 0u, 0u);
+    }
+  pdl_prologue();
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
+  const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
   float acc[R][kSimpleTokens];
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -461,12 +479,11 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
   if (row0 < m.out) {
     // The warp's rows share a row group (R > 1 only where rows_per_group is a multiple of the block's rows).
     const float* xr = x + tok0 * x_stride + (row0 / rows_per_group) * m.in;
-#pragma unroll 2
-    for (int ch = c0 + lane; ch < c1; ch += 32) {
+    // One chunk of the lane: its R rows' weights (q) against each token's 8 values of x.
+    const auto step = [&](int ch, const uint4 (&q)[R]) {
       float w[R][8];
 #pragma unroll
-      for (int i = 0; i < R; ++i)
-        if (R == 1 || row0 + i < m.out) exact_weights8<false>(m, row0 + i, 8 * static_cast<int64_t>(ch), w[i]);
+      for (int i = 0; i < R; ++i) bf16x8_to_f32(q[i], w[i]);
       if constexpr (R == 1) {
 #pragma unroll
         for (int j = 0; j < kSimpleTokens; ++j) {
@@ -484,6 +501,18 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
           for (int i = 0; i < R; ++i) dot8(acc[i][j], xv, w[i]);
         }
       }
+    };
+    if (c0 + lane < c1) step(c0 + lane, pre[0]);
+    if (c0 + lane + 32 < c1) step(c0 + lane + 32, pre[1]);
+#pragma unroll 2
+    for (int ch = c0 + lane + 64; ch < c1; ch += 32) {
+      uint4 q[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        q[i] = R == 1 || row0 + i < m.out
+                   ? __ldg(reinterpret_cast<const uint4*>(m.w + ((row0 + i) * m.in + 8 * static_cast<int64_t>(ch)) * 2))
+                   : make_uint4(0u, 0u, 0u, 0u);
+      step(ch, q);
     }
   }
 #pragma unroll

@@ -94,17 +94,25 @@ __device__ __forceinline__ unsigned route_key(float v) {
   return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
 }
 
+// The lane's PER values of the bias (experts lane + 32 i), loaded once for every token a warp routes, and before
+// the kernels' PDL waits (a weight's bytes: no kernel writes them) so that their DRAM latency overlaps the gate.
 template <int PER>
-__device__ __forceinline__ void route_scored_token_regs(const float* row, const float* bias, int64_t E, int k,
+__device__ __forceinline__ void route_bias_regs(const float* bias, int64_t E, float (&bs)[PER]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) bs[i] = lane + 32 * i < E ? bias[lane + 32 * i] : 0.0f;
+}
+
+template <int PER>
+__device__ __forceinline__ void route_scored_token_regs(const float* row, const float (&bs)[PER], int64_t E, int k,
                                                         float scale, int32_t* indices, float* weights, int* err) {
   const int lane = threadIdx.x & 31;
-  float lg[PER], bs[PER], sc[PER];
+  float lg[PER], sc[PER];
   unsigned key[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
     lg[i] = e < E ? row[e] : 0.0f;
-    bs[i] = e < E ? bias[e] : 0.0f;
   }
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
@@ -151,10 +159,12 @@ template <int PER>
 __global__ void __launch_bounds__(kRouteWarps * 32) route_scored_regs_kernel(const float* logits, const float* bias,
                                                                             int64_t T, int64_t E, int k, float scale,
                                                                             int32_t* indices, float* weights, int* err) {
+  float bs[PER];
+  route_bias_regs<PER>(bias, E, bs);  // before the wait (route_bias_regs says why)
   pdl_prologue();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   if (t >= T) return;
-  route_scored_token_regs<PER>(logits + t * E, bias, E, k, scale, indices + t * k, weights + t * k, err);
+  route_scored_token_regs<PER>(logits + t * E, bs, E, k, scale, indices + t * k, weights + t * k, err);
 }
 
 // One token's hash routing (a thread): tid2eid's row of the token, weights from its scores.
@@ -353,6 +363,9 @@ struct PrepArgs {
 // the block); blocks 1.. quantise x, a warp a (row, 128-column block), as act_quant_kernel does. The same bits as the
 // three launches.
 __global__ void __launch_bounds__(kPlanThreadsSmall) moe_prep_kernel(PrepArgs a) {
+  float bs[kRouteRegsPerLane] = {};
+  if (blockIdx.x == 0 && a.route.bias != nullptr)
+    route_bias_regs<kRouteRegsPerLane>(a.route.bias, a.E, bs);  // before the wait (route_bias_regs says why)
   pdl_prologue();
   constexpr int kWarps = kPlanThreadsSmall / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -372,7 +385,7 @@ __global__ void __launch_bounds__(kPlanThreadsSmall) moe_prep_kernel(PrepArgs a)
                          r.scale, r.indices + t * a.k, r.weights + t * a.k, a.err);
     } else {
       for (int64_t t = warp; t < a.T; t += kWarps)
-        route_scored_token_regs<kRouteRegsPerLane>(r.logits + t * a.E, r.bias, a.E, a.k, r.scale, r.indices + t * a.k,
+        route_scored_token_regs<kRouteRegsPerLane>(r.logits + t * a.E, bs, a.E, a.k, r.scale, r.indices + t * a.k,
                                                    r.weights + t * a.k, a.err);
     }
     __syncthreads();
