@@ -119,6 +119,10 @@ struct CudaBackend::Impl {
   // bits either way.
   bool x8_cluster = true;
   int64_t dense_library_min_tokens = kDenseLibraryMinTokensDefault;  // dense_library_for
+  // The tensor-core decode attention's keys a split (AttentionParams::split_keys; TERN_ATTENTION_SPLIT_KEYS, 16 ..
+  // 1024): fewer keys a split, more blocks a query (at batch 1 an SWA query of 128 keys is one split of two tiles in
+  // 4 blocks), at most 8 splits a query.
+  int64_t attention_split_keys = kAttentionSplitKeysDefault;
   DeviceBuffer library_workspace;  // the library MoE's per-chunk buffers and the indexer's keys and products
   void* pinned = nullptr;          // host staging of the library paths (the MoE's plan, the indexer's positions)
   size_t pinned_bytes = 0;

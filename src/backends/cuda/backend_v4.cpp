@@ -235,6 +235,7 @@ AttentionParams attention_params(const char* op, const TensorView& q, const ops:
   p.out = out.data_as<float>();
   p.err = impl.err();
   p.num_sms = impl.num_sms;
+  p.split_keys = impl.attention_split_keys;
   return p;
 }
 

@@ -76,6 +76,10 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   // cuBLASLt, bf16 on cuBLAS) run on the library (not batch invariant, as every library path); 1 .. kLibraryMinTokens,
   // default kLibraryMinTokens. For the A/B at decode batches of 65-511 tokens.
   impl_->dense_library_min_tokens = env_int("TERN_DENSE_LIBRARY_MIN_TOKENS", kDenseLibraryMinTokensDefault, 1, kLibraryMinTokens);
+  // TERN_ATTENTION_SPLIT_KEYS: the tensor-core decode attention's keys a split (AttentionParams::split_keys), 16 ..
+  // 1024, default kAttentionSplitKeysDefault (128); for the A/B of more, shorter splits at small batches.
+  impl_->attention_split_keys =
+      env_int("TERN_ATTENTION_SPLIT_KEYS", kAttentionSplitKeysDefault, 16, 1024);
   impl_->num_counters = 1 << 16;
   impl_->counters = DeviceBuffer(impl_->num_counters * sizeof(int));
   TERN_CUDA(cudaMemset(impl_->counters.data(), 0, impl_->num_counters * sizeof(int)));
@@ -290,6 +294,7 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_MOE_GROUPED_MIN_TOKENS") return m.moe_grouped_min_tokens;
   if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") return m.dense_library_min_tokens;
   if (name == "TERN_MOE_VARIANT") return m.moe_variant;
+  if (name == "TERN_ATTENTION_SPLIT_KEYS") return m.attention_split_keys;
   unknown_knob(name);
 }
 
@@ -308,6 +313,9 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
   } else if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") {
     check_knob_range(name, value, 1, kLibraryMinTokens);
     m.dense_library_min_tokens = value;
+  } else if (name == "TERN_ATTENTION_SPLIT_KEYS") {
+    check_knob_range(name, value, 16, 1024);
+    m.attention_split_keys = value;
   } else if (name == "TERN_MOE_VARIANT") {
     check_knob_range(name, value, 0, moe_variants() - 1);
     set_moe_variant(static_cast<int>(value));

@@ -25,6 +25,9 @@
 
 namespace tern::cuda {
 
+// Keys a split of the tensor-core decode kernels (attention_split.cuh) by default: runs of ~128 keys (two tiles of 64).
+inline constexpr int64_t kAttentionSplitKeysDefault = 128;
+
 struct AttentionParams {
   const float* q = nullptr;  // [n, heads, head_dim]
   int64_t n = 0, heads = 0, start = 0;
@@ -64,6 +67,9 @@ struct AttentionParams {
   // (rope_pair, the same bits); the other kernels are followed by rope_kernel (launch_sparse_attention).
   const float* rope_inv_freq = nullptr;
   int64_t rope_half = 0;
+  // The tensor-core decode kernels' keys a split (mma_split_plan; TERN_ATTENTION_SPLIT_KEYS): a query's splits, and
+  // with them its tiles and merge order, from its key count and this alone (batch invariant for a fixed value).
+  int64_t split_keys = kAttentionSplitKeysDefault;
 };
 
 // f32_cuda_cores_any_width: f32 rows of a head_dim the other kernels are not built for (attention_any.cu).

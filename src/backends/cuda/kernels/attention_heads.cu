@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_heads_kernel(AttentionP
   const KeyList kl = keys_of(a, i);
   const bool live = kl.p >= 0;
   const int64_t total = live ? kl.nwin + kl.count : 0;
-  const KeySplits plan = mma_split_plan(total);
+  const KeySplits plan = mma_split_plan(total, a.split_keys);
   // Key indices as int (a query has fewer than 2^31 keys): fewer registers next to the accumulators.
   const int j0 = static_cast<int>(min(total, split * plan.per)), j1 = static_cast<int>(min(total, j0 + plan.per));
   const bool work = live && split < plan.splits && j0 < j1;
@@ -502,7 +502,7 @@ int attention_heads_per_block(const AttentionParams& p) {
   if (p.heads <= 16) return 16;  // one group either way; 32 would compute 16 padding rows
   // 16 heads a block while the launch fits the GPU in one round of two blocks an SM; 32 beyond (half the
   // decode and L2 traffic). The bits are the same either way.
-  const int64_t cluster = dev::mma_split_plan(dev::mma_max_keys(p)).splits;
+  const int64_t cluster = dev::mma_split_plan(dev::mma_max_keys(p), p.split_keys).splits;
   const int64_t blocks16 = p.n * cluster * ((p.heads + 15) / 16);
   return blocks16 <= 2 * static_cast<int64_t>(p.num_sms) ? 16 : 32;
 }
@@ -512,7 +512,7 @@ cudaError_t launch_attention_heads(const AttentionParams& p, cudaStream_t stream
   if (heads_per_block == 0) heads_per_block = attention_heads_per_block(p);
   if (heads_per_block != 16 && heads_per_block != 32) return cudaErrorInvalidValue;
   if (!attention_heads_supported(p.fmt, p.heads)) return cudaErrorInvalidValue;  // attention_path checks
-  const int cluster = dev::mma_split_plan(dev::mma_max_keys(p)).splits;
+  const int cluster = dev::mma_split_plan(dev::mma_max_keys(p), p.split_keys).splits;
   switch (p.fmt.head_dim) {
     case 128: return dev::launch_hd<128>(p, heads_per_block, cluster, stream);
     case 256: return dev::launch_hd<256>(p, heads_per_block, cluster, stream);

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_mma_kernel(AttentionPar
   const KeyList kl = keys_of(a, i);
   const bool live = kl.p >= 0;
   const int64_t total = live ? kl.nwin + kl.count : 0;
-  const KeySplits plan = mma_split_plan(total);
+  const KeySplits plan = mma_split_plan(total, a.split_keys);
   const int64_t j0 = min(total, split * plan.per), j1 = min(total, j0 + plan.per);
   const bool work = live && split < plan.splits && j0 < j1;
   const float scale2 = a.scale * kLog2e;
@@ -240,7 +240,7 @@ size_t attention_mma_smem_bytes(const KvRowDesc& f) {
 
 cudaError_t launch_attention_mma(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  const int cluster = dev::mma_split_plan(dev::mma_max_keys(p)).splits;
+  const int cluster = dev::mma_split_plan(dev::mma_max_keys(p), p.split_keys).splits;
   switch (p.fmt.head_dim) {
     case 128: return dev::launch_hd<128>(p, cluster, stream);
     case 256: return dev::launch_hd<256>(p, cluster, stream);

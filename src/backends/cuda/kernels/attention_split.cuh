@@ -10,7 +10,8 @@
 namespace tern::cuda::dev {
 
 constexpr int kMmaMaxSplits = 8;           // a query's splits are one cluster: the portable cluster size
-constexpr int64_t kMmaKeysPerSplit = 128;  // CSA 640 keys: 5 splits of 2 full tiles; HCA 192: 2 splits
+// The default of AttentionParams::split_keys (TERN_ATTENTION_SPLIT_KEYS): CSA's 640-key bound 5 splits of 2 full tiles.
+constexpr int64_t kMmaKeysPerSplit = kAttentionSplitKeysDefault;
 
 struct KeySplits {
   int splits;
@@ -26,9 +27,9 @@ __host__ __device__ inline KeySplits plan_key_splits(int64_t keys, int64_t keys_
   return {static_cast<int>(s), per < 1 ? 1 : per};
 }
 
-// The tensor-core kernels' splits: runs of about kMmaKeysPerSplit keys, at most kMmaMaxSplits.
-__host__ __device__ inline KeySplits mma_split_plan(int64_t keys) {
-  return plan_key_splits(keys, kMmaKeysPerSplit, kMmaMaxSplits);
+// The tensor-core kernels' splits: runs of about split_keys keys (AttentionParams::split_keys), at most kMmaMaxSplits.
+__host__ __device__ inline KeySplits mma_split_plan(int64_t keys, int64_t split_keys) {
+  return plan_key_splits(keys, split_keys, kMmaMaxSplits);
 }
 
 // Keys of the launch's longest query (decode mode: the bound over any position): the cluster size of a
