@@ -77,6 +77,9 @@ class Backend {
   virtual void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                           float routed_scale, const TensorView& indices, const TensorView& weights);
   virtual void moe_experts(const MoeExpertsArgs& a);
+  // Whether moe_experts runs MoeExpertsArgs::route itself (the CUDA backend: in the launch that plans the experts);
+  // otherwise ops::moe_experts runs route_scored / route_hash first and passes moe_experts the picks.
+  virtual bool moe_experts_routes() const { return false; }
   // step.h (batched steps)
   virtual void step_attention(const StepAttentionArgs& a, const TensorView& out);
   virtual void step_compressor(const StepCompressorArgs& a);

@@ -245,13 +245,20 @@ void moe_experts(const Context& ctx, const MoeExpertsArgs& a) {
     TERN_CHECK(e.w1.in == D && e.w3.in == D && e.w2.out == D && e.w1.out == e.w3.out && e.w2.in == e.w1.out,
                "moe_experts: expert ", e.w1.name, " does not map ", D, " -> inter -> ", D);
   }
-  ctx.backend_for(rt.logits.empty()
-                      ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})
-                      : rt.hashed() ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits,
-                                                                    &rt.tid2eid, &rt.token_ids})
-                                    : common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits,
-                                                                    &rt.bias}))
-      .moe_experts(a);
+  Backend& backend = ctx.backend_for(
+      rt.logits.empty() ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out})
+      : rt.hashed()     ? common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits, &rt.tid2eid,
+                                                        &rt.token_ids})
+                        : common_device("moe_experts", {&a.x, &a.indices, &a.weights, &a.out, &rt.logits, &rt.bias}));
+  if (rt.logits.empty() || backend.moe_experts_routes()) return backend.moe_experts(a);
+  // The routing as its own op, then the experts on its picks.
+  if (rt.hashed())
+    backend.route_hash(rt.logits, rt.tid2eid, rt.token_ids, rt.routed_scale, a.indices, a.weights);
+  else
+    backend.route_scored(rt.logits, rt.bias, rt.routed_scale, a.indices, a.weights);
+  MoeExpertsArgs picked = a;
+  picked.route = MoeRouting{};
+  backend.moe_experts(picked);
 }
 
 }  // namespace tern::ops

@@ -31,9 +31,10 @@ struct Expert {
 };
 
 // The routing moe_experts runs itself when `logits` is set (MoeExpertsArgs::route): indices and weights are then
-// its outputs, the bits route_scored (bias set) or route_hash (tid2eid and token_ids set) would write. A backend
-// may so run the routing in the launch that plans the experts (the CUDA decode path: routing, plan and x's FP8
-// quantisation in one kernel, three launches on a batch-1 step's path made one).
+// its outputs, the bits route_scored (bias set) or route_hash (tid2eid and token_ids set) would write. A backend that
+// says so (Backend::moe_experts_routes) runs the routing in the launch that plans the experts (the CUDA decode path:
+// routing, plan and x's FP8 quantisation in one kernel, three launches on a batch-1 step's path made one); for the
+// others moe_experts runs the route op first.
 struct MoeRouting {
   TensorView logits;     // f32 [T, E]
   TensorView bias;       // scored: f32 [E]

@@ -41,6 +41,8 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::compressor_kernel(tern::cuda::CompressorParams)", C::compressor},
     {"void tern::cuda::dev::(anonymous namespace)::compressor_emit_kernel<16>(tern::cuda::CompressEmitParams)", C::compressor},
     {"tern::cuda::dev::(anonymous namespace)::moe_plan_kernel(int const*, long, long, int, int*, int*, int*, int*, int*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_plan_kernel_small(int const*, long, long, int, int*, int*, int*, int*, int*)", C::moe},
+    {"tern::cuda::dev::(anonymous namespace)::moe_prep_kernel(tern::cuda::dev::(anonymous namespace)::PrepArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)3, 1, true>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 2, false>(tern::cuda::dev::MoeArgs)", C::moe},
     {"void tern::cuda::dev::moe_expert_kernel<(tern::ops::WeightFormat)4, 4, false>(tern::cuda::dev::MoeArgs)", C::moe},

@@ -69,11 +69,6 @@ void CpuBackend::route_hash(const TensorView& logits, const TensorView& tid2eid,
 // Experts in increasing id order, each over the tokens routed to it (gather, SwiGLU MLP, weighted add).
 void CpuBackend::moe_experts(const ops::MoeExpertsArgs& a) {
   require_f32("moe_experts", {&a.x, &a.weights, &a.out});
-  const ops::MoeRouting& rt = a.route;
-  if (rt.hashed())
-    route_hash(rt.logits, rt.tid2eid, rt.token_ids, rt.routed_scale, a.indices, a.weights);
-  else if (!rt.logits.empty())
-    route_scored(rt.logits, rt.bias, rt.routed_scale, a.indices, a.weights);
   const int64_t T = a.x.dim(0), D = a.x.dim(1), k = a.indices.dim(1);
   const auto* idx = a.indices.data_as<const int32_t>();
   const auto* wts = a.weights.data_as<const float>();

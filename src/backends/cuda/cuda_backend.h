@@ -60,6 +60,7 @@ class CudaBackend final : public ops::Backend {
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,
                   float routed_scale, const TensorView& indices, const TensorView& weights) override;
   void moe_experts(const ops::MoeExpertsArgs& a) override;
+  bool moe_experts_routes() const override { return true; }
   // Batched steps (backend_step.cpp)
   void step_attention(const ops::StepAttentionArgs& a, const TensorView& out) override;
   void step_compressor(const ops::StepCompressorArgs& a) override;
