@@ -422,6 +422,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   const bool plan_path = !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
   const bool fused = impl.moe_fused_plan && plan_path && moe_prep_supported(p.T, p.E);
   p.small_plan = impl.moe_fused_plan;
+  p.l2_first = impl.moe_l2_first;
   if (!fused || !route_fusable) route_alone();
   if (!fused && p.x_from != nullptr) {
     launch_act_fake_quant(ActRows{p.x_from, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
