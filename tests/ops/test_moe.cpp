@@ -68,17 +68,26 @@ TEST(Routing, HashUsesTheTableAndStillWeightsByScore) {
   EXPECT_THROW(ops::route_hash(cpu::context(), logits, table, ids, 1.5f, idx, w), Error);
 }
 
+// E random f32 experts (D -> inter -> D, std 0.4) and the tensors they view.
+struct F32Experts {
+  std::vector<Tensor> keep;
+  std::vector<ops::Expert> experts;
+  F32Experts(test::Random& rng, int64_t E, int64_t D, int64_t inter) {
+    keep.reserve(3 * E);  // the views below stay valid
+    auto weight = [&](int64_t out, int64_t in) {
+      keep.push_back(rng.tensor({out, in}, 0.4f));
+      return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
+    };
+    for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D), {}});
+  }
+};
+
 TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
   test::Random rng(43);
   const int64_t T = 7, D = 24, inter = 16, E = 4, k = 2;
   const float limit = 1.5f;  // small, so the clamps bite
-  std::vector<Tensor> keep;
-  std::vector<ops::Expert> experts;
-  auto weight = [&](int64_t out, int64_t in) {
-    keep.push_back(rng.tensor({out, in}, 0.4f));
-    return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
-  };
-  for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
+  const F32Experts f32(rng, E, D, inter);
+  const std::vector<ops::Expert>& experts = f32.experts;
   Tensor x = rng.tensor({T, D}), idx(DType::i32, {T, k}), w = rng.tensor({T, k});
   for (int64_t t = 0; t < T; ++t)
     idx.data<int32_t>()[t * k] = t % E, idx.data<int32_t>()[t * k + 1] = (t + 1) % E;
@@ -127,13 +136,8 @@ TEST(Experts, WeightedSumOfClampedSwiGluExperts) {
 TEST(Experts, RoutingInsideGivesTheBitsOfRouteThenExperts) {
   test::Random rng(44);
   const int64_t T = 5, D = 16, inter = 8, E = 6, k = 2, vocab = 11;
-  std::vector<Tensor> keep;
-  std::vector<ops::Expert> experts;
-  auto weight = [&](int64_t out, int64_t in) {
-    keep.push_back(rng.tensor({out, in}, 0.4f));
-    return ops::Weight{ops::WeightFormat::f32, out, in, keep.back().view(), {}, 1.0f, "w"};
-  };
-  for (int64_t e = 0; e < E; ++e) experts.push_back({weight(inter, D), weight(D, inter), weight(inter, D)});
+  const F32Experts f32(rng, E, D, inter);
+  const std::vector<ops::Expert>& experts = f32.experts;
   Tensor x = rng.tensor({T, D}), logits = rng.tensor({T, E}, 2.0f), bias = rng.tensor({E}, 0.5f);
   Tensor table(DType::i64, {vocab, k}), ids(DType::i64, {T});
   for (int64_t v = 0; v < vocab; ++v) table.data<int64_t>()[v * k] = v % E, table.data<int64_t>()[v * k + 1] = (v + 1) % E;
