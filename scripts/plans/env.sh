@@ -43,3 +43,10 @@ ab_bench() {
     done
   done
 }
+# trace_b1 NAME: bench-step's batch-1 decode timeline (TERN_PROFILE_TRACE, side stream on) to $OUT/NAME.tsv.gz, for
+# scripts/trace-joins and reading by hand; the profile's tables in $L/NAME.log.
+trace_b1() {
+  TERN_PROFILE_TRACE=$OUT/$1.tsv timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
+    --batches 1 --steps 4 --warmup 3 --profile --profile-batches 1 --profile-top 12 > $L/$1.log 2>&1; echo "rc $? (trace)"
+  gzip $OUT/$1.tsv
+}
