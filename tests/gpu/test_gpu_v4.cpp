@@ -481,22 +481,24 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
 // take the call. Every case gives
 // the bits of the route op then moe_experts with TERN_MOE_FUSED_PLAN=0 (separate launches: route, act_fake_quant,
 // moe_plan), eagerly, with h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H) and replayed from a
-// graph; the picks equal the CPU's.
+// graph; the picks equal the CPU's. The routing is over the shape's real expert count (V4-Flash: 256, every register
+// slot of the routing kernel and the plan's scan over 256 threads), the experts 16 random ones repeated.
 TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
-  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D, inter = s.inter;
+  const int64_t E = s.experts, k = s.experts_per_token, D = s.D, inter = s.inter;
   cuda::CudaBackend& be = cuda::register_backend();
-  RandomExperts experts(ops::WeightFormat::mxfp4, E, D, inter, r);
+  RandomExperts distinct(ops::WeightFormat::mxfp4, std::min<int64_t>(E, 16), D, inter, r);
   Tensor table(DType::i64, {s.vocab, k});
   for (int64_t v = 0; v < s.vocab; ++v)
     for (int64_t j = 0; j < k; ++j) table.data<int64_t>()[v * k + j] = (v + 3 * j) % E;  // distinct for k <= E / 3
   auto dtable = upload(table), dbias = upload(random_f32({E}, r, 0.1f));
   for (const bool fp8 : {false, true}) {
-    for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
-    const std::vector<ops::Expert>& dexp = experts.on_device;
-    for (const int64_t T : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{64}, int64_t{100}}) {
+    for (ops::Expert& e : distinct.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
+    std::vector<ops::Expert> dexp;
+    for (int64_t e = 0; e < E; ++e) dexp.push_back(distinct.on_device[e % distinct.on_device.size()]);
+    for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{16}, int64_t{64}, int64_t{100}}) {
       Tensor x = random_f32({T, D}, r), logits = random_f32({T, E}, r, 3.0f), ids(DType::i64, {T});
       for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = r.index(s.vocab);
       auto dx = upload(x), dl = upload(logits), dids = upload(ids);

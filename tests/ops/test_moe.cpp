@@ -161,9 +161,11 @@ TEST(Experts, RoutingInsideGivesTheBitsOfRouteThenExperts) {
     EXPECT_EQ(std::memcmp(idx2.data<int32_t>(), idx.data<int32_t>(), T * k * 4), 0) << hashed;
     EXPECT_EQ(std::memcmp(w2.data<float>(), w.data<float>(), T * k * 4), 0) << hashed;
     EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), T * D * 4), 0) << hashed;
-    Tensor narrow = rng.tensor({T, E - 1}), untouched(DType::f32, {T, D});
+    // Logits (and bias) of E - 1 experts for E experts: refused by moe_experts' own check.
+    Tensor narrow = rng.tensor({T, E - 1}), narrow_bias = rng.tensor({E - 1}), untouched(DType::f32, {T, D});
     std::memcpy(untouched.data<float>(), got.data<float>(), T * D * 4);
     route.logits = narrow;
+    if (!hashed) route.bias = narrow_bias;
     EXPECT_THROW(ops::moe_experts(cpu::context(), {x, idx2, w2, experts, 1.5f, got, {}, route}), Error) << hashed;
     EXPECT_EQ(std::memcmp(untouched.data<float>(), got.data<float>(), T * D * 4), 0) << hashed;
   }

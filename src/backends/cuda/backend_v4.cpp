@@ -407,7 +407,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
         !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p))) {
       p.stage_quant = true;
       if (!impl.moe_fused_plan || !route_fusable || !moe_prep_supported(p.T, p.E)) route_alone();
-      p.small_plan = impl.moe_fused_plan;
+      p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
       launch_moe(p, impl.scratch(moe_workspace_bytes(p)), impl.num_sms, impl.stream);
       check_launch("moe_experts (x and h quantised as staged)");
       ++impl.moe_stage_quant_calls;
@@ -421,7 +421,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   // unless the grouped kernels or the library take the call (their own plans) or TERN_MOE_FUSED_PLAN=0.
   const bool plan_path = !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
   const bool fused = impl.moe_fused_plan && plan_path && moe_prep_supported(p.T, p.E);
-  p.small_plan = impl.moe_fused_plan;
+  p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
   p.l2_first = impl.moe_l2_first;
   if (!fused || !route_fusable) route_alone();
   if (!fused && p.x_from != nullptr) {

@@ -211,8 +211,9 @@ constexpr int kPlanThreadsSmall = kRankExperts;
 // expert and the warp's count, a running sum over the warps (in warp order: pick order) the rank among the
 // expert's picks so far, kept in pos[] until the offsets are known. (Warp ballots per expert over every pick,
 // the way for more experts, took 20 us a layer at 384 picks.)
-// THREADS: the block's threads (E <= THREADS: the scans take an expert a thread); STAGED: the picks the path for
-// more than kRankExperts experts keeps in shared memory.
+// THREADS: the block's threads (E <= THREADS: the scans take an expert a thread, and thread E - 1 writes num_jobs;
+// the launches check it on the host); STAGED: the picks the path for more than kRankExperts experts keeps in shared
+// memory.
 template <int THREADS, int STAGED>
 __device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, int64_t E, int tile, int* sorted,
                                            int* pos, int* jobs, int* num_jobs, int* err) {
@@ -346,6 +347,7 @@ __global__ void __launch_bounds__(kPlanThreadsSmall) moe_plan_kernel_small(const
 // the kernel's grid and, per item, its tiles a job and weight rows (moe_bulk_kernel's block ranges).
 struct BulkFirst {
   int grid = 0, tiles = 0, rows = 0, row_bytes = 0;
+  int64_t out = 0;  // the matrix's rows (a job's last tile may hold fewer than `rows`)
 };
 
 struct PrepArgs {
@@ -381,8 +383,9 @@ __device__ __forceinline__ void prefetch_first_items(const PrepArgs& a) {
     if (first >= static_cast<int64_t>(bb + 1) * items / f.grid) continue;
     const int job = first / f.tiles, tile = first - job * f.tiles;
     const ExpertDesc& d = a.experts[a.jobs[3 * job]];
-    const uint32_t bytes = static_cast<uint32_t>(f.rows * f.row_bytes);
-    const int64_t at = static_cast<int64_t>(tile) * f.rows * f.row_bytes;
+    const int64_t row0 = static_cast<int64_t>(tile) * f.rows;
+    const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(f.rows), f.out - row0) * f.row_bytes);
+    const int64_t at = row0 * f.row_bytes;
     for (int m = 0; m < (up ? 2 : 1); ++m) {
       const uint8_t* w = static_cast<const uint8_t*>(d.w[up ? (m == 0 ? 0 : 2) : 1]) + at;
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w), "r"(bytes) : "memory");
@@ -702,11 +705,11 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
   // MoeParams::l2_first: the prep kernel prefetches each bulk block's first item (launch_moe_bulk's grids).
   dev::BulkFirst up, down;
   if (p.l2_first && bulk.ok && (p.route.logits != nullptr || p.x_from != nullptr)) {
-    const auto first = [&](const MoeBulkPlan& pl) {
+    const auto first = [&](const MoeBulkPlan& pl, int64_t out) {
       return dev::BulkFirst{static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles)), pl.tiles,
-                            pl.rows_per_item, pl.row_bytes};
+                            pl.rows_per_item, pl.row_bytes, out};
     };
-    up = first(bulk.up), down = first(bulk.down);
+    up = first(bulk.up, p.inter), down = first(bulk.down, p.D);
   }
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
                   reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), up, down, stream);

@@ -103,6 +103,9 @@ struct MoeParams {
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
 // warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).
 inline constexpr int64_t kMoePrepMaxTokens = 8;
+// Up to this many tokens (decode steps on the bulk kernels) TERN_MOE_FUSED_PLAN plans in 256 threads (small_plan);
+// larger calls (prefill chunks on the register kernel) keep the 1024-thread plan, 4x fewer rounds over their picks.
+inline constexpr int64_t kMoeSmallPlanMaxTokens = 64;
 bool moe_prep_supported(int64_t T, int64_t E);
 
 // The routing alone (launch_route_scored / launch_route_hash), for the paths that do not run launch_moe's plan.
