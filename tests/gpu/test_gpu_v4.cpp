@@ -542,12 +542,6 @@ TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
           ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
           same(gi, gw, go, fused ? "eager, in the plan kernel" : "eager, apart");
         }
-        {  // the bulk kernels' first items prefetched into L2 by the prep kernel (a hint: TERN_MOE_L2_FIRST)
-          KnobGuard l2("TERN_MOE_L2_FIRST", 1);
-          auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
-          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
-          same(gi, gw, go, "eager, first items prefetched into L2");
-        }
         {  // h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H; fp8 only, up to 64 tokens)
           KnobGuard h_staged("TERN_MOE_STAGE_QUANT_H", 1);
           auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});

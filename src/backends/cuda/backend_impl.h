@@ -98,9 +98,6 @@ struct CudaBackend::Impl {
   // MoeParams::stage_quant_h where the plan kernel quantises x (TERN_MOE_STAGE_QUANT_H=1, A/B): h alone quantised in the
   // bulk down kernel's staging, the act_fake_quant launch between up and down gone. Off until measured.
   bool moe_stage_quant_h = false;
-  // MoeParams::l2_first (TERN_MOE_L2_FIRST=1, A/B): the prep kernel prefetches the bulk kernels' first items into L2.
-  // Off until measured.
-  bool moe_l2_first = false;
   // MoeParams::early_down (TERN_MOE_EARLY_DOWN=1 for A/B). Off by default: measured slower in session 22 (H100: the
   // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
   // the up kernel's last blocks.

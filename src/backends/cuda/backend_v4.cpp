@@ -392,6 +392,10 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   }
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
+  // TERN_MOE_FUSED_PLAN: launch_moe's plan kernel can take the routing and x's quantisation (moe_prep_kernel) at up to
+  // kMoePrepMaxTokens tokens, and plans in 256 threads up to kMoeSmallPlanMaxTokens.
+  const bool prep = impl.moe_fused_plan && moe_prep_supported(p.T, p.E);
+  p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
   // --activations fp8: x quantised before the expert kernels (by the plan kernel, x_from, or alone), h by every path
   // between its up and down products (MoeParams::act_fp8); with TERN_MOE_STAGE_QUANT a call the bulk kernels take has
   // them quantise both as they stage them (MoeParams::stage_quant), with TERN_MOE_STAGE_QUANT_H h alone
@@ -406,8 +410,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     if (impl.moe_stage_quant && moe_bulk_taken(p) && !impl.library_for(p.T) &&
         !(impl.moe_grouped_for(p.T) && moe_grouped_supported(p))) {
       p.stage_quant = true;
-      if (!impl.moe_fused_plan || !route_fusable || !moe_prep_supported(p.T, p.E)) route_alone();
-      p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
+      if (!prep || !route_fusable) route_alone();
       launch_moe(p, impl.scratch(moe_workspace_bytes(p)), impl.num_sms, impl.stream);
       check_launch("moe_experts (x and h quantised as staged)");
       ++impl.moe_stage_quant_calls;
@@ -417,12 +420,10 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
     p.x_from = p.x;
     p.x = xq.data<float>();
   }
-  // launch_moe's plan kernel takes the routing and x's quantisation (one launch) at up to kMoePrepMaxTokens tokens
-  // unless the grouped kernels or the library take the call (their own plans) or TERN_MOE_FUSED_PLAN=0.
+  // The prep kernel takes the routing and x's quantisation unless the grouped kernels or the library take the call
+  // (their own plans).
   const bool plan_path = !grouped_moe_takes(impl, p) && !library_moe_takes(impl, p);
-  const bool fused = impl.moe_fused_plan && plan_path && moe_prep_supported(p.T, p.E);
-  p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
-  p.l2_first = impl.moe_l2_first;
+  const bool fused = prep && plan_path;
   if (!fused || !route_fusable) route_alone();
   if (!fused && p.x_from != nullptr) {
     launch_act_fake_quant(ActRows{p.x_from, p.T, p.D, p.D}, xq.data<float>(), p.D, impl.stream);
@@ -521,9 +522,10 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
     return cat("from ", kMoeWgmmaMinPairs, " mean pairs an expert ", moe_grouped_wgmma_path_name(p), "; below ",
                moe_grouped_path_name(p));
   }
-  // moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x run in the plan's launch.
-  if (!impl_->moe_fused_plan) return moe_path_name(p);
-  return cat(moe_path_name(p), moe_prep_supported(T, 256)
+  // TERN_MOE_FUSED_PLAN: moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x in
+  // the plan's launch, or the plan alone in 256 threads (run_moe_paths; either up to 256 experts).
+  if (!impl_->moe_fused_plan || T > kMoeSmallPlanMaxTokens) return moe_path_name(p);
+  return cat(moe_path_name(p), T <= kMoePrepMaxTokens
                                    ? "; the plan as moe_prep_kernel (routing and x's FP8 quantisation in its launch)"
                                    : "; the plan in 256 threads (moe_plan_kernel_small) up to 256 experts");
 }

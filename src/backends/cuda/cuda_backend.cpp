@@ -25,7 +25,6 @@ struct ImplSwitch {
 constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_MOE_STAGE_QUANT", &CudaBackend::Impl::moe_stage_quant},
     {"TERN_MOE_STAGE_QUANT_H", &CudaBackend::Impl::moe_stage_quant_h},
-    {"TERN_MOE_L2_FIRST", &CudaBackend::Impl::moe_l2_first},
     {"TERN_MOE_EARLY_DOWN", &CudaBackend::Impl::moe_early_down},
     {"TERN_X8_QUANT", &CudaBackend::Impl::x8_quantises_x},
     {"TERN_HC_POST_SQUARES", &CudaBackend::Impl::hc_post_squares},

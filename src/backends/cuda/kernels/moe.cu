@@ -343,13 +343,6 @@ __global__ void __launch_bounds__(kPlanThreadsSmall) moe_plan_kernel_small(const
   plan_block<kPlanThreadsSmall, 1>(indices, P, E, tile, sorted, pos, jobs, num_jobs, err);
 }
 
-// The bulk kernels' first item of each block, whose rows moe_prep_kernel prefetches into L2 (MoeParams::l2_first):
-// the kernel's grid and, per item, its tiles a job and weight rows (moe_bulk_kernel's block ranges).
-struct BulkFirst {
-  int grid = 0, tiles = 0, rows = 0, row_bytes = 0;
-  int64_t out = 0;  // the matrix's rows (a job's last tile may hold fewer than `rows`)
-};
-
 struct PrepArgs {
   MoeRoute route;  // route.logits nullptr: the picks are inputs
   int64_t T, E;
@@ -363,35 +356,7 @@ struct PrepArgs {
   const float* x_from;  // nullptr: no quantisation (then gridDim.x is 1)
   float* x;
   int64_t D;
-  const ExpertDesc* experts;  // with up.grid > 0: the bulk kernels' first items prefetched into L2
-  BulkFirst up, down;
 };
-
-// After the plan: each bulk up and down block's first item (its expert's rows: w1 and w3, or w2) prefetched into L2
-// (cp.async.bulk.prefetch.L2: a hint, served by the copy engine), so the bulk kernels' first stages find L2 where they
-// waited for DRAM after their PDL wait (the down kernel's start is where DRAM idles at batch 1). The blocks' item
-// ranges as moe_bulk_kernel cuts them: [b * items / grid, (b + 1) * items / grid).
-__device__ __forceinline__ void prefetch_first_items(const PrepArgs& a) {
-  __syncthreads();  // the plan's jobs and num_jobs, written by the block's threads
-  const int items_per_job[2] = {a.up.tiles, a.down.tiles};
-  const int jobs = *a.num_jobs;
-  for (int b = threadIdx.x; b < a.up.grid + a.down.grid; b += blockDim.x) {
-    const bool up = b < a.up.grid;
-    const BulkFirst& f = up ? a.up : a.down;
-    const int bb = up ? b : b - a.up.grid, items = jobs * items_per_job[up ? 0 : 1];
-    const int first = static_cast<int>(static_cast<int64_t>(bb) * items / f.grid);
-    if (first >= static_cast<int64_t>(bb + 1) * items / f.grid) continue;
-    const int job = first / f.tiles, tile = first - job * f.tiles;
-    const ExpertDesc& d = a.experts[a.jobs[3 * job]];
-    const int64_t row0 = static_cast<int64_t>(tile) * f.rows;
-    const uint32_t bytes = static_cast<uint32_t>(min(static_cast<int64_t>(f.rows), f.out - row0) * f.row_bytes);
-    const int64_t at = row0 * f.row_bytes;
-    for (int m = 0; m < (up ? 2 : 1); ++m) {
-      const uint8_t* w = static_cast<const uint8_t*>(d.w[up ? (m == 0 ? 0 : 2) : 1]) + at;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w), "r"(bytes) : "memory");
-    }
-  }
-}
 
 // moe_plan_kernel_small with the work of the launches before it (MoeParams::route, x_from), for steps of up to
 // kMoePrepMaxTokens tokens: block 0 routes (a warp a token, route_scored_regs_kernel's device code; or a thread a
@@ -427,7 +392,6 @@ __global__ void __launch_bounds__(kPlanThreadsSmall) moe_prep_kernel(PrepArgs a)
     __syncthreads();
   }
   plan_block<kPlanThreadsSmall, 1>(a.indices, a.T * a.k, a.E, a.tile, a.sorted, a.pos, a.jobs, a.num_jobs, a.err);
-  if (a.up.grid > 0) prefetch_first_items(a);
 }
 
 // out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
@@ -658,7 +622,7 @@ const char* moe_path_name(const MoeParams& p) {
 namespace {
 
 void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* jobs, int* num_jobs,
-                     const dev::BulkFirst& up, const dev::BulkFirst& down, cudaStream_t stream) {
+                     cudaStream_t stream) {
   if (p.route.logits == nullptr && p.x_from == nullptr) {
     if (p.small_plan && p.E <= dev::kPlanThreadsSmall)
       launch(dev::moe_plan_kernel_small, 1, dev::kPlanThreadsSmall, 0, stream, p.indices, p.T * p.k, p.E, tile, sorted,
@@ -674,7 +638,7 @@ void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* j
              "launch_moe: the plan kernel routes ", p.E, " experts / ", p.k, " picks only on the register kernel's shape");
   TERN_CHECK(p.x_from == nullptr || p.D % 128 == 0, "launch_moe: x quantised in the plan kernel needs D % 128 == 0");
   dev::PrepArgs a{p.route, p.T, p.E, p.k, tile, p.indices, sorted, pos, jobs, num_jobs, p.err, p.x_from,
-                  const_cast<float*>(p.x), p.D, p.experts, up, down};
+                  const_cast<float*>(p.x), p.D};
   const int64_t items = p.x_from != nullptr ? p.T * (p.D / 128) : 0;
   constexpr int64_t kWarps = dev::kPlanThreadsSmall / 32;
   const auto blocks = static_cast<unsigned>(1 + (items + kWarps - 1) / kWarps);
@@ -702,17 +666,8 @@ void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t s
   TERN_CHECK((!p.stage_quant && !p.stage_quant_h) || bulk.ok,
              "launch_moe: x or h quantised as staged need the bulk kernels (moe_bulk_taken)");
   char* ws = static_cast<char*>(workspace);
-  // MoeParams::l2_first: the prep kernel prefetches each bulk block's first item (launch_moe_bulk's grids).
-  dev::BulkFirst up, down;
-  if (p.l2_first && bulk.ok && (p.route.logits != nullptr || p.x_from != nullptr)) {
-    const auto first = [&](const MoeBulkPlan& pl, int64_t out) {
-      return dev::BulkFirst{static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles)), pl.tiles,
-                            pl.rows_per_item, pl.row_bytes, out};
-    };
-    up = first(bulk.up, p.inter), down = first(bulk.down, p.D);
-  }
   launch_moe_plan(p, static_cast<int>(L.tile), reinterpret_cast<int*>(ws + L.sorted), reinterpret_cast<int*>(ws + L.pos),
-                  reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), up, down, stream);
+                  reinterpret_cast<int*>(ws + L.jobs), reinterpret_cast<int*>(ws + L.num_jobs), stream);
   if (bulk.ok && p.kind == WeightFormat::mxfp4) {
     launch_moe_bulk<WeightFormat::mxfp4>(p, L, bulk.up, bulk.down, num_sms, ws, stream);
   } else if (bulk.ok) {

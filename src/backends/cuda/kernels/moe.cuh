@@ -95,9 +95,6 @@ struct MoeParams {
   // The plan alone (no route, no x_from) in a block of 256 threads where the experts allow (moe_plan_kernel_small;
   // TERN_MOE_FUSED_PLAN), not 1024 (the same plan).
   bool small_plan = false;
-  // With the prep kernel (route or x_from set) and the bulk kernels: it prefetches each bulk up and down block's first
-  // item into L2 after the plan (TERN_MOE_L2_FIRST, A/B).
-  bool l2_first = false;
 };
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
