@@ -386,9 +386,6 @@ __global__ void linear_simple_kernel(SimpleMat m, const float* x, int64_t x_stri
   }
 }
 
-// Eight weights of row `row` at columns col .. col + 7 (col a multiple of 8) as f32, exactly: one 8-byte FP8
-// load with its 128x128 block scale (the hardware e4m3x2 -> f16x2 conversion, exact, subnormals and NaN
-// included: 3 instructions a byte pair instead of ~10 a byte) or one 16-byte bf16 load.
 // 8 bf16 values (one 16-byte load) as floats.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 q, float (&w)[8]) {
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
@@ -399,22 +396,20 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 q, float (&w)[8]) {
   }
 }
 
-template <bool kFp8>
-__device__ __forceinline__ void exact_weights8(const SimpleMat& m, int64_t row, int64_t col, float (&w)[8]) {
-  if constexpr (kFp8) {
-    const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
-    const int64_t si = (row >> 7) * m.s_cols + (col >> 7);
-    const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
+// Eight weights of FP8 row `row` at columns col .. col + 7 (col a multiple of 8) as f32, exactly: one 8-byte load
+// with its 128x128 block scale (the hardware e4m3x2 -> f16x2 conversion, exact, subnormals and NaN included: 3
+// instructions a byte pair instead of ~10 a byte). (bf16 rows: bf16x8_to_f32 of one 16-byte load.)
+__device__ __forceinline__ void exact_weights8_fp8(const SimpleMat& m, int64_t row, int64_t col, float (&w)[8]) {
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(m.w + row * m.in + col));
+  const int64_t si = (row >> 7) * m.s_cols + (col >> 7);
+  const float sc = m.scale_f32 ? reinterpret_cast<const float*>(m.s)[si] : e8m0_to_f32(m.s[si]);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t word = k < 2 ? q.x : q.y;
-      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
-      w[2 * k] = f.x * sc;
-      w[2 * k + 1] = f.y * sc;
-    }
-  } else {
-    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(m.w + (row * m.in + col) * 2)), w);
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = k < 2 ? q.x : q.y;
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+    w[2 * k] = f.x * sc;
+    w[2 * k + 1] = f.y * sc;
   }
 }
 
@@ -458,16 +453,17 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
   // that their DRAM latency overlaps the previous kernel; a router gate row of 4 096 columns is two chunks a lane, so
   // nothing is left to fetch from DRAM after the wait. (At batch 1 the gate runs beside the shared expert's product
   // on the side branch and took 8 us a call for its 2 MB, session 27's trace.)
+  // The lane's R rows of chunk ch (16 bytes each; zeros past the rows or the slice).
+  const auto load_chunk = [&](int ch, uint4 (&q)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      q[i] = row0 + i < m.out && ch < c1
+                 ? __ldg(reinterpret_cast<const uint4*>(m.w + ((row0 + i) * m.in + 8 * static_cast<int64_t>(ch)) * 2))
+                 : make_uint4(0u, 0u, 0u, 0u);
+  };
   uint4 pre[2][R];
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int ch = c0 + lane + 32 * n;
-      pre[n][i] = row0 + i < m.out && ch < c1
-                      ? __ldg(reinterpret_cast<const uint4*>(m.w + ((row0 + i) * m.in + 8 * static_cast<int64_t>(ch)) * 2))
-                      : make_uint4(0u, 0u, 0u, 0u);
-    }
+  load_chunk(c0 + lane, pre[0]);
+  load_chunk(c0 + lane + 32, pre[1]);
   pdl_prologue();
   const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kSimpleTokens;
   const int nt = static_cast<int>(T - tok0 < kSimpleTokens ? T - tok0 : kSimpleTokens);
@@ -507,11 +503,7 @@ __global__ void __launch_bounds__(256) linear_exact_rows_kernel(SimpleMat m, con
 #pragma unroll 2
     for (int ch = c0 + lane + 64; ch < c1; ch += 32) {
       uint4 q[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-        q[i] = R == 1 || row0 + i < m.out
-                   ? __ldg(reinterpret_cast<const uint4*>(m.w + ((row0 + i) * m.in + 8 * static_cast<int64_t>(ch)) * 2))
-                   : make_uint4(0u, 0u, 0u, 0u);
+      load_chunk(ch, q);
       step(ch, q);
     }
   }
@@ -585,7 +577,7 @@ __global__ void __launch_bounds__(kExactRows) linear_exact_lanes_kernel(SimpleMa
 #pragma unroll 4
     for (int c = 0; c < cols; c += 8) {
       float w[8];
-      exact_weights8<true>(m, row, c0 + c, w);
+      exact_weights8_fp8(m, row, c0 + c, w);
 #pragma unroll
       for (int j = 0; j < kExactTokens; ++j) {
         if (j >= nt) break;
