@@ -37,8 +37,6 @@ timeout 200 $T bench-step --device cuda --config full --contexts 1024 --prefill 
   --ab TERN_ATTENTION_SPLIT_KEYS=64 --ab TERN_ATTENTION_SPLIT_KEYS=32 --ab-rounds 3 > $L/ab.log 2>&1; echo "rc $?"
 grep -hE "^(decode|ab) |error" $L/ab.log | cut -c1-150
 stamp "4. trace at batch 1 (new)"
-TERN_PROFILE_TRACE=$OUT/trace-new.tsv timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
-  --batches 1 --steps 4 --warmup 3 --profile --profile-batches 1 --profile-top 12 > $L/trace.log 2>&1; echo "rc $?"
-gzip $OUT/trace-new.tsv
+trace_b1 trace-new
 tar -C $OUT -czf $OUT/logs.tar.gz logs && rm -rf $L
 stamp done
