@@ -27,6 +27,7 @@
 #include "backends/cuda/profiler.h"
 #include "backends/cuda/timing.h"
 #include "core/dtype.h"
+#include "bench_sections.h"
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/step.h"
@@ -765,7 +766,7 @@ int main(int argc, char** argv) {
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
   // --only SECTION: one section's rows (linear, exact, library, moe, moe_prefill, attention, attention_prefill,
-  // indexer, indexer_prefill, mhc, probe, small_reads)
+  // indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
@@ -773,10 +774,10 @@ int main(int argc, char** argv) {
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
           only != "probe" && only != "small_reads" && only != "exact" && only != "library" &&
-          only != "decode_probe") {
+          only != "decode_probe" && only != "moe_timeline") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, exact, library, moe, moe_prefill, attention, "
-                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads or decode_probe, not %s\n",
+                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads, decode_probe or moe_timeline, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -862,6 +863,7 @@ int main(int argc, char** argv) {
     bench_decode_attention(r, quick);
   }
   if (section("attention_prefill")) bench_attention_prefill(r);
+  if (only == "moe_timeline") bench_moe_timeline(r, g_copy_gbs);  // (a diagnostic: only when asked for)
   if (section("indexer")) bench_indexer(r, quick);
   if (section("indexer_prefill")) bench_indexer_prefill(r, quick);
   if (section("mhc")) bench_mhc(r);

@@ -455,6 +455,12 @@ void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream) {
     launch_route_scored(r.logits, r.bias, p.T, p.E, p.k, r.scale, r.indices, r.weights, p.err, regs, stream);
 }
 
+namespace {
+MoeBulkStamps g_bulk_stamps;
+}  // namespace
+void set_moe_bulk_stamps(const MoeBulkStamps& s) { g_bulk_stamps = s; }
+MoeBulkStamps moe_bulk_stamps() { return g_bulk_stamps; }
+
 bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter) {
   const int64_t chunk = chunk_of(kind);
   return D % chunk == 0 && inter % chunk == 0 && D % 32 == 0 && inter % 16 == 0;

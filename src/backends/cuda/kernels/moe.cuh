@@ -118,6 +118,32 @@ void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t str
 int moe_variant_count();
 const char* moe_variant_name(int variant);
 
+// The bulk kernels' timeline instrument (tern_gpu_bench --only moe_timeline): while set, each launch of the up
+// (down) kernel writes kMoeBulkStampWords words a block to `up` (`down`), device memory of grid x that many words;
+// MoeBulkStamp names them. Cycle counts are the block's SM clock64; *_ns the global timer. Never set in serving.
+inline constexpr int kMoeBulkStampWords = 16;
+struct MoeBulkStamp {
+  enum : int {
+    entry_ns,     // global timer at the block's entry (before its PDL wait)
+    entry,        // clock64 at entry
+    ready,        // clock64 after the barriers' set-up (the block's __syncthreads)
+    first_issue,  // the producer's first item's copies issued
+    last_issue,   // the producer's last copies issued
+    first_full,   // the first item's bytes landed (group 0's first wait returned)
+    exit0,        // groups 0..kExitGroups-1 leave their item loops (exit0 + g)
+    exit_ns = exit0 + 4,  // global timer as group 0 leaves
+    items,        // the block's items
+    jobs,         // the jobs its items span
+  };
+  static constexpr int kExitGroups = 4;
+};
+struct MoeBulkStamps {
+  unsigned long long* up = nullptr;
+  unsigned long long* down = nullptr;
+};
+void set_moe_bulk_stamps(const MoeBulkStamps& s);
+MoeBulkStamps moe_bulk_stamps();
+
 bool moe_kind_supported(WeightFormat kind, int64_t D, int64_t inter);
 int64_t moe_workspace_bytes(const MoeParams& p);
 // Whether launch_moe takes the bulk-copy kernels for these params (the backend asks it before it quantises x).

@@ -75,7 +75,20 @@ struct MoeBulkArgs {
   const int* num_jobs;
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
+  // The timeline instrument (set_moe_bulk_stamps; nullptr in every real run): kMoeBulkStampWords words a block.
+  unsigned long long* stamps = nullptr;
 };
+
+// The block's timeline (MoeBulkStamp says which word is which): the SM's cycle counter, and the global timer at
+// the block's entry and its first group's exit to line blocks up against each other.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void stamp(const MoeBulkArgs& a, int word, unsigned long long v) {
+  if (a.stamps != nullptr) a.stamps[blockIdx.x * kMoeBulkStampWords + word] = v;
+}
 
 // Producer warp: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices and first row),
 // then for each item waits for a free slot and has the whole warp issue the item's copies into it:
@@ -121,8 +134,10 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
       if (lane == 0) st_volatile_shared(&armed[slot], LEAN ? cur.round : idx / ring.stages);
       if constexpr (LEAN) cur.next(ring.stages);
       issue(smem + slot * pl.stage_bytes, &ring.full[slot], r0, w, s);
+      if (lane == 0 && idx == 0) stamp(a, MoeBulkStamp::first_issue, clock64());
     }
   }
+  if (lane == 0) stamp(a, MoeBulkStamp::last_issue, clock64());
 }
 
 // An item's copies in the unpadded layout, one per lane: for each m-tile j < mt and matrix m (UP: w1, w3;
@@ -314,6 +329,10 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   // weights) into the ring: the ring fills while the up kernel's last blocks finish, where it used to start after
   // them. Its consumers wait before they read h or write y; the producer waits before it returns.
   const bool early = !UP && a.p.early_down;
+  if (threadIdx.x == 0) {
+    stamp(a, MoeBulkStamp::entry_ns, global_ns());
+    stamp(a, MoeBulkStamp::entry, clock64());
+  }
   if (!early) grid_dependency_wait();
   extern __shared__ __align__(128) uint8_t smem[];
   const MoeBulkPlan& pl = a.plan;
@@ -324,6 +343,11 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int items = __ldcg(a.num_jobs) * pl.tiles;
   const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
   const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x);
+  if (threadIdx.x == 0) {
+    stamp(a, MoeBulkStamp::items, static_cast<unsigned long long>(end - begin));
+    stamp(a, MoeBulkStamp::jobs, static_cast<unsigned long long>(
+                                     end > begin ? (end - 1) / pl.tiles - begin / pl.tiles + 1 : 0));
+  }
   if (begin >= end) {  // the whole block: no barrier has been touched yet
     if (early) grid_dependency_wait();
     return;
@@ -339,6 +363,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     mbar_init_fence();
   }
   __syncthreads();
+  if (threadIdx.x == 0) stamp(a, MoeBulkStamp::ready, clock64());
   if (warp == consumers) {
     const int64_t out = UP ? p.inter : p.D;
     if (pl.pad)
@@ -406,6 +431,8 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     while (ld_volatile_shared(&armed[slot]) < round) {
     }
     ring.wait_full_at(slot, static_cast<uint32_t>(round & 1));
+    if (a.stamps != nullptr && warp == 0 && lane == 0 && round == 0 && slot == 0)
+      stamp(a, MoeBulkStamp::first_full, clock64());
     bulk_consume<F>(smem0 + slot * pl.stage_bytes, lo, pl.oct_bytes, 8 * pl.s_stride, smem0 + pl.win_off, per, acc);
     const int64_t tile_row0 = static_cast<int64_t>(tile) * pl.rows_per_item;
     if (pl.ks == 1) {  // one slice: the warp finishes its m-tile ((0 + s0): -0 becomes +0, as the sums below)
@@ -458,6 +485,10 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       decode(item % pl.tiles, ring.slot(idx), idx / pl.stages);
     }
   }
+  if (a.stamps != nullptr && u == 0 && lane == 0 && group < MoeBulkStamp::kExitGroups) {
+    stamp(a, MoeBulkStamp::exit0 + group, clock64());
+    if (group == 0) stamp(a, MoeBulkStamp::exit_ns, global_ns());
+  }
 }
 
 template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
@@ -491,15 +522,18 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
                      int num_sms, char* ws, cudaStream_t stream) {
   dev::MoeBulkArgs a;
   point_at_workspace(a, p, L, ws);
+  const MoeBulkStamps stamps = moe_bulk_stamps();
   // One block per multiprocessor (blocks past the device-side item count exit at once).
   auto grid = [&](const MoeBulkPlan& pl) {
     return static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles));
   };
   a.plan = up;
+  a.stamps = stamps.up;
   dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
   // else the down kernel quantises h as it stages it
   if (!p.stage_quant && !p.stage_quant_h) quantize_moe_h(p, a.h, L.P, stream);
   a.plan = down;
+  a.stamps = stamps.down;
   dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
 }
 
