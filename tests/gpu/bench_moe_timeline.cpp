@@ -35,7 +35,7 @@ double median(std::vector<double> v) {
 
 // One kernel's stamps over the runs: each figure's median over blocks (and its max), averaged over runs.
 struct KernelTimeline {
-  std::vector<double> span_us, skew_us, ready_us, first_issue_us, first_data_us, last_issue_us, exit_us,
+  std::vector<double> span_us, skew_us, ready_us, staged_us, first_issue_us, first_data_us, last_issue_us, exit_us,
       exit_max_us, idle_tail_us, items, jobs;
 };
 
@@ -58,12 +58,13 @@ void add_run(KernelTimeline& k, const std::vector<unsigned long long>& words, in
     t0 = std::min(t0, at(b, W::entry_ns));
     last_entry = std::max(last_entry, at(b, W::entry_ns));
   }
-  std::vector<double> ready, fi, fd, li, ex, ends;
+  std::vector<double> ready, staged, fi, fd, li, ex, ends;
   for (int b : live) {
     const double e = at(b, W::entry);
     double last_exit = 0;
     for (int g = 0; g < W::kExitGroups; ++g) last_exit = std::max(last_exit, at(b, W::exit0 + g));
     ready.push_back((at(b, W::ready) - e) / cyc_per_us);
+    staged.push_back((at(b, W::staged) - e) / cyc_per_us);
     fi.push_back((at(b, W::first_issue) - e) / cyc_per_us);
     fd.push_back((at(b, W::first_full) - at(b, W::first_issue)) / cyc_per_us);
     li.push_back((at(b, W::last_issue) - e) / cyc_per_us);
@@ -80,6 +81,7 @@ void add_run(KernelTimeline& k, const std::vector<unsigned long long>& words, in
   k.span_us.push_back((t1 - t0) / 1e3);
   k.skew_us.push_back((last_entry - t0) / 1e3);
   k.ready_us.push_back(median(ready));
+  k.staged_us.push_back(median(staged));
   k.first_issue_us.push_back(median(fi));
   k.first_data_us.push_back(median(fd));
   k.last_issue_us.push_back(median(li));
@@ -94,9 +96,9 @@ double mean(const std::vector<double>& v) {
 
 void print_timeline(const char* name, int64_t T, const KernelTimeline& k, double bytes, double copy_gbs) {
   const double span = mean(k.span_us);
-  std::printf("| %s | %lld | %.1f | %.0f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f / %.2f | %.2f | %.1f / %.1f |\n", name,
+  std::printf("| %s | %lld | %.1f | %.0f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f / %.2f | %.2f | %.1f / %.1f |\n", name,
               static_cast<long long>(T), span, copy_gbs > 0 ? 100.0 * bytes / (span * 1e3) / copy_gbs : 0.0,
-              mean(k.skew_us), mean(k.ready_us), mean(k.first_issue_us), mean(k.first_data_us), mean(k.last_issue_us),
+              mean(k.skew_us), mean(k.ready_us), mean(k.staged_us), mean(k.first_issue_us), mean(k.first_data_us), mean(k.last_issue_us),
               mean(k.exit_us), mean(k.exit_max_us), mean(k.idle_tail_us), mean(k.items), mean(k.jobs));
 }
 
@@ -119,10 +121,10 @@ void bench_moe_timeline(Rand& r, double copy_gbs) {
   auto* up_words = static_cast<unsigned long long*>(stamps.data());
   std::printf("\nbulk MoE kernels, block timelines (one cold call a run, L2 flushed, 8 runs; us; span: first entry to "
               "last exit; skew: last block's entry after the first's; then medians over blocks, from the block's "
-              "entry: barriers ready, first copies issued, first bytes landed after them, last copies issued, last "
+              "entry: barriers ready, first window staged, first copies issued, first bytes landed after them, last copies issued, last "
               "group's exit (median / max); tail: the median block's idle time before the kernel's end; items a "
-              "block):\n| kernel | T | span | %% of copy | skew | ready | 1st issue | 1st data | last issue | exit | "
-              "tail | items / jobs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "block):\n| kernel | T | span | %% of copy | skew | ready | x staged | 1st issue | 1st data | last issue | exit | "
+              "tail | items / jobs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const int64_t T : {int64_t{1}, int64_t{4}, int64_t{16}}) {
     KernelTimeline up, down;
     double distinct_sum = 0;

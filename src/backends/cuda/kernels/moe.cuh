@@ -134,6 +134,7 @@ struct MoeBulkStamp {
     exit_ns = exit0 + 4,  // global timer as group 0 leaves
     items,        // the block's items
     jobs,         // the jobs its items span
+    staged,       // clock64 as the consumers have staged their first job's x (UP) or h (DOWN) window
   };
   static constexpr int kExitGroups = 4;
 };

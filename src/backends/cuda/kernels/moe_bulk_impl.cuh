@@ -424,6 +424,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       stage_x<F, true>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     else stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     named_bar_sync(1, threads);
+    if (a.stamps != nullptr && threadIdx.x == 0 && job == begin / pl.tiles) stamp(a, MoeBulkStamp::staged, clock64());
   };
   // This group's item: tile `tile` of the current job, in ring slot `slot` of round `round`.
   auto decode = [&](int tile, int slot, int round) {
