@@ -125,7 +125,10 @@ void bench_moe_timeline(Rand& r, double copy_gbs) {
               "group's exit (median / max); tail: the median block's idle time before the kernel's end; items a "
               "block):\n| kernel | T | span | %% of copy | skew | ready | x staged | 1st issue | 1st data | last issue | exit | "
               "tail | items / jobs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const int64_t T : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+  for (const int64_t T : {int64_t{1}, int64_t{4}, int64_t{16}})
+  for (const int resident : {1, 0}) {
+    if (T > cuda::kMoeResidentMaxTokens && resident == 0) continue;
+    be.set_knob("TERN_MOE_RESIDENT", resident);
     KernelTimeline up, down;
     double distinct_sum = 0;
     const int runs = 8;
@@ -158,9 +161,13 @@ void bench_moe_timeline(Rand& r, double copy_gbs) {
       add_run(down, std::vector<unsigned long long>(host.begin() + static_cast<long>(words), host.end()), grid);
     }
     const double distinct = distinct_sum / runs;
-    print_timeline("up", T, up, up_bytes * distinct, copy_gbs);
-    print_timeline("down", T, down, down_bytes * distinct, copy_gbs);
+    const bool shown = T <= cuda::kMoeResidentMaxTokens;  // (a resident row only where the layout exists)
+    print_timeline(shown ? (resident ? "up, resident" : "up, fixed ranges") : "up", T, up, up_bytes * distinct, copy_gbs);
+    print_timeline(shown ? (resident ? "down, resident" : "down, fixed ranges") : "down", T, down,
+                   down_bytes * distinct, copy_gbs);
   }
+  be.set_knob("TERN_MOE_RESIDENT", 1);
+  std::printf("(path at T=1: %s)\n", be.moe_path(experts[0].w1, 1, k).c_str());
 
   // The ceiling: the same bytes in one cold launch of the read probes (buffers rotated past L2, in a graph),
   // the bulk ring as the MoE kernels' (32 KB stages, 5 deep, each block its own range) and plain loads.

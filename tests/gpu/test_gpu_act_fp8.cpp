@@ -497,6 +497,57 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
   }
 }
 
+// The bulk kernels' resident windows (TERN_MOE_RESIDENT, up to kMoeResidentMaxTokens tokens: every row staged once,
+// items claimed from a device counter past a static share with TERN_MOE_CLAIMS; the resident down kernel quantises h
+// as it stages it) give the bits of the windows staged a job at a time with fixed item ranges: the same items, K
+// slices and sums. At 1-4 tokens (V4-Flash: up and down resident at one token, up alone from two), both FP4 formats,
+// with activations in bf16 and in FP8; the path names what ran.
+TEST_P(GpuActFp8Linear, MoeResidentWindowsBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  if (s.D % 128 != 0 || s.inter % 128 != 0) GTEST_SKIP() << "D and inter must be multiples of 128";
+  Rand r(fresh_seed());
+  const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D;
+  cuda::CudaBackend& be = cuda::register_backend();
+  struct Form {
+    int resident, claims;
+  };
+  for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4})
+    for (const bool fp8 : {false, true}) {
+      RandomExperts experts(f, E, D, s.inter, r);
+      for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
+      for (int64_t T : {1, 2, 3, 4}) {
+        const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
+        const Tensor idx = random_picks(T, E, k, r);
+        auto dx = upload(x), dw = upload(w), didx = upload(idx);
+        Tensor base;
+        for (const Form form : {Form{0, 0}, Form{1, 0}, Form{1, 1}}) {
+          be.set_knob("TERN_MOE_RESIDENT", form.resident);
+          be.set_knob("TERN_MOE_CLAIMS", form.claims);
+          const std::string path = be.moe_path(experts.on_device[0].w1, T, k);
+          const std::string what = cat(ops::weight_format_name(f), fp8 ? " fp8" : " bf16", " T=", T, " resident ",
+                                       form.resident, " claims ", form.claims, " (", path, ")");
+          EXPECT_EQ(path.find("resident windows (up") != std::string::npos, form.resident == 1) << what;
+          EXPECT_EQ(path.find("items claimed") != std::string::npos, form.resident == 1 && form.claims == 1) << what;
+          auto y = poisoned(DType::f32, {T, D});
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+          const Tensor got = cuda::to_host(y);
+          if (form.resident == 0) {
+            base = got;
+            continue;
+          }
+          int64_t differ = 0;
+          for (int64_t i = 0; i < T * D; ++i)
+            differ += std::memcmp(got.data<float>() + i, base.data<float>() + i, 4) != 0;
+          EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << T * D << " outputs differ from fixed ranges'";
+        }
+      }
+    }
+  be.set_knob("TERN_MOE_RESIDENT", 1);
+  be.set_knob("TERN_MOE_CLAIMS", 1);
+  be.check_device_errors();
+}
+
 TEST(GpuActFp8, RefusesUnalignedRows) {
   TERN_REQUIRE_GPU();
   Rand r(fresh_seed());

@@ -102,6 +102,10 @@ struct CudaBackend::Impl {
   // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
   // the up kernel's last blocks.
   bool moe_early_down = false;
+  // MoeParams::resident and claims (TERN_MOE_RESIDENT, TERN_MOE_CLAIMS; =0 for A/B): the bulk kernels' resident
+  // windows up to kMoeResidentMaxTokens tokens, and with them items claimed past a static share. The same bits.
+  bool moe_resident = true;
+  bool moe_claims = true;
   // The library path's hc_post writes the mix's squares column (TERN_HC_POST_SQUARES=0: A/B).
   bool hc_post_squares = true;
   // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.

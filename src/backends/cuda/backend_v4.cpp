@@ -374,6 +374,8 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   p.e4m3_fold_ok = table.e4m3_fold_ok;
   p.variant = impl.moe_variant;
   p.early_down = impl.moe_early_down;
+  p.resident = impl.moe_resident;
+  p.claims = impl.moe_claims;
   // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
   for (const ops::Expert& e : a.experts)
     TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
@@ -503,12 +505,14 @@ void CudaBackend::set_moe_variant(int variant) {
   impl_->moe_variant = variant;
 }
 
-std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T) const {
+std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T, int64_t k) const {
   if (w1.exact) return "moe_exact (f32 CUDA cores, one block a pick) + moe_combine";
   // Device allocations are 256-byte aligned: what the bulk kernels need of the expert pointers.
-  MoeParams p = moe_shape(w1, w1, T, 1);
+  MoeParams p = moe_shape(w1, w1, T, k);
   p.experts_aligned = true;
   p.variant = impl_->moe_variant;
+  p.resident = impl_->moe_resident;
+  p.claims = impl_->moe_claims;
   // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
   if (impl_->moe_grouped_for(T) && !impl_->moe_library_forced(T) && moe_grouped_supported(p)) {
     const std::string_view forced = moe_grouped_kernel_forced();

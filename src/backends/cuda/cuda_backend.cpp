@@ -26,6 +26,8 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_MOE_STAGE_QUANT", &CudaBackend::Impl::moe_stage_quant},
     {"TERN_MOE_STAGE_QUANT_H", &CudaBackend::Impl::moe_stage_quant_h},
     {"TERN_MOE_EARLY_DOWN", &CudaBackend::Impl::moe_early_down},
+    {"TERN_MOE_RESIDENT", &CudaBackend::Impl::moe_resident},
+    {"TERN_MOE_CLAIMS", &CudaBackend::Impl::moe_claims},
     {"TERN_X8_QUANT", &CudaBackend::Impl::x8_quantises_x},
     {"TERN_HC_POST_SQUARES", &CudaBackend::Impl::hc_post_squares},
     {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},

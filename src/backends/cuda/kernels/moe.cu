@@ -293,7 +293,10 @@ __device__ __forceinline__ void plan_block(const int32_t* indices, int64_t P, in
     int bc = 0, bj = 0;
     for (int w = 0; w < warp; ++w) bc += warp_pairs[w], bj += warp_jobs[w];
     if (e < E) offset[e] = bc + ic - c, job_off[e] = bj + ij - jb;
-    if (e == E - 1) *num_jobs = bj + ij;
+    if (e == E - 1) {
+      num_jobs[0] = bj + ij;
+      num_jobs[1] = num_jobs[2] = 0;  // the bulk up and down kernels' item claims (MoeLayout::num_jobs)
+    }
   }
   __syncthreads();
   if (ranked) {
@@ -532,6 +535,17 @@ BulkPlans bulk_plans(const MoeParams& p) {
   b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, v.lean);
   b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens, v.pad, v.pad_scales, v.lean);
   b.ok = b.up.ok && b.down.ok;
+  // The resident windows (MoeBulkPlan::resident) where they fit beside the same ring: the same items, K slices and
+  // sums, so the same bits (GpuV4.MoeResidentWindowsBitIdentical).
+  if (b.ok && p.resident && v.lean && p.T <= kMoeResidentMaxTokens) {
+    const int claim = p.claims ? kMoeClaimSharePct : 100;
+    MoeBulkPlan up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, true,
+                                   static_cast<int>(p.T));
+    MoeBulkPlan down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens, v.pad,
+                                     v.pad_scales, true, static_cast<int>(p.T * p.k));
+    if (up.ok) up.claim_share_pct = claim, b.up = up;
+    if (down.ok) down.claim_share_pct = claim, b.down = down;
+  }
   return b;
 }
 
@@ -543,7 +557,7 @@ const char* moe_variant_name(int variant) {
 }
 
 MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
-                          bool pad, bool pad_scales, bool lean) {
+                          bool pad, bool pad_scales, bool lean, int resident_rows) {
   MoeBulkPlan pl;
   const int64_t in = up ? p.D : p.inter, out = up ? p.inter : p.D;
   const int64_t row_bytes = in / 2, s_cols = in / (p.kind == WeightFormat::nvfp4 ? 16 : 32);
@@ -582,18 +596,22 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   pl.stage_bytes = (pl.scale_off + 16 * mt * pl.s_stride + 127) / 128 * 128;
   pl.win_stride = dev::XWindow<WeightFormat::mxfp4>::stride(static_cast<int>(in));
   pl.job_tokens = job_tokens;
-  const int win_bytes = job_tokens * pl.win_stride;
+  pl.resident = resident_rows > 0;
+  pl.win_rows = pl.resident ? resident_rows : job_tokens;
+  const int win_bytes = pl.win_rows * pl.win_stride;
   const int red_bytes = units * 4 * 32 * static_cast<int>(sizeof(float));  // per ring slot (ks > 1)
   for (int s = stages; s >= 2; --s) {
     const int red_off = s * pl.stage_bytes + win_bytes;
     const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
-    const int bar_off = cnt_off + (2 * s * 4 + 15) / 16 * 16;  // arrived[s], armed[s]
+    const int bar_off = cnt_off + (3 * s * 4 + 15) / 16 * 16;  // arrived[s], armed[s], slot_item[s]
     const int smem = bar_off + 2 * s * 8;
+    if (pl.resident && s < stages) return pl;  // the resident window only where the variant's ring still fits
     if (smem <= dev::kBulkMaxSmem) {
       pl.stages = s;
       pl.win_off = s * pl.stage_bytes;
       pl.red_off = red_off;
       pl.cnt_off = cnt_off;
+      pl.item_off = cnt_off + 2 * s * 4;
       pl.bar_off = bar_off;
       pl.smem = smem;
       pl.ok = true;
@@ -610,19 +628,29 @@ int moe_bulk_job_tokens(const MoeParams& p) { return variant_of(p).job_tokens; }
 int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(MoeLayout(p).total); }
 
 const char* moe_path_name(const MoeParams& p) {
-  if (!moe_bulk_taken(p)) return "moe_plan + moe_expert up/down + moe_combine";
-  // One name per variant, built once: the bulk kernels and what the variant changes in them.
+  const BulkPlans bulk = bulk_plans(p);
+  if (!bulk.ok) return "moe_plan + moe_expert up/down + moe_combine";
+  // One name per variant and resident layout (up, down, claimed items: 8 forms), built once: the bulk kernels and
+  // what the variant and the layout change in them.
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
-    for (const MoeVariant& v : kMoeVariants) {
-      std::string what = "bulk-copy ring, jobs of " + std::to_string(v.job_tokens) + " tokens";
-      if (v.pad) what += v.pad_scales ? ", padded rows" : ", padded rows (not scales)";
-      if (v.lean) what += ", counters";
-      n.push_back("moe_plan + moe_bulk up/down (" + what + ") + moe_combine");
-    }
+    for (const MoeVariant& v : kMoeVariants)
+      for (int form = 0; form < 8; ++form) {
+        std::string what = "bulk-copy ring, jobs of " + std::to_string(v.job_tokens) + " tokens";
+        if (v.pad) what += v.pad_scales ? ", padded rows" : ", padded rows (not scales)";
+        if (v.lean) what += ", counters";
+        if (form & 3) {
+          what += std::string(", resident windows (") + ((form & 3) == 3 ? "up and down" : form & 1 ? "up" : "down");
+          what += form & 4 ? ", items claimed past half)" : ")";
+        }
+        n.push_back("moe_plan + moe_bulk up/down (" + what + ") + moe_combine");
+      }
     return n;
   }();
-  return names[&variant_of(p) - kMoeVariants].c_str();
+  const bool claims = (bulk.up.resident && bulk.up.claim_share_pct < 100) ||
+                      (bulk.down.resident && bulk.down.claim_share_pct < 100);
+  const int form = (bulk.up.resident ? 1 : 0) | (bulk.down.resident ? 2 : 0) | (claims ? 4 : 0);
+  return names[8 * (&variant_of(p) - kMoeVariants) + form].c_str();
 }
 
 namespace {

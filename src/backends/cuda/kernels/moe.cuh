@@ -95,7 +95,17 @@ struct MoeParams {
   // The plan alone (no route, no x_from) in a block of 256 threads where the experts allow (moe_plan_kernel_small;
   // TERN_MOE_FUSED_PLAN), not 1024 (the same plan).
   bool small_plan = false;
+  // The bulk kernels' resident windows up to kMoeResidentMaxTokens tokens (MoeBulkPlan::resident; TERN_MOE_RESIDENT),
+  // and with them items claimed from a device counter past a static share (TERN_MOE_CLAIMS; off: fixed ranges). The
+  // resident down kernel quantises h as it stages it (act_fp8): the act_fake_quant launch between up and down goes.
+  bool resident = false;
+  bool claims = false;
 };
+
+// Up to this many tokens the bulk kernels may hold every row they read in their window (MoeParams::resident), and
+// past a static share of kMoeClaimSharePct percent of the items a block claims the rest one at a time.
+inline constexpr int64_t kMoeResidentMaxTokens = 4;
+inline constexpr int kMoeClaimSharePct = 50;
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
 // warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).

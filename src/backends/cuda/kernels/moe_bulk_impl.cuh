@@ -46,14 +46,27 @@ struct MoeBulkPlan {
   bool pad = false, pad_scales = false;
   bool lean = false;  // the bookkeeping by counters (RingCursor, job and tile counters): no integer divisions
   int oct_bytes = 0, half_off = 0, s_stride = 0;
+  // Resident window (MoeParams::resident, at up to kMoeResidentMaxTokens tokens where it fits beside the variant's
+  // ring): the window holds every row the kernel reads (UP: the T token rows of x; DOWN: the T k pair rows of h),
+  // staged once as the kernel starts. No job change restages it (each one made every consumer warp wait for the
+  // slowest group's item, then for the staging), so items may come in any order: each block takes a static first
+  // share and then claims items one at a time from a device counter (claim_share_pct: the static share of the items
+  // in percent; 100: fixed ranges, as the other layouts). Each item's slot names its item (slot_item) for the
+  // consumers, and `groups` end marks close the block's stage sequence. win_rows: the window's rows (resident: T or
+  // T k; else job_tokens).
+  bool resident = false;
+  int win_rows = 0;
+  int claim_share_pct = 100;
+  int item_off = 0;  // slot_item[stages] (resident), after armed[stages]
 };
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
 // at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item, jobs of at most `job_tokens`
 // (<= 8) pairs, the padded stage layout (rows; scale rows too with pad_scales) or not and the bookkeeping by
 // counters or not; !ok when the shape does not fit the kernel.
+// resident_rows > 0: the resident window of that many rows (!ok where it does not fit with `stages` stages).
 MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers, int max_mt, int job_tokens,
-                          bool pad, bool pad_scales, bool lean);
+                          bool pad, bool pad_scales, bool lean, int resident_rows = 0);
 
 template <WeightFormat F>
 void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& up, const MoeBulkPlan& down,
@@ -73,6 +86,7 @@ struct MoeBulkArgs {
   const int* sorted;  // pair ids grouped by expert
   const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= plan.job_tokens)
   const int* num_jobs;
+  int* claim;  // the resident layout's item counter (MoeLayout::num_jobs[1] for UP, [2] for DOWN; zeroed by the plan)
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
   // The timeline instrument (set_moe_bulk_stamps; nullptr in every real run): kMoeBulkStampWords words a block.
@@ -136,6 +150,69 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
       issue(smem + slot * pl.stage_bytes, &ring.full[slot], r0, w, s);
       if (lane == 0 && idx == 0) stamp(a, MoeBulkStamp::first_issue, clock64());
     }
+  }
+  if (lane == 0) stamp(a, MoeBulkStamp::last_issue, clock64());
+}
+
+// The resident layout's producer (MoeBulkPlan::resident): the block's static share [begin, end), then items claimed
+// one at a time from the kernel's counter (a.claim; the next claim is asked for before the current one is used, so its
+// round trip overlaps the copies of the item before), items past the end ending the walk. Each stage names its item
+// in slot_item[slot], stored before armed[slot]; then `groups` end marks (item -1, no copies) close the sequence, one
+// for each consumer group. The expert's pointers are looked up again only where the job changes.
+template <bool UP, class Issue>
+__device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const BulkRing& ring, int* armed,
+                                                     int* slot_item, uint8_t* smem, int items, int begin, int end,
+                                                     int claimed0, int groups, Issue issue) {
+  const MoeBulkPlan& pl = a.plan;
+  const int lane = threadIdx.x & 31;
+  constexpr int kMats = UP ? 2 : 1;
+  RingCursor cur;
+  const bool claims = claimed0 < items;
+  int next = items;  // lane 0: the claim asked for ahead
+  if (claims && lane == 0) next = claimed0 + atomicAdd(a.claim, 1);
+  int item = begin, stop = end, cached_job = -1;
+  unsigned long long w[kMats], s[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) w[m] = s[m] = 0;
+  for (;;) {
+    if (item >= stop) {
+      if (!claims) break;
+      item = __shfl_sync(0xffffffffu, next, 0);
+      if (item >= items) break;
+      stop = item + 1;
+      if (lane == 0) next = claimed0 + atomicAdd(a.claim, 1);
+    }
+    const int job = item / pl.tiles;
+    if (job != cached_job) {
+      cached_job = job;
+      const ExpertDesc& d = a.p.experts[__ldcg(a.jobs + 3 * job)];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const int which = UP ? (m == 0 ? 0 : 2) : 1;
+        w[m] = reinterpret_cast<unsigned long long>(d.w[which]);
+        s[m] = reinterpret_cast<unsigned long long>(d.s[which]);
+      }
+    }
+    const int r0 = (item - job * pl.tiles) * pl.rows_per_item;
+    ring.wait_free_at(cur.slot, cur.parity);
+    if (lane == 0) {
+      st_volatile_shared(&slot_item[cur.slot], item);
+      __threadfence_block();
+      st_volatile_shared(&armed[cur.slot], cur.round);
+    }
+    issue(smem + cur.slot * pl.stage_bytes, &ring.full[cur.slot], r0, w, s);
+    if (lane == 0 && item == begin && begin < end) stamp(a, MoeBulkStamp::first_issue, clock64());
+    cur.next(ring.stages);
+    ++item;
+  }
+  for (int i = 0; i < groups; ++i) {  // the end marks
+    ring.wait_free_at(cur.slot, cur.parity);
+    if (lane == 0) {
+      st_volatile_shared(&slot_item[cur.slot], -1);
+      __threadfence_block();
+      st_volatile_shared(&armed[cur.slot], cur.round);
+    }
+    cur.next(ring.stages);
   }
   if (lane == 0) stamp(a, MoeBulkStamp::last_issue, clock64());
 }
@@ -318,7 +395,10 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // past it, and phase r + 1 cannot complete before this group releases round r, so the parity wait is exact.
 // (Waiting for the skipped rounds' parities instead can deadlock: a group two rounds behind would wait on a
 // phase only its own later release can complete.)
-template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
+// RESIDENT (MoeBulkPlan::resident; with LEAN's counters): every row staged once, then each group walks its stages of
+// the block's sequence (its turn: stage index % groups), reading each stage's item from slot_item[slot] once
+// armed[slot] reaches the stage's round, until an end mark; no job change touches the window or the other groups.
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh). The weights never change, but WHICH rows to copy comes from the plan kernel's job list
   // (num_jobs sets the block's item range, jobs the experts), written every step at the same addresses. UP: by
@@ -328,7 +408,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   // the wait DOWN sets up its barriers, reads the job list (ld.global.cg) and its producer copies w2's rows (the
   // weights) into the ring: the ring fills while the up kernel's last blocks finish, where it used to start after
   // them. Its consumers wait before they read h or write y; the producer waits before it returns.
-  const bool early = !UP && a.p.early_down;
+  const bool early = !UP && a.p.early_down && !RESIDENT;
   if (threadIdx.x == 0) {
     stamp(a, MoeBulkStamp::entry_ns, global_ns());
     stamp(a, MoeBulkStamp::entry, clock64());
@@ -341,14 +421,21 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int units = pl.mt * pl.ks, groups = consumers / units;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int items = __ldcg(a.num_jobs) * pl.tiles;
-  const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
-  const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x);
+  // RESIDENT: the static share is claim_share_pct percent of the items in equal contiguous ranges (the rest claimed);
+  // otherwise, and at 100%, block b's range [b N / G, (b + 1) N / G).
+  const int share = RESIDENT && pl.claim_share_pct < 100
+                        ? static_cast<int>(static_cast<int64_t>(items) * pl.claim_share_pct / 100 / gridDim.x)
+                        : -1;
+  const int begin = share >= 0 ? static_cast<int>(blockIdx.x) * share
+                               : static_cast<int>(static_cast<int64_t>(blockIdx.x) * items / gridDim.x);
+  const int end = share >= 0 ? begin + share : static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * items / gridDim.x);
+  const int claimed0 = share >= 0 ? share * static_cast<int>(gridDim.x) : items;  // where the claimed items start
   if (threadIdx.x == 0) {
     stamp(a, MoeBulkStamp::items, static_cast<unsigned long long>(end - begin));
     stamp(a, MoeBulkStamp::jobs, static_cast<unsigned long long>(
                                      end > begin ? (end - 1) / pl.tiles - begin / pl.tiles + 1 : 0));
   }
-  if (begin >= end) {  // the whole block: no barrier has been touched yet
+  if (begin >= end && claimed0 >= items) {  // the whole block: no barrier has been touched yet
     if (early) grid_dependency_wait();
     return;
   }
@@ -356,6 +443,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pl.bar_off);
   int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
   int* armed = arrived + pl.stages;                             // [stages]: the round last armed per slot
+  int* slot_item = reinterpret_cast<int*>(smem + pl.item_off);  // [stages] (RESIDENT): each armed stage's item
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
     ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
@@ -366,7 +454,18 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   if (threadIdx.x == 0) stamp(a, MoeBulkStamp::ready, clock64());
   if (warp == consumers) {
     const int64_t out = UP ? p.inter : p.D;
-    if (pl.pad)
+    if constexpr (RESIDENT) {
+      if (pl.pad)
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, smem, items, begin, end, claimed0, groups,
+                                 [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+                                   issue_octets<UP>(pl, out, stage, full, r0, w, s);
+                                 });
+      else
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, smem, items, begin, end, claimed0, groups,
+                                 [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
+                                   issue_segments<UP>(pl, out, stage, full, r0, w, s);
+                                 });
+    } else if (pl.pad)
       bulk_produce<UP, LEAN>(a, ring, armed, smem, begin, end, [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
         issue_octets<UP>(pl, out, stage, full, r0, w, s);
       });
@@ -390,7 +489,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int prow = octet_row(pl.pad, g);
   const int w_in_octet = pl.pad ? (g & 1) * pl.half_off + (g >> 1) * pl.row_bytes : g * pl.row_bytes;
   constexpr int kWord = scale_word_bytes<F>();
-  const LaneOffsets lo{static_cast<uint32_t>(2 * mtile * pl.oct_bytes + w_in_octet + per * slice * 64 + t * 16),
+  LaneOffsets lo{static_cast<uint32_t>(2 * mtile * pl.oct_bytes + w_in_octet + per * slice * 64 + t * 16),
                        static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
                                              (F == WeightFormat::mxfp4 ? t : 0)),
                        static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
@@ -403,9 +502,8 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   float mult[2] = {1.0f, 1.0f};
   // Every consumer warp (all groups) at each item: when the item starts a job, stage the job's x (UP) or h
   // (DOWN) rows as bf16.
-  auto enter_job = [&](int job) {
-    if (job == cur_job) return;
-    named_bar_sync(1, threads);  // every consumer warp is done with the previous window
+  // The job's pairs and its expert's scales.
+  auto load_job = [&](int job) {
     cur_job = job;
     const int e = a.jobs[3 * job];
     first = a.jobs[3 * job + 1];
@@ -416,6 +514,11 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       const int which = UP ? (m == 0 ? 0 : 2) : 1;
       mult[m] = kWeightShift * (F == WeightFormat::nvfp4 ? d.global_scale[which] : 1.0f);
     }
+  };
+  auto enter_job = [&](int job) {
+    if (job == cur_job) return;
+    named_bar_sync(1, threads);  // every consumer warp is done with the previous window
+    load_job(job);
     auto xrow = [&](int i) -> const float* {
       if constexpr (UP) return p.x + static_cast<int64_t>(a.sorted[first + i] / p.k) * p.D;
       else return a.h + static_cast<int64_t>(first + i) * p.inter;
@@ -468,7 +571,39 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     }
     ring.release_at(slot);
   };
-  if constexpr (LEAN) {
+  if constexpr (RESIDENT) {
+    // Every row the kernel reads, once: UP the T token rows of x, DOWN the T k pair rows of h (quantised here under
+    // act_fp8: launch_moe_bulk runs no act_fake_quant between a resident down kernel and its up kernel).
+    auto xrow = [&](int i) -> const float* {
+      if constexpr (UP) return p.x + static_cast<int64_t>(i) * p.D;
+      else return a.h + static_cast<int64_t>(i) * p.inter;
+    };
+    if (p.stage_quant || (!UP && (p.stage_quant_h || p.act_fp8)))
+      stage_x<F, true>(win, pl.win_rows, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    else stage_x<F>(win, pl.win_rows, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
+    named_bar_sync(1, threads);
+    if (threadIdx.x == 0) stamp(a, MoeBulkStamp::staged, clock64());
+    const uint32_t x_cols = static_cast<uint32_t>(per * slice * XWindow<F>::kChunkBytes + t * 16);
+    RingCursor cur;  // this group's stages: group, group + groups, ...
+    for (int i = 0; i < group; ++i) cur.next(pl.stages);
+    for (;;) {
+      while (ld_volatile_shared(&armed[cur.slot]) < cur.round) {
+      }
+      __threadfence_block();  // slot_item was stored before armed
+      const int item = ld_volatile_shared(&slot_item[cur.slot]);
+      if (item < 0) break;  // this group's end mark
+      const int job = item / pl.tiles;
+      if (job != cur_job) {
+        load_job(job);
+        // The lane's token g of the job: its window row (rows past the job's pairs repeat its last, as above).
+        const int gi = min(g, count - 1);
+        const int row = UP ? a.sorted[first + gi] / p.k : first + gi;
+        lo.x = static_cast<uint32_t>(row * pl.win_stride) + x_cols;
+      }
+      decode(item - job * pl.tiles, cur.slot, cur.round);
+      for (int i = 0; i < groups; ++i) cur.next(pl.stages);
+    }
+  } else if constexpr (LEAN) {
     int job = begin / pl.tiles, tile = begin - job * pl.tiles, turn = 0;  // turn: (item - begin) % groups
     RingCursor cur;
     for (int item = begin; item < end; ++item) {
@@ -492,22 +627,25 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   }
 }
 
-template <WeightFormat F, bool UP, bool WIDE, bool LEAN>
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT = false>
 void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kBulkMaxSmem);
     return true;
   }();
   (void)attr;
   const int threads = (a.plan.consumers + 1) * 32;
-  launch(moe_bulk_kernel<F, UP, WIDE, LEAN>, grid, threads, a.plan.smem, stream, a);
+  launch(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT>, grid, threads, a.plan.smem, stream, a);
 }
 
 template <WeightFormat F, bool UP>
 void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   const bool wide = a.plan.consumers > kBulkNarrowConsumers;
-  if (a.plan.lean) {
+  if (a.plan.resident) {  // (plan_moe_bulk makes resident plans lean)
+    if (wide) launch_bulk_kernel_as<F, UP, true, true, true>(a, grid, stream);
+    else launch_bulk_kernel_as<F, UP, false, true, true>(a, grid, stream);
+  } else if (a.plan.lean) {
     if (wide) launch_bulk_kernel_as<F, UP, true, true>(a, grid, stream);
     else launch_bulk_kernel_as<F, UP, false, true>(a, grid, stream);
   } else {
@@ -528,13 +666,16 @@ void launch_moe_bulk(const MoeParams& p, const MoeLayout& L, const MoeBulkPlan& 
   auto grid = [&](const MoeBulkPlan& pl) {
     return static_cast<int>(std::min<int64_t>(num_sms, L.max_jobs * pl.tiles));
   };
+  int* claims = reinterpret_cast<int*>(ws + L.num_jobs) + 1;  // zeroed by the plan kernel
   a.plan = up;
   a.stamps = stamps.up;
+  a.claim = claims;
   dev::launch_bulk_kernel<F, true>(a, grid(up), stream);
   // else the down kernel quantises h as it stages it
-  if (!p.stage_quant && !p.stage_quant_h) quantize_moe_h(p, a.h, L.P, stream);
+  if (!p.stage_quant && !p.stage_quant_h && !down.resident) quantize_moe_h(p, a.h, L.P, stream);
   a.plan = down;
   a.stamps = stamps.down;
+  a.claim = claims + 1;
   dev::launch_bulk_kernel<F, false>(a, grid(down), stream);
 }
 

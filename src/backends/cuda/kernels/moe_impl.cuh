@@ -32,7 +32,7 @@ struct MoeLayout {
     sorted = take(P * sizeof(int));
     pos = take(P * sizeof(int));
     jobs = take(max_jobs * 3 * sizeof(int));
-    num_jobs = take(sizeof(int));
+    num_jobs = take(3 * sizeof(int));  // the job count, then the bulk up and down kernels' item claims
     h = take(P * p.inter * sizeof(float));
     y = take(P * p.D * sizeof(float));
   }
