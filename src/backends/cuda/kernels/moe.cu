@@ -603,7 +603,7 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   for (int s = stages; s >= 2; --s) {
     const int red_off = s * pl.stage_bytes + win_bytes;
     const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
-    const int bar_off = cnt_off + (3 * s * 4 + 15) / 16 * 16;  // arrived[s], armed[s], slot_item[s]
+    const int bar_off = cnt_off + (3 * s * 4 + 4 + 15) / 16 * 16;  // arrived[s], armed[s], slot_item[s], stage_end
     const int smem = bar_off + 2 * s * 8;
     if (pl.resident && s < stages) return pl;  // the resident window only where the variant's ring still fits
     if (smem <= dev::kBulkMaxSmem) {

@@ -20,6 +20,8 @@
 // slices come from the weight shape and the variant only, never from T, the job or its token count.
 #pragma once
 
+#include <climits>
+
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_impl.cuh"
@@ -52,7 +54,7 @@ struct MoeBulkPlan {
   // slowest group's item, then for the staging), so items may come in any order: each block takes a static first
   // share and then claims items one at a time from a device counter (claim_share_pct: the static share of the items
   // in percent; 100: fixed ranges, as the other layouts). Each item's slot names its item (slot_item) for the
-  // consumers, and `groups` end marks close the block's stage sequence. win_rows: the window's rows (resident: T or
+  // consumers, and the count of the block's stages, stored once all are armed, ends the walk. win_rows: the window's rows (resident: T or
   // T k; else job_tokens).
   bool resident = false;
   int win_rows = 0;
@@ -157,12 +159,14 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 // The resident layout's producer (MoeBulkPlan::resident): the block's static share [begin, end), then items claimed
 // one at a time from the kernel's counter (a.claim; the next claim is asked for before the current one is used, so its
 // round trip overlaps the copies of the item before), items past the end ending the walk. Each stage names its item
-// in slot_item[slot], stored before armed[slot]; then `groups` end marks (item -1, no copies) close the sequence, one
-// for each consumer group. The expert's pointers are looked up again only where the job changes.
+// in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which ends every
+// group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's slot would
+// wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
+// job changes.
 template <bool UP, class Issue>
 __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const BulkRing& ring, int* armed,
-                                                     int* slot_item, uint8_t* smem, int items, int begin, int end,
-                                                     int claimed0, int groups, Issue issue) {
+                                                     int* slot_item, int* stage_end, uint8_t* smem, int items,
+                                                     int begin, int end, int claimed0, Issue issue) {
   const MoeBulkPlan& pl = a.plan;
   const int lane = threadIdx.x & 31;
   constexpr int kMats = UP ? 2 : 1;
@@ -170,7 +174,7 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
   const bool claims = claimed0 < items;
   int next = items;  // lane 0: the claim asked for ahead
   if (claims && lane == 0) next = claimed0 + atomicAdd(a.claim, 1);
-  int item = begin, stop = end, cached_job = -1;
+  int item = begin, stop = end, cached_job = -1, stages = 0;
   unsigned long long w[kMats], s[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) w[m] = s[m] = 0;
@@ -204,17 +208,13 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
     if (lane == 0 && item == begin && begin < end) stamp(a, MoeBulkStamp::first_issue, clock64());
     cur.next(ring.stages);
     ++item;
+    ++stages;
   }
-  for (int i = 0; i < groups; ++i) {  // the end marks
-    ring.wait_free_at(cur.slot, cur.parity);
-    if (lane == 0) {
-      st_volatile_shared(&slot_item[cur.slot], -1);
-      __threadfence_block();
-      st_volatile_shared(&armed[cur.slot], cur.round);
-    }
-    cur.next(ring.stages);
+  if (lane == 0) {
+    __threadfence_block();
+    st_volatile_shared(stage_end, stages);
+    stamp(a, MoeBulkStamp::last_issue, clock64());
   }
-  if (lane == 0) stamp(a, MoeBulkStamp::last_issue, clock64());
 }
 
 // An item's copies in the unpadded layout, one per lane: for each m-tile j < mt and matrix m (UP: w1, w3;
@@ -397,7 +397,9 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // phase only its own later release can complete.)
 // RESIDENT (MoeBulkPlan::resident; with LEAN's counters): every row staged once, then each group walks its stages of
 // the block's sequence (its turn: stage index % groups), reading each stage's item from slot_item[slot] once
-// armed[slot] reaches the stage's round, until an end mark; no job change touches the window or the other groups.
+// armed[slot] reaches the stage's round, until the block's stage count says it has none left; no job change touches
+// the window or the other groups. With p.early_down the resident down kernel's producer claims and copies before the
+// PDL wait as the other layouts' does (the claim counters are the plan kernel's, complete by then).
 template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh). The weights never change, but WHICH rows to copy comes from the plan kernel's job list
@@ -408,7 +410,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   // the wait DOWN sets up its barriers, reads the job list (ld.global.cg) and its producer copies w2's rows (the
   // weights) into the ring: the ring fills while the up kernel's last blocks finish, where it used to start after
   // them. Its consumers wait before they read h or write y; the producer waits before it returns.
-  const bool early = !UP && a.p.early_down && !RESIDENT;
+  const bool early = !UP && a.p.early_down;
   if (threadIdx.x == 0) {
     stamp(a, MoeBulkStamp::entry_ns, global_ns());
     stamp(a, MoeBulkStamp::entry, clock64());
@@ -444,10 +446,12 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   int* arrived = reinterpret_cast<int*>(smem + pl.cnt_off);  // [stages]: partials stored per slot
   int* armed = arrived + pl.stages;                             // [stages]: the round last armed per slot
   int* slot_item = reinterpret_cast<int*>(smem + pl.item_off);  // [stages] (RESIDENT): each armed stage's item
+  int* stage_end = slot_item + pl.stages;                        // (RESIDENT) the block's stages, once all are armed
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
     ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
     for (int s = 0; s < pl.stages; ++s) arrived[s] = 0, armed[s] = -1;
+    *stage_end = INT_MAX;
     mbar_init_fence();
   }
   __syncthreads();
@@ -456,12 +460,12 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     const int64_t out = UP ? p.inter : p.D;
     if constexpr (RESIDENT) {
       if (pl.pad)
-        bulk_produce_claimed<UP>(a, ring, armed, slot_item, smem, items, begin, end, claimed0, groups,
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, smem, items, begin, end, claimed0,
                                  [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
                                    issue_octets<UP>(pl, out, stage, full, r0, w, s);
                                  });
       else
-        bulk_produce_claimed<UP>(a, ring, armed, slot_item, smem, items, begin, end, claimed0, groups,
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, smem, items, begin, end, claimed0,
                                  [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
                                    issue_segments<UP>(pl, out, stage, full, r0, w, s);
                                  });
@@ -586,12 +590,18 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     const uint32_t x_cols = static_cast<uint32_t>(per * slice * XWindow<F>::kChunkBytes + t * 16);
     RingCursor cur;  // this group's stages: group, group + groups, ...
     for (int i = 0; i < group; ++i) cur.next(pl.stages);
-    for (;;) {
-      while (ld_volatile_shared(&armed[cur.slot]) < cur.round) {
-      }
+    for (int idx = group;; idx += groups) {
+      // Stage idx's round armed, or the walk's end (the producer stores stage_end only after its last stage's round,
+      // and never arms a stage past it, so a stage past the end never sees its round armed).
+      bool ended = false;
+      while (ld_volatile_shared(&armed[cur.slot]) < cur.round)
+        if (idx >= ld_volatile_shared(stage_end)) {
+          ended = true;
+          break;
+        }
+      if (ended) break;
       __threadfence_block();  // slot_item was stored before armed
       const int item = ld_volatile_shared(&slot_item[cur.slot]);
-      if (item < 0) break;  // this group's end mark
       const int job = item / pl.tiles;
       if (job != cur_job) {
         load_job(job);
