@@ -103,8 +103,10 @@ struct MoeParams {
 };
 
 // Up to this many tokens the bulk kernels may hold every row they read in their window (MoeParams::resident), and
-// past a static share of kMoeClaimSharePct percent of the items a block claims the rest one at a time.
-inline constexpr int64_t kMoeResidentMaxTokens = 4;
+// past a static share of kMoeClaimSharePct percent of the items a block claims the rest one at a time. One token:
+// measured on the H100 (session 28, in-process A/B, three rounds) -0.65% at batch 1 against fixed ranges, but +1.1%
+// at batch 4 (up resident, down not: 4 x 6 pair rows do not fit beside the down kernel's 5 stages).
+inline constexpr int64_t kMoeResidentMaxTokens = 1;
 inline constexpr int kMoeClaimSharePct = 50;
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
