@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "model/step_tables.h"
 #include "model/v4_model.h"
 #include "ops/recorded_steps.h"
 
@@ -98,7 +99,12 @@ class DecodeGraphs {
              bool want_record = false);
   Tensor eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device, TensorView* view,
                Trunk* trunk = nullptr, bool want_record = false);
-  void upload_tables(std::span<const StepSequence> batch, int64_t slots, std::span<const int64_t> starts = {});
+  // The step tables of `slots` slots, up to q tokens a sequence, viewing the device copy every recorded step reads.
+  StepTables tables(int64_t slots, int64_t q) const;
+  // Writes the host image of `batch` in tables of `slots` slots, up to q tokens a sequence, into the staging and
+  // copies it to the device copy (one H2D copy), which the recorded step of those tables reads.
+  void upload_tables(std::span<const StepSequence> batch, int64_t slots, int64_t q,
+                     std::span<const int64_t> starts = {});
   // Whether the MTP layer's draft rows get graphs (speculation on a model with an MTP layer), and bucket i's.
   bool mtp_graphs() const { return options_.max_queries > 1 && model_.has_mtp(); }
   void record_mtp(size_t bucket, int64_t q, bool head);
@@ -122,8 +128,10 @@ class DecodeGraphs {
   std::vector<int64_t> buckets_;
   ops::StepGraphs* graphs_ = nullptr;
   std::string disabled_;
-  TensorView staging_;  // host i64 [decode_words(largest)], page-locked (ops::StepGraphs::pinned_host)
-  Tensor tables_;   // device copy
+  // The step tables' words (StepTables) of the largest step: host i64, page-locked (ops::StepGraphs::pinned_host),
+  // and their device copy, which every recorded step reads.
+  TensorView staging_;
+  Tensor tables_;
   std::vector<int> handles_;     // per graph (graph_index); -1: not recorded, -2: a verify bucket that failed to record
   std::vector<Tensor> logits_;   // per graph: the recorded step's device logits (arena)
   std::vector<Tensor> streams_;  // per graph: its trunk streams of every slot (arena)
