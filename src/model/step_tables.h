@@ -3,7 +3,7 @@
 // positions, the first slot of each slot's sequence, and the addresses of each slot's state (rings, accumulators,
 // page pool and row block table). Whoever runs the step builds them once for it and hands them to the forward
 // (Model::decode_body, Model::mtp_body), which reads them and owns nothing of them: the runner's recorded steps
-// (model/decode_graphs.h: one device copy the graphs read, rewritten before each replay) and an eager forward()
+// (engine/decode_graphs.h: one device copy the graphs read, rewritten before each replay) and an eager forward()
 // for the sequences it runs on the tables (build()).
 //
 // A step on the tables lays its sequences out in `slots` slots, one token each: each sequence's q <= max_queries

@@ -197,7 +197,7 @@ class Model {
   // built by whoever runs the step). Same arithmetic per token as the per-sequence chunk path. forward() runs every
   // sequence it can this way (sequence_refusal), on tables it builds for the step, and those it cannot (prefill
   // chunks) per sequence in the same step (a mixed step); the runner's CUDA graphs record steps wholly on the tables
-  // (model/decode_graphs.h: decode steps and verify steps), on tables of their own.
+  // (engine/decode_graphs.h: decode steps and verify steps), on tables of their own.
   static constexpr int64_t kMaxStepQueries = StepTables::kMaxQueries;
   // Why `batch` cannot run on the step tables for states of `layout` (at most its max_tokens tokens, in pages of
   // its geometry) with up to max_queries tokens a sequence; empty: it can. A recorded decode step (max_queries
@@ -227,7 +227,7 @@ class Model {
   Tensor decode_body(const StepTables& t, Tensor* streams_out = nullptr, StepRecord* record = nullptr);
   // After the step ran: each sequence of the batch has consumed its tokens.
   static void decode_done(std::span<const StepSequence> batch);
-  // The MTP layer's rows on the step tables, as decode_body is the trunk's (captured by DecodeGraphs for
+  // The MTP layer's rows on the step tables, as decode_body is the trunk's (captured by engine::DecodeGraphs for
   // drafting rounds and catch-ups): one row a slot at the tables' positions (up to t.max_queries() rows a sequence),
   // ids the next tokens, hidden f32 [slots, hc, D] on the device (each slot's h). Returns the device logits
   // f32 [slots, vocab] of every slot and, in *streams_out, the block's output streams [slots, hc, D] (the next

@@ -1,4 +1,4 @@
-// The decode-graph driver's host side (model/decode_graphs.h): bucket choice and padding, which steps may replay a
+// The decode-graph driver's host side (engine/decode_graphs.h): bucket choice and padding, which steps may replay a
 // graph, and the eager path (with its reason) where graphs cannot run.
 #include <gtest/gtest.h>
 
@@ -6,14 +6,14 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "engine/decode_graphs.h"
 #include "fixture.h"
-#include "model/decode_graphs.h"
 
 namespace tern::test {
 namespace {
 
-using model::default_decode_buckets;
-using model::pick_decode_bucket;
+using engine::default_decode_buckets;
+using engine::pick_decode_bucket;
 
 TEST(DecodeBuckets, Defaults) {
   EXPECT_EQ(default_decode_buckets(1), (std::vector<int64_t>{1}));
@@ -53,9 +53,9 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
   EXPECT_EQ(m.decode_refusal({&one, 1}, *l16), "a sequence longer than the graphs' bound");
   EXPECT_EQ(m.decode_refusal({&one, 1}, *other), "a state in pages of another geometry");
 
-  model::DecodeGraphOptions o;
+  engine::DecodeGraphOptions o;
   o.max_tokens = 32;
-  model::DecodeGraphs graphs(m, o);
+  engine::DecodeGraphs graphs(m, o);
   graphs.prepare();
   EXPECT_EQ(graphs.disabled_reason(), "the model is on the CPU");
   const Tensor want = m.forward({&pa, 1});
@@ -77,10 +77,10 @@ TEST(DecodeGraphs, RefusalsAndTheEagerPathOnTheCpu) {
     EXPECT_EQ(graphs.stats().eager_total(), 1u);  // the MTP rows are not steps
   }
 
-  model::DecodeGraphOptions off;
+  engine::DecodeGraphOptions off;
   off.enabled = false;
   off.max_tokens = 32;
-  model::DecodeGraphs disabled(m, off);
+  engine::DecodeGraphs disabled(m, off);
   disabled.prepare();
   EXPECT_EQ(disabled.disabled_reason(), "cuda graphs disabled (--cuda-graphs off)");
 }

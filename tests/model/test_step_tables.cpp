@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "engine/decode_graphs.h"
 #include "fixture.h"
 #include "fixture_checks.h"
-#include "model/decode_graphs.h"
 #include "model/speculator.h"
 #include "model/step_tables.h"
 
@@ -37,7 +37,7 @@ TEST(DecodeTables, PaddingSlotsAreInert) {
   const std::vector<int64_t> ids = {11, 22, 33};
   std::vector<model::StepSequence> batch;
   for (int k = 0; k < 3; ++k) batch.push_back({&states[k], std::span<const int64_t>(&ids[k], 1)});
-  const int64_t S = model::pick_decode_bucket(model::default_decode_buckets(8), 3);
+  const int64_t S = engine::pick_decode_bucket(engine::default_decode_buckets(8), 3);
   ASSERT_EQ(S, 4);
   const model::StepTables t(states[0].layout(), Device::cpu, S);
   std::vector<int64_t> w(t.words(), 7);
@@ -113,7 +113,7 @@ TEST(DecodeBody, OnTheCpuMatchesForward) {
   }
 }
 
-// The recorded MTP rows (Model::mtp_body: the MTP layer's rows on the step tables, what DecodeGraphs::forward_mtp
+// The recorded MTP rows (Model::mtp_body: the MTP layer's rows on the step tables, what engine::DecodeGraphs::forward_mtp
 // replays) on the CPU with host address tables: three sequences caught up on their prompts, then chained drafting
 // rounds (k = 3, each round's hidden the previous round's output streams, positions m - 1 + j) and a catch-up of
 // 1..3 rows a sequence, twice with a plain step between: every slot's logits and output streams are mtp_forward's

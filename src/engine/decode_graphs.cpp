@@ -1,4 +1,4 @@
-#include "model/decode_graphs.h"
+#include "engine/decode_graphs.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,14 @@
 #include "core/log.h"
 #include "ops/context.h"
 
-namespace tern::model {
+namespace tern::engine {
+
+using model::LogitsFor;
+using model::Model;
+using model::ModelConfig;
+using model::StepSequence;
+using model::StepTables;
+using model::TrunkRows;
 
 namespace {
 constexpr int kCaptureFailed = -2;  // a verify bucket's handle when its capture failed (eager from then on)
@@ -154,6 +161,7 @@ StepTables DecodeGraphs::tables(int64_t slots, int64_t q) const {
   return t;
 }
 
+
 void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots, int64_t q,
                                  std::span<const int64_t> starts) {
   const StepTables t(*layout_, model_.device(), slots, q);  // (the image needs no views)
@@ -288,21 +296,12 @@ TensorView DecodeGraphs::forward_device(std::span<const StepSequence> batch, Ten
   return view;
 }
 
-Tensor DecodeGraphs::eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
-                                 Tensor& streams, Model::StepRecord& record, Trunk& out) {
-  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  Tensor logits = model.forward(batch, all, streams, on_device, want_record ? &record : nullptr);
-  out.streams = streams.view();
-  out.record = want_record && !record.layers.empty() ? &record : nullptr;
-  return logits;
-}
-
-Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out) {
+Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, TrunkRows& out) {
   out = {};
   return step(batch, false, nullptr, &out, want_record);
 }
 
-TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batch, bool want_record, Trunk& out,
+TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batch, bool want_record, TrunkRows& out,
                                               Tensor& hold) {
   out = {};
   TensorView view;
@@ -311,12 +310,12 @@ TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batc
 }
 
 Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device,
-                           TensorView* view, Trunk* trunk, bool want_record) {
+                           TensorView* view, TrunkRows* trunk, bool want_record) {
   const uint64_t n = ++stats_.eager_steps[reason];
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
   if (trunk != nullptr) {
-    Tensor logits = eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
+    Tensor logits = model::eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
     if (view != nullptr) *view = logits.view();
     return logits;
   }
@@ -325,7 +324,7 @@ Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::strin
   return logits;
 }
 
-Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view, Trunk* trunk,
+Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view, TrunkRows* trunk,
                           bool want_record) {
   prepare();
   const auto eager = [&](const std::string& reason) {
@@ -384,4 +383,4 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
   return logits;
 }
 
-}  // namespace tern::model
+}  // namespace tern::engine
