@@ -21,9 +21,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "engine/decode_graphs.h"
 #include "engine/engine.h"
 #include "engine/v4_runner.h"
-#include "model/decode_graphs.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
 #include "net/http.h"
@@ -149,7 +149,7 @@ Loaded load(const ServeOptions& a) {
   const bool speculate = a.speculative != "off";
   TERN_CHECK(speculate || (a.speculative_max_batch < 0 && a.speculative_oracle_accept < 0),
              "--speculative-max-batch and --speculative-oracle-accept need --speculative mtp or auto");
-  model::DecodeGraphOptions graphs;
+  engine::DecodeGraphOptions graphs;
   graphs.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
   if (speculate)  // verify steps replay graphs too (a k out of range is refused by enable_speculative, below)
     graphs.max_queries = std::clamp<int64_t>(a.num_speculative_tokens + 1, 1, model::Model::kMaxStepQueries);

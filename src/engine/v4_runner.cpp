@@ -14,9 +14,9 @@ V4Runner::V4Runner(std::shared_ptr<model::Model> model, std::string name, int64_
   TERN_CHECK(max_context_ > 0, "V4 runner: max_context must be positive, found ", max_context_);
 }
 
-void V4Runner::enable_decode_graphs(model::DecodeGraphOptions options) {
+void V4Runner::enable_decode_graphs(DecodeGraphOptions options) {
   if (options.max_tokens <= 0) options.max_tokens = max_context_;
-  graphs_ = std::make_unique<model::DecodeGraphs>(*model_, std::move(options));
+  graphs_ = std::make_unique<DecodeGraphs>(*model_, std::move(options));
   graphs_->prepare();
   use_graphs_for_speculation();
 }
@@ -51,7 +51,7 @@ void V4Runner::enable_speculative(int k, int max_sequences, int64_t tokens_per_p
 void V4Runner::use_graphs_for_speculation() {
   if (!spec_ || !graphs_) return;
   spec_->set_trunk_step([this](std::span<const model::StepSequence> batch, bool want_record, bool on_device,
-                               model::DecodeGraphs::Trunk& out, Tensor& hold) {
+                               model::TrunkRows& out, Tensor& hold) {
     if (on_device) return graphs_->forward_trunk_device(batch, want_record, out, hold);
     hold = graphs_->forward_trunk(batch, want_record, out);
     return hold.view();

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "engine/model_runner.h"
-#include "model/decode_graphs.h"
+#include "engine/decode_graphs.h"
 #include "model/speculator.h"
 #include "model/v4_model.h"
 #include "ops/sampling.h"
@@ -37,9 +37,9 @@ class V4Runner : public ModelRunner {
   // sampler standing in for ops::sample_rows, so that path's row split and verdicts run on the CPU.
   void set_sampling_in_runner_on_cpu(bool on) { sample_on_cpu_ = on; }
   StepPaths step_paths() const override;
-  // Decode-only steps replay CUDA graphs (model/decode_graphs.h), recorded now (startup); without this
+  // Decode-only steps replay CUDA graphs (engine/decode_graphs.h), recorded now (startup); without this
   // call every step runs eagerly, counted as "cuda graphs not enabled".
-  void enable_decode_graphs(model::DecodeGraphOptions options);
+  void enable_decode_graphs(DecodeGraphOptions options);
   // Runs one throwaway prefill of `tokens` tokens (the largest step the scheduler may build) on a one-sequence
   // state pool: the device's stream allocator keeps its peak (activations, library scratch) reserved, so a
   // state budget taken from the free memory after this call cannot starve a large step (vLLM's profile run
@@ -65,7 +65,7 @@ class V4Runner : public ModelRunner {
   int64_t max_context_;
   std::vector<int64_t> tokens_;  // the batch's tokens widened to the model's id type
   std::vector<model::StepSequence> steps_;
-  std::unique_ptr<model::DecodeGraphs> graphs_;
+  std::unique_ptr<DecodeGraphs> graphs_;
   uint64_t steps_without_graphs_ = 0;
   std::unique_ptr<model::Speculator> spec_;
   int spec_k_ = 0;

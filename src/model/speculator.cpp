@@ -15,6 +15,15 @@ TensorView bytes_of(const TensorView& v) {
 
 }  // namespace
 
+Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
+                   Tensor& streams, Model::StepRecord& record, TrunkRows& out) {
+  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
+  Tensor logits = model.forward(batch, all, streams, on_device, want_record ? &record : nullptr);
+  out.streams = streams.view();
+  out.record = want_record && !record.layers.empty() ? &record : nullptr;
+  return logits;
+}
+
 Speculator::Speculator(Model& model, const cache::StateLayout& layout, int max_sequences)
     : model_(model), max_sequences_(max_sequences) {
   TERN_CHECK(model.has_mtp(), "speculative decoding needs the MTP layer (the checkpoint has no mtp.0.* tensors)");
@@ -33,9 +42,9 @@ TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
 }
 
 TensorView Speculator::trunk(std::span<const StepSequence> batch, bool want_record, bool on_device,
-                             DecodeGraphs::Trunk& out, Tensor& hold) {
+                             TrunkRows& out, Tensor& hold) {
   if (trunk_step_) return trunk_step_(batch, want_record, on_device, out, hold);
-  hold = DecodeGraphs::eager_trunk(model_, batch, want_record, on_device, own_streams_, own_record_, out);
+  hold = eager_trunk(model_, batch, want_record, on_device, own_streams_, own_record_, out);
   return hold.view();
 }
 
@@ -68,7 +77,7 @@ TensorView Speculator::forward_impl(std::span<const StepSequence> batch, bool on
     starts.push_back(s.state->position());
     rows += static_cast<int64_t>(s.tokens.size()) - 1 + (starts.back() > 0 ? 1 : 0);
   }
-  DecodeGraphs::Trunk step;
+  TrunkRows step;
   const TensorView logits = trunk(batch, false, on_device, step, hold);
   const TensorView streams = step.streams;
   // The hidden of every MTP row: the carry (row start - 1), then the step's rows but the last.

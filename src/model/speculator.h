@@ -22,10 +22,21 @@
 #include <span>
 #include <vector>
 
-#include "model/decode_graphs.h"
 #include "model/v4_model.h"
 
 namespace tern::model {
+
+// A trunk step's hidden streams before hc_head (every row, batch order) and, when asked, its StepRecord (a verify
+// step's rollback): views valid until the next step of whoever ran it (a replayed graph's arena, or the eager step's
+// tensors). What the MTP layer reads after a trunk step.
+struct TrunkRows {
+  TensorView streams;
+  const Model::StepRecord* record = nullptr;
+};
+// An eager trunk step: Model::forward with every row's streams into `streams` (and, with want_record, the record
+// into `record`), `out` viewing them. The speculator's own trunk step, and the runner's graphs' eager one.
+Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
+                   Tensor& streams, Model::StepRecord& record, TrunkRows& out);
 
 struct DraftSequence {
   cache::SequenceState* state = nullptr;  // at position m, caught up (its carry is h_{m-1})
@@ -69,15 +80,15 @@ class Speculator {
   void settle(std::span<const int64_t> kept);
 
   // How the trunk's steps run (forward's and verify's): by default Model::forward with every row's streams (and the
-  // record); the serving runner gives its CUDA graphs (DecodeGraphs::forward_trunk), whose views live until its next
-  // step. Returns the logits: on the host in `hold` (on_device false), or where the model is (a view, `hold` owning
+  // record); the serving runner gives its CUDA graphs (engine::DecodeGraphs::forward_trunk), whose views live until
+  // its next step. Returns the logits: on the host in `hold` (on_device false), or where the model is (a view, `hold` owning
   // them where the step does not); fills the streams (every row, batch order) and, when asked, the record.
   using TrunkStep = std::function<TensorView(std::span<const StepSequence>, bool want_record, bool on_device,
-                                             DecodeGraphs::Trunk&, Tensor& hold)>;
+                                             TrunkRows&, Tensor& hold)>;
   void set_trunk_step(TrunkStep step) { trunk_step_ = std::move(step); }
   // How MTP rows run (drafting rounds and catch-ups): by default Model::mtp_forward; the serving runner gives its
-  // CUDA graphs (DecodeGraphs::forward_mtp: drafting rounds and catch-ups of a few rows a sequence replay graphs,
-  // longer catch-ups run mtp_forward).
+  // CUDA graphs (engine::DecodeGraphs::forward_mtp: drafting rounds and catch-ups of a few rows a sequence replay
+  // graphs, longer catch-ups run mtp_forward).
   using DraftStep = std::function<Model::MtpResult(std::span<const Model::MtpStep>)>;
   void set_draft_step(DraftStep step) { draft_step_ = std::move(step); }
 
@@ -90,14 +101,14 @@ class Speculator {
   std::vector<DraftSequence> drafting_;
   std::vector<std::vector<int64_t>> tokens_;  // per sequence: y, d_1 .. d_k
   std::vector<cache::Snapshot> before_;
-  DecodeGraphs::Trunk verified_trunk_;  // the verify step's streams (every row) and record
+  TrunkRows verified_trunk_;  // the verify step's streams (every row) and record
   bool verified_ = false;
   TrunkStep trunk_step_;
   DraftStep draft_step_;
   Tensor own_streams_;  // the default trunk step's
   Model::StepRecord own_record_;
 
-  TensorView trunk(std::span<const StepSequence> batch, bool want_record, bool on_device, DecodeGraphs::Trunk& out,
+  TensorView trunk(std::span<const StepSequence> batch, bool want_record, bool on_device, TrunkRows& out,
                    Tensor& hold);
   TensorView forward_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold);
   TensorView verify_impl(std::span<const StepSequence> batch, bool on_device, Tensor& hold);

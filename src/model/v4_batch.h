@@ -22,15 +22,13 @@ struct Model::Batch {
   Tensor ids_storage, positions_storage;  // what ids / positions view in an eager batch
   std::vector<Seq> seqs;
   // The rows on the step tables: slots 0 .. table_tokens - 1 of these tables, one token each (a sequence's q <=
-  // max_queries tokens in consecutive slots), with per-slot positions, sequences and state addresses; every such
-  // sequence's state has `layout`'s page geometry and at most max_tokens positions. Rows past table_tokens
-  // belong to sequences the tables cannot take (prefill chunks): they run per sequence in the same step (a mixed
-  // step). A step wholly on the tables has table_tokens == tokens and its ids / positions are the tables'.
-  // seqs is empty in a recorded step (decode_body).
-  const DecodeTables* decode = nullptr;
+  // tables->max_queries() tokens in consecutive slots), with per-slot positions, sequences and state addresses;
+  // every such sequence's state has the tables' page geometry and at most their layout's max_tokens positions. Rows
+  // past table_tokens belong to sequences the tables cannot take (prefill chunks): they run per sequence in the
+  // same step (a mixed step). A step wholly on the tables has table_tokens == tokens and its ids / positions are the
+  // tables'. seqs is empty in a recorded step (decode_body).
+  const StepTables* tables = nullptr;
   int64_t table_tokens = 0;  // 0 without tables
-  const cache::StateLayout* layout = nullptr;
-  int64_t max_queries = 1, max_tokens = 0;
   StepRecord* record = nullptr;  // when set (a step on the tables): what rollback_step needs is kept here
   std::vector<int64_t> wanted;  // batch rows whose logits are returned
 

@@ -20,25 +20,6 @@
 
 namespace tern::model {
 
-namespace {
-constexpr int kGlobalWords = 5, kWordsPerLayer = 4;
-int64_t address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
-
-// Slot rows of layer l (compressed rows, or indexer keys) in pages of `layout`'s geometry.
-ops::StepPagedRows paged_rows(const Model::DecodeTables& t, const cache::StateLayout& layout, int l, bool keys) {
-  const cache::StateLayout::LayerPlaces& pl = layout.places(l);
-  const cache::LayerSpec& spec = layout.spec(l);
-  ops::StepPagedRows r;
-  r.pools = t.pools;
-  r.tables = t.row_tables;
-  r.page_bytes = layout.page_bytes();
-  r.offset_in_page = keys ? pl.index_keys_offset : pl.compressed_offset;
-  r.rows_per_page = pl.rows_per_page;
-  r.row_bytes = keys ? spec.index_row_bytes : spec.kv_row_bytes;
-  return r;
-}
-}  // namespace
-
 void Model::check_state(const cache::SequenceState& state) const {
   const cache::StateLayout& layout = state.layout();
   bool ours = layout.num_layers() == static_cast<int>(layer_specs_.size());
@@ -85,119 +66,34 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
   return {};
 }
 
-void Model::fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
-                               std::span<const int64_t> starts, std::span<const int64_t> first_slots) const {
-  TERN_CHECK(starts.empty() || starts.size() == batch.size(), "fill_decode_tables: ", starts.size(), " starts for ",
-             batch.size(), " sequences");
-  TERN_CHECK(first_slots.empty() || first_slots.size() == batch.size(), "fill_decode_tables: ", first_slots.size(),
-             " first slots for ", batch.size(), " sequences");
-  const int64_t S = slots;
-  int64_t tokens = 0;
-  for (const StepSequence& s : batch) tokens += static_cast<int64_t>(s.tokens.size());
-  TERN_CHECK(tokens <= S && static_cast<int64_t>(words.size()) >= decode_words(S), "fill_decode_tables: ", tokens,
-             " tokens in ", S, " slots, ", words.size(), " words");
-  std::fill(words.begin(), words.begin() + decode_words(S), int64_t{0});
-  for (int64_t i = 0; i < S; ++i) words[S + i] = -1, words[4 * S + i] = i;  // inert padding, each its own sequence
-  int64_t i = 0;  // the next slot
-  for (size_t k = 0; k < batch.size(); ++k) {
-    const StepSequence& s = batch[k];
-    const auto n = static_cast<int64_t>(s.tokens.size());
-    TERN_CHECK(s.state != nullptr && n >= 1, "fill_decode_tables: sequence ", k, " needs a state and a token");
-    if (!first_slots.empty()) {
-      i = first_slots[k];
-      TERN_CHECK(i >= 0 && i + n <= S, "fill_decode_tables: sequence ", k, "'s slots ", i, " .. ", i + n - 1,
-                 " outside the ", S, " slots");
-      for (int64_t j = i; j < i + n; ++j)
-        TERN_CHECK(words[S + j] == -1, "fill_decode_tables: sequence ", k, " takes slot ", j, ", which another has");
-    }
-    check_state(*s.state);
-    const int64_t pos = starts.empty() ? s.state->position() : starts[k];
-    TERN_CHECK(pos >= 0 && pos + n <= s.state->layout().max_tokens(), "forward: ", pos + n,
-               " tokens exceed the state's capacity of ", s.state->layout().max_tokens());
-    TERN_CHECK(s.state->capacity() >= pos + n, "fill_decode_tables: sequence ", k, "'s state holds pages for ",
-               s.state->capacity(), " positions, not ", pos + n, " (reserve() first)");
-    const int64_t first = i;
-    for (int64_t t = 0; t < n; ++t, ++i) {
-      const int64_t p = pos + t;
-      words[i] = s.tokens[static_cast<size_t>(t)];
-      words[S + i] = p;
-      words[4 * S + i] = first;
-      for (int l = 0; l < static_cast<int>(layer_specs_.size()); ++l) {
-        int64_t* w = words.data() + (kGlobalWords + kWordsPerLayer * l) * S + i;
-        const int ratio = layer_specs_[l].ratio;
-        w[0 * S] = address(s.state->ring(l));
-        if (ratio > 0) {
-          const PagedRows rows = s.state->compressed_rows(l);  // every layer's rows: the same pool and table
-          words[2 * S + i] = address(rows.pool);
-          words[3 * S + i] = address(rows.block_table);
-          w[1 * S] = address(s.state->compressor_acc(l));
-          w[3 * S] = p / ratio * ratio;
-        }
-        if (layer_specs_[l].index_row_bytes > 0) w[2 * S] = address(s.state->indexer_acc(l));
-      }
-    }
-  }
-}
-
-Model::DecodeTables Model::decode_tables(const TensorView& words, int64_t slots) const {
-  const int64_t S = slots;
-  TERN_CHECK(words.dtype() == DType::i64 && words.numel() >= decode_words(S), "decode_tables: ",
-             words.shape().str(), " holds fewer than ", decode_words(S), " words");
-  auto array = [&](int64_t k) {
-    return TensorView(words.data_as<int64_t>() + k * S, DType::i64, {S}, words.device());
-  };
-  DecodeTables t;
-  t.ids = array(0), t.positions = array(1), t.pools = array(2), t.row_tables = array(3), t.firsts = array(4);
-  for (int64_t l = 0; l < static_cast<int64_t>(layer_specs_.size()); ++l) {
-    const int64_t k = kGlobalWords + kWordsPerLayer * l;
-    t.layers.push_back({array(k), array(k + 1), array(k + 2), array(k + 3)});
-  }
-  return t;
-}
-
-Model::DecodeTables Model::eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
-                                        std::span<const int64_t> starts, std::span<const int64_t> first_slots) const {
-  words = Tensor(DType::i64, {decode_words(slots)});
-  fill_decode_tables(batch, slots, {words.data<int64_t>(), static_cast<size_t>(words.numel())}, starts, first_slots);
-  words = on_device(std::move(words));
-  return decode_tables(words, slots);
-}
-
 bool Model::try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
-                            DecodeTables& tables, Tensor& words) const {
+                            std::optional<StepTables>& tables) const {
   const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
   for (const StepSequence& s : batch)
     if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
   if (!step_tables_ || bound == nullptr || !decode_refusal(batch, *bound, kMaxStepQueries, starts).empty()) return false;
-  tables = eager_tables(batch, b.tokens, words, starts);
-  int64_t max_queries = 1;
-  for (const Batch::Seq& s : b.seqs) max_queries = std::max(max_queries, s.n);
-  use_tables(b, tables, *bound, max_queries);
+  tables.emplace(StepTables::build(batch, *bound, device_, b.tokens, starts));
+  use_tables(b, *tables);
   return true;
 }
 
-void Model::use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries) {
-  b.tokens = t.ids.numel();
+void Model::use_tables(Batch& b, const StepTables& t) {
+  TERN_CHECK(t.ids().numel() == t.slots(), "forward: step tables without their words (StepTables::view)");
+  b.tokens = t.slots();
   b.table_tokens = b.tokens;
-  b.ids = t.ids;
-  b.positions = t.positions;
-  b.decode = &t;
-  b.layout = &layout;
-  b.max_tokens = layout.max_tokens();
-  b.max_queries = max_queries;
+  b.ids = t.ids();
+  b.positions = t.positions();
+  b.tables = &t;
 }
 
 void Model::decode_done(std::span<const StepSequence> batch) {
   for (const StepSequence& s : batch) s.state->advance(static_cast<int64_t>(s.tokens.size()));
 }
 
-Tensor Model::decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries,
-                          Tensor* streams_out, StepRecord* record) {
-  TERN_CHECK(max_queries >= 1 && max_queries <= kMaxStepQueries, "decode_body: ", max_queries,
-             " tokens a sequence (1 to ", kMaxStepQueries, ")");
+Tensor Model::decode_body(const StepTables& t, Tensor* streams_out, StepRecord* record) {
   const ModelConfig& c = w_.config;
   Batch b;
-  use_tables(b, t, layout, max_queries);
+  use_tables(b, t);
   if (record != nullptr) {
     record->layers.assign(static_cast<size_t>(c.num_layers), {});
     b.record = record;
@@ -225,16 +121,17 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   const AttentionWeights& A = layer(l).attn;
   const CompressorWeights& cw = indexer ? A.indexer->compressor : *A.compressor;
   const ops::KvRowFormat format = entry_format(cw, indexer);
-  const DecodeTables::Layer& t = b.decode->layers[l];
+  const StepTables& tables = *b.tables;
+  const StepTables::Layer& t = tables.layer(l);
   const int ratio = c.compress_ratio(l);
   const int64_t N = kv.dim(0), width = cw.width;  // the tables' slots
   const float eps = static_cast<float>(c.rms_norm_eps);
   ops::StepCompressorArgs update;
   update.accs = indexer ? t.indexer_acc : t.compressor_acc;
-  update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = b.decode->positions;
-  if (b.max_queries > 1) update.firsts = b.decode->firsts, update.max_queries = b.max_queries;
+  update.kv = kv, update.gate = gate, update.ape = cw.ape, update.positions = tables.positions();
+  if (tables.max_queries() > 1) update.firsts = tables.firsts(), update.max_queries = tables.max_queries();
   update.ratio = ratio, update.overlap = cw.overlap, update.width = width;
-  const ops::StepPagedRows dest = paged_rows(*b.decode, *b.layout, l, indexer);
+  const ops::StepPagedRows dest = tables.paged_rows(l, indexer);
   if (paths_.fused_compress && ops::step_compress_emit_supported(ctx_, kv.device(), width)) {
     ops::step_compress_emit(ctx_, {update, cw.norm, eps, inv_freq_compress_, format, dest});
     return;
@@ -247,7 +144,7 @@ void Model::emit_entries(int l, const Batch& b, const TensorView& kv, const Tens
   ops::rope(ctx_, emitted, t.entry_positions, inv_freq_compress_);
   Tensor rows = tensor(DType::u8, {N, format.row_bytes()});
   ops::kv_pack(ctx_, emitted, format, rows);
-  ops::store_paged_rows(ctx_, rows, dest, b.decode->positions, ratio);
+  ops::store_paged_rows(ctx_, rows, dest, tables.positions(), ratio);
 }
 
 void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& before, const StepRecord& record,
@@ -269,7 +166,7 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
   std::vector<int64_t> first_slots;
   std::unordered_set<const cache::SequenceState*> seen;
   const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
-  int64_t slots = 0, max_kept = 1;
+  int64_t slots = 0;
   for (const Rollback& r : seqs) {
     TERN_CHECK(r.state != nullptr && r.before != nullptr, "rollback_step: a sequence without its state or snapshot");
     TERN_CHECK(r.kept >= 1 && r.kept <= kMaxStepQueries && r.first_row >= 0 && r.first_row + r.kept <= rows,
@@ -282,7 +179,6 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
     steps.push_back({r.state, std::span<const int64_t>(ids).first(static_cast<size_t>(r.kept)), LogitsFor::none});
     first_slots.push_back(r.first_row);
     slots = std::max(slots, r.first_row + r.kept);
-    max_kept = std::max(max_kept, r.kept);
   }
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [first_row, first_row + kept) of each, checked before any restore
   for (const Rollback& r : seqs) ranges.push_back({r.first_row, r.first_row + r.kept});
@@ -291,15 +187,14 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
     TERN_CHECK(ranges[i].first >= ranges[i - 1].second, "rollback_step: rows ", ranges[i - 1].first, " .. ",
                ranges[i - 1].second - 1, " and ", ranges[i].first, " .. ", ranges[i].second - 1, " overlap");
   for (const Rollback& r : seqs) r.state->restore(*r.before);
-  Tensor words;
-  const DecodeTables t = eager_tables(steps, slots, words, {}, first_slots);
+  const StepTables t = StepTables::build(steps, *bound, device_, slots, {}, first_slots);
   Batch b;
-  use_tables(b, t, *bound, max_kept);
-  const TensorView firsts = max_kept > 1 ? t.firsts : TensorView();
+  use_tables(b, t);
+  const TensorView firsts = t.max_queries() > 1 ? t.firsts() : TensorView();
   for (int l = 0; l < c.num_layers; ++l) {
     const StepRecord::Layer& r = record.layers[static_cast<size_t>(l)];
-    ops::store_ring_rows(ctx_, r.rows.view().rows(0, slots), t.layers[static_cast<size_t>(l)].ring,
-                         t.positions, firsts, c.sliding_window);
+    ops::store_ring_rows(ctx_, r.rows.view().rows(0, slots), t.layer(l).ring, t.positions(), firsts,
+                         c.sliding_window);
     for (const bool indexer : {false, true}) {
       const StepRecord::Compressor& cr = indexer ? r.indexer : r.compressor;
       if (cr.kv.empty()) continue;  // the layer has no such compressor
@@ -322,14 +217,14 @@ Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const Ten
   const int64_t N = h.dim(0), Hi = c.index_n_heads, di = c.index_head_dim;  // the tables' slots
   Tensor qi = tensor(DType::f32, {N, Hi, di});
   ops::linear(ctx_, cq, x.wq_b, qi.view().reshape({N, Hi * di}));
-  ops::rope(ctx_, qi, b.decode->positions, inv_freq_compress_);
+  ops::rope(ctx_, qi, b.tables->positions(), inv_freq_compress_);
   ops::StepIndexerArgs args;
   args.q = qi;
   args.weights = weights;
-  args.keys = paged_rows(*b.decode, *b.layout, l, /*keys=*/true);
-  args.positions = b.decode->positions;
+  args.keys = b.tables->paged_rows(l, /*keys=*/true);
+  args.positions = b.tables->positions();
   args.ratio = c.compress_ratio(l);
-  args.max_keys = b.max_tokens / args.ratio;
+  args.max_keys = b.tables->layout().max_tokens() / args.ratio;
   Tensor selected = tensor(DType::i32, {N, c.index_topk});
   ops::step_indexer_topk(ctx_, args, c.index_topk, selected);
   return selected;
@@ -339,20 +234,22 @@ Tensor Model::indexer_step(int l, const Batch& b, const TensorView& h, const Ten
 void Model::attend_step(int l, const Batch& b, const TensorView& q, const TensorView& kv_rows,
                         const Tensor& selected, const TensorView& heads, const TensorView& inv_freq) {
   const ModelConfig& c = w_.config;
-  const DecodeTables::Layer& t = b.decode->layers[l];
-  const TensorView positions = b.decode->positions;
+  const StepTables& tables = *b.tables;
+  const StepTables::Layer& t = tables.layer(l);
+  const TensorView positions = tables.positions();
+  const bool several = tables.max_queries() > 1;  // tokens a sequence
   ops::StepAttentionArgs args;
   args.q = q;
   args.positions = positions;
-  if (b.max_queries > 1) args.firsts = b.decode->firsts;
+  if (several) args.firsts = tables.firsts();
   args.format = kv_format();
   args.rows = kv_rows;
   args.rings = t.ring;
   args.window = c.sliding_window;
   args.ratio = layer_specs_[static_cast<size_t>(l)].ratio;  // the MTP layer's (l = num_layers) too: 0
   if (args.ratio > 0) {
-    args.compressed = paged_rows(*b.decode, *b.layout, l, /*keys=*/false);
-    args.max_compressed = b.max_tokens / args.ratio;
+    args.compressed = tables.paged_rows(l, /*keys=*/false);
+    args.max_compressed = tables.layout().max_tokens() / args.ratio;
   }
   args.selected = selected.empty() ? TensorView() : selected.view();
   args.sinks = layer(l).attn.attn_sink;
@@ -362,9 +259,9 @@ void Model::attend_step(int l, const Batch& b, const TensorView& q, const Tensor
   // end of the attention sub-layer): a query reads its ring's other window - 1 slots and this step's row from
   // kv_rows, never the slot p % window the store writes, and no two slots share a ring. Several: a later token's
   // ring slot holds a row an earlier token of the sequence reads, so the rows enter after the attention.
-  if (b.max_queries > 1) {
+  if (several) {
     ops::step_attention(ctx_, args, heads);
-    ops::store_ring_rows(ctx_, kv_rows, t.ring, positions, b.decode->firsts, c.sliding_window);
+    ops::store_ring_rows(ctx_, kv_rows, t.ring, positions, tables.firsts(), c.sliding_window);
     return;
   }
   ops::run_side(ctx_, kv_rows.device(),

@@ -414,23 +414,18 @@ Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const 
   const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
-  Tensor words;
-  DecodeTables tables;
+  std::optional<StepTables> tables;
   if (bound != nullptr) {
     std::vector<StepSequence> rows;  // the tables' sequences in their row order
-    int64_t max_queries = 1, slots = 0;
+    int64_t slots = 0;
     for (size_t i = 0; i < batch.size(); ++i)
-      if (on_tables[i]) {
-        rows.push_back(batch[i]);
-        max_queries = std::max<int64_t>(max_queries, b.seqs[i].n);
-        slots += b.seqs[i].n;
-      }
-    tables = eager_tables(rows, slots, words);
+      if (on_tables[i]) rows.push_back(batch[i]), slots += b.seqs[i].n;
+    tables.emplace(StepTables::build(rows, *bound, device_, slots));
     if (slots == N) {  // wholly on the tables
-      use_tables(b, tables, *bound, max_queries);
+      use_tables(b, *tables);
       if (record != nullptr) record->layers.assign(static_cast<size_t>(w_.config.num_layers), {}), b.record = record;
     } else {  // a mixed step: ids and positions stay the step's (the tables' are its first rows)
-      b.decode = &tables, b.layout = bound, b.max_tokens = bound->max_tokens(), b.max_queries = max_queries;
+      b.tables = &*tables;
       b.table_tokens = slots;
       ++step_paths_.mixed_steps;
     }

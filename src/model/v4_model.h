@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +22,8 @@
 
 #include "cache/sequence_state.h"
 #include "core/tensor.h"
+#include "model/step_sequence.h"
+#include "model/step_tables.h"
 #include "model/weights.h"
 #include "ops/act_quant.h"
 #include "ops/context.h"
@@ -33,14 +36,6 @@ namespace tern::model {
 // exact: window and compressed rows kept in fp32. fp8: DeepSeek's FP8 rows (ops/kv_row.h), so attention
 // sees the official reference's rounding.
 enum class KvMode : uint8_t { exact, fp8 };
-
-enum class LogitsFor : uint8_t { none, last, all };
-
-struct StepSequence {
-  cache::SequenceState* state = nullptr;  // advanced by forward()
-  std::span<const int64_t> tokens;        // the new tokens, at positions state->position() + i
-  LogitsFor logits = LogitsFor::last;
-};
 
 class Model {
  public:
@@ -197,28 +192,13 @@ class Model {
   bool has_observer() const { return static_cast<bool>(observer_); }
 
   // Steps on the step tables (model/v4_decode.cpp): every sequence brings 1 <= q <= kMaxStepQueries tokens (a
-  // decode token, or k + 1 tokens to verify); the step is laid out in `slots` slots, one token each (each
-  // sequence's tokens in consecutive slots, then inert padding at position -1), and each op runs once for all
-  // slots, reading per-slot positions, sequences and state addresses from device tables. Same arithmetic per token
-  // as the per-sequence chunk path. forward() runs every sequence it can this way (sequence_refusal), and those it
-  // cannot (prefill chunks) per sequence in the same step (a mixed step); the CUDA graphs record steps wholly on the
-  // tables (model/decode_graphs.h: decode steps and verify steps).
-  //
-  // The tables, i64 [decode_words(slots)] on the device: array k of `slots` words at k * slots; 0 token
-  // ids, 1 positions, 2 the state's page pool and 3 its row block table on the device (addresses: every
-  // layer's compressed rows and indexer keys are rows of those pages), 4 the slot of the first token of the slot's
-  // sequence (ops/step.h "firsts"), then per layer l at 5 + 4 l: ring, compressor accumulators, indexer
-  // accumulators (addresses; 0 where the layer has none), and the position of the compressed entry the token
-  // would close ((p / ratio) * ratio).
-  static constexpr int64_t kMaxStepQueries = 4;
-  struct DecodeTables {
-    TensorView ids, positions, pools, row_tables, firsts;
-    struct Layer {
-      TensorView ring, compressor_acc, indexer_acc, entry_positions;
-    };
-    std::vector<Layer> layers;
-  };
-  int64_t decode_words(int64_t slots) const { return (5 + 4 * static_cast<int64_t>(layer_specs_.size())) * slots; }
+  // decode token, or k + 1 tokens to verify); the step is laid out in slots, one token each, and each op runs once
+  // for all slots, reading per-slot positions, sequences and state addresses from device tables (model/step_tables.h,
+  // built by whoever runs the step). Same arithmetic per token as the per-sequence chunk path. forward() runs every
+  // sequence it can this way (sequence_refusal), on tables it builds for the step, and those it cannot (prefill
+  // chunks) per sequence in the same step (a mixed step); the runner's CUDA graphs record steps wholly on the tables
+  // (engine/decode_graphs.h: decode steps and verify steps), on tables of their own.
+  static constexpr int64_t kMaxStepQueries = StepTables::kMaxQueries;
   // Why `batch` cannot run on the step tables for states of `layout` (at most its max_tokens tokens, in pages of
   // its geometry) with up to max_queries tokens a sequence; empty: it can. A recorded decode step (max_queries
   // 1) also needs every sequence to want its logits.
@@ -235,35 +215,25 @@ class Model {
     int64_t table_tokens = 0, chunk_tokens = 0, mixed_steps = 0;
   };
   const StepPaths& step_paths() const { return step_paths_; }
-  // Writes the host image of the tables (decode_words(slots) words) for `batch` (its tokens, one a slot) padded
-  // to `slots`.
-  // starts: each sequence's first position (the MTP layer's rows trail the state by one); empty: its state's position.
-  // first_slots: the slot of each sequence's first token (the slots between stay inert); empty: consecutive from 0.
-  void fill_decode_tables(std::span<const StepSequence> batch, int64_t slots, std::span<int64_t> words,
-                          std::span<const int64_t> starts = {}, std::span<const int64_t> first_slots = {}) const;
   // Whether forward() runs the steps it can on the step tables (the default) or every step on the per-sequence
   // chunk path (tests compare the two; A/B).
   void set_step_tables(bool on) { step_tables_ = on; }
-  // Views of the device tables.
-  DecodeTables decode_tables(const TensorView& words, int64_t slots) const;
-  // The device work of one step on the tables (up to max_queries tokens a sequence: 1 for a decode step, k + 1 for
+  // The device work of one step on tables t (up to t.max_queries() tokens a sequence: 1 for a decode step, k + 1 for
   // a verify step): no host synchronisation, no host data, every shape a function of the slots and max_queries
   // alone (so it can be captured once and replayed). Returns the device logits f32 [slots, vocab] (padding rows
   // are garbage-free but meaningless). Does not advance the states (decode_done).
   // With streams_out: the trunk streams of every slot, f32 [slots, hc, D] (what the MTP layer reads); with record:
   // the step's StepRecord (a verify step's rollback), both left in the step's memory (a graph's arena).
-  Tensor decode_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries = 1,
-                     Tensor* streams_out = nullptr, StepRecord* record = nullptr);
+  Tensor decode_body(const StepTables& t, Tensor* streams_out = nullptr, StepRecord* record = nullptr);
   // After the step ran: each sequence of the batch has consumed its tokens.
   static void decode_done(std::span<const StepSequence> batch);
-  // The MTP layer's rows on the step tables, as decode_body is the trunk's (captured by DecodeGraphs for drafting
-  // rounds and catch-ups): one row a slot at the tables' positions (up to max_queries rows a sequence), ids the next
-  // tokens, hidden f32 [slots, hc, D] on the device (each slot's h). Returns the device logits f32 [slots, vocab] of
-  // every slot and, in *streams_out, the block's output streams [slots, hc, D] (the next chained row's hidden), both
-  // in the step's memory. The same bits per row as mtp_forward's on the tables.
+  // The MTP layer's rows on the step tables, as decode_body is the trunk's (captured by engine::DecodeGraphs for
+  // drafting rounds and catch-ups): one row a slot at the tables' positions (up to t.max_queries() rows a sequence),
+  // ids the next tokens, hidden f32 [slots, hc, D] on the device (each slot's h). Returns the device logits
+  // f32 [slots, vocab] of every slot and, in *streams_out, the block's output streams [slots, hc, D] (the next
+  // chained row's hidden), both in the step's memory. The same bits per row as mtp_forward's on the tables.
   // Without `logits` (a catch-up's rows) the head is skipped and an empty tensor returned.
-  Tensor mtp_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries, const TensorView& hidden,
-                  Tensor* streams_out, bool logits = true);
+  Tensor mtp_body(const StepTables& t, const TensorView& hidden, Tensor* streams_out, bool logits = true);
 
 
  private:
@@ -279,18 +249,13 @@ class Model {
   static bool same_page_geometry(const cache::StateLayout& a, const cache::StateLayout& b) {
     return a.page_bytes() == b.page_bytes() && a.tokens_per_page() == b.tokens_per_page();
   }
-  // An eager step's tables: the host image of `batch` in `slots` slots copied to the model's device (`words` holds
-  // it), and the views of it.
-  DecodeTables eager_tables(std::span<const StepSequence> batch, int64_t slots, Tensor& words,
-                            std::span<const int64_t> starts = {}, std::span<const int64_t> first_slots = {}) const;
-  // Points b at tables t: a step of t's slots, up to max_queries tokens a sequence, in states of `layout`'s page
-  // geometry and at most its max_tokens positions.
-  static void use_tables(Batch& b, const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries);
+  // Points b at tables t: a step wholly on them (every row a slot).
+  static void use_tables(Batch& b, const StepTables& t);
   // An eager step on the step tables when they take it (every sequence 1..kMaxStepQueries tokens, one page geometry,
-  // step tables on): builds them into `tables` / `words` and points b at them; false (b untouched) otherwise. The
-  // trunk's forward and the MTP layer's rows (starts: their first positions) share it.
+  // step tables on): builds them into `tables` and points b at them; false (b untouched) otherwise. The trunk's
+  // forward and the MTP layer's rows (starts: their first positions) share it.
   bool try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
-                       DecodeTables& tables, Tensor& words) const;
+                       std::optional<StepTables>& tables) const;
   // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;

@@ -51,15 +51,14 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   // Rows of 1..kMaxStepQueries a sequence (drafting, a verify's catch-up) run on the step tables, as the trunk's
   // steps do: one launch per op for the whole batch instead of a pass per sequence. Longer catch-ups (a prompt
   // chunk's) run per sequence.
-  Tensor words;
-  DecodeTables tables;
+  std::optional<StepTables> tables;
   std::vector<StepSequence> steps;
   std::vector<int64_t> starts;
   for (const MtpStep& s : batch) {
     steps.push_back({s.state, s.next, s.logits});
     starts.push_back(s.start);
   }
-  (void)try_step_tables(b, steps, starts, tables, words);
+  (void)try_step_tables(b, steps, starts, tables);
 
   Tensor h = tensor(DType::f32, {N, H, D});
   for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
@@ -153,15 +152,12 @@ void Model::mtp_pick(std::span<const MtpStep> batch, const TensorView& all, MtpR
   }
 }
 
-Tensor Model::mtp_body(const DecodeTables& t, const cache::StateLayout& layout, int64_t max_queries,
-                       const TensorView& hidden, Tensor* streams_out, bool logits_wanted) {
+Tensor Model::mtp_body(const StepTables& t, const TensorView& hidden, Tensor* streams_out, bool logits_wanted) {
   TERN_CHECK(has_mtp(), "mtp_body: the model has no MTP layer");
-  TERN_CHECK(max_queries >= 1 && max_queries <= kMaxStepQueries, "mtp_body: ", max_queries, " rows a sequence (1 to ",
-             kMaxStepQueries, ")");
   const ModelConfig& c = w_.config;
   const MtpWeights& M = *w_.mtp;
   Batch b;
-  use_tables(b, t, layout, max_queries);
+  use_tables(b, t);
   const int64_t N = b.tokens, H = c.hc_mult, D = c.hidden_size;
   TERN_CHECK(hidden.dtype() == DType::f32 && hidden.shape() == Shape({N, H, D}), "mtp_body: hidden must be f32 [",
              N, ", ", H, ", ", D, "], found ", hidden.shape().str());

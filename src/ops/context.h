@@ -27,7 +27,7 @@ class Context {
   Device device() const { return device_; }
   // The memory tensor() takes device tensors from (nullptr: the device's registered one).
   DeviceMemory* memory() const { return memory_; }
-  // The recorded steps of this context's backend (model/decode_graphs.h drives them); nullptr when none.
+  // The recorded steps of this context's backend (engine/decode_graphs.h drives them); nullptr when none.
   StepGraphs* step_graphs() const { return step_graphs_; }
   // The backend for an op whose tensors are on `d`, which must be this context's device.
   Backend& backend_for(Device d) const;

@@ -1,8 +1,8 @@
 // Recorded steps on a device (CUDA graphs): an activation arena, so that a recorded step allocates
 // nothing and finds its intermediates at the same addresses every replay, and capture / replay of a
 // step's device work. Owned by a device backend that supports it (the CUDA backend does) and reached through
-// the context of that backend (ops::Context::step_graphs: there is no device-keyed registry); the model's
-// decode-graph driver (model/decode_graphs.h) takes them from the model's context and knows no device API.
+// the context of that backend (ops::Context::step_graphs: there is no device-keyed registry); the runner's
+// decode-graph driver (engine/decode_graphs.h) takes them from the model's context and knows no device API.
 // The device-neutral interface; the CUDA implementation is backends/cuda/cuda_graph_arena.h (distinct names,
 // so an include says which side it wants).
 #pragma once

@@ -1,4 +1,4 @@
-// Decode steps replayed from CUDA graphs (model/decode_graphs.h) against the eager forward: for both
+// Decode steps replayed from CUDA graphs (engine/decode_graphs.h) against the eager forward: for both
 // fixtures and both KV modes, sequences of different lengths join and leave between steps, so batches of
 // 1..7 run padded to the buckets 1, 2, 4, 8 at positions that cross the window and every compression
 // boundary (entries are emitted inside the graphs). Every logit row must be the eager row's bits.
@@ -15,8 +15,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "engine/decode_graphs.h"
 #include "gpu_test_util.h"
-#include "model/decode_graphs.h"
 #include "model/speculator.h"
 #include "model/v4_model.h"
 #include "ops/sample.h"
@@ -52,10 +52,10 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode,
     eager_states.push_back(g.model.new_state(capacity));
     graph_states.push_back(g.model.new_state(capacity));
   }
-  model::DecodeGraphOptions o;
+  engine::DecodeGraphOptions o;
   o.buckets = {1, 2, 4, 8};
   o.max_tokens = capacity;
-  model::DecodeGraphs graphs(g.model, o);
+  engine::DecodeGraphs graphs(g.model, o);
   graphs.prepare();
   ASSERT_EQ(graphs.disabled_reason(), "");
   ASSERT_EQ(graphs.stats().captures, 4u);
@@ -93,7 +93,7 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode,
     if (!any_left) break;
     if (eb.empty()) continue;
     const int64_t B = static_cast<int64_t>(eb.size());
-    padded_steps += model::pick_decode_bucket(graphs.buckets(), B) != B;
+    padded_steps += engine::pick_decode_bucket(graphs.buckets(), B) != B;
     const uint64_t before = graphs.stats().graph_steps;
     const Tensor le = g.model.forward(eb);
     const Tensor lg = graphs.forward(gb);
@@ -114,7 +114,7 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode,
     }
   }
   cuda::register_backend().check_device_errors();
-  const model::DecodeGraphStats& st = graphs.stats();
+  const engine::DecodeGraphStats& st = graphs.stats();
   // A one-token prompt is a decode step (it replays a graph); longer ones are prefills, run eagerly.
   uint64_t prefills = 0;
   for (int k = 0; k < S; ++k) prefills += f.ids(k).size() > 1;
@@ -132,8 +132,8 @@ void graphs_match_eager(const Fixture& f, model::KvMode mode,
 }
 
 // Graphs of batch buckets 1, 2 and 4 (batches of 3 run padded), verify steps of up to q tokens a sequence.
-model::DecodeGraphOptions small_buckets(int64_t max_tokens, int64_t q) {
-  model::DecodeGraphOptions o;
+engine::DecodeGraphOptions small_buckets(int64_t max_tokens, int64_t q) {
+  engine::DecodeGraphOptions o;
   o.buckets = {1, 2, 4};
   o.max_tokens = max_tokens;
   o.max_queries = q;
@@ -161,7 +161,7 @@ TEST_P(GpuGraphs_, VerifyStepsReplayEqualsEager) {
   for (const model::KvMode mode : {model::KvMode::fp8, model::KvMode::exact}) {
     GpuModel g(f, mode);
     const int64_t vocab = g.model.config().vocab_size, max_tokens = 128, q = 4;
-    model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
+    engine::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
     graphs.prepare();
     ASSERT_EQ(graphs.disabled_reason(), "");
     std::vector<cache::SequenceState> ge, ee;
@@ -202,7 +202,7 @@ TEST_P(GpuGraphs_, ReplayIgnoresActivationFill) {
   auto run = [&](bool poison) {
     cuda::CudaBackend::set_activation_fill(poison ? cuda::CudaBackend::ActivationFill::poison
                                                   : cuda::CudaBackend::ActivationFill::zero);
-    model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
+    engine::DecodeGraphs graphs(g.model, small_buckets(max_tokens, q));
     graphs.prepare();
     EXPECT_EQ(graphs.disabled_reason(), "");
     std::vector<cache::SequenceState> states;
@@ -247,14 +247,14 @@ TEST_P(GpuGraphs_, DraftRoundsReplayEqualsEager) {
   GpuModel g(f, model::KvMode::fp8);
   if (!g.model.has_mtp()) GTEST_SKIP() << GetParam() << " has no MTP layer";
   const int64_t vocab = g.model.config().vocab_size, max_tokens = 128;
-  model::DecodeGraphs graphs(g.model, small_buckets(max_tokens, 4));
+  engine::DecodeGraphs graphs(g.model, small_buckets(max_tokens, 4));
   graphs.prepare();
   ASSERT_EQ(graphs.disabled_reason(), "");
   const auto layout = g.model.state_layout(max_tokens);
   model::Speculator on_graphs(g.model, *layout, 4), eager(g.model, *layout, 4);
   on_graphs.set_draft_step([&](std::span<const model::Model::MtpStep> rows) { return graphs.forward_mtp(rows); });
   on_graphs.set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record, bool on_device,
-                               model::DecodeGraphs::Trunk& out, Tensor& hold) {
+                               model::TrunkRows& out, Tensor& hold) {
     if (on_device) return graphs.forward_trunk_device(steps, want_record, out, hold);
     hold = graphs.forward_trunk(steps, want_record, out);
     return hold.view();
@@ -339,10 +339,10 @@ TEST_P(GpuGraphs_, Speed) {
   constexpr int kSteps = 60;
   const std::vector<int64_t> prompt = f.ids(0);
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + kSteps + 8;
-  model::DecodeGraphOptions o;
+  engine::DecodeGraphOptions o;
   o.buckets = {1, 8, 32};
   o.max_tokens = capacity;
-  model::DecodeGraphs graphs(g.model, o);
+  engine::DecodeGraphs graphs(g.model, o);
   graphs.prepare();
   ASSERT_EQ(graphs.disabled_reason(), "");
   std::string line;

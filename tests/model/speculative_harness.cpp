@@ -27,7 +27,7 @@ std::shared_ptr<engine::V4Runner> spec_runner(std::shared_ptr<model::Model> m, i
   auto r = std::make_shared<engine::V4Runner>(m, "fixture", 0, 256);
   r->set_sampling_in_runner_on_cpu(in_runner);
   if (graphs) {
-    model::DecodeGraphOptions g;
+    engine::DecodeGraphOptions g;
     g.max_batch = max_sequences;
     g.max_queries = k + 1;
     r->enable_decode_graphs(g);

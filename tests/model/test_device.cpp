@@ -16,9 +16,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/dtype.h"
+#include "engine/decode_graphs.h"
 #include "fixture.h"
 #include "fixture_checks.h"
-#include "model/decode_graphs.h"
 #include "ops/backend.h"
 #include "ops/context.h"
 #include "ops/elementwise.h"
@@ -238,7 +238,7 @@ TEST(StandInSteps, RecordedThroughTheContextsMemory) {
       uploads.push_back(Tensor::copy_of(v, Device::cuda));
       return uploads.back().view();
     });
-    model::DecodeGraphOptions o;
+    engine::DecodeGraphOptions o;
     // One bucket: the fake capture runs the body on the tables the last dry run uploaded, which fit that bucket
     // alone (a real capture only records, reading nothing).
     o.buckets = {2};
@@ -246,7 +246,7 @@ TEST(StandInSteps, RecordedThroughTheContextsMemory) {
 
     // A context without step graphs: the device model's steps run eagerly (no graphs found by device).
     dev.set_context(ops::Context(backend, Device::cuda, &step));
-    model::DecodeGraphs none(dev, o);
+    engine::DecodeGraphs none(dev, o);
     none.prepare();
     EXPECT_EQ(none.disabled_reason(), "the device backend cannot record steps");
     EXPECT_EQ(graphs.planned + graphs.arena_blocks, 0);
@@ -255,7 +255,7 @@ TEST(StandInSteps, RecordedThroughTheContextsMemory) {
     // from the step memory (the registered memory refused none).
     dev.set_context(ops::Context(backend, Device::cuda, &step, &graphs));
     EXPECT_EQ(dev.context().step_graphs(), &graphs);
-    model::DecodeGraphs recorded(dev, o);
+    engine::DecodeGraphs recorded(dev, o);
     recorded.prepare();
     EXPECT_EQ(recorded.disabled_reason(), "");
     EXPECT_EQ(graphs.captures, 1);
@@ -270,7 +270,7 @@ TEST(StandInSteps, RecordedThroughTheContextsMemory) {
     // recording its first one is refused, and the capture fails loudly: every step eager, the reason said.
     cpu::CpuBackend hidden;
     dev.set_context(ops::Context(hidden, Device::cuda, &step, &graphs));
-    model::DecodeGraphs failing(dev, o);
+    engine::DecodeGraphs failing(dev, o);
     failing.prepare();
     EXPECT_NE(failing.disabled_reason().find("capture failed"), std::string::npos) << failing.disabled_reason();
     EXPECT_NE(failing.disabled_reason().find("while a step is being recorded"), std::string::npos)

@@ -26,7 +26,7 @@
 #include "cache/sequence_state.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "model/decode_graphs.h"
+#include "engine/decode_graphs.h"
 #include "model/perf_model.h"
 #include "model/speculator.h"
 #include "ops/recorded_steps.h"
@@ -533,19 +533,19 @@ int run(const Args& a) {
       }
     }
     if (fitting.empty()) continue;
-    model::DecodeGraphOptions go;
+    engine::DecodeGraphOptions go;
     go.buckets = fitting;
     go.max_tokens = layout->max_tokens();
     go.tokens_per_page = layout->tokens_per_page();
     go.max_queries = a.speculative + 1;
     // (Held so that --ab can drop it first: its tensors live in the arena the arms' graphs reallocate.)
-    std::optional<model::DecodeGraphs> graphs_held;
-    model::DecodeGraphs& graphs = graphs_held.emplace(m, go);
+    std::optional<engine::DecodeGraphs> graphs_held;
+    engine::DecodeGraphs& graphs = graphs_held.emplace(m, go);
     graphs.prepare();
     std::vector<int64_t> ids(static_cast<size_t>(seqs));
     uint64_t step_no = 0;
     // The decode step of the first B sequences on `g`'s graphs (the rows below, and --ab's arms).
-    auto decode_step = [&](model::DecodeGraphs& g, int64_t B, Tensor& hold) {
+    auto decode_step = [&](engine::DecodeGraphs& g, int64_t B, Tensor& hold) {
       std::vector<model::StepSequence> batch;
       for (int64_t i = 0; i < B; ++i)
         batch.push_back({&states[static_cast<size_t>(i)], std::span<const int64_t>(&ids[static_cast<size_t>(i)], 1),
@@ -606,7 +606,7 @@ int run(const Args& a) {
             speculator = std::make_unique<model::Speculator>(m, *layout, static_cast<int>(fitting.back()));
           // The trunk's verify steps replay this context's graphs (returning streams and record), as the server's do.
           speculator->set_trunk_step([&](std::span<const model::StepSequence> steps, bool want_record, bool on_device,
-                                         model::DecodeGraphs::Trunk& out, Tensor& hold) {
+                                         model::TrunkRows& out, Tensor& hold) {
             if (on_device) return graphs.forward_trunk_device(steps, want_record, out, hold);
             hold = graphs.forward_trunk(steps, want_record, out);
             return hold.view();
@@ -686,7 +686,7 @@ int run(const Args& a) {
         for (size_t arm = 0; arm <= ab_arms.size(); ++arm) {  // the B arms, then A (arm == size)
           const bool is_a = arm == ab_arms.size();
           set_arm(is_a ? nullptr : &ab_arms[arm]);
-          model::DecodeGraphs ab_graphs(m, go);
+          engine::DecodeGraphs ab_graphs(m, go);
           ab_graphs.prepare();
           for (size_t bi = 0; bi < fitting.size(); ++bi) {
             Tensor hold;

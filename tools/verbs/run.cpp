@@ -13,7 +13,7 @@
 #include "app/measure.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/decode_graphs.h"
+#include "engine/decode_graphs.h"
 #include "model/synth.h"
 #include "model/v4_model.h"
 #include "model/weights.h"
@@ -115,12 +115,12 @@ int run(const RunArgs& a) {
   o.prefill_chunk = a.prefill_chunk;
   TERN_CHECK(a.cuda_graphs == "on" || a.cuda_graphs == "off", "--cuda-graphs: expected on or off, found \"",
              a.cuda_graphs, "\"");
-  model::DecodeGraphOptions go;
+  engine::DecodeGraphOptions go;
   go.enabled = a.cuda_graphs == "on" && !a.no_cuda_graphs;
   go.buckets = {1};
   go.max_tokens = state.layout().max_tokens();
   go.tokens_per_page = state.layout().tokens_per_page();
-  model::DecodeGraphs graphs(m, go);
+  engine::DecodeGraphs graphs(m, go);
   graphs.prepare();  // startup: records the one-sequence decode step (or logs why every step is eager)
   o.decode_forward = [&](std::span<const model::StepSequence> b) { return graphs.forward(b); };
   if (profiler) {
@@ -151,7 +151,7 @@ int run(const RunArgs& a) {
   if (decoded > 0)
     std::printf("decode: %.0f tokens in %.3f s (%.1f tokens/s%s)\n", decoded, r.decode_seconds,
                 decoded / r.decode_seconds, profile ? ", with the profiler's overhead" : "");
-  const model::DecodeGraphStats& gs = graphs.stats();
+  const engine::DecodeGraphStats& gs = graphs.stats();
   std::string why;
   for (const auto& [reason, n] : gs.eager_steps) why += (why.empty() ? "" : "; ") + reason + ": " + std::to_string(n);
   std::printf("decode steps: %llu replayed from a CUDA graph, %llu eager%s%s%s\n",

@@ -179,7 +179,7 @@ void CpuBackend::step_compress_emit(const ops::StepCompressEmitArgs& a) {
   const Device device = c.kv.device();  // the host, or a test's stand-in device of host memory
   Tensor emitted = transient(DType::f32, {S, c.width}, device), entry_positions(DType::i64, {S});
   Tensor rows = transient(DType::u8, {S, a.format.row_bytes()}, device);
-  // Each slot's entry position, as Model::fill_decode_tables writes it for the unfused chain (inert: 0).
+  // Each slot's entry position, as model::StepTables::fill writes it for the unfused chain (inert: 0).
   for (int64_t i = 0; i < S; ++i) entry_positions.data<int64_t>()[i] = pos[i] < 0 ? 0 : pos[i] / c.ratio * c.ratio;
   if (device != Device::cpu) {
     Tensor on_device = transient(DType::i64, {S}, device);

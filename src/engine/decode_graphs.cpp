@@ -1,4 +1,4 @@
-#include "model/decode_graphs.h"
+#include "engine/decode_graphs.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,14 @@
 #include "core/log.h"
 #include "ops/context.h"
 
-namespace tern::model {
+namespace tern::engine {
+
+using model::LogitsFor;
+using model::Model;
+using model::ModelConfig;
+using model::StepSequence;
+using model::StepTables;
+using model::TrunkRows;
 
 namespace {
 constexpr int kCaptureFailed = -2;  // a verify bucket's handle when its capture failed (eager from then on)
@@ -81,7 +88,7 @@ void DecodeGraphs::prepare() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t largest = buckets_.back(), q_max = options_.max_queries, slots_max = largest * q_max;
   try {
-    const int64_t words = model_.decode_words(slots_max);
+    const int64_t words = StepTables::words(*layout_, slots_max);
     staging_ = TensorView(graphs_->pinned_host(static_cast<size_t>(words) * sizeof(int64_t)), DType::i64, {words});
     tables_ = Tensor(DType::i64, {words}, model_.device());
     // Dry runs, every slot inert: every decode bucket, and with verify steps every bucket of the most tokens a
@@ -108,9 +115,9 @@ void DecodeGraphs::prepare() {
     const ModelConfig& c = model_.config();
     if (mtp_graphs())  // the MTP rows' hidden input (padding slots: zeros, later stale streams; inert either way)
       mtp_hidden_ = Tensor(DType::f32, {slots_max, c.hc_mult, c.hidden_size}, model_.device());
-    const auto measure = [&](int64_t slots, const std::function<void(const Model::DecodeTables&)>& body) {
-      upload_tables({}, slots);
-      const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+    const auto measure = [&](int64_t slots, int64_t q, const std::function<void(const StepTables&)>& body) {
+      upload_tables({}, slots, q);
+      const StepTables t = tables(slots, q);
       graphs_->arena_begin(/*measure=*/true);
       try {
         body(t);
@@ -121,15 +128,15 @@ void DecodeGraphs::prepare() {
       arena = std::max(arena, graphs_->arena_end());
     };
     for (const auto& [slots, q] : runs)
-      measure(slots, [&, q = q](const Model::DecodeTables& t) {
+      measure(slots, q, [&, q = q](const StepTables& t) {
         Tensor streams;
         Model::StepRecord record;  // the kept streams and record take arena too
-        (void)model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr);
+        (void)model_.decode_body(t, &streams, q > 1 ? &record : nullptr);
       });
     for (const MtpRun& r : mtp_runs)  // the MTP layer's rows (drafting rounds, catch-ups): one layer (and the head)
-      measure(r.slots, [&](const Model::DecodeTables& t) {
+      measure(r.slots, r.q, [&](const StepTables& t) {
         Tensor streams;
-        (void)model_.mtp_body(t, *layout_, r.q, mtp_hidden_.view().rows(0, r.slots), &streams, r.head);
+        (void)model_.mtp_body(t, mtp_hidden_.view().rows(0, r.slots), &streams, r.head);
       });
     graphs_->arena_reserve(arena);
     stats_.arena_bytes = graphs_->arena_bytes();
@@ -148,13 +155,22 @@ void DecodeGraphs::prepare() {
             " run eagerly");
 }
 
-void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots, std::span<const int64_t> starts) {
+StepTables DecodeGraphs::tables(int64_t slots, int64_t q) const {
+  StepTables t(*layout_, model_.device(), slots, q);
+  t.view(tables_);
+  return t;
+}
+
+
+void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t slots, int64_t q,
+                                 std::span<const int64_t> starts) {
+  const StepTables t(*layout_, model_.device(), slots, q);  // (the image needs no views)
   // The page-locked staging is rewritten here while the previous upload's asynchronous copy may still be queued (a
   // decode step's MTP catch-up follows its trunk step with nothing read back between; so do the startup dry runs):
   // wait for the device first. After a step whose results came back (the usual case) the wait costs nothing.
   model_.context().memory()->synchronize();  // (a context with step graphs has its memory: ops/context.h)
-  model_.fill_decode_tables(batch, slots, std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()), starts);
-  const int64_t words = model_.decode_words(slots);
+  t.fill(std::span<int64_t>(staging_.data_as<int64_t>(), staging_.numel()), batch, starts);
+  const int64_t words = t.words();
   // One H2D copy from page-locked memory.
   copy_view(staging_.rows(0, words), tables_.view().rows(0, words));
 }
@@ -162,10 +178,10 @@ void DecodeGraphs::upload_tables(std::span<const StepSequence> batch, int64_t sl
 void DecodeGraphs::record(size_t i, int64_t q) {
   const int64_t slots = buckets_[i] * q;
   const size_t g = graph_index(i, q);
-  const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+  const StepTables t = tables(slots, q);
   Tensor logits, streams;
   Model::StepRecord record;
-  handles_[g] = capture_in_arena([&] { logits = model_.decode_body(t, *layout_, q, &streams, q > 1 ? &record : nullptr); });
+  handles_[g] = capture_in_arena([&] { logits = model_.decode_body(t, &streams, q > 1 ? &record : nullptr); });
   logits_[g] = std::move(logits);
   streams_[g] = std::move(streams);
   records_[g] = std::move(record);
@@ -201,10 +217,10 @@ void DecodeGraphs::forget_graphs() {
 void DecodeGraphs::record_mtp(size_t i, int64_t q, bool head) {
   const int64_t slots = buckets_[i] * q;
   const size_t g = mtp_index(i, q, head);
-  const Model::DecodeTables t = model_.decode_tables(tables_, slots);
+  const StepTables t = tables(slots, q);
   Tensor logits, streams;
-  mtp_handles_[g] = capture_in_arena(
-      [&] { logits = model_.mtp_body(t, *layout_, q, mtp_hidden_.view().rows(0, slots), &streams, head); });
+  mtp_handles_[g] =
+      capture_in_arena([&] { logits = model_.mtp_body(t, mtp_hidden_.view().rows(0, slots), &streams, head); });
   mtp_logits_[g] = std::move(logits);
   mtp_streams_[g] = std::move(streams);
 }
@@ -253,7 +269,7 @@ Model::MtpResult DecodeGraphs::forward_mtp(std::span<const Model::MtpStep> steps
       return eager_mtp(steps, "a graph whose capture failed");
     }
   }
-  upload_tables(seqs, bucket * q, starts);
+  upload_tables(seqs, bucket * q, q, starts);
   for (int64_t k = 0, at = 0; k < B; ++k) {  // each sequence's rows in its consecutive slots
     const TensorView& h = steps[static_cast<size_t>(k)].streams;
     const int64_t n = static_cast<int64_t>(steps[static_cast<size_t>(k)].next.size());
@@ -280,21 +296,12 @@ TensorView DecodeGraphs::forward_device(std::span<const StepSequence> batch, Ten
   return view;
 }
 
-Tensor DecodeGraphs::eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
-                                 Tensor& streams, Model::StepRecord& record, Trunk& out) {
-  const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  Tensor logits = model.forward(batch, all, streams, on_device, want_record ? &record : nullptr);
-  out.streams = streams.view();
-  out.record = want_record && !record.layers.empty() ? &record : nullptr;
-  return logits;
-}
-
-Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, Trunk& out) {
+Tensor DecodeGraphs::forward_trunk(std::span<const StepSequence> batch, bool want_record, TrunkRows& out) {
   out = {};
   return step(batch, false, nullptr, &out, want_record);
 }
 
-TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batch, bool want_record, Trunk& out,
+TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batch, bool want_record, TrunkRows& out,
                                               Tensor& hold) {
   out = {};
   TensorView view;
@@ -303,12 +310,12 @@ TensorView DecodeGraphs::forward_trunk_device(std::span<const StepSequence> batc
 }
 
 Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::string& reason, bool on_device,
-                           TensorView* view, Trunk* trunk, bool want_record) {
+                           TensorView* view, TrunkRows* trunk, bool want_record) {
   const uint64_t n = ++stats_.eager_steps[reason];
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
   if (trunk != nullptr) {
-    Tensor logits = eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
+    Tensor logits = model::eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
     if (view != nullptr) *view = logits.view();
     return logits;
   }
@@ -317,7 +324,7 @@ Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::strin
   return logits;
 }
 
-Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view, Trunk* trunk,
+Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, TensorView* view, TrunkRows* trunk,
                           bool want_record) {
   prepare();
   const auto eager = [&](const std::string& reason) {
@@ -357,7 +364,7 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
       return eager(disabled_);
     }
   }
-  upload_tables(batch, slots);
+  upload_tables(batch, slots, qs);
   graphs_->replay(handles_[g]);
   const int64_t vocab = model_.config().vocab_size, rows = B * qs;  // every row of a verify step; one a decode
   Tensor logits;
@@ -376,4 +383,4 @@ Tensor DecodeGraphs::step(std::span<const StepSequence> batch, bool on_device, T
   return logits;
 }
 
-}  // namespace tern::model
+}  // namespace tern::engine
