@@ -144,17 +144,9 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
   for (int64_t e = 0; e < E; ++e) experts[e] = ops::Expert{store.upload(w1.w), store.upload(w2.w), store.upload(w1.w)};
   const double expert_bytes = 2.0 * static_cast<double>(weight_bytes(w1.w)) + static_cast<double>(weight_bytes(w2.w));
   for (int64_t T : Ts) {
-    Tensor idx(DType::i32, {T, k});
+    const Tensor idx = random_picks(T, E, k, r);
     std::vector<char> used(E, 0);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      std::iota(all.begin(), all.end(), 0);
-      for (int64_t j = 0; j < k; ++j) {
-        std::swap(all[j], all[j + r.index(E - j)]);
-        idx.data<int32_t>()[t * k + j] = all[j];
-        used[all[j]] = 1;
-      }
-    }
+    for (int64_t i = 0; i < T * k; ++i) used[idx.data<int32_t>()[i]] = 1;
     const int64_t distinct = std::count(used.begin(), used.end(), 1);
     auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
     cuda::DeviceTensor out(DType::f32, {T, D});
@@ -209,17 +201,9 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
   cuda::CudaBackend& be = cuda::register_backend();
   const std::string fmt(ops::weight_format_name(f));
   for (int64_t T : Ts) {
-    Tensor idx(DType::i32, {T, k});
+    const Tensor idx = random_picks(T, E, k, r);
     std::vector<char> used(E, 0);
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int32_t> all(E);
-      std::iota(all.begin(), all.end(), 0);
-      for (int64_t j = 0; j < k; ++j) {
-        std::swap(all[j], all[j + r.index(E - j)]);
-        idx.data<int32_t>()[t * k + j] = all[j];
-        used[all[j]] = 1;
-      }
-    }
+    for (int64_t i = 0; i < T * k; ++i) used[idx.data<int32_t>()[i]] = 1;
     const int64_t distinct = std::count(used.begin(), used.end(), 1), P = T * k;
     const double flop = 2.0 * 3.0 * static_cast<double>(D * inter) * static_cast<double>(P);
     const double bytes = expert_bytes * static_cast<double>(distinct);

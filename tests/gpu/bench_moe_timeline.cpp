@@ -133,17 +133,9 @@ void bench_moe_timeline(Rand& r, double copy_gbs) {
     double distinct_sum = 0;
     const int runs = 8;
     for (int run = 0; run < runs; ++run) {
-      Tensor idx(DType::i32, {T, k});
+      const Tensor idx = random_picks(T, E, k, r);
       std::vector<char> used(E, 0);
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> all(E);
-        std::iota(all.begin(), all.end(), 0);
-        for (int64_t j = 0; j < k; ++j) {
-          std::swap(all[j], all[j + r.index(E - j)]);
-          idx.data<int32_t>()[t * k + j] = all[j];
-          used[all[j]] = 1;
-        }
-      }
+      for (int64_t i = 0; i < T * k; ++i) used[idx.data<int32_t>()[i]] = 1;
       distinct_sum += static_cast<double>(std::count(used.begin(), used.end(), 1));
       auto dx = upload(random_f32({T, D}, r)), dw = upload(random_f32({T, k}, r)), didx = upload(idx);
       cuda::DeviceTensor out(DType::f32, {T, D});

@@ -109,6 +109,17 @@ Tensor random_f32(Shape shape, Rand& r, float stddev) {
   return t;
 }
 
+Tensor random_picks(int64_t T, int64_t E, int64_t k, Rand& r) {
+  Tensor idx(DType::i32, {T, k});
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
+    std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
+  }
+  return idx;
+}
+
 Tensor random_bf16(Shape shape, Rand& r, float stddev) {
   Tensor t(DType::bf16, shape);
   auto* p = t.data<uint16_t>();

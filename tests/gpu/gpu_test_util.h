@@ -112,6 +112,8 @@ class Rand {
 uint64_t fresh_seed();
 
 Tensor random_f32(Shape shape, Rand& r, float stddev = 1.0f);
+// Each of T tokens' k distinct experts of E, uniformly at random (i32 [T, k]).
+Tensor random_picks(int64_t T, int64_t E, int64_t k, Rand& r);
 Tensor random_bf16(Shape shape, Rand& r, float stddev = 1.0f);
 
 // A host weight in one checkpoint format with random contents (value std about `stddev`), owning its data.

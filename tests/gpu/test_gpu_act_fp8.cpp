@@ -44,18 +44,6 @@ Tensor spread_rows(int64_t T, int64_t cols, Rand& r) {
   return x;
 }
 
-// Each of T tokens' k distinct experts of E, uniformly at random (i32 [T, k]).
-Tensor random_picks(int64_t T, int64_t E, int64_t k, Rand& r) {
-  Tensor idx(DType::i32, {T, k});
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<int32_t> all(E);
-    std::iota(all.begin(), all.end(), 0);
-    for (int64_t j = 0; j < k; ++j) std::swap(all[j], all[j + r.index(E - j)]);
-    std::copy_n(all.begin(), k, idx.data<int32_t>() + t * k);
-  }
-  return idx;
-}
-
 // The e4m3 grouped kernels' precondition (moe_e4m3_fold_ok): every row's four MXFP4 scales of a 128-column group
 // within 2^8 of their largest. RandomExperts' scales (base +- 1) pass; one scale byte moved 9 below its group's
 // others fails, 8 below passes.
