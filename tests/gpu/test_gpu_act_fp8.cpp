@@ -486,45 +486,54 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
   }
 }
 
-// The bulk kernels' resident windows (TERN_MOE_RESIDENT, up to kMoeResidentMaxTokens tokens: every row staged once,
-// items claimed from a device counter past a static share with TERN_MOE_CLAIMS; the resident down kernel quantises h
-// as it stages it) give the bits of the windows staged a job at a time with fixed item ranges: the same items, K
-// slices and sums. At 1-4 tokens (resident at one token; from two the fixed ranges whatever the switch), both FP4
-// formats, with activations in bf16 and in FP8; the path names what ran.
-TEST_P(GpuActFp8Linear, MoeResidentWindowsBitIdentical) {
+// The bulk kernels' layouts past fixed ranges give the fixed ranges' bits (the same items, K slices and sums):
+// resident windows (TERN_MOE_RESIDENT, up to kMoeResidentMaxTokens tokens: every row staged once, the down kernel
+// quantising h as it stages it) with items claimed past a static share (TERN_MOE_CLAIMS), and claimed runs where the
+// kernels are not resident (TERN_MOE_CLAIM_RUNS: job windows as before, items claimed in runs, every warp reading each
+// stage's item from the log). At 1-4, 16 and 64 tokens, both FP4 formats, bf16 and FP8 activations; the path names
+// what ran.
+TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   if (s.D % 128 != 0 || s.inter % 128 != 0) GTEST_SKIP() << "D and inter must be multiples of 128";
   Rand r(fresh_seed());
   const int64_t E = std::min<int64_t>(s.experts, 16), k = s.experts_per_token, D = s.D;
   cuda::CudaBackend& be = cuda::register_backend();
+  const MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
   struct Form {
-    int resident, claims;
+    int resident, claims, runs;
+  };
+  auto set = [&](const Form& f) {
+    be.set_knob("TERN_MOE_RESIDENT", f.resident);
+    be.set_knob("TERN_MOE_CLAIMS", f.claims);
+    be.set_knob("TERN_MOE_CLAIM_RUNS", f.runs);
   };
   for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4})
     for (const bool fp8 : {false, true}) {
       RandomExperts experts(f, E, D, s.inter, r);
       for (ops::Expert& e : experts.on_device) e.w1.act_fp8 = e.w2.act_fp8 = e.w3.act_fp8 = fp8;
-      for (int64_t T : {1, 2, 3, 4}) {
+      for (int64_t T : {1, 2, 3, 4, 16, 64}) {
         const Tensor x = spread_rows(T, D, r), w = random_f32({T, k}, r, 0.5f);
         const Tensor idx = random_picks(T, E, k, r);
         auto dx = upload(x), dw = upload(w), didx = upload(idx);
         Tensor base;
-        for (const Form form : {Form{0, 0}, Form{1, 0}, Form{1, 1}}) {
-          be.set_knob("TERN_MOE_RESIDENT", form.resident);
-          be.set_knob("TERN_MOE_CLAIMS", form.claims);
+        for (const Form form : {Form{0, 0, 0}, Form{1, 0, 0}, Form{1, 1, 0}, Form{0, 0, 1}, Form{1, 1, 1}}) {
+          set(form);
           const std::string path = be.moe_path(experts.on_device[0].w1, T, k);
           const std::string what = cat(ops::weight_format_name(f), fp8 ? " fp8" : " bf16", " T=", T, " resident ",
-                                       form.resident, " claims ", form.claims, " (", path, ")");
+                                       form.resident, " claims ", form.claims, " runs ", form.runs, " (", path, ")");
           // Resident where on and within kMoeResidentMaxTokens (the up kernel's T rows always fit there; the down
-          // kernel's T k rows where they do beside its ring); claims named only with resident windows.
+          // kernel's T k rows where they do beside its ring); claims named only with resident windows; runs where on
+          // and a kernel is not resident (at these shapes the log always outlasts the ring by the groups).
           const bool resident = path.find("resident windows (up") != std::string::npos;
+          const bool both = path.find("resident windows (up and down") != std::string::npos;
           EXPECT_EQ(resident, form.resident == 1 && T <= cuda::kMoeResidentMaxTokens) << what;
-          EXPECT_EQ(path.find("items claimed") != std::string::npos, resident && form.claims == 1) << what;
+          EXPECT_EQ(path.find("items claimed past half)") != std::string::npos, resident && form.claims == 1) << what;
+          EXPECT_EQ(path.find("in runs of") != std::string::npos, form.runs == 1 && !both) << what;
           auto y = poisoned(DType::f32, {T, D});
           ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
           const Tensor got = cuda::to_host(y);
-          if (form.resident == 0) {
+          if (form.resident == 0 && form.runs == 0) {
             base = got;
             continue;
           }
@@ -535,8 +544,7 @@ TEST_P(GpuActFp8Linear, MoeResidentWindowsBitIdentical) {
         }
       }
     }
-  be.set_knob("TERN_MOE_RESIDENT", 1);
-  be.set_knob("TERN_MOE_CLAIMS", 1);
+  set(Form{1, 1, 0});
   be.check_device_errors();
 }
 

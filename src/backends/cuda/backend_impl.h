@@ -106,6 +106,9 @@ struct CudaBackend::Impl {
   // windows up to kMoeResidentMaxTokens tokens, and with them items claimed past a static share. The same bits.
   bool moe_resident = true;
   bool moe_claims = true;
+  // MoeParams::claim_runs (TERN_MOE_CLAIM_RUNS=1): claimed runs where the bulk kernels are not resident. Off until
+  // measured (session 28 built it: the fixed ranges left a median block idle 15 us at the up kernel's end at 16 tokens).
+  bool moe_claim_runs = false;
   // The library path's hc_post writes the mix's squares column (TERN_HC_POST_SQUARES=0: A/B).
   bool hc_post_squares = true;
   // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.

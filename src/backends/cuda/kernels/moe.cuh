@@ -100,6 +100,10 @@ struct MoeParams {
   // resident down kernel quantises h as it stages it (act_fp8): the act_fake_quant launch between up and down goes.
   bool resident = false;
   bool claims = false;
+  // Where the bulk kernels are not resident, items claimed past the static share in runs of kMoeClaimRun consecutive
+  // items, the job windows staged as before (MoeBulkPlan::claim_run; TERN_MOE_CLAIM_RUNS, off until measured). The
+  // same bits.
+  bool claim_runs = false;
 };
 
 // Up to this many tokens the bulk kernels may hold every row they read in their window (MoeParams::resident), and
@@ -108,6 +112,7 @@ struct MoeParams {
 // at batch 4 (up resident, down not: 4 x 6 pair rows do not fit beside the down kernel's 5 stages).
 inline constexpr int64_t kMoeResidentMaxTokens = 1;
 inline constexpr int kMoeClaimSharePct = 50;
+inline constexpr int kMoeClaimRun = 8;
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
 // warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).
