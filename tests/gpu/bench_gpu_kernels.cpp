@@ -167,7 +167,7 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
                 });
       }
       be.set_moe_variant(0);
-      std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
+      std::printf("  (path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T, k).c_str());
     }
     // The same call on the grouped tensor-core kernels (the crossover TERN_MOE_GROUPED_MIN_TOKENS would move):
     // their time follows the experts touched, the decode kernels' the pairs.
@@ -177,7 +177,7 @@ void bench_moe(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
               cat("T=", T, " experts=", distinct), expert_bytes * static_cast<double>(distinct), 1, [&](int) {
                 ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts, 10.0f, out});
               });
-      std::printf("  (grouped path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T).c_str());
+      std::printf("  (grouped path at T=%lld: %s)\n", static_cast<long long>(T), be.moe_path(experts[0].w1, T, k).c_str());
     }
   }
 }
@@ -229,10 +229,10 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileDefault);
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(saved_tile);
-    const std::string path = be.moe_path(experts[0].w1, T);
+    const std::string path = be.moe_path(experts[0].w1, T, k);
     setenv("TERN_MOE_GROUPED", "wgmma", 1);
     const double wgmma_us = cuda::time_device(call, 2, 10).median_us;
-    const std::string wgmma_path = be.moe_path(experts[0].w1, T);
+    const std::string wgmma_path = be.moe_path(experts[0].w1, T, k);
     // --activations fp8 (the GPU default): the bf16 wgmma kernel (x and h fake-quantised) against the e4m3 kernels
     // (MXFP4 only; moe_e4m3_calls says whether they ran).
     std::vector<ops::Expert> fp8x = experts;

@@ -117,7 +117,7 @@ TEST(GpuActFp8, E4m3EveryFoldShiftAgainstCpu) {
     auto dx = upload(x), dw = upload(w), didx = upload(idx), y = poisoned(DType::f32, {T, D});
     const int64_t before = be.moe_e4m3_calls();
     ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
-    EXPECT_EQ(be.moe_e4m3_calls(), before + 1) << "T=" << T << ": not on the e4m3 kernels (" << be.moe_path(experts.on_device[0].w1, T) << ")";
+    EXPECT_EQ(be.moe_e4m3_calls(), before + 1) << "T=" << T << ": not on the e4m3 kernels (" << be.moe_path(experts.on_device[0].w1, T, k) << ")";
     expect_close(y, ref, kTolBf16, cat("moe e4m3, every fold shift, T=", T));
   }
   unsetenv("TERN_MOE_GROUPED");
@@ -426,9 +426,9 @@ TEST_P(GpuActFp8Linear, MoeAgainstCpu) {
       be.set_moe_prefill_library(run.library);
       const bool e4m3 = std::string_view(run.grouped) == "e4m3";
       if (e4m3)
-        EXPECT_EQ(be.moe_path(experts.on_device[0].w1, T).find("moe_grouped_e4m3_kernel") != std::string::npos,
+        EXPECT_EQ(be.moe_path(experts.on_device[0].w1, T, k).find("moe_grouped_e4m3_kernel") != std::string::npos,
                   f == ops::WeightFormat::mxfp4)
-            << be.moe_path(experts.on_device[0].w1, T);
+            << be.moe_path(experts.on_device[0].w1, T, k);
       const int64_t e4m3_before = be.moe_e4m3_calls();
       {
         const MoeGroupedMinTokensGuard paths(run.decode_kernels ? cuda::CudaBackend::library_min_tokens()
@@ -476,12 +476,12 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
       be.set_moe_stage_quant(true);
       EXPECT_EQ(be.fused_quant_calls().moe_staged, before + 1)
           << ops::weight_format_name(f) << " T=" << T << ": the staged quantisation did not run ("
-          << be.moe_path(experts.on_device[0].w1, T) << ")";
+          << be.moe_path(experts.on_device[0].w1, T, k) << ")";
       int64_t differ = 0;
       for (int64_t i = 0; i < T * D; ++i)
         differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
       EXPECT_EQ(differ, 0) << ops::weight_format_name(f) << " T=" << T << ": the staged quantisation changed "
-                           << differ << " outputs (" << be.moe_path(experts.on_device[0].w1, T) << ")";
+                           << differ << " outputs (" << be.moe_path(experts.on_device[0].w1, T, k) << ")";
     }
   }
 }
@@ -503,6 +503,8 @@ TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
   struct Form {
     int resident, claims, runs;
   };
+  const KnobGuard keep_resident("TERN_MOE_RESIDENT", 1), keep_claims("TERN_MOE_CLAIMS", 1),
+      keep_runs("TERN_MOE_CLAIM_RUNS", 0);  // (each restores its switch's value of before at the end)
   auto set = [&](const Form& f) {
     be.set_knob("TERN_MOE_RESIDENT", f.resident);
     be.set_knob("TERN_MOE_CLAIMS", f.claims);
@@ -544,7 +546,6 @@ TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
         }
       }
     }
-  set(Form{1, 1, 0});
   be.check_device_errors();
 }
 

@@ -119,7 +119,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
 
       // The library path on every token.
       be.set_moe_prefill_library(true);
-      const std::string lib_path = be.moe_path(dexp[0].w1, T);
+      const std::string lib_path = be.moe_path(dexp[0].w1, T, k);
       EXPECT_EQ(lib_path.find("moe_grouped_kernel"), std::string::npos) << lib_path;
       EXPECT_EQ(lib_path.find("moe_grouped_wgmma_kernel"), std::string::npos) << lib_path;
       auto lib = poisoned(DType::f32, {T, D});
@@ -131,7 +131,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       set_grouped_kernel(false);  // the mma.sync kernels in every tile configuration
       for (int c = 0; c < kConfigs; ++c) {
         cuda::set_moe_grouped_tile_config(configs[c]);
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat("moe grouped ", ops::weight_format_name(f), " T=", T, run.skew ? " skewed" : "",
                                      " tile config ", config_names[c], " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
@@ -163,7 +163,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       for (const char* n : {"", "96", "128"}) {
         set_grouped_kernel(true);
         if (*n != '\0') setenv("TERN_MOE_WGMMA_N", n, 1);
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat(base, *n != '\0' ? cat(" ", n, "-pair tiles") : std::string(), " (", path, ")");
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
@@ -179,7 +179,7 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
       unsetenv("TERN_MOE_WGMMA_N");
       {
         const bool wgmma = T * k >= cuda::kMoeWgmmaMinPairs * E;
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat(base, " unforced (", path, ")");
         EXPECT_NE(path.find("moe_grouped_wgmma_kernel"), std::string::npos) << what;
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
@@ -242,7 +242,7 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
       for (const char* n : {"32", "64", "96", "112", "128"}) {
         setenv("TERN_MOE_GROUPED", "wgmma", 1);
         setenv("TERN_MOE_WGMMA_N", n, 1);
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat("moe grouped wgmma ", ops::weight_format_name(f), " T=", T,
                                      run.mode == 1 ? " skewed" : run.mode == 2 ? " one hot expert" : "", " ", n,
                                      "-pair tiles (", path, ")");
@@ -287,14 +287,14 @@ TEST_P(GpuMoeGrouped, SmallBatchesAgainstCpuAndDecodeKernels) {
         ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{xr, ir, wr, hexp, 10.0f, ref});
 
         be.set_moe_grouped_min_tokens(T + 1);  // the decode kernels
-        const std::string decode_path = be.moe_path(dexp[0].w1, T);
+        const std::string decode_path = be.moe_path(dexp[0].w1, T, k);
         EXPECT_EQ(decode_path.find("moe_grouped"), std::string::npos) << decode_path;
         auto dec = poisoned(DType::f32, {T, D});
         ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, dec});
         const Tensor dec_host = cuda::to_host(dec);
 
         be.set_moe_grouped_min_tokens(T);  // the grouped kernels
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what =
             cat("moe ", ops::weight_format_name(f), " T=", T, skew ? " skewed" : "", " on the grouped kernels (", path, ")");
         EXPECT_NE(path.find("moe_grouped"), std::string::npos) << what;

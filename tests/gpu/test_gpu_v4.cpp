@@ -397,7 +397,7 @@ TEST_P(GpuV4, MoeExperts) {
       auto dx = upload(x), dw = upload(w), didx = upload(idx);
       for (int v = 0; v < variants; ++v) {
         be.set_moe_variant(v);
-        const std::string path = be.moe_path(dexp[0].w1, T);
+        const std::string path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
                                      cuda::CudaBackend::moe_variant_name(v), "; ", path, ")");
         const bool bulk_expected =
@@ -448,7 +448,7 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
         for (int64_t j = 0; j < k; ++j) idx.data<int32_t>()[t * k + j] = static_cast<int32_t>((t * 5 + j) % E);
       auto dx = upload(x), dw = upload(w), didx = upload(idx), dg = upload(g), du = upload(u);
       const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " (",
-                                   be.moe_path(dexp[0].w1, T), ") with a shared output");
+                                   be.moe_path(dexp[0].w1, T, k), ") with a shared output");
       auto y = poisoned(DType::f32, {T, D}), plain = poisoned(DType::f32, {T, D}), with = poisoned(DType::f32, {T, D});
       ops::swiglu(cuda::context(), dg, du, 1.5f, y);
       ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, plain});
@@ -511,7 +511,7 @@ TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
         else
           route.bias = dbias.view();
         const std::string what = cat("moe_experts with ", hashed ? "hash" : "scored", " routing, T=", T,
-                                     fp8 ? ", x FP8" : "", " (", be.moe_path(dexp[0].w1, T), ")");
+                                     fp8 ? ", x FP8" : "", " (", be.moe_path(dexp[0].w1, T, k), ")");
         auto idx = poisoned(DType::i32, {T, k}), w = poisoned(DType::f32, {T, k}), want = poisoned(DType::f32, {T, D});
         {
           KnobGuard apart("TERN_MOE_FUSED_PLAN", 0);
@@ -590,7 +590,7 @@ TEST_P(GpuV4, MoeExpertsExact) {
         Tensor ref(DType::f32, {T, c.D});
         ops::moe_experts(cpu::context(), ops::MoeExpertsArgs{x, idx, w, experts.on_host, 10.0f, ref});
         auto dx = upload(x), dw = upload(w), didx = upload(idx), out = poisoned(DType::f32, {T, c.D});
-        const std::string path = cuda::register_backend().moe_path(dexp[0].w1, T);
+        const std::string path = cuda::register_backend().moe_path(dexp[0].w1, T, c.k);
         EXPECT_NE(path.find("moe_exact"), std::string::npos) << path;
         ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         expect_close(out, ref, kTolF32,
@@ -635,7 +635,7 @@ TEST_P(GpuV4, MoeVariantsBitIdentical) {
       const Tensor base_h = cuda::to_host(base);
       for (int v = 1; v < cuda::CudaBackend::moe_variants(); ++v) {
         be.set_moe_variant(v);
-        const std::string name = cuda::CudaBackend::moe_variant_name(v), path = be.moe_path(dexp[0].w1, T);
+        const std::string name = cuda::CudaBackend::moe_variant_name(v), path = be.moe_path(dexp[0].w1, T, k);
         const std::string what = cat("moe_experts ", ops::weight_format_name(f), " T=", T, " variant ", v, " (",
                                      name, "; ", path, ")");
         // The path names what ran: a variant's layout or bookkeeping never falls back silently.

@@ -157,7 +157,7 @@ class CudaBackend final : public ops::Backend {
   void set_moe_variant(int variant);
   // The kernel path moe_experts takes for a call of T tokens with experts of this format and shape, k picks a token
   // (the bulk down kernel's resident window holds T k rows).
-  std::string moe_path(const ops::Weight& w1, int64_t T, int64_t k = 1) const;
+  std::string moe_path(const ops::Weight& w1, int64_t T, int64_t k) const;
   // Prefill chunks' routed experts (>= kLibraryMinTokens, not batch invariant): false (the default) runs FP4
   // experts on the grouped kernels (moe_grouped.cuh), true on the older library path (experts expanded to
   // bf16, per-expert cuBLAS products). TERN_MOE_PREFILL=library sets it at start-up; for A/B runs and tests.

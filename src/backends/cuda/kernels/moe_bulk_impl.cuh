@@ -12,7 +12,8 @@
 // u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
 // contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
 // the device: the host sizes the grid without a sync), so consecutive items mostly share a job and its x
-// stays staged.
+// stays staged; the resident and claimed-run layouts (MoeBulkPlan::resident, claim_run) take a static share of
+// those ranges and claim the rest.
 //
 // Numerics (as mma_tile.cuh): weights exact in bf16, x (UP) and h (DOWN) rounded to bf16 once, in the
 // shared-memory x window (stream_tile.cuh's layout), f32 accumulation. Batch invariance: a token's output
@@ -67,7 +68,7 @@ struct MoeBulkPlan {
   // refilled, hence a log longer than the ring: see bulk_produce_claimed).
   int claim_run = 1;
 };
-inline constexpr int kItemLog = 32;  // item_log entries: at least stages + groups (plan_moe_bulk checks it)
+inline constexpr int kItemLog = 32;  // item_log entries: at least stages + groups (bulk_plans checks it)
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
 // at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item, jobs of at most `job_tokens`
@@ -95,7 +96,7 @@ struct MoeBulkArgs {
   const int* sorted;  // pair ids grouped by expert
   const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= plan.job_tokens)
   const int* num_jobs;
-  int* claim;  // the resident layout's item counter (MoeLayout::num_jobs[1] for UP, [2] for DOWN; zeroed by the plan)
+  int* claim;  // the claimed items' counter (resident and claimed runs; MoeLayout::num_jobs[1] UP, [2] DOWN; zeroed by the plan)
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
   // The timeline instrument (set_moe_bulk_stamps; nullptr in every real run): kMoeBulkStampWords words a block.
@@ -164,8 +165,9 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 }
 
 // The resident layout's producer (MoeBulkPlan::resident): the block's static share [begin, end), then items claimed
-// one at a time from the kernel's counter (a.claim; the next claim is asked for before the current one is used, so its
-// round trip overlaps the copies of the item before), items past the end ending the walk. Each stage names its item
+// one at a time from the kernel's counter (a.claim; each claim is asked for one item before it is needed, so its round
+// trip overlaps that item's copies: the first as the share's last item is issued, not at the start, where it would
+// bind a run to the block before the block has shown its pace), items past the end ending the walk. Each stage names its item
 // in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which ends every
 // group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's slot would
 // wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
@@ -187,7 +189,10 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
   const bool claims = claimed0 < items;
   int next = items;  // lane 0: the claim asked for ahead
   const int run = pl.claim_run;
-  if (claims && lane == 0) next = claimed0 + atomicAdd(a.claim, run);
+  auto ask = [&] {
+    if (lane == 0) next = claimed0 + atomicAdd(a.claim, run);
+  };
+  if (claims && begin >= end) ask();  // no share: the first claim now
   int item = begin, stop = end, cached_job = -1, stages = 0;
   unsigned long long w[kMats], s[kMats];
 #pragma unroll
@@ -198,8 +203,9 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
       item = __shfl_sync(0xffffffffu, next, 0);
       if (item >= items) break;
       stop = min(item + run, items);
-      if (lane == 0) next = claimed0 + atomicAdd(a.claim, run);
+      ask();
     }
+    if (claims && item == end - 1) ask();  // the share's last item: the first claim
     const int job = item / pl.tiles;
     if (job != cached_job) {
       cached_job = job;
@@ -691,7 +697,7 @@ void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) 
 template <WeightFormat F, bool UP>
 void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   const bool wide = a.plan.consumers > kBulkNarrowConsumers;
-  if (a.plan.resident) {  // (plan_moe_bulk makes resident plans lean)
+  if (a.plan.resident) {  // (bulk_plans asks for resident plans lean only)
     if (wide) launch_bulk_kernel_as<F, UP, true, true, true>(a, grid, stream);
     else launch_bulk_kernel_as<F, UP, false, true, true>(a, grid, stream);
   } else if (a.plan.lean && a.plan.claim_share_pct < 100) {  // claimed runs (bulk_plans: lean plans only)
