@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 28, call 4 (pack s28e: resident windows at one token only, the layouts test (MoeLayoutsBitIdentical) and
+# Session 28, call 4 (pack s28e = 0d04a42: resident windows at one token only, the layouts test (MoeLayoutsBitIdentical) and
 # claimed runs (TERN_MOE_CLAIM_RUNS, off); carry [".plans"]). Logs straight to $OUT.
 #   1. tests: the layouts test (resident / claims / claimed runs against fixed ranges, bits, at 1-4, 16, 64 tokens),
 #      the act-fp8 MoE tests, GpuV4.Moe*, the graph / greedy / batch invariance / mixed / step-table model tests;
