@@ -532,17 +532,19 @@ BulkPlans bulk_plans(const MoeParams& p) {
   if (!v.bulk || (p.kind != WeightFormat::mxfp4 && p.kind != WeightFormat::nvfp4) || p.T > kMoeBulkMaxTokens ||
       !p.experts_aligned)
     return b;
-  b.up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, v.lean);
-  b.down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens, v.pad, v.pad_scales, v.lean);
+  // The variant's plan for up or down, with a resident window of `rows` rows (0: none).
+  auto plan = [&](bool up, int rows) {
+    return plan_moe_bulk(p, up, up ? v.stages_up : v.stages_down, v.consumers, up ? 8 : v.down_mt, v.job_tokens, v.pad,
+                         v.pad_scales, v.lean, rows);
+  };
+  b.up = plan(true, 0);
+  b.down = plan(false, 0);
   b.ok = b.up.ok && b.down.ok;
   // The resident windows (MoeBulkPlan::resident) where they fit beside the same ring: the same items, K slices and
   // sums, so the same bits (GpuActFp8Linear.MoeLayoutsBitIdentical).
   if (b.ok && p.resident && v.lean && p.T <= kMoeResidentMaxTokens) {
     const int claim = p.claims ? kMoeClaimSharePct : 100;
-    MoeBulkPlan up = plan_moe_bulk(p, true, v.stages_up, v.consumers, 8, v.job_tokens, v.pad, v.pad_scales, true,
-                                   static_cast<int>(p.T));
-    MoeBulkPlan down = plan_moe_bulk(p, false, v.stages_down, v.consumers, v.down_mt, v.job_tokens, v.pad,
-                                     v.pad_scales, true, static_cast<int>(p.T * p.k));
+    MoeBulkPlan up = plan(true, static_cast<int>(p.T)), down = plan(false, static_cast<int>(p.T * p.k));
     if (up.ok) up.claim_share_pct = claim, b.up = up;
     if (down.ok) down.claim_share_pct = claim, b.down = down;
   }

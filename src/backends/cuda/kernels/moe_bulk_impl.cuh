@@ -55,8 +55,8 @@ struct MoeBulkPlan {
   // slowest group's item, then for the staging), so items may come in any order: each block takes a static first
   // share and then claims items one at a time from a device counter (claim_share_pct: the static share of the items
   // in percent; 100: fixed ranges, as the other layouts). Each item's slot names its item (slot_item) for the
-  // consumers, and the count of the block's stages, stored once all are armed, ends the walk. win_rows: the window's rows (resident: T or
-  // T k; else job_tokens).
+  // consumers, and the count of the block's stages, stored once all are armed, ends the walk. win_rows: the window's
+  // rows (resident: T or T k; else job_tokens).
   bool resident = false;
   int win_rows = 0;
   int claim_share_pct = 100;
@@ -96,7 +96,8 @@ struct MoeBulkArgs {
   const int* sorted;  // pair ids grouped by expert
   const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= plan.job_tokens)
   const int* num_jobs;
-  int* claim;  // the claimed items' counter (resident and claimed runs; MoeLayout::num_jobs[1] UP, [2] DOWN; zeroed by the plan)
+  int* claim;  // the claimed items' counter (resident and claimed runs; MoeLayout::num_jobs[1] UP, [2] DOWN; zeroed
+               // by the plan)
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
   // The timeline instrument (set_moe_bulk_stamps; nullptr in every real run): kMoeBulkStampWords words a block.
@@ -112,6 +113,24 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 __device__ __forceinline__ void stamp(const MoeBulkArgs& a, int word, unsigned long long v) {
   if (a.stamps != nullptr) a.stamps[blockIdx.x * kMoeBulkStampWords + word] = v;
+}
+
+// Which of an expert's matrices (ExpertDesc::w / s / global_scale index) the kernel's matrix m is: UP w1 (m 0) and
+// w3 (m 1), DOWN w2.
+template <bool UP>
+__device__ __forceinline__ int expert_matrix(int m) {
+  return UP ? (m == 0 ? 0 : 2) : 1;
+}
+
+// The kernel's matrices' weight and scale pointers of expert d (the producers' copies read them).
+template <bool UP>
+__device__ __forceinline__ void expert_pointers(const ExpertDesc& d, unsigned long long (&w)[UP ? 2 : 1],
+                                                unsigned long long (&s)[UP ? 2 : 1]) {
+#pragma unroll
+  for (int m = 0; m < (UP ? 2 : 1); ++m) {
+    w[m] = reinterpret_cast<unsigned long long>(d.w[expert_matrix<UP>(m)]);
+    s[m] = reinterpret_cast<unsigned long long>(d.s[expert_matrix<UP>(m)]);
+  }
 }
 
 // Producer warp: looks up 32 items at a time (lane l: item b0 + l, its expert's matrices and first row),
@@ -134,14 +153,8 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
     for (int m = 0; m < kMats; ++m) wq[m] = sq[m] = 0;
     if (b0 + lane < end) {
       const int item = b0 + lane, job = item / pl.tiles;
-      const ExpertDesc& d = a.p.experts[__ldcg(a.jobs + 3 * job)];  // (L2: DOWN reads it before the wait)
       row0 = (item % pl.tiles) * pl.rows_per_item;
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        const int which = UP ? (m == 0 ? 0 : 2) : 1;
-        wq[m] = reinterpret_cast<unsigned long long>(d.w[which]);
-        sq[m] = reinterpret_cast<unsigned long long>(d.s[which]);
-      }
+      expert_pointers<UP>(a.p.experts[__ldcg(a.jobs + 3 * job)], wq, sq);  // (L2: DOWN reads it before the wait)
     }
     const int nb = min(32, end - b0);
     for (int i = 0; i < nb; ++i) {
@@ -167,8 +180,8 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 // The resident layout's producer (MoeBulkPlan::resident): the block's static share [begin, end), then items claimed
 // one at a time from the kernel's counter (a.claim; each claim is asked for one item before it is needed, so its round
 // trip overlaps that item's copies: the first as the share's last item is issued, not at the start, where it would
-// bind a run to the block before the block has shown its pace), items past the end ending the walk. Each stage names its item
-// in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which ends every
+// bind a run to the block before the block has shown its pace), items past the end ending the walk. Each stage names
+// its item in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which ends every
 // group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's slot would
 // wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
 // job changes.
@@ -209,13 +222,7 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
     const int job = item / pl.tiles;
     if (job != cached_job) {
       cached_job = job;
-      const ExpertDesc& d = a.p.experts[__ldcg(a.jobs + 3 * job)];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        const int which = UP ? (m == 0 ? 0 : 2) : 1;
-        w[m] = reinterpret_cast<unsigned long long>(d.w[which]);
-        s[m] = reinterpret_cast<unsigned long long>(d.s[which]);
-      }
+      expert_pointers<UP>(a.p.experts[__ldcg(a.jobs + 3 * job)], w, s);
     }
     const int r0 = (item - job * pl.tiles) * pl.rows_per_item;
     ring.wait_free_at(cur.slot, cur.parity);
@@ -520,9 +527,9 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int w_in_octet = pl.pad ? (g & 1) * pl.half_off + (g >> 1) * pl.row_bytes : g * pl.row_bytes;
   constexpr int kWord = scale_word_bytes<F>();
   LaneOffsets lo{static_cast<uint32_t>(2 * mtile * pl.oct_bytes + w_in_octet + per * slice * 64 + t * 16),
-                       static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
-                                             (F == WeightFormat::mxfp4 ? t : 0)),
-                       static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
+                 static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
+                                       (F == WeightFormat::mxfp4 ? t : 0)),
+                 static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
                                              per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
@@ -540,10 +547,8 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     count = a.jobs[3 * job + 2];
     const ExpertDesc& d = p.experts[e];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int which = UP ? (m == 0 ? 0 : 2) : 1;
-      mult[m] = kWeightShift * (F == WeightFormat::nvfp4 ? d.global_scale[which] : 1.0f);
-    }
+    for (int m = 0; m < 2; ++m)
+      mult[m] = kWeightShift * (F == WeightFormat::nvfp4 ? d.global_scale[expert_matrix<UP>(m)] : 1.0f);
   };
   auto enter_job = [&](int job) {
     if (job == cur_job) return;
@@ -558,6 +563,16 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     else stage_x<F>(win, count, 0, static_cast<int>(in), pl.win_stride, xrow, threadIdx.x, threads);
     named_bar_sync(1, threads);
     if (a.stamps != nullptr && threadIdx.x == 0 && job == begin / pl.tiles) stamp(a, MoeBulkStamp::staged, clock64());
+  };
+  // The claimed layouts' walks (RESIDENT, CLAIMED): waits until stage idx's round is armed in its slot (true), or
+  // returns false at the walk's end (the producer stores stage_end only after its last stage's round, and never arms
+  // a stage past it, so a stage past the end never sees its round armed). Then the stage's item may be read (it was
+  // stored before armed).
+  auto armed_or_ended = [&](int idx, const RingCursor& cur) {
+    while (ld_volatile_shared(&armed[cur.slot]) < cur.round)
+      if (idx >= ld_volatile_shared(stage_end)) return false;
+    __threadfence_block();
+    return true;
   };
   // This group's item: tile `tile` of the current job, in ring slot `slot` of round `round`.
   auto decode = [&](int tile, int slot, int round) {
@@ -616,17 +631,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     const uint32_t x_cols = static_cast<uint32_t>(per * slice * XWindow<F>::kChunkBytes + t * 16);
     RingCursor cur;  // this group's stages: group, group + groups, ...
     for (int i = 0; i < group; ++i) cur.next(pl.stages);
-    for (int idx = group;; idx += groups) {
-      // Stage idx's round armed, or the walk's end (the producer stores stage_end only after its last stage's round,
-      // and never arms a stage past it, so a stage past the end never sees its round armed).
-      bool ended = false;
-      while (ld_volatile_shared(&armed[cur.slot]) < cur.round)
-        if (idx >= ld_volatile_shared(stage_end)) {
-          ended = true;
-          break;
-        }
-      if (ended) break;
-      __threadfence_block();  // slot_item was stored before armed
+    for (int idx = group; armed_or_ended(idx, cur); idx += groups) {
       const int item = ld_volatile_shared(&slot_item[cur.slot]);
       const int job = item / pl.tiles;
       if (job != cur_job) {
@@ -642,15 +647,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   } else if constexpr (CLAIMED) {
     RingCursor cur;
     int turn = 0;  // idx % groups
-    for (int idx = 0;; ++idx) {
-      bool ended = false;  // (as RESIDENT's walk)
-      while (ld_volatile_shared(&armed[cur.slot]) < cur.round)
-        if (idx >= ld_volatile_shared(stage_end)) {
-          ended = true;
-          break;
-        }
-      if (ended) break;
-      __threadfence_block();  // the log entry was stored before armed
+    for (int idx = 0; armed_or_ended(idx, cur); ++idx) {
       const int item = ld_volatile_shared(&item_log[idx % kItemLog]);
       const int job = item / pl.tiles;
       enter_job(job);
