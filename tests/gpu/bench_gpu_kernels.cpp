@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/kernels/act_quant.cuh"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/indexer.cuh"
 #include "backends/cuda/kernels/linear.cuh"
@@ -621,6 +622,29 @@ void bench_mhc(Rand& r) {
   }
 }
 
+// act_quant alone (the FP8 products' x: f32 in, e4m3 bytes and f32 scales out) at decode and prefill sizes, over
+// enough copies of x that none sits in L2; bytes = x read + bytes and scales written. At 8 192 tokens also with
+// the scales token-major (cuBLASLt's 1x128 layout, the prefill products'). The 8K prefill's profile credits it
+// 143 us a call (1.1 TB/s) with other streams' kernels beside it: this says what it takes alone.
+void bench_act_quant(Rand& r) {
+  const auto s = static_cast<cudaStream_t>(cuda::register_backend().stream());
+  for (const auto& [T, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {16, 4096}, {64, 4096}, {8192, 1024}, {8192, 4096}, {8192, 8192}}) {
+    const int copies = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / (T * cols * 4) + 1, 2, 32));
+    std::vector<cuda::DeviceTensor> xs;
+    for (int i = 0; i < copies; ++i) xs.push_back(upload(random_f32({T, cols}, r, 3.0f)));
+    cuda::DeviceTensor xq(DType::u8, {T, cols}), sx(DType::f32, {T, cols / 128});
+    const double bytes = static_cast<double>(T * cols * 5 + T * (cols / 128) * 4);
+    for (const int64_t ld : T >= 512 ? std::vector<int64_t>{0, T} : std::vector<int64_t>{0}) {
+      measure(ld > 0 ? "act_quant (scales token-major)" : "act_quant", cat("T=", T, " cols=", cols), bytes, copies,
+              [&](int i) {
+                cuda::launch_act_quant(cuda::ActRows{xs[i].view().data_as<const float>(), T, cols, cols},
+                                       xq.view().data_as<uint8_t>(), sx.view().data_as<float>(), s, ld);
+              });
+    }
+  }
+}
+
 // The exact products (ops::Weight::exact: f32 results for the router's and the indexer's top-k) on both exact
 // paths (cuda::set_exact_path: the CUDA-core kernels, linear_exact_tc_kernel), over weight copies that never sit in
 // L2; the floor is the weight bytes at the copy bandwidth (x and y are extra). The rows' shapes: the router gate,
@@ -750,7 +774,7 @@ int main(int argc, char** argv) {
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
   // --only SECTION: one section's rows (linear, exact, library, moe, moe_prefill, attention, attention_prefill,
-  // indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline)
+  // indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline, act_quant)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
@@ -758,10 +782,10 @@ int main(int argc, char** argv) {
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
           only != "probe" && only != "small_reads" && only != "exact" && only != "library" &&
-          only != "decode_probe" && only != "moe_timeline") {
+          only != "decode_probe" && only != "moe_timeline" && only != "act_quant") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, exact, library, moe, moe_prefill, attention, "
-                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads, decode_probe or moe_timeline, not %s\n",
+                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline or act_quant, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -789,6 +813,11 @@ int main(int argc, char** argv) {
   std::printf("programmatic dependent launch: %s\n\n", cuda::pdl_enabled() ? "on (TERN_PDL=0 turns it off)" : "off");
   Rand r(12345);
   using ops::WeightFormat;
+  if (profile && only == "act_quant") {  // (ncu: launches 8-11 are 8 192 x 4 096, row-major then token-major scales)
+    g_profile = true;
+    bench_act_quant(r);
+    return 0;
+  }
   if (profile) {
     g_profile = true;
     bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
@@ -851,6 +880,7 @@ int main(int argc, char** argv) {
   if (section("indexer")) bench_indexer(r, quick);
   if (section("indexer_prefill")) bench_indexer_prefill(r, quick);
   if (section("mhc")) bench_mhc(r);
+  if (section("act_quant")) bench_act_quant(r);
   if (section("probe")) {
     // What the card's reads give by the decode kernels' fetch patterns (read_probe.cu), as ceilings for them.
     std::printf("\nread-bandwidth probes (2 GiB read once; %% of the copy bandwidth's %.0f GB/s):\n", g_copy_gbs);

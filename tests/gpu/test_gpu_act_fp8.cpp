@@ -488,10 +488,9 @@ TEST_P(GpuActFp8Linear, MoeStageQuantBitIdentical) {
 
 // The bulk kernels' layouts past fixed ranges give the fixed ranges' bits (the same items, K slices and sums):
 // resident windows (TERN_MOE_RESIDENT, up to kMoeResidentMaxTokens tokens: every row staged once, the down kernel
-// quantising h as it stages it) with items claimed past a static share (TERN_MOE_CLAIMS), and claimed runs where the
-// kernels are not resident (TERN_MOE_CLAIM_RUNS: job windows as before, items claimed in runs, every warp reading each
-// stage's item from the log). At 1-4, 16 and 64 tokens, both FP4 formats, bf16 and FP8 activations; the path names
-// what ran.
+// quantising h as it stages it) with items claimed past a static share (TERN_MOE_CLAIMS), each with the resident down
+// kernel's copies before its PDL wait (TERN_MOE_EARLY_DOWN, the default) and after it. At 1-4, 16 and 64 tokens, both
+// FP4 formats, bf16 and FP8 activations; the path names what ran.
 TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
@@ -501,14 +500,14 @@ TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
   cuda::CudaBackend& be = cuda::register_backend();
   const MoeGroupedMinTokensGuard decode_kernels(cuda::CudaBackend::library_min_tokens());
   struct Form {
-    int resident, claims, runs;
+    int resident, claims, early;
   };
   const KnobGuard keep_resident("TERN_MOE_RESIDENT", 1), keep_claims("TERN_MOE_CLAIMS", 1),
-      keep_runs("TERN_MOE_CLAIM_RUNS", 0);  // (each restores its switch's value of before at the end)
+      keep_early("TERN_MOE_EARLY_DOWN", 1);  // (each restores its switch's value of before at the end)
   auto set = [&](const Form& f) {
     be.set_knob("TERN_MOE_RESIDENT", f.resident);
     be.set_knob("TERN_MOE_CLAIMS", f.claims);
-    be.set_knob("TERN_MOE_CLAIM_RUNS", f.runs);
+    be.set_knob("TERN_MOE_EARLY_DOWN", f.early);
   };
   for (ops::WeightFormat f : {ops::WeightFormat::mxfp4, ops::WeightFormat::nvfp4})
     for (const bool fp8 : {false, true}) {
@@ -519,23 +518,21 @@ TEST_P(GpuActFp8Linear, MoeLayoutsBitIdentical) {
         const Tensor idx = random_picks(T, E, k, r);
         auto dx = upload(x), dw = upload(w), didx = upload(idx);
         Tensor base;
-        for (const Form form : {Form{0, 0, 0}, Form{1, 0, 0}, Form{1, 1, 0}, Form{0, 0, 1}, Form{1, 1, 1}}) {
+        for (const Form form : {Form{0, 0, 0}, Form{1, 0, 0}, Form{1, 1, 0}, Form{1, 0, 1}, Form{1, 1, 1}}) {
           set(form);
           const std::string path = be.moe_path(experts.on_device[0].w1, T, k);
           const std::string what = cat(ops::weight_format_name(f), fp8 ? " fp8" : " bf16", " T=", T, " resident ",
-                                       form.resident, " claims ", form.claims, " runs ", form.runs, " (", path, ")");
+                                       form.resident, " claims ", form.claims, " early down ", form.early, " (", path,
+                                       ")");
           // Resident where on and within kMoeResidentMaxTokens (the up kernel's T rows always fit there; the down
-          // kernel's T k rows where they do beside its ring); claims named only with resident windows; runs where on
-          // and a kernel is not resident (at these shapes the log always outlasts the ring by the groups).
+          // kernel's T k rows where they do beside its ring); claims named only with resident windows.
           const bool resident = path.find("resident windows (up") != std::string::npos;
-          const bool both = path.find("resident windows (up and down") != std::string::npos;
           EXPECT_EQ(resident, form.resident == 1 && T <= cuda::kMoeResidentMaxTokens) << what;
           EXPECT_EQ(path.find("items claimed past half)") != std::string::npos, resident && form.claims == 1) << what;
-          EXPECT_EQ(path.find("in runs of") != std::string::npos, form.runs == 1 && !both) << what;
           auto y = poisoned(DType::f32, {T, D});
           ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
           const Tensor got = cuda::to_host(y);
-          if (form.resident == 0 && form.runs == 0) {
+          if (form.resident == 0) {
             base = got;
             continue;
           }

@@ -98,17 +98,15 @@ struct CudaBackend::Impl {
   // MoeParams::stage_quant_h where the plan kernel quantises x (TERN_MOE_STAGE_QUANT_H=1, A/B): h alone quantised in the
   // bulk down kernel's staging, the act_fake_quant launch between up and down gone. Off until measured.
   bool moe_stage_quant_h = false;
-  // MoeParams::early_down (TERN_MOE_EARLY_DOWN=1 for A/B). Off by default: measured slower in session 22 (H100: the
-  // MoE op at 16 tokens 389.7 against 383.1 us; decode -0.3 to -0.8% with it off): the early w2 copies take DRAM from
-  // the up kernel's last blocks.
-  bool moe_early_down = false;
+  // MoeParams::early_down (TERN_MOE_EARLY_DOWN=0 for A/B), which acts where the down kernel is resident (one token).
+  // On since session 29: batch 1 -0.96% (H100, in-process A/B, three rounds; session 28: -0.38%). With job windows (16
+  // tokens and more) it was measured at nothing or worse (session 22: the MoE op at 16 tokens 389.7 against 383.1 us;
+  // sessions 27 and 29 within noise), so the kernel ignores it there.
+  bool moe_early_down = true;
   // MoeParams::resident and claims (TERN_MOE_RESIDENT, TERN_MOE_CLAIMS; =0 for A/B): the bulk kernels' resident
   // windows up to kMoeResidentMaxTokens tokens, and with them items claimed past a static share. The same bits.
   bool moe_resident = true;
   bool moe_claims = true;
-  // MoeParams::claim_runs (TERN_MOE_CLAIM_RUNS=1): claimed runs where the bulk kernels are not resident. Off until
-  // measured (session 28 built it: the fixed ranges left a median block idle 15 us at the up kernel's end at 16 tokens).
-  bool moe_claim_runs = false;
   // The library path's hc_post writes the mix's squares column (TERN_HC_POST_SQUARES=0: A/B).
   bool hc_post_squares = true;
   // route_scored_regs_kernel where it takes the shape (route_in_registers); TERN_ROUTE_REGS=0: route_scored_kernel.

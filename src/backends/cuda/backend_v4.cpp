@@ -376,7 +376,6 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   p.early_down = impl.moe_early_down;
   p.resident = impl.moe_resident;
   p.claims = impl.moe_claims;
-  p.claim_runs = impl.moe_claim_runs;
   // --activations f32: every expert exact (f32 CUDA-core products, no bf16 operand).
   for (const ops::Expert& e : a.experts)
     TERN_CHECK(e.w1.exact == e0.w1.exact && e.w2.exact == e0.w1.exact && e.w3.exact == e0.w1.exact,
@@ -514,7 +513,6 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T, int64_t k) c
   p.variant = impl_->moe_variant;
   p.resident = impl_->moe_resident;
   p.claims = impl_->moe_claims;
-  p.claim_runs = impl_->moe_claim_runs;
   // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
   if (impl_->moe_grouped_for(T) && !impl_->moe_library_forced(T) && moe_grouped_supported(p)) {
     const std::string_view forced = moe_grouped_kernel_forced();

@@ -28,7 +28,6 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_MOE_EARLY_DOWN", &CudaBackend::Impl::moe_early_down},
     {"TERN_MOE_RESIDENT", &CudaBackend::Impl::moe_resident},
     {"TERN_MOE_CLAIMS", &CudaBackend::Impl::moe_claims},
-    {"TERN_MOE_CLAIM_RUNS", &CudaBackend::Impl::moe_claim_runs},
     {"TERN_X8_QUANT", &CudaBackend::Impl::x8_quantises_x},
     {"TERN_HC_POST_SQUARES", &CudaBackend::Impl::hc_post_squares},
     {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},

@@ -548,14 +548,6 @@ BulkPlans bulk_plans(const MoeParams& p) {
     if (up.ok) up.claim_share_pct = claim, b.up = up;
     if (down.ok) down.claim_share_pct = claim, b.down = down;
   }
-  // Claimed runs (MoeBulkPlan::claim_run) for the lean plans that are not resident, where the item log outlasts
-  // the ring by the groups (bulk_produce_claimed).
-  if (b.ok && p.claim_runs && v.lean)
-    for (MoeBulkPlan* pl : {&b.up, &b.down})
-      if (!pl->resident && pl->stages + pl->consumers / (pl->mt * pl->ks) <= kItemLog) {
-        pl->claim_share_pct = kMoeClaimSharePct;
-        pl->claim_run = kMoeClaimRun;
-      }
   return b;
 }
 
@@ -613,8 +605,8 @@ MoeBulkPlan plan_moe_bulk(const MoeParams& p, bool up, int stages, int consumers
   for (int s = stages; s >= 2; --s) {
     const int red_off = s * pl.stage_bytes + win_bytes;
     const int cnt_off = red_off + (ks > 1 ? s * red_bytes : 0);
-    // arrived[s], armed[s], slot_item[s], stage_end, item_log[kItemLog]
-    const int bar_off = cnt_off + (3 * s * 4 + 4 + kItemLog * 4 + 15) / 16 * 16;
+    // arrived[s], armed[s], slot_item[s], stage_end
+    const int bar_off = cnt_off + (3 * s * 4 + 4 + 15) / 16 * 16;
     const int smem = bar_off + 2 * s * 8;
     if (pl.resident && s < stages) return pl;  // the resident window only where the variant's ring still fits
     if (smem <= dev::kBulkMaxSmem) {
@@ -641,12 +633,12 @@ int64_t moe_workspace_bytes(const MoeParams& p) { return static_cast<int64_t>(Mo
 const char* moe_path_name(const MoeParams& p) {
   const BulkPlans bulk = bulk_plans(p);
   if (!bulk.ok) return "moe_plan + moe_expert up/down + moe_combine";
-  // One name per variant and layout (resident up, resident down, claimed items, claimed runs: 16 forms), built once:
+  // One name per variant and layout (resident up, resident down, claimed items: 8 forms), built once:
   // the bulk kernels and what the variant and the layout change in them.
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
     for (const MoeVariant& v : kMoeVariants)
-      for (int form = 0; form < 16; ++form) {
+      for (int form = 0; form < 8; ++form) {
         std::string what = "bulk-copy ring, jobs of " + std::to_string(v.job_tokens) + " tokens";
         if (v.pad) what += v.pad_scales ? ", padded rows" : ", padded rows (not scales)";
         if (v.lean) what += ", counters";
@@ -654,17 +646,14 @@ const char* moe_path_name(const MoeParams& p) {
           what += std::string(", resident windows (") + ((form & 3) == 3 ? "up and down" : form & 1 ? "up" : "down");
           what += form & 4 ? ", items claimed past half)" : ")";
         }
-        if (form & 8) what += ", items claimed past half in runs of " + std::to_string(kMoeClaimRun);
         n.push_back("moe_plan + moe_bulk up/down (" + what + ") + moe_combine");
       }
     return n;
   }();
   const bool claims = (bulk.up.resident && bulk.up.claim_share_pct < 100) ||
                       (bulk.down.resident && bulk.down.claim_share_pct < 100);
-  const bool runs = (!bulk.up.resident && bulk.up.claim_share_pct < 100) ||
-                    (!bulk.down.resident && bulk.down.claim_share_pct < 100);
-  const int form = (bulk.up.resident ? 1 : 0) | (bulk.down.resident ? 2 : 0) | (claims ? 4 : 0) | (runs ? 8 : 0);
-  return names[16 * (&variant_of(p) - kMoeVariants) + form].c_str();
+  const int form = (bulk.up.resident ? 1 : 0) | (bulk.down.resident ? 2 : 0) | (claims ? 4 : 0);
+  return names[8 * (&variant_of(p) - kMoeVariants) + form].c_str();
 }
 
 namespace {

@@ -81,9 +81,10 @@ struct MoeParams {
   // The same for h alone (x quantised before, by the plan kernel: x_from): the down kernel quantises h as it stages
   // it, one launch less a call (TERN_MOE_STAGE_QUANT_H, A/B).
   bool stage_quant_h = false;
-  // The bulk down kernel's producer copies w2's rows into its ring before its PDL wait (moe_bulk_kernel says why
-  // that is safe), overlapping the up kernel's tail; false (the default since session 22, which measured it slower):
-  // after it. Same bits.
+  // The resident bulk down kernel's producer (MoeBulkPlan::resident) claims and copies w2's rows into its ring before
+  // its PDL wait (moe_bulk_kernel says why that is safe), overlapping the up kernel's tail; false: after it. Same bits.
+  // Only where the down kernel is resident: with job windows (16 tokens and more) the early copies were measured at
+  // nothing or worse (sessions 22, 27, 29: they take DRAM from the up kernel's last blocks).
   bool early_down = false;
   // Work launch_moe's plan kernel takes over from launches of its own, so that a decode step's path holds one kernel
   // where it held three (CudaBackend::moe_experts sets them where launch_moe runs at up to kMoePrepMaxTokens tokens;
@@ -100,10 +101,6 @@ struct MoeParams {
   // resident down kernel quantises h as it stages it (act_fp8): the act_fake_quant launch between up and down goes.
   bool resident = false;
   bool claims = false;
-  // Where the bulk kernels are not resident, items claimed past the static share in runs of kMoeClaimRun consecutive
-  // items, the job windows staged as before (MoeBulkPlan::claim_run; TERN_MOE_CLAIM_RUNS, off until measured). The
-  // same bits.
-  bool claim_runs = false;
 };
 
 // Up to this many tokens the bulk kernels may hold every row they read in their window (MoeParams::resident), and
@@ -112,7 +109,6 @@ struct MoeParams {
 // at batch 4 (up resident, down not: 4 x 6 pair rows do not fit beside the down kernel's 5 stages).
 inline constexpr int64_t kMoeResidentMaxTokens = 1;
 inline constexpr int kMoeClaimSharePct = 50;
-inline constexpr int kMoeClaimRun = 8;
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
 // warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).

@@ -12,8 +12,8 @@
 // u / ks, K slice u % ks) + one producer warp. The grid is one block per multiprocessor; block b takes the
 // contiguous item range [b*N/G, (b+1)*N/G) of the N = jobs x tiles items the plan kernel listed (read on
 // the device: the host sizes the grid without a sync), so consecutive items mostly share a job and its x
-// stays staged; the resident and claimed-run layouts (MoeBulkPlan::resident, claim_run) take a static share of
-// those ranges and claim the rest.
+// stays staged; the resident layout (MoeBulkPlan::resident) takes a static share of those ranges and claims the
+// rest.
 //
 // Numerics (as mma_tile.cuh): weights exact in bf16, x (UP) and h (DOWN) rounded to bf16 once, in the
 // shared-memory x window (stream_tile.cuh's layout), f32 accumulation. Batch invariance: a token's output
@@ -60,15 +60,8 @@ struct MoeBulkPlan {
   bool resident = false;
   int win_rows = 0;
   int claim_share_pct = 100;
-  int item_off = 0;  // slot_item[stages] (resident), after armed[stages], then stage_end, then item_log[kItemLog]
-  // Claimed runs (MoeParams::claim_runs; not resident): the job windows as before, but past the static share a block
-  // claims runs of claim_run consecutive items (a claim seldom changes job, and a job change drains every group), and
-  // every consumer warp reads each stage's item from item_log[stage % kItemLog] (the windows need every warp at every
-  // job change, so every warp walks every stage; a warp of another group may read a stage's item after the slot was
-  // refilled, hence a log longer than the ring: see bulk_produce_claimed).
-  int claim_run = 1;
+  int item_off = 0;  // slot_item[stages] (resident), after armed[stages], then stage_end
 };
-inline constexpr int kItemLog = 32;  // item_log entries: at least stages + groups (bulk_plans checks it)
 
 // The plan for UP (w1, w3) or DOWN (w2) with `stages` ring stages (fewer when the shared memory is short,
 // at least 2), `consumers` consumer warps, at most `max_mt` m-tiles per item, jobs of at most `job_tokens`
@@ -185,25 +178,20 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 // group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's slot would
 // wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
 // job changes.
-// Claimed runs (item_log set): claims of pl.claim_run consecutive items, and each stage's item also goes to
-// item_log[stage % kItemLog] before the stage's round is armed. Why a log: a warp that does not decode stage i still
-// reads its item (for the job window), perhaps after stage i's group released the slot and stage i + S refilled it;
-// the log entry of stage i is rewritten only at stage i + kItemLog, which this producer arms only after stage
-// i + kItemLog - S was released, and with kItemLog - S >= groups that range holds one of the lagging warp's own
-// stages, which it decodes (and releases) only after it has read stage i's item.
+// (Claims of runs of 8 consecutive items where the kernels are not resident, every warp reading each stage's item
+// from a log, were measured in session 28's code: +14% a step at batch 16 on the H100; removed.)
 template <bool UP, class Issue>
 __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const BulkRing& ring, int* armed,
-                                                     int* slot_item, int* stage_end, int* item_log, uint8_t* smem,
-                                                     int items, int begin, int end, int claimed0, Issue issue) {
+                                                     int* slot_item, int* stage_end, uint8_t* smem, int items,
+                                                     int begin, int end, int claimed0, Issue issue) {
   const MoeBulkPlan& pl = a.plan;
   const int lane = threadIdx.x & 31;
   constexpr int kMats = UP ? 2 : 1;
   RingCursor cur;
   const bool claims = claimed0 < items;
   int next = items;  // lane 0: the claim asked for ahead
-  const int run = pl.claim_run;
   auto ask = [&] {
-    if (lane == 0) next = claimed0 + atomicAdd(a.claim, run);
+    if (lane == 0) next = claimed0 + atomicAdd(a.claim, 1);
   };
   if (claims && begin >= end) ask();  // no share: the first claim now
   int item = begin, stop = end, cached_job = -1, stages = 0;
@@ -215,7 +203,7 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
       if (!claims) break;
       item = __shfl_sync(0xffffffffu, next, 0);
       if (item >= items) break;
-      stop = min(item + run, items);
+      stop = item + 1;
       ask();
     }
     if (claims && item == end - 1) ask();  // the share's last item: the first claim
@@ -228,7 +216,6 @@ __device__ __forceinline__ void bulk_produce_claimed(const MoeBulkArgs& a, const
     ring.wait_free_at(cur.slot, cur.parity);
     if (lane == 0) {
       st_volatile_shared(&slot_item[cur.slot], item);
-      if (item_log != nullptr) st_volatile_shared(&item_log[stages % kItemLog], item);
       __threadfence_block();
       st_volatile_shared(&armed[cur.slot], cur.round);
     }
@@ -428,10 +415,7 @@ __device__ __forceinline__ void bulk_store(const MoeBulkArgs& a, int64_t tile_ro
 // armed[slot] reaches the stage's round, until the block's stage count says it has none left; no job change touches
 // the window or the other groups. With p.early_down the resident down kernel's producer claims and copies before the
 // PDL wait as the other layouts' does (the claim counters are the plan kernel's, complete by then).
-// CLAIMED (MoeBulkPlan::claim_run, not resident; with LEAN's counters): the producer as RESIDENT's, in runs; every
-// consumer warp walks every stage as LEAN's do, reading the stage's item from the log, and meets the others at each
-// job change.
-template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT, bool CLAIMED = false>
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT>
 __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulkArgs a) {
   // PDL (launch.cuh). The weights never change, but WHICH rows to copy comes from the plan kernel's job list
   // (num_jobs sets the block's item range, jobs the experts), written every step at the same addresses. UP: by
@@ -441,7 +425,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   // the wait DOWN sets up its barriers, reads the job list (ld.global.cg) and its producer copies w2's rows (the
   // weights) into the ring: the ring fills while the up kernel's last blocks finish, where it used to start after
   // them. Its consumers wait before they read h or write y; the producer waits before it returns.
-  const bool early = !UP && a.p.early_down;
+  const bool early = !UP && RESIDENT && a.p.early_down;
   if (threadIdx.x == 0) {
     stamp(a, MoeBulkStamp::entry_ns, global_ns());
     stamp(a, MoeBulkStamp::entry, clock64());
@@ -456,7 +440,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   const int items = __ldcg(a.num_jobs) * pl.tiles;
   // RESIDENT: the static share is claim_share_pct percent of the items in equal contiguous ranges (the rest claimed);
   // otherwise, and at 100%, block b's range [b N / G, (b + 1) N / G).
-  const int share = (RESIDENT || CLAIMED) && pl.claim_share_pct < 100
+  const int share = RESIDENT && pl.claim_share_pct < 100
                         ? static_cast<int>(static_cast<int64_t>(items) * pl.claim_share_pct / 100 / gridDim.x)
                         : -1;
   const int begin = share >= 0 ? static_cast<int>(blockIdx.x) * share
@@ -478,7 +462,6 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   int* armed = arrived + pl.stages;                             // [stages]: the round last armed per slot
   int* slot_item = reinterpret_cast<int*>(smem + pl.item_off);  // [stages] (RESIDENT): each armed stage's item
   int* stage_end = slot_item + pl.stages;                        // (RESIDENT) the block's stages, once all are armed
-  int* item_log = stage_end + 1;                                  // [kItemLog] (CLAIMED) each stage's item
   const BulkRing ring{bars, bars + pl.stages, pl.stages};
   if (threadIdx.x == 0) {
     ring.init(units);  // an item's slot is released by the warps of the one group that decodes it
@@ -490,15 +473,14 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   if (threadIdx.x == 0) stamp(a, MoeBulkStamp::ready, clock64());
   if (warp == consumers) {
     const int64_t out = UP ? p.inter : p.D;
-    if constexpr (RESIDENT || CLAIMED) {
-      int* log = CLAIMED ? item_log : nullptr;
+    if constexpr (RESIDENT) {
       if (pl.pad)
-        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, log, smem, items, begin, end, claimed0,
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, smem, items, begin, end, claimed0,
                                  [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
                                    issue_octets<UP>(pl, out, stage, full, r0, w, s);
                                  });
       else
-        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, log, smem, items, begin, end, claimed0,
+        bulk_produce_claimed<UP>(a, ring, armed, slot_item, stage_end, smem, items, begin, end, claimed0,
                                  [&](uint8_t* stage, uint64_t* full, int r0, auto& w, auto& s) {
                                    issue_segments<UP>(pl, out, stage, full, r0, w, s);
                                  });
@@ -564,7 +546,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
     named_bar_sync(1, threads);
     if (a.stamps != nullptr && threadIdx.x == 0 && job == begin / pl.tiles) stamp(a, MoeBulkStamp::staged, clock64());
   };
-  // The claimed layouts' walks (RESIDENT, CLAIMED): waits until stage idx's round is armed in its slot (true), or
+  // The resident layout's walk: waits until stage idx's round is armed in its slot (true), or
   // returns false at the walk's end (the producer stores stage_end only after its last stage's round, and never arms
   // a stage past it, so a stage past the end never sees its round armed). Then the stage's item may be read (it was
   // stored before armed).
@@ -644,17 +626,6 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
       decode(item - job * pl.tiles, cur.slot, cur.round);
       for (int i = 0; i < groups; ++i) cur.next(pl.stages);
     }
-  } else if constexpr (CLAIMED) {
-    RingCursor cur;
-    int turn = 0;  // idx % groups
-    for (int idx = 0; armed_or_ended(idx, cur); ++idx) {
-      const int item = ld_volatile_shared(&item_log[idx % kItemLog]);
-      const int job = item / pl.tiles;
-      enter_job(job);
-      if (turn == group) decode(item - job * pl.tiles, cur.slot, cur.round);
-      cur.next(pl.stages);
-      if (++turn == groups) turn = 0;
-    }
   } else if constexpr (LEAN) {
     int job = begin / pl.tiles, tile = begin - job * pl.tiles, turn = 0;  // turn: (item - begin) % groups
     RingCursor cur;
@@ -679,16 +650,16 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
   }
 }
 
-template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT = false, bool CLAIMED = false>
+template <WeightFormat F, bool UP, bool WIDE, bool LEAN, bool RESIDENT = false>
 void launch_bulk_kernel_as(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT, CLAIMED>,
+    cudaFuncSetAttribute(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkMaxSmem);
     return true;
   }();
   (void)attr;
   const int threads = (a.plan.consumers + 1) * 32;
-  launch(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT, CLAIMED>, grid, threads, a.plan.smem, stream, a);
+  launch(moe_bulk_kernel<F, UP, WIDE, LEAN, RESIDENT>, grid, threads, a.plan.smem, stream, a);
 }
 
 template <WeightFormat F, bool UP>
@@ -697,9 +668,6 @@ void launch_bulk_kernel(const MoeBulkArgs& a, int grid, cudaStream_t stream) {
   if (a.plan.resident) {  // (bulk_plans asks for resident plans lean only)
     if (wide) launch_bulk_kernel_as<F, UP, true, true, true>(a, grid, stream);
     else launch_bulk_kernel_as<F, UP, false, true, true>(a, grid, stream);
-  } else if (a.plan.lean && a.plan.claim_share_pct < 100) {  // claimed runs (bulk_plans: lean plans only)
-    if (wide) launch_bulk_kernel_as<F, UP, true, true, false, true>(a, grid, stream);
-    else launch_bulk_kernel_as<F, UP, false, true, false, true>(a, grid, stream);
   } else if (a.plan.lean) {
     if (wide) launch_bulk_kernel_as<F, UP, true, true>(a, grid, stream);
     else launch_bulk_kernel_as<F, UP, false, true>(a, grid, stream);
