@@ -170,9 +170,10 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
   constexpr int kStageBytes = kXwWBytes + N * 128;
   static_assert(!FUSED || N <= 16, "linear_x8_kernel: the quantising (rounding) form takes tiles of 8 or 16");
   uint8_t* xs = smem + kXwStages * kStageBytes;  // fused: [n][N x 128] the quantised x of the range (1 KB aligned)
-  const int64_t xs_blocks = FUSED ? (gridDim.y > 1 ? a.kb_per_group : a.nkb) : 0;
+  const int64_t range = gridDim.y > 1 ? a.kb_per_group : a.nkb;  // the most blocks n of K a block walks (plan_x8)
+  const int64_t xs_blocks = FUSED ? range : 0;
   float* wtab = reinterpret_cast<float*>(xs + xs_blocks * N * 128);  // [n]
-  float* sxs = wtab + a.nkb;                                                              // [N][n]: x scales
+  float* sxs = wtab + range;                                                              // [N][n]: x scales
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
   const int64_t tile_row0 = static_cast<int64_t>(blockIdx.x) * kX8Rows;
@@ -444,13 +445,16 @@ X8Plan plan_x8(const LinearParams& p, bool f32_x) {
   pl.ksplit = ngroups > 1 && fits && wbytes + 0.5 * pbytes < wbytes / share ? static_cast<int>(ngroups) : 1;
   pl.cluster = cluster && pl.ksplit > 1;
   const int tokens = 8 * pl.nt;
-  // The ring of weight and x stages, the weight scales and x's scales of the range (FP8), 1 KB of alignment.
+  // The 128-column blocks one block walks: its split's group, or the whole row.
+  const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
+  // The ring of weight and x stages, the weight scales and x's scales of the block's range (FP8), 1 KB of alignment.
+  // (Sized by the whole row until session 29: wo_b's 64 blocks at 64 tokens took 114 KB, one block an SM, so its 256
+  // split blocks ran in two waves at 32% of DRAM, 34.8 us against wq_b's 19.0 on the same bytes; H100, ncu.)
   pl.smem = static_cast<size_t>(dev::kXwStages) * (dev::kXwWBytes + tokens * 128) +
-            (bf16 ? 0 : static_cast<size_t>(pl.nkb) * (tokens + 1) * 4) + 1024;
+            (bf16 ? 0 : static_cast<size_t>(range) * (tokens + 1) * 4) + 1024;
   // In-kernel quantisation: token tiles of 8 (16 with TERN_X8_QUANT_MAX_N=16: measured slower than act_quant + the
   // kernel in session 21, before the prologue's loads went one round) whose K range's quantised x fits 64 KB of
   // shared memory.
-  const int64_t range = pl.ksplit > 1 ? pl.kb_per_group : pl.nkb;
   // bf16 (x rounded) only where the grid is one wave of two blocks an SM: the head's 1 010 row tiles would each
   // round x again in four waves of prologues, for one launch saved on a 350 us product.
   pl.fused = f32_x && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && tokens <= x8_quant_max_n() &&
