@@ -627,7 +627,7 @@ void bench_mhc(Rand& r) {
 // the scales token-major (cuBLASLt's 1x128 layout, the prefill products'). The 8K prefill's profile credits it
 // 143 us a call (1.1 TB/s) with other streams' kernels beside it: this says what it takes alone.
 void bench_act_quant(Rand& r) {
-  const auto s = static_cast<cudaStream_t>(cuda::register_backend().stream());
+  cuda::CudaBackend& be = cuda::register_backend();
   for (const auto& [T, cols] : std::vector<std::pair<int64_t, int64_t>>{
            {16, 4096}, {64, 4096}, {8192, 1024}, {8192, 4096}, {8192, 8192}}) {
     const int copies = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / (T * cols * 4) + 1, 2, 32));
@@ -639,7 +639,8 @@ void bench_act_quant(Rand& r) {
       measure(ld > 0 ? "act_quant (scales token-major)" : "act_quant", cat("T=", T, " cols=", cols), bytes, copies,
               [&](int i) {
                 cuda::launch_act_quant(cuda::ActRows{xs[i].view().data_as<const float>(), T, cols, cols},
-                                       xq.view().data_as<uint8_t>(), sx.view().data_as<float>(), s, ld);
+                                       xq.view().data_as<uint8_t>(), sx.view().data_as<float>(),
+                                       static_cast<cudaStream_t>(be.stream()), ld);  // (a graph's capture stream)
               });
     }
   }
@@ -821,7 +822,7 @@ int main(int argc, char** argv) {
   if (profile) {
     g_profile = true;
     bench_linear("wq_b", WeightFormat::fp8_block, 32768, 1024, {1, 16, 64}, r);
-    bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 64}, r);
+    bench_linear("wo_b", WeightFormat::fp8_block, 4096, 8192, {1, 16, 64}, r);
     bench_moe(WeightFormat::mxfp4, {1, 16}, r);
     bench_attention(r, true);
     bench_decode_attention(r, true);

@@ -348,11 +348,19 @@ __global__ void __launch_bounds__(2 * 128) linear_x8_kernel(X8Args a) {
       if (row < rows && tok < live) dst[tok * ld + row] = acc[4 * j + e];
     }
   if (ksplit == 1) return;
-  if (in_cluster)
+  if (in_cluster) {
     finish_split_cluster(a, reinterpret_cast<const float*>(smem), tile_row0, tok0, live, ksplit);
-  else
-    finish_split_k(a.partial, a.y, a.counters, blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z,
-                   ksplit, tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
+    return;
+  }
+  const int64_t counter = blockIdx.x + static_cast<int64_t>(gridDim.x) * blockIdx.z;
+  if constexpr (N >= 16) {  // four rows a load where aligned (out is a multiple of 128)
+    if (((reinterpret_cast<uintptr_t>(a.y) | reinterpret_cast<uintptr_t>(a.partial)) & 15) == 0) {
+      finish_split_k<4>(a.partial, a.y, a.counters, counter, ksplit, tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live,
+                        1.0f);
+      return;
+    }
+  }
+  finish_split_k(a.partial, a.y, a.counters, counter, ksplit, tile_row0, kX8Rows, a.out, a.T, tok0, tok0 + live, 1.0f);
 }
 
 template <int N, bool BF16, bool FUSED = false>

@@ -12,6 +12,7 @@
 // W * 2^-16 and the final sum multiplied by Fmt::out_mult (and NVFP4's global scale).
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "backends/cuda/kernels/device_common.cuh"
@@ -293,13 +294,18 @@ __device__ __forceinline__ void warp_mma(const MatRef (&mat)[MT], const uint8_t*
 // into y and returns the tile's arrival counter to zero, so the result is the same bits whichever block
 // arrives last (graph replays equal eager runs). Called by every thread of the block; thread i sums the
 // (row, token) items i, i + blockDim.x, ... (row tile_row0 + item % rows_per_tile, token tok0 + item /
-// rows_per_tile). The adder is on every split product's critical path: it holds two items' loads of 8 splits in
-// flight, then adds each item's values in split order (the same bits). Against one load then one add a split:
-// -3 to -3.5 us a split linear_x8 product at 64 tokens (8 items a thread), nothing at 1 or 16 tokens (H200,
-// results.md session 24).
+// rows_per_tile), V consecutive rows an item. The adder is on every split product's critical path: it holds two
+// items' loads of 8 splits in flight, then adds each item's values in split order (the same bits). Against one load
+// then one add a split: -3 to -3.5 us a split linear_x8 product at 64 tokens (8 items a thread), nothing at 1 or 16
+// tokens (H200, results.md session 24). V = 4 (float4 loads and stores; rows_per_tile, out and T * out multiples
+// of 4, partial and y 16-byte aligned) takes a tile's 64 tokens x 128 rows in 4 rounds of loads where single rows
+// took 16 (linear_x8 from 16 tokens; session 29); the register cost (64 floats of loads) is why it is not the default.
+template <int V = 1>
 __device__ __forceinline__ void finish_split_k(const float* partial, float* y, int* counters, int64_t counter,
                                                int ksplit, int64_t tile_row0, int rows_per_tile, int64_t out,
                                                int64_t T, int64_t tok0, int64_t tok_end, float mult) {
+  static_assert(V == 1 || V == 4, "finish_split_k: one row or four an item");
+  using Vec = std::conditional_t<V == 4, float4, float>;
   __shared__ int is_last;
   __threadfence();
   __syncthreads();
@@ -308,35 +314,45 @@ __device__ __forceinline__ void finish_split_k(const float* partial, float* y, i
   if (!is_last) return;
   __threadfence();
   constexpr int kItems = 2, kSplits = 8;
-  const int items = rows_per_tile * static_cast<int>(tok_end - tok0), step = static_cast<int>(blockDim.x);
+  const int per_row = rows_per_tile / V;  // items a token
+  const int items = per_row * static_cast<int>(tok_end - tok0), step = static_cast<int>(blockDim.x);
   const int64_t split_stride = T * out;
+  auto add = [](Vec& s, const Vec& v) {
+    if constexpr (V == 4) s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    else s += v;
+  };
   for (int it0 = static_cast<int>(threadIdx.x); it0 < items; it0 += kItems * step) {
-    int64_t at[kItems];  // the item's index in y and in each split's partials (-1: none)
-    float s[kItems];
+    int64_t at[kItems];  // the item's (first) index in y and in each split's partials (-1: none)
+    Vec s[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int it = it0 + i * step;
-      const int64_t row = tile_row0 + it % rows_per_tile, tok = tok0 + it / rows_per_tile;
+      const int64_t row = tile_row0 + static_cast<int64_t>(it % per_row) * V, tok = tok0 + it / per_row;
       at[i] = it < items && row < out ? tok * out + row : -1;
-      s[i] = 0.0f;
+      s[i] = Vec{};
     }
     for (int sp0 = 0; sp0 < ksplit; sp0 += kSplits) {
-      float v[kItems][kSplits];
+      Vec v[kItems][kSplits];
 #pragma unroll
       for (int i = 0; i < kItems; ++i)
 #pragma unroll
         for (int j = 0; j < kSplits; ++j)
-          v[i][j] =
-              at[i] >= 0 && sp0 + j < ksplit ? __ldcg(partial + (sp0 + j) * split_stride + at[i]) : 0.0f;
+          v[i][j] = at[i] >= 0 && sp0 + j < ksplit
+                        ? __ldcg(reinterpret_cast<const Vec*>(partial + (sp0 + j) * split_stride + at[i]))
+                        : Vec{};
 #pragma unroll
       for (int i = 0; i < kItems; ++i)
 #pragma unroll
         for (int j = 0; j < kSplits; ++j)
-          if (sp0 + j < ksplit) s[i] += v[i][j];
+          if (sp0 + j < ksplit) add(s[i], v[i][j]);
     }
 #pragma unroll
-    for (int i = 0; i < kItems; ++i)
-      if (at[i] >= 0) y[at[i]] = s[i] * mult;
+    for (int i = 0; i < kItems; ++i) {
+      if (at[i] < 0) continue;
+      if constexpr (V == 4)
+        *reinterpret_cast<float4*>(y + at[i]) = make_float4(s[i].x * mult, s[i].y * mult, s[i].z * mult, s[i].w * mult);
+      else y[at[i]] = s[i] * mult;
+    }
   }
   if (threadIdx.x == 0) counters[counter] = 0;
 }
