@@ -11,7 +11,7 @@
 #   3. bench-step base / new, two rounds at batch 1, 16, 64 (predicted: 1 and 16 unchanged, 64 -1.5 to -2.5%);
 #   4. in-process on s29b: TERN_X8_QUANT_MAX_N=16 at batch 16 (session 22: +3.05%; every product at 16 tokens pays an
 #      act_quant launch);
-#   5. ncu on linear_x8 (wq_b and wo_b at 1, 16, 64 tokens: tern_gpu_bench --profile) on s29b.
+#   5. the batch-16 profile on s29b (exposed times by kernel: where batch 16's step goes after the MoE).
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s29b.tar.xz
@@ -32,9 +32,8 @@ stamp "4. x8 quantising at 16"
 timeout 70 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 16 --steps 12 --warmup 3 \
   --ab TERN_X8_QUANT_MAX_N=16 --ab-rounds 2 > $L/ab16.log 2>&1; echo "rc $?"
 grep -hE "^(decode|ab) |error" $L/ab16.log | grep -v prefill | cut -c1-160
-stamp "5. ncu"
-timeout 90 ncu --clock-control none --kernel-name regex:linear_x8 --launch-count 18 --section SpeedOfLight \
-  --section WarpStateStats --section Occupancy --section LaunchStats $G/tern_gpu_bench --profile > $L/x8-ncu.log 2>&1
-echo "rc $?"
-grep -E "linear_x8_kernel|Duration|DRAM Through|Block Limit Shared|Block Limit Reg" $L/x8-ncu.log | sed 's/  */ /g' | paste - - - - - | cut -c1-260
+stamp "5. batch-16 profile"
+timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 16 --steps 6 --warmup 3 \
+  --profile --profile-batches 16 --profile-top 30 > $L/b16-profile.log 2>&1; echo "rc $?"
+grep -E "^\| (attention|indexer|compressor|moe experts|dense gemm|mhc|other|total) " $L/b16-profile.log | head -12
 stamp done
