@@ -31,6 +31,11 @@ bool is_power_of_10(uint64_t n) {
 }
 }  // namespace
 
+Tensor eager_step(Model& model, std::span<const StepSequence> batch, bool logits_on_device) {
+  const model::StepPlan plan = model.plan_step(batch);
+  return model.forward(batch, plan, StepTables::build(plan, model.device()), logits_on_device);
+}
+
 std::vector<int64_t> default_decode_buckets(int64_t max_batch) {
   TERN_CHECK(max_batch >= 1, "decode graphs: the largest batch must be >= 1, not ", max_batch);
   std::vector<int64_t> b;
@@ -228,7 +233,8 @@ void DecodeGraphs::record_mtp(size_t i, int64_t q, bool head) {
 Model::MtpResult DecodeGraphs::eager_mtp(std::span<const Model::MtpStep> steps, const std::string& reason) {
   const uint64_t n = ++stats_.mtp_eager[reason];
   if (n == 1) log::info("decode graphs: MTP rows run eagerly: ", reason);
-  return model_.mtp_forward(steps);
+  const model::StepPlan plan = model_.plan_mtp_step(steps);  // the tables built here, as the replayed rows' are
+  return model_.mtp_forward(steps, plan, StepTables::build(plan, model_.device()));
 }
 
 Model::MtpResult DecodeGraphs::forward_mtp(std::span<const Model::MtpStep> steps) {
@@ -314,12 +320,14 @@ Tensor DecodeGraphs::eager(std::span<const StepSequence> batch, const std::strin
   const uint64_t n = ++stats_.eager_steps[reason];
   if (n == 1) log::info("decode graphs: a step runs eagerly: ", reason);
   else if (is_power_of_10(n)) log::info("decode graphs: ", n, " steps ran eagerly so far: ", reason);
+  Tensor logits;
   if (trunk != nullptr) {
-    Tensor logits = model::eager_trunk(model_, batch, want_record, on_device, eager_streams_, eager_record_, *trunk);
-    if (view != nullptr) *view = logits.view();
-    return logits;
+    const model::StepPlan plan = model_.plan_step(batch);
+    logits = model::eager_trunk(model_, batch, plan, StepTables::build(plan, model_.device()), want_record, on_device,
+                                eager_streams_, eager_record_, *trunk);
+  } else {
+    logits = eager_step(model_, batch, on_device);
   }
-  Tensor logits = model_.forward(batch, on_device);
   if (view != nullptr) *view = logits.view();
   return logits;
 }

@@ -8,8 +8,8 @@
 //
 // The runner's part of a step, beside the model's: it owns the step tables the recorded steps read (one device copy
 // of model::StepTables' words, written from page-locked staging before each replay) and hands them to
-// Model::decode_body / mtp_body, which compute the step. Device-agnostic: the recording goes through
-// ops::StepGraphs, installed by the device's backend.
+// Model::decode_body / mtp_body, which compute the step; its eager steps' tables it builds from the model's plan
+// (eager_step). Device-agnostic: the recording goes through ops::StepGraphs, installed by the device's backend.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,10 @@
 #include "ops/recorded_steps.h"
 
 namespace tern::engine {
+
+// The runner's eager step: the model plans how the batch lies on the step tables (Model::plan_step), the tables are
+// built here from that plan, and Model::forward reads them. As Model::forward(batch, logits_on_device).
+Tensor eager_step(model::Model& model, std::span<const model::StepSequence> batch, bool logits_on_device);
 
 // 1, 2, 4, 8, 16, 24, 32, then steps of 16 up to max_batch (max_batch itself always included).
 std::vector<int64_t> default_decode_buckets(int64_t max_batch);

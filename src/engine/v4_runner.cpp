@@ -35,7 +35,7 @@ void V4Runner::reserve_step_memory(int64_t tokens) {
   if (spec_)
     (void)spec_->forward({&seq, 1});
   else
-    (void)model_->forward({&seq, 1});
+    (void)eager_step(*model_, {&seq, 1}, /*logits_on_device=*/false);
 }
 
 void V4Runner::enable_speculative(int k, int max_sequences, int64_t tokens_per_page) {
@@ -171,7 +171,7 @@ void V4Runner::forward(const StepBatch& batch, std::span<float> logits) {
   if (graphs_) {
     out = graphs_->forward(steps_);
   } else {
-    out = model_->forward(steps_);
+    out = eager_step(*model_, steps_, /*logits_on_device=*/false);
     ++steps_without_graphs_;
   }
   const size_t n = static_cast<size_t>(out.view().numel());
@@ -199,7 +199,7 @@ void V4Runner::forward_sample(const StepBatch& batch, std::span<const SampleRequ
     if (graphs_) {
       logits = graphs_->forward_device(steps_, hold);
     } else {
-      hold = model_->forward(steps_, /*logits_on_device=*/true);
+      hold = eager_step(*model_, steps_, /*logits_on_device=*/true);
       logits = hold.view();
       ++steps_without_graphs_;
     }

@@ -15,10 +15,11 @@ TensorView bytes_of(const TensorView& v) {
 
 }  // namespace
 
-Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
-                   Tensor& streams, Model::StepRecord& record, TrunkRows& out) {
+Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, const StepPlan& plan,
+                   const std::optional<StepTables>& tables, bool want_record, bool on_device, Tensor& streams,
+                   Model::StepRecord& record, TrunkRows& out) {
   const std::vector<LogitsFor> all(batch.size(), LogitsFor::all);
-  Tensor logits = model.forward(batch, all, streams, on_device, want_record ? &record : nullptr);
+  Tensor logits = model.forward(batch, plan, tables, all, streams, on_device, want_record ? &record : nullptr);
   out.streams = streams.view();
   out.record = want_record && !record.layers.empty() ? &record : nullptr;
   return logits;
@@ -44,7 +45,9 @@ TensorView Speculator::slot(Tensor& slots, size_t i, int64_t bytes) const {
 TensorView Speculator::trunk(std::span<const StepSequence> batch, bool want_record, bool on_device,
                              TrunkRows& out, Tensor& hold) {
   if (trunk_step_) return trunk_step_(batch, want_record, on_device, out, hold);
-  hold = eager_trunk(model_, batch, want_record, on_device, own_streams_, own_record_, out);
+  const StepPlan plan = model_.plan_step(batch);  // this speculator runs the step: it builds the tables
+  hold = eager_trunk(model_, batch, plan, StepTables::build(plan, model_.device()), want_record, on_device,
+                     own_streams_, own_record_, out);
   return hold.view();
 }
 

@@ -33,10 +33,12 @@ struct TrunkRows {
   TensorView streams;
   const Model::StepRecord* record = nullptr;
 };
-// An eager trunk step: Model::forward with every row's streams into `streams` (and, with want_record, the record
-// into `record`), `out` viewing them. The speculator's own trunk step, and the runner's graphs' eager one.
-Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, bool want_record, bool on_device,
-                   Tensor& streams, Model::StepRecord& record, TrunkRows& out);
+// An eager trunk step: Model::forward on `tables` (built from plan = model.plan_step(batch) by whoever runs the step)
+// with every row's streams into `streams` (and, with want_record, the record into `record`), `out` viewing them. The
+// speculator's own trunk step, and the runner's graphs' eager one.
+Tensor eager_trunk(Model& model, std::span<const StepSequence> batch, const StepPlan& plan,
+                   const std::optional<StepTables>& tables, bool want_record, bool on_device, Tensor& streams,
+                   Model::StepRecord& record, TrunkRows& out);
 
 struct DraftSequence {
   cache::SequenceState* state = nullptr;  // at position m, caught up (its carry is h_{m-1})

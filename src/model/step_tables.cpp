@@ -103,13 +103,17 @@ void StepTables::view(const TensorView& words) {
   }
 }
 
-StepTables StepTables::build(std::span<const StepSequence> batch, const cache::StateLayout& bound, Device device,
-                             int64_t slots, std::span<const int64_t> starts, std::span<const int64_t> first_slots) {
-  int64_t max_queries = 1;
-  for (const StepSequence& s : batch) max_queries = std::max(max_queries, static_cast<int64_t>(s.tokens.size()));
-  StepTables t(bound, device, slots, max_queries);
+int64_t StepPlan::max_queries() const {
+  int64_t q = 1;
+  for (const StepSequence& s : sequences) q = std::max(q, static_cast<int64_t>(s.tokens.size()));
+  return q;
+}
+
+std::optional<StepTables> StepTables::build(const StepPlan& plan, Device device) {
+  if (plan.empty()) return std::nullopt;
+  StepTables t(*plan.bound, device, plan.slots, plan.max_queries());
   Tensor image(DType::i64, {t.words()});
-  t.fill({image.data<int64_t>(), static_cast<size_t>(image.numel())}, batch, starts, first_slots);
+  t.fill({image.data<int64_t>(), static_cast<size_t>(image.numel())}, plan.sequences, plan.starts, plan.first_slots);
   t.held_ = device == Device::cpu ? std::move(image) : Tensor::copy_of(image, device);
   t.view(t.held_);
   return t;

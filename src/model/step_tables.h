@@ -1,10 +1,11 @@
 // A step's tables (docs/cuda-backend.md "Steps on the step tables"): what the batched step ops (ops/step.h) read per
 // slot, kept on the device, as vLLM's attention metadata and FlashMLA's scheduling metadata are: token ids,
 // positions, the first slot of each slot's sequence, and the addresses of each slot's state (rings, accumulators,
-// page pool and row block table). Whoever runs the step builds them once for it and hands them to the forward
-// (Model::decode_body, Model::mtp_body), which reads them and owns nothing of them: the runner's recorded steps
-// (engine/decode_graphs.h: one device copy the graphs read, rewritten before each replay) and an eager forward()
-// for the sequences it runs on the tables (build()).
+// page pool and row block table). The model says how a step lies on them (a StepPlan: Model::plan_step,
+// plan_mtp_step, plan_rollback); whoever runs the step builds them once for it and hands them to the forward
+// (Model::forward and mtp_forward with a plan, rollback_steps, decode_body, mtp_body), which reads them and owns
+// nothing of them: the runner's recorded steps (engine/decode_graphs.h: one device copy the graphs read, rewritten
+// before each replay), the runner's eager steps (build()), and the model's own forward(batch) for tests and tools.
 //
 // A step on the tables lays its sequences out in `slots` slots, one token each: each sequence's q <= max_queries
 // tokens in consecutive slots, then inert padding at position -1 (it reads and writes no state). The tables are
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +32,20 @@
 #include "ops/step.h"
 
 namespace tern::model {
+
+// How a step lies on the step tables, as the model plans it (a plain value: the forward that runs the step reads the
+// same plan, so the caller can build the tables in between). Its sequences, each in its slots (consecutive from its
+// first), and the layout bounding the launches.
+struct StepPlan {
+  std::vector<StepSequence> sequences;  // on the tables, in slot order
+  std::vector<int64_t> starts;          // each one's first position; empty: its state's
+  std::vector<int64_t> first_slots;     // each one's first slot; empty: consecutive from slot 0
+  int64_t slots = 0;
+  const cache::StateLayout* bound = nullptr;  // the largest state's layout; nullptr: no sequence on the tables
+  bool empty() const { return bound == nullptr; }
+  // The most tokens a sequence brings (at least 1): the tables' max_queries.
+  int64_t max_queries() const;
+};
 
 class StepTables {
  public:
@@ -55,10 +71,9 @@ class StepTables {
   // Points the arrays at `words`: the image's copy on the tables' device, at least words() i64, kept alive by the
   // caller (a recorded step captures these addresses; each replay rewrites the words behind them).
   void view(const TensorView& words);
-  // An eager step's tables: the image of `batch` (up to its most tokens a sequence) copied to `device`, held here.
-  static StepTables build(std::span<const StepSequence> batch, const cache::StateLayout& bound, Device device,
-                          int64_t slots, std::span<const int64_t> starts = {},
-                          std::span<const int64_t> first_slots = {});
+  // An eager step's tables: the image of `plan` copied to `device`, held here; none for an empty plan (no sequence
+  // on the tables).
+  static std::optional<StepTables> build(const StepPlan& plan, Device device);
 
   int64_t slots() const { return slots_; }
   int64_t max_queries() const { return max_queries_; }

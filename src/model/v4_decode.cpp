@@ -66,15 +66,20 @@ std::string Model::decode_refusal(std::span<const StepSequence> batch, const cac
   return {};
 }
 
-bool Model::try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
-                            std::optional<StepTables>& tables) const {
-  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
-  for (const StepSequence& s : batch)
-    if (bound == nullptr || s.state->layout().max_tokens() > bound->max_tokens()) bound = &s.state->layout();
-  if (!step_tables_ || bound == nullptr || !decode_refusal(batch, *bound, kMaxStepQueries, starts).empty()) return false;
-  tables.emplace(StepTables::build(batch, *bound, device_, b.tokens, starts));
-  use_tables(b, *tables);
-  return true;
+StepPlan Model::plan_mtp_step(std::span<const MtpStep> batch) const {
+  check_mtp_steps(batch);  // (a malformed batch is refused before any tables are built for it)
+  StepPlan plan;
+  for (const MtpStep& s : batch) {
+    plan.sequences.push_back({s.state, s.next, s.logits});
+    plan.starts.push_back(s.start);
+    plan.slots += static_cast<int64_t>(s.next.size());
+    // the largest state: its max_tokens bounds the launches
+    if (plan.bound == nullptr || s.state->layout().max_tokens() > plan.bound->max_tokens()) plan.bound = &s.state->layout();
+  }
+  if (!step_tables_ || plan.bound == nullptr ||
+      !decode_refusal(plan.sequences, *plan.bound, kMaxStepQueries, plan.starts).empty())
+    return {};
+  return plan;
 }
 
 void Model::use_tables(Batch& b, const StepTables& t) {
@@ -153,32 +158,37 @@ void Model::rollback_step(cache::SequenceState& state, const cache::Snapshot& be
   rollback_steps({&r, 1}, record);
 }
 
-void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& record) {
+namespace {
+// A rollback step's token ids: the tables' ids are not read there (only positions and addresses).
+constexpr int64_t kUnreadIds[Model::kMaxStepQueries] = {};
+}  // namespace
+
+StepPlan Model::plan_rollback(std::span<const Rollback> seqs, const StepRecord& record) const {
   const ModelConfig& c = w_.config;
   TERN_CHECK(static_cast<int>(record.layers.size()) == c.num_layers,
              "rollback_step: the step was not recorded (it did not run on the step tables)");
-  if (seqs.empty()) return;
+  StepPlan plan;
+  if (seqs.empty()) return plan;
   const int64_t rows = record.layers.front().rows.dim(0);
-  // The kept tokens as one step of their own on the tables, each in its recorded slots (their ids are not read:
-  // only positions and addresses); the rejected tokens' slots and the sequences' gaps stay inert.
-  const std::vector<int64_t> ids(static_cast<size_t>(kMaxStepQueries), 0);
-  std::vector<StepSequence> steps;
-  std::vector<int64_t> first_slots;
+  // The kept tokens as one step of their own on the tables, each in its recorded slots at its snapshot's positions
+  // (the state's once restored); the rejected tokens' slots and the sequences' gaps stay inert.
   std::unordered_set<const cache::SequenceState*> seen;
-  const cache::StateLayout* bound = nullptr;  // the largest state: its max_tokens bounds the launches
-  int64_t slots = 0;
   for (const Rollback& r : seqs) {
     TERN_CHECK(r.state != nullptr && r.before != nullptr, "rollback_step: a sequence without its state or snapshot");
     TERN_CHECK(r.kept >= 1 && r.kept <= kMaxStepQueries && r.first_row >= 0 && r.first_row + r.kept <= rows,
                "rollback_step: tokens ", r.first_row, " .. ", r.first_row + r.kept, " of a step of ", rows);
     TERN_CHECK(seen.insert(r.state).second, "rollback_step: a state appears twice");
     check_state(*r.state);
-    TERN_CHECK(bound == nullptr || same_page_geometry(*bound, r.state->layout()),
+    const cache::StateLayout& layout = r.state->layout();
+    TERN_CHECK(plan.bound == nullptr || same_page_geometry(*plan.bound, layout),
                "rollback_step: the states are in pages of different geometries");
-    if (bound == nullptr || r.state->layout().max_tokens() > bound->max_tokens()) bound = &r.state->layout();
-    steps.push_back({r.state, std::span<const int64_t>(ids).first(static_cast<size_t>(r.kept)), LogitsFor::none});
-    first_slots.push_back(r.first_row);
-    slots = std::max(slots, r.first_row + r.kept);
+    // the largest state: its max_tokens bounds the launches
+    if (plan.bound == nullptr || layout.max_tokens() > plan.bound->max_tokens()) plan.bound = &layout;
+    plan.sequences.push_back(
+        {r.state, std::span<const int64_t>(kUnreadIds).first(static_cast<size_t>(r.kept)), LogitsFor::none});
+    plan.starts.push_back(r.before->position);
+    plan.first_slots.push_back(r.first_row);
+    plan.slots = std::max(plan.slots, r.first_row + r.kept);
   }
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [first_row, first_row + kept) of each, checked before any restore
   for (const Rollback& r : seqs) ranges.push_back({r.first_row, r.first_row + r.kept});
@@ -186,8 +196,19 @@ void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& rec
   for (size_t i = 1; i < ranges.size(); ++i)
     TERN_CHECK(ranges[i].first >= ranges[i - 1].second, "rollback_step: rows ", ranges[i - 1].first, " .. ",
                ranges[i - 1].second - 1, " and ", ranges[i].first, " .. ", ranges[i].second - 1, " overlap");
+  return plan;
+}
+
+void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& record) {
+  const StepPlan plan = plan_rollback(seqs, record);
+  if (plan.empty()) return;
+  rollback_steps(seqs, record, *StepTables::build(plan, device_));
+}
+
+void Model::rollback_steps(std::span<const Rollback> seqs, const StepRecord& record, const StepTables& t) {
+  const ModelConfig& c = w_.config;
+  const int64_t slots = t.slots();
   for (const Rollback& r : seqs) r.state->restore(*r.before);
-  const StepTables t = StepTables::build(steps, *bound, device_, slots, {}, first_slots);
   Batch b;
   use_tables(b, t);
   const TensorView firsts = t.max_queries() > 1 ? t.firsts() : TensorView();

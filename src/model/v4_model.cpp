@@ -359,19 +359,29 @@ Model::Batch Model::make_batch(std::span<const StepSequence> batch, std::span<co
   return b;
 }
 
-const cache::StateLayout* Model::plan_step_tables(std::span<const StepSequence> batch, std::vector<char>& on) const {
-  on.assign(batch.size(), 0);
-  if (!step_tables_ || observer_) return nullptr;
-  const cache::StateLayout* bound = nullptr;  // the first such state's geometry; the largest max_tokens
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const StepSequence& s = batch[i];
+StepPlan Model::plan_step(std::span<const StepSequence> batch) const {
+  StepPlan plan;
+  if (!step_tables_ || observer_) return plan;
+  for (const StepSequence& s : batch) {
     if (!sequence_refusal(s, kMaxStepQueries).empty()) continue;
     const cache::StateLayout& layout = s.state->layout();
-    if (bound != nullptr && !same_page_geometry(layout, *bound)) continue;  // per sequence
-    on[i] = 1;
-    if (bound == nullptr || layout.max_tokens() > bound->max_tokens()) bound = &layout;
+    // the first such state's geometry (the others run per sequence); the largest max_tokens
+    if (plan.bound != nullptr && !same_page_geometry(layout, *plan.bound)) continue;
+    plan.sequences.push_back(s);
+    plan.slots += static_cast<int64_t>(s.tokens.size());
+    if (plan.bound == nullptr || layout.max_tokens() > plan.bound->max_tokens()) plan.bound = &layout;
   }
-  return bound;
+  return plan;
+}
+
+std::vector<char> Model::on_tables(std::span<const StepSequence> batch, const StepPlan& plan) {
+  std::vector<char> on(batch.size(), 0);
+  size_t k = 0;  // the plan's next sequence
+  for (size_t i = 0; i < batch.size() && k < plan.sequences.size(); ++i)
+    if (batch[i].state == plan.sequences[k].state) on[i] = 1, ++k;
+  TERN_CHECK(k == plan.sequences.size() && plan.starts.empty() && plan.first_slots.empty(),
+             "forward: the step's plan is not one of its batch (plan_step)");
+  return on;
 }
 
 void Model::lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const {
@@ -392,35 +402,44 @@ void Model::lay_out_tokens(Batch& b, const std::function<std::span<const int64_t
   b.positions = b.positions_storage.view();
 }
 
+Tensor Model::forward(std::span<const StepSequence> batch, const StepPlan& plan,
+                      const std::optional<StepTables>& tables, bool logits_on_device) {
+  return forward_impl(batch, plan, tables, {}, nullptr, logits_on_device, nullptr);
+}
+
+Tensor Model::forward(std::span<const StepSequence> batch, const StepPlan& plan,
+                      const std::optional<StepTables>& tables, std::span<const LogitsFor> streams_for, Tensor& streams,
+                      bool logits_on_device, StepRecord* record) {
+  TERN_CHECK(streams_for.size() == batch.size(), "forward: ", streams_for.size(), " stream choices for ",
+             batch.size(), " sequences");
+  return forward_impl(batch, plan, tables, streams_for, &streams, logits_on_device, record);
+}
+
 Tensor Model::forward(std::span<const StepSequence> batch, bool logits_on_device) {
-  return forward_impl(batch, {}, nullptr, logits_on_device, nullptr);
+  const StepPlan plan = plan_step(batch);
+  return forward(batch, plan, StepTables::build(plan, device_), logits_on_device);
 }
 
 Tensor Model::forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
                       bool logits_on_device, StepRecord* record) {
-  TERN_CHECK(streams_for.size() == batch.size(), "forward: ", streams_for.size(), " stream choices for ",
-             batch.size(), " sequences");
-  return forward_impl(batch, streams_for, &streams, logits_on_device, record);
+  const StepPlan plan = plan_step(batch);
+  return forward(batch, plan, StepTables::build(plan, device_), streams_for, streams, logits_on_device, record);
 }
 
-Tensor Model::forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for,
+Tensor Model::forward_impl(std::span<const StepSequence> batch, const StepPlan& plan,
+                           const std::optional<StepTables>& tables, std::span<const LogitsFor> streams_for,
                            Tensor* streams_out, bool logits_on_device, StepRecord* record) {
   const ModelConfig& c = w_.config;
-  // The sequences the step tables take (1..kMaxStepQueries tokens, one page geometry) run on them, the code the
-  // recorded steps run, laid out first; longer chunks run per sequence in the same step.
-  std::vector<char> on_tables;
-  const cache::StateLayout* bound = plan_step_tables(batch, on_tables);
-  Batch b = make_batch(batch, on_tables);
+  // The sequences the plan puts on the step tables run on them, the code the recorded steps run, laid out first;
+  // the others (prefill chunks) run per sequence in the same step.
+  TERN_CHECK(tables.has_value() != plan.empty() && (plan.empty() || tables->slots() == plan.slots),
+             "forward: step tables not built from the step's plan (StepTables::build)");
+  Batch b = make_batch(batch, on_tables(batch, plan));
   const int64_t N = b.tokens;
   Tensor logits(DType::f32, {static_cast<int64_t>(b.wanted.size()), c.vocab_size});  // on the host
   if (N == 0) return logits;
-  std::optional<StepTables> tables;
-  if (bound != nullptr) {
-    std::vector<StepSequence> rows;  // the tables' sequences in their row order
-    int64_t slots = 0;
-    for (size_t i = 0; i < batch.size(); ++i)
-      if (on_tables[i]) rows.push_back(batch[i]), slots += b.seqs[i].n;
-    tables.emplace(StepTables::build(rows, *bound, device_, slots));
+  if (tables) {
+    const int64_t slots = plan.slots;
     if (slots == N) {  // wholly on the tables
       use_tables(b, *tables);
       if (record != nullptr) record->layers.assign(static_cast<size_t>(w_.config.num_layers), {}), b.record = record;

@@ -123,10 +123,17 @@ class Model {
   // Runs the batch; returns logits f32 [rows, vocab]: each sequence's requested rows, in batch order
   // (all: one per token, last: one, none: nothing). On the host, or with logits_on_device on the model's
   // device (no copy back: a device sampler reads them there).
-  Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
+  // plan: plan_step(batch); tables: StepTables::build of it, built by whoever runs the step (the runner), read here.
+  Tensor forward(std::span<const StepSequence> batch, const StepPlan& plan, const std::optional<StepTables>& tables,
+                 bool logits_on_device = false);
   // The same, and the trunk's 4-stream hidden before hc_head, f32 [rows, hc, D], of the rows streams_for[i]
   // picks of sequence i (none / last / all; one entry per sequence), in batch order, into `streams` on the
   // model's device: what the MTP layer reads (mtp_forward).
+  Tensor forward(std::span<const StepSequence> batch, const StepPlan& plan, const std::optional<StepTables>& tables,
+                 std::span<const LogitsFor> streams_for, Tensor& streams, bool logits_on_device = false,
+                 StepRecord* record = nullptr);
+  // Both with the batch planned and its tables built here: for tests and tools that run the model directly.
+  Tensor forward(std::span<const StepSequence> batch, bool logits_on_device = false);
   Tensor forward(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor& streams,
                  bool logits_on_device = false, StepRecord* record = nullptr);
 
@@ -147,6 +154,11 @@ class Model {
     int64_t first_row = 0;  // its first token's row in the recorded step
     int64_t kept = 0;       // 1 .. kMaxStepQueries
   };
+  // plan_rollback(seqs, record) (which checks them before any state is restored) gives the tables' plan: the kept
+  // tokens as a step of their own, each in its recorded slots, at its snapshot's positions.
+  StepPlan plan_rollback(std::span<const Rollback> seqs, const StepRecord& record) const;
+  void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record, const StepTables& tables);
+  // The same with the tables built here (tests, tools, the Speculator).
   void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record);
 
   // The MTP layer (model/v4_mtp.cpp; present when the checkpoint has mtp.0.*). Row i of a sequence, at
@@ -177,6 +189,9 @@ class Model {
     Tensor streams;  // f32 [N, hc, D] on the model's device: the block's output (before hc_head) of every row,
                      // in batch order: the hidden of the next chained draft step
   };
+  // plan: plan_mtp_step(batch) (every row on the tables, or none); tables: built from it by the caller.
+  MtpResult mtp_forward(std::span<const MtpStep> batch, const StepPlan& plan, const std::optional<StepTables>& tables);
+  // The same with the tables built here (tests, tools, the Speculator's own drafting).
   MtpResult mtp_forward(std::span<const MtpStep> batch);
   // What mtp_forward returns of its wanted rows' logits `all` (f32 [W, vocab] on the model's device, W = the rows
   // `batch` wants, in batch order): the argmax steps' rows picked there, the others' rows on the host.
@@ -195,10 +210,17 @@ class Model {
   // decode token, or k + 1 tokens to verify); the step is laid out in slots, one token each, and each op runs once
   // for all slots, reading per-slot positions, sequences and state addresses from device tables (model/step_tables.h,
   // built by whoever runs the step). Same arithmetic per token as the per-sequence chunk path. forward() runs every
-  // sequence it can this way (sequence_refusal), on tables it builds for the step, and those it cannot (prefill
-  // chunks) per sequence in the same step (a mixed step); the runner's CUDA graphs record steps wholly on the tables
-  // (engine/decode_graphs.h: decode steps and verify steps), on tables of their own.
+  // sequence it can this way (sequence_refusal; plan_step says which), on the tables its caller built from that
+  // plan, and those it cannot (prefill chunks) per sequence in the same step (a mixed step); the runner's CUDA graphs
+  // record steps wholly on the tables (engine/decode_graphs.h: decode steps and verify steps), on tables of their own.
   static constexpr int64_t kMaxStepQueries = StepTables::kMaxQueries;
+  // How forward(batch) lays the batch on the step tables: the sequences the tables take (1..kMaxStepQueries tokens,
+  // the first such state's page geometry), in batch order; empty with the tables off, an observer set, or every
+  // sequence refused.
+  StepPlan plan_step(std::span<const StepSequence> batch) const;
+  // How mtp_forward(batch) does: every sequence's rows (1..kMaxStepQueries a sequence, at their starts) when the
+  // tables take them all, else none (the rows run per sequence).
+  StepPlan plan_mtp_step(std::span<const MtpStep> batch) const;
   // Why `batch` cannot run on the step tables for states of `layout` (at most its max_tokens tokens, in pages of
   // its geometry) with up to max_queries tokens a sequence; empty: it can. A recorded decode step (max_queries
   // 1) also needs every sequence to want its logits.
@@ -241,9 +263,8 @@ class Model {
   // Lays the batch out: the sequences marked in on_tables (if any) first, in batch order, then the others; b.seqs
   // keeps the batch's order (so do the wanted rows).
   Batch make_batch(std::span<const StepSequence> batch, std::span<const char> on_tables = {}) const;
-  // Which sequences of a forward() step run on the step tables (on[i]) and the layout bounding them (their
-  // largest; one page geometry); nullptr when none does (tables off, an observer set, or every one refused).
-  const cache::StateLayout* plan_step_tables(std::span<const StepSequence> batch, std::vector<char>& on) const;
+  // Which of batch's sequences `plan` puts on the tables (on[i]; its sequences, in batch order).
+  static std::vector<char> on_tables(std::span<const StepSequence> batch, const StepPlan& plan);
   // Why a state of layout `state` cannot share tables bound by `layout` (longer, or pages of another geometry).
   static std::string geometry_refusal(const cache::StateLayout& state, const cache::StateLayout& layout);
   static bool same_page_geometry(const cache::StateLayout& a, const cache::StateLayout& b) {
@@ -251,18 +272,16 @@ class Model {
   }
   // Points b at tables t: a step wholly on them (every row a slot).
   static void use_tables(Batch& b, const StepTables& t);
-  // An eager step on the step tables when they take it (every sequence 1..kMaxStepQueries tokens, one page geometry,
-  // step tables on): builds them into `tables` and points b at them; false (b untouched) otherwise. The trunk's
-  // forward and the MTP layer's rows (starts: their first positions) share it.
-  bool try_step_tables(Batch& b, std::span<const StepSequence> batch, std::span<const int64_t> starts,
-                       std::optional<StepTables>& tables) const;
+  // The MTP rows' checks (mtp_forward's, before anything runs).
+  void check_mtp_steps(std::span<const MtpStep> batch) const;
   // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;
   std::vector<cache::LayerSpec> make_layer_specs() const;
   // Marks the weights the activations mode applies to.
   void apply_activations();
-  Tensor forward_impl(std::span<const StepSequence> batch, std::span<const LogitsFor> streams_for, Tensor* streams,
+  Tensor forward_impl(std::span<const StepSequence> batch, const StepPlan& plan,
+                      const std::optional<StepTables>& tables, std::span<const LogitsFor> streams_for, Tensor* streams,
                       bool logits_on_device, StepRecord* record);
   // compress_step's second half: the entries of the step's tokens from their kv / gate rows (rollback_step refolds
   // recorded rows through it).

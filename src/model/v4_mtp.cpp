@@ -19,15 +19,11 @@
 
 namespace tern::model {
 
-Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
+void Model::check_mtp_steps(std::span<const MtpStep> batch) const {
   TERN_CHECK(has_mtp(), "mtp_forward: the model has no MTP layer (the checkpoint has no mtp.0.* tensors)");
   const ModelConfig& c = w_.config;
-  const MtpWeights& M = *w_.mtp;
   const int l = mtp_layer();
   const int64_t H = c.hc_mult, D = c.hidden_size;
-
-  // The token layout: the rows of each sequence at positions start .. start + n - 1, ids = the next tokens.
-  Batch b;
   std::unordered_set<const cache::SequenceState*> seen;
   for (const MtpStep& s : batch) {
     const auto n = static_cast<int64_t>(s.next.size());
@@ -40,6 +36,28 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
     TERN_CHECK(s.start >= 0, "mtp_forward: negative start position ", s.start);
     TERN_CHECK(s.streams.dtype() == DType::f32 && s.streams.shape() == Shape({n, H, D}),
                "mtp_forward: streams must be f32 [", n, ", ", H, ", ", D, "], found ", s.streams.shape().str());
+  }
+}
+
+Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
+  const StepPlan plan = plan_mtp_step(batch);
+  return mtp_forward(batch, plan, StepTables::build(plan, device_));
+}
+
+Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch, const StepPlan& plan,
+                                    const std::optional<StepTables>& tables) {
+  check_mtp_steps(batch);
+  const ModelConfig& c = w_.config;
+  const MtpWeights& M = *w_.mtp;
+  const int64_t H = c.hc_mult, D = c.hidden_size;
+  TERN_CHECK(tables.has_value() != plan.empty() &&
+                 (plan.empty() || (plan.sequences.size() == batch.size() && tables->slots() == plan.slots)),
+             "mtp_forward: step tables not built from the rows' plan (plan_mtp_step, StepTables::build)");
+
+  // The token layout: the rows of each sequence at positions start .. start + n - 1, ids = the next tokens.
+  Batch b;
+  for (const MtpStep& s : batch) {
+    const auto n = static_cast<int64_t>(s.next.size());
     b.seqs.push_back({s.state, b.tokens, n, s.start, s.logits});
     b.tokens += n;
   }
@@ -51,14 +69,7 @@ Model::MtpResult Model::mtp_forward(std::span<const MtpStep> batch) {
   // Rows of 1..kMaxStepQueries a sequence (drafting, a verify's catch-up) run on the step tables, as the trunk's
   // steps do: one launch per op for the whole batch instead of a pass per sequence. Longer catch-ups (a prompt
   // chunk's) run per sequence.
-  std::optional<StepTables> tables;
-  std::vector<StepSequence> steps;
-  std::vector<int64_t> starts;
-  for (const MtpStep& s : batch) {
-    steps.push_back({s.state, s.next, s.logits});
-    starts.push_back(s.start);
-  }
-  (void)try_step_tables(b, steps, starts, tables);
+  if (tables) use_tables(b, *tables);
 
   Tensor h = tensor(DType::f32, {N, H, D});
   for (size_t i = 0; i < batch.size(); ++i) ops::copy(batch[i].streams, b.rows(h, b.seqs[i]));
