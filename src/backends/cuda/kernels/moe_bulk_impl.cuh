@@ -89,8 +89,8 @@ struct MoeBulkArgs {
   const int* sorted;  // pair ids grouped by expert
   const int* jobs;    // [max_jobs][3]: expert, first sorted slot, count (<= plan.job_tokens)
   const int* num_jobs;
-  int* claim;  // the claimed items' counter (resident and claimed runs; MoeLayout::num_jobs[1] UP, [2] DOWN; zeroed
-               // by the plan)
+  int* claim;  // the claimed items' counter (resident windows; MoeLayout::num_jobs[1] UP, [2] DOWN; zeroed by the
+               // plan)
   float* h;  // [P, inter] by sorted slot: SwiGLU output of UP, x of DOWN
   float* y;  // [P, D] by sorted slot
   // The timeline instrument (set_moe_bulk_stamps; nullptr in every real run): kMoeBulkStampWords words a block.
