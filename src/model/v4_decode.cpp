@@ -73,8 +73,8 @@ StepPlan Model::plan_mtp_step(std::span<const MtpStep> batch) const {
     plan.sequences.push_back({s.state, s.next, s.logits});
     plan.starts.push_back(s.start);
     plan.slots += static_cast<int64_t>(s.next.size());
-    // the largest state: its max_tokens bounds the launches
-    if (plan.bound == nullptr || s.state->layout().max_tokens() > plan.bound->max_tokens()) plan.bound = &s.state->layout();
+    const cache::StateLayout& layout = s.state->layout();  // the largest state's max_tokens bounds the launches
+    if (plan.bound == nullptr || layout.max_tokens() > plan.bound->max_tokens()) plan.bound = &layout;
   }
   if (!step_tables_ || plan.bound == nullptr ||
       !decode_refusal(plan.sequences, *plan.bound, kMaxStepQueries, plan.starts).empty())

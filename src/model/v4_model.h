@@ -154,11 +154,7 @@ class Model {
     int64_t first_row = 0;  // its first token's row in the recorded step
     int64_t kept = 0;       // 1 .. kMaxStepQueries
   };
-  // plan_rollback(seqs, record) (which checks them before any state is restored) gives the tables' plan: the kept
-  // tokens as a step of their own, each in its recorded slots, at its snapshot's positions.
-  StepPlan plan_rollback(std::span<const Rollback> seqs, const StepRecord& record) const;
-  void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record, const StepTables& tables);
-  // The same with the tables built here (tests, tools, the Speculator).
+  // The tables are built here (plan_rollback, below): tests, tools and the Speculator call it.
   void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record);
 
   // The MTP layer (model/v4_mtp.cpp; present when the checkpoint has mtp.0.*). Row i of a sequence, at
@@ -274,6 +270,12 @@ class Model {
   static void use_tables(Batch& b, const StepTables& t);
   // The MTP rows' checks (mtp_forward's, before anything runs).
   void check_mtp_steps(std::span<const MtpStep> batch) const;
+  // rollback_steps in two: plan_rollback checks the sequences (before any state is restored) and gives the tables'
+  // plan, the kept tokens as a step of their own, each in its recorded slots at its snapshot's positions; the second
+  // restores the states and refolds on tables built from that plan. Private: only rollback_steps pairs them, so no
+  // caller can hand tables the sequences were not checked against.
+  StepPlan plan_rollback(std::span<const Rollback> seqs, const StepRecord& record) const;
+  void rollback_steps(std::span<const Rollback> seqs, const StepRecord& record, const StepTables& tables);
   // Fills b's ids (token t of sequence i: ids_of(i)[t]), positions (start + t) and wanted rows from b.seqs, and
   // puts them on the model's device; shared by the trunk's and the MTP layer's batches.
   void lay_out_tokens(Batch& b, const std::function<std::span<const int64_t>(size_t)>& ids_of) const;

@@ -174,9 +174,9 @@ __device__ __forceinline__ void bulk_produce(const MoeBulkArgs& a, const BulkRin
 // one at a time from the kernel's counter (a.claim; each claim is asked for one item before it is needed, so its round
 // trip overlaps that item's copies: the first as the share's last item is issued, not at the start, where it would
 // bind a run to the block before the block has shown its pace), items past the end ending the walk. Each stage names
-// its item in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which ends every
-// group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's slot would
-// wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
+// its item in slot_item[slot], stored before armed[slot]; at the end the number of stages goes to *stage_end, which
+// ends every group's walk (end marks in the ring instead deadlock where the groups outnumber the stages: a mark's
+// slot would wait for an earlier mark's release, which never comes). The expert's pointers are looked up again only where the
 // job changes.
 // (Claims of runs of 8 consecutive items where the kernels are not resident, every warp reading each stage's item
 // from a log, were measured in session 28's code: +14% a step at batch 16 on the H100; removed.)
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(bulk_threads(WIDE), 1) moe_bulk_kernel(MoeBulk
                  static_cast<uint32_t>(pl.scale_off + (16 * mtile + prow) * pl.s_stride + per * slice * kWord +
                                        (F == WeightFormat::mxfp4 ? t : 0)),
                  static_cast<uint32_t>(min(g, pl.job_tokens - 1) * pl.win_stride +
-                                             per * slice * XWindow<F>::kChunkBytes + t * 16)};
+                                       per * slice * XWindow<F>::kChunkBytes + t * 16)};
   const uint32_t smem0 = smem_addr(smem);
   uint8_t* win = smem + pl.win_off;
   float* red = reinterpret_cast<float*>(smem + pl.red_off);  // [stages][units][4][32]
