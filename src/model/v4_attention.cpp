@@ -32,10 +32,13 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   const bool branch = Ns > 0 && (A.indexer || A.compressor);
   Tensor index_weights;  // the indexer's head weights (weights_proj h), computed on the branch
   if (branch)
-    ops::run_side(ctx_, h.device(), [&] {
-      compress_step(l, b, h_t, /*indexer=*/bool(A.indexer));
-      if (A.indexer) index_weights = indexer_weights(l, h_t);
-    });
+    ops::run_side(
+        ctx_, h.device(),
+        [&] {
+          compress_step(l, b, h_t, /*indexer=*/bool(A.indexer));
+          if (A.indexer) index_weights = indexer_weights(l, h_t);
+        },
+        A.indexer ? ops::BranchLength::longer : ops::BranchLength::shorter);
 
   // cq = RMSNorm(wq_a h); q = wq_b cq, each head / rms(head), RoPE on the last rope_dim dims at p.
   // wq_a h and wkv h come from one product (stacked weights); the norms read its column ranges.
@@ -45,14 +48,19 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 
   Tensor selected;  // the tables' rows: the indexer's picks
   if (branch && A.indexer)
-    ops::run_side(ctx_, h.device(), [&] { selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns), index_weights); });
+    ops::run_side(
+        ctx_, h.device(), [&] { selected = indexer_step(l, b, h_t, cq.view().rows(0, Ns), index_weights); },
+        ops::BranchLength::longer);
   Tensor q = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim], written as [N, heads * head_dim]
   ops::linear(ctx_, cq, A.wq_b, q.view().reshape({N, H * hd}));
   if (N <= kPrefetchMaxTokens) {  // (Paths::l2_prefetch)
     if ((paths_.l2_prefetch & kPrefetchWoA) != 0) ops::prefetch(ctx_, A.wo_a);
     if ((paths_.l2_prefetch & kPrefetchWoB) != 0) ops::prefetch(ctx_, A.wo_b);
   }
-  ops::norm_rope(ctx_, q, {}, eps, b.positions, inv_freq, q);
+  // The tables' rows here; the chunk path's are normed and rotated by sparse_attention itself (AttentionArgs::
+  // q_inv_freq: the prefill kernels in their q load, without q's f32 pass).
+  if (Ns > 0)
+    ops::norm_rope(ctx_, q.view().rows(0, Ns), {}, eps, b.positions.rows(0, Ns), inv_freq, q.view().rows(0, Ns));
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
@@ -73,7 +81,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       compress(l, b, h, /*indexer=*/true);
       indexer_select(l, b, h, cq, picked);
     }
-    attend(l, b, q, kv_rows, picked, heads);
+    attend(l, b, q, kv_rows, picked, heads, inv_freq);
   }
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
@@ -99,7 +107,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
 // rows then enter the ring.
 void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows,
-                   const std::vector<Tensor>& selected, const Tensor& heads) {
+                   const std::vector<Tensor>& selected, const Tensor& heads, const TensorView& inv_freq) {
   const ModelConfig& c = w_.config;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
@@ -119,6 +127,9 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
     args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    args.q_positions = b.rows(b.positions, s);  // q as wq_b wrote it: each head / rms(head), RoPE at p
+    args.q_inv_freq = inv_freq;
+    args.q_norm_eps = static_cast<float>(c.rms_norm_eps);
     ops::sparse_attention(ctx_, args, b.rows(heads, s));
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
   }

@@ -97,8 +97,9 @@ class Backend {
   virtual void synth_fill(const SynthFillArgs& a);
   // branch.h (concurrent branches of a step): ops issued between side_begin() and side_end() form a side
   // branch that may run concurrently with the ops issued after side_end(), until side_join(). The defaults
-  // run everything in issue order (the CPU).
-  virtual void side_begin() {}
+  // run everything in issue order (the CPU). `critical`: the model expects the branch to be the longer one (the
+  // join waits for it), a hint a backend may act on (the CUDA backend's TERN_BRANCH_PRIORITY).
+  virtual void side_begin(bool critical) { (void)critical; }
   virtual void side_end() {}
   virtual void side_join() {}
 

@@ -7,9 +7,9 @@
 
 namespace tern::ops {
 
-void run_side(const Context& ctx, Device device, const std::function<void()>& body) {
+void run_side(const Context& ctx, Device device, const std::function<void()>& body, BranchLength length) {
   Backend& backend = ctx.backend_for(device);
-  backend.side_begin();
+  backend.side_begin(length == BranchLength::longer);
   try {
     body();
   } catch (...) {

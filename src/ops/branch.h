@@ -16,8 +16,13 @@ namespace tern::ops {
 
 class Context;  // ops/context.h
 
+// Whether the caller expects the branch to be the longer of the two (the join waits for it: the CSA indexer's)
+// or to finish first (the shared expert beside the routed ones): a scheduling hint, never a change of results.
+enum class BranchLength { shorter, longer };
+
 // (In ctx: the side branch of ctx's backend, for work on `device`.)
-void run_side(const Context& ctx, Device device, const std::function<void()>& body);
+void run_side(const Context& ctx, Device device, const std::function<void()>& body,
+              BranchLength length = BranchLength::shorter);
 void join_side(const Context& ctx, Device device);
 
 }  // namespace tern::ops

@@ -477,8 +477,8 @@ TEST_P(GpuV4, MoeSharedAddedInTheCombine) {
 
 // moe_experts with its routing (MoeExpertsArgs::route), scored and hash, x as it is and FP8-quantised
 // (--activations fp8): where launch_moe runs at up to 8 tokens the plan kernel routes and quantises x in its launch
-// (moe_prep_kernel); at 9-64 the routing runs alone and the plan in 256 threads; from 65 tokens the grouped kernels
-// take the call. Every case gives
+// (moe_prep_kernel; with TERN_MOE_PREP_MAX_TOKENS at 64 up to 64 too); at 9-64 the routing runs alone and the plan in
+// 256 threads; from 65 tokens the grouped kernels take the call. Every case gives
 // the bits of the route op then moe_experts with TERN_MOE_FUSED_PLAN=0 (separate launches: route, act_fake_quant,
 // moe_plan), eagerly, with h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H) and replayed from a
 // graph; the picks equal the CPU's. The routing is over the shape's real expert count (V4-Flash: 256, every register
@@ -541,6 +541,12 @@ TEST_P(GpuV4, MoeRoutingInThePlanKernel) {
           auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
           ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
           same(gi, gw, go, fused ? "eager, in the plan kernel" : "eager, apart");
+        }
+        {  // the plan kernel's bound raised to its most (TERN_MOE_PREP_MAX_TOKENS): 16 and 64 tokens route in it too
+          KnobGuard bound("TERN_MOE_PREP_MAX_TOKENS", cuda::kMoeSmallPlanMaxTokens);
+          auto gi = poisoned(DType::i32, {T, k}), gw = poisoned(DType::f32, {T, k}), go = poisoned(DType::f32, {T, D});
+          ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, gi, gw, dexp, 10.0f, go, {}, route});
+          same(gi, gw, go, "eager, in the plan kernel up to 64 tokens");
         }
         {  // h quantised in the down kernel's staging (TERN_MOE_STAGE_QUANT_H; fp8 only, up to 64 tokens)
           KnobGuard h_staged("TERN_MOE_STAGE_QUANT_H", 1);

@@ -41,7 +41,7 @@ TEST(Dispatch, WrongDeviceAndMissingKernelsAreLoud) {
 class BranchRecorder : public ops::Backend {
  public:
   std::string_view name() const override { return "cuda"; }
-  void side_begin() override { log += "b"; }
+  void side_begin(bool) override { log += "b"; }
   void side_end() override { log += "e"; }
   void side_join() override { log += "j"; }
   std::string log;

@@ -261,6 +261,20 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   // A chunk whose products take the library GEMMs takes the prefill kernel too (attention_path): the same
   // decision, so --batch-invariant keeps every token on the decode kernel's bits.
   p.prefill = impl_->library_for(p.n);
+  Tensor normed;  // (q as wq_b wrote it, on a path that does not norm it in its q load: norm_rope first, same bits)
+  if (!a.q_inv_freq.empty()) {
+    require_cuda_f32("sparse_attention", {&a.q_inv_freq});
+    if (attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
+      p.q_positions = a.q_positions.data_as<const int64_t>();
+      p.q_inv_freq = a.q_inv_freq.data_as<const float>();
+      p.q_rope_half = a.q_inv_freq.dim(0);
+      p.q_norm_eps = a.q_norm_eps;
+    } else {
+      normed = impl_->tensor(DType::f32, a.q.shape());
+      norm_rope(a.q, TensorView(), a.q_norm_eps, a.q_positions, a.q_inv_freq, normed);
+      p.q = normed.view().data_as<const float>();
+    }
+  }
   launch_attention("sparse_attention", p, *impl_);
 }
 
@@ -395,7 +409,7 @@ void run_moe_paths(CudaBackend::Impl& impl, const ops::MoeExpertsArgs& a, MoePar
   TERN_CHECK(moe_kind_supported(p.kind, p.D, p.inter), "no cuda kernel for op moe_experts (",
              ops::weight_format_name(e0.w1.format), " experts of ", p.D, " -> ", p.inter, ")");
   // TERN_MOE_FUSED_PLAN: launch_moe's plan kernel can take the routing and x's quantisation (moe_prep_kernel) at up to
-  // kMoePrepMaxTokens tokens, and plans in 256 threads up to kMoeSmallPlanMaxTokens.
+  // moe_prep_max_tokens() tokens, and plans in 256 threads up to kMoeSmallPlanMaxTokens.
   const bool prep = impl.moe_fused_plan && moe_prep_supported(p.T, p.E);
   p.small_plan = impl.moe_fused_plan && p.T <= kMoeSmallPlanMaxTokens;
   // --activations fp8: x quantised before the expert kernels (by the plan kernel, x_from, or alone), h by every path
@@ -529,7 +543,7 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T, int64_t k) c
   // TERN_MOE_FUSED_PLAN: moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x in
   // the plan's launch, or the plan alone in 256 threads (run_moe_paths; either up to 256 experts).
   if (!impl_->moe_fused_plan || T > kMoeSmallPlanMaxTokens) return moe_path_name(p);
-  return cat(moe_path_name(p), T <= kMoePrepMaxTokens
+  return cat(moe_path_name(p), T <= moe_prep_max_tokens()
                                    ? "; the plan as moe_prep_kernel (routing and x's FP8 quantisation in its launch)"
                                    : "; the plan in 256 threads (moe_plan_kernel_small) up to 256 experts");
 }

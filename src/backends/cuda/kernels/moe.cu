@@ -1,4 +1,5 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/moe_bulk_impl.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace tern::cuda {
@@ -446,7 +448,24 @@ void launch_route_hash(const float* logits, const void* tid2eid, bool tid2eid_i6
          tid2eid_i64 ? 1 : 0, vocab, token_ids, T, E, k, routed_scale, indices, weights, err);
 }
 
-bool moe_prep_supported(int64_t T, int64_t E) { return T <= kMoePrepMaxTokens && E <= dev::kPlanThreadsSmall; }
+namespace {
+std::atomic<int64_t>& moe_prep_max_tokens_setting() {
+  static std::atomic<int64_t> n{env_int("TERN_MOE_PREP_MAX_TOKENS", kMoePrepMaxTokens, 1, kMoeSmallPlanMaxTokens)};
+  return n;
+}
+}  // namespace
+
+int64_t moe_prep_max_tokens() { return moe_prep_max_tokens_setting().load(std::memory_order_relaxed); }
+
+void set_moe_prep_max_tokens(int64_t tokens) {
+  TERN_CHECK(tokens >= 1 && tokens <= kMoeSmallPlanMaxTokens, "TERN_MOE_PREP_MAX_TOKENS takes 1 .. ",
+             kMoeSmallPlanMaxTokens, ", not ", tokens);
+  moe_prep_max_tokens_setting() = tokens;
+}
+
+// (block 0 routes a token a warp, its 8 warps looping over the tokens, then plans in 256 threads: any T up to
+// kMoeSmallPlanMaxTokens is correct; the bound is where one block's serial routing stops paying for the launches)
+bool moe_prep_supported(int64_t T, int64_t E) { return T <= moe_prep_max_tokens() && E <= dev::kPlanThreadsSmall; }
 
 void launch_moe_route(const MoeParams& p, bool regs, cudaStream_t stream) {
   const MoeRoute& r = p.route;
@@ -670,7 +689,7 @@ void launch_moe_plan(const MoeParams& p, int tile, int* sorted, int* pos, int* j
     return;
   }
   TERN_CHECK(moe_prep_supported(p.T, p.E), "launch_moe: the plan kernel routes and quantises x for up to ",
-             kMoePrepMaxTokens, " tokens and ", dev::kPlanThreadsSmall, " experts (", p.T, " / ", p.E, ")");
+             moe_prep_max_tokens(), " tokens and ", dev::kPlanThreadsSmall, " experts (", p.T, " / ", p.E, ")");
   TERN_CHECK(p.route.logits == nullptr || p.route.tid2eid != nullptr || route_in_registers(p.E, p.k),
              "launch_moe: the plan kernel routes ", p.E, " experts / ", p.k, " picks only on the register kernel's shape");
   TERN_CHECK(p.x_from == nullptr || p.D % 128 == 0, "launch_moe: x quantised in the plan kernel needs D % 128 == 0");

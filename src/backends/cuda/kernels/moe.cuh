@@ -87,7 +87,7 @@ struct MoeParams {
   // nothing or worse (sessions 22, 27, 29: they take DRAM from the up kernel's last blocks).
   bool early_down = false;
   // Work launch_moe's plan kernel takes over from launches of its own, so that a decode step's path holds one kernel
-  // where it held three (CudaBackend::moe_experts sets them where launch_moe runs at up to kMoePrepMaxTokens tokens;
+  // where it held three (CudaBackend::moe_experts sets them where launch_moe runs at up to moe_prep_max_tokens() tokens;
   // TERN_MOE_FUSED_PLAN=0: apart):
   // the routing (route.logits set), and with x_from set x's 1x128 FP8 fake quantisation, read from x_from and
   // written to x (act_fake_quant's bits) by blocks beside the one that routes and plans.
@@ -112,10 +112,14 @@ inline constexpr int kMoeClaimSharePct = 50;
 
 // Up to this many tokens (and 256 experts) the plan kernel takes the routing and x's quantisation (moe_prep_kernel, a
 // warp a token's routing in one block of 256 threads); more tokens route in a kernel of their own (a block a 4 tokens).
+// The default; TERN_MOE_PREP_MAX_TOKENS (1 .. kMoeSmallPlanMaxTokens, process-wide, for A/B) moves it.
 inline constexpr int64_t kMoePrepMaxTokens = 8;
 // Up to this many tokens (decode steps on the bulk kernels) TERN_MOE_FUSED_PLAN plans in 256 threads (small_plan);
 // larger calls (prefill chunks on the register kernel) keep the 1024-thread plan, 4x fewer rounds over their picks.
 inline constexpr int64_t kMoeSmallPlanMaxTokens = 64;
+// The bound in force (kMoePrepMaxTokens unless TERN_MOE_PREP_MAX_TOKENS or set_moe_prep_max_tokens moved it).
+int64_t moe_prep_max_tokens();
+void set_moe_prep_max_tokens(int64_t tokens);
 bool moe_prep_supported(int64_t T, int64_t E);
 
 // The routing alone (launch_route_scored / launch_route_hash), for the paths that do not run launch_moe's plan.
