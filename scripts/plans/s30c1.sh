@@ -12,7 +12,9 @@
 #   3. in-process on s30a at batch 1, 16, 64: TERN_MOE_PREP_MAX_TOKENS=16 (predicted batch 16 -0.5 to -1%, 1 and 64
 #      unchanged), =64 (64: unknown, one block routing 64 tokens serially), TERN_BRANCH_PRIORITY=1 (predicted -0.3 to
 #      -1% at 1 and 16: the indexer's join wait is 5-7.5 us a CSA layer), =2;
-#   4. the 8K prefill's profile on s30a (attention_prefill_wgmma a layer against session 29's, norm_rope's calls).
+#   4. the 8K prefill's profile on s30a (attention_prefill_wgmma a layer against session 29's, norm_rope's calls);
+#   5. ncu (speed of light, occupancy, warp states, scheduler) on layer 2's (a CSA layer's) prefill attention and
+#      grouped wgmma MoE up / down kernels at 8K: what bounds the two largest prefill kernels now.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s30a.tar.xz
@@ -43,4 +45,14 @@ stamp "4. 8K prefill profile"
 timeout 120 $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 8192 --profile \
   --profile-top 30 > $L/pf8k-profile.log 2>&1; echo "rc $?"
 grep -E "^prefill |attention_prefill|norm_rope|act_quant" $L/pf8k-profile.log | head -12 | cut -c1-170
+stamp "5. ncu at 8K"
+timeout 200 ncu --clock-control none --kernel-name regex:"moe_grouped_wgmma|attention_prefill_wgmma" --launch-skip 6 \
+  --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section SchedulerStats --section MemoryWorkloadAnalysis -o $OUT/pf8k \
+  $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 8192 --steps 1 --warmup 0 \
+  > $OUT/ncu.log 2>&1; echo "rc $?"
+tail -2 $OUT/ncu.log
+timeout 60 ncu -i $OUT/pf8k.ncu-rep --page details > $OUT/ncu-details.txt 2>&1
+grep -E "moe_grouped|attention_prefill|Duration|DRAM Through|Compute \(SM\) Through|Registers Per|Achieved Occ|Eligible Warps|No Eligible|Issued Warp" \
+  $OUT/ncu-details.txt | head -40
 stamp done
