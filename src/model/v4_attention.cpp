@@ -57,10 +57,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     if ((paths_.l2_prefetch & kPrefetchWoA) != 0) ops::prefetch(ctx_, A.wo_a);
     if ((paths_.l2_prefetch & kPrefetchWoB) != 0) ops::prefetch(ctx_, A.wo_b);
   }
-  // The tables' rows here; the chunk path's are normed and rotated by sparse_attention itself (AttentionArgs::
-  // q_inv_freq: the prefill kernels in their q load, without q's f32 pass).
-  if (Ns > 0)
-    ops::norm_rope(ctx_, q.view().rows(0, Ns), {}, eps, b.positions.rows(0, Ns), inv_freq, q.view().rows(0, Ns));
+  ops::norm_rope(ctx_, q, {}, eps, b.positions, inv_freq, q);
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
@@ -81,7 +78,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       compress(l, b, h, /*indexer=*/true);
       indexer_select(l, b, h, cq, picked);
     }
-    attend(l, b, q, kv_rows, picked, heads, inv_freq);
+    attend(l, b, q, kv_rows, picked, heads);
   }
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
@@ -107,7 +104,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
 // rows then enter the ring.
 void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows,
-                   const std::vector<Tensor>& selected, const Tensor& heads, const TensorView& inv_freq) {
+                   const std::vector<Tensor>& selected, const Tensor& heads) {
   const ModelConfig& c = w_.config;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
@@ -127,9 +124,6 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
     args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    args.q_positions = b.rows(b.positions, s);  // q as wq_b wrote it: each head / rms(head), RoPE at p
-    args.q_inv_freq = inv_freq;
-    args.q_norm_eps = static_cast<float>(c.rms_norm_eps);
     ops::sparse_attention(ctx_, args, b.rows(heads, s));
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
   }

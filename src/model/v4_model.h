@@ -321,9 +321,8 @@ class Model {
   }
   // Every layer's weights: the trunk's, then the MTP block's (when present).
   std::vector<LayerWeights*> all_layers();
-  // (q as wq_b wrote it: sparse_attention norms and rotates it at inv_freq, AttentionArgs::q_inv_freq)
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
-              const std::vector<Tensor>& selected, const Tensor& heads, const TensorView& inv_freq);
+              const std::vector<Tensor>& selected, const Tensor& heads);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   // y_a = a x and y_b = b x, from one product when the pair is stacked (then a and b are column ranges of its
   // output: row-strided views, which the consumers take), else from two.

@@ -32,12 +32,6 @@ struct AttentionArgs {
   TensorView selected;  // i32 [n, k] or empty (all visible compressed rows)
   TensorView sinks;     // f32 [heads]
   float scale = 1.0f;   // softmax scale, head_dim^-0.5
-  // Empty: q is ready. Set: q is as wq_b wrote it, and the op first norms each head (RMS over head_dim, no weight,
-  // q_norm_eps) and rotates its last 2 * q_inv_freq.dim(0) dims at q_positions (i64 [n]), exactly ops::norm_rope(q,
-  // {}, q_norm_eps, q_positions, q_inv_freq): where a backend's kernel can do it in its q load (the CUDA prefill
-  // kernels) q's own pass over memory goes.
-  TensorView q_positions, q_inv_freq;
-  float q_norm_eps = 0.0f;
 };
 
 // out f32 [n, heads, head_dim]

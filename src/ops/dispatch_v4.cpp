@@ -169,16 +169,7 @@ void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorVi
     expect_dtype(op, "selected", a.selected, {DType::i32});
     expect_shape(op, "selected", a.selected, {n, -1});
   }
-  if (!a.q_inv_freq.empty()) {
-    expect_dtype(op, "q_positions", a.q_positions, {DType::i64});
-    expect_shape(op, "q_positions", a.q_positions, {n});
-    expect_dtype(op, "q_inv_freq", a.q_inv_freq, {DType::f32});
-    expect_rank(op, "q_inv_freq", a.q_inv_freq, 1);
-    TERN_CHECK(2 * a.q_inv_freq.dim(0) <= a.format.head_dim, op, ": ", a.q_inv_freq.dim(0),
-               " rope pairs do not fit a head of ", a.format.head_dim);
-  }
-  ctx.backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out,
-                                     &a.q_positions, &a.q_inv_freq}))
+  ctx.backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out}))
       .sparse_attention(a, out);
 }
 

@@ -80,11 +80,11 @@ struct CudaBackend::Impl {
   bool in_side = false;         // between side_begin and side_end
   bool side_concurrent = false;  // the open branch runs on the side stream (graph capture)
   bool side_pending = false;     // side work recorded on join_event and not yet joined
-  // TERN_BRANCH_PRIORITY (kBranchPriority*, cuda_backend.h): which lane's kernels a captured step's block scheduler
-  // prefers. The side lane's stream is side_low (the least priority, as every stream before) or side_high (the
-  // greatest), picked at side_begin; the capture stream sits between (CudaStepGraphs), and the graphs are instantiated
-  // with their nodes' priorities, captured from the streams, only where this is not kBranchPriorityEqual.
-  int branch_priority = 0;
+  // TERN_BRANCH_PRIORITY (CudaBackend::branch_priority): the side branches the model marks longer run on side_high
+  // (the greatest stream priority), the others on side_low (the least, as the capture stream and every stream before);
+  // side_begin picks. The graphs are instantiated with their nodes' priorities (captured from the streams) only while
+  // this is on.
+  bool branch_priority = false;
   cudaStream_t side_low = nullptr, side_high = nullptr;
 
   // Library GEMMs for many tokens (library_gemm.h), made at first use (the side lane's with no side streams of its

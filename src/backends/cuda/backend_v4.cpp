@@ -261,20 +261,6 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   // A chunk whose products take the library GEMMs takes the prefill kernel too (attention_path): the same
   // decision, so --batch-invariant keeps every token on the decode kernel's bits.
   p.prefill = impl_->library_for(p.n);
-  Tensor normed;  // (q as wq_b wrote it, on a path that does not norm it in its q load: norm_rope first, same bits)
-  if (!a.q_inv_freq.empty()) {
-    require_cuda_f32("sparse_attention", {&a.q_inv_freq});
-    if (attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
-      p.q_positions = a.q_positions.data_as<const int64_t>();
-      p.q_inv_freq = a.q_inv_freq.data_as<const float>();
-      p.q_rope_half = a.q_inv_freq.dim(0);
-      p.q_norm_eps = a.q_norm_eps;
-    } else {
-      normed = impl_->tensor(DType::f32, a.q.shape());
-      norm_rope(a.q, TensorView(), a.q_norm_eps, a.q_positions, a.q_inv_freq, normed);
-      p.q = normed.view().data_as<const float>();
-    }
-  }
   launch_attention("sparse_attention", p, *impl_);
 }
 

@@ -35,6 +35,7 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
     {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
+    {"TERN_BRANCH_PRIORITY", &CudaBackend::Impl::branch_priority},
 };
 
 const ImplSwitch* impl_switch(std::string_view name) {
@@ -93,9 +94,6 @@ CudaBackend::CudaBackend() : impl_(std::make_unique<Impl>()) {
   TERN_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   TERN_CUDA(cudaStreamCreateWithPriority(&impl_->side_high, cudaStreamNonBlocking, greatest));
   impl_->side.stream = impl_->side_low;
-  // TERN_BRANCH_PRIORITY: 0 (equal, the default), 1 (the longer side branches first), 2 (the main lane first).
-  impl_->branch_priority = static_cast<int>(env_int("TERN_BRANCH_PRIORITY", kBranchPriorityEqual, kBranchPriorityEqual,
-                                                    kBranchPriorityMain));
   TERN_CUDA(cudaEventCreateWithFlags(&impl_->fork_event, cudaEventDisableTiming));
   TERN_CUDA(cudaEventCreateWithFlags(&impl_->join_event, cudaEventDisableTiming));
   make_memories(*this, *impl_);
@@ -111,7 +109,7 @@ CudaBackend::Impl::~Impl() {
   if (side_high != nullptr) cudaStreamDestroy(side_high);
 }
 
-int CudaBackend::branch_priority() const { return impl_->branch_priority; }
+bool CudaBackend::branch_priority() const { return impl_->branch_priority; }
 
 bool CudaBackend::side_streams_enabled() {
   static const bool on = env_flag("TERN_SIDE_STREAM", true);
@@ -150,7 +148,7 @@ void CudaBackend::side_begin(bool critical) {
   // The lane's stream by the branch's priority; a branch that follows one not yet joined stays on its stream (it
   // may read what that one wrote: stream order is its only edge).
   if (!m.side_pending)
-    m.side.stream = m.branch_priority == kBranchPriorityLonger && critical ? m.side_high : m.side_low;
+    m.side.stream = m.branch_priority && critical ? m.side_high : m.side_low;
   if (m.side_concurrent) {
     TERN_CUDA(cudaEventRecord(m.fork_event, m.stream));
     TERN_CUDA(cudaStreamWaitEvent(m.side.stream, m.fork_event, 0));
@@ -286,7 +284,7 @@ std::vector<std::string> CudaBackend::knob_names() {
   std::vector<std::string> names;
   for (const ImplSwitch& sw : kImplSwitches) names.emplace_back(sw.name);
   for (const char* n : {"TERN_PDL", "TERN_X8_QUANT_MAX_N", "TERN_MOE_GROUPED_MIN_TOKENS", "TERN_DENSE_LIBRARY_MIN_TOKENS",
-                        "TERN_MOE_VARIANT", "TERN_MOE_PREP_MAX_TOKENS", "TERN_BRANCH_PRIORITY"})
+                        "TERN_MOE_VARIANT", "TERN_MOE_PREP_MAX_TOKENS"})
     names.emplace_back(n);
   return names;
 }
@@ -308,7 +306,6 @@ int64_t CudaBackend::knob(std::string_view name) const {
   if (name == "TERN_PDL") return pdl_enabled();
   if (name == "TERN_X8_QUANT_MAX_N") return x8_quant_max_n_now();
   if (name == "TERN_MOE_PREP_MAX_TOKENS") return moe_prep_max_tokens();
-  if (name == "TERN_BRANCH_PRIORITY") return m.branch_priority;
   if (name == "TERN_MOE_GROUPED_MIN_TOKENS") return m.moe_grouped_min_tokens;
   if (name == "TERN_DENSE_LIBRARY_MIN_TOKENS") return m.dense_library_min_tokens;
   if (name == "TERN_MOE_VARIANT") return m.moe_variant;
@@ -328,10 +325,6 @@ void CudaBackend::set_knob(std::string_view name, int64_t value) {
     set_x8_quant_max_n(static_cast<int>(value));
   } else if (name == "TERN_MOE_GROUPED_MIN_TOKENS") {
     set_moe_grouped_min_tokens(value);
-  } else if (name == "TERN_BRANCH_PRIORITY") {
-    check_knob_range(name, value, kBranchPriorityEqual, kBranchPriorityMain);
-    TERN_CHECK(!m.in_side && !m.side_pending, "cuda: TERN_BRANCH_PRIORITY cannot change inside a step's branch");
-    m.branch_priority = static_cast<int>(value);
   } else if (name == "TERN_MOE_PREP_MAX_TOKENS") {
     check_knob_range(name, value, 1, kMoeSmallPlanMaxTokens);
     set_moe_prep_max_tokens(value);
@@ -530,8 +523,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "
       "TERN_ATTENTION_PREFILL=0: attention_prefill_wgmma_kernel (version 3: Hopper wgmma, the FP8 row decode "
       "overlapping the S MMAs; TERN_ATTENTION_PREFILL=1 / 2: attention_prefill_kernel (mma.sync) / wgmma without "
-      "the overlap), the same numerics, one block per query over all its keys (no split, no merge; a prefill chunk's q normed and "
-      "rotated in their q load, elsewhere by norm_rope_kernel before the op: the same bits); f32 rows (KV mode exact) and other shapes: attention_kernel + "
+      "the overlap), the same numerics, one block per query over all its keys (no split, no merge); f32 rows (KV mode exact) and other shapes: attention_kernel + "
       "attention_combine_kernel, CUDA cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
       "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "

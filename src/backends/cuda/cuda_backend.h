@@ -84,12 +84,11 @@ class CudaBackend final : public ops::Backend {
   // capture turn every later step's join into cudaErrorInvalidValue).
   void abandon_branch();
   static bool side_streams_enabled();
-  // TERN_BRANCH_PRIORITY, which lane of a captured step the block scheduler prefers (stream priorities, kept in the
-  // graph's kernel nodes): equal (as before; the graphs ignore node priorities); the side branches the model marks
-  // longer (ops::BranchLength: the CSA indexer's) above the main lane, the other side branches below it; or the
-  // main lane above every side branch. The same kernels and bits in every case. A knob (set_knob) for A/B.
-  static constexpr int kBranchPriorityEqual = 0, kBranchPriorityLonger = 1, kBranchPriorityMain = 2;
-  int branch_priority() const;
+  // TERN_BRANCH_PRIORITY (a switch): in a captured step the side branches the model marks longer (ops::BranchLength:
+  // the CSA indexer's) run at a higher stream priority than the rest, kept in the graph's kernel nodes, so the block
+  // scheduler starts their blocks first; off, every node runs at the launch stream's priority. The same kernels and
+  // bits either way.
+  bool branch_priority() const;
 
   // Waits for every op issued so far.
   void synchronize();
@@ -187,7 +186,7 @@ class CudaBackend final : public ops::Backend {
   // one process (`tern bench-step --ab`): TERN_MOE_STAGE_QUANT, TERN_MOE_EARLY_DOWN, TERN_X8_QUANT (0 / 1),
   // TERN_X8_QUANT_MAX_N (8 / 16), TERN_MOE_GROUPED_MIN_TOKENS and TERN_DENSE_LIBRARY_MIN_TOKENS (1 ..
   // kLibraryMinTokens), TERN_MOE_VARIANT (0 .. moe_variants() - 1), TERN_PDL (0 / 1), TERN_MOE_PREP_MAX_TOKENS (1 ..
-  // kMoeSmallPlanMaxTokens), TERN_BRANCH_PRIORITY (kBranchPriority*). knob() reads the value
+  // kMoeSmallPlanMaxTokens), TERN_BRANCH_PRIORITY (0 / 1). knob() reads the value
   // in force; both throw naming the known switches for another name, and set_knob a value out of range. Steps
   // recorded before a change keep the kernels they were recorded with: record them again.
   static std::vector<std::string> knob_names();

@@ -15,11 +15,7 @@ size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 // and for ruling the reuse out when a recorded step misbehaves).
 CudaStepGraphs::CudaStepGraphs(CudaBackend& backend)
     : backend_(backend), reuse_(env_flag("TERN_ARENA_REUSE", true)) {
-  // One step above the least priority (the side lane's low stream), where the range allows: captured kernel nodes
-  // keep their stream's priority, which the graphs use under TERN_BRANCH_PRIORITY (CudaBackend::branch_priority).
-  int least = 0, greatest = 0;
-  TERN_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  TERN_CUDA(cudaStreamCreateWithPriority(&capture_stream_, cudaStreamNonBlocking, greatest < least ? least - 1 : least));
+  TERN_CUDA(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
 }
 
 CudaStepGraphs::~CudaStepGraphs() {
@@ -172,7 +168,7 @@ int CudaStepGraphs::capture(const std::function<void()>& body) {
   cudaGraphExec_t exec = nullptr;
   // Node priorities (captured from the lanes' streams) only where TERN_BRANCH_PRIORITY asks: otherwise every node
   // runs at the launch stream's, as before.
-  const bool by_node = backend_.branch_priority() != CudaBackend::kBranchPriorityEqual;
+  const bool by_node = backend_.branch_priority();
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, by_node ? cudaGraphInstantiateFlagUseNodePriority : 0);
   cudaGraphDestroy(graph);
   if (inst != cudaSuccess) {
