@@ -69,8 +69,21 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
   if (b.record != nullptr) b.record->layers[static_cast<size_t>(l)].rows = kv_rows;
 
   // The compressed rows (and indexer keys) first take in every window this chunk completes.
-  // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p
-  Tensor heads = tensor(DType::f32, {N, H, hd});  // [N, heads, head_dim]
+  // o_h = softmax-with-sink over window + compressed rows; then inverse RoPE at p. With FP8 activations a step with
+  // prefill chunks hands wo_a its heads quantised (ops::Fp8Rows): the chunks' rows come out of sparse_attention so
+  // (on the GPU rotated back and quantised in the prefill kernel's epilogue), the tables' rows are quantised after
+  // attend_step. The chunks' heads are then never stored in f32 (1 GiB a layer at 8K tokens) and read back.
+  const int64_t width = H * hd;
+  const bool fp8_heads = Ns < N && A.wo_a.act_fp8 && !A.wo_a.exact && (width / G) % ops::kActBlock == 0;
+  Tensor heads = tensor(DType::f32, {fp8_heads ? Ns : N, H, hd});  // [N, heads, head_dim] (fp8_heads: the tables' rows)
+  Tensor heads_values, heads_scales;
+  ops::Fp8Rows heads8;  // fp8_heads: every row's, values [P, width] and scales [width / 128, P]
+  if (fp8_heads) {
+    const int64_t P = ops::Fp8Rows::padded_rows(N);
+    heads_values = tensor(DType::u8, {P, width});
+    heads_scales = tensor(DType::f32, {width / ops::kActBlock, P});
+    heads8 = ops::Fp8Rows{heads_values, heads_scales, N};
+  }
   if (Ns < N) {  // per sequence (the chunk path below), for the sequences not on the tables
     std::vector<Tensor> picked(b.seqs.size());
     if (A.compressor) compress(l, b, h, /*indexer=*/false);
@@ -78,7 +91,7 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
       compress(l, b, h, /*indexer=*/true);
       indexer_select(l, b, h, cq, picked);
     }
-    attend(l, b, q, kv_rows, picked, heads);
+    attend(l, b, q, kv_rows, picked, heads, fp8_heads ? &heads8 : nullptr, inv_freq);
   }
   if (Ns > 0) {  // one launch per op for every slot (model/v4_decode.cpp)
     if (A.indexer && A.compressor) compress_step(l, b, h_t, /*indexer=*/false);
@@ -88,15 +101,19 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns),
                 paths_.fused_rope ? inv_freq : TensorView());
   }
-  // (the tables' rows rotated back in attend_step when paths_.fused_rope)
-  const int64_t roped = Ns > 0 && paths_.fused_rope ? Ns : 0;
-  if (roped < N)
-    ops::rope(ctx_, heads.view().rows(roped, N), b.positions.rows(roped, N), inv_freq, /*inverse=*/true);
+  // (the tables' rows rotated back in attend_step when paths_.fused_rope; fp8_heads: the chunks' rows by attend)
+  const int64_t roped = Ns > 0 && paths_.fused_rope ? Ns : 0, f32_rows = heads.dim(0);
+  if (roped < f32_rows)
+    ops::rope(ctx_, heads.view().rows(roped, f32_rows), b.positions.rows(roped, f32_rows), inv_freq, /*inverse=*/true);
+  if (fp8_heads && Ns > 0) ops::act_quant(ctx_, heads.view().reshape({Ns, width}), heads8.slice(0, Ns));
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
   Tensor grouped = tensor(
       DType::f32, {N, G, c.o_lora_rank});  // heads as [N, G, heads/G * head_dim] -> [N, G, o_lora_rank]
-  ops::grouped_linear(ctx_, heads.view().reshape({N, G, H * hd / G}), A.wo_a, grouped);
+  if (fp8_heads)
+    ops::grouped_linear(ctx_, heads8, G, A.wo_a, grouped);
+  else
+    ops::grouped_linear(ctx_, heads.view().reshape({N, G, width / G}), A.wo_a, grouped);
   ops::linear(ctx_, grouped.view().reshape({N, G * c.o_lora_rank}), A.wo_b, out);
   if (Ns > 0) ops::join_side(ctx_, h.device());  // the ring store (attend_step)
 }
@@ -104,7 +121,8 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
 // Each sequence's queries against its window (ring + this chunk's rows) and compressed rows; the chunk's
 // rows then enter the ring.
 void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows,
-                   const std::vector<Tensor>& selected, const Tensor& heads) {
+                   const std::vector<Tensor>& selected, const Tensor& heads, const ops::Fp8Rows* heads8,
+                   const TensorView& inv_freq) {
   const ModelConfig& c = w_.config;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const Batch::Seq& s = b.seqs[i];
@@ -124,7 +142,13 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
     args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    ops::sparse_attention(ctx_, args, b.rows(heads, s));
+    if (heads8 != nullptr) {  // rotated back and quantised by the op
+      args.positions = b.rows(b.positions, s);
+      args.out_inv_freq = inv_freq;
+      ops::sparse_attention(ctx_, args, heads8->slice(s.begin, s.begin + s.n));
+    } else {
+      ops::sparse_attention(ctx_, args, b.rows(heads, s));
+    }
     s.state->store_window_rows(l, s.start, b.rows(kv_rows, s));
   }
 }

@@ -321,8 +321,10 @@ class Model {
   }
   // Every layer's weights: the trunk's, then the MTP block's (when present).
   std::vector<LayerWeights*> all_layers();
+  // heads8 set: each sequence's heads rotated back (inv_freq) and quantised into its rows of heads8, not heads.
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
-              const std::vector<Tensor>& selected, const Tensor& heads);
+              const std::vector<Tensor>& selected, const Tensor& heads, const ops::Fp8Rows* heads8,
+              const TensorView& inv_freq);
   void attention_block(int layer, const Batch& b, const TensorView& h, const TensorView& out);
   // y_a = a x and y_b = b x, from one product when the pair is stacked (then a and b are column ranges of its
   // output: row-strided views, which the consumers take), else from two.

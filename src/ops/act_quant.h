@@ -12,9 +12,29 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/tensor.h"
+
 namespace tern::ops {
 
 inline constexpr int64_t kActBlock = 128;
+
+// Rows already quantised for an FP8 product (act_quant_fp8's bytes and scales), so that a producer can hand its
+// output to the product without storing it in f32 first: values u8 [P, cols] (contiguous rows), scales f32
+// [cols / kActBlock, P] token-major (scales[b, t] is block b of row t; its rows `scales.row_stride()` apart), for
+// `rows` <= P rows. A consumer may compute on rows past `rows` (whatever they hold: their results are dropped), so
+// a whole step's buffers have P = padded_rows(rows); a producer writes rows 0 .. rows - 1 of what it is given, and
+// slice() gives a producer its rows of a step (the prefill chunk's heads: sparse_attention, per sequence).
+struct Fp8Rows {
+  TensorView values, scales;
+  int64_t rows = 0;
+  // FP8 tensor-core libraries take row counts in multiples of 4 (cuBLASLt's 1x128 scales: 16-byte aligned rows).
+  static constexpr int64_t kRowAlign = 4;
+  static int64_t padded_rows(int64_t rows) { return (rows + kRowAlign - 1) / kRowAlign * kRowAlign; }
+  int64_t cols() const { return values.dim(1); }
+  Fp8Rows slice(int64_t begin, int64_t end) const {
+    return {values.rows(begin, end), scales.cols(begin, end), end - begin};
+  }
+};
 
 // Which activations the products see.
 enum class Activations : uint8_t {

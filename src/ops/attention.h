@@ -13,6 +13,7 @@
 
 #include "core/paged_rows.h"
 #include "core/tensor.h"
+#include "ops/act_quant.h"
 #include "ops/kv_row.h"
 
 namespace tern::ops {
@@ -32,9 +33,16 @@ struct AttentionArgs {
   TensorView selected;  // i32 [n, k] or empty (all visible compressed rows)
   TensorView sinks;     // f32 [heads]
   float scale = 1.0f;   // softmax scale, head_dim^-0.5
+  // Set: each head's output rotated back at its query's position (i64 [n]) in its last 2 * out_inv_freq.dim(0)
+  // dims: what ops::rope(out, positions, out_inv_freq, inverse) would do after the op (the same bits).
+  TensorView positions, out_inv_freq;
 };
 
 // out f32 [n, heads, head_dim]
 void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out);
+// The same output quantised for an FP8 product (out: n rows of heads * head_dim columns, act_quant.h), as
+// act_quant would quantise the f32 one: what the output projection wo_a takes, without the heads in f32 (1 GiB a
+// layer at 8K tokens) written and read back. The CUDA prefill kernels quantise in their epilogue.
+void sparse_attention(const Context& ctx, const AttentionArgs& a, const Fp8Rows& out);
 
 }  // namespace tern::ops

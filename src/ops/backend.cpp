@@ -65,6 +65,10 @@ void Backend::norm_rope(const TensorView& x, const TensorView& weight, float eps
 void Backend::linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("linear", weight_format_name(w.format));
 }
+void Backend::act_quant_rows(const TensorView& x, const Fp8Rows&) { no_kernel("act_quant", x.dtype()); }
+void Backend::grouped_linear_fp8(const Fp8Rows&, int64_t, const Weight& w, const TensorView&) {
+  no_kernel("grouped_linear (FP8 rows in)", weight_format_name(w.format));
+}
 void Backend::grouped_linear(const TensorView&, const Weight& w, const TensorView&) {
   no_kernel("grouped_linear", weight_format_name(w.format));
 }
@@ -105,6 +109,9 @@ void Backend::indexer_topk(const IndexerArgs& a, int, const TensorView&) {
 }
 void Backend::sparse_attention(const AttentionArgs& a, const TensorView&) {
   no_kernel("sparse_attention", kv_format_name(a.format.format));
+}
+void Backend::sparse_attention_fp8(const AttentionArgs& a, const Fp8Rows&) {
+  no_kernel("sparse_attention (FP8 rows out)", kv_format_name(a.format.format));
 }
 void Backend::route_scored(const TensorView& logits, const TensorView&, float, const TensorView&,
                            const TensorView&) {

@@ -52,6 +52,8 @@ class Backend {
   // linear.h
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& y);
   virtual void grouped_linear(const TensorView& x, const Weight& w, const TensorView& y);
+  virtual void act_quant_rows(const TensorView& x, const Fp8Rows& out);
+  virtual void grouped_linear_fp8(const Fp8Rows& x, int64_t groups, const Weight& w, const TensorView& y);
   virtual void dequantize(const Weight& w, const TensorView& out);
   virtual void prefetch(const Weight& w);  // a hint (linear.h): by default nothing to do
   // mhc.h
@@ -71,6 +73,7 @@ class Backend {
   virtual void indexer_topk(const IndexerArgs& a, int topk, const TensorView& indices);
   // attention.h
   virtual void sparse_attention(const AttentionArgs& a, const TensorView& out);
+  virtual void sparse_attention_fp8(const AttentionArgs& a, const Fp8Rows& out);
   // moe.h
   virtual void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
                             const TensorView& indices, const TensorView& weights);

@@ -49,6 +49,19 @@ void expect_rows(std::string_view op, std::string_view arg, const TensorView& t)
   TERN_CHECK(t.row_stride() >= 0, op, ": ", arg, " must be rows (each contiguous, evenly spaced)");
 }
 
+void expect_fp8_rows(std::string_view op, std::string_view arg, const Fp8Rows& x, int64_t rows, int64_t cols) {
+  TERN_CHECK(cols % kActBlock == 0, op, ": ", arg, ": FP8 rows of ", cols, " columns (not a multiple of ", kActBlock,
+             ")");
+  TERN_CHECK(x.rows == rows, op, ": ", arg, " holds ", x.rows, " rows, expected ", rows);
+  expect_dtype(op, cat(arg, ".values"), x.values, {DType::u8});
+  expect_rows(op, cat(arg, ".values"), x.values, {-1, cols});
+  TERN_CHECK(x.values.row_stride() == cols, op, ": ", arg, ".values must be contiguous rows");
+  expect_dtype(op, cat(arg, ".scales"), x.scales, {DType::f32});
+  expect_rows(op, cat(arg, ".scales"), x.scales, {cols / kActBlock, -1});
+  TERN_CHECK(x.values.dim(0) >= rows && x.scales.dim(1) >= rows, op, ": ", arg, " holds fewer than its ", rows, " rows");
+  TERN_CHECK(x.values.device() == x.scales.device(), op, ": ", arg, "'s values and scales are on different devices");
+}
+
 void expect_contiguous(std::string_view op, std::string_view arg, const TensorView& t) {
   TERN_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous");
 }

@@ -7,6 +7,7 @@
 
 #include "core/paged_rows.h"
 #include "core/tensor.h"
+#include "ops/act_quant.h"
 
 namespace tern::ops::detail {
 
@@ -25,6 +26,9 @@ void expect_rows(std::string_view op, std::string_view arg, const TensorView& t)
 // table on its device covering the rows, rows inside a page; with a host table, pages inside the pool.
 void expect_paged(std::string_view op, std::string_view arg, const PagedRows& rows, int64_t count,
                   int64_t row_bytes);
+// FP8 rows (act_quant.h) of `rows` rows and `cols` columns (a multiple of kActBlock): u8 values with contiguous rows,
+// f32 token-major scales with contiguous rows, both holding at least `rows` rows, on one device.
+void expect_fp8_rows(std::string_view op, std::string_view arg, const Fp8Rows& x, int64_t rows, int64_t cols);
 // All non-empty views on one device; returns it.
 Device common_device(std::string_view op, std::initializer_list<const TensorView*> views);
 

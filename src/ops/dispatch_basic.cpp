@@ -123,6 +123,24 @@ void grouped_linear(const Context& ctx, const TensorView& x, const Weight& w, co
   ctx.backend_for(common_device("grouped_linear", {&x, &w.weight, &w.scale, &y})).grouped_linear(x, w, y);
 }
 
+void act_quant(const Context& ctx, const TensorView& x, const Fp8Rows& out) {
+  const char* op = "act_quant";
+  expect_dtype(op, "x", x, {DType::f32});
+  detail::expect_rows(op, "x", x, {out.rows, -1});
+  detail::expect_fp8_rows(op, "out", out, x.dim(0), x.dim(1));
+  ctx.backend_for(common_device(op, {&x, &out.values, &out.scales})).act_quant_rows(x, out);
+}
+
+void grouped_linear(const Context& ctx, const Fp8Rows& x, int64_t groups, const Weight& w, const TensorView& y) {
+  check_weight(w);
+  const std::string op = cat("grouped_linear ", w.name, " (FP8 rows)");
+  TERN_CHECK(w.act_fp8 && !w.exact, op, ": rows already quantised go to a product that takes FP8 activations");
+  TERN_CHECK(groups > 0 && w.out % groups == 0, op, ": ", w.out, " output rows do not split into ", groups, " groups");
+  detail::expect_fp8_rows(op, "x", x, x.rows, groups * w.in);
+  expect_shape(op, "y", y, {x.rows, groups, w.out / groups});
+  ctx.backend_for(common_device(op, {&x.values, &x.scales, &w.weight, &w.scale, &y})).grouped_linear_fp8(x, groups, w, y);
+}
+
 void prefetch(const Context& ctx, const Weight& w) {
   check_weight(w);
   ctx.backend_for(common_device("prefetch", {&w.weight, &w.scale})).prefetch(w);

@@ -1,4 +1,7 @@
 // Entry points of the DeepSeek-V4 specific ops: check arguments, then call the context's backend.
+#include <initializer_list>
+#include <vector>
+
 #include "ops/backend.h"
 #include "ops/check.h"
 #include "ops/context.h"
@@ -146,13 +149,13 @@ void indexer_topk(const Context& ctx, const IndexerArgs& a, int topk, const Tens
       .indexer_topk(a, topk, indices);
 }
 
-void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out) {
-  const char* op = "sparse_attention";
+namespace {
+// sparse_attention's arguments (n queries of `heads` heads); returns the device.
+Device check_attention(const char* op, const AttentionArgs& a, std::initializer_list<const TensorView*> outs) {
   a.format.check();
   expect_rank(op, "q", a.q, 3);
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), rb = a.format.row_bytes();
   expect_shape(op, "q", a.q, {n, heads, a.format.head_dim});
-  expect_shape(op, "out", out, {n, heads, a.format.head_dim});
   expect_dtype(op, "chunk_rows", a.chunk_rows, {DType::u8});
   expect_shape(op, "chunk_rows", a.chunk_rows, {n, rb});
   TERN_CHECK(a.window > 0, op, ": window must be positive");
@@ -169,8 +172,39 @@ void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorVi
     expect_dtype(op, "selected", a.selected, {DType::i32});
     expect_shape(op, "selected", a.selected, {n, -1});
   }
-  ctx.backend_for(common_device(op, {&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &out}))
-      .sparse_attention(a, out);
+  if (!a.out_inv_freq.empty()) {
+    expect_dtype(op, "positions", a.positions, {DType::i64});
+    expect_shape(op, "positions", a.positions, {n});
+    expect_dtype(op, "out_inv_freq", a.out_inv_freq, {DType::f32});
+    expect_shape(op, "out_inv_freq", a.out_inv_freq, {-1});
+    TERN_CHECK(2 * a.out_inv_freq.dim(0) <= a.format.head_dim, op, ": ", a.out_inv_freq.dim(0),
+               " rope pairs do not fit a head of ", a.format.head_dim);
+  }
+  std::vector<const TensorView*> all{&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &a.positions,
+                                     &a.out_inv_freq};
+  all.insert(all.end(), outs.begin(), outs.end());
+  Device dev = Device::cpu;
+  bool found = false;
+  for (const TensorView* v : all) {
+    if (v->empty()) continue;
+    TERN_CHECK(!found || v->device() == dev, op, ": tensors on different devices");
+    dev = v->device(), found = true;
+  }
+  return dev;
+}
+}  // namespace
+
+void sparse_attention(const Context& ctx, const AttentionArgs& a, const TensorView& out) {
+  const char* op = "sparse_attention";
+  expect_shape(op, "out", out, {a.q.dim(0), a.q.dim(1), a.format.head_dim});
+  ctx.backend_for(check_attention(op, a, {&out})).sparse_attention(a, out);
+}
+
+void sparse_attention(const Context& ctx, const AttentionArgs& a, const Fp8Rows& out) {
+  const char* op = "sparse_attention (FP8 rows out)";
+  expect_rank(op, "q", a.q, 3);
+  detail::expect_fp8_rows(op, "out", out, a.q.dim(0), a.q.dim(1) * a.format.head_dim);
+  ctx.backend_for(check_attention(op, a, {&out.values, &out.scales})).sparse_attention_fp8(a, out);
 }
 
 static void check_route(const char* op, const TensorView& logits, const TensorView& indices,

@@ -256,6 +256,54 @@ TEST_P(GpuActFp8Linear, GroupedAgainstCpu) {
   }
 }
 
+// wo_a on rows already quantised (ops::Fp8Rows, what sparse_attention hands it for a prefill chunk): act_quant's rows
+// of x, then grouped_linear from them, give grouped_linear's bits on x itself, on the library (600, and 601 with its
+// padding row garbage) and on the own kernels (1, 64: the rows dequantised and quantised back); the CPU's FP8 rows
+// the CPU's bits. Rows are written in two slices, as the model writes a step's tables rows and chunk rows.
+TEST_P(GpuActFp8Linear, GroupedFromFp8RowsBitIdentical) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int64_t in_g = s.heads / s.groups * s.head_dim, width = s.groups * in_g;
+  if (in_g % 128 != 0) GTEST_SKIP() << "in_g " << in_g << " is not a multiple of 128";
+  HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
+                                1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
+  hw.w.act_fp8 = true;
+  cuda::WeightStore store;
+  ops::Weight dw = store.upload(hw.w);
+  dw.act_fp8 = true;
+  for (int64_t T : {1, 64, 600, 601}) {
+    const Tensor x = spread_rows(T, width, r);
+    const int64_t P = ops::Fp8Rows::padded_rows(T), cut = T / 3;
+    auto dx = upload(x);
+    auto values = poisoned(DType::u8, {P, width}), scales = poisoned(DType::f32, {width / 128, P});
+    const ops::Fp8Rows rows{values, scales, T};
+    ops::act_quant(cuda::context(), dx.view().rows(0, cut), rows.slice(0, cut));
+    ops::act_quant(cuda::context(), dx.view().rows(cut, T), rows.slice(cut, T));
+    auto want = poisoned(DType::f32, {T, s.groups, s.o_rank}), got = poisoned(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(cuda::context(), dx.view().reshape({T, s.groups, in_g}), dw, want);
+    ops::grouped_linear(cuda::context(), rows, s.groups, dw, got);
+    const Tensor w = cuda::to_host(want), g = cuda::to_host(got);
+    EXPECT_EQ(std::memcmp(w.data<float>(), g.data<float>(), w.nbytes()), 0)
+        << "wo_a from FP8 rows is not grouped_linear's bits, T=" << T;
+    // The CPU: its FP8 rows through its grouped_linear give its grouped_linear's bits too.
+    Tensor hv(DType::u8, {P, width}), hs(DType::f32, {width / 128, P});
+    const ops::Fp8Rows host_rows{hv, hs, T};
+    ops::act_quant(cpu::context(), x, host_rows);
+    Tensor ref(DType::f32, {T, s.groups, s.o_rank}), ref8(DType::f32, {T, s.groups, s.o_rank});
+    ops::grouped_linear(cpu::context(), x.view().reshape({T, s.groups, in_g}), hw.w, ref);
+    ops::grouped_linear(cpu::context(), host_rows, s.groups, hw.w, ref8);
+    EXPECT_EQ(std::memcmp(ref.data<float>(), ref8.data<float>(), ref.nbytes()), 0) << "CPU, T=" << T;
+    // The quantised rows themselves: the GPU's bytes and scales are the CPU's.
+    const Tensor gv = cuda::to_host(values), gs = cuda::to_host(scales);
+    EXPECT_EQ(std::memcmp(gv.data<uint8_t>(), hv.data<uint8_t>(), static_cast<size_t>(T * width)), 0) << "bytes, T=" << T;
+    for (int64_t b = 0; b < width / 128; ++b)
+      ASSERT_EQ(std::memcmp(gs.data<float>() + b * P, hs.data<float>() + b * P, static_cast<size_t>(T) * 4), 0)
+          << "scales of block " << b << ", T=" << T;
+    expect_close(got, ref, act_fp8_tol(T), cat("grouped_linear from FP8 rows, wo_a T=", T));
+  }
+}
+
 // A token's bits do not depend on the batch (other token tiles, K-split choices, n-tile counts).
 TEST_P(GpuActFp8Linear, BatchInvariant) {
   TERN_REQUIRE_GPU();

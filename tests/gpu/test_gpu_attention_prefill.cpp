@@ -22,6 +22,9 @@
 #include "gpu_test_util.h"
 #include "ops/attention.h"
 #include "ops/kv_row.h"
+#include "ops/linear.h"
+#include "ops/rope.h"
+#include "core/dtype.h"
 #include "shapes.h"
 
 namespace tern::gputest {
@@ -281,6 +284,72 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   EXPECT_EQ(cuda::attention_prefill_version(), 3);
   cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
+}
+
+// The output rotated back and quantised for wo_a (sparse_attention into ops::Fp8Rows, AttentionArgs::out_inv_freq): in
+// the wgmma prefill kernels' epilogue (versions 2 and 3) for a chunk that takes them, by rope_kernel and act_quant
+// after the op otherwise (version 1, a short chunk). Every way the bytes and scales of the f32 op, then ops::rope
+// (inverse), then ops::act_quant; and the f32 op with out_inv_freq the bits of the f32 op then ops::rope. Against the
+// CPU's FP8 rows: their dequantised values within e4m3's rounding of the bf16 products' differences.
+TEST_P(GpuAttentionPrefill, OpRotatesAndQuantisesItsOutput) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int saved_version = cuda::attention_prefill_version();
+  const int64_t half = s.rope_dim / 2, width = s.heads * s.head_dim;
+  if (width % 128 != 0) GTEST_SKIP() << "heads x head_dim " << width << " is not a multiple of 128";
+  Tensor inv_freq(DType::f32, {half});
+  for (int64_t j = 0; j < half; ++j)
+    inv_freq.data<float>()[j] = std::pow(10000.0f, -2.0f * static_cast<float>(j) / static_cast<float>(s.rope_dim));
+  const auto dinv = upload(inv_freq);
+  for (const int64_t n : {int64_t{64}, cuda::CudaBackend::library_min_tokens() + 89}) {
+    const Chunk c = make_chunk(s, static_cast<int>(s.csa_ratio), true, 40 * s.window + 5, n, r);
+    Tensor pos(DType::i64, {n});
+    for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = c.start + i;
+    const auto dpos = upload(pos);
+    const int64_t P = ops::Fp8Rows::padded_rows(n);
+    ops::AttentionArgs dev = c.device_args(), host = c.host_args();
+    dev.positions = dpos, dev.out_inv_freq = dinv;
+    host.positions = pos, host.out_inv_freq = inv_freq;
+    Tensor hv(DType::u8, {P, width}), hs(DType::f32, {width / 128, P});
+    ops::sparse_attention(cpu::context(), host, ops::Fp8Rows{hv, hs, n});
+    for (const int version : {3, 2, 1}) {
+      cuda::set_attention_prefill_version(version);
+      const std::string what = cat(s.name, " n=", n, " prefill version ", version);
+      // The pieces: the f32 op, rope_kernel, act_quant.
+      auto plain = poisoned(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(cuda::context(), c.device_args(), plain);
+      ops::rope(cuda::context(), plain, dpos, dinv, /*inverse=*/true);
+      auto wv = poisoned(DType::u8, {P, width}), ws = poisoned(DType::f32, {width / 128, P});
+      ops::act_quant(cuda::context(), plain.view().reshape({n, width}), ops::Fp8Rows{wv, ws, n});
+      // The op.
+      auto gv = poisoned(DType::u8, {P, width}), gs = poisoned(DType::f32, {width / 128, P});
+      ops::sparse_attention(cuda::context(), dev, ops::Fp8Rows{gv, gs, n});
+      auto rotated = poisoned(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(cuda::context(), dev, rotated);
+      const Tensor a = cuda::to_host(wv), b = cuda::to_host(gv), as = cuda::to_host(ws), bs = cuda::to_host(gs);
+      EXPECT_EQ(std::memcmp(a.data<uint8_t>(), b.data<uint8_t>(), static_cast<size_t>(n * width)), 0)
+          << what << ": the op's FP8 bytes are not the pieces'";
+      for (int64_t blk = 0; blk < width / 128; ++blk)
+        ASSERT_EQ(std::memcmp(as.data<float>() + blk * P, bs.data<float>() + blk * P, static_cast<size_t>(n) * 4), 0)
+            << what << ": the scales of block " << blk << " are not the pieces'";
+      const Tensor pr = cuda::to_host(plain), ro = cuda::to_host(rotated);
+      EXPECT_EQ(std::memcmp(pr.data<float>(), ro.data<float>(), pr.nbytes()), 0)
+          << what << ": the op rotating its output is not the op then rope";
+      // Against the CPU, dequantised (e4m3 keeps 4 significant bits: inputs that differ by the bf16 products'
+      // ~1e-3 round to neighbouring values in a few per cent of the elements).
+      Tensor gd(DType::f32, {n, width}), cd(DType::f32, {n, width});
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t col = 0; col < width; ++col) {
+          gd.data<float>()[i * width + col] = e4m3_to_f32(b.data<uint8_t>()[i * width + col]) * bs.data<float>()[(col / 128) * P + i];
+          cd.data<float>()[i * width + col] = e4m3_to_f32(hv.data<uint8_t>()[i * width + col]) * hs.data<float>()[(col / 128) * P + i];
+        }
+      expect_close(upload(gd), cd, 3e-2, cat("FP8 rows vs cpu, ", what));
+      if (n < cuda::CudaBackend::library_min_tokens()) break;  // the decode kernel: one version is enough
+    }
+  }
+  cuda::set_attention_prefill_version(saved_version);
+  cuda::register_backend().check_device_errors();
 }
 
 // The wgmma layouts of versions 2 / 3 on their own (wgmma_probe.cu: the kernel's S and P V steps on two known

@@ -9,9 +9,11 @@
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
+#include "ops/act_quant.h"
 #include "ops/attention.h"
 #include "ops/indexer.h"
 #include "ops/kv_row.h"
+#include "ops/rope.h"
 #include "test_util.h"
 
 namespace tern {
@@ -158,6 +160,49 @@ TEST(SparseAttention, PagedRowsEqualContiguousBitForBit) {
       EXPECT_EQ(std::memcmp(paged.data<float>(), contiguous.data<float>(), paged.nbytes()), 0)
           << ops::kv_format_name(f) << " select " << select;
     }
+}
+
+// AttentionArgs::out_inv_freq: the output rotated back at `positions`, the bits of the op then ops::rope (inverse);
+// the FP8 rows out (ops::Fp8Rows): act_quant's rows of that output. Bad positions are refused.
+TEST(SparseAttention, RotatesBackAndQuantisesWhenAsked) {
+  test::Random rng(43);
+  const Scene s = make_scene(ops::KvFormat::fp8_ds, 21, 6, rng);
+  const int64_t half = kRope / 2, width = kHeads * kHd, P = ops::Fp8Rows::padded_rows(s.n);
+  Tensor inv_freq(DType::f32, {half}), positions(DType::i64, {s.n});
+  for (int64_t j = 0; j < half; ++j) inv_freq.data<float>()[j] = std::pow(10000.0f, -2.0f * float(j) / float(kRope));
+  for (int64_t i = 0; i < s.n; ++i) positions.data<int64_t>()[i] = s.start + i;
+  ops::AttentionArgs a;
+  a.q = s.q;
+  a.start = s.start;
+  a.format = s.fmt;
+  a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
+  a.ring = s.ring;
+  a.window = kWindow;
+  a.compressed = s.paged.view;
+  a.num_compressed = s.num_compressed;
+  a.ratio = kRatio;
+  a.sinks = s.sinks;
+  a.scale = 1.0f / std::sqrt(float(kHd));
+  Tensor want(DType::f32, {s.n, kHeads, kHd}), got(DType::f32, {s.n, kHeads, kHd});
+  ops::sparse_attention(cpu::context(), a, want);
+  ops::rope(cpu::context(), want, positions, inv_freq, /*inverse=*/true);
+  a.positions = positions;
+  a.out_inv_freq = inv_freq;
+  ops::sparse_attention(cpu::context(), a, got);
+  EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0);
+  Tensor values(DType::u8, {P, width}), scales(DType::f32, {width / 128, P});
+  ops::sparse_attention(cpu::context(), a, ops::Fp8Rows{values, scales, s.n});
+  std::vector<uint8_t> q(width);
+  std::vector<float> sc(width / 128);
+  for (int64_t i = 0; i < s.n; ++i) {
+    ops::act_quant_fp8(want.data<float>() + i * width, width, q.data(), sc.data());
+    EXPECT_EQ(std::memcmp(q.data(), values.data<uint8_t>() + i * width, width), 0) << "row " << i;
+    for (int64_t b = 0; b < width / 128; ++b) EXPECT_EQ(scales.data<float>()[b * P + i], sc[b]) << "row " << i;
+  }
+  a.positions = positions.view().rows(0, s.n - 1);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, got), Error);
+  a.positions = positions;
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, ops::Fp8Rows{values, scales, s.n - 1}), Error);
 }
 
 TEST(SparseAttention, RejectsBadPagedRows) {

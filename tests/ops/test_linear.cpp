@@ -205,6 +205,39 @@ TEST(ActQuant, LinearTakesTheQuantisedRows) {
   EXPECT_THROW(ops::linear(cpu::context(), odd, tw2.w, y2), Error);
 }
 
+// Rows quantised by the act_quant op (ops::Fp8Rows: token-major scales, a step's rows written in slices) are
+// act_quant_fp8's bytes and scales, and grouped_linear from them gives grouped_linear's bits on the f32 rows (a
+// quantised value quantises to itself). Misfit rows are refused.
+TEST(ActQuant, Fp8RowsFeedTheGroupedProduct) {
+  test::Random rng(9);
+  const int64_t T = 5, G = 2, in_g = 256, out_g = 64, width = G * in_g, P = ops::Fp8Rows::padded_rows(T);
+  ASSERT_EQ(P, 8);
+  TestWeight tw = make_weight(ops::WeightFormat::fp8_block, G * out_g, in_g, rng);
+  tw.w.act_fp8 = true;
+  Tensor x = rng.tensor({T, width}), values(DType::u8, {P, width}), scales(DType::f32, {width / 128, P});
+  const ops::Fp8Rows rows{values, scales, T};
+  ops::act_quant(cpu::context(), x.view().rows(0, 2), rows.slice(0, 2));
+  ops::act_quant(cpu::context(), x.view().rows(2, T), rows.slice(2, T));
+  std::vector<uint8_t> q(width);
+  std::vector<float> sc(width / 128);
+  for (int64_t t = 0; t < T; ++t) {
+    ops::act_quant_fp8(x.data<float>() + t * width, width, q.data(), sc.data());
+    EXPECT_EQ(std::memcmp(q.data(), values.data<uint8_t>() + t * width, width), 0) << "row " << t;
+    for (int64_t b = 0; b < width / 128; ++b) EXPECT_EQ(scales.data<float>()[b * P + t], sc[b]) << "row " << t;
+  }
+  Tensor want(DType::f32, {T, G, out_g}), got(DType::f32, {T, G, out_g});
+  ops::grouped_linear(cpu::context(), x.view().reshape({T, G, in_g}), tw.w, want);
+  ops::grouped_linear(cpu::context(), rows, G, tw.w, got);
+  EXPECT_EQ(std::memcmp(want.data<float>(), got.data<float>(), want.nbytes()), 0);
+  Tensor y_bad(DType::f32, {T, G, out_g + 1});
+  EXPECT_THROW(ops::grouped_linear(cpu::context(), rows, G, tw.w, y_bad), Error);
+  EXPECT_THROW(ops::grouped_linear(cpu::context(), ops::Fp8Rows{values, scales, P + 1}, G, tw.w, want), Error);
+  tw.w.act_fp8 = false;  // the product must take FP8 activations
+  EXPECT_THROW(ops::grouped_linear(cpu::context(), rows, G, tw.w, got), Error);
+  Tensor narrow(DType::f32, {width / 128 - 1, P});
+  EXPECT_THROW(ops::act_quant(cpu::context(), x, ops::Fp8Rows{values, narrow, T}), Error);
+}
+
 TEST(ActQuant, ParsesItsModes) {
   EXPECT_EQ(ops::parse_activations("fp8"), ops::Activations::fp8);
   EXPECT_EQ(ops::parse_activations("native"), ops::Activations::native);

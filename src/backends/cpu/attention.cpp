@@ -105,6 +105,14 @@ void CpuBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView&
       }
     }
   });
+  if (!a.out_inv_freq.empty()) rope(out, a.positions, a.out_inv_freq, /*inverse=*/true);
+}
+
+void CpuBackend::sparse_attention_fp8(const ops::AttentionArgs& a, const ops::Fp8Rows& out) {
+  const int64_t n = a.q.dim(0), heads = a.q.dim(1), hd = a.format.head_dim;
+  Tensor o(DType::f32, {n, heads, hd});
+  sparse_attention(a, o);
+  act_quant_rows(o.view().reshape({n, heads * hd}), out);
 }
 
 void CpuBackend::indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) {

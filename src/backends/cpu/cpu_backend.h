@@ -33,6 +33,8 @@ class CpuBackend final : public ops::Backend {
             bool inverse) override;
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
   void grouped_linear(const TensorView& x, const ops::Weight& w, const TensorView& y) override;
+  void act_quant_rows(const TensorView& x, const ops::Fp8Rows& out) override;
+  void grouped_linear_fp8(const ops::Fp8Rows& x, int64_t groups, const ops::Weight& w, const TensorView& y) override;
   void dequantize(const ops::Weight& w, const TensorView& out) override;
   void hc_pre(const ops::HcPreArgs& a) override;
   void hc_comb(const ops::HcCombArgs& a) override;
@@ -46,6 +48,7 @@ class CpuBackend final : public ops::Backend {
   void indexer_scores(const ops::IndexerArgs& a, const TensorView& scores) override;
   void indexer_topk(const ops::IndexerArgs& a, int topk, const TensorView& indices) override;
   void sparse_attention(const ops::AttentionArgs& a, const TensorView& out) override;
+  void sparse_attention_fp8(const ops::AttentionArgs& a, const ops::Fp8Rows& out) override;
   void route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,
                     const TensorView& indices, const TensorView& weights) override;
   void route_hash(const TensorView& logits, const TensorView& tid2eid, const TensorView& token_ids,

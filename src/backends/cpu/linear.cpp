@@ -124,6 +124,32 @@ void CpuBackend::grouped_linear(const TensorView& x, const ops::Weight& w, const
   matmul_rows(x.data_as<const float>(), x.dim(0), groups * w.in, w.out / groups, w, y.data_as<float>());
 }
 
+void CpuBackend::act_quant_rows(const TensorView& x, const ops::Fp8Rows& out) {
+  require_f32("act_quant", {&x});
+  const int64_t cols = x.dim(1), blocks = cols / ops::kActBlock, ld = out.scales.row_stride(), xs = x.row_stride();
+  parallel_for(0, out.rows, [&](int64_t lo, int64_t hi) {
+    std::vector<float> scales(static_cast<size_t>(blocks));
+    for (int64_t t = lo; t < hi; ++t) {
+      ops::act_quant_fp8(x.data_as<const float>() + t * xs, cols, out.values.data_as<uint8_t>() + t * cols,
+                         scales.data());
+      for (int64_t b = 0; b < blocks; ++b) out.scales.data_as<float>()[b * ld + t] = scales[static_cast<size_t>(b)];
+    }
+  });
+}
+
+// The dequantised rows (e4m3 * scale, exact in f32) through grouped_linear, whose quantisation of x gives them back.
+void CpuBackend::grouped_linear_fp8(const ops::Fp8Rows& x, int64_t groups, const ops::Weight& w, const TensorView& y) {
+  const int64_t T = x.rows, cols = x.cols(), ld = x.scales.row_stride();
+  Tensor xf(DType::f32, {T, cols});
+  parallel_for(0, T, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      for (int64_t c = 0; c < cols; ++c)
+        xf.data<float>()[t * cols + c] = e4m3_to_f32(x.values.data_as<const uint8_t>()[t * cols + c]) *
+                                         x.scales.data_as<const float>()[(c / ops::kActBlock) * ld + t];
+  });
+  grouped_linear(xf.view().reshape({T, groups, cols / groups}), w, y);
+}
+
 void CpuBackend::dequantize(const ops::Weight& w, const TensorView& out) {
   const RowDequantizer dq(w);
   float* o = out.data_as<float>();

@@ -207,6 +207,30 @@ void CudaBackend::grouped_linear(const TensorView& x, const ops::Weight& w, cons
   run_linear(*impl_, x, w, x.dim(1), y);
 }
 
+void CudaBackend::act_quant_rows(const TensorView& x, const ops::Fp8Rows& out) {
+  require_cuda_f32_rows("act_quant", {&x});
+  TERN_CHECK(out.values.device() == Device::cuda, "cuda act_quant: the rows are on the host");
+  launch_act_quant(ActRows{x.data_as<const float>(), out.rows, x.row_stride(), x.dim(1)}, out.values.data_as<uint8_t>(),
+                   out.scales.data_as<float>(), impl_->stream, out.scales.row_stride());
+  check_launch("act_quant");
+}
+
+// Rows already quantised: cuBLASLt's block-scaled FP8 product straight from them at the library's sizes; elsewhere
+// (few tokens, --batch-invariant) the dequantised rows through grouped_linear's own path, which quantises them back to
+// the same bytes (the same bits as grouped_linear of the f32 rows the producer quantised).
+void CudaBackend::grouped_linear_fp8(const ops::Fp8Rows& x, int64_t groups, const ops::Weight& w, const TensorView& y) {
+  require_cuda_f32("grouped_linear", {&y});
+  TERN_CHECK(x.values.device() == Device::cuda, "cuda grouped_linear: the FP8 rows are on the host");
+  impl_->linear_ran.insert(w.weight.data());
+  const int64_t T = x.rows, cols = x.cols();
+  if (impl_->dense_library_for(T) && run_library_linear_fp8_rows(*impl_, x, w, groups, y)) return;
+  Tensor xf = impl_->tensor(DType::f32, {T, cols});
+  launch_act_dequant(x.values.data_as<const uint8_t>(), x.scales.data_as<const float>(), x.scales.row_stride(), T,
+                     cols, xf.data<float>(), impl_->stream);
+  check_launch("act_dequant");
+  run_linear(*impl_, xf.view().reshape({T, groups, cols / groups}), w, groups, y);
+}
+
 // The weight's bytes asked into L2 (l2_prefetch_kernel). Not its scales: 1/16 000 of an FP8 weight's bytes, which
 // the products read first, before their PDL wait.
 void CudaBackend::prefetch(const ops::Weight& w) {

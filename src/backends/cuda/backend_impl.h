@@ -186,6 +186,11 @@ bool run_library_linear(CudaBackend::Impl& impl, const TensorView& x, const ops:
 // weight as it is; false when the card, the library or the shape cannot (the caller takes another path).
 bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
                             const TensorView& y);
+// The same product of rows already quantised (ops::Fp8Rows, padded to the library's token multiple: values and
+// scales hold at least that many rows, the scales' rows exactly that far apart); false as above, or when x's
+// layout is not that.
+bool run_library_linear_fp8_rows(CudaBackend::Impl& impl, const ops::Fp8Rows& x, const ops::Weight& w, int64_t groups,
+                                 const TensorView& y);
 bool run_library_moe(CudaBackend::Impl& impl, const MoeParams& p, std::span<const ops::Expert> experts);
 // Whether run_library_moe / run_grouped_moe take these params (what they test first; moe_experts asks before it
 // decides where the routing and x's quantisation run).

@@ -42,14 +42,23 @@ bool fp8_library_enabled() {
 
 }  // namespace
 
-bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
-                            const TensorView& y) {
+namespace {
+
+// Whether cuBLASLt's block-scaled FP8 product takes this weight and these operands.
+bool fp8_library_takes(CudaBackend::Impl& impl, const DeviceMat& m, int64_t groups, const void* x, const TensorView& y) {
   if (!fp8_library_enabled()) return false;
-  const DeviceMat m = device_mat(w);
-  const int64_t T = x.dim(0), cols = groups * m.in, out_g = m.out / groups;
+  const int64_t out_g = m.out / groups;
   if (m.kind != WeightFormat::fp8_block || m.in % 128 != 0 || out_g % 128 != 0 || m.s_cols != m.in / 128) return false;
-  if (!aligned16(x.data()) || !aligned16(m.w) || !aligned16(y.data()) || !impl.lib().fp8_block_supported()) return false;
+  return aligned16(x) && aligned16(m.w) && aligned16(y.data()) && impl.lib().fp8_block_supported();
+}
+
+// y = x W^T for x quantised: xq [Tp, cols] e4m3, sx [cols / 128, Tp] token-major, Tp = T rounded up to the library's
+// token multiple (the rows past T: any bytes, their outputs dropped).
+void fp8_library_product(CudaBackend::Impl& impl, const DeviceMat& m, int64_t T, int64_t groups, const uint8_t* xq,
+                         const float* sx, const TensorView& y) {
   cudaStream_t s = impl.stream;
+  const int64_t cols = groups * m.in, out_g = m.out / groups;
+  const int64_t Tp = align_up(T, LibraryGemm::kFp8TokenMultiple);
   // The weight's scales as f32 in cuBLASLt's padded layout, made per call (out/128 x in/128 values: a few us against
   // a product of >= 512 tokens). A cache keyed by the weight's address went stale when a freed weight's memory
   // was reused (session 13: wrong outputs in tests that upload weights one after another).
@@ -57,6 +66,26 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   Tensor sw = impl.tensor(DType::f32, {srows, sld});
   launch_block_scales_f32(m.s, m.scale_f32, srows, m.in / 128, sld, sw.data<float>(), s);
   check_launch("block_scales_f32");
+  Tensor ypad;
+  float* yp = y.data_as<float>();
+  if (Tp != T) {
+    ypad = impl.tensor(DType::f32, {Tp, m.out});
+    yp = ypad.data<float>();
+  }
+  impl.lib().fp8_block(s, Tp, out_g, m.in, xq, cols, sx, static_cast<const uint8_t*>(m.w), sw.data<float>(), yp,
+                       m.out, static_cast<int>(groups));
+  if (Tp != T)
+    TERN_CUDA(cudaMemcpyAsync(y.data(), yp, static_cast<size_t>(T * m.out) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const ops::Weight& w, int64_t groups,
+                            const TensorView& y) {
+  const DeviceMat m = device_mat(w);
+  if (!fp8_library_takes(impl, m, groups, x.data(), y)) return false;
+  const int64_t T = x.dim(0), cols = groups * m.in;
+  cudaStream_t s = impl.stream;
   // cuBLASLt takes a multiple of 4 tokens: the padding rows are zeros (scale 0) and their outputs are dropped.
   const int64_t Tp = align_up(T, LibraryGemm::kFp8TokenMultiple);
   Tensor xq = impl.tensor(DType::u8, {Tp, cols});
@@ -67,16 +96,18 @@ bool run_library_linear_fp8(CudaBackend::Impl& impl, const TensorView& x, const 
   }
   launch_act_quant(ActRows{x.data_as<const float>(), T, cols, cols}, xq.data<uint8_t>(), sx.data<float>(), s, Tp);
   check_launch("act_quant");
-  Tensor ypad;
-  float* yp = y.data_as<float>();
-  if (Tp != T) {
-    ypad = impl.tensor(DType::f32, {Tp, m.out});
-    yp = ypad.data<float>();
-  }
-  impl.lib().fp8_block(s, Tp, out_g, m.in, xq.data<uint8_t>(), cols, sx.data<float>(), static_cast<const uint8_t*>(m.w),
-                       sw.data<float>(), yp, m.out, static_cast<int>(groups));
-  if (Tp != T)
-    TERN_CUDA(cudaMemcpyAsync(y.data(), yp, static_cast<size_t>(T * m.out) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  fp8_library_product(impl, m, T, groups, xq.data<uint8_t>(), sx.data<float>(), y);
+  return true;
+}
+
+bool run_library_linear_fp8_rows(CudaBackend::Impl& impl, const ops::Fp8Rows& x, const ops::Weight& w, int64_t groups,
+                                 const TensorView& y) {
+  const DeviceMat m = device_mat(w);
+  const int64_t Tp = align_up(x.rows, LibraryGemm::kFp8TokenMultiple);
+  static_assert(ops::Fp8Rows::kRowAlign % LibraryGemm::kFp8TokenMultiple == 0, "Fp8Rows::padded_rows pads for cuBLASLt");
+  if (x.values.dim(0) < Tp || x.scales.dim(1) < Tp || x.scales.row_stride() != Tp) return false;
+  if (!fp8_library_takes(impl, m, groups, x.values.data(), y) || !aligned16(x.scales.data())) return false;
+  fp8_library_product(impl, m, x.rows, groups, x.values.data_as<const uint8_t>(), x.scales.data_as<const float>(), y);
   return true;
 }
 

@@ -246,22 +246,68 @@ void launch_attention(const char* op, AttentionParams& p, CudaBackend::Impl& imp
   check_launch(op);
 }
 
-void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
-  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.selected})
-    TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda sparse_attention: a tensor is on the host");
-  AttentionParams p = attention_params("sparse_attention", a.q, a.format, a.selected, a.sinks, a.scale, out, *impl_);
+namespace {
+// sparse_attention's launch parameters but the output's.
+AttentionParams chunk_attention_params(const char* op, const ops::AttentionArgs& a, const TensorView& out,
+                                       CudaBackend::Impl& impl) {
+  for (const TensorView* v : {&a.chunk_rows, &a.ring, &a.selected, &a.positions})
+    TERN_CHECK(v->empty() || v->device() == Device::cuda, "cuda ", op, ": a tensor is on the host");
+  AttentionParams p = attention_params(op, a.q, a.format, a.selected, a.sinks, a.scale, out, impl);
   p.start = a.start;
   p.chunk_rows = a.chunk_rows.data_as<const uint8_t>();
   p.ring = a.ring.data_as<const uint8_t>();
   p.window = a.window;
   const bool compressed = a.ratio > 0 && a.num_compressed > 0;
-  p.compressed = compressed ? paged_desc("sparse_attention", a.compressed) : PagedRowsDesc{};
+  p.compressed = compressed ? paged_desc(op, a.compressed) : PagedRowsDesc{};
   p.num_compressed = compressed ? a.num_compressed : 0;
   p.ratio = a.ratio;
   // A chunk whose products take the library GEMMs takes the prefill kernel too (attention_path): the same
   // decision, so --batch-invariant keeps every token on the decode kernel's bits.
-  p.prefill = impl_->library_for(p.n);
+  p.prefill = impl.library_for(p.n);
+  return p;
+}
+}  // namespace
+
+// AttentionArgs::out_inv_freq in the prefill wgmma kernels' epilogue, else rope_kernel after (the same bits).
+void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
+  AttentionParams p = chunk_attention_params("sparse_attention", a, out, *impl_);
+  const bool rope_back = !a.out_inv_freq.empty();
+  const bool in_kernel = rope_back && attention_out_in_kernel(p, a.out_inv_freq.dim(0));
+  if (in_kernel) {
+    require_cuda_f32("sparse_attention", {&a.out_inv_freq});
+    p.out_positions = a.positions.data_as<const int64_t>();
+    p.out_inv_freq = a.out_inv_freq.data_as<const float>();
+    p.out_rope_half = a.out_inv_freq.dim(0);
+  }
   launch_attention("sparse_attention", p, *impl_);
+  if (rope_back && !in_kernel) rope(out, a.positions, a.out_inv_freq, /*inverse=*/true);
+}
+
+// The prefill wgmma kernels quantise in their epilogue (attention_out_in_kernel); elsewhere the f32 output, then
+// act_quant (the same bytes: the epilogue runs act_quant's arithmetic on the same floats).
+void CudaBackend::sparse_attention_fp8(const ops::AttentionArgs& a, const ops::Fp8Rows& out) {
+  TERN_CHECK(out.values.device() == Device::cuda, "cuda sparse_attention: the FP8 rows are on the host");
+  const int64_t n = a.q.dim(0), heads = a.q.dim(1), hd = a.format.head_dim;
+  Tensor o32;
+  AttentionParams p = chunk_attention_params("sparse_attention", a, a.q, *impl_);  // (out set below)
+  const int64_t half = a.out_inv_freq.empty() ? 0 : a.out_inv_freq.dim(0);
+  if (!attention_out_in_kernel(p, half)) {
+    o32 = impl_->tensor(DType::f32, {n, heads, hd});
+    sparse_attention(a, o32);
+    act_quant_rows(o32.view().reshape({n, heads * hd}), out);
+    return;
+  }
+  p.out = nullptr;
+  p.out_q = out.values.data_as<uint8_t>();
+  p.out_scales = out.scales.data_as<float>();
+  p.out_scale_ld = out.scales.row_stride();
+  if (half > 0) {
+    require_cuda_f32("sparse_attention", {&a.out_inv_freq});
+    p.out_positions = a.positions.data_as<const int64_t>();
+    p.out_inv_freq = a.out_inv_freq.data_as<const float>();
+    p.out_rope_half = half;
+  }
+  launch_attention("sparse_attention (FP8 rows out)", p, *impl_);
 }
 
 void CudaBackend::route_scored(const TensorView& logits, const TensorView& bias, float routed_scale,

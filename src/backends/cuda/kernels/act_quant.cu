@@ -96,6 +96,21 @@ __global__ void __launch_bounds__(256) act_fake_quant_bf16_kernel(Bf16Rows r) {
   *at = make_uint2(pack_bf16(d[0], d[1]), pack_bf16(d[2], d[3]));  // exact: 4 significant bits
 }
 
+// A thread 4 values of a row: e4m3 * its block's scale (token-major scales).
+__global__ void __launch_bounds__(256) act_dequant_kernel(const uint8_t* q, const float* scales, int64_t scale_ld,
+                                                          int64_t T, int64_t cols, float* out) {
+  pdl_prologue();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, per_row = cols / 4;
+  if (i >= T * per_row) return;
+  const int64_t row = i / per_row, col = (i - row * per_row) * 4;
+  const uint32_t packed = *reinterpret_cast<const uint32_t*>(q + row * cols + col);
+  const float s = scales[(col / 128) * scale_ld + row];
+  float d[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) d[k] = e4m3_to_f32(static_cast<uint8_t>(packed >> (8 * k))) * s;
+  *reinterpret_cast<float4*>(out + row * cols + col) = make_float4(d[0], d[1], d[2], d[3]);
+}
+
 template <ActOut O>
 void launch_act(const ActRows& r, const ActOutArgs& o, cudaStream_t stream) {
   const int64_t items = r.T * (r.cols / 128);
@@ -115,6 +130,14 @@ void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cud
   dev::ActOutArgs o;
   o.f = out, o.f_stride = out_stride;
   dev::launch_act<dev::ActOut::f32>(r, o, stream);
+}
+
+void launch_act_dequant(const uint8_t* q, const float* scales, int64_t scale_ld, int64_t T, int64_t cols, float* out,
+                        cudaStream_t stream) {
+  const int64_t items = T * (cols / 4);
+  if (items == 0) return;
+  launch(dev::act_dequant_kernel, static_cast<unsigned>((items + 255) / 256), 256, 0, stream, q, scales, scale_ld, T,
+         cols, out);
 }
 
 void launch_act_fake_quant_bf16_inplace(const Bf16Rows& r, cudaStream_t stream) {

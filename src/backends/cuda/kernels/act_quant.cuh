@@ -19,6 +19,10 @@ struct ActRows {
 // xq[t, c] e4m3 (row stride cols bytes), sx[t, c / 128] f32; or with sx_token_ld > 0 the scales token-major,
 // sx[(c / 128) * sx_token_ld + t] (cuBLASLt's 1x128 layout, LibraryGemm::fp8_block).
 void launch_act_quant(const ActRows& r, uint8_t* xq, float* sx, cudaStream_t stream, int64_t sx_token_ld = 0);
+// out[t, c] = e4m3(q[t, c]) * scales[(c / 128) * scale_ld + t]: rows act_quant wrote (token-major scales) back in f32,
+// exact (ops::Fp8Rows taken by a product that quantises x itself). out [T, cols] contiguous.
+void launch_act_dequant(const uint8_t* q, const float* scales, int64_t scale_ld, int64_t T, int64_t cols, float* out,
+                        cudaStream_t stream);
 // out[t, c] = e4m3(x / s) * s in f32, rows `out_stride` floats apart (out may be x itself).
 void launch_act_fake_quant(const ActRows& r, float* out, int64_t out_stride, cudaStream_t stream);
 

@@ -67,6 +67,16 @@ struct AttentionParams {
   // (rope_pair, the same bits); the other kernels are followed by rope_kernel (launch_sparse_attention).
   const float* rope_inv_freq = nullptr;
   int64_t rope_half = 0;
+  // sparse_attention in eager mode on the prefill wgmma kernels (attention_out_in_kernel): the epilogue rotates each
+  // head's last 2 * out_rope_half dims back at out_positions[i] (rope_pair, inverse: rope_kernel's bits), and with
+  // out_q set writes the output quantised 1x128 as act_quant_kernel would (its bytes, out_q [n, heads * head_dim];
+  // its scales token-major, out_scales[b * out_scale_ld + i]) in place of out.
+  const int64_t* out_positions = nullptr;
+  const float* out_inv_freq = nullptr;
+  int64_t out_rope_half = 0;
+  uint8_t* out_q = nullptr;
+  float* out_scales = nullptr;
+  int64_t out_scale_ld = 0;
   // The tensor-core decode kernels' keys a split (mma_split_plan; TERN_ATTENTION_SPLIT_KEYS): a query's splits, and
   // with them its tiles and merge order, from its key count and this alone (batch invariant for a fixed value).
   int64_t split_keys = kAttentionSplitKeysDefault;
@@ -82,6 +92,10 @@ enum class AttentionPath {
 };
 AttentionPath attention_path(const AttentionParams& p);
 const char* attention_path_name(AttentionPath path);
+// Whether the path p takes rotates and quantises its output in its epilogue (AttentionParams::out_q, out_inv_freq):
+// the prefill wgmma kernels (versions 2, 3) where a 128-column block of a head lies in one warpgroup's half and the
+// rope pairs start at an even dim; elsewhere the caller runs rope and act_quant after the op.
+bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half);
 
 // Splits of the f32 path (the tensor-core path needs no workspace: attention_partial_floats is then 0).
 int attention_splits(const AttentionParams& p);

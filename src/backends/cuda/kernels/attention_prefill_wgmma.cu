@@ -43,9 +43,11 @@
 #include <algorithm>
 #include <atomic>
 
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_prefill_steps.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "backends/cuda/kernels/rope_dev.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
 
 namespace tern::cuda {
@@ -268,25 +270,70 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     }
   }
 
-  // out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink); l over the quad's keys.
+  // out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink); l over the quad's keys. With
+  // a.out_inv_freq the rope dims rotated back (a pair is e = 0, 1 of one thread's dims 8j + 2t), with a.out_q
+  // quantised 1x128 (act_quant_lane's arithmetic: a 128-column block of a head is chunks c, c + 1 of one warpgroup,
+  // its 128 values in one quad).
+  const int64_t position = a.out_inv_freq != nullptr ? a.out_positions[i] : 0;
+  const int first = HD - 2 * static_cast<int>(a.out_rope_half);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float l = l_run[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int row = 16 * wq + 8 * hf + g;
-    if (row >= heads) continue;
-    const float m = m_run[hf], sink = a.sinks[row] * kLog2e;
+    const bool valid = row < heads;  // (alike in a quad; every lane reaches the quad's shuffles below)
+    const float m = m_run[hf], sink = valid ? a.sinks[row] * kLog2e : 0.0f;
     const float top = fmaxf(m, sink);
     const float keep = exp2f(m - top);
     const float w = keep / (l * keep + exp2f(sink - top));
-    float* dst = a.out + (i * a.heads + row) * HD + 2 * t;
 #pragma unroll
     for (int c = 0; c < kNC; ++c)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<float2*>(dst + 64 * (wg * kNC + c) + 8 * j) =
-            make_float2(o[c][4 * j + 2 * hf] * w, o[c][4 * j + 2 * hf + 1] * w);
+      for (int j = 0; j < 8; ++j) {
+        float pair[2] = {o[c][4 * j + 2 * hf] * w, o[c][4 * j + 2 * hf + 1] * w};
+        const int d = 64 * (wg * kNC + c) + 8 * j + 2 * t;
+        if (a.out_inv_freq != nullptr && d >= first)
+          rope_pair(pair, a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true);
+        o[c][4 * j + 2 * hf] = pair[0];
+        o[c][4 * j + 2 * hf + 1] = pair[1];
+      }
+    if (a.out_q == nullptr) {
+      if (!valid) continue;
+      float* dst = a.out + (i * a.heads + row) * HD + 2 * t;
+#pragma unroll
+      for (int c = 0; c < kNC; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 64 * (wg * kNC + c) + 8 * j) =
+              make_float2(o[c][4 * j + 2 * hf], o[c][4 * j + 2 * hf + 1]);
+      continue;
+    }
+    uint8_t* qdst = a.out_q + (i * a.heads + row) * HD + 2 * t;
+#pragma unroll
+    for (int c0 = 0; c0 < kNC; c0 += 2) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int c = c0; c < c0 + 2; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          amax = fmaxf(amax, fmaxf(fabsf(o[c][4 * j + 2 * hf]), fabsf(o[c][4 * j + 2 * hf + 1])));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const int k = fp8_scale_exponent(amax);
+      const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (act_quant_lane)
+      if (!valid) continue;
+#pragma unroll
+      for (int c = c0; c < c0 + 2; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t q0 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf] * inv, __NV_SATFINITE, __NV_E4M3);
+          const uint32_t q1 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf + 1] * inv, __NV_SATFINITE, __NV_E4M3);
+          *reinterpret_cast<uint16_t*>(qdst + 64 * (wg * kNC + c) + 8 * j) = static_cast<uint16_t>(q0 | (q1 << 8));
+        }
+      if (t == 0)
+        a.out_scales[((row * HD + 64 * (wg * kNC + c0)) / 128) * a.out_scale_ld + i] = ldexpf(1.0f, k);
+    }
   }
 }
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Session 30, call 3 (packs s29c = 34ba730, the base, and s30c = this session's code: the prefill chunk's attention
+# output rotated back and quantised for wo_a in the wgmma prefill kernels' epilogue (ops::Fp8Rows; wo_a's product
+# straight from those rows on cuBLASLt: act_quant's pass over 1 GiB of f32 heads a layer at 8K and the rope pass
+# gone), and TERN_BRANCH_PRIORITY as one switch; carry [".plans"]; call 2's plan, never started, folded in). Logs to
+# $OUT. (Call 4 on the warm machine: scripts/gpu-check --model-only --server --no-bench --no-sanitizers.)
+#   1. tests on s30c: the prefill attention (the FP8 rows against the f32 op + rope + act_quant, bytes and scales,
+#      versions 1-3 and a short chunk; the CPU), wo_a from FP8 rows (bits of grouped_linear, library and own kernels,
+#      padding rows), the MoE routing in the plan kernel; the model tests (greedy against PyTorch, batch invariance,
+#      graphs with the priorities on);
+#   2. prefill base / new, two rounds at 1K and 8K (predicted 8K -20 to -28 ms of ~795 on an H200: act_quant on wo_a's
+#      x ~22 ms, the rope pass ~3, the f32 heads' writes; the epilogue's quantisation ~1 us a block);
+#   3. in-process on s30c at batch 1, 16, 64, three rounds: TERN_BRANCH_PRIORITY=1 (predicted: 16 -1% as in call 1,
+#      1 at nothing now that the shared expert keeps the main lane's priority);
+#   4. the 8K prefill's profile on s30c (act_quant's calls, the attention kernel a layer);
+#   5. ncu on the 1K context prefill's grouped MoE kernels on mma.sync (moe_grouped_kernel, layer 1's up and down).
+set -u
+cd "$(dirname "$0")/../.."
+export TERN_PACK=.plans/packs/s30c.tar.xz
+source scripts/plans/env.sh
+unpack .plans/packs/s29c.tar.xz build-base
+L=$OUT
+P=$(mktemp -d)  # the logs not worth fetching (the device tool fetches ~8 files)
+stamp "1. tests"
+timeout 200 $G/tern_gpu_tests --gtest_filter='*GpuAttentionPrefill*:*GroupedFromFp8Rows*:*GroupedAgainstCpu*:*MoeRoutingInThePlanKernel*' \
+  > $L/ops.log 2>&1; echo "rc $?"; pf $L/ops.log 12; grep -c "^\[       OK" $L/ops.log
+grep -E "FP8 rows vs cpu|from FP8 rows" $L/ops.log | head -8
+timeout 150 $G/tern_gpu_model_tests --gtest_filter='*GpuModel_.*:*GpuGraphs_.*:*GpuSpeculative.*:-*Speed*' \
+  > $L/model.log 2>&1; echo "rc $?"; pf $L/model.log 8; grep -c "^\[       OK" $L/model.log
+stamp "2. prefill base / new"
+for r in 1 2; do
+  for b in base cuda; do
+    for p in 1024 8192; do
+      timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill $p --batches 1 \
+        --steps 2 --warmup 1 > $P/pf-$r-$b-$p.log 2>&1; echo "rc $? ($p $r $b)"
+      grep -hE "^prefill \||error" $P/pf-$r-$b-$p.log | cut -c1-100
+    done
+  done
+done
+stamp "3. priorities in-process"
+timeout 200 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1,16,64 --steps 12 --warmup 3 \
+  --ab TERN_BRANCH_PRIORITY=1 --ab-rounds 3 > $L/ab.log 2>&1; echo "rc $?"
+grep -hE "^(decode|ab) |error" $L/ab.log | grep -v prefill | cut -c1-170
+stamp "4. 8K prefill profile"
+timeout 120 $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 8192 --profile \
+  --profile-top 40 > $L/pf8k-profile.log 2>&1; echo "rc $?"
+grep -E "^prefill \||attention_prefill|act_quant|act_dequant|rope_kernel|nvjet" $L/pf8k-profile.log | head -14 | cut -c1-150
+stamp "5. ncu moe_grouped_kernel at 1K"
+timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_kernel" --launch-skip 2 --launch-count 2 \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+  --section MemoryWorkloadAnalysis -o $OUT/moe1k \
+  $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 1024 --steps 1 --warmup 0 \
+  > $P/ncu.log 2>&1; echo "rc $?"
+tail -1 $P/ncu.log
+timeout 60 ncu -i $OUT/moe1k.ncu-rep --page details > $L/ncu-details.txt 2>&1
+grep -E "moe_grouped|Duration|DRAM Through|Compute \(SM\) Through|Registers Per|Achieved Occ|Eligible Warps|No Eligible|Issued Warp|Block Limit (Reg|Shared)" \
+  $L/ncu-details.txt | head -30
+rm -f $OUT/moe1k.ncu-rep
+stamp done
