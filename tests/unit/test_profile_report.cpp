@@ -89,6 +89,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::round_bf16_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"tern::cuda::dev::(anonymous namespace)::split_bf16x3_kernel(float const*, long, long, long, unsigned short*)", C::dense_gemm},
     {"void tern::cuda::dev::act_quant_kernel<(tern::cuda::dev::ActOut)0>(tern::cuda::ActRows, tern::cuda::dev::ActOutArgs)", C::dense_gemm},
+    {"tern::cuda::dev::act_dequant_kernel(unsigned char const*, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::linear_x8_kernel<64, false>(tern::cuda::dev::X8Args)", C::dense_gemm},
     {"void tern::cuda::dev::linear_x8_kernel<8, true>(tern::cuda::dev::X8Args)", C::dense_gemm},
     {"tern::cuda::dev::act_fake_quant_bf16_kernel(tern::cuda::Bf16Rows)", C::moe},

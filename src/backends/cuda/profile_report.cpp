@@ -60,6 +60,7 @@ constexpr Rule kRules[] = {
     {"split_bf16x3_kernel", Match::exact, OpCategory::dense_gemm},  // x in three bf16 planes: the exact path
     // --activations fp8: x quantised 1x128 before each FP8 product; the weight scales as f32 for cuBLASLt.
     {"act_quant_kernel", Match::exact, OpCategory::dense_gemm},
+    {"act_dequant_kernel", Match::exact, OpCategory::dense_gemm},
     {"act_fake_quant_bf16_kernel", Match::exact, OpCategory::moe},  // the experts' h on the prefill paths: rows
     {"act_fake_quant_bf16_planes_kernel", Match::exact, OpCategory::moe},  // or the grouped kernels' planes
     {"block_scales_f32_kernel", Match::exact, OpCategory::dense_gemm},
