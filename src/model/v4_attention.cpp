@@ -57,7 +57,10 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     if ((paths_.l2_prefetch & kPrefetchWoA) != 0) ops::prefetch(ctx_, A.wo_a);
     if ((paths_.l2_prefetch & kPrefetchWoB) != 0) ops::prefetch(ctx_, A.wo_b);
   }
-  ops::norm_rope(ctx_, q, {}, eps, b.positions, inv_freq, q);
+  // The tables' rows here; the chunk path's by sparse_attention itself (AttentionArgs::q_inv_freq: the CUDA prefill
+  // kernels in their q load, without q's own pass over memory).
+  if (Ns > 0)
+    ops::norm_rope(ctx_, q.view().rows(0, Ns), {}, eps, b.positions.rows(0, Ns), inv_freq, q.view().rows(0, Ns));
 
   // kv = RMSNorm(wkv h), RoPE at p; stored in the KV format (FP8 mode: the reference's rounding)
   Tensor kv = tensor(DType::f32, {N, hd});  // [N, head_dim]: K = V
@@ -101,10 +104,10 @@ void Model::attention_block(int l, const Batch& b, const TensorView& h, const Te
     attend_step(l, b, q.view().rows(0, Ns), kv_rows.view().rows(0, Ns), selected, heads.view().rows(0, Ns),
                 paths_.fused_rope ? inv_freq : TensorView());
   }
-  // (the tables' rows rotated back in attend_step when paths_.fused_rope; fp8_heads: the chunks' rows by attend)
-  const int64_t roped = Ns > 0 && paths_.fused_rope ? Ns : 0, f32_rows = heads.dim(0);
-  if (roped < f32_rows)
-    ops::rope(ctx_, heads.view().rows(roped, f32_rows), b.positions.rows(roped, f32_rows), inv_freq, /*inverse=*/true);
+  // (the tables' rows rotated back in attend_step when paths_.fused_rope; the chunks' rows by sparse_attention)
+  const int64_t roped = Ns > 0 && paths_.fused_rope ? Ns : 0;
+  if (roped < Ns)
+    ops::rope(ctx_, heads.view().rows(roped, Ns), b.positions.rows(roped, Ns), inv_freq, /*inverse=*/true);
   if (fp8_heads && Ns > 0) ops::act_quant(ctx_, heads.view().reshape({Ns, width}), heads8.slice(0, Ns));
 
   // out = wo_b . concat_g(wo_a[g] . heads of group g)
@@ -142,9 +145,11 @@ void Model::attend(int l, const Batch& b, const Tensor& q, const Tensor& kv_rows
     args.selected = selected[i].empty() ? TensorView() : selected[i].view();
     args.sinks = layer(l).attn.attn_sink;
     args.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    if (heads8 != nullptr) {  // rotated back and quantised by the op
-      args.positions = b.rows(b.positions, s);
-      args.out_inv_freq = inv_freq;
+    args.positions = b.rows(b.positions, s);  // q as wq_b wrote it: normed, RoPE at p; the output rotated back
+    args.q_inv_freq = inv_freq;
+    args.q_norm_eps = static_cast<float>(c.rms_norm_eps);
+    args.out_inv_freq = inv_freq;
+    if (heads8 != nullptr) {  // and quantised for wo_a
       ops::sparse_attention(ctx_, args, heads8->slice(s.begin, s.begin + s.n));
     } else {
       ops::sparse_attention(ctx_, args, b.rows(heads, s));
