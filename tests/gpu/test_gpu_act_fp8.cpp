@@ -232,18 +232,30 @@ TEST_P(GpuActFp8Linear, AgainstCpu) {
   }
 }
 
+// The shape's wo_a with FP8 activations, on the host and uploaded.
+struct WoA {
+  HostWeight hw;
+  cuda::WeightStore store;
+  ops::Weight dw;
+};
+void make_wo_a(const Shapes& s, int64_t in_g, Rand& r, WoA& w) {
+  w.hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r, 1.0f / std::sqrt(static_cast<float>(in_g)),
+                       "wo_a");
+  w.hw.w.act_fp8 = true;
+  w.dw = w.store.upload(w.hw.w);
+  w.dw.act_fp8 = true;
+}
+
 TEST_P(GpuActFp8Linear, GroupedAgainstCpu) {
   TERN_REQUIRE_GPU();
   const Shapes& s = GetParam();
   Rand r(fresh_seed());
   const int64_t in_g = s.heads / s.groups * s.head_dim;
   if (in_g % 128 != 0) GTEST_SKIP() << "in_g " << in_g << " is not a multiple of 128";
-  HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
-                                1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
-  hw.w.act_fp8 = true;
-  cuda::WeightStore store;
-  ops::Weight dw = store.upload(hw.w);
-  dw.act_fp8 = true;
+  WoA wo;
+  make_wo_a(s, in_g, r, wo);
+  const HostWeight& hw = wo.hw;
+  const ops::Weight& dw = wo.dw;
   for (int64_t T : {1, 16, 64, 100, 600}) {
     const Tensor x = spread_rows(T, s.groups * in_g, r);
     Tensor xv(DType::f32, {T, s.groups, in_g});
@@ -266,12 +278,10 @@ TEST_P(GpuActFp8Linear, GroupedFromFp8RowsBitIdentical) {
   Rand r(fresh_seed());
   const int64_t in_g = s.heads / s.groups * s.head_dim, width = s.groups * in_g;
   if (in_g % 128 != 0) GTEST_SKIP() << "in_g " << in_g << " is not a multiple of 128";
-  HostWeight hw = random_weight(WeightFormat::fp8_block, s.groups * s.o_rank, in_g, r,
-                                1.0f / std::sqrt(static_cast<float>(in_g)), "wo_a");
-  hw.w.act_fp8 = true;
-  cuda::WeightStore store;
-  ops::Weight dw = store.upload(hw.w);
-  dw.act_fp8 = true;
+  WoA wo;
+  make_wo_a(s, in_g, r, wo);
+  const HostWeight& hw = wo.hw;
+  const ops::Weight& dw = wo.dw;
   for (int64_t T : {1, 64, 600, 601}) {
     const Tensor x = spread_rows(T, width, r);
     const int64_t P = ops::Fp8Rows::padded_rows(T), cut = T / 3;

@@ -95,9 +95,8 @@ float check_against_formula(const Scene& s, const Tensor& selected, const Tensor
   return worst;
 }
 
-// With the compressed rows in shuffled pages, or (contiguous) all in one page.
-Tensor run(const Scene& s, const Tensor& selected, bool contiguous = false) {
-  const test::PagedCopy one = contiguous ? test::one_page(s.compressed) : test::PagedCopy{};
+// The scene's arguments (its compressed rows in shuffled pages, every visible one attended).
+ops::AttentionArgs args_of(const Scene& s) {
   ops::AttentionArgs a;
   a.q = s.q;
   a.start = s.start;
@@ -105,12 +104,20 @@ Tensor run(const Scene& s, const Tensor& selected, bool contiguous = false) {
   a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
   a.ring = s.ring;
   a.window = kWindow;
-  a.compressed = contiguous ? one.view : s.paged.view;
+  a.compressed = s.paged.view;
   a.num_compressed = s.num_compressed;
   a.ratio = kRatio;
-  if (!selected.empty()) a.selected = selected;
   a.sinks = s.sinks;
   a.scale = 1.0f / std::sqrt(float(kHd));
+  return a;
+}
+
+// With the compressed rows in shuffled pages, or (contiguous) all in one page.
+Tensor run(const Scene& s, const Tensor& selected, bool contiguous = false) {
+  const test::PagedCopy one = contiguous ? test::one_page(s.compressed) : test::PagedCopy{};
+  ops::AttentionArgs a = args_of(s);
+  if (contiguous) a.compressed = one.view;
+  if (!selected.empty()) a.selected = selected;
   Tensor out(DType::f32, {s.n, kHeads, kHd});
   ops::sparse_attention(cpu::context(), a, out);
   return out;
@@ -171,18 +178,7 @@ TEST(SparseAttention, RotatesBackAndQuantisesWhenAsked) {
   Tensor inv_freq(DType::f32, {half}), positions(DType::i64, {s.n});
   for (int64_t j = 0; j < half; ++j) inv_freq.data<float>()[j] = std::pow(10000.0f, -2.0f * float(j) / float(kRope));
   for (int64_t i = 0; i < s.n; ++i) positions.data<int64_t>()[i] = s.start + i;
-  ops::AttentionArgs a;
-  a.q = s.q;
-  a.start = s.start;
-  a.format = s.fmt;
-  a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
-  a.ring = s.ring;
-  a.window = kWindow;
-  a.compressed = s.paged.view;
-  a.num_compressed = s.num_compressed;
-  a.ratio = kRatio;
-  a.sinks = s.sinks;
-  a.scale = 1.0f / std::sqrt(float(kHd));
+  ops::AttentionArgs a = args_of(s);
   Tensor want(DType::f32, {s.n, kHeads, kHd}), got(DType::f32, {s.n, kHeads, kHd});
   ops::sparse_attention(cpu::context(), a, want);
   ops::rope(cpu::context(), want, positions, inv_freq, /*inverse=*/true);
@@ -232,18 +228,8 @@ TEST(SparseAttention, NormsAndRotatesQWhenAsked) {
         y[first + 2 * j + 1] = float(x0 * std::sin(a) + x1 * std::cos(a));
       }
     }
-  ops::AttentionArgs a;
+  ops::AttentionArgs a = args_of(s);
   a.q = raw;
-  a.start = s.start;
-  a.format = s.fmt;
-  a.chunk_rows = s.all_rows.view().rows(s.start, s.start + s.n);
-  a.ring = s.ring;
-  a.window = kWindow;
-  a.compressed = s.paged.view;
-  a.num_compressed = s.num_compressed;
-  a.ratio = kRatio;
-  a.sinks = s.sinks;
-  a.scale = 1.0f / std::sqrt(float(kHd));
   a.positions = positions;
   a.q_inv_freq = inv_freq;
   a.q_norm_eps = eps;
