@@ -267,30 +267,11 @@ AttentionParams chunk_attention_params(const char* op, const ops::AttentionArgs&
   return p;
 }
 
-// AttentionArgs::q_inv_freq: q normed and rotated in the prefill kernels' q load, else by norm_rope into `normed`
-// first (the same bits).
-void take_q(CudaBackend& be, CudaBackend::Impl& impl, const ops::AttentionArgs& a, AttentionParams& p, Tensor& normed) {
-  if (a.q_inv_freq.empty()) return;
-  require_cuda_f32("sparse_attention", {&a.q_inv_freq});
-  if (attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
-    p.q_positions = a.positions.data_as<const int64_t>();
-    p.q_inv_freq = a.q_inv_freq.data_as<const float>();
-    p.q_rope_half = a.q_inv_freq.dim(0);
-    p.q_norm_eps = a.q_norm_eps;
-    return;
-  }
-  normed = impl.tensor(DType::f32, a.q.shape());
-  be.norm_rope(a.q, TensorView(), a.q_norm_eps, a.positions, a.q_inv_freq, normed);
-  p.q = normed.view().data_as<const float>();
-}
 }  // namespace
 
-// AttentionArgs::q_inv_freq in the prefill kernels' q load, else norm_rope before; out_inv_freq in the prefill wgmma
-// kernels' epilogue, else rope_kernel after (the same bits either way).
+// AttentionArgs::out_inv_freq in the prefill wgmma kernels' epilogue, else rope_kernel after (the same bits).
 void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
   AttentionParams p = chunk_attention_params("sparse_attention", a, out, *impl_);
-  Tensor normed;
-  take_q(*this, *impl_, a, p, normed);
   const bool rope_back = !a.out_inv_freq.empty();
   const bool in_kernel = rope_back && attention_out_in_kernel(p, a.out_inv_freq.dim(0));
   if (in_kernel) {
@@ -317,8 +298,6 @@ void CudaBackend::sparse_attention_fp8(const ops::AttentionArgs& a, const ops::F
     act_quant_rows(o32.view().reshape({n, heads * hd}), out);
     return;
   }
-  Tensor normed;
-  take_q(*this, *impl_, a, p, normed);
   p.out = nullptr;
   p.out_q = out.values.data_as<uint8_t>();
   p.out_scales = out.scales.data_as<float>();

@@ -89,8 +89,8 @@ class CudaBackend final : public ops::Backend {
   static bool side_streams_enabled();
   // TERN_BRANCH_PRIORITY (a switch): in a captured step the side branches the model marks longer (ops::BranchLength:
   // the CSA indexer's) run at a higher stream priority than the rest, kept in the graph's kernel nodes, so the block
-  // scheduler starts their blocks first; off, every node runs at the launch stream's priority. The same kernels and
-  // bits either way.
+  // scheduler starts their blocks first (on by default); off, every node runs at the launch stream's priority. The
+  // same kernels and bits either way.
   bool branch_priority() const;
 
   // Waits for every op issued so far.
