@@ -497,7 +497,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "cuBLAS bf16); exact weights (the indexer's wq_b) and shapes neither takes: the dequantised x (exact in "
       "bf16) through the paths above; routed experts: x and the SwiGLU output h dequantised-quantised in place "
       "around the expert kernels (act_quant_kernel, act_fake_quant_bf16_kernel; TERN_MOE_STAGE_QUANT=1: on the bulk "
-      "decode kernels quantised as the kernels stage them, no launch)",
+      "decode kernels quantised as the kernels stage them, no launch); a prefill chunk's wo_a takes its x as FP8 rows "
+      "(ops::Fp8Rows) that attention_prefill_wgmma_kernel's epilogue writes (rotated back, quantised 1x128; version 1 "
+      "and short chunks: f32, rope_kernel, act_quant_kernel), on cuBLASLt straight from them (below the library's sizes "
+      "act_dequant_kernel, then the paths above)",
       "moe_experts: mxfp4 / nvfp4 experts at up to 64 tokens (256 under --batch-invariant or where "
       "TERN_MOE_GROUPED_MIN_TOKENS moves the grouped kernels up): moe_plan (moe_prep_kernel: with the routing and "
       "x's FP8 quantisation in its launch; TERN_MOE_FUSED_PLAN=0 apart) + moe_bulk_kernel up/down (persistent, "
