@@ -267,6 +267,14 @@ AttentionParams chunk_attention_params(const char* op, const ops::AttentionArgs&
   return p;
 }
 
+// AttentionArgs::out_inv_freq handed to a kernel that rotates the output back in its epilogue.
+void rotate_back_in_kernel(const ops::AttentionArgs& a, AttentionParams& p) {
+  require_cuda_f32("sparse_attention", {&a.out_inv_freq});
+  p.out_positions = a.positions.data_as<const int64_t>();
+  p.out_inv_freq = a.out_inv_freq.data_as<const float>();
+  p.out_rope_half = a.out_inv_freq.dim(0);
+}
+
 }  // namespace
 
 // AttentionArgs::out_inv_freq in the prefill wgmma kernels' epilogue, else rope_kernel after (the same bits).
@@ -274,12 +282,7 @@ void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView
   AttentionParams p = chunk_attention_params("sparse_attention", a, out, *impl_);
   const bool rope_back = !a.out_inv_freq.empty();
   const bool in_kernel = rope_back && attention_out_in_kernel(p, a.out_inv_freq.dim(0));
-  if (in_kernel) {
-    require_cuda_f32("sparse_attention", {&a.out_inv_freq});
-    p.out_positions = a.positions.data_as<const int64_t>();
-    p.out_inv_freq = a.out_inv_freq.data_as<const float>();
-    p.out_rope_half = a.out_inv_freq.dim(0);
-  }
+  if (in_kernel) rotate_back_in_kernel(a, p);
   launch_attention("sparse_attention", p, *impl_);
   if (rope_back && !in_kernel) rope(out, a.positions, a.out_inv_freq, /*inverse=*/true);
 }
@@ -302,12 +305,7 @@ void CudaBackend::sparse_attention_fp8(const ops::AttentionArgs& a, const ops::F
   p.out_q = out.values.data_as<uint8_t>();
   p.out_scales = out.scales.data_as<float>();
   p.out_scale_ld = out.scales.row_stride();
-  if (half > 0) {
-    require_cuda_f32("sparse_attention", {&a.out_inv_freq});
-    p.out_positions = a.positions.data_as<const int64_t>();
-    p.out_inv_freq = a.out_inv_freq.data_as<const float>();
-    p.out_rope_half = half;
-  }
+  if (half > 0) rotate_back_in_kernel(a, p);
   launch_attention("sparse_attention (FP8 rows out)", p, *impl_);
 }
 
