@@ -376,7 +376,7 @@ cudaError_t launch_attention_kernels(const AttentionParams& p, AttentionPath pat
 bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half) {
   const int64_t hd = p.fmt.head_dim;
   return attention_path(p) == AttentionPath::bf16_tensor_cores_prefill && attention_prefill_version() >= 2 &&
-         hd % 256 == 0 && rope_half >= 0 && 2 * rope_half <= hd && (hd - 2 * rope_half) % 2 == 0;
+         hd % 256 == 0 && rope_half >= 0 && 2 * rope_half <= 64;
 }
 
 cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {

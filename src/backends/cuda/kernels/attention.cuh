@@ -94,7 +94,8 @@ AttentionPath attention_path(const AttentionParams& p);
 const char* attention_path_name(AttentionPath path);
 // Whether the path p takes rotates and quantises its output in its epilogue (AttentionParams::out_q, out_inv_freq):
 // the prefill wgmma kernels (versions 2, 3) where a 128-column block of a head lies in one warpgroup's half and the
-// rope pairs start at an even dim; elsewhere the caller runs rope and act_quant after the op.
+// rope dims are within the head's last 64 (warpgroup 1's last chunk); elsewhere the caller runs rope and act_quant
+// after the op.
 bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half);
 
 // Splits of the f32 path (the tensor-core path needs no workspace: attention_partial_floats is then 0).

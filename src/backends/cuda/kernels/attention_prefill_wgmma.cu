@@ -274,16 +274,13 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // a.out_inv_freq the rope dims rotated back (a pair is e = 0, 1 of one thread's dims 8j + 2t), with a.out_q
   // quantised 1x128 (act_quant_lane's arithmetic: a 128-column block of a head is chunks c, c + 1 of one warpgroup,
   // its 128 values in one quad).
-  const int64_t position = a.out_inv_freq != nullptr ? a.out_positions[i] : 0;
-  const int first = HD - 2 * static_cast<int>(a.out_rope_half);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float l = l_run[hf];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int row = 16 * wq + 8 * hf + g;
-    const bool valid = row < heads;  // (alike in a quad; every lane reaches the quad's shuffles below)
-    const float m = m_run[hf], sink = valid ? a.sinks[row] * kLog2e : 0.0f;
+    const float m = m_run[hf], sink = row < heads ? a.sinks[row] * kLog2e : 0.0f;
     const float top = fmaxf(m, sink);
     const float keep = exp2f(m - top);
     const float w = keep / (l * keep + exp2f(sink - top));
@@ -291,13 +288,30 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     for (int c = 0; c < kNC; ++c)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        float pair[2] = {o[c][4 * j + 2 * hf] * w, o[c][4 * j + 2 * hf + 1] * w};
-        const int d = 64 * (wg * kNC + c) + 8 * j + 2 * t;
-        if (a.out_inv_freq != nullptr && d >= first)
-          rope_pair(pair, a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true);
-        o[c][4 * j + 2 * hf] = pair[0];
-        o[c][4 * j + 2 * hf + 1] = pair[1];
+        o[c][4 * j + 2 * hf] *= w;
+        o[c][4 * j + 2 * hf + 1] *= w;
       }
+  }
+  // The rope dims, the last 2 out_rope_half <= 64 of a head (attention_out_in_kernel): warpgroup 1's last chunk
+  // alone, one angle a pair of dims for both of a thread's heads. Session 30 rotated every pair of every chunk under
+  // a per-pair test: 64 inlined precise sincosf, an epilogue of ~17 000 instructions, +1.6 ms a layer at 8K (H100).
+  if (a.out_inv_freq != nullptr && wg == 1) {
+    const int64_t position = a.out_positions[i];
+    const int first = HD - 2 * static_cast<int>(a.out_rope_half);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = HD - 64 + 8 * j + 2 * t;
+      if (d < first) continue;
+      float sn, cs;
+      rope_sincos(a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true, &sn, &cs);
+      rope_rotate(&o[kNC - 1][4 * j], sn, cs);
+      rope_rotate(&o[kNC - 1][4 * j + 2], sn, cs);
+    }
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = 16 * wq + 8 * hf + g;
+    const bool valid = row < heads;  // (alike in a quad; every lane reaches the quad's shuffles below)
     if (a.out_q == nullptr) {
       if (!valid) continue;
       float* dst = a.out + (i * a.heads + row) * HD + 2 * t;
