@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 31, call 5: pack s31c = 0b7e9db (moe_grouped's 32 / 64-pair tiles with 4 stages, were 3) against s31b =
+# cd1c701 (base); carry [".plans"].
+#   1. tests: the grouped MoE against the CPU and the library (every tile), the model tests;
+#   2. prefill base / new, three rounds at 1K and 2K (1K takes the 32 x 256 tiles, 2K the 64 x 128; 8K the wgmma
+#      kernel, untouched). Predicted at 1K: up 1 306 -> ~1 000 us, down 682 -> ~550 us a layer, 0.161 -> ~0.141 s;
+#   3. ncu of the new 1K up and down kernels (DRAM share, stalls).
+set -u
+cd "$(dirname "$0")/../.."
+export TERN_PACK=.plans/packs/s31c.tar.xz
+source scripts/plans/env.sh
+unpack .plans/packs/s31b.tar.xz build-base
+L=$OUT
+P=$(mktemp -d)
+stamp "1. tests"
+timeout 200 $G/tern_gpu_tests --gtest_filter='*GpuMoeGrouped*' > $L/ops.log 2>&1
+echo "rc $?"; pf $L/ops.log 8; grep -c "^\[       OK" $L/ops.log
+timeout 150 $G/tern_gpu_model_tests --gtest_filter='*GpuModel_.*:*GpuGraphs_.ReplayEqualsEager*:-*Speed*' \
+  > $L/model.log 2>&1; echo "rc $?"; pf $L/model.log 8; grep -c "^\[       OK" $L/model.log
+stamp "2. prefill base / new"
+for r in 1 2 3; do
+  for b in base cuda; do
+    for p in 1024 2048; do
+      timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill $p --batches 1 \
+        --steps 2 --warmup 1 > $P/pf-$r-$b-$p.log 2>&1; echo "rc $? ($p $r $b)"
+      grep -hE "^prefill \||error" $P/pf-$r-$b-$p.log | cut -c1-100
+    done
+  done
+done
+stamp "3. 1K profile (new) and ncu of the grouped kernels"
+timeout 120 $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 1024 --profile \
+  --profile-top 12 > $L/pf1k-profile.log 2>&1; echo "rc $?"
+grep -E "^prefill \||moe_grouped" $L/pf1k-profile.log | sort -u | head -6 | cut -c1-150
+timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_kernel" --launch-skip 2 --launch-count 2 \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+  --section MemoryWorkloadAnalysis -o $P/moe1k \
+  $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 1024 --steps 1 --warmup 0 \
+  > $P/ncu.log 2>&1; echo "rc $?"
+timeout 60 ncu -i $P/moe1k.ncu-rep --page details > $L/ncu-details.txt 2>&1
+timeout 60 ncu -i $P/moe1k.ncu-rep --page raw --csv --metrics smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_math_pipe_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_not_selected,smsp__average_warp_latency_issue_stalled_selected > $L/ncu-stalls.csv 2>&1
+grep -E "moe_grouped|Duration|DRAM Through|Compute \(SM\) Through|Registers Per|Achieved Occ|No Eligible|Issued Warp|Dynamic Shared" \
+  $L/ncu-details.txt | head -24
+cut -c1-400 $L/ncu-stalls.csv | head -5
+stamp done
