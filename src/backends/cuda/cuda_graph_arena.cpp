@@ -1,5 +1,7 @@
 #include "backends/cuda/cuda_graph_arena.h"
 
+#include <atomic>
+
 #include "backends/cuda/cuda_check.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -9,7 +11,10 @@ namespace tern::cuda {
 namespace {
 constexpr size_t kAlign = 256;
 size_t aligned(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+std::atomic<GraphCapturedHook> g_graph_captured{nullptr};
 }  // namespace
+
+void set_graph_captured_hook(GraphCapturedHook hook) { g_graph_captured.store(hook); }
 
 // TERN_ARENA_REUSE=0: freed blocks are not reused within a step (the bump allocator of before session 18, for A/B
 // and for ruling the reuse out when a recorded step misbehaves).
@@ -161,6 +166,12 @@ int CudaStepGraphs::capture(const std::function<void()>& body) {
   }
   try {
     fill_arena_first(graph);
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
+  try {
+    if (const GraphCapturedHook hook = g_graph_captured.load(); hook != nullptr) hook(graph);
   } catch (...) {
     cudaGraphDestroy(graph);
     throw;

@@ -18,6 +18,11 @@
 
 namespace tern::cuda {
 
+// Called with each captured step graph before it is instantiated, where set: the profiler sets it (profiler.h,
+// trace_graph_edges: the graph's edges into TERN_PROFILE_TRACE), so the backend itself never links CUPTI.
+using GraphCapturedHook = void (*)(cudaGraph_t graph);
+void set_graph_captured_hook(GraphCapturedHook hook);
+
 class CudaStepGraphs final : public ops::StepGraphs {
  public:
   explicit CudaStepGraphs(CudaBackend& backend);

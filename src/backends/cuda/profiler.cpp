@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/cuda_graph_arena.h"
 #include "backends/cuda/device_memory.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -216,6 +217,25 @@ void write_trace(const Collector& c) {
   TERN_CHECK(f.good(), "cuda::Profiler: writing TERN_PROFILE_TRACE=", path, " failed (the trace is incomplete)");
 }
 
+// The graph's edges by CUPTI node id (trace_graph_edges).
+void write_graph_edges(cudaGraph_t graph, const std::string& path) {
+  size_t n = 0;
+  check_runtime(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n), "cudaGraphGetEdges (count)");
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  if (n > 0) check_runtime(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &n), "cudaGraphGetEdges");
+  std::ofstream f(path, std::ios::app);
+  TERN_CHECK(f.good(), "cuda::Profiler: cannot append to TERN_PROFILE_TRACE=", path);
+  f << "# graph: " << n << " edges (from graph node, to graph node)\n";
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t a = 0, b = 0;
+    check_cupti(cuptiGetGraphNodeId(from[i], &a), "cuptiGetGraphNodeId");
+    check_cupti(cuptiGetGraphNodeId(to[i], &b), "cuptiGetGraphNodeId");
+    f << "edge\t" << a << '\t' << b << '\n';
+  }
+  f.flush();
+  TERN_CHECK(f.good(), "cuda::Profiler: writing TERN_PROFILE_TRACE=", path, " failed (the trace is incomplete)");
+}
+
 ProfileRecords collect(Collector& c) {
   std::lock_guard<std::mutex> lock(c.mutex);
   TERN_CHECK(!c.out_of_memory, "cuda::Profiler: out of host memory while collecting activity records");
@@ -252,11 +272,19 @@ ProfileRecords collect(Collector& c) {
 
 }  // namespace
 
+void trace_graph_edges(CUgraph_st* graph) {
+  if (graph == nullptr) return;
+  const std::string path = env_string("TERN_PROFILE_TRACE").value_or("");
+  if (path.empty()) return;
+  write_graph_edges(graph, path);
+}
+
 Profiler::Profiler() {
   TERN_CHECK(device_available(), "cuda::Profiler: no usable CUDA device (", device_description(), ")");
   uint32_t version = 0;
   check_cupti(cuptiGetVersion(&version), "cuptiGetVersion (is libcupti loadable?)");
   register_callbacks();
+  set_graph_captured_hook(&trace_graph_edges);
 }
 
 Profiler::~Profiler() {

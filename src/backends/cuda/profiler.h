@@ -20,7 +20,16 @@
 
 #include "backends/cuda/profile_report.h"
 
+struct CUgraph_st;  // cudaGraph_t, without the CUDA headers
+
 namespace tern::cuda {
+
+// With TERN_PROFILE_TRACE=FILE: appends the dependencies of a captured graph to FILE, a "# graph" line and one
+// "edge<TAB>from<TAB>to" line a dependency, the nodes by CUPTI's graph node ids (the records' node column), so that
+// scripts/trace-chain can follow a replayed step's critical path: a replay's kernels come on many CUPTI streams, not
+// one a branch (session 31). Every Profiler hands it to CudaStepGraphs (set_graph_captured_hook), which calls it for
+// each graph captured after the Profiler was made, before instantiating it; without the variable it does nothing.
+void trace_graph_edges(CUgraph_st* graph);
 
 class Profiler {
  public:

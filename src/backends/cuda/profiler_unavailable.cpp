@@ -7,6 +7,8 @@
 
 namespace tern::cuda {
 
+void trace_graph_edges(CUgraph_st*) {}
+
 Profiler::Profiler() {
   fail("cuda::Profiler: this tern was built without CUPTI (the CUDA toolkit's libcupti and cupti.h were not ",
        "found at configure time); install the toolkit's CUPTI and reconfigure with -DTERN_CUDA=ON");
