@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Session 31, call 5: pack s31c = 0b7e9db (moe_grouped's 32 / 64-pair tiles with 4 stages, were 3) against s31b =
-# cd1c701 (base); carry [".plans"].
+# Session 31, call 5: pack s31d = the profiler's graph edges on top of 0b7e9db (moe_grouped's 32 / 64-pair tiles with 4
+# stages, were 3) against s31b = cd1c701 (base); carry [".plans"]. (Pack s31c = 0b7e9db alone never ran: starts failed.)
 #   1. tests: the grouped MoE against the CPU and the library (every tile), the model tests;
 #   2. prefill base / new, three rounds at 1K and 2K (1K takes the 32 x 256 tiles, 2K the 64 x 128; 8K the wgmma
 #      kernel, untouched). Predicted at 1K: up 1 306 -> ~1 000 us, down 682 -> ~550 us a layer, 0.161 -> ~0.141 s;
-#   3. ncu of the new 1K up and down kernels (DRAM share, stalls).
+#   3. ncu of the new 1K up and down kernels (DRAM share, stalls);
+#   4. the batch-16 timeline with the graphs' edges, through trace-chain's critical path.
 set -u
 cd "$(dirname "$0")/../.."
-export TERN_PACK=.plans/packs/s31c.tar.xz
+export TERN_PACK=.plans/packs/s31d.tar.xz
 source scripts/plans/env.sh
 unpack .plans/packs/s31b.tar.xz build-base
 L=$OUT
@@ -41,4 +42,11 @@ timeout 60 ncu -i $P/moe1k.ncu-rep --page raw --csv --metrics smsp__average_warp
 grep -E "moe_grouped|Duration|DRAM Through|Compute \(SM\) Through|Registers Per|Achieved Occ|No Eligible|Issued Warp|Dynamic Shared" \
   $L/ncu-details.txt | head -24
 cut -c1-400 $L/ncu-stalls.csv | head -5
+stamp "4. batch-16 timeline with edges"
+TERN_PROFILE_TRACE=$OUT/b16.tsv timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
+  --batches 16 --steps 4 --warmup 3 --profile --profile-batches 16 --profile-top 12 > $P/b16.log 2>&1; echo "rc $? (trace)"
+grep -c "^edge" $OUT/b16.tsv; grep -c "^# graph" $OUT/b16.tsv
+python3 scripts/trace-chain $OUT/b16.tsv --session 2 --top 30 > $L/b16-chain.txt 2>&1; echo "rc $? (chain)"
+head -3 $L/b16-chain.txt; tail -32 $L/b16-chain.txt
+gzip $OUT/b16.tsv
 stamp done
