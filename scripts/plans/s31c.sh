@@ -17,7 +17,7 @@ stamp "1. tests"
 timeout 200 $G/tern_gpu_tests --gtest_filter='*GpuMoeGrouped*' > $L/ops.log 2>&1
 echo "rc $?"; pf $L/ops.log 8; grep -c "^\[       OK" $L/ops.log
 timeout 150 $G/tern_gpu_model_tests --gtest_filter='*GpuModel_.*:*GpuGraphs_.ReplayEqualsEager*:-*Speed*' \
-  > $L/model.log 2>&1; echo "rc $?"; pf $L/model.log 8; grep -c "^\[       OK" $L/model.log
+  > $P/model.log 2>&1; echo "rc $?"; pf $P/model.log 8; grep -c "^\[       OK" $P/model.log
 stamp "2. prefill base / new"
 for r in 1 2 3; do
   for b in base cuda; do
@@ -38,17 +38,21 @@ timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_kernel" --
   $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 1024 --steps 1 --warmup 0 \
   > $P/ncu.log 2>&1; echo "rc $?"
 timeout 60 ncu -i $P/moe1k.ncu-rep --page details > $L/ncu-details.txt 2>&1
-timeout 60 ncu -i $P/moe1k.ncu-rep --page raw --csv --metrics smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_math_pipe_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_not_selected,smsp__average_warp_latency_issue_stalled_selected > $L/ncu-stalls.csv 2>&1
+timeout 60 ncu -i $P/moe1k.ncu-rep --page raw --csv > $L/ncu-moe-raw.csv 2>&1
 grep -E "moe_grouped|Duration|DRAM Through|Compute \(SM\) Through|Registers Per|Achieved Occ|No Eligible|Issued Warp|Dynamic Shared" \
   $L/ncu-details.txt | head -24
-cut -c1-400 $L/ncu-stalls.csv | head -5
 stamp "3b. ncu of the prefill attention at 1K (stall reasons)"
 timeout 150 ncu --clock-control none --kernel-name regex:"attention_prefill_wgmma" --launch-skip 2 --launch-count 1 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats -o $P/att1k \
   $T bench-step --device cuda --config full --batches 1 --contexts 1024 --prefill 1024 --steps 1 --warmup 0 \
   > $P/ncu-att.log 2>&1; echo "rc $?"
-timeout 60 ncu -i $P/att1k.ncu-rep --page raw --csv --metrics gpu__time_duration.sum,smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_math_pipe_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_lg_throttle,smsp__average_warp_latency_issue_stalled_membar,smsp__average_warp_latency_issue_stalled_sleeping,smsp__average_warp_latency_issue_stalled_dispatch_stall,smsp__average_warp_latency_issue_stalled_no_instruction,smsp__average_warp_latency_issue_stalled_selected,smsp__average_warp_latency_issue_stalled_misc,smsp__average_warp_latency_issue_stalled_branch_resolving,smsp__average_warp_latency_issue_stalled_imc_miss,smsp__average_warp_latency_issue_stalled_drain,smsp__average_warp_latency_issue_stalled_tex_throttle > $L/ncu-att-stalls.csv 2>&1
-cut -c1-900 $L/ncu-att-stalls.csv | head -4
+timeout 60 ncu -i $P/att1k.ncu-rep --page raw --csv > $L/ncu-att-raw.csv 2>&1
+python3 - $L/ncu-att-raw.csv <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+for h, v in zip(rows[0], rows[2] if len(rows) > 2 else []):
+    if 'stalled' in h and 'per_warp_active' in h or h.startswith('gpu__time_duration'): print(h, v)
+PY
 stamp "4. batch-16 timeline with edges"
 TERN_PROFILE_TRACE=$OUT/b16.tsv timeout 80 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
   --batches 16 --steps 4 --warmup 3 --profile --profile-batches 16 --profile-top 12 > $P/b16.log 2>&1; echo "rc $? (trace)"
