@@ -9,15 +9,15 @@ import sys
 
 SCRIPT = os.path.join(os.environ.get("TERN_SCRIPTS", os.path.join(os.path.dirname(__file__), "../../scripts")),
                       "trace-chain")
-EDGES = [(101, 102), (102, 104), (101, 200), (200, 103), (103, 104)]
+EDGES = [(101, 102, 1), (102, 104, 0), (101, 200, 0), (200, 103, 0), (103, 104, 1)]  # (from, to, type)
 
 
 def write(path, rows, edges=EDGES):
     with open(path, "w") as f:
         if edges:
             f.write("# graph: %d edges (from graph node, to graph node)\n" % len(edges))
-            for a, b in edges:
-                f.write("edge\t%d\t%d\n" % (a, b))
+            for e in edges:
+                f.write("edge\t" + "\t".join(str(x) for x in e) + "\n")
         f.write("# session: %d records (kernel, start ns, end ns, stream, graph node)\n" % len(rows))
         for r in rows:
             f.write("\t".join(str(x) for x in r) + "\n")
@@ -75,3 +75,10 @@ def test_refusals(tmp_path):
     assert "has an edge" in run(str(trace), "--session", "1", "--step", "1").stderr
     write(trace, replay(0), edges=[(1, 2)])
     assert "has an edge" in run(str(trace), "--session", "1", "--step", "1").stderr
+    with open(trace, "w") as f:  # the profiler could not read the graph's edges: said, and passed on
+        f.write("# graph: edges unavailable: cudaGraphGetEdges: lossy query\n")
+        f.write("# session: 4 records (kernel, start ns, end ns, stream, graph node)\n")
+        for r in replay(0):
+            f.write("\t".join(str(x) for x in r) + "\n")
+    err = run(str(trace), "--session", "1", "--step", "1").stderr
+    assert "has an edge" in err and "edges unavailable: cudaGraphGetEdges: lossy query" in err

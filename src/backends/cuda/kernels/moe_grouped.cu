@@ -55,7 +55,7 @@ static_assert(k_permutation_ok());
 // Warp tile: MT m-tiles of 16 pairs x NT n-tiles of 8 weight rows; the warps sit side by side along N, each
 // taking all BM pairs of the tile, so each weight element is decoded once per block and each decoded B fragment
 // feeds MT mma (an x fragment, read from shared memory, feeds NT).
-// - BM x BN = 32 x 256 / 64 x 128 (tile config "old"; 4 warps, 4 stages of ~26 KB, two blocks a multiprocessor):
+// - BM x BN = 32 x 256 / 64 x 128 (tile config "old"; 4 warps, 3 stages of ~26 KB, two blocks a multiprocessor):
 //   warp tiles 32 x 64 (few pairs an expert, memory-bound) or 64 x 32 (a decoded fragment feeds 4 mma).
 // - 128 x 256 (default) / 128 x 128 (from ~96 pairs an expert): 8 warps of 128 pairs x 32 / 16 weight rows, 4
 //   stages of 50 / 41 KB, one block a multiprocessor (8 warps; up to 255 registers a thread: 238-248 / 146-153,
@@ -73,9 +73,9 @@ template <int BM, int BN_, bool SWAP = (BM >= 128)>
 struct GroupedTile {
   static constexpr int kWarps = BM >= 128 ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
-  // Stages: 4 everywhere. The 32 / 64-pair tiles (two blocks a multiprocessor, 104 / 100 KB each) ran 3 until
-  // session 31: at 1K tokens their up kernel read the weights at ~55% of copy with two stages in flight a block.
-  static constexpr int kStages = 4;
+  // The 32 / 64-pair tiles at 4 stages (two blocks of 104 / 100 KB a multiprocessor) were slower (session 31, H100,
+  // 1K prefill: the up kernel 1 306 -> 1 603 us a layer, 0.162 -> 0.175 s; 2K the same): they stay at 3.
+  static constexpr int kStages = BM >= 128 ? 4 : 3;
   static constexpr int kMinBlocks = BM >= 128 ? 1 : 2;  // __launch_bounds__: 255 / 128 registers a thread
   static constexpr bool kSkipDead = SWAP;               // zero-fill dead x rows, skip their mma
   static constexpr bool kSwapAB = SWAP;                 // weights as the mma's A operand (see below)
