@@ -8,7 +8,11 @@
 #      the edges name, and the path's costs by kernel (the decode items of #14);
 #   2. TERN_EXACT_PATH=tc against auto (the router gate's 85 exact products on the tensor-core kernel instead of
 #      linear_exact_rows, 12.3 us a call at batch 16 on the H100), decode at 1 / 16 / 64, two rounds;
-#   3. ncu stall reasons of the 1K prefill's attention kernel and of its grouped MoE up kernel (session 31's were cut
+#   3. the tile read probe (`tern_gpu_bench --only tile_probe`, session 31): the grouped MoE kernels' 256 rows x 64
+#      bytes a stage against longer runs a row at the same 16 KB stage: if 64-byte runs read at ~60% of copy and 512
+#      or 2 048 at ~90%, DRAM locality is the 1K MoE's ceiling and the next step is the weights' layout (or stages of
+#      fewer rows and longer runs), not the kernel's depth (4 stages measured slower in session 31);
+#   4. ncu stall reasons of the 1K prefill's attention kernel and of its grouped MoE up kernel (session 31's were cut
 #      by the call's limit): what holds a block of 8 warps an SM (attention: 68.6% of cycles with no eligible warp)
 #      and the 2 blocks of 4 warps (MoE: 54.5%).
 set -u
@@ -33,7 +37,10 @@ for r in 1 2; do
     grep -hE "^decode |error" $P/x-$r-$v.log | cut -c1-110
   done
 done
-stamp "3. ncu stall reasons at 1K: attention, then the MoE up kernel"
+stamp "3. tile read probe"
+timeout 120 $G/tern_gpu_bench --only tile_probe > $L/tile-probe.log 2>&1; echo "rc $?"
+grep -E "^\||copy bandwidth" $L/tile-probe.log | head -30
+stamp "4. ncu stall reasons at 1K: attention, then the MoE up kernel"
 stalls() {  # FILE: a raw ncu page, the stall columns largest first
   python3 - "$1" <<'PY'
 import csv, sys

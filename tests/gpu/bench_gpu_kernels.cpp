@@ -775,7 +775,7 @@ int main(int argc, char** argv) {
   using namespace tern::gputest;
   bool quick = false, profile = false, profile_report = false;
   // --only SECTION: one section's rows (linear, exact, library, moe, moe_prefill, attention, attention_prefill,
-  // indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline, act_quant)
+  // indexer, indexer_prefill, mhc, probe, tile_probe, small_reads, decode_probe, moe_timeline, act_quant)
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
@@ -783,10 +783,10 @@ int main(int argc, char** argv) {
       if (only != "linear" && only != "moe" && only != "moe_prefill" && only != "attention" &&
           only != "attention_prefill" && only != "indexer" && only != "indexer_prefill" && only != "mhc" &&
           only != "probe" && only != "small_reads" && only != "exact" && only != "library" &&
-          only != "decode_probe" && only != "moe_timeline" && only != "act_quant") {
+          only != "decode_probe" && only != "moe_timeline" && only != "act_quant" && only != "tile_probe") {
         std::fprintf(stderr,
                      "tern_gpu_bench: --only takes linear, exact, library, moe, moe_prefill, attention, "
-                     "attention_prefill, indexer, indexer_prefill, mhc, probe, small_reads, decode_probe, moe_timeline or act_quant, not %s\n",
+                     "attention_prefill, indexer, indexer_prefill, mhc, probe, tile_probe, small_reads, decode_probe, moe_timeline or act_quant, not %s\n",
                      only.c_str());
         return 2;
       }
@@ -890,6 +890,17 @@ int main(int argc, char** argv) {
     for (const cuda::ReadProbe& p : cuda::read_bandwidth_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
       std::printf("| %s | %d | %d | %d | %d | %lld | %.0f | %.0f%% |\n", p.how, p.stage_kb, p.stages, p.copies,
                   p.blocks_per_sm, static_cast<long long>(p.kb_in_flight), p.gbs, 100.0 * p.gbs / g_copy_gbs);
+  }
+  if (section("probe") || only == "tile_probe") {
+    // The prefill grouped MoE kernels' fetch pattern (256 rows x 64 bytes a stage) against longer runs a row at the
+    // same stage size (read_probe.cu, tile): whether DRAM locality caps them (session 31).
+    std::printf("\ntile read probe (2 GiB of 2 KB rows read once in 16 KB stages of rows x chunk; %% of the copy "
+                "bandwidth's %.0f GB/s):\n| rows a stage | bytes a row a stage | stages | blocks/SM | GB/s | %% of copy |\n"
+                "|---:|---:|---:|---:|---:|---:|\n",
+                g_copy_gbs);
+    for (const cuda::TileProbe& p : cuda::tile_read_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
+      std::printf("| %d | %d | %d | %d | %.0f | %.0f%% |\n", p.rows, p.chunk, p.stages, p.blocks_per_sm, p.gbs,
+                  100.0 * p.gbs / g_copy_gbs);
   }
   if (section("probe") || section("decode_probe")) {
     // What an FP4 decode instruction mix streams through the MoE kernel's ring, alone (fp4_decode_probe.cu): the

@@ -110,6 +110,33 @@ std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
   return rows;
 }
 
+std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms) {
+  constexpr int kRowBytes = 2048, kStageBytes = 16 * 1024;
+  DeviceBuffer buf(bytes), sink(64);
+  TERN_CUDA(cudaMemset(buf.data(), 1, bytes));
+  const auto* data = static_cast<const uint8_t*>(buf.data());
+  auto* out = static_cast<uint32_t*>(sink.data());
+  auto stream = static_cast<cudaStream_t>(register_backend().stream());
+  prepare_read_probes();
+  std::vector<TileProbe> rows;
+  for (int blocks_per_sm : {2, 4})
+    for (int stages : {3, 4})
+      for (int chunk : {64, 128, 256, 512, 2048}) {
+        const int r = kStageBytes / chunk;
+        const int64_t tiles = static_cast<int64_t>(bytes / (static_cast<size_t>(r) * kRowBytes));
+        // A block's shared memory padded so that no more than blocks_per_sm fit (228 KB a multiprocessor).
+        const int smem = 220 * 1024 / blocks_per_sm - 1024;
+        if (stages * kStageBytes > smem) continue;
+        const Timing t = time_device([&] {
+          launch_tile_read(data, tiles, r, kRowBytes, chunk, stages, smem, num_sms * blocks_per_sm, out, stream);
+        }, 2, 10);
+        TERN_CUDA(cudaGetLastError());
+        rows.push_back({r, chunk, stages, blocks_per_sm,
+                        static_cast<double>(tiles) * r * kRowBytes / (t.median_us * 1e3)});
+      }
+  return rows;
+}
+
 std::vector<SmallReadProbe> small_read_probes(const std::vector<size_t>& sizes, int num_sms) {
   constexpr size_t kPool = size_t{512} << 20;  // > 10x the L2: a rotation never finds its bytes there
   DeviceBuffer buf(kPool), sink(64);

@@ -39,6 +39,14 @@ struct ReadProbe {
 // The sweep over a buffer of `bytes` read once per run (GB/s count bytes read only).
 std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms);
 
+// The tile probe (read_probe.cu): tiles of `rows` rows of 2 KB (an up matrix's FP4 rows at V4-Flash) read in stages
+// of `chunk` bytes a row, 16 KB a stage, `stages` deep, `blocks_per_sm` blocks a multiprocessor; GB/s read.
+struct TileProbe {
+  int rows, chunk, stages, blocks_per_sm;
+  double gbs;
+};
+std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms);
+
 // Reads of one decode product's size, back to back in a CUDA graph as a decode step issues them (each kernel
 // waits for the previous one, PDL as everywhere): the ldg probe with `unroll` loads in flight a thread, over
 // buffers rotated so that no read hits L2 (hot: the same buffer every time, so reads of up to ~40 MB find

@@ -9,12 +9,21 @@
 //   slot, reads one word of it and releases it (bulk_pipe.cuh's protocol). Block b takes stages b, b + G, ...
 //   of the buffer, so each stage is one contiguous run.
 // - ldg: every thread keeps `unroll` 16-byte ld.global.nc loads in flight, grid-strided.
+// - tile (session 31): the prefill grouped MoE kernels' pattern: a block walks a tile of `rows` weight rows of
+//   `row_bytes` in stages of `chunk` bytes a row (a cp.async ring of STAGES slots of rows x chunk bytes, 128
+//   threads, 16 bytes a thread and piece, consecutive threads along a row's chunk), tiles b, b + G, ... Why: the
+//   grouped kernels read 256 rows x 64 bytes a stage and reach ~55-61% of copy at 1K tokens where the decode
+//   ring's 32 KB runs reach the copy rate; the sweep over chunk at a fixed stage size tells whether the short
+//   per-row runs (DRAM page locality) are the ceiling.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/read_probe.cuh"
+#include "backends/cuda/kernels/stream_tile.cuh"
 
 namespace tern::cuda {
 namespace dev {
@@ -81,11 +90,48 @@ __global__ void __launch_bounds__(256) ldg_read_kernel(const uint4* buf, int64_t
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+template <int STAGES>
+__global__ void __launch_bounds__(128) tile_read_kernel(const uint8_t* buf, int64_t tiles, int rows, int row_bytes,
+                                                        int chunk, uint32_t* sink) {
+  pdl_prologue();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int stage_bytes = rows * chunk, pieces = stage_bytes / 16, per_row = chunk / 16, kbs = row_bytes / chunk;
+  uint32_t acc = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const uint8_t* tile = buf + t * rows * row_bytes;
+    auto load = [&](int kb, int slot) {
+      for (int p = threadIdx.x; p < pieces; p += blockDim.x) {
+        const int r = p / per_row, c = p - r * per_row;
+        cp_async16(smem + slot * stage_bytes + p * 16, tile + static_cast<int64_t>(r) * row_bytes + kb * chunk + c * 16,
+                   true);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < kbs) load(s, s);
+      cp_async_commit();
+    }
+    for (int kb = 0; kb < kbs; ++kb) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // stage kb landed; slot (kb - 1) % STAGES is free
+      if (kb + STAGES - 1 < kbs) load(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+      cp_async_commit();
+      acc ^= reinterpret_cast<const uint32_t*>(smem + (kb % STAGES) * stage_bytes)[threadIdx.x];
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
 }  // namespace
 }  // namespace dev
 
 void prepare_read_probes() {
   TERN_CUDA(cudaFuncSetAttribute(dev::bulk_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  TERN_CUDA(cudaFuncSetAttribute(dev::tile_read_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  TERN_CUDA(cudaFuncSetAttribute(dev::tile_read_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+  TERN_CUDA(cudaFuncSetAttribute(dev::tile_read_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
 }
 
 void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int stages, int copies, bool own_range,
@@ -93,6 +139,16 @@ void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int 
   const size_t smem = static_cast<size_t>(stages) * stage_bytes + 2 * stages * 8;
   launch(dev::bulk_read_kernel, grid, 64, smem, stream, buf, nstages, stage_bytes, stages, copies,
          own_range ? 1 : 0, sink);
+}
+
+void launch_tile_read(const uint8_t* buf, int64_t tiles, int rows, int row_bytes, int chunk, int stages, int smem,
+                      int grid, uint32_t* sink, cudaStream_t stream) {
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(stages) * rows * chunk, static_cast<size_t>(smem));
+  switch (stages) {
+    case 2: launch(dev::tile_read_kernel<2>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
+    case 3: launch(dev::tile_read_kernel<3>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
+    default: launch(dev::tile_read_kernel<4>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
+  }
 }
 
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream) {
