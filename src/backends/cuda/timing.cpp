@@ -73,15 +73,31 @@ double copy_bandwidth_gbs(size_t bytes, int runs) {
   return 2.0 * static_cast<double>(bytes) / (t.median_us * 1e3);
 }
 
+namespace {
+
+// A read probe's buffer of `bytes` (set, never written by the probes), its sink word and the backend's stream.
+struct ProbeBuffers {
+  DeviceBuffer buf, sink;
+  const uint8_t* data;
+  uint32_t* out;
+  cudaStream_t stream;
+  explicit ProbeBuffers(size_t bytes)
+      : buf(bytes), sink(64), data(static_cast<const uint8_t*>(buf.data())), out(static_cast<uint32_t*>(sink.data())),
+        stream(static_cast<cudaStream_t>(register_backend().stream())) {
+    TERN_CUDA(cudaMemset(buf.data(), 1, bytes));
+    prepare_read_probes();
+  }
+};
+
+}  // namespace
+
 std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
   constexpr size_t kAlign = 64 * 1024;
   bytes = bytes / kAlign * kAlign;
-  DeviceBuffer buf(bytes), sink(64);
-  TERN_CUDA(cudaMemset(buf.data(), 1, bytes));
-  const auto* data = static_cast<const uint8_t*>(buf.data());
-  auto* out = static_cast<uint32_t*>(sink.data());
-  auto stream = static_cast<cudaStream_t>(register_backend().stream());
-  prepare_read_probes();
+  const ProbeBuffers pb(bytes);
+  const uint8_t* data = pb.data;
+  uint32_t* out = pb.out;
+  cudaStream_t stream = pb.stream;
   std::vector<ReadProbe> rows;
   auto gbs = [&](const Timing& t) { return static_cast<double>(bytes) / (t.median_us * 1e3); };
   for (bool own : {false, true})
@@ -112,12 +128,7 @@ std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms) {
 
 std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms) {
   constexpr int kRowBytes = 2048, kStageBytes = 16 * 1024;
-  DeviceBuffer buf(bytes), sink(64);
-  TERN_CUDA(cudaMemset(buf.data(), 1, bytes));
-  const auto* data = static_cast<const uint8_t*>(buf.data());
-  auto* out = static_cast<uint32_t*>(sink.data());
-  auto stream = static_cast<cudaStream_t>(register_backend().stream());
-  prepare_read_probes();
+  const ProbeBuffers pb(bytes);
   std::vector<TileProbe> rows;
   for (int blocks_per_sm : {2, 4})
     for (int stages : {3, 4})
@@ -128,7 +139,7 @@ std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms) {
         const int smem = 220 * 1024 / blocks_per_sm - 1024;
         if (stages * kStageBytes > smem) continue;
         const Timing t = time_device([&] {
-          launch_tile_read(data, tiles, r, kRowBytes, chunk, stages, smem, num_sms * blocks_per_sm, out, stream);
+          launch_tile_read(pb.data, tiles, r, kRowBytes, chunk, stages, smem, num_sms * blocks_per_sm, pb.out, pb.stream);
         }, 2, 10);
         TERN_CUDA(cudaGetLastError());
         rows.push_back({r, chunk, stages, blocks_per_sm,
