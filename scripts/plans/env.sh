@@ -43,6 +43,22 @@ ab_bench() {
     done
   done
 }
+# ab_prefill ROUNDS SIZE...: the warm prefill of build-base and $BUILD alternating, ROUNDS rounds, at each SIZE
+# (context 1K), logs in ${P:-$L}/pf-ROUND-{base,cuda}-SIZE.log, the prefill rows printed (the loop sessions 30-31
+# wrote out by hand in each plan).
+ab_prefill() {
+  local rounds=$1 r b p
+  shift
+  for r in $(seq 1 "$rounds"); do
+    for b in base cuda; do
+      for p in "$@"; do
+        timeout 100 build-$b/tools/tern bench-step --device cuda --config full --contexts 1024 --prefill "$p" \
+          --batches 1 --steps 2 --warmup 1 > "${P:-$L}/pf-$r-$b-$p.log" 2>&1; echo "rc $? ($p $r $b)"
+        grep -hE "^prefill \||error" "${P:-$L}/pf-$r-$b-$p.log" | cut -c1-100
+      done
+    done
+  done
+}
 # trace_b1 NAME: bench-step's batch-1 decode timeline (TERN_PROFILE_TRACE, side stream on) to $OUT/NAME.tsv.gz, for
 # scripts/trace-joins and reading by hand; the profile's tables in $L/NAME.log.
 trace_b1() {
