@@ -321,8 +321,8 @@ class Model {
   }
   // Every layer's weights: the trunk's, then the MTP block's (when present).
   std::vector<LayerWeights*> all_layers();
-  // sparse_attention rotates each sequence's heads back at inv_freq (AttentionArgs::out_inv_freq); heads8 set: and
-  // quantises them into its rows of heads8, not heads.
+  // q as wq_b wrote it: sparse_attention norms and rotates it at inv_freq (AttentionArgs::q_inv_freq) and rotates
+  // the heads back; heads8 set: each sequence's heads quantised into its rows of heads8, not written to heads.
   void attend(int layer, const Batch& b, const Tensor& q, const Tensor& kv_rows,
               const std::vector<Tensor>& selected, const Tensor& heads, const ops::Fp8Rows* heads8,
               const TensorView& inv_freq);

@@ -33,10 +33,16 @@ struct AttentionArgs {
   TensorView selected;  // i32 [n, k] or empty (all visible compressed rows)
   TensorView sinks;     // f32 [heads]
   float scale = 1.0f;   // softmax scale, head_dim^-0.5
-  // Set: each head's output rotated back at its query's position (positions, i64 [n]) in its last
-  // 2 * out_inv_freq.dim(0) dims: what ops::rope(out, positions, out_inv_freq, inverse) would do after the op (the
-  // same bits).
-  TensorView positions, out_inv_freq;
+  // Each query's position (i64 [n]) for the two rotations below.
+  TensorView positions;
+  // Set: q is as wq_b wrote it, and the op first norms each head (RMS over head_dim, no weight, q_norm_eps) and
+  // rotates its last 2 * q_inv_freq.dim(0) dims at positions, exactly ops::norm_rope(q, {}, q_norm_eps, positions,
+  // q_inv_freq): where a backend's kernel can do it in its q load (the CUDA prefill kernels) q's own pass goes.
+  TensorView q_inv_freq;
+  float q_norm_eps = 0.0f;
+  // Set: each head's output rotated back at positions in its last 2 * out_inv_freq.dim(0) dims: what
+  // ops::rope(out, positions, out_inv_freq, inverse) would do after the op (the same bits).
+  TensorView out_inv_freq;
 };
 
 // out f32 [n, heads, head_dim]

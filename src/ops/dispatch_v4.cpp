@@ -1,5 +1,6 @@
 // Entry points of the DeepSeek-V4 specific ops: check arguments, then call the context's backend.
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "ops/backend.h"
@@ -172,16 +173,19 @@ Device check_attention(const char* op, const AttentionArgs& a, std::initializer_
     expect_dtype(op, "selected", a.selected, {DType::i32});
     expect_shape(op, "selected", a.selected, {n, -1});
   }
-  if (!a.out_inv_freq.empty()) {
+  if (!a.q_inv_freq.empty() || !a.out_inv_freq.empty()) {
     expect_dtype(op, "positions", a.positions, {DType::i64});
     expect_shape(op, "positions", a.positions, {n});
-    expect_dtype(op, "out_inv_freq", a.out_inv_freq, {DType::f32});
-    expect_shape(op, "out_inv_freq", a.out_inv_freq, {-1});
-    TERN_CHECK(2 * a.out_inv_freq.dim(0) <= a.format.head_dim, op, ": ", a.out_inv_freq.dim(0),
-               " rope pairs do not fit a head of ", a.format.head_dim);
+  }
+  for (const auto& [name, inv_freq] : {std::pair{"q_inv_freq", &a.q_inv_freq}, std::pair{"out_inv_freq", &a.out_inv_freq}}) {
+    if (inv_freq->empty()) continue;
+    expect_dtype(op, name, *inv_freq, {DType::f32});
+    expect_shape(op, name, *inv_freq, {-1});
+    TERN_CHECK(2 * inv_freq->dim(0) <= a.format.head_dim, op, ": ", inv_freq->dim(0), " rope pairs (", name,
+               ") do not fit a head of ", a.format.head_dim);
   }
   std::vector<const TensorView*> all{&a.q, &a.chunk_rows, &a.ring, &a.compressed.pool, &a.sinks, &a.positions,
-                                     &a.out_inv_freq};
+                                     &a.q_inv_freq, &a.out_inv_freq};
   all.insert(all.end(), outs.begin(), outs.end());
   Device dev = Device::cpu;
   bool found = false;

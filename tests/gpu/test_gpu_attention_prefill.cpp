@@ -352,6 +352,55 @@ TEST_P(GpuAttentionPrefill, OpRotatesAndQuantisesItsOutput) {
   cuda::register_backend().check_device_errors();
 }
 
+// q as wq_b wrote it (AttentionArgs::q_inv_freq): the op norms each head and rotates its rope dims itself, in the
+// prefill kernels' q load for a chunk that takes them (every version), by norm_rope before the decode kernel for a
+// short one. Either way the bits of ops::norm_rope on the GPU then the op on the normed q, and within bf16 of the
+// CPU (which norms first too). q is drawn at 3x the normed scale, so a missing norm cannot pass.
+TEST_P(GpuAttentionPrefill, OpNormsAndRotatesQ) {
+  TERN_REQUIRE_GPU();
+  const Shapes& s = GetParam();
+  Rand r(fresh_seed());
+  const int saved_version = cuda::attention_prefill_version();
+  const int64_t half = s.rope_dim / 2;
+  Tensor inv_freq(DType::f32, {half});
+  for (int64_t j = 0; j < half; ++j)
+    inv_freq.data<float>()[j] = std::pow(10000.0f, -2.0f * static_cast<float>(j) / static_cast<float>(s.rope_dim));
+  const auto dinv = upload(inv_freq);
+  const float eps = 1e-6f;
+  for (const int64_t n : {int64_t{64}, cuda::CudaBackend::library_min_tokens() + 88}) {
+    Chunk c = make_chunk(s, static_cast<int>(s.csa_ratio), true, 40 * s.window + 5, n, r);
+    c.q = random_f32({n, s.heads, s.head_dim}, r, 3.0f);
+    c.dq = upload(c.q);
+    Tensor pos(DType::i64, {n});
+    for (int64_t i = 0; i < n; ++i) pos.data<int64_t>()[i] = c.start + i;
+    const auto dpos = upload(pos);
+    ops::AttentionArgs host = c.host_args(), dev = c.device_args();
+    host.positions = pos, host.q_inv_freq = inv_freq, host.q_norm_eps = eps;
+    dev.positions = dpos, dev.q_inv_freq = dinv, dev.q_norm_eps = eps;
+    Tensor ref(DType::f32, {n, s.heads, s.head_dim});
+    ops::sparse_attention(cpu::context(), host, ref);
+    for (const int version : {1, 2, 3}) {
+      cuda::set_attention_prefill_version(version);
+      const std::string what = cat(s.name, " n=", n, " prefill version ", version);
+      auto got = poisoned(DType::f32, {n, s.heads, s.head_dim});
+      ops::sparse_attention(cuda::context(), dev, got);
+      // The same on a q normed by the op of its own.
+      auto normed = poisoned(DType::f32, {n, s.heads, s.head_dim}), want = poisoned(DType::f32, {n, s.heads, s.head_dim});
+      ops::norm_rope(cuda::context(), c.dq, {}, eps, dpos, dinv, normed);
+      ops::AttentionArgs plain = c.device_args();
+      plain.q = normed;
+      ops::sparse_attention(cuda::context(), plain, want);
+      const Tensor g = cuda::to_host(got), w = cuda::to_host(want);
+      EXPECT_EQ(std::memcmp(g.data<float>(), w.data<float>(), g.nbytes()), 0)
+          << what << ": q normed in the op is not norm_rope then the op";
+      expect_close(got, ref, kTolBf16, cat("q normed in the op vs cpu, ", what));
+      if (n < cuda::CudaBackend::library_min_tokens()) break;  // the decode kernel: one version is enough
+    }
+  }
+  cuda::set_attention_prefill_version(saved_version);
+  cuda::register_backend().check_device_errors();
+}
+
 // The wgmma layouts of versions 2 / 3 on their own (wgmma_probe.cu: the kernel's S and P V steps on two known
 // matrices), so that a descriptor or fragment error shows here as a wrong product, not only as an attention
 // mismatch. CPU: the operands rounded to bf16 (nearest even), products in double; P V takes the GPU's S

@@ -201,6 +201,49 @@ TEST(SparseAttention, RotatesBackAndQuantisesWhenAsked) {
   EXPECT_THROW(ops::sparse_attention(cpu::context(), a, ops::Fp8Rows{values, scales, s.n - 1}), Error);
 }
 
+// q as wq_b wrote it (AttentionArgs::q_inv_freq): the op first norms each head and rotates its last 2 * half dims at
+// positions. Checked against the formula on a q normed and rotated here by hand (in double); a wrong positions
+// length and too many pairs are refused.
+TEST(SparseAttention, NormsAndRotatesQWhenAsked) {
+  test::Random rng(41);
+  Scene s = make_scene(ops::KvFormat::fp8_ds, 21, 6, rng);
+  const Tensor raw = rng.tensor({s.n, kHeads, kHd}, 3.0f);
+  const int64_t half = kRope / 2, first = kHd - kRope;
+  const float eps = 1e-6f;
+  Tensor inv_freq(DType::f32, {half}), positions(DType::i64, {s.n});
+  for (int64_t j = 0; j < half; ++j) inv_freq.data<float>()[j] = std::pow(10000.0f, -2.0f * float(j) / float(kRope));
+  for (int64_t i = 0; i < s.n; ++i) positions.data<int64_t>()[i] = s.start + i;
+  for (int64_t i = 0; i < s.n; ++i)
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const float* x = raw.data<float>() + (i * kHeads + h) * kHd;
+      float* y = s.q.data<float>() + (i * kHeads + h) * kHd;
+      double ss = 0;
+      for (int64_t d = 0; d < kHd; ++d) ss += double(x[d]) * x[d];
+      const double inv = 1.0 / std::sqrt(ss / kHd + eps);
+      for (int64_t d = 0; d < kHd; ++d) y[d] = float(x[d] * inv);
+      for (int64_t j = 0; j < half; ++j) {
+        const double a = double(inv_freq.data<float>()[j]) * double(s.start + i);
+        const double x0 = y[first + 2 * j], x1 = y[first + 2 * j + 1];
+        y[first + 2 * j] = float(x0 * std::cos(a) - x1 * std::sin(a));
+        y[first + 2 * j + 1] = float(x0 * std::sin(a) + x1 * std::cos(a));
+      }
+    }
+  ops::AttentionArgs a = args_of(s);
+  a.q = raw;
+  a.positions = positions;
+  a.q_inv_freq = inv_freq;
+  a.q_norm_eps = eps;
+  Tensor out(DType::f32, {s.n, kHeads, kHd});
+  ops::sparse_attention(cpu::context(), a, out);
+  EXPECT_LE(check_against_formula(s, Tensor(), out), 1e-4f);  // s.q: the hand-normed q
+  a.positions = positions.view().rows(0, s.n - 1);
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
+  a.positions = positions;
+  Tensor too_many(DType::f32, {kHd / 2 + 1});
+  a.q_inv_freq = too_many;
+  EXPECT_THROW(ops::sparse_attention(cpu::context(), a, out), Error);
+}
+
 TEST(SparseAttention, RejectsBadPagedRows) {
   test::Random rng(8);
   const Scene s = make_scene(ops::KvFormat::f32, 21, 6, rng);

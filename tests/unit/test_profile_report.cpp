@@ -115,6 +115,7 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::fill_random_e4m3_kernel(unsigned char*, long, unsigned long)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::bulk_read_kernel(unsigned char const*, long, int, int, int, int, unsigned int*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::ldg_read_kernel(uint4 const*, long, int, unsigned int*)", C::other},
+    {"void tern::cuda::dev::(anonymous namespace)::tile_read_kernel<3>(unsigned char const*, long, int, int, int, unsigned int*)", C::other},
     {"void tern::cuda::dev::(anonymous namespace)::fp4_decode_probe_kernel<3, 2>(unsigned char const*, long, int, unsigned int*, unsigned int const*, float*)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::pdl_fence_kernel(int)", C::other},
     {"tern::cuda::dev::(anonymous namespace)::indexer_gather_keys_kernel(tern::cuda::PagedRowsDesc, long, long, float*)", C::indexer},

@@ -80,7 +80,14 @@ std::vector<const float*> keys_of(const ops::AttentionArgs& a, const KeyRows& ro
 
 }  // namespace
 
-void CpuBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
+void CpuBackend::sparse_attention(const ops::AttentionArgs& args, const TensorView& out) {
+  ops::AttentionArgs a = args;
+  Tensor normed;
+  if (!a.q_inv_freq.empty()) {  // q as wq_b wrote it (AttentionArgs::q_inv_freq): norm_rope first
+    normed = Tensor(DType::f32, a.q.shape());
+    norm_rope(a.q, TensorView(), a.q_norm_eps, a.positions, a.q_inv_freq, normed);
+    a.q = normed;
+  }
   require_f32("sparse_attention", {&a.q, &a.sinks, &out});
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), hd = a.format.head_dim;
   const KeyRows rows(a);

@@ -12,6 +12,7 @@
 #include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 
@@ -275,11 +276,39 @@ void rotate_back_in_kernel(const ops::AttentionArgs& a, AttentionParams& p) {
   p.out_rope_half = a.out_inv_freq.dim(0);
 }
 
+// TERN_Q_NORM_FOLD (a switch, on; read once): q's RMS norm and RoPE in the prefill kernels' q load (take_q); off,
+// norm_rope first. Session 30 measured the fold at +2-3% a prefill, but each of its measurements had ~1.6 ms a layer
+// of inlined sines in it (its first form's, then the FP8 epilogue's: session 31); the switch is the A/B of the fold
+// alone in one binary.
+bool q_norm_fold() {
+  static const bool on = env_flag("TERN_Q_NORM_FOLD", true);
+  return on;
+}
+
+// AttentionArgs::q_inv_freq: q normed and rotated in the prefill kernels' q load, else by norm_rope into `normed`
+// first (the same bits).
+void take_q(CudaBackend& be, CudaBackend::Impl& impl, const ops::AttentionArgs& a, AttentionParams& p, Tensor& normed) {
+  if (a.q_inv_freq.empty()) return;
+  require_cuda_f32("sparse_attention", {&a.q_inv_freq});
+  if (q_norm_fold() && attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
+    p.q_positions = a.positions.data_as<const int64_t>();
+    p.q_inv_freq = a.q_inv_freq.data_as<const float>();
+    p.q_rope_half = a.q_inv_freq.dim(0);
+    p.q_norm_eps = a.q_norm_eps;
+    return;
+  }
+  normed = impl.tensor(DType::f32, a.q.shape());
+  be.norm_rope(a.q, TensorView(), a.q_norm_eps, a.positions, a.q_inv_freq, normed);
+  p.q = normed.view().data_as<const float>();
+}
 }  // namespace
 
-// AttentionArgs::out_inv_freq in the prefill wgmma kernels' epilogue, else rope_kernel after (the same bits).
+// AttentionArgs::q_inv_freq in the prefill kernels' q load, else norm_rope before; out_inv_freq in the prefill wgmma
+// kernels' epilogue, else rope_kernel after (the same bits either way).
 void CudaBackend::sparse_attention(const ops::AttentionArgs& a, const TensorView& out) {
   AttentionParams p = chunk_attention_params("sparse_attention", a, out, *impl_);
+  Tensor normed;
+  take_q(*this, *impl_, a, p, normed);
   const bool rope_back = !a.out_inv_freq.empty();
   const bool in_kernel = rope_back && attention_out_in_kernel(p, a.out_inv_freq.dim(0));
   if (in_kernel) rotate_back_in_kernel(a, p);
@@ -301,6 +330,8 @@ void CudaBackend::sparse_attention_fp8(const ops::AttentionArgs& a, const ops::F
     act_quant_rows(o32.view().reshape({n, heads * hd}), out);
     return;
   }
+  Tensor normed;
+  take_q(*this, *impl_, a, p, normed);
   p.out = nullptr;
   p.out_q = out.values.data_as<uint8_t>();
   p.out_scales = out.scales.data_as<float>();

@@ -88,6 +88,7 @@ constexpr Rule kRules[] = {
     // Read-bandwidth probes of the micro-benchmark (kernels/read_probe.cu: tern_gpu_bench --only probe).
     {"bulk_read_kernel", Match::exact, OpCategory::other},
     {"ldg_read_kernel", Match::exact, OpCategory::other},
+    {"tile_read_kernel", Match::exact, OpCategory::other},
     {"fp4_decode_probe_kernel", Match::exact, OpCategory::other},  // kernels/fp4_decode_probe.cu (--only decode_probe)
     // The empty kernel that ends programmatic overlap after the synthetic weight fill (kernels/launch.cu).
     {"pdl_fence_kernel", Match::exact, OpCategory::other},

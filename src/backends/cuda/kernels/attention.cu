@@ -379,6 +379,12 @@ bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half) {
          hd % 256 == 0 && rope_half >= 0 && 2 * rope_half <= 64;
 }
 
+bool attention_q_norm_in_kernel(const AttentionParams& p, int64_t rope_half) {
+  const int64_t hd = p.fmt.head_dim;
+  return attention_path(p) == AttentionPath::bf16_tensor_cores_prefill && hd % 32 == 0 && hd >= 128 && hd <= 512 &&
+         rope_half >= 0 && 2 * rope_half <= 128 && (hd - 2 * rope_half) % 2 == 0;  // (kQRopeCols)
+}
+
 cudaError_t launch_sparse_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const AttentionPath path = attention_path(p);

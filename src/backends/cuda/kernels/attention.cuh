@@ -77,6 +77,14 @@ struct AttentionParams {
   uint8_t* out_q = nullptr;
   float* out_scales = nullptr;
   int64_t out_scale_ld = 0;
+  // sparse_attention with ops::AttentionArgs::q_inv_freq, where the prefill kernels run (attention_q_norm_in_kernel):
+  // q as wq_b wrote it; their q load norms each head (RMS over head_dim, no weight, q_norm_eps) and rotates its last
+  // 2 * q_rope_half dims at q_positions[i], norm_rope_kernel's arithmetic (rms_norm_lanes, rope_pair), before the
+  // bf16 rounding: the same bits as norm_rope then the kernel, without q's f32 pass (2 GiB a layer at 8K tokens).
+  const int64_t* q_positions = nullptr;
+  const float* q_inv_freq = nullptr;
+  int64_t q_rope_half = 0;
+  float q_norm_eps = 0.0f;
   // The tensor-core decode kernels' keys a split (mma_split_plan; TERN_ATTENTION_SPLIT_KEYS): a query's splits, and
   // with them its tiles and merge order, from its key count and this alone (batch invariant for a fixed value).
   int64_t split_keys = kAttentionSplitKeysDefault;
@@ -97,6 +105,10 @@ const char* attention_path_name(AttentionPath path);
 // rope dims are within the head's last 64 (warpgroup 1's last chunk); elsewhere the caller runs rope and act_quant
 // after the op.
 bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half);
+// Whether the path p norms and rotates q in its q load (AttentionParams::q_inv_freq): the prefill kernels, at a
+// head_dim of 128-512 (whole warps' columns) with the rope pairs at even dims in the last 128; elsewhere the caller
+// runs norm_rope first.
+bool attention_q_norm_in_kernel(const AttentionParams& p, int64_t rope_half);
 
 // Splits of the f32 path (the tensor-core path needs no workspace: attention_partial_floats is then 0).
 int attention_splits(const AttentionParams& p);

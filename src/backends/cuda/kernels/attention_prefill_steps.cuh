@@ -6,6 +6,7 @@
 
 #include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/attention_tile.cuh"
+#include "backends/cuda/kernels/norm_dev.cuh"
 
 namespace tern::cuda::dev {
 
@@ -26,11 +27,72 @@ __device__ __forceinline__ void lookup_round(const AttentionParams& a, int64_t i
   for (int u = 0; u < kPrefillLookups; ++u) sRows[tid + u * kTileThreads] = found[u];
 }
 
+// load_q_bf16 where q is as wq_b wrote it (AttentionParams::q_inv_freq): a warp a head, kAtOnce heads at once (lane
+// holds dims lane + 32 c, as norm_rope_kernel's rows), normed by rms_norm_lanes with unit weights and the rope pairs
+// rotated by rope_pair's arithmetic (a pair's two dims sit in lanes l and l ^ 1), then rounded to bf16: the bits of
+// norm_rope then load_q_bf16. kAtOnce x HD / 32 loads of a lane in flight (32 KiB a block, half the plain load's: 4
+// heads at once spilled registers of the wgmma kernel; q is mostly in L2: the block one wave ahead prefetched it).
+// A lane's rotation angles are the same in every head: its sines and cosines are computed once a query (session 30's
+// first fold took sincosf a head, 64 times as many, in the block's exposed prologue: +3% a prefill).
+constexpr int kQRopeCols = 4;  // the lane columns the rope dims may occupy: the last 128 (attention_q_norm_in_kernel)
+template <int HD, typename QAt>
+__device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
+                                                   QAt q_at) {
+  constexpr int kCols = HD / 32, kWarps = kTileThreads / 32, kAtOnce = 2, kRope0 = kCols - kQRopeCols;
+  static_assert(HD % 32 == 0 && kCols >= kQRopeCols && kTileHeads % (kWarps * kAtOnce) == 0, "whole heads a warp");
+  const int warp = tid >> 5, lane = tid & 31;
+  const float* src = a.q + i * a.heads * HD;
+  const float position = static_cast<float>(a.q_positions[i]);
+  const int first = HD - 2 * static_cast<int>(a.q_rope_half);
+  float sn[kQRopeCols], cs[kQRopeCols];  // column kRope0 + k's rotation (identity outside the rope dims)
+#pragma unroll
+  for (int k = 0; k < kQRopeCols; ++k) {
+    const int d = lane + 32 * (kRope0 + k);
+    sn[k] = 0.0f, cs[k] = 1.0f;
+    if (d >= first) sincosf(a.q_inv_freq[(d - first) >> 1] * position, &sn[k], &cs[k]);
+  }
+  float ones[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) ones[c] = 1.0f;
+#pragma unroll 1
+  for (int h0 = warp * kAtOnce; h0 < kTileHeads; h0 += kWarps * kAtOnce) {
+    float v[kAtOnce][kCols];
+#pragma unroll
+    for (int u = 0; u < kAtOnce; ++u)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) v[u][c] = h0 + u < heads ? __ldg(src + (h0 + u) * HD + lane + 32 * c) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kAtOnce; ++u) {
+      const int h = h0 + u;
+      if (h < heads) rms_norm_lanes(v[u], ones, a.q_norm_eps);  // (warp-uniform)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int d = lane + 32 * c;
+        if (c >= kRope0) {
+          const float partner = __shfl_xor_sync(0xffffffffu, v[u][c], 1);
+          if (h < heads && d >= first) {  // pair (d - first) / 2: x0 at the even dim, x1 at the odd one
+            const float s = sn[c - kRope0], co = cs[c - kRope0];
+            v[u][c] = (lane & 1) == 0 ? __fmaf_rn(v[u][c], co, -__fmul_rn(partner, s))
+                                      : __fmaf_rn(co, v[u][c], __fmul_rn(partner, s));
+          }
+        }
+        const float next = __shfl_xor_sync(0xffffffffu, v[u][c], 1);
+        if ((lane & 1) == 0) *reinterpret_cast<uint32_t*>(sQ + q_at(h, d)) = pack_bf16(v[u][c], next);
+      }
+    }
+  }
+}
+
 // Query i's q as bf16 into sQ at byte offset q_at(head, dim) (dim a multiple of 4; heads past `heads` are
-// zeros): kBatch float4 of a thread loaded before any is stored, so 64 KiB of q is in flight per block.
+// zeros): kBatch float4 of a thread loaded before any is stored, so 64 KiB of q is in flight per block. With
+// AttentionParams::q_inv_freq, load_q_normed_bf16.
 template <int HD, typename QAt>
 __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                             QAt q_at) {
+  if (a.q_inv_freq != nullptr) {
+    load_q_normed_bf16<HD>(a, i, heads, tid, sQ, q_at);
+    return;
+  }
   const float4* src = reinterpret_cast<const float4*>(a.q + i * a.heads * HD);
   constexpr int kPer = kTileHeads * HD / 4 / kTileThreads;  // float4 of padded q per thread
   constexpr int kBatch = kPer < 16 ? kPer : 16;
