@@ -16,6 +16,13 @@
 
 namespace tern::cuda {
 
+// Session 30 measured the fold at +2-3% a prefill, but each of its measurements had ~1.6 ms a layer of inlined sines
+// in it (its first form's, then the FP8 epilogue's: session 31); the switch is the A/B of the fold alone in one binary.
+bool q_norm_fold_enabled() {
+  static const bool on = env_flag("TERN_Q_NORM_FOLD", true);
+  return on;
+}
+
 namespace {
 
 HcParams hc_params(const TensorView& streams, const TensorView& fn, const TensorView& base, const TensorView& scale,
@@ -276,21 +283,12 @@ void rotate_back_in_kernel(const ops::AttentionArgs& a, AttentionParams& p) {
   p.out_rope_half = a.out_inv_freq.dim(0);
 }
 
-// TERN_Q_NORM_FOLD (a switch, on; read once): q's RMS norm and RoPE in the prefill kernels' q load (take_q); off,
-// norm_rope first. Session 30 measured the fold at +2-3% a prefill, but each of its measurements had ~1.6 ms a layer
-// of inlined sines in it (its first form's, then the FP8 epilogue's: session 31); the switch is the A/B of the fold
-// alone in one binary.
-bool q_norm_fold() {
-  static const bool on = env_flag("TERN_Q_NORM_FOLD", true);
-  return on;
-}
-
 // AttentionArgs::q_inv_freq: q normed and rotated in the prefill kernels' q load, else by norm_rope into `normed`
 // first (the same bits).
 void take_q(CudaBackend& be, CudaBackend::Impl& impl, const ops::AttentionArgs& a, AttentionParams& p, Tensor& normed) {
   if (a.q_inv_freq.empty()) return;
   require_cuda_f32("sparse_attention", {&a.q_inv_freq});
-  if (q_norm_fold() && attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
+  if (q_norm_fold_enabled() && attention_q_norm_in_kernel(p, a.q_inv_freq.dim(0))) {
     p.q_positions = a.positions.data_as<const int64_t>();
     p.q_inv_freq = a.q_inv_freq.data_as<const float>();
     p.q_rope_half = a.q_inv_freq.dim(0);

@@ -537,7 +537,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels",
       "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores; "
       "norm_rope (the attention's q heads and kv rows): norm_rope_kernel, rms_norm then RoPE in one launch with "
-      "the same bits (rows wider than 1024: rms_norm_row / block then rope_kernel)",
+      "the same bits (rows wider than 1024: rms_norm_row / block then rope_kernel); a prefill chunk's q heads on "
+      "the prefill attention kernels: normed and rotated in the kernel's q load, the same bits (TERN_Q_NORM_FOLD=0: "
+      "norm_rope_kernel first)",
       "decode steps (batched, one launch per op for all slots): attention / compressor / indexer kernels in "
       "decode mode (per-slot positions, state addresses and block tables on the device) + store_rows_kernel; "
       "step_compress_emit: compressor_emit_kernel, a compressor's accumulator update, rms_norm, RoPE, row "
@@ -548,6 +550,9 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "sample_rows_kernel, one block per row, radix select + bitonic sort of candidate tiers, the host "
       "sampler's arithmetic (f64 sums in its order) so tokens equal the host's",
   };
+  if (!q_norm_fold_enabled())
+    paths.push_back("the prefill chunks' q norm in the attention's q load off (TERN_Q_NORM_FOLD=0): norm_rope_kernel "
+                    "first");
   if (!attention_prefill_enabled())
     paths.push_back("sparse_attention prefill kernel off (TERN_ATTENTION_PREFILL=0): every chunk runs "
                     "attention_mma_kernel");

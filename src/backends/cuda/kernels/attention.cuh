@@ -105,6 +105,9 @@ const char* attention_path_name(AttentionPath path);
 // rope dims are within the head's last 64 (warpgroup 1's last chunk); elsewhere the caller runs rope and act_quant
 // after the op.
 bool attention_out_in_kernel(const AttentionParams& p, int64_t rope_half);
+// TERN_Q_NORM_FOLD (a switch, on; read once): whether sparse_attention hands q's RMS norm and RoPE to the prefill
+// kernels' q load where attention_q_norm_in_kernel allows (off: norm_rope first; the same bits either way).
+bool q_norm_fold_enabled();
 // Whether the path p norms and rotates q in its q load (AttentionParams::q_inv_freq): the prefill kernels, at a
 // head_dim of 128-512 (whole warps' columns) with the rope pairs at even dims in the last 128; elsewhere the caller
 // runs norm_rope first.
