@@ -7,6 +7,7 @@
 #include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/attention_tile.cuh"
 #include "backends/cuda/kernels/norm_dev.cuh"
+#include "backends/cuda/kernels/rope_dev.cuh"
 
 namespace tern::cuda::dev {
 
@@ -29,7 +30,7 @@ __device__ __forceinline__ void lookup_round(const AttentionParams& a, int64_t i
 
 // load_q_bf16 where q is as wq_b wrote it (AttentionParams::q_inv_freq): a warp a head, kAtOnce heads at once (lane
 // holds dims lane + 32 c, as norm_rope_kernel's rows), normed by rms_norm_lanes with unit weights and the rope pairs
-// rotated by rope_pair's arithmetic (a pair's two dims sit in lanes l and l ^ 1), then rounded to bf16: the bits of
+// rotated by rope_rotate (a pair's two dims sit in lanes l and l ^ 1), then rounded to bf16: the bits of
 // norm_rope then load_q_bf16. kAtOnce x HD / 32 loads of a lane in flight (32 KiB a block, half the plain load's: 4
 // heads at once spilled registers of the wgmma kernel; q is mostly in L2: the block one wave ahead prefetched it).
 // A lane's rotation angles are the same in every head: its sines and cosines are computed once a query (session 30's
@@ -71,9 +72,10 @@ __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int
         if (c >= kRope0) {
           const float partner = __shfl_xor_sync(0xffffffffu, v[u][c], 1);
           if (h < heads && d >= first) {  // pair (d - first) / 2: x0 at the even dim, x1 at the odd one
-            const float s = sn[c - kRope0], co = cs[c - kRope0];
-            v[u][c] = (lane & 1) == 0 ? __fmaf_rn(v[u][c], co, -__fmul_rn(partner, s))
-                                      : __fmaf_rn(co, v[u][c], __fmul_rn(partner, s));
+            const bool even = (lane & 1) == 0;
+            float pair[2] = {even ? v[u][c] : partner, even ? partner : v[u][c]};
+            rope_rotate(pair, sn[c - kRope0], cs[c - kRope0]);
+            v[u][c] = even ? pair[0] : pair[1];
           }
         }
         const float next = __shfl_xor_sync(0xffffffffu, v[u][c], 1);
