@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 32, call 1 (written in session 31, whose device time ran out): pack s32a = a gpu-pack of the code at or after
-# fc00a40 (`scripts/gpu-pack build-cuda`, copied to .plans/packs/s32a.tar.xz); carry [".plans"]. Then, on the warm
+# d03d937 (`scripts/gpu-pack build-cuda`, copied to .plans/packs/s32a.tar.xz); carry [".plans"]. Then, on the warm
 # machine, #17's closing op tests: `scripts/gpu-check --server --no-bench --no-sanitizers build-cuda` with carry
 # [".whl"] (~8 minutes: every op test, the model tests, the server tests).
 #   0. tests: the prefill attention (the q-norm fold's bits against norm_rope then the op, every version; the FP8
