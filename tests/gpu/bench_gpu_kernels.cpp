@@ -895,12 +895,12 @@ int main(int argc, char** argv) {
     // The prefill grouped MoE kernels' fetch pattern (256 rows x 64 bytes a stage) against longer runs a row at the
     // same stage size (read_probe.cu, tile): whether DRAM locality caps them (session 31).
     std::printf("\ntile read probe (2 GiB of 2 KB rows read once in 16 KB stages of rows x chunk; %% of the copy "
-                "bandwidth's %.0f GB/s):\n| rows a stage | bytes a row a stage | stages | blocks/SM | GB/s | %% of copy |\n"
-                "|---:|---:|---:|---:|---:|---:|\n",
+                "bandwidth's %.0f GB/s; L2 hint: cp.async's prefetch size):\n| rows a stage | bytes a row a stage | L2 hint "
+                "| stages | blocks/SM | GB/s | %% of copy |\n|---:|---:|---:|---:|---:|---:|---:|\n",
                 g_copy_gbs);
     for (const cuda::TileProbe& p : cuda::tile_read_probes(size_t{2} << 30, cuda::register_backend().num_sms()))
-      std::printf("| %d | %d | %d | %d | %.0f | %.0f%% |\n", p.rows, p.chunk, p.stages, p.blocks_per_sm, p.gbs,
-                  100.0 * p.gbs / g_copy_gbs);
+      std::printf("| %d | %d | %d | %d | %d | %.0f | %.0f%% |\n", p.rows, p.chunk, p.l2_prefetch, p.stages,
+                  p.blocks_per_sm, p.gbs, 100.0 * p.gbs / g_copy_gbs);
   }
   if (section("probe") || section("decode_probe")) {
     // What an FP4 decode instruction mix streams through the MoE kernel's ring, alone (fp4_decode_probe.cu): the

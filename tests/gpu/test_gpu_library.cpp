@@ -139,6 +139,19 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
                        config == cuda::kMoeGroupedTileOld      ? " tile config old"
                        : config == cuda::kMoeGroupedTileNarrow ? " tile config 128x128"
                                                                : ""));
+      if (f == WeightFormat::fp8_block) continue;
+      // The weights' L2 prefetch hint changes what DRAM is asked for, never a bit of the result.
+      const int saved_hint = cuda::moe_l2_hint();
+      for (int hint : {128, 256}) {
+        cuda::set_moe_l2_hint(hint);
+        auto hinted = poisoned(DType::f32, {T, D});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, hinted});
+        cuda::set_moe_l2_hint(0);
+        const Tensor a = cuda::to_host(out), b = cuda::to_host(hinted);
+        EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), static_cast<size_t>(T * D) * 4), 0)
+            << "TERN_MOE_L2_HINT=" << hint << " changed the bits (" << ops::weight_format_name(f) << ")";
+      }
+      cuda::set_moe_l2_hint(saved_hint);
     }
     cuda::set_moe_grouped_tile_config(saved_tile);
   }

@@ -173,6 +173,20 @@ TEST(CudaKnobs, MoeGroupedTile) {
   set_moe_grouped_tile_config(saved);
 }
 
+TEST(CudaKnobs, MoeL2Hint) {
+  const int saved = moe_l2_hint();
+  const auto read = [](const char* v) {
+    ScopedEnv e("TERN_MOE_L2_HINT", v);
+    set_moe_l2_hint(-1);
+    return moe_l2_hint();
+  };
+  EXPECT_EQ(read(nullptr), 0);
+  EXPECT_EQ(read("128"), 128);
+  EXPECT_EQ(read("256"), 256);
+  EXPECT_EQ(refusal([&] { read("64"); }), "TERN_MOE_L2_HINT=\"64\": expected 0, 128 or 256 (unset: 0)");
+  set_moe_l2_hint(saved);
+}
+
 TEST(CudaKnobs, IndexerPrefill) {
   const IndexerPrefill saved = indexer_prefill();
   const auto read = [](const char* v) {

@@ -579,6 +579,23 @@ void CudaBackend::set_moe_variant(int variant) {
   impl_->moe_variant = variant;
 }
 
+namespace {
+
+// The grouped kernels a prefill chunk's experts take (TERN_MOE_GROUPED may force one).
+std::string grouped_moe_name(const MoeParams& p, std::string_view forced, bool act_fp8) {
+  if (forced == "wgmma") return moe_grouped_wgmma_path_name(p);
+  if (forced == "e4m3") {
+    if (!act_fp8 || p.kind != WeightFormat::mxfp4) return moe_grouped_wgmma_path_name(p);
+    return cat(moe_grouped_e4m3_path_name(p), " where the layer's MXFP4 scales fold (within 2^8 in 128 columns), else ",
+               moe_grouped_wgmma_path_name(p));
+  }
+  if (forced == "mma") return moe_grouped_path_name(p);
+  return cat("from ", kMoeWgmmaMinPairs, " mean pairs an expert ", moe_grouped_wgmma_path_name(p), "; below ",
+             moe_grouped_path_name(p));
+}
+
+}  // namespace
+
 std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T, int64_t k) const {
   if (w1.exact) return "moe_exact (f32 CUDA cores, one block a pick) + moe_combine";
   // Device allocations are 256-byte aligned: what the bulk kernels need of the expert pointers.
@@ -590,15 +607,10 @@ std::string CudaBackend::moe_path(const ops::Weight& w1, int64_t T, int64_t k) c
   // The grouped kernels' tile depends on the pairs per expert, unknown here (E = 0: the name says both tiles).
   if (impl_->moe_grouped_for(T) && !impl_->moe_library_forced(T) && moe_grouped_supported(p)) {
     const std::string_view forced = moe_grouped_kernel_forced();
-    if (forced == "wgmma") return moe_grouped_wgmma_path_name(p);
-    if (forced == "e4m3") {
-      if (!w1.act_fp8 || p.kind != WeightFormat::mxfp4) return moe_grouped_wgmma_path_name(p);
-      return cat(moe_grouped_e4m3_path_name(p), " where the layer's MXFP4 scales fold (within 2^8 in 128 columns), else ",
-                 moe_grouped_wgmma_path_name(p));
-    }
-    if (forced == "mma") return moe_grouped_path_name(p);
-    return cat("from ", kMoeWgmmaMinPairs, " mean pairs an expert ", moe_grouped_wgmma_path_name(p), "; below ",
-               moe_grouped_path_name(p));
+    if (moe_l2_hint() != 0)
+      return cat(grouped_moe_name(p, forced, w1.act_fp8), "; weights copied with an L2 prefetch of ", moe_l2_hint(),
+                 " bytes (TERN_MOE_L2_HINT)");
+    return grouped_moe_name(p, forced, w1.act_fp8);
   }
   // TERN_MOE_FUSED_PLAN: moe_experts' routing (MoeExpertsArgs::route) and --activations fp8's quantisation of x in
   // the plan's launch, or the plan alone in 256 threads (run_moe_paths; either up to 256 experts).

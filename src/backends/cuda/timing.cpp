@@ -1,6 +1,7 @@
 #include "backends/cuda/timing.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -132,17 +133,20 @@ std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms) {
   std::vector<TileProbe> rows;
   for (int blocks_per_sm : {2, 4})
     for (int stages : {3, 4})
-      for (int chunk : {64, 128, 256, 512, 2048}) {
+      for (const auto [chunk, l2_prefetch] : {std::pair{64, 0}, std::pair{64, 128}, std::pair{64, 256},
+                                                std::pair{128, 0}, std::pair{256, 0}, std::pair{512, 0},
+                                                std::pair{2048, 0}}) {
         const int r = kStageBytes / chunk;
         const int64_t tiles = static_cast<int64_t>(bytes / (static_cast<size_t>(r) * kRowBytes));
         // A block's shared memory padded so that no more than blocks_per_sm fit (228 KB a multiprocessor).
         const int smem = 220 * 1024 / blocks_per_sm - 1024;
         if (stages * kStageBytes > smem) continue;
         const Timing t = time_device([&] {
-          launch_tile_read(pb.data, tiles, r, kRowBytes, chunk, stages, smem, num_sms * blocks_per_sm, pb.out, pb.stream);
+          launch_tile_read(pb.data, tiles, r, kRowBytes, chunk, stages, smem, l2_prefetch, num_sms * blocks_per_sm,
+                           pb.out, pb.stream);
         }, 2, 10);
         TERN_CUDA(cudaGetLastError());
-        rows.push_back({r, chunk, stages, blocks_per_sm,
+        rows.push_back({r, chunk, stages, blocks_per_sm, l2_prefetch,
                         static_cast<double>(tiles) * r * kRowBytes / (t.median_us * 1e3)});
       }
   return rows;

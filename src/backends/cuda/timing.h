@@ -42,7 +42,7 @@ std::vector<ReadProbe> read_bandwidth_probes(size_t bytes, int num_sms);
 // The tile probe (read_probe.cu): tiles of `rows` rows of 2 KB (an up matrix's FP4 rows at V4-Flash) read in stages
 // of `chunk` bytes a row, 16 KB a stage, `stages` deep, `blocks_per_sm` blocks a multiprocessor; GB/s read.
 struct TileProbe {
-  int rows, chunk, stages, blocks_per_sm;
+  int rows, chunk, stages, blocks_per_sm, l2_prefetch;
   double gbs;
 };
 std::vector<TileProbe> tile_read_probes(size_t bytes, int num_sms);

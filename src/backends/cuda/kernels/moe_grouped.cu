@@ -112,6 +112,7 @@ struct GroupedArgs {
   float limit;
   uint16_t* h;  // up: [P, inter]
   float* y;     // down: [P, D]
+  int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
 };
 
 __global__ void moe_grouped_gather_kernel(const float* x, const int* sorted, int64_t P, int k, int64_t D,
@@ -248,7 +249,8 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedT
 #pragma unroll
     for (int i = 0; i < kWCopies; ++i) {
       const int n_local = tid / 4 + kWRows * i;
-      cp_async16(ws + n_local * 64 + 16 * (tid % 4), wsrc[i] + static_cast<int64_t>(kb) * 64, true);
+      cp_async16_l2(smem_addr(ws + n_local * 64 + 16 * (tid % 4)), wsrc[i] + static_cast<int64_t>(kb) * 64, 16,
+                    a.l2_hint);
       if (tid % 4 == 0) {
         if constexpr (kNv) cp_async_small<8>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 8, true);
         else cp_async_small<4>(ss + n_local * 8, ssrc[i] + static_cast<int64_t>(kb) * 4, true);
@@ -467,7 +469,7 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
-                static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y};
+                static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y, moe_l2_hint()};
   launch_grouped<F, BM, BN, true, SWAP>(a, m_bound, stream);
   if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, p.inter, 0}, stream);
   a.a = b.h;
@@ -494,6 +496,7 @@ bool moe_grouped_supported(const MoeParams& p) {
 namespace {
 
 std::atomic<int> g_tile_config{-1};
+std::atomic<int> g_l2_hint{-1};
 
 // The tile launch_moe_grouped takes for these params: BM pairs x BN weight rows, weights as the mma's A (swap).
 struct TileShape {
@@ -531,6 +534,17 @@ int moe_grouped_tile_config() {
 }
 
 void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::memory_order_relaxed); }
+
+int moe_l2_hint() {
+  int v = g_l2_hint.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = std::stoi(env_choice("TERN_MOE_L2_HINT", {"0", "128", "256"}, "0"));
+    g_l2_hint.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_moe_l2_hint(int bytes) { g_l2_hint.store(bytes, std::memory_order_relaxed); }
 
 int moe_grouped_tile_pairs(const MoeParams& p) { return tile_shape(p).bm; }
 

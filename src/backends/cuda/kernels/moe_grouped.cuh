@@ -33,6 +33,13 @@ int moe_grouped_tile_config();
 void set_moe_grouped_tile_config(int config);
 // Pairs per m-tile (32, 64 or 128) for these params: chosen from the mean pairs per expert and the config.
 int moe_grouped_tile_pairs(const MoeParams& p);
+// The L2 prefetch size hint (bytes: 0, 128 or 256) on the grouped kernels' FP4 weight copies (this file's and
+// moe_grouped_wgmma / _e4m3's): their stages read 64 bytes of each of 256 rows 2 KB apart, so DRAM sees 64-byte
+// requests scattered over rows; the hint asks for the aligned 128 / 256 bytes around each at once (the next
+// stages' bytes of the row then hit L2). Same bits either way. TERN_MOE_L2_HINT (0, 128, 256; read once);
+// set_moe_l2_hint for in-process A/B.
+int moe_l2_hint();
+void set_moe_l2_hint(int bytes);
 // Name of the kernels launch_moe_grouped takes for these params (startup report, benchmarks, tests).
 const char* moe_grouped_path_name(const MoeParams& p);
 

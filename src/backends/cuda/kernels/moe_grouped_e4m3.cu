@@ -28,6 +28,7 @@
 #include "backends/cuda/kernels/kv_row_dev.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_e4m3.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma_impl.cuh"
@@ -156,6 +157,7 @@ struct E4Args {
   float limit;
   uint16_t* h;  // up: bf16 planes [inter / 8][rows][8] (the bf16 kernel's layout and K order)
   float* y;     // down: [P, D] by sorted slot
+  int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
 };
 
 // The physical column (0..31 of a k32 block) at byte i of plane half h: 8 (i / 4) + 4 h + i % 4.
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     RingCursor c;
     for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
       const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
-      WgWeightCopier<UP, 4> copier(a.experts[tl.e], p, tl.n_tile, N, K);
+      WgWeightCopier<UP, 4> copier(a.experts[tl.e], p, tl.n_tile, N, K, a.l2_hint);
       const uint8_t* xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
       const float* xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
@@ -447,7 +449,7 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
   // The x buffer (rows x D x 2 bytes): x's e4m3 planes and scales for up, then h's for down.
   auto* xq = reinterpret_cast<uint8_t*>(b.xs);
   E4Args a{p.experts, b.jobs, b.num_jobs, b.tile_first, xq, reinterpret_cast<const float*>(xq + rows * p.D), rows,
-           p.D, p.inter, static_cast<int>(p.inter / (kWgRows / 2)), p.limit, b.h, b.y};
+           p.D, p.inter, static_cast<int>(p.inter / (kWgRows / 2)), p.limit, b.h, b.y, moe_l2_hint()};
   launch_e4m3<true, NT>(a, m_bound, stream);
   float* hs = reinterpret_cast<float*>(xq + rows * p.inter);
   const int64_t h_threads = (p.inter / kWgK) * P;

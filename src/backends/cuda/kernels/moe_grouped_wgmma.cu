@@ -55,6 +55,7 @@
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/moe_grouped.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma.cuh"
 #include "backends/cuda/kernels/moe_grouped_wgmma_impl.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
@@ -194,6 +195,7 @@ struct WgArgs {
   float limit;
   uint16_t* h;  // up: planes [inter/8][rows][8]
   float* y;     // down: [P, D] by sorted slot
+  int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
 };
 
 // xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     RingCursor c;
     for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
       const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
-      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile, N, K);
+      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile, N, K, a.l2_hint);
       const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
         ring.wait_free_at(c.slot, c.parity);
@@ -447,7 +449,8 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
   WgArgs a{p.experts,    b.jobs,  b.num_jobs,
            b.tile_first, b.xs,    rows,
            p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
-           p.limit,      b.h,     b.y};
+           p.limit,      b.h,     b.y,
+           moe_l2_hint()};
   launch_wgmma<F, true, NT>(a, m_bound, stream);
   if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
   a.a = b.h;

@@ -122,10 +122,11 @@ struct WgWeightCopier {
   static constexpr int kStepW = UP ? 16 : 32, kStepS = UP ? 64 : 128;
   const uint8_t* wsrc;
   const uint8_t* ssrc;
-  int row_w, row_s, prow, piece, p;
+  int row_w, row_s, prow, piece, p, l2_hint;
   int64_t N, w_row_bytes, s_row_bytes;
-  __device__ __forceinline__ WgWeightCopier(const ExpertDesc& ed, int p_, int n_tile, int64_t N_, int64_t K)
-      : p(p_), N(N_), w_row_bytes(K / 2), s_row_bytes(K * kScaleBytes / kWgK) {
+  __device__ __forceinline__ WgWeightCopier(const ExpertDesc& ed, int p_, int n_tile, int64_t N_, int64_t K,
+                                            int l2_hint_)
+      : p(p_), l2_hint(l2_hint_), N(N_), w_row_bytes(K / 2), s_row_bytes(K * kScaleBytes / kWgK) {
     prow = p >> 2, piece = p & 3;
     int which_w, which_s;
     row_w = static_cast<int>(wg_weight_row<UP>(prow, n_tile, N, which_w));
@@ -139,7 +140,8 @@ struct WgWeightCopier {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const bool ok = UP || row_w + kStepW * j < N;
-      cp_async_at<16>(st + (prow + 32 * j) * row_pitch + piece * 16, ok ? wsrc + kStepW * j * w_row_bytes : wsrc, ok);
+      cp_async16_l2(st + (prow + 32 * j) * row_pitch + piece * 16, ok ? wsrc + kStepW * j * w_row_bytes : wsrc,
+                    ok ? 16 : 0, l2_hint);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {

@@ -14,7 +14,8 @@
 //   threads, 16 bytes a thread and piece, consecutive threads along a row's chunk), tiles b, b + G, ... Why: the
 //   grouped kernels read 256 rows x 64 bytes a stage and reach ~55-61% of copy at 1K tokens where the decode
 //   ring's 32 KB runs reach the copy rate; the sweep over chunk at a fixed stage size tells whether the short
-//   per-row runs (DRAM page locality) are the ceiling.
+//   per-row runs (DRAM page locality) are the ceiling; the 64-byte rows again with the L2 prefetch hints of
+//   cp_async16_l2 (session 32), which ask DRAM for 128 / 256 bytes a row at once without changing the layout.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(256) ldg_read_kernel(const uint4* buf, int64_t
 
 template <int STAGES>
 __global__ void __launch_bounds__(128) tile_read_kernel(const uint8_t* buf, int64_t tiles, int rows, int row_bytes,
-                                                        int chunk, uint32_t* sink) {
+                                                        int chunk, int l2_prefetch, uint32_t* sink) {
   pdl_prologue();
   extern __shared__ __align__(16) uint8_t smem[];
   const int stage_bytes = rows * chunk, pieces = stage_bytes / 16, per_row = chunk / 16, kbs = row_bytes / chunk;
@@ -102,8 +103,8 @@ __global__ void __launch_bounds__(128) tile_read_kernel(const uint8_t* buf, int6
     auto load = [&](int kb, int slot) {
       for (int p = threadIdx.x; p < pieces; p += blockDim.x) {
         const int r = p / per_row, c = p - r * per_row;
-        cp_async16(smem + slot * stage_bytes + p * 16, tile + static_cast<int64_t>(r) * row_bytes + kb * chunk + c * 16,
-                   true);
+        cp_async16_l2(smem_addr(smem + slot * stage_bytes + p * 16),
+                      tile + static_cast<int64_t>(r) * row_bytes + kb * chunk + c * 16, 16, l2_prefetch);
       }
     };
 #pragma unroll
@@ -142,12 +143,12 @@ void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int 
 }
 
 void launch_tile_read(const uint8_t* buf, int64_t tiles, int rows, int row_bytes, int chunk, int stages, int smem,
-                      int grid, uint32_t* sink, cudaStream_t stream) {
+                      int l2_prefetch, int grid, uint32_t* sink, cudaStream_t stream) {
   const size_t bytes = std::max<size_t>(static_cast<size_t>(stages) * rows * chunk, static_cast<size_t>(smem));
   switch (stages) {
-    case 2: launch(dev::tile_read_kernel<2>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
-    case 3: launch(dev::tile_read_kernel<3>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
-    default: launch(dev::tile_read_kernel<4>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, sink); break;
+    case 2: launch(dev::tile_read_kernel<2>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, l2_prefetch, sink); break;
+    case 3: launch(dev::tile_read_kernel<3>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, l2_prefetch, sink); break;
+    default: launch(dev::tile_read_kernel<4>, grid, 128, bytes, stream, buf, tiles, rows, row_bytes, chunk, l2_prefetch, sink); break;
   }
 }
 

@@ -15,9 +15,10 @@ void launch_bulk_read(const uint8_t* buf, int64_t nstages, int stage_bytes, int 
                       int grid, uint32_t* sink, cudaStream_t stream);
 // Reads `tiles` tiles of `rows` rows x `row_bytes` (back to back from buf), each block its tiles b, b + grid, ... in
 // stages of `chunk` bytes a row through a cp.async ring of `stages` (2-4) slots, 128 threads a block, with at least
-// `smem` bytes of shared memory a block (to hold the blocks a multiprocessor to a number).
+// `smem` bytes of shared memory a block (to hold the blocks a multiprocessor to a number); `l2_prefetch`: the
+// cp.async's L2 prefetch size hint (0, 128 or 256 bytes; stream_tile.cuh's cp_async16_l2).
 void launch_tile_read(const uint8_t* buf, int64_t tiles, int rows, int row_bytes, int chunk, int stages, int smem,
-                      int grid, uint32_t* sink, cudaStream_t stream);
+                      int l2_prefetch, int grid, uint32_t* sink, cudaStream_t stream);
 // Reads `bytes` of buf with `unroll` 16-byte loads in flight a thread, 256 threads a block.
 void launch_ldg_read(const uint8_t* buf, int64_t bytes, int unroll, int grid, uint32_t* sink, cudaStream_t stream);
 
