@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 32, call 1 (prefill; pack s32b = the L2 prefetch hint on the grouped MoE's weight copies, on d03d937's code):
 # carry [".plans"]. One binary, A/B by environment.
+#   (the steps run 1, 2, 3, 0, 4: the measurements first, should the call be cut)
 #   0. tests: GpuLibrary.MoeAgainstCpu (the hint's bits equal to none, both FP4 formats; GpuMoeGrouped's V4-Flash
 #      CPU references take ~190 s, left to the closing gpu-check), the prefill attention (the q-norm fold's bits; the FP8 epilogue), the model tests;
 #   1. the tile read probe (tern_gpu_bench --only tile_probe): 256 rows x 64 bytes a stage, with no hint and with
@@ -18,12 +19,6 @@ export TERN_PACK=.plans/packs/s32b.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
-stamp "0. tests"
-timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary.MoeAgainstCpu*:*GpuAttentionPrefill*:*GroupedFromFp8Rows*' \
-  > $P/ops.log 2>&1
-echo "rc $?"; pf $P/ops.log 10; grep -c "^\[       OK" $P/ops.log
-timeout 150 $G/tern_gpu_model_tests --gtest_filter='*GpuModel_.*:*GpuGraphs_.ReplayEqualsEager*:-*Speed*' \
-  > $P/model.log 2>&1; echo "rc $?"; pf $P/model.log 8; grep -c "^\[       OK" $P/model.log
 stamp "1. tile read probe"
 timeout 120 $G/tern_gpu_bench --only tile_probe > $L/tile-probe.log 2>&1; echo "rc $?"
 grep -E "^\||copy bandwidth" $L/tile-probe.log | head -40
@@ -45,6 +40,12 @@ stamp "2. TERN_MOE_L2_HINT 0 / 128 / 256"
 envab TERN_MOE_L2_HINT "0 128 256" 2 1024 8192
 stamp "3. TERN_Q_NORM_FOLD 0 / 1"
 envab TERN_Q_NORM_FOLD "0 1" 2 1024 8192
+stamp "0. tests"
+timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuLibrary.MoeAgainstCpu*:*GpuAttentionPrefill*:*GroupedFromFp8Rows*' \
+  > $P/ops.log 2>&1
+echo "rc $?"; pf $P/ops.log 10; grep -c "^\[       OK" $P/ops.log
+timeout 150 $G/tern_gpu_model_tests --gtest_filter='*GpuModel_.*:*GpuGraphs_.ReplayEqualsEager*:-*Speed*' \
+  > $P/model.log 2>&1; echo "rc $?"; pf $P/model.log 8; grep -c "^\[       OK" $P/model.log
 stamp "4. 1K prefill profile, hint 256 and 0"
 for v in 256 0; do
   TERN_MOE_L2_HINT=$v timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 --batches 1 \
