@@ -6,7 +6,8 @@
 // with no pick at all and chunks that see fewer compressed rows than picks (a -1 tail). The kernel is
 // launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
 // sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs, version 2 also
-// against version 1, and version 3 (the decode overlapping the MMAs) must give version 2's bits. Then the
+// against version 1, and version 3 (the decode overlapping the MMAs) must give version 2's bits; version 4 (warp-
+// specialised, its own summation order) within bf16 of the CPU and of version 2. Then the
 // op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and under --batch-invariant or
 // set_attention_prefill(false) the decode kernel's bits.
 #include <algorithm>
@@ -150,7 +151,7 @@ cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
   return p;
 }
 
-enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, decode };
+enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, prefill_ws, decode };
 
 // One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
 Tensor run_kernel(const Chunk& c, Kernel k) {
@@ -164,7 +165,8 @@ Tensor run_kernel(const Chunk& c, Kernel k) {
                         : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream, false)
                         : k == Kernel::prefill_wgmma_overlap
                             ? cuda::launch_attention_prefill_wgmma(p, stream, true)
-                            : cuda::launch_attention_mma(p, stream);
+                        : k == Kernel::prefill_ws ? cuda::launch_attention_prefill_ws(p, stream)
+                                                  : cuda::launch_attention_mma(p, stream);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   be.synchronize();
@@ -212,6 +214,10 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       if (std::memcmp(wg3.data<float>(), wg.data<float>(), wg.nbytes()) != 0)
         expect_close(upload(wg3), ref, kTolBf16,
                      cat("prefill wgmma kernel, overlapped decode, vs cpu, ", what));
+      // Version 4 (warp-specialised): its own summation order, so within bf16 of the CPU and of version 2.
+      const Tensor ws = run_kernel(c, Kernel::prefill_ws);
+      expect_close(upload(ws), ref, kTolBf16, cat("prefill ws kernel vs cpu, ", what));
+      expect_close(upload(ws), wg, kTolBf16, cat("prefill ws kernel vs prefill wgmma kernel, ", what));
     }
   cuda::register_backend().check_device_errors();
 }
@@ -232,7 +238,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   // and its bits differ from the prefill kernel's (with one split they are the same arithmetic).
   const Chunk c = make_chunk(s, static_cast<int>(s.hca_ratio), false, 100 * s.window + 5, n, r);
   const Tensor mine = run_kernel(c, Kernel::prefill), old = run_kernel(c, Kernel::decode);
-  const Tensor wg = run_kernel(c, Kernel::prefill_wgmma);
+  const Tensor wg = run_kernel(c, Kernel::prefill_wgmma), ws = run_kernel(c, Kernel::prefill_ws);
   ASSERT_NE(std::memcmp(mine.data<float>(), old.data<float>(), mine.nbytes()), 0)
       << "the two kernels gave the same bits: this test cannot tell which one the op ran";
   auto op = [&] {
@@ -258,6 +264,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
       {"TERN_ATTENTION_PREFILL=1", false, 1, &mine, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=4", false, 4, &ws, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"--batch-invariant", true, 1, &old, decode},
       {"--batch-invariant, version 2", true, 2, &old, decode},
       {"TERN_ATTENTION_PREFILL=0", false, 0, &old, decode}};
@@ -275,7 +282,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.prefill = true;
   const int64_t position = c.start;
   p.positions = &position;  // only compared with null by attention_path
-  for (const int version : {1, 2, 3}) {
+  for (const int version : {1, 2, 3, 4}) {
     cuda::set_attention_prefill_version(version);
     EXPECT_EQ(cuda::attention_path(p), decode) << "version " << version;
   }
@@ -313,7 +320,7 @@ TEST_P(GpuAttentionPrefill, OpRotatesAndQuantisesItsOutput) {
     host.positions = pos, host.out_inv_freq = inv_freq;
     Tensor hv(DType::u8, {P, width}), hs(DType::f32, {width / 128, P});
     ops::sparse_attention(cpu::context(), host, ops::Fp8Rows{hv, hs, n});
-    for (const int version : {3, 2, 1}) {
+    for (const int version : {4, 3, 2, 1}) {
       cuda::set_attention_prefill_version(version);
       const std::string what = cat(s.name, " n=", n, " prefill version ", version);
       // The pieces: the f32 op, rope_kernel, act_quant.
@@ -379,7 +386,7 @@ TEST_P(GpuAttentionPrefill, OpNormsAndRotatesQ) {
     dev.positions = dpos, dev.q_inv_freq = dinv, dev.q_norm_eps = eps;
     Tensor ref(DType::f32, {n, s.heads, s.head_dim});
     ops::sparse_attention(cpu::context(), host, ref);
-    for (const int version : {1, 2, 3}) {
+    for (const int version : {1, 2, 3, 4}) {
       cuda::set_attention_prefill_version(version);
       const std::string what = cat(s.name, " n=", n, " prefill version ", version);
       auto got = poisoned(DType::f32, {n, s.heads, s.head_dim});

@@ -556,6 +556,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
   if (!attention_prefill_enabled())
     paths.push_back("sparse_attention prefill kernel off (TERN_ATTENTION_PREFILL=0): every chunk runs "
                     "attention_mma_kernel");
+  if (attention_prefill_version() == 4)
+    paths.push_back("sparse_attention prefill kernel version 4 (TERN_ATTENTION_PREFILL=4): attention_prefill_ws_kernel "
+                    "(a producer warpgroup decodes 32-key tiles into a ring of 4, two consumer warpgroups take one "
+                    "tile of a pair each; bf16 numerics, its own summation order)");
   if (attention_prefill_version() == 1 || attention_prefill_version() == 2)
     paths.push_back(attention_prefill_version() == 1
                         ? "sparse_attention prefill kernel version 1 (TERN_ATTENTION_PREFILL=1): "

@@ -153,10 +153,12 @@ size_t attention_heads_smem_bytes(const KvRowDesc& f, int heads_per_block);
 int attention_heads_per_block(const AttentionParams& p);
 cudaError_t launch_attention_heads(const AttentionParams& p, cudaStream_t stream, int heads_per_block = 0);
 
-// The prefill path alone (eager mode only): one block per query, all its keys, in one of two versions:
-//   1: attention_prefill_kernel (attention_prefill.cu, mma.sync), the default;
+// The prefill path alone (eager mode only): one block per query, all its keys, in one of four versions:
+//   1: attention_prefill_kernel (attention_prefill.cu, mma.sync);
 //   2: attention_prefill_wgmma_kernel (attention_prefill_wgmma.cu, Hopper wgmma), the same numerics;
-//   3: the same kernel with the decode of a tile overlapping its S MMAs (version 2's bits).
+//   3: the same kernel with the decode of a tile overlapping its S MMAs (version 2's bits), the default;
+//   4: attention_prefill_ws_kernel (attention_prefill_ws.cu, session 32): a producer warpgroup decodes 32-key tiles
+//      into a ring while two consumer warpgroups each take one tile of a pair (S once, not twice); its own bits.
 // attention_prefill_smem_bytes / launch_attention_prefill follow the selected version (1 when off); the
 // _v1 / _wgmma entry points run one version whatever is selected (tests).
 size_t attention_prefill_smem_bytes(const KvRowDesc& f);
@@ -166,8 +168,11 @@ cudaError_t launch_attention_prefill_v1(const AttentionParams& p, cudaStream_t s
 size_t attention_prefill_wgmma_smem_bytes(const KvRowDesc& f);
 cudaError_t launch_attention_prefill_wgmma(const AttentionParams& p, cudaStream_t stream,
                                            bool overlap_decode = false);
+size_t attention_prefill_ws_smem_bytes(const KvRowDesc& f);
+cudaError_t launch_attention_prefill_ws(const AttentionParams& p, cudaStream_t stream);
 // TERN_ATTENTION_PREFILL: 0 keeps prefill chunks on attention_mma_kernel (A/B), 1 version 1 (mma.sync), 2 / 3
-// version 2 / 3 (wgmma; 3, the default, overlaps the FP8 decode with the MMAs); set_attention_prefill(on)
+// version 2 / 3 (wgmma; 3, the default, overlaps the FP8 decode with the MMAs), 4 the warp-specialised kernel
+// (not yet measured); set_attention_prefill(on)
 // selects the default or 0 and set_attention_prefill_version any (benchmarks and tests).
 bool attention_prefill_enabled();
 int attention_prefill_version();

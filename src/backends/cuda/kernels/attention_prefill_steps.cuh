@@ -4,6 +4,7 @@
 // caller passes the byte offset of (head, dim).
 #pragma once
 
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/attention_keys.cuh"
 #include "backends/cuda/kernels/attention_tile.cuh"
 #include "backends/cuda/kernels/norm_dev.cuh"
@@ -111,6 +112,93 @@ __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i,
     for (int u = 0; u < kBatch; ++u) {
       const int idx = tid + kTileThreads * (b0 + u), h = idx / (HD / 4), c = idx % (HD / 4);
       *reinterpret_cast<uint2*>(sQ + q_at(h, 4 * c)) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+    }
+  }
+}
+
+// The end of a query in the wgmma prefill kernels (versions 2-4; nvcc only): thread (wg, wq, g, t) holds o[c], heads
+// x dims 64 (wg * HD/128 + c) .. +63 in the m64n64 accumulator layout (o[c][4j + 2hf + e]: head 16wq + g + 8hf, dim
+// 8j + 2t + e of the chunk), m_run the running maxima of its rows g, g + 8 (base 2), l_row their sums over every key.
+template <int HD>
+__device__ __forceinline__ void prefill_epilogue(const AttentionParams& a, int64_t i, float (&o)[HD / 128][32],
+                                                 const float (&m_run)[2], const float (&l_row)[2], int wg, int wq,
+                                                 int g, int t, int heads) {
+  constexpr int kNC = HD / 128;
+  // out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink); l the row's sum over every key
+  // (l_row). With a.out_inv_freq the rope dims rotated back (a pair is e = 0, 1 of one thread's dims 8j + 2t), with a.out_q
+  // quantised 1x128 (act_quant_lane's arithmetic: a 128-column block of a head is chunks c, c + 1 of one warpgroup,
+  // its 128 values in one quad).
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const float l = l_row[hf];
+    const int row = 16 * wq + 8 * hf + g;
+    const float m = m_run[hf], sink = row < heads ? a.sinks[row] * kLog2e : 0.0f;
+    const float top = fmaxf(m, sink);
+    const float keep = exp2f(m - top);
+    const float w = keep / (l * keep + exp2f(sink - top));
+#pragma unroll
+    for (int c = 0; c < kNC; ++c)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[c][4 * j + 2 * hf] *= w;
+        o[c][4 * j + 2 * hf + 1] *= w;
+      }
+  }
+  // The rope dims, the last 2 out_rope_half <= 64 of a head (attention_out_in_kernel): warpgroup 1's last chunk
+  // alone, one angle a pair of dims for both of a thread's heads. Session 30 rotated every pair of every chunk under
+  // a per-pair test: 64 inlined precise sincosf, an epilogue of ~17 000 instructions, +1.6 ms a layer at 8K (H100).
+  if (a.out_inv_freq != nullptr && wg == 1) {
+    const int64_t position = a.out_positions[i];
+    const int first = HD - 2 * static_cast<int>(a.out_rope_half);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = HD - 64 + 8 * j + 2 * t;
+      if (d < first) continue;
+      float sn, cs;
+      rope_sincos(a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true, &sn, &cs);
+      rope_rotate(&o[kNC - 1][4 * j], sn, cs);
+      rope_rotate(&o[kNC - 1][4 * j + 2], sn, cs);
+    }
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = 16 * wq + 8 * hf + g;
+    const bool valid = row < heads;  // (alike in a quad; every lane reaches the quad's shuffles below)
+    if (a.out_q == nullptr) {
+      if (!valid) continue;
+      float* dst = a.out + (i * a.heads + row) * HD + 2 * t;
+#pragma unroll
+      for (int c = 0; c < kNC; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 64 * (wg * kNC + c) + 8 * j) =
+              make_float2(o[c][4 * j + 2 * hf], o[c][4 * j + 2 * hf + 1]);
+      continue;
+    }
+    uint8_t* qdst = a.out_q + (i * a.heads + row) * HD + 2 * t;
+#pragma unroll
+    for (int c0 = 0; c0 < kNC; c0 += 2) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int c = c0; c < c0 + 2; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          amax = fmaxf(amax, fmaxf(fabsf(o[c][4 * j + 2 * hf]), fabsf(o[c][4 * j + 2 * hf + 1])));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const int k = fp8_scale_exponent(amax);
+      const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (act_quant_lane)
+      if (!valid) continue;
+#pragma unroll
+      for (int c = c0; c < c0 + 2; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t q0 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf] * inv, __NV_SATFINITE, __NV_E4M3);
+          const uint32_t q1 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf + 1] * inv, __NV_SATFINITE, __NV_E4M3);
+          *reinterpret_cast<uint16_t*>(qdst + 64 * (wg * kNC + c) + 8 * j) = static_cast<uint16_t>(q0 | (q1 << 8));
+        }
+      if (t == 0)
+        a.out_scales[((row * HD + 64 * (wg * kNC + c0)) / 128) * a.out_scale_ld + i] = ldexpf(1.0f, k);
     }
   }
 }

@@ -270,85 +270,14 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     }
   }
 
-  // out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink); l over the quad's keys. With
-  // a.out_inv_freq the rope dims rotated back (a pair is e = 0, 1 of one thread's dims 8j + 2t), with a.out_q
-  // quantised 1x128 (act_quant_lane's arithmetic: a 128-column block of a head is chunks c, c + 1 of one warpgroup,
-  // its 128 values in one quad).
+  float l_row[2];  // the row sums over the quad's keys
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float l = l_run[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = 16 * wq + 8 * hf + g;
-    const float m = m_run[hf], sink = row < heads ? a.sinks[row] * kLog2e : 0.0f;
-    const float top = fmaxf(m, sink);
-    const float keep = exp2f(m - top);
-    const float w = keep / (l * keep + exp2f(sink - top));
-#pragma unroll
-    for (int c = 0; c < kNC; ++c)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        o[c][4 * j + 2 * hf] *= w;
-        o[c][4 * j + 2 * hf + 1] *= w;
-      }
+    l_row[hf] = l_run[hf];
+    l_row[hf] += __shfl_xor_sync(0xffffffffu, l_row[hf], 1);
+    l_row[hf] += __shfl_xor_sync(0xffffffffu, l_row[hf], 2);
   }
-  // The rope dims, the last 2 out_rope_half <= 64 of a head (attention_out_in_kernel): warpgroup 1's last chunk
-  // alone, one angle a pair of dims for both of a thread's heads. Session 30 rotated every pair of every chunk under
-  // a per-pair test: 64 inlined precise sincosf, an epilogue of ~17 000 instructions, +1.6 ms a layer at 8K (H100).
-  if (a.out_inv_freq != nullptr && wg == 1) {
-    const int64_t position = a.out_positions[i];
-    const int first = HD - 2 * static_cast<int>(a.out_rope_half);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int d = HD - 64 + 8 * j + 2 * t;
-      if (d < first) continue;
-      float sn, cs;
-      rope_sincos(a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true, &sn, &cs);
-      rope_rotate(&o[kNC - 1][4 * j], sn, cs);
-      rope_rotate(&o[kNC - 1][4 * j + 2], sn, cs);
-    }
-  }
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int row = 16 * wq + 8 * hf + g;
-    const bool valid = row < heads;  // (alike in a quad; every lane reaches the quad's shuffles below)
-    if (a.out_q == nullptr) {
-      if (!valid) continue;
-      float* dst = a.out + (i * a.heads + row) * HD + 2 * t;
-#pragma unroll
-      for (int c = 0; c < kNC; ++c)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float2*>(dst + 64 * (wg * kNC + c) + 8 * j) =
-              make_float2(o[c][4 * j + 2 * hf], o[c][4 * j + 2 * hf + 1]);
-      continue;
-    }
-    uint8_t* qdst = a.out_q + (i * a.heads + row) * HD + 2 * t;
-#pragma unroll
-    for (int c0 = 0; c0 < kNC; c0 += 2) {
-      float amax = 0.0f;
-#pragma unroll
-      for (int c = c0; c < c0 + 2; ++c)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          amax = fmaxf(amax, fmaxf(fabsf(o[c][4 * j + 2 * hf]), fabsf(o[c][4 * j + 2 * hf + 1])));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const int k = fp8_scale_exponent(amax);
-      const float inv = ldexpf(1.0f, -k);  // x / 2^k == x * 2^-k exactly (act_quant_lane)
-      if (!valid) continue;
-#pragma unroll
-      for (int c = c0; c < c0 + 2; ++c)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t q0 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf] * inv, __NV_SATFINITE, __NV_E4M3);
-          const uint32_t q1 = __nv_cvt_float_to_fp8(o[c][4 * j + 2 * hf + 1] * inv, __NV_SATFINITE, __NV_E4M3);
-          *reinterpret_cast<uint16_t*>(qdst + 64 * (wg * kNC + c) + 8 * j) = static_cast<uint16_t>(q0 | (q1 << 8));
-        }
-      if (t == 0)
-        a.out_scales[((row * HD + 64 * (wg * kNC + c0)) / 128) * a.out_scale_ld + i] = ldexpf(1.0f, k);
-    }
-  }
+  prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads);
 }
 
 template <int HD, bool kOverlap>

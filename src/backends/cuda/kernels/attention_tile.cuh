@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
+#include "backends/cuda/kernels/stream_tile.cuh"  // smem_addr, cp_async_commit
 
 namespace tern::cuda::dev {
 
@@ -25,10 +26,6 @@ constexpr int kTileRowStride = HD + 8;
 // Bytes of one raw tile (rows of row_bytes, a multiple of 8), rounded to 16.
 __host__ __device__ inline size_t raw_tile_bytes(int64_t row_bytes) {
   return static_cast<size_t>(kTileKeys * row_bytes + 15) / 16 * 16;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -48,9 +45,6 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;" ::: "memory");
