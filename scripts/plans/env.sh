@@ -59,6 +59,21 @@ ab_prefill() {
     done
   done
 }
+# envab VAR "VALUES" ROUNDS SIZE...: the warm prefill with VAR at each value, rounds alternating (one binary:
+# $T; logs in ${P:-$L}).
+envab() {
+  local var=$1 vals=$2 rounds=$3 r v p
+  shift 3
+  for r in $(seq 1 "$rounds"); do
+    for v in $vals; do
+      for p in "$@"; do
+        env "$var=$v" timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill "$p" \
+          --batches 1 --steps 2 --warmup 1 > "${P:-$L}/$var-$r-$v-$p.log" 2>&1; echo "rc $? ($p $r $var=$v)"
+        grep -hE "^prefill \||error" "${P:-$L}/$var-$r-$v-$p.log" | cut -c1-100
+      done
+    done
+  done
+}
 # trace_b1 NAME: bench-step's batch-1 decode timeline (TERN_PROFILE_TRACE, side stream on) to $OUT/NAME.tsv.gz, for
 # scripts/trace-joins and reading by hand; the profile's tables in $L/NAME.log.
 trace_b1() {

@@ -19,20 +19,6 @@ export TERN_PACK=.plans/packs/s32d.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
-# envab VAR "VALUES" ROUNDS SIZE...: the warm prefill with VAR at each value, rounds alternating.
-envab() {
-  local var=$1 vals=$2 rounds=$3 r v p
-  shift 3
-  for r in $(seq 1 "$rounds"); do
-    for v in $vals; do
-      for p in "$@"; do
-        env "$var=$v" timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill "$p" \
-          --batches 1 --steps 2 --warmup 1 > "$P/$var-$r-$v-$p.log" 2>&1; echo "rc $? ($p $r $var=$v)"
-        grep -hE "^prefill \||error" "$P/$var-$r-$v-$p.log" | cut -c1-100
-      done
-    done
-  done
-}
 stamp "1. tile read probe"
 timeout 100 $G/tern_gpu_bench --only tile_probe > $L/tile-probe.log 2>&1; echo "rc $?"
 grep -E "^\||copy bandwidth" $L/tile-probe.log | head -34
