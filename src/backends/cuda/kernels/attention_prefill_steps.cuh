@@ -119,6 +119,7 @@ __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i,
 // The end of a query in the wgmma prefill kernels (versions 2-4; nvcc only): thread (wg, wq, g, t) holds o[c], heads
 // x dims 64 (wg * HD/128 + c) .. +63 in the m64n64 accumulator layout (o[c][4j + 2hf + e]: head 16wq + g + 8hf, dim
 // 8j + 2t + e of the chunk), m_run the running maxima of its rows g, g + 8 (base 2), l_row their sums over every key.
+// No block-wide barrier in here: version 4's producer warps have returned by the time its consumers come here.
 template <int HD>
 __device__ __forceinline__ void prefill_epilogue(const AttentionParams& a, int64_t i, float (&o)[HD / 128][32],
                                                  const float (&m_run)[2], const float (&l_row)[2], int wg, int wq,

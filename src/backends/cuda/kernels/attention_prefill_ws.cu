@@ -32,7 +32,6 @@
 // Shared memory at head_dim 512: q 64 KB, 4 key tiles 128 KB, 2 P tiles 16 KB, maxima / sums / masks / row addresses
 // / barriers ~3 KB, 1 KB of alignment: ~212 KB, one block an SM.
 #include <algorithm>
-#include <atomic>
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_prefill_steps.cuh"
@@ -312,8 +311,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
 template <int HD>
 cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = WsSmem<HD>::kTotal;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      attention_prefill_ws_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  // Each launch (cheap next to the kernel; a failure is the launch's error, and every device is covered).
+  const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (attr != cudaSuccess) return attr;
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {

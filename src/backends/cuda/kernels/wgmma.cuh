@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA (wgmma, sm_90a): the fence / commit / wait discipline shared by the prefill attention
-// kernel (attention_prefill_wgmma.cu) and the grouped MoE kernel (moe_grouped_wgmma.cu), the shared-memory
-// matrix descriptor of the 128-byte-swizzled layout and the two m64n64k16 bf16 forms attention uses (A from
-// shared memory, A from registers), f32 accumulators in place. nvcc only.
+// kernels (attention_prefill_wgmma.cu, attention_prefill_ws.cu) and the grouped MoE kernel (moe_grouped_wgmma.cu),
+// the shared-memory matrix descriptor of the 128-byte-swizzled layout and the bf16 forms attention uses (m64n64k16
+// with A from shared memory or registers, B K-major or MN-major; m64n32k16 for version 4's S), f32 accumulators in
+// place. nvcc only.
 //
 // The 128-byte-swizzled layout of a [rows][64 bf16] block ("atom" = 8 rows of 128 bytes, 1024 bytes): row r
 // at r * 128 bytes, its 16-byte granule c at ((c ^ (r % 8)) * 16); blocks of 64 columns follow each other at
