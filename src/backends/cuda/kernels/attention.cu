@@ -333,6 +333,7 @@ const char* attention_path_name(AttentionPath path) {
       switch (attention_prefill_version()) {
         case 2: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel)";
         case 3: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel, overlapped decode)";
+        case 4: return "bf16 tensor cores, prefill (attention_prefill_ws_kernel, warp-specialised)";
         default: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
       }
     case AttentionPath::bf16_tensor_cores_heads:
