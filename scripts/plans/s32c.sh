@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 32, call 2 (decode and ncu; pack s32b, as s32b.sh): s32a's steps 1, 2 and 4 (s32a itself never ran: its
+# Session 32, call 2 (decode and ncu; pack s32d, as s32d.sh): s32a's steps 1, 2 and 4 (s32a itself never ran: its
 # starts failed; its prefill steps are s32b's). Carry [".plans"].
 #   1. the batch-16 decode timeline with the graphs' edges (3130901) through trace-chain's critical path: the check
 #      that the records' node ids are the ids the edges name, and the path's costs by kernel (#14's decode items);
@@ -9,7 +9,7 @@
 #      found better, in TERN_MOE_L2_HINT from the caller's environment).
 set -u
 cd "$(dirname "$0")/../.."
-export TERN_PACK=.plans/packs/s32b.tar.xz
+export TERN_PACK=.plans/packs/s32d.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
