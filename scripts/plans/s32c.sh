@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Session 32, call 2 (decode and ncu; pack s32d, as s32d.sh): s32a's steps 1, 2 and 4 (s32a itself never ran: its
-# starts failed; its prefill steps are s32b's). Carry [".plans"].
+# starts failed; its prefill steps are s32d's). Carry [".plans/packs/s32d.tar.xz"].
 #   1. the batch-16 decode timeline with the graphs' edges (3130901) through trace-chain's critical path: the check
 #      that the records' node ids are the ids the edges name, and the path's costs by kernel (#14's decode items);
 #   2. TERN_EXACT_PATH=tc against auto (the router gate's 85 exact products on the tensor-core kernel instead of
 #      linear_exact_rows, 12.3 us a call at batch 16 on the H100), decode at 1 / 16 / 64, two rounds;
-#   4. ncu stall reasons of the 1K prefill's attention kernel and of its grouped MoE up kernel (with the L2 hint s32b
+#   4. ncu stall reasons of the 1K prefill's attention kernel and of its grouped MoE up kernel (with the L2 hint s32d
 #      found better, in TERN_MOE_L2_HINT from the caller's environment).
 set -u
 cd "$(dirname "$0")/../.."

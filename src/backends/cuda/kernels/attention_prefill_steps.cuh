@@ -116,6 +116,36 @@ __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i,
   }
 }
 
+// One online-softmax step of the wgmma prefill kernels (versions 2-4; nvcc only) for row g (hf 0) or g + 8 (hf 1) of
+// a thread's S accumulators over a tile of N keys (s[4j + 2hf + e]: key 8j + 2t + e, j < N / 8; scaled to base 2,
+// masked keys -inf), given the row's maximum over the tile's keys (tmax): the running max, P = 2^(s - m) rounded to
+// bf16 into the A fragments of P V (pa[j / 2][2 (j % 2) + hf]: k step j / 2, columns 0..7 of it for even j, 8..15
+// odd) and to p_out(j, pair), the row sum over the rounded values, and O rescaled.
+template <int N, int kNC, typename PairOut>
+__device__ __forceinline__ void softmax_step(const float (&s)[N / 2], int hf, float tmax, float& m_run, float& l_run,
+                                             float (&o)[kNC][32], uint32_t (&pa)[N / 16][4], PairOut p_out) {
+  const float m_new = fmaxf(m_run, tmax);
+  const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+  const float corr = exp2f(m_run - m_use);
+  m_run = m_new;
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    const uint32_t p2 = pack_bf16(exp2f(s[4 * j + 2 * hf] - m_use), exp2f(s[4 * j + 2 * hf + 1] - m_use));
+    sum += __uint_as_float(p2 << 16) + __uint_as_float(p2 & 0xffff0000u);
+    pa[j >> 1][2 * (j & 1) + hf] = p2;
+    p_out(j, p2);
+  }
+  l_run = l_run * corr + sum;
+#pragma unroll
+  for (int c = 0; c < kNC; ++c)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[c][4 * j + 2 * hf] *= corr;
+      o[c][4 * j + 2 * hf + 1] *= corr;
+    }
+}
+
 // The end of a query in the wgmma prefill kernels (versions 2-4; nvcc only): thread (wg, wq, g, t) holds o[c], heads
 // x dims 64 (wg * HD/128 + c) .. +63 in the m64n64 accumulator layout (o[c][4j + 2hf + e]: head 16wq + g + 8hf, dim
 // 8j + 2t + e of the chunk), m_run the running maxima of its rows g, g + 8 (base 2), l_row their sums over every key.

@@ -229,26 +229,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
           }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[hf], mx);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = exp2f(m_run[hf] - m_use);
-        m_run[hf] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t p2 =
-              pack_bf16(exp2f(s[4 * j + 2 * hf] - m_use), exp2f(s[4 * j + 2 * hf + 1] - m_use));
-          sum += __uint_as_float(p2 << 16) + __uint_as_float(p2 & 0xffff0000u);
-          pa[j >> 1][2 * (j & 1) + hf] = p2;
-        }
-        l_run[hf] = l_run[hf] * corr + sum;
-#pragma unroll
-        for (int c = 0; c < kNC; ++c)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            o[c][4 * j + 2 * hf] *= corr;
-            o[c][4 * j + 2 * hf + 1] *= corr;
-          }
+        softmax_step<kTileKeys>(s, hf, mx, m_run[hf], l_run[hf], o, pa, [](int, uint32_t) {});
       }
 
       // O += P V: k step ks = keys 16ks .. (2048 bytes into each 64-dim block of the key tile), the

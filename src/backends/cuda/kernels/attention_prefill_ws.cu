@@ -234,26 +234,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int row = 16 * wq + 8 * hf + g;
-      const float m_new = fmaxf(m_run[hf], fmaxf(sMax[row], sMax[kTileHeads + row]));
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = exp2f(m_run[hf] - m_use);
-      m_run[hf] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t p2 = pack_bf16(exp2f(s[4 * j + 2 * hf] - m_use), exp2f(s[4 * j + 2 * hf + 1] - m_use));
-        sum += __uint_as_float(p2 << 16) + __uint_as_float(p2 & 0xffff0000u);
-        pa[j >> 1][2 * (j & 1) + hf] = p2;
-        *reinterpret_cast<uint32_t*>(p_mine + sw128_offset<kTileHeads>(row, 8 * j + 2 * t)) = p2;
-      }
-      l_run[hf] = l_run[hf] * corr + sum;
-#pragma unroll
-      for (int c = 0; c < kNC; ++c)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[c][4 * j + 2 * hf] *= corr;
-          o[c][4 * j + 2 * hf + 1] *= corr;
-        }
+      softmax_step<kWsKeys>(s, hf, fmaxf(sMax[row], sMax[kTileHeads + row]), m_run[hf], l_run[hf], o, pa,
+                            [&](int j, uint32_t p2) {
+                              *reinterpret_cast<uint32_t*>(p_mine + sw128_offset<kTileHeads>(row, 8 * j + 2 * t)) = p2;
+                            });
     }
     fence_proxy_async();                          // P is read by the other warpgroup's wgmma
     ring.wait_full_at(slot_theirs, par_theirs);     // the other tile's rows, for this warpgroup's P V

@@ -99,16 +99,13 @@ __device__ __forceinline__ WgTileAt wg_tile_at(const Args& a, int nj, int64_t t_
                   (local % m_tiles) * nt};
 }
 
-// cp.async of N bytes (16: .cg, L2 only; 4 / 8: .ca) to a 32-bit shared address; zero-filled when !valid (src
-// must still be a mapped address).
+// cp.async of N = 4 or 8 bytes (.ca) to a 32-bit shared address; zero-filled when !valid (src must still be a
+// mapped address). The 16-byte weight pieces go by stream_tile.cuh's cp_async16_l2 (its L2 prefetch hint).
 template <int N>
 __device__ __forceinline__ void cp_async_at(uint32_t dst, const void* src, bool valid) {
-  if constexpr (N == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0)
-                 : "memory");
+  static_assert(N == 4 || N == 8, "4 or 8 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0)
+               : "memory");
 }
 
 // A producer thread's share of a tile's FP4 rows and scale bytes, stage after stage (both kernels' producers).

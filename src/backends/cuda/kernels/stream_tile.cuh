@@ -34,7 +34,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 // The same with an L2 prefetch size hint (`l2_prefetch` bytes: 0 none, 128 or 256; uniform across the warp): the
 // L2 fetches the aligned 128 / 256 bytes around the 16 asked for, so a row read 64 bytes a stage (the grouped MoE
 // kernels: 256 rows x 64 bytes, rows 2 KB apart) asks DRAM for runs of 2-4 stages at once (session 32:
-// TERN_MOE_L2_PREFETCH, tern_gpu_bench --only tile_probe).
+// TERN_MOE_L2_HINT, tern_gpu_bench --only tile_probe).
 __device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src, int src_bytes, int l2_prefetch) {
   if (l2_prefetch >= 256)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
