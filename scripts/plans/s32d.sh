@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Written in session 32, whose every start failed: the first call of the next session (pack s32d = a gpu-pack of
-# HEAD at or after 96a86a0: the L2 hint on the grouped MoE's weight copies + the warp-specialised prefill attention
+# HEAD at or after 8df0ac1: the L2 hint on the grouped MoE's weight copies + the warp-specialised prefill attention
 # kernel, version 4; rebuild it with `scripts/gpu-pack build-cuda` if .plans is gone); carry [".plans/packs/s32d.tar.xz"]. One binary, A/B by environment; the measurements most worth having first.
 #   1. the tile read probe: 256 rows x 64 bytes a stage with no hint / the 128 / 256-byte L2 prefetch hints, against
 #      longer runs a row at the same 16 KB stage (predicted: 64-byte runs ~60% of copy, 512+ ~90%, the 256 hint near
