@@ -13,6 +13,9 @@ export TERN_PACK=.plans/packs/s32d.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
+# STEPS: the steps to run (default all; session 33 ran "1" after s32d in one call, then "2 4").
+want() { [[ " ${STEPS:-1 2 4} " == *" $1 "* ]]; }
+if want 1; then
 stamp "1. batch-16 timeline with edges"
 TERN_PROFILE_TRACE=$OUT/b16.tsv timeout 90 $T bench-step --device cuda --config full --contexts 1024 --prefill 1024 \
   --batches 16 --steps 4 --warmup 3 --profile --profile-batches 16 --profile-top 12 > $L/b16.log 2>&1; echo "rc $? (trace)"
@@ -21,6 +24,8 @@ grep -c "^edge" $OUT/b16.tsv; grep "^# graph" $OUT/b16.tsv | sort | uniq -c | he
 python3 scripts/trace-chain $OUT/b16.tsv --session 2 --top 30 > $L/b16-chain.txt 2>&1; echo "rc $? (chain)"
 head -2 $L/b16-chain.txt; tail -31 $L/b16-chain.txt
 gzip $OUT/b16.tsv
+fi
+if want 2; then
 stamp "2. TERN_EXACT_PATH=tc / auto"
 for r in 1 2; do
   for v in auto tc; do
@@ -29,6 +34,8 @@ for r in 1 2; do
     grep -hE "^decode |error" $P/x-$r-$v.log | cut -c1-110
   done
 done
+fi
+if want 4; then
 stamp "4. ncu stall reasons at 1K: attention, then the MoE up kernel"
 stalls() {  # FILE: a raw ncu page, the stall columns largest first
   python3 - "$1" <<'PY'
@@ -53,4 +60,5 @@ for k in attention_prefill_wgmma moe_grouped_kernel; do
   timeout 60 ncu -i $P/$k.ncu-rep --page raw --csv > $L/ncu-$k.csv 2>&1
   stalls $L/ncu-$k.csv
 done
+fi
 stamp done
