@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -172,8 +173,9 @@ class Events {
   cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
 
-// `count` x work.issue() captured into one graph on `stream` (the backend issues on it while capturing).
-cudaGraphExec_t capture(Work& work, int count, cudaStream_t stream) {
+// `count` x work.issue() captured into one graph on `stream` (the backend issues on it while capturing); the
+// captured graph goes to cuda::trace_graph_edges first where `trace_edges` (as CudaStepGraphs' hook does).
+cudaGraphExec_t capture(Work& work, int count, cudaStream_t stream, bool trace_edges = false) {
   cuda::CudaBackend& backend = cuda::register_backend();
   void* const previous = backend.stream();
   backend.set_stream(stream);
@@ -184,6 +186,7 @@ cudaGraphExec_t capture(Work& work, int count, cudaStream_t stream) {
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   backend.set_stream(previous);
   if (end != cudaSuccess) fail("graph capture failed: ", cudaGetErrorString(end));
+  if (trace_edges) cuda::trace_graph_edges(graph);
   if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) fail("graph instantiate failed");
   cudaGraphDestroy(graph);
   return exec;
@@ -293,6 +296,63 @@ TEST(GpuProfiler, TraceFileHoldsEachSessionsRecords) {
   EXPECT_EQ(sessions, 2);
   EXPECT_GE(rows, 2 * 2 * kCalls) << "at least two kernels a call (the linear, the norm) in each traced session";
   std::remove(path.c_str());
+}
+
+// A traced replay's records name the captured graph's nodes, the ids its "# graph" edges use (scripts/trace-chain
+// follows them): the executable graph runs clones of those nodes, under other CUPTI ids (session 33's first traced
+// bench-step matched none of its 1 632 nodes to an edge).
+TEST(GpuProfiler, TracedReplayNamesTheEdgesNodes) {
+  TERN_REQUIRE_GPU();
+  PdlGuard serial(false);  // plain full edges between the captured kernels
+  Rand r(fresh_seed());
+  Work work(r);
+  work.issue();
+  cuda::register_backend().synchronize();
+  const std::string path = ::testing::TempDir() + "tern_profile_edges_" + std::to_string(fresh_seed()) + ".tsv";
+  std::remove(path.c_str());
+  ASSERT_EQ(setenv("TERN_PROFILE_TRACE", path.c_str(), 1), 0);
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    cuda::Profiler p;  // made before the capture, as bench-step's and the server's (the clones are reported then)
+    constexpr int kPerGraph = 3;
+    cudaGraphExec_t exec = capture(work, kPerGraph, stream, /*trace_edges=*/true);
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    p.start();
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    p.stop();
+    cudaGraphExecDestroy(exec);
+  }
+  unsetenv("TERN_PROFILE_TRACE");
+  cudaStreamDestroy(stream);
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  std::set<std::string> endpoints, nodes;
+  int edges = 0;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> cols;
+    for (size_t at = 0;;) {
+      const size_t tab = line.find('\t', at);
+      cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+      if (tab == std::string::npos) break;
+      at = tab + 1;
+    }
+    if (cols[0] == "edge") {
+      ASSERT_EQ(cols.size(), 4u) << line;
+      ++edges;
+      endpoints.insert(cols[1]);
+      endpoints.insert(cols[2]);
+    } else if (cols.size() == 5 && cols[4] != "0") {
+      nodes.insert(cols[4]);
+    }
+  }
+  std::remove(path.c_str());
+  ASSERT_GE(edges, 1) << "the captured graph's edges were not written";
+  ASSERT_GE(nodes.size(), 2u) << "the replay's records carry no graph node";
+  for (const std::string& n : nodes) EXPECT_EQ(endpoints.count(n), 1u) << "record node " << n << " is on no edge";
 }
 
 TEST(GpuProfiler, GraphReplaysCountedPerKernelNode) {

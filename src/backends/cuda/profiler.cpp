@@ -189,13 +189,65 @@ void register_callbacks() {
   check_cupti(result, "cuptiActivityRegisterCallbacks");
 }
 
+// Executable graphs hold clones of the captured graph's nodes, and CUPTI's records of a replay name the clones,
+// where trace_graph_edges wrote the captured graph's edges (session 33: the first traced replay matched no edge).
+// With TERN_PROFILE_TRACE set, a resource callback keeps each clone's original node id (cudaGraphInstantiate
+// reports every clone), and write_trace writes the original for each record. Another CUPTI subscriber (ncu,
+// nsys) makes the subscription fail: the trace then keeps the clones' ids and trace-chain says it finds no edge.
+struct CloneMap {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, uint64_t> original;  // clone id -> captured node id
+};
+CloneMap& clone_map() {
+  static CloneMap m;
+  return m;
+}
+
+void CUPTIAPI on_resource(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* cbdata) {
+  if (domain != CUPTI_CB_DOMAIN_RESOURCE || cbid != CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED || cbdata == nullptr) return;
+  const auto* graph = static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(cbdata)->resourceDescriptor);
+  if (graph == nullptr || graph->node == nullptr || graph->originalNode == nullptr) return;
+  uint64_t clone = 0, original = 0;
+  if (cuptiGetGraphNodeId(graph->node, &clone) != CUPTI_SUCCESS ||
+      cuptiGetGraphNodeId(graph->originalNode, &original) != CUPTI_SUCCESS)
+    return;
+  CloneMap& m = clone_map();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  try {
+    m.original[clone] = original;
+  } catch (...) {  // no exception may cross into CUPTI; a lost entry leaves that record's clone id in the trace
+  }
+}
+
+// Subscribes on_resource once per process, at the first profiler made while a trace is asked for
+// (TERN_PROFILE_TRACE); never unsubscribed (as the activity callbacks).
+void track_graph_clones() {
+  static std::mutex mutex;
+  static bool subscribed = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (subscribed || env_string("TERN_PROFILE_TRACE").value_or("").empty()) return;
+  CUpti_SubscriberHandle subscriber = nullptr;
+  if (cuptiSubscribe(&subscriber, on_resource, nullptr) != CUPTI_SUCCESS) return;
+  subscribed = true;
+  (void)cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED);
+}
+
+// The captured graph's node id of a record's node (the clone's own where no clone was reported).
+uint64_t original_node(uint64_t node) {
+  if (node == 0) return 0;
+  CloneMap& m = clone_map();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  const auto it = m.original.find(node);
+  return it != m.original.end() ? it->second : node;
+}
+
 void disable_all() {
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
 }
 
 // With TERN_PROFILE_TRACE=FILE, each session's records are appended to FILE as tab-separated lines (kernel,
-// start and end in ns from the session's first start, stream id, graph node id), after a "# session" line, in the
-// order of their starts.
+// start and end in ns from the session's first start, stream id, graph node id: the captured graph's node, whose
+// id the "# graph" edges name; see CloneMap), after a "# session" line, in the order of their starts.
 void write_trace(const Collector& c) {
   if (!c.tracing || c.intervals.empty()) return;
   const std::string& path = c.trace_path;
@@ -211,7 +263,7 @@ void write_trace(const Collector& c) {
   for (size_t i : order) {
     const ActivitySpan& a = c.intervals[i];
     f << names[static_cast<size_t>(a.owner)] << '\t' << (a.start - t0) << '\t' << (a.end - t0) << '\t'
-      << c.trace[i].stream << '\t' << c.trace[i].node << '\n';
+      << c.trace[i].stream << '\t' << original_node(c.trace[i].node) << '\n';
   }
   f.flush();
   TERN_CHECK(f.good(), "cuda::Profiler: writing TERN_PROFILE_TRACE=", path, " failed (the trace is incomplete)");
@@ -294,6 +346,7 @@ Profiler::Profiler() {
   uint32_t version = 0;
   check_cupti(cuptiGetVersion(&version), "cuptiGetVersion (is libcupti loadable?)");
   register_callbacks();
+  track_graph_clones();
   set_graph_captured_hook(&trace_graph_edges);
 }
 

@@ -538,7 +538,7 @@ void set_moe_grouped_tile_config(int config) { g_tile_config.store(config, std::
 int moe_l2_hint() {
   int v = g_l2_hint.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = std::stoi(env_choice("TERN_MOE_L2_HINT", {"0", "128", "256"}, "0"));
+    v = std::stoi(env_choice("TERN_MOE_L2_HINT", {"0", "128", "256"}, "256"));
     g_l2_hint.store(v, std::memory_order_relaxed);
   }
   return v;

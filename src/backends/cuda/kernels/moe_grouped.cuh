@@ -36,8 +36,9 @@ int moe_grouped_tile_pairs(const MoeParams& p);
 // The L2 prefetch size hint (bytes: 0, 128 or 256) on the grouped kernels' FP4 weight copies (this file's and
 // moe_grouped_wgmma / _e4m3's): their stages read 64 bytes of each of 256 rows 2 KB apart, so DRAM sees 64-byte
 // requests scattered over rows; the hint asks for the aligned 128 / 256 bytes around each at once (the next
-// stages' bytes of the row then hit L2). Same bits either way. TERN_MOE_L2_HINT (0, 128, 256; read once);
-// set_moe_l2_hint for in-process A/B.
+// stages' bytes of the row then hit L2). Same bits either way. TERN_MOE_L2_HINT (0, 128, 256; read once; 256 by
+// default since session 33: the 1K up / down kernels -3.5% each on the H100, where the tile probe's 64-byte rows went
+// from 68% to 103% of copy: locality was a part, not the whole, of their gap); set_moe_l2_hint for in-process A/B.
 int moe_l2_hint();
 void set_moe_l2_hint(int bytes);
 // Name of the kernels launch_moe_grouped takes for these params (startup report, benchmarks, tests).
