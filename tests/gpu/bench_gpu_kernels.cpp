@@ -227,6 +227,8 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     const double narrow_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileSmallUnswapped);
     const double unswapped_us = cuda::time_device(call, 2, 10).median_us;
+    cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileWarps8);
+    const double warps8_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(cuda::kMoeGroupedTileDefault);
     const double grouped_us = cuda::time_device(call, 2, 10).median_us;
     cuda::set_moe_grouped_tile_config(saved_tile);
@@ -260,6 +262,7 @@ void bench_moe_prefill(ops::WeightFormat f, std::vector<int64_t> Ts, Rand& r) {
     report(cat("moe_prefill grouped tile old (", fmt, ")"), shape, old_us, old_us, bytes);
     report(cat("moe_prefill grouped tile 128x128 (", fmt, ")"), shape, narrow_us, narrow_us, bytes);
     report(cat("moe_prefill grouped tile small-unswapped (", fmt, ")"), shape, unswapped_us, unswapped_us, bytes);
+    report(cat("moe_prefill grouped tile 8-warp-32 (", fmt, ")"), shape, warps8_us, warps8_us, bytes);
     report(cat("moe_prefill grouped wgmma (", fmt, ")"), shape, wgmma_us, wgmma_us, bytes);
     report(cat("moe_prefill library (", fmt, ")"), shape, library_us, library_us, bytes);
     const auto tflops = [&](double us) { return flop / (us * 1e6); };

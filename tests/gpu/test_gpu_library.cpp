@@ -129,7 +129,7 @@ TEST_P(GpuLibrary, MoeAgainstCpu) {
     // FP4 experts take the grouped kernels: every tile configuration (~225 pairs an expert at V4-Flash's top-6:
     // two 128-pair m-tiles, the second ragged; 64-pair tiles in the old config).
     for (int config : {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow,
-                       cuda::kMoeGroupedTileSmallUnswapped}) {
+                       cuda::kMoeGroupedTileSmallUnswapped, cuda::kMoeGroupedTileWarps8}) {
       if (f == WeightFormat::fp8_block && config != cuda::kMoeGroupedTileDefault) continue;
       cuda::set_moe_grouped_tile_config(config);
       auto out = poisoned(DType::f32, {T, D});

@@ -83,13 +83,13 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
   // in the old config); 1 000 skewed tokens give ragged jobs and experts without pairs. The fixture (8 experts,
   // top-2): 128-pair tiles (64 in the old config), ragged last tiles with dead 16-pair m-tiles.
   const std::vector<Run> runs = {{512, false}, {1024, false}, {1000, true}, {8192, false}};
-  constexpr int kConfigs = 4;
+  constexpr int kConfigs = 5;
   const int configs[kConfigs] = {cuda::kMoeGroupedTileDefault, cuda::kMoeGroupedTileOld, cuda::kMoeGroupedTileNarrow,
-                                 cuda::kMoeGroupedTileSmallUnswapped};
-  const char* const config_names[kConfigs] = {"default", "old", "128x128", "small-unswapped"};
+                                 cuda::kMoeGroupedTileSmallUnswapped, cuda::kMoeGroupedTileWarps8};
+  const char* const config_names[kConfigs] = {"default", "old", "128x128", "small-unswapped", "8-warp-32"};
   // In the path name (old: no 128-pair tile); the default's 32 / 64-pair tiles take the weights as A, the
   // small-unswapped config's x.
-  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128", "128x256"};
+  const char* const config_tiles[kConfigs] = {"128x256", "", "128x128", "128x256", "128x256"};
   for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     RandomExperts experts(f, E, D, inter, r);
     if (f == WeightFormat::nvfp4)  // per-matrix global scales that differ within an expert and across experts
@@ -137,7 +137,8 @@ TEST_P(GpuMoeGrouped, AgainstCpuAndLibrary) {
         EXPECT_NE(path.find("moe_grouped_kernel"), std::string::npos) << what;
         EXPECT_EQ(path.find(c == 1 ? "| 128x" : config_tiles[c]) != std::string::npos, c != 1) << what;
         if (path.find("32x256 (") != std::string::npos || path.find("64x128 (") != std::string::npos)
-          EXPECT_NE(path.find(c == 0 || c == 2 ? "weights as A" : "x as A"), std::string::npos) << what;
+          EXPECT_NE(path.find(c == 0 || c == 2 || c == 4 ? "weights as A" : "x as A"), std::string::npos) << what;
+        if (c == 4) EXPECT_NE(path.find("32x256 (8 warps)"), std::string::npos) << what;
         auto out = poisoned(DType::f32, {T, D});
         ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, dexp, 10.0f, out});
         got[c] = cuda::to_host(out);

@@ -168,8 +168,9 @@ TEST(CudaKnobs, MoeGroupedTile) {
   EXPECT_EQ(read("old"), kMoeGroupedTileOld);
   EXPECT_EQ(read("128x128"), kMoeGroupedTileNarrow);
   EXPECT_EQ(read("small-unswapped"), kMoeGroupedTileSmallUnswapped);
+  EXPECT_EQ(read("8-warp-32"), kMoeGroupedTileWarps8);
   EXPECT_EQ(refusal([&] { read("128x256"); }),
-            "TERN_MOE_GROUPED_TILE=\"128x256\": expected default, old, 128x128 or small-unswapped (unset: default)");
+            "TERN_MOE_GROUPED_TILE=\"128x256\": expected default, old, 128x128, small-unswapped or 8-warp-32 (unset: default)");
   set_moe_grouped_tile_config(saved);
 }
 

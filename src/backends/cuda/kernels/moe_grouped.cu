@@ -69,9 +69,13 @@ static_assert(k_permutation_ok());
 // - SWAP on the 32 / 64-pair tiles too (session 10, the default): the same 4 warps and stages, weights as A, so
 //   a decoded A fragment feeds BM / 8 mma and lands in place (the unswapped 32 x 256 took 9.3 instructions an
 //   mma); SWAP = false keeps them as they were (tile config "small-unswapped", for A/B).
-template <int BM, int BN_, bool SWAP = (BM >= 128)>
+// W: the block's warps. The 32-pair tile also runs as 8 warps of 32 weight rows (tile config "8-warp-32", session
+// 33): at 1K tokens its 4 warps of 64 rows hold 216 registers, so 2 blocks = 8 warps an SM issue 0.52 a cycle a
+// scheduler (ncu: issue-bound, 4.15 instructions a weight); 8 warps of half the accumulators and fragments fit
+// 128 registers, 16 warps an SM on the same shared memory and the same products in the same order (same bits).
+template <int BM, int BN_, bool SWAP = (BM >= 128), int W = (BM >= 128 ? 8 : 4)>
 struct GroupedTile {
-  static constexpr int kWarps = BM >= 128 ? 8 : 4;
+  static constexpr int kWarps = W;
   static constexpr int kThreads = kWarps * 32;
   // The 32 / 64-pair tiles at 4 stages (two blocks of 104 / 100 KB a multiprocessor) were slower (session 31, H100,
   // 1K prefill: the up kernel 1 306 -> 1 603 us a layer, 0.162 -> 0.175 s; 2K the same): they stay at 3.
@@ -172,11 +176,11 @@ __global__ void moe_grouped_tiles_kernel(const int* jobs, const int* num_jobs, i
 // n_tile * BN/2 + wn WN/2 + c % (WN/2), so a warp's n-tiles 0..NT/2-1 (w1) and NT/2..NT-1 (w3) hold gate and up
 // of the same h columns in the same lanes and the epilogue applies SwiGLU in registers. Down: w2 row
 // n_tile * BN + n_local.
-template <WeightFormat F, int BM, int BN_, bool UP, bool SWAP>
-__global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedTile<BM, BN_, SWAP>::kMinBlocks)
+template <WeightFormat F, int BM, int BN_, bool UP, bool SWAP, int W>
+__global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP, W>::kThreads, GroupedTile<BM, BN_, SWAP, W>::kMinBlocks)
     moe_grouped_kernel(GroupedArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = GroupedTile<BM, BN_, SWAP>;
+  using Tile = GroupedTile<BM, BN_, SWAP, W>;
   constexpr int BN = Tile::BN, MT = Tile::MT, NT = Tile::NT, WN = Tile::WN, kRing = Tile::kStages;
   constexpr bool kNv = F == WeightFormat::nvfp4;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -450,39 +454,41 @@ __global__ void __launch_bounds__(GroupedTile<BM, BN_, SWAP>::kThreads, GroupedT
   }
 }
 
-template <WeightFormat F, int BM, int BN, bool UP, bool SWAP>
+template <WeightFormat F, int BM, int BN, bool UP, bool SWAP, int W>
 void launch_grouped(const GroupedArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  using Tile = GroupedTile<BM, BN, SWAP>;
+  using Tile = GroupedTile<BM, BN, SWAP, W>;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP, SWAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
+    cudaFuncSetAttribute(moe_grouped_kernel<F, BM, BN, UP, SWAP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         Tile::kSmem);
     return true;
   }();
   (void)attr;
   const int64_t blocks = m_tiles_bound * a.n_tiles;
   if (blocks == 0) return;
-  launch(moe_grouped_kernel<F, BM, BN, UP, SWAP>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream, a);
+  launch(moe_grouped_kernel<F, BM, BN, UP, SWAP, W>, static_cast<unsigned>(blocks), Tile::kThreads, Tile::kSmem, stream,
+         a);
 }
 
-template <WeightFormat F, int BM, int BN, bool SWAP>
+template <WeightFormat F, int BM, int BN, bool SWAP, int W>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   // sum over jobs of ceil(count / BM) <= P / BM + jobs: the grid's bound without reading the plan back
   const int64_t m_bound = (P + BM - 1) / BM + std::min<int64_t>(P, p.E);
   GroupedArgs a{p.experts, b.jobs, b.num_jobs, b.tile_first, b.xs, p.D, p.inter,
                 static_cast<int>((p.inter + BN / 2 - 1) / (BN / 2)), p.limit, b.h, b.y, moe_l2_hint()};
-  launch_grouped<F, BM, BN, true, SWAP>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, true, SWAP, W>(a, m_bound, stream);
   if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, p.inter, 0}, stream);
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + BN - 1) / BN);
-  launch_grouped<F, BM, BN, false, SWAP>(a, m_bound, stream);
+  launch_grouped<F, BM, BN, false, SWAP, W>(a, m_bound, stream);
 }
 
-template <int BM, int BN, bool SWAP = (BM >= 128)>
+template <int BM, int BN, bool SWAP = (BM >= 128), int W = (BM >= 128 ? 8 : 4)>
 void launch_up_down_fmt(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
-  if (p.kind == WeightFormat::nvfp4) launch_up_down<WeightFormat::nvfp4, BM, BN, SWAP>(p, b, stream);
-  else launch_up_down<WeightFormat::mxfp4, BM, BN, SWAP>(p, b, stream);
+  if (p.kind == WeightFormat::nvfp4) launch_up_down<WeightFormat::nvfp4, BM, BN, SWAP, W>(p, b, stream);
+  else launch_up_down<WeightFormat::mxfp4, BM, BN, SWAP, W>(p, b, stream);
 }
 
 }  // namespace
@@ -502,6 +508,7 @@ std::atomic<int> g_l2_hint{-1};
 struct TileShape {
   int bm, bn;
   bool swap;
+  int warps = 0;  // 0: the tile's own (4 below 128 pairs, 8 from 128); 8 on the 32-pair tile in config 8-warp-32
 };
 
 TileShape tile_shape(const MoeParams& p) {
@@ -510,11 +517,13 @@ TileShape tile_shape(const MoeParams& p) {
   // tokens), 128-pair tiles (8 warps, one block a multiprocessor) halve them again. Below ~96 a 128-pair tile
   // would be mostly dead rows (skipped, but its block still holds the multiprocessor alone); not measured there.
   const int config = moe_grouped_tile_config();
-  const bool swap_small = config == kMoeGroupedTileDefault || config == kMoeGroupedTileNarrow;
-  if (p.E <= 0) return {32, 256, swap_small};
+  const bool swap_small =
+      config == kMoeGroupedTileDefault || config == kMoeGroupedTileNarrow || config == kMoeGroupedTileWarps8;
+  const int small_warps = config == kMoeGroupedTileWarps8 ? 8 : 0;
+  if (p.E <= 0) return {32, 256, swap_small, small_warps};
   const int64_t P = p.T * p.k;
   if (config != kMoeGroupedTileOld && P >= 96 * p.E) return {128, config == kMoeGroupedTileNarrow ? 128 : 256, true};
-  return P >= 48 * p.E ? TileShape{64, 128, swap_small} : TileShape{32, 256, swap_small};
+  return P >= 48 * p.E ? TileShape{64, 128, swap_small} : TileShape{32, 256, swap_small, small_warps};
 }
 
 }  // namespace
@@ -523,10 +532,11 @@ int moe_grouped_tile_config() {
   int v = g_tile_config.load(std::memory_order_relaxed);
   if (v < 0) {
     const std::string s =
-        env_choice("TERN_MOE_GROUPED_TILE", {"default", "old", "128x128", "small-unswapped"}, "default");
+        env_choice("TERN_MOE_GROUPED_TILE", {"default", "old", "128x128", "small-unswapped", "8-warp-32"}, "default");
     v = s == "old"               ? kMoeGroupedTileOld
         : s == "128x128"         ? kMoeGroupedTileNarrow
         : s == "small-unswapped" ? kMoeGroupedTileSmallUnswapped
+        : s == "8-warp-32"       ? kMoeGroupedTileWarps8
                                  : kMoeGroupedTileDefault;
     g_tile_config.store(v, std::memory_order_relaxed);
   }
@@ -561,6 +571,9 @@ const char* moe_grouped_path_name(const MoeParams& p) {
       case kMoeGroupedTileSmallUnswapped:
         return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 (x as A) | 128x256 (weights as A) by pairs per expert (tile config small-unswapped; mma.sync bf16, fp4 decoded in registers)"
                   : "moe_grouped_kernel mxfp4 32x256 | 64x128 (x as A) | 128x256 (weights as A) by pairs per expert (tile config small-unswapped; mma.sync bf16, fp4 decoded in registers)";
+      case kMoeGroupedTileWarps8:
+        return nv ? "moe_grouped_kernel nvfp4 32x256 (8 warps) | 64x128 | 128x256 by pairs per expert, weights as A (tile config 8-warp-32; mma.sync bf16, fp4 decoded in registers)"
+                  : "moe_grouped_kernel mxfp4 32x256 (8 warps) | 64x128 | 128x256 by pairs per expert, weights as A (tile config 8-warp-32; mma.sync bf16, fp4 decoded in registers)";
       default:
         return nv ? "moe_grouped_kernel nvfp4 32x256 | 64x128 | 128x256 by pairs per expert, weights as A (mma.sync bf16, fp4 decoded in registers)"
                   : "moe_grouped_kernel mxfp4 32x256 | 64x128 | 128x256 by pairs per expert, weights as A (mma.sync bf16, fp4 decoded in registers)";
@@ -579,6 +592,9 @@ const char* moe_grouped_path_name(const MoeParams& p) {
   if (t.bm == 64)
     return nv ? "moe_grouped_kernel nvfp4 64x128 (x as A; mma.sync bf16, fp4 decoded in registers)"
               : "moe_grouped_kernel mxfp4 64x128 (x as A; mma.sync bf16, fp4 decoded in registers)";
+  if (t.swap && t.warps == 8)
+    return nv ? "moe_grouped_kernel nvfp4 32x256 (8 warps of 32 rows, weights as A; mma.sync bf16, fp4 decoded in registers)"
+              : "moe_grouped_kernel mxfp4 32x256 (8 warps of 32 rows, weights as A; mma.sync bf16, fp4 decoded in registers)";
   if (t.swap)
     return nv ? "moe_grouped_kernel nvfp4 32x256 (weights as A; mma.sync bf16, fp4 decoded in registers)"
               : "moe_grouped_kernel mxfp4 32x256 (weights as A; mma.sync bf16, fp4 decoded in registers)";
@@ -597,6 +613,7 @@ void launch_moe_grouped(const MoeParams& p, const MoeGroupedBuffers& b, cudaStre
   else if (t.bm == 128) dev::launch_up_down_fmt<128, 128>(p, b, stream);
   else if (t.bm == 64 && t.swap) dev::launch_up_down_fmt<64, 128, true>(p, b, stream);
   else if (t.bm == 64) dev::launch_up_down_fmt<64, 128, false>(p, b, stream);
+  else if (t.swap && t.warps == 8) dev::launch_up_down_fmt<32, 256, true, 8>(p, b, stream);
   else if (t.swap) dev::launch_up_down_fmt<32, 256, true>(p, b, stream);
   else dev::launch_up_down_fmt<32, 256, false>(p, b, stream);
 }

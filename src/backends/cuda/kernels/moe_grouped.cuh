@@ -25,10 +25,12 @@ bool moe_grouped_supported(const MoeParams& p);
 // expert, all with the weights as the mma's A operand; kMoeGroupedTileOld only the 32- and 64-pair tiles with x
 // as A (the kernels before the 128-pair tile, for A/B); kMoeGroupedTileNarrow the 128 x 128 tile where the
 // default takes 128 x 256; kMoeGroupedTileSmallUnswapped session 9's default (32 / 64-pair tiles with x as A,
-// 128 x 256 with the weights as A). Initialised from TERN_MOE_GROUPED_TILE (old, 128x128, small-unswapped;
-// default or unset the default; anything else is refused); moe_grouped_path_name says which runs.
+// 128 x 256 with the weights as A); kMoeGroupedTileWarps8 the default's tiles with the 32-pair one as 8 warps of
+// 32 weight rows (16 warps an SM, session 33). Initialised from TERN_MOE_GROUPED_TILE (old, 128x128,
+// small-unswapped, 8-warp-32; default or unset the default; anything else is refused); moe_grouped_path_name says
+// which runs.
 inline constexpr int kMoeGroupedTileDefault = 0, kMoeGroupedTileOld = 1, kMoeGroupedTileNarrow = 2,
-                     kMoeGroupedTileSmallUnswapped = 3;
+                     kMoeGroupedTileSmallUnswapped = 3, kMoeGroupedTileWarps8 = 4;
 int moe_grouped_tile_config();
 void set_moe_grouped_tile_config(int config);
 // Pairs per m-tile (32, 64 or 128) for these params: chosen from the mean pairs per expert and the config.
