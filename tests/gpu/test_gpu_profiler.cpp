@@ -192,6 +192,17 @@ cudaGraphExec_t capture(Work& work, int count, cudaStream_t stream, bool trace_e
   return exec;
 }
 
+// A TERN_PROFILE_TRACE line's tab-separated fields.
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> cols;
+  for (size_t at = 0;;) {
+    const size_t tab = line.find('\t', at);
+    cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+    if (tab == std::string::npos) return cols;
+    at = tab + 1;
+  }
+}
+
 // A first session, so that CUPTI's one-time costs (first enable, first records of a context) do not open a
 // gap at the start of the measured one.
 void warm_up(cuda::Profiler& p, Work& work) {
@@ -279,13 +290,7 @@ TEST(GpuProfiler, TraceFileHoldsEachSessionsRecords) {
       continue;
     }
     ++rows;
-    std::vector<std::string> cols;
-    for (size_t at = 0;;) {
-      const size_t tab = line.find('\t', at);
-      cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
-      if (tab == std::string::npos) break;
-      at = tab + 1;
-    }
+    const std::vector<std::string> cols = split_tabs(line);
     ASSERT_EQ(cols.size(), 5u) << line;
     const int64_t start = std::stoll(cols[1]), end = std::stoll(cols[2]);
     EXPECT_GE(start, last_start) << "rows in the order of their starts: " << line;
@@ -333,13 +338,7 @@ TEST(GpuProfiler, TracedReplayNamesTheEdgesNodes) {
   std::string line;
   while (std::getline(f, line)) {
     if (line.empty() || line[0] == '#') continue;
-    std::vector<std::string> cols;
-    for (size_t at = 0;;) {
-      const size_t tab = line.find('\t', at);
-      cols.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
-      if (tab == std::string::npos) break;
-      at = tab + 1;
-    }
+    const std::vector<std::string> cols = split_tabs(line);
     if (cols[0] == "edge") {
       ASSERT_EQ(cols.size(), 4u) << line;
       ++edges;
