@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Written in session 33 for the next session's first call (pack .plans/packs/s34a.tar.xz: `scripts/gpu-pack
 # build-cuda` of HEAD, copied there; carry [".plans/packs/s34a.tar.xz"]). The questions session 33 left open:
+#   (step 5 runs first: the one code change waiting)
 #   1. where the 1K grouped MoE up kernel's issue slots go: ncu source counters (stall reasons by SASS line) on the
 #      default 32 x 256 tile and on 8-warp-32 (session 33: twice the warps bought 1-3%, so not latency hiding);
 #   2. 8-warp-32 on NVFP4 experts (the 1K prefill with --experts nvfp4, default / 8-warp-32; session 33 timed MXFP4
@@ -8,13 +9,30 @@
 #   3. the Sinkhorn apart at prefill: TERN_HC_COMB_APART 8 (default) / 1048576 at 1K and 8K, with the profile's
 #      hc_pre_finish rows (session 33: hc_pre_finish 53 us a call at 1K, 86 calls, where its 64 MB of streams take
 #      ~21 us at copy; the finish block's warp 8 runs 20 Sinkhorn rounds before the block can retire);
-#   4. ncu of hc_pre_finish and hc_post_squares at 8K (DRAM %, occupancy, stalls).
+#   4. ncu of hc_pre_finish and hc_post_squares at 8K (DRAM %, occupancy, stalls);
+#   5. the finish kernels at D's slice (session 33's last change: hc_pre_finish<4>, 96 registers, two blocks an SM,
+#      where one launch took kHcMaxD's 164): GpuV4.Mhc and GpuLibrary.MhcAgainstCpu, then TERN_HC_FINISH_WIDE 1 / 0
+#      at 1K and 8K with the profile's hc_pre_finish rows (predicted: 53 -> ~27-30 us a call at 1K, the 1K prefill
+#      -1 to -1.5%, 8K -1.5 to -2.5%).
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s34a.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
+stamp "5. the finish kernels' slice: tests, then TERN_HC_FINISH_WIDE 1 / 0"
+timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*GpuLibrary.MhcAgainstCpu*' > $L/mhc-tests.log 2>&1; rc=$?
+echo "rc $rc"; pf $L/mhc-tests.log 8; grep -c "^\[       OK" $L/mhc-tests.log
+if [[ $rc -eq 0 ]]; then
+  for p in 1024 8192; do
+    for v in 1 0; do
+      TERN_HC_FINISH_WIDE=$v timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill $p \
+        --batches 1 --steps 2 --warmup 1 --profile --profile-top 30 > $P/fw-$p-$v.log 2>&1; echo "rc $? ($p wide=$v)"
+      grep -hE "^prefill \||error" $P/fw-$p-$v.log | head -1 | cut -c1-100
+      grep -hE "^\| hc_pre_finish" $P/fw-$p-$v.log | head -1 | cut -c1-130
+    done
+  done
+fi
 stamp "1. ncu source counters, 1K up kernel: default / 8-warp-32"
 for v in default 8-warp-32; do
   TERN_MOE_GROUPED_TILE=$v timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_kernel" \

@@ -10,6 +10,7 @@
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/mhc.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -22,7 +23,12 @@ constexpr int64_t kMixSlice = 256;  // floats of the flattened streams per split
 constexpr int64_t kMaxSplits = 64;
 constexpr int kSumLanes = 8;        // lanes adding one logit's partials
 constexpr int kCollapseThreads = 256;
-constexpr int kCollapseVec = static_cast<int>(kHcMaxD / 4 / kCollapseThreads);  // float4 per thread
+// The finish kernels' float4 a thread of each stream row: VEC = the row's float4 / 256, rounded up to 1, 2, 4 or
+// 8 (launch_finish). Until session 33 every launch took kHcMaxD's 8: 164 registers a thread (the slice alone 128),
+// so one 288-thread block an SM, 9 warps, where V4-Flash's D = 4 096 needs 4 (96 registers, two blocks an SM). Why
+// (session 33, read from the profile and the registers, not yet timed): the 1K prefill's hc_pre_finish took 53 us a
+// call for 64 MB of streams, ~21 us at copy. Same bits: the slots past D were zeros, added to nothing.
+constexpr int kCollapseVecMax = static_cast<int>(kHcMaxD / 4 / kCollapseThreads);
 constexpr int kPreThreads = kCollapseThreads + 32;                              // + the Sinkhorn warp
 
 struct MixPlan {
@@ -207,15 +213,17 @@ __device__ __forceinline__ float4 norm_weight4(const void* w, NormWeight kind, i
 
 // Threads 0..255: their float4 of each stream's row X[i] (loaded before they are needed: the finish kernels
 // issue these loads first, so that they overlap the partial sums and the logits).
+template <int VEC>
 struct StreamSlice {
-  float4 x[kCollapseVec][kHc];
+  float4 x[VEC][kHc];
 };
 
-__device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlice& s) {
+template <int VEC>
+__device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlice<VEC>& s) {
   const int tid = threadIdx.x;
   const int64_t nv = D / 4;
 #pragma unroll
-  for (int u = 0; u < kCollapseVec; ++u) {
+  for (int u = 0; u < VEC; ++u) {
     const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
 #pragma unroll
     for (int i = 0; i < kHc; ++i) s.x[u][i] = q < nv ? ld4(X + i * D + 4 * q) : make_float4(0, 0, 0, 0);
@@ -225,13 +233,14 @@ __device__ __forceinline__ void load_slice(const float* X, int64_t D, StreamSlic
 // Threads 0..255: out[d] = sum_i w[i] X[i][d] from their loaded slice; with `normed` then out = weight * (out *
 // rsqrt(mean(out^2) + eps)) as rms_norm computes it (the sum of squares meets at named barrier 1, which only
 // these threads use).
-__device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_t D, bool normed, const void* weight,
-                             NormWeight kind, float eps, float* out, float* red) {
+template <int VEC>
+__device__ void collapse_row(const StreamSlice<VEC>& s, const float (&w)[kHc], int64_t D, bool normed,
+                             const void* weight, NormWeight kind, float eps, float* out, float* red) {
   const int tid = threadIdx.x;
   const int64_t nv = D / 4;
-  float4 c[kCollapseVec];
+  float4 c[VEC];
 #pragma unroll
-  for (int u = 0; u < kCollapseVec; ++u) {
+  for (int u = 0; u < VEC; ++u) {
     float4 acc = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < kHc; ++i) {
@@ -243,15 +252,15 @@ __device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_
     c[u] = acc;
   }
   if (normed) {
-    float4 g[kCollapseVec];  // the weights, loaded while the sum of squares meets
+    float4 g[VEC];  // the weights, loaded while the sum of squares meets
 #pragma unroll
-    for (int u = 0; u < kCollapseVec; ++u) {
+    for (int u = 0; u < VEC; ++u) {
       const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
       g[u] = q < nv ? norm_weight4(weight, kind, 4 * q) : make_float4(1, 1, 1, 1);
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kCollapseVec; ++u) ss = dot4(c[u], c[u], ss);  // zero beyond D
+    for (int u = 0; u < VEC; ++u) ss = dot4(c[u], c[u], ss);  // zero beyond D
     ss = warp_sum(ss);
     if ((tid & 31) == 0) red[tid >> 5] = ss;
     asm volatile("bar.sync 1, %0;" ::"n"(kCollapseThreads) : "memory");
@@ -260,7 +269,7 @@ __device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_
     for (int i = 0; i < kCollapseThreads / 32; ++i) total += red[i];
     const float inv = 1.0f / sqrtf(total / static_cast<float>(D) + eps);
 #pragma unroll
-    for (int u = 0; u < kCollapseVec; ++u) {
+    for (int u = 0; u < VEC; ++u) {
       const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
       if (q >= nv) break;
       c[u] = make_float4(g[u].x * (c[u].x * inv), g[u].y * (c[u].y * inv), g[u].z * (c[u].z * inv),
@@ -268,7 +277,7 @@ __device__ void collapse_row(const StreamSlice& s, const float (&w)[kHc], int64_
     }
   }
 #pragma unroll
-  for (int u = 0; u < kCollapseVec; ++u) {
+  for (int u = 0; u < VEC; ++u) {
     const int64_t q = tid + static_cast<int64_t>(u) * kCollapseThreads;
     if (q >= nv) break;
     *reinterpret_cast<float4*>(out + 4 * q) = c[u];
@@ -312,13 +321,14 @@ __device__ __forceinline__ void post_and_comb_warp(const HcParams& a, int64_t t,
 // One block per token: the logits from the partials (all threads), then the last warp writes post and runs
 // the softmax and Sinkhorn (post_and_comb_warp), or with a.logits stores the logits for hc_comb_kernel, while
 // threads 0..255 collapse the streams with pre.
+template <int VEC>
 __global__ void __launch_bounds__(kPreThreads) hc_pre_finish_kernel(HcParams a, int splits) {
   pdl_prologue();
   constexpr int MIX = (2 + kHc) * kHc;
   __shared__ float m[MIX + 1];
   __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
-  StreamSlice slice;
+  StreamSlice<VEC> slice;
   if (threadIdx.x < kCollapseThreads) load_slice(a.streams + t * kHc * D, D, slice);
   sum_partials(a.partial + t * (MIX + 1) * splits, MIX + 1, splits, m);
   __syncthreads();
@@ -346,12 +356,13 @@ __global__ void __launch_bounds__(32) hc_comb_kernel(HcParams a) {
   post_and_comb_warp(a, blockIdx.x, [&](int j) { return lg[j]; });
 }
 
+template <int VEC>
 __global__ void __launch_bounds__(kCollapseThreads) hc_head_finish_kernel(HcParams a, int splits) {
   pdl_prologue();
   __shared__ float m[kHc + 1];
   __shared__ float red[kCollapseThreads / 32];
   const int64_t t = blockIdx.x, D = a.D;
-  StreamSlice slice;
+  StreamSlice<VEC> slice;
   load_slice(a.streams + t * kHc * D, D, slice);
   sum_partials(a.partial + t * (kHc + 1) * splits, kHc + 1, splits, m);
   __syncthreads();
@@ -450,6 +461,26 @@ __global__ void __launch_bounds__(256) hc_squares_kernel(const float* __restrict
   if (threadIdx.x == 0) out[t * ld] = s;
 }
 
+template <int VEC>
+void launch_finish_vec(const HcParams& p, bool head, int splits, cudaStream_t stream) {
+  if (head)
+    launch(hc_head_finish_kernel<VEC>, static_cast<unsigned>(p.T), kCollapseThreads, 0, stream, p, splits);
+  else
+    launch(hc_pre_finish_kernel<VEC>, static_cast<unsigned>(p.T), kPreThreads, 0, stream, p, splits);
+}
+
+// The finish kernel (hc_pre's, or hc_head's where `head`) with the slice its D needs (kCollapseVecMax above).
+// TERN_HC_FINISH_WIDE (a switch, off; read once): kHcMaxD's slice whatever D, session 32's form, for the A/B.
+void launch_finish(const HcParams& p, bool head, int splits, cudaStream_t stream) {
+  static_assert(kCollapseVecMax == 8, "launch_finish's widest slice");
+  static const bool wide = env_flag("TERN_HC_FINISH_WIDE", false);
+  const int64_t per_thread = wide ? kCollapseVecMax : (p.D / 4 + kCollapseThreads - 1) / kCollapseThreads;
+  if (per_thread <= 1) launch_finish_vec<1>(p, head, splits, stream);
+  else if (per_thread <= 2) launch_finish_vec<2>(p, head, splits, stream);
+  else if (per_thread <= 4) launch_finish_vec<4>(p, head, splits, stream);
+  else launch_finish_vec<8>(p, head, splits, stream);
+}
+
 }  // namespace
 }  // namespace dev
 
@@ -485,11 +516,7 @@ void launch_hc_post_squares(const float* streams, const float* a, const float* p
 
 void launch_hc_finish(const HcParams& p, bool head, int splits, cudaStream_t stream) {
   if (p.T == 0) return;
-  if (head)
-    launch(dev::hc_head_finish_kernel, static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream, p,
-           splits);
-  else
-    launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, splits);
+  dev::launch_finish(p, head, splits, stream);
 }
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
@@ -500,7 +527,7 @@ int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head) {
 void launch_hc_pre(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::MixPlan plan = dev::launch_mix<(2 + dev::kHc) * dev::kHc>(p, stream);
-  launch(dev::hc_pre_finish_kernel, static_cast<unsigned>(p.T), dev::kPreThreads, 0, stream, p, plan.splits);
+  dev::launch_finish(p, false, plan.splits, stream);
 }
 
 void launch_hc_comb(const HcParams& p, cudaStream_t stream) {
@@ -511,8 +538,7 @@ void launch_hc_comb(const HcParams& p, cudaStream_t stream) {
 void launch_hc_head(const HcParams& p, cudaStream_t stream) {
   if (p.T == 0) return;
   const dev::MixPlan plan = dev::launch_mix<dev::kHc>(p, stream);
-  launch(dev::hc_head_finish_kernel, static_cast<unsigned>(p.T), dev::kCollapseThreads, 0, stream, p,
-         plan.splits);
+  dev::launch_finish(p, true, plan.splits, stream);
 }
 
 void launch_hc_post(const float* streams, const float* a, const float* post, const float* comb, int64_t T,
