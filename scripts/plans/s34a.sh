@@ -15,7 +15,8 @@
 #      at 1K and 8K with the profile's hc_pre_finish rows (predicted: 53 -> ~27-30 us a call at 1K, the 1K prefill
 #      -1 to -1.5%, 8K -1.5 to -2.5%); the same runs show moe_grouped_gather_kernel, rewritten in session 33 with a
 #      thread a 16-byte chunk (coalesced; no knob: session 33 measured 71.5 us a call at 1K on the H100, 31% of copy;
-#      predicted ~30 us) and the wgmma path's gather (8K; not changed: its stores are 4-byte words 16 planes apart).
+#      predicted ~30 us), moe_combine_kernel<4> (four d a thread; session 33: 55.9 us a call at 1K, ~69% of copy;
+#      predicted ~42) and the wgmma path's gather (8K; not changed: its stores are 4-byte words 16 planes apart).
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s34a.tar.xz
@@ -31,7 +32,7 @@ if [[ $rc -eq 0 ]]; then
       TERN_HC_FINISH_WIDE=$v timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill $p \
         --batches 1 --steps 2 --warmup 1 --profile --profile-top 30 > $P/fw-$p-$v.log 2>&1; echo "rc $? ($p wide=$v)"
       grep -hE "^prefill \||error" $P/fw-$p-$v.log | head -1 | cut -c1-100
-      grep -hE "^\| (hc_pre_finish|moe_grouped_gather|moe_grouped_wgmma_gather)" $P/fw-$p-$v.log | head -3 | cut -c1-130
+      grep -hE "^\| (hc_pre_finish|moe_grouped_gather|moe_grouped_wgmma_gather|moe_combine)" $P/fw-$p-$v.log | head -4 | cut -c1-130
     done
   done
 fi

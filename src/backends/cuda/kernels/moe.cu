@@ -1,5 +1,6 @@
 // Routing, the MoE plan (pairs grouped by expert, stable and deterministic), the combine, and dispatch.
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -399,29 +400,62 @@ __global__ void __launch_bounds__(kPlanThreadsSmall) moe_prep_kernel(PrepArgs a)
   plan_block<kPlanThreadsSmall, 1>(a.indices, a.T * a.k, a.E, a.tile, a.sorted, a.pos, a.jobs, a.num_jobs, a.err);
 }
 
-// out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum).
+// V floats from p (zeros where p is null): one 16-byte load for V = 4 (p 16-byte aligned), else scalar.
+template <int V>
+__device__ __forceinline__ void load_floats(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 f = p != nullptr ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int c = 0; c < V; ++c) v[c] = p != nullptr ? p[c] : 0.0f;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_floats(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int c = 0; c < V; ++c) p[c] = v[c];
+  }
+}
+
+// out[t, d] = sum_j weights[t, j] * y[pos[t, j], d], in pick order (+ residual[t, d]: the add_kernel's sum). A
+// thread takes V consecutive d (4 where D % 4 == 0: one index and weight read and one 64-bit division for four
+// outputs, 16-byte loads; session 33, the 1K prefill's combine at ~69% of copy with V = 1), each output summed as
+// before (the same products in pick order), so the same bits.
+template <int V>
 __global__ void moe_combine_kernel(const float* y, const int* pos, const float* weights, int64_t T, int k, int64_t D,
                                    const float* residual, float* out) {
   pdl_prologue();
-  const int64_t total = T * D;
+  const int64_t DV = D / V, total = T * DV;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / D, d = i % D;
-    float acc = 0.0f;
+    const int64_t t = i / DV, d = (i - t * DV) * V;
+    float acc[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[c] = 0.0f;
     for (int j0 = 0; j0 < k; j0 += 8) {  // eight picks' loads in flight at once
       int slot[8];
-      float w[8], v[8];
+      float w[8], v[8][V];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         slot[j] = j0 + j < k ? pos[t * k + j0 + j] : -1;
         w[j] = j0 + j < k ? weights[t * k + j0 + j] : 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = slot[j] >= 0 ? y[static_cast<int64_t>(slot[j]) * D + d] : 0.0f;
+      for (int j = 0; j < 8; ++j) load_floats<V>(slot[j] >= 0 ? y + static_cast<int64_t>(slot[j]) * D + d : nullptr, v[j]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc += v[j] * w[j];
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < V; ++c) acc[c] += v[j][c] * w[j];
     }
-    out[i] = residual != nullptr ? acc + residual[i] : acc;
+    float r[V];
+    load_floats<V>(residual != nullptr ? residual + t * D + d : nullptr, r);
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[c] = residual != nullptr ? acc[c] + r[c] : acc[c];
+    store_floats<V>(out + t * D + d, acc);
   }
 }
 
@@ -709,10 +743,17 @@ void quantize_moe_h(const MoeParams& p, float* h, int64_t rows, cudaStream_t str
 }
 
 void launch_moe_combine(const MoeParams& p, const float* y, const int* pos, cudaStream_t stream) {
-  const int64_t total = p.T * p.D;
+  // Four d a thread where every row starts 16-byte aligned (y, residual and out rows of D floats; D % 4 == 0 for
+  // every V4 shape), else one.
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool by4 = p.D % 4 == 0 && aligned(y) && aligned(p.out) && (p.residual == nullptr || aligned(p.residual));
+  const int64_t total = p.T * (by4 ? p.D / 4 : p.D);
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));
   if (p.combine_waits != nullptr) TERN_CUDA(cudaStreamWaitEvent(stream, p.combine_waits, 0));
-  launch(dev::moe_combine_kernel, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.residual, p.out);
+  if (by4)
+    launch(dev::moe_combine_kernel<4>, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.residual, p.out);
+  else
+    launch(dev::moe_combine_kernel<1>, blocks, 256, 0, stream, y, pos, p.weights, p.T, p.k, p.D, p.residual, p.out);
 }
 
 void launch_moe(const MoeParams& p, void* workspace, int num_sms, cudaStream_t stream) {
