@@ -205,7 +205,8 @@ CloneMap& clone_map() {
 
 void CUPTIAPI on_resource(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* cbdata) {
   if (domain != CUPTI_CB_DOMAIN_RESOURCE || cbid != CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED || cbdata == nullptr) return;
-  const auto* graph = static_cast<const CUpti_GraphData*>(static_cast<const CUpti_ResourceData*>(cbdata)->resourceDescriptor);
+  const auto* resource = static_cast<const CUpti_ResourceData*>(cbdata);
+  const auto* graph = static_cast<const CUpti_GraphData*>(resource->resourceDescriptor);
   if (graph == nullptr || graph->node == nullptr || graph->originalNode == nullptr) return;
   uint64_t clone = 0, original = 0;
   if (cuptiGetGraphNodeId(graph->node, &clone) != CUPTI_SUCCESS ||
@@ -232,14 +233,6 @@ void track_graph_clones() {
   (void)cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED);
 }
 
-// The captured graph's node id of a record's node (the clone's own where no clone was reported).
-uint64_t original_node(uint64_t node) {
-  if (node == 0) return 0;
-  CloneMap& m = clone_map();
-  std::lock_guard<std::mutex> lock(m.mutex);
-  const auto it = m.original.find(node);
-  return it != m.original.end() ? it->second : node;
-}
 
 void disable_all() {
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
@@ -259,6 +252,13 @@ void write_trace(const Collector& c) {
   std::ofstream f(path, std::ios::app);
   TERN_CHECK(f.good(), "cuda::Profiler: cannot append to TERN_PROFILE_TRACE=", path);
   const uint64_t t0 = c.first_start;
+  CloneMap& clones = clone_map();
+  std::lock_guard<std::mutex> lock(clones.mutex);
+  // The captured graph's node id of a record's node (the clone's own where no clone was reported).
+  const auto original_node = [&](uint64_t node) {
+    const auto it = node != 0 ? clones.original.find(node) : clones.original.end();
+    return it != clones.original.end() ? it->second : node;
+  };
   f << "# session: " << order.size() << " records (kernel, start ns, end ns, stream, graph node)\n";
   for (size_t i : order) {
     const ActivitySpan& a = c.intervals[i];

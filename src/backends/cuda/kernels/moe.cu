@@ -445,7 +445,8 @@ __global__ void moe_combine_kernel(const float* y, const int* pos, const float* 
         w[j] = j0 + j < k ? weights[t * k + j0 + j] : 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) load_floats<V>(slot[j] >= 0 ? y + static_cast<int64_t>(slot[j]) * D + d : nullptr, v[j]);
+      for (int j = 0; j < 8; ++j)
+        load_floats<V>(slot[j] >= 0 ? y + static_cast<int64_t>(slot[j]) * D + d : nullptr, v[j]);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
