@@ -23,6 +23,8 @@ export TERN_PACK=.plans/packs/s34a.tar.xz
 source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
+# STEPS (default "5 m 1 2 3 4") picks the steps and their order (one call may run 10 minutes; session 34 split it).
+step5() {
 stamp "5. the finish kernels' slice: tests, then TERN_HC_FINISH_WIDE 1 / 0"
 timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*GpuLibrary.MhcAgainstCpu*' > $L/mhc-tests.log 2>&1; rc=$?
 echo "rc $rc"; pf $L/mhc-tests.log 8; grep -c "^\[       OK" $L/mhc-tests.log
@@ -36,6 +38,13 @@ if [[ $rc -eq 0 ]]; then
     done
   done
 fi
+}
+stepm() {
+stamp "m. the gather / combine changes: the grouped MoE and GpuV4 suites"
+timeout 240 $G/tern_gpu_tests --gtest_filter='*GpuMoeGrouped*:*GpuLibrary.MoeAgainstCpu*:*GpuV4*' > $L/moe-tests.log 2>&1
+echo "rc $?"; pf $L/moe-tests.log 8; grep -c "^\[       OK" $L/moe-tests.log
+}
+step1() {
 stamp "1. ncu source counters, 1K up kernel: default / 8-warp-32"
 for v in default 8-warp-32; do
   TERN_MOE_GROUPED_TILE=$v timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_kernel" \
@@ -59,6 +68,8 @@ if col:
     top = sorted(rows, key=lambda r: -float((r.get(col) or "0").replace(",", "") or 0))[:25]
     for r in top: print(f"{r.get(col):>8}  {r.get('Source', '')[:90]}")
 PY
+}
+step2() {
 stamp "2. NVFP4 1K: default / 8-warp-32"
 for v in default 8-warp-32; do
   TERN_MOE_GROUPED_TILE=$v timeout 80 $T bench-step --device cuda --config full --experts nvfp4 --contexts 1024 \
@@ -66,6 +77,8 @@ for v in default 8-warp-32; do
   grep -hE "^prefill \||error" $P/nv-$v.log | head -1 | cut -c1-100
   grep -hE "^\| moe_grouped_kernel" $P/nv-$v.log | head -2 | cut -c1-130
 done
+}
+step3() {
 stamp "3. TERN_HC_COMB_APART 8 / 1048576 at 1K and 8K"
 for p in 1024 8192; do
   for v in 8 1048576; do
@@ -75,6 +88,8 @@ for p in 1024 8192; do
     grep -hE "^\| (hc_pre_finish|hc_comb|hc_post_squares|hc_mix)" $P/hc-$p-$v.log | head -4 | cut -c1-130
   done
 done
+}
+step4() {
 stamp "4. ncu at 8K: hc_pre_finish, hc_post_squares"
 for k in hc_pre_finish_kernel hc_post_squares_kernel; do
   timeout 120 ncu --clock-control none --kernel-name regex:"$k" --launch-skip 4 --launch-count 1 --section SpeedOfLight \
@@ -84,4 +99,6 @@ for k in hc_pre_finish_kernel hc_post_squares_kernel; do
   grep -E "Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Eligible Warps|Warp Cycles Per Issued" \
     $L/ncu-$k.txt | head -10
 done
+}
+for s in ${STEPS:-5 m 1 2 3 4}; do step$s; done
 stamp done
