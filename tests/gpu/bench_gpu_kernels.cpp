@@ -422,7 +422,8 @@ void bench_decode_attention(Rand& r, bool quick) {
 
 // One layer's sparse_attention in a prefill chunk of 8 192 queries (the library-GEMM chunks), on the decode
 // kernel (attention_mma_kernel, as TERN_ATTENTION_PREFILL=0) and on the prefill kernels (version 1
-// attention_prefill_kernel, versions 2 and 3 attention_prefill_wgmma_kernel, 4 attention_prefill_ws_kernel), same
+// attention_prefill_kernel, versions 2 and 3 attention_prefill_wgmma_kernel, 4 attention_prefill_ws_kernel, 5 it on
+// keys decoded once a launch), same
 // inputs: CSA
 // (ratio 4, 512 picks + window 128) and HCA (ratio 128, every compressed row + window 128), as the chunk
 // after 8 192 tokens (every CSA query has its 512 picks) and as the first chunk of a prompt (start 0: fewer
@@ -477,9 +478,10 @@ void bench_attention_prefill(Rand& r) {
     const double flop = 2.0 * H * static_cast<double>(keys) * (hd + hd);
     const double bytes = static_cast<double>(keys * rb + 2 * n * H * hd * 4);
     const std::string shape = cat(n, " queries at ", kind.start, ", ", keys / n, " keys avg");
-    for (const int version : {0, 1, 2, 3, 4}) {
+    for (const int version : {0, 1, 2, 3, 4, 5}) {
       cuda::set_attention_prefill_version(version);
-      const char* kernel = version == 4   ? "attention_prefill_ws_kernel (warp-specialised)"
+      const char* kernel = version == 5   ? "attention_prefill_ws_kernel on keys decoded once (attention_kv_bf16_kernel)"
+                           : version == 4 ? "attention_prefill_ws_kernel (warp-specialised)"
                            : version == 3 ? "attention_prefill_wgmma_kernel (overlapped decode)"
                            : version == 2 ? "attention_prefill_wgmma_kernel"
                            : version == 1 ? "attention_prefill_kernel"

@@ -7,7 +7,8 @@
 // launched directly (the op sends it only chunks of >= 512 queries), checked against the CPU's
 // sparse_attention and against the decode kernel (attention_mma_kernel) on the same inputs, version 2 also
 // against version 1, and version 3 (the decode overlapping the MMAs) must give version 2's bits; version 4 (warp-
-// specialised, its own summation order) within bf16 of the CPU and of version 2. Then the
+// specialised, its own summation order) within bf16 of the CPU and of version 2, version 5 (version 4 on keys decoded
+// once a launch) version 4's bits. Then the
 // op's choice: a 600-query chunk takes the selected prefill kernel (its bits), and under --batch-invariant or
 // set_attention_prefill(false) the decode kernel's bits.
 #include <algorithm>
@@ -151,7 +152,7 @@ cuda::AttentionParams params_of(const Chunk& c, float* out, int* err) {
   return p;
 }
 
-enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, prefill_ws, decode };
+enum class Kernel { prefill, prefill_wgmma, prefill_wgmma_overlap, prefill_ws, prefill_pre, decode };
 
 // One direct launch of a tensor-core kernel on the chunk; the device error word must stay 0.
 Tensor run_kernel(const Chunk& c, Kernel k) {
@@ -159,14 +160,19 @@ Tensor run_kernel(const Chunk& c, Kernel k) {
   auto out = poisoned(DType::f32, {c.n, c.heads, c.fmt.head_dim});
   cuda::DeviceTensor err(DType::i32, {1});
   cuda::fill_bytes(err.view(), 0);
-  const cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
+  cuda::AttentionParams p = params_of(c, out.view().data_as<float>(), err.view().data_as<int>());
+  // Version 5's workspace (the bf16 copy of the key rows), poisoned so that a row it fails to write shows.
+  cuda::DeviceTensor kv(DType::u8, {k == Kernel::prefill_pre ? cuda::attention_prefill_kv_bytes(p) : 1});
+  cuda::fill_bytes(kv.view(), 0xff);
+  if (k == Kernel::prefill_pre) p.partial = kv.view().data_as<float>();
   const auto stream = static_cast<cudaStream_t>(be.stream());
   const cudaError_t e = k == Kernel::prefill         ? cuda::launch_attention_prefill_v1(p, stream)
                         : k == Kernel::prefill_wgmma ? cuda::launch_attention_prefill_wgmma(p, stream, false)
                         : k == Kernel::prefill_wgmma_overlap
                             ? cuda::launch_attention_prefill_wgmma(p, stream, true)
-                        : k == Kernel::prefill_ws ? cuda::launch_attention_prefill_ws(p, stream)
-                                                  : cuda::launch_attention_mma(p, stream);
+                        : k == Kernel::prefill_ws  ? cuda::launch_attention_prefill_ws(p, stream)
+                        : k == Kernel::prefill_pre ? cuda::launch_attention_prefill_pre(p, stream)
+                                                   : cuda::launch_attention_mma(p, stream);
   EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   be.synchronize();
@@ -218,6 +224,12 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
       const Tensor ws = run_kernel(c, Kernel::prefill_ws);
       expect_close(upload(ws), ref, kTolBf16, cat("prefill ws kernel vs cpu, ", what));
       expect_close(upload(ws), wg, kTolBf16, cat("prefill ws kernel vs prefill wgmma kernel, ", what));
+      // Version 5 (the keys decoded once a launch): the same bf16 tiles in the same order, so version 4's bits.
+      const Tensor pre = run_kernel(c, Kernel::prefill_pre);
+      EXPECT_EQ(std::memcmp(pre.data<float>(), ws.data<float>(), ws.nbytes()), 0)
+          << "version 5 (keys decoded once) is not version 4's bits, " << what;
+      if (std::memcmp(pre.data<float>(), ws.data<float>(), ws.nbytes()) != 0)
+        expect_close(upload(pre), ref, kTolBf16, cat("prefill ws kernel on decoded keys vs cpu, ", what));
     }
   cuda::register_backend().check_device_errors();
 }
@@ -265,6 +277,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
       {"TERN_ATTENTION_PREFILL=2", false, 2, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=3", false, 3, &wg, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"TERN_ATTENTION_PREFILL=4", false, 4, &ws, cuda::AttentionPath::bf16_tensor_cores_prefill},
+      {"TERN_ATTENTION_PREFILL=5", false, 5, &ws, cuda::AttentionPath::bf16_tensor_cores_prefill},
       {"--batch-invariant", true, 1, &old, decode},
       {"--batch-invariant, version 2", true, 2, &old, decode},
       {"TERN_ATTENTION_PREFILL=0", false, 0, &old, decode}};
@@ -282,7 +295,7 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
   p.prefill = true;
   const int64_t position = c.start;
   p.positions = &position;  // only compared with null by attention_path
-  for (const int version : {1, 2, 3, 4}) {
+  for (const int version : {1, 2, 3, 4, 5}) {
     cuda::set_attention_prefill_version(version);
     EXPECT_EQ(cuda::attention_path(p), decode) << "version " << version;
   }
@@ -320,7 +333,7 @@ TEST_P(GpuAttentionPrefill, OpRotatesAndQuantisesItsOutput) {
     host.positions = pos, host.out_inv_freq = inv_freq;
     Tensor hv(DType::u8, {P, width}), hs(DType::f32, {width / 128, P});
     ops::sparse_attention(cpu::context(), host, ops::Fp8Rows{hv, hs, n});
-    for (const int version : {4, 3, 2, 1}) {
+    for (const int version : {5, 4, 3, 2, 1}) {
       cuda::set_attention_prefill_version(version);
       const std::string what = cat(s.name, " n=", n, " prefill version ", version);
       // The pieces: the f32 op, rope_kernel, act_quant.
@@ -386,7 +399,7 @@ TEST_P(GpuAttentionPrefill, OpNormsAndRotatesQ) {
     dev.positions = dpos, dev.q_inv_freq = dinv, dev.q_norm_eps = eps;
     Tensor ref(DType::f32, {n, s.heads, s.head_dim});
     ops::sparse_attention(cpu::context(), host, ref);
-    for (const int version : {1, 2, 3, 4}) {
+    for (const int version : {1, 2, 3, 4, 5}) {
       cuda::set_attention_prefill_version(version);
       const std::string what = cat(s.name, " n=", n, " prefill version ", version);
       auto got = poisoned(DType::f32, {n, s.heads, s.head_dim});

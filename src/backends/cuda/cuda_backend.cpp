@@ -560,6 +560,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
     paths.push_back("sparse_attention prefill kernel version 4 (TERN_ATTENTION_PREFILL=4): attention_prefill_ws_kernel "
                     "(a producer warpgroup decodes 32-key tiles into a ring of 4, two consumer warpgroups take one "
                     "tile of a pair each; bf16 numerics, its own summation order)");
+  if (attention_prefill_version() == 5)
+    paths.push_back("sparse_attention prefill kernel version 5 (TERN_ATTENTION_PREFILL=5): attention_kv_bf16_kernel "
+                    "decodes the launch's key rows once into bf16 (workspace), then attention_prefill_ws_kernel whose "
+                    "producer copies them into its ring by cp.async; version 4's bits");
   if (attention_prefill_version() == 1 || attention_prefill_version() == 2)
     paths.push_back(attention_prefill_version() == 1
                         ? "sparse_attention prefill kernel version 1 (TERN_ATTENTION_PREFILL=1): "

@@ -334,6 +334,7 @@ const char* attention_path_name(AttentionPath path) {
         case 2: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel)";
         case 3: return "bf16 tensor cores, prefill (attention_prefill_wgmma_kernel, overlapped decode)";
         case 4: return "bf16 tensor cores, prefill (attention_prefill_ws_kernel, warp-specialised)";
+        case 5: return "bf16 tensor cores, prefill (attention_prefill_ws_kernel on keys decoded once a launch)";
         default: return "bf16 tensor cores, prefill (attention_prefill_kernel)";
       }
     case AttentionPath::bf16_tensor_cores_heads:
@@ -365,7 +366,11 @@ int64_t queries_per_launch(const AttentionParams& p, int splits) {
 }  // namespace
 
 int64_t attention_partial_floats(const AttentionParams& p) {
-  if (attention_path(p) != AttentionPath::f32_cuda_cores) return 0;
+  const AttentionPath path = attention_path(p);
+  // Version 5's bf16 copy of the launch's key rows (attention_prefill_kv_bytes).
+  if (path == AttentionPath::bf16_tensor_cores_prefill && attention_prefill_version() == 5)
+    return (attention_prefill_kv_bytes(p) + 3) / 4;
+  if (path != AttentionPath::f32_cuda_cores) return 0;
   const int splits = attention_splits(p);
   return splits > 1 ? queries_per_launch(p, splits) * p.heads * splits * (p.fmt.head_dim + 4) : 0;
 }

@@ -217,7 +217,7 @@ constexpr int kDefaultAttentionPrefill = 3;
 int attention_prefill_version() {
   int v = g_attention_prefill.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = static_cast<int>(env_int("TERN_ATTENTION_PREFILL", kDefaultAttentionPrefill, 0, 4));
+    v = static_cast<int>(env_int("TERN_ATTENTION_PREFILL", kDefaultAttentionPrefill, 0, 5));
     g_attention_prefill.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -230,12 +230,12 @@ void set_attention_prefill(bool on) {
 }
 
 void set_attention_prefill_version(int version) {
-  g_attention_prefill.store(std::clamp(version, 0, 4), std::memory_order_relaxed);
+  g_attention_prefill.store(std::clamp(version, 0, 5), std::memory_order_relaxed);
 }
 
 size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
   const int version = attention_prefill_version();
-  return version == 4  ? attention_prefill_ws_smem_bytes(f)
+  return version >= 4  ? attention_prefill_ws_smem_bytes(f)
          : version >= 2 ? attention_prefill_wgmma_smem_bytes(f)
                         : attention_prefill_v1_smem_bytes(f);
 }
@@ -243,6 +243,7 @@ size_t attention_prefill_smem_bytes(const KvRowDesc& f) {
 cudaError_t launch_attention_prefill(const AttentionParams& p, cudaStream_t stream) {
   const int version = attention_prefill_version();
   if (version == 4) return launch_attention_prefill_ws(p, stream);
+  if (version == 5) return launch_attention_prefill_pre(p, stream);
   return version >= 2 ? launch_attention_prefill_wgmma(p, stream, version == 3)
                       : launch_attention_prefill_v1(p, stream);
 }

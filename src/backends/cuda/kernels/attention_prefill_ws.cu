@@ -31,12 +31,22 @@
 //
 // Shared memory at head_dim 512: q 64 KB, 4 key tiles 128 KB, 2 P tiles 16 KB, maxima / sums / masks / row addresses
 // / barriers ~3 KB, 1 KB of alignment: ~212 KB, one block an SM.
+//
+// Version 5 (TERN_ATTENTION_PREFILL=5, session 34): the same kernel on keys decoded once a launch. Version 4's producer
+// decodes every key of every query (FP8 rows straight from global memory, a thread's loads, conversions and stores in
+// one chain: an L2 round trip a tile), yet a chunk's queries share their keys: at 8K tokens a CSA layer's ~10 400 rows
+// (the chunk, the ring's window, the compressed rows) are decoded ~500 times each. attention_kv_bf16_kernel writes
+// them once as bf16 rows (the same values: fp8x8_to_bf16, the rope dims copied) into the launch's workspace
+// (attention_prefill_kv_bytes; AttentionParams::partial), and the producer only copies each tile's rows into the
+// swizzled slot with cp.async (16 granules a thread, the slot's full barrier armed by cp.async.mbarrier.arrive.noinc),
+// so the ring runs ahead of the consumers. The same bf16 tiles in the same order: version 4's bits.
 #include <algorithm>
 
 #include "backends/cuda/kernels/attention.cuh"
 #include "backends/cuda/kernels/attention_prefill_steps.cuh"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/launch.cuh"
+#include "backends/cuda/kernels/stream_tile.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
 
 namespace tern::cuda {
@@ -103,7 +113,68 @@ __device__ __forceinline__ void ws_decode_tile(const KvRowDesc& f, const uint8_t
   }
 }
 
+// Version 5's producer thread p: the same rows and granules as ws_decode_tile, copied (cp.async, 16 bytes) from the
+// bf16 rows attention_kv_bf16_kernel wrote; a masked row (and a row past the keys) is zero-filled. The caller arms the
+// slot's full barrier once these land (cp_async_mbar_arrive_noinc) and again for the mask (mbar_arrive).
 template <int HD>
+__device__ __forceinline__ void ws_copy_tile(const uint8_t* const* rows, const uint8_t* any_row, uint8_t* tile,
+                                             int* mask, int p) {
+  if (p < kWsKeys) mask[p] = rows[p] != nullptr;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int r = (p >> 3) + 16 * u;
+    const uint8_t* src = rows[r];
+#pragma unroll
+    for (int kb = 0; kb < HD / 64; ++kb) {
+      const int d = 64 * kb + 8 * (p & 7);
+      cp_async16(tile + sw128_offset<kWsKeys>(r, d), src != nullptr ? src + 2 * d : any_row, src != nullptr);
+    }
+  }
+}
+
+// Version 5's decode of a launch's key rows (the chunk's n rows, the ring's window rows, the num_compressed compressed
+// rows, in that order) into bf16 rows of head_dim at out + kKvHead: a thread a granule of 8 dims, ws_decode_tile's
+// values. out's first 4 bytes: the flat block table's one entry (0) of the compressed rows' PagedRowsDesc.
+constexpr int64_t kKvHead = 16;
+__global__ void attention_kv_bf16_kernel(AttentionParams a, uint8_t* out) {
+  pdl_prologue();
+  const int64_t hd = a.fmt.head_dim, granules = hd / 8, row_out = 2 * hd;
+  const int64_t nope = hd - a.fmt.rope_dim, scale_at = nope + 2 * a.fmt.rope_dim;
+  const int64_t n_ring = a.ring != nullptr ? a.window : 0, rows = a.n + n_ring + a.num_compressed;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<int32_t*>(out) = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * granules;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / granules, d = 8 * (i - r * granules);
+    const uint8_t* src = r < a.n            ? a.chunk_rows + r * a.fmt.row_bytes
+                         : r < a.n + n_ring ? a.ring + (r - a.n) * a.fmt.row_bytes
+                                            : paged_row(a.compressed, r - a.n - n_ring);
+    uint4 v;
+    if (d < nope) {
+      v = fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + d), e8m0_to_f32(src[scale_at + d / 64]));
+    } else {
+      const uint2 lo = *reinterpret_cast<const uint2*>(src + 2 * d - nope);
+      const uint2 hi = *reinterpret_cast<const uint2*>(src + 2 * d - nope + 8);
+      v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+    *reinterpret_cast<uint4*>(out + kKvHead + r * row_out + 2 * d) = v;
+  }
+}
+
+// Version 5's launch parameters: p's, with the key rows read from the bf16 copy at buf (attention_kv_bf16_kernel):
+// rows of 2 head_dim bytes, the compressed ones as one flat page (table[0] = 0).
+AttentionParams kv_bf16_params(const AttentionParams& p, uint8_t* buf) {
+  AttentionParams b = p;
+  const int64_t row = 2 * p.fmt.head_dim, n_ring = p.ring != nullptr ? p.window : 0;
+  uint8_t* base = buf + kKvHead;
+  b.fmt.row_bytes = row;
+  b.chunk_rows = base;
+  b.ring = p.ring != nullptr ? base + p.n * row : nullptr;
+  b.compressed = PagedRowsDesc{base + (p.n + n_ring) * row, reinterpret_cast<const int32_t*>(buf), 0, 0,
+                               int64_t{1} << 40, row};
+  return b;
+}
+
+template <int HD, bool PRE>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(AttentionParams a, int64_t q0) {
   pdl_prologue();
   using L = WsSmem<HD>;
@@ -126,7 +197,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   const int64_t total = kl.nwin + kl.count;
   const int pairs = static_cast<int>((total + 2 * kWsKeys - 1) / (2 * kWsKeys));
   if (tid == 0) {
-    ring.init(kWsConsumers / 32, kWsProducers);
+    ring.init(kWsConsumers / 32, PRE ? 2 * kWsProducers : kWsProducers);  // (version 5: the copies' and the mask's)
     mbar_init_fence();
   }
   __syncthreads();
@@ -146,11 +217,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
       const int tiles = static_cast<int>(min(static_cast<int64_t>(kWsRound), keys - jr) / kWsKeys);
       for (int tt = 0; tt < tiles; ++tt, c.next(kWsSlots)) {
         ring.wait_free_at(c.slot, c.parity);
-        ws_decode_tile<HD>(a.fmt, sRows + kWsKeys * tt, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot, p);
-        fence_proxy_async();  // the tile is read by wgmma (async proxy)
+        if constexpr (PRE) {
+          ws_copy_tile<HD>(sRows + kWsKeys * tt, a.chunk_rows, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot,
+                           p);
+          cp_async_mbar_arrive_noinc(&ring.full[c.slot]);  // once this thread's copies have landed
+        } else {
+          ws_decode_tile<HD>(a.fmt, sRows + kWsKeys * tt, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot, p);
+          fence_proxy_async();  // the tile is read by wgmma (async proxy)
+        }
         mbar_arrive(&ring.full[c.slot]);
       }
     }
+    if constexpr (PRE) cp_async_wait_all();  // no copy of this thread in flight when it exits
     return;
   }
 
@@ -192,6 +270,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
     const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
     const uint32_t par_mine = wg == 0 ? c0.parity : c1.parity, par_theirs = wg == 0 ? c1.parity : c0.parity;
     ring.wait_full_at(slot_mine, par_mine);
+    if constexpr (PRE) fence_proxy_async();  // the producer's cp.async (generic proxy) before wgmma's reads
     const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
     // S = Q K^T: 64 heads x this warpgroup's 32 keys, over HD in steps of 16.
     float s[16];
@@ -241,6 +320,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
     }
     fence_proxy_async();                          // P is read by the other warpgroup's wgmma
     ring.wait_full_at(slot_theirs, par_theirs);     // the other tile's rows, for this warpgroup's P V
+    if constexpr (PRE) fence_proxy_async();
     named_bar_sync(kBarP, kWsConsumers);          // both P tiles are in
 
     // O[:, dims of this warpgroup] += P_mine V_mine + P_theirs V_theirs: V = the key tiles (MN-major B), this
@@ -292,21 +372,35 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads);
 }
 
-template <int HD>
+template <int HD, bool PRE>
 cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = WsSmem<HD>::kTotal;
   // Each launch (cheap next to the kernel; a failure is the launch's error, and every device is covered).
-  const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD>,
+  const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD, PRE>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (attr != cudaSuccess) return attr;
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {
     const int64_t nq = std::min(kMaxGridX, p.n - q0);
-    const cudaError_t err =
-        launch(attention_prefill_ws_kernel<HD>, dim3(static_cast<unsigned>(nq)), kWsThreads, kSmem, stream, p, q0);
+    const cudaError_t err = launch(attention_prefill_ws_kernel<HD, PRE>, dim3(static_cast<unsigned>(nq)), kWsThreads,
+                                   kSmem, stream, p, q0);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+template <bool PRE>
+cudaError_t launch_ws_hd(const AttentionParams& p, cudaStream_t stream) {
+  switch (p.fmt.head_dim) {
+    case 128:
+      return launch_ws<128, PRE>(p, stream);
+    case 256:
+      return launch_ws<256, PRE>(p, stream);
+    case 512:
+      return launch_ws<512, PRE>(p, stream);
+    default:
+      return cudaErrorInvalidValue;  // attention_path sends only these here
+  }
 }
 
 }  // namespace
@@ -328,16 +422,24 @@ size_t attention_prefill_ws_smem_bytes(const KvRowDesc& f) {
 cudaError_t launch_attention_prefill_ws(const AttentionParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   if (p.positions != nullptr) return cudaErrorInvalidValue;  // decode mode stays on attention_mma_kernel
-  switch (p.fmt.head_dim) {
-    case 128:
-      return dev::launch_ws<128>(p, stream);
-    case 256:
-      return dev::launch_ws<256>(p, stream);
-    case 512:
-      return dev::launch_ws<512>(p, stream);
-    default:
-      return cudaErrorInvalidValue;  // attention_path sends only these here
-  }
+  return dev::launch_ws_hd<false>(p, stream);
+}
+
+int64_t attention_prefill_kv_bytes(const AttentionParams& p) {
+  const int64_t n_ring = p.ring != nullptr ? p.window : 0;
+  return dev::kKvHead + (p.n + n_ring + p.num_compressed) * 2 * p.fmt.head_dim;
+}
+
+cudaError_t launch_attention_prefill_pre(const AttentionParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  // Decode mode stays on attention_mma_kernel; the bf16 copy needs FP8 rows and the workspace.
+  if (p.positions != nullptr || p.fmt.fp8 == 0 || p.partial == nullptr) return cudaErrorInvalidValue;
+  auto* buf = reinterpret_cast<uint8_t*>(p.partial);
+  const int64_t granules = (attention_prefill_kv_bytes(p) - dev::kKvHead) / 16;
+  const cudaError_t e = launch(dev::attention_kv_bf16_kernel, dev::grid_stride_blocks(std::max<int64_t>(granules, 1)),
+                               256, 0, stream, p, buf);
+  if (e != cudaSuccess) return e;
+  return dev::launch_ws_hd<true>(dev::kv_bf16_params(p, buf), stream);
 }
 
 }  // namespace tern::cuda
