@@ -234,8 +234,8 @@ TEST_P(GpuAttentionPrefill, MatchesCpuAndDecodeKernel) {
   cuda::register_backend().check_device_errors();
 }
 
-// The op's choice of kernel: the selected prefill kernel (version 3 by default, 1 / 2 as
-// TERN_ATTENTION_PREFILL=1 / 2) for a chunk that takes the library GEMMs, the decode kernel under
+// The op's choice of kernel: the selected prefill kernel (version 5 by default, 1-4 as
+// TERN_ATTENTION_PREFILL=1-4) for a chunk that takes the library GEMMs, the decode kernel under
 // --batch-invariant and under set_attention_prefill(false) (TERN_ATTENTION_PREFILL=0), each recognised by its
 // exact bits; decode mode never takes a prefill kernel.
 TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
@@ -300,8 +300,8 @@ TEST_P(GpuAttentionPrefill, OpTakesPrefillKernelOnlyForLibraryChunks) {
     EXPECT_EQ(cuda::attention_path(p), decode) << "version " << version;
   }
   be.set_batch_invariant(saved_bi);
-  cuda::set_attention_prefill(true);  // the default: version 3 (measured fastest, session 9)
-  EXPECT_EQ(cuda::attention_prefill_version(), 3);
+  cuda::set_attention_prefill(true);  // the default: version 5 (measured fastest, session 34)
+  EXPECT_EQ(cuda::attention_prefill_version(), 5);
   cuda::set_attention_prefill_version(saved_version);
   be.check_device_errors();
 }

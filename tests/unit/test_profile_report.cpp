@@ -98,6 +98,8 @@ const std::vector<Expect> kCurrentKernels = {
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_kernel<512>(tern::cuda::AttentionParams)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_wgmma_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},
     {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_ws_kernel<512>(tern::cuda::AttentionParams, long)", C::attention},
+    {"void tern::cuda::dev::(anonymous namespace)::attention_prefill_ws_kernel<512, true>(tern::cuda::AttentionParams, long)", C::attention},
+    {"void tern::cuda::dev::(anonymous namespace)::attention_kv_bf16_kernel(tern::cuda::AttentionParams, unsigned char*)", C::attention},
     {"tern::cuda::dev::(anonymous namespace)::wgmma_probe_kernel(float const*, float const*, float*, float*)", C::other},
     {"void tern::cuda::dev::(anonymous namespace)::moe_grouped_kernel<(tern::ops::WeightFormat)3, 64, true>(tern::cuda::dev::(anonymous namespace)::GroupedArgs)", C::moe},
     {"tern::cuda::dev::(anonymous namespace)::moe_grouped_gather_kernel(float const*, int const*, long, int, long, unsigned short*)", C::moe},

@@ -524,9 +524,12 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "sparse_attention / step_attention: FP8 rows (KV mode fp8) with <= 64 heads: attention_mma_kernel, tensor "
       "cores (mma.sync bf16: q and the softmax weights rounded to bf16, rows exact), split-KV merged in a thread-"
       "block cluster; sparse_attention chunks of >= 512 queries (prefill) unless --batch-invariant or "
-      "TERN_ATTENTION_PREFILL=0: attention_prefill_wgmma_kernel (version 3: Hopper wgmma, the FP8 row decode "
-      "overlapping the S MMAs; TERN_ATTENTION_PREFILL=1 / 2: attention_prefill_kernel (mma.sync) / wgmma without "
-      "the overlap), the same numerics, one block per query over all its keys (no split, no merge); f32 rows (KV mode exact) and other shapes: attention_kernel + "
+      "TERN_ATTENTION_PREFILL=0: version 5, attention_kv_bf16_kernel (the launch's key rows decoded once to bf16) then "
+      "attention_prefill_ws_kernel (Hopper wgmma, a producer warpgroup copying 32-key tiles into a ring, two consumer "
+      "warpgroups; TERN_ATTENTION_PREFILL=1 / 2 / 3 / 4: attention_prefill_kernel (mma.sync) / attention_prefill_wgmma_"
+      "kernel without and with the decode overlapped / the warp-specialised kernel decoding its own tiles), bf16 "
+      "numerics, one block per query over all its keys (no split, no merge); f32 rows (KV mode exact) and other "
+      "shapes: attention_kernel + "
       "attention_combine_kernel, CUDA cores, f32",
       "indexer_scores / indexer_topk: indexer kernels, CUDA cores, f32, radix select; indexer_topk of >= 512 "
       "queries (prefill) unless --batch-invariant: q.k as cuBLAS f32 products (keys gathered out of their pages) "
@@ -560,10 +563,10 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
     paths.push_back("sparse_attention prefill kernel version 4 (TERN_ATTENTION_PREFILL=4): attention_prefill_ws_kernel "
                     "(a producer warpgroup decodes 32-key tiles into a ring of 4, two consumer warpgroups take one "
                     "tile of a pair each; bf16 numerics, its own summation order)");
-  if (attention_prefill_version() == 5)
-    paths.push_back("sparse_attention prefill kernel version 5 (TERN_ATTENTION_PREFILL=5): attention_kv_bf16_kernel "
-                    "decodes the launch's key rows once into bf16 (workspace), then attention_prefill_ws_kernel whose "
-                    "producer copies them into its ring by cp.async; version 4's bits");
+  if (attention_prefill_version() == 3)
+    paths.push_back("sparse_attention prefill kernel version 3 (TERN_ATTENTION_PREFILL=3): "
+                    "attention_prefill_wgmma_kernel (Hopper wgmma, the FP8 row decode overlapping the S MMAs), the "
+                    "default before session 34");
   if (attention_prefill_version() == 1 || attention_prefill_version() == 2)
     paths.push_back(attention_prefill_version() == 1
                         ? "sparse_attention prefill kernel version 1 (TERN_ATTENTION_PREFILL=1): "

@@ -208,10 +208,11 @@ size_t attention_prefill_v1_smem_bytes(const KvRowDesc& f) {
 
 namespace {
 std::atomic<int> g_attention_prefill{-1};  // the version; -1: not read from the environment yet
-// Version 3 (wgmma, the decode overlapping the S MMAs) measured fastest on the H200 (session 9, 8 192 queries):
-// CSA 4.95 ms a layer against 6.17 (version 2), 6.63 (1) and 11.61 (the decode kernel); HCA 2.37 / 2.83 / 2.98 /
-// 3.87 ms.
-constexpr int kDefaultAttentionPrefill = 3;
+// Version 5 (version 4's warp-specialised kernel on keys decoded once a launch) measured fastest on the H100
+// (session 34, one layer at 8 192 queries): CSA 2.30 ms a layer against 4.88 (version 3), 7.05 (4), 6.02 (2), 6.49
+// (1) and 8.63 (the decode kernel); HCA 1.47 against 2.40 (3); the 8K prefill 0.785 -> 0.742 s. Version 3 had been
+// the default since session 9.
+constexpr int kDefaultAttentionPrefill = 5;
 }  // namespace
 
 int attention_prefill_version() {

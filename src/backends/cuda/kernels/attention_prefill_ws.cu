@@ -263,17 +263,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   m_run[0] = m_run[1] = -INFINITY;
   l_run[0] = l_run[1] = 0.0f;
 
-  RingCursor c0;  // the pair's first tile (warpgroup 0's); c1 its second (warpgroup 1's)
-  for (int pair = 0; pair < pairs; ++pair) {
-    RingCursor c1 = c0;
-    c1.next(kWsSlots);
-    const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
-    const uint32_t par_mine = wg == 0 ? c0.parity : c1.parity, par_theirs = wg == 0 ? c1.parity : c0.parity;
-    ring.wait_full_at(slot_mine, par_mine);
+  // S = Q K^T of the tile in slot `slot` (64 heads x 32 keys, over HD in steps of 16) into s, issued and committed
+  // as one wgmma group, not waited for.
+  float s[16];
+  const auto issue_s = [&](int slot, uint32_t parity) {
+    ring.wait_full_at(slot, parity);
     if constexpr (PRE) fence_proxy_async();  // the producer's cp.async (generic proxy) before wgmma's reads
-    const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
-    // S = Q K^T: 64 heads x this warpgroup's 32 keys, over HD in steps of 16.
-    float s[16];
+    const uint32_t k_tile = k_addr + slot * L::kSlotBytes;
 #pragma unroll
     for (int e = 0; e < 16; ++e) s[e] = 0.0f;
     wgmma_pin(s);
@@ -281,9 +277,25 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
       wgmma_ss_m64n32k16(s, sw128_desc(q_addr + (kk >> 2) * (kTileHeads * 128) + (kk & 3) * 32),
-                         sw128_desc(k_mine + (kk >> 2) * L::kBlock + (kk & 3) * 32));
+                         sw128_desc(k_tile + (kk >> 2) * L::kBlock + (kk & 3) * 32));
     wgmma_commit();
-    wgmma_wait_all();
+  };
+  // The pair's first tile (warpgroup 0's) is c0, its second (warpgroup 1's) c0 + 1. S of pair j + 1 is issued right
+  // after pair j's P V (session 34), so the tensor cores go from one to the other without the warps' round trip in
+  // between; the same MMAs on the same operands, so the same bits.
+  RingCursor c0;
+  {
+    RingCursor c1 = c0;
+    c1.next(kWsSlots);
+    if (pairs > 0) issue_s(wg == 0 ? c0.slot : c1.slot, wg == 0 ? c0.parity : c1.parity);
+  }
+  for (int pair = 0; pair < pairs; ++pair) {
+    RingCursor c1 = c0;
+    c1.next(kWsSlots);
+    const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
+    const uint32_t par_theirs = wg == 0 ? c1.parity : c0.parity;
+    const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
+    wgmma_wait_all();  // this pair's S (and the previous pair's P V, an older group)
     wgmma_pin(s);
 
     // This thread's keys 8j + 2t + e (j < 4) of rows g and g + 8: scaled (base 2), masked -inf, the rows' maxima
@@ -345,13 +357,25 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
       for (int c = 0; c < kNC; ++c)
         wgmma_ss_m64n64k16_tb(o[c], sw128_desc(p_theirs + ks * 32), sw128_desc(v_theirs + c * L::kBlock + ks * 2048));
     wgmma_commit();
-    wgmma_wait_all();
+    RingCursor n0 = c1;  // the next pair's first tile
+    n0.next(kWsSlots);
+    if (pair + 1 < pairs) {
+      RingCursor n1 = n0;
+      n1.next(kWsSlots);
+      issue_s(wg == 0 ? n0.slot : n1.slot, wg == 0 ? n0.parity : n1.parity);
+      wgmma_wait<1>();  // this pair's P V (the older group): its slots are free, O is whole
+    } else {
+      wgmma_wait_all();
+    }
+    // P's registers stay live until P V is done: else ptxas may give them to the next S's accumulators and wait for
+    // P V before that S (C7517), which undoes the overlap.
+    wgmma_pin(pa[0]);
+    wgmma_pin(pa[1]);
 #pragma unroll
     for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
     ring.release_at(c0.slot);
     ring.release_at(c1.slot);
-    c0 = c1;
-    c0.next(kWsSlots);
+    c0 = n0;
   }
 
   // The row sums: this warpgroup's over the quad, then both warpgroups'.
