@@ -37,10 +37,11 @@ __device__ __forceinline__ void lookup_round(const AttentionParams& a, int64_t i
 // A lane's rotation angles are the same in every head: its sines and cosines are computed once a query (session 30's
 // first fold took sincosf a head, 64 times as many, in the block's exposed prologue: +3% a prefill).
 constexpr int kQRopeCols = 4;  // the lane columns the rope dims may occupy: the last 128 (attention_q_norm_in_kernel)
-template <int HD, typename QAt>
+// kAtOnce: heads a warp has in flight (2; version 5's consumers, whose accumulators are not yet live here, take 4).
+template <int HD, int kAtOnce = 2, typename QAt>
 __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                                    QAt q_at) {
-  constexpr int kCols = HD / 32, kWarps = kTileThreads / 32, kAtOnce = 2, kRope0 = kCols - kQRopeCols;
+  constexpr int kCols = HD / 32, kWarps = kTileThreads / 32, kRope0 = kCols - kQRopeCols;
   static_assert(HD % 32 == 0 && kCols >= kQRopeCols && kTileHeads % (kWarps * kAtOnce) == 0, "whole heads a warp");
   const int warp = tid >> 5, lane = tid & 31;
   const float* src = a.q + i * a.heads * HD;
@@ -89,11 +90,11 @@ __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int
 // Query i's q as bf16 into sQ at byte offset q_at(head, dim) (dim a multiple of 4; heads past `heads` are
 // zeros): kBatch float4 of a thread loaded before any is stored, so 64 KiB of q is in flight per block. With
 // AttentionParams::q_inv_freq, load_q_normed_bf16.
-template <int HD, typename QAt>
+template <int HD, int kAtOnce = 2, typename QAt>
 __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                             QAt q_at) {
   if (a.q_inv_freq != nullptr) {
-    load_q_normed_bf16<HD>(a, i, heads, tid, sQ, q_at);
+    load_q_normed_bf16<HD, kAtOnce>(a, i, heads, tid, sQ, q_at);
     return;
   }
   const float4* src = reinterpret_cast<const float4*>(a.q + i * a.heads * HD);
@@ -150,10 +151,32 @@ __device__ __forceinline__ void softmax_step(const float (&s)[N / 2], int hf, fl
 // x dims 64 (wg * HD/128 + c) .. +63 in the m64n64 accumulator layout (o[c][4j + 2hf + e]: head 16wq + g + 8hf, dim
 // 8j + 2t + e of the chunk), m_run the running maxima of its rows g, g + 8 (base 2), l_row their sums over every key.
 // No block-wide barrier in here: version 4's producer warps have returned by the time its consumers come here.
+// What the epilogue of query i reads from global memory, read in the kernel's prologue into shared memory (version 5,
+// session 34), so that the end of every query does not wait on those loads and on sincosf: the sinks (base 2, head
+// h < kTileHeads; 0 past the heads, as the epilogue takes them) and the output's rope pairs' sines and cosines (the
+// head's last 64 dims: pair k = dims HD - 64 + 2k, k < 32; pairs before the rope dims not written), rope_sincos's
+// values. Thread k of the caller's (k < 64 used).
+struct EpilogueTables {
+  float2* sincos;  // [32]
+  float* sinks;    // [kTileHeads]
+};
+template <int HD>
+__device__ __forceinline__ void prefill_epilogue_tables(const AttentionParams& a, int64_t i, int heads, int k,
+                                                        EpilogueTables tb) {
+  if (k < kTileHeads) tb.sinks[k] = k < heads ? a.sinks[k] * kLog2e : 0.0f;
+  if (a.out_inv_freq == nullptr || k >= 32) return;
+  const int d = HD - 64 + 2 * k, first = HD - 2 * static_cast<int>(a.out_rope_half);
+  if (d < first) return;
+  float sn, cs;
+  rope_sincos(a.out_inv_freq[(d - first) >> 1], a.out_positions[i], /*inverse=*/true, &sn, &cs);
+  tb.sincos[k] = make_float2(sn, cs);
+}
+
+// tables: prefill_epilogue_tables's for this query, or null ones (the sinks and sines read and computed here).
 template <int HD>
 __device__ __forceinline__ void prefill_epilogue(const AttentionParams& a, int64_t i, float (&o)[HD / 128][32],
                                                  const float (&m_run)[2], const float (&l_row)[2], int wg, int wq,
-                                                 int g, int t, int heads) {
+                                                 int g, int t, int heads, EpilogueTables tables = {nullptr, nullptr}) {
   constexpr int kNC = HD / 128;
   // out = O 2^(m - top) / (l 2^(m - top) + 2^(sink - top)), top = max(m, sink); l the row's sum over every key
   // (l_row). With a.out_inv_freq the rope dims rotated back (a pair is e = 0, 1 of one thread's dims 8j + 2t), with a.out_q
@@ -163,7 +186,8 @@ __device__ __forceinline__ void prefill_epilogue(const AttentionParams& a, int64
   for (int hf = 0; hf < 2; ++hf) {
     const float l = l_row[hf];
     const int row = 16 * wq + 8 * hf + g;
-    const float m = m_run[hf], sink = row < heads ? a.sinks[row] * kLog2e : 0.0f;
+    const float m = m_run[hf];
+    const float sink = tables.sinks != nullptr ? tables.sinks[row] : row < heads ? a.sinks[row] * kLog2e : 0.0f;
     const float top = fmaxf(m, sink);
     const float keep = exp2f(m - top);
     const float w = keep / (l * keep + exp2f(sink - top));
@@ -179,14 +203,20 @@ __device__ __forceinline__ void prefill_epilogue(const AttentionParams& a, int64
   // alone, one angle a pair of dims for both of a thread's heads. Session 30 rotated every pair of every chunk under
   // a per-pair test: 64 inlined precise sincosf, an epilogue of ~17 000 instructions, +1.6 ms a layer at 8K (H100).
   if (a.out_inv_freq != nullptr && wg == 1) {
-    const int64_t position = a.out_positions[i];
+    const float2* sincos = tables.sincos;
+    const int64_t position = sincos != nullptr ? 0 : a.out_positions[i];
     const int first = HD - 2 * static_cast<int>(a.out_rope_half);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int d = HD - 64 + 8 * j + 2 * t;
       if (d < first) continue;
       float sn, cs;
-      rope_sincos(a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true, &sn, &cs);
+      if (sincos != nullptr) {
+        const float2 v = sincos[4 * j + t];  // pair (d - (HD - 64)) / 2
+        sn = v.x, cs = v.y;
+      } else {
+        rope_sincos(a.out_inv_freq[(d - first) >> 1], position, /*inverse=*/true, &sn, &cs);
+      }
       rope_rotate(&o[kNC - 1][4 * j], sn, cs);
       rope_rotate(&o[kNC - 1][4 * j + 2], sn, cs);
     }

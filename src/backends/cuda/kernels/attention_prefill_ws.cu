@@ -78,7 +78,9 @@ struct WsSmem {
   static constexpr size_t kSum = kMax + 2 * kTileHeads * 4;        // float [2][64]
   static constexpr size_t kMask = kSum + 2 * kTileHeads * 4;       // int [slots][32]
   static constexpr size_t kRows = kMask + kWsSlots * kWsKeys * 4;  // const uint8_t* [kWsRound]
-  static constexpr size_t kBars = kRows + kWsRound * 8;            // full [slots], empty [slots]
+  static constexpr size_t kSincos = kRows + kWsRound * 8;          // float2 [32]: the output's rope pairs
+  static constexpr size_t kSinks = kSincos + 32 * 8;               // float [kTileHeads]
+  static constexpr size_t kBars = kSinks + kTileHeads * 4;         // full [slots], empty [slots]
   static constexpr size_t kTotal = kBars + 2 * kWsSlots * 8 + 1024;  // + the base's alignment to 1024
   static_assert(kK % 1024 == 0 && kP % 1024 == 0 && kSlotBytes % 1024 == 0 && kPBytes % 1024 == 0);
 };
@@ -249,9 +251,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
     }
   }
-  load_q_bf16<HD>(a, i, heads, tid, sQ, [](int h, int d) { return sw128_offset<kTileHeads>(h, d); });
+  // The epilogue's sinks and rope sines first (their loads in flight under q's), then q: 4 heads a warp at once in
+  // version 5 (its registers are free here; 2 before session 34).
+  const EpilogueTables tables{reinterpret_cast<float2*>(smem + L::kSincos), reinterpret_cast<float*>(smem + L::kSinks)};
+  if constexpr (PRE) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
+  load_q_bf16<HD, PRE ? 4 : 2>(a, i, heads, tid, sQ, [](int h, int d) { return sw128_offset<kTileHeads>(h, d); });
   fence_proxy_async();  // q is read by wgmma
-  named_bar_sync(kBarQ, kWsConsumers);
+  named_bar_sync(kBarQ, kWsConsumers);  // (also publishes the tables)
 
   const uint32_t q_addr = smem_addr(sQ), k_addr = smem_addr(sK), p_addr = smem_addr(sP);
   float o[kNC][32];
@@ -393,7 +399,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
     const int row = 16 * wq + 8 * hf + g;
     l_row[hf] = sSum[row] + sSum[kTileHeads + row];
   }
-  prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads);
+  prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads, PRE ? tables : EpilogueTables{nullptr, nullptr});
 }
 
 template <int HD, bool PRE>
