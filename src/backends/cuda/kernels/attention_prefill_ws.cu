@@ -85,58 +85,47 @@ struct WsSmem {
   static_assert(kK % 1024 == 0 && kP % 1024 == 0 && kSlotBytes % 1024 == 0 && kPBytes % 1024 == 0);
 };
 
-// Producer thread p's share of a 32-key tile: rows p / 8 and p / 8 + 16, granule p % 8 of each 64-dim block, the
-// values of decode_tile_at (fp8x8_to_bf16; the bf16 rope dims copied; masked rows and rows past the keys zeros),
-// into the 128-byte-swizzled tile; mask[r] says which rows are keys. rows: the tile's 32 row addresses.
-template <int HD>
-__device__ __forceinline__ void ws_decode_tile(const KvRowDesc& f, const uint8_t* const* rows, uint8_t* tile,
-                                               int* mask, int p) {
-  const int nope = HD - static_cast<int>(f.rope_dim), scale_at = nope + 2 * static_cast<int>(f.rope_dim);
+// Producer thread p's share of a 32-key tile: rows p / 8 and p / 8 + 16, granule p % 8 of each 64-dim block: fn(r, d,
+// src) for each (src: row r's address, nullptr for a masked row or one past the keys); mask[r] says which rows are
+// keys. rows: the tile's 32 row addresses.
+template <int HD, typename Fn>
+__device__ __forceinline__ void ws_tile_granules(const uint8_t* const* rows, int* mask, int p, Fn fn) {
   if (p < kWsKeys) mask[p] = rows[p] != nullptr;
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     const int r = (p >> 3) + 16 * u;
     const uint8_t* src = rows[r];
 #pragma unroll
-    for (int kb = 0; kb < HD / 64; ++kb) {
-      const int d = 64 * kb + 8 * (p & 7);
-      uint4 out = make_uint4(0, 0, 0, 0);
-      if (src != nullptr) {
-        if (d < nope) {
-          out = fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + d), e8m0_to_f32(src[scale_at + kb]));
-        } else {  // rope dims d .. d+7: bf16 at byte nope + 2 (d - nope) of the row
-          const uint2 lo = *reinterpret_cast<const uint2*>(src + 2 * d - nope);
-          const uint2 hi = *reinterpret_cast<const uint2*>(src + 2 * d - nope + 8);
-          out = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        }
-      }
-      *reinterpret_cast<uint4*>(tile + sw128_offset<kWsKeys>(r, d)) = out;
-    }
+    for (int kb = 0; kb < HD / 64; ++kb) fn(r, 64 * kb + 8 * (p & 7), src);
   }
 }
 
-// Version 5's producer thread p: the same rows and granules as ws_decode_tile, copied (cp.async, 16 bytes) from the
-// bf16 rows attention_kv_bf16_kernel wrote; a masked row (and a row past the keys) is zero-filled. The caller arms the
-// slot's full barrier once these land (cp_async_mbar_arrive_noinc) and again for the mask (mbar_arrive).
+// Version 4: the granules decoded (decode_tile_at's values; masked rows zeros) into the 128-byte-swizzled tile.
+template <int HD>
+__device__ __forceinline__ void ws_decode_tile(const KvRowDesc& f, const uint8_t* const* rows, uint8_t* tile,
+                                               int* mask, int p) {
+  const int64_t nope = HD - f.rope_dim, scale_at = nope + 2 * f.rope_dim;
+  ws_tile_granules<HD>(rows, mask, p, [&](int r, int d, const uint8_t* src) {
+    *reinterpret_cast<uint4*>(tile + sw128_offset<kWsKeys>(r, d)) =
+        src != nullptr ? fp8_row_granule_bf16(src, d, nope, scale_at) : make_uint4(0, 0, 0, 0);
+  });
+}
+
+// Version 5: the granules copied (cp.async, 16 bytes) from the bf16 rows attention_kv_bf16_kernel wrote; a masked row
+// zero-filled (any_row: a mapped address for its zero-byte copy). The caller arms the slot's full barrier once these
+// land (cp_async_mbar_arrive_noinc) and again for the mask (mbar_arrive).
 template <int HD>
 __device__ __forceinline__ void ws_copy_tile(const uint8_t* const* rows, const uint8_t* any_row, uint8_t* tile,
                                              int* mask, int p) {
-  if (p < kWsKeys) mask[p] = rows[p] != nullptr;
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int r = (p >> 3) + 16 * u;
-    const uint8_t* src = rows[r];
-#pragma unroll
-    for (int kb = 0; kb < HD / 64; ++kb) {
-      const int d = 64 * kb + 8 * (p & 7);
-      cp_async16(tile + sw128_offset<kWsKeys>(r, d), src != nullptr ? src + 2 * d : any_row, src != nullptr);
-    }
-  }
+  ws_tile_granules<HD>(rows, mask, p, [&](int r, int d, const uint8_t* src) {
+    cp_async16(tile + sw128_offset<kWsKeys>(r, d), src != nullptr ? src + 2 * d : any_row, src != nullptr);
+  });
 }
 
 // Version 5's decode of a launch's key rows (the chunk's n rows, the ring's window rows, the num_compressed compressed
 // rows, in that order) into bf16 rows of head_dim at out + kKvHead: a thread a granule of 8 dims, ws_decode_tile's
-// values. out's first 4 bytes: the flat block table's one entry (0) of the compressed rows' PagedRowsDesc.
+// values (fp8_row_granule_bf16). out's first 4 bytes: the flat block table's one entry (0) of the compressed rows'
+// PagedRowsDesc.
 constexpr int64_t kKvHead = 16;
 __global__ void attention_kv_bf16_kernel(AttentionParams a, uint8_t* out) {
   pdl_prologue();
@@ -150,15 +139,7 @@ __global__ void attention_kv_bf16_kernel(AttentionParams a, uint8_t* out) {
     const uint8_t* src = r < a.n            ? a.chunk_rows + r * a.fmt.row_bytes
                          : r < a.n + n_ring ? a.ring + (r - a.n) * a.fmt.row_bytes
                                             : paged_row(a.compressed, r - a.n - n_ring);
-    uint4 v;
-    if (d < nope) {
-      v = fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + d), e8m0_to_f32(src[scale_at + d / 64]));
-    } else {
-      const uint2 lo = *reinterpret_cast<const uint2*>(src + 2 * d - nope);
-      const uint2 hi = *reinterpret_cast<const uint2*>(src + 2 * d - nope + 8);
-      v = make_uint4(lo.x, lo.y, hi.x, hi.y);
-    }
-    *reinterpret_cast<uint4*>(out + kKvHead + r * row_out + 2 * d) = v;
+    *reinterpret_cast<uint4*>(out + kKvHead + r * row_out + 2 * d) = fp8_row_granule_bf16(src, d, nope, scale_at);
   }
 }
 

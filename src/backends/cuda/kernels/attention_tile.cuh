@@ -80,6 +80,16 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint2 v, float sc) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The 8 bf16 values of dims d .. d+7 (d % 8 == 0) of a DeepSeek FP8 row at src (KvRowDesc's layout): below nope the
+// e4m3 bytes times their 64-dim block's e8m0 scale (fp8x8_to_bf16), else the bf16 rope dims as stored (at byte nope +
+// 2 (d - nope)). scale_at: the row's first scale byte (nope + 2 rope_dim).
+__device__ __forceinline__ uint4 fp8_row_granule_bf16(const uint8_t* src, int64_t d, int64_t nope, int64_t scale_at) {
+  if (d < nope) return fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + d), e8m0_to_f32(src[scale_at + d / 64]));
+  const uint2 lo = *reinterpret_cast<const uint2*>(src + 2 * d - nope);
+  const uint2 hi = *reinterpret_cast<const uint2*>(src + 2 * d - nope + 8);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // The raw tile decoded to bf16 into a key tile whose layout is `at(r, d)`: the byte offset of row r, dim d
 // (d a multiple of 4; the 8 dims d .. d+7 of an FP8 granule, d a multiple of 8, must be contiguous there);
 // masked rows and rows past nk become zeros (P V then adds 0 * 0) and mask[r] says which rows are keys.
