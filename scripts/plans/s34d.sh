@@ -2,8 +2,9 @@
 # Session 34, call 6 (pack .plans/packs/s34d.tar.xz; carry [".plans/packs/s34d.tar.xz"]): version 5's fixed cost a
 # query. Calls 3-5 fitted CSA / HCA at 8 192 queries as ~13.6 us a query of fixed cost (q's load and norm, the first
 # tiles, the epilogue) + ~2.5 us a 64-key pair. This pack reads the epilogue's sinks and rope sines in the prologue
-# (shared memory) and loads q 4 heads a warp at once (predicted: the fixed cost -2 to -4 us, CSA 2 405 -> ~2 150 us,
-# HCA 1 463 -> ~1 250).
+# (shared memory), loads q 4 heads a warp at once, and makes version 5's grid persistent (a block a multiprocessor
+# walking queries b, b + grid, ...: the producer runs on into the next query's tiles, no block start or end between
+# queries). Predicted together: the fixed cost -4 to -7 us, CSA 2 405 -> ~1 900-2 100 us, HCA 1 463 -> ~1 000-1 200.
 #   1. `*GpuAttentionPrefill*`, the GPU model tests;
 #   2. the kernel bench, the prefill at TERN_ATTENTION_PREFILL 3 / 5;
 #   3. ncu of a CSA launch of the 8K prefill (source counters), for the next step (a persistent kernel whose producer
