@@ -48,6 +48,7 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
+#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -64,6 +65,10 @@ static_assert(kWsProducers * kWsProducerRegs + kWsConsumers * kWsConsumerRegs <=
 static_assert(kTileThreads == kWsConsumers, "load_q_bf16 strides over the consumers");
 // Named barriers (0 is __syncthreads): the consumers' (q loaded, maxima in, P in, sums in), the producer's rows.
 constexpr int kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarRows = 5;
+// Session 34's steps after version 5's first form, each a bit of TERN_ATTENTION_WS_STEPS (for their A/B; version 4
+// takes only kStepSEarly): the next pair's S issued right after P V; the epilogue's sinks and sines read in the
+// prologue; q loaded 4 heads a warp at once; a persistent grid (a block a multiprocessor). The same bits every way.
+constexpr int kStepSEarly = 1, kStepTables = 2, kStepQ4 = 4, kStepPersistent = 8;
 
 template <int HD>
 struct WsSmem {
@@ -163,7 +168,7 @@ AttentionParams kv_bf16_params(const AttentionParams& p, uint8_t* buf) {
 // block's queries (each query takes 2 x pairs tiles in both roles).
 template <int HD, bool PRE>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(AttentionParams a, int64_t q0,
-                                                                             int64_t q_end) {
+                                                                             int64_t q_end, int steps) {
   pdl_prologue();
   using L = WsSmem<HD>;
   constexpr int kNC = HD / 128;  // m64n64 O accumulators a consumer warpgroup (half the dims each)
@@ -257,8 +262,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
     }
     // The epilogue's sinks and rope sines first (their loads in flight under q's), then q: 4 heads a warp at once in
     // version 5 (its registers are free here; 2 before session 34).
-    if constexpr (PRE) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
-    load_q_bf16<HD, PRE ? 4 : 2>(a, i, heads, tid, sQ, [](int h, int d) { return sw128_offset<kTileHeads>(h, d); });
+    const bool use_tables = PRE && (steps & kStepTables) != 0;
+    if (use_tables) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
+    const auto q_at = [](int h, int d) { return sw128_offset<kTileHeads>(h, d); };
+    if (PRE && (steps & kStepQ4) != 0)
+      load_q_bf16<HD, 4>(a, i, heads, tid, sQ, q_at);
+    else
+      load_q_bf16<HD, 2>(a, i, heads, tid, sQ, q_at);
     fence_proxy_async();  // q is read by wgmma
     named_bar_sync(kBarQ, kWsConsumers);  // (also publishes the tables)
 
@@ -288,16 +298,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
                            sw128_desc(k_tile + (kk >> 2) * L::kBlock + (kk & 3) * 32));
       wgmma_commit();
     };
-    // S of pair j + 1 is issued right after pair j's P V (session 34), so the tensor cores go from one to the other
-    // without the warps' round trip in between; the same MMAs on the same operands, so the same bits.
-    {
-      RingCursor c1 = c0;
-      c1.next(kWsSlots);
-      if (pairs > 0) issue_s(wg == 0 ? c0.slot : c1.slot, wg == 0 ? c0.parity : c1.parity);
-    }
+    // With kStepSEarly S of pair j + 1 is issued right after pair j's P V (session 34), so the tensor cores go from one
+    // to the other without the warps' round trip in between; else at the top of pair j + 1. The same MMAs on the same
+    // operands either way, so the same bits.
+    const bool s_early = (steps & kStepSEarly) != 0;
     for (int pair = 0; pair < pairs; ++pair) {
       RingCursor c1 = c0;
       c1.next(kWsSlots);
+      if (pair == 0 || !s_early) issue_s(wg == 0 ? c0.slot : c1.slot, wg == 0 ? c0.parity : c1.parity);
       const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
       const uint32_t par_theirs = wg == 0 ? c1.parity : c0.parity;
       const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
@@ -366,7 +374,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
       wgmma_commit();
       RingCursor n0 = c1;  // the next pair's first tile
       n0.next(kWsSlots);
-      if (pair + 1 < pairs) {
+      if (s_early && pair + 1 < pairs) {
         RingCursor n1 = n0;
         n1.next(kWsSlots);
         issue_s(wg == 0 ? n0.slot : n1.slot, wg == 0 ? n0.parity : n1.parity);
@@ -400,8 +408,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
       const int row = 16 * wq + 8 * hf + g;
       l_row[hf] = sSum[row] + sSum[kTileHeads + row];
     }
-    prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads, PRE ? tables : EpilogueTables{nullptr, nullptr});
+    prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads,
+                         use_tables ? tables : EpilogueTables{nullptr, nullptr});
   }
+}
+
+// TERN_ATTENTION_WS_STEPS: the kStep* bits (0 .. 15, default 0: version 5's first form, measured fastest so far).
+int ws_steps() {
+  static const int steps = static_cast<int>(env_int("TERN_ATTENTION_WS_STEPS", 0, 0, 15));
+  return steps;
 }
 
 template <int HD, bool PRE>
@@ -411,13 +426,14 @@ cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD, PRE>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (attr != cudaSuccess) return attr;
+  const int steps = PRE ? ws_steps() : ws_steps() & kStepSEarly;
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {
     const int64_t nq = std::min(kMaxGridX, p.n - q0);
-    // Version 5: persistent, a block a multiprocessor (one block fits one: ~212 KB of shared memory).
-    const int64_t blocks = PRE ? std::min<int64_t>(nq, std::max(p.num_sms, 1)) : nq;
+    // kStepPersistent: a block a multiprocessor (one block fits one: ~212 KB of shared memory); else a block a query.
+    const int64_t blocks = (steps & kStepPersistent) != 0 ? std::min<int64_t>(nq, std::max(p.num_sms, 1)) : nq;
     const cudaError_t err = launch(attention_prefill_ws_kernel<HD, PRE>, dim3(static_cast<unsigned>(blocks)),
-                                   kWsThreads, kSmem, stream, p, q0, q0 + nq);
+                                   kWsThreads, kSmem, stream, p, q0, q0 + nq, steps);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
