@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Session 34, call 7 (pack .plans/packs/s34e.tar.xz; carry [".plans/packs/s34e.tar.xz"]): call 6 measured version 5
+# Written in session 34 for the next session's first call (session 34's device time ran out; pack
+# .plans/packs/s34e.tar.xz = 1290c36's code; carry [".plans/packs/s34e.tar.xz"]): call 6 measured version 5
 # with four changes together (the next S early, the epilogue tables, q 4 heads at once, a persistent grid) slower in the
 # prefill (8K attention 2 578 -> 2 746 us a layer). Each alone, by TERN_ATTENTION_WS_STEPS (bits 1 / 2 / 4 / 8):
-#   1. `*GpuAttentionPrefill*` under steps 15 (TEST_STEPS; version 5 = version 4's bits);
+#   1. `*GpuAttentionPrefill*` under steps 0 (the default, not yet run in this form) and 15 (TEST_STEPS; version 5 =
+#      version 4's bits);
 #   2. the 8K prefill at steps 0, 1, 2, 4, 8, 15 and the 1K at 0, 15 (the attention rows). (Trimmed to fit the session's
 #      last device minutes.)
 set -u
@@ -12,10 +14,12 @@ source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
 stamp "1. tests"
-for st in ${TEST_STEPS:-15}; do
+for st in ${TEST_STEPS:-0 15}; do
   TERN_ATTENTION_WS_STEPS=$st timeout 200 $G/tern_gpu_tests --gtest_filter='*GpuAttentionPrefill*' > $L/ap-tests-$st.log 2>&1
   echo "rc $? (steps $st)"; pf $L/ap-tests-$st.log 6; grep -c "^\[       OK" $L/ap-tests-$st.log
 done
+timeout 300 $G/tern_gpu_model_tests > $P/model-tests.log 2>&1; echo "rc $? (model, the default steps)"
+pf $P/model-tests.log 6; grep -c "^\[       OK" $P/model-tests.log
 stamp "2. prefill by steps"
 for p in 8192 1024; do
   sts="0 1 2 4 8 15"; [[ $p == 1024 ]] && sts="0 15"
