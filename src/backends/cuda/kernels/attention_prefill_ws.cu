@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
           asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
       }
     }
-    // The epilogue's sinks and rope sines first (their loads in flight under q's), then q: 4 heads a warp at once in
-    // version 5 (its registers are free here; 2 before session 34).
+    // With kStepTables the epilogue's sinks and rope sines first (their loads in flight under q's); then q, 2 heads a
+    // warp at once, 4 with kStepQ4 (version 5: its registers are free here).
     const bool use_tables = PRE && (steps & kStepTables) != 0;
     if (use_tables) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
     const auto q_at = [](int h, int d) { return sw128_offset<kTileHeads>(h, d); };
