@@ -156,12 +156,13 @@ cudaError_t launch_attention_heads(const AttentionParams& p, cudaStream_t stream
 // The prefill path alone (eager mode only): one block per query, all its keys, in one of four versions:
 //   1: attention_prefill_kernel (attention_prefill.cu, mma.sync);
 //   2: attention_prefill_wgmma_kernel (attention_prefill_wgmma.cu, Hopper wgmma), the same numerics;
-//   3: the same kernel with the decode of a tile overlapping its S MMAs (version 2's bits), the default;
+//   3: the same kernel with the decode of a tile overlapping its S MMAs (version 2's bits), the default until
+//      session 34;
 //   4: attention_prefill_ws_kernel (attention_prefill_ws.cu, session 32): a producer warpgroup decodes 32-key tiles
 //      into a ring while two consumer warpgroups each take one tile of a pair (S once, not twice); its own bits;
 //   5: the same kernel on the launch's key rows decoded once to bf16 (attention_kv_bf16_kernel, session 34) into
 //      AttentionParams::partial (attention_prefill_kv_bytes: attention_partial_floats asks for it), its producer
-//      only copying; version 4's bits.
+//      only copying; version 4's bits; the default since session 34.
 // attention_prefill_smem_bytes / launch_attention_prefill follow the selected version (1 when off); the
 // _v1 / _wgmma entry points run one version whatever is selected (tests).
 size_t attention_prefill_smem_bytes(const KvRowDesc& f);
@@ -176,8 +177,8 @@ cudaError_t launch_attention_prefill_ws(const AttentionParams& p, cudaStream_t s
 int64_t attention_prefill_kv_bytes(const AttentionParams& p);
 cudaError_t launch_attention_prefill_pre(const AttentionParams& p, cudaStream_t stream);  // p.partial: kv_bytes
 // TERN_ATTENTION_PREFILL: 0 keeps prefill chunks on attention_mma_kernel (A/B), 1 version 1 (mma.sync), 2 / 3
-// version 2 / 3 (wgmma; 3, the default, overlaps the FP8 decode with the MMAs), 4 the warp-specialised kernel
-// (slower than 3, session 33), 5 it on keys decoded once a launch; set_attention_prefill(on)
+// version 2 / 3 (wgmma; 3 overlaps the FP8 decode with the MMAs), 4 the warp-specialised kernel (slower than 3,
+// session 33), 5 (the default) it on keys decoded once a launch; set_attention_prefill(on)
 // selects the default or 0 and set_attention_prefill_version any (benchmarks and tests).
 bool attention_prefill_enabled();
 int attention_prefill_version();
