@@ -233,7 +233,6 @@ void track_graph_clones() {
   (void)cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED);
 }
 
-
 void disable_all() {
   for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
 }

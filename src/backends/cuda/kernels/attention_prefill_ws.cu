@@ -132,11 +132,15 @@ __device__ __forceinline__ void ws_copy_tile(const uint8_t* const* rows, const u
 // values (fp8_row_granule_bf16). out's first 4 bytes: the flat block table's one entry (0) of the compressed rows'
 // PagedRowsDesc.
 constexpr int64_t kKvHead = 16;
+// The ring's rows in the copy (its whole window, or none without a ring), between the chunk's and the compressed ones.
+__host__ __device__ inline int64_t kv_bf16_ring_rows(const AttentionParams& p) {
+  return p.ring != nullptr ? p.window : 0;
+}
 __global__ void attention_kv_bf16_kernel(AttentionParams a, uint8_t* out) {
   pdl_prologue();
   const int64_t hd = a.fmt.head_dim, granules = hd / 8, row_out = 2 * hd;
   const int64_t nope = hd - a.fmt.rope_dim, scale_at = nope + 2 * a.fmt.rope_dim;
-  const int64_t n_ring = a.ring != nullptr ? a.window : 0, rows = a.n + n_ring + a.num_compressed;
+  const int64_t n_ring = kv_bf16_ring_rows(a), rows = a.n + n_ring + a.num_compressed;
   if (blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<int32_t*>(out) = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * granules;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -152,7 +156,7 @@ __global__ void attention_kv_bf16_kernel(AttentionParams a, uint8_t* out) {
 // rows of 2 head_dim bytes, the compressed ones as one flat page (table[0] = 0).
 AttentionParams kv_bf16_params(const AttentionParams& p, uint8_t* buf) {
   AttentionParams b = p;
-  const int64_t row = 2 * p.fmt.head_dim, n_ring = p.ring != nullptr ? p.window : 0;
+  const int64_t row = 2 * p.fmt.head_dim, n_ring = kv_bf16_ring_rows(p);
   uint8_t* base = buf + kKvHead;
   b.fmt.row_bytes = row;
   b.chunk_rows = base;
@@ -162,10 +166,10 @@ AttentionParams kv_bf16_params(const AttentionParams& p, uint8_t* buf) {
   return b;
 }
 
-// Block b takes queries q0 + b, q0 + b + grid, ... below q_end: version 4's grid is one block a query; version 5's is
-// persistent (a block a multiprocessor, session 34), so the producer runs on into the next query's tiles while the
-// consumers finish a query, and no block starts or ends between queries. The ring and its cursors run on across a
-// block's queries (each query takes 2 x pairs tiles in both roles).
+// Block b takes queries q0 + b, q0 + b + grid, ... below q_end: a block a query, or with kStepPersistent (version 5)
+// a block a multiprocessor, so the producer runs on into the next query's tiles while the consumers finish a query,
+// and no block starts or ends between queries. The ring and its cursors run on across a block's queries (each query
+// takes 2 x pairs tiles in both roles). steps: the kStep* bits (TERN_ATTENTION_WS_STEPS).
 template <int HD, bool PRE>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(AttentionParams a, int64_t q0,
                                                                              int64_t q_end, int steps) {
@@ -476,8 +480,7 @@ cudaError_t launch_attention_prefill_ws(const AttentionParams& p, cudaStream_t s
 }
 
 int64_t attention_prefill_kv_bytes(const AttentionParams& p) {
-  const int64_t n_ring = p.ring != nullptr ? p.window : 0;
-  return dev::kKvHead + (p.n + n_ring + p.num_compressed) * 2 * p.fmt.head_dim;
+  return dev::kKvHead + (p.n + dev::kv_bf16_ring_rows(p) + p.num_compressed) * 2 * p.fmt.head_dim;
 }
 
 cudaError_t launch_attention_prefill_pre(const AttentionParams& p, cudaStream_t stream) {
