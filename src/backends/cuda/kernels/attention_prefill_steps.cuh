@@ -37,7 +37,8 @@ __device__ __forceinline__ void lookup_round(const AttentionParams& a, int64_t i
 // A lane's rotation angles are the same in every head: its sines and cosines are computed once a query (session 30's
 // first fold took sincosf a head, 64 times as many, in the block's exposed prologue: +3% a prefill).
 constexpr int kQRopeCols = 4;  // the lane columns the rope dims may occupy: the last 128 (attention_q_norm_in_kernel)
-// kAtOnce: heads a warp has in flight (2; version 5's consumers, whose accumulators are not yet live here, take 4).
+// kAtOnce: heads a warp has in flight (2; 4 in version 5, whose accumulators are not yet live there, measured 1.3%
+// slower a layer: session 35).
 template <int HD, int kAtOnce = 2, typename QAt>
 __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                                    QAt q_at) {

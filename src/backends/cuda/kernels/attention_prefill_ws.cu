@@ -65,10 +65,10 @@ static_assert(kWsProducers * kWsProducerRegs + kWsConsumers * kWsConsumerRegs <=
 static_assert(kTileThreads == kWsConsumers, "load_q_bf16 strides over the consumers");
 // Named barriers (0 is __syncthreads): the consumers' (q loaded, maxima in, P in, sums in), the producer's rows.
 constexpr int kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarRows = 5;
-// Session 34's steps after version 5's first form, each a bit of TERN_ATTENTION_WS_STEPS (for their A/B; version 4
-// takes only kStepSEarly): the next pair's S issued right after P V; the epilogue's sinks and sines read in the
-// prologue; q loaded 4 heads a warp at once; a persistent grid (a block a multiprocessor). The same bits every way.
-constexpr int kStepSEarly = 1, kStepTables = 2, kStepQ4 = 4, kStepPersistent = 8;
+// Measured and dropped (session 35, each alone against this form on the 8K prefill, H100, results.md): the next
+// pair's S issued right after P V (+0.7% a layer), q loaded 4 heads a warp at once (+1.3%), a persistent grid (a block
+// a multiprocessor, the producer running on into the next query: +6.5%). Kept: version 5 reads the epilogue's sinks and
+// rope sines in the prologue (prefill_epilogue_tables; -1.9%).
 
 template <int HD>
 struct WsSmem {
@@ -166,13 +166,11 @@ AttentionParams kv_bf16_params(const AttentionParams& p, uint8_t* buf) {
   return b;
 }
 
-// Block b takes queries q0 + b, q0 + b + grid, ... below q_end: a block a query, or with kStepPersistent (version 5)
-// a block a multiprocessor, so the producer runs on into the next query's tiles while the consumers finish a query,
-// and no block starts or ends between queries. The ring and its cursors run on across a block's queries (each query
-// takes 2 x pairs tiles in both roles). steps: the kStep* bits (TERN_ATTENTION_WS_STEPS).
+// Block b takes query q0 + b. prefetch_ahead: the query that many later has its q and picks prefetched into L2 by
+// this block (0: none).
 template <int HD, bool PRE>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(AttentionParams a, int64_t q0,
-                                                                             int64_t q_end, int steps) {
+                                                                             int64_t q_end, int64_t prefetch_ahead) {
   pdl_prologue();
   using L = WsSmem<HD>;
   constexpr int kNC = HD / 128;  // m64n64 O accumulators a consumer warpgroup (half the dims each)
@@ -189,12 +187,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   const BulkRing ring{bars, bars + kWsSlots, kWsSlots};
 
   const int tid = threadIdx.x, warp = tid >> 5;
-  // Query i's keys and its pairs of 32-key tiles (both roles).
-  const auto pairs_of = [&](int64_t i, KeyList& kl, int64_t& total) {
-    kl = keys_of(a, i);
-    total = kl.nwin + kl.count;
-    return static_cast<int>((total + 2 * kWsKeys - 1) / (2 * kWsKeys));
-  };
+  const int64_t i = q0 + blockIdx.x;
+  // The query's keys and its pairs of 32-key tiles (both roles).
+  const KeyList kl = keys_of(a, i);
+  const int64_t total = kl.nwin + kl.count;
+  const int pairs = static_cast<int>((total + 2 * kWsKeys - 1) / (2 * kWsKeys));
   if (tid == 0) {
     ring.init(kWsConsumers / 32, PRE ? 2 * kWsProducers : kWsProducers);  // (version 5: the copies' and the mask's)
     mbar_init_fence();
@@ -205,31 +202,26 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWsProducerRegs));
     const int p = tid - kWsConsumers;
     RingCursor c;
-    for (int64_t i = q0 + blockIdx.x; i < q_end; i += gridDim.x) {
-      KeyList kl;
-      int64_t total;
-      const int pairs = pairs_of(i, kl, total);
-      const int64_t keys = int64_t{2} * kWsKeys * pairs;  // the last pair's second tile may hold no key
-      const uint8_t* next = p < total ? key_row(a, i, kl, p) : nullptr;
-      for (int64_t jr = 0; jr < keys; jr += kWsRound) {
-        named_bar_sync(kBarRows, kWsProducers);  // the previous round's tiles are decoded: sRows is free
-        sRows[p] = next;
-        named_bar_sync(kBarRows, kWsProducers);
-        const int64_t jn = jr + kWsRound + p;  // the next round's lookups fly while this round's tiles decode
-        next = jn < total ? key_row(a, i, kl, jn) : nullptr;
-        const int tiles = static_cast<int>(min(static_cast<int64_t>(kWsRound), keys - jr) / kWsKeys);
-        for (int tt = 0; tt < tiles; ++tt, c.next(kWsSlots)) {
-          ring.wait_free_at(c.slot, c.parity);
-          if constexpr (PRE) {
-            ws_copy_tile<HD>(sRows + kWsKeys * tt, a.chunk_rows, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot,
-                             p);
-            cp_async_mbar_arrive_noinc(&ring.full[c.slot]);  // once this thread's copies have landed
-          } else {
-            ws_decode_tile<HD>(a.fmt, sRows + kWsKeys * tt, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot, p);
-            fence_proxy_async();  // the tile is read by wgmma (async proxy)
-          }
-          mbar_arrive(&ring.full[c.slot]);
+    const int64_t keys = int64_t{2} * kWsKeys * pairs;  // the last pair's second tile may hold no key
+    const uint8_t* next = p < total ? key_row(a, i, kl, p) : nullptr;
+    for (int64_t jr = 0; jr < keys; jr += kWsRound) {
+      named_bar_sync(kBarRows, kWsProducers);  // the previous round's tiles are decoded: sRows is free
+      sRows[p] = next;
+      named_bar_sync(kBarRows, kWsProducers);
+      const int64_t jn = jr + kWsRound + p;  // the next round's lookups fly while this round's tiles decode
+      next = jn < total ? key_row(a, i, kl, jn) : nullptr;
+      const int tiles = static_cast<int>(min(static_cast<int64_t>(kWsRound), keys - jr) / kWsKeys);
+      for (int tt = 0; tt < tiles; ++tt, c.next(kWsSlots)) {
+        ring.wait_free_at(c.slot, c.parity);
+        if constexpr (PRE) {
+          ws_copy_tile<HD>(sRows + kWsKeys * tt, a.chunk_rows, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot,
+                           p);
+          cp_async_mbar_arrive_noinc(&ring.full[c.slot]);  // once this thread's copies have landed
+        } else {
+          ws_decode_tile<HD>(a.fmt, sRows + kWsKeys * tt, sK + c.slot * L::kSlotBytes, sMask + kWsKeys * c.slot, p);
+          fence_proxy_async();  // the tile is read by wgmma (async proxy)
         }
+        mbar_arrive(&ring.full[c.slot]);
       }
     }
     if constexpr (PRE) cp_async_wait_all();  // no copy of this thread in flight when it exits
@@ -244,183 +236,155 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   const EpilogueTables tables{reinterpret_cast<float2*>(smem + L::kSincos), reinterpret_cast<float*>(smem + L::kSinks)};
   const uint32_t q_addr = smem_addr(sQ), k_addr = smem_addr(sK), p_addr = smem_addr(sP);
   RingCursor c0;  // the pair's first tile (warpgroup 0's); its second (warpgroup 1's) is c0 + 1
-  for (int64_t i = q0 + blockIdx.x; i < q_end; i += gridDim.x) {
-    KeyList kl;
-    int64_t total;
-    const int pairs = pairs_of(i, kl, total);
-    // Every consumer is past the previous query's epilogue (its reads of the tables, its last S of sQ): both may be
-    // rewritten.
-    named_bar_sync(kBarQ, kWsConsumers);
+  // The q and picks of the query prefetch_ahead later into L2 (versions 1-3's hint: one wave later; nothing waits on
+  // it).
+  if (const int64_t ahead = i + prefetch_ahead; prefetch_ahead > 0 && ahead < q_end) {
     {
-      // The q and picks of the query one wave later into L2 (versions 1-3's hint; nothing waits on it): the block's
-      // next query where the grid is persistent.
-      const int64_t ahead = i + (PRE ? static_cast<int64_t>(gridDim.x) : a.num_sms);
-      if (ahead < q_end) {
-        const auto* qn = reinterpret_cast<const uint8_t*>(a.q + ahead * a.heads * HD);
-        const int64_t q_bytes = a.heads * HD * 4;
-        for (int64_t off = 128 * tid; off < q_bytes; off += 128 * kWsConsumers)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(qn + off));
-        if (a.selected != nullptr && 32 * tid < a.k_sel)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
-      }
+      const auto* qn = reinterpret_cast<const uint8_t*>(a.q + ahead * a.heads * HD);
+      const int64_t q_bytes = a.heads * HD * 4;
+      for (int64_t off = 128 * tid; off < q_bytes; off += 128 * kWsConsumers)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(qn + off));
+      if (a.selected != nullptr && 32 * tid < a.k_sel)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
     }
-    // With kStepTables the epilogue's sinks and rope sines first (their loads in flight under q's); then q, 2 heads a
-    // warp at once, 4 with kStepQ4 (version 5: its registers are free here).
-    const bool use_tables = PRE && (steps & kStepTables) != 0;
-    if (use_tables) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
-    const auto q_at = [](int h, int d) { return sw128_offset<kTileHeads>(h, d); };
-    if (PRE && (steps & kStepQ4) != 0)
-      load_q_bf16<HD, 4>(a, i, heads, tid, sQ, q_at);
-    else
-      load_q_bf16<HD, 2>(a, i, heads, tid, sQ, q_at);
-    fence_proxy_async();  // q is read by wgmma
-    named_bar_sync(kBarQ, kWsConsumers);  // (also publishes the tables)
+  }
+  // Version 5: the epilogue's sinks and rope sines first (their loads in flight under q's); then q.
+  if constexpr (PRE) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
+  load_q_bf16<HD>(a, i, heads, tid, sQ, [](int h, int d) { return sw128_offset<kTileHeads>(h, d); });
+  fence_proxy_async();  // q is read by wgmma
+  named_bar_sync(kBarQ, kWsConsumers);  // (also publishes the tables)
 
-    float o[kNC][32];
-    float m_run[2], l_run[2];  // [row g / g + 8]; l_run over this warpgroup's keys and this thread's columns
+  float o[kNC][32];
+  float m_run[2], l_run[2];  // [row g / g + 8]; l_run over this warpgroup's keys and this thread's columns
 #pragma unroll
-    for (int c = 0; c < kNC; ++c)
+  for (int c = 0; c < kNC; ++c)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) o[c][e] = 0.0f;
-    m_run[0] = m_run[1] = -INFINITY;
-    l_run[0] = l_run[1] = 0.0f;
+    for (int e = 0; e < 32; ++e) o[c][e] = 0.0f;
+  m_run[0] = m_run[1] = -INFINITY;
+  l_run[0] = l_run[1] = 0.0f;
 
-    // S = Q K^T of the tile in slot `slot` (64 heads x 32 keys, over HD in steps of 16) into s, issued and committed
-    // as one wgmma group, not waited for.
-    float s[16];
-    const auto issue_s = [&](int slot, uint32_t parity) {
-      ring.wait_full_at(slot, parity);
-      if constexpr (PRE) fence_proxy_async();  // the producer's cp.async (generic proxy) before wgmma's reads
-      const uint32_t k_tile = k_addr + slot * L::kSlotBytes;
+  // S = Q K^T of the tile in slot `slot` (64 heads x 32 keys, over HD in steps of 16) into s, issued and committed
+  // as one wgmma group, not waited for.
+  float s[16];
+  const auto issue_s = [&](int slot, uint32_t parity) {
+    ring.wait_full_at(slot, parity);
+    if constexpr (PRE) fence_proxy_async();  // the producer's cp.async (generic proxy) before wgmma's reads
+    const uint32_t k_tile = k_addr + slot * L::kSlotBytes;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) s[e] = 0.0f;
-      wgmma_pin(s);
-      wgmma_fence();
+    for (int e = 0; e < 16; ++e) s[e] = 0.0f;
+    wgmma_pin(s);
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
-        wgmma_ss_m64n32k16(s, sw128_desc(q_addr + (kk >> 2) * (kTileHeads * 128) + (kk & 3) * 32),
-                           sw128_desc(k_tile + (kk >> 2) * L::kBlock + (kk & 3) * 32));
-      wgmma_commit();
-    };
-    // With kStepSEarly S of pair j + 1 is issued right after pair j's P V (session 34), so the tensor cores go from one
-    // to the other without the warps' round trip in between; else at the top of pair j + 1. The same MMAs on the same
-    // operands either way, so the same bits.
-    const bool s_early = (steps & kStepSEarly) != 0;
-    for (int pair = 0; pair < pairs; ++pair) {
-      RingCursor c1 = c0;
-      c1.next(kWsSlots);
-      if (pair == 0 || !s_early) issue_s(wg == 0 ? c0.slot : c1.slot, wg == 0 ? c0.parity : c1.parity);
-      const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
-      const uint32_t par_theirs = wg == 0 ? c1.parity : c0.parity;
-      const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
-      wgmma_wait_all();  // this pair's S (and the previous pair's P V, an older group)
-      wgmma_pin(s);
+    for (int kk = 0; kk < HD / 16; ++kk)
+      wgmma_ss_m64n32k16(s, sw128_desc(q_addr + (kk >> 2) * (kTileHeads * 128) + (kk & 3) * 32),
+                         sw128_desc(k_tile + (kk >> 2) * L::kBlock + (kk & 3) * 32));
+    wgmma_commit();
+  };
+  for (int pair = 0; pair < pairs; ++pair) {
+    RingCursor c1 = c0;
+    c1.next(kWsSlots);
+    issue_s(wg == 0 ? c0.slot : c1.slot, wg == 0 ? c0.parity : c1.parity);
+    const int slot_mine = wg == 0 ? c0.slot : c1.slot, slot_theirs = wg == 0 ? c1.slot : c0.slot;
+    const uint32_t par_theirs = wg == 0 ? c1.parity : c0.parity;
+    const uint32_t k_mine = k_addr + slot_mine * L::kSlotBytes, k_theirs = k_addr + slot_theirs * L::kSlotBytes;
+    wgmma_wait_all();  // this pair's S (and the previous pair's P V, an older group)
+    wgmma_pin(s);
 
-      // This thread's keys 8j + 2t + e (j < 4) of rows g and g + 8: scaled (base 2), masked -inf, the rows' maxima
-      // over the quad, to shared memory for the other warpgroup.
-      const int* mask = sMask + kWsKeys * slot_mine;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& v = s[4 * j + 2 * hf + e];
-            v = mask[8 * j + 2 * t + e] != 0 ? v * scale2 : -INFINITY;
-            mx = fmaxf(mx, v);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (t == 0) sMax[kTileHeads * wg + 16 * wq + 8 * hf + g] = mx;
-      }
-      named_bar_sync(kBarMax, kWsConsumers);  // both warpgroups' maxima are in
-
-      // The pair's running max, P as bf16 into the A fragments of P V (k step j / 2; columns 0..7 of it for even j,
-      // 8..15 odd) and into shared memory for the other warpgroup; O and the row sums rescaled.
-      uint32_t pa[2][4];
-      uint8_t* p_mine = sP + wg * L::kPBytes;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = 16 * wq + 8 * hf + g;
-        softmax_step<kWsKeys>(s, hf, fmaxf(sMax[row], sMax[kTileHeads + row]), m_run[hf], l_run[hf], o, pa,
-                              [&](int j, uint32_t p2) {
-                                *reinterpret_cast<uint32_t*>(p_mine + sw128_offset<kTileHeads>(row, 8 * j + 2 * t)) =
-                                    p2;
-                              });
-      }
-      fence_proxy_async();                          // P is read by the other warpgroup's wgmma
-      ring.wait_full_at(slot_theirs, par_theirs);     // the other tile's rows, for this warpgroup's P V
-      if constexpr (PRE) fence_proxy_async();
-      named_bar_sync(kBarP, kWsConsumers);          // both P tiles are in
-
-      // O[:, dims of this warpgroup] += P_mine V_mine + P_theirs V_theirs: V = the key tiles (MN-major B), this
-      // warpgroup's 64-dim blocks wg * kNC + c, k step ks = keys 16 ks .. (2 048 bytes into each block). The same
-      // order in both warpgroups (warpgroup 1 adds its tile, the pair's second, first): a branch on the warpgroup
-      // around the MMAs made ptxas serialise them (C7520, a warpgroup.arrive in a divergent path).
-      const uint32_t p_theirs = p_addr + (1 - wg) * L::kPBytes;
-#pragma unroll
-      for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
-      wgmma_pin(pa[0]);
-      wgmma_pin(pa[1]);
-      wgmma_fence();
-      const uint32_t v_mine = k_mine + wg * kNC * L::kBlock, v_theirs = k_theirs + wg * kNC * L::kBlock;
-#pragma unroll
-      for (int ks = 0; ks < kWsKeys / 16; ++ks)
-#pragma unroll
-        for (int c = 0; c < kNC; ++c)
-          wgmma_rs_m64n64k16_tb(o[c], pa[ks], sw128_desc(v_mine + c * L::kBlock + ks * 2048));
-#pragma unroll
-      for (int ks = 0; ks < kWsKeys / 16; ++ks)
-#pragma unroll
-        for (int c = 0; c < kNC; ++c)
-          wgmma_ss_m64n64k16_tb(o[c], sw128_desc(p_theirs + ks * 32), sw128_desc(v_theirs + c * L::kBlock + ks * 2048));
-      wgmma_commit();
-      RingCursor n0 = c1;  // the next pair's first tile
-      n0.next(kWsSlots);
-      if (s_early && pair + 1 < pairs) {
-        RingCursor n1 = n0;
-        n1.next(kWsSlots);
-        issue_s(wg == 0 ? n0.slot : n1.slot, wg == 0 ? n0.parity : n1.parity);
-        wgmma_wait<1>();  // this pair's P V (the older group): its slots are free, O is whole
-      } else {
-        wgmma_wait_all();
-      }
-      // P's registers stay live until P V is done: else ptxas may give them to the next S's accumulators and wait for
-      // P V before that S (C7517), which undoes the overlap.
-      wgmma_pin(pa[0]);
-      wgmma_pin(pa[1]);
-#pragma unroll
-      for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
-      ring.release_at(c0.slot);
-      ring.release_at(c1.slot);
-      c0 = n0;
-    }
-
-    // The row sums: this warpgroup's over the quad, then both warpgroups'.
+    // This thread's keys 8j + 2t + e (j < 4) of rows g and g + 8: scaled (base 2), masked -inf, the rows' maxima
+    // over the quad, to shared memory for the other warpgroup.
+    const int* mask = sMask + kWsKeys * slot_mine;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float l = l_run[hf];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      if (t == 0) sSum[kTileHeads * wg + 16 * wq + 8 * hf + g] = l;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[4 * j + 2 * hf + e];
+          v = mask[8 * j + 2 * t + e] != 0 ? v * scale2 : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (t == 0) sMax[kTileHeads * wg + 16 * wq + 8 * hf + g] = mx;
     }
-    named_bar_sync(kBarSum, kWsConsumers);
-    float l_row[2];
+    named_bar_sync(kBarMax, kWsConsumers);  // both warpgroups' maxima are in
+
+    // The pair's running max, P as bf16 into the A fragments of P V (k step j / 2; columns 0..7 of it for even j,
+    // 8..15 odd) and into shared memory for the other warpgroup; O and the row sums rescaled.
+    uint32_t pa[2][4];
+    uint8_t* p_mine = sP + wg * L::kPBytes;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int row = 16 * wq + 8 * hf + g;
-      l_row[hf] = sSum[row] + sSum[kTileHeads + row];
+      softmax_step<kWsKeys>(s, hf, fmaxf(sMax[row], sMax[kTileHeads + row]), m_run[hf], l_run[hf], o, pa,
+                            [&](int j, uint32_t p2) {
+                              *reinterpret_cast<uint32_t*>(p_mine + sw128_offset<kTileHeads>(row, 8 * j + 2 * t)) =
+                                  p2;
+                            });
     }
-    prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads,
-                         use_tables ? tables : EpilogueTables{nullptr, nullptr});
+    fence_proxy_async();                          // P is read by the other warpgroup's wgmma
+    ring.wait_full_at(slot_theirs, par_theirs);     // the other tile's rows, for this warpgroup's P V
+    if constexpr (PRE) fence_proxy_async();
+    named_bar_sync(kBarP, kWsConsumers);          // both P tiles are in
+
+    // O[:, dims of this warpgroup] += P_mine V_mine + P_theirs V_theirs: V = the key tiles (MN-major B), this
+    // warpgroup's 64-dim blocks wg * kNC + c, k step ks = keys 16 ks .. (2 048 bytes into each block). The same
+    // order in both warpgroups (warpgroup 1 adds its tile, the pair's second, first): a branch on the warpgroup
+    // around the MMAs made ptxas serialise them (C7520, a warpgroup.arrive in a divergent path).
+    const uint32_t p_theirs = p_addr + (1 - wg) * L::kPBytes;
+#pragma unroll
+    for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
+    wgmma_pin(pa[0]);
+    wgmma_pin(pa[1]);
+    wgmma_fence();
+    const uint32_t v_mine = k_mine + wg * kNC * L::kBlock, v_theirs = k_theirs + wg * kNC * L::kBlock;
+#pragma unroll
+    for (int ks = 0; ks < kWsKeys / 16; ++ks)
+#pragma unroll
+      for (int c = 0; c < kNC; ++c)
+        wgmma_rs_m64n64k16_tb(o[c], pa[ks], sw128_desc(v_mine + c * L::kBlock + ks * 2048));
+#pragma unroll
+    for (int ks = 0; ks < kWsKeys / 16; ++ks)
+#pragma unroll
+      for (int c = 0; c < kNC; ++c)
+        wgmma_ss_m64n64k16_tb(o[c], sw128_desc(p_theirs + ks * 32), sw128_desc(v_theirs + c * L::kBlock + ks * 2048));
+    wgmma_commit();
+    wgmma_wait_all();  // P V: its slots are free, O is whole
+    // P's registers (read by the asynchronous P V) stay live until it is done.
+    wgmma_pin(pa[0]);
+    wgmma_pin(pa[1]);
+#pragma unroll
+    for (int c = 0; c < kNC; ++c) wgmma_pin(o[c]);
+    ring.release_at(c0.slot);
+    ring.release_at(c1.slot);
+    c0 = c1;
+    c0.next(kWsSlots);  // the next pair's first tile
   }
+
+  // The row sums: this warpgroup's over the quad, then both warpgroups'.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = l_run[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (t == 0) sSum[kTileHeads * wg + 16 * wq + 8 * hf + g] = l;
+  }
+  named_bar_sync(kBarSum, kWsConsumers);
+  float l_row[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = 16 * wq + 8 * hf + g;
+    l_row[hf] = sSum[row] + sSum[kTileHeads + row];
+  }
+  prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads, PRE ? tables : EpilogueTables{nullptr, nullptr});
 }
 
-// TERN_ATTENTION_WS_STEPS: the kStep* bits (0 .. 15, default 0: version 5's first form, measured fastest so far).
-int ws_steps() {
-  static const int steps = static_cast<int>(env_int("TERN_ATTENTION_WS_STEPS", 0, 0, 15));
-  return steps;
+// TERN_ATTENTION_WS_PREFETCH (for an A/B, session 35): version 5 with versions 1-3's L2 prefetch of the q one wave
+// later (1); 0, the default, none (as measured in session 35's step A/B, where a block a query left it out).
+bool ws_prefetch() {
+  static const bool on = env_int("TERN_ATTENTION_WS_PREFETCH", 0, 0, 1) != 0;
+  return on;
 }
 
 template <int HD, bool PRE>
@@ -430,14 +394,12 @@ cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD, PRE>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (attr != cudaSuccess) return attr;
-  const int steps = PRE ? ws_steps() : ws_steps() & kStepSEarly;
+  const int64_t ahead = !PRE || ws_prefetch() ? std::max(p.num_sms, 1) : 0;
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {
     const int64_t nq = std::min(kMaxGridX, p.n - q0);
-    // kStepPersistent: a block a multiprocessor (one block fits one: ~212 KB of shared memory); else a block a query.
-    const int64_t blocks = (steps & kStepPersistent) != 0 ? std::min<int64_t>(nq, std::max(p.num_sms, 1)) : nq;
-    const cudaError_t err = launch(attention_prefill_ws_kernel<HD, PRE>, dim3(static_cast<unsigned>(blocks)),
-                                   kWsThreads, kSmem, stream, p, q0, q0 + nq, steps);
+    const cudaError_t err = launch(attention_prefill_ws_kernel<HD, PRE>, dim3(static_cast<unsigned>(nq)), kWsThreads,
+                                   kSmem, stream, p, q0, q0 + nq, ahead);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
