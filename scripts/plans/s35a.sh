@@ -32,9 +32,9 @@ for r in 1 2; do
   run_pf pf1-$r 8192 TERN_ATTENTION_WS_PREFETCH=1
 done
 cp $P/pf-8192-new-1.log $L/
-for v in "runs TERN_COMPRESS_PACK_RUNS=1" "new TERN_COMPRESS_PACK_RUNS=0" "pf1 TERN_ATTENTION_WS_PREFETCH=1"; do
-  run_pf $v 1024 ${v#* }
-done 2>/dev/null
+run_pf runs 1024 TERN_COMPRESS_PACK_RUNS=1
+run_pf new 1024 TERN_COMPRESS_PACK_RUNS=0
+run_pf pf1 1024 TERN_ATTENTION_WS_PREFETCH=1
 stamp "3. e4m3 grouped MoE at 8K"
 run_pf e4m3 8192 TERN_MOE_GROUPED=e4m3
 grep -hE "^\| moe_grouped" $P/pf-8192-e4m3.log $P/pf-8192-new-1.log | cut -c1-140
