@@ -38,6 +38,8 @@ run_pf pf1 1024 TERN_ATTENTION_WS_PREFETCH=1
 stamp "3. e4m3 grouped MoE at 8K"
 run_pf e4m3 8192 TERN_MOE_GROUPED=e4m3
 grep -hE "^\| moe_grouped" $P/pf-8192-e4m3.log $P/pf-8192-new-1.log | cut -c1-140
+run_pf e4m3 1024 TERN_MOE_GROUPED=e4m3
+grep -hE "^\| moe_grouped" $P/pf-1024-e4m3.log $P/pf-1024-new.log | cut -c1-140
 for n in 96 128; do
   run_pf n$n 8192 TERN_MOE_WGMMA_N=$n
   grep -hE "^\| moe_grouped" $P/pf-8192-n$n.log | cut -c1-140
