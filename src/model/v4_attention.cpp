@@ -1,7 +1,6 @@
 // The attention sub-layer of a V4 layer (SWA, CSA or HCA), its compressors and the lightning indexer.
 #include <cmath>
 
-#include "core/env.h"
 #include "model/v4_batch.h"
 #include "ops/attention.h"
 #include "ops/branch.h"
@@ -209,13 +208,7 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     ops::rope(ctx_, emitted, word_row(0), inv_freq_compress_);
     observe(indexer ? "index_keys" : "compressed_kv", l, emitted);
     // Packed in one launch, then stored into the pages in one (a pack a run of rows sharing a page was 4 011
-    // launches, 10.8 ms, in an 8K prefill on the H100: session 34).
-    static const bool runs = env_int("TERN_COMPRESS_PACK_RUNS", 0, 0, 1) != 0;  // TEMPORARY: session 35's A/B
-    if (runs) {
-      for (const cache::RowRun& run : s.state->row_runs(l, indexer, entry, entry + emit))
-        ops::kv_pack(ctx_, emitted.view().rows(run.first, run.first + run.rows.dim(0)), format, run.rows);
-      continue;
-    }
+    // launches, 10.8 ms, in an 8K prefill on the H100; session 35: 1.4 ms now, the prefill -0.9%).
     Tensor packed = tensor(DType::u8, {emit, format.row_bytes()});
     ops::kv_pack(ctx_, emitted, format, packed);
     ops::StepPagedRows paged;

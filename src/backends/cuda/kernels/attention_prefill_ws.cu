@@ -48,7 +48,6 @@
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/stream_tile.cuh"
 #include "backends/cuda/kernels/wgmma.cuh"
-#include "core/env.h"
 
 namespace tern::cuda {
 namespace dev {
@@ -380,12 +379,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads, PRE ? tables : EpilogueTables{nullptr, nullptr});
 }
 
-// TERN_ATTENTION_WS_PREFETCH (for an A/B, session 35): version 5 with versions 1-3's L2 prefetch of the q one wave
-// later (1); 0, the default, none (as measured in session 35's step A/B, where a block a query left it out).
-bool ws_prefetch() {
-  static const bool on = env_int("TERN_ATTENTION_WS_PREFETCH", 0, 0, 1) != 0;
-  return on;
-}
 
 template <int HD, bool PRE>
 cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
@@ -394,7 +387,9 @@ cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(attention_prefill_ws_kernel<HD, PRE>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (attr != cudaSuccess) return attr;
-  const int64_t ahead = !PRE || ws_prefetch() ? std::max(p.num_sms, 1) : 0;
+  // Version 4 prefetches the q one wave ahead into L2 (versions 1-3's hint); version 5 none: with it the 8K prefill's
+  // attention ran 5.6% slower a layer (session 35, H100: 2 150-2 171 against 2 037-2 043 us).
+  const int64_t ahead = PRE ? 0 : std::max(p.num_sms, 1);
   constexpr int64_t kMaxGridX = int64_t{1} << 30;
   for (int64_t q0 = 0; q0 < p.n; q0 += kMaxGridX) {
     const int64_t nq = std::min(kMaxGridX, p.n - q0);

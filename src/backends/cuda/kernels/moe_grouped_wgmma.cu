@@ -6,11 +6,11 @@
 // Persistent blocks (one a multiprocessor, tiles b, b + grid, ...; the ring runs on across tiles, so a tile's
 // first copies overlap the previous tile's epilogue). Block: 2 consumer warpgroups (warps 0..7, setmaxnreg
 // 232) and a producer warpgroup (warps 8..11, setmaxnreg 40). A tile is 256 weight rows x NT pairs of one
-// expert (NT = 32, 64, 96, 112 or 128 from the mean pairs per expert, or TERN_MOE_WGMMA_N); warpgroup wg owns
+// expert (NT = 32, 64, 96 or 128 from the mean pairs per expert; 112 too by TERN_MOE_WGMMA_N); warpgroup wg owns
 // weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
 // m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a ring slot (WgTile) holds the
 // 256 rows' FP4 bytes (16 KB), their scale bytes (4 e8m0 or 8 ue4m3 a row) and the x tile (NT pairs x 128
-// bf16 as 16 planes), on a 4-deep (3 for 128-pair up tiles) mbarrier ring (bulk_pipe.cuh's BulkRing). The
+// bf16 as 16 planes), on a 3- to 6-deep mbarrier ring (WgTile::kStages; bulk_pipe.cuh's BulkRing). The
 // FP4 rows (64 bytes a row a stage, 2 KB apart in global memory) and the scales go by cp.async from all 128
 // producer threads (16 bytes a thread and row piece, as the mma.sync kernels load them; each thread arrives
 // on the slot's full barrier through cp.async.mbarrier.arrive.noinc once its copies land), the x planes by
@@ -67,8 +67,10 @@ namespace dev {
 namespace {
 
 // A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their scale bytes (row m at 8 m: 4
-// e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. Four stages where they fit
-// beside the up kernel's h staging, else three (128-pair up tiles).
+// e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. As many stages as fit beside the
+// up kernel's h staging, at most kWgMaxStages (session 35: at most 4 before; 64-pair tiles now take 6, 96 up 4 / down
+// 5, 112 up 4, 128 up 3 / down 4).
+inline constexpr int kWgMaxStages = 6;
 template <int NT, bool UP>
 struct WgTile {
   static_assert(NT % 8 == 0 && NT >= 32 && NT <= kWgMaxTok);
@@ -78,7 +80,11 @@ struct WgTile {
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
   static constexpr int kHBytes = UP ? 16 * NT * 16 : 0;  // up: h of the tile, 16 planes x NT pairs x 8 bf16
-  static constexpr int kStages = 4 * kStage + 2 * 4 * 8 + kHBytes <= kWgSmemMax ? 4 : 3;
+  static constexpr int kStages = [] {
+    int n = kWgMaxStages;
+    while (n > 3 && n * kStage + 2 * n * 8 + kHBytes > kWgSmemMax) --n;
+    return n;
+  }();
   static constexpr int kHStage = kStages * kStage + 2 * kStages * 8;  // after the ring and its barriers
   static constexpr int kSmem = kHStage + kHBytes;
   static_assert(kStage % 128 == 0 && kHStage % 16 == 0 && kSmem <= kWgSmemMax);
@@ -502,13 +508,14 @@ int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
       v != "auto")
     return std::stoi(v);
   if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
-  // The width whose whole tiles best cover an expert's pairs at the mean plus 10% (most experts of a uniform
-  // routing: 8K tokens of V4-Flash, mean 192, take 2 x 112); ties to the wider tile (fewer weight reads).
+  // The width whose whole tiles best cover an expert's pairs at the mean plus 10%; ties to the wider tile (fewer
+  // weight reads). 112 is not a candidate: at 8K tokens of V4-Flash (mean 192 pairs) 2 x 128 ran faster than the 2 x
+  // 112 it picked (session 35, H100: the up kernel 3 869 / 3 966 us a layer, down 2 125 / 2 157), at 4K the same.
   const int64_t P = p.T * p.k, mean = P / std::max<int64_t>(1, std::min<int64_t>(P, p.E));
   const int64_t want = std::max<int64_t>(1, mean + mean / 10);
   int best = 128;
   int64_t best_cover = (want + 127) / 128 * 128;
-  for (int n : {112, 96, 64, 32}) {  // 32 (session 10): ~24 pairs an expert at 1K tokens of V4-Flash
+  for (int n : {96, 64, 32}) {  // 32 (session 10): ~24 pairs an expert at 1K tokens of V4-Flash
     const int64_t cover = (want + n - 1) / n * n;
     if (cover < best_cover) best = n, best_cover = cover;
   }
