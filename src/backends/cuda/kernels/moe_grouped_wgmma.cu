@@ -68,8 +68,9 @@ namespace {
 
 // A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their scale bytes (row m at 8 m: 4
 // e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. As many stages as fit beside the
-// up kernel's h staging, at most kWgMaxStages (session 35: at most 4 before; 64-pair tiles now take 6, 96 up 4 / down
-// 5, 112 up 4, 128 up 3 / down 4).
+// up kernel's h staging (half the tile's planes, kWgHStageBytes), at most kWgMaxStages (session 35; at most 4 before,
+// and 3 for 128-pair up tiles, whose whole h staging took the fourth's room): 32 and 64 pairs take 6, 96 5, 112 and
+// 128 4.
 inline constexpr int kWgMaxStages = 6;
 template <int NT, bool UP>
 struct WgTile {
@@ -79,7 +80,7 @@ struct WgTile {
   static constexpr int kXOff = kWgWBytes + kWgRows * 8;
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
-  static constexpr int kHBytes = UP ? 16 * NT * 16 : 0;  // up: h of the tile, 16 planes x NT pairs x 8 bf16
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h staging, 8 of the 16 planes x NT pairs x 8 bf16
   static constexpr int kStages = [] {
     int n = kWgMaxStages;
     while (n > 3 && n * kStage + 2 * n * 8 + kHBytes > kWgSmemMax) --n;
