@@ -74,6 +74,17 @@ envab() {
     done
   done
 }
+# pf_rows NAME SIZE REGEX [VAR=VALUE...]: one profiled warm prefill of SIZE tokens (context 1K) with the variables set,
+# log ${P:-$L}/pf-SIZE-NAME.log; prints the prefill row and the profile rows whose kernel matches REGEX (session 35's
+# plans wrote this loop out each).
+pf_rows() {
+  local name=$1 p=$2 rx=$3
+  shift 3
+  env "$@" timeout 100 $T bench-step --device cuda --config full --contexts 1024 --prefill "$p" --batches 1 --steps 2 \
+    --warmup 1 --profile --profile-top 80 > "${P:-$L}/pf-$p-$name.log" 2>&1; echo "rc $? ($p $name $*)"
+  grep -hE "^prefill \||error" "${P:-$L}/pf-$p-$name.log" | head -1 | cut -c1-100
+  grep -hE "^\| ($rx)" "${P:-$L}/pf-$p-$name.log" | sort -u | cut -c1-130
+}
 # trace_b1 NAME: bench-step's batch-1 decode timeline (TERN_PROFILE_TRACE, side stream on) to $OUT/NAME.tsv.gz, for
 # scripts/trace-joins and reading by hand; the profile's tables in $L/NAME.log.
 trace_b1() {
