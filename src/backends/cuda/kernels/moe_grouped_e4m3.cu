@@ -134,7 +134,7 @@ struct E4Tile {
   static constexpr int kXBytes = 8 * kPlane;
   static constexpr int kXsOff = kXOff + kXBytes;
   static constexpr int kStage = (kXsOff + NT * 4 + 127) / 128 * 128;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h of the tile as bf16 planes (the bf16 epilogue)
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h staging, half the bf16 planes (the bf16 epilogue)
   static constexpr int kLutBytes = static_cast<int>(sizeof(Lut));
   static constexpr int kFixed = kHBytes + kLutBytes + 16;
   static constexpr int kStages = (kWgSmemMax - kFixed) / (kStage + 16) >= 6 ? 6 : 4;
