@@ -405,16 +405,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
           if (kb > 0) ring.release_at(prev_slot);  // the previous stage's last group (7) is done
         }
         if constexpr (s < 7) decode(std::integral_constant<int, s + 1>{}, af[(s + 1) % 2]);
-        if constexpr (s == 6) {
-          if (more) {  // the next stage's raw words (this stage's were last read by k-step 7's decode, above)
+        if constexpr (s == 7) {
+          // The next stage's raw words (this stage's were last read by k-step 7's decode, at k-step 6) and its k-step
+          // 0: waited for here, with group 7 already issued, so a late stage leaves that group running rather than
+          // holding it back (session 35; the wait sat at k-step 6, before group 7's issue, and ncu showed the
+          // consumers waiting there ~26% of their time at 128 pairs).
+          if (more) {
             RingCursor n = c;
             n.next(kStages);
             ring.wait_full_at(n.slot, n.parity);
             load_stage(n.slot);
+            decode(std::integral_constant<int, 0>{}, af[0]);
           }
-        }
-        if constexpr (s == 7) {
-          if (more) decode(std::integral_constant<int, 0>{}, af[0]);
         }
       });
       prev_slot = c.slot;
