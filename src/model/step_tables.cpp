@@ -6,9 +6,10 @@
 
 namespace tern::model {
 
+int64_t table_address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
+
 namespace {
 constexpr int kGlobalWords = 5, kWordsPerLayer = 4;
-int64_t address(const TensorView& v) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v.data())); }
 
 bool same_layers(const cache::StateLayout& a, const cache::StateLayout& b) {
   bool same = a.num_layers() == b.num_layers();
@@ -73,15 +74,15 @@ void StepTables::fill(std::span<int64_t> image, std::span<const StepSequence> ba
       for (int l = 0; l < layout_->num_layers(); ++l) {
         int64_t* w = image.data() + (kGlobalWords + kWordsPerLayer * l) * S + i;
         const cache::LayerSpec& spec = layout_->spec(l);
-        w[0 * S] = address(state.ring(l));
+        w[0 * S] = table_address(state.ring(l));
         if (spec.ratio > 0) {
           const PagedRows rows = state.compressed_rows(l);  // every layer's rows: the same pool and table
-          image[2 * S + i] = address(rows.pool);
-          image[3 * S + i] = address(rows.block_table);
-          w[1 * S] = address(state.compressor_acc(l));
+          image[2 * S + i] = table_address(rows.pool);
+          image[3 * S + i] = table_address(rows.block_table);
+          w[1 * S] = table_address(state.compressor_acc(l));
           w[3 * S] = p / spec.ratio * spec.ratio;
         }
-        if (spec.index_row_bytes > 0) w[2 * S] = address(state.indexer_acc(l));
+        if (spec.index_row_bytes > 0) w[2 * S] = table_address(state.indexer_acc(l));
       }
     }
   }

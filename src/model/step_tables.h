@@ -33,6 +33,9 @@
 
 namespace tern::model {
 
+// A device (or host) address as the tables and the step ops' table words hold it (ops/step.h: i64 addresses).
+int64_t table_address(const TensorView& v);
+
 // How a step lies on the step tables, as the model plans it (a plain value: the forward that runs the step reads the
 // same plan, so the caller can build the tables in between). Its sequences, each in its slots (consecutive from its
 // first), and the layout bounding the launches.

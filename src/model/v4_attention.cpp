@@ -199,8 +199,8 @@ void Model::compress(int l, const Batch& b, const TensorView& h, bool indexer) {
     int64_t* w = words.data<int64_t>();
     for (int64_t e = 0; e < emit; ++e) {
       w[e] = (entry + e) * ratio;
-      w[emit + e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dest.pool.data()));
-      w[2 * emit + e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dest.block_table.data()));
+      w[emit + e] = table_address(dest.pool);
+      w[2 * emit + e] = table_address(dest.block_table);
       w[3 * emit + e] = (entry + e) * ratio + ratio - 1;
     }
     words = on_device(std::move(words));

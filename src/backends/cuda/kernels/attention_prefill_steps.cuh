@@ -37,12 +37,12 @@ __device__ __forceinline__ void lookup_round(const AttentionParams& a, int64_t i
 // A lane's rotation angles are the same in every head: its sines and cosines are computed once a query (session 30's
 // first fold took sincosf a head, 64 times as many, in the block's exposed prologue: +3% a prefill).
 constexpr int kQRopeCols = 4;  // the lane columns the rope dims may occupy: the last 128 (attention_q_norm_in_kernel)
-// kAtOnce: heads a warp has in flight (2; 4 in version 5, whose accumulators are not yet live there, measured 1.3%
-// slower a layer: session 35).
-template <int HD, int kAtOnce = 2, typename QAt>
+// Two heads a warp in flight (four in version 5, whose accumulators are not yet live there, measured 1.3% slower a
+// layer: session 35).
+template <int HD, typename QAt>
 __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                                    QAt q_at) {
-  constexpr int kCols = HD / 32, kWarps = kTileThreads / 32, kRope0 = kCols - kQRopeCols;
+  constexpr int kCols = HD / 32, kWarps = kTileThreads / 32, kAtOnce = 2, kRope0 = kCols - kQRopeCols;
   static_assert(HD % 32 == 0 && kCols >= kQRopeCols && kTileHeads % (kWarps * kAtOnce) == 0, "whole heads a warp");
   const int warp = tid >> 5, lane = tid & 31;
   const float* src = a.q + i * a.heads * HD;
@@ -91,11 +91,11 @@ __device__ __forceinline__ void load_q_normed_bf16(const AttentionParams& a, int
 // Query i's q as bf16 into sQ at byte offset q_at(head, dim) (dim a multiple of 4; heads past `heads` are
 // zeros): kBatch float4 of a thread loaded before any is stored, so 64 KiB of q is in flight per block. With
 // AttentionParams::q_inv_freq, load_q_normed_bf16.
-template <int HD, int kAtOnce = 2, typename QAt>
+template <int HD, typename QAt>
 __device__ __forceinline__ void load_q_bf16(const AttentionParams& a, int64_t i, int heads, int tid, uint8_t* sQ,
                                             QAt q_at) {
   if (a.q_inv_freq != nullptr) {
-    load_q_normed_bf16<HD, kAtOnce>(a, i, heads, tid, sQ, q_at);
+    load_q_normed_bf16<HD>(a, i, heads, tid, sQ, q_at);
     return;
   }
   const float4* src = reinterpret_cast<const float4*>(a.q + i * a.heads * HD);

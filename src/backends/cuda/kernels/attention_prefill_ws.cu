@@ -238,14 +238,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   // The q and picks of the query prefetch_ahead later into L2 (versions 1-3's hint: one wave later; nothing waits on
   // it).
   if (const int64_t ahead = i + prefetch_ahead; prefetch_ahead > 0 && ahead < q_end) {
-    {
-      const auto* qn = reinterpret_cast<const uint8_t*>(a.q + ahead * a.heads * HD);
-      const int64_t q_bytes = a.heads * HD * 4;
-      for (int64_t off = 128 * tid; off < q_bytes; off += 128 * kWsConsumers)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(qn + off));
-      if (a.selected != nullptr && 32 * tid < a.k_sel)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
-    }
+    const auto* qn = reinterpret_cast<const uint8_t*>(a.q + ahead * a.heads * HD);
+    const int64_t q_bytes = a.heads * HD * 4;
+    for (int64_t off = 128 * tid; off < q_bytes; off += 128 * kWsConsumers)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(qn + off));
+    if (a.selected != nullptr && 32 * tid < a.k_sel)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.selected + ahead * a.k_sel + 32 * tid));
   }
   // Version 5: the epilogue's sinks and rope sines first (their loads in flight under q's); then q.
   if constexpr (PRE) prefill_epilogue_tables<HD>(a, i, heads, tid, tables);
@@ -378,7 +376,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_prefill_ws_kernel(Att
   }
   prefill_epilogue<HD>(a, i, o, m_run, l_row, wg, wq, g, t, heads, PRE ? tables : EpilogueTables{nullptr, nullptr});
 }
-
 
 template <int HD, bool PRE>
 cudaError_t launch_ws(const AttentionParams& p, cudaStream_t stream) {

@@ -108,10 +108,8 @@ __device__ __forceinline__ void decode_tile_at(const KvRowDesc& f, const uint8_t
     const uint8_t* src = raw + r * f.row_bytes;
     for (int g = lane; g < granules; g += 32) {
       if (g < fp8_gran) {
-        const uint4 out = valid ? fp8x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * g),
-                                                e8m0_to_f32(src[scale_at + g / 8]))
-                                : make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(tile + at(r, 8 * g)) = out;
+        *reinterpret_cast<uint4*>(tile + at(r, 8 * g)) =
+            valid ? fp8_row_granule_bf16(src, 8 * g, nope, scale_at) : make_uint4(0, 0, 0, 0);
       } else {
         const int k = g - fp8_gran;
         *reinterpret_cast<uint2*>(tile + at(r, nope + 4 * k)) =
