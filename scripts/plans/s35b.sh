@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 35's last build, the next session's first call (pack .plans/packs/s35b.tar.xz = 890b4b2;
+# Session 35's last build, the next session's first call (pack .plans/packs/s35b.tar.xz = 3b3951e;
 # carry [".plans/packs/s35b.tar.xz"]; session 35's device time ran out before it ran): the wgmma MoE kernels' ring as
 # deep as shared memory allows, the up epilogue staging h 8 planes at a time (32 / 64-pair tiles 6 stages, 96 5, 112
 # and 128 4; 4 at most before and 3 for 128-pair up tiles), and the next stage waited for at k-step 7, after group 7's
