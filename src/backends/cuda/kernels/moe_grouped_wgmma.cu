@@ -71,18 +71,21 @@ namespace {
 // up kernel's h staging (half the tile's planes, kWgHStageBytes), at most kWgMaxStages (session 35; at most 4 before,
 // and 3 for 128-pair up tiles, whose whole h staging took the fourth's room): 32 and 64 pairs take 6, 96 5, 112 and
 // 128 4.
+// kDeep false (TERN_MOE_WGMMA_RING=shallow, an A/B knob while session 36 measures both): session 35's tile, at most 4
+// stages and the whole h staged at once.
 inline constexpr int kWgMaxStages = 6;
-template <int NT, bool UP>
+template <int NT, bool UP, bool kDeep = true>
 struct WgTile {
+  static constexpr int kHParts = kDeep ? 2 : 1;
   static_assert(NT % 8 == 0 && NT >= 32 && NT <= kWgMaxTok);
   static constexpr int kPlane = NT * 16;
   static constexpr int kScOff = kWgWBytes;
   static constexpr int kXOff = kWgWBytes + kWgRows * 8;
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h staging, 8 of the 16 planes x NT pairs x 8 bf16
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, kHParts> : 0;  // up: h staging, 16 / kHParts planes
   static constexpr int kStages = [] {
-    int n = kWgMaxStages;
+    int n = kDeep ? kWgMaxStages : 4;
     while (n > 3 && n * kStage + 2 * n * 8 + kHBytes > kWgSmemMax) --n;
     return n;
   }();
@@ -275,10 +278,10 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // raw words), so k-step 0 of the next stage decodes during group 7. A slot is handed back at k-step 0 of the
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
-template <WeightFormat F, bool UP, int NT>
+template <WeightFormat F, bool UP, int NT, bool kDeep>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = WgTile<NT, UP>;
+  using Tile = WgTile<NT, UP, kDeep>;
   constexpr int kStages = Tile::kStages;
   constexpr bool kNv = F == WeightFormat::nvfp4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -428,7 +431,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     ring.release_at(prev_slot);
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
-      wg_store_h<NT>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
+      wg_store_h<NT, Tile::kHParts>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
                      a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
     else
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
@@ -436,18 +439,27 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
 }
 
-template <WeightFormat F, bool UP, int NT>
-void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  constexpr int kSmem = WgTile<NT, UP>::kSmem;
+template <WeightFormat F, bool UP, int NT, bool kDeep>
+void launch_wgmma_ring(const WgArgs& a, int64_t blocks, cudaStream_t stream) {
+  constexpr int kSmem = WgTile<NT, UP, kDeep>::kSmem;
   static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT, kDeep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kSmem);
     return true;
   }();
   (void)attr;
+  launch(moe_grouped_wgmma_kernel<F, UP, NT, kDeep>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+}
+
+template <WeightFormat F, bool UP, int NT>
+void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   const int64_t blocks = wg_blocks(m_tiles_bound, a.n_tiles);
   if (blocks == 0) return;
-  launch(moe_grouped_wgmma_kernel<F, UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+  // TERN_MOE_WGMMA_RING=shallow (mxfp4 only): session 35's ring for A/B (read at each call).
+  if (F == WeightFormat::mxfp4 && env_choice("TERN_MOE_WGMMA_RING", {"deep", "shallow"}, "deep") == "shallow")
+    launch_wgmma_ring<F, UP, NT, F != WeightFormat::mxfp4>(a, blocks, stream);
+  else
+    launch_wgmma_ring<F, UP, NT, true>(a, blocks, stream);
 }
 
 template <WeightFormat F, int NT>
@@ -511,16 +523,18 @@ int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
       v != "auto")
     return std::stoi(v);
   if (p.E <= 0) return 0;  // shape only (CudaBackend::moe_path): picked per call
-  // The width whose whole tiles best cover an expert's pairs at the mean plus 10%; ties to the wider tile (fewer
-  // weight reads). 112 is not a candidate: at 8K tokens of V4-Flash (mean 192 pairs) 2 x 128 ran faster than the 2 x
-  // 112 it picked (session 35, H100: the up kernel 3 869 / 3 966 us a layer, down 2 125 / 2 157), at 4K the same.
+  // Each tile streams the expert's whole weight, so the fewest tiles over an expert's pairs at the mean plus 10%,
+  // then the narrowest width with that many (the least padding). Session 36: picking the least padding alone chose
+  // 7 x 32 over 2 x 128 at 8K tokens of V4-Flash (mean 192 pairs; the up kernel 8 777 us a layer against 3 869).
+  // 112 is not a candidate: at 8K 2 x 128 ran faster than 2 x 112 (session 35, H100: up 3 869 / 3 966 us a layer,
+  // down 2 125 / 2 157), at 4K the same.
   const int64_t P = p.T * p.k, mean = P / std::max<int64_t>(1, std::min<int64_t>(P, p.E));
   const int64_t want = std::max<int64_t>(1, mean + mean / 10);
   int best = 128;
-  int64_t best_cover = (want + 127) / 128 * 128;
+  int64_t best_tiles = (want + 127) / 128;
   for (int n : {96, 64, 32}) {  // 32 (session 10): ~24 pairs an expert at 1K tokens of V4-Flash
-    const int64_t cover = (want + n - 1) / n * n;
-    if (cover < best_cover) best = n, best_cover = cover;
+    const int64_t tiles = (want + n - 1) / n;
+    if (tiles <= best_tiles) best = n, best_tiles = tiles;
   }
   return best;
 }

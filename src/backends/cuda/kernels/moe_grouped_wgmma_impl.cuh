@@ -157,31 +157,34 @@ struct WgTileOut {
   int n_tile, first, row0, count;
 };
 
-// The up epilogue's h staging: half the tile's 16 planes at a time (wg_store_h), so that the ring keeps the room.
-template <int NT>
-inline constexpr int kWgHStageBytes = 8 * NT * 16;
+// The up epilogue's h staging: the tile's 16 planes in kParts parts (wg_store_h; 2: half at a time, so that the
+// ring keeps the room).
+template <int NT, int kParts = 2>
+inline constexpr int kWgHStageBytes = 16 / kParts * NT * 16;
 
 // Up: SwiGLU of the w1 (x m1) and w3 (x m3) sums, clamped by `limit`, into h's bf16 planes ([inter / 8][rows][8],
 // the stored K order of wg_stored). The block's 128 h columns are one 128-column block of h (inter % 128 == 0),
 // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h: staged in shared memory at `hs` (a
 // thread's values are single bf16 scattered over 4 planes; kWgHStageBytes, half the planes at a time) and written as
 // 16-byte rows, valid pairs only.
-template <int NT>
+template <int NT, int kParts = 2>
 __device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float m1, float m3, float limit,
                                            uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o) {
   // A thread's h column 8 sigma + g (sigma = 4 (2 wg + mt) + w) lies in plane wg_stored(...) / 8 = 2 (2 w + b) + q
   // (b, q: bits 1, 0 of g): planes 0..7 come from warps w = 0, 1 of both warpgroups, 8..15 from w = 2, 3. So the
   // planes go out in two halves of 8 through kWgHStageBytes (session 35: the whole tile's 32 KB at 128 pairs left the
-  // up kernel's ring 3 stages; now 4), each half staged by the warps that hold it.
+  // up kernel's ring 3 stages; now 4), each half staged by the warps that hold it; kParts 1: all 16 at once.
+  static_assert(kParts == 1 || kParts == 2);
+  constexpr int kPP = 16 / kParts;
 #pragma unroll 1
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kParts; ++half) {
     // Every consumer thread is done copying out the previous half (or the previous tile's h).
     named_bar_sync(1, kWgConsumerWarps * 32);
-    if ((o.w >> 1) == half) {
+    if (kParts == 1 || (o.w >> 1) == half) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const int p = wg_stored(8 * (4 * (2 * o.wg + mt) + o.w) + o.g);
-        uint16_t* hp = hs + ((p >> 3) - 8 * half) * NT * 8 + (p & 7);
+        uint16_t* hp = hs + ((p >> 3) - kPP * half) * NT * 8 + (p & 7);
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -194,8 +197,8 @@ __device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float 
     }
     named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' parts of the half's rows are staged
     const uint4* src = reinterpret_cast<const uint4*>(hs);
-    for (int i = o.tid; i < 8 * NT; i += kWgConsumerWarps * 32) {
-      const int plane = 8 * half + i / NT, n = i - (i / NT) * NT;
+    for (int i = o.tid; i < kPP * NT; i += kWgConsumerWarps * 32) {
+      const int plane = kPP * half + i / NT, n = i - (i / NT) * NT;
       if (o.row0 + n < o.count)
         *reinterpret_cast<uint4*>(h + ((static_cast<int64_t>(o.n_tile) * 16 + plane) * rows + o.first + o.row0 + n) * 8) =
             src[i];
