@@ -156,6 +156,21 @@ TEST(CudaKnobs, MoeWgmmaN) {
             "TERN_MOE_WGMMA_N=\"100\": expected auto, 32, 64, 96, 112 or 128 (unset: auto)");
 }
 
+TEST(CudaKnobs, MoeWgmmaCluster) {
+  ScopedEnv env("TERN_MOE_WGMMA_CLUSTER", nullptr);
+  EXPECT_FALSE(moe_grouped_wgmma_cluster(16));
+  env.set("2");
+  EXPECT_TRUE(moe_grouped_wgmma_cluster(16));
+  EXPECT_FALSE(moe_grouped_wgmma_cluster(15));  // a job's n-tiles must pair up
+  EXPECT_NE(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
+  env.set("1");
+  EXPECT_FALSE(moe_grouped_wgmma_cluster(16));
+  EXPECT_EQ(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
+  env.set("4");
+  EXPECT_EQ(refusal([] { moe_grouped_wgmma_cluster(16); }),
+            "TERN_MOE_WGMMA_CLUSTER=\"4\": expected 1 or 2 (unset: 1)");
+}
+
 // Auto: the fewest tiles over an expert's mean pairs plus 10%, then the narrowest width with that many. At 8K tokens
 // of V4-Flash (256 experts, 6 a token: mean 192 pairs) the least padding alone picked 7 x 32 over 2 x 128, a 2.3x
 // slower up kernel (session 36).

@@ -73,6 +73,47 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
+// The same to the same shared-memory offset in every block of the cluster whose bit is set in `cta_mask` (each
+// block's barrier at `bar`'s offset gets the transaction bytes of its copy): a block of a 2-block cluster loads half of
+// an operand both use and the copy engine delivers it to both.
+__device__ __forceinline__ void bulk_copy_g2s_multicast(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                        uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// The 32-bit shared::cluster address of `p` (this block's shared memory) in the cluster block `rank`: one register an
+// address where the generic pointers of cluster_group::map_shared_rank take two.
+__device__ __forceinline__ uint32_t cluster_smem_addr(const void* p, uint32_t rank) {
+  uint32_t r;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+
+// An arrival on a barrier of another block of the cluster (its shared::cluster address), ordering this thread's
+// earlier accesses before whatever the waiter does after (release at cluster scope).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+
+// mbar_wait that acquires at cluster scope: the phase's arrivals came from other blocks of the cluster too.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n"
+        " .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.b32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+
 // One arrival on `bar` once every cp.async (the non-bulk, per-thread form) this thread issued before it has
 // landed; .noinc: the arrival is one of the barrier's expected count (BulkRing::init's producer_arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
@@ -142,6 +183,18 @@ struct BulkRing {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
   }
+  // A ring shared with the other block of a 2-block cluster (that block's producer writes into this one's slots by
+  // multicast, so a slot is free once both blocks' consumers are done with it; init with 2x the consumer warps):
+  // release_at on this block's barrier and on the peer's, and the producer's wait at cluster scope.
+  __device__ void release_pair_at(int s, uint32_t peer) const {
+    fence_proxy_async_smem();
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+      mbar_arrive(&empty[s]);
+      mbar_arrive_cluster(cluster_smem_addr(&empty[s], peer));
+    }
+  }
+  __device__ void wait_free_pair_at(int s, uint32_t parity) const { mbar_wait_cluster(&empty[s], parity ^ 1u); }
 };
 
 // Stage i's slot (i % stages) and round parity ((i / stages) & 1), kept by counting while a loop walks the

@@ -42,6 +42,7 @@
 #include <string>
 #include <string_view>
 
+#include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/launch.cuh"
 #include "backends/cuda/kernels/linear.cuh"
 #include "backends/cuda/kernels/mma_tile.cuh"
@@ -115,15 +116,7 @@ __device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, float scale) {
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// The 32-bit shared::cluster address of `p` (this block's shared memory) in the cluster block `rank`, and a store
-// there: one register an address where the generic pointers of cluster_group::map_shared_rank take two.
-__device__ __forceinline__ uint32_t cluster_smem_addr(const void* p, uint32_t rank) {
-  uint32_t r;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
-  return r;
-}
+// A store at a shared::cluster address (bulk_pipe.cuh's cluster_smem_addr).
 __device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }

@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     const uint32_t smem0 = smem_addr(smem);
     RingCursor c;
     for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT, a.n_tiles);
       WgWeightCopier<UP, 4> copier(a.experts[tl.e], p, tl.n_tile, N, K, a.l2_hint);
       const uint8_t* xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
       const float* xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
 
   RingCursor c;
   for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
+    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT, a.n_tiles);
     const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
 
     float acc[2][NT / 2], fresh[2][NT / 2];

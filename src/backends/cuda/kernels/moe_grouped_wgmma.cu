@@ -45,9 +45,13 @@
 // n_tile * 128 + 8 sigma + r % 8, so a thread's accumulators of rows g and g+8 are gate and up of one h
 // column and SwiGLU runs in registers. Down: slab rows are w2 rows n_tile * 256 + row.
 // Weights enter as W * 2^-16 (mma_tile.cuh) and the sums are scaled by 2^16 and NVFP4's global scales.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <string_view>
 
 #include "backends/cuda/kernels/act_quant.cuh"
@@ -65,27 +69,26 @@
 namespace tern::cuda {
 namespace dev {
 namespace {
+namespace cg = cooperative_groups;
 
 // A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their scale bytes (row m at 8 m: 4
-// e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. As many stages as fit beside the
-// up kernel's h staging (half the tile's planes, kWgHStageBytes), at most kWgMaxStages (session 35; at most 4 before,
-// and 3 for 128-pair up tiles, whose whole h staging took the fourth's room): 32 and 64 pairs take 6, 96 5, 112 and
-// 128 4.
-// kDeep false (TERN_MOE_WGMMA_RING=shallow, an A/B knob while session 36 measures both): session 35's tile, at most 4
-// stages and the whole h staged at once.
-inline constexpr int kWgMaxStages = 6;
-template <int NT, bool UP, bool kDeep = true>
+// e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. 4 stages, 3 where the up
+// kernel's h staging (the whole tile at once) leaves no room for the fourth (128 pairs). Session 36 (H100, one
+// machine): a ring as deep as shared memory allows (6 stages at 32 / 64 pairs, 4 at 128) with h staged in halves was
+// slower (8K up kernel at 128 pairs 4 131-4 151 us a layer against 3 968; 2K at 64 pairs 1 971 against 1 948; the
+// down kernels equal): the halves leave half the warps idle in the epilogue and deeper rings bought no wait.
+template <int NT, bool UP>
 struct WgTile {
-  static constexpr int kHParts = kDeep ? 2 : 1;
+  static constexpr int kHParts = 1;
   static_assert(NT % 8 == 0 && NT >= 32 && NT <= kWgMaxTok);
   static constexpr int kPlane = NT * 16;
   static constexpr int kScOff = kWgWBytes;
   static constexpr int kXOff = kWgWBytes + kWgRows * 8;
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, kHParts> : 0;  // up: h staging, 16 / kHParts planes
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, kHParts> : 0;  // up: h staging, the 16 planes
   static constexpr int kStages = [] {
-    int n = kDeep ? kWgMaxStages : 4;
+    int n = 4;
     while (n > 3 && n * kStage + 2 * n * 8 + kHBytes > kWgSmemMax) --n;
     return n;
   }();
@@ -278,17 +281,29 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // raw words), so k-step 0 of the next stage decodes during group 7. A slot is handed back at k-step 0 of the
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
-template <WeightFormat F, bool UP, int NT, bool kDeep>
+//
+// kMc (TERN_MOE_WGMMA_CLUSTER): a cluster of 2 blocks takes n-tiles 2 q and 2 q + 1 of one m-tile together, so both
+// use the same x tile: each block's producer loads 8 of a stage's 16 x planes and the copy engine multicasts them
+// into both blocks' slots (an x tile is 2/3 of a 128-pair stage's bytes; session 36's ncu: the up kernel at L2 55%
+// with both the consumers and the producer waiting, i.e. a stage's fill time). The two blocks walk the same stages
+// in lockstep: a slot is free once both blocks' consumers released it (each consumer warp arrives on its block's
+// empty barrier and on the peer's), and neither block leaves before the other is done (a cluster barrier at the end).
+template <WeightFormat F, bool UP, int NT, bool kMc>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  using Tile = WgTile<NT, UP, kDeep>;
+  using Tile = WgTile<NT, UP>;
   constexpr int kStages = Tile::kStages;
   constexpr bool kNv = F == WeightFormat::nvfp4;
+  constexpr int kCta = kMc ? 2 : 1;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int nj = *a.num_jobs;
-  const int64_t tiles = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles;
-  if (static_cast<int64_t>(blockIdx.x) >= tiles) return;  // no tile for this block (uniform)
+  // Work units: a tile, or (kMc) a pair of n-tiles of one m-tile; n_tiles is even where kMc runs.
+  const int n_units = a.n_tiles / kCta;
+  const int64_t units = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * n_units;
+  const int64_t unit0 = blockIdx.x / kCta, unit_step = gridDim.x / kCta;
+  if (unit0 >= units) return;  // no unit for this block (uniform, and the same for both blocks of a cluster)
+  const uint32_t rank = kMc ? cg::this_cluster().block_rank() : 0;
   const int64_t K = a.K, N = a.N;
   const int kblocks = static_cast<int>(K / kWgK);
 
@@ -296,11 +311,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   const BulkRing ring{bars, bars + kStages, kStages};
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
-    // full: the producer threads' cp.async arrivals and the x planes' arming thread (transaction bytes).
-    ring.init(kWgConsumerWarps, kWgProducerThreads + 1);
+    // full: the producer threads' cp.async arrivals and the x planes' arming thread (transaction bytes, the planes
+    // the peer multicasts included). empty: the consumer warps of both blocks (kMc).
+    ring.init(kWgConsumerWarps * kCta, kWgProducerThreads + 1);
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (kMc)
+    cg::this_cluster().sync();  // both blocks' barriers are initialised before either block's copies or arrivals
+  else
+    __syncthreads();
 
   if (warp >= kWgConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
@@ -308,26 +327,35 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     const int p = tid - kWgConsumerWarps * 32;
     const uint32_t smem0 = smem_addr(smem);
     RingCursor c;
-    for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
-      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile, N, K, a.l2_hint);
+    for (int64_t u = unit0; u < units; u += unit_step) {
+      const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
+      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile * kCta + static_cast<int>(rank), N, K,
+                                             a.l2_hint);
       const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
-        ring.wait_free_at(c.slot, c.parity);
+        if constexpr (kMc)
+          ring.wait_free_pair_at(c.slot, c.parity);
+        else
+          ring.wait_free_at(c.slot, c.parity);
         const uint32_t st = smem0 + c.slot * Tile::kStage;
         uint64_t* full = &ring.full[c.slot];
         if (p < 32) {
           if (p == 0) mbar_arrive_expect_tx(full, Tile::kXBytes);
           __syncwarp();
-          if (p < 16)
-            bulk_copy_g2s(smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane,
-                          xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8, Tile::kPlane, full);
+          uint8_t* dst = smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane;
+          const uint16_t* src = xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8;
+          if constexpr (kMc) {
+            if ((p >> 3) == static_cast<int>(rank)) bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, 0x3);
+          } else if (p < 16) {
+            bulk_copy_g2s(dst, src, Tile::kPlane, full);
+          }
         }
         copier.stage(st, kWgK / 2, Tile::kScOff);
         cp_async_mbar_arrive_noinc(full);
       }
     }
     cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits
+    if constexpr (kMc) cg::this_cluster().sync();  // the consumers' end (below)
     return;
   }
 
@@ -372,10 +400,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
       }
   };
 
+  const auto release = [&](int slot) {
+    if constexpr (kMc)
+      ring.release_pair_at(slot, rank ^ 1u);
+    else
+      ring.release_at(slot);
+  };
   RingCursor c;
-  for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT);
-    const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
+  for (int64_t u = unit0; u < units; u += unit_step) {
+    const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
+    const int n_tile = tl.n_tile * kCta + static_cast<int>(rank), row0 = tl.row0, first = tl.first, count = tl.count;
     const ExpertDesc& ed = a.experts[tl.e];
 
     float acc[2][NT / 2];
@@ -405,7 +439,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
         wgmma_pin(acc[0]);
         wgmma_pin(acc[1]);
         if constexpr (s == 0) {
-          if (kb > 0) ring.release_at(prev_slot);  // the previous stage's last group (7) is done
+          if (kb > 0) release(prev_slot);  // the previous stage's last group (7) is done
         }
         if constexpr (s < 7) decode(std::integral_constant<int, s + 1>{}, af[(s + 1) % 2]);
         if constexpr (s == 7) {
@@ -428,7 +462,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     wgmma_wait<0>();  // the tile's last group: then the accumulators and the last slot are free
     wgmma_pin(acc[0]);
     wgmma_pin(acc[1]);
-    ring.release_at(prev_slot);
+    release(prev_slot);
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
       wg_store_h<NT, Tile::kHParts>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
@@ -437,29 +471,51 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
   }
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
+  // The peer's consumers may still arrive on this block's empty barriers: no block leaves before both are done.
+  if constexpr (kMc) cg::this_cluster().sync();
 }
 
-template <WeightFormat F, bool UP, int NT, bool kDeep>
-void launch_wgmma_ring(const WgArgs& a, int64_t blocks, cudaStream_t stream) {
-  constexpr int kSmem = WgTile<NT, UP, kDeep>::kSmem;
-  static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_wgmma_kernel<F, UP, NT, kDeep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSmem);
-    return true;
+template <WeightFormat F, bool UP, int NT, bool kMc>
+void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  constexpr int kSmem = WgTile<NT, UP>::kSmem;
+  constexpr unsigned kCta = kMc ? 2 : 1;
+  // Persistent blocks, at most as many as can be resident at once (kMc: clusters of 2 that fit side by side).
+  static const int64_t resident = [] {
+    const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kMc>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if constexpr (!kMc) {
+      return wg_blocks(std::numeric_limits<int>::max(), 1);
+    } else {
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = kCta, attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.gridDim = dim3(static_cast<unsigned>(wg_blocks(std::numeric_limits<int>::max(), 1)) / kCta * kCta);
+      cfg.blockDim = dim3(kWgThreads);
+      cfg.dynamicSmemBytes = kSmem;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) clusters = 0;
+      (void)cudaGetLastError();
+      return static_cast<int64_t>(clusters) * kCta;
+    }
   }();
-  (void)attr;
-  launch(moe_grouped_wgmma_kernel<F, UP, NT, kDeep>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+  TERN_CHECK(resident > 0, "moe_grouped_wgmma_kernel: no 2-block cluster of ", kSmem,
+             " bytes of shared memory fits (cudaOccupancyMaxActiveClusters); TERN_MOE_WGMMA_CLUSTER=1 runs single blocks");
+  const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, resident) / kCta * kCta;
+  if (blocks == 0) return;
+  LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kWgThreads), kSmem, stream};
+  shape.cluster_x = kMc ? kCta : 0;
+  launch(shape, moe_grouped_wgmma_kernel<F, UP, NT, kMc>, a);
 }
 
 template <WeightFormat F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  const int64_t blocks = wg_blocks(m_tiles_bound, a.n_tiles);
-  if (blocks == 0) return;
-  // TERN_MOE_WGMMA_RING=shallow (mxfp4 only): session 35's ring for A/B (read at each call).
-  if (F == WeightFormat::mxfp4 && env_choice("TERN_MOE_WGMMA_RING", {"deep", "shallow"}, "deep") == "shallow")
-    launch_wgmma_ring<F, UP, NT, F != WeightFormat::mxfp4>(a, blocks, stream);
+  if (moe_grouped_wgmma_cluster(a.n_tiles))
+    launch_wgmma_as<F, UP, NT, true>(a, m_tiles_bound, stream);
   else
-    launch_wgmma_ring<F, UP, NT, true>(a, blocks, stream);
+    launch_wgmma_as<F, UP, NT, false>(a, m_tiles_bound, stream);
 }
 
 template <WeightFormat F, int NT>
@@ -543,25 +599,18 @@ int64_t moe_grouped_rows(const MoeParams& p) {
   return p.T * p.k + dev::kWgMaxTok;
 }
 
-const char* moe_grouped_wgmma_path_name(const MoeParams& p) {
-#define TERN_WG_NAME(fmt, tile)                                                                          \
-  "moe_grouped_wgmma_kernel " fmt " " tile                                                               \
-  " (wgmma bf16, fp4 decoded into A registers a k-step ahead, 2 groups in flight, weights by cp.async, " \
-  "x by bulk copy)"
-#define TERN_WG_NAMES(fmt)                                                                       \
-  {TERN_WG_NAME(fmt, "256x64"), TERN_WG_NAME(fmt, "256x96"), TERN_WG_NAME(fmt, "256x112"),     \
-   TERN_WG_NAME(fmt, "256x128"), TERN_WG_NAME(fmt, "256x{32,64,96,112,128} by pairs per expert"), \
-   TERN_WG_NAME(fmt, "256x32")}
-  static const char* const names[2][6] = {TERN_WG_NAMES("mxfp4"), TERN_WG_NAMES("nvfp4")};
-#undef TERN_WG_NAMES
-#undef TERN_WG_NAME
+bool moe_grouped_wgmma_cluster(int n_tiles) {
+  return n_tiles % 2 == 0 && env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "1") == "2";
+}
+
+std::string moe_grouped_wgmma_path_name(const MoeParams& p) {
   const int n = moe_grouped_wgmma_tile_pairs(p);
-  return names[p.kind == WeightFormat::nvfp4 ? 1 : 0][n == 64    ? 0
-                                                    : n == 96  ? 1
-                                                    : n == 112 ? 2
-                                                    : n == 128 ? 3
-                                                    : n == 32  ? 5
-                                                               : 4];
+  const std::string tile = n == 0 ? "256x{32,64,96,112,128} by pairs per expert" : "256x" + std::to_string(n);
+  const bool mc = moe_grouped_wgmma_cluster(2);
+  return std::string("moe_grouped_wgmma_kernel ") + (p.kind == WeightFormat::nvfp4 ? "nvfp4 " : "mxfp4 ") + tile +
+         " (wgmma bf16, fp4 decoded into A registers a k-step ahead, 2 groups in flight, weights by cp.async, x by " +
+         (mc ? "bulk copy multicast to 2-block clusters of n-tile pairs, single blocks where a job's n-tiles are odd)"
+             : "bulk copy)");
 }
 
 void launch_moe_grouped_tiles(const int* jobs, const int* num_jobs, int pairs, int* tile_first, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "backends/cuda/kernels/moe_grouped.cuh"
 
@@ -29,7 +30,11 @@ const char* moe_grouped_kernel_forced();
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
 // Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
 int64_t moe_grouped_rows(const MoeParams& p);
-const char* moe_grouped_wgmma_path_name(const MoeParams& p);
+// Whether a launch of n_tiles tiles along N runs as 2-block clusters sharing each stage's x planes by multicast
+// (n-tiles 2 q and 2 q + 1 of an m-tile together): TERN_MOE_WGMMA_CLUSTER=2 (read at each call; 1 or unset: single
+// blocks; other values refused) and n_tiles even.
+bool moe_grouped_wgmma_cluster(int n_tiles);
+std::string moe_grouped_wgmma_path_name(const MoeParams& p);
 // gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
 // Same conditions as launch_moe_grouped (moe_grouped_supported).
 void launch_moe_grouped_wgmma(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream);

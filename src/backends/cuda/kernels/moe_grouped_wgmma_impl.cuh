@@ -82,19 +82,20 @@ __device__ __forceinline__ int64_t wg_weight_row(int m, int n_tile, int64_t N, i
 struct WgTileAt {
   int e, first, count, n_tile, row0;
 };
-// Args: any kernel arguments with jobs, tile_first and n_tiles (WgArgs, the e4m3 kernel's).
+// Args: any kernel arguments with jobs and tile_first (WgArgs, the e4m3 kernel's). n_tiles: a job's tiles along N
+// (a.n_tiles, or its pairs of tiles where a 2-block cluster takes two: then n_tile is the pair's).
 template <class Args>
-__device__ __forceinline__ WgTileAt wg_tile_at(const Args& a, int nj, int64_t t_id, int nt) {
+__device__ __forceinline__ WgTileAt wg_tile_at(const Args& a, int nj, int64_t t_id, int nt, int n_tiles) {
   int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before t_id (every job has >= 1 m-tile)
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (static_cast<int64_t>(a.tile_first[mid]) * a.n_tiles <= t_id)
+    if (static_cast<int64_t>(a.tile_first[mid]) * n_tiles <= t_id)
       lo = mid;
     else
       hi = mid - 1;
   }
   const int m_tiles = a.tile_first[lo + 1] - a.tile_first[lo];
-  const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[lo]) * a.n_tiles);
+  const int local = static_cast<int>(t_id - static_cast<int64_t>(a.tile_first[lo]) * n_tiles);
   return WgTileAt{a.jobs[3 * lo], a.jobs[3 * lo + 1], a.jobs[3 * lo + 2], local / m_tiles,
                   (local % m_tiles) * nt};
 }
