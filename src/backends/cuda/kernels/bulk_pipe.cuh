@@ -93,25 +93,13 @@ __device__ __forceinline__ uint32_t cluster_smem_addr(const void* p, uint32_t ra
   return r;
 }
 
-// An arrival on a barrier of another block of the cluster (its shared::cluster address), ordering this thread's
-// earlier accesses before whatever the waiter does after (release at cluster scope).
+// An arrival on a barrier of another block of the cluster (its shared::cluster address), with mbarrier.arrive's
+// default semantics (release at CTA scope), as the consumer release of a multicast ring needs: what it orders is this
+// block's reads of a slot (done, waited for) before the peer's copy engine writes it. Session 36: .release.cluster here
+// and .acquire.cluster on the producer's wait cost a fence (ERRBAR) and an L1 invalidation (CCTL.IVALL) each, 36% of
+// the samples of the multicast up kernel.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
-}
-
-// mbar_wait that acquires at cluster scope: the phase's arrivals came from other blocks of the cluster too.
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n"
-        " .reg .pred p;\n"
-        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.b32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 
 // One arrival on `bar` once every cp.async (the non-bulk, per-thread form) this thread issued before it has
@@ -185,7 +173,7 @@ struct BulkRing {
   }
   // A ring shared with the other block of a 2-block cluster (that block's producer writes into this one's slots by
   // multicast, so a slot is free once both blocks' consumers are done with it; init with 2x the consumer warps):
-  // release_at on this block's barrier and on the peer's, and the producer's wait at cluster scope.
+  // release_at on this block's barrier and on the peer's.
   __device__ void release_pair_at(int s, uint32_t peer) const {
     fence_proxy_async_smem();
     __syncwarp();
@@ -194,7 +182,6 @@ struct BulkRing {
       mbar_arrive_cluster(cluster_smem_addr(&empty[s], peer));
     }
   }
-  __device__ void wait_free_pair_at(int s, uint32_t parity) const { mbar_wait_cluster(&empty[s], parity ^ 1u); }
 };
 
 // Stage i's slot (i % stages) and round parity ((i / stages) & 1), kept by counting while a loop walks the

@@ -333,10 +333,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
                                              a.l2_hint);
       const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
-        if constexpr (kMc)
-          ring.wait_free_pair_at(c.slot, c.parity);
-        else
-          ring.wait_free_at(c.slot, c.parity);
+        ring.wait_free_at(c.slot, c.parity);
         const uint32_t st = smem0 + c.slot * Tile::kStage;
         uint64_t* full = &ring.full[c.slot];
         if (p < 32) {
