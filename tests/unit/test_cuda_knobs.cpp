@@ -158,7 +158,8 @@ TEST(CudaKnobs, MoeWgmmaN) {
 
 TEST(CudaKnobs, MoeWgmmaCluster) {
   ScopedEnv env("TERN_MOE_WGMMA_CLUSTER", nullptr);
-  EXPECT_FALSE(moe_grouped_wgmma_cluster(16));
+  EXPECT_TRUE(moe_grouped_wgmma_cluster(16));  // the default (session 36: faster at 2K-8K)
+  EXPECT_FALSE(moe_grouped_wgmma_cluster(15));
   env.set("2");
   EXPECT_TRUE(moe_grouped_wgmma_cluster(16));
   EXPECT_FALSE(moe_grouped_wgmma_cluster(15));  // a job's n-tiles must pair up
@@ -168,7 +169,7 @@ TEST(CudaKnobs, MoeWgmmaCluster) {
   EXPECT_EQ(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
   env.set("4");
   EXPECT_EQ(refusal([] { moe_grouped_wgmma_cluster(16); }),
-            "TERN_MOE_WGMMA_CLUSTER=\"4\": expected 1 or 2 (unset: 1)");
+            "TERN_MOE_WGMMA_CLUSTER=\"4\": expected 1 or 2 (unset: 2)");
 }
 
 // Auto: the fewest tiles over an expert's mean pairs plus 10%, then the narrowest width with that many. At 8K tokens

@@ -282,12 +282,16 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
 //
-// kMc (TERN_MOE_WGMMA_CLUSTER): a cluster of 2 blocks takes n-tiles 2 q and 2 q + 1 of one m-tile together, so both
-// use the same x tile: each block's producer loads 8 of a stage's 16 x planes and the copy engine multicasts them
-// into both blocks' slots (an x tile is 2/3 of a 128-pair stage's bytes; session 36's ncu: the up kernel at L2 55%
-// with both the consumers and the producer waiting, i.e. a stage's fill time). The two blocks walk the same stages
-// in lockstep: a slot is free once both blocks' consumers released it (each consumer warp arrives on its block's
-// empty barrier and on the peer's), and neither block leaves before the other is done (a cluster barrier at the end).
+// kMc (the default where a job's n-tiles pair up; TERN_MOE_WGMMA_CLUSTER=1 turns it off): a cluster of 2 blocks takes
+// n-tiles 2 q and 2 q + 1 of one m-tile together, so both use the same x tile: each block's producer loads 8 of a
+// stage's 16 x planes and the copy engine multicasts them into both blocks' slots (an x tile is 2/3 of a 128-pair
+// stage's bytes). The two blocks walk the same stages in lockstep: a slot is free once both blocks' consumers
+// released it (each consumer warp arrives on its block's empty barrier and on the peer's), and neither block leaves
+// before the other is done (a cluster barrier at the end). Session 36 (H100, one machine, two rounds): 8K up kernel
+// 3 912-3 930 -> 3 707-3 712 us a layer, down 2 120-2 129 -> 1 946-1 949; 2K (64 pairs) up 1 944 -> 1 735, down
+// 1 020 -> 920; prefill 8K 0.710 -> 0.695-0.698 s, 4K 0.377-0.379 -> 0.372-0.373, 2K 0.238 -> 0.225-0.226. The
+// remote release at cluster scope (.release.cluster, and .acquire.cluster on the producer's wait) had run 21% slower
+// than single blocks: a fence and an L1 invalidation in every wait.
 template <WeightFormat F, bool UP, int NT, bool kMc>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
@@ -597,7 +601,7 @@ int64_t moe_grouped_rows(const MoeParams& p) {
 }
 
 bool moe_grouped_wgmma_cluster(int n_tiles) {
-  return n_tiles % 2 == 0 && env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "1") == "2";
+  return n_tiles % 2 == 0 && env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "2") == "2";
 }
 
 std::string moe_grouped_wgmma_path_name(const MoeParams& p) {
