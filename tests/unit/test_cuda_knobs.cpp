@@ -158,18 +158,20 @@ TEST(CudaKnobs, MoeWgmmaN) {
 
 TEST(CudaKnobs, MoeWgmmaCluster) {
   ScopedEnv env("TERN_MOE_WGMMA_CLUSTER", nullptr);
-  EXPECT_TRUE(moe_grouped_wgmma_cluster(16));  // the default (session 36: faster at 2K-8K)
-  EXPECT_FALSE(moe_grouped_wgmma_cluster(15));
-  env.set("2");
-  EXPECT_TRUE(moe_grouped_wgmma_cluster(16));
-  EXPECT_FALSE(moe_grouped_wgmma_cluster(15));  // a job's n-tiles must pair up
-  EXPECT_NE(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
-  env.set("1");
-  EXPECT_FALSE(moe_grouped_wgmma_cluster(16));
-  EXPECT_EQ(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
+  EXPECT_EQ(moe_grouped_wgmma_cluster(16), 2);  // the default (session 36: faster at 2K-8K)
+  EXPECT_EQ(moe_grouped_wgmma_cluster(15), 1);  // a job's n-tiles must divide into clusters
+  EXPECT_NE(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast to 2-block"), std::string::npos);
   env.set("4");
+  EXPECT_EQ(moe_grouped_wgmma_cluster(16), 4);
+  EXPECT_EQ(moe_grouped_wgmma_cluster(6), 2);
+  EXPECT_EQ(moe_grouped_wgmma_cluster(7), 1);
+  EXPECT_NE(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast to 4-block"), std::string::npos);
+  env.set("1");
+  EXPECT_EQ(moe_grouped_wgmma_cluster(16), 1);
+  EXPECT_EQ(moe_grouped_wgmma_path_name(MoeParams{}).find("multicast"), std::string::npos);
+  env.set("3");
   EXPECT_EQ(refusal([] { moe_grouped_wgmma_cluster(16); }),
-            "TERN_MOE_WGMMA_CLUSTER=\"4\": expected 1 or 2 (unset: 2)");
+            "TERN_MOE_WGMMA_CLUSTER=\"3\": expected 1, 2 or 4 (unset: 2)");
 }
 
 // Auto: the fewest tiles over an expert's mean pairs plus 10%, then the narrowest width with that many. At 8K tokens

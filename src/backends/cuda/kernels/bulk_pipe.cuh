@@ -74,8 +74,8 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 }
 
 // The same to the same shared-memory offset in every block of the cluster whose bit is set in `cta_mask` (each
-// block's barrier at `bar`'s offset gets the transaction bytes of its copy): a block of a 2-block cluster loads half of
-// an operand both use and the copy engine delivers it to both.
+// block's barrier at `bar`'s offset gets the transaction bytes of its copy): a block of a cluster loads its share of an
+// operand all of them use and the copy engine delivers it to each.
 __device__ __forceinline__ void bulk_copy_g2s_multicast(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
                                                         uint16_t cta_mask) {
   asm volatile(
@@ -171,15 +171,16 @@ struct BulkRing {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[s]);
   }
-  // A ring shared with the other block of a 2-block cluster (that block's producer writes into this one's slots by
-  // multicast, so a slot is free once both blocks' consumers are done with it; init with 2x the consumer warps):
-  // release_at on this block's barrier and on the peer's.
-  __device__ void release_pair_at(int s, uint32_t peer) const {
+  // A ring shared by the blocks of a cluster (each block's producer writes into the others' slots by multicast, so a
+  // slot is free once every block's consumers are done with it; init with ctas x the consumer warps): release_at on
+  // this block's barrier and on each other block's.
+  __device__ void release_cluster_at(int s, uint32_t rank, int ctas) const {
     fence_proxy_async_smem();
     __syncwarp();
     if ((threadIdx.x & 31) == 0) {
       mbar_arrive(&empty[s]);
-      mbar_arrive_cluster(cluster_smem_addr(&empty[s], peer));
+      for (int r = 1; r < ctas; ++r)
+        mbar_arrive_cluster(cluster_smem_addr(&empty[s], (rank + static_cast<uint32_t>(r)) % static_cast<uint32_t>(ctas)));
     }
   }
 };

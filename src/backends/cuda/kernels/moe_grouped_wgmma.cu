@@ -282,27 +282,28 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
 //
-// kMc (the default where a job's n-tiles pair up; TERN_MOE_WGMMA_CLUSTER=1 turns it off): a cluster of 2 blocks takes
-// n-tiles 2 q and 2 q + 1 of one m-tile together, so both use the same x tile: each block's producer loads 8 of a
-// stage's 16 x planes and the copy engine multicasts them into both blocks' slots (an x tile is 2/3 of a 128-pair
-// stage's bytes). The two blocks walk the same stages in lockstep: a slot is free once both blocks' consumers
-// released it (each consumer warp arrives on its block's empty barrier and on the peer's), and neither block leaves
-// before the other is done (a cluster barrier at the end). Session 36 (H100, one machine, two rounds): 8K up kernel
+// kCta > 1 (2 by default where a job's n-tiles pair up; TERN_MOE_WGMMA_CLUSTER=1 turns it off, =4 for 4): a cluster
+// of kCta blocks takes n-tiles kCta q .. kCta q + kCta - 1 of one m-tile together, so all use the same x tile: each
+// block's producer loads 16 / kCta of a stage's 16 x planes and the copy engine multicasts them into every block's
+// slots (an x tile is 2/3 of a 128-pair stage's bytes). The blocks walk the same stages in lockstep: a slot is free
+// once every block's consumers released it (each consumer warp arrives on every block's empty barrier), and no block
+// leaves before the others are done (a cluster barrier at the end). Session 36 (H100, one machine, two rounds): 8K up kernel
 // 3 912-3 930 -> 3 707-3 712 us a layer, down 2 120-2 129 -> 1 946-1 949; 2K (64 pairs) up 1 944 -> 1 735, down
 // 1 020 -> 920; prefill 8K 0.710 -> 0.695-0.698 s, 4K 0.377-0.379 -> 0.372-0.373, 2K 0.238 -> 0.225-0.226. The
 // remote release at cluster scope (.release.cluster, and .acquire.cluster on the producer's wait) had run 21% slower
 // than single blocks: a fence and an L1 invalidation in every wait.
-template <WeightFormat F, bool UP, int NT, bool kMc>
+template <WeightFormat F, bool UP, int NT, int kCta>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
+  static_assert(kCta == 1 || kCta == 2 || kCta == 4);
+  constexpr bool kMc = kCta > 1;
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = WgTile<NT, UP>;
   constexpr int kStages = Tile::kStages;
   constexpr bool kNv = F == WeightFormat::nvfp4;
-  constexpr int kCta = kMc ? 2 : 1;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int nj = *a.num_jobs;
-  // Work units: a tile, or (kMc) a pair of n-tiles of one m-tile; n_tiles is even where kMc runs.
+  // Work units: a tile, or (kMc) kCta n-tiles of one m-tile; kCta divides n_tiles where kMc runs.
   const int n_units = a.n_tiles / kCta;
   const int64_t units = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * n_units;
   const int64_t unit0 = blockIdx.x / kCta, unit_step = gridDim.x / kCta;
@@ -346,7 +347,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
           uint8_t* dst = smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane;
           const uint16_t* src = xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8;
           if constexpr (kMc) {
-            if ((p >> 3) == static_cast<int>(rank)) bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, 0x3);
+            if (p < 16 && p / (16 / kCta) == static_cast<int>(rank))
+              bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, (1u << kCta) - 1);
           } else if (p < 16) {
             bulk_copy_g2s(dst, src, Tile::kPlane, full);
           }
@@ -403,7 +405,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
 
   const auto release = [&](int slot) {
     if constexpr (kMc)
-      ring.release_pair_at(slot, rank ^ 1u);
+      ring.release_cluster_at(slot, rank, kCta);
     else
       ring.release_at(slot);
   };
@@ -476,13 +478,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   if constexpr (kMc) cg::this_cluster().sync();
 }
 
-template <WeightFormat F, bool UP, int NT, bool kMc>
+template <WeightFormat F, bool UP, int NT, int kCta>
 void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   constexpr int kSmem = WgTile<NT, UP>::kSmem;
-  constexpr unsigned kCta = kMc ? 2 : 1;
+  constexpr bool kMc = kCta > 1;
   // Persistent blocks, at most as many as can be resident at once (kMc: clusters of 2 that fit side by side).
   static const int64_t resident = [] {
-    const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kMc>;
+    const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kCta>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if constexpr (!kMc) {
       return wg_blocks(std::numeric_limits<int>::max(), 1);
@@ -502,21 +504,28 @@ void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream
       return static_cast<int64_t>(clusters) * kCta;
     }
   }();
-  TERN_CHECK(resident > 0, "moe_grouped_wgmma_kernel: no 2-block cluster of ", kSmem,
+  TERN_CHECK(resident > 0, "moe_grouped_wgmma_kernel: no ", kCta, "-block cluster of ", kSmem,
              " bytes of shared memory fits (cudaOccupancyMaxActiveClusters); TERN_MOE_WGMMA_CLUSTER=1 runs single blocks");
   const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, resident) / kCta * kCta;
   if (blocks == 0) return;
   LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kWgThreads), kSmem, stream};
   shape.cluster_x = kMc ? kCta : 0;
-  launch(shape, moe_grouped_wgmma_kernel<F, UP, NT, kMc>, a);
+  launch(shape, moe_grouped_wgmma_kernel<F, UP, NT, kCta>, a);
 }
 
 template <WeightFormat F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  if (moe_grouped_wgmma_cluster(a.n_tiles))
-    launch_wgmma_as<F, UP, NT, true>(a, m_tiles_bound, stream);
-  else
-    launch_wgmma_as<F, UP, NT, false>(a, m_tiles_bound, stream);
+  switch (moe_grouped_wgmma_cluster(a.n_tiles)) {
+    case 4:
+      launch_wgmma_as<F, UP, NT, 4>(a, m_tiles_bound, stream);
+      break;
+    case 2:
+      launch_wgmma_as<F, UP, NT, 2>(a, m_tiles_bound, stream);
+      break;
+    default:
+      launch_wgmma_as<F, UP, NT, 1>(a, m_tiles_bound, stream);
+      break;
+  }
 }
 
 template <WeightFormat F, int NT>
@@ -600,18 +609,21 @@ int64_t moe_grouped_rows(const MoeParams& p) {
   return p.T * p.k + dev::kWgMaxTok;
 }
 
-bool moe_grouped_wgmma_cluster(int n_tiles) {
-  return n_tiles % 2 == 0 && env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "2") == "2";
+int moe_grouped_wgmma_cluster(int n_tiles) {
+  int c = std::stoi(env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2", "4"}, "2"));
+  while (c > 1 && n_tiles % c != 0) c /= 2;
+  return c;
 }
 
 std::string moe_grouped_wgmma_path_name(const MoeParams& p) {
   const int n = moe_grouped_wgmma_tile_pairs(p);
   const std::string tile = n == 0 ? "256x{32,64,96,112,128} by pairs per expert" : "256x" + std::to_string(n);
-  const bool mc = moe_grouped_wgmma_cluster(2);
+  const int mc = moe_grouped_wgmma_cluster(4);
   return std::string("moe_grouped_wgmma_kernel ") + (p.kind == WeightFormat::nvfp4 ? "nvfp4 " : "mxfp4 ") + tile +
          " (wgmma bf16, fp4 decoded into A registers a k-step ahead, 2 groups in flight, weights by cp.async, x by " +
-         (mc ? "bulk copy multicast to 2-block clusters of n-tile pairs, single blocks where a job's n-tiles are odd)"
-             : "bulk copy)");
+         (mc > 1 ? "bulk copy multicast to " + std::to_string(mc) +
+                       "-block clusters of an m-tile's n-tiles, smaller where a job's n-tiles do not divide)"
+                 : std::string("bulk copy)"));
 }
 
 void launch_moe_grouped_tiles(const int* jobs, const int* num_jobs, int pairs, int* tile_first, cudaStream_t stream) {

@@ -30,10 +30,10 @@ const char* moe_grouped_kernel_forced();
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
 // Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
 int64_t moe_grouped_rows(const MoeParams& p);
-// Whether a launch of n_tiles tiles along N runs as 2-block clusters sharing each stage's x planes by multicast
-// (n-tiles 2 q and 2 q + 1 of an m-tile together): n_tiles even, unless TERN_MOE_WGMMA_CLUSTER=1 (single blocks; read
-// at each call; 2 or unset: clusters; other values refused). Session 36: 8K prefill -2%, 2K -5%.
-bool moe_grouped_wgmma_cluster(int n_tiles);
+// The cluster size (1, 2 or 4) of a launch of n_tiles tiles along N: a cluster takes that many n-tiles of one m-tile
+// and shares each stage's x planes by multicast. TERN_MOE_WGMMA_CLUSTER (read at each call; unset: 2; 1: single
+// blocks; other values refused), halved until it divides n_tiles. Session 36: 2-block clusters 8K prefill -2%, 2K -5%.
+int moe_grouped_wgmma_cluster(int n_tiles);
 std::string moe_grouped_wgmma_path_name(const MoeParams& p);
 // gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
 // Same conditions as launch_moe_grouped (moe_grouped_supported).

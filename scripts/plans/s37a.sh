@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 37's first call (pack .plans/packs/s37a.tar.xz; carry [".plans/packs/s37a.tar.xz"]): the wgmma MoE kernels
+# as 4-block clusters (TERN_MOE_WGMMA_CLUSTER=4: each block loads 4 of a stage's 16 x planes and multicasts them to
+# the four) against the default 2-block clusters (session 36 call 4: 8K prefill 0.695-0.698 s, up 3 707-3 712 / down
+# 1 946-1 949 us a layer; 2K 0.225-0.226, up 1 735 / down 920). Predicted: the x bytes a block halve again (L2 43% ->
+# ~35%), the lockstep of four blocks costs some: up / down -2 to -5% at 8K if the fill is still the bound.
+#   1. the grouped wgmma tests under 4-block clusters (a hang shows here), GPU model tests with them;
+#   2. prefill 8K, 4K, 2K, two rounds alternating 2 / 4;
+#   3. ncu of the 8K up kernel with 4-block clusters.
+set -u
+cd "$(dirname "$0")/../.."
+export TERN_PACK=.plans/packs/s37a.tar.xz
+source scripts/plans/env.sh
+L=$OUT
+P=$(mktemp -d)
+stamp "1. tests"
+TERN_MOE_WGMMA_CLUSTER=4 timeout 60 $G/tern_gpu_tests --gtest_filter='GpuMoeGroupedWgmma.*' > $P/t-4e.log 2>&1
+echo "rc $? (4, edge shapes)"; pf $P/t-4e.log 6; grep -c "^\[       OK" $P/t-4e.log
+TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuMoeGrouped.AgainstCpuAndLibrary/*' \
+  > $P/t-4.log 2>&1
+echo "rc $? (4)"; pf $P/t-4.log 6; grep -c "^\[       OK" $P/t-4.log
+TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model, 4)"
+pf $P/model.log 4; grep -c "^\[       OK" $P/model.log
+stamp "2. prefill"
+rx="moe_grouped_wgmma_kernel"
+for r in 1 2; do
+  for mc in 2 4; do
+    for n in 8192 4096 2048; do pf_rows c$mc-$r $n "$rx" TERN_MOE_WGMMA_CLUSTER=$mc; done
+  done
+done
+stamp "3. ncu of the 8K up kernel, 4-block clusters"
+TERN_MOE_WGMMA_CLUSTER=4 timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_wgmma_kernel" \
+  --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+  --section ComputeWorkloadAnalysis --section SourceCounters --section MemoryWorkloadAnalysis --import-source no \
+  -o $P/moe-c4 $T bench-step --device cuda --config full --contexts 1024 --prefill 8192 --batches 1 --steps 1 \
+  --warmup 0 > $P/ncu.log 2>&1
+echo "rc $?"
+timeout 60 ncu -i $P/moe-c4.ncu-rep --page details > $L/details-c4.txt 2>&1
+timeout 60 ncu -i $P/moe-c4.ncu-rep --page source --csv --print-source sass > $L/sass-c4.csv 2>/dev/null
+grep -E "moe_grouped|Duration|Issued Warp|No Eligible|L2 Cache Throughput" $L/details-c4.txt | head -5 | cut -c1-120
+cp $P/pf-8192-c4-1.log $P/t-4e.log $P/model.log $L/ 2>/dev/null
+stamp done
