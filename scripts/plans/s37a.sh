@@ -4,8 +4,11 @@
 # the four) against the default 2-block clusters (session 36 call 4: 8K prefill 0.695-0.698 s, up 3 707-3 712 / down
 # 1 946-1 949 us a layer; 2K 0.225-0.226, up 1 735 / down 920). Predicted: the x bytes a block halve again (L2 43% ->
 # ~35%), the lockstep of four blocks costs some: up / down -2 to -5% at 8K if the fill is still the bound.
-#   1. the grouped wgmma tests under 4-block clusters (a hang shows here), GPU model tests with them;
-#   2. prefill 8K, 4K, 2K, two rounds alternating 2 / 4;
+# And hc_pre of prefill chunks on hc_mix_tiled_kernel (TERN_HC_MIX_TILED=1, off; built in session 36 without a GPU):
+# predicted ~-20 ms at 8K (hc_post_squares 401 + the library mix 295 us a call -> ~450).
+#   1. the grouped wgmma tests under 4-block clusters (a hang shows here), GPU model tests with them; GpuV4.Mhc (the
+#      tiled mix against the CPU and hc_mix_kernel's bits) and the model tests with TERN_HC_MIX_TILED=1;
+#   2. prefill 8K, 4K, 2K, two rounds alternating clusters 2 / 4; 8K and 2K, two rounds, TERN_HC_MIX_TILED 0 / 1;
 #   3. ncu of the 8K up kernel with 4-block clusters.
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,11 +24,20 @@ TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/Gp
 echo "rc $? (4)"; pf $P/t-4.log 6; grep -c "^\[       OK" $P/t-4.log
 TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model, 4)"
 pf $P/model.log 4; grep -c "^\[       OK" $P/model.log
+timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*' > $P/t-mhc.log 2>&1
+echo "rc $? (mhc)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
+TERN_HC_MIX_TILED=1 timeout 150 $G/tern_gpu_model_tests > $P/model-t.log 2>&1; echo "rc $? (model, tiled mix)"
+pf $P/model-t.log 4; grep -c "^\[       OK" $P/model-t.log
 stamp "2. prefill"
 rx="moe_grouped_wgmma_kernel"
 for r in 1 2; do
   for mc in 2 4; do
     for n in 8192 4096 2048; do pf_rows c$mc-$r $n "$rx" TERN_MOE_WGMMA_CLUSTER=$mc; done
+  done
+done
+for r in 1 2; do
+  for tl in 0 1; do
+    for n in 8192 2048; do pf_rows t$tl-$r $n "hc_|sm80_xmma_gemm_f32" TERN_HC_MIX_TILED=$tl; done
   done
 done
 stamp "3. ncu of the 8K up kernel, 4-block clusters"
@@ -38,5 +50,5 @@ echo "rc $?"
 timeout 60 ncu -i $P/moe-c4.ncu-rep --page details > $L/details-c4.txt 2>&1
 timeout 60 ncu -i $P/moe-c4.ncu-rep --page source --csv --print-source sass > $L/sass-c4.csv 2>/dev/null
 grep -E "moe_grouped|Duration|Issued Warp|No Eligible|L2 Cache Throughput" $L/details-c4.txt | head -5 | cut -c1-120
-cp $P/pf-8192-c4-1.log $P/t-4e.log $P/model.log $L/ 2>/dev/null
+cp $P/pf-8192-c4-1.log $P/pf-8192-t1-1.log $P/t-4e.log $P/t-mhc.log $P/model.log $L/ 2>/dev/null
 stamp done

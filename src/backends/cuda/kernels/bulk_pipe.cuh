@@ -177,11 +177,12 @@ struct BulkRing {
   __device__ void release_cluster_at(int s, uint32_t rank, int ctas) const {
     fence_proxy_async_smem();
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
+    // Lane 0 arrives here, lane r on block rank + r: the remote arrivals side by side, not one lane's chain.
+    const int r = static_cast<int>(threadIdx.x & 31);
+    if (r == 0)
       mbar_arrive(&empty[s]);
-      for (int r = 1; r < ctas; ++r)
-        mbar_arrive_cluster(cluster_smem_addr(&empty[s], (rank + static_cast<uint32_t>(r)) % static_cast<uint32_t>(ctas)));
-    }
+    else if (r < ctas)
+      mbar_arrive_cluster(cluster_smem_addr(&empty[s], (rank + static_cast<uint32_t>(r)) % static_cast<uint32_t>(ctas)));
   }
 };
 

@@ -294,9 +294,9 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // than single blocks: a fence and an L1 invalidation in every wait.
 template <WeightFormat F, bool UP, int NT, int kCta>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
+  grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   static_assert(kCta == 1 || kCta == 2 || kCta == 4);
   constexpr bool kMc = kCta > 1;
-  grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
   using Tile = WgTile<NT, UP>;
   constexpr int kStages = Tile::kStages;
   constexpr bool kNv = F == WeightFormat::nvfp4;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   const int n_units = a.n_tiles / kCta;
   const int64_t units = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * n_units;
   const int64_t unit0 = blockIdx.x / kCta, unit_step = gridDim.x / kCta;
-  if (unit0 >= units) return;  // no unit for this block (uniform, and the same for both blocks of a cluster)
+  if (unit0 >= units) return;  // no unit for this block (uniform, and the same for every block of a cluster)
   const uint32_t rank = kMc ? cg::this_cluster().block_rank() : 0;
   const int64_t K = a.K, N = a.N;
   const int kblocks = static_cast<int>(K / kWgK);
@@ -317,12 +317,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     // full: the producer threads' cp.async arrivals and the x planes' arming thread (transaction bytes, the planes
-    // the peer multicasts included). empty: the consumer warps of both blocks (kMc).
+    // the peers multicast included). empty: the consumer warps of every block of the cluster (kMc).
     ring.init(kWgConsumerWarps * kCta, kWgProducerThreads + 1);
     mbar_init_fence();
   }
   if constexpr (kMc)
-    cg::this_cluster().sync();  // both blocks' barriers are initialised before either block's copies or arrivals
+    cg::this_cluster().sync();  // every block's barriers are initialised before any block's copies or arrivals
   else
     __syncthreads();
 
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
   }
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
-  // The peer's consumers may still arrive on this block's empty barriers: no block leaves before both are done.
+  // The peers' consumers may still arrive on this block's empty barriers: no block leaves before all are done.
   if constexpr (kMc) cg::this_cluster().sync();
 }
 
@@ -482,7 +482,7 @@ template <WeightFormat F, bool UP, int NT, int kCta>
 void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   constexpr int kSmem = WgTile<NT, UP>::kSmem;
   constexpr bool kMc = kCta > 1;
-  // Persistent blocks, at most as many as can be resident at once (kMc: clusters of 2 that fit side by side).
+  // Persistent blocks, at most as many as can be resident at once (kMc: the clusters of kCta that fit side by side).
   static const int64_t resident = [] {
     const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kCta>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -499,8 +499,10 @@ void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) clusters = 0;
-      (void)cudaGetLastError();
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+        clusters = 0;
+        (void)cudaGetLastError();  // this query's error only (refused below), not an earlier launch's
+      }
       return static_cast<int64_t>(clusters) * kCta;
     }
   }();

@@ -83,7 +83,7 @@ struct WgTileAt {
   int e, first, count, n_tile, row0;
 };
 // Args: any kernel arguments with jobs and tile_first (WgArgs, the e4m3 kernel's). n_tiles: a job's tiles along N
-// (a.n_tiles, or its pairs of tiles where a 2-block cluster takes two: then n_tile is the pair's).
+// (a.n_tiles, or its groups of tiles where a cluster of blocks takes a group: then n_tile is the group's).
 template <class Args>
 __device__ __forceinline__ WgTileAt wg_tile_at(const Args& a, int nj, int64_t t_id, int nt, int n_tiles) {
   int lo = 0, hi = nj - 1;  // the last job whose first tile is at or before t_id (every job has >= 1 m-tile)
