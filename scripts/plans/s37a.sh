@@ -5,7 +5,9 @@
 # 1 946-1 949 us a layer; 2K 0.225-0.226, up 1 735 / down 920). Predicted: the x bytes a block halve again (L2 43% ->
 # ~35%), the lockstep of four blocks costs some: up / down -2 to -5% at 8K if the fill is still the bound.
 # And hc_pre of prefill chunks on hc_mix_tiled_kernel (TERN_HC_MIX_TILED=1, off; built in session 36 without a GPU):
-# predicted ~-20 ms at 8K (hc_post_squares 401 + the library mix 295 us a call -> ~450).
+# predicted ~-20 ms at 8K (hc_post_squares 401 + the library mix 295 us a call -> ~450). And h quantised in the wgmma
+# up kernel's epilogue (TERN_MOE_H_QUANT_FOLD=1, off; the same bits as act_fake_quant_bf16_planes_kernel, 178 us a
+# layer at 8K): predicted ~-7 ms at 8K (the kernel gone, the up epilogue a few us longer).
 #   1. the grouped wgmma tests under 4-block clusters (a hang shows here), GPU model tests with them; GpuV4.Mhc (the
 #      tiled mix against the CPU and hc_mix_kernel's bits) and the model tests with TERN_HC_MIX_TILED=1;
 #   2. prefill 8K, 4K, 2K, two rounds alternating clusters 2 / 4; 8K and 2K, two rounds, TERN_HC_MIX_TILED 0 / 1;
@@ -24,7 +26,7 @@ TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/Gp
 echo "rc $? (4)"; pf $P/t-4.log 6; grep -c "^\[       OK" $P/t-4.log
 TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model, 4)"
 pf $P/model.log 4; grep -c "^\[       OK" $P/model.log
-timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*' > $P/t-mhc.log 2>&1
+timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*MoeWgmmaHQuantFold*' > $P/t-mhc.log 2>&1
 echo "rc $? (mhc)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
 TERN_HC_MIX_TILED=1 timeout 150 $G/tern_gpu_model_tests > $P/model-t.log 2>&1; echo "rc $? (model, tiled mix)"
 pf $P/model-t.log 4; grep -c "^\[       OK" $P/model-t.log
@@ -39,6 +41,9 @@ for r in 1 2; do
   for tl in 0 1; do
     for n in 8192 2048; do pf_rows t$tl-$r $n "hc_|sm80_xmma_gemm_f32" TERN_HC_MIX_TILED=$tl; done
   done
+done
+for r in 1 2; do
+  for hq in 0 1; do pf_rows q$hq-$r 8192 "moe_grouped_wgmma_kernel|act_fake_quant" TERN_MOE_H_QUANT_FOLD=$hq; done
 done
 stamp "3. ncu of the 8K up kernel, 4-block clusters"
 TERN_MOE_WGMMA_CLUSTER=4 timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_wgmma_kernel" \

@@ -39,18 +39,6 @@ __global__ void __launch_bounds__(256) act_quant_kernel(ActRows r, ActOutArgs o)
   }
 }
 
-// e4m3(v / 2^k) * 2^k for the 8 bf16 values of `w` (k: the block's scale exponent), repacked as bf16 (exact: 4
-// significant bits).
-__device__ __forceinline__ uint4 fake_quant_bf16x8(uint4 w, float inv, float s) {
-  uint32_t q[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xffff0000u);
-    q[i] = pack_bf16(act_fake_quant_value(a, inv, s), act_fake_quant_value(b, inv, s));
-  }
-  return make_uint4(q[0], q[1], q[2], q[3]);
-}
-
 // The planes layout: a thread per (row, 128-column block), its 16 planes' 8 values (one 16-byte load each; a
 // warp's 32 rows of a plane are 512 contiguous bytes), the block's largest |value| without shuffles.
 __global__ void __launch_bounds__(256) act_fake_quant_bf16_planes_kernel(Bf16Rows r) {
@@ -60,20 +48,11 @@ __global__ void __launch_bounds__(256) act_fake_quant_bf16_planes_kernel(Bf16Row
   const int64_t b = i / r.rows, row = i - b * r.rows;  // consecutive threads: consecutive rows of a block
   if (b >= blocks) return;
   uint4 w[16];
-  float amax = 0.0f;
 #pragma unroll
-  for (int p = 0; p < 16; ++p) {
-    w[p] = *reinterpret_cast<const uint4*>(r.h + ((b * 16 + p) * r.planes + row) * 8);
-    const uint32_t q[4] = {w[p].x, w[p].y, w[p].z, w[p].w};
+  for (int p = 0; p < 16; ++p) w[p] = *reinterpret_cast<const uint4*>(r.h + ((b * 16 + p) * r.planes + row) * 8);
+  fake_quant_bf16_planes(w);
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(q[k] << 16)), fabsf(__uint_as_float(q[k] & 0xffff0000u))));
-  }
-  const int k = fp8_scale_exponent(amax);
-  const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
-#pragma unroll
-  for (int p = 0; p < 16; ++p)
-    *reinterpret_cast<uint4*>(r.h + ((b * 16 + p) * r.planes + row) * 8) = fake_quant_bf16x8(w[p], inv, s);
+  for (int p = 0; p < 16; ++p) *reinterpret_cast<uint4*>(r.h + ((b * 16 + p) * r.planes + row) * 8) = w[p];
 }
 
 __global__ void __launch_bounds__(256) act_fake_quant_bf16_kernel(Bf16Rows r) {

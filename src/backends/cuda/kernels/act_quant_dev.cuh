@@ -25,6 +25,36 @@ __device__ __forceinline__ float act_fake_quant_value(float v, float inv, float 
   return e4m3_to_f32(static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3))) * s;
 }
 
+// e4m3(v / 2^k) * 2^k for the 8 bf16 values of `w` (k: the block's scale exponent), repacked as bf16 (exact: 4
+// significant bits).
+__device__ __forceinline__ uint4 fake_quant_bf16x8(uint4 w, float inv, float s) {
+  uint32_t q[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float a = __uint_as_float(q[i] << 16), b = __uint_as_float(q[i] & 0xffff0000u);
+    q[i] = pack_bf16(act_fake_quant_value(a, inv, s), act_fake_quant_value(b, inv, s));
+  }
+  return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+// One row's 128-column block of bf16 planes (16 x 8 values, any order of planes) quantised and dequantised in place
+// by the block's largest |value|: act_fake_quant_bf16_planes_kernel's item and the wgmma up kernel's epilogue
+// (moe_grouped_wgmma_impl.cuh's wg_store_h), so both give the same bits.
+__device__ __forceinline__ void fake_quant_bf16_planes(uint4 (&w)[16]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {
+    const uint32_t q[4] = {w[p].x, w[p].y, w[p].z, w[p].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(q[k] << 16)), fabsf(__uint_as_float(q[k] & 0xffff0000u))));
+  }
+  const int k = fp8_scale_exponent(amax);
+  const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
+#pragma unroll
+  for (int p = 0; p < 16; ++p) w[p] = fake_quant_bf16x8(w[p], inv, s);
+}
+
 // One warp's (row, 128-column block): x's 128 values (4 a lane, from x + 4 lane) quantised and dequantised to out
 // (e4m3(v / 2^k) * 2^k, exact in f32): act_quant_kernel's f32 output and the MoE plan kernel's quantisation of x.
 __device__ __forceinline__ void act_fake_quant_block(const float* x, float* out, int lane) {

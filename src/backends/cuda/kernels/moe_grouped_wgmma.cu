@@ -209,6 +209,7 @@ struct WgArgs {
   uint16_t* h;  // up: planes [inter/8][rows][8]
   float* y;     // down: [P, D] by sorted slot
   int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
+  int h_fp8 = 0;  // up: h quantised and dequantised in the epilogue (wg_store_h's fake_quant)
 };
 
 // xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
@@ -469,7 +470,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
       wg_store_h<NT, Tile::kHParts>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
-                     a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
+                     a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o, a.h_fp8 != 0);
     else
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
   }
@@ -540,8 +541,13 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
            p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
            p.limit,      b.h,     b.y,
            moe_l2_hint()};
+  // --activations fp8: h quantised in the up kernel's epilogue (TERN_MOE_H_QUANT_FOLD=1, the same bits; off until
+  // measured) or by its own kernel over h after.
+  const bool fold = p.act_fp8 && moe_wgmma_h_quant_fold();
+  a.h_fp8 = fold ? 1 : 0;
   launch_wgmma<F, true, NT>(a, m_bound, stream);
-  if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
+  a.h_fp8 = 0;
+  if (p.act_fp8 && !fold) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
@@ -610,6 +616,8 @@ int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
 int64_t moe_grouped_rows(const MoeParams& p) {
   return p.T * p.k + dev::kWgMaxTok;
 }
+
+bool moe_wgmma_h_quant_fold() { return env_flag("TERN_MOE_H_QUANT_FOLD", false); }
 
 int moe_grouped_wgmma_cluster(int n_tiles) {
   int c = std::stoi(env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2", "4"}, "2"));
