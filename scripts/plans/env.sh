@@ -92,3 +92,18 @@ trace_b1() {
     --batches 1 --steps 4 --warmup 3 --profile --profile-batches 1 --profile-top 12 > $L/$1.log 2>&1; echo "rc $? (trace)"
   gzip $OUT/$1.tsv
 }
+# ncu_prefill NAME REGEX [VAR=VALUE...]: ncu of the first kernel matching REGEX (demangled names) in an 8K prefill with
+# the variables set (SpeedOfLight, warp states, scheduler, compute, source counters, memory); $L/details-NAME.txt and
+# $L/sass-NAME.csv, and its duration / issue lines printed (sessions 35-36 wrote this block out in each plan).
+ncu_prefill() {
+  local name=$1 rx=$2
+  shift 2
+  env "$@" timeout 150 ncu --clock-control none --kernel-name regex:"$rx" --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
+    --section MemoryWorkloadAnalysis --import-source no -o "${P:-$L}/ncu-$name" $T bench-step --device cuda \
+    --config full --contexts 1024 --prefill 8192 --batches 1 --steps 1 --warmup 0 > "${P:-$L}/ncu-$name.log" 2>&1
+  echo "rc $? (ncu $name $*)"
+  timeout 60 ncu -i "${P:-$L}/ncu-$name.ncu-rep" --page details > $L/details-$name.txt 2>&1
+  timeout 60 ncu -i "${P:-$L}/ncu-$name.ncu-rep" --page source --csv --print-source sass > $L/sass-$name.csv 2>/dev/null
+  grep -E "$rx|Duration|Issued Warp|No Eligible|L2 Cache Throughput" $L/details-$name.txt | head -5 | cut -c1-120
+}

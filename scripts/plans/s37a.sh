@@ -39,21 +39,14 @@ for r in 1 2; do
 done
 for r in 1 2; do
   for tl in 0 1; do
-    for n in 8192 2048; do pf_rows t$tl-$r $n "hc_|sm80_xmma_gemm_f32" TERN_HC_MIX_TILED=$tl; done
+    for n in 8192 2048; do pf_rows t$tl-$r $n "hc_post_squares|hc_mix|sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128" TERN_HC_MIX_TILED=$tl; done
   done
 done
 for r in 1 2; do
   for hq in 0 1; do pf_rows q$hq-$r 8192 "moe_grouped_wgmma_kernel|act_fake_quant" TERN_MOE_H_QUANT_FOLD=$hq; done
 done
 stamp "3. ncu of the 8K up kernel, 4-block clusters"
-TERN_MOE_WGMMA_CLUSTER=4 timeout 150 ncu --clock-control none --kernel-name regex:"moe_grouped_wgmma_kernel" \
-  --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-  --section ComputeWorkloadAnalysis --section SourceCounters --section MemoryWorkloadAnalysis --import-source no \
-  -o $P/moe-c4 $T bench-step --device cuda --config full --contexts 1024 --prefill 8192 --batches 1 --steps 1 \
-  --warmup 0 > $P/ncu.log 2>&1
-echo "rc $?"
-timeout 60 ncu -i $P/moe-c4.ncu-rep --page details > $L/details-c4.txt 2>&1
-timeout 60 ncu -i $P/moe-c4.ncu-rep --page source --csv --print-source sass > $L/sass-c4.csv 2>/dev/null
-grep -E "moe_grouped|Duration|Issued Warp|No Eligible|L2 Cache Throughput" $L/details-c4.txt | head -5 | cut -c1-120
-cp $P/pf-8192-c4-1.log $P/pf-8192-t1-1.log $P/t-4e.log $P/t-mhc.log $P/model.log $L/ 2>/dev/null
+ncu_prefill c4 moe_grouped_wgmma_kernel TERN_MOE_WGMMA_CLUSTER=4
+# Every log back in one file (the output tail keeps the last 12 000 characters only).
+tar czf $L/logs.tgz -C $P --exclude='*.ncu-rep' .
 stamp done
