@@ -12,6 +12,9 @@
 #      tiled mix against the CPU and hc_mix_kernel's bits) and the model tests with TERN_HC_MIX_TILED=1;
 #   2. prefill 8K, 4K, 2K, two rounds alternating clusters 2 / 4; 8K and 2K, two rounds, TERN_HC_MIX_TILED 0 / 1;
 #   3. ncu of the 8K up kernel with 4-block clusters.
+# Also (no new code): the indexer's prefill scores as fp16x3 (TERN_INDEXER_PREFILL=mma-fp16x3, half bf16x6's tensor
+# work; session 10 on the H200: 3.02 against 3.25 ms a CSA layer) against the default bf16x6 (2.60 ms a CSA layer at
+# 8K in session 36's profile, 7.8% of the prefill), with GpuIndexerMma's accuracy tests under it.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s37a.tar.xz
@@ -30,6 +33,8 @@ timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*MoeWgmmaHQuantFold*' 
 echo "rc $? (mhc)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
 TERN_HC_MIX_TILED=1 timeout 150 $G/tern_gpu_model_tests > $P/model-t.log 2>&1; echo "rc $? (model, tiled mix)"
 pf $P/model-t.log 4; grep -c "^\[       OK" $P/model-t.log
+TERN_INDEXER_PREFILL=mma-fp16x3 timeout 150 $G/tern_gpu_tests --gtest_filter='*GpuIndexerMma*' > $P/t-idx.log 2>&1
+echo "rc $? (indexer fp16x3)"; pf $P/t-idx.log 6; grep -c "^\[       OK" $P/t-idx.log
 stamp "2. prefill"
 rx="moe_grouped_wgmma_kernel"
 for r in 1 2; do
@@ -44,6 +49,9 @@ for r in 1 2; do
 done
 for r in 1 2; do
   for hq in 0 1; do pf_rows q$hq-$r 8192 "moe_grouped_wgmma_kernel|act_fake_quant" TERN_MOE_H_QUANT_FOLD=$hq; done
+done
+for r in 1 2; do
+  for ix in mma mma-fp16x3; do pf_rows i$ix-$r 8192 "indexer_mma" TERN_INDEXER_PREFILL=$ix; done
 done
 stamp "3. ncu of the 8K up kernel, 4-block clusters"
 ncu_prefill c4 moe_grouped_wgmma_kernel TERN_MOE_WGMMA_CLUSTER=4
