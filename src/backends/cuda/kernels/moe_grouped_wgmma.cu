@@ -10,12 +10,13 @@
 // weight rows 128 wg .. 128 wg + 127 as two m64 slabs (mt = 0, 1), each against all NT pairs (wgmma
 // m64nNTk16, NT/2 f32 accumulators a slab a thread). K = 128 columns a stage; a ring slot (WgTile) holds the
 // 256 rows' FP4 bytes (16 KB), their scale bytes (4 e8m0 or 8 ue4m3 a row) and the x tile (NT pairs x 128
-// bf16 as 16 planes), on a 3- to 6-deep mbarrier ring (WgTile::kStages; bulk_pipe.cuh's BulkRing). The
+// bf16 as 16 planes), on a 3- or 4-deep mbarrier ring (WgTile::kStages; bulk_pipe.cuh's BulkRing). The
 // FP4 rows (64 bytes a row a stage, 2 KB apart in global memory) and the scales go by cp.async from all 128
 // producer threads (16 bytes a thread and row piece, as the mma.sync kernels load them; each thread arrives
 // on the slot's full barrier through cp.async.mbarrier.arrive.noinc once its copies land), the x planes by
-// 16 bulk copies (NT x 16 contiguous bytes each) counted as transaction bytes. The consumers read everything
-// of a stage from shared memory: no global loads in the K loop.
+// 16 bulk copies (NT x 16 contiguous bytes each) counted as transaction bytes; by default 2 blocks form a cluster
+// over n-tiles of one m-tile and each copies half the planes into both (multicast; see the kernel). The consumers
+// read everything of a stage from shared memory: no global loads in the K loop.
 //
 // Pipeline (the kernel's comment has the details): two wgmma groups in flight, one k-step (16 columns, both
 // slabs) a group; the FP4 decode of k-step s + 1 into the second set of A registers runs while group s does;
