@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -148,34 +149,29 @@ TEST_P(GpuV4, Mhc) {
       ops::HcPreArgs fa{fstreams, dfn, db, dsc, {}, fpost, fcomb, fcol};
       fa.prev_streams = ds, fa.prev_a = dsub, fa.prev_post = hpost, fa.prev_comb = hcomb;
       ops::hc_pre(cuda::context(), fa);
-      const auto bits = [&](const TensorView& got, const TensorView& want, int64_t row_floats, int64_t row,
-                            const char* what) {
-        const Tensor g = cuda::to_host(got), w = cuda::to_host(want);
-        EXPECT_EQ(std::memcmp(g.data<float>() + row * row_floats, w.data<float>(), row_floats * 4), 0)
-            << "tiled hc_pre T=" << T << ": " << what << " of the last token differs from hc_mix_kernel's";
+      // The last row of `rows` alone through hc_mix_kernel (T = 1): post, comb and collapsed as bits of the tiled run's.
+      const auto last_token_bits = [&](const Tensor& rows, const TensorView& post_t, const TensorView& comb_t,
+                                       const TensorView& col_t, const char* what) {
+        auto one = upload(rows.view().rows(T - 1, T));
+        auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
+        auto x1 = poisoned(DType::f32, {1, s.D});
+        ops::hc_pre(cuda::context(), ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
+        const std::pair<TensorView, TensorView> pairs[] = {{post_t, p1}, {comb_t, c1}, {col_t, x1}};
+        const char* names[] = {"post", "comb", "collapsed"};
+        for (int i = 0; i < 3; ++i) {
+          const Tensor g = cuda::to_host(pairs[i].first), w = cuda::to_host(pairs[i].second);
+          const int64_t n = w.nbytes() / 4;
+          EXPECT_EQ(std::memcmp(g.data<float>() + (T - 1) * n, w.data<float>(), n * 4), 0)
+              << "tiled hc_pre T=" << T << ": " << what << " " << names[i]
+              << " of the last token differs from hc_mix_kernel's";
+        }
       };
-      {
-        auto one = upload(streams.view().rows(T - 1, T));
-        auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
-        auto x1 = poisoned(DType::f32, {1, s.D});
-        ops::hc_pre(cuda::context(), ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
-        bits(tpost, p1, hc, T - 1, "post");
-        bits(tcomb, c1, hc * hc, T - 1, "comb");
-        bits(tcol, x1, s.D, T - 1, "collapsed");
-      }
-      {
-        // The folded form: the streams hc_post's bits (dout), the rest hc_mix_kernel's on them.
-        const Tensor hs = cuda::to_host(fstreams), ho = cuda::to_host(dout);
-        EXPECT_EQ(std::memcmp(hs.data<float>(), ho.data<float>(), hs.nbytes()), 0)
-            << "tiled hc_pre T=" << T << ": the folded streams differ from hc_post's";
-        auto one = upload(cuda::to_host(dout).view().rows(T - 1, T));
-        auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
-        auto x1 = poisoned(DType::f32, {1, s.D});
-        ops::hc_pre(cuda::context(), ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
-        bits(fpost, p1, hc, T - 1, "folded post");
-        bits(fcomb, c1, hc * hc, T - 1, "folded comb");
-        bits(fcol, x1, s.D, T - 1, "folded collapsed");
-      }
+      last_token_bits(streams, tpost, tcomb, tcol, "plain");
+      // The folded form: the streams hc_post's bits (dout), the rest hc_mix_kernel's on them.
+      const Tensor hs = cuda::to_host(fstreams), ho = cuda::to_host(dout);
+      EXPECT_EQ(std::memcmp(hs.data<float>(), ho.data<float>(), hs.nbytes()), 0)
+          << "tiled hc_pre T=" << T << ": the folded streams differ from hc_post's";
+      last_token_bits(ho, fpost, fcomb, fcol, "folded");
       backend.set_knob("TERN_HC_MIX_TILED", saved);
     }
 
