@@ -23,12 +23,16 @@ L=$OUT
 P=$(mktemp -d)
 stamp "1. tests"
 TERN_MOE_WGMMA_CLUSTER=4 timeout 60 $G/tern_gpu_tests --gtest_filter='GpuMoeGroupedWgmma.*' > $P/t-4e.log 2>&1
-echo "rc $? (4, edge shapes)"; pf $P/t-4e.log 6; grep -c "^\[       OK" $P/t-4e.log
-TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuMoeGrouped.AgainstCpuAndLibrary/*' \
-  > $P/t-4.log 2>&1
-echo "rc $? (4)"; pf $P/t-4.log 6; grep -c "^\[       OK" $P/t-4.log
-TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model, 4)"
-pf $P/model.log 4; grep -c "^\[       OK" $P/model.log
+rc=$?; echo "rc $rc (4, edge shapes)"; pf $P/t-4e.log 6; grep -c "^\[       OK" $P/t-4e.log
+mcs="2 4"
+if [[ $rc -ne 0 ]]; then mcs="2"; echo "4-block clusters failed or hung: left out below"; fi
+if [[ $mcs == "2 4" ]]; then
+  TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_tests --gtest_filter='Shapes/GpuMoeGrouped.AgainstCpuAndLibrary/*' \
+    > $P/t-4.log 2>&1
+  echo "rc $? (4)"; pf $P/t-4.log 6; grep -c "^\[       OK" $P/t-4.log
+  TERN_MOE_WGMMA_CLUSTER=4 timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model, 4)"
+  pf $P/model.log 4; grep -c "^\[       OK" $P/model.log
+fi
 timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*MoeWgmmaHQuantFold*' > $P/t-mhc.log 2>&1
 echo "rc $? (mhc)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
 TERN_HC_MIX_TILED=1 timeout 150 $G/tern_gpu_model_tests > $P/model-t.log 2>&1; echo "rc $? (model, tiled mix)"
@@ -38,7 +42,7 @@ echo "rc $? (indexer, both splits)"; pf $P/t-idx.log 6; grep -c "^\[       OK" $
 stamp "2. prefill"
 rx="moe_grouped_wgmma_kernel"
 for r in 1 2; do
-  for mc in 2 4; do
+  for mc in $mcs; do
     for n in 8192 4096 2048; do pf_rows c$mc-$r $n "$rx" TERN_MOE_WGMMA_CLUSTER=$mc; done
   done
 done
@@ -54,7 +58,7 @@ for r in 1 2; do
   for ix in mma mma-fp16x3; do pf_rows i$ix-$r 8192 "indexer_mma" TERN_INDEXER_PREFILL=$ix; done
 done
 stamp "3. ncu of the 8K up kernel, 4-block clusters"
-ncu_prefill c4 moe_grouped_wgmma_kernel TERN_MOE_WGMMA_CLUSTER=4
+if [[ $mcs == "2 4" ]]; then ncu_prefill c4 moe_grouped_wgmma_kernel TERN_MOE_WGMMA_CLUSTER=4; fi
 # Every log back in one file (the output tail keeps the last 12 000 characters only).
 tar czf $L/logs.tgz -C $P --exclude='*.ncu-rep' .
 stamp done
