@@ -102,6 +102,20 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
   return hc_post_stream(x, ld4(in.a + t * D + d), in.comb + t * kHc * kHc, __ldg(in.post + t * kHc + s), s);
 }
 
+// The mix kernels' input at flattened index k of token t: hc_post_at's streams (POST; stored to post_in.out when
+// `store`) or the streams read.
+template <bool POST>
+__device__ __forceinline__ float4 mix_input_at(const float* __restrict__ streams, const HcPostIn& post_in, int64_t t,
+                                               int64_t N, int64_t k, bool store) {
+  if constexpr (POST) {
+    const float4 x = hc_post_at(post_in, t, k);
+    if (store) *reinterpret_cast<float4*>(post_in.out + t * N + k) = x;
+    return x;
+  } else {
+    return ld4(streams + t * N + k);
+  }
+}
+
 // The block's fn columns of one 256-float step (base .. base + 255, zeros from k1 on), staged by all threads at once
 // (fn comes from DRAM: a warp loading its rows itself kept too few loads in flight).
 template <int MIX>
@@ -162,12 +176,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t k = kb + 128 * h;
-      if constexpr (POST) {
-        x[h] = active && k < k1 ? hc_post_at(post_in, t, k) : make_float4(0, 0, 0, 0);
-        if (active && k < k1 && q == 0) *reinterpret_cast<float4*>(post_in.out + t * N + k) = x[h];
-      } else {
-        x[h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
-      }
+      x[h] = active && k < k1 ? mix_input_at<POST>(streams, post_in, t, N, k, q == 0) : make_float4(0, 0, 0, 0);
     }
     if (!one_step) {
       __syncthreads();  // the previous step's fn_s is no longer read
@@ -227,12 +236,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_tiled_kernel(const float* 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t k = kb + 128 * h;
-        if constexpr (POST) {
-          x[u][h] = active && k < k1 ? hc_post_at(post_in, t, k) : make_float4(0, 0, 0, 0);
-          if (active && k < k1) *reinterpret_cast<float4*>(post_in.out + t * N + k) = x[u][h];
-        } else {
-          x[u][h] = active && k < k1 ? ld4(streams + t * N + k) : make_float4(0, 0, 0, 0);
-        }
+        x[u][h] = active && k < k1 ? mix_input_at<POST>(streams, post_in, t, N, k, true) : make_float4(0, 0, 0, 0);
       }
     }
     if (!one_step) {
@@ -511,27 +515,27 @@ __global__ void __launch_bounds__(256)
 template <int MIX>
 MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const MixPlan plan = mix_plan(p.hc * p.D);
+  const HcPostIn in = p.prev_a != nullptr
+                          ? HcPostIn{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D}
+                          : HcPostIn{};
   if (p.mix_tokens == kMixTiledTokens) {
     constexpr int kBlockTokens = kMixWarps * kMixTiledTokens;
     const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kBlockTokens - 1) / kBlockTokens));
-    const HcPostIn in{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D};
     if (p.prev_a != nullptr)
       launch(hc_mix_tiled_kernel<MIX, true, kMixTiledTokens>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T,
              p.hc * p.D, plan.per, p.early_fn, p.partial, in);
     else
       launch(hc_mix_tiled_kernel<MIX, false, kMixTiledTokens>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T,
-             p.hc * p.D, plan.per, p.early_fn, p.partial, HcPostIn{});
+             p.hc * p.D, plan.per, p.early_fn, p.partial, in);
     return plan;
   }
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
-  if (p.prev_a != nullptr) {
-    const HcPostIn in{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D};
+  if (p.prev_a != nullptr)
     launch(hc_mix_kernel<MIX, true>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
            p.early_fn, p.partial, in);
-  } else {
+  else
     launch(hc_mix_kernel<MIX, false>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,
-           p.early_fn, p.partial, HcPostIn{});
-  }
+           p.early_fn, p.partial, in);
   return plan;
 }
 

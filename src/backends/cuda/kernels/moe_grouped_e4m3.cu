@@ -134,7 +134,7 @@ struct E4Tile {
   static constexpr int kXBytes = 8 * kPlane;
   static constexpr int kXsOff = kXOff + kXBytes;
   static constexpr int kStage = (kXsOff + NT * 4 + 127) / 128 * 128;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h staging, half the bf16 planes (the bf16 epilogue)
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, 2> : 0;  // up: h staging, half the bf16 planes at a time
   static constexpr int kLutBytes = static_cast<int>(sizeof(Lut));
   static constexpr int kFixed = kHBytes + kLutBytes + 16;
   static constexpr int kStages = (kWgSmemMax - kFixed) / (kStage + 16) >= 6 ? 6 : 4;
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     // The weights entered at their values (no 2^-16 shift) and NVFP4 never comes here: multipliers 1.
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
-      wg_store_h<NT>(acc, 1.0f, 1.0f, a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
+      wg_store_h<NT, 2>(acc, 1.0f, 1.0f, a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
     else
       wg_store_y<NT>(acc, 1.0f, a.y, N, mrow, o);
   }

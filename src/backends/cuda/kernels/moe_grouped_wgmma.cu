@@ -488,14 +488,15 @@ void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream
   static const int64_t resident = [] {
     const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kCta>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    const int64_t sms = wg_blocks(std::numeric_limits<int>::max(), 1);  // one block a multiprocessor
     if constexpr (!kMc) {
-      return wg_blocks(std::numeric_limits<int>::max(), 1);
+      return sms;
     } else {
       cudaLaunchConfig_t cfg = {};
       cudaLaunchAttribute attr;
       attr.id = cudaLaunchAttributeClusterDimension;
       attr.val.clusterDim.x = kCta, attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(static_cast<unsigned>(wg_blocks(std::numeric_limits<int>::max(), 1)) / kCta * kCta);
+      cfg.gridDim = dim3(static_cast<unsigned>(sms / kCta * kCta));
       cfg.blockDim = dim3(kWgThreads);
       cfg.dynamicSmemBytes = kSmem;
       cfg.attrs = &attr;

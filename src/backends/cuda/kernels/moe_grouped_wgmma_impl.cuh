@@ -159,27 +159,27 @@ struct WgTileOut {
   int n_tile, first, row0, count;
 };
 
-// The up epilogue's h staging: the tile's 16 planes in kParts parts (wg_store_h; 2: half at a time, so that the
-// ring keeps the room).
-template <int NT, int kParts = 2>
+// The up epilogue's h staging: the tile's 16 planes in kParts parts (wg_store_h; 1: all at once, the bf16 kernel; 2:
+// half at a time, the e4m3 kernel, whose ring keeps the room).
+template <int NT, int kParts>
 inline constexpr int kWgHStageBytes = 16 / kParts * NT * 16;
 
 // Up: SwiGLU of the w1 (x m1) and w3 (x m3) sums, clamped by `limit`, into h's bf16 planes ([inter / 8][rows][8],
 // the stored K order of wg_stored). The block's 128 h columns are one 128-column block of h (inter % 128 == 0),
 // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h: staged in shared memory at `hs` (a
-// thread's values are single bf16 scattered over 4 planes; kWgHStageBytes, half the planes at a time) and written as
-// 16-byte rows, valid pairs only.
+// thread's values are single bf16 scattered over 4 planes; kWgHStageBytes, 16 / kParts planes at a time) and written
+// as 16-byte rows, valid pairs only.
 // fake_quant (kParts 1 only; --activations fp8 with TERN_MOE_H_QUANT_FOLD): each pair's 128 staged values quantised
 // and dequantised in shared memory before they go out (fake_quant_bf16_planes, act_fake_quant_bf16_planes_kernel's
 // arithmetic: the same bits as that kernel over h after the up kernel, one launch and h's read and write less).
-template <int NT, int kParts = 2>
+template <int NT, int kParts>
 __device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float m1, float m3, float limit,
                                            uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o,
                                            bool fake_quant = false) {
   // A thread's h column 8 sigma + g (sigma = 4 (2 wg + mt) + w) lies in plane wg_stored(...) / 8 = 2 (2 w + b) + q
-  // (b, q: bits 1, 0 of g): planes 0..7 come from warps w = 0, 1 of both warpgroups, 8..15 from w = 2, 3. So the
-  // planes go out in two halves of 8 through kWgHStageBytes (session 35: the whole tile's 32 KB at 128 pairs left the
-  // up kernel's ring 3 stages; now 4), each half staged by the warps that hold it; kParts 1: all 16 at once.
+  // (b, q: bits 1, 0 of g): planes 0..7 come from warps w = 0, 1 of both warpgroups, 8..15 from w = 2, 3. So with
+  // kParts 2 the planes go out in two halves of 8, each staged by the warps that hold it; with kParts 1 all 16 at once
+  // by every warp.
   static_assert(kParts == 1 || kParts == 2);
   constexpr int kPP = 16 / kParts;
 #pragma unroll 1
