@@ -134,6 +134,13 @@ __device__ __forceinline__ uint32_t lds32_at(uint32_t a) {
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
   return v;
 }
+// ... and stores.
+__device__ __forceinline__ void sts128_at(uint32_t a, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void sts32_at(uint32_t a, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
 
 // The ring's barriers and the stage bookkeeping of one block (both sides walk the same stage sequence).
 struct BulkRing {

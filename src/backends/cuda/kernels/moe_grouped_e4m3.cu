@@ -1,25 +1,47 @@
-// The grouped MXFP4 expert GEMMs on e4m3 wgmma (moe_grouped_e4m3.cuh). Tiles, block, producer and walk are
-// moe_grouped_wgmma.cu's (moe_grouped_wgmma_impl.cuh); what differs:
+// The grouped MXFP4 expert GEMMs on e4m3 wgmma (moe_grouped_e4m3.cuh), both operands from shared memory: the
+// producer warpgroup decodes each stage's FP4 weights to e4m3 once, into the stage, and the consumers only issue
+// wgmma and promote (attention version 5's move, decode once and copy after, applied to the experts). Plan, tile
+// table and persistent walk are moe_grouped_wgmma.cu's (moe_grouped_wgmma_impl.cuh); what differs:
 //
-// Activations: e4m3 "planes" of 16 columns, [K / 16][rows][16 bytes], and f32 scales [K / 128][rows] behind them
-// (one power-of-two scale per pair and 128 columns: --activations fp8's blocks). In a stage (128 columns) plane
-// 2 j + h (h = 0, 1) holds, at byte i, physical column 32 j + 8 (i / 4) + 4 h + i % 4: the k order of the A
-// fragment below, so that k32 step j reads planes 2 j, 2 j + 1 with the no-swizzle K-major descriptor (LBO = one
-// plane, NT x 16 bytes; SBO = 128, the next 8 pairs), as the bf16 kernel reads its bf16 planes.
+// Tile: 128 weight rows (two consumer warpgroups of one m64 slab each) x NT pairs (32, 64, 96 or 128), K = 128
+// columns a stage. Up: tile row 16 sigma + r (sigma = 4 wg + warp) is w1 row (r < 8) or w3 row (r >= 8) number
+// n_tile * 64 + 8 sigma + r % 8, so a thread's rows g and g + 8 are gate and up of one h column and SwiGLU runs in
+// registers; a tile makes 64 h columns. Down: tile row m is w2 row n_tile * 128 + m.
 //
-// Weights: lane t of a warp's A fragment (m16n8k32 layout, checked on the GPU by the decode probe's test) takes
-// the 32-bit word at bytes 16 j + 4 t of its row's 64-byte stage row: k32 step j, physical columns 32 j + 8 t ..
-// + 7 (one MXFP4 scale block), nibbles 0-3 as k 4 t .. + 3 (registers 0 / 1: rows g / g + 8) and 4-7 as k 16 +
-// 4 t .. + 3 (registers 2 / 3). The e2m1 codes become e4m3 bytes by prmt from a magnitude table per d = smax - s_j
-// (the stage's largest of the row's four e8m0 scales minus block j's): e2m1 x 2^-d, exact for d <= 8
-// (moe_e4m3_fold_ok checks the experts once). The stage's four k32 wgmmas sum into a fresh accumulator set
-// (scale-d 0 on the first); then acc += fresh x 2^(smax - 127) x sx(pair), once a stage. Two sets of NT / 2
-// accumulators a slab: NT is 32 or 64.
+// Activations: e4m3 "planes" of 16 columns, [K / 16][rows][16], and f32 scales [K / 128][rows] behind them (one
+// power-of-two scale per pair and 128 columns: --activations fp8's blocks). In a stage (128 columns) plane 2 j + h
+// (h = 0, 1) holds, at byte i, physical column 32 j + 8 (i / 4) + 4 h + i % 4 (e4_physical), so k32 step j reads
+// planes 2 j, 2 j + 1 with the no-swizzle K-major descriptor (LBO = one plane, SBO = 128: the next 8 rows).
 //
-// h: the up kernel's epilogue is the bf16 kernel's (SwiGLU in registers, bf16 planes through shared memory);
-// then h_to_e4m3 quantises each (pair, 128 columns) as act_fake_quant_bf16 does in place on the bf16 path
-// (the same values), into the x buffer as e4m3 planes and scales for the down kernel.
+// Weights in a stage: the same planes for the 128 rows ([8][128][16], 16 KB), written by the producer: thread p
+// owns tile row p, copies its 64 FP4 bytes a stage (cp.async, into the upper half of the stage's weight planes,
+// which the decode then overwrites after a producer-only barrier) and its e8m0 scales (16 bytes = 4 stages at a
+// time where K % 512 == 0, one copy a row every 4 stages, else 4 bytes a stage), and decodes: word t of block j (8
+// nibbles, physical columns 32 j + 8 t ..) becomes e4m3 bytes 4 t .. 4 t + 3 of planes 2 j (nibbles 0-3) and 2 j +
+// 1 (4-7), by prmt from a magnitude table per d = smax - s_j (the stage's largest of the row's four scales minus
+// block j's): e2m1 x 2^-d, exact for d <= 8 (moe_e4m3_fold_ok checks the experts once). The producer decodes stage i
+// - kLead while stage i's copies fly (kLead stages of FP4 in flight a block), then arrives on the stage's full
+// barrier after a proxy fence (its generic stores before wgmma's async-proxy reads).
+//
+// Consumers: the stage's four k32 wgmmas (m64nNTk32, A and B by descriptor) sum into a fresh accumulator set
+// (scale-d 0 on the first), waited for, then promoted: acc += fresh x 2^(smax - 127) (the row's, from the stage) x sx
+// (the pair's), DeepGEMM's scheme (it also bounds the FP8 tensor cores' reduced-precision accumulation to 128 k); then
+// the slot is released. The two warpgroups fall into turns, one's MMAs under the other's promotion. (Two fresh sets
+// alternating by stage, a group in flight during the promotion, made ptxas serialise every wgmma: it does not follow
+// wait_group 1 for accumulators.) 2 x NT / 2 accumulators a thread.
+//
+// h: the up tile's 64 columns are half of one 128-column quantisation block of h; the two n-tiles of a block run in
+// one cluster (n-tiles 2q, 2q + 1: ranks r, r ^ 1), so the up kernel always runs as 2- or 4-block clusters. Its
+// epilogue stages the bf16-rounded h rows (the bf16 path's values), each pair's largest |h| over its 64 columns goes
+// to the peer block by st.async (complete_tx on the peer's exchange barrier, double-buffered by tile parity), and
+// both quantise their half with the reference's scale rule of the whole 128 (act_fake_quant_bf16's values, kept as
+// codes and scales): the down kernel's e4m3 h planes and scales, in the h buffer, with no kernel between up and down.
+//
+// x planes by bulk copy, multicast over the cluster as the bf16 kernel's (each block loads 8 / kCta planes).
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <limits>
 #include <string_view>
 
 #include "backends/cuda/kernels/act_quant.cuh"
@@ -39,6 +61,7 @@
 namespace tern::cuda {
 namespace dev {
 namespace {
+namespace cg = cooperative_groups;
 
 // e4m3 byte of a non-negative value that e4m3 holds exactly (0 otherwise): the table's builder.
 constexpr uint32_t e4m3_byte(double v) {
@@ -85,63 +108,122 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t l0, uint32_t
   hi = prmt(l0, l1, m >> 16) | (t1 & 0x80008000u) | ((t1 << 4) & 0x00800080u);
 }
 
-// d[64 x N] (+)= A[64 x 32] (registers, e4m3) * B[32 x N] (shared memory, e4m3, K-major, descriptor); accumulate
-// into d when `acc`, else d = the product.
+// d[64 x N] (+)= A[64 x 32] * B[32 x N], both e4m3 in shared memory (K-major descriptors); accumulate into d when
+// `acc`, else d = the product.
 template <int N>
-__device__ __forceinline__ void wgmma_k32_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int acc);
+__device__ __forceinline__ void wgmma_ss_k32_e4m3(float (&d)[N / 2], uint64_t da, uint64_t db, int acc);
 template <>
-__device__ __forceinline__ void wgmma_k32_e4m3<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int acc) {
+__device__ __forceinline__ void wgmma_ss_k32_e4m3<32>(float (&d)[16], uint64_t da, uint64_t db, int acc) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %21, 0;\n"
+      "setp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "%16, %17, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
 }
 template <>
-__device__ __forceinline__ void wgmma_k32_e4m3<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int acc) {
+__device__ __forceinline__ void wgmma_ss_k32_e4m3<64>(float (&d)[32], uint64_t da, uint64_t db, int acc) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
+      "setp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-      "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "%32, %33, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_k32_e4m3<96>(float (&d)[48], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, "
+      "%48, %49, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(da), "l"(db), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_k32_e4m3<128>(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(acc));
 }
 
-// A stage of a tile of NT pairs: the 256 rows' FP4 bytes (64 bytes a row, rows kRowPitch = 80 bytes apart: a
-// warp's A words of rows g = 0..7 at 80 g + 4 t fall in 32 distinct banks, where 64-byte rows put g and g + 2 in the
-// same ones), their e8m0 scales (row m at 8 m, 4 bytes used), the x (h) tile as 8 e4m3 planes of NT pairs x 16
-// bytes, and the NT pairs' scales of the 128 columns.
+inline constexpr int kE4Rows = 128;  // weight rows a tile: two consumer warpgroups x one m64 slab
+inline constexpr int kE4HPitch = 72;  // bf16 values a staged h row (64 + 8: rows 16 bytes apart in the banks)
+inline constexpr int kE4MaxStages = 6;
+inline constexpr int kE4ScBytes = 2 * kE4Rows * 16;  // row scales, 16 bytes (4 stages) a row, two groups
+// The producer decodes (its row's raw words, the outputs and the fetch side's sources): more registers than the bf16
+// kernel's copy-only producer (56 spilled), fewer for the consumers (2 x 64 accumulators at 128 pairs).
+inline constexpr int kE4ProducerRegs = 72, kE4ConsumerRegs = 216;
+static_assert(kE4ProducerRegs * kWgProducerThreads + kE4ConsumerRegs * kWgConsumerWarps * 32 <= 64 * 1024);
+
+// A ring slot of a tile of NT pairs: the 128 rows' e4m3 weight planes (the raw FP4 rows land in the upper half,
+// row m at kRawOff + 64 m, before the decode), the x tile as 8 e4m3 planes of NT pairs x 16 bytes, the rows'
+// 2^(smax - 127) (f32) and the pairs' x scales; 4-byte row scales at kScOff + 4 m where K % 512 != 0. After the ring:
+// the row-scale groups (K % 512 == 0), up's h staging and the peer's amax (two tiles), the magnitude table and the
+// barriers (full, empty, 2 exchange).
 template <int NT, bool UP>
 struct E4Tile {
-  static_assert(NT == 32 || NT == 64);
+  static_assert(NT % 32 == 0 && NT >= 32 && NT <= kWgMaxTok);
+  static constexpr int kAPlane = kE4Rows * 16;
+  static constexpr int kRawOff = 4 * kAPlane;
   static constexpr int kPlane = NT * 16;
-  static constexpr int kRowPitch = 80;
-  static constexpr int kScOff = kWgRows * kRowPitch;
-  static constexpr int kXOff = kScOff + kWgRows * 8;
+  static constexpr int kXOff = 8 * kAPlane;
   static constexpr int kXBytes = 8 * kPlane;
-  static constexpr int kXsOff = kXOff + kXBytes;
-  static constexpr int kStage = (kXsOff + NT * 4 + 127) / 128 * 128;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, 2> : 0;  // up: h staging, half the bf16 planes at a time
+  static constexpr int kRsOff = kXOff + kXBytes;
+  static constexpr int kXsOff = kRsOff + kE4Rows * 4;
+  static constexpr int kScOff = kXsOff + NT * 4;
+  static constexpr int kStage = (kScOff + kE4Rows * 4 + 127) / 128 * 128;
+  static constexpr int kHBytes = UP ? NT * kE4HPitch * 2 + 2 * NT * 4 : 0;
   static constexpr int kLutBytes = static_cast<int>(sizeof(Lut));
-  static constexpr int kFixed = kHBytes + kLutBytes + 16;
-  static constexpr int kStages = (kWgSmemMax - kFixed) / (kStage + 16) >= 6 ? 6 : 4;
-  static constexpr int kHStage = kStages * kStage + 2 * kStages * 8;  // after the ring and its barriers
-  static constexpr int kLutOff = kHStage + kHBytes;
-  static constexpr int kSmem = kLutOff + kLutBytes;
-  static_assert(kStage % 128 == 0 && kHStage % 16 == 0 && kLutOff % 8 == 0 && kSmem <= kWgSmemMax);
+  static constexpr int kStages = [] {
+    int n = kE4MaxStages;
+    while (n > 3 && n * kStage + kE4ScBytes + kHBytes + kLutBytes + (2 * n + 2) * 8 > kWgSmemMax) --n;
+    return n;
+  }();
+  static constexpr int kScGroupOff = kStages * kStage;
+  static constexpr int kHOff = kScGroupOff + kE4ScBytes;
+  static constexpr int kAmaxOff = kHOff + NT * kE4HPitch * 2;
+  static constexpr int kLutOff = kHOff + kHBytes;
+  static constexpr int kBarOff = (kLutOff + kLutBytes + 7) / 8 * 8;
+  static constexpr int kSmem = kBarOff + (2 * kStages + 2) * 8;
+  // Stages of FP4 in flight ahead of the decode (at most kStages - 2: the decode of stage i - kLead comes before
+  // stage i's slot is waited for, and the consumers need a decoded stage to free one).
+  static constexpr int kLead = kStages >= 5 ? 3 : kStages - 2;
+  static_assert(kStage % 128 == 0 && kHOff % 16 == 0 && kSmem <= kWgSmemMax && kLead >= 1);
 };
 
 struct E4Args {
@@ -151,11 +233,12 @@ struct E4Args {
   const int* tile_first;  // m-tiles of NT pairs before each job
   const uint8_t* a;       // e4m3 planes [K / 16][rows][16] (x for up, h for down)
   const float* as;        // their scales [K / 128][rows]
-  int64_t rows;           // rows of a, as and h
+  int64_t rows;           // rows of a, as, hq and hs
   int64_t K, N;           // N: rows of one weight matrix (up: inter, down: D)
-  int n_tiles;
+  int n_tiles;            // tiles along N (up: inter / 64, down: D / 128)
   float limit;
-  uint16_t* h;  // up: bf16 planes [inter / 8][rows][8] (the bf16 kernel's layout and K order)
+  uint8_t* hq;  // up: h's e4m3 planes [inter / 16][rows][16]
+  float* hs;    // up: h's scales [inter / 128][rows]
   float* y;     // down: [P, D] by sorted slot
   int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
 };
@@ -219,45 +302,6 @@ __global__ void moe_e4m3_gather_kernel(const float* x, const int* sorted, int64_
   }
 }
 
-// h (bf16 planes in the bf16 kernel's stored K order, [inter / 8][rows][8]) as e4m3 planes and scales: a thread
-// per (row, 128-column block), its 16 bf16 planes (128 values), the block's largest |value|, the reference's
-// scale, and 8 e4m3 planes in this kernel's order: act_fake_quant_bf16's values, kept as codes and scales.
-__global__ void __launch_bounds__(128) moe_e4m3_h_kernel(const uint16_t* h, int64_t rows, int64_t P, int64_t inter,
-                                                         uint8_t* hq, float* hs) {
-  pdl_prologue();
-  const int64_t blocks = inter / kWgK;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t b = i / P, row = i - b * P;  // consecutive threads: consecutive rows of a block
-  if (b >= blocks) return;
-  uint4 w[16];
-  float amax = 0.0f;
-#pragma unroll
-  for (int p = 0; p < 16; ++p) {
-    w[p] = *reinterpret_cast<const uint4*>(h + ((b * 16 + p) * rows + row) * 8);
-    const uint32_t q[4] = {w[p].x, w[p].y, w[p].z, w[p].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(q[e] << 16)), fabsf(__uint_as_float(q[e] & 0xffff0000u))));
-  }
-  const int e = fp8_scale_exponent(amax);
-  const float inv = ldexpf(1.0f, -e);
-  // bf16 value at stored position s of the block (plane s / 8, element s % 8).
-  auto at = [&](int s) -> float {
-    const uint4& u = w[s >> 3];
-    const int el = s & 7;
-    const uint32_t word = el < 2 ? u.x : el < 4 ? u.y : el < 6 ? u.z : u.w;
-    return __uint_as_float((el & 1) ? (word & 0xffff0000u) : (word << 16));
-  };
-#pragma unroll
-  for (int plane = 0; plane < 8; ++plane) {
-    float q[16];
-#pragma unroll
-    for (int c = 0; c < 16; ++c) q[c] = at(wg_stored(32 * (plane >> 1) + e4_physical(plane & 1, c))) * inv;
-    *reinterpret_cast<uint4*>(hq + ((b * 8 + plane) * rows + row) * 16) = e4m3x16(q);
-  }
-  hs[b * rows + row] = ldexpf(1.0f, e);
-}
-
 // Nonzero in *bad when some row of some matrix of the experts has two e8m0 scales more than 2^8 apart within one
 // 128-column group. Block (expert, matrix).
 __global__ void moe_e4m3_fold_check_kernel(const ExpertDesc* experts, int64_t D, int64_t inter, int* bad) {
@@ -275,192 +319,351 @@ __global__ void moe_e4m3_fold_check_kernel(const ExpertDesc* experts, int64_t D,
   if (__syncthreads_or(found) && threadIdx.x == 0) atomicOr(bad, 1);
 }
 
-// Persistent, as moe_grouped_wgmma_kernel (its comment): block b takes tiles b, b + gridDim.x, ...; the producer
-// warpgroup fills a ring of kStages stages (weights and scales by cp.async, the x planes by bulk copy, the pairs'
-// scales by cp.async) and the two consumer warpgroups each own 128 weight rows as two m64 slabs. In a stage: the
-// k32 steps' A fragments are decoded one step ahead of the wgmmas (two fragment sets, wait_group 1), the fresh
-// sums are complete at the stage's end (wait_group 0), the slot is released, and the promotion adds them into
-// the tile's accumulators.
-template <bool UP, int NT>
+// st.async of one 32-bit value into another block's shared memory (cluster address), completing `bytes` = 4 on that
+// block's barrier (cluster address) as transaction bytes.
+__device__ __forceinline__ void st_async_cluster(uint32_t addr, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+}
+
+// Tile row m's weight matrix (ExpertDesc order: w1, w2, w3) and row (see the head comment).
+template <bool UP>
+__device__ __forceinline__ int64_t e4_weight_row(int m, int n_tile, int& which) {
+  if constexpr (UP) {
+    which = (m & 8) ? 2 : 0;
+    return static_cast<int64_t>(n_tile) * (kE4Rows / 2) + 8 * (m >> 4) + (m & 7);
+  } else {
+    which = 1;
+    return static_cast<int64_t>(n_tile) * kE4Rows + m;
+  }
+}
+
+// Up epilogue, thread n < NT of the consumers (pair n of the tile), after the staged h rows are complete: the pair's
+// largest |h| over the block's 64 columns to the peer, then its half of the 128-column block as e4m3 planes with the
+// scale of both halves' largest. hrow: the pair's 32 staged bf16 pairs; amax_in: this block's exchange slot (the
+// peer's value lands there); xbar: its barrier (phase `parity`).
+template <int NT>
+__device__ __forceinline__ void e4_store_h(const uint4 (&hrow)[8], bool valid, int n, int n_tile, uint32_t rank,
+                                           float* amax_in, uint64_t* xbar, uint32_t parity, const E4Args& a,
+                                           int64_t row) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    const uint32_t w[4] = {hrow[q].x, hrow[q].y, hrow[q].z, hrow[q].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(w[e] << 16)), fabsf(__uint_as_float(w[e] & 0xffff0000u))));
+  }
+  if (!valid) amax = 0.0f;
+  const uint32_t peer = rank ^ 1u;
+  st_async_cluster(cluster_smem_addr(amax_in + n, peer), amax, cluster_smem_addr(xbar, peer));
+  if (n == 0) mbar_arrive_expect_tx(xbar, NT * 4);
+  mbar_wait(xbar, parity);
+  if (!valid) return;
+  const int e = fp8_scale_exponent(fmaxf(amax, amax_in[n]));
+  const float inv = ldexpf(1.0f, -e);
+  // bf16 value at staged column c (0..63) of the row.
+  auto at = [&](int c) -> float {
+    const uint4& u = hrow[c >> 3];
+    const int el = c & 7;
+    const uint32_t word = el < 2 ? u.x : el < 4 ? u.y : el < 6 ? u.z : u.w;
+    return __uint_as_float((el & 1) ? (word & 0xffff0000u) : (word << 16));
+  };
+  // This block's columns are physical 64 r .. 64 r + 63 of 128-column block b: planes 8 b + 4 r + 2 j + h.
+  const int64_t b = n_tile >> 1, r = n_tile & 1;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float q[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) q[i] = at(32 * j + e4_physical(h, i)) * inv;
+      *reinterpret_cast<uint4*>(a.hq + ((8 * b + 4 * r + 2 * j + h) * a.rows + row) * 16) = e4m3x16(q);
+    }
+  if (r == 0) a.hs[b * a.rows + row] = ldexpf(1.0f, e);
+}
+
+// Persistent, as moe_grouped_wgmma_kernel: a unit is kCta n-tiles of one m-tile (one a cluster block), block b of the
+// grid takes units b / kCta, + gridDim.x / kCta, ...; producer and consumers walk the same stages. kCta >= 2 for up
+// (the h exchange).
+template <bool UP, int NT, int kCta>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
+  static_assert(kCta == 1 || kCta == 2 || kCta == 4);
+  static_assert(!UP || kCta >= 2, "the up kernel's h blocks span two n-tiles of a cluster");
+  constexpr bool kMc = kCta > 1;
   using Tile = E4Tile<NT, UP>;
-  constexpr int kStages = Tile::kStages;
+  constexpr int kStages = Tile::kStages, kLead = Tile::kLead;
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int nj = *a.num_jobs;
-  const int64_t tiles = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * a.n_tiles;
-  if (static_cast<int64_t>(blockIdx.x) >= tiles) return;  // no tile for this block (uniform)
-  const int64_t K = a.K, N = a.N;
+  const int n_units = a.n_tiles / kCta;
+  const int64_t units = nj == 0 ? 0 : static_cast<int64_t>(a.tile_first[nj]) * n_units;
+  const int64_t unit0 = blockIdx.x / kCta, unit_step = gridDim.x / kCta;
+  if (unit0 >= units) return;  // no unit for this block (uniform, and the same for every block of a cluster)
+  const uint32_t rank = kMc ? cg::this_cluster().block_rank() : 0;
+  const int64_t K = a.K;
   const int kblocks = static_cast<int>(K / kWgK);
+  // Row scales 16 bytes (4 stages) at a time where rows of them are 16-byte aligned and tiles hold whole groups.
+  const bool sc_groups = K % 512 == 0;
 
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * Tile::kStage);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Tile::kBarOff);
   const BulkRing ring{bars, bars + kStages, kStages};
+  uint64_t* xbar = bars + 2 * kStages;  // [2]: the h exchange, by tile parity
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem + Tile::kLutOff);
   if (tid < 2 * (kFoldMaxShift + 1)) lut[tid] = kLutDev.w[tid];
   if (tid == 0) {
-    // full: the producer threads' cp.async arrivals and the x planes' arming thread (transaction bytes).
-    ring.init(kWgConsumerWarps, kWgProducerThreads + 1);
+    // full: each producer thread once its row is decoded, and the arming thread (the x planes' transaction bytes,
+    // the planes the peers multicast included). empty: the consumer warps of every block of the cluster.
+    ring.init(kWgConsumerWarps * kCta, kWgProducerThreads + 1);
+    mbar_init(&xbar[0], 1);
+    mbar_init(&xbar[1], 1);
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (kMc)
+    cg::this_cluster().sync();  // every block's barriers are initialised before any block's copies or arrivals
+  else
+    __syncthreads();
 
   if (warp >= kWgConsumerWarps) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kWgProducerRegs));
-    // Producer thread p: its share of the weight rows and scales (WgWeightCopier), x plane p (p < 8) and pair p's
-    // scale (p < NT).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kE4ProducerRegs));
     const int p = tid - kWgConsumerWarps * 32;
-    const uint32_t smem0 = smem_addr(smem);
-    RingCursor c;
-    for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-      const WgTileAt tl = wg_tile_at(a, nj, t_id, NT, a.n_tiles);
-      WgWeightCopier<UP, 4> copier(a.experts[tl.e], p, tl.n_tile, N, K, a.l2_hint);
-      const uint8_t* xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
-      const float* xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
-      for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
-        ring.wait_free_at(c.slot, c.parity);
-        const uint32_t st = smem0 + c.slot * Tile::kStage;
-        uint64_t* full = &ring.full[c.slot];
+    const uint32_t smem0 = smem_addr(smem), lut0 = smem_addr(lut);
+    const int64_t my_units = (units - unit0 + unit_step - 1) / unit_step;
+    const int64_t total = my_units * kblocks;
+    // The fetch side: unit fu, stage fkb, this thread's row sources.
+    int64_t fu = unit0;
+    int fkb = 0;
+    const uint8_t* wsrc = nullptr;
+    const uint8_t* ssrc = nullptr;
+    const float* xssrc = nullptr;
+    const uint8_t* xsrc = nullptr;
+    const auto start_unit = [&] {
+      const WgTileAt tl = wg_tile_at(a, nj, fu, NT, n_units);
+      const ExpertDesc& ed = a.experts[tl.e];
+      int which;
+      const int64_t row = e4_weight_row<UP>(p, tl.n_tile * kCta + static_cast<int>(rank), which);
+      wsrc = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
+      ssrc = static_cast<const uint8_t*>(ed.s[which]) + row * (K / 32);
+      xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
+      xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
+    };
+    start_unit();
+    RingCursor fc, dc;
+    for (int64_t i = 0; i < total + kLead; ++i) {
+      if (i >= kLead) {
+        // Decode stage i - kLead (its copies were this thread's group i - kLead; kLead - 1 newer may fly).
+        cp_async_wait<kLead - 1>();
+        const uint32_t st = smem0 + dc.slot * Tile::kStage;
+        uint4 raw[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {  // block j = (jj + p / 2) % 4: 8 consecutive rows hit distinct banks
+          const int j = (jj + (p >> 1)) & 3;
+          raw[jj] = lds128_at(st + Tile::kRawOff + p * 64 + 16 * j);
+        }
+        const int64_t di = i - kLead;
+        const uint32_t sc = sc_groups ? lds32_at(smem0 + Tile::kScGroupOff + ((di >> 2) & 1) * (kE4Rows * 16) + p * 16 +
+                                                 4 * (di & 3))
+                                      : lds32_at(st + Tile::kScOff + 4 * p);
+        const uint32_t smax = max(max(sc & 0xffu, (sc >> 8) & 0xffu), max((sc >> 16) & 0xffu, sc >> 24));
+        named_bar_sync(2, kWgProducerThreads);  // every row's raw bytes are read: the planes may overwrite them
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = (jj + (p >> 1)) & 3;
+          const uint32_t d = min(smax - ((sc >> (8 * j)) & 0xffu), static_cast<uint32_t>(kFoldMaxShift));
+          const uint2 l = lds64_at(lut0 + 8 * d);
+          uint32_t lo[4], hi[4];
+          e2m1x8_to_e4m3(raw[jj].x, l.x, l.y, lo[0], hi[0]);
+          e2m1x8_to_e4m3(raw[jj].y, l.x, l.y, lo[1], hi[1]);
+          e2m1x8_to_e4m3(raw[jj].z, l.x, l.y, lo[2], hi[2]);
+          e2m1x8_to_e4m3(raw[jj].w, l.x, l.y, lo[3], hi[3]);
+          sts128_at(st + (2 * j) * Tile::kAPlane + p * 16, make_uint4(lo[0], lo[1], lo[2], lo[3]));
+          sts128_at(st + (2 * j + 1) * Tile::kAPlane + p * 16, make_uint4(hi[0], hi[1], hi[2], hi[3]));
+        }
+        sts32_at(st + Tile::kRsOff + 4 * p, __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(smax))));
+        fence_proxy_async_smem();  // the planes (generic stores) before the consumers' wgmma reads them
+        mbar_arrive(&ring.full[dc.slot]);
+        dc.next(kStages);
+      }
+      if (i < total) {
+        // Fetch stage i: the slot, the x planes (bulk, counted as transaction bytes), this row's FP4 bytes and
+        // scales and pair p's x scale (cp.async, this thread's group i).
+        ring.wait_free_at(fc.slot, fc.parity);
+        const uint32_t st = smem0 + fc.slot * Tile::kStage;
+        uint64_t* full = &ring.full[fc.slot];
         if (p < 32) {
           if (p == 0) mbar_arrive_expect_tx(full, Tile::kXBytes);
           __syncwarp();
-          if (p < 8)
-            bulk_copy_g2s(smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane,
-                          xsrc + static_cast<int64_t>(kb) * 8 * a.rows * 16, Tile::kPlane, full);
+          uint8_t* dst = smem + fc.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane;
+          const uint8_t* src = xsrc + static_cast<int64_t>(fkb) * 8 * a.rows * 16;
+          if constexpr (kMc) {
+            if (p < 8 && p / (8 / kCta) == static_cast<int>(rank))
+              bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, (1u << kCta) - 1);
+          } else if (p < 8) {
+            bulk_copy_g2s(dst, src, Tile::kPlane, full);
+          }
         }
-        copier.stage(st, Tile::kRowPitch, Tile::kScOff);
-        if (p < NT) cp_async_at<4>(st + Tile::kXsOff + 4 * p, xssrc + static_cast<int64_t>(kb) * a.rows, true);
-        cp_async_mbar_arrive_noinc(full);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          cp_async16_l2(st + Tile::kRawOff + p * 64 + 16 * q, wsrc + 64 * fkb + 16 * q, 16, a.l2_hint);
+        if (sc_groups) {
+          if ((fkb & 3) == 0)
+            cp_async16_l2(smem0 + Tile::kScGroupOff + ((i >> 2) & 1) * (kE4Rows * 16) + p * 16, ssrc + 4 * fkb, 16, 0);
+        } else {
+          cp_async_at<4>(st + Tile::kScOff + 4 * p, ssrc + 4 * fkb, true);
+        }
+        if (p < NT) cp_async_at<4>(st + Tile::kXsOff + 4 * p, xssrc + static_cast<int64_t>(fkb) * a.rows, true);
+        fc.next(kStages);
+        if (++fkb == kblocks) {
+          fkb = 0;
+          fu += unit_step;
+          if (fu < units) start_unit();
+        }
       }
+      cp_async_commit();  // group i (empty past the last stage: the wait above counts one group an iteration)
     }
-    cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits
+    cp_async_wait<0>();
+    if constexpr (kMc) cg::this_cluster().sync();  // the consumers' end (below)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kWgConsumerRegs));
-  // Consumers. Thread (wg, warp w, g, t) holds tile rows 128 wg + 64 mt + 16 w + 8 h + g (mt, h = 0, 1).
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kE4ConsumerRegs));
+  // Consumers. Thread (wg, warp w, g, t) holds tile rows 64 wg + 16 w + g and + 8, pairs 8 jj + 2 t + e2.
   const int wg = warp >> 2, w = warp & 3, g = lane >> 2, t = lane & 3;
-  int mrow[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) mrow[mt][h] = 128 * wg + 64 * mt + 16 * w + 8 * h + g;
-  const uint32_t lut0 = smem_addr(lut);
+  const int row_lo = 64 * wg + 16 * w + g;
+  const uint32_t smem0 = smem_addr(smem);
 
+  float acc[NT / 2], fr[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) fr[i] = 0.0f;  // (scale-d 0 ignores them; defined values only)
   RingCursor c;
-  for (int64_t t_id = blockIdx.x; t_id < tiles; t_id += gridDim.x) {
-    const WgTileAt tl = wg_tile_at(a, nj, t_id, NT, a.n_tiles);
-    const int n_tile = tl.n_tile, row0 = tl.row0, first = tl.first, count = tl.count;
-
-    float acc[2][NT / 2], fresh[2][NT / 2];
+  int tiles_done = 0;
+  for (int64_t u = unit0; u < units; u += unit_step, ++tiles_done) {
+    const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
+    const int n_tile = tl.n_tile * kCta + static_cast<int>(rank), row0 = tl.row0, first = tl.first, count = tl.count;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f, fresh[mt][i] = 0.0f;
-
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
     for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
+      // The stage's four k32 wgmmas into the fresh set, waited for; then acc += fresh x 2^(smax - 127) of the row x
+      // the pair's x scale, and the slot is free. The other warpgroup's MMAs run under this one's promotion.
       ring.wait_full_at(c.slot, c.parity);
-      const uint32_t st = smem_addr(smem + c.slot * Tile::kStage);
-      // The stage's rows: their 4 e8m0 scales (largest smax, shift d_j = smax - s_j per k32 block) and raw words.
-      uint32_t sc[2][2], smax[2][2];
+      const uint32_t st = smem0 + c.slot * Tile::kStage;
+      wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int j = 0; j < 4; ++j) {
+        const uint64_t da = wg_desc(st + 2 * j * Tile::kAPlane + wg * (64 * 16), Tile::kAPlane, 128);
+        const uint64_t db = wg_desc(st + Tile::kXOff + 2 * j * Tile::kPlane, Tile::kPlane, 128);
+        wgmma_ss_k32_e4m3<NT>(fr, da, db, j > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_pin(fr);
+      const float r0 = __uint_as_float(lds32_at(st + Tile::kRsOff + 4 * row_lo));
+      const float r1 = __uint_as_float(lds32_at(st + Tile::kRsOff + 4 * (row_lo + 8)));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sc[mt][h] = lds32_at(st + Tile::kScOff + mrow[mt][h] * 8);
-          const uint32_t v = sc[mt][h];
-          smax[mt][h] = max(max(v & 0xffu, (v >> 8) & 0xffu), max((v >> 16) & 0xffu, v >> 24));
-        }
-      float xsr[NT / 4];  // the pairs 8 jj + 2 t + e2 of this thread's accumulators
+      for (int jj = 0; jj < NT / 8; ++jj) {
+        const uint2 xs = lds64_at(st + Tile::kXsOff + 4 * (8 * jj + 2 * t));
+        const float x0 = __uint_as_float(xs.x), x1 = __uint_as_float(xs.y);
+        acc[4 * jj + 0] = fmaf(fr[4 * jj + 0] * r0, x0, acc[4 * jj + 0]);
+        acc[4 * jj + 1] = fmaf(fr[4 * jj + 1] * r0, x1, acc[4 * jj + 1]);
+        acc[4 * jj + 2] = fmaf(fr[4 * jj + 2] * r1, x0, acc[4 * jj + 2]);
+        acc[4 * jj + 3] = fmaf(fr[4 * jj + 3] * r1, x1, acc[4 * jj + 3]);
+      }
+      if constexpr (kMc)
+        ring.release_cluster_at(c.slot, rank, kCta);
+      else
+        ring.release_at(c.slot);
+    }
+
+    if constexpr (UP) {
+      uint16_t* hst = reinterpret_cast<uint16_t*>(smem + Tile::kHOff);
+      named_bar_sync(1, kWgConsumerWarps * 32);  // the previous tile's staged rows are read
+      const int col = 8 * (4 * wg + w) + g;
 #pragma unroll
       for (int jj = 0; jj < NT / 8; ++jj)
 #pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2)
-          xsr[2 * jj + e2] = __uint_as_float(lds32_at(st + Tile::kXsOff + 4 * (8 * jj + 2 * t + e2)));
-      const uint32_t xaddr = st + Tile::kXOff;
-      uint32_t af[2][2][4];
-      const auto decode = [&](int j, uint32_t(&out)[2][4]) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t word = lds32_at(st + mrow[mt][h] * Tile::kRowPitch + 16 * j + 4 * t);
-            const uint32_t d = min(smax[mt][h] - ((sc[mt][h] >> (8 * j)) & 0xffu), static_cast<uint32_t>(kFoldMaxShift));
-            const uint2 l = lds64_at(lut0 + 8 * d);
-            e2m1x8_to_e4m3(word, l.x, l.y, out[mt][h], out[mt][2 + h]);
-          }
-      };
-      decode(0, af[0]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint64_t desc = wg_desc(xaddr + 2 * j * Tile::kPlane, Tile::kPlane, 128);
-        wgmma_pin(af[j % 2][0]);
-        wgmma_pin(af[j % 2][1]);
-        wgmma_fence();
-        wgmma_k32_e4m3<NT>(fresh[0], af[j % 2][0], desc, j > 0);
-        wgmma_k32_e4m3<NT>(fresh[1], af[j % 2][1], desc, j > 0);
-        wgmma_commit();
-        if (j < 3) {
-          wgmma_wait<1>();  // step j - 1 is done: af[(j + 1) % 2] may be rewritten
-          decode(j + 1, af[(j + 1) % 2]);
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const float gate = acc[4 * jj + e2], up = acc[4 * jj + 2 + e2];
+          const float v = siluf_(fminf(gate, a.limit)) * fminf(fmaxf(up, -a.limit), a.limit);
+          hst[(8 * jj + 2 * t + e2) * kE4HPitch + col] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
         }
+      named_bar_sync(1, kWgConsumerWarps * 32);  // every pair's 64 columns are staged
+      if (tid < NT) {
+        uint4 hrow[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) hrow[q] = lds128(hst + tid * kE4HPitch + 8 * q);
+        const int buf = tiles_done & 1;
+        e4_store_h<NT>(hrow, row0 + tid < count, tid, n_tile, rank,
+                       reinterpret_cast<float*>(smem + Tile::kAmaxOff) + buf * NT, &xbar[buf],
+                       static_cast<uint32_t>((tiles_done >> 1) & 1), a, first + row0 + tid);
       }
-      wgmma_wait<0>();  // the stage's sums are complete, and the slot (x planes) is read
-      wgmma_pin(fresh[0]);
-      wgmma_pin(fresh[1]);
-      ring.release_at(c.slot);
-      // acc += fresh x 2^(smax - 127) (rows g, g + 8 of the slab) x sx (the accumulator's pair).
+    } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const float r0 = e8m0_to_f32(static_cast<uint8_t>(smax[mt][0])), r1 = e8m0_to_f32(static_cast<uint8_t>(smax[mt][1]));
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = static_cast<int64_t>(n_tile) * kE4Rows + row_lo + 8 * h;
 #pragma unroll
-        for (int i = 0; i < NT / 2; ++i)
-          acc[mt][i] = fmaf(fresh[mt][i] * ((i & 2) ? r1 : r0), xsr[2 * (i / 4) + (i & 1)], acc[mt][i]);
+        for (int jj = 0; jj < NT / 8; ++jj)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int r = row0 + 8 * jj + 2 * t + e2;
+            if (r < count) a.y[static_cast<int64_t>(first + r) * a.N + col] = acc[4 * jj + 2 * h + e2];
+          }
       }
     }
-    // The weights entered at their values (no 2^-16 shift) and NVFP4 never comes here: multipliers 1.
-    const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
-    if constexpr (UP)
-      wg_store_h<NT, 2>(acc, 1.0f, 1.0f, a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
-    else
-      wg_store_y<NT>(acc, 1.0f, a.y, N, mrow, o);
   }
   grid_dependents_launch();  // this block's tiles are done: the next kernel may be scheduled
+  // The peers' consumers may still arrive on this block's barriers: no block leaves before all are done.
+  if constexpr (kMc) cg::this_cluster().sync();
+}
+
+template <bool UP, int NT, int kCta>
+void launch_e4m3_as(const E4Args& a, int64_t m_tiles_bound, cudaStream_t stream) {
+  constexpr int kSmem = E4Tile<NT, UP>::kSmem;
+  static const int64_t resident = wg_resident_blocks(moe_grouped_e4m3_kernel<UP, NT, kCta>, kSmem, kCta);
+  TERN_CHECK(resident > 0, "moe_grouped_e4m3_kernel: no ", kCta, "-block cluster of ", kSmem,
+             " bytes of shared memory fits (cudaOccupancyMaxActiveClusters)");
+  const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, resident) / kCta * kCta;
+  if (blocks == 0) return;
+  LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kWgThreads), kSmem, stream};
+  shape.cluster_x = kCta > 1 ? kCta : 0;
+  launch(shape, moe_grouped_e4m3_kernel<UP, NT, kCta>, a);
 }
 
 template <bool UP, int NT>
-void launch_e4m3(const E4Args& a, int64_t m_tiles_bound, cudaStream_t stream) {
-  constexpr int kSmem = E4Tile<NT, UP>::kSmem;
-  static const bool attr = [] {
-    cudaFuncSetAttribute(moe_grouped_e4m3_kernel<UP, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    return true;
-  }();
-  (void)attr;
-  const int64_t blocks = wg_blocks(m_tiles_bound, a.n_tiles);
-  if (blocks == 0) return;
-  launch(moe_grouped_e4m3_kernel<UP, NT>, static_cast<unsigned>(blocks), kWgThreads, kSmem, stream, a);
+void launch_e4m3(const E4Args& a, int64_t m_tiles_bound, int cta, cudaStream_t stream) {
+  if (cta >= 4) {
+    launch_e4m3_as<UP, NT, 4>(a, m_tiles_bound, stream);
+  } else if constexpr (UP) {
+    launch_e4m3_as<UP, NT, 2>(a, m_tiles_bound, stream);  // at least 2 (the h exchange)
+  } else {
+    if (cta == 2)
+      launch_e4m3_as<UP, NT, 2>(a, m_tiles_bound, stream);
+    else
+      launch_e4m3_as<UP, NT, 1>(a, m_tiles_bound, stream);
+  }
 }
 
 template <int NT>
 void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows, cudaStream_t stream) {
   const int64_t P = p.T * p.k;
   const int64_t m_bound = (P + NT - 1) / NT + std::min<int64_t>(P, p.E);
-  // The x buffer (rows x D x 2 bytes): x's e4m3 planes and scales for up, then h's for down.
+  // x's e4m3 planes and scales in the x buffer (rows x D x 2 bytes), h's in the h buffer (rows x inter x 2).
   auto* xq = reinterpret_cast<uint8_t*>(b.xs);
+  auto* hq = reinterpret_cast<uint8_t*>(b.h);
+  float* hs = reinterpret_cast<float*>(hq + rows * p.inter);
+  const int up_tiles = static_cast<int>(p.inter / (kE4Rows / 2)), down_tiles = static_cast<int>(p.D / kE4Rows);
   E4Args a{p.experts, b.jobs, b.num_jobs, b.tile_first, xq, reinterpret_cast<const float*>(xq + rows * p.D), rows,
-           p.D, p.inter, static_cast<int>(p.inter / (kWgRows / 2)), p.limit, b.h, b.y, moe_l2_hint()};
-  launch_e4m3<true, NT>(a, m_bound, stream);
-  float* hs = reinterpret_cast<float*>(xq + rows * p.inter);
-  const int64_t h_threads = (p.inter / kWgK) * P;
-  launch(moe_e4m3_h_kernel, static_cast<unsigned>((h_threads + 127) / 128), 128, 0, stream, b.h, rows, P, p.inter,
-         xq, hs);
-  a.a = xq;
+           p.D, p.inter, up_tiles, p.limit, hq, hs, b.y, moe_l2_hint()};
+  // The up kernel runs as clusters of at least 2 (its h blocks span n-tiles 2q, 2q + 1; up_tiles is even).
+  launch_e4m3<true, NT>(a, m_bound, std::max(2, moe_grouped_wgmma_cluster(up_tiles)), stream);
+  a.a = hq;
   a.as = hs;
   a.K = p.inter;
   a.N = p.D;
-  a.n_tiles = static_cast<int>((p.D + kWgRows - 1) / kWgRows);
-  launch_e4m3<false, NT>(a, m_bound, stream);
+  a.n_tiles = down_tiles;
+  launch_e4m3<false, NT>(a, m_bound, moe_grouped_wgmma_cluster(down_tiles), stream);
 }
 
 }  // namespace
@@ -469,22 +672,24 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
 const char* moe_grouped_e4m3_refusal(const MoeParams& p) {
   if (p.kind != WeightFormat::mxfp4 || p.scale_f32) return "experts not MXFP4 with e8m0 scales";
   if (!p.act_fp8) return "activations not fp8";
-  if (p.D % 128 != 0 || p.inter % 128 != 0 || p.inter * 33 > p.D * 64) return "a shape it does not take";
+  if (p.D % 128 != 0 || p.inter % 128 != 0) return "a shape it does not take";
   if (!p.experts_aligned) return "unaligned experts";
   if (!p.e4m3_fold_ok) return "scales that do not fold (more than 2^8 apart in 128 columns)";
   return nullptr;
 }
 
 int moe_grouped_e4m3_tile_pairs(const MoeParams& p) {
-  if (p.E <= 0) return 0;
-  const int64_t P = p.T * p.k, mean = P / std::max<int64_t>(1, std::min<int64_t>(P, p.E));
-  return mean <= 40 ? 32 : 64;
+  const int n = moe_grouped_wgmma_tile_pairs(p);
+  return n > 96 ? 128 : n;  // the bf16 kernel's rule (TERN_MOE_WGMMA_N included); 112 is not built here
 }
 
-const char* moe_grouped_e4m3_path_name(const MoeParams& p) {
-  (void)p;
-  return "moe_grouped_e4m3_kernel mxfp4 256x{32,64} by pairs per expert (wgmma e4m3, fp4 decoded to e4m3 with "
-         "the MXFP4 scales folded per 128 columns, x and h e4m3 1x128, one promotion a stage)";
+std::string moe_grouped_e4m3_path_name(const MoeParams& p) {
+  const int n = moe_grouped_e4m3_tile_pairs(p);
+  return std::string("moe_grouped_e4m3_kernel mxfp4 128x") +
+         (n == 0 ? std::string("{32,64,96,128} by pairs per expert") : std::to_string(n)) +
+         " (wgmma e4m3 from shared memory, fp4 decoded to e4m3 by the producer warpgroup with the MXFP4 scales folded "
+         "per 128 columns, x and h e4m3 1x128, one promotion a stage under the next stage's MMAs, h quantised in the up "
+         "kernel across 2-block clusters)";
 }
 
 void launch_moe_grouped_e4m3(const MoeParams& p, const MoeGroupedBuffers& b, cudaStream_t stream) {
@@ -495,8 +700,20 @@ void launch_moe_grouped_e4m3(const MoeParams& p, const MoeGroupedBuffers& b, cud
   launch(dev::moe_e4m3_gather_kernel, dev::grid_stride_blocks((p.D / dev::kWgK) * P * 4), 256, 0, stream, p.x,
          b.sorted, P, p.k, p.D, rows, xq, reinterpret_cast<float*>(xq + rows * p.D));
   launch_moe_grouped_tiles(b.jobs, b.num_jobs, nt, b.tile_first, stream);
-  if (nt == 32) dev::launch_up_down<32>(p, b, rows, stream);
-  else dev::launch_up_down<64>(p, b, rows, stream);
+  switch (nt) {
+    case 32:
+      dev::launch_up_down<32>(p, b, rows, stream);
+      break;
+    case 64:
+      dev::launch_up_down<64>(p, b, rows, stream);
+      break;
+    case 96:
+      dev::launch_up_down<96>(p, b, rows, stream);
+      break;
+    default:
+      dev::launch_up_down<128>(p, b, rows, stream);
+      break;
+  }
 }
 
 bool moe_e4m3_fold_ok(const ExpertDesc* experts, int64_t E, int64_t D, int64_t inter, cudaStream_t stream) {

@@ -485,30 +485,7 @@ void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream
   constexpr int kSmem = WgTile<NT, UP>::kSmem;
   constexpr bool kMc = kCta > 1;
   // Persistent blocks, at most as many as can be resident at once (kMc: the clusters of kCta that fit side by side).
-  static const int64_t resident = [] {
-    const auto kernel = moe_grouped_wgmma_kernel<F, UP, NT, kCta>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    const int64_t sms = wg_blocks(std::numeric_limits<int>::max(), 1);  // one block a multiprocessor
-    if constexpr (!kMc) {
-      return sms;
-    } else {
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = kCta, attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(static_cast<unsigned>(sms / kCta * kCta));
-      cfg.blockDim = dim3(kWgThreads);
-      cfg.dynamicSmemBytes = kSmem;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-        clusters = 0;
-        (void)cudaGetLastError();  // this query's error only (refused below), not an earlier launch's
-      }
-      return static_cast<int64_t>(clusters) * kCta;
-    }
-  }();
+  static const int64_t resident = wg_resident_blocks(moe_grouped_wgmma_kernel<F, UP, NT, kCta>, kSmem, kCta);
   TERN_CHECK(resident > 0, "moe_grouped_wgmma_kernel: no ", kCta, "-block cluster of ", kSmem,
              " bytes of shared memory fits (cudaOccupancyMaxActiveClusters); TERN_MOE_WGMMA_CLUSTER=1 runs single blocks");
   const int64_t blocks = std::min<int64_t>(m_tiles_bound * a.n_tiles, resident) / kCta * kCta;

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
@@ -256,6 +257,31 @@ inline int64_t wg_blocks(int64_t m_tiles_bound, int n_tiles) {
     return n > 0 ? n : 1;
   }();
   return std::min<int64_t>(m_tiles_bound * n_tiles, sms);
+}
+
+// Blocks of a persistent launch of `kernel` that can be resident at once: one a multiprocessor, or (cta > 1) the
+// clusters of cta blocks that fit side by side (cudaOccupancyMaxActiveClusters; 0 when none fits). Sets the kernel's
+// dynamic shared memory limit first.
+template <class Kernel>
+int64_t wg_resident_blocks(Kernel kernel, int smem, int cta) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const int64_t sms = wg_blocks(std::numeric_limits<int>::max(), 1);
+  if (cta <= 1) return sms;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cta), attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(sms / cta * cta));
+  cfg.blockDim = dim3(kWgThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    clusters = 0;
+    (void)cudaGetLastError();  // this query's error only (the caller refuses 0), not an earlier launch's
+  }
+  return static_cast<int64_t>(clusters) * cta;
 }
 
 }  // namespace tern::cuda::dev
