@@ -17,6 +17,12 @@ stamp "1. e4m3 tests (a hang shows as rc 124)"
 timeout 150 $G/tern_gpu_tests --gtest_filter='*E4m3*:*GpuActFp8Linear.MoeAgainstCpu*' > $P/t-e4.log 2>&1
 e4rc=$?; echo "rc $e4rc (e4m3)"; pf $P/t-e4.log 10; grep -c "^\[       OK" $P/t-e4.log
 if [[ $e4rc -eq 0 ]]; then
+  for mc in 4 1; do  # 4-block clusters (V4-Flash's 32 tiles) and single-block down kernels (up stays at 2)
+    if [[ $mc == 1 && $(el) -gt 200 ]]; then continue; fi
+    TERN_MOE_WGMMA_CLUSTER=$mc timeout 80 $G/tern_gpu_tests --gtest_filter='*GpuActFp8Linear.MoeAgainstCpu/*v4*' \
+      > $P/t-e4-c$mc.log 2>&1
+    echo "rc $? (e4m3, cluster $mc)"; pf $P/t-e4-c$mc.log 6; grep -c "^\[       OK" $P/t-e4-c$mc.log
+  done
   stamp "2. e4m3 against the bf16 wgmma kernels"
   rx="moe_grouped_(wgmma|e4m3)_kernel|moe_e4m3|act_fake_quant"
   for r in 1 2; do
@@ -26,7 +32,7 @@ if [[ $e4rc -eq 0 ]]; then
   done
   pf_rows ke4m3-1 4096 "$rx" TERN_MOE_GROUPED=e4m3
   pf_rows kauto-1 4096 "$rx" TERN_MOE_GROUPED=auto
-  TERN_MOE_GROUPED=e4m3 timeout 60 $G/tern_gpu_bench --only moe_prefill > $P/bench-moe.log 2>&1; echo "rc $? (bench)"
+  timeout 60 $G/tern_gpu_bench --only moe_prefill > $P/bench-moe.log 2>&1; echo "rc $? (bench)"
   grep -E "moe_prefill" $P/bench-moe.log | head -12 | cut -c1-160
   stamp "3. ncu of the e4m3 up kernel at 8K"
   ncu_prefill e4 moe_grouped_e4m3_kernel TERN_MOE_GROUPED=e4m3

@@ -223,6 +223,9 @@ struct E4Tile {
   // Stages of FP4 in flight ahead of the decode (at most kStages - 2: the decode of stage i - kLead comes before
   // stage i's slot is waited for, and the consumers need a decoded stage to free one).
   static constexpr int kLead = kStages >= 5 ? 3 : kStages - 2;
+  // The row-scale groups (kScGroupOff: 2 x 4 stages) are overwritten 8 stages after they land and last read kLead + 3
+  // after (kblocks % 4 == 0 where they are used, so a group never straddles tiles).
+  static_assert(kLead <= 5);
   static_assert(kStage % 128 == 0 && kHOff % 16 == 0 && kSmem <= kWgSmemMax && kLead >= 1);
 };
 
