@@ -43,16 +43,16 @@ c4rc=$?; echo "rc $c4rc (4-block clusters, edge shapes)"; pf $P/t-4e.log 6; grep
 timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*MoeWgmmaHQuantFold*' > $P/t-mhc.log 2>&1
 echo "rc $? (mhc, h quant fold)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
 stamp "5. s37a's A/Bs at 8K, as time allows"
-if [[ $c4rc -eq 0 && $(el) -lt 470 ]]; then
+if [[ $c4rc -eq 0 && $(el) -lt 360 ]]; then
   for mc in 2 4; do pf_rows c$mc 8192 "moe_grouped_wgmma_kernel" TERN_MOE_WGMMA_CLUSTER=$mc; done
 fi
-if [[ $(el) -lt 500 ]]; then
+if [[ $(el) -lt 385 ]]; then
   for tl in 0 1; do pf_rows t$tl 8192 "hc_post_squares|hc_mix|sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128" TERN_HC_MIX_TILED=$tl; done
 fi
-if [[ $(el) -lt 530 ]]; then
+if [[ $(el) -lt 410 ]]; then
   for hq in 0 1; do pf_rows q$hq 8192 "moe_grouped_wgmma_kernel|act_fake_quant" TERN_MOE_H_QUANT_FOLD=$hq; done
 fi
-if [[ $(el) -lt 555 ]]; then
+if [[ $(el) -lt 435 ]]; then
   for ix in mma mma-fp16x3; do pf_rows i$ix 8192 "indexer_mma" TERN_INDEXER_PREFILL=$ix; done
 fi
 tar czf $L/logs.tgz -C $P --exclude='*.ncu-rep' .
