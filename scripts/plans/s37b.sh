@@ -13,6 +13,7 @@ source scripts/plans/env.sh
 L=$OUT
 P=$(mktemp -d)
 el() { echo $(( $(date +%s) - T0 )); }
+END=${S37B_END:-470}  # seconds: the optional steps below start only while they can end before it
 stamp "1. e4m3 tests (a hang shows as rc 124)"
 timeout 150 $G/tern_gpu_tests --gtest_filter='*E4m3*:*GpuActFp8Linear.MoeAgainstCpu*' > $P/t-e4.log 2>&1
 e4rc=$?; echo "rc $e4rc (e4m3)"; pf $P/t-e4.log 10; grep -c "^\[       OK" $P/t-e4.log
@@ -35,7 +36,7 @@ if [[ $e4rc -eq 0 ]]; then
   timeout 60 $G/tern_gpu_bench --only moe_prefill > $P/bench-moe.log 2>&1; echo "rc $? (bench)"
   grep -E "moe_prefill" $P/bench-moe.log | head -12 | cut -c1-160
   stamp "3. ncu of the e4m3 up kernel at 8K"
-  ncu_prefill e4 moe_grouped_e4m3_kernel TERN_MOE_GROUPED=e4m3
+  if [[ $(el) -lt $((END - 150)) ]]; then ncu_prefill e4 moe_grouped_e4m3_kernel TERN_MOE_GROUPED=e4m3; fi
 fi
 stamp "4. s37a's tests"
 TERN_MOE_WGMMA_CLUSTER=4 timeout 60 $G/tern_gpu_tests --gtest_filter='GpuMoeGroupedWgmma.*' > $P/t-4e.log 2>&1
@@ -43,16 +44,16 @@ c4rc=$?; echo "rc $c4rc (4-block clusters, edge shapes)"; pf $P/t-4e.log 6; grep
 timeout 120 $G/tern_gpu_tests --gtest_filter='*GpuV4.Mhc*:*MoeWgmmaHQuantFold*' > $P/t-mhc.log 2>&1
 echo "rc $? (mhc, h quant fold)"; pf $P/t-mhc.log 6; grep -c "^\[       OK" $P/t-mhc.log
 stamp "5. s37a's A/Bs at 8K, as time allows"
-if [[ $c4rc -eq 0 && $(el) -lt 360 ]]; then
+if [[ $c4rc -eq 0 && $(el) -lt $((END - 110)) ]]; then
   for mc in 2 4; do pf_rows c$mc 8192 "moe_grouped_wgmma_kernel" TERN_MOE_WGMMA_CLUSTER=$mc; done
 fi
-if [[ $(el) -lt 385 ]]; then
+if [[ $(el) -lt $((END - 85)) ]]; then
   for tl in 0 1; do pf_rows t$tl 8192 "hc_post_squares|hc_mix|sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128" TERN_HC_MIX_TILED=$tl; done
 fi
-if [[ $(el) -lt 410 ]]; then
+if [[ $(el) -lt $((END - 60)) ]]; then
   for hq in 0 1; do pf_rows q$hq 8192 "moe_grouped_wgmma_kernel|act_fake_quant" TERN_MOE_H_QUANT_FOLD=$hq; done
 fi
-if [[ $(el) -lt 435 ]]; then
+if [[ $(el) -lt $((END - 35)) ]]; then
   for ix in mma mma-fp16x3; do pf_rows i$ix 8192 "indexer_mma" TERN_INDEXER_PREFILL=$ix; done
 fi
 tar czf $L/logs.tgz -C $P --exclude='*.ncu-rep' .
