@@ -27,14 +27,19 @@ if [[ $e4rc -eq 0 ]]; then
   stamp "2. e4m3 against the bf16 wgmma kernels"
   rx="moe_grouped_(wgmma|e4m3)_kernel|moe_e4m3|act_fake_quant"
   for r in 1 2; do
+    if [[ $r == 2 && $(el) -gt $((END - 150)) ]]; then break; fi
     for k in auto e4m3; do
       for n in 8192 2048; do pf_rows k$k-$r $n "$rx" TERN_MOE_GROUPED=$k; done
     done
   done
-  pf_rows ke4m3-1 4096 "$rx" TERN_MOE_GROUPED=e4m3
-  pf_rows kauto-1 4096 "$rx" TERN_MOE_GROUPED=auto
-  timeout 60 $G/tern_gpu_bench --only moe_prefill > $P/bench-moe.log 2>&1; echo "rc $? (bench)"
-  grep -E "moe_prefill" $P/bench-moe.log | head -12 | cut -c1-160
+  if [[ $(el) -lt $((END - 60)) ]]; then
+    pf_rows ke4m3-1 4096 "$rx" TERN_MOE_GROUPED=e4m3
+    pf_rows kauto-1 4096 "$rx" TERN_MOE_GROUPED=auto
+  fi
+  if [[ $(el) -lt $((END - 60)) ]]; then
+    timeout 60 $G/tern_gpu_bench --only moe_prefill > $P/bench-moe.log 2>&1; echo "rc $? (bench)"
+    grep -E "moe_prefill" $P/bench-moe.log | head -12 | cut -c1-160
+  fi
   stamp "3. ncu of the e4m3 up kernel at 8K"
   if [[ $(el) -lt $((END - 150)) ]]; then ncu_prefill e4 moe_grouped_e4m3_kernel TERN_MOE_GROUPED=e4m3; fi
 fi
