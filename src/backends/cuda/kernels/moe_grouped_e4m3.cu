@@ -13,10 +13,10 @@
 // (h = 0, 1) holds, at byte i, physical column 32 j + 8 (i / 4) + 4 h + i % 4 (e4_physical), so k32 step j reads
 // planes 2 j, 2 j + 1 with the no-swizzle K-major descriptor (LBO = one plane, SBO = 128: the next 8 rows).
 //
-// Weights in a stage: the same planes for the 128 rows ([8][128][16], 16 KB), written by the producer: thread p
-// owns tile row p, copies its 64 FP4 bytes a stage (cp.async, into the upper half of the stage's weight planes,
-// which the decode then overwrites after a producer-only barrier) and its e8m0 scales (16 bytes = 4 stages at a
-// time where K % 512 == 0, one copy a row every 4 stages, else 4 bytes a stage), and decodes: word t of block j (8
+// Weights in a stage: the same planes for the 128 rows ([8][128][16], 16 KB), written by the producer: its threads
+// copy the rows' 64 FP4 bytes a stage (cp.async, 4 threads a row, into the upper half of the stage's weight planes,
+// which the decode then overwrites between two producer-only barriers); thread p copies row p's e8m0 scales (16 bytes
+// = 4 stages at a time where K % 512 == 0, one copy a row every 4 stages, else 4 bytes a stage) and decodes row p: word t of block j (8
 // nibbles, physical columns 32 j + 8 t ..) becomes e4m3 bytes 4 t .. 4 t + 3 of planes 2 j (nibbles 0-3) and 2 j +
 // 1 (4-7), by prmt from a magnitude table per d = smax - s_j (the stage's largest of the row's four scales minus
 // block j's): e2m1 x 2^-d, exact for d <= 8 (moe_e4m3_fold_ok checks the experts once). The producer decodes stage i
@@ -186,8 +186,8 @@ inline constexpr int kE4HPitch = 72;  // bf16 values a staged h row (64 + 8: row
 inline constexpr int kE4MaxStages = 6;
 inline constexpr int kE4ScBytes = 2 * kE4Rows * 16;  // row scales, 16 bytes (4 stages) a row, two groups
 // The producer decodes (its row's raw words, the outputs and the fetch side's sources): more registers than the bf16
-// kernel's copy-only producer (56 spilled), fewer for the consumers (2 x 64 accumulators at 128 pairs).
-inline constexpr int kE4ProducerRegs = 72, kE4ConsumerRegs = 216;
+// kernel's copy-only producer (56 and 72 spilled), fewer for the consumers (2 x 64 accumulators at 128 pairs).
+inline constexpr int kE4ProducerRegs = 80, kE4ConsumerRegs = 208;
 static_assert(kE4ProducerRegs * kWgProducerThreads + kE4ConsumerRegs * kWgConsumerWarps * 32 <= 64 * 1024);
 
 // A ring slot of a tile of NT pairs: the 128 rows' e4m3 weight planes (the raw FP4 rows land in the upper half,
@@ -439,6 +439,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     // The fetch side: unit fu, stage fkb, this thread's row sources.
     int64_t fu = unit0;
     int fkb = 0;
+    // The FP4 copies: piece p % 4 (16 bytes) of tile rows p / 4 + 32 j (j < 4), matrix rows kStepW j apart (up: 32 tile
+    // rows are 16 rows of one matrix; see e4_weight_row), so a warp writes 8 whole 64-byte rows: full sectors in L2 and
+    // no bank conflicts. (Session 37's first form had thread p copy its own row: 32 rows x 16 bytes a warp instruction,
+    // half of each sector a request, 49% excess sectors and 4-way conflicting shared writes in ncu.)
+    constexpr int kStepW = UP ? 16 : 32;
     const uint8_t* wsrc = nullptr;
     const uint8_t* ssrc = nullptr;
     const float* xssrc = nullptr;
@@ -446,10 +451,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     const auto start_unit = [&] {
       const WgTileAt tl = wg_tile_at(a, nj, fu, NT, n_units);
       const ExpertDesc& ed = a.experts[tl.e];
+      const int n_tile = tl.n_tile * kCta + static_cast<int>(rank);
       int which;
-      const int64_t row = e4_weight_row<UP>(p, tl.n_tile * kCta + static_cast<int>(rank), which);
-      wsrc = static_cast<const uint8_t*>(ed.w[which]) + row * (K / 2);
-      ssrc = static_cast<const uint8_t*>(ed.s[which]) + row * (K / 32);
+      const int64_t wrow = e4_weight_row<UP>(p >> 2, n_tile, which);
+      wsrc = static_cast<const uint8_t*>(ed.w[which]) + wrow * (K / 2) + (p & 3) * 16;
+      const int64_t srow = e4_weight_row<UP>(p, n_tile, which);
+      ssrc = static_cast<const uint8_t*>(ed.s[which]) + srow * (K / 32);
       xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
       xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
     };
@@ -457,8 +464,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     RingCursor fc, dc;
     for (int64_t i = 0; i < total + kLead; ++i) {
       if (i >= kLead) {
-        // Decode stage i - kLead (its copies were this thread's group i - kLead; kLead - 1 newer may fly).
+        // Decode stage i - kLead (its copies were group i - kLead of each producer thread; kLead - 1 newer may fly):
+        // every thread's copies of the stage have landed after the barrier.
         cp_async_wait<kLead - 1>();
+        named_bar_sync(2, kWgProducerThreads);
         const uint32_t st = smem0 + dc.slot * Tile::kStage;
         uint4 raw[4];
 #pragma unroll
@@ -509,8 +518,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
           }
         }
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-          cp_async16_l2(st + Tile::kRawOff + p * 64 + 16 * q, wsrc + 64 * fkb + 16 * q, 16, a.l2_hint);
+        for (int j = 0; j < 4; ++j)
+          cp_async16_l2(st + Tile::kRawOff + ((p >> 2) + 32 * j) * 64 + (p & 3) * 16,
+                        wsrc + static_cast<int64_t>(kStepW) * j * (K / 2) + 64 * fkb, 16, a.l2_hint);
         if (sc_groups) {
           if ((fkb & 3) == 0)
             cp_async16_l2(smem0 + Tile::kScGroupOff + ((i >> 2) & 1) * (kE4Rows * 16) + p * 16, ssrc + 4 * fkb, 16, 0);
