@@ -132,49 +132,6 @@ TEST_P(GpuV4, Mhc) {
       same(fcol, ucol, "collapsed");
     }
 
-    // Prefill chunks on hc_mix_tiled_kernel (TERN_HC_MIX_TILED): close to the CPU, and a lane's sums are
-    // hc_mix_kernel's, so the last token alone (hc_mix_kernel, T = 1) gives the same bits, the hc_post folded or not.
-    if (T >= library) {
-      auto& backend = cuda::register_backend();
-      const int64_t saved = backend.knob("TERN_HC_MIX_TILED");
-      backend.set_knob("TERN_HC_MIX_TILED", 1);
-      auto tpost = poisoned(DType::f32, {T, hc}), tcomb = poisoned(DType::f32, {T, hc, hc});
-      auto tcol = poisoned(DType::f32, {T, s.D});
-      ops::hc_pre(cuda::context(), ops::HcPreArgs{ds, dfn, db, dsc, {}, tpost, tcomb, tcol});
-      expect_close(tpost, post, kTolF32, cat("tiled hc_pre post T=", T));
-      expect_close(tcomb, comb, 1e-4, cat("tiled hc_pre comb T=", T));
-      expect_close(tcol, collapsed, kTolF32, cat("tiled hc_pre collapsed T=", T));
-      auto fstreams = poisoned(DType::f32, {T, hc, s.D}), fpost = poisoned(DType::f32, {T, hc}),
-           fcomb = poisoned(DType::f32, {T, hc, hc}), fcol = poisoned(DType::f32, {T, s.D});
-      ops::HcPreArgs fa{fstreams, dfn, db, dsc, {}, fpost, fcomb, fcol};
-      fa.prev_streams = ds, fa.prev_a = dsub, fa.prev_post = hpost, fa.prev_comb = hcomb;
-      ops::hc_pre(cuda::context(), fa);
-      // The last row of `rows` alone through hc_mix_kernel (T = 1): post, comb and collapsed as bits of the tiled run's.
-      const auto last_token_bits = [&](const Tensor& rows, const TensorView& post_t, const TensorView& comb_t,
-                                       const TensorView& col_t, const char* what) {
-        auto one = upload(rows.view().rows(T - 1, T));
-        auto p1 = poisoned(DType::f32, {1, hc}), c1 = poisoned(DType::f32, {1, hc, hc});
-        auto x1 = poisoned(DType::f32, {1, s.D});
-        ops::hc_pre(cuda::context(), ops::HcPreArgs{one, dfn, db, dsc, {}, p1, c1, x1});
-        const std::pair<TensorView, TensorView> pairs[] = {{post_t, p1}, {comb_t, c1}, {col_t, x1}};
-        const char* names[] = {"post", "comb", "collapsed"};
-        for (int i = 0; i < 3; ++i) {
-          const Tensor g = cuda::to_host(pairs[i].first), w = cuda::to_host(pairs[i].second);
-          const int64_t n = w.nbytes() / 4;
-          EXPECT_EQ(std::memcmp(g.data<float>() + (T - 1) * n, w.data<float>(), n * 4), 0)
-              << "tiled hc_pre T=" << T << ": " << what << " " << names[i]
-              << " of the last token differs from hc_mix_kernel's";
-        }
-      };
-      last_token_bits(streams, tpost, tcomb, tcol, "plain");
-      // The folded form: the streams hc_post's bits (dout), the rest hc_mix_kernel's on them.
-      const Tensor hs = cuda::to_host(fstreams), ho = cuda::to_host(dout);
-      EXPECT_EQ(std::memcmp(hs.data<float>(), ho.data<float>(), hs.nbytes()), 0)
-          << "tiled hc_pre T=" << T << ": the folded streams differ from hc_post's";
-      last_token_bits(ho, fpost, fcomb, fcol, "folded");
-      backend.set_knob("TERN_HC_MIX_TILED", saved);
-    }
-
     Tensor hfn = random_f32({hc, hc * s.D}, r, 0.02f), hbase = random_f32({hc}, r), hscale = random_f32({1}, r);
     Tensor head(DType::f32, {T, s.D});
     ops::hc_head(cpu::context(), ops::HcHeadArgs{streams, hfn, hbase, hscale, {}, head});

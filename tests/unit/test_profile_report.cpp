@@ -66,7 +66,6 @@ const std::vector<Expect> kCurrentKernels = {
     {"tern::cuda::dev::(anonymous namespace)::linear_simple_kernel(tern::cuda::dev::(anonymous namespace)::SimpleMat, float const*, long, long, long, float*)", C::dense_gemm},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<4>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
     {"void tern::cuda::dev::(anonymous namespace)::hc_mix_kernel<24>(float const*, float const*, long, long, float*)", C::mhc_norm_rope},
-    {"void tern::cuda::dev::(anonymous namespace)::hc_mix_tiled_kernel<24, true, 4>(float const*, float const*, long, long, long, bool, float*, tern::cuda::dev::(anonymous namespace)::HcPostIn)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_pre_finish_kernel(tern::cuda::HcParams, int)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_comb_kernel(tern::cuda::HcParams)", C::mhc_norm_rope},
     {"tern::cuda::dev::(anonymous namespace)::hc_head_finish_kernel(tern::cuda::HcParams, int)", C::mhc_norm_rope},

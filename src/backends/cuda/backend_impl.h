@@ -123,10 +123,6 @@ struct CudaBackend::Impl {
   bool moe_fused_plan = true;
   // hc_mix_kernel stages its fn columns before its PDL wait (HcParams::early_fn; TERN_HC_EARLY_FN=0: after).
   bool hc_early_fn = true;
-  // hc_pre of prefill chunks on hc_mix_tiled_kernel (HcParams::mix_tokens: 4 tokens a warp, the previous sub-layer's
-  // hc_post folded in) where hc_post_squares and the library product read the streams twice (TERN_HC_MIX_TILED=1;
-  // off until measured: session 36 wrote it without a GPU).
-  bool hc_mix_tiled = false;
   // indexer_topk_kernel's short ways (IndexerParams::fast_topk; TERN_TOPK_FAST=0: off).
   bool topk_fast = true;
   // linear_x8's splits of 2-8 blocks whose grid is one block an SM add their sums as one thread-block cluster

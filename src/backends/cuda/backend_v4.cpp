@@ -71,13 +71,9 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
   // the library path (prefill chunks) hc_post first, with the mix's squares column where hc_post_squares
   // takes the shape (one read of the streams less: hc_squares_kernel's), else as the op.
   bool squares_done = false;
-  // TERN_HC_MIX_TILED: prefill chunks on hc_mix_tiled_kernel (the hc_post folded in, as decode's mix) instead of the
-  // library path below.
-  const bool tiled = impl_->hc_mix_tiled && impl_->library_for(p.T);
-  if (tiled) p.mix_tokens = kHcMixTiledTokens;
   if (a.has_prev()) {
     require_cuda_f32("hc_pre (folded hc_post)", {&a.prev_streams, &a.prev_a, &a.prev_post, &a.prev_comb});
-    const bool library = !tiled && library_hc_for(*impl_, p);
+    const bool library = library_hc_for(*impl_, p);
     if (library && impl_->hc_post_squares && hc_post_squares_supported(p.hc, p.D)) {
       const int64_t mix = (2 + p.hc) * p.hc;
       launch_hc_post_squares(a.prev_streams.data_as<const float>(), a.prev_a.data_as<const float>(),
@@ -96,7 +92,7 @@ void CudaBackend::hc_pre(const ops::HcPreArgs& a) {
       p.out_streams = a.streams.data_as<float>();
     }
   }
-  if (!tiled && run_library_hc(*impl_, p, false, squares_done)) return;
+  if (run_library_hc(*impl_, p, false, squares_done)) return;
   p.partial = static_cast<float*>(impl_->scratch(hc_partial_floats(p.T, p.hc, p.D, false) * sizeof(float)));
   launch_hc_pre(p, impl_->stream);
   check_launch(p.prev_a != nullptr ? "hc_pre (hc_post folded)" : "hc_pre");

@@ -33,7 +33,6 @@ constexpr ImplSwitch kImplSwitches[] = {
     {"TERN_ROUTE_REGS", &CudaBackend::Impl::route_regs},
     {"TERN_MOE_FUSED_PLAN", &CudaBackend::Impl::moe_fused_plan},
     {"TERN_HC_EARLY_FN", &CudaBackend::Impl::hc_early_fn},
-    {"TERN_HC_MIX_TILED", &CudaBackend::Impl::hc_mix_tiled},
     {"TERN_TOPK_FAST", &CudaBackend::Impl::topk_fast},
     {"TERN_X8_CLUSTER", &CudaBackend::Impl::x8_cluster},
     {"TERN_BRANCH_PRIORITY", &CudaBackend::Impl::branch_priority},
@@ -538,8 +537,7 @@ std::vector<std::string> CudaBackend::kernel_paths() const {
       "fused tensor-core kernel, split bf16x6 / fp16x3 products at f32 accuracy, only the scores written)",
       "compressor_update: compressor_kernel, CUDA cores, f32",
       "hc_pre / hc_post / hc_head / hc_expand: hc_mix + finish kernels, CUDA cores, f32; hc_pre / hc_head of >= 512 "
-      "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels "
-      "(TERN_HC_MIX_TILED=1: hc_pre on hc_mix_tiled_kernel instead, 4 tokens a warp, the same bits as hc_mix)",
+      "tokens unless --batch-invariant: the mixing logits as a cuBLAS f32 product + hc_squares, same finish kernels",
       "rms_norm, rope, embedding, add, swiglu, gather_rows, kv_pack / kv_unpack: one kernel each, CUDA cores; "
       "norm_rope (the attention's q heads and kv rows): norm_rope_kernel, rms_norm then RoPE in one launch with "
       "the same bits (rows wider than 1024: rms_norm_row / block then rope_kernel); a prefill chunk's q heads on "

@@ -19,7 +19,6 @@ namespace {
 constexpr int kHc = 4;
 constexpr int kMixWarps = 8, kMixThreads = 32 * kMixWarps;
 constexpr int kMixTokens = kMixWarps;  // tokens per mix block: one a warp
-constexpr int kMixTiledTokens = kHcMixTiledTokens;  // hc_mix_tiled_kernel's tokens a warp
 constexpr int64_t kMixSlice = 256;  // floats of the flattened streams per split (before the cap)
 constexpr int64_t kMaxSplits = 64;
 constexpr int kSumLanes = 8;        // lanes adding one logit's partials
@@ -102,7 +101,7 @@ __device__ __forceinline__ float4 hc_post_at(const HcPostIn& in, int64_t t, int6
   return hc_post_stream(x, ld4(in.a + t * D + d), in.comb + t * kHc * kHc, __ldg(in.post + t * kHc + s), s);
 }
 
-// The mix kernels' input at flattened index k of token t: hc_post_at's streams (POST; stored to post_in.out when
+// hc_mix_kernel's input at flattened index k of token t: hc_post_at's streams (POST; stored to post_in.out when
 // `store`) or the streams read.
 template <bool POST>
 __device__ __forceinline__ float4 mix_input_at(const float* __restrict__ streams, const HcPostIn& post_in, int64_t t,
@@ -116,33 +115,6 @@ __device__ __forceinline__ float4 mix_input_at(const float* __restrict__ streams
   }
 }
 
-// The block's fn columns of one 256-float step (base .. base + 255, zeros from k1 on), staged by all threads at once
-// (fn comes from DRAM: a warp loading its rows itself kept too few loads in flight).
-template <int MIX>
-__device__ __forceinline__ void stage_fn_step(float4 (&fn_s)[MIX][64], const float* __restrict__ fn, int64_t N,
-                                              int64_t base, int64_t k1) {
-  for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
-    const int j = e / 64, c = e % 64;
-    const int64_t k = base + 4 * c;
-    fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
-  }
-}
-
-// Reduce-scatter of a warp's 32 slots: at offset o a lane keeps the half of its n slots its bit o selects and adds
-// the partner's copy of that half; after o = 1, lane s holds slot s summed over all 32 lanes (in v[0]).
-__device__ __forceinline__ void reduce_scatter32(float (&v)[32], int lane) {
-#pragma unroll
-  for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
-    const bool upper = (lane & o) != 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      if (i >= n / 2) break;
-      const float keep = upper ? v[i + n / 2] : v[i], send = upper ? v[i] : v[i + n / 2];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-  }
-}
-
 // POST: the streams come from hc_post_at and the first warp of each token (q == 0) stores them (every (token,
 // index) belongs to one split and, in it, to that token's R warps).
 template <int MIX, bool POST>
@@ -151,10 +123,18 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
                                                              int64_t per, bool early_fn, float* __restrict__ partial,
                                                              HcPostIn post_in) {
   static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
-  __shared__ float4 fn_s[MIX][64];  // one 256-float step's fn columns (stage_fn_step)
+  // The block's fn columns of one 256-float step, staged by all threads at once (fn comes from DRAM: a warp
+  // loading its rows itself kept too few loads in flight).
+  __shared__ float4 fn_s[MIX][64];
   const int split = blockIdx.x, splits = gridDim.x;
   const int64_t k0 = split * per, k1 = min(N, k0 + per);
-  auto stage_fn = [&](int64_t base) { stage_fn_step<MIX>(fn_s, fn, N, base, k1); };
+  auto stage_fn = [&](int64_t base) {
+    for (int e = threadIdx.x; e < MIX * 64; e += kMixThreads) {
+      const int j = e / 64, c = e % 64;
+      const int64_t k = base + 4 * c;
+      fn_s[j][c] = k < k1 ? ld4(fn + j * N + k) : make_float4(0, 0, 0, 0);
+    }
+  };
   // Before the wait: a split of one step (V4-Flash's 16 384 floats in 64 splits of 256) stages its fn columns, a
   // weight's (no kernel writes fn), so their DRAM latency overlaps the previous kernel.
   const bool one_step = early_fn && k1 - k0 <= 256;
@@ -196,73 +176,20 @@ __global__ void __launch_bounds__(kMixThreads) hc_mix_kernel(const float* __rest
     }
   }
   if (!active) return;
-  reduce_scatter32(v, lane);
+  // Reduce-scatter: at offset o a lane keeps the half of its n slots its bit o selects and adds the
+  // partner's copy of that half; after o = 1, lane s holds slot s summed over all 32 lanes.
+#pragma unroll
+  for (int o = 16, n = 32; o > 0; o >>= 1, n >>= 1) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i >= n / 2) break;
+      const float keep = upper ? v[i + n / 2] : v[i], send = upper ? v[i] : v[i + n / 2];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
   const int j = q + R * lane;
   if (j <= MIX) partial[((t * (MIX + 1)) + j) * splits + split] = v[0];
-}
-
-// hc_mix_kernel for prefill chunks: TOK tokens a warp (8 TOK a block), each fn float4 loaded from shared memory once
-// for the warp's TOK tokens where hc_mix_kernel loads it once a token (at 8 192 tokens that re-read fn's 1.5 MB a token:
-// 3 ms a call, hence the library product, which reads the streams hc_post_squares has just written once more). A
-// lane's sums add the same terms in the same order as hc_mix_kernel's lane (R = 1) and reduce_scatter32 sums the
-// lanes as there, so every partial has hc_mix_kernel's bits (and the results those of the decode path, whatever T).
-template <int MIX, bool POST, int TOK>
-__global__ void __launch_bounds__(kMixThreads) hc_mix_tiled_kernel(const float* __restrict__ streams,
-                                                                   const float* __restrict__ fn, int64_t T, int64_t N,
-                                                                   int64_t per, bool early_fn,
-                                                                   float* __restrict__ partial, HcPostIn post_in) {
-  static_assert(MIX + 1 <= 32, "one sum per lane after the reduce-scatter");
-  __shared__ float4 fn_s[MIX][64];
-  const int split = blockIdx.x, splits = gridDim.x;
-  const int64_t k0 = split * per, k1 = min(N, k0 + per);
-  // Before the wait: a split of one step stages its fn columns, a weight's (no kernel writes fn), as hc_mix_kernel.
-  const bool one_step = early_fn && k1 - k0 <= 256;
-  if (one_step) stage_fn_step<MIX>(fn_s, fn, N, k0, k1);
-  pdl_prologue();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t0 = (static_cast<int64_t>(blockIdx.y) * kMixWarps + warp) * TOK;
-  float v[TOK][32];
-#pragma unroll
-  for (int u = 0; u < TOK; ++u)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) v[u][i] = 0.0f;
-  for (int64_t base = k0; base < k1; base += 256) {
-    const int64_t kb = base + 4 * lane;
-    float4 x[TOK][2];
-#pragma unroll
-    for (int u = 0; u < TOK; ++u) {
-      const int64_t t = t0 + u;
-      const bool active = t < T;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t k = kb + 128 * h;
-        x[u][h] = active && k < k1 ? mix_input_at<POST>(streams, post_in, t, N, k, true) : make_float4(0, 0, 0, 0);
-      }
-    }
-    if (!one_step) {
-      __syncthreads();  // the previous step's fn_s is no longer read
-      stage_fn_step<MIX>(fn_s, fn, N, base, k1);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < MIX; ++i) {
-        const float4 f = fn_s[i][lane + 32 * h];
-#pragma unroll
-        for (int u = 0; u < TOK; ++u) v[u][i] = dot4(f, x[u][h], v[u][i]);
-      }
-#pragma unroll
-      for (int u = 0; u < TOK; ++u) v[u][MIX] = dot4(x[u][h], x[u][h], v[u][MIX]);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < TOK; ++u) {
-    const int64_t t = t0 + u;
-    if (t >= T) break;  // uniform over the warp
-    reduce_scatter32(v[u], lane);
-    if (lane <= MIX) partial[((t * (MIX + 1)) + lane) * splits + split] = v[u][0];
-  }
 }
 
 // m[v] = sum over the splits of rows[v * splits ..] for v < nv: kSumLanes lanes per value, each adding
@@ -518,17 +445,6 @@ MixPlan launch_mix(const HcParams& p, cudaStream_t stream) {
   const HcPostIn in = p.prev_a != nullptr
                           ? HcPostIn{p.prev_streams, p.prev_a, p.prev_post, p.prev_comb, p.out_streams, p.D}
                           : HcPostIn{};
-  if (p.mix_tokens == kMixTiledTokens) {
-    constexpr int kBlockTokens = kMixWarps * kMixTiledTokens;
-    const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kBlockTokens - 1) / kBlockTokens));
-    if (p.prev_a != nullptr)
-      launch(hc_mix_tiled_kernel<MIX, true, kMixTiledTokens>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T,
-             p.hc * p.D, plan.per, p.early_fn, p.partial, in);
-    else
-      launch(hc_mix_tiled_kernel<MIX, false, kMixTiledTokens>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T,
-             p.hc * p.D, plan.per, p.early_fn, p.partial, in);
-    return plan;
-  }
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>((p.T + kMixTokens - 1) / kMixTokens));
   if (p.prev_a != nullptr)
     launch(hc_mix_kernel<MIX, true>, grid, kMixThreads, 0, stream, p.streams, p.fn, p.T, p.hc * p.D, plan.per,

@@ -44,15 +44,10 @@ struct HcParams {
   float* out = nullptr;        // [T, D]
   float* partial = nullptr;    // workspace: hc_partial_floats()
   bool early_fn = true;        // the mix stages fn before its PDL wait (TERN_HC_EARLY_FN=0: after, A/B)
-  // Tokens a warp of the mix: 1, hc_mix_kernel; kHcMixTiledTokens, hc_mix_tiled_kernel (prefill chunks under
-  // TERN_HC_MIX_TILED: hc_post, the logits and the squares in one pass where hc_post_squares and the library product
-  // read the streams twice). The same bits either way.
-  int mix_tokens = 1;
 };
 
 // The kernels' limits (the backend checks them): hc == 4, D a multiple of 4 and at most kHcMaxD.
 constexpr int64_t kHcMaxD = 8192;
-constexpr int kHcMixTiledTokens = 4;  // HcParams::mix_tokens of hc_mix_tiled_kernel
 
 int64_t hc_partial_floats(int64_t T, int64_t hc, int64_t D, bool head);
 // The library path of many tokens (backend_v4.cpp): the mixing logits come from a library product written

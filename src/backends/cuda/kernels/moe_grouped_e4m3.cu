@@ -31,13 +31,20 @@
 // wait_group 1 for accumulators.) 2 x NT / 2 accumulators a thread.
 //
 // h: the up tile's 64 columns are half of one 128-column quantisation block of h; the two n-tiles of a block run in
-// one cluster (n-tiles 2q, 2q + 1: ranks r, r ^ 1), so the up kernel always runs as 2- or 4-block clusters. Its
+// one cluster (n-tiles 2q, 2q + 1: ranks r, r ^ 1), so the up kernel always runs as 2-block clusters. Its
 // epilogue stages the bf16-rounded h rows (the bf16 path's values), each pair's largest |h| over its 64 columns goes
 // to the peer block by st.async (complete_tx on the peer's exchange barrier, double-buffered by tile parity), and
 // both quantise their half with the reference's scale rule of the whole 128 (act_fake_quant_bf16's values, kept as
 // codes and scales): the down kernel's e4m3 h planes and scales, in the h buffer, with no kernel between up and down.
 //
 // x planes by bulk copy, multicast over the cluster as the bf16 kernel's (each block loads 8 / kCta planes).
+//
+// Measured (session 37, H100, its first form with a thread a row's FP4 copies): correct (GpuActFp8.E4m3*,
+// GpuActFp8Linear.MoeAgainstCpu at both shapes) and slower than the bf16 kernels: 8K up 4 863 / down 2 622 us a layer
+// against 3 630 / 1 960, 8K prefill 0.754 against 0.698 s; tern_gpu_bench --only moe_prefill 0.63x / 0.70x / 0.82x at
+// 1K / 2K / 8K tokens. ncu (the 1K context's up kernel): 49% excess L2 sectors and 46% excess shared wavefronts, all on
+// those copies, and the consumers waiting for a full stage in 31.6% of samples: the producer is the bound. The copies
+// are 4 threads a row since (not yet measured).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -227,6 +234,7 @@ struct E4Tile {
   // after (kblocks % 4 == 0 where they are used, so a group never straddles tiles).
   static_assert(kLead <= 5);
   static_assert(kStage % 128 == 0 && kHOff % 16 == 0 && kSmem <= kWgSmemMax && kLead >= 1);
+  static_assert(!UP || kAmaxOff + 2 * NT * 4 == kLutOff, "up: the h rows, then the peer's amax of two tiles");
 };
 
 struct E4Args {
@@ -393,8 +401,8 @@ __device__ __forceinline__ void e4_store_h(const uint4 (&hrow)[8], bool valid, i
 template <bool UP, int NT, int kCta>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  static_assert(kCta == 1 || kCta == 2 || kCta == 4);
-  static_assert(!UP || kCta >= 2, "the up kernel's h blocks span two n-tiles of a cluster");
+  static_assert(kCta == 1 || kCta == 2);
+  static_assert(!UP || kCta == 2, "the up kernel's h blocks span two n-tiles of a cluster");
   constexpr bool kMc = kCta > 1;
   using Tile = E4Tile<NT, UP>;
   constexpr int kStages = Tile::kStages, kLead = Tile::kLead;
@@ -646,9 +654,7 @@ void launch_e4m3_as(const E4Args& a, int64_t m_tiles_bound, cudaStream_t stream)
 
 template <bool UP, int NT>
 void launch_e4m3(const E4Args& a, int64_t m_tiles_bound, int cta, cudaStream_t stream) {
-  if (cta >= 4) {
-    launch_e4m3_as<UP, NT, 4>(a, m_tiles_bound, stream);
-  } else if constexpr (UP) {
+  if constexpr (UP) {
     launch_e4m3_as<UP, NT, 2>(a, m_tiles_bound, stream);  // at least 2 (the h exchange)
   } else {
     if (cta == 2)

@@ -210,7 +210,6 @@ struct WgArgs {
   uint16_t* h;  // up: planes [inter/8][rows][8]
   float* y;     // down: [P, D] by sorted slot
   int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
-  int h_fp8 = 0;  // up: h quantised and dequantised in the epilogue (wg_store_h's fake_quant)
 };
 
 // xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
@@ -284,7 +283,7 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // stage after (its last group, 7, is then complete: wgmma reads the x planes until it ends); only the tile's
 // end drains (wait_group 0) before the epilogue reads the accumulators.
 //
-// kCta > 1 (2 by default where a job's n-tiles pair up; TERN_MOE_WGMMA_CLUSTER=1 turns it off, =4 for 4): a cluster
+// kCta = 2 (the default where a job's n-tiles pair up; TERN_MOE_WGMMA_CLUSTER=1 turns it off): a cluster
 // of kCta blocks takes n-tiles kCta q .. kCta q + kCta - 1 of one m-tile together, so all use the same x tile: each
 // block's producer loads 16 / kCta of a stage's 16 x planes and the copy engine multicasts them into every block's
 // slots (an x tile is 2/3 of a 128-pair stage's bytes). The blocks walk the same stages in lockstep: a slot is free
@@ -293,11 +292,12 @@ __global__ void moe_grouped_wgmma_tiles_kernel(const int* jobs, const int* num_j
 // 3 912-3 930 -> 3 707-3 712 us a layer, down 2 120-2 129 -> 1 946-1 949; 2K (64 pairs) up 1 944 -> 1 735, down
 // 1 020 -> 920; prefill 8K 0.710 -> 0.695-0.698 s, 4K 0.377-0.379 -> 0.372-0.373, 2K 0.238 -> 0.225-0.226. The
 // remote release at cluster scope (.release.cluster, and .acquire.cluster on the producer's wait) had run 21% slower
-// than single blocks: a fence and an L1 invalidation in every wait.
+// than single blocks: a fence and an L1 invalidation in every wait. 4-block clusters (session 37, H100, one round at 8K:
+// up 3 826 against 3 643 us a layer, down 2 099 against 1 965, prefill 0.709 against 0.702 s) were slower: removed.
 template <WeightFormat F, bool UP, int NT, int kCta>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs a) {
   grid_dependency_wait();  // the plan, the tile table and the activations are earlier kernels' outputs
-  static_assert(kCta == 1 || kCta == 2 || kCta == 4);
+  static_assert(kCta == 1 || kCta == 2);
   constexpr bool kMc = kCta > 1;
   using Tile = WgTile<NT, UP>;
   constexpr int kStages = Tile::kStages;
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
       wg_store_h<NT, Tile::kHParts>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
-                     a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o, a.h_fp8 != 0);
+                     a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
     else
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
   }
@@ -498,9 +498,6 @@ void launch_wgmma_as(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream
 template <WeightFormat F, bool UP, int NT>
 void launch_wgmma(const WgArgs& a, int64_t m_tiles_bound, cudaStream_t stream) {
   switch (moe_grouped_wgmma_cluster(a.n_tiles)) {
-    case 4:
-      launch_wgmma_as<F, UP, NT, 4>(a, m_tiles_bound, stream);
-      break;
     case 2:
       launch_wgmma_as<F, UP, NT, 2>(a, m_tiles_bound, stream);
       break;
@@ -520,13 +517,8 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
            p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
            p.limit,      b.h,     b.y,
            moe_l2_hint()};
-  // --activations fp8: h quantised in the up kernel's epilogue (TERN_MOE_H_QUANT_FOLD=1, the same bits; off until
-  // measured) or by its own kernel over h after.
-  const bool fold = p.act_fp8 && moe_wgmma_h_quant_fold();
-  a.h_fp8 = fold ? 1 : 0;
   launch_wgmma<F, true, NT>(a, m_bound, stream);
-  a.h_fp8 = 0;
-  if (p.act_fp8 && !fold) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
+  if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
@@ -596,10 +588,8 @@ int64_t moe_grouped_rows(const MoeParams& p) {
   return p.T * p.k + dev::kWgMaxTok;
 }
 
-bool moe_wgmma_h_quant_fold() { return env_flag("TERN_MOE_H_QUANT_FOLD", false); }
-
 int moe_grouped_wgmma_cluster(int n_tiles) {
-  int c = std::stoi(env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2", "4"}, "2"));
+  int c = std::stoi(env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "2"));
   while (c > 1 && n_tiles % c != 0) c /= 2;
   return c;
 }

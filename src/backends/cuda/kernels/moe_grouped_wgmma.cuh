@@ -30,14 +30,11 @@ const char* moe_grouped_kernel_forced();
 int moe_grouped_wgmma_tile_pairs(const MoeParams& p);
 // Rows of xs and h either grouped path may use: P plus one tile of pairs (a tile's last rows may run past P).
 int64_t moe_grouped_rows(const MoeParams& p);
-// The cluster size (1, 2 or 4) of a launch of n_tiles tiles along N: a cluster takes that many n-tiles of one m-tile
+// The cluster size (1 or 2) of a launch of n_tiles tiles along N: a cluster takes that many n-tiles of one m-tile
 // and shares each stage's x planes by multicast. TERN_MOE_WGMMA_CLUSTER (read at each call; unset: 2; 1: single
-// blocks; other values refused), halved until it divides n_tiles. Session 36: 2-block clusters 8K prefill -2%, 2K -5%.
+// blocks; other values refused), 1 where 2 does not divide n_tiles. Session 36: 2-block clusters 8K prefill -2%, 2K
+// -5%; session 37: 4-block clusters slower (removed).
 int moe_grouped_wgmma_cluster(int n_tiles);
-// --activations fp8: whether the wgmma up kernel quantises h in its epilogue (TERN_MOE_H_QUANT_FOLD=1, read at each
-// call; the same bits as act_fake_quant_bf16_planes_kernel over h after it, one launch and h's read and write less;
-// off until measured) rather than that kernel.
-bool moe_wgmma_h_quant_fold();
 std::string moe_grouped_wgmma_path_name(const MoeParams& p);
 // gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
 // Same conditions as launch_moe_grouped (moe_grouped_supported).

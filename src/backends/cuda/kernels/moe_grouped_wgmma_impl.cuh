@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/moe.cuh"
@@ -170,13 +169,9 @@ inline constexpr int kWgHStageBytes = 16 / kParts * NT * 16;
 // i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h: staged in shared memory at `hs` (a
 // thread's values are single bf16 scattered over 4 planes; kWgHStageBytes, 16 / kParts planes at a time) and written
 // as 16-byte rows, valid pairs only.
-// fake_quant (kParts 1 only; --activations fp8 with TERN_MOE_H_QUANT_FOLD): each pair's 128 staged values quantised
-// and dequantised in shared memory before they go out (fake_quant_bf16_planes, act_fake_quant_bf16_planes_kernel's
-// arithmetic: the same bits as that kernel over h after the up kernel, one launch and h's read and write less).
 template <int NT, int kParts>
 __device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float m1, float m3, float limit,
-                                           uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o,
-                                           bool fake_quant = false) {
+                                           uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o) {
   // A thread's h column 8 sigma + g (sigma = 4 (2 wg + mt) + w) lies in plane wg_stored(...) / 8 = 2 (2 w + b) + q
   // (b, q: bits 1, 0 of g): planes 0..7 come from warps w = 0, 1 of both warpgroups, 8..15 from w = 2, 3. So with
   // kParts 2 the planes go out in two halves of 8, each staged by the warps that hold it; with kParts 1 all 16 at once
@@ -203,21 +198,6 @@ __device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float 
       }
     }
     named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' parts of the half's rows are staged
-    if constexpr (kParts == 1) {
-      if (fake_quant) {
-        // Thread n < NT: pair n's 16 planes (consecutive threads, consecutive 16-byte rows of a plane).
-        if (o.tid < NT) {
-          uint4* hq = reinterpret_cast<uint4*>(hs) + o.tid;
-          uint4 w[16];
-#pragma unroll
-          for (int p = 0; p < 16; ++p) w[p] = hq[p * NT];
-          fake_quant_bf16_planes(w);
-#pragma unroll
-          for (int p = 0; p < 16; ++p) hq[p * NT] = w[p];
-        }
-        named_bar_sync(1, kWgConsumerWarps * 32);
-      }
-    }
     const uint4* src = reinterpret_cast<const uint4*>(hs);
     for (int i = o.tid; i < kPP * NT; i += kWgConsumerWarps * 32) {
       const int plane = kPP * half + i / NT, n = i - (i / NT) * NT;
