@@ -37,19 +37,25 @@ __device__ __forceinline__ uint4 fake_quant_bf16x8(uint4 w, float inv, float s) 
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-// One row's 128-column block of bf16 planes (16 x 8 values, any order of planes) quantised and dequantised in place
-// by the block's largest |value|: act_fake_quant_bf16_planes_kernel's item. (Session 37 measured it folded into the
-// wgmma up kernel's epilogue: the up kernel +383 us a layer at 8K for the 256 us kernel it saved; removed.)
-__device__ __forceinline__ void fake_quant_bf16_planes(uint4 (&w)[16]) {
+// The largest |value| of N x 8 bf16 values (16 bytes each).
+template <int N>
+__device__ __forceinline__ float bf16x8_amax(const uint4 (&w)[N]) {
   float amax = 0.0f;
 #pragma unroll
-  for (int p = 0; p < 16; ++p) {
+  for (int p = 0; p < N; ++p) {
     const uint32_t q[4] = {w[p].x, w[p].y, w[p].z, w[p].w};
 #pragma unroll
     for (int k = 0; k < 4; ++k)
       amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(q[k] << 16)), fabsf(__uint_as_float(q[k] & 0xffff0000u))));
   }
-  const int k = fp8_scale_exponent(amax);
+  return amax;
+}
+
+// One row's 128-column block of bf16 planes (16 x 8 values, any order of planes) quantised and dequantised in place
+// by the block's largest |value|: act_fake_quant_bf16_planes_kernel's item. (Session 37 measured it folded into the
+// wgmma up kernel's epilogue: the up kernel +383 us a layer at 8K for the 256 us kernel it saved; removed.)
+__device__ __forceinline__ void fake_quant_bf16_planes(uint4 (&w)[16]) {
+  const int k = fp8_scale_exponent(bf16x8_amax(w));
   const float inv = ldexpf(1.0f, -k), s = ldexpf(1.0f, k);
 #pragma unroll
   for (int p = 0; p < 16; ++p) w[p] = fake_quant_bf16x8(w[p], inv, s);

@@ -52,6 +52,7 @@
 #include <string_view>
 
 #include "backends/cuda/kernels/act_quant.cuh"
+#include "backends/cuda/kernels/act_quant_dev.cuh"
 #include "backends/cuda/kernels/bulk_pipe.cuh"
 #include "backends/cuda/kernels/device_common.cuh"
 #include "backends/cuda/kernels/kv_row_dev.cuh"
@@ -358,15 +359,7 @@ template <int NT>
 __device__ __forceinline__ void e4_store_h(const uint4 (&hrow)[8], bool valid, int n, int n_tile, uint32_t rank,
                                            float* amax_in, uint64_t* xbar, uint32_t parity, const E4Args& a,
                                            int64_t row) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    const uint32_t w[4] = {hrow[q].x, hrow[q].y, hrow[q].z, hrow[q].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(w[e] << 16)), fabsf(__uint_as_float(w[e] & 0xffff0000u))));
-  }
-  if (!valid) amax = 0.0f;
+  const float amax = valid ? bf16x8_amax(hrow) : 0.0f;
   const uint32_t peer = rank ^ 1u;
   st_async_cluster(cluster_smem_addr(amax_in + n, peer), amax, cluster_smem_addr(xbar, peer));
   if (n == 0) mbar_arrive_expect_tx(xbar, NT * 4);
