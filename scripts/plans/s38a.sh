@@ -9,7 +9,9 @@
 #      4-block clusters: the default paths must be untouched);
 #   2. e4m3 against the bf16 kernels, 8K / 2K, two rounds; the MoE bench;
 #   3. ncu of the e4m3 up kernel at 8K and 128 pairs (not the 1K context's launch, as in session 37);
-#   4. the indexer's fp16x3 scores, a second round at 8K, and GpuIndexerMma's tests (both splits).
+#   4. the indexer's fp16x3 scores, a second round at 8K, and GpuIndexerMma's tests (both splits);
+#   5. the bf16 wgmma kernels' scale groups (TERN_MOE_SCALE_GROUPS=1: a row's scales 16 bytes every 4 stages; built at
+#      session 37's end): its bit-identity test, then 8K off / on. Predicted -1 to -3% on the up / down kernels.
 set -u
 cd "$(dirname "$0")/../.."
 export TERN_PACK=.plans/packs/s38a.tar.xz
@@ -21,6 +23,8 @@ END=${S38A_END:-520}
 stamp "1. tests"
 timeout 150 $G/tern_gpu_tests --gtest_filter='*E4m3*:*GpuActFp8Linear.MoeAgainstCpu*' > $P/t-e4.log 2>&1
 e4rc=$?; echo "rc $e4rc (e4m3)"; pf $P/t-e4.log 10; grep -c "^\[       OK" $P/t-e4.log
+timeout 60 $G/tern_gpu_tests --gtest_filter='*ScaleGroupsBitIdentical*' > $P/t-sg.log 2>&1
+echo "rc $? (scale groups)"; pf $P/t-sg.log 6
 if [[ $END -ge 400 ]]; then
   timeout 150 $G/tern_gpu_model_tests > $P/model.log 2>&1; echo "rc $? (model)"; pf $P/model.log 4
   grep -c "^\[       OK" $P/model.log
@@ -48,6 +52,10 @@ if [[ $(el) -lt $((END - 60)) ]]; then
 fi
 if [[ $(el) -lt $((END - 30)) ]]; then
   for ix in mma mma-fp16x3; do pf_rows i$ix 8192 "indexer_mma" TERN_INDEXER_PREFILL=$ix; done
+fi
+stamp "5. scale groups"
+if [[ $(el) -lt $((END - 25)) ]] && grep -q "OK \] GpuMoeGroupedWgmma.ScaleGroupsBitIdentical" $P/t-sg.log; then
+  for sg in 0 1; do pf_rows s$sg 8192 "moe_grouped_wgmma_kernel" TERN_MOE_SCALE_GROUPS=$sg; done
 fi
 tar czf $L/logs.tgz -C $P --exclude='*.ncu-rep' .
 stamp done

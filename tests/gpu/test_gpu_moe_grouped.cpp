@@ -260,6 +260,42 @@ TEST(GpuMoeGroupedWgmma, EdgeShapesEveryTileWidth) {
   be.check_device_errors();
 }
 
+// The wgmma kernels with a row's scales copied 16 bytes at a time (TERN_MOE_SCALE_GROUPS=1: every 4 stages for MXFP4,
+// 2 for NVFP4, into a two-group ring) give the bits of the per-stage copies: K = 1 024 (up) and 512 (down), so groups
+// span tiles' stages and the ring wraps; both FP4 formats, 32-, 64- and 128-pair tiles (3 or 4 stages in the ring).
+TEST(GpuMoeGroupedWgmma, ScaleGroupsBitIdentical) {
+  TERN_REQUIRE_GPU();
+  Rand r(fresh_seed());
+  constexpr int64_t E = 16, k = 4, D = 1024, inter = 512, T = 600;
+  cuda::CudaBackend& be = cuda::register_backend();
+  setenv("TERN_MOE_GROUPED", "wgmma", 1);
+  for (WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    RandomExperts experts(f, E, D, inter, r);
+    const Tensor x = random_f32({T, D}, r), w = random_f32({T, k}, r, 0.5f);
+    const Tensor idx = random_picks(T, E, k, true, r);
+    auto dx = upload(x), dw = upload(w), didx = upload(idx);
+    for (const char* n : {"32", "64", "128"}) {
+      setenv("TERN_MOE_WGMMA_N", n, 1);
+      Tensor got[2];
+      for (int groups = 0; groups < 2; ++groups) {
+        if (groups == 1) setenv("TERN_MOE_SCALE_GROUPS", "1", 1);
+        auto y = poisoned(DType::f32, {T, D});
+        ops::moe_experts(cuda::context(), ops::MoeExpertsArgs{dx, didx, dw, experts.on_device, 10.0f, y});
+        got[groups] = cuda::to_host(y);
+        unsetenv("TERN_MOE_SCALE_GROUPS");
+      }
+      unsetenv("TERN_MOE_WGMMA_N");
+      int64_t differ = 0;
+      for (int64_t i = 0; i < T * D; ++i)
+        differ += std::memcmp(got[0].data<float>() + i, got[1].data<float>() + i, 4) != 0;
+      EXPECT_EQ(differ, 0) << ops::weight_format_name(f) << " " << n << "-pair tiles: scale groups changed " << differ
+                           << " outputs (" << be.moe_path(experts.on_device[0].w1, T, k) << ")";
+    }
+  }
+  unsetenv("TERN_MOE_GROUPED");
+  be.check_device_errors();
+}
+
 // Decode and verify batches on the grouped kernels (set_moe_grouped_min_tokens; TERN_MOE_GROUPED_MIN_TOKENS in a
 // server): 1 to 256 tokens at the real model's 256 experts (6 pairs an expert at 256 tokens, most experts one pair
 // or none at 16) and the fixture's, uniform and skewed, against the CPU on a sample of rows and against the decode

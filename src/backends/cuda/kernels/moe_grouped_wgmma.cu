@@ -88,14 +88,20 @@ struct WgTile {
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
   static constexpr int kHBytes = UP ? kWgHStageBytes<NT, kHParts> : 0;  // up: h staging, the 16 planes
+  static constexpr int kScGroupBytes = 2 * kWgRows * 16;  // TERN_MOE_SCALE_GROUPS: two groups of 16 bytes a row
   static constexpr int kStages = [] {
     int n = 4;
-    while (n > 3 && n * kStage + 2 * n * 8 + kHBytes > kWgSmemMax) --n;
+    while (n > 3 && n * kStage + 2 * n * 8 + kHBytes + kScGroupBytes > kWgSmemMax) --n;
     return n;
   }();
   static constexpr int kHStage = kStages * kStage + 2 * kStages * 8;  // after the ring and its barriers
-  static constexpr int kSmem = kHStage + kHBytes;
-  static_assert(kStage % 128 == 0 && kHStage % 16 == 0 && kSmem <= kWgSmemMax);
+  static constexpr int kScGroupOff = kHStage + kHBytes;
+  static constexpr int kSmem = kScGroupOff + kScGroupBytes;
+  static_assert(kStage % 128 == 0 && kHStage % 16 == 0 && kScGroupOff % 16 == 0 && kSmem <= kWgSmemMax);
+  // A scale group's slot is refilled at the first stage of the group after next, once that stage's slot is free, i.e.
+  // once the consumers released the stage kStages before it and so read the scales of the one after that (load_stage
+  // runs a stage ahead): that is past the group's last stage while kStages <= stages a group + 2 (NVFP4: 2 + 2).
+  static_assert(kStages <= 16 / 8 + 2);
 };
 
 
@@ -210,6 +216,7 @@ struct WgArgs {
   uint16_t* h;  // up: planes [inter/8][rows][8]
   float* y;     // down: [P, D] by sorted slot
   int l2_hint;  // the weight copies' L2 prefetch size (moe_l2_hint)
+  int sc_groups = 0;  // the row scales 16 bytes a row at a time (TERN_MOE_SCALE_GROUPS; a row's scale bytes % 16 == 0)
 };
 
 // xw = the pairs' x as bf16 planes, stored K order. One thread per (128-column block, slot, lane t of the
@@ -333,11 +340,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     // Producer thread p: its share of the weight rows and scales (WgWeightCopier) and, p < 16, x plane p.
     const int p = tid - kWgConsumerWarps * 32;
     const uint32_t smem0 = smem_addr(smem);
+    using Copier = WgWeightCopier<UP, kNv ? 8 : 4>;
     RingCursor c;
+    int gi = 0;  // the stage's index in the block's walk (scale groups: a tile holds whole groups)
     for (int64_t u = unit0; u < units; u += unit_step) {
       const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
-      WgWeightCopier<UP, kNv ? 8 : 4> copier(a.experts[tl.e], p, tl.n_tile * kCta + static_cast<int>(rank), N, K,
-                                             a.l2_hint);
+      Copier copier(a.experts[tl.e], p, tl.n_tile * kCta + static_cast<int>(rank), N, K, a.l2_hint);
       const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
         ring.wait_free_at(c.slot, c.parity);
@@ -355,8 +363,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
             bulk_copy_g2s(dst, src, Tile::kPlane, full);
           }
         }
-        copier.stage(st, kWgK / 2, Tile::kScOff);
-        cp_async_mbar_arrive_noinc(full);
+        if (a.sc_groups && gi % Copier::kGroupStages == 0)
+          copier.scale_group(smem0 + Tile::kScGroupOff + ((gi / Copier::kGroupStages) & 1) * (kWgRows * 16));
+        copier.stage(st, kWgK / 2, Tile::kScOff, !a.sc_groups);
+        cp_async_mbar_arrive_noinc(full);  // (a group's copy lands before its first stage's arrival)
+        ++gi;
       }
     }
     cp_async_wait<0>();  // no cp.async of this thread still in flight when it exits
@@ -377,14 +388,20 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
   // multipliers (mxfp4: one e8m0 for the 32 columns; nvfp4: two ue4m3, 16 columns each) of one stage.
   uint4 raw[2][2];
   uint32_t mult[2][2][2];
-  const auto load_stage = [&](int slot) {
+  constexpr int kGroupStages = WgWeightCopier<UP, kNv ? 8 : 4>::kGroupStages;
+  // Stage gi of the walk in ring slot `slot`; its scale bytes in the slot or (sc_groups) in its group.
+  const auto load_stage = [&](int slot, int gi) {
     const uint8_t* st = smem + slot * Tile::kStage;
+    const uint8_t* sc0 = a.sc_groups ? smem + Tile::kScGroupOff + ((gi / kGroupStages) & 1) * (kWgRows * 16) +
+                                           (gi % kGroupStages) * (kNv ? 8 : 4)
+                                     : st + Tile::kScOff;
+    const int sc_pitch = a.sc_groups ? 16 : 8;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         raw[mt][h] = lds128(st + mrow[mt][h] * (kWgK / 2) + 16 * t);
-        const uint8_t* sc = st + Tile::kScOff + mrow[mt][h] * 8;
+        const uint8_t* sc = sc0 + mrow[mt][h] * sc_pitch;
         if constexpr (kNv)
           ue4m3x2_mult_bf16x2(*reinterpret_cast<const uint16_t*>(sc + 2 * t), mult[mt][h]);
         else
@@ -412,6 +429,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
       ring.release_at(slot);
   };
   RingCursor c;
+  int gi = 0;  // the stage c's index in the block's walk
   for (int64_t u = unit0; u < units; u += unit_step) {
     const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
     const int n_tile = tl.n_tile * kCta + static_cast<int>(rank), row0 = tl.row0, first = tl.first, count = tl.count;
@@ -424,7 +442,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
       for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
 
     ring.wait_full_at(c.slot, c.parity);
-    load_stage(c.slot);
+    load_stage(c.slot, gi);
     decode(std::integral_constant<int, 0>{}, af[0]);
     int prev_slot = 0;
     for (int kb = 0; kb < kblocks; ++kb) {
@@ -456,13 +474,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
             RingCursor n = c;
             n.next(kStages);
             ring.wait_full_at(n.slot, n.parity);
-            load_stage(n.slot);
+            load_stage(n.slot, gi + 1);
             decode(std::integral_constant<int, 0>{}, af[0]);
           }
         }
       });
       prev_slot = c.slot;
       c.next(kStages);
+      ++gi;
     }
     wgmma_wait<0>();  // the tile's last group: then the accumulators and the last slot are free
     wgmma_pin(acc[0]);
@@ -517,12 +536,18 @@ void launch_up_down(const MoeParams& p, const MoeGroupedBuffers& b, int64_t rows
            p.D,          p.inter, static_cast<int>((p.inter + kWgRows / 2 - 1) / (kWgRows / 2)),
            p.limit,      b.h,     b.y,
            moe_l2_hint()};
+  // TERN_MOE_SCALE_GROUPS: a row's scales 16 bytes at a time where its scale bytes (K / 128 x 4 or 8) are a multiple of 16.
+  const auto groups = [&](int64_t K) {
+    return moe_scale_groups() && p.experts_aligned && (K / kWgK * (F == WeightFormat::nvfp4 ? 8 : 4)) % 16 == 0 ? 1 : 0;
+  };
+  a.sc_groups = groups(p.D);
   launch_wgmma<F, true, NT>(a, m_bound, stream);
   if (p.act_fp8) launch_act_fake_quant_bf16_inplace(Bf16Rows{b.h, P, p.inter, 0, rows}, stream);  // h in planes
   a.a = b.h;
   a.K = p.inter;
   a.N = p.D;
   a.n_tiles = static_cast<int>((p.D + kWgRows - 1) / kWgRows);
+  a.sc_groups = groups(p.inter);
   launch_wgmma<F, false, NT>(a, m_bound, stream);
 }
 
@@ -587,6 +612,8 @@ int moe_grouped_wgmma_tile_pairs(const MoeParams& p) {
 int64_t moe_grouped_rows(const MoeParams& p) {
   return p.T * p.k + dev::kWgMaxTok;
 }
+
+bool moe_scale_groups() { return env_flag("TERN_MOE_SCALE_GROUPS", false); }
 
 int moe_grouped_wgmma_cluster(int n_tiles) {
   int c = std::stoi(env_choice("TERN_MOE_WGMMA_CLUSTER", {"1", "2"}, "2"));

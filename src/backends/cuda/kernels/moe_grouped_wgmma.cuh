@@ -35,6 +35,11 @@ int64_t moe_grouped_rows(const MoeParams& p);
 // blocks; other values refused), 1 where 2 does not divide n_tiles. Session 36: 2-block clusters 8K prefill -2%, 2K
 // -5%; session 37: 4-block clusters slower (removed).
 int moe_grouped_wgmma_cluster(int n_tiles);
+// Whether the wgmma kernels copy a row's scale bytes 16 at a time (every 4 stages for MXFP4, 2 for NVFP4) into a
+// two-group ring rather than 4 or 8 bytes a stage into each stage (TERN_MOE_SCALE_GROUPS=1, read at each call; off
+// until measured; session 36's ncu: the per-stage copies were 28% of the up kernel's L2 sectors in excess). The
+// same bits either way.
+bool moe_scale_groups();
 std::string moe_grouped_wgmma_path_name(const MoeParams& p);
 // gather, tiles, up and down (y [P, D] complete when the stream reaches it; then launch_moe_combine).
 // Same conditions as launch_moe_grouped (moe_grouped_supported).
