@@ -339,18 +339,6 @@ __device__ __forceinline__ void st_async_cluster(uint32_t addr, float v, uint32_
                : "memory");
 }
 
-// Tile row m's weight matrix (ExpertDesc order: w1, w2, w3) and row (see the head comment).
-template <bool UP>
-__device__ __forceinline__ int64_t e4_weight_row(int m, int n_tile, int& which) {
-  if constexpr (UP) {
-    which = (m & 8) ? 2 : 0;
-    return static_cast<int64_t>(n_tile) * (kE4Rows / 2) + 8 * (m >> 4) + (m & 7);
-  } else {
-    which = 1;
-    return static_cast<int64_t>(n_tile) * kE4Rows + m;
-  }
-}
-
 // Up epilogue, thread n < NT of the consumers (pair n of the tile), after the staged h rows are complete: the pair's
 // largest |h| over the block's 64 columns to the peer, then its half of the 128-column block as e4m3 planes with the
 // scale of both halves' largest. hrow: the pair's 32 staged bf16 pairs; amax_in: this block's exchange slot (the
@@ -441,7 +429,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
     int64_t fu = unit0;
     int fkb = 0;
     // The FP4 copies: piece p % 4 (16 bytes) of tile rows p / 4 + 32 j (j < 4), matrix rows kStepW j apart (up: 32 tile
-    // rows are 16 rows of one matrix; see e4_weight_row), so a warp writes 8 whole 64-byte rows: full sectors in L2 and
+    // rows are 16 rows of one matrix; see wg_weight_row), so a warp writes 8 whole 64-byte rows: full sectors in L2 and
     // no bank conflicts. (Session 37's first form had thread p copy its own row: 32 rows x 16 bytes a warp instruction,
     // half of each sector a request, 49% excess sectors and 4-way conflicting shared writes in ncu.)
     constexpr int kStepW = UP ? 16 : 32;
@@ -454,12 +442,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
       const ExpertDesc& ed = a.experts[tl.e];
       const int n_tile = tl.n_tile * kCta + static_cast<int>(rank);
       int which;
-      const int64_t wrow = e4_weight_row<UP>(p >> 2, n_tile, which);
+      const int64_t wrow = wg_weight_row<UP, kE4Rows>(p >> 2, n_tile, a.N, which);
       wsrc = static_cast<const uint8_t*>(ed.w[which]) + wrow * (K / 2) + (p & 3) * 16;
-      const int64_t srow = e4_weight_row<UP>(p, n_tile, which);
+      const int64_t srow = wg_weight_row<UP, kE4Rows>(p, n_tile, a.N, which);
       ssrc = static_cast<const uint8_t*>(ed.s[which]) + srow * (K / 32);
       xssrc = a.as + tl.first + tl.row0 + (p < NT ? p : 0);
-      xsrc = a.a + (static_cast<int64_t>(p & 7) * a.rows + tl.first + tl.row0) * 16;
+      xsrc = a.a + (tl.first + tl.row0) * static_cast<int64_t>(16);  // plane 0's first pair of the tile
     };
     start_unit();
     RingCursor fc, dc;
@@ -506,18 +494,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_e4m3_kernel(E4Args 
         ring.wait_free_at(fc.slot, fc.parity);
         const uint32_t st = smem0 + fc.slot * Tile::kStage;
         uint64_t* full = &ring.full[fc.slot];
-        if (p < 32) {
-          if (p == 0) mbar_arrive_expect_tx(full, Tile::kXBytes);
-          __syncwarp();
-          uint8_t* dst = smem + fc.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane;
-          const uint8_t* src = xsrc + static_cast<int64_t>(fkb) * 8 * a.rows * 16;
-          if constexpr (kMc) {
-            if (p < 8 && p / (8 / kCta) == static_cast<int>(rank))
-              bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, (1u << kCta) - 1);
-          } else if (p < 8) {
-            bulk_copy_g2s(dst, src, Tile::kPlane, full);
-          }
-        }
+        wg_load_x_planes<8, kCta>(
+            p, rank, full, Tile::kPlane, [&](int q) { return smem + fc.slot * Tile::kStage + Tile::kXOff + q * Tile::kPlane; },
+            [&](int q) { return xsrc + (8 * static_cast<int64_t>(fkb) + q) * a.rows * 16; });
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           cp_async16_l2(st + Tile::kRawOff + ((p >> 2) + 32 * j) * 64 + (p & 3) * 16,

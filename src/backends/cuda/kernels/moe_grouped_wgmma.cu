@@ -72,6 +72,158 @@ namespace dev {
 namespace {
 namespace cg = cooperative_groups;
 
+inline constexpr int kWgWBytes = kWgRows * kWgK / 2;  // 16 KB of FP4 a stage
+inline constexpr int kWgProducerRegs = 40, kWgConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64 K
+
+// Stored position p (0..127) of a 128-column block -> the physical column it holds, and the inverse.
+__host__ __device__ inline constexpr int wg_physical(int p) {
+  const int s = p >> 4, q = (p >> 3) & 1, t = (p >> 1) & 3, j = p & 1;
+  return 32 * t + 8 * (s >> 1) + 2 * (s & 1) + q + 4 * j;
+}
+__host__ __device__ inline constexpr int wg_stored(int c) {
+  const int t = c >> 5, a = (c >> 3) & 3, j = (c >> 2) & 1, b = (c >> 1) & 1, q = c & 1;
+  return 16 * (2 * a + b) + 8 * q + 2 * t + j;
+}
+__host__ __device__ constexpr bool wg_permutation_ok() {
+  for (int p = 0; p < 128; ++p)
+    if (wg_stored(p) < 0 || wg_stored(p) > 127 || wg_physical(wg_stored(p)) != p ||
+        wg_stored(wg_physical(p)) != p)
+      return false;
+  // The decode: k-step s, lane t, slot pair q (0: 2t,2t+1; 1: 2t+8,2t+9), half j reads nibble 2(s%2) + q + 4j
+  // of word s/2 of the lane's 16 bytes, i.e. physical column 32t + 8(s/2) + 2(s%2) + q + 4j.
+  for (int s = 0; s < 8; ++s)
+    for (int t = 0; t < 4; ++t)
+      for (int q = 0; q < 2; ++q)
+        for (int j = 0; j < 2; ++j)
+          if (wg_physical(16 * s + 8 * q + 2 * t + j) != 32 * t + 8 * (s / 2) + 2 * (s % 2) + q + 4 * j)
+            return false;
+  return true;
+}
+static_assert(wg_permutation_ok());
+
+// A producer thread's share of a tile's FP4 rows and scale bytes, stage after stage.
+// Producer thread p: 16-byte piece p % 4 of tile rows p / 4 + 32 j (j < 8) and the scale bytes (kScaleBytes a row
+// and 128 columns: 4 e8m0, or 8 ue4m3) of rows p and p + 128. A thread's rows all come from one matrix (up: bit 3
+// of the tile row picks w1 or w3, and 32 j / 128 j leave it alone). Tile rows m and m + 32 j (up: m + 16 j... see
+// wg_weight_row: 32 tile rows are 16 rows of one matrix) are matrix rows row(m) + kStep j; down's last n-tile may
+// run past N (D % 256 == 128): those rows are zero-filled (src-size 0) and their outputs never stored.
+template <bool UP, int kScaleBytes>
+struct WgWeightCopier {
+  static constexpr int kStepW = UP ? 16 : 32, kStepS = UP ? 64 : 128;
+  const uint8_t* wsrc;
+  const uint8_t* ssrc;
+  int row_w, row_s, prow, piece, p, l2_hint;
+  int64_t N, w_row_bytes, s_row_bytes;
+  __device__ __forceinline__ WgWeightCopier(const ExpertDesc& ed, int p_, int n_tile, int64_t N_, int64_t K,
+                                            int l2_hint_)
+      : p(p_), l2_hint(l2_hint_), N(N_), w_row_bytes(K / 2), s_row_bytes(K * kScaleBytes / kWgK) {
+    prow = p >> 2, piece = p & 3;
+    int which_w, which_s;
+    row_w = static_cast<int>(wg_weight_row<UP>(prow, n_tile, N, which_w));
+    row_s = static_cast<int>(wg_weight_row<UP>(p, n_tile, N, which_s));
+    wsrc = static_cast<const uint8_t*>(ed.w[which_w]) + row_w * w_row_bytes + piece * 16;
+    ssrc = static_cast<const uint8_t*>(ed.s[which_s]) + row_s * s_row_bytes;
+  }
+  // The stage at shared address st: row m's 64 bytes at st + m * row_pitch, its scale bytes at st + sc_off + 8 m
+  // (unless `scales` is false: scale_group copied them); then the sources move on by 128 columns. The caller arrives
+  // on the stage's barrier after.
+  __device__ __forceinline__ void stage(uint32_t st, int row_pitch, int sc_off, bool scales = true) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const bool ok = UP || row_w + kStepW * j < N;
+      cp_async16_l2(st + (prow + 32 * j) * row_pitch + piece * 16, ok ? wsrc + kStepW * j * w_row_bytes : wsrc,
+                    ok ? 16 : 0, l2_hint);
+    }
+    if (scales) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool ok = UP || row_s + kStepS * j < N;
+        cp_async_at<kScaleBytes>(st + sc_off + (p + 128 * j) * 8, ok ? ssrc + kStepS * j * s_row_bytes : ssrc, ok);
+      }
+    }
+    wsrc += kWgK / 2;
+    ssrc += kScaleBytes;
+  }
+  // Stages per scale group: 16 bytes of a row's scales.
+  static constexpr int kGroupStages = 16 / kScaleBytes;
+  // The scale bytes of the next kGroupStages stages at once (call before stage(), at a group's first stage; a row's
+  // scale bytes a multiple of 16): rows m = p, p + 128 at dst + 16 m. One 16-byte copy a row where stage() makes
+  // kGroupStages copies of 4 or 8 bytes, each a whole 32-byte sector in L2 (session 36's ncu: 28% excess sectors).
+  __device__ __forceinline__ void scale_group(uint32_t dst) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const bool ok = UP || row_s + kStepS * j < N;
+      cp_async16_l2(dst + (p + 128 * j) * 16, ok ? ssrc + kStepS * j * s_row_bytes : ssrc, ok ? 16 : 0, 0);
+    }
+  }
+};
+
+// Where a finished tile goes (the epilogues; accumulator i of slab mt: tile row 16 w + g + 8 ((i / 2) %
+// 2), pair 8 (i / 4) + 2 t + i % 2; rows g, g + 8 of the thread's slab are mrow[mt][0], mrow[mt][1]).
+struct WgTileOut {
+  int wg, w, g, t, tid;
+  int n_tile, first, row0, count;
+};
+
+// The up epilogue's h staging: the tile's 16 planes (wg_store_h).
+template <int NT>
+inline constexpr int kWgHStageBytes = 16 * NT * 16;
+
+// Up: SwiGLU of the w1 (x m1) and w3 (x m3) sums, clamped by `limit`, into h's bf16 planes ([inter / 8][rows][8],
+// the stored K order of wg_stored). The block's 128 h columns are one 128-column block of h (inter % 128 == 0),
+// i.e. 16 planes x NT pairs x 16 bytes, each plane one contiguous run in h: staged in shared memory at `hs` (a
+// thread's values are single bf16 scattered over 4 planes; kWgHStageBytes) and written as 16-byte rows, valid pairs
+// only.
+template <int NT>
+__device__ __forceinline__ void wg_store_h(const float (&acc)[2][NT / 2], float m1, float m3, float limit,
+                                           uint16_t* hs, uint16_t* h, int64_t rows, const WgTileOut& o) {
+  // A thread's h column 8 sigma + g (sigma = 4 (2 wg + mt) + w) lies in plane wg_stored(...) / 8 = 2 (2 w + b) + q
+  // (b, q: bits 1, 0 of g). (Session 35 staged the planes in two halves of 8, each by the warps that hold it, to
+  // leave the ring room: slower, session 36.)
+  named_bar_sync(1, kWgConsumerWarps * 32);  // every consumer thread is done copying out the previous tile's h
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    const int p = wg_stored(8 * (4 * (2 * o.wg + mt) + o.w) + o.g);
+    uint16_t* hp = hs + (p >> 3) * NT * 8 + (p & 7);
+#pragma unroll
+    for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) {
+        const float gate = acc[mt][4 * j + e2] * m1, up = acc[mt][4 * j + 2 + e2] * m3;
+        const float v = siluf_(fminf(gate, limit)) * fminf(fmaxf(up, -limit), limit);
+        hp[(8 * j + 2 * o.t + e2) * 8] = static_cast<uint16_t>(pack_bf16(v, 0.0f) & 0xffffu);
+      }
+  }
+  named_bar_sync(1, kWgConsumerWarps * 32);  // both consumer warpgroups' rows are staged
+  const uint4* src = reinterpret_cast<const uint4*>(hs);
+  for (int i = o.tid; i < 16 * NT; i += kWgConsumerWarps * 32) {
+    const int plane = i / NT, n = i - plane * NT;
+    if (o.row0 + n < o.count)
+      *reinterpret_cast<uint4*>(h + ((static_cast<int64_t>(o.n_tile) * 16 + plane) * rows + o.first + o.row0 + n) * 8) =
+          src[i];
+  }
+}
+
+// Down: y[first + pair, column] = sum x m2 for the tile's columns below N and its valid pairs.
+template <int NT>
+__device__ __forceinline__ void wg_store_y(const float (&acc)[2][NT / 2], float m2, float* y, int64_t N,
+                                           const int (&mrow)[2][2], const WgTileOut& o) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = static_cast<int64_t>(o.n_tile) * kWgRows + mrow[mt][h];
+      if (col >= N) continue;
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int r = o.row0 + 8 * j + 2 * o.t + e2;
+          if (r < o.count) y[static_cast<int64_t>(o.first + r) * N + col] = acc[mt][4 * j + 2 * h + e2] * m2;
+        }
+    }
+}
+
 // A stage of a tile of NT pairs: the 256 rows' FP4 bytes (row m at 64 m), their scale bytes (row m at 8 m: 4
 // e8m0 or 8 ue4m3 a row), then the x (h) tile as 16 planes of NT pairs x 8 bf16. 4 stages, 3 where the up
 // kernel's h staging (the whole tile at once) leaves no room for the fourth (128 pairs). Session 36 (H100, one
@@ -80,14 +232,13 @@ namespace cg = cooperative_groups;
 // down kernels equal): the halves leave half the warps idle in the epilogue and deeper rings bought no wait.
 template <int NT, bool UP>
 struct WgTile {
-  static constexpr int kHParts = 1;
   static_assert(NT % 8 == 0 && NT >= 32 && NT <= kWgMaxTok);
   static constexpr int kPlane = NT * 16;
   static constexpr int kScOff = kWgWBytes;
   static constexpr int kXOff = kWgWBytes + kWgRows * 8;
   static constexpr int kXBytes = NT * kWgK * 2;
   static constexpr int kStage = kXOff + kXBytes;
-  static constexpr int kHBytes = UP ? kWgHStageBytes<NT, kHParts> : 0;  // up: h staging, the 16 planes
+  static constexpr int kHBytes = UP ? kWgHStageBytes<NT> : 0;  // up: h staging, the 16 planes
   static constexpr int kScGroupBytes = 2 * kWgRows * 16;  // TERN_MOE_SCALE_GROUPS: two groups of 16 bytes a row
   static constexpr int kStages = [] {
     int n = 4;
@@ -346,23 +497,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     for (int64_t u = unit0; u < units; u += unit_step) {
       const WgTileAt tl = wg_tile_at(a, nj, u, NT, n_units);
       Copier copier(a.experts[tl.e], p, tl.n_tile * kCta + static_cast<int>(rank), N, K, a.l2_hint);
-      const uint16_t* xsrc = a.a + (static_cast<int64_t>(p & 15) * a.rows + tl.first + tl.row0) * 8;
       for (int kb = 0; kb < kblocks; ++kb, c.next(kStages)) {
         ring.wait_free_at(c.slot, c.parity);
         const uint32_t st = smem0 + c.slot * Tile::kStage;
         uint64_t* full = &ring.full[c.slot];
-        if (p < 32) {
-          if (p == 0) mbar_arrive_expect_tx(full, Tile::kXBytes);
-          __syncwarp();
-          uint8_t* dst = smem + c.slot * Tile::kStage + Tile::kXOff + p * Tile::kPlane;
-          const uint16_t* src = xsrc + static_cast<int64_t>(kb) * 16 * a.rows * 8;
-          if constexpr (kMc) {
-            if (p < 16 && p / (16 / kCta) == static_cast<int>(rank))
-              bulk_copy_g2s_multicast(dst, src, Tile::kPlane, full, (1u << kCta) - 1);
-          } else if (p < 16) {
-            bulk_copy_g2s(dst, src, Tile::kPlane, full);
-          }
-        }
+        // x plane q of the stage: NT x 16 contiguous bytes at plane 16 kb + q of the tile's first pair.
+        wg_load_x_planes<16, kCta>(
+            p, rank, full, Tile::kPlane, [&](int q) { return smem + c.slot * Tile::kStage + Tile::kXOff + q * Tile::kPlane; },
+            [&](int q) { return a.a + ((16 * static_cast<int64_t>(kb) + q) * a.rows + tl.first + tl.row0) * 8; });
         if (a.sc_groups && gi % Copier::kGroupStages == 0)
           copier.scale_group(smem0 + Tile::kScGroupOff + ((gi / Copier::kGroupStages) & 1) * (kWgRows * 16));
         copier.stage(st, kWgK / 2, Tile::kScOff, !a.sc_groups);
@@ -489,7 +631,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_grouped_wgmma_kernel(WgArgs
     release(prev_slot);
     const WgTileOut o{wg, w, g, t, tid, n_tile, first, row0, count};
     if constexpr (UP)
-      wg_store_h<NT, Tile::kHParts>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
+      wg_store_h<NT>(acc, kWeightShift * (kNv ? ed.global_scale[0] : 1.0f), kWeightShift * (kNv ? ed.global_scale[2] : 1.0f),
                      a.limit, reinterpret_cast<uint16_t*>(smem + Tile::kHStage), a.h, a.rows, o);
     else
       wg_store_y<NT>(acc, kWeightShift * (kNv ? ed.global_scale[1] : 1.0f), a.y, N, mrow, o);
